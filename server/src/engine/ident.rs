@@ -1,0 +1,74 @@
+//! Identifier validation (PROTOCOL.md, Identifiers). Checked before anything changes.
+
+use super::error::EngineError;
+
+pub const MAX_SKU: usize = 64;
+pub const MAX_USER: usize = 128;
+pub const MAX_REQUEST_ID: usize = 128;
+
+fn sku_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-')
+}
+
+/// Printable ASCII without space, `|` (the separator inside tokens) and braces (they
+/// would break the `{sku}` hash tag of reservation tokens).
+fn user_byte(b: u8) -> bool {
+    (0x21..=0x7e).contains(&b) && !matches!(b, b'|' | b'{' | b'}')
+}
+
+pub fn valid_sku(s: &[u8]) -> bool {
+    !s.is_empty() && s.len() <= MAX_SKU && s.iter().all(|&b| sku_byte(b))
+}
+
+pub fn valid_user(s: &[u8]) -> bool {
+    !s.is_empty() && s.len() <= MAX_USER && s.iter().all(|&b| user_byte(b))
+}
+
+pub fn valid_request_id(s: &[u8]) -> bool {
+    !s.is_empty() && s.len() <= MAX_REQUEST_ID && s.iter().all(|&b| user_byte(b))
+}
+
+pub fn check_sku(s: &str) -> Result<(), EngineError> {
+    if valid_sku(s.as_bytes()) {
+        Ok(())
+    } else {
+        Err(EngineError::Invalid("sku"))
+    }
+}
+
+pub fn check_user(s: &str) -> Result<(), EngineError> {
+    if valid_user(s.as_bytes()) {
+        Ok(())
+    } else {
+        Err(EngineError::Invalid("user"))
+    }
+}
+
+pub fn check_request_id(s: &str) -> Result<(), EngineError> {
+    if valid_request_id(s.as_bytes()) {
+        Ok(())
+    } else {
+        Err(EngineError::Invalid("request-id"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alphabets() {
+        assert!(valid_sku(b"HOT-SKU_1.a:b"));
+        assert!(!valid_sku(b""));
+        assert!(!valid_sku(b"a b"));
+        assert!(!valid_sku(b"{x}"));
+        assert!(!valid_sku(&[b'a'; 65]));
+        assert!(valid_user(b"user@example.com"));
+        assert!(!valid_user(b"a|b"));
+        assert!(!valid_user(b"a{b"));
+        assert!(!valid_user(b"a b"));
+        assert!(!valid_user(&[0xff]));
+        assert!(valid_request_id(&[b'r'; 128]));
+        assert!(!valid_request_id(&[b'r'; 129]));
+    }
+}

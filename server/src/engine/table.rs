@@ -1,0 +1,105 @@
+//! The reservation table: reservations striped by token, each stripe with its own expiry
+//! wheel, expired set and retention queue.
+//!
+//! A reservation's every transition happens under its stripe's lock, and the engine logs
+//! the transition before it lets go of that lock: this is what makes "exactly once" and
+//! "log order matches transition order" hold for one reservation.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use super::event::Lsn;
+use super::sale::Sale;
+use super::types::{Millis, ResState, ReservationView};
+use super::wheel::{Handle, Wheel};
+
+pub struct Res {
+    pub sale: Arc<Sale>,
+    pub user: Box<str>,
+    pub request_id: Box<str>,
+    pub qty: u32,
+    pub shard: u16,
+    pub state: ResState,
+    pub expires_at: Millis,
+    pub created_at: Millis,
+    pub finished_at: Millis,
+    /// Present while the reservation waits in the wheel; `None` once it is in the
+    /// expired set or finished.
+    pub timer: Option<Handle>,
+    /// The last log position that changed this reservation: a reply that reports its
+    /// state (REPLAY, `:0`) waits for it, so nobody hears of a state that could vanish.
+    pub lsn: Lsn,
+}
+
+impl Res {
+    pub fn view(&self, token: &str) -> ReservationView {
+        ReservationView {
+            token: token.to_string(),
+            sku: self.sale.sku.to_string(),
+            user: self.user.to_string(),
+            request_id: self.request_id.to_string(),
+            qty: self.qty,
+            shard: self.shard,
+            state: self.state,
+            expires_at_ms: self.expires_at,
+            created_at_ms: self.created_at,
+            finished_at_ms: self.finished_at,
+        }
+    }
+}
+
+pub struct Stripe {
+    pub map: HashMap<Arc<str>, Res>,
+    pub wheel: Wheel<Arc<str>>,
+    /// RESERVED reservations whose deadline passed, oldest first (what EXPIRED lists).
+    pub expired: BTreeSet<(Millis, Arc<str>)>,
+    /// Finished reservations in (roughly) finishing order, for retention.
+    pub finished: VecDeque<(Millis, Arc<str>)>,
+}
+
+impl Stripe {
+    pub fn new(now: Millis) -> Self {
+        Stripe {
+            map: HashMap::new(),
+            wheel: Wheel::new(now),
+            expired: BTreeSet::new(),
+            finished: VecDeque::new(),
+        }
+    }
+
+    /// Schedules the expiry of `token` (already in the map or about to be).
+    pub fn schedule(&mut self, token: &Arc<str>, expires_at: Millis) -> Option<Handle> {
+        match self.wheel.insert(expires_at, token.clone()) {
+            Ok(h) => Some(h),
+            Err(t) => {
+                self.expired.insert((expires_at, t));
+                None
+            }
+        }
+    }
+
+    /// Takes a reservation out of the wheel or the expired set.
+    pub fn unschedule(&mut self, token: &Arc<str>, timer: Option<Handle>, expires_at: Millis) {
+        let in_wheel = timer.and_then(|h| self.wheel.cancel(h)).is_some();
+        if !in_wheel {
+            self.expired.remove(&(expires_at, token.clone()));
+        }
+    }
+
+    /// Moves everything due by `now` from the wheel into the expired set.
+    pub fn advance(&mut self, now: Millis) {
+        if now <= self.wheel.elapsed() {
+            return;
+        }
+        let mut fired = Vec::new();
+        self.wheel.poll(now, &mut fired);
+        for (deadline, token) in fired {
+            if let Some(r) = self.map.get_mut(&token) {
+                debug_assert_eq!(r.state, ResState::Reserved);
+                debug_assert_eq!(r.expires_at, deadline);
+                r.timer = None;
+                self.expired.insert((deadline, token));
+            }
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! Admission tokens (issued by the waiting room, verified here) and reservation tokens
+//! (derived here, never chosen by a client). Formats: PROTOCOL.md.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use super::ident;
+use super::types::Millis;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Admission tokens longer than this are refused before any decoding work: the payload
+/// holds at most a kid, a 64-byte sku, a 128-byte user and a number.
+const MAX_ADMISSION_TOKEN: usize = 1024;
+const MIN_SECRET_BYTES: usize = 32;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum KeyError {
+    #[error("line {0}: expected `<kid> <secret as hex>`")]
+    Syntax(usize),
+    #[error("line {0}: secret is not valid hex")]
+    Hex(usize),
+    #[error("line {0}: secret must be at least 32 bytes")]
+    Short(usize),
+    #[error("line {0}: kid must be 1-64 bytes of [A-Za-z0-9_.:-]")]
+    Kid(usize),
+    #[error("no keys")]
+    Empty,
+    #[error("reservation key must be exactly 32 bytes (raw) or 64 hex characters")]
+    ReservationKey,
+}
+
+/// Why an admission token was refused. Its text follows `-DENIED` on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    Malformed,
+    UnknownKey,
+    BadSignature,
+    WrongSku,
+    WrongUser,
+}
+
+impl Denied {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Denied::Malformed => "malformed admission token",
+            Denied::UnknownKey => "unknown key id",
+            Denied::BadSignature => "bad signature",
+            Denied::WrongSku => "token bound to another sku",
+            Denied::WrongUser => "token bound to another user",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct AdmissionKey {
+    kid: String,
+    mac: HmacSha256,
+}
+
+/// The admission keys: the first signs (`mint-token`), every one verifies (rotation).
+#[derive(Clone)]
+pub struct Keyring {
+    keys: Vec<AdmissionKey>,
+}
+
+impl std::fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print secrets.
+        let kids: Vec<&str> = self.keys.iter().map(|k| k.kid.as_str()).collect();
+        f.debug_struct("Keyring").field("kids", &kids).finish()
+    }
+}
+
+pub fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    if b.len() % 2 != 0 {
+        return None;
+    }
+    fn nib(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    b.chunks(2)
+        .map(|p| Some(nib(p[0])? << 4 | nib(p[1])?))
+        .collect()
+}
+
+pub fn hex_encode(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
+}
+
+fn new_mac(secret: &[u8]) -> HmacSha256 {
+    // HMAC accepts keys of any length; this cannot fail.
+    match HmacSha256::new_from_slice(secret) {
+        Ok(m) => m,
+        Err(_) => unreachable!("HMAC takes keys of any length"),
+    }
+}
+
+impl Keyring {
+    /// Parses a secret file: one `<kid> <hex secret>` per line; blank lines and `#`
+    /// comments are skipped.
+    pub fn parse(text: &str) -> Result<Keyring, KeyError> {
+        let mut keys = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let n = i + 1;
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut parts = line.split_whitespace();
+            let (Some(kid), Some(hex), None) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(KeyError::Syntax(n));
+            };
+            if !ident::valid_sku(kid.as_bytes()) {
+                return Err(KeyError::Kid(n));
+            }
+            let secret = hex_decode(hex).ok_or(KeyError::Hex(n))?;
+            if secret.len() < MIN_SECRET_BYTES {
+                return Err(KeyError::Short(n));
+            }
+            keys.push(AdmissionKey {
+                kid: kid.to_string(),
+                mac: new_mac(&secret),
+            });
+        }
+        if keys.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        Ok(Keyring { keys })
+    }
+
+    /// A fresh secret file's text with one random 32-byte key named `k1`.
+    pub fn generate_file_text() -> String {
+        let secret: [u8; 32] = rand::random();
+        format!("k1 {}\n", hex_encode(&secret))
+    }
+
+    pub fn signing_kid(&self) -> &str {
+        &self.keys[0].kid
+    }
+
+    /// Mints an admission token with the first key (what the waiting room does).
+    pub fn mint(&self, sku: &str, user: &str, expires_at_ms: Millis) -> String {
+        let key = &self.keys[0];
+        mint_with(&key.mac, &key.kid, sku, user, expires_at_ms)
+    }
+
+    /// Checks signature and binding; returns the token's expiry. Expiry itself is judged
+    /// by the caller, because RESERVE answers a replay before it looks at expiry.
+    pub fn verify(&self, token: &str, sku: &str, user: &str) -> Result<Millis, Denied> {
+        if token.len() > MAX_ADMISSION_TOKEN {
+            return Err(Denied::Malformed);
+        }
+        let (p64, s64) = token.split_once('.').ok_or(Denied::Malformed)?;
+        let payload = URL_SAFE_NO_PAD
+            .decode(p64)
+            .map_err(|_| Denied::Malformed)?;
+        let sig = URL_SAFE_NO_PAD
+            .decode(s64)
+            .map_err(|_| Denied::Malformed)?;
+        let text = std::str::from_utf8(&payload).map_err(|_| Denied::Malformed)?;
+        let mut f = text.split('|');
+        let (Some("v1"), Some(kid), Some(tsku), Some(tuser), Some(exp), None) =
+            (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            return Err(Denied::Malformed);
+        };
+        let expires: Millis = exp.parse().map_err(|_| Denied::Malformed)?;
+        let key = self
+            .keys
+            .iter()
+            .find(|k| k.kid == kid)
+            .ok_or(Denied::UnknownKey)?;
+        let mut mac = key.mac.clone();
+        mac.update(&payload);
+        // Constant-time comparison (hmac's verify_slice).
+        mac.verify_slice(&sig).map_err(|_| Denied::BadSignature)?;
+        // Binding is checked after the signature so a forger learns nothing about it.
+        if tsku != sku {
+            return Err(Denied::WrongSku);
+        }
+        if tuser != user {
+            return Err(Denied::WrongUser);
+        }
+        Ok(expires)
+    }
+}
+
+fn mint_with(mac: &HmacSha256, kid: &str, sku: &str, user: &str, expires_at_ms: Millis) -> String {
+    let payload = format!("v1|{kid}|{sku}|{user}|{expires_at_ms}");
+    let mut mac = mac.clone();
+    mac.update(payload.as_bytes());
+    let sig = mac.finalize().into_bytes();
+    format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(payload.as_bytes()),
+        URL_SAFE_NO_PAD.encode(sig)
+    )
+}
+
+/// Mints an admission token from a raw secret (for tools and clients that hold one key).
+pub fn mint_admission_token(
+    secret: &[u8],
+    kid: &str,
+    sku: &str,
+    user: &str,
+    expires_at_ms: Millis,
+) -> String {
+    mint_with(&new_mac(secret), kid, sku, user, expires_at_ms)
+}
+
+/// The key that derives reservation tokens. It never rotates: a new key would give a
+/// retried request a new token, and the retry would take stock twice.
+#[derive(Clone)]
+pub struct ReservationKey {
+    mac: HmacSha256,
+    fingerprint: String,
+}
+
+impl std::fmt::Debug for ReservationKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReservationKey")
+            .field("fingerprint", &self.fingerprint)
+            .finish()
+    }
+}
+
+const B32: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+
+/// RFC 4648 base32, lowercase, no padding.
+pub fn base32_lower(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(5) * 8);
+    let mut acc: u32 = 0;
+    let mut bits = 0u32;
+    for &b in bytes {
+        acc = (acc << 8) | b as u32;
+        bits += 8;
+        while bits >= 5 {
+            bits -= 5;
+            out.push(B32[((acc >> bits) & 31) as usize] as char);
+        }
+    }
+    if bits > 0 {
+        out.push(B32[((acc << (5 - bits)) & 31) as usize] as char);
+    }
+    out
+}
+
+impl ReservationKey {
+    pub fn from_bytes(key: &[u8; 32]) -> Self {
+        let digest = Sha256::digest(key);
+        ReservationKey {
+            mac: new_mac(key),
+            fingerprint: hex_encode(&digest[..8]),
+        }
+    }
+
+    /// Accepts the key file's content: 32 raw bytes, or 64 hex characters (with optional
+    /// trailing newline) for keys written by hand.
+    pub fn from_file_bytes(content: &[u8]) -> Result<Self, KeyError> {
+        if content.len() == 32 {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(content);
+            return Ok(Self::from_bytes(&k));
+        }
+        let text = std::str::from_utf8(content).map_err(|_| KeyError::ReservationKey)?;
+        let raw = hex_decode(text.trim()).ok_or(KeyError::ReservationKey)?;
+        let k: [u8; 32] = raw.try_into().map_err(|_| KeyError::ReservationKey)?;
+        Ok(Self::from_bytes(&k))
+    }
+
+    /// Hex of the first 8 bytes of SHA-256(key): shown by SALE.INFO, stored by the ledger.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// `{sku}` + base32 of the first 128 bits of HMAC(key, sku|user|request-id).
+    pub fn derive(&self, sku: &str, user: &str, request_id: &str) -> String {
+        let mut mac = self.mac.clone();
+        mac.update(sku.as_bytes());
+        mac.update(b"|");
+        mac.update(user.as_bytes());
+        mac.update(b"|");
+        mac.update(request_id.as_bytes());
+        let out = mac.finalize().into_bytes();
+        let mut token = String::with_capacity(sku.len() + 2 + 26);
+        token.push('{');
+        token.push_str(sku);
+        token.push('}');
+        token.push_str(&base32_lower(&out[..16]));
+        token
+    }
+}
+
+/// The SKU inside a reservation token's hash tag, if the token is well formed.
+pub fn token_sku(token: &str) -> Option<&str> {
+    let rest = token.strip_prefix('{')?;
+    let (sku, tail) = rest.split_once('}')?;
+    if tail.len() == 26 && ident::valid_sku(sku.as_bytes()) {
+        Some(sku)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring() -> Keyring {
+        Keyring::parse(&format!("new {}\nold {}\n", "ab".repeat(32), "cd".repeat(32))).unwrap()
+    }
+
+    #[test]
+    fn base32_vectors() {
+        // RFC 4648 test vectors, lowercased, without padding.
+        assert_eq!(base32_lower(b""), "");
+        assert_eq!(base32_lower(b"f"), "my");
+        assert_eq!(base32_lower(b"fo"), "mzxq");
+        assert_eq!(base32_lower(b"foo"), "mzxw6");
+        assert_eq!(base32_lower(b"foob"), "mzxw6yq");
+        assert_eq!(base32_lower(b"fooba"), "mzxw6ytb");
+        assert_eq!(base32_lower(b"foobar"), "mzxw6ytboi");
+        assert_eq!(base32_lower(&[0u8; 16]).len(), 26);
+    }
+
+    #[test]
+    fn mint_and_verify() {
+        let r = ring();
+        let t = r.mint("SKU1", "alice", 1000);
+        assert_eq!(r.verify(&t, "SKU1", "alice"), Ok(1000));
+        assert_eq!(r.verify(&t, "SKU2", "alice"), Err(Denied::WrongSku));
+        assert_eq!(r.verify(&t, "SKU1", "bob"), Err(Denied::WrongUser));
+        assert_eq!(r.verify("garbage", "SKU1", "alice"), Err(Denied::Malformed));
+        assert_eq!(r.verify("a.b.c", "SKU1", "alice"), Err(Denied::Malformed));
+        let mut bad = t.clone();
+        bad.push('A');
+        assert!(r.verify(&bad, "SKU1", "alice").is_err());
+    }
+
+    #[test]
+    fn rotation_second_key_verifies() {
+        let old_only = Keyring::parse(&format!("old {}\n", "cd".repeat(32))).unwrap();
+        let t = old_only.mint("S", "u", 5);
+        assert_eq!(ring().verify(&t, "S", "u"), Ok(5));
+        let other = Keyring::parse(&format!("old {}\n", "ee".repeat(32))).unwrap();
+        assert_eq!(other.verify(&t, "S", "u"), Err(Denied::BadSignature));
+    }
+
+    #[test]
+    fn standalone_mint_matches_keyring() {
+        let secret = hex_decode(&"ab".repeat(32)).unwrap();
+        let t = mint_admission_token(&secret, "new", "S", "u", 77);
+        assert_eq!(ring().verify(&t, "S", "u"), Ok(77));
+    }
+
+    #[test]
+    fn key_file_errors() {
+        assert_eq!(Keyring::parse("").err(), Some(KeyError::Empty));
+        assert_eq!(Keyring::parse("k1 abcd").err(), Some(KeyError::Short(1)));
+        assert_eq!(Keyring::parse("k1 zz").err(), Some(KeyError::Hex(1)));
+        assert_eq!(Keyring::parse("k1").err(), Some(KeyError::Syntax(1)));
+    }
+
+    #[test]
+    fn reservation_tokens() {
+        let k = ReservationKey::from_bytes(&[7u8; 32]);
+        let a = k.derive("SKU", "u", "r1");
+        assert_eq!(a, k.derive("SKU", "u", "r1"));
+        assert_ne!(a, k.derive("SKU", "u", "r2"));
+        // The separator makes (u, "x|y") unambiguous because `|` is not allowed in ids.
+        assert_ne!(k.derive("SKU", "ux", "y"), k.derive("SKU", "u", "xy"));
+        assert!(a.starts_with("{SKU}"));
+        assert_eq!(a.len(), 5 + 26);
+        assert_eq!(token_sku(&a), Some("SKU"));
+        assert_eq!(token_sku("{SKU}short"), None);
+        assert_eq!(k.fingerprint().len(), 16);
+        let hexkey = hex_encode(&[7u8; 32]);
+        let k2 = ReservationKey::from_file_bytes(hexkey.as_bytes()).unwrap();
+        assert_eq!(k2.fingerprint(), k.fingerprint());
+    }
+}

@@ -1,0 +1,116 @@
+//! Plain value types shared by the engine, the WAL and the protocol layer.
+
+/// Milliseconds since the Unix epoch (or since an arbitrary origin for a test clock).
+pub type Millis = u64;
+
+/// The creation parameters of a sale, with defaults filled in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SaleParams {
+    pub total: u64,
+    pub shards: u16,
+    pub ttl_ms: u64,
+    /// Units per user in this sale; 0 = no limit.
+    pub limit: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaleState {
+    Open,
+    Paused,
+    /// State unproven (e.g. the WAL was lost): refuses reservations until rebuilt.
+    Fenced,
+}
+
+impl SaleState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SaleState::Open => "OPEN",
+            SaleState::Paused => "PAUSED",
+            SaleState::Fenced => "FENCED",
+        }
+    }
+    pub fn to_u8(self) -> u8 {
+        match self {
+            SaleState::Open => 0,
+            SaleState::Paused => 1,
+            SaleState::Fenced => 2,
+        }
+    }
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(SaleState::Open),
+            1 => Some(SaleState::Paused),
+            2 => Some(SaleState::Fenced),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResState {
+    Reserved,
+    Committed,
+    Released,
+}
+
+impl ResState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResState::Reserved => "RESERVED",
+            ResState::Committed => "COMMITTED",
+            ResState::Released => "RELEASED",
+        }
+    }
+    pub fn to_u8(self) -> u8 {
+        match self {
+            ResState::Reserved => 0,
+            ResState::Committed => 1,
+            ResState::Released => 2,
+        }
+    }
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            0 => Some(ResState::Reserved),
+            1 => Some(ResState::Committed),
+            2 => Some(ResState::Released),
+            _ => None,
+        }
+    }
+}
+
+/// A reservation as seen from outside (RESERVATION, EXPIRED, snapshots).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReservationView {
+    pub token: String,
+    pub sku: String,
+    pub user: String,
+    pub request_id: String,
+    pub qty: u32,
+    pub shard: u16,
+    pub state: ResState,
+    pub expires_at_ms: Millis,
+    pub created_at_ms: Millis,
+    /// When it left `RESERVED` (0 while reserved); drives retention.
+    pub finished_at_ms: Millis,
+}
+
+/// A sale's counters as seen from outside (SALE.INFO, snapshots).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SaleView {
+    pub sku: String,
+    pub params: SaleParams,
+    pub total: u64,
+    pub available: i64,
+    pub reserved: u64,
+    pub committed: u64,
+    pub state: SaleState,
+    pub shard_available: Vec<i64>,
+}
+
+/// The full state of an engine, consistent at one log position. Written by snapshots,
+/// loaded on recovery.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub sales: Vec<SaleView>,
+    pub reservations: Vec<ReservationView>,
+}

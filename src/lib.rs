@@ -1,0 +1,1 @@
+//! Root package: owns tests/ and benches/.
