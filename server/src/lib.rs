@@ -1,3 +1,14 @@
 //! stockgate server library: the embeddable reservation engine, its write-ahead log and
 //! the RESP server that exposes it.
+//!
+//! - [`engine`]: sales, shard counters, reservations, expiry wheel, tokens. No I/O.
+//! - [`protocol`]: RESP framing and reply encoding. No stock logic.
+//! - [`cmd`]: one typed command per file, applied to the engine.
+//! - [`server`]: accept loop, connections, pipelining, limits.
+pub mod cmd;
 pub mod engine;
+pub mod keyfiles;
+pub mod persist;
+pub mod protocol;
+pub mod server;
+pub mod wal;

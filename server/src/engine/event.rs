@@ -42,7 +42,10 @@ pub enum Event {
     /// `COMMIT`: the units are sold for good.
     Committed { token: String, at_ms: Millis },
     /// `EXTEND`: new deadline.
-    Extended { token: String, expires_at_ms: Millis },
+    Extended {
+        token: String,
+        expires_at_ms: Millis,
+    },
     /// Retention: a finished reservation is forgotten (its units are already accounted
     /// for in the sale's counters).
     Purged { token: String },

@@ -88,7 +88,9 @@ pub enum ReserveOutcome {
     },
     SoldOut,
     /// The user's reservations in this sale that are still RESERVED.
-    Limit { live: Vec<Arc<str>> },
+    Limit {
+        live: Vec<Arc<str>>,
+    },
 }
 
 #[derive(Default)]
@@ -171,7 +173,11 @@ impl Engine {
     }
 
     fn sale(&self, sku: &str) -> Result<Arc<Sale>, EngineError> {
-        self.sales.read().get(sku).cloned().ok_or(EngineError::NoSale)
+        self.sales
+            .read()
+            .get(sku)
+            .cloned()
+            .ok_or(EngineError::NoSale)
     }
 
     fn user_stripe(&self, sku: &str, user: &str) -> &Mutex<UserStripe> {
@@ -515,8 +521,8 @@ impl Engine {
             });
         }
         let lsn = r.lsn;
-        let user_update = (r.sale.params.limit > 0)
-            .then(|| (r.sale.clone(), r.user.clone(), r.qty, key.clone()));
+        let user_update =
+            (r.sale.params.limit > 0).then(|| (r.sale.clone(), r.user.clone(), r.qty, key.clone()));
         st.finished.push_back((now, key));
         (true, lsn, user_update)
     }
@@ -581,8 +587,8 @@ impl Engine {
             });
         }
         let lsn = r.lsn;
-        let upd = (r.sale.params.limit > 0)
-            .then(|| (r.sale.clone(), r.user.clone(), r.qty, key.clone()));
+        let upd =
+            (r.sale.params.limit > 0).then(|| (r.sale.clone(), r.user.clone(), r.qty, key.clone()));
         st.finished.push_back((now, key));
         (Ok((true, lsn)), upd)
     }
@@ -973,9 +979,10 @@ impl Engine {
         match ev {
             Event::SaleCreated { sku, params, .. } => {
                 let sku: Arc<str> = sku.as_str().into();
-                self.sales.write().entry(sku.clone()).or_insert_with(|| {
-                    Arc::new(Sale::new(sku, params.clone(), SaleState::Open))
-                });
+                self.sales
+                    .write()
+                    .entry(sku.clone())
+                    .or_insert_with(|| Arc::new(Sale::new(sku, params.clone(), SaleState::Open)));
             }
             Event::SaleAdjusted { sku, shard_deltas } => {
                 if let Ok(sale) = self.sale(sku) {
@@ -1000,7 +1007,10 @@ impl Engine {
                 expires_at_ms,
                 created_at_ms,
             } => {
-                let exists = self.stripes[stripe_of(token)].lock().map.contains_key(token.as_str());
+                let exists = self.stripes[stripe_of(token)]
+                    .lock()
+                    .map
+                    .contains_key(token.as_str());
                 debug_assert!(!exists, "reserved twice in the log");
                 if !exists {
                     self.insert_restored(

@@ -48,7 +48,13 @@ fn admit(e: &Engine, sku: &str, user: &str) -> String {
     e.keyring().mint(sku, user, e.now_ms() + 60_000)
 }
 
-fn reserve(e: &Engine, sku: &str, user: &str, rid: &str, qty: u32) -> Result<ReserveOutcome, EngineError> {
+fn reserve(
+    e: &Engine,
+    sku: &str,
+    user: &str,
+    rid: &str,
+    qty: u32,
+) -> Result<ReserveOutcome, EngineError> {
     let adm = admit(e, sku, user);
     e.reserve(&ReserveRequest {
         sku,
@@ -62,7 +68,9 @@ fn reserve(e: &Engine, sku: &str, user: &str, rid: &str, qty: u32) -> Result<Res
 
 fn token_of(o: &ReserveOutcome) -> Arc<str> {
     match o {
-        ReserveOutcome::Reserved { token, .. } | ReserveOutcome::Replay { token, .. } => token.clone(),
+        ReserveOutcome::Reserved { token, .. } | ReserveOutcome::Replay { token, .. } => {
+            token.clone()
+        }
         other => panic!("no token in {other:?}"),
     }
 }
@@ -89,19 +97,28 @@ fn reserve_replay_release_commit() {
     let a = reserve(&e, "SKU", "alice", "r1", 1).unwrap();
     assert!(matches!(a, ReserveOutcome::Reserved { .. }));
     let t = token_of(&a);
-    assert!(matches!(reserve(&e, "SKU", "alice", "r1", 1).unwrap(), ReserveOutcome::Replay { .. }));
+    assert!(matches!(
+        reserve(&e, "SKU", "alice", "r1", 1).unwrap(),
+        ReserveOutcome::Replay { .. }
+    ));
     assert_eq!(e.stock("SKU").unwrap(), 2);
     assert_eq!(e.release(&t).0, true);
     assert_eq!(e.release(&t).0, false);
     assert_eq!(e.commit(&t), Err(EngineError::Released));
     assert_eq!(e.stock("SKU").unwrap(), 3);
     // The same request id stays a replay even after release: it never takes stock twice.
-    assert!(matches!(reserve(&e, "SKU", "alice", "r1", 1).unwrap(), ReserveOutcome::Replay { .. }));
+    assert!(matches!(
+        reserve(&e, "SKU", "alice", "r1", 1).unwrap(),
+        ReserveOutcome::Replay { .. }
+    ));
     let b = token_of(&reserve(&e, "SKU", "bob", "r1", 2).unwrap());
     assert_eq!(e.commit(&b).unwrap().0, true);
     assert_eq!(e.commit(&b).unwrap().0, false);
     assert_eq!(e.release(&b).0, false);
-    assert_eq!(reserve(&e, "SKU", "carol", "r", 2).unwrap(), ReserveOutcome::SoldOut);
+    assert_eq!(
+        reserve(&e, "SKU", "carol", "r", 2).unwrap(),
+        ReserveOutcome::SoldOut
+    );
     let v = e.sale_info("SKU").unwrap();
     assert_eq!((v.available, v.reserved, v.committed), (1, 0, 2));
     assert_eq!(e.commit("{SKU}nope"), Err(EngineError::NoReservation));
@@ -112,23 +129,56 @@ fn reserve_replay_release_commit() {
 fn decision_order() {
     let (e, c, _s) = engine(false);
     assert_eq!(reserve(&e, "NOPE", "u", "r", 1), Err(EngineError::NoSale));
-    assert_eq!(reserve(&e, "bad sku", "u", "r", 1), Err(EngineError::Invalid("sku")));
-    assert_eq!(reserve(&e, "S", "u|x", "r", 1), Err(EngineError::Invalid("user")));
+    assert_eq!(
+        reserve(&e, "bad sku", "u", "r", 1),
+        Err(EngineError::Invalid("sku"))
+    );
+    assert_eq!(
+        reserve(&e, "S", "u|x", "r", 1),
+        Err(EngineError::Invalid("user"))
+    );
     e.create_sale("S", 10, None, None, Some(2)).unwrap();
     let other = e.keyring().mint("S", "mallory", T0 + 100);
-    let r = e.reserve(&ReserveRequest { sku: "S", user: "u", admission: &other, request_id: "r", qty: 1 });
+    let r = e.reserve(&ReserveRequest {
+        sku: "S",
+        user: "u",
+        admission: &other,
+        request_id: "r",
+        qty: 1,
+    });
     assert!(matches!(r, Err(EngineError::Denied(_))));
     // Expired admission: denied, but a replay of an existing reservation still answers.
     let adm = e.keyring().mint("S", "u", T0 + 100);
-    let req = ReserveRequest { sku: "S", user: "u", admission: &adm, request_id: "r", qty: 1 };
-    assert!(matches!(e.reserve(&req).unwrap().0, ReserveOutcome::Reserved { .. }));
+    let req = ReserveRequest {
+        sku: "S",
+        user: "u",
+        admission: &adm,
+        request_id: "r",
+        qty: 1,
+    };
+    assert!(matches!(
+        e.reserve(&req).unwrap().0,
+        ReserveOutcome::Reserved { .. }
+    ));
     c.advance(1000);
-    assert!(matches!(e.reserve(&req).unwrap().0, ReserveOutcome::Replay { .. }));
-    let req2 = ReserveRequest { request_id: "r2", ..req };
-    assert_eq!(e.reserve(&req2).map(|x| x.0), Err(EngineError::Denied("expired")));
+    assert!(matches!(
+        e.reserve(&req).unwrap().0,
+        ReserveOutcome::Replay { .. }
+    ));
+    let req2 = ReserveRequest {
+        request_id: "r2",
+        ..req
+    };
+    assert_eq!(
+        e.reserve(&req2).map(|x| x.0),
+        Err(EngineError::Denied("expired"))
+    );
     // Paused: replay still answers, new requests are refused.
     e.set_paused("S", true).unwrap();
-    assert!(matches!(reserve(&e, "S", "u", "r", 1).unwrap(), ReserveOutcome::Replay { .. }));
+    assert!(matches!(
+        reserve(&e, "S", "u", "r", 1).unwrap(),
+        ReserveOutcome::Replay { .. }
+    ));
     assert_eq!(reserve(&e, "S", "u", "r3", 1), Err(EngineError::Paused));
     e.set_paused("S", false).unwrap();
     // Limit 2: u holds 1; 2 more is over the limit and names the live reservation.
@@ -136,7 +186,10 @@ fn decision_order() {
         ReserveOutcome::Limit { live } => assert_eq!(live.len(), 1),
         o => panic!("{o:?}"),
     }
-    assert!(matches!(reserve(&e, "S", "u", "r5", 1).unwrap(), ReserveOutcome::Reserved { .. }));
+    assert!(matches!(
+        reserve(&e, "S", "u", "r5", 1).unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
     // Committed units still count against the limit.
     let live = match reserve(&e, "S", "u", "r6", 1).unwrap() {
         ReserveOutcome::Limit { live } => live,
@@ -145,8 +198,14 @@ fn decision_order() {
     assert_eq!(live.len(), 2);
     e.commit(&live[0]).unwrap();
     e.release(&live[1]);
-    assert!(matches!(reserve(&e, "S", "u", "r7", 1).unwrap(), ReserveOutcome::Reserved { .. }));
-    assert!(matches!(reserve(&e, "S", "u", "r8", 1).unwrap(), ReserveOutcome::Limit { .. }));
+    assert!(matches!(
+        reserve(&e, "S", "u", "r7", 1).unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    assert!(matches!(
+        reserve(&e, "S", "u", "r8", 1).unwrap(),
+        ReserveOutcome::Limit { .. }
+    ));
     check_invariants(&e);
 }
 
@@ -154,8 +213,14 @@ fn decision_order() {
 fn create_is_idempotent_and_checks_params() {
     let (e, _c, _s) = engine(false);
     e.create_sale("S", 10, None, None, None).unwrap();
-    assert_eq!(e.create_sale("S", 10, Some(16), Some(630_000), Some(0)), Ok(0));
-    assert_eq!(e.create_sale("S", 11, None, None, None), Err(EngineError::Exists));
+    assert_eq!(
+        e.create_sale("S", 10, Some(16), Some(630_000), Some(0)),
+        Ok(0)
+    );
+    assert_eq!(
+        e.create_sale("S", 11, None, None, None),
+        Err(EngineError::Exists)
+    );
     // ADJUST does not change what "the same creation parameters" means.
     e.adjust("S", 5).unwrap();
     assert_eq!(e.create_sale("S", 10, None, None, None), Ok(0));
@@ -208,7 +273,10 @@ fn auto_release_and_retention() {
     let (e, c, _s) = engine(true);
     e.create_sale("S", 2, Some(1), Some(100), None).unwrap();
     let a = token_of(&reserve(&e, "S", "a", "r", 2).unwrap());
-    assert_eq!(reserve(&e, "S", "b", "r", 1).unwrap(), ReserveOutcome::SoldOut);
+    assert_eq!(
+        reserve(&e, "S", "b", "r", 1).unwrap(),
+        ReserveOutcome::SoldOut
+    );
     c.advance(100);
     e.tick();
     assert_eq!(e.stock("S").unwrap(), 2);
@@ -260,7 +328,8 @@ fn concurrent_storm_never_oversells() {
                 let mut got = Vec::new();
                 for i in 0..2500 {
                     let u = format!("u{t}-{i}");
-                    if let Ok(ReserveOutcome::Reserved { token, .. }) = reserve(&e, "S", &u, "r", 1) {
+                    if let Ok(ReserveOutcome::Reserved { token, .. }) = reserve(&e, "S", &u, "r", 1)
+                    {
                         got.push(token);
                     }
                 }
@@ -286,7 +355,9 @@ fn fence_restore_rebuild() {
     let t = token_of(&reserve(&e, "S", "a", "r", 1).unwrap());
     e.fence("S", None, None, None, None).unwrap();
     assert_eq!(reserve(&e, "S", "b", "r", 1), Err(EngineError::Fenced));
-    let (new, tok, _) = e.restore("S", "b", "rb", 2, c.now_ms() + 500, c.now_ms()).unwrap();
+    let (new, tok, _) = e
+        .restore("S", "b", "rb", 2, c.now_ms() + 500, c.now_ms())
+        .unwrap();
     assert!(new);
     assert!(!e.restore("S", "b", "rb", 2, 0, 0).unwrap().0);
     assert!(matches!(
@@ -305,7 +376,10 @@ fn fence_restore_rebuild() {
     assert_eq!(e.sale_info("LOST").unwrap().state, SaleState::Fenced);
     assert_eq!(e.stock("LOST").unwrap(), 0);
     assert_eq!(e.rebuild("LOST", 5, 1, &fp).unwrap().0, 4);
-    assert_eq!(e.restore("LOST", "x", "y", 1, 0, 0), Err(EngineError::NotFenced));
+    assert_eq!(
+        e.restore("LOST", "x", "y", 1, 0, 0),
+        Err(EngineError::NotFenced)
+    );
 }
 
 /// A comparable dump of everything observable.
@@ -318,7 +392,10 @@ fn dump(e: &Engine) -> (Vec<SaleView>, Vec<ReservationView>) {
 
 fn replayed(events: &[Event], clock: Arc<ManualClock>) -> Engine {
     let e = Engine::new(
-        EngineConfig { retention_ms: 50_000, ..EngineConfig::default() },
+        EngineConfig {
+            retention_ms: 50_000,
+            ..EngineConfig::default()
+        },
         clock,
         Arc::new(NullSink),
         keys(),
@@ -332,17 +409,43 @@ fn replayed(events: &[Event], clock: Arc<ManualClock>) -> Engine {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Create { sale: u8, total: u16, shards: u8, limit: u8 },
-    Reserve { sale: u8, user: u8, req: u8, qty: u8 },
-    Release { pick: u16 },
-    Commit { pick: u16 },
-    Extend { pick: u16, ms: u16 },
-    Advance { ms: u16 },
-    Adjust { sale: u8, delta: i16 },
+    Create {
+        sale: u8,
+        total: u16,
+        shards: u8,
+        limit: u8,
+    },
+    Reserve {
+        sale: u8,
+        user: u8,
+        req: u8,
+        qty: u8,
+    },
+    Release {
+        pick: u16,
+    },
+    Commit {
+        pick: u16,
+    },
+    Extend {
+        pick: u16,
+        ms: u16,
+    },
+    Advance {
+        ms: u16,
+    },
+    Adjust {
+        sale: u8,
+        delta: i16,
+    },
     Tick,
     Expired,
-    Fence { sale: u8 },
-    Rebuild { sale: u8 },
+    Fence {
+        sale: u8,
+    },
+    Rebuild {
+        sale: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {

@@ -167,12 +167,8 @@ impl Keyring {
             return Err(Denied::Malformed);
         }
         let (p64, s64) = token.split_once('.').ok_or(Denied::Malformed)?;
-        let payload = URL_SAFE_NO_PAD
-            .decode(p64)
-            .map_err(|_| Denied::Malformed)?;
-        let sig = URL_SAFE_NO_PAD
-            .decode(s64)
-            .map_err(|_| Denied::Malformed)?;
+        let payload = URL_SAFE_NO_PAD.decode(p64).map_err(|_| Denied::Malformed)?;
+        let sig = URL_SAFE_NO_PAD.decode(s64).map_err(|_| Denied::Malformed)?;
         let text = std::str::from_utf8(&payload).map_err(|_| Denied::Malformed)?;
         let mut f = text.split('|');
         let (Some("v1"), Some(kid), Some(tsku), Some(tuser), Some(exp), None) =
@@ -323,7 +319,12 @@ mod tests {
     use super::*;
 
     fn ring() -> Keyring {
-        Keyring::parse(&format!("new {}\nold {}\n", "ab".repeat(32), "cd".repeat(32))).unwrap()
+        Keyring::parse(&format!(
+            "new {}\nold {}\n",
+            "ab".repeat(32),
+            "cd".repeat(32)
+        ))
+        .unwrap()
     }
 
     #[test]

@@ -91,7 +91,10 @@ impl<T> Wheel<T> {
         if deadline <= self.elapsed {
             return Err(value);
         }
-        debug_assert!(deadline - self.elapsed < MAX_SPAN_MS, "deadline beyond wheel span");
+        debug_assert!(
+            deadline - self.elapsed < MAX_SPAN_MS,
+            "deadline beyond wheel span"
+        );
         let idx = match self.free.pop() {
             Some(i) => {
                 let e = &mut self.slab[i as usize];

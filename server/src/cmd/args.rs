@@ -1,0 +1,80 @@
+//! Typed access to a command's arguments, with the Redis-style error for each misuse.
+
+use bytes::Bytes;
+
+use crate::protocol::Reply;
+
+pub struct Args<'a> {
+    name: &'static str,
+    args: &'a [Bytes],
+    pos: usize,
+}
+
+impl<'a> Args<'a> {
+    /// `args` excludes the command name.
+    pub fn new(name: &'static str, args: &'a [Bytes]) -> Self {
+        Args { name, args, pos: 0 }
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.args.len() - self.pos
+    }
+
+    pub fn arity(&self) -> Reply {
+        Reply::arity(self.name)
+    }
+
+    pub fn next_bytes(&mut self) -> Result<&'a [u8], Reply> {
+        let a = self.args.get(self.pos).ok_or_else(|| self.arity())?;
+        self.pos += 1;
+        Ok(a)
+    }
+
+    /// A text argument; `field` names it in the error for bytes that are not UTF-8.
+    pub fn next_str(&mut self, field: &str) -> Result<&'a str, Reply> {
+        let b = self.next_bytes()?;
+        std::str::from_utf8(b).map_err(|_| Reply::err(format!("ERR invalid {field}")))
+    }
+
+    pub fn next_u64(&mut self) -> Result<u64, Reply> {
+        let b = self.next_bytes()?;
+        parse_u64(b).ok_or_else(Reply::not_integer)
+    }
+
+    pub fn next_i64(&mut self) -> Result<i64, Reply> {
+        let b = self.next_bytes()?;
+        std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(Reply::not_integer)
+    }
+
+    /// The next argument upper-cased, for option names.
+    pub fn next_keyword(&mut self) -> Result<String, Reply> {
+        let b = self.next_bytes()?;
+        Ok(String::from_utf8_lossy(b).to_ascii_uppercase())
+    }
+
+    pub fn done(&self) -> Result<(), Reply> {
+        if self.remaining() == 0 {
+            Ok(())
+        } else {
+            Err(Reply::syntax())
+        }
+    }
+}
+
+pub fn parse_u64(b: &[u8]) -> Option<u64> {
+    if b.is_empty() || b.len() > 19 || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+pub fn to_u32(v: u64) -> Result<u32, Reply> {
+    u32::try_from(v).map_err(|_| Reply::not_integer())
+}
+
+pub fn to_u16(v: u64) -> Result<u16, Reply> {
+    u16::try_from(v).map_err(|_| Reply::not_integer())
+}

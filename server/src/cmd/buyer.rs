@@ -1,0 +1,110 @@
+//! `STOCK`, `RESERVATION`, `EXTEND`, `COMMIT`: the rest of the buyer path.
+
+use bytes::Bytes;
+
+use super::args::Args;
+use super::{Ctx, Outcome};
+use crate::engine::types::ReservationView;
+use crate::protocol::reply::from_engine_error;
+use crate::protocol::Reply;
+
+/// `STOCK sku`
+pub struct Stock<'a> {
+    sku: &'a str,
+}
+
+impl<'a> Stock<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("stock", args);
+        let sku = a.next_str("sku")?;
+        a.done()?;
+        Ok(Stock { sku })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match ctx.engine.stock(self.sku) {
+            Ok(n) => Reply::Int(n).into(),
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}
+
+pub fn reservation_reply(r: &ReservationView) -> Reply {
+    Reply::map([
+        ("token", Reply::bulk(&r.token)),
+        ("sku", Reply::bulk(&r.sku)),
+        ("user", Reply::bulk(&r.user)),
+        ("request_id", Reply::bulk(&r.request_id)),
+        ("qty", Reply::Int(r.qty as i64)),
+        ("shard", Reply::Int(r.shard as i64)),
+        ("state", Reply::bulk(r.state.as_str())),
+        ("expires_at_ms", Reply::Int(r.expires_at_ms as i64)),
+        ("created_at_ms", Reply::Int(r.created_at_ms as i64)),
+    ])
+}
+
+/// `RESERVATION token`
+pub struct Reservation<'a> {
+    token: &'a str,
+}
+
+impl<'a> Reservation<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("reservation", args);
+        let token = a.next_str("token").unwrap_or("");
+        a.done()?;
+        Ok(Reservation { token })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match ctx.engine.reservation(self.token) {
+            // Report a state only once the change that made it is durable.
+            Some((r, lsn)) => Outcome::logged(reservation_reply(&r), lsn),
+            None => Reply::Nil.into(),
+        }
+    }
+}
+
+/// `EXTEND token ms`
+pub struct Extend<'a> {
+    token: &'a str,
+    ms: u64,
+}
+
+impl<'a> Extend<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("extend", args);
+        let token = a.next_str("token").unwrap_or("");
+        let ms = a.next_u64()?;
+        a.done()?;
+        Ok(Extend { token, ms })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match ctx.engine.extend(self.token, self.ms) {
+            Ok((at, lsn)) => Outcome::logged(Reply::Int(at as i64), lsn),
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}
+
+/// `COMMIT token`
+pub struct Commit<'a> {
+    token: &'a str,
+}
+
+impl<'a> Commit<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("commit", args);
+        let token = a.next_str("token").unwrap_or("");
+        a.done()?;
+        Ok(Commit { token })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match ctx.engine.commit(self.token) {
+            Ok((now, lsn)) => Outcome::logged(Reply::Int(now as i64), lsn),
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}

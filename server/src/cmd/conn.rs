@@ -1,0 +1,206 @@
+//! Connection commands: `AUTH`, `HELLO`, `CLIENT`, `PING`, `SELECT`, `RESET`.
+
+use bytes::Bytes;
+
+use super::args::Args;
+use super::{Ctx, Outcome};
+use crate::protocol::Reply;
+
+/// `AUTH [user] password`
+pub struct Auth<'a> {
+    user: &'a [u8],
+    pass: &'a [u8],
+}
+
+impl<'a> Auth<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        match args {
+            [pass] => Ok(Auth {
+                user: b"default",
+                pass,
+            }),
+            [user, pass] => Ok(Auth { user, pass }),
+            _ => Err(Reply::syntax()),
+        }
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        authenticate(ctx, self.user, self.pass)
+            .unwrap_or_else(|e| e)
+            .into()
+    }
+}
+
+fn authenticate(ctx: &mut Ctx<'_>, user: &[u8], pass: &[u8]) -> Result<Reply, Reply> {
+    let Some(users) = ctx.shared.users.as_ref() else {
+        return Err(Reply::err(
+            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+        ));
+    };
+    match users.check(user, pass) {
+        Some(role) => {
+            ctx.conn.role = Some(role);
+            ctx.conn.user_name = Some(String::from_utf8_lossy(user).into_owned());
+            Ok(Reply::ok())
+        }
+        None => {
+            ctx.shared
+                .stats
+                .auth_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(Reply::err(
+                "WRONGPASS invalid username-password pair or user is disabled.",
+            ))
+        }
+    }
+}
+
+/// `HELLO [protover [AUTH user pass] [SETNAME name]]`
+pub struct Hello<'a> {
+    proto: Option<u64>,
+    auth: Option<(&'a [u8], &'a [u8])>,
+    name: Option<&'a str>,
+}
+
+impl<'a> Hello<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("hello", args);
+        let mut h = Hello {
+            proto: None,
+            auth: None,
+            name: None,
+        };
+        if a.remaining() == 0 {
+            return Ok(h);
+        }
+        h.proto =
+            Some(a.next_u64().map_err(|_| {
+                Reply::err("ERR Protocol version is not an integer or out of range")
+            })?);
+        while a.remaining() > 0 {
+            match a.next_keyword()?.as_str() {
+                "AUTH" => {
+                    let u = a.next_bytes()?;
+                    let p = a.next_bytes()?;
+                    h.auth = Some((u, p));
+                }
+                "SETNAME" => h.name = Some(a.next_str("name")?),
+                _ => return Err(Reply::syntax()),
+            }
+        }
+        Ok(h)
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        let proto = match self.proto {
+            None => ctx.conn.proto,
+            Some(p @ (2 | 3)) => p as u8,
+            Some(_) => return Reply::err("NOPROTO unsupported protocol version").into(),
+        };
+        if let Some((u, p)) = self.auth {
+            if let Err(e) = authenticate(ctx, u, p) {
+                return e.into();
+            }
+        } else if ctx.shared.users.is_some() && ctx.conn.role.is_none() {
+            return Reply::err("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time").into();
+        }
+        if let Some(n) = self.name {
+            if let Err(e) = set_name(ctx, n) {
+                return e.into();
+            }
+        }
+        ctx.conn.proto = proto;
+        Reply::map([
+            ("server", Reply::bulk("stockgate")),
+            ("version", Reply::bulk(env!("CARGO_PKG_VERSION"))),
+            ("proto", Reply::Int(proto as i64)),
+            ("id", Reply::Int(ctx.conn.id as i64)),
+            ("mode", Reply::bulk("standalone")),
+            ("role", Reply::bulk("master")),
+            ("modules", Reply::Array(vec![])),
+        ])
+        .into()
+    }
+}
+
+fn set_name(ctx: &mut Ctx<'_>, name: &str) -> Result<(), Reply> {
+    if name.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+        return Err(Reply::err(
+            "ERR Client names cannot contain spaces, newlines or special characters.",
+        ));
+    }
+    ctx.conn.name = (!name.is_empty()).then(|| name.chars().take(256).collect());
+    Ok(())
+}
+
+pub fn ping(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+    let _ = ctx;
+    match args {
+        [] => Reply::Simple("PONG").into(),
+        [msg] => Reply::Bulk(msg.to_vec()).into(),
+        _ => Reply::arity("ping").into(),
+    }
+}
+
+pub fn select(args: &[Bytes]) -> Outcome {
+    if args[0].as_ref() == b"0" {
+        Reply::ok().into()
+    } else {
+        Reply::err("ERR DB index is out of range").into()
+    }
+}
+
+pub fn reset(ctx: &mut Ctx<'_>) -> Outcome {
+    ctx.conn.proto = 2;
+    ctx.conn.name = None;
+    if ctx.shared.users.is_some() {
+        ctx.conn.role = None;
+        ctx.conn.user_name = None;
+    }
+    Reply::Simple("RESET").into()
+}
+
+/// `CLIENT SETNAME|GETNAME|ID|SETINFO|INFO`
+pub fn client(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+    let sub = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+    let rest = &args[1..];
+    match (sub.as_str(), rest) {
+        ("SETNAME", [name]) => match std::str::from_utf8(name) {
+            Ok(n) => match set_name(ctx, n) {
+                Ok(()) => Reply::ok().into(),
+                Err(e) => e.into(),
+            },
+            Err(_) => Reply::err(
+                "ERR Client names cannot contain spaces, newlines or special characters.",
+            )
+            .into(),
+        },
+        ("GETNAME", []) => match &ctx.conn.name {
+            Some(n) => Reply::bulk(n).into(),
+            None => Reply::Nil.into(),
+        },
+        ("ID", []) => Reply::Int(ctx.conn.id as i64).into(),
+        ("SETINFO", [attr, value]) => {
+            let v: String = String::from_utf8_lossy(value).chars().take(128).collect();
+            if v.contains([' ', '\n', '\r']) {
+                return Reply::err("ERR lib-name and lib-ver cannot contain spaces, newlines or special characters.").into();
+            }
+            match String::from_utf8_lossy(attr).to_ascii_uppercase().as_str() {
+                "LIB-NAME" => ctx.conn.lib_name = v,
+                "LIB-VER" => ctx.conn.lib_ver = v,
+                other => {
+                    return Reply::err(format!("ERR Unrecognized option '{other}'")).into();
+                }
+            }
+            Reply::ok().into()
+        }
+        ("INFO", []) => Reply::bulk(format!("{}\n", ctx.conn.describe())).into(),
+        _ => {
+            let shown: String = sub.chars().take(64).collect();
+            Reply::err(format!(
+                "ERR unknown subcommand or wrong number of arguments for '{shown}'. Try CLIENT HELP."
+            ))
+            .into()
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Commands: each parsed from its arguments into a typed struct and applied by one
+//! function (one file per command or family). The dispatcher here checks arity, auth and
+//! role in one place before any command runs.
+
+pub mod args;
+pub mod buyer;
+pub mod conn;
+pub mod introspect;
+pub mod reserve;
+pub mod sale;
+pub mod sweeper;
+pub mod table;
+
+use bytes::Bytes;
+
+use crate::engine::{Engine, Lsn};
+use crate::protocol::Reply;
+use crate::server::{ConnState, Shared};
+
+/// Everything a command may touch.
+pub struct Ctx<'a> {
+    pub engine: &'a Engine,
+    pub conn: &'a mut ConnState,
+    pub shared: &'a Shared,
+}
+
+/// What running a command produced: the reply, the log position that must be durable
+/// before the reply is sent, and whether to close the connection after it.
+pub struct Outcome {
+    pub reply: Reply,
+    pub lsn: Lsn,
+    pub close: bool,
+}
+
+impl From<Reply> for Outcome {
+    fn from(reply: Reply) -> Self {
+        Outcome {
+            reply,
+            lsn: 0,
+            close: false,
+        }
+    }
+}
+
+impl Outcome {
+    pub fn logged(reply: Reply, lsn: Lsn) -> Self {
+        Outcome {
+            reply,
+            lsn,
+            close: false,
+        }
+    }
+}
+
+/// Runs one command. Never panics on client input; every refusal is a reply.
+pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
+    let Some(name) = argv.first() else {
+        return Reply::err("ERR empty command").into();
+    };
+    let lower = String::from_utf8_lossy(name).to_ascii_lowercase();
+    let Some(spec) = table::lookup(&lower) else {
+        let shown: String = String::from_utf8_lossy(name).chars().take(128).collect();
+        return Reply::err(format!("ERR unknown command '{shown}'")).into();
+    };
+    if !table::arity_ok(spec, argv.len()) {
+        return Reply::arity(spec.name).into();
+    }
+    if let Some(users) = ctx.shared.users.as_ref() {
+        match ctx.conn.role {
+            None if !spec.no_auth => {
+                return Reply::err("NOAUTH Authentication required.").into();
+            }
+            Some(role) if spec.roles & role.bit() == 0 => {
+                ctx.shared
+                    .stats
+                    .noperm
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let user = ctx.conn.user_name.clone().unwrap_or_default();
+                let _ = users;
+                return Reply::err(format!(
+                    "NOPERM User {user} has no permissions to run the '{}' command",
+                    spec.name
+                ))
+                .into();
+            }
+            _ => {}
+        }
+    }
+    let rest = &argv[1..];
+    let r = match spec.name {
+        "reserve" => reserve::Reserve::parse(rest).map(|c| c.apply(ctx)),
+        "stock" => buyer::Stock::parse(rest).map(|c| c.apply(ctx)),
+        "reservation" => buyer::Reservation::parse(rest).map(|c| c.apply(ctx)),
+        "extend" => buyer::Extend::parse(rest).map(|c| c.apply(ctx)),
+        "commit" => buyer::Commit::parse(rest).map(|c| c.apply(ctx)),
+        "release" => sweeper::Release::parse(rest).map(|c| c.apply(ctx)),
+        "expired" => sweeper::Expired::parse(rest).map(|c| c.apply(ctx)),
+        "sale.create" => sale::Create::parse(rest).map(|c| c.apply(ctx)),
+        "sale.info" => sale::Info::parse(rest).map(|c| c.apply(ctx)),
+        "sale.list" => Ok(sale::list(ctx)),
+        "sale.pause" => sale::PauseResume::parse(rest, true).map(|c| c.apply(ctx)),
+        "sale.resume" => sale::PauseResume::parse(rest, false).map(|c| c.apply(ctx)),
+        "sale.adjust" => sale::Adjust::parse(rest).map(|c| c.apply(ctx)),
+        "sale.fence" => sale::Fence::parse(rest).map(|c| c.apply(ctx)),
+        "sale.restore" => sale::Restore::parse(rest).map(|c| c.apply(ctx)),
+        "sale.rebuild" => sale::Rebuild::parse(rest).map(|c| c.apply(ctx)),
+        "save" => Ok(introspect::save(ctx)),
+        "auth" => conn::Auth::parse(rest).map(|c| c.apply(ctx)),
+        "hello" => conn::Hello::parse(rest).map(|c| c.apply(ctx)),
+        "quit" => Ok(Outcome {
+            reply: Reply::ok(),
+            lsn: 0,
+            close: true,
+        }),
+        "reset" => Ok(conn::reset(ctx)),
+        "ping" => Ok(conn::ping(ctx, rest)),
+        "echo" => Ok(Reply::Bulk(rest[0].to_vec()).into()),
+        "client" => Ok(conn::client(ctx, rest)),
+        "select" => Ok(conn::select(rest)),
+        "command" => Ok(introspect::command(rest)),
+        "info" => Ok(introspect::info(ctx, rest)),
+        "config" => Ok(introspect::config(ctx, rest)),
+        "time" => Ok(introspect::time()),
+        "dbsize" => Ok(Reply::Int(ctx.engine.reservation_count() as i64).into()),
+        _ => Err(Reply::err("ERR command not implemented")),
+    };
+    r.unwrap_or_else(Outcome::from)
+}

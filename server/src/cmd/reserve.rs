@@ -1,0 +1,89 @@
+//! `RESERVE sku user admission-token request-id [QTY n]`
+
+use bytes::Bytes;
+
+use super::args::{to_u32, Args};
+use super::{Ctx, Outcome};
+use crate::engine::{ReserveOutcome, ReserveRequest};
+use crate::protocol::reply::from_engine_error;
+use crate::protocol::Reply;
+
+pub struct Reserve<'a> {
+    sku: &'a str,
+    user: &'a str,
+    admission: &'a str,
+    request_id: &'a str,
+    qty: u32,
+}
+
+impl<'a> Reserve<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("reserve", args);
+        let sku = a.next_str("sku")?;
+        let user = a.next_str("user")?;
+        let admission = a.next_str("admission token").unwrap_or("\u{0}");
+        let request_id = a.next_str("request-id")?;
+        let mut qty = 1;
+        while a.remaining() > 0 {
+            match a.next_keyword()?.as_str() {
+                "QTY" => qty = to_u32(a.next_u64()?)?,
+                _ => return Err(Reply::syntax()),
+            }
+        }
+        if qty == 0 {
+            return Err(Reply::err("ERR qty must be 1..=1000000"));
+        }
+        Ok(Reserve {
+            sku,
+            user,
+            admission,
+            request_id,
+            qty,
+        })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        let req = ReserveRequest {
+            sku: self.sku,
+            user: self.user,
+            admission: self.admission,
+            request_id: self.request_id,
+            qty: self.qty,
+        };
+        match ctx.engine.reserve(&req) {
+            Ok((outcome, lsn)) => {
+                let reply = match outcome {
+                    ReserveOutcome::Reserved {
+                        token,
+                        expires_at_ms,
+                        shard,
+                    } => Reply::Array(vec![
+                        Reply::bulk("RESERVED"),
+                        Reply::bulk(token.as_bytes()),
+                        Reply::Int(expires_at_ms as i64),
+                        Reply::Int(shard as i64),
+                    ]),
+                    ReserveOutcome::Replay {
+                        token,
+                        expires_at_ms,
+                        shard,
+                    } => Reply::Array(vec![
+                        Reply::bulk("REPLAY"),
+                        Reply::bulk(token.as_bytes()),
+                        Reply::Int(expires_at_ms as i64),
+                        Reply::Int(shard as i64),
+                    ]),
+                    ReserveOutcome::SoldOut => Reply::Array(vec![Reply::bulk("SOLDOUT")]),
+                    ReserveOutcome::Limit { live } => {
+                        let mut v = vec![Reply::bulk("LIMIT")];
+                        v.extend(live.iter().map(|t| Reply::bulk(t.as_bytes())));
+                        Reply::Array(v)
+                    }
+                };
+                ctx.shared.stats.count_reserve(&reply);
+                Outcome::logged(reply, lsn)
+            }
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! `SALE.*`: sale administration, fencing and rebuild from the ledger.
+
+use bytes::Bytes;
+
+use super::args::{to_u16, to_u32, Args};
+use super::{Ctx, Outcome};
+use crate::protocol::reply::from_engine_error;
+use crate::protocol::Reply;
+
+/// Optional creation parameters shared by SALE.CREATE and SALE.FENCE.
+#[derive(Default)]
+struct Opts {
+    total: Option<u64>,
+    shards: Option<u16>,
+    ttl: Option<u64>,
+    limit: Option<u32>,
+}
+
+fn parse_opts(a: &mut Args<'_>, allow_total: bool) -> Result<Opts, Reply> {
+    let mut o = Opts::default();
+    while a.remaining() > 0 {
+        match a.next_keyword()?.as_str() {
+            "TOTAL" if allow_total => o.total = Some(a.next_u64()?),
+            "SHARDS" => o.shards = Some(to_u16(a.next_u64()?)?),
+            "TTL" => o.ttl = Some(a.next_u64()?),
+            "LIMIT" => o.limit = Some(to_u32(a.next_u64()?)?),
+            _ => return Err(Reply::syntax()),
+        }
+    }
+    Ok(o)
+}
+
+/// `SALE.CREATE sku total [SHARDS n] [TTL ms] [LIMIT units-per-user]`
+pub struct Create<'a> {
+    sku: &'a str,
+    total: u64,
+    opts: Opts,
+}
+
+impl<'a> Create<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("sale.create", args);
+        let sku = a.next_str("sku")?;
+        let total = a.next_u64()?;
+        let opts = parse_opts(&mut a, false)?;
+        Ok(Create { sku, total, opts })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        let o = self.opts;
+        match ctx
+            .engine
+            .create_sale(self.sku, self.total, o.shards, o.ttl, o.limit)
+        {
+            Ok(lsn) => Outcome::logged(Reply::ok(), lsn),
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}
+
+/// `SALE.INFO sku`
+pub struct Info<'a> {
+    sku: &'a str,
+}
+
+impl<'a> Info<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("sale.info", args);
+        let sku = a.next_str("sku")?;
+        a.done()?;
+        Ok(Info { sku })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match ctx.engine.sale_info(self.sku) {
+            Ok(v) => Reply::map([
+                ("total", Reply::Int(v.total as i64)),
+                ("available", Reply::Int(v.available)),
+                ("reserved", Reply::Int(v.reserved as i64)),
+                ("committed", Reply::Int(v.committed as i64)),
+                ("shards", Reply::Int(v.params.shards as i64)),
+                ("ttl_ms", Reply::Int(v.params.ttl_ms as i64)),
+                ("limit", Reply::Int(v.params.limit as i64)),
+                ("state", Reply::bulk(v.state.as_str())),
+                ("key_fingerprint", Reply::bulk(ctx.engine.key_fingerprint())),
+                (
+                    "shard_available",
+                    Reply::Array(v.shard_available.iter().map(|&x| Reply::Int(x)).collect()),
+                ),
+            ])
+            .into(),
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}
+
+/// `SALE.LIST`
+pub fn list(ctx: &mut Ctx<'_>) -> Outcome {
+    Reply::Array(ctx.engine.list_sales().iter().map(Reply::bulk).collect()).into()
+}
+
+/// `SALE.PAUSE sku` / `SALE.RESUME sku`
+pub struct PauseResume<'a> {
+    sku: &'a str,
+    pause: bool,
+}
+
+impl<'a> PauseResume<'a> {
+    pub fn parse(args: &'a [Bytes], pause: bool) -> Result<Self, Reply> {
+        let name = if pause { "sale.pause" } else { "sale.resume" };
+        let mut a = Args::new(name, args);
+        let sku = a.next_str("sku")?;
+        a.done()?;
+        Ok(PauseResume { sku, pause })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match ctx.engine.set_paused(self.sku, self.pause) {
+            Ok(lsn) => Outcome::logged(Reply::ok(), lsn),
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}
+
+/// `SALE.ADJUST sku delta`
+pub struct Adjust<'a> {
+    sku: &'a str,
+    delta: i64,
+}
+
+impl<'a> Adjust<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("sale.adjust", args);
+        let sku = a.next_str("sku")?;
+        let delta = a.next_i64()?;
+        a.done()?;
+        Ok(Adjust { sku, delta })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match ctx.engine.adjust(self.sku, self.delta) {
+            Ok((total, lsn)) => Outcome::logged(Reply::Int(total as i64), lsn),
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}
+
+/// `SALE.FENCE sku [TOTAL n] [SHARDS n] [TTL ms] [LIMIT n]`
+pub struct Fence<'a> {
+    sku: &'a str,
+    opts: Opts,
+}
+
+impl<'a> Fence<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("sale.fence", args);
+        let sku = a.next_str("sku")?;
+        let opts = parse_opts(&mut a, true)?;
+        Ok(Fence { sku, opts })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        let o = self.opts;
+        match ctx
+            .engine
+            .fence(self.sku, o.total, o.shards, o.ttl, o.limit)
+        {
+            Ok(lsn) => Outcome::logged(Reply::ok(), lsn),
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}
+
+/// `SALE.RESTORE sku user request-id qty expires_at_ms created_at_ms`
+pub struct Restore<'a> {
+    sku: &'a str,
+    user: &'a str,
+    request_id: &'a str,
+    qty: u32,
+    expires_at: u64,
+    created_at: u64,
+}
+
+impl<'a> Restore<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("sale.restore", args);
+        Ok(Restore {
+            sku: a.next_str("sku")?,
+            user: a.next_str("user")?,
+            request_id: a.next_str("request-id")?,
+            qty: to_u32(a.next_u64()?)?,
+            expires_at: a.next_u64()?,
+            created_at: a.next_u64()?,
+        })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match ctx.engine.restore(
+            self.sku,
+            self.user,
+            self.request_id,
+            self.qty,
+            self.expires_at,
+            self.created_at,
+        ) {
+            Ok((new, token, lsn)) => Outcome::logged(
+                Reply::Array(vec![Reply::Int(new as i64), Reply::bulk(token.as_bytes())]),
+                lsn,
+            ),
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}
+
+/// `SALE.REBUILD sku total committed key-fingerprint`
+pub struct Rebuild<'a> {
+    sku: &'a str,
+    total: u64,
+    committed: u64,
+    fingerprint: &'a str,
+}
+
+impl<'a> Rebuild<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("sale.rebuild", args);
+        Ok(Rebuild {
+            sku: a.next_str("sku")?,
+            total: a.next_u64()?,
+            committed: a.next_u64()?,
+            fingerprint: a.next_str("fingerprint")?,
+        })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match ctx
+            .engine
+            .rebuild(self.sku, self.total, self.committed, self.fingerprint)
+        {
+            Ok((available, lsn)) => Outcome::logged(Reply::Int(available), lsn),
+            Err(e) => from_engine_error(&e).into(),
+        }
+    }
+}

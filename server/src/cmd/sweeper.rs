@@ -1,0 +1,76 @@
+//! `EXPIRED` and `RELEASE`: the sweeper path.
+
+use bytes::Bytes;
+
+use super::args::Args;
+use super::{Ctx, Outcome};
+use crate::protocol::Reply;
+
+/// Largest page EXPIRED returns, whatever COUNT says: replies stay bounded.
+pub const MAX_EXPIRED_PAGE: u64 = 10_000;
+
+/// `RELEASE token`
+pub struct Release<'a> {
+    token: &'a str,
+}
+
+impl<'a> Release<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("release", args);
+        let token = a.next_str("token").unwrap_or("");
+        a.done()?;
+        Ok(Release { token })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        let (released, lsn) = ctx.engine.release(self.token);
+        Outcome::logged(Reply::Int(released as i64), lsn)
+    }
+}
+
+/// `EXPIRED [COUNT n] [SKU sku]`
+pub struct Expired<'a> {
+    count: u64,
+    sku: Option<&'a str>,
+}
+
+impl<'a> Expired<'a> {
+    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("expired", args);
+        let mut count = 100;
+        let mut sku = None;
+        while a.remaining() > 0 {
+            match a.next_keyword()?.as_str() {
+                "COUNT" => count = a.next_u64()?,
+                "SKU" => sku = Some(a.next_str("sku")?),
+                _ => return Err(Reply::syntax()),
+            }
+        }
+        if count == 0 {
+            return Err(Reply::err("ERR count must be positive"));
+        }
+        Ok(Expired {
+            count: count.min(MAX_EXPIRED_PAGE),
+            sku,
+        })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        let list = ctx.engine.expired(self.count as usize, self.sku);
+        Reply::Array(
+            list.iter()
+                .map(|r| {
+                    Reply::Array(vec![
+                        Reply::bulk(&r.token),
+                        Reply::bulk(&r.sku),
+                        Reply::bulk(&r.user),
+                        Reply::Int(r.qty as i64),
+                        Reply::Int(r.shard as i64),
+                        Reply::Int(r.expires_at_ms as i64),
+                    ])
+                })
+                .collect(),
+        )
+        .into()
+    }
+}

@@ -1,0 +1,255 @@
+//! The command table: arity, flags, key positions (for cluster-aware clients, via
+//! COMMAND INFO) and which roles may run each command.
+
+/// Role bits. `OPEN` commands (connection commands and INFO) are allowed to every role.
+pub const CHECKOUT: u8 = 1;
+pub const SWEEPER: u8 = 2;
+pub const ADMIN: u8 = 4;
+pub const OPEN: u8 = 0xff;
+
+pub struct Spec {
+    pub name: &'static str,
+    /// Redis convention: exact count including the name, or -N for "at least N".
+    pub arity: i64,
+    pub flags: &'static [&'static str],
+    pub first_key: i64,
+    pub last_key: i64,
+    pub step: i64,
+    pub roles: u8,
+    /// May run before AUTH when passwords are configured.
+    pub no_auth: bool,
+    pub group: &'static str,
+    pub summary: &'static str,
+}
+
+const fn spec(
+    name: &'static str,
+    arity: i64,
+    flags: &'static [&'static str],
+    key: i64,
+    roles: u8,
+    group: &'static str,
+    summary: &'static str,
+) -> Spec {
+    Spec {
+        name,
+        arity,
+        flags,
+        first_key: key,
+        last_key: key,
+        step: if key > 0 { 1 } else { 0 },
+        roles,
+        no_auth: false,
+        group,
+        summary,
+    }
+}
+
+const W: &[&str] = &["write", "fast"];
+const R: &[&str] = &["readonly", "fast"];
+const C: &[&str] = &["fast", "stale", "loading"];
+
+pub static COMMANDS: &[Spec] = &[
+    // Buyer path. Tokens carry the `{sku}` hash tag, so they route like the sku.
+    spec(
+        "reserve",
+        -5,
+        W,
+        1,
+        CHECKOUT | ADMIN,
+        "stockgate",
+        "Reserve units of a sale for a user",
+    ),
+    spec(
+        "stock",
+        2,
+        R,
+        1,
+        CHECKOUT | ADMIN,
+        "stockgate",
+        "Units available now",
+    ),
+    spec(
+        "reservation",
+        2,
+        R,
+        1,
+        CHECKOUT | SWEEPER | ADMIN,
+        "stockgate",
+        "Show a reservation",
+    ),
+    spec(
+        "extend",
+        3,
+        W,
+        1,
+        CHECKOUT | ADMIN,
+        "stockgate",
+        "Push back a reservation's expiry",
+    ),
+    spec(
+        "commit",
+        2,
+        W,
+        1,
+        CHECKOUT | SWEEPER | ADMIN,
+        "stockgate",
+        "Commit a reservation",
+    ),
+    spec(
+        "release",
+        2,
+        W,
+        1,
+        CHECKOUT | SWEEPER | ADMIN,
+        "stockgate",
+        "Return a reservation's units to stock",
+    ),
+    spec(
+        "expired",
+        -1,
+        R,
+        0,
+        SWEEPER | ADMIN,
+        "stockgate",
+        "List expired reservations",
+    ),
+    // Administration.
+    spec("sale.create", -3, W, 1, ADMIN, "stockgate", "Create a sale"),
+    spec(
+        "sale.info",
+        2,
+        R,
+        1,
+        ADMIN,
+        "stockgate",
+        "Show a sale's counters",
+    ),
+    spec("sale.list", 1, R, 0, ADMIN, "stockgate", "List sales"),
+    spec("sale.pause", 2, W, 1, ADMIN, "stockgate", "Pause a sale"),
+    spec("sale.resume", 2, W, 1, ADMIN, "stockgate", "Resume a sale"),
+    spec(
+        "sale.adjust",
+        3,
+        W,
+        1,
+        ADMIN,
+        "stockgate",
+        "Restock or withdraw units",
+    ),
+    spec(
+        "sale.fence",
+        -2,
+        W,
+        1,
+        ADMIN,
+        "stockgate",
+        "Fence a sale until it is rebuilt",
+    ),
+    spec(
+        "sale.restore",
+        7,
+        W,
+        1,
+        ADMIN,
+        "stockgate",
+        "Restore a verified pending reservation",
+    ),
+    spec(
+        "sale.rebuild",
+        5,
+        W,
+        1,
+        ADMIN,
+        "stockgate",
+        "Rebuild a fenced sale's counters",
+    ),
+    spec(
+        "save",
+        1,
+        &["admin"],
+        0,
+        ADMIN,
+        "server",
+        "Write a snapshot now",
+    ),
+    // Connection and server.
+    Spec {
+        no_auth: true,
+        ..spec("auth", -2, C, 0, OPEN, "connection", "Authenticate")
+    },
+    Spec {
+        no_auth: true,
+        ..spec("hello", -1, C, 0, OPEN, "connection", "Handshake")
+    },
+    Spec {
+        no_auth: true,
+        ..spec("quit", -1, C, 0, OPEN, "connection", "Close the connection")
+    },
+    Spec {
+        no_auth: true,
+        ..spec("reset", 1, C, 0, OPEN, "connection", "Reset the connection")
+    },
+    spec("ping", -1, C, 0, OPEN, "connection", "Ping"),
+    spec("echo", 2, C, 0, OPEN, "connection", "Echo"),
+    spec(
+        "client",
+        -2,
+        C,
+        0,
+        OPEN,
+        "connection",
+        "Connection settings",
+    ),
+    spec("select", 2, C, 0, OPEN, "connection", "Select database 0"),
+    spec(
+        "command",
+        -1,
+        &["loading", "stale"],
+        0,
+        OPEN,
+        "server",
+        "Command introspection",
+    ),
+    spec(
+        "info",
+        -1,
+        &["loading", "stale"],
+        0,
+        OPEN,
+        "server",
+        "Server information",
+    ),
+    spec(
+        "config",
+        -2,
+        &["admin"],
+        0,
+        ADMIN,
+        "server",
+        "Read configuration",
+    ),
+    spec("time", 1, C, 0, ADMIN, "server", "Server time"),
+    spec(
+        "dbsize",
+        1,
+        R,
+        0,
+        ADMIN,
+        "server",
+        "Number of reservations held",
+    ),
+];
+
+pub fn lookup(name_lower: &str) -> Option<&'static Spec> {
+    COMMANDS.iter().find(|s| s.name == name_lower)
+}
+
+pub fn arity_ok(spec: &Spec, argc: usize) -> bool {
+    let argc = argc as i64;
+    if spec.arity >= 0 {
+        argc == spec.arity
+    } else {
+        argc >= -spec.arity
+    }
+}

@@ -1,0 +1,410 @@
+//! `stockgate`: the server binary and its token-minting helper. Flags: PROTOCOL.md.
+
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use stockgate_server::engine::{EngineConfig, SystemClock};
+use stockgate_server::keyfiles;
+use stockgate_server::persist::{recover_engine, WalDurability};
+use stockgate_server::protocol::Limits;
+use stockgate_server::server::{serve, Role, ServerConfig, Shared, Users};
+use stockgate_server::wal::{FsyncPolicy, WalOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "stockgate",
+    version,
+    about = "Flash-sale inventory reservation server speaking RESP (the Redis protocol)",
+    long_about = "stockgate sells exactly the units it has: RESERVE takes stock atomically \
+                  (admission token checked, idempotent per request id, per-user limits), \
+                  every change is in a write-ahead log before it is acknowledged, and \
+                  expired reservations are listed for a sweeper (or released with \
+                  --auto-release). Any Redis client can talk to it: \
+                  redis-cli -p 7379 SALE.CREATE SKU 1000",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the server (the default when no subcommand is given).
+    Serve(ServeArgs),
+    /// Mint an admission token (what the waiting room does) and print it on stdout.
+    MintToken(MintArgs),
+}
+
+#[derive(Args, Clone)]
+struct ServeArgs {
+    /// Address to listen on. Without users configured, only loopback is allowed unless
+    /// --allow-open is given.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: String,
+    /// TCP port; 0 picks a free one (the first stdout line says which).
+    #[arg(long, default_value_t = 7379)]
+    port: u16,
+    /// Where the WAL, snapshots, the admission secret and the reservation key live.
+    #[arg(long, default_value = "./stockgate-data")]
+    data_dir: PathBuf,
+    /// Admission keys, one `<kid> <hex secret>` per line; first signs, all verify.
+    /// Default: <data-dir>/secret, created on first start.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// The reservation key (32 raw bytes or 64 hex chars). Default:
+    /// <data-dir>/reservation.key, created on first start. Keep it outside the data dir
+    /// if the data dir may be lost: a new key would give retries new tokens.
+    #[arg(long)]
+    reservation_key_file: Option<PathBuf>,
+    /// When an acknowledged change is on disk: always (fdatasync before every
+    /// acknowledgement, batched), everysec (written before the reply, fsync once a
+    /// second), no (written before the reply, the OS decides).
+    #[arg(long, default_value = "everysec")]
+    fsync: FsyncPolicy,
+    /// Release expired reservations without a sweeper (deployments with no ledger).
+    #[arg(long)]
+    auto_release: bool,
+    /// Default shard count of new sales.
+    #[arg(long, default_value_t = 16)]
+    shards: u16,
+    /// Default reservation TTL of new sales (10 min + 30 s grace).
+    #[arg(long, default_value_t = 630_000)]
+    ttl_ms: u64,
+    /// How long finished reservations stay queryable before they are purged.
+    #[arg(long, default_value_t = 86_400_000)]
+    retention_ms: u64,
+    /// Users file: one `<user> <admin|checkout|sweeper> <password>` per line.
+    #[arg(long)]
+    users_file: Option<PathBuf>,
+    /// Password of the `default` user (role admin), like Redis's requirepass.
+    #[arg(long, env = "STOCKGATE_REQUIREPASS", hide_env_values = true)]
+    requirepass: Option<String>,
+    /// Allow serving without passwords on a non-loopback address.
+    #[arg(long)]
+    allow_open: bool,
+    /// Maximum simultaneous clients; more are refused with an error.
+    #[arg(long, default_value_t = 10_000)]
+    maxclients: usize,
+    /// Largest bulk string argument, in bytes.
+    #[arg(long, default_value_t = 1024 * 1024)]
+    max_bulk: usize,
+    /// Most arguments in one command.
+    #[arg(long, default_value_t = 1024)]
+    max_args: usize,
+    /// Bytes a client may leave in an unfinished command before it is disconnected.
+    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    max_query_buffer: usize,
+    /// Bytes of replies one pipelined batch may produce before the client is cut off.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    max_output_buffer: usize,
+    /// Disconnect clients idle this long (ms); 0 = never.
+    #[arg(long, default_value_t = 0)]
+    idle_timeout_ms: u64,
+    /// WAL segment size in MiB before rolling to a new file.
+    #[arg(long, default_value_t = 64)]
+    segment_mib: u64,
+    /// Write a snapshot (and delete the log it covers) after this many records.
+    #[arg(long, default_value_t = 2_000_000)]
+    snapshot_records: u64,
+    /// On WAL corruption, cut the log at the first bad record (losing what follows)
+    /// instead of refusing to start. Says what it drops.
+    #[arg(long)]
+    repair: bool,
+}
+
+#[derive(Args)]
+struct MintArgs {
+    /// Secret file to sign with (first line, or the one named by --kid).
+    #[arg(long, required_unless_present = "data_dir")]
+    secret_file: Option<PathBuf>,
+    /// Data dir whose `secret` file to use.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Key id to sign with (default: the first line's).
+    #[arg(long)]
+    kid: Option<String>,
+    #[arg(long)]
+    sku: String,
+    #[arg(long)]
+    user: String,
+    /// Validity from now.
+    #[arg(long, default_value_t = 60_000)]
+    ttl_ms: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Some(Cmd::MintToken(m)) => mint(m),
+        Some(Cmd::Serve(s)) => run(s),
+        None => run(cli.serve),
+    }
+}
+
+fn mint(m: MintArgs) -> ExitCode {
+    use stockgate_server::engine::ident;
+    use stockgate_server::engine::token::{hex_decode, mint_admission_token};
+    if !ident::valid_sku(m.sku.as_bytes()) || !ident::valid_user(m.user.as_bytes()) {
+        eprintln!("stockgate: invalid sku or user (see PROTOCOL.md, Identifiers)");
+        return ExitCode::from(2);
+    }
+    let path = match (&m.secret_file, &m.data_dir) {
+        (Some(p), _) => p.clone(),
+        (None, Some(d)) => d.join("secret"),
+        (None, None) => unreachable!("clap requires one"),
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("stockgate: {}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    };
+    if let Err(e) = stockgate_server::engine::Keyring::parse(&text) {
+        eprintln!("stockgate: {}: {e}", path.display());
+        return ExitCode::from(1);
+    }
+    let line = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .find(|l| {
+            m.kid
+                .as_deref()
+                .is_none_or(|k| l.split_whitespace().next() == Some(k))
+        });
+    let Some((kid, hex)) = line.and_then(|l| {
+        let mut p = l.split_whitespace();
+        Some((p.next()?, p.next()?))
+    }) else {
+        eprintln!("stockgate: no key {:?} in {}", m.kid, path.display());
+        return ExitCode::from(1);
+    };
+    let Some(secret) = hex_decode(hex) else {
+        eprintln!("stockgate: bad hex in {}", path.display());
+        return ExitCode::from(1);
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    println!(
+        "{}",
+        mint_admission_token(&secret, kid, &m.sku, &m.user, now + m.ttl_ms)
+    );
+    ExitCode::SUCCESS
+}
+
+fn is_loopback(bind: &str) -> bool {
+    bind == "localhost" || bind.parse::<IpAddr>().is_ok_and(|a| a.is_loopback())
+}
+
+fn run(a: ServeArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STOCKGATE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match run_inner(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stockgate: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn users_from(a: &ServeArgs) -> Result<Option<Users>, String> {
+    let mut users = match &a.users_file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            Users::parse(&text)?
+        }
+        None => Users::empty(),
+    };
+    if let Some(pw) = &a.requirepass {
+        users.add("default", pw, Role::Admin);
+    }
+    Ok((!users.is_empty()).then_some(users))
+}
+
+fn run_inner(a: ServeArgs) -> Result<(), String> {
+    let users = users_from(&a)?;
+    if users.is_none() {
+        if !is_loopback(&a.bind) && !a.allow_open {
+            return Err(format!(
+                "refusing to serve without passwords on non-loopback address {} (configure --users-file/--requirepass or pass --allow-open)",
+                a.bind
+            ));
+        }
+        tracing::warn!("no users configured: every client is admin (open mode)");
+    }
+    std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
+    let (keys, secret_path, created) =
+        keyfiles::load_or_create_secret(&a.data_dir, a.secret_file.as_deref())
+            .map_err(|e| e.to_string())?;
+    if created {
+        eprintln!(
+            "stockgate: created admission secret {}",
+            secret_path.display()
+        );
+    } else {
+        eprintln!("stockgate: admission secret {}", secret_path.display());
+    }
+    let (rkey, rkey_path, rcreated) =
+        keyfiles::load_or_create_reservation_key(&a.data_dir, a.reservation_key_file.as_deref())
+            .map_err(|e| e.to_string())?;
+    if rcreated {
+        eprintln!(
+            "stockgate: created reservation key {} (fingerprint {})",
+            rkey_path.display(),
+            rkey.fingerprint()
+        );
+    }
+    let cfg = EngineConfig {
+        default_shards: a.shards,
+        default_ttl_ms: a.ttl_ms,
+        retention_ms: a.retention_ms,
+        auto_release: a.auto_release,
+    };
+    if a.shards == 0 || a.shards > stockgate_server::engine::MAX_SHARDS {
+        return Err("--shards must be 1..=1024".into());
+    }
+    if a.ttl_ms == 0 || a.ttl_ms > stockgate_server::engine::MAX_TTL_MS {
+        return Err("--ttl-ms must be 1..=2592000000".into());
+    }
+    let opts = WalOptions {
+        fsync: a.fsync,
+        segment_bytes: a.segment_mib.max(1) << 20,
+        repair: a.repair,
+        ..WalOptions::default()
+    };
+    let (engine, durability, report) = recover_engine(
+        &a.data_dir,
+        opts,
+        cfg,
+        Arc::new(SystemClock::new()),
+        keys,
+        rkey,
+    )
+    .map_err(|e| {
+        format!("{e}\nstockgate: refusing to start; `--repair` cuts the log at the first bad record (what follows is lost; the ledger can rebuild)")
+    })?;
+    if let Some(t) = &report.truncated {
+        tracing::warn!("WAL recovery: {t}");
+    }
+    tracing::info!(
+        "recovered {} sales, {} reservations (snapshot lsn {}, {} records replayed) in {} ms",
+        engine.list_sales().len(),
+        engine.reservation_count(),
+        report.snapshot_lsn,
+        report.events_replayed,
+        report.millis
+    );
+    let config = ServerConfig {
+        bind: a.bind.clone(),
+        port: a.port,
+        data_dir: a.data_dir.display().to_string(),
+        fsync: a.fsync.to_string(),
+        durable: true,
+        auto_release: a.auto_release,
+        default_shards: a.shards,
+        default_ttl_ms: a.ttl_ms,
+        retention_ms: a.retention_ms,
+        limits: Limits {
+            max_bulk: a.max_bulk,
+            max_args: a.max_args,
+            max_inline: 64 * 1024,
+        },
+        max_clients: a.maxclients,
+        max_query_buffer: a.max_query_buffer,
+        max_output_buffer: a.max_output_buffer,
+        idle_timeout_ms: a.idle_timeout_ms,
+        ..ServerConfig::default()
+    };
+    let shared = Arc::new(Shared::new(config, users, durability.clone()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("stockgate")
+        .build()
+        .map_err(|e| e.to_string())?;
+    let result = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind((a.bind.as_str(), a.port))
+            .await
+            .map_err(|e| format!("bind {}:{}: {e}", a.bind, a.port))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "listening on {addr}");
+            let _ = out.flush();
+        }
+        let snapshotter = spawn_snapshotter(engine.clone(), durability.clone(), a.snapshot_records);
+        let r = serve(listener, engine.clone(), shared, shutdown_signal())
+            .await
+            .map_err(|e| e.to_string());
+        snapshotter.abort();
+        r
+    });
+    // Everything acknowledged is already written; this makes the tail durable too.
+    match durability.wal.flush_and_close() {
+        Ok(lsn) => tracing::info!("WAL flushed and closed at lsn {lsn}"),
+        Err(e) => tracing::error!("WAL close failed: {e}"),
+    }
+    rt.shutdown_timeout(Duration::from_secs(2));
+    result
+}
+
+/// Snapshots once enough log has accumulated, so restarts replay a bounded tail and old
+/// segments can be deleted.
+fn spawn_snapshotter(
+    engine: Arc<stockgate_server::engine::Engine>,
+    d: Arc<WalDurability>,
+    every: u64,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut iv = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            iv.tick().await;
+            if d.records_since_snapshot() >= every.max(1) {
+                let (e, d2) = (engine.clone(), d.clone());
+                let r = tokio::task::spawn_blocking(move || d2.snapshot(&e)).await;
+                if let Ok(Err(err)) = r {
+                    tracing::error!("snapshot failed: {err}");
+                }
+            }
+        }
+    })
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    let _ = Path::new("");
+}

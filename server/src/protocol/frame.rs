@@ -1,0 +1,337 @@
+//! Request framing. Clients send commands as RESP arrays of bulk strings (in RESP2 and
+//! RESP3 alike) or as inline text lines. This parser enforces the limits *while* reading
+//! the headers, so a client announcing a 2 GB bulk or a million arguments is refused at
+//! once instead of being buffered: the reason it is hand-written rather than the
+//! `redis-protocol` decoder (which is used in tests as an independent oracle).
+
+use bytes::{Bytes, BytesMut};
+use thiserror::Error;
+
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest bulk string argument.
+    pub max_bulk: usize,
+    /// Most arguments in one command.
+    pub max_args: usize,
+    /// Longest inline command line.
+    pub max_inline: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_bulk: 1024 * 1024,
+            max_args: 1024,
+            max_inline: 64 * 1024,
+        }
+    }
+}
+
+/// A framing error: the reply is `-ERR Protocol error: <why>` and the connection closes.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("Protocol error: {0}")]
+pub struct ProtocolError(pub String);
+
+fn perr(s: impl Into<String>) -> ProtocolError {
+    ProtocolError(s.into())
+}
+
+/// Header lines (`*123\r\n`, `$45\r\n`) longer than this are malformed.
+const MAX_HEADER: usize = 32;
+
+fn find_crlf(buf: &[u8], from: usize, max: usize) -> Result<Option<usize>, ()> {
+    let end = buf.len().min(from + max);
+    match buf[from..end].iter().position(|&b| b == b'\r') {
+        Some(i) => Ok(Some(from + i)),
+        None if buf.len() >= from + max => Err(()),
+        None => Ok(None),
+    }
+}
+
+fn parse_int(s: &[u8]) -> Option<i64> {
+    let (neg, digits) = match s.first() {
+        Some(b'-') => (true, &s[1..]),
+        _ => (false, s),
+    };
+    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut v: i64 = 0;
+    for &d in digits {
+        v = v * 10 + (d - b'0') as i64;
+    }
+    Some(if neg { -v } else { v })
+}
+
+/// Outcome of looking at the front of the buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// A whole command (possibly empty: `*0`, a blank inline line) and its length.
+    Command(Vec<Bytes>),
+    /// More bytes are needed.
+    Incomplete,
+}
+
+/// Takes one command off the front of `buf` if it is complete. On `Incomplete` nothing is
+/// consumed. Arguments are zero-copy slices of the consumed bytes.
+pub fn parse_command(buf: &mut BytesMut, limits: &Limits) -> Result<Parsed, ProtocolError> {
+    if buf.is_empty() {
+        return Ok(Parsed::Incomplete);
+    }
+    if buf[0] != b'*' {
+        return parse_inline(buf, limits);
+    }
+    let Some(end) =
+        find_crlf(buf, 1, MAX_HEADER).map_err(|_| perr("too big mbulk count string"))?
+    else {
+        return Ok(Parsed::Incomplete);
+    };
+    if buf.len() < end + 2 {
+        return Ok(Parsed::Incomplete);
+    }
+    if buf[end + 1] != b'\n' {
+        return Err(perr("invalid mbulk count"));
+    }
+    let n = parse_int(&buf[1..end]).ok_or_else(|| perr("invalid multibulk length"))?;
+    if n > limits.max_args as i64 {
+        return Err(perr("invalid multibulk length"));
+    }
+    let mut pos = end + 2;
+    if n <= 0 {
+        let _ = buf.split_to(pos);
+        return Ok(Parsed::Command(Vec::new()));
+    }
+    let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        if pos >= buf.len() {
+            return Ok(Parsed::Incomplete);
+        }
+        if buf[pos] != b'$' {
+            let got = buf[pos];
+            let shown = if got.is_ascii_graphic() {
+                (got as char).to_string()
+            } else {
+                format!("\\x{got:02x}")
+            };
+            return Err(perr(format!("expected '$', got '{shown}'")));
+        }
+        let Some(hend) =
+            find_crlf(buf, pos + 1, MAX_HEADER).map_err(|_| perr("too big bulk count string"))?
+        else {
+            return Ok(Parsed::Incomplete);
+        };
+        if buf.len() < hend + 2 {
+            return Ok(Parsed::Incomplete);
+        }
+        if buf[hend + 1] != b'\n' {
+            return Err(perr("invalid bulk length"));
+        }
+        let len = parse_int(&buf[pos + 1..hend]).ok_or_else(|| perr("invalid bulk length"))?;
+        if len < 0 || len as usize > limits.max_bulk {
+            return Err(perr("invalid bulk length"));
+        }
+        let start = hend + 2;
+        let stop = start + len as usize;
+        if buf.len() < stop + 2 {
+            return Ok(Parsed::Incomplete);
+        }
+        if &buf[stop..stop + 2] != b"\r\n" {
+            return Err(perr("bulk string not terminated by CRLF"));
+        }
+        ranges.push((start, stop));
+        pos = stop + 2;
+    }
+    let frame = buf.split_to(pos).freeze();
+    Ok(Parsed::Command(
+        ranges.into_iter().map(|(a, b)| frame.slice(a..b)).collect(),
+    ))
+}
+
+/// Inline commands: one text line, arguments separated by blanks, with Redis-style
+/// double and single quotes.
+fn parse_inline(buf: &mut BytesMut, limits: &Limits) -> Result<Parsed, ProtocolError> {
+    let scan = buf.len().min(limits.max_inline + 1);
+    let Some(nl) = buf[..scan].iter().position(|&b| b == b'\n') else {
+        if buf.len() > limits.max_inline {
+            return Err(perr("too big inline request"));
+        }
+        return Ok(Parsed::Incomplete);
+    };
+    let line = buf.split_to(nl + 1).freeze();
+    let mut text = &line[..nl];
+    if text.last() == Some(&b'\r') {
+        text = &text[..text.len() - 1];
+    }
+    let args = split_args(text).ok_or_else(|| perr("unbalanced quotes in request"))?;
+    if args.len() > limits.max_args {
+        return Err(perr("invalid multibulk length"));
+    }
+    Ok(Parsed::Command(args.into_iter().map(Bytes::from).collect()))
+}
+
+fn split_args(s: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < s.len() {
+        while i < s.len() && s[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= s.len() {
+            break;
+        }
+        let mut cur = Vec::new();
+        let mut quote: Option<u8> = None;
+        loop {
+            if i >= s.len() {
+                if quote.is_some() {
+                    return None;
+                }
+                break;
+            }
+            let c = s[i];
+            match quote {
+                Some(q) if c == q => {
+                    i += 1;
+                    // A closing quote must be followed by a blank or the end.
+                    if i < s.len() && !s[i].is_ascii_whitespace() {
+                        return None;
+                    }
+                    break;
+                }
+                Some(b'"') if c == b'\\' && i + 1 < s.len() => {
+                    let n = s[i + 1];
+                    cur.push(match n {
+                        b'n' => b'\n',
+                        b'r' => b'\r',
+                        b't' => b'\t',
+                        other => other,
+                    });
+                    i += 2;
+                }
+                Some(_) => {
+                    cur.push(c);
+                    i += 1;
+                }
+                None if c.is_ascii_whitespace() => break,
+                None if (c == b'"' || c == b'\'') && cur.is_empty() => {
+                    quote = Some(c);
+                    i += 1;
+                }
+                None => {
+                    cur.push(c);
+                    i += 1;
+                }
+            }
+        }
+        out.push(cur);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn parse(b: &[u8]) -> Result<Parsed, ProtocolError> {
+        let mut buf = BytesMut::from(b);
+        parse_command(&mut buf, &Limits::default())
+    }
+
+    fn args(v: &[&str]) -> Parsed {
+        Parsed::Command(
+            v.iter()
+                .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn multibulk() {
+        assert_eq!(
+            parse(b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n").unwrap(),
+            args(&["ECHO", "hi"])
+        );
+        assert_eq!(
+            parse(b"*2\r\n$4\r\nECHO\r\n$2\r\nh").unwrap(),
+            Parsed::Incomplete
+        );
+        assert_eq!(parse(b"*0\r\n").unwrap(), Parsed::Command(vec![]));
+        assert_eq!(parse(b"*").unwrap(), Parsed::Incomplete);
+    }
+
+    #[test]
+    fn limits_refuse_early() {
+        assert!(
+            parse(b"*1\r\n$2147483648\r\n").is_err(),
+            "2 GB bulk refused from its header"
+        );
+        assert!(
+            parse(b"*100000\r\n").is_err(),
+            "too many args refused from the header"
+        );
+        assert!(parse(b"*1\r\n$-5\r\n").is_err());
+        assert!(parse(b"*1\r\n:5\r\n").is_err());
+        assert!(parse(b"*x\r\n").is_err());
+        assert!(parse(b"*1\r\n$3\r\nabcXY").is_err());
+        assert!(parse(&[b'*'; 100]).is_err());
+        let big = vec![b'a'; 70 * 1024];
+        assert!(
+            parse(&big).is_err(),
+            "inline without newline past the limit"
+        );
+    }
+
+    #[test]
+    fn inline() {
+        assert_eq!(parse(b"PING\r\n").unwrap(), args(&["PING"]));
+        assert_eq!(
+            parse(b"  set a  \"b c\" 'd'\n").unwrap(),
+            args(&["set", "a", "b c", "d"])
+        );
+        assert_eq!(parse(b"PING").unwrap(), Parsed::Incomplete);
+        assert_eq!(parse(b"\r\n").unwrap(), Parsed::Command(vec![]));
+        assert!(parse(b"echo \"abc\n").is_err());
+    }
+
+    proptest! {
+        /// Any bytes: never panics, and never consumes without producing.
+        #[test]
+        fn arbitrary_bytes(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut buf = BytesMut::from(&b[..]);
+            let limits = Limits { max_bulk: 64, max_args: 8, max_inline: 64 };
+            for _ in 0..50 {
+                let before = buf.len();
+                match parse_command(&mut buf, &limits) {
+                    Ok(Parsed::Command(_)) => prop_assert!(buf.len() < before),
+                    Ok(Parsed::Incomplete) => { prop_assert_eq!(buf.len(), before); break; }
+                    Err(_) => break,
+                }
+            }
+        }
+
+        /// Frames encoded by the independent `redis-protocol` encoder parse back to the
+        /// same arguments, whole or fed byte by byte.
+        #[test]
+        fn agrees_with_redis_protocol(cmd in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..10)) {
+            use redis_protocol::resp2::{encode::extend_encode, types::BytesFrame};
+            let frame = BytesFrame::Array(cmd.iter().map(|a| BytesFrame::BulkString(Bytes::copy_from_slice(a))).collect());
+            let mut wire = BytesMut::new();
+            extend_encode(&mut wire, &frame, false).unwrap();
+            let mut whole = wire.clone();
+            let want = Parsed::Command(cmd.iter().map(|a| Bytes::copy_from_slice(a)).collect());
+            prop_assert_eq!(parse_command(&mut whole, &Limits::default()).unwrap(), want);
+            prop_assert!(whole.is_empty());
+            let mut partial = BytesMut::new();
+            for (i, b) in wire.iter().enumerate() {
+                partial.extend_from_slice(&[*b]);
+                let r = parse_command(&mut partial, &Limits::default()).unwrap();
+                if i + 1 < wire.len() {
+                    prop_assert_eq!(r, Parsed::Incomplete);
+                } else {
+                    prop_assert!(matches!(r, Parsed::Command(_)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! RESP on the wire: parse request frames into argument lists, encode replies. Knows
+//! nothing of stock.
+pub mod frame;
+pub mod reply;
+
+pub use frame::{parse_command, Limits, Parsed, ProtocolError};
+pub use reply::Reply;

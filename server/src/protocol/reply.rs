@@ -1,0 +1,208 @@
+//! Replies and their encoding in RESP2 or RESP3, and the one place where engine errors
+//! become RESP errors.
+
+use bytes::{BufMut, BytesMut};
+
+use crate::engine::EngineError;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    Simple(&'static str),
+    /// An error line without the leading `-`: `"ERR ..."`, `"NOSALE ..."`.
+    Error(String),
+    Int(i64),
+    Bulk(Vec<u8>),
+    Nil,
+    Array(Vec<Reply>),
+    /// A map in RESP3, a flat field-value array in RESP2.
+    Map(Vec<(Reply, Reply)>),
+    /// A set in RESP3, an array in RESP2.
+    Set(Vec<Reply>),
+}
+
+impl Reply {
+    pub fn ok() -> Reply {
+        Reply::Simple("OK")
+    }
+
+    pub fn err(s: impl Into<String>) -> Reply {
+        Reply::Error(s.into())
+    }
+
+    pub fn bulk(s: impl AsRef<[u8]>) -> Reply {
+        Reply::Bulk(s.as_ref().to_vec())
+    }
+
+    pub fn syntax() -> Reply {
+        Reply::err("ERR syntax error")
+    }
+
+    pub fn not_integer() -> Reply {
+        Reply::err("ERR value is not an integer or out of range")
+    }
+
+    pub fn arity(cmd: &str) -> Reply {
+        Reply::err(format!(
+            "ERR wrong number of arguments for '{}' command",
+            cmd.to_ascii_lowercase()
+        ))
+    }
+
+    pub fn is_error(&self) -> bool {
+        matches!(self, Reply::Error(_))
+    }
+
+    /// Builds a map from `(&str, Reply)` pairs with bulk-string keys.
+    pub fn map<I: IntoIterator<Item = (&'static str, Reply)>>(fields: I) -> Reply {
+        Reply::Map(
+            fields
+                .into_iter()
+                .map(|(k, v)| (Reply::bulk(k), v))
+                .collect(),
+        )
+    }
+
+    pub fn encode(&self, proto: u8, out: &mut BytesMut) {
+        match self {
+            Reply::Simple(s) => {
+                out.put_u8(b'+');
+                out.put_slice(s.as_bytes());
+                out.put_slice(b"\r\n");
+            }
+            Reply::Error(s) => {
+                out.put_u8(b'-');
+                // An error line must not break the framing.
+                for &b in s.as_bytes() {
+                    out.put_u8(if b == b'\r' || b == b'\n' { b' ' } else { b });
+                }
+                out.put_slice(b"\r\n");
+            }
+            Reply::Int(i) => {
+                out.put_u8(b':');
+                put_num(out, *i);
+            }
+            Reply::Bulk(b) => {
+                out.put_u8(b'$');
+                put_num(out, b.len() as i64);
+                out.put_slice(b);
+                out.put_slice(b"\r\n");
+            }
+            Reply::Nil => {
+                if proto >= 3 {
+                    out.put_slice(b"_\r\n");
+                } else {
+                    out.put_slice(b"$-1\r\n");
+                }
+            }
+            Reply::Array(items) => {
+                out.put_u8(b'*');
+                put_num(out, items.len() as i64);
+                for i in items {
+                    i.encode(proto, out);
+                }
+            }
+            Reply::Set(items) => {
+                out.put_u8(if proto >= 3 { b'~' } else { b'*' });
+                put_num(out, items.len() as i64);
+                for i in items {
+                    i.encode(proto, out);
+                }
+            }
+            Reply::Map(pairs) => {
+                if proto >= 3 {
+                    out.put_u8(b'%');
+                    put_num(out, pairs.len() as i64);
+                } else {
+                    out.put_u8(b'*');
+                    put_num(out, 2 * pairs.len() as i64);
+                }
+                for (k, v) in pairs {
+                    k.encode(proto, out);
+                    v.encode(proto, out);
+                }
+            }
+        }
+    }
+}
+
+fn put_num(out: &mut BytesMut, n: i64) {
+    let mut b = itoa_buf(n);
+    out.put_slice(b.as_bytes_mut());
+    out.put_slice(b"\r\n");
+}
+
+struct NumBuf {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl NumBuf {
+    fn as_bytes_mut(&mut self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+fn itoa_buf(n: i64) -> NumBuf {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let neg = n < 0;
+    let mut v = n.unsigned_abs();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    if neg {
+        i -= 1;
+        buf[i] = b'-';
+    }
+    NumBuf { buf, start: i }
+}
+
+/// Every engine error's wire form. The first word is the error code clients match on.
+pub fn from_engine_error(e: &EngineError) -> Reply {
+    let s = match e {
+        EngineError::Invalid(field) => format!("ERR invalid {field}"),
+        EngineError::NoSale => "NOSALE no such sale".into(),
+        EngineError::Fenced => {
+            "FENCED state unproven; rebuild the sale from the ledger first".into()
+        }
+        EngineError::Paused => "PAUSED sale is paused".into(),
+        EngineError::Denied(why) => format!("DENIED {why}"),
+        EngineError::Exists => "EXISTS sale exists with different parameters".into(),
+        EngineError::NoReservation => "NORES no such reservation in state RESERVED".into(),
+        EngineError::Expired => "EXPIRED reservation expired".into(),
+        EngineError::Released => "RELEASED units already went back to stock".into(),
+        EngineError::Argument(why) => format!("ERR {why}"),
+        EngineError::NotEnoughAvailable => "ERR not enough available units".into(),
+        EngineError::NotFenced => "ERR sale is not fenced".into(),
+        EngineError::FingerprintMismatch { .. } => format!("ERR {e}"),
+    };
+    Reply::Error(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc(r: &Reply, proto: u8) -> String {
+        let mut b = BytesMut::new();
+        r.encode(proto, &mut b);
+        String::from_utf8(b.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn encodings() {
+        assert_eq!(enc(&Reply::Int(-42), 2), ":-42\r\n");
+        assert_eq!(enc(&Reply::Int(i64::MIN), 2), format!(":{}\r\n", i64::MIN));
+        assert_eq!(enc(&Reply::Nil, 2), "$-1\r\n");
+        assert_eq!(enc(&Reply::Nil, 3), "_\r\n");
+        let m = Reply::map([("a", Reply::Int(1))]);
+        assert_eq!(enc(&m, 2), "*2\r\n$1\r\na\r\n:1\r\n");
+        assert_eq!(enc(&m, 3), "%1\r\n$1\r\na\r\n:1\r\n");
+        assert_eq!(enc(&Reply::err("ERR a\r\nb"), 2), "-ERR a  b\r\n");
+    }
+}

@@ -1,0 +1,706 @@
+//! Group commit.
+//!
+//! `record` runs on engine threads with engine locks held, so it only encodes the event
+//! (outside any WAL lock, into a thread-local scratch buffer), then, under one short mutex,
+//! copies the bytes into the shared pending buffer and takes the next LSN. Because both
+//! happen under the same mutex, buffer order is LSN order.
+//!
+//! One writer thread swaps the pending buffer for an empty one, writes the whole batch
+//! with as few `write` calls as segment boundaries allow, syncs according to the
+//! [`FsyncPolicy`], and only then publishes the batch's last LSN as durable. Everything
+//! that arrived while it was writing or syncing becomes the next batch: the more load,
+//! the bigger the batches, the fewer syncs per record.
+//!
+//! Failure is sticky: after any I/O error nothing more is written or acknowledged, and
+//! every wait for an LSN that was not yet durable returns [`WalError::Failed`].
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::record::{encode_record, HEADER_LEN};
+use super::segment::{self, ActiveSegment};
+use super::snapshot::{self, SnapshotWritten};
+use super::{
+    Event, EventSink, FsyncPolicy, Lsn, Recovery, Snapshot, WalError, WalOptions, WalStats,
+};
+
+const EVERYSEC: Duration = Duration::from_secs(1);
+
+/// Records handed over by `record` and not yet taken by the writer.
+struct Pending {
+    buf: Vec<u8>,
+    /// LSN of the first record in `buf` (the next LSN when `buf` is empty).
+    buf_first: Lsn,
+    buf_records: u64,
+    /// LSN the next `record` gets.
+    next: Lsn,
+    /// LSNs that must start a new segment (requested by `roll`), ascending.
+    rolls: Vec<Lsn>,
+    /// Set once the writer has failed or close began: `record` still hands out LSNs (it
+    /// cannot refuse) but drops the bytes; waits on those LSNs fail.
+    stopped: bool,
+    closing: bool,
+}
+
+/// What waiters watch, besides the `durable` atomic.
+#[derive(Default)]
+struct Progress {
+    /// Highest `roll point - 1` whose segment switch the writer has carried out.
+    rolled: Lsn,
+    failure: Option<Arc<str>>,
+    closed: bool,
+}
+
+/// Segments on disk: first LSN -> last LSN, `None` for the one being appended to.
+pub(crate) type Catalog = BTreeMap<Lsn, Option<Lsn>>;
+
+struct Shared {
+    dir: PathBuf,
+    opts: WalOptions,
+    state: Mutex<Pending>,
+    has_work: Condvar,
+    has_space: Condvar,
+    durable: AtomicU64,
+    /// Highest roll point requested, so `write_snapshot` knows whether to wait for one.
+    roll_requested: AtomicU64,
+    progress: Mutex<Progress>,
+    progress_cv: Condvar,
+    notify: tokio::sync::Notify,
+    catalog: Mutex<Catalog>,
+    batches: AtomicU64,
+    syncs: AtomicU64,
+    bytes_written: AtomicU64,
+}
+
+impl Shared {
+    fn publish(&self, durable: Option<Lsn>, rolled: Option<Lsn>, closed: bool) {
+        if let Some(d) = durable {
+            self.durable.fetch_max(d, Ordering::Release);
+        }
+        {
+            // Taking the lock orders this publication with a waiter that checked the
+            // atomic just before sleeping: it is either already asleep (and woken below)
+            // or will see the new value.
+            let mut p = self.progress.lock();
+            if let Some(r) = rolled {
+                p.rolled = p.rolled.max(r);
+            }
+            p.closed |= closed;
+        }
+        self.progress_cv.notify_all();
+        self.notify.notify_waiters();
+    }
+
+    fn fail(&self, reason: String) {
+        tracing::error!(dir = %self.dir.display(), "WAL failed: {reason}");
+        {
+            let mut st = self.state.lock();
+            st.stopped = true;
+            st.buf = Vec::new();
+            st.buf_records = 0;
+        }
+        self.has_space.notify_all();
+        {
+            let mut p = self.progress.lock();
+            if p.failure.is_none() {
+                p.failure = Some(reason.into());
+            }
+        }
+        self.progress_cv.notify_all();
+        self.notify.notify_waiters();
+    }
+
+    /// `Some(result)` once waiting for `lsn` is over.
+    fn settled(&self, lsn: Lsn, p: &Progress) -> Option<Result<(), WalError>> {
+        if lsn <= self.durable.load(Ordering::Acquire) {
+            return Some(Ok(()));
+        }
+        if let Some(reason) = &p.failure {
+            return Some(Err(WalError::Failed {
+                durable: self.durable.load(Ordering::Acquire),
+                reason: reason.clone(),
+            }));
+        }
+        if p.closed {
+            return Some(Err(WalError::Closed));
+        }
+        None
+    }
+
+    fn check_assigned(&self, lsn: Lsn) -> Result<(), WalError> {
+        let last = self.state.lock().next - 1;
+        if lsn > last {
+            return Err(WalError::NotAssigned { lsn, last });
+        }
+        Ok(())
+    }
+}
+
+/// The write-ahead log. Create with [`Wal::open`]; share as `Arc<Wal>` (it is the engine's
+/// [`EventSink`]).
+pub struct Wal {
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    lock_file: Mutex<Option<File>>,
+}
+
+impl std::fmt::Debug for Wal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal")
+            .field("dir", &self.shared.dir)
+            .field("durable", &self.durable_lsn())
+            .finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Wal {
+    /// Opens (creating if needed) the log in `<data_dir>/wal/`, recovers what it holds and
+    /// starts the writer thread. The caller loads `Recovery::snapshot`, applies
+    /// `Recovery::events` in order, and only then serves.
+    pub fn open(
+        data_dir: impl AsRef<Path>,
+        opts: WalOptions,
+    ) -> Result<(Arc<Wal>, Recovery), WalError> {
+        let dir = data_dir.as_ref().join("wal");
+        std::fs::create_dir_all(&dir).map_err(super::io_err("create directory", &dir))?;
+        let lock_file = lock_dir(&dir)?;
+        let resume = super::recovery::recover(&dir, &opts)?;
+        let next = resume.recovery.last_lsn + 1;
+        let active = match resume.active {
+            Some((path, first, size)) => Some(ActiveSegment::reopen(path, first, next, size)?),
+            None => None,
+        };
+        let shared = Arc::new(Shared {
+            dir: dir.clone(),
+            opts: opts.clone(),
+            state: Mutex::new(Pending {
+                buf: Vec::new(),
+                buf_first: next,
+                buf_records: 0,
+                next,
+                rolls: Vec::new(),
+                stopped: false,
+                closing: false,
+            }),
+            has_work: Condvar::new(),
+            has_space: Condvar::new(),
+            durable: AtomicU64::new(next - 1),
+            roll_requested: AtomicU64::new(0),
+            progress: Mutex::new(Progress {
+                rolled: next - 1,
+                ..Progress::default()
+            }),
+            progress_cv: Condvar::new(),
+            notify: tokio::sync::Notify::new(),
+            catalog: Mutex::new(resume.catalog),
+            batches: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+        });
+        let mut w = Writer {
+            shared: shared.clone(),
+            seg: active,
+            batch: Vec::new(),
+            last_sync: Instant::now(),
+            unsynced: false,
+            written: next - 1,
+            final_flush: false,
+        };
+        let handle = std::thread::Builder::new()
+            .name("stockgate-wal".into())
+            .spawn(move || w.run())
+            .map_err(super::io_err("spawn WAL writer for", &dir))?;
+        let wal = Arc::new(Wal {
+            shared,
+            writer: Mutex::new(Some(handle)),
+            lock_file: Mutex::new(Some(lock_file)),
+        });
+        Ok((wal, resume.recovery))
+    }
+
+    /// Appends `event` to the log and returns its LSN; cheap enough to call with engine
+    /// locks held. Blocks only when more than `max_buffer_bytes` are waiting for the disk.
+    /// After a failure or close the event is dropped and waiting on its LSN fails.
+    pub fn record(&self, event: &Event) -> Lsn {
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            scratch.clear();
+            let encoded = encode_record(event, &mut scratch);
+            let sh = &*self.shared;
+            let mut st = sh.state.lock();
+            while !st.stopped && !st.closing && st.buf.len() >= sh.opts.max_buffer_bytes {
+                sh.has_space.wait(&mut st);
+            }
+            let lsn = st.next;
+            st.next += 1;
+            if let Err(e) = encoded {
+                // Unloggable means unacknowledgeable; stopping is the only safe answer.
+                drop(st);
+                sh.fail(format!("cannot log event at LSN {lsn}: {e}"));
+                return lsn;
+            }
+            if st.stopped || st.closing {
+                return lsn;
+            }
+            let wake = st.buf.is_empty();
+            st.buf.extend_from_slice(&scratch);
+            st.buf_records += 1;
+            drop(st);
+            if wake {
+                sh.has_work.notify_one();
+            }
+            if scratch.capacity() > 1 << 16 {
+                *scratch = Vec::new();
+            }
+            lsn
+        })
+    }
+
+    /// The last LSN handed out (0 if none).
+    pub fn last_lsn(&self) -> Lsn {
+        self.shared.state.lock().next - 1
+    }
+
+    /// The highest LSN acknowledged under the fsync policy.
+    pub fn durable_lsn(&self) -> Lsn {
+        self.shared.durable.load(Ordering::Acquire)
+    }
+
+    /// Counters for INFO and benchmarks.
+    pub fn stats(&self) -> WalStats {
+        let sh = &*self.shared;
+        WalStats {
+            last_lsn: self.last_lsn(),
+            durable_lsn: self.durable_lsn(),
+            batches: sh.batches.load(Ordering::Relaxed),
+            syncs: sh.syncs.load(Ordering::Relaxed),
+            bytes_written: sh.bytes_written.load(Ordering::Relaxed),
+            segments: sh.catalog.lock().len(),
+        }
+    }
+
+    /// `<data-dir>/wal`.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    pub fn options(&self) -> &WalOptions {
+        &self.shared.opts
+    }
+
+    /// Why the log stopped accepting writes, if it did.
+    pub fn failure(&self) -> Option<WalError> {
+        let p = self.shared.progress.lock();
+        p.failure.as_ref().map(|reason| WalError::Failed {
+            durable: self.durable_lsn(),
+            reason: reason.clone(),
+        })
+    }
+
+    /// Resolves once the record at `lsn` is acknowledged under the fsync policy (at once
+    /// for 0). Fails if the writer failed or the log closed before that.
+    pub async fn wait_durable(&self, lsn: Lsn) -> Result<(), WalError> {
+        if lsn <= self.durable_lsn() {
+            return Ok(());
+        }
+        self.shared.check_assigned(lsn)?;
+        loop {
+            let notified = self.shared.notify.notified();
+            tokio::pin!(notified);
+            // Registered before checking, so a publication between the check and the
+            // await still wakes us.
+            notified.as_mut().enable();
+            if let Some(r) = self.shared.settled(lsn, &self.shared.progress.lock()) {
+                return r;
+            }
+            notified.await;
+        }
+    }
+
+    /// Blocking variant of [`Wal::wait_durable`], for threads outside the async runtime.
+    pub fn wait_durable_blocking(&self, lsn: Lsn) -> Result<(), WalError> {
+        if lsn <= self.durable_lsn() {
+            return Ok(());
+        }
+        self.shared.check_assigned(lsn)?;
+        let mut p = self.shared.progress.lock();
+        loop {
+            if let Some(r) = self.shared.settled(lsn, &p) {
+                return r;
+            }
+            self.shared.progress_cv.wait(&mut p);
+        }
+    }
+
+    /// Makes the next record start a new segment and returns the last LSN before it.
+    /// Call it while the engine's world is stopped: the state at that moment is exactly
+    /// the records up to the returned LSN, which is what the snapshot then covers.
+    pub fn roll(&self) -> Lsn {
+        let sh = &*self.shared;
+        let mut st = sh.state.lock();
+        let point = st.next;
+        if st.rolls.last() != Some(&point) {
+            st.rolls.push(point);
+        }
+        drop(st);
+        sh.roll_requested.fetch_max(point, Ordering::AcqRel);
+        sh.has_work.notify_one();
+        point - 1
+    }
+
+    /// Writes `snap` (the state after the record at `upto`, usually from [`Wal::roll`])
+    /// atomically, then deletes the segments and older snapshots it makes redundant.
+    /// Blocking file I/O: call it from a blocking thread, not from the async runtime.
+    pub fn write_snapshot(&self, snap: &Snapshot, upto: Lsn) -> Result<SnapshotWritten, WalError> {
+        let sh = &*self.shared;
+        sh.check_assigned(upto)?;
+        let (path, bytes) = snapshot::write_atomic(&sh.dir, snap, upto)?;
+        // Segments are only deleted once the writer has closed them; if a roll for this
+        // snapshot is under way, wait for it so the deletion below can include its segment.
+        let must_roll = sh.roll_requested.load(Ordering::Acquire) > upto;
+        {
+            let mut p = sh.progress.lock();
+            loop {
+                let durable = sh.durable.load(Ordering::Acquire);
+                if durable >= upto && (!must_roll || p.rolled >= upto) {
+                    break;
+                }
+                if let Some(reason) = &p.failure {
+                    return Err(WalError::Failed {
+                        durable,
+                        reason: reason.clone(),
+                    });
+                }
+                if p.closed {
+                    return Err(WalError::Closed);
+                }
+                sh.progress_cv.wait(&mut p);
+            }
+        }
+        let mut removed = Vec::new();
+        {
+            let mut cat = sh.catalog.lock();
+            let doomed: Vec<Lsn> = cat
+                .iter()
+                .filter(|(_, last)| matches!(last, Some(l) if *l <= upto))
+                .map(|(first, _)| *first)
+                .collect();
+            for first in doomed {
+                let p = sh.dir.join(segment::segment_file_name(first));
+                segment::remove_if_exists(&p)?;
+                cat.remove(&first);
+                removed.push(p);
+            }
+        }
+        for (lsn, p) in segment::list_dir(&sh.dir)?.snapshots {
+            if lsn < upto {
+                segment::remove_if_exists(&p)?;
+                removed.push(p);
+            }
+        }
+        if !removed.is_empty() {
+            segment::sync_dir(&sh.dir)?;
+        }
+        Ok(SnapshotWritten {
+            path,
+            lsn: upto,
+            bytes,
+            removed,
+        })
+    }
+
+    /// Writes and fsyncs everything recorded so far, stops the writer and releases the
+    /// directory lock. Returns the last durable LSN. Later records are dropped and waits
+    /// on them fail with [`WalError::Closed`]. Idempotent.
+    pub fn flush_and_close(&self) -> Result<Lsn, WalError> {
+        {
+            let mut st = self.shared.state.lock();
+            st.closing = true;
+        }
+        self.shared.has_work.notify_one();
+        self.shared.has_space.notify_all();
+        if let Some(h) = self.writer.lock().take() {
+            if h.join().is_err() {
+                self.shared.fail("WAL writer thread panicked".to_owned());
+            }
+        }
+        self.lock_file.lock().take();
+        match self.failure() {
+            Some(e) => Err(e),
+            None => Ok(self.durable_lsn()),
+        }
+    }
+}
+
+impl EventSink for Wal {
+    fn record(&self, event: &Event) -> Lsn {
+        Wal::record(self, event)
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush_and_close() {
+            tracing::error!("WAL close on drop: {e}");
+        }
+    }
+}
+
+/// Two processes appending to one log would interleave records: hold an exclusive flock
+/// for as long as the log is open.
+fn lock_dir(dir: &Path) -> Result<File, WalError> {
+    use std::os::unix::io::AsRawFd;
+    let path = dir.join("LOCK");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(super::io_err("open lock file", &path))?;
+    // SAFETY: flock on a file descriptor we own and keep open; no memory is involved.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Err(WalError::Locked(dir.to_owned()));
+        }
+        return Err(super::io_err("lock", &path)(e));
+    }
+    Ok(f)
+}
+
+/// One batch taken from [`Pending`].
+struct Batch {
+    first: Lsn,
+    records: u64,
+    rolls: Vec<Lsn>,
+    closing: bool,
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    seg: Option<ActiveSegment>,
+    /// The batch being written; swapped with the pending buffer so both allocations are
+    /// reused.
+    batch: Vec<u8>,
+    last_sync: Instant,
+    /// Bytes written since the last fdatasync.
+    unsynced: bool,
+    written: Lsn,
+    /// Working on the last batch before close: everything gets synced, whatever the policy.
+    final_flush: bool,
+}
+
+/// Marks the log failed if the writer thread ends without a clean close (error or panic),
+/// so that no waiter hangs forever.
+struct ExitGuard(Arc<Shared>, bool);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0
+                .fail("WAL writer thread stopped unexpectedly".to_owned());
+        }
+    }
+}
+
+impl Writer {
+    fn run(&mut self) {
+        let mut guard = ExitGuard(self.shared.clone(), false);
+        match self.work() {
+            Ok(()) => guard.1 = true,
+            Err(e) => {
+                guard.1 = true;
+                self.shared.fail(e.to_string());
+            }
+        }
+    }
+
+    fn work(&mut self) -> Result<(), WalError> {
+        let policy = self.shared.opts.fsync;
+        loop {
+            let b = self.take();
+            self.final_flush = b.closing;
+            let rolled = self.write_batch(&b)?;
+            let last = b.first + b.records - 1;
+            let wrote = b.records > 0;
+            if wrote {
+                self.written = last;
+                self.shared.batches.fetch_add(1, Ordering::Relaxed);
+            }
+            match policy {
+                FsyncPolicy::Always if self.unsynced => self.sync()?,
+                FsyncPolicy::EverySec if self.unsynced && self.last_sync.elapsed() >= EVERYSEC => {
+                    self.sync()?
+                }
+                _ => {}
+            }
+            if b.closing {
+                self.sync()?;
+                self.shared
+                    .publish(wrote.then_some(self.written), rolled, true);
+                return Ok(());
+            }
+            self.shared.publish(wrote.then_some(last), rolled, false);
+            if self.batch.capacity() > 8 << 20 && self.batch.len() < 1 << 20 {
+                self.batch = Vec::new();
+            }
+        }
+    }
+
+    /// Waits for work and takes it: records, roll requests, close, or a due everysec sync
+    /// (then the batch is empty).
+    fn take(&mut self) -> Batch {
+        let sh = &*self.shared;
+        let mut st = sh.state.lock();
+        while st.buf.is_empty() && st.rolls.is_empty() && !st.closing {
+            if sh.opts.fsync == FsyncPolicy::EverySec && self.unsynced {
+                let deadline = self.last_sync + EVERYSEC;
+                if Instant::now() >= deadline
+                    || sh.has_work.wait_until(&mut st, deadline).timed_out()
+                {
+                    break;
+                }
+            } else {
+                sh.has_work.wait(&mut st);
+            }
+        }
+        self.batch.clear();
+        std::mem::swap(&mut st.buf, &mut self.batch);
+        let b = Batch {
+            first: st.buf_first,
+            records: st.buf_records,
+            rolls: std::mem::take(&mut st.rolls),
+            closing: st.closing,
+        };
+        st.buf_first = st.next;
+        st.buf_records = 0;
+        drop(st);
+        sh.has_space.notify_all();
+        b
+    }
+
+    /// Writes the batch, switching segments at roll points and at the size limit.
+    /// Returns the highest `roll point - 1` carried out, if any.
+    fn write_batch(&mut self, b: &Batch) -> Result<Option<Lsn>, WalError> {
+        let limit = self.shared.opts.segment_bytes;
+        let batch = std::mem::take(&mut self.batch);
+        let res = (|| {
+            let mut rolls = b.rolls.iter().copied().peekable();
+            let mut off = 0usize;
+            let mut lsn = b.first;
+            let mut run_start = 0usize;
+            let mut run_first = b.first;
+            while off < batch.len() {
+                // The batch was framed by `record` in this process: its lengths are trusted.
+                let len = u32::from_le_bytes([
+                    batch[off],
+                    batch[off + 1],
+                    batch[off + 2],
+                    batch[off + 3],
+                ]) as usize
+                    + HEADER_LEN;
+                let mut roll_here = false;
+                while let Some(p) = rolls.next_if(|&p| p <= lsn) {
+                    roll_here |= p == lsn;
+                }
+                let run = (off - run_start) as u64;
+                let (seg_size, seg_records) = match &self.seg {
+                    Some(s) => (s.size, s.records()),
+                    None => (segment::SEGMENT_HEADER_LEN, 0),
+                };
+                let has_records = seg_records > 0 || run > 0;
+                let full = seg_size + run + len as u64 > limit;
+                if has_records && (roll_here || full) {
+                    self.append(&batch[run_start..off], run_first, lsn - run_first)?;
+                    self.close_segment()?;
+                    run_start = off;
+                    run_first = lsn;
+                }
+                off += len;
+                lsn += 1;
+            }
+            self.append(&batch[run_start..off], run_first, lsn - run_first)?;
+            debug_assert_eq!(lsn, b.first + b.records);
+            // Roll points right after the batch: close now, so `write_snapshot` can delete
+            // the finished segment without waiting for the next record.
+            if rolls.next().is_some() && self.seg.as_ref().is_some_and(|s| s.records() > 0) {
+                self.close_segment()?;
+            }
+            Ok(b.rolls.last().map(|p| p - 1))
+        })();
+        self.batch = batch;
+        res
+    }
+
+    fn append(&mut self, bytes: &[u8], first: Lsn, records: u64) -> Result<(), WalError> {
+        if records == 0 {
+            return Ok(());
+        }
+        let seg = match &mut self.seg {
+            Some(s) => s,
+            None => {
+                let s = ActiveSegment::create(&self.shared.dir, first)?;
+                self.shared.catalog.lock().insert(first, None);
+                self.seg.insert(s)
+            }
+        };
+        if seg.next != first {
+            return Err(WalError::Corrupt {
+                file: seg.path.clone(),
+                offset: seg.size,
+                reason: format!(
+                    "writer out of sequence: segment expects LSN {}, got {first}",
+                    seg.next
+                ),
+            });
+        }
+        seg.append(bytes, records)?;
+        self.unsynced = true;
+        self.shared
+            .bytes_written
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn close_segment(&mut self) -> Result<(), WalError> {
+        let Some(seg) = self.seg.take() else {
+            return Ok(());
+        };
+        // The everysec timer only ever syncs the current segment; a segment left behind
+        // must be synced now or its tail could stay unsynced indefinitely.
+        if (self.shared.opts.fsync != FsyncPolicy::No || self.final_flush) && self.unsynced {
+            seg.sync()?;
+            self.shared.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        self.shared
+            .catalog
+            .lock()
+            .insert(seg.first, Some(seg.next - 1));
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), WalError> {
+        if let Some(s) = &self.seg {
+            if self.unsynced {
+                s.sync()?;
+                self.shared.syncs.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.unsynced = false;
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+}
