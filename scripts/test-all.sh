@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace. On a fresh Debian machine with Rust it first installs
+# what the end-to-end tests talk to: redis-tools/redis-server (redis-cli is a real client
+# under test, redis-server runs the Redis+Lua baseline), PostgreSQL (the ledger tests
+# start a throwaway cluster from its binaries) and redis-py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "installing: ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+python3 -c "import redis" >/dev/null 2>&1 || python3 -m pip install -q redis
+
+# End-to-end tests start the real binaries: build them first.
+cargo build --workspace --bins
+cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
