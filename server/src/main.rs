@@ -108,12 +108,18 @@ struct ServeArgs {
     /// Disconnect clients idle this long (ms); 0 = never.
     #[arg(long, default_value_t = 0)]
     idle_timeout_ms: u64,
+    /// Disconnect clients that leave their replies unread this long (ms).
+    #[arg(long, default_value_t = 30_000)]
+    write_timeout_ms: u64,
     /// WAL segment size in MiB before rolling to a new file.
     #[arg(long, default_value_t = 64)]
     segment_mib: u64,
     /// Write a snapshot (and delete the log it covers) after this many records.
     #[arg(long, default_value_t = 2_000_000)]
     snapshot_records: u64,
+    /// Worker threads serving connections; 0 = one per core.
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
     /// On WAL corruption, cut the log at the first bad record (losing what follows)
     /// instead of refusing to start. Says what it drops.
     #[arg(long)]
@@ -330,10 +336,15 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         max_query_buffer: a.max_query_buffer,
         max_output_buffer: a.max_output_buffer,
         idle_timeout_ms: a.idle_timeout_ms,
+        write_timeout_ms: a.write_timeout_ms,
         ..ServerConfig::default()
     };
     let shared = Arc::new(Shared::new(config, users, durability.clone()));
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if a.threads > 0 {
+        rt.worker_threads(a.threads);
+    }
+    let rt = rt
         .enable_all()
         .thread_name("stockgate")
         .build()

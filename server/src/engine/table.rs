@@ -5,10 +5,11 @@
 //! the transition before it lets go of that lock: this is what makes "exactly once" and
 //! "log order matches transition order" hold for one reservation.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use super::event::Lsn;
+use super::fasthash::TokenMap;
 use super::sale::Sale;
 use super::types::{Millis, ResState, ReservationView};
 use super::wheel::{Handle, Wheel};
@@ -49,7 +50,7 @@ impl Res {
 }
 
 pub struct Stripe {
-    pub map: HashMap<Arc<str>, Res>,
+    pub map: TokenMap<Res>,
     pub wheel: Wheel<Arc<str>>,
     /// RESERVED reservations whose deadline passed, oldest first (what EXPIRED lists).
     pub expired: BTreeSet<(Millis, Arc<str>)>,
@@ -60,7 +61,7 @@ pub struct Stripe {
 impl Stripe {
     pub fn new(now: Millis) -> Self {
         Stripe {
-            map: HashMap::new(),
+            map: TokenMap::default(),
             wheel: Wheel::new(now),
             expired: BTreeSet::new(),
             finished: VecDeque::new(),

@@ -72,6 +72,7 @@ pub(crate) fn recover(dir: &Path, opts: &WalOptions) -> Result<Resume, WalError>
             continue;
         }
         let gap = match expected {
+            _ if first == 0 => Some("segment named LSN 0: LSNs start at 1".to_owned()),
             Some(n) if first != n => Some(format!(
                 "segment starts at LSN {first} but the previous one ends before LSN {n}: records are missing"
             )),

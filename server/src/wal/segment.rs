@@ -263,6 +263,15 @@ pub(crate) fn cut(dir: &Path, path: &Path, offset: u64) -> Result<(), WalError> 
     sync_dir(dir)
 }
 
+/// fdatasync of a closed segment; one deleted meanwhile (snapshot GC) needs nothing.
+pub(crate) fn sync_file_if_exists(path: &Path) -> Result<(), WalError> {
+    match File::open(path) {
+        Ok(f) => f.sync_data().map_err(io_err("fdatasync segment", path)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err("open segment", path)(e)),
+    }
+}
+
 pub(crate) fn remove_if_exists(path: &Path) -> Result<(), WalError> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("delete", path)(e)),

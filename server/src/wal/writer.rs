@@ -173,8 +173,14 @@ impl Wal {
         data_dir: impl AsRef<Path>,
         opts: WalOptions,
     ) -> Result<(Arc<Wal>, Recovery), WalError> {
-        let dir = data_dir.as_ref().join("wal");
-        std::fs::create_dir_all(&dir).map_err(super::io_err("create directory", &dir))?;
+        let data_dir = data_dir.as_ref();
+        let dir = data_dir.join("wal");
+        if !dir.is_dir() {
+            std::fs::create_dir_all(&dir).map_err(super::io_err("create directory", &dir))?;
+            // Without this the whole log could vanish with its directory entry on power
+            // loss, acknowledged records included.
+            segment::sync_dir(data_dir)?;
+        }
         let lock_file = lock_dir(&dir)?;
         let resume = super::recovery::recover(&dir, &opts)?;
         let next = resume.recovery.last_lsn + 1;
@@ -217,6 +223,7 @@ impl Wal {
             unsynced: false,
             written: next - 1,
             final_flush: false,
+            closed_unsynced: Vec::new(),
         };
         let handle = std::thread::Builder::new()
             .name("stockgate-wal".into())
@@ -501,6 +508,8 @@ struct Writer {
     written: Lsn,
     /// Working on the last batch before close: everything gets synced, whatever the policy.
     final_flush: bool,
+    /// Under `no`, segments closed without a sync; close syncs them after all.
+    closed_unsynced: Vec<PathBuf>,
 }
 
 /// Marks the log failed if the writer thread ends without a clean close (error or panic),
@@ -549,6 +558,9 @@ impl Writer {
             }
             if b.closing {
                 self.sync()?;
+                for p in std::mem::take(&mut self.closed_unsynced) {
+                    segment::sync_file_if_exists(&p)?;
+                }
                 self.shared
                     .publish(wrote.then_some(self.written), rolled, true);
                 return Ok(());
@@ -684,6 +696,8 @@ impl Writer {
         if (self.shared.opts.fsync != FsyncPolicy::No || self.final_flush) && self.unsynced {
             seg.sync()?;
             self.shared.syncs.fetch_add(1, Ordering::Relaxed);
+        } else if self.unsynced {
+            self.closed_unsynced.push(seg.path.clone());
         }
         self.shared
             .catalog
