@@ -102,8 +102,8 @@ fn reserve_replay_release_commit() {
         ReserveOutcome::Replay { .. }
     ));
     assert_eq!(e.stock("SKU").unwrap(), 2);
-    assert_eq!(e.release(&t).0, true);
-    assert_eq!(e.release(&t).0, false);
+    assert!(e.release(&t).0);
+    assert!(!e.release(&t).0);
     assert_eq!(e.commit(&t), Err(EngineError::Released));
     assert_eq!(e.stock("SKU").unwrap(), 3);
     // The same request id stays a replay even after release: it never takes stock twice.
@@ -112,9 +112,9 @@ fn reserve_replay_release_commit() {
         ReserveOutcome::Replay { .. }
     ));
     let b = token_of(&reserve(&e, "SKU", "bob", "r1", 2).unwrap());
-    assert_eq!(e.commit(&b).unwrap().0, true);
-    assert_eq!(e.commit(&b).unwrap().0, false);
-    assert_eq!(e.release(&b).0, false);
+    assert!(e.commit(&b).unwrap().0);
+    assert!(!e.commit(&b).unwrap().0);
+    assert!(!e.release(&b).0);
     assert_eq!(
         reserve(&e, "SKU", "carol", "r", 2).unwrap(),
         ReserveOutcome::SoldOut
@@ -261,7 +261,7 @@ fn expiry_extend_and_expired_listing() {
     assert_eq!(e.expired(10, None).len(), 1);
     assert_eq!(e.expired(10, Some("OTHER")).len(), 0);
     // Commit of an expired reservation is allowed (the sweeper's cleanup path).
-    assert_eq!(e.commit(&a).unwrap().0, true);
+    assert!(e.commit(&a).unwrap().0);
     assert!(e.expired(10, None).is_empty());
     c.advance(5000);
     assert_eq!(e.expired(10, None).len(), 1);
@@ -368,8 +368,8 @@ fn fence_restore_rebuild() {
     // total 10 − committed 3 − reserved (1 + 2) = 4
     assert_eq!(e.rebuild("S", 10, 3, &fp).unwrap().0, 4);
     check_invariants(&e);
-    assert_eq!(e.commit(&tok).unwrap().0, true);
-    assert_eq!(e.release(&t).0, true);
+    assert!(e.commit(&tok).unwrap().0);
+    assert!(e.release(&t).0);
     check_invariants(&e);
     // A sale this server never heard of is created fenced.
     e.fence("LOST", Some(5), None, None, None).unwrap();
@@ -483,6 +483,7 @@ struct MSale {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #[allow(clippy::map_entry)]
 
     #[test]
     fn model(ops in proptest::collection::vec(op(), 1..120), auto in any::<bool>()) {

@@ -77,7 +77,7 @@ impl std::fmt::Debug for Keyring {
 
 pub fn hex_decode(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
-    if b.len() % 2 != 0 {
+    if !b.len().is_multiple_of(2) {
         return None;
     }
     fn nib(c: u8) -> Option<u8> {

@@ -148,6 +148,9 @@ impl Shared {
 /// [`EventSink`]).
 pub struct Wal {
     shared: Arc<Shared>,
+    /// The writer's state, shared by the writer thread and (under `everysec` and `no`)
+    /// by waiters that write the pending batch themselves.
+    inline: Arc<Mutex<Writer>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     lock_file: Mutex<Option<File>>,
 }
@@ -215,7 +218,7 @@ impl Wal {
             syncs: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
         });
-        let mut w = Writer {
+        let inline = Arc::new(Mutex::new(Writer {
             shared: shared.clone(),
             seg: active,
             batch: Vec::new(),
@@ -224,12 +227,16 @@ impl Wal {
             written: next - 1,
             final_flush: false,
             closed_unsynced: Vec::new(),
-        };
+            done: false,
+        }));
+        let thread_writer = inline.clone();
+        let thread_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("stockgate-wal".into())
-            .spawn(move || w.run())
+            .spawn(move || writer_thread(thread_shared, thread_writer))
             .map_err(super::io_err("spawn WAL writer for", &dir))?;
         let wal = Arc::new(Wal {
+            inline,
             shared,
             writer: Mutex::new(Some(handle)),
             lock_file: Mutex::new(Some(lock_file)),
@@ -261,7 +268,9 @@ impl Wal {
             if st.stopped || st.closing {
                 return lsn;
             }
-            let wake = st.buf.is_empty();
+            // Under `everysec` and `no` the waiters write batches themselves and the
+            // thread polls: no futex wake per batch on the hot path.
+            let wake = st.buf.is_empty() && sh.opts.fsync == FsyncPolicy::Always;
             st.buf.extend_from_slice(&scratch);
             st.buf_records += 1;
             drop(st);
@@ -323,6 +332,7 @@ impl Wal {
             return Ok(());
         }
         self.shared.check_assigned(lsn)?;
+        self.flush_inline(lsn);
         loop {
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
@@ -342,12 +352,31 @@ impl Wal {
             return Ok(());
         }
         self.shared.check_assigned(lsn)?;
+        self.flush_inline(lsn);
         let mut p = self.shared.progress.lock();
         loop {
             if let Some(r) = self.shared.settled(lsn, &p) {
                 return r;
             }
             self.shared.progress_cv.wait(&mut p);
+        }
+    }
+
+    /// Under `everysec` and `no` an acknowledgement needs only a `write`: the waiter does
+    /// it itself when nobody else is writing (leader-style group commit), which saves two
+    /// thread hand-offs per batch. Under `always` the fdatasync stays on the writer thread
+    /// so no async worker ever blocks on the disk.
+    fn flush_inline(&self, lsn: Lsn) {
+        if self.shared.opts.fsync == FsyncPolicy::Always {
+            return;
+        }
+        if let Some(mut w) = self.inline.try_lock() {
+            if lsn > self.durable_lsn() && !w.done {
+                if let Err(e) = w.round(false) {
+                    w.done = true;
+                    self.shared.fail(e.to_string());
+                }
+            }
         }
     }
 
@@ -510,6 +539,8 @@ struct Writer {
     final_flush: bool,
     /// Under `no`, segments closed without a sync; close syncs them after all.
     closed_unsynced: Vec<PathBuf>,
+    /// Closed or failed: no more rounds.
+    done: bool,
 }
 
 /// Marks the log failed if the writer thread ends without a clean close (error or panic),
@@ -525,70 +556,94 @@ impl Drop for ExitGuard {
     }
 }
 
-impl Writer {
-    fn run(&mut self) {
-        let mut guard = ExitGuard(self.shared.clone(), false);
-        match self.work() {
-            Ok(()) => guard.1 = true,
-            Err(e) => {
+/// The writer thread: under `always` it sleeps until records arrive; under `everysec`
+/// and `no` it wakes every [`POLL`] to write what no waiter wrote (records of an
+/// embedded engine nobody waits for, roll requests) and to run the once-a-second sync.
+fn writer_thread(shared: Arc<Shared>, writer: Arc<Mutex<Writer>>) {
+    let mut guard = ExitGuard(shared.clone(), false);
+    let policy = shared.opts.fsync;
+    loop {
+        {
+            let mut st = shared.state.lock();
+            if policy == FsyncPolicy::Always {
+                while st.buf.is_empty() && st.rolls.is_empty() && !st.closing {
+                    shared.has_work.wait(&mut st);
+                }
+            } else if st.rolls.is_empty() && !st.closing {
+                shared.has_work.wait_for(&mut st, POLL);
+            }
+        }
+        let mut w = writer.lock();
+        if w.done {
+            guard.1 = true;
+            return;
+        }
+        match w.round(true) {
+            Ok(true) => {
+                w.done = true;
                 guard.1 = true;
-                self.shared.fail(e.to_string());
+                return;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                w.done = true;
+                guard.1 = true;
+                shared.fail(e.to_string());
+                return;
             }
         }
     }
+}
 
-    fn work(&mut self) -> Result<(), WalError> {
+/// How often the writer thread looks for work under `everysec` and `no`.
+const POLL: Duration = Duration::from_millis(2);
+
+impl Writer {
+    /// Takes whatever is pending (never waits), writes it, syncs as the policy says
+    /// (the periodic `everysec` sync only when `allow_periodic_sync`, i.e. on the writer
+    /// thread), and publishes. Returns true once the final batch before close is done.
+    fn round(&mut self, allow_periodic_sync: bool) -> Result<bool, WalError> {
         let policy = self.shared.opts.fsync;
-        loop {
-            let b = self.take();
-            self.final_flush = b.closing;
-            let rolled = self.write_batch(&b)?;
-            let last = b.first + b.records - 1;
-            let wrote = b.records > 0;
-            if wrote {
-                self.written = last;
-                self.shared.batches.fetch_add(1, Ordering::Relaxed);
-            }
-            match policy {
-                FsyncPolicy::Always if self.unsynced => self.sync()?,
-                FsyncPolicy::EverySec if self.unsynced && self.last_sync.elapsed() >= EVERYSEC => {
-                    self.sync()?
-                }
-                _ => {}
-            }
-            if b.closing {
-                self.sync()?;
-                for p in std::mem::take(&mut self.closed_unsynced) {
-                    segment::sync_file_if_exists(&p)?;
-                }
-                self.shared
-                    .publish(wrote.then_some(self.written), rolled, true);
-                return Ok(());
-            }
-            self.shared.publish(wrote.then_some(last), rolled, false);
-            if self.batch.capacity() > 8 << 20 && self.batch.len() < 1 << 20 {
-                self.batch = Vec::new();
-            }
+        let b = self.take();
+        self.final_flush = b.closing;
+        let rolled = self.write_batch(&b)?;
+        let wrote = b.records > 0;
+        let last = b.first + b.records - u64::from(wrote);
+        if wrote {
+            self.written = last;
+            self.shared.batches.fetch_add(1, Ordering::Relaxed);
         }
+        match policy {
+            FsyncPolicy::Always if self.unsynced => self.sync()?,
+            FsyncPolicy::EverySec
+                if allow_periodic_sync && self.unsynced && self.last_sync.elapsed() >= EVERYSEC =>
+            {
+                self.sync()?
+            }
+            _ => {}
+        }
+        if b.closing {
+            self.sync()?;
+            for p in std::mem::take(&mut self.closed_unsynced) {
+                segment::sync_file_if_exists(&p)?;
+            }
+            self.shared
+                .publish(wrote.then_some(self.written), rolled, true);
+            return Ok(true);
+        }
+        if wrote || rolled.is_some() {
+            self.shared.publish(wrote.then_some(last), rolled, false);
+        }
+        if self.batch.capacity() > 8 << 20 && self.batch.len() < 1 << 20 {
+            self.batch = Vec::new();
+        }
+        Ok(false)
     }
 
-    /// Waits for work and takes it: records, roll requests, close, or a due everysec sync
-    /// (then the batch is empty).
+    /// Takes what is pending: records, roll requests, close. Never waits.
     fn take(&mut self) -> Batch {
         let sh = &*self.shared;
         let mut st = sh.state.lock();
-        while st.buf.is_empty() && st.rolls.is_empty() && !st.closing {
-            if sh.opts.fsync == FsyncPolicy::EverySec && self.unsynced {
-                let deadline = self.last_sync + EVERYSEC;
-                if Instant::now() >= deadline
-                    || sh.has_work.wait_until(&mut st, deadline).timed_out()
-                {
-                    break;
-                }
-            } else {
-                sh.has_work.wait(&mut st);
-            }
-        }
         self.batch.clear();
         std::mem::swap(&mut st.buf, &mut self.batch);
         let b = Batch {
