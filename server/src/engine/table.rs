@@ -14,10 +14,13 @@ use super::sale::Sale;
 use super::types::{Millis, ResState, ReservationView};
 use super::wheel::{Handle, Wheel};
 
+/// Strings are `Arc` so a snapshot can copy a reservation under the stopped world with
+/// reference-count bumps instead of allocations, and build the owned view afterwards.
+#[derive(Clone)]
 pub struct Res {
     pub sale: Arc<Sale>,
-    pub user: Box<str>,
-    pub request_id: Box<str>,
+    pub user: Arc<str>,
+    pub request_id: Arc<str>,
     pub qty: u32,
     pub shard: u16,
     pub state: ResState,
