@@ -59,6 +59,198 @@ pub enum Event {
     },
 }
 
+/// A borrowed [`Event`]: what the engine hands to its sink on the hot path, so logging a
+/// RESERVE copies no strings (the WAL encodes straight from the engine's own data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventRef<'a> {
+    SaleCreated {
+        sku: &'a str,
+        params: &'a SaleParams,
+        at_ms: Millis,
+    },
+    SaleAdjusted {
+        sku: &'a str,
+        shard_deltas: &'a [i64],
+    },
+    SaleStateSet {
+        sku: &'a str,
+        state: SaleState,
+    },
+    Reserved {
+        token: &'a str,
+        sku: &'a str,
+        user: &'a str,
+        request_id: &'a str,
+        qty: u32,
+        shard: u16,
+        expires_at_ms: Millis,
+        created_at_ms: Millis,
+    },
+    Released {
+        token: &'a str,
+        at_ms: Millis,
+    },
+    Committed {
+        token: &'a str,
+        at_ms: Millis,
+    },
+    Extended {
+        token: &'a str,
+        expires_at_ms: Millis,
+    },
+    Purged {
+        token: &'a str,
+    },
+    SaleRebuilt {
+        sku: &'a str,
+        total: u64,
+        committed: u64,
+        shard_available: &'a [i64],
+    },
+}
+
+impl Event {
+    pub fn as_ref(&self) -> EventRef<'_> {
+        match self {
+            Event::SaleCreated { sku, params, at_ms } => EventRef::SaleCreated {
+                sku,
+                params,
+                at_ms: *at_ms,
+            },
+            Event::SaleAdjusted { sku, shard_deltas } => {
+                EventRef::SaleAdjusted { sku, shard_deltas }
+            }
+            Event::SaleStateSet { sku, state } => EventRef::SaleStateSet { sku, state: *state },
+            Event::Reserved {
+                token,
+                sku,
+                user,
+                request_id,
+                qty,
+                shard,
+                expires_at_ms,
+                created_at_ms,
+            } => EventRef::Reserved {
+                token,
+                sku,
+                user,
+                request_id,
+                qty: *qty,
+                shard: *shard,
+                expires_at_ms: *expires_at_ms,
+                created_at_ms: *created_at_ms,
+            },
+            Event::Released { token, at_ms } => EventRef::Released {
+                token,
+                at_ms: *at_ms,
+            },
+            Event::Committed { token, at_ms } => EventRef::Committed {
+                token,
+                at_ms: *at_ms,
+            },
+            Event::Extended {
+                token,
+                expires_at_ms,
+            } => EventRef::Extended {
+                token,
+                expires_at_ms: *expires_at_ms,
+            },
+            Event::Purged { token } => EventRef::Purged { token },
+            Event::SaleRebuilt {
+                sku,
+                total,
+                committed,
+                shard_available,
+            } => EventRef::SaleRebuilt {
+                sku,
+                total: *total,
+                committed: *committed,
+                shard_available,
+            },
+        }
+    }
+}
+
+impl<'a> From<&'a Event> for EventRef<'a> {
+    fn from(e: &'a Event) -> Self {
+        e.as_ref()
+    }
+}
+
+impl<'a> From<&EventRef<'a>> for EventRef<'a> {
+    fn from(e: &EventRef<'a>) -> Self {
+        *e
+    }
+}
+
+impl EventRef<'_> {
+    pub fn to_owned_event(&self) -> Event {
+        match *self {
+            EventRef::SaleCreated { sku, params, at_ms } => Event::SaleCreated {
+                sku: sku.into(),
+                params: params.clone(),
+                at_ms,
+            },
+            EventRef::SaleAdjusted { sku, shard_deltas } => Event::SaleAdjusted {
+                sku: sku.into(),
+                shard_deltas: shard_deltas.to_vec(),
+            },
+            EventRef::SaleStateSet { sku, state } => Event::SaleStateSet {
+                sku: sku.into(),
+                state,
+            },
+            EventRef::Reserved {
+                token,
+                sku,
+                user,
+                request_id,
+                qty,
+                shard,
+                expires_at_ms,
+                created_at_ms,
+            } => Event::Reserved {
+                token: token.into(),
+                sku: sku.into(),
+                user: user.into(),
+                request_id: request_id.into(),
+                qty,
+                shard,
+                expires_at_ms,
+                created_at_ms,
+            },
+            EventRef::Released { token, at_ms } => Event::Released {
+                token: token.into(),
+                at_ms,
+            },
+            EventRef::Committed { token, at_ms } => Event::Committed {
+                token: token.into(),
+                at_ms,
+            },
+            EventRef::Extended {
+                token,
+                expires_at_ms,
+            } => Event::Extended {
+                token: token.into(),
+                expires_at_ms,
+            },
+            EventRef::Purged { token } => Event::Purged {
+                token: token.into(),
+            },
+            EventRef::SaleRebuilt {
+                sku,
+                total,
+                committed,
+                shard_available,
+            } => Event::SaleRebuilt {
+                sku: sku.into(),
+                total,
+                committed,
+                shard_available: shard_available.to_vec(),
+            },
+        }
+    }
+}
+
 /// Log sequence number: position of an event in the log. 0 means "not logged".
 pub type Lsn = u64;
 
@@ -66,7 +258,7 @@ pub type Lsn = u64;
 /// must never call back into the engine. The returned [`Lsn`] is what a caller waits on
 /// (through the WAL) before it may acknowledge the change to a client.
 pub trait EventSink: Send + Sync {
-    fn record(&self, event: &Event) -> Lsn;
+    fn record(&self, event: &EventRef<'_>) -> Lsn;
 }
 
 /// A sink that drops everything: an engine without durability (tests, embedded use
@@ -75,7 +267,7 @@ pub trait EventSink: Send + Sync {
 pub struct NullSink;
 
 impl EventSink for NullSink {
-    fn record(&self, _event: &Event) -> Lsn {
+    fn record(&self, _event: &EventRef<'_>) -> Lsn {
         0
     }
 }

@@ -29,7 +29,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::EngineError;
-pub use event::{Event, EventSink, Lsn, NullSink};
+pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 use sale::{fnv1a, split, Sale};
 use table::{Res, Stripe};
 pub use token::{Keyring, ReservationKey};
@@ -214,9 +214,9 @@ impl Engine {
             };
         }
         let sku: Arc<str> = sku.into();
-        let lsn = self.sink.record(&Event::SaleCreated {
-            sku: sku.to_string(),
-            params: params.clone(),
+        let lsn = self.sink.record(&EventRef::SaleCreated {
+            sku: &sku,
+            params: &params,
             at_ms: self.clock.now_ms(),
         });
         sales.insert(
@@ -284,10 +284,9 @@ impl Engine {
             return Ok(0);
         }
         sale.set_state(state);
-        Ok(self.sink.record(&Event::SaleStateSet {
-            sku: sku.to_string(),
-            state,
-        }))
+        Ok(self
+            .sink
+            .record(&EventRef::SaleStateSet { sku: sku, state }))
     }
 
     /// SALE.ADJUST: restock (spread over shards) or withdraw (at most what is available).
@@ -334,9 +333,9 @@ impl Engine {
             }
         }
         let total = sale.add_total(delta);
-        let lsn = self.sink.record(&Event::SaleAdjusted {
-            sku: sku.to_string(),
-            shard_deltas: deltas,
+        let lsn = self.sink.record(&EventRef::SaleAdjusted {
+            sku: sku,
+            shard_deltas: &deltas,
         });
         Ok((total, lsn))
     }
@@ -411,11 +410,11 @@ impl Engine {
         let expires_at = now + sale.params.ttl_ms;
         let token: Arc<str> = token.into();
         let timer = st.schedule(&token, expires_at);
-        let lsn = self.sink.record(&Event::Reserved {
-            token: token.to_string(),
-            sku: req.sku.to_string(),
-            user: req.user.to_string(),
-            request_id: req.request_id.to_string(),
+        let lsn = self.sink.record(&EventRef::Reserved {
+            token: &token,
+            sku: req.sku,
+            user: req.user,
+            request_id: req.request_id,
             qty: req.qty,
             shard,
             expires_at_ms: expires_at,
@@ -517,8 +516,8 @@ impl Engine {
         r.sale.sub_reserved(r.qty);
         r.sale.give_back(r.shard as usize, r.qty as i64);
         if log {
-            r.lsn = self.sink.record(&Event::Released {
-                token: token.to_string(),
+            r.lsn = self.sink.record(&EventRef::Released {
+                token: token,
                 at_ms: now,
             });
         }
@@ -583,8 +582,8 @@ impl Engine {
         r.sale.sub_reserved(r.qty);
         r.sale.add_committed(r.qty);
         if log {
-            r.lsn = self.sink.record(&Event::Committed {
-                token: token.to_string(),
+            r.lsn = self.sink.record(&EventRef::Committed {
+                token: token,
                 at_ms: now,
             });
         }
@@ -616,8 +615,8 @@ impl Engine {
         let new = now + ms;
         st.unschedule(&key, timer, old);
         let timer = st.schedule(&key, new);
-        let lsn = self.sink.record(&Event::Extended {
-            token: token.to_string(),
+        let lsn = self.sink.record(&EventRef::Extended {
+            token: token,
             expires_at_ms: new,
         });
         if let Some(r) = st.map.get_mut(token) {
@@ -691,9 +690,7 @@ impl Engine {
                     .is_some_and(|r| r.state != ResState::Reserved);
                 if purge {
                     st.map.remove(&t);
-                    last = last.max(self.sink.record(&Event::Purged {
-                        token: t.to_string(),
-                    }));
+                    last = last.max(self.sink.record(&EventRef::Purged { token: &t }));
                 }
             }
         }
@@ -724,19 +721,19 @@ impl Engine {
             None => {
                 let params = self.params(sku, total.unwrap_or(0), shards, ttl_ms, limit)?;
                 let sku_arc: Arc<str> = sku.into();
-                self.sink.record(&Event::SaleCreated {
-                    sku: sku.to_string(),
-                    params: params.clone(),
+                self.sink.record(&EventRef::SaleCreated {
+                    sku: sku,
+                    params: &params,
                     at_ms: self.clock.now_ms(),
                 });
                 let sale = Arc::new(Sale::new(sku_arc.clone(), params, SaleState::Fenced));
                 let zeros = vec![0i64; sale.shard_count()];
                 sale.overwrite(sale.params.total, 0, 0, &zeros);
-                self.sink.record(&Event::SaleRebuilt {
-                    sku: sku.to_string(),
+                self.sink.record(&EventRef::SaleRebuilt {
+                    sku: sku,
                     total: sale.params.total,
                     committed: 0,
-                    shard_available: zeros,
+                    shard_available: &zeros,
                 });
                 self.sales.write().insert(sku_arc, sale.clone());
                 sale
@@ -744,8 +741,8 @@ impl Engine {
         };
         let _admin = sale.admin.lock();
         sale.set_state(SaleState::Fenced);
-        Ok(self.sink.record(&Event::SaleStateSet {
-            sku: sku.to_string(),
+        Ok(self.sink.record(&EventRef::SaleStateSet {
+            sku: sku,
             state: SaleState::Fenced,
         }))
     }
@@ -782,11 +779,11 @@ impl Engine {
         let shard = sale.home_shard(user) as u16;
         sale.add_reserved(qty);
         let timer = st.schedule(&token, expires_at);
-        let lsn = self.sink.record(&Event::Reserved {
-            token: token.to_string(),
-            sku: sku.to_string(),
-            user: user.to_string(),
-            request_id: request_id.to_string(),
+        let lsn = self.sink.record(&EventRef::Reserved {
+            token: &token,
+            sku: sku,
+            user: user,
+            request_id: request_id,
             qty,
             shard,
             expires_at_ms: expires_at,
@@ -853,15 +850,15 @@ impl Engine {
         let shard_available = split(available as u64, sale.shard_count() as u16);
         let _admin = sale.admin.lock();
         sale.overwrite(total, committed, reserved, &shard_available);
-        self.sink.record(&Event::SaleRebuilt {
-            sku: sku.to_string(),
+        self.sink.record(&EventRef::SaleRebuilt {
+            sku: sku,
             total,
             committed,
-            shard_available,
+            shard_available: &shard_available,
         });
         sale.set_state(SaleState::Open);
-        let lsn = self.sink.record(&Event::SaleStateSet {
-            sku: sku.to_string(),
+        let lsn = self.sink.record(&EventRef::SaleStateSet {
+            sku: sku,
             state: SaleState::Open,
         });
         Ok((available as i64, lsn))

@@ -12,9 +12,9 @@ pub struct RecordingSink {
 }
 
 impl EventSink for RecordingSink {
-    fn record(&self, event: &Event) -> Lsn {
+    fn record(&self, event: &EventRef<'_>) -> Lsn {
         let mut e = self.events.lock();
-        e.push(event.clone());
+        e.push(event.to_owned_event());
         e.len() as Lsn
     }
 }
@@ -659,4 +659,51 @@ proptest! {
         prop_assert_eq!(dump(&from_snap), dump(&e));
         prop_assert_eq!(e.expired(1000, None), from_snap.expired(1000, None));
     }
+}
+
+/// `cargo test --release -p stockgate-server --lib bench_reserve_path -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_reserve_path() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = Engine::new(
+        EngineConfig::default(),
+        clock,
+        Arc::new(NullSink),
+        keys(),
+        rkey(),
+    );
+    e.create_sale("BIG", 1 << 40, Some(16), None, None).unwrap();
+    let adm = e.keyring().mint("BIG", "u1", T0 + 3_600_000);
+    let n = 1_000_000;
+    let ids: Vec<String> = (0..n).map(|i| format!("req{i}")).collect();
+    let t = std::time::Instant::now();
+    for id in &ids {
+        let r = e.reserve(&ReserveRequest {
+            sku: "BIG",
+            user: "u1",
+            admission: &adm,
+            request_id: id,
+            qty: 1,
+        });
+        assert!(r.is_ok());
+    }
+    let el = t.elapsed();
+    println!("reserve: {:.0} ns/op", el.as_nanos() as f64 / n as f64);
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(e.keyring().verify(&adm, "BIG", "u1").unwrap());
+    }
+    println!(
+        "verify admission: {:.0} ns/op",
+        t.elapsed().as_nanos() as f64 / n as f64
+    );
+    let t = std::time::Instant::now();
+    for id in &ids[..n / 10] {
+        std::hint::black_box(e.reservation_token("BIG", "u1", id));
+    }
+    println!(
+        "derive token: {:.0} ns/op",
+        t.elapsed().as_nanos() as f64 / (n / 10) as f64
+    );
 }

@@ -167,30 +167,43 @@ impl Keyring {
             return Err(Denied::Malformed);
         }
         let (p64, s64) = token.split_once('.').ok_or(Denied::Malformed)?;
-        let payload = URL_SAFE_NO_PAD.decode(p64).map_err(|_| Denied::Malformed)?;
-        let sig = URL_SAFE_NO_PAD.decode(s64).map_err(|_| Denied::Malformed)?;
-        let text = std::str::from_utf8(&payload).map_err(|_| Denied::Malformed)?;
-        let mut f = text.split('|');
-        let (Some("v1"), Some(kid), Some(tsku), Some(tuser), Some(exp), None) =
+        // Decoded into stack buffers: verification runs on every RESERVE.
+        let mut pbuf = [0u8; MAX_ADMISSION_TOKEN];
+        let n = URL_SAFE_NO_PAD
+            .decode_slice(p64, &mut pbuf)
+            .map_err(|_| Denied::Malformed)?;
+        let payload = &pbuf[..n];
+        let mut sbuf = [0u8; 64];
+        let sn = URL_SAFE_NO_PAD
+            .decode_slice(s64, &mut sbuf)
+            .map_err(|_| Denied::Malformed)?;
+        let sig = &sbuf[..sn];
+        let mut f = payload.split(|&b| b == b'|');
+        let (Some(b"v1"), Some(kid), Some(tsku), Some(tuser), Some(exp), None) =
             (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             return Err(Denied::Malformed);
         };
-        let expires: Millis = exp.parse().map_err(|_| Denied::Malformed)?;
+        if exp.is_empty() || exp.len() > 19 || !exp.iter().all(u8::is_ascii_digit) {
+            return Err(Denied::Malformed);
+        }
+        let expires: Millis = exp.iter().fold(0u64, |acc, &d| {
+            acc.wrapping_mul(10).wrapping_add((d - b'0') as u64)
+        });
         let key = self
             .keys
             .iter()
-            .find(|k| k.kid == kid)
+            .find(|k| k.kid.as_bytes() == kid)
             .ok_or(Denied::UnknownKey)?;
         let mut mac = key.mac.clone();
-        mac.update(&payload);
+        mac.update(payload);
         // Constant-time comparison (hmac's verify_slice).
-        mac.verify_slice(&sig).map_err(|_| Denied::BadSignature)?;
+        mac.verify_slice(sig).map_err(|_| Denied::BadSignature)?;
         // Binding is checked after the signature so a forger learns nothing about it.
-        if tsku != sku {
+        if tsku != sku.as_bytes() {
             return Err(Denied::WrongSku);
         }
-        if tuser != user {
+        if tuser != user.as_bytes() {
             return Err(Denied::WrongUser);
         }
         Ok(expires)

@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-pub use crate::engine::event::{Event, EventSink, Lsn};
+pub use crate::engine::event::{Event, EventRef, EventSink, Lsn};
 pub use crate::engine::types::Snapshot;
 pub use codec::DecodeError;
 pub use record::RecordError;

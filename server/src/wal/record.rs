@@ -9,7 +9,7 @@
 use thiserror::Error;
 
 use super::codec::{put_i64s, put_str, put_u64, DecodeError, Reader};
-use crate::engine::event::Event;
+use crate::engine::event::{Event, EventRef};
 use crate::engine::types::{SaleParams, SaleState};
 
 /// Bytes before the payload: length and CRC.
@@ -65,10 +65,14 @@ impl RecordError {
 }
 
 /// Appends the framed record of `event` to `out`. On error `out` is left as it was.
-pub fn encode_record(event: &Event, out: &mut Vec<u8>) -> Result<(), RecordError> {
+pub fn encode_record<'a>(
+    event: impl Into<EventRef<'a>>,
+    out: &mut Vec<u8>,
+) -> Result<(), RecordError> {
+    let event: EventRef<'a> = event.into();
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER_LEN]);
-    encode_payload(event, out);
+    encode_payload(&event, out);
     let len = out.len() - start - HEADER_LEN;
     if len > MAX_PAYLOAD {
         out.truncate(start);
@@ -81,26 +85,26 @@ pub fn encode_record(event: &Event, out: &mut Vec<u8>) -> Result<(), RecordError
 }
 
 /// Appends the payload (version, kind, fields) of `event` to `out`.
-pub fn encode_payload(event: &Event, out: &mut Vec<u8>) {
+pub fn encode_payload(event: &EventRef<'_>, out: &mut Vec<u8>) {
     out.push(RECORD_VERSION);
     match event {
-        Event::SaleCreated { sku, params, at_ms } => {
+        EventRef::SaleCreated { sku, params, at_ms } => {
             out.push(K_SALE_CREATED);
             put_str(out, sku);
             put_params(out, params);
             put_u64(out, *at_ms);
         }
-        Event::SaleAdjusted { sku, shard_deltas } => {
+        EventRef::SaleAdjusted { sku, shard_deltas } => {
             out.push(K_SALE_ADJUSTED);
             put_str(out, sku);
             put_i64s(out, shard_deltas);
         }
-        Event::SaleStateSet { sku, state } => {
+        EventRef::SaleStateSet { sku, state } => {
             out.push(K_SALE_STATE_SET);
             put_str(out, sku);
             out.push(state.to_u8());
         }
-        Event::Reserved {
+        EventRef::Reserved {
             token,
             sku,
             user,
@@ -120,17 +124,17 @@ pub fn encode_payload(event: &Event, out: &mut Vec<u8>) {
             put_u64(out, *expires_at_ms);
             put_u64(out, *created_at_ms);
         }
-        Event::Released { token, at_ms } => {
+        EventRef::Released { token, at_ms } => {
             out.push(K_RELEASED);
             put_str(out, token);
             put_u64(out, *at_ms);
         }
-        Event::Committed { token, at_ms } => {
+        EventRef::Committed { token, at_ms } => {
             out.push(K_COMMITTED);
             put_str(out, token);
             put_u64(out, *at_ms);
         }
-        Event::Extended {
+        EventRef::Extended {
             token,
             expires_at_ms,
         } => {
@@ -138,11 +142,11 @@ pub fn encode_payload(event: &Event, out: &mut Vec<u8>) {
             put_str(out, token);
             put_u64(out, *expires_at_ms);
         }
-        Event::Purged { token } => {
+        EventRef::Purged { token } => {
             out.push(K_PURGED);
             put_str(out, token);
         }
-        Event::SaleRebuilt {
+        EventRef::SaleRebuilt {
             sku,
             total,
             committed,

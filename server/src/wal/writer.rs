@@ -29,7 +29,7 @@ use super::record::{encode_record, HEADER_LEN};
 use super::segment::{self, ActiveSegment};
 use super::snapshot::{self, SnapshotWritten};
 use super::{
-    Event, EventSink, FsyncPolicy, Lsn, Recovery, Snapshot, WalError, WalOptions, WalStats,
+    EventRef, EventSink, FsyncPolicy, Lsn, Recovery, Snapshot, WalError, WalOptions, WalStats,
 };
 
 const EVERYSEC: Duration = Duration::from_secs(1);
@@ -247,7 +247,8 @@ impl Wal {
     /// Appends `event` to the log and returns its LSN; cheap enough to call with engine
     /// locks held. Blocks only when more than `max_buffer_bytes` are waiting for the disk.
     /// After a failure or close the event is dropped and waiting on its LSN fails.
-    pub fn record(&self, event: &Event) -> Lsn {
+    pub fn record<'a>(&self, event: impl Into<EventRef<'a>>) -> Lsn {
+        let event: EventRef<'a> = event.into();
         SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
             scratch.clear();
@@ -481,7 +482,7 @@ impl Wal {
 }
 
 impl EventSink for Wal {
-    fn record(&self, event: &Event) -> Lsn {
+    fn record(&self, event: &EventRef<'_>) -> Lsn {
         Wal::record(self, event)
     }
 }
