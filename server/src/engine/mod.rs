@@ -284,9 +284,7 @@ impl Engine {
             return Ok(0);
         }
         sale.set_state(state);
-        Ok(self
-            .sink
-            .record(&EventRef::SaleStateSet { sku: sku, state }))
+        Ok(self.sink.record(&EventRef::SaleStateSet { sku, state }))
     }
 
     /// SALE.ADJUST: restock (spread over shards) or withdraw (at most what is available).
@@ -334,7 +332,7 @@ impl Engine {
         }
         let total = sale.add_total(delta);
         let lsn = self.sink.record(&EventRef::SaleAdjusted {
-            sku: sku,
+            sku,
             shard_deltas: &deltas,
         });
         Ok((total, lsn))
@@ -516,10 +514,7 @@ impl Engine {
         r.sale.sub_reserved(r.qty);
         r.sale.give_back(r.shard as usize, r.qty as i64);
         if log {
-            r.lsn = self.sink.record(&EventRef::Released {
-                token: token,
-                at_ms: now,
-            });
+            r.lsn = self.sink.record(&EventRef::Released { token, at_ms: now });
         }
         let lsn = r.lsn;
         let user_update =
@@ -582,10 +577,7 @@ impl Engine {
         r.sale.sub_reserved(r.qty);
         r.sale.add_committed(r.qty);
         if log {
-            r.lsn = self.sink.record(&EventRef::Committed {
-                token: token,
-                at_ms: now,
-            });
+            r.lsn = self.sink.record(&EventRef::Committed { token, at_ms: now });
         }
         let lsn = r.lsn;
         let upd =
@@ -616,7 +608,7 @@ impl Engine {
         st.unschedule(&key, timer, old);
         let timer = st.schedule(&key, new);
         let lsn = self.sink.record(&EventRef::Extended {
-            token: token,
+            token,
             expires_at_ms: new,
         });
         if let Some(r) = st.map.get_mut(token) {
@@ -722,7 +714,7 @@ impl Engine {
                 let params = self.params(sku, total.unwrap_or(0), shards, ttl_ms, limit)?;
                 let sku_arc: Arc<str> = sku.into();
                 self.sink.record(&EventRef::SaleCreated {
-                    sku: sku,
+                    sku,
                     params: &params,
                     at_ms: self.clock.now_ms(),
                 });
@@ -730,7 +722,7 @@ impl Engine {
                 let zeros = vec![0i64; sale.shard_count()];
                 sale.overwrite(sale.params.total, 0, 0, &zeros);
                 self.sink.record(&EventRef::SaleRebuilt {
-                    sku: sku,
+                    sku,
                     total: sale.params.total,
                     committed: 0,
                     shard_available: &zeros,
@@ -742,7 +734,7 @@ impl Engine {
         let _admin = sale.admin.lock();
         sale.set_state(SaleState::Fenced);
         Ok(self.sink.record(&EventRef::SaleStateSet {
-            sku: sku,
+            sku,
             state: SaleState::Fenced,
         }))
     }
@@ -781,9 +773,9 @@ impl Engine {
         let timer = st.schedule(&token, expires_at);
         let lsn = self.sink.record(&EventRef::Reserved {
             token: &token,
-            sku: sku,
-            user: user,
-            request_id: request_id,
+            sku,
+            user,
+            request_id,
             qty,
             shard,
             expires_at_ms: expires_at,
@@ -851,14 +843,14 @@ impl Engine {
         let _admin = sale.admin.lock();
         sale.overwrite(total, committed, reserved, &shard_available);
         self.sink.record(&EventRef::SaleRebuilt {
-            sku: sku,
+            sku,
             total,
             committed,
             shard_available: &shard_available,
         });
         sale.set_state(SaleState::Open);
         let lsn = self.sink.record(&EventRef::SaleStateSet {
-            sku: sku,
+            sku,
             state: SaleState::Open,
         });
         Ok((available as i64, lsn))
