@@ -117,6 +117,10 @@ struct ServeArgs {
     /// Write a snapshot (and delete the log it covers) after this many records.
     #[arg(long, default_value_t = 2_000_000)]
     snapshot_records: u64,
+    /// Size the reservation table for this many reservations up front (0: grow on
+    /// demand). Avoids rehashing a large table under sustained load.
+    #[arg(long, default_value_t = 0)]
+    expected_reservations: usize,
     /// Worker threads serving connections; 0 = one per core.
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -282,6 +286,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         default_ttl_ms: a.ttl_ms,
         retention_ms: a.retention_ms,
         auto_release: a.auto_release,
+        expected_reservations: a.expected_reservations,
     };
     if a.shards == 0 || a.shards > stockgate_server::engine::MAX_SHARDS {
         return Err("--shards must be 1..=1024".into());

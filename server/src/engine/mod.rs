@@ -54,6 +54,9 @@ pub struct EngineConfig {
     pub retention_ms: u64,
     /// Release expired reservations without a sweeper (deployments with no ledger).
     pub auto_release: bool,
+    /// Reservations to size the table for up front (0: grow on demand). Growing a large
+    /// table rehashes it, a visible cost under sustained unlimited-stock load.
+    pub expected_reservations: usize,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +66,7 @@ impl Default for EngineConfig {
             default_ttl_ms: 630_000,
             retention_ms: 24 * 3600 * 1000,
             auto_release: false,
+            expected_reservations: 0,
         }
     }
 }
@@ -133,6 +137,14 @@ impl Engine {
         rkey: ReservationKey,
     ) -> Engine {
         let now = clock.now_ms();
+        let stripes = (0..STRIPES)
+            .map(|_| {
+                CachePadded::new(Mutex::new(Stripe::new(
+                    now,
+                    cfg.expected_reservations / STRIPES,
+                )))
+            })
+            .collect();
         Engine {
             cfg,
             clock,
@@ -140,9 +152,7 @@ impl Engine {
             keys,
             rkey,
             sales: RwLock::new(HashMap::new()),
-            stripes: (0..STRIPES)
-                .map(|_| CachePadded::new(Mutex::new(Stripe::new(now))))
-                .collect(),
+            stripes,
             users: (0..USER_STRIPES)
                 .map(|_| CachePadded::new(Mutex::new(HashMap::new())))
                 .collect(),

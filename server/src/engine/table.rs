@@ -62,9 +62,9 @@ pub struct Stripe {
 }
 
 impl Stripe {
-    pub fn new(now: Millis) -> Self {
+    pub fn new(now: Millis, capacity: usize) -> Self {
         Stripe {
-            map: TokenMap::default(),
+            map: TokenMap::with_capacity_and_hasher(capacity, Default::default()),
             wheel: Wheel::new(now),
             expired: BTreeSet::new(),
             finished: VecDeque::new(),
