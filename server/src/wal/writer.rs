@@ -333,7 +333,6 @@ impl Wal {
             return Ok(());
         }
         self.shared.check_assigned(lsn)?;
-        self.flush_inline(lsn);
         loop {
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
@@ -342,6 +341,11 @@ impl Wal {
             notified.as_mut().enable();
             if let Some(r) = self.shared.settled(lsn, &self.shared.progress.lock()) {
                 return r;
+            }
+            // Whoever was writing may have taken its batch before our record arrived:
+            // after every wake-up, write what is pending if nobody else is.
+            if self.flush_inline(lsn) {
+                continue;
             }
             notified.await;
         }
@@ -353,13 +357,16 @@ impl Wal {
             return Ok(());
         }
         self.shared.check_assigned(lsn)?;
-        self.flush_inline(lsn);
-        let mut p = self.shared.progress.lock();
         loop {
+            // The progress lock is never held across `flush_inline` (it publishes).
+            if self.flush_inline(lsn) {
+                continue;
+            }
+            let mut p = self.shared.progress.lock();
             if let Some(r) = self.shared.settled(lsn, &p) {
                 return r;
             }
-            self.shared.progress_cv.wait(&mut p);
+            self.shared.progress_cv.wait_for(&mut p, POLL);
         }
     }
 
@@ -367,18 +374,22 @@ impl Wal {
     /// it itself when nobody else is writing (leader-style group commit), which saves two
     /// thread hand-offs per batch. Under `always` the fdatasync stays on the writer thread
     /// so no async worker ever blocks on the disk.
-    fn flush_inline(&self, lsn: Lsn) {
+    /// Returns true if it wrote (or failed): the caller re-checks its LSN.
+    fn flush_inline(&self, lsn: Lsn) -> bool {
         if self.shared.opts.fsync == FsyncPolicy::Always {
-            return;
+            return false;
         }
-        if let Some(mut w) = self.inline.try_lock() {
-            if lsn > self.durable_lsn() && !w.done {
-                if let Err(e) = w.round(false) {
-                    w.done = true;
-                    self.shared.fail(e.to_string());
-                }
-            }
+        let Some(mut w) = self.inline.try_lock() else {
+            return false;
+        };
+        if lsn <= self.durable_lsn() || w.done {
+            return false;
         }
+        if let Err(e) = w.round(false) {
+            w.done = true;
+            self.shared.fail(e.to_string());
+        }
+        true
     }
 
     /// Makes the next record start a new segment and returns the last LSN before it.
