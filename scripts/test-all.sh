@@ -21,4 +21,4 @@ python3 -c "import redis" >/dev/null 2>&1 || python3 -m pip install -q redis
 
 # End-to-end tests start the real binaries: build them first.
 cargo build --workspace --bins
-cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
+cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}"
