@@ -131,3 +131,44 @@ fn harness_runs_every_target_in_a_tiny_configuration() {
     assert!(stdout.contains("no target oversold"));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The detector itself: the opt-in `redis-get-decr` target (GET the stock, then DECR in a
+/// second round trip) oversells under concurrency, and the harness must say so loudly:
+/// in the table, in the JSON and in its exit code.
+#[test]
+fn harness_reports_an_overselling_target_loudly() {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_stockgate-bench"));
+    let out = std::env::temp_dir().join(format!("stockgate-bench-oversell-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let output = Command::new(&bench)
+        .args([
+            "--targets",
+            "redis-get-decr,redis-lua",
+            "--workloads",
+            "storm",
+        ])
+        .args(["--storm-units", "50", "--storm-buyers", "3000"])
+        .args(["--storm-concurrency", "64", "--storm-pipeline", "4"])
+        .args(["--point-timeout", "60", "--no-progress"])
+        .arg("--out-dir")
+        .arg(&out)
+        .output()
+        .expect("running stockgate-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
+    assert_eq!(output.status.code(), Some(1), "a failed point exits 1");
+    assert!(stdout.contains("FAILED: OVERSOLD"), "{stdout}");
+    let json = std::fs::read_to_string(out.join("results.json")).expect("results.json written");
+    let doc: serde_json::Value = serde_json::from_str(&json).expect("results.json parses");
+    assert_eq!(doc["all_ok"], serde_json::Value::Bool(false));
+    let summary = doc["summary"].as_array().expect("summary array");
+    let status = |t: &str| {
+        summary
+            .iter()
+            .find(|s| s["target"] == t)
+            .map(|s| s["status"].clone())
+    };
+    assert_eq!(status("redis-get-decr"), Some("OVERSOLD".into()));
+    assert_eq!(status("redis-lua"), Some("OK".into()));
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -108,13 +108,19 @@ async fn case_sales<L: Ledger>(l: &L) {
 async fn case_materialize_commit<L: Ledger>(l: &L) {
     let o = order("mc", 60_000);
     assert_eq!(l.materialize(&o).await.unwrap(), Materialized::Created);
-    assert_eq!(l.materialize(&o).await.unwrap(), Materialized::AlreadyPending);
+    assert_eq!(
+        l.materialize(&o).await.unwrap(),
+        Materialized::AlreadyPending
+    );
     let got = l.order(&o.token).await.unwrap().unwrap();
     assert_eq!(got.status, OrderStatus::Pending);
     assert_eq!(got.request_id.as_deref(), Some("req-mc"));
     assert_eq!(got.expires_at_ms, o.expires_at_ms, "expiry kept to the ms");
     assert_eq!(got.reservation_created_at_ms, Some(o.created_at_ms));
-    assert_eq!(l.commit(&o.token, "pay-1").await.unwrap(), LedgerCommit::Committed);
+    assert_eq!(
+        l.commit(&o.token, "pay-1").await.unwrap(),
+        LedgerCommit::Committed
+    );
     // Same token = same payment.
     assert_eq!(
         l.commit(&o.token, "pay-1").await.unwrap(),
@@ -239,7 +245,9 @@ async fn case_sweeper_branches<L: Ledger>(l: &L) {
     }
     l.commit(&committed.token, "p").await.unwrap();
     l.cancel(&cancelled.token).await.unwrap();
-    l.mark_refund_required(&refund.token, "p", "r").await.unwrap();
+    l.mark_refund_required(&refund.token, "p", "r")
+        .await
+        .unwrap();
     let missing = missing_item("sw-missing");
     let batch = vec![
         expired_item(&expired),
@@ -317,7 +325,9 @@ async fn case_sweeper_branches<L: Ledger>(l: &L) {
 
 async fn case_commit_races_cancel<L: Ledger>(l: &L) {
     const N: usize = 40;
-    let orders: Vec<NewOrder> = (0..N).map(|i| order(&format!("race-c{i}"), 60_000)).collect();
+    let orders: Vec<NewOrder> = (0..N)
+        .map(|i| order(&format!("race-c{i}"), 60_000))
+        .collect();
     for o in &orders {
         l.materialize(o).await.unwrap();
     }
@@ -381,7 +391,10 @@ async fn case_sweepers_race<L: Ledger>(l: &L) {
         "each reservation judged exactly once: {decided:?}"
     );
     for item in &batch {
-        assert_eq!(status(l, &item.token).await, OrderStatus::CancelledBySweeper);
+        assert_eq!(
+            status(l, &item.token).await,
+            OrderStatus::CancelledBySweeper
+        );
         let expected = if item.token.contains("race-m") { 1 } else { 2 };
         assert_audit_matches(l, &item.token, expected).await;
     }
@@ -481,14 +494,20 @@ async fn postgres_ledger_passes_the_suite() {
     )
     .execute(pool)
     .await;
-    assert!(err.is_err(), "CANCELLED/REFUND_REQUIRED -> PENDING must be refused");
-    let err = sqlx::query("UPDATE orders SET status = 'BOGUS' WHERE reservation_token = '{SUITE}mc'")
-        .execute(pool)
-        .await;
+    assert!(
+        err.is_err(),
+        "CANCELLED/REFUND_REQUIRED -> PENDING must be refused"
+    );
+    let err =
+        sqlx::query("UPDATE orders SET status = 'BOGUS' WHERE reservation_token = '{SUITE}mc'")
+            .execute(pool)
+            .await;
     assert!(err.is_err(), "CHECK constraint on status");
     let err = sqlx::query("DELETE FROM order_events").execute(pool).await;
     assert!(err.is_err(), "order_events is append-only");
-    let err = sqlx::query("UPDATE order_events SET actor = 'x'").execute(pool).await;
+    let err = sqlx::query("UPDATE order_events SET actor = 'x'")
+        .execute(pool)
+        .await;
     assert!(err.is_err(), "order_events is append-only");
     let err = sqlx::query("DELETE FROM orders").execute(pool).await;
     assert!(err.is_err(), "orders are never deleted");

@@ -233,3 +233,137 @@ pub fn as_str(v: &redis::Value) -> String {
         other => panic!("not a string: {other:?}"),
     }
 }
+
+/// The reservation key the server created in `data_dir` (to derive tokens the way it does).
+pub fn reservation_key(data_dir: &Path) -> stockgate_server::engine::ReservationKey {
+    let bytes = std::fs::read(data_dir.join("reservation.key")).expect("reservation.key");
+    stockgate_server::engine::ReservationKey::from_file_bytes(&bytes).expect("reservation key")
+}
+
+/// Copies a directory tree (data dirs are small and flat: `wal/`, `secret`, the key).
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).expect("create copy dir");
+    for e in std::fs::read_dir(src).expect("read dir") {
+        let e = e.expect("dir entry");
+        let to = dst.join(e.file_name());
+        if e.file_type().expect("file type").is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).expect("copy file");
+        }
+    }
+}
+
+/// Outcome of [`try_start_in`] when the server did not come up.
+#[derive(Debug)]
+pub struct StartFailure {
+    /// Exit code (None: killed by a signal).
+    pub code: Option<i32>,
+    pub stderr: String,
+}
+
+/// Like [`Server::start_in`] but for starts that may be refused (corrupt WAL): stderr is
+/// captured; returns the running server once it prints `listening on`, or its exit code
+/// and stderr if it exits first. A start that neither listens nor exits within 60 s fails.
+pub fn try_start_in(data_dir: &Path, extra: &[&str]) -> Result<Server, StartFailure> {
+    use std::io::Read;
+    raise_nofile();
+    let mut child = Command::new(server_bin())
+        .arg("--port")
+        .arg("0")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(extra)
+        .env("STOCKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn stockgate");
+    // Drain stderr on a thread so a chatty server never blocks on a full pipe.
+    let stderr_buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut err_pipe = child.stderr.take().expect("stderr");
+    let sink = stderr_buf.clone();
+    let drain = std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = err_pipe.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+    });
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(l) => l,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("stockgate neither listened nor exited within 60 s");
+        }
+    };
+    if let Some(addr) = line.trim().strip_prefix("listening on ") {
+        let port = addr
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port");
+        return Ok(Server {
+            child: Some(child),
+            addr: addr.to_string(),
+            port,
+            data_dir: data_dir.to_path_buf(),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            _own_dir: None,
+        });
+    }
+    let status = child.wait().expect("wait stockgate");
+    let _ = drain.join();
+    let stderr = String::from_utf8_lossy(&stderr_buf.lock().unwrap()).into_owned();
+    Err(StartFailure {
+        code: status.code(),
+        stderr,
+    })
+}
+
+/// The WAL segment files of a data dir (`wal/wal-<lsn>.log`), oldest first.
+pub fn wal_segments(data_dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(data_dir.join("wal"))
+        .expect("wal dir")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with("wal-") && n.ends_with(".log")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Byte ranges `[start, end)` of the whole records in a segment, read from the framing
+/// alone (16-byte segment header, then `len u32 LE | crc u32 | payload[len]` per record).
+pub fn record_spans(segment: &[u8]) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    let mut off = 16;
+    while off + 8 <= segment.len() {
+        let len = u32::from_le_bytes(segment[off..off + 4].try_into().unwrap()) as usize;
+        let end = off + 8 + len;
+        if len == 0 || end > segment.len() {
+            break;
+        }
+        spans.push((off, end));
+        off = end;
+    }
+    spans
+}
+
+/// Whether `needle` occurs in `hay` (tokens are stored verbatim in record payloads).
+pub fn contains_bytes(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}

@@ -458,9 +458,10 @@ impl Engine {
         ))
     }
 
-    /// Home shard first, then at most [`STEAL_PROBES`] other shards picked from the
-    /// token's bits (random across buyers, yet replayable), never a linear scan.
-    fn take_stock(&self, sale: &Sale, user: &str, token: &str, qty: u32) -> Option<u16> {
+    /// Home shard first, then at most [`STEAL_PROBES`] other shards picked at random (a
+    /// retry probes other shards), never a linear scan. The shard taken is logged, so
+    /// replay does not depend on the choice.
+    fn take_stock(&self, sale: &Sale, user: &str, _token: &str, qty: u32) -> Option<u16> {
         let n = sale.shard_count();
         let home = sale.home_shard(user);
         if sale.try_take(home, qty) {
@@ -469,7 +470,7 @@ impl Engine {
         if n == 1 {
             return None;
         }
-        let mut h = fnv1a(token.as_bytes());
+        let mut h: u64 = rand::random();
         let mut tried = [home; STEAL_PROBES + 1];
         for probe in 1..=STEAL_PROBES.min(n - 1) {
             let mut cand = (home + 1 + (h % (n as u64 - 1)) as usize) % n;
@@ -574,6 +575,12 @@ impl Engine {
             ResState::Committed => return (Ok((false, r.lsn)), None),
             ResState::Released => return (Err(EngineError::Released), None),
             ResState::Reserved => {}
+        }
+        // A fenced sale is frozen for commits: the rebuild takes `committed` from the
+        // ledger, and a commit landing between the ledger read and the rebuild would be
+        // counted nowhere. The caller retries after the rebuild.
+        if log && r.sale.state() == SaleState::Fenced {
+            return (Err(EngineError::Fenced), None);
         }
         let key = key.clone();
         let (timer, expires_at) = (r.timer, r.expires_at);

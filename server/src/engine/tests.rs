@@ -137,7 +137,7 @@ fn decision_order() {
         reserve(&e, "S", "u|x", "r", 1),
         Err(EngineError::Invalid("user"))
     );
-    e.create_sale("S", 10, None, None, Some(2)).unwrap();
+    e.create_sale("S", 10, Some(1), None, Some(2)).unwrap();
     let other = e.keyring().mint("S", "mallory", T0 + 100);
     let r = e.reserve(&ReserveRequest {
         sku: "S",
@@ -554,7 +554,9 @@ proptest! {
                     let t = &tokens[pick as usize % tokens.len()];
                     let m = res.get_mut(t).unwrap();
                     let r = e.commit(t).map(|x| x.0);
+                    let fenced = sales.get(&m.sku).is_some_and(|s| s.fenced);
                     match m.state {
+                        ResState::Reserved if fenced => prop_assert_eq!(r, Err(EngineError::Fenced)),
                         ResState::Reserved => { prop_assert_eq!(r, Ok(true)); m.state = ResState::Committed; }
                         ResState::Committed => prop_assert_eq!(r, Ok(false)),
                         ResState::Released => prop_assert_eq!(r, Err(EngineError::Released)),

@@ -1,0 +1,269 @@
+//! `stockgate-sweeper`: the sweeper daemon, the ledger migrations, sale registration and
+//! the rebuild of a fenced sale.
+//!
+//! ```text
+//! stockgate-sweeper [--database-url URL] [--server ADDR] [run] [--interval-secs 30] [--once]
+//! stockgate-sweeper migrate
+//! stockgate-sweeper create-sale --sku SKU --total N [--shards N] [--ttl-ms MS] [--limit N]
+//! stockgate-sweeper rebuild --sku SKU [--fence]
+//! ```
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
+use stockgate_client::ledger::{Ledger, SaleRecord};
+use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
+use stockgate_client::{StockgateClient, Sweeper, SweeperConfig};
+use tracing::{error, info, warn};
+
+#[derive(Parser)]
+#[command(
+    name = "stockgate-sweeper",
+    version,
+    about = "Reconciles expired stockgate reservations with the Postgres ledger (ledger first), \
+             applies the ledger schema, and rebuilds fenced sales from the ledger"
+)]
+struct Cli {
+    /// Postgres URL of the ledger.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        global = true,
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    database_url: String,
+    /// stockgate server address (host:port or redis:// URL with credentials).
+    #[arg(
+        long,
+        env = "STOCKGATE_ADDR",
+        global = true,
+        default_value = "127.0.0.1:7379"
+    )]
+    server: String,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Sweep every interval (the default).
+    Run(RunArgs),
+    /// Apply the ledger schema (migrations/) and exit.
+    Migrate,
+    /// Create a sale on the server and record it (allocation, key fingerprint) in the ledger.
+    CreateSale(CreateSaleArgs),
+    /// Rebuild a fenced (or lost) sale from the ledger: restore verified pending
+    /// reservations, set available = allocation − committed − pending, reopen.
+    Rebuild(RebuildArgs),
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// Seconds between passes.
+    #[arg(long, default_value_t = 30.0)]
+    interval_secs: f64,
+    /// Run one pass and exit (exit code 1 if it failed).
+    #[arg(long)]
+    once: bool,
+    /// EXPIRED batch size.
+    #[arg(long, default_value_t = 500)]
+    batch: usize,
+    /// Only sweep these SKUs (repeatable). Default: every sale known to server or ledger.
+    #[arg(long)]
+    sku: Vec<String>,
+    /// Longest backoff after failures, in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    max_backoff_secs: f64,
+}
+
+#[derive(Args)]
+struct CreateSaleArgs {
+    #[arg(long)]
+    sku: String,
+    #[arg(long)]
+    total: u64,
+    #[arg(long)]
+    shards: Option<u16>,
+    #[arg(long)]
+    ttl_ms: Option<u64>,
+    #[arg(long)]
+    limit: Option<u32>,
+}
+
+#[derive(Args)]
+struct RebuildArgs {
+    #[arg(long)]
+    sku: String,
+    /// Fence the sale first if it is open (operator-initiated rebuild).
+    #[arg(long)]
+    fence: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Ledger(#[from] stockgate_client::LedgerError),
+    #[error(transparent)]
+    Client(#[from] stockgate_client::ClientError),
+    #[error(transparent)]
+    Rebuild(#[from] stockgate_client::rebuild::RebuildError),
+    #[error(transparent)]
+    Sweep(#[from] stockgate_client::sweeper::SweepError),
+    #[error("invalid argument: {0}")]
+    Arg(String),
+}
+
+fn secs(v: f64, what: &str) -> Result<Duration, CliError> {
+    Duration::try_from_secs_f64(v).map_err(|e| CliError::Arg(format!("{what}: {e}")))
+}
+
+/// Connect to the server, retrying: a sweeper started before the server must wait, not die.
+async fn connect_server(addr: &str) -> StockgateClient {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match StockgateClient::connect(addr).await {
+            Ok(c) => return c,
+            Err(e) => {
+                warn!(error = %e, addr, "server unreachable; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+async fn migrate_with_retry(ledger: &PgLedger, once: bool) -> Result<(), CliError> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match ledger.migrate().await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() && !once => {
+                warn!(error = %e, "ledger unreachable; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), CliError> {
+    let ledger = PgLedger::connect_with(&cli.database_url, PgLedgerOptions::default()).await?;
+    match cli.cmd {
+        Some(Cmd::Migrate) => {
+            ledger.migrate().await?;
+            info!("ledger schema up to date");
+            Ok(())
+        }
+        Some(Cmd::CreateSale(a)) => {
+            ledger.migrate().await?;
+            let client = StockgateClient::connect(&cli.server).await?;
+            client
+                .sale_create(&a.sku, a.total, a.shards, a.ttl_ms, a.limit)
+                .await?;
+            let info = client.sale_info(&a.sku).await?;
+            let mut rec = SaleRecord::new(&a.sku, a.total);
+            rec.shards = a.shards;
+            rec.ttl_ms = a.ttl_ms;
+            rec.per_user_limit = a.limit;
+            rec.key_fingerprint = Some(info.key_fingerprint);
+            ledger.register_sale(&rec).await?;
+            println!("created {}", a.sku);
+            Ok(())
+        }
+        Some(Cmd::Rebuild(a)) => {
+            ledger.migrate().await?;
+            let client = StockgateClient::connect(&cli.server).await?;
+            let opts = RebuildOptions {
+                fence_if_open: a.fence,
+                ..Default::default()
+            };
+            let r = rebuild_sale(&ledger, &client, &a.sku, &opts).await?;
+            println!(
+                "rebuilt {}: total {} committed {} restored {} ({} units) available {}",
+                r.sku, r.total, r.committed_units, r.restored, r.restored_units, r.available
+            );
+            Ok(())
+        }
+        Some(Cmd::Run(args)) => sweep(&cli.server, ledger, args).await,
+        None => sweep(&cli.server, ledger, cli.run).await,
+    }
+}
+
+async fn sweep(server: &str, ledger: PgLedger, args: RunArgs) -> Result<(), CliError> {
+    migrate_with_retry(&ledger, args.once).await?;
+    let client = if args.once {
+        StockgateClient::connect(server).await?
+    } else {
+        connect_server(server).await
+    };
+    let cfg = SweeperConfig {
+        interval: secs(args.interval_secs, "--interval-secs")?,
+        batch_size: args.batch.max(1),
+        skus: (!args.sku.is_empty()).then_some(args.sku),
+        max_backoff: secs(args.max_backoff_secs, "--max-backoff-secs")?,
+        ..Default::default()
+    };
+    let sweeper = Sweeper::new(ledger, client, cfg);
+    if args.once {
+        let r = sweeper.run_pass().await?;
+        println!("{r:?}");
+        return Ok(());
+    }
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move { sweeper.run(rx).await });
+    // Stop between passes on SIGINT/SIGTERM; a pass in flight finishes first.
+    wait_for_signal().await;
+    info!("stopping after the current pass");
+    let _ = tx.send(true);
+    let _ = task.await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = %e, "stockgate-sweeper failed");
+            ExitCode::FAILURE
+        }
+    }
+}

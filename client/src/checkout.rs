@@ -1,0 +1,275 @@
+//! The checkout flow as a library (DESIGN.md, lifecycle steps 1–3 and 5):
+//! reserve on the server → materialize the PENDING order → commit on payment
+//! (ledger PENDING → COMMITTED first, then `COMMIT` on the server) or cancel.
+//!
+//! The reservation token is the correlation key everywhere, and also the payment
+//! idempotency key: a second capture with the same token is the same payment.
+
+use tracing::{error, warn};
+
+use crate::client::ClientError;
+use crate::gate::ReservationGate;
+use crate::ledger::{Ledger, LedgerCommit, LedgerError, Materialized, NewOrder, OrderStatus};
+use crate::types::{now_ms, CommitOk, ReserveOutcome};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    #[error("sold out")]
+    SoldOut,
+    /// Per-user limit reached; the user's live reservations, to resume or cancel one.
+    #[error("per-user limit reached ({} live reservations)", live_tokens.len())]
+    Limit { live_tokens: Vec<String> },
+    /// The ledger already holds this reservation as cancelled (e.g. swept): the checkout
+    /// cannot continue with it.
+    #[error("reservation {token} is {status} in the ledger")]
+    Refused { token: String, status: OrderStatus },
+    #[error("server: {0}")]
+    Gate(#[from] ClientError),
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerError),
+}
+
+/// A reservation that is materialized in the ledger: the buyer may pay for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub token: String,
+    pub sku: String,
+    pub user: String,
+    pub request_id: String,
+    pub qty: u32,
+    pub expires_at_ms: i64,
+    /// A retry of an earlier RESERVE (same request id): nothing new was taken.
+    pub replay: bool,
+    /// Already paid (a retry after the commit).
+    pub already_committed: bool,
+}
+
+/// Result of a payment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PayOutcome {
+    /// Sold. `server_confirmed` is false when the ledger committed but the server could not
+    /// be told yet (unreachable, or fenced): the sweeper's COMMITTED branch finishes it.
+    Committed { server_confirmed: bool },
+    /// Same token paid before (payment idempotency).
+    AlreadyCommitted,
+    /// Refused and no money moved: the payment must not be captured.
+    Refused { status: Option<OrderStatus> },
+    /// Money moved for a reservation that was no longer ours to sell: to be refunded.
+    RefundRequired { previous: OrderStatus },
+}
+
+/// The checkout service over a ledger and a gate.
+#[derive(Clone)]
+pub struct Checkout<L: Ledger, G: ReservationGate> {
+    ledger: L,
+    gate: G,
+}
+
+impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
+    pub fn new(ledger: L, gate: G) -> Self {
+        Checkout { ledger, gate }
+    }
+
+    pub fn ledger(&self) -> &L {
+        &self.ledger
+    }
+
+    pub fn gate(&self) -> &G {
+        &self.gate
+    }
+
+    /// Reserve on the server, then materialize the PENDING order. Retry-safe: the same
+    /// `request_id` yields the same token, and materialize is idempotent.
+    pub async fn start(
+        &self,
+        sku: &str,
+        user: &str,
+        admission: &str,
+        request_id: &str,
+        qty: u32,
+    ) -> Result<Hold, CheckoutError> {
+        let (token, expires_at_ms, replay) = match self
+            .gate
+            .reserve(sku, user, admission, request_id, qty)
+            .await?
+        {
+            ReserveOutcome::Reserved {
+                token,
+                expires_at_ms,
+                ..
+            } => (token, expires_at_ms, false),
+            ReserveOutcome::Replay {
+                token,
+                expires_at_ms,
+                ..
+            } => (token, expires_at_ms, true),
+            ReserveOutcome::SoldOut => return Err(CheckoutError::SoldOut),
+            ReserveOutcome::Limit { live_tokens } => {
+                return Err(CheckoutError::Limit { live_tokens })
+            }
+        };
+        // A replay's qty and creation time are the original's: read them back rather than
+        // trusting this request's arguments.
+        let (qty, created_at_ms, expires_at_ms) = if replay {
+            match self.gate.reservation(&token).await? {
+                Some(r) => (r.qty, r.created_at_ms, r.expires_at_ms),
+                None => (qty, now_ms(), expires_at_ms),
+            }
+        } else {
+            (qty, now_ms(), expires_at_ms)
+        };
+        let order = NewOrder {
+            token: token.clone(),
+            sku: sku.to_string(),
+            user: user.to_string(),
+            request_id: request_id.to_string(),
+            qty,
+            expires_at_ms,
+            created_at_ms,
+        };
+        let m = self.materialize(&order).await?;
+        Ok(Hold {
+            token,
+            sku: order.sku,
+            user: order.user,
+            request_id: order.request_id,
+            qty,
+            expires_at_ms,
+            replay,
+            already_committed: m == Materialized::AlreadyCommitted,
+        })
+    }
+
+    /// Materialize alone (for callers that reserve elsewhere). Refused if the token was
+    /// already cancelled — in particular tombstoned by a sweeper.
+    pub async fn materialize(&self, order: &NewOrder) -> Result<Materialized, CheckoutError> {
+        match self.ledger.materialize(order).await {
+            Ok(m) => Ok(m),
+            Err(LedgerError::Refused { token, status }) => {
+                Err(CheckoutError::Refused { token, status })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A payment for `token`. `money_moved`: the provider already took the money (a
+    /// capture webhook, a one-step charge); false for authorize-then-capture, where a
+    /// refusal simply means "do not capture".
+    ///
+    /// Ledger first: PENDING → COMMITTED only while the reservation is unexpired; then
+    /// `COMMIT` on the server. A late or cancelled reservation is refused; if money
+    /// moved, the order becomes REFUND_REQUIRED — never a sale beyond stock.
+    pub async fn pay(
+        &self,
+        token: &str,
+        payment_ref: &str,
+        money_moved: bool,
+    ) -> Result<PayOutcome, CheckoutError> {
+        let fresh = match self.ledger.commit(token, payment_ref).await {
+            Ok(LedgerCommit::Committed) => true,
+            Ok(LedgerCommit::AlreadyCommitted) => false,
+            Err(LedgerError::Expired { .. }) => {
+                return self
+                    .refuse(token, payment_ref, money_moved, Some(OrderStatus::Pending))
+                    .await
+            }
+            Err(LedgerError::Refused { status, .. }) => {
+                return self
+                    .refuse(token, payment_ref, money_moved, Some(status))
+                    .await
+            }
+            Err(LedgerError::NotFound(_)) => {
+                if money_moved {
+                    // No order to attach the compensation to: the caller must handle it.
+                    error!(token = %token, "money moved for a reservation the ledger never saw");
+                }
+                return Ok(PayOutcome::Refused { status: None });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match self.gate.commit(token).await {
+            Ok(CommitOk::Committed) => Ok(if fresh {
+                PayOutcome::Committed {
+                    server_confirmed: true,
+                }
+            } else {
+                PayOutcome::AlreadyCommitted
+            }),
+            Ok(CommitOk::AlreadyCommitted) => Ok(PayOutcome::AlreadyCommitted),
+            Err(ClientError::Released) => {
+                // The units went back to stock and may be sold again: this sale cannot
+                // stand. (Cannot happen while everyone follows the ledger-first rule.)
+                error!(token = %token, "ledger committed but server had released: REFUND_REQUIRED");
+                let previous = self
+                    .ledger
+                    .mark_refund_required(token, payment_ref, "server released the units")
+                    .await?;
+                Ok(PayOutcome::RefundRequired { previous })
+            }
+            Err(ClientError::NoReservation) if fresh => {
+                // The server does not hold this reservation (lost and rebuilt without it):
+                // its units were counted as available again.
+                error!(token = %token, "ledger committed but server has no reservation: REFUND_REQUIRED");
+                let previous = self
+                    .ledger
+                    .mark_refund_required(token, payment_ref, "server has no such reservation")
+                    .await?;
+                Ok(PayOutcome::RefundRequired { previous })
+            }
+            // A retry long after the sale (the server purged its record): the ledger
+            // already holds the truth.
+            Err(ClientError::NoReservation) => Ok(PayOutcome::AlreadyCommitted),
+            Err(e) if e.is_transient() || matches!(e, ClientError::Fenced) => {
+                warn!(token = %token, error = %e, "ledger committed; server COMMIT deferred to the sweeper");
+                Ok(if fresh {
+                    PayOutcome::Committed {
+                        server_confirmed: false,
+                    }
+                } else {
+                    PayOutcome::AlreadyCommitted
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn refuse(
+        &self,
+        token: &str,
+        payment_ref: &str,
+        money_moved: bool,
+        status: Option<OrderStatus>,
+    ) -> Result<PayOutcome, CheckoutError> {
+        if !money_moved {
+            return Ok(PayOutcome::Refused { status });
+        }
+        let previous = self
+            .ledger
+            .mark_refund_required(token, payment_ref, "payment after the reservation ended")
+            .await?;
+        Ok(PayOutcome::RefundRequired { previous })
+    }
+
+    /// Buyer abandons: ledger PENDING → CANCELLED first, then `RELEASE`, so the units are
+    /// back at once. If this dies in between, the sweeper finds the CANCELLED order when the
+    /// reservation expires and releases it.
+    pub async fn cancel(&self, token: &str) -> Result<bool, CheckoutError> {
+        match self.ledger.cancel(token).await {
+            Ok(()) => {}
+            Err(LedgerError::Refused { token, status }) => {
+                return Err(CheckoutError::Refused { token, status })
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(self.gate.release(token).await?)
+    }
+
+    /// Extend the hold: server first (it refuses expired reservations), then the ledger.
+    /// If the ledger step fails, the ledger keeps the earlier deadline, which only makes it
+    /// stricter (a payment between the two deadlines is refused), never looser.
+    pub async fn extend(&self, token: &str, ms: u64) -> Result<i64, CheckoutError> {
+        let at = self.gate.extend(token, ms).await?;
+        self.ledger.extend(token, at).await?;
+        Ok(at)
+    }
+}

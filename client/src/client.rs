@@ -1,0 +1,565 @@
+//! Typed async client for the stockgate protocol (PROTOCOL.md), over redis-rs.
+//!
+//! Uses a [`ConnectionManager`]: one multiplexed connection (concurrent calls are
+//! pipelined on it, so a clone per task costs nothing) that reconnects on its own after
+//! the server restarts. A call that fails because the connection dropped returns
+//! [`ClientError::Connection`]; the next call uses the new connection. Calls are never
+//! retried here: the caller decides (RESERVE and RELEASE are idempotent, so retrying is
+//! safe for them).
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, Value};
+
+use crate::types::{
+    CommitOk, ExpiredReservation, ReservationInfo, ReservationState, ReserveOutcome, SaleInfo,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("sale unknown (-NOSALE)")]
+    NoSale,
+    #[error("sale fenced: state unproven, rebuild from the ledger first (-FENCED)")]
+    Fenced,
+    #[error("sale paused (-PAUSED)")]
+    Paused,
+    #[error("admission denied: {0}")]
+    Denied(String),
+    #[error("no such reservation, or no longer RESERVED (-NORES)")]
+    NoReservation,
+    #[error("reservation released: its units went back to stock (-RELEASED)")]
+    Released,
+    #[error("reservation expired (-EXPIRED)")]
+    Expired,
+    #[error("sale exists with other parameters (-EXISTS)")]
+    Exists,
+    #[error("server error -{code} {detail}")]
+    Server { code: String, detail: String },
+    #[error("connection error: {0}")]
+    Connection(#[source] RedisError),
+    #[error("unexpected reply to {command}: {reply}")]
+    Protocol {
+        command: &'static str,
+        reply: String,
+    },
+}
+
+impl ClientError {
+    /// Whether the call may succeed if retried later (server unreachable or restarting).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ClientError::Connection(_))
+    }
+}
+
+impl From<RedisError> for ClientError {
+    fn from(e: RedisError) -> Self {
+        // Server error replies arrive as RedisError with a code; anything else (I/O,
+        // timeouts, parse failures) is a connection-level problem.
+        let detail = e.detail().unwrap_or("").to_string();
+        match e.code() {
+            Some("NOSALE") => ClientError::NoSale,
+            Some("FENCED") => ClientError::Fenced,
+            Some("PAUSED") => ClientError::Paused,
+            Some("DENIED") => ClientError::Denied(detail),
+            Some("NORES") => ClientError::NoReservation,
+            Some("RELEASED") => ClientError::Released,
+            Some("EXPIRED") => ClientError::Expired,
+            Some("EXISTS") => ClientError::Exists,
+            Some(code) if e.kind() != redis::ErrorKind::IoError => ClientError::Server {
+                code: code.to_string(),
+                detail,
+            },
+            _ => ClientError::Connection(e),
+        }
+    }
+}
+
+/// Connection settings.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+    /// Reconnection attempts per failure inside the connection manager.
+    pub reconnect_retries: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(10),
+            reconnect_retries: 3,
+        }
+    }
+}
+
+/// Typed stockgate client. Cheap to clone.
+#[derive(Clone)]
+pub struct StockgateClient {
+    conn: ConnectionManager,
+}
+
+impl std::fmt::Debug for StockgateClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StockgateClient")
+    }
+}
+
+/// `addr` may be `host:port` or a `redis://` URL (with credentials for AUTH).
+fn to_url(addr: &str) -> String {
+    if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("redis://{addr}")
+    }
+}
+
+impl StockgateClient {
+    pub async fn connect(addr: &str) -> Result<Self, ClientError> {
+        Self::connect_with(addr, ClientConfig::default()).await
+    }
+
+    pub async fn connect_with(addr: &str, cfg: ClientConfig) -> Result<Self, ClientError> {
+        let client = redis::Client::open(to_url(addr)).map_err(ClientError::Connection)?;
+        let mcfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(cfg.connect_timeout)
+            .set_response_timeout(cfg.response_timeout)
+            .set_number_of_retries(cfg.reconnect_retries)
+            .set_max_delay(1000);
+        let conn = ConnectionManager::new_with_config(client, mcfg)
+            .await
+            .map_err(ClientError::Connection)?;
+        Ok(StockgateClient { conn })
+    }
+
+    async fn call(&self, cmd: &redis::Cmd) -> Result<Value, ClientError> {
+        let mut conn = self.conn.clone();
+        let v: Value = cmd.query_async(&mut conn).await?;
+        // RESP3 can also deliver errors as values inside aggregates; top-level errors
+        // already came back as Err above.
+        Ok(v)
+    }
+
+    pub async fn ping(&self) -> Result<(), ClientError> {
+        self.call(&redis::cmd("PING")).await.map(|_| ())
+    }
+
+    /// `RESERVE sku user admission-token request-id [QTY n]`.
+    pub async fn reserve(
+        &self,
+        sku: &str,
+        user: &str,
+        admission_token: &str,
+        request_id: &str,
+        qty: u32,
+    ) -> Result<ReserveOutcome, ClientError> {
+        let mut cmd = redis::cmd("RESERVE");
+        cmd.arg(sku).arg(user).arg(admission_token).arg(request_id);
+        if qty != 1 {
+            cmd.arg("QTY").arg(qty);
+        }
+        let v = self.call(&cmd).await?;
+        parse_reserve(&v).ok_or_else(|| proto("RESERVE", &v))
+    }
+
+    /// `RELEASE token`: true if this call returned the units.
+    pub async fn release(&self, token: &str) -> Result<bool, ClientError> {
+        let v = self.call(redis::cmd("RELEASE").arg(token)).await?;
+        as_int(&v)
+            .map(|n| n == 1)
+            .ok_or_else(|| proto("RELEASE", &v))
+    }
+
+    /// `COMMIT token`. `-RELEASED` → [`ClientError::Released`], `-NORES` →
+    /// [`ClientError::NoReservation`].
+    pub async fn commit(&self, token: &str) -> Result<CommitOk, ClientError> {
+        let v = self.call(redis::cmd("COMMIT").arg(token)).await?;
+        match as_int(&v) {
+            Some(1) => Ok(CommitOk::Committed),
+            Some(0) => Ok(CommitOk::AlreadyCommitted),
+            _ => Err(proto("COMMIT", &v)),
+        }
+    }
+
+    pub async fn stock(&self, sku: &str) -> Result<i64, ClientError> {
+        let v = self.call(redis::cmd("STOCK").arg(sku)).await?;
+        as_int(&v).ok_or_else(|| proto("STOCK", &v))
+    }
+
+    /// `EXPIRED [COUNT n] [SKU sku]`.
+    pub async fn expired(
+        &self,
+        count: usize,
+        sku: Option<&str>,
+    ) -> Result<Vec<ExpiredReservation>, ClientError> {
+        let mut cmd = redis::cmd("EXPIRED");
+        cmd.arg("COUNT").arg(count);
+        if let Some(s) = sku {
+            cmd.arg("SKU").arg(s);
+        }
+        let v = self.call(&cmd).await?;
+        let Value::Array(items) = &v else {
+            return Err(proto("EXPIRED", &v));
+        };
+        items
+            .iter()
+            .map(|it| parse_expired(it).ok_or_else(|| proto("EXPIRED", it)))
+            .collect()
+    }
+
+    /// `RESERVATION token`; None if unknown.
+    pub async fn reservation(&self, token: &str) -> Result<Option<ReservationInfo>, ClientError> {
+        let v = self.call(redis::cmd("RESERVATION").arg(token)).await?;
+        if matches!(v, Value::Nil) {
+            return Ok(None);
+        }
+        parse_reservation(&v)
+            .map(Some)
+            .ok_or_else(|| proto("RESERVATION", &v))
+    }
+
+    /// `EXTEND token ms` → new `expires_at_ms`.
+    pub async fn extend(&self, token: &str, ms: u64) -> Result<i64, ClientError> {
+        let v = self.call(redis::cmd("EXTEND").arg(token).arg(ms)).await?;
+        as_int(&v).ok_or_else(|| proto("EXTEND", &v))
+    }
+
+    /// `SALE.CREATE sku total [SHARDS n] [TTL ms] [LIMIT n]`.
+    pub async fn sale_create(
+        &self,
+        sku: &str,
+        total: u64,
+        shards: Option<u16>,
+        ttl_ms: Option<u64>,
+        limit: Option<u32>,
+    ) -> Result<(), ClientError> {
+        let mut cmd = redis::cmd("SALE.CREATE");
+        cmd.arg(sku).arg(total);
+        push_sale_opts(&mut cmd, shards, ttl_ms, limit);
+        self.call(&cmd).await.map(|_| ())
+    }
+
+    pub async fn sale_info(&self, sku: &str) -> Result<SaleInfo, ClientError> {
+        let v = self.call(redis::cmd("SALE.INFO").arg(sku)).await?;
+        parse_sale_info(&v).ok_or_else(|| proto("SALE.INFO", &v))
+    }
+
+    pub async fn sale_list(&self) -> Result<Vec<String>, ClientError> {
+        let v = self.call(&redis::cmd("SALE.LIST")).await?;
+        let Value::Array(items) = &v else {
+            return Err(proto("SALE.LIST", &v));
+        };
+        items
+            .iter()
+            .map(|i| as_string(i).ok_or_else(|| proto("SALE.LIST", i)))
+            .collect()
+    }
+
+    pub async fn sale_pause(&self, sku: &str) -> Result<(), ClientError> {
+        self.call(redis::cmd("SALE.PAUSE").arg(sku))
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn sale_resume(&self, sku: &str) -> Result<(), ClientError> {
+        self.call(redis::cmd("SALE.RESUME").arg(sku))
+            .await
+            .map(|_| ())
+    }
+
+    /// `SALE.ADJUST sku delta` → new total.
+    pub async fn sale_adjust(&self, sku: &str, delta: i64) -> Result<i64, ClientError> {
+        let v = self
+            .call(redis::cmd("SALE.ADJUST").arg(sku).arg(delta))
+            .await?;
+        as_int(&v).ok_or_else(|| proto("SALE.ADJUST", &v))
+    }
+
+    /// `SALE.FENCE sku [TOTAL n] [SHARDS n] [TTL ms] [LIMIT n]`: fence an existing sale, or
+    /// create it fenced with 0 available if the server does not know it.
+    pub async fn sale_fence(
+        &self,
+        sku: &str,
+        total: Option<u64>,
+        shards: Option<u16>,
+        ttl_ms: Option<u64>,
+        limit: Option<u32>,
+    ) -> Result<(), ClientError> {
+        let mut cmd = redis::cmd("SALE.FENCE");
+        cmd.arg(sku);
+        if let Some(t) = total {
+            cmd.arg("TOTAL").arg(t);
+        }
+        push_sale_opts(&mut cmd, shards, ttl_ms, limit);
+        self.call(&cmd).await.map(|_| ())
+    }
+
+    /// `SALE.RESTORE sku user request-id qty expires_at_ms created_at_ms` →
+    /// (newly restored, server-derived token).
+    pub async fn sale_restore(
+        &self,
+        sku: &str,
+        user: &str,
+        request_id: &str,
+        qty: u32,
+        expires_at_ms: i64,
+        created_at_ms: i64,
+    ) -> Result<(bool, String), ClientError> {
+        let v = self
+            .call(
+                redis::cmd("SALE.RESTORE")
+                    .arg(sku)
+                    .arg(user)
+                    .arg(request_id)
+                    .arg(qty)
+                    .arg(expires_at_ms)
+                    .arg(created_at_ms),
+            )
+            .await?;
+        match &v {
+            Value::Array(a) if a.len() == 2 => match (as_int(&a[0]), as_string(&a[1])) {
+                (Some(n), Some(t)) => Ok((n == 1, t)),
+                _ => Err(proto("SALE.RESTORE", &v)),
+            },
+            _ => Err(proto("SALE.RESTORE", &v)),
+        }
+    }
+
+    /// `SALE.REBUILD sku total committed key-fingerprint` → available.
+    pub async fn sale_rebuild(
+        &self,
+        sku: &str,
+        total: u64,
+        committed: u64,
+        key_fingerprint: &str,
+    ) -> Result<i64, ClientError> {
+        let v = self
+            .call(
+                redis::cmd("SALE.REBUILD")
+                    .arg(sku)
+                    .arg(total)
+                    .arg(committed)
+                    .arg(key_fingerprint),
+            )
+            .await?;
+        as_int(&v).ok_or_else(|| proto("SALE.REBUILD", &v))
+    }
+}
+
+fn push_sale_opts(cmd: &mut redis::Cmd, shards: Option<u16>, ttl: Option<u64>, limit: Option<u32>) {
+    if let Some(s) = shards {
+        cmd.arg("SHARDS").arg(s);
+    }
+    if let Some(t) = ttl {
+        cmd.arg("TTL").arg(t);
+    }
+    if let Some(l) = limit {
+        cmd.arg("LIMIT").arg(l);
+    }
+}
+
+fn proto(command: &'static str, v: &Value) -> ClientError {
+    ClientError::Protocol {
+        command,
+        reply: format!("{v:?}"),
+    }
+}
+
+pub(crate) fn as_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        // Be lenient with servers that send numbers as strings.
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+pub(crate) fn as_string(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        Value::Okay => Some("OK".into()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// A RESP3 map or a RESP2 flat field-value array, as (name, value) pairs.
+fn as_pairs(v: &Value) -> Option<Vec<(String, &Value)>> {
+    match v {
+        Value::Map(m) => m
+            .iter()
+            .map(|(k, v)| as_string(k).map(|k| (k, v)))
+            .collect(),
+        Value::Array(a) if a.len() & 1 == 0 => a
+            .chunks(2)
+            .map(|c| as_string(&c[0]).map(|k| (k, &c[1])))
+            .collect(),
+        _ => None,
+    }
+}
+
+fn field<'a>(pairs: &'a [(String, &'a Value)], name: &str) -> Option<&'a Value> {
+    pairs
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| *v)
+}
+
+fn parse_reserve(v: &Value) -> Option<ReserveOutcome> {
+    let Value::Array(a) = v else { return None };
+    let kind = as_string(a.first()?)?;
+    match kind.as_str() {
+        "RESERVED" | "REPLAY" => {
+            let token = as_string(a.get(1)?)?;
+            let expires_at_ms = as_int(a.get(2)?)?;
+            let shard = u16::try_from(as_int(a.get(3)?)?).ok()?;
+            Some(if kind == "RESERVED" {
+                ReserveOutcome::Reserved {
+                    token,
+                    expires_at_ms,
+                    shard,
+                }
+            } else {
+                ReserveOutcome::Replay {
+                    token,
+                    expires_at_ms,
+                    shard,
+                }
+            })
+        }
+        "SOLDOUT" => Some(ReserveOutcome::SoldOut),
+        "LIMIT" => Some(ReserveOutcome::Limit {
+            live_tokens: a[1..].iter().filter_map(as_string).collect(),
+        }),
+        _ => None,
+    }
+}
+
+fn parse_expired(v: &Value) -> Option<ExpiredReservation> {
+    let Value::Array(a) = v else { return None };
+    if a.len() < 6 {
+        return None;
+    }
+    Some(ExpiredReservation {
+        token: as_string(&a[0])?,
+        sku: as_string(&a[1])?,
+        user: as_string(&a[2])?,
+        qty: u32::try_from(as_int(&a[3])?).ok()?,
+        shard: u16::try_from(as_int(&a[4])?).ok()?,
+        expires_at_ms: as_int(&a[5])?,
+    })
+}
+
+fn parse_reservation(v: &Value) -> Option<ReservationInfo> {
+    let p = as_pairs(v)?;
+    Some(ReservationInfo {
+        token: as_string(field(&p, "token")?)?,
+        sku: as_string(field(&p, "sku")?)?,
+        user: as_string(field(&p, "user")?)?,
+        request_id: as_string(field(&p, "request_id")?)?,
+        qty: u32::try_from(as_int(field(&p, "qty")?)?).ok()?,
+        shard: u16::try_from(as_int(field(&p, "shard")?)?).ok()?,
+        state: ReservationState::parse(&as_string(field(&p, "state")?)?)?,
+        expires_at_ms: as_int(field(&p, "expires_at_ms")?)?,
+        created_at_ms: as_int(field(&p, "created_at_ms")?)?,
+    })
+}
+
+fn parse_sale_info(v: &Value) -> Option<SaleInfo> {
+    let p = as_pairs(v)?;
+    let shard_available = match field(&p, "shard_available") {
+        Some(Value::Array(a)) => a.iter().filter_map(as_int).collect(),
+        _ => Vec::new(),
+    };
+    Some(SaleInfo {
+        total: as_int(field(&p, "total")?)?,
+        available: as_int(field(&p, "available")?)?,
+        reserved: as_int(field(&p, "reserved")?)?,
+        committed: as_int(field(&p, "committed")?)?,
+        shards: as_int(field(&p, "shards")?)?,
+        ttl_ms: as_int(field(&p, "ttl_ms")?)?,
+        limit: as_int(field(&p, "limit")?)?,
+        state: as_string(field(&p, "state")?)?,
+        key_fingerprint: field(&p, "key_fingerprint")
+            .and_then(as_string)
+            .unwrap_or_default(),
+        shard_available,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bs(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn parses_replies() {
+        let r = Value::Array(vec![
+            bs("RESERVED"),
+            bs("{A}t"),
+            Value::Int(5),
+            Value::Int(2),
+        ]);
+        assert_eq!(
+            parse_reserve(&r),
+            Some(ReserveOutcome::Reserved {
+                token: "{A}t".into(),
+                expires_at_ms: 5,
+                shard: 2
+            })
+        );
+        let l = Value::Array(vec![bs("LIMIT"), bs("{A}x")]);
+        assert_eq!(
+            parse_reserve(&l),
+            Some(ReserveOutcome::Limit {
+                live_tokens: vec!["{A}x".into()]
+            })
+        );
+        let e = Value::Array(vec![
+            bs("{A}t"),
+            bs("A"),
+            bs("u"),
+            Value::Int(1),
+            Value::Int(3),
+            Value::Int(9),
+        ]);
+        assert_eq!(parse_expired(&e).map(|x| x.expires_at_ms), Some(9));
+        let res = Value::Array(
+            [
+                "token",
+                "{A}t",
+                "sku",
+                "A",
+                "user",
+                "u",
+                "request_id",
+                "r",
+                "state",
+                "RESERVED",
+            ]
+            .iter()
+            .map(|s| bs(s))
+            .chain([
+                bs("qty"),
+                Value::Int(1),
+                bs("shard"),
+                Value::Int(0),
+                bs("expires_at_ms"),
+                Value::Int(10),
+                bs("created_at_ms"),
+                Value::Int(1),
+            ])
+            .collect(),
+        );
+        let info = parse_reservation(&res).expect("parse");
+        assert_eq!(info.state, ReservationState::Reserved);
+        assert_eq!(info.expires_at_ms, 10);
+    }
+}

@@ -1,0 +1,429 @@
+//! The ledger: the durable judge of every reservation's fate (DESIGN.md, "Ledger").
+//!
+//! One interface, two backends that pass the same test suite:
+//! - [`postgres::PgLedger`] (production; schema in `migrations/`),
+//! - [`embedded::SledLedger`] (a checkout service that embeds the engine and runs no database).
+//!
+//! The state machine of an order (keyed by its reservation token):
+//!
+//! ```text
+//!            materialize
+//!  (none) ─────────────────► PENDING ──commit (unexpired)──► COMMITTED
+//!    │                         │  │                              │
+//!    │ sweeper tombstone       │  └─cancel (buyer)─► CANCELLED   │ server says RELEASED/NORES
+//!    ▼                         ▼ sweeper (expired)      │        ▼ (compensation)
+//!  CANCELLED_BY_SWEEPER ◄──────┘                        │   REFUND_REQUIRED ──► REFUNDED
+//!    │  (a capture that arrives for CANCELLED*, or for an expired PENDING, when the
+//!    └──────────────────────────► REFUND_REQUIRED ◄─────┘   money already moved)
+//! ```
+//!
+//! Every transition writes one audit event in the same transaction.
+
+pub mod embedded;
+pub mod postgres;
+
+use std::future::Future;
+
+use crate::types::ExpiredReservation;
+
+/// Status of an order. The strings are the values stored in SQL (CHECK constraint).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum OrderStatus {
+    Pending,
+    Committed,
+    /// Buyer abandoned explicitly (checkout app).
+    Cancelled,
+    /// Expired and reclaimed by the sweeper (or a tombstone for a never-materialized token).
+    CancelledBySweeper,
+    /// Money moved for a reservation that was no longer ours to sell: refund it.
+    RefundRequired,
+    Refunded,
+}
+
+impl OrderStatus {
+    pub const ALL: [OrderStatus; 6] = [
+        OrderStatus::Pending,
+        OrderStatus::Committed,
+        OrderStatus::Cancelled,
+        OrderStatus::CancelledBySweeper,
+        OrderStatus::RefundRequired,
+        OrderStatus::Refunded,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Pending => "PENDING",
+            OrderStatus::Committed => "COMMITTED",
+            OrderStatus::Cancelled => "CANCELLED",
+            OrderStatus::CancelledBySweeper => "CANCELLED_BY_SWEEPER",
+            OrderStatus::RefundRequired => "REFUND_REQUIRED",
+            OrderStatus::Refunded => "REFUNDED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Cancelled in any way: the units are not sold and may go back to stock.
+    pub fn is_cancelled(self) -> bool {
+        matches!(
+            self,
+            OrderStatus::Cancelled | OrderStatus::CancelledBySweeper
+        )
+    }
+
+    /// Whether `self → to` is a legal transition (mirrors the SQL trigger).
+    pub fn can_become(self, to: OrderStatus) -> bool {
+        use OrderStatus::*;
+        matches!(
+            (self, to),
+            (Pending, Committed)
+                | (Pending, Cancelled)
+                | (Pending, CancelledBySweeper)
+                | (Pending, RefundRequired)
+                | (Cancelled, RefundRequired)
+                | (CancelledBySweeper, RefundRequired)
+                | (Committed, RefundRequired)
+                | (RefundRequired, Refunded)
+        )
+    }
+}
+
+impl std::fmt::Display for OrderStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A sale as the ledger knows it: what a rebuild starts from.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SaleRecord {
+    pub sku: String,
+    /// Units the sale started with, plus every `SALE.ADJUST` mirrored with
+    /// [`Ledger::adjust_allocation`].
+    pub initial_allocation: u64,
+    pub shards: Option<u16>,
+    pub ttl_ms: Option<u64>,
+    pub per_user_limit: Option<u32>,
+    /// Fingerprint of the server's reservation key (`SALE.INFO` key_fingerprint). A rebuild
+    /// into a server with another key is refused.
+    pub key_fingerprint: Option<String>,
+}
+
+impl SaleRecord {
+    pub fn new(sku: &str, initial_allocation: u64) -> Self {
+        SaleRecord {
+            sku: sku.to_string(),
+            initial_allocation,
+            shards: None,
+            ttl_ms: None,
+            per_user_limit: None,
+            key_fingerprint: None,
+        }
+    }
+}
+
+/// What materialize writes: a server reservation turning into a PENDING order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewOrder {
+    pub token: String,
+    pub sku: String,
+    pub user: String,
+    pub request_id: String,
+    pub qty: u32,
+    pub expires_at_ms: i64,
+    pub created_at_ms: i64,
+}
+
+/// An order row.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Order {
+    pub token: String,
+    pub sku: String,
+    pub user: String,
+    /// None for sweeper tombstones (EXPIRED does not carry the request id).
+    pub request_id: Option<String>,
+    pub qty: u32,
+    pub status: OrderStatus,
+    pub expires_at_ms: i64,
+    pub reservation_created_at_ms: Option<i64>,
+    pub payment_ref: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// One audit row: a transition, written in the same transaction as the transition.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OrderEvent {
+    pub id: i64,
+    pub token: String,
+    /// None for the creation of the row.
+    pub from: Option<OrderStatus>,
+    pub to: OrderStatus,
+    pub actor: String,
+    pub detail: Option<String>,
+    pub at_ms: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Materialized {
+    Created,
+    /// Retry of a materialize that already happened.
+    AlreadyPending,
+    /// Retry after the order was paid.
+    AlreadyCommitted,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LedgerCommit {
+    Committed,
+    /// Same reservation token = same payment (the token is the payment idempotency key).
+    AlreadyCommitted,
+}
+
+/// Why the sweeper may give a reservation's units back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseReason {
+    /// This pass moved PENDING → CANCELLED_BY_SWEEPER.
+    CancelledNow,
+    /// Found CANCELLED_BY_SWEEPER: an earlier sweep died between SQL and the release.
+    AlreadyCancelledBySweeper,
+    /// Found CANCELLED: the checkout app died between SQL and its RELEASE.
+    CancelledByBuyer,
+    /// Found REFUND_REQUIRED / REFUNDED: the units were never sold.
+    Refund,
+    /// No order at all: a tombstone was written first so a late materialize is refused.
+    Tombstoned,
+}
+
+/// The ledger's verdict on one expired reservation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SweepVerdict {
+    Release(ReleaseReason),
+    /// COMMITTED in the ledger: `COMMIT` on the server (cleanup, no stock back).
+    CommitCleanup,
+    /// Still PENDING and not expired by the ledger's clock (extended, clock skew, or a
+    /// concurrent transition holds the row): leave it for a later pass.
+    Skip,
+}
+
+/// Per-SKU sums over orders.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SkuTotals {
+    pub pending_orders: u64,
+    pub pending_units: u64,
+    pub committed_orders: u64,
+    pub committed_units: u64,
+    pub cancelled_orders: u64,
+    pub cancelled_by_sweeper_orders: u64,
+    pub refund_required_orders: u64,
+    pub refunded_orders: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("order {token} is {status}: refused")]
+    Refused { token: String, status: OrderStatus },
+    #[error("order {token}: its reservation expired, payment refused")]
+    Expired { token: String },
+    #[error("no order for reservation {0}")]
+    NotFound(String),
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error("sale {0} unknown to the ledger")]
+    UnknownSale(String),
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration error: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("embedded store error: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("corrupt ledger data: {0}")]
+    Corrupt(String),
+}
+
+impl LedgerError {
+    /// The store is unreachable or overloaded: retry later, do nothing meanwhile.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            LedgerError::Db(e) => {
+                matches!(
+                    e,
+                    sqlx::Error::Io(_)
+                        | sqlx::Error::PoolTimedOut
+                        | sqlx::Error::PoolClosed
+                        | sqlx::Error::WorkerCrashed
+                        | sqlx::Error::Tls(_)
+                        | sqlx::Error::Protocol(_)
+                ) || matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| {
+                    // 40001 serialization failure, 40P01 deadlock, 57P0x shutdown/cannot connect,
+                    // 08xxx connection exceptions, 53xxx insufficient resources.
+                    c == "40001" || c == "40P01" || c.starts_with("57P") || c.starts_with("08") || c.starts_with("53")
+                }))
+            }
+            LedgerError::Sled(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The ledger interface. Methods are `Send` futures so one implementation can serve a
+/// multi-threaded runtime; implementations are cheap to clone (pools, sled handles).
+pub trait Ledger: Clone + Send + Sync + 'static {
+    /// Record a sale (idempotent). Re-registering with another allocation is a conflict;
+    /// a missing key fingerprint is filled in.
+    fn register_sale(
+        &self,
+        sale: &SaleRecord,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    fn sale(
+        &self,
+        sku: &str,
+    ) -> impl Future<Output = Result<Option<SaleRecord>, LedgerError>> + Send;
+
+    fn sales(&self) -> impl Future<Output = Result<Vec<SaleRecord>, LedgerError>> + Send;
+
+    /// Mirror of `SALE.ADJUST`: returns the new allocation.
+    fn adjust_allocation(
+        &self,
+        sku: &str,
+        delta: i64,
+    ) -> impl Future<Output = Result<u64, LedgerError>> + Send;
+
+    /// Insert the PENDING order for a reservation. Idempotent; refused
+    /// ([`LedgerError::Refused`]) if the token was already cancelled (e.g. a sweeper
+    /// tombstone), and a conflict if the same token arrives with other details.
+    fn materialize(
+        &self,
+        order: &NewOrder,
+    ) -> impl Future<Output = Result<Materialized, LedgerError>> + Send;
+
+    /// Move the reservation deadline (mirror of `EXTEND`); only while PENDING.
+    fn extend(
+        &self,
+        token: &str,
+        expires_at_ms: i64,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// PENDING → COMMITTED, only while the reservation has not expired. Refused
+    /// otherwise: [`LedgerError::Expired`] (still PENDING but past its deadline) or
+    /// [`LedgerError::Refused`].
+    fn commit(
+        &self,
+        token: &str,
+        payment_ref: &str,
+    ) -> impl Future<Output = Result<LedgerCommit, LedgerError>> + Send;
+
+    /// Buyer abandons: PENDING → CANCELLED (Ok also if already CANCELLED).
+    fn cancel(&self, token: &str) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// Compensation: money moved for a reservation that was not (or is no longer) ours to
+    /// sell. Allowed from CANCELLED, CANCELLED_BY_SWEEPER, COMMITTED (server lost or
+    /// released the units) and from an expired PENDING. Returns the previous status
+    /// (REFUND_REQUIRED again is a no-op and returns REFUND_REQUIRED).
+    fn mark_refund_required(
+        &self,
+        token: &str,
+        payment_ref: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<OrderStatus, LedgerError>> + Send;
+
+    /// REFUND_REQUIRED → REFUNDED.
+    fn mark_refunded(&self, token: &str) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// The sweeper's SQL-first rule for a batch of expired reservations (DESIGN.md,
+    /// lifecycle step 4). Verdicts are in input order. Everything the verdicts rely on is
+    /// durable when this returns.
+    fn reconcile_expired(
+        &self,
+        batch: &[ExpiredReservation],
+    ) -> impl Future<Output = Result<Vec<SweepVerdict>, LedgerError>> + Send;
+
+    fn order(&self, token: &str)
+        -> impl Future<Output = Result<Option<Order>, LedgerError>> + Send;
+
+    /// Audit rows of one order, oldest first.
+    fn events(
+        &self,
+        token: &str,
+    ) -> impl Future<Output = Result<Vec<OrderEvent>, LedgerError>> + Send;
+
+    /// Orders of a SKU, optionally only those with `status`.
+    fn orders(
+        &self,
+        sku: &str,
+        status: Option<OrderStatus>,
+    ) -> impl Future<Output = Result<Vec<Order>, LedgerError>> + Send;
+
+    fn totals(&self, sku: &str) -> impl Future<Output = Result<SkuTotals, LedgerError>> + Send;
+}
+
+/// Decision for a materialize that found an existing row (shared by both backends).
+pub(crate) fn materialize_existing(
+    existing: &Order,
+    new: &NewOrder,
+) -> Result<Materialized, LedgerError> {
+    if existing.sku != new.sku || existing.user != new.user || existing.qty != new.qty {
+        // A tombstone carries sku/user/qty from EXPIRED: the status check below matters
+        // more than a detail mismatch, but the same token with other details is a bug.
+        if !existing.status.is_cancelled() {
+            return Err(LedgerError::Conflict(format!(
+                "order {} exists with other details",
+                new.token
+            )));
+        }
+    }
+    match existing.status {
+        OrderStatus::Pending => Ok(Materialized::AlreadyPending),
+        OrderStatus::Committed => Ok(Materialized::AlreadyCommitted),
+        status => Err(LedgerError::Refused {
+            token: new.token.clone(),
+            status,
+        }),
+    }
+}
+
+/// Decision for a commit that did not apply (shared by both backends).
+pub(crate) fn commit_not_applied(
+    token: &str,
+    existing: Option<(OrderStatus, bool)>,
+) -> Result<LedgerCommit, LedgerError> {
+    match existing {
+        None => Err(LedgerError::NotFound(token.to_string())),
+        Some((OrderStatus::Committed, _)) => Ok(LedgerCommit::AlreadyCommitted),
+        Some((OrderStatus::Pending, true)) => Err(LedgerError::Expired {
+            token: token.to_string(),
+        }),
+        Some((status, _)) => Err(LedgerError::Refused {
+            token: token.to_string(),
+            status,
+        }),
+    }
+}
+
+/// The sweeper's verdict from an order's current status, once the conditional
+/// cancellation did not apply (shared by both backends).
+pub(crate) fn verdict_from_status(status: OrderStatus) -> SweepVerdict {
+    match status {
+        OrderStatus::CancelledBySweeper => {
+            SweepVerdict::Release(ReleaseReason::AlreadyCancelledBySweeper)
+        }
+        OrderStatus::Cancelled => SweepVerdict::Release(ReleaseReason::CancelledByBuyer),
+        OrderStatus::RefundRequired | OrderStatus::Refunded => {
+            SweepVerdict::Release(ReleaseReason::Refund)
+        }
+        OrderStatus::Committed => SweepVerdict::CommitCleanup,
+        OrderStatus::Pending => SweepVerdict::Skip,
+    }
+}
+
+/// Whether a refund may be recorded from `status` (`expired` = PENDING past deadline).
+pub(crate) fn refund_allowed(status: OrderStatus, expired: bool) -> bool {
+    match status {
+        OrderStatus::Pending => expired,
+        OrderStatus::RefundRequired => true,
+        s => s.can_become(OrderStatus::RefundRequired),
+    }
+}

@@ -1,0 +1,1084 @@
+//! Bodies of the fuzz targets, one public function per target, plus the seed corpus.
+//!
+//! Shared by the cargo-fuzz binaries in `fuzz/fuzz_targets/` and by the deterministic test
+//! `tests/fuzz_corpus_replay.rs`, which includes this file with `#[path]` and replays every
+//! file of `fuzz/corpus/*/` and `fuzz/regressions/*/` through the same functions. So this
+//! file may only use `std`, `bytes` and `stockgate_server` (what both crates have).
+//!
+//! A body returns normally for every input; a panic (failed assertion included) is a
+//! finding.
+//!
+//! - [`resp_frame`]: the bytes are what one client sent. They are parsed with small
+//!   [`Limits`] and every command is dispatched to a real in-memory engine, as a connection
+//!   would; the engine's invariants are checked after every command, and at the end the
+//!   state must survive a snapshot file round trip, a snapshot load, and a WAL replay.
+//! - [`admission_token`]: `token \n sku \n user \n keyring-text`, through
+//!   `Keyring::verify`, `Keyring::parse` and `ReservationKey::from_file_bytes`.
+//! - [`wal_record`]: the bytes as a WAL record, a record sequence, a bare payload, a
+//!   snapshot file and a bare snapshot payload; whatever decodes must re-encode to the
+//!   same bytes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use bytes::{Bytes, BytesMut};
+use stockgate_server::cmd::{self, Ctx};
+use stockgate_server::engine::event::EventRef;
+use stockgate_server::engine::token::{self, Denied};
+use stockgate_server::engine::{
+    ident, Clock, Engine, EngineConfig, Event, EventSink, Keyring, Lsn, ManualClock, NullSink,
+    ResState, ReservationKey, SaleState, Snapshot,
+};
+use stockgate_server::protocol::{parse_command, Limits, Parsed, ProtocolError, Reply};
+use stockgate_server::server::{ConnState, Durability, Role, ServerConfig, Shared, Users};
+use stockgate_server::wal::record::{
+    decode_payload, decode_record, encode_payload, encode_record, RecordError, MAX_PAYLOAD,
+};
+use stockgate_server::wal::segment::{
+    parse_segment_name, parse_snapshot_name, segment_file_name, snapshot_file_name,
+};
+use stockgate_server::wal::snapshot::{decode_snapshot, encode_snapshot, SNAPSHOT_MAGIC};
+
+// ----- fixed keys and time ---------------------------------------------------------------
+
+/// The fuzz engine's clock starts here (2025-11-30).
+pub const START_MS: u64 = 1_764_500_000_000;
+/// Expiry of the admission tokens in the seeds (2100-01-01).
+pub const TOKEN_EXPIRY_MS: u64 = 4_102_444_800_000;
+/// `FUZZ.ADVANCE` moves the clock by at most this much per call (400 days).
+const MAX_ADVANCE_MS: u64 = 400 * 24 * 3600 * 1000;
+const SIGNING_SECRET: [u8; 32] = [0x11; 32];
+const OLD_SECRET: [u8; 32] = [0x22; 32];
+const RESERVATION_SECRET: [u8; 32] = [0x07; 32];
+
+/// Small limits, so the fuzzer reaches every limit check with short inputs.
+pub fn limits() -> Limits {
+    Limits {
+        max_bulk: 512,
+        max_args: 16,
+        max_inline: 512,
+    }
+}
+
+/// The admission keyring text: `fz` signs, `old` verifies too (rotation).
+pub fn keyring_text() -> String {
+    format!(
+        "# fuzz keys\nfz {}\nold {}\n",
+        token::hex_encode(&SIGNING_SECRET),
+        token::hex_encode(&OLD_SECRET)
+    )
+}
+
+fn keys() -> &'static (Keyring, ReservationKey) {
+    static KEYS: OnceLock<(Keyring, ReservationKey)> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let ring = Keyring::parse(&keyring_text()).expect("fuzz keyring parses");
+        (ring, ReservationKey::from_bytes(&RESERVATION_SECRET))
+    })
+}
+
+/// An admission token for `sku`/`user` signed with the fuzz signing key.
+pub fn admission(sku: &str, user: &str) -> String {
+    keys().0.mint(sku, user, TOKEN_EXPIRY_MS)
+}
+
+/// The reservation token the fuzz engine derives for a request.
+pub fn reservation_token(sku: &str, user: &str, request_id: &str) -> String {
+    keys().1.derive(sku, user, request_id)
+}
+
+/// The fuzz engine's reservation key fingerprint (what SALE.REBUILD must be given).
+pub fn key_fingerprint() -> String {
+    keys().1.fingerprint().to_string()
+}
+
+/// `FUZZ_TRACE=1` prints every command and reply of `resp_frame` (to read a reproducer).
+fn tracing() -> bool {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("FUZZ_TRACE").is_some())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// ----- resp_frame ------------------------------------------------------------------------
+
+/// Keeps every event the engine logs, encoded as WAL records, after checking that each
+/// record decodes back to the event.
+#[derive(Default)]
+struct RecordingSink {
+    log: Mutex<Vec<u8>>,
+    records: AtomicU64,
+}
+
+impl RecordingSink {
+    fn records(&self) -> Lsn {
+        self.records.load(Ordering::SeqCst)
+    }
+}
+
+impl EventSink for RecordingSink {
+    fn record(&self, event: &EventRef<'_>) -> Lsn {
+        let mut log = lock(&self.log);
+        let start = log.len();
+        if let Err(e) = encode_record(event, &mut log) {
+            panic!("the engine logged an event the WAL cannot hold: {e}: {event:?}");
+        }
+        match decode_record(&log[start..]) {
+            Ok((back, used)) => {
+                assert_eq!(
+                    back.as_ref(),
+                    *event,
+                    "WAL record round trip changed the event"
+                );
+                assert_eq!(used, log.len() - start, "WAL record length");
+            }
+            Err(e) => panic!("a record the WAL wrote does not decode: {e}: {event:?}"),
+        }
+        self.records.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+/// `SAVE` writes a snapshot (encoded to bytes, kept in memory) and remembers where in the
+/// log it was cut, as the real WAL does.
+struct MemoryDurability {
+    sink: Arc<RecordingSink>,
+    /// Snapshot file bytes and the log length (bytes) at the cut.
+    saved: Mutex<Option<(Vec<u8>, usize)>>,
+}
+
+impl Durability for MemoryDurability {
+    fn wait(&self, _lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn save(&self, engine: &Engine) -> Result<(), String> {
+        let (snap, (lsn, cut)) =
+            engine.snapshot_with(|| (self.sink.records(), lock(&self.sink.log).len()));
+        *lock(&self.saved) = Some((encode_snapshot(&snap, lsn), cut));
+        Ok(())
+    }
+
+    fn info(&self) -> String {
+        "aof_enabled:1\r\n".into()
+    }
+}
+
+/// One engine, one connection to it.
+struct Harness {
+    clock: Arc<ManualClock>,
+    cfg: EngineConfig,
+    sink: Arc<RecordingSink>,
+    durability: Arc<MemoryDurability>,
+    engine: Engine,
+    shared: Shared,
+    conn: ConnState,
+}
+
+fn users() -> Users {
+    let mut u = Users::empty();
+    u.add("admin", "adminpw", Role::Admin);
+    u.add("checkout", "checkoutpw", Role::Checkout);
+    u.add("sweeper", "sweeperpw", Role::Sweeper);
+    u
+}
+
+impl Harness {
+    fn new(auto_release: bool) -> Harness {
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let cfg = EngineConfig {
+            auto_release,
+            ..EngineConfig::default()
+        };
+        let sink = Arc::new(RecordingSink::default());
+        let (ring, rkey) = keys().clone();
+        let engine = Engine::new(cfg.clone(), clock.clone(), sink.clone(), ring, rkey);
+        let durability = Arc::new(MemoryDurability {
+            sink: sink.clone(),
+            saved: Mutex::new(None),
+        });
+        // Users are configured (so AUTH, RESET and NOPERM are reachable), and the
+        // connection starts authenticated as admin (so every command is).
+        let shared = Shared::new(ServerConfig::default(), Some(users()), durability.clone());
+        let conn = ConnState {
+            id: 1,
+            proto: 2,
+            name: None,
+            role: Some(Role::Admin),
+            user_name: Some("admin".into()),
+            lib_name: String::new(),
+            lib_ver: String::new(),
+            addr: "127.0.0.1:50000".into(),
+            laddr: "127.0.0.1:7379".into(),
+        };
+        Harness {
+            clock,
+            cfg,
+            sink,
+            durability,
+            engine,
+            shared,
+            conn,
+        }
+    }
+
+    fn fresh_engine(&self) -> Engine {
+        let (ring, rkey) = keys().clone();
+        Engine::new(
+            self.cfg.clone(),
+            Arc::new(ManualClock::new(self.clock.now_ms())),
+            Arc::new(NullSink),
+            ring,
+            rkey,
+        )
+    }
+
+    /// Runs one command; true when the connection closes after it.
+    fn run(&mut self, argv: &[Bytes], out: &mut BytesMut) -> bool {
+        let name = argv[0].to_ascii_lowercase();
+        // Harness commands (not server commands): move time, as the ticker would see it.
+        if name == b"fuzz.advance" {
+            let ms = argv
+                .get(1)
+                .and_then(|a| std::str::from_utf8(a).ok())
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(1000)
+                .min(MAX_ADVANCE_MS);
+            self.clock.advance(ms);
+            self.engine.tick();
+            self.check_invariants("FUZZ.ADVANCE");
+            return false;
+        }
+        if name == b"fuzz.autorelease" {
+            return false; // only meaningful first; see auto_release_requested
+        }
+        let mut ctx = Ctx {
+            engine: &self.engine,
+            conn: &mut self.conn,
+            shared: &self.shared,
+        };
+        let o = cmd::dispatch(&mut ctx, argv);
+        assert!(
+            o.lsn <= self.sink.records(),
+            "reply waits for LSN {} but only {} records were logged",
+            o.lsn,
+            self.sink.records()
+        );
+        o.reply.encode(self.conn.proto, out);
+        assert!(!out.is_empty(), "empty reply");
+        if tracing() {
+            let args: Vec<_> = argv.iter().map(|a| String::from_utf8_lossy(a)).collect();
+            eprintln!(
+                "> {args:?}\n< {}",
+                String::from_utf8_lossy(out).escape_debug()
+            );
+        }
+        self.check_invariants(&String::from_utf8_lossy(&argv[0]));
+        o.close
+    }
+
+    /// Stock conservation, checked after every command.
+    fn check_invariants(&self, after: &str) {
+        for sku in self.engine.list_sales() {
+            let v = match self.engine.sale_info(&sku) {
+                Ok(v) => v,
+                Err(e) => panic!("after {after}: listed sale {sku:?} has no info: {e}"),
+            };
+            for (i, a) in v.shard_available.iter().enumerate() {
+                assert!(
+                    *a >= 0,
+                    "after {after}: shard {i} of {sku} is negative: {v:?}"
+                );
+            }
+            assert_eq!(
+                v.available,
+                v.shard_available.iter().sum::<i64>(),
+                "after {after}: available is not the sum of the shards: {v:?}"
+            );
+            assert_eq!(
+                v.shard_available.len(),
+                v.params.shards.max(1) as usize,
+                "after {after}: shard count: {v:?}"
+            );
+            if v.state != SaleState::Fenced {
+                assert_eq!(
+                    v.available as i128 + v.reserved as i128 + v.committed as i128,
+                    v.total as i128,
+                    "after {after}: available + reserved + committed != total: {v:?}"
+                );
+            }
+            assert_eq!(
+                self.engine.stock(&sku).ok(),
+                Some(v.available),
+                "after {after}: STOCK disagrees with SALE.INFO for {sku}"
+            );
+        }
+    }
+
+    fn snapshot(engine: &Engine) -> Snapshot {
+        normalized(engine.snapshot_with(|| ()).0)
+    }
+
+    /// The state survives a snapshot file round trip, a snapshot load into a fresh engine,
+    /// and recovery (newest SAVE snapshot, if any, plus the log after it).
+    fn check_durable_state(&self) {
+        let live = Self::snapshot(&self.engine);
+        for s in &live.sales {
+            let pending: u64 = live
+                .reservations
+                .iter()
+                .filter(|r| r.sku == s.sku && r.state == ResState::Reserved)
+                .map(|r| u64::from(r.qty))
+                .sum();
+            assert_eq!(
+                s.reserved, pending,
+                "sale {} counts {} reserved units, its RESERVED reservations hold {pending}",
+                s.sku, s.reserved
+            );
+        }
+        for r in &live.reservations {
+            assert!(
+                live.sales.iter().any(|s| s.sku == r.sku),
+                "reservation {} of unknown sale {}",
+                r.token,
+                r.sku
+            );
+            assert_eq!(
+                r.token,
+                reservation_token(&r.sku, &r.user, &r.request_id),
+                "reservation token not derived from its request"
+            );
+            assert_eq!(
+                r.state == ResState::Reserved,
+                r.finished_at_ms == 0,
+                "finished_at of {r:?}"
+            );
+        }
+
+        let lsn = self.sink.records();
+        let bytes = encode_snapshot(&live, lsn);
+        match decode_snapshot(&bytes) {
+            Ok((l, back)) => {
+                assert_eq!(l, lsn, "snapshot LSN round trip");
+                assert_eq!(back, live, "snapshot file round trip changed the state");
+            }
+            Err(e) => panic!("a snapshot the server wrote does not decode: {e:?}"),
+        }
+
+        let loaded = self.fresh_engine();
+        loaded.load_snapshot(&live);
+        assert_eq!(
+            Self::snapshot(&loaded),
+            live,
+            "loading a snapshot into a fresh engine changed the state"
+        );
+
+        let replayed = self.fresh_engine();
+        let log = lock(&self.sink.log).clone();
+        let mut at = 0;
+        if let Some((snap_bytes, cut)) = lock(&self.durability.saved).clone() {
+            match decode_snapshot(&snap_bytes) {
+                Ok((_, s)) => replayed.load_snapshot(&s),
+                Err(e) => panic!("a SAVE snapshot does not decode: {e:?}"),
+            }
+            at = cut;
+        }
+        while at < log.len() {
+            match decode_record(&log[at..]) {
+                Ok((ev, used)) => {
+                    replayed.apply(&ev);
+                    at += used;
+                }
+                Err(e) => panic!("the log does not decode at byte {at}: {e}"),
+            }
+        }
+        assert_eq!(
+            Self::snapshot(&replayed),
+            live,
+            "recovery (snapshot + log replay) does not rebuild the live state"
+        );
+    }
+}
+
+/// Sales and reservations in a canonical order (the engine's maps have none).
+fn normalized(mut s: Snapshot) -> Snapshot {
+    s.sales.sort_by(|a, b| a.sku.cmp(&b.sku));
+    s.reservations.sort_by(|a, b| a.token.cmp(&b.token));
+    s
+}
+
+/// `FUZZ.AUTORELEASE` as the first command: the engine releases expired reservations itself.
+fn auto_release_requested(data: &[u8]) -> bool {
+    let mut b = BytesMut::from(data);
+    matches!(parse_command(&mut b, &limits()),
+        Ok(Parsed::Command(a)) if a.len() == 1 && a[0].eq_ignore_ascii_case(b"fuzz.autorelease"))
+}
+
+/// Everything one client sent, parsed with the buffer fed in `step`-byte reads: the
+/// commands, and the protocol error that closed the connection, if any.
+fn parse_fed(data: &[u8], step: usize) -> (Vec<Vec<Bytes>>, Option<ProtocolError>) {
+    let limits = limits();
+    let mut buf = BytesMut::new();
+    let mut fed = 0;
+    let mut cmds = Vec::new();
+    loop {
+        let before = buf.len();
+        match parse_command(&mut buf, &limits) {
+            Ok(Parsed::Command(a)) => {
+                assert!(buf.len() < before, "a command consumed no bytes");
+                assert!(a.len() <= limits.max_args, "more arguments than max_args");
+                for arg in &a {
+                    assert!(arg.len() <= limits.max_bulk.max(limits.max_inline));
+                }
+                cmds.push(a);
+            }
+            Ok(Parsed::Incomplete) => {
+                assert_eq!(buf.len(), before, "Incomplete consumed bytes");
+                if fed == data.len() {
+                    return (cmds, None);
+                }
+                let n = step.min(data.len() - fed);
+                buf.extend_from_slice(&data[fed..fed + n]);
+                fed += n;
+            }
+            Err(e) => return (cmds, Some(e)),
+        }
+    }
+}
+
+/// Fuzz target `resp_frame`: RESP framing, command parsing and application together.
+pub fn resp_frame(data: &[u8]) {
+    // Framing does not depend on how the bytes are split into reads.
+    let whole = parse_fed(data, data.len().max(1));
+    let step = 1 + data.len() % 11;
+    assert_eq!(
+        parse_fed(data, step),
+        whole,
+        "parsing in {step}-byte reads differs from parsing all at once"
+    );
+
+    let mut h = Harness::new(auto_release_requested(data));
+    let limits = limits();
+    let mut buf = BytesMut::from(data);
+    let mut out = BytesMut::new();
+    loop {
+        match parse_command(&mut buf, &limits) {
+            Ok(Parsed::Command(argv)) => {
+                if argv.is_empty() {
+                    continue;
+                }
+                out.clear();
+                if h.run(&argv, &mut out) {
+                    break;
+                }
+            }
+            Ok(Parsed::Incomplete) => break,
+            Err(e) => {
+                out.clear();
+                Reply::err(format!("ERR {e}")).encode(h.conn.proto, &mut out);
+                break;
+            }
+        }
+    }
+    h.check_durable_state();
+}
+
+// ----- admission_token -------------------------------------------------------------------
+
+/// Fuzz target `admission_token`: input is `token \n sku \n user \n keyring-text`.
+pub fn admission_token(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let mut lines = text.splitn(4, '\n');
+    let token = lines.next().unwrap_or("");
+    let sku = lines.next().unwrap_or("");
+    let user = lines.next().unwrap_or("");
+    let rest = lines.next().unwrap_or("");
+    let (ring, rkey) = keys();
+
+    let verdict = ring.verify(token, sku, user);
+    assert_eq!(verdict, ring.verify(token, sku, user), "verify is not pure");
+    if verdict.is_ok() {
+        // Bound to exactly this sku and user.
+        assert_eq!(
+            ring.verify(token, &format!("{sku}x"), user),
+            Err(Denied::WrongSku)
+        );
+        assert_eq!(
+            ring.verify(token, sku, &format!("{user}x")),
+            Err(Denied::WrongUser)
+        );
+        // A token that verifies is ASCII (base64url and a dot); change one character and
+        // it must not verify any more.
+        assert!(token.is_ascii(), "a verified token is not ASCII: {token:?}");
+        let mut t = token.as_bytes().to_vec();
+        let i = data.len() % t.len();
+        t[i] = if t[i] == b'A' { b'B' } else { b'A' };
+        let t = String::from_utf8_lossy(&t).into_owned();
+        assert!(
+            ring.verify(&t, sku, user).is_err(),
+            "a token with byte {i} changed still verifies: {t:?}"
+        );
+    }
+
+    // Whatever the sku and user, a token minted for them verifies exactly when its
+    // fields cannot be confused (no `|`) and it fits the size limit.
+    let exp = (data.len() as u64).wrapping_mul(1_000_003);
+    let plain = !sku.contains('|') && !user.contains('|');
+    for (minted, want) in [
+        (ring.mint(sku, user, exp), Ok(exp)),
+        (
+            token::mint_admission_token(&OLD_SECRET, "old", sku, user, exp),
+            Ok(exp),
+        ),
+        (
+            token::mint_admission_token(&OLD_SECRET, "fz", sku, user, exp),
+            Err(Denied::BadSignature),
+        ),
+        (
+            token::mint_admission_token(&SIGNING_SECRET, "nokey", sku, user, exp),
+            Err(Denied::UnknownKey),
+        ),
+    ] {
+        let got = ring.verify(&minted, sku, user);
+        if plain && minted.len() <= 1024 {
+            assert_eq!(got, want, "minted for {sku:?}/{user:?}: {minted}");
+        } else {
+            assert!(
+                got.is_err(),
+                "minted for {sku:?}/{user:?} verifies: {minted}"
+            );
+        }
+    }
+
+    // Secret files.
+    for t in [rest, &*text] {
+        if let Ok(k) = Keyring::parse(t) {
+            let kid = k.signing_kid().to_string();
+            assert!(ident::valid_sku(kid.as_bytes()), "kid {kid:?} accepted");
+            let m = k.mint("SKU-1", "alice", 5);
+            assert_eq!(k.verify(&m, "SKU-1", "alice"), Ok(5));
+            let _ = format!("{k:?}");
+        }
+    }
+
+    // Reservation key files and reservation tokens.
+    if let Ok(k) = ReservationKey::from_file_bytes(data) {
+        let fp = k.fingerprint();
+        assert_eq!(fp.len(), 16);
+        assert!(fp.bytes().all(|b| b.is_ascii_hexdigit()));
+        let t = k.derive(sku, user, "req-1");
+        assert_eq!(t, k.derive(sku, user, "req-1"), "derive is not pure");
+        if ident::valid_sku(sku.as_bytes()) {
+            assert_eq!(token::token_sku(&t), Some(sku));
+        }
+    }
+    for s in [token, sku, user] {
+        if let Some(tsku) = token::token_sku(s) {
+            assert!(ident::valid_sku(tsku.as_bytes()));
+            assert_eq!(s.len(), tsku.len() + 2 + 26);
+            assert!(s.starts_with(&format!("{{{tsku}}}")));
+        }
+        if let Some(b) = token::hex_decode(s) {
+            assert_eq!(token::hex_encode(&b), s.to_ascii_lowercase());
+        }
+    }
+    let t = rkey.derive(sku, user, token);
+    if ident::valid_sku(sku.as_bytes()) {
+        assert_eq!(token::token_sku(&t), Some(sku));
+    }
+    let b32 = token::base32_lower(data);
+    assert_eq!(b32.len(), (data.len() * 8).div_ceil(5));
+}
+
+// ----- wal_record ------------------------------------------------------------------------
+
+/// CRC-32C (Castagnoli), bitwise: the fuzz and test crates do not depend on `crc32c`.
+pub fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0x82F6_3B78 & (crc & 1).wrapping_neg());
+        }
+    }
+    !crc
+}
+
+/// `payload` framed as a WAL record (length, CRC, payload).
+pub fn frame_record(payload: &[u8]) -> Vec<u8> {
+    let mut rec = (payload.len() as u32).to_le_bytes().to_vec();
+    rec.extend_from_slice(&crc32c(payload).to_le_bytes());
+    rec.extend_from_slice(payload);
+    rec
+}
+
+/// `payload` framed as a snapshot file (magic, length, CRC, payload).
+pub fn frame_snapshot(payload: &[u8]) -> Vec<u8> {
+    let mut f = SNAPSHOT_MAGIC.to_vec();
+    f.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    f.extend_from_slice(&crc32c(payload).to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+fn check_snapshot(bytes: &[u8]) {
+    if let Ok((lsn, snap)) = decode_snapshot(bytes) {
+        assert_eq!(
+            encode_snapshot(&snap, lsn),
+            bytes,
+            "a decoded snapshot does not re-encode to its bytes"
+        );
+    }
+}
+
+/// Fuzz target `wal_record`: WAL record, payload and snapshot decoding.
+pub fn wal_record(data: &[u8]) {
+    // A record, then the records after it, as recovery scans a segment.
+    let mut at = 0;
+    while at < data.len() {
+        match decode_record(&data[at..]) {
+            Ok((ev, used)) => {
+                assert!(used > 8 && used <= data.len() - at, "record length {used}");
+                let mut again = Vec::new();
+                if let Err(e) = encode_record(&ev, &mut again) {
+                    panic!("a decoded event does not encode: {e}");
+                }
+                assert_eq!(
+                    again,
+                    &data[at..at + used],
+                    "a decoded record does not re-encode to its bytes"
+                );
+                at += used;
+            }
+            Err(_) => break,
+        }
+    }
+
+    // The payload decoder on its own (random bytes rarely pass a CRC)...
+    let payload = decode_payload(data);
+    if let Ok(ev) = &payload {
+        let mut again = Vec::new();
+        encode_payload(&ev.as_ref(), &mut again);
+        assert_eq!(
+            again, data,
+            "a decoded payload does not re-encode to its bytes"
+        );
+    }
+    // ...and framed with a correct CRC: the record decoder must agree with it.
+    if (2..=MAX_PAYLOAD).contains(&data.len()) {
+        let framed = frame_record(data);
+        match decode_record(&framed) {
+            Ok((ev, used)) => {
+                assert_eq!(used, framed.len());
+                assert_eq!(
+                    Ok(&ev),
+                    payload.as_ref(),
+                    "record and payload decoders differ"
+                );
+            }
+            Err(RecordError::Payload(e)) => assert_eq!(
+                payload.as_ref().err(),
+                Some(&e),
+                "record and payload decoders differ"
+            ),
+            Err(e) => panic!("a correctly framed record is refused: {e}"),
+        }
+    }
+
+    // Snapshot files, as they are and with a correct header around the bytes.
+    check_snapshot(data);
+    check_snapshot(&frame_snapshot(data));
+
+    // Segment and snapshot file names.
+    if let Ok(name) = std::str::from_utf8(data) {
+        if let Some(lsn) = parse_segment_name(name) {
+            assert_eq!(parse_segment_name(&segment_file_name(lsn)), Some(lsn));
+        }
+        if let Some(lsn) = parse_snapshot_name(name) {
+            assert_eq!(parse_snapshot_name(&snapshot_file_name(lsn)), Some(lsn));
+        }
+    }
+}
+
+// ----- seed corpus -----------------------------------------------------------------------
+
+/// A command as a RESP array of bulk strings.
+pub fn resp(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+fn pipeline(cmds: &[&[&str]]) -> Vec<u8> {
+    cmds.iter().flat_map(|c| resp(c)).collect()
+}
+
+/// The seed corpus: `(target, file name, bytes)`. `tests/fuzz_corpus_replay.rs` checks
+/// that `fuzz/corpus/` holds exactly these (and rewrites them when asked to).
+pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
+    let mut seeds: Vec<(&'static str, String, Vec<u8>)> = Vec::new();
+    let mut add = |t: &'static str, name: &str, b: Vec<u8>| {
+        seeds.push((t, format!("seed-{name}"), b));
+    };
+
+    // resp_frame
+    let a_alice = admission("SKU-1", "alice");
+    let a_bob = admission("SKU-1", "bob");
+    let t1 = reservation_token("SKU-1", "alice", "req-1");
+    let t2 = reservation_token("SKU-1", "alice", "req-2");
+    let tb = reservation_token("SKU-1", "bob", "req-9");
+    let fp = key_fingerprint();
+    let exp = (START_MS + 600_000).to_string();
+    let created = START_MS.to_string();
+    add("resp_frame", "ping-inline", b"PING\r\n".to_vec());
+    add(
+        "resp_frame",
+        "inline-quotes",
+        b"ECHO \"a b\\n\"\r\n  ping  'c d' \nSALE.LIST\necho \"x\"y\n".to_vec(),
+    );
+    add(
+        "resp_frame",
+        "reserve-commit",
+        pipeline(&[
+            &[
+                "SALE.CREATE",
+                "SKU-1",
+                "10",
+                "SHARDS",
+                "2",
+                "TTL",
+                "5000",
+                "LIMIT",
+                "2",
+            ],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+            &["STOCK", "SKU-1"],
+            &["RESERVATION", &t1],
+            &["COMMIT", &t1],
+            &["COMMIT", &t1],
+            &["SALE.INFO", "SKU-1"],
+        ]),
+    );
+    add(
+        "resp_frame",
+        "expire-release",
+        pipeline(&[
+            &["SALE.CREATE", "SKU-1", "3", "SHARDS", "1", "TTL", "1000"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1", "QTY", "2"],
+            &["FUZZ.ADVANCE", "2000"],
+            &["EXPIRED", "COUNT", "10", "SKU", "SKU-1"],
+            &["RELEASE", &t1],
+            &["RELEASE", &t1],
+            &["COMMIT", &t1],
+            &["FUZZ.ADVANCE", "90000000"],
+            &["RESERVATION", &t1],
+            &["DBSIZE"],
+        ]),
+    );
+    add(
+        "resp_frame",
+        "limit-soldout",
+        pipeline(&[
+            &["SALE.CREATE", "SKU-1", "2", "SHARDS", "4", "LIMIT", "1"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-2"],
+            &["RESERVE", "SKU-1", "bob", &a_bob, "req-9", "QTY", "5"],
+            &["RESERVE", "SKU-1", "bob", &a_bob, "req-9"],
+            &["RESERVE", "SKU-1", "bob", &a_alice, "req-3"],
+            &["RELEASE", &t1],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-2"],
+            &["RESERVATION", &t2],
+        ]),
+    );
+    add(
+        "resp_frame",
+        "extend",
+        pipeline(&[
+            &["SALE.CREATE", "SKU-1", "5", "TTL", "1000"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+            &["EXTEND", &t1, "60000"],
+            &["FUZZ.ADVANCE", "30000"],
+            &["EXTEND", &t1, "10"],
+            &["FUZZ.ADVANCE", "20"],
+            &["EXTEND", &t1, "10"],
+            &["EXPIRED"],
+        ]),
+    );
+    add(
+        "resp_frame",
+        "fence-restore-rebuild",
+        pipeline(&[
+            &["SALE.CREATE", "SKU-1", "10", "SHARDS", "2"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+            &["SAVE"],
+            &["SALE.FENCE", "SKU-1"],
+            &["RESERVE", "SKU-1", "bob", &a_bob, "req-9"],
+            &["SALE.RESTORE", "SKU-1", "bob", "req-9", "1", &exp, &created],
+            &["SALE.RESTORE", "SKU-1", "bob", "req-9", "1", &exp, &created],
+            &["SALE.REBUILD", "SKU-1", "10", "1", "0000000000000000"],
+            &["SALE.REBUILD", "SKU-1", "10", "1", &fp],
+            &["RESERVATION", &tb],
+            &["SALE.ADJUST", "SKU-1", "5"],
+            &["SALE.ADJUST", "SKU-1", "-3"],
+            &["SALE.ADJUST", "SKU-1", "-1000"],
+            &["RELEASE", &tb],
+            &["SALE.INFO", "SKU-1"],
+        ]),
+    );
+    add(
+        "resp_frame",
+        "fence-unknown",
+        pipeline(&[
+            &[
+                "SALE.FENCE",
+                "LOST-1",
+                "TOTAL",
+                "5",
+                "SHARDS",
+                "3",
+                "TTL",
+                "9000",
+                "LIMIT",
+                "1",
+            ],
+            &["SALE.INFO", "LOST-1"],
+            &["SALE.PAUSE", "LOST-1"],
+            &["SALE.REBUILD", "LOST-1", "5", "2", &fp],
+            &["STOCK", "LOST-1"],
+        ]),
+    );
+    add(
+        "resp_frame",
+        "pause-resume",
+        pipeline(&[
+            &["SALE.CREATE", "SKU-1", "4"],
+            &["SALE.CREATE", "SKU-1", "4"],
+            &["SALE.CREATE", "SKU-1", "5"],
+            &["SALE.PAUSE", "SKU-1"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+            &["SALE.RESUME", "SKU-1"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+            &["SALE.LIST"],
+        ]),
+    );
+    add(
+        "resp_frame",
+        "connection",
+        pipeline(&[
+            &["HELLO", "3"],
+            &["CLIENT", "SETNAME", "fuzz"],
+            &["CLIENT", "INFO"],
+            &["PING", "hi"],
+            &["ECHO", "x"],
+            &["INFO"],
+            &["CONFIG", "GET", "max*"],
+            &["COMMAND", "COUNT"],
+            &["SELECT", "0"],
+            &["TIME"],
+            &["SALE.CREATE", "SKU-1", "1", "SHARDS", "1"],
+            &["RESET"],
+            &["STOCK", "SKU-1"],
+            &["AUTH", "checkout", "wrong"],
+            &["AUTH", "checkout", "checkoutpw"],
+            &["SALE.CREATE", "SKU-2", "1"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+            &["QUIT"],
+            &["PING"],
+        ]),
+    );
+    add(
+        "resp_frame",
+        "autorelease",
+        pipeline(&[
+            &["FUZZ.AUTORELEASE"],
+            &["SALE.CREATE", "SKU-1", "2", "SHARDS", "1", "TTL", "100"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+            &["FUZZ.ADVANCE", "200"],
+            &["STOCK", "SKU-1"],
+            &["FUZZ.ADVANCE", "86400000"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+        ]),
+    );
+    add(
+        "resp_frame",
+        "bad-args",
+        pipeline(&[
+            &["SALE.CREATE", "SKU-1", "-1"],
+            &["SALE.CREATE", "bad sku", "1"],
+            &["SALE.CREATE", "SKU-1", "1", "SHARDS", "0"],
+            &["RESERVE", "SKU-1", "alice", "garbage", "req-1"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1", "QTY", "0"],
+            &["EXTEND", "nope", "1"],
+            &["EXPIRED", "COUNT", "-5"],
+            &["NOSUCHCOMMAND"],
+            &[],
+        ]),
+    );
+    add("resp_frame", "bulk-too-big", b"*1\r\n$99999\r\n".to_vec());
+    add(
+        "resp_frame",
+        "partial",
+        b"*2\r\n$4\r\nECHO\r\n$5\r\nhel".to_vec(),
+    );
+
+    // admission_token: token \n sku \n user \n keyring text
+    let ring = &keys().0;
+    let line =
+        |t: &str, s: &str, u: &str, rest: &str| format!("{t}\n{s}\n{u}\n{rest}").into_bytes();
+    add(
+        "admission_token",
+        "valid",
+        line(&a_alice, "SKU-1", "alice", ""),
+    );
+    add(
+        "admission_token",
+        "wrong-user",
+        line(&a_alice, "SKU-1", "bob", ""),
+    );
+    add(
+        "admission_token",
+        "old-key",
+        line(
+            &token::mint_admission_token(&OLD_SECRET, "old", "S", "u", 5),
+            "S",
+            "u",
+            "",
+        ),
+    );
+    add(
+        "admission_token",
+        "expired-with-keyring",
+        line(
+            &ring.mint("SKU-9", "zoe", 1),
+            "SKU-9",
+            "zoe",
+            &keyring_text(),
+        ),
+    );
+    add(
+        "admission_token",
+        "malformed",
+        line("a.b.c", "SKU-1", "alice", "k1 zz\nk2\n"),
+    );
+    add(
+        "admission_token",
+        "reservation-key-hex",
+        format!("{}\n", token::hex_encode(&RESERVATION_SECRET)).into_bytes(),
+    );
+    add(
+        "admission_token",
+        "reservation-token",
+        line(&t1, "SKU-1", "alice", "").to_vec(),
+    );
+
+    // wal_record: records, payloads and snapshots
+    let mut all = Vec::new();
+    for (i, ev) in sample_events().iter().enumerate() {
+        let mut rec = Vec::new();
+        encode_record(ev, &mut rec).expect("sample event encodes");
+        all.extend_from_slice(&rec);
+        add("wal_record", &format!("record-{i:02}"), rec);
+    }
+    add("wal_record", "records-all", all);
+    let mut payload = Vec::new();
+    encode_payload(&sample_events()[3].as_ref(), &mut payload);
+    add("wal_record", "payload-reserved", payload);
+    let snap = scenario_snapshot();
+    let file = encode_snapshot(&snap, 42);
+    add("wal_record", "snapshot-payload", file[20..].to_vec());
+    add("wal_record", "snapshot", file);
+    add(
+        "wal_record",
+        "segment-name",
+        segment_file_name(17).into_bytes(),
+    );
+    seeds
+}
+
+fn sample_events() -> Vec<Event> {
+    use stockgate_server::engine::SaleParams;
+    let token = reservation_token("SKU-1", "alice", "req-1");
+    vec![
+        Event::SaleCreated {
+            sku: "SKU-1".into(),
+            params: SaleParams {
+                total: 1000,
+                shards: 16,
+                ttl_ms: 630_000,
+                limit: 2,
+            },
+            at_ms: START_MS,
+        },
+        Event::SaleAdjusted {
+            sku: "SKU-1".into(),
+            shard_deltas: vec![1, -1, 0, i64::MIN, i64::MAX],
+        },
+        Event::SaleStateSet {
+            sku: "SKU-1".into(),
+            state: SaleState::Paused,
+        },
+        Event::Reserved {
+            token: token.clone(),
+            sku: "SKU-1".into(),
+            user: "alice".into(),
+            request_id: "req-1".into(),
+            qty: 1,
+            shard: 7,
+            expires_at_ms: START_MS + 630_000,
+            created_at_ms: START_MS,
+        },
+        Event::Released {
+            token: token.clone(),
+            at_ms: START_MS + 5,
+        },
+        Event::Committed {
+            token: token.clone(),
+            at_ms: u64::MAX,
+        },
+        Event::Extended {
+            token: token.clone(),
+            expires_at_ms: START_MS + 1_000_000,
+        },
+        Event::Purged { token },
+        Event::SaleRebuilt {
+            sku: "SKU-1".into(),
+            total: 100,
+            committed: 40,
+            shard_available: vec![30, 30, 0, 0],
+        },
+    ]
+}
+
+/// The state after a small scenario: committed, released and pending reservations, and a
+/// fenced sale.
+fn scenario_snapshot() -> Snapshot {
+    let mut h = Harness::new(false);
+    let a = admission("SKU-1", "alice");
+    let t1 = reservation_token("SKU-1", "alice", "req-1");
+    let t2 = reservation_token("SKU-1", "alice", "req-2");
+    let mut out = BytesMut::new();
+    for c in [
+        vec!["SALE.CREATE", "SKU-1", "10", "SHARDS", "2"],
+        vec!["RESERVE", "SKU-1", "alice", &a, "req-1"],
+        vec!["RESERVE", "SKU-1", "alice", &a, "req-2"],
+        vec!["RESERVE", "SKU-1", "alice", &a, "req-3", "QTY", "2"],
+        vec!["COMMIT", &t1],
+        vec!["RELEASE", &t2],
+        vec!["SALE.FENCE", "SKU-2", "TOTAL", "3"],
+    ] {
+        let argv: Vec<Bytes> = c
+            .iter()
+            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+            .collect();
+        h.run(&argv, &mut out);
+    }
+    Harness::snapshot(&h.engine)
+}
