@@ -1,10 +1,5 @@
 //! Admission tokens (PROTOCOL.md, "Admission token"): minted by the waiting room, verified
-//! by the server. Kept here so the client crate is usable without the server crate.
-
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+//! by the server.
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -17,30 +12,9 @@ pub enum TokenError {
 }
 
 /// `base64url(payload) "." base64url(HMAC-SHA256(secret, payload))` with
-/// `payload = "v1|" kid "|" sku "|" user "|" expires_at_ms`.
-pub fn mint_admission_token(
-    secret: &[u8],
-    kid: &str,
-    sku: &str,
-    user: &str,
-    expires_at_ms: u64,
-) -> String {
-    let payload = format!("v1|{kid}|{sku}|{user}|{expires_at_ms}");
-    // HMAC accepts keys of any length, so new_from_slice cannot fail here; fall back to an
-    // unsigned token (which the server refuses) rather than panic.
-    let sig = match Hmac::<Sha256>::new_from_slice(secret) {
-        Ok(mut mac) => {
-            mac.update(payload.as_bytes());
-            mac.finalize().into_bytes().to_vec()
-        }
-        Err(_) => Vec::new(),
-    };
-    format!(
-        "{}.{}",
-        URL_SAFE_NO_PAD.encode(payload.as_bytes()),
-        URL_SAFE_NO_PAD.encode(sig)
-    )
-}
+/// `payload = "v1|" kid "|" sku "|" user "|" expires_at_ms`: the server crate's own minting,
+/// so the client and the server can never disagree on the format.
+pub use stockgate_server::engine::token::mint_admission_token;
 
 /// Decode a hex secret (whitespace trimmed), at least 32 bytes.
 pub fn parse_secret_hex(hex: &str) -> Result<Vec<u8>, TokenError> {
@@ -102,6 +76,8 @@ pub fn sku_of_reservation_token(token: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
 
     #[test]
     fn token_shape() {
