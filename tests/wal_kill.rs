@@ -10,7 +10,8 @@
 //!   acknowledged state or the one a sent-but-unanswered RELEASE/COMMIT asked for;
 //! - a RESERVE sent without a reply is either absent or RESERVED with its own fields; an
 //!   absent one can be reserved afresh (nothing half-remembered it);
-//! - for every sale `available + reserved + committed == total`, no shard below zero, and
+//! - for every sale `available + reserved + committed == total`, no shard below zero, no
+//!   user above the per-user limit, and
 //!   `reserved`/`committed` equal exactly the units of the reservations the server holds
 //!   in that state (every RESERVE ever sent is known, so this is provable), `DBSIZE` equals
 //!   the number of reservations known: nothing phantom;
@@ -660,6 +661,21 @@ async fn sale_infos(c: &mut MultiplexedConnection, m: &Model) -> Vec<(i64, i64, 
             committed, want_c,
             "{sku}: committed units differ from the COMMITTED reservations held"
         );
+        if spec.limit > 0 {
+            let mut held: HashMap<&str, i64> = HashMap::new();
+            for r in m.known.values().filter(|r| r.sale == i) {
+                if r.acked != St::Released {
+                    *held.entry(&r.user).or_default() += r.qty;
+                }
+            }
+            for (user, units) in held {
+                assert!(
+                    units <= spec.limit as i64,
+                    "{sku}: {user} holds {units} units, limit {}",
+                    spec.limit
+                );
+            }
+        }
         out.push((available, reserved, committed));
     }
     out
