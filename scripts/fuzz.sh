@@ -6,11 +6,14 @@
 # On a shared machine: `nice -n 19 scripts/fuzz.sh resp_frame 600`.
 #
 # Toolchain. The project's machines have stable Rust only, and no nightly can be fetched.
-# cargo-fuzz passes nightly-only rustc flags (`-Zsanitizer=address`, and on some versions
-# `-Zsanitizer-coverage...`/`-Zbuild-std` when asked), so the build runs with
-# RUSTC_BOOTSTRAP=1, which makes stable rustc accept -Z flags; stable's rust-std ships the
-# ASan runtime (librustc-stable_rt.asan.a), so AddressSanitizer works as on nightly. The
-# coverage instrumentation itself (`-Cpasses=sancov-module`, `-Cllvm-args=...`) is stable.
+# What works (cargo-fuzz 0.13.2, rustc 1.95): the coverage instrumentation cargo-fuzz asks
+# for (`-Cpasses=sancov-module`, `-Cllvm-args=-sanitizer-coverage-...`, `--cfg fuzzing`)
+# is stable, so `--sanitizer none` builds on plain stable. `--sanitizer address` makes
+# cargo-fuzz pass `-Zsanitizer=address`, which stable rustc accepts only with
+# RUSTC_BOOTSTRAP=1; stable's rust-std ships the ASan runtime
+# (librustc-stable_rt.asan.a), so ASan then works as on nightly. The script always sets
+# RUSTC_BOOTSTRAP=1 (changing it between builds would make cargo rebuild everything).
+# Not usable here: `--sanitizer memory` and `--build-std` (need the rust-src component).
 #
 # Sanitizer: SANITIZER=address|none overrides the per-target default. wal_record and
 # admission_token run under ASan (decoders sizing buffers from untrusted lengths are
@@ -52,7 +55,7 @@ esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root/fuzz"
 if ! cargo fuzz --version >/dev/null 2>&1; then
-    cargo install cargo-fuzz --locked
+    cargo install cargo-fuzz --version 0.13.2 --locked
 fi
 export RUSTC_BOOTSTRAP=1
 sanitizer=${SANITIZER:-$default_sanitizer}

@@ -116,6 +116,9 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<(Lsn, Snapshot), SnapshotError> {
     })
 }
 
+/// Largest up-front reservation of entries while decoding a snapshot.
+const PREALLOC_CAP: usize = 1 << 16;
+
 fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
     let version = r.u8("version")?;
     if version != SNAPSHOT_VERSION {
@@ -123,7 +126,9 @@ fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
     }
     let lsn = r.u64("lsn")?;
     let n = r.count("sales")?;
-    let mut sales = Vec::with_capacity(n);
+    // The count is bounded by the bytes left, but an entry is ~10x larger in memory than
+    // its smallest encoding: reserve modestly and let the vector grow with real entries.
+    let mut sales = Vec::with_capacity(n.min(PREALLOC_CAP));
     for _ in 0..n {
         sales.push(SaleView {
             sku: r.string("sku")?,
@@ -137,7 +142,7 @@ fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
         });
     }
     let n = r.count("reservations")?;
-    let mut reservations = Vec::with_capacity(n);
+    let mut reservations = Vec::with_capacity(n.min(PREALLOC_CAP));
     for _ in 0..n {
         reservations.push(ReservationView {
             token: r.string("token")?,
