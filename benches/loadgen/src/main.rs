@@ -299,9 +299,12 @@ async fn run(args: Args) -> Result<bool> {
             None => PathBuf::from("redis-server"),
         },
     };
+    // Targets run with their scratch dir as working directory: make paths absolute
+    // (without resolving symlinks: redis-server is a link whose name picks its mode).
+    let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
     let tools = Tools {
-        stockgate,
-        redis_server,
+        stockgate: absolute(stockgate),
+        redis_server: absolute(redis_server),
         start_timeout: Duration::from_secs(args.start_timeout),
     };
 
