@@ -15,7 +15,7 @@ use stockgate_client::pgtemp::{PgOptions, TempPostgres};
 
 use crate::proc::{free_port, ChildGuard, TempDir};
 use crate::resp::{encode, Reply, RespConn};
-use crate::token::{fnv1a, hex, mint_admission, reservation_token};
+use crate::token::{fnv1a, hex, mint_admission, ReservationKey};
 
 pub const RESERVE_LUA: &str = include_str!("../../lua/reserve.lua");
 pub const RELEASE_LUA: &str = include_str!("../../lua/release.lua");
@@ -363,7 +363,8 @@ pub struct Plan {
     /// stockgate: one admission token per buyer.
     admission: Vec<String>,
     /// Redis: the harness derives reservation tokens as the application would.
-    res_key: [u8; 32],
+    /// Derives reservation tokens the way stockgate does (the application's job here).
+    res_key: ReservationKey,
     sha_reserve: String,
     expiry_secs: String,
     stock_key: String,
@@ -395,7 +396,7 @@ pub async fn prepare(kind: TargetKind, server: &Server, sale: SaleSpec) -> Resul
         sale: sale.clone(),
         users,
         admission: Vec::new(),
-        res_key: rand::random(),
+        res_key: ReservationKey::from_bytes(&rand::random()),
         sha_reserve: String::new(),
         expiry_secs: (now.as_secs() + TTL_SECS).to_string(),
         stock_key: format!("{{{shard_tag}}}:stock"),
@@ -530,7 +531,7 @@ impl Plan {
                 );
             }
             Family::Redis if self.kind == TargetKind::RedisPerUser => {
-                let token = reservation_token(&self.res_key, &self.sale.sku, user, req_id);
+                let token = self.res_key.derive(&self.sale.sku, user, req_id);
                 let user_key = format!("{}{user}", self.user_prefix);
                 encode(
                     buf,
@@ -547,7 +548,7 @@ impl Plan {
                 );
             }
             Family::Redis => {
-                let token = reservation_token(&self.res_key, &self.sale.sku, user, req_id);
+                let token = self.res_key.derive(&self.sale.sku, user, req_id);
                 let res_key = format!("{}{token}", self.res_prefix);
                 encode(
                     buf,
