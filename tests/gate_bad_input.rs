@@ -39,9 +39,15 @@ async fn hostile_bytes() {
     let r = raw(&addr, b"*2\r\n$3\r\nfoo\r\n:12\r\n");
     assert!(r.starts_with("-ERR Protocol error"), "{r}");
     let r = raw(&addr, b"*1\r\n$2147483648\r\n");
-    assert!(r.starts_with("-ERR Protocol error: invalid bulk length"), "{r}");
+    assert!(
+        r.starts_with("-ERR Protocol error: invalid bulk length"),
+        "{r}"
+    );
     let r = raw(&addr, b"*100000\r\n");
-    assert!(r.starts_with("-ERR Protocol error: invalid multibulk length"), "{r}");
+    assert!(
+        r.starts_with("-ERR Protocol error: invalid multibulk length"),
+        "{r}"
+    );
     let r = raw(&addr, b"*-5\r\n*3\r\n$1\r\n");
     assert!(r.is_empty() || r.starts_with("-ERR"), "{r}");
     let r = raw(&addr, &[0xff, 0xfe, 0x00, 0x13, b'\n']);
@@ -51,13 +57,19 @@ async fn hostile_bytes() {
     // A half frame, then the client vanishes.
     {
         let mut s = TcpStream::connect(&addr).unwrap();
-        s.write_all(b"*3\r\n$7\r\nRESERVE\r\n$1\r\nS\r\n$100\r\nabc").unwrap();
+        s.write_all(b"*3\r\n$7\r\nRESERVE\r\n$1\r\nS\r\n$100\r\nabc")
+            .unwrap();
     }
     // Random garbage of many shapes.
     for seed in 0..200u64 {
         let len = (seed * 7919 % 300) as usize;
         let bytes: Vec<u8> = (0..len)
-            .map(|i| ((seed.wrapping_mul(6364136223846793005).wrapping_add((i as u64).wrapping_mul(1442695040888963407))) >> 33) as u8)
+            .map(|i| {
+                ((seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add((i as u64).wrapping_mul(1442695040888963407)))
+                    >> 33) as u8
+            })
             .collect();
         let mut s = TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
@@ -66,7 +78,10 @@ async fn hostile_bytes() {
         let _ = s.read(&mut sink);
     }
     // Wrong arity and types: errors, nothing changes.
-    let r = raw(&addr, b"*2\r\n$7\r\nRESERVE\r\n$1\r\nS\r\n*1\r\n$4\r\nQUIT\r\n");
+    let r = raw(
+        &addr,
+        b"*2\r\n$7\r\nRESERVE\r\n$1\r\nS\r\n*1\r\n$4\r\nQUIT\r\n",
+    );
     assert!(r.contains("wrong number of arguments"), "{r}");
     let r = raw(&addr, b"SALE.ADJUST S notanumber\r\nQUIT\r\n");
     assert!(r.contains("not an integer"), "{r}");

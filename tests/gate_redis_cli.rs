@@ -27,7 +27,10 @@ fn redis_cli_session() {
     let srv = Server::start(&[]);
     let p = srv.port;
     assert_eq!(cli(p, &["PING"]).trim(), "PONG");
-    assert_eq!(cli(p, &["SALE.CREATE", "SKU-CLI", "3", "SHARDS", "1"]).trim(), "OK");
+    assert_eq!(
+        cli(p, &["SALE.CREATE", "SKU-CLI", "3", "SHARDS", "1"]).trim(),
+        "OK"
+    );
     // Mint with the binary, as an outside tool would.
     let mint = Command::new(server_bin())
         .args(["mint-token", "--data-dir"])
@@ -81,5 +84,8 @@ fn redis_cli_session() {
         .output()
         .unwrap();
     let s = String::from_utf8_lossy(&out.stdout);
-    assert!(s.contains("total") && s.contains("=>") || s.contains("total"), "{s}");
+    assert!(
+        s.contains("total") && s.contains("=>") || s.contains("total"),
+        "{s}"
+    );
 }

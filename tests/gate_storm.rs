@@ -18,7 +18,10 @@ async fn reserve(
     tok: &str,
     rid: &str,
 ) -> Vec<Value> {
-    match cmd(c, &["RESERVE", sku, user, tok, rid]).await.expect("reserve") {
+    match cmd(c, &["RESERVE", sku, user, tok, rid])
+        .await
+        .expect("reserve")
+    {
         Value::Array(v) => v,
         other => panic!("unexpected {other:?}"),
     }
@@ -77,7 +80,10 @@ async fn check_sale(c: &mut redis::aio::MultiplexedConnection, sku: &str) -> (i6
         Value::Array(v) => v.iter().map(as_int).collect::<Vec<_>>(),
         other => panic!("{other:?}"),
     };
-    assert!(shards.iter().all(|&s| s >= 0), "a shard went negative: {shards:?}");
+    assert!(
+        shards.iter().all(|&s| s >= 0),
+        "a shard went negative: {shards:?}"
+    );
     let total = as_int(&field(&info, "total").unwrap());
     let available = as_int(&field(&info, "available").unwrap());
     let reserved = as_int(&field(&info, "reserved").unwrap());
@@ -92,7 +98,9 @@ async fn storm_sells_exactly_the_stock() {
     let srv = Server::start(&["--fsync", "everysec"]);
     let keys = Arc::new(srv.keyring());
     let mut admin = srv.conn().await;
-    cmd(&mut admin, &["SALE.CREATE", "HOT", "1000", "SHARDS", "16"]).await.unwrap();
+    cmd(&mut admin, &["SALE.CREATE", "HOT", "1000", "SHARDS", "16"])
+        .await
+        .unwrap();
 
     let users: Vec<String> = (0..10_000).map(|i| format!("buyer{i}")).collect();
     let (won, soldout) = wave(&srv, &keys, "HOT", users, 1000).await;
@@ -100,15 +108,23 @@ async fn storm_sells_exactly_the_stock() {
     assert_eq!(soldout, 9000);
     let distinct: HashSet<&String> = won.iter().collect();
     assert_eq!(distinct.len(), 1000, "no token handed out twice");
-    assert!(won.iter().all(|t| t.starts_with("{HOT}") && t.len() == 5 + 26));
-    assert_eq!(as_int(&cmd(&mut admin, &["STOCK", "HOT"]).await.unwrap()), 0);
+    assert!(won
+        .iter()
+        .all(|t| t.starts_with("{HOT}") && t.len() == 5 + 26));
+    assert_eq!(
+        as_int(&cmd(&mut admin, &["STOCK", "HOT"]).await.unwrap()),
+        0
+    );
     assert_eq!(check_sale(&mut admin, "HOT").await, (1000, 0, 1000, 0));
 
     // Release 100: exactly 100 more buyers get through, and only 100.
     for t in won.iter().take(100) {
         assert_eq!(as_int(&cmd(&mut admin, &["RELEASE", t]).await.unwrap()), 1);
     }
-    assert_eq!(as_int(&cmd(&mut admin, &["STOCK", "HOT"]).await.unwrap()), 100);
+    assert_eq!(
+        as_int(&cmd(&mut admin, &["STOCK", "HOT"]).await.unwrap()),
+        100
+    );
     let late: Vec<String> = (0..2000).map(|i| format!("late{i}")).collect();
     let (won2, _) = wave(&srv, &keys, "HOT", late, 200).await;
     assert_eq!(won2.len(), 100);
@@ -119,7 +135,10 @@ async fn storm_sells_exactly_the_stock() {
     let t = keys.mint("HOT", "buyer1", now_ms() + 60_000);
     let r = reserve(&mut admin, "HOT", "buyer1", &t, "req-1").await;
     assert!(matches!(as_str(&r[0]).as_str(), "REPLAY" | "SOLDOUT"));
-    assert_eq!(as_int(&cmd(&mut admin, &["STOCK", "HOT"]).await.unwrap()), 0);
+    assert_eq!(
+        as_int(&cmd(&mut admin, &["STOCK", "HOT"]).await.unwrap()),
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -127,7 +146,12 @@ async fn racing_releases_of_an_expired_token_win_once() {
     let srv = Server::start(&[]);
     let keys = srv.keyring();
     let mut admin = srv.conn().await;
-    cmd(&mut admin, &["SALE.CREATE", "RACE", "50", "SHARDS", "1", "TTL", "50"]).await.unwrap();
+    cmd(
+        &mut admin,
+        &["SALE.CREATE", "RACE", "50", "SHARDS", "1", "TTL", "50"],
+    )
+    .await
+    .unwrap();
     let mut tokens = Vec::new();
     for i in 0..50 {
         let u = format!("u{i}");
@@ -138,7 +162,9 @@ async fn racing_releases_of_an_expired_token_win_once() {
     }
     // Wait until all are listed as expired.
     for _ in 0..100 {
-        let v = cmd(&mut admin, &["EXPIRED", "COUNT", "1000"]).await.unwrap();
+        let v = cmd(&mut admin, &["EXPIRED", "COUNT", "1000"])
+            .await
+            .unwrap();
         if matches!(&v, Value::Array(a) if a.len() == 50) {
             break;
         }
@@ -164,7 +190,10 @@ async fn racing_releases_of_an_expired_token_win_once() {
         }
         assert_eq!(ones, 1, "exactly one releaser wins for {t}");
     }
-    assert_eq!(as_int(&cmd(&mut admin, &["STOCK", "RACE"]).await.unwrap()), 50);
+    assert_eq!(
+        as_int(&cmd(&mut admin, &["STOCK", "RACE"]).await.unwrap()),
+        50
+    );
     assert_eq!(check_sale(&mut admin, "RACE").await, (50, 50, 0, 0));
     let v = cmd(&mut admin, &["EXPIRED"]).await.unwrap();
     assert_eq!(v, Value::Array(vec![]));

@@ -79,7 +79,11 @@ async fn role_matrix() {
     let mut shop = conn_as(&srv, "shop", "s3cret-shop").await;
     let mut broom = conn_as(&srv, "broom", "s3cret-broom").await;
     for (line, allowed) in &matrix {
-        for (role, c) in [("admin", &mut admin), ("checkout", &mut shop), ("sweeper", &mut broom)] {
+        for (role, c) in [
+            ("admin", &mut admin),
+            ("checkout", &mut shop),
+            ("sweeper", &mut broom),
+        ] {
             let r = cmd(c, line).await;
             let ok = role == "admin" || allowed.contains(&role);
             assert_eq!(
@@ -97,17 +101,28 @@ async fn role_matrix() {
 async fn noauth_hello_and_failures() {
     let (srv, _d) = users_server();
     let mut anon = srv.conn().await;
-    assert!(is_err_with(&cmd(&mut anon, &["STOCK", "S"]).await, "NOAUTH"));
+    assert!(is_err_with(
+        &cmd(&mut anon, &["STOCK", "S"]).await,
+        "NOAUTH"
+    ));
     assert!(is_err_with(&cmd(&mut anon, &["PING"]).await, "NOAUTH"));
-    assert!(is_err_with(&cmd(&mut anon, &["HELLO", "3"]).await, "NOAUTH"));
+    assert!(is_err_with(
+        &cmd(&mut anon, &["HELLO", "3"]).await,
+        "NOAUTH"
+    ));
     for _ in 0..3 {
         assert!(is_err_with(
             &cmd(&mut anon, &["AUTH", "boss", "wrong"]).await,
             "WRONGPASS"
         ));
     }
-    assert!(is_err_with(&cmd(&mut anon, &["AUTH", "nobody", "s3cret-admin"]).await, "WRONGPASS"));
-    let r = cmd(&mut anon, &["HELLO", "2", "AUTH", "broom", "s3cret-broom"]).await.unwrap();
+    assert!(is_err_with(
+        &cmd(&mut anon, &["AUTH", "nobody", "s3cret-admin"]).await,
+        "WRONGPASS"
+    ));
+    let r = cmd(&mut anon, &["HELLO", "2", "AUTH", "broom", "s3cret-broom"])
+        .await
+        .unwrap();
     assert_eq!(as_int(&field(&r, "proto").unwrap()), 2);
     assert!(is_err_with(&cmd(&mut anon, &["SALE.LIST"]).await, "NOPERM"));
     assert!(cmd(&mut anon, &["EXPIRED"]).await.is_ok());

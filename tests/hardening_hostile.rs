@@ -12,8 +12,15 @@ use redis::Value;
 
 async fn healthy(srv: &Server, good: &mut redis::aio::MultiplexedConnection) {
     let t = Instant::now();
-    assert_eq!(cmd(good, &["PING"]).await.unwrap(), Value::SimpleString("PONG".into()));
-    assert!(t.elapsed() < Duration::from_millis(500), "served slowly: {:?}", t.elapsed());
+    assert_eq!(
+        cmd(good, &["PING"]).await.unwrap(),
+        Value::SimpleString("PONG".into())
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "served slowly: {:?}",
+        t.elapsed()
+    );
     let info = cmd(good, &["SALE.INFO", "S"]).await.unwrap();
     let g = |k| as_int(&field(&info, k).unwrap());
     assert_eq!(g("available") + g("reserved") + g("committed"), g("total"));
@@ -50,10 +57,16 @@ async fn hostile_clients() {
     let addr = srv.addr.clone();
     let keys = srv.keyring();
     let mut good = srv.conn().await;
-    cmd(&mut good, &["SALE.CREATE", "S", "100", "SHARDS", "4"]).await.unwrap();
-    cmd(&mut good, &["SALE.CREATE", "OTHER", "100"]).await.unwrap();
+    cmd(&mut good, &["SALE.CREATE", "S", "100", "SHARDS", "4"])
+        .await
+        .unwrap();
+    cmd(&mut good, &["SALE.CREATE", "OTHER", "100"])
+        .await
+        .unwrap();
     let t = keys.mint("S", "alice", now_ms() + 60_000);
-    let r = cmd(&mut good, &["RESERVE", "S", "alice", &t, "r1"]).await.unwrap();
+    let r = cmd(&mut good, &["RESERVE", "S", "alice", &t, "r1"])
+        .await
+        .unwrap();
     let alice_token = match r {
         Value::Array(v) => as_str(&v[1]),
         o => panic!("{o:?}"),
@@ -66,9 +79,16 @@ async fn hostile_clients() {
     let r = read_all(send(&addr, &nested));
     assert!(r.starts_with("-ERR Protocol error"), "{r}");
     // Negative and huge lengths.
-    for frame in [&b"*1\r\n$-2\r\n"[..], b"*1\r\n$99999999999999999999\r\n", b"*-99\r\n*1\r\n$4\r\nPING\r\n"] {
+    for frame in [
+        &b"*1\r\n$-2\r\n"[..],
+        b"*1\r\n$99999999999999999999\r\n",
+        b"*-99\r\n*1\r\n$4\r\nPING\r\n",
+    ] {
         let r = read_all(send(&addr, frame));
-        assert!(r.starts_with("-ERR Protocol error") || r.starts_with("+PONG"), "{r}");
+        assert!(
+            r.starts_with("-ERR Protocol error") || r.starts_with("+PONG"),
+            "{r}"
+        );
     }
     healthy(&srv, &mut good).await;
 
@@ -101,13 +121,18 @@ async fn hostile_clients() {
     healthy(&srv, &mut good).await;
 
     // 2,000 idle connections.
-    let idle: Vec<TcpStream> = (0..2000).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let idle: Vec<TcpStream> = (0..2000)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
     healthy(&srv, &mut good).await;
     // Past maxclients: refused with an error.
-    let extra: Vec<TcpStream> = (0..200).filter_map(|_| TcpStream::connect(&addr).ok()).collect();
+    let extra: Vec<TcpStream> = (0..200)
+        .filter_map(|_| TcpStream::connect(&addr).ok())
+        .collect();
     let mut refused = 0;
     for mut s in extra {
-        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
         let mut buf = [0u8; 64];
         if let Ok(n) = s.read(&mut buf) {
             if String::from_utf8_lossy(&buf[..n]).contains("max number of clients") {
@@ -122,7 +147,8 @@ async fn hostile_clients() {
 
     // A client that pipelines without ever reading its replies is cut off.
     let mut hog = TcpStream::connect(&addr).unwrap();
-    hog.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    hog.set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let req = b"*3\r\n$7\r\nEXPIRED\r\n$5\r\nCOUNT\r\n$5\r\n10000\r\n*2\r\n$4\r\nECHO\r\n$4000\r\n";
     let mut payload = req.to_vec();
     payload.extend_from_slice(&vec![b'z'; 4000]);
@@ -155,14 +181,25 @@ async fn hostile_clients() {
     }
     // A reservation token of another SKU, or a made-up one, changes nothing.
     let foreign = alice_token.replacen("{S}", "{OTHER}", 1);
-    assert_eq!(as_int(&cmd(&mut good, &["RELEASE", &foreign]).await.unwrap()), 0);
+    assert_eq!(
+        as_int(&cmd(&mut good, &["RELEASE", &foreign]).await.unwrap()),
+        0
+    );
     assert!(cmd(&mut good, &["COMMIT", &foreign]).await.is_err());
     assert_eq!(as_int(&cmd(&mut good, &["STOCK", "S"]).await.unwrap()), 99);
-    assert_eq!(as_int(&cmd(&mut good, &["STOCK", "OTHER"]).await.unwrap()), 100);
+    assert_eq!(
+        as_int(&cmd(&mut good, &["STOCK", "OTHER"]).await.unwrap()),
+        100
+    );
     healthy(&srv, &mut good).await;
 
     let info = as_str(&cmd(&mut good, &["INFO", "stats"]).await.unwrap());
-    for k in ["rejected_connections:", "protocol_errors:", "query_buffer_limit_disconnects:", "output_buffer_limit_disconnects:"] {
+    for k in [
+        "rejected_connections:",
+        "protocol_errors:",
+        "query_buffer_limit_disconnects:",
+        "output_buffer_limit_disconnects:",
+    ] {
         let v: u64 = info
             .lines()
             .find_map(|l| l.strip_prefix(k))
