@@ -107,6 +107,10 @@ struct UserEntry {
 
 type UserStripe = HashMap<Arc<str>, HashMap<Box<str>, UserEntry>>;
 
+/// What a finished reservation changes in its user's entry (limited sales only), applied
+/// after the stripe lock is dropped: (sale, user, qty, token).
+type UserUpdate = (Arc<Sale>, Arc<str>, u32, Arc<str>);
+
 pub struct Engine {
     cfg: EngineConfig,
     clock: Arc<dyn Clock>,
@@ -411,7 +415,7 @@ impl Engine {
             }
             entry = Some(e);
         }
-        let Some(shard) = self.take_stock(&sale, req.user, &token, req.qty) else {
+        let Some(shard) = self.take_stock(&sale, req.user, req.qty) else {
             return Ok((ReserveOutcome::SoldOut, 0));
         };
         sale.add_reserved(req.qty);
@@ -461,7 +465,7 @@ impl Engine {
     /// Home shard first, then at most [`STEAL_PROBES`] other shards picked at random (a
     /// retry probes other shards), never a linear scan. The shard taken is logged, so
     /// replay does not depend on the choice.
-    fn take_stock(&self, sale: &Sale, user: &str, _token: &str, qty: u32) -> Option<u16> {
+    fn take_stock(&self, sale: &Sale, user: &str, qty: u32) -> Option<u16> {
         let n = sale.shard_count();
         let home = sale.home_shard(user);
         if sale.try_take(home, qty) {
@@ -498,14 +502,13 @@ impl Engine {
         (out.0, out.1)
     }
 
-    #[allow(clippy::type_complexity)]
     fn release_locked(
         &self,
         st: &mut Stripe,
         token: &str,
         now: Millis,
         log: bool,
-    ) -> (bool, Lsn, Option<(Arc<Sale>, Arc<str>, u32, Arc<str>)>) {
+    ) -> (bool, Lsn, Option<UserUpdate>) {
         let Some((key, r)) = st.map.get_key_value(token) else {
             return (false, 0, None);
         };
@@ -513,25 +516,51 @@ impl Engine {
             return (false, r.lsn, None);
         }
         let key = key.clone();
-        let (timer, expires_at) = (r.timer, r.expires_at);
+        let (lsn, upd) = self.finish_locked(st, key, now, ResState::Released, log);
+        (true, lsn, upd)
+    }
+
+    /// The one way a reservation leaves RESERVED (release and commit alike): out of the
+    /// wheel, counters moved, logged under the stripe lock, queued for retention. The
+    /// caller has checked that `key` is RESERVED.
+    fn finish_locked(
+        &self,
+        st: &mut Stripe,
+        key: Arc<str>,
+        now: Millis,
+        to: ResState,
+        log: bool,
+    ) -> (Lsn, Option<UserUpdate>) {
+        let (timer, expires_at) = match st.map.get(&key) {
+            Some(r) => (r.timer, r.expires_at),
+            None => return (0, None),
+        };
         st.unschedule(&key, timer, expires_at);
-        let Some(r) = st.map.get_mut(token) else {
-            return (false, 0, None);
+        let Some(r) = st.map.get_mut(&key) else {
+            return (0, None);
         };
         debug_assert_eq!(r.state, ResState::Reserved);
-        r.state = ResState::Released;
+        r.state = to;
         r.finished_at = now;
         r.timer = None;
         r.sale.sub_reserved(r.qty);
-        r.sale.give_back(r.shard as usize, r.qty as i64);
+        match to {
+            ResState::Released => r.sale.give_back(r.shard as usize, r.qty as i64),
+            ResState::Committed => r.sale.add_committed(r.qty),
+            ResState::Reserved => debug_assert!(false, "finish to RESERVED"),
+        }
         if log {
-            r.lsn = self.sink.record(&EventRef::Released { token, at_ms: now });
+            let token = &*key;
+            r.lsn = self.sink.record(&match to {
+                ResState::Committed => EventRef::Committed { token, at_ms: now },
+                _ => EventRef::Released { token, at_ms: now },
+            });
         }
         let lsn = r.lsn;
-        let user_update =
+        let upd =
             (r.sale.params.limit > 0).then(|| (r.sale.clone(), r.user.clone(), r.qty, key.clone()));
         st.finished.push_back((now, key));
-        (true, lsn, user_update)
+        (lsn, upd)
     }
 
     fn user_release(&self, sale: &Sale, user: &str, qty: u32, token: &Arc<str>, give_back: bool) {
@@ -557,17 +586,13 @@ impl Engine {
         res
     }
 
-    #[allow(clippy::type_complexity)]
     fn commit_locked(
         &self,
         st: &mut Stripe,
         token: &str,
         now: Millis,
         log: bool,
-    ) -> (
-        Result<(bool, Lsn), EngineError>,
-        Option<(Arc<Sale>, Arc<str>, u32, Arc<str>)>,
-    ) {
+    ) -> (Result<(bool, Lsn), EngineError>, Option<UserUpdate>) {
         let Some((key, r)) = st.map.get_key_value(token) else {
             return (Err(EngineError::NoReservation), None);
         };
@@ -583,23 +608,7 @@ impl Engine {
             return (Err(EngineError::Fenced), None);
         }
         let key = key.clone();
-        let (timer, expires_at) = (r.timer, r.expires_at);
-        st.unschedule(&key, timer, expires_at);
-        let Some(r) = st.map.get_mut(token) else {
-            return (Err(EngineError::NoReservation), None);
-        };
-        r.state = ResState::Committed;
-        r.finished_at = now;
-        r.timer = None;
-        r.sale.sub_reserved(r.qty);
-        r.sale.add_committed(r.qty);
-        if log {
-            r.lsn = self.sink.record(&EventRef::Committed { token, at_ms: now });
-        }
-        let lsn = r.lsn;
-        let upd =
-            (r.sale.params.limit > 0).then(|| (r.sale.clone(), r.user.clone(), r.qty, key.clone()));
-        st.finished.push_back((now, key));
+        let (lsn, upd) = self.finish_locked(st, key, now, ResState::Committed, log);
         (Ok((true, lsn)), upd)
     }
 
