@@ -9,7 +9,7 @@
 //! Replaying the same events into an empty engine (see `Engine::apply`) reproduces the
 //! state exactly; the WAL stores nothing else.
 
-use super::types::{Millis, SaleParams, SaleState};
+use super::types::{Millis, ResState, ReservationView, SaleParams, SaleState};
 
 /// One state change. Field order and meaning are part of the WAL format: change them
 /// only together with the record version in `wal::record`.
@@ -110,6 +110,35 @@ pub enum EventRef<'a> {
 }
 
 impl Event {
+    /// The reservation a `Reserved` event creates, as a fresh RESERVED record.
+    pub fn reserved_view(&self) -> Option<ReservationView> {
+        let Event::Reserved {
+            token,
+            sku,
+            user,
+            request_id,
+            qty,
+            shard,
+            expires_at_ms,
+            created_at_ms,
+        } = self
+        else {
+            return None;
+        };
+        Some(ReservationView {
+            token: token.clone(),
+            sku: sku.clone(),
+            user: user.clone(),
+            request_id: request_id.clone(),
+            qty: *qty,
+            shard: *shard,
+            state: ResState::Reserved,
+            expires_at_ms: *expires_at_ms,
+            created_at_ms: *created_at_ms,
+            finished_at_ms: 0,
+        })
+    }
+
     pub fn as_ref(&self) -> EventRef<'_> {
         match self {
             Event::SaleCreated { sku, params, at_ms } => EventRef::SaleCreated {

@@ -1016,37 +1016,14 @@ impl Engine {
                     sale.set_state(*state);
                 }
             }
-            Event::Reserved {
-                token,
-                sku,
-                user,
-                request_id,
-                qty,
-                shard,
-                expires_at_ms,
-                created_at_ms,
-            } => {
+            Event::Reserved { token, .. } => {
                 let exists = self.stripes[stripe_of(token)]
                     .lock()
                     .map
                     .contains_key(token.as_str());
                 debug_assert!(!exists, "reserved twice in the log");
-                if !exists {
-                    self.insert_restored(
-                        &ReservationView {
-                            token: token.clone(),
-                            sku: sku.clone(),
-                            user: user.clone(),
-                            request_id: request_id.clone(),
-                            qty: *qty,
-                            shard: *shard,
-                            state: ResState::Reserved,
-                            expires_at_ms: *expires_at_ms,
-                            created_at_ms: *created_at_ms,
-                            finished_at_ms: 0,
-                        },
-                        true,
-                    );
+                if let (false, Some(view)) = (exists, ev.reserved_view()) {
+                    self.insert_restored(&view, true);
                 }
             }
             Event::Released { token, at_ms } => {

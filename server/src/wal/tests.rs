@@ -9,7 +9,7 @@ use super::record::{encode_record, HEADER_LEN};
 use super::segment::{self, SEGMENT_HEADER_LEN};
 use super::testutil::TempDir;
 use super::*;
-use crate::engine::types::{ResState, ReservationView};
+use crate::engine::types::ResState;
 
 fn opts(fsync: FsyncPolicy) -> WalOptions {
     WalOptions {
@@ -62,27 +62,7 @@ fn encoded_len(e: &Event) -> u64 {
 /// A toy replay (enough to compare "snapshot + tail" with "everything from the start").
 fn fold(mut s: Snapshot, e: &Event) -> Snapshot {
     match e {
-        Event::Reserved {
-            token,
-            sku,
-            user,
-            request_id,
-            qty,
-            shard,
-            expires_at_ms,
-            created_at_ms,
-        } => s.reservations.push(ReservationView {
-            token: token.clone(),
-            sku: sku.clone(),
-            user: user.clone(),
-            request_id: request_id.clone(),
-            qty: *qty,
-            shard: *shard,
-            state: ResState::Reserved,
-            expires_at_ms: *expires_at_ms,
-            created_at_ms: *created_at_ms,
-            finished_at_ms: 0,
-        }),
+        Event::Reserved { .. } => s.reservations.extend(e.reserved_view()),
         Event::Released { token, at_ms } | Event::Committed { token, at_ms } => {
             let state = if matches!(e, Event::Released { .. }) {
                 ResState::Released
