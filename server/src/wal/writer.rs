@@ -69,6 +69,8 @@ struct Shared {
     has_work: Condvar,
     has_space: Condvar,
     durable: AtomicU64,
+    /// The last LSN handed out (`Pending::next - 1`), readable without the state lock.
+    assigned: AtomicU64,
     /// Highest roll point requested, so `write_snapshot` knows whether to wait for one.
     roll_requested: AtomicU64,
     progress: Mutex<Progress>,
@@ -206,6 +208,7 @@ impl Wal {
             has_work: Condvar::new(),
             has_space: Condvar::new(),
             durable: AtomicU64::new(next - 1),
+            assigned: AtomicU64::new(next - 1),
             roll_requested: AtomicU64::new(0),
             progress: Mutex::new(Progress {
                 rolled: next - 1,
@@ -260,6 +263,9 @@ impl Wal {
             }
             let lsn = st.next;
             st.next += 1;
+            // Published under the state lock, so it never runs ahead of `next`; read
+            // without it by every reply (see `EventSink::last_lsn`).
+            sh.assigned.store(lsn, Ordering::Release);
             if let Err(e) = encoded {
                 // Unloggable means unacknowledgeable; stopping is the only safe answer.
                 drop(st);
@@ -287,7 +293,7 @@ impl Wal {
 
     /// The last LSN handed out (0 if none).
     pub fn last_lsn(&self) -> Lsn {
-        self.shared.state.lock().next - 1
+        self.shared.assigned.load(Ordering::Acquire)
     }
 
     /// The highest LSN acknowledged under the fsync policy.
@@ -495,6 +501,10 @@ impl Wal {
 impl EventSink for Wal {
     fn record(&self, event: &EventRef<'_>) -> Lsn {
         Wal::record(self, event)
+    }
+
+    fn last_lsn(&self) -> Lsn {
+        Wal::last_lsn(self)
     }
 }
 
