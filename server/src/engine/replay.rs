@@ -124,6 +124,27 @@ impl Engine {
         }
     }
 
+    /// Checks that up to `sample` recovered reservations carry the token this engine's
+    /// reservation key derives: a state written under another key must not be served
+    /// (every retry would get a new token and take stock again). Returns the first
+    /// token that does not match.
+    pub fn check_reservation_key(&self, sample: usize) -> Result<(), String> {
+        let mut seen = 0;
+        for s in self.stripes.iter() {
+            let st = s.lock();
+            for (token, r) in st.map.iter() {
+                if seen >= sample {
+                    return Ok(());
+                }
+                seen += 1;
+                if self.rkey.derive(&r.sale.sku, &r.user, &r.request_id) != **token {
+                    return Err(token.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Puts back a tombstone from a snapshot, with the limit accounting it carries.
     fn insert_tomb(&self, t: &TombView) {
         let Ok(sale) = self.sale(&t.sku) else {

@@ -684,6 +684,11 @@ impl Writer {
     /// Writes the batch, switching segments at roll points and at the size limit.
     /// Returns the highest `roll point - 1` carried out, if any.
     fn write_batch(&mut self, b: &Batch) -> Result<Option<Lsn>, WalError> {
+        if self.shared.opts.fault_write_delay_ms > 0 && b.records > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(
+                self.shared.opts.fault_write_delay_ms,
+            ));
+        }
         let limit = self.shared.opts.segment_bytes;
         let batch = std::mem::take(&mut self.batch);
         let res = (|| {
