@@ -15,7 +15,6 @@
 //! every wait for an LSN that was not yet durable returns [`WalError::Failed`].
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +25,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::record::{encode_record, HEADER_LEN};
-use super::segment::{self, ActiveSegment};
+use super::segment::{self, ActiveSegment, Catalog};
 use super::snapshot::{self, SnapshotWritten};
 use super::{
     EventRef, EventSink, FsyncPolicy, Lsn, Recovery, Snapshot, WalError, WalOptions, WalStats,
@@ -59,8 +58,6 @@ struct Progress {
     closed: bool,
 }
 
-/// Segments on disk: first LSN -> last LSN, `None` for the one being appended to.
-pub(crate) type Catalog = BTreeMap<Lsn, Option<Lsn>>;
 
 struct Shared {
     dir: PathBuf,
