@@ -336,6 +336,16 @@ impl Wal {
             return Ok(());
         }
         self.shared.check_assigned(lsn)?;
+        if self.shared.opts.fsync != FsyncPolicy::Always {
+            // Group commit across connections: let every other connection task that is
+            // ready in this turn of the scheduler append its records first, so one
+            // `write` covers them all (as Redis writes its AOF once per event-loop
+            // iteration) instead of one `write` per connection per request.
+            tokio::task::yield_now().await;
+            if lsn <= self.durable_lsn() {
+                return Ok(());
+            }
+        }
         loop {
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
