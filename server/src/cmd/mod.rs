@@ -15,7 +15,7 @@ use bytes::Bytes;
 
 use crate::engine::{Engine, Lsn};
 use crate::protocol::Reply;
-use crate::server::{ConnState, Shared};
+use crate::session::{ConnState, Shared};
 
 /// Everything a command may touch.
 pub struct Ctx<'a> {

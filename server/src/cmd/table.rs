@@ -1,10 +1,9 @@
 //! The command table: arity, flags, key positions (for cluster-aware clients, via
 //! COMMAND INFO) and which roles may run each command.
 
-/// Role bits. `OPEN` commands (connection commands and INFO) are allowed to every role.
-pub const CHECKOUT: u8 = 1;
-pub const SWEEPER: u8 = 2;
-pub const ADMIN: u8 = 4;
+/// Role bits (defined beside `Role`). `OPEN` commands (connection commands and INFO) are
+/// allowed to every role.
+pub use crate::session::{ADMIN, CHECKOUT, SWEEPER};
 pub const OPEN: u8 = 0xff;
 
 pub struct Spec {
