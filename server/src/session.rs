@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::engine::{Engine, Lsn};
@@ -263,6 +264,19 @@ pub struct ConnState {
     pub lib_ver: String,
     pub addr: String,
     pub laddr: String,
+    /// `Some` between `MULTI` and `EXEC`/`DISCARD`: the commands queued so far.
+    pub multi: Option<MultiQueue>,
+}
+
+/// A transaction being queued. The logic lives in `cmd::multi`; the queue lives here
+/// because it belongs to the connection.
+#[derive(Default)]
+pub struct MultiQueue {
+    pub commands: Vec<Vec<Bytes>>,
+    /// Bytes of the queued arguments, bounded like an unfinished command's buffer.
+    pub bytes: usize,
+    /// A command was refused while queuing: `EXEC` must run nothing (`-EXECABORT`).
+    pub aborted: bool,
 }
 
 impl ConnState {
@@ -278,7 +292,12 @@ impl ConnState {
             lib_ver: String::new(),
             addr,
             laddr,
+            multi: None,
         }
+    }
+
+    pub fn in_multi(&self) -> bool {
+        self.multi.is_some()
     }
 
     pub fn describe(&self) -> String {
