@@ -40,8 +40,9 @@ fn bad_tokens(good: &str) -> Vec<Vec<u8>> {
         b"nope".to_vec(),
         b"{S}short".to_vec(),
         format!("{good}x").into_bytes(),
-        good[..good.len() - 1].as_bytes().to_vec(),
-        good.to_ascii_uppercase().replace("{S}", "{S}").into_bytes(),
+        good.as_bytes()[..good.len() - 1].to_vec(),
+        // Upper-case base32: the server only ever derives lower case.
+        format!("{{S}}{}", good["{S}".len()..].to_ascii_uppercase()).into_bytes(),
         format!("{{bad sku}}{}", "a".repeat(26)).into_bytes(),
         format!("S}}{}", "a".repeat(26)).into_bytes(),
         format!("{{S}}{}1", "a".repeat(25)).into_bytes(),
