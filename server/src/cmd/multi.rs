@@ -68,7 +68,11 @@ pub fn queue(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[Bytes]) -> Outcome {
         // Redis keeps answering QUEUED after an error; EXEC will abort. Nothing is kept.
         return Reply::Simple("QUEUED").into();
     }
-    let size: usize = argv.iter().map(|a| a.len() + 16).sum();
+    // What the copy below holds: the bytes and one `Bytes` handle per argument.
+    let size: usize = argv
+        .iter()
+        .map(|a| a.len() + std::mem::size_of::<Bytes>())
+        .sum();
     if q.commands.len() >= max_cmds || q.bytes.saturating_add(size) > max_bytes {
         // Bounded so that a client cannot grow the server's memory without end; the whole
         // transaction is refused rather than run in part.
@@ -79,7 +83,10 @@ pub fn queue(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[Bytes]) -> Outcome {
         .into();
     }
     q.bytes += size;
-    q.commands.push(argv.to_vec());
+    // Copied out of the read buffer: a slice of it would keep that whole buffer alive
+    // until EXEC, and the memory held would be far more than `bytes` counts.
+    q.commands
+        .push(argv.iter().map(|a| Bytes::copy_from_slice(a)).collect());
     Reply::Simple("QUEUED").into()
 }
 
