@@ -15,7 +15,13 @@ use common::*;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-async fn reserve(c: &mut MultiplexedConnection, s: &Server, sku: &str, user: &str, rid: &str) -> Vec<Value> {
+async fn reserve(
+    c: &mut MultiplexedConnection,
+    s: &Server,
+    sku: &str,
+    user: &str,
+    rid: &str,
+) -> Vec<Value> {
     let adm = s.keyring().mint(sku, user, now_ms() + 600_000);
     match cmd(c, &["RESERVE", sku, user, &adm, rid]).await.unwrap() {
         Value::Array(items) => items,
@@ -34,14 +40,22 @@ async fn purged_requests_replay_and_keep_counting_towards_the_limit() {
     let flags = ["--retention-ms", "300"];
     let mut s = Server::start_in(dir.path(), &flags);
     let mut c = s.conn().await;
-    cmd(&mut c, &["SALE.CREATE", "S", "10", "LIMIT", "1"]).await.unwrap();
+    cmd(&mut c, &["SALE.CREATE", "S", "10", "LIMIT", "1"])
+        .await
+        .unwrap();
     let paid = reserve(&mut c, &s, "S", "alice", "order-1").await;
     assert_eq!(as_str(&paid[0]), "RESERVED");
     let token = as_str(&paid[1]);
-    assert_eq!(cmd(&mut c, &["COMMIT", &token]).await.unwrap(), Value::Int(1));
+    assert_eq!(
+        cmd(&mut c, &["COMMIT", &token]).await.unwrap(),
+        Value::Int(1)
+    );
     let cancelled = reserve(&mut c, &s, "S", "bob", "order-2").await;
     let ctoken = as_str(&cancelled[1]);
-    assert_eq!(cmd(&mut c, &["RELEASE", &ctoken]).await.unwrap(), Value::Int(1));
+    assert_eq!(
+        cmd(&mut c, &["RELEASE", &ctoken]).await.unwrap(),
+        Value::Int(1)
+    );
     // Retention (300 ms, housekeeping once a second) purges both records.
     let t0 = std::time::Instant::now();
     while cmd(&mut c, &["RESERVATION", &token]).await.unwrap() != Value::Nil {
@@ -54,7 +68,11 @@ async fn purged_requests_replay_and_keep_counting_towards_the_limit() {
     }
     async fn check(c: &mut MultiplexedConnection, s: &Server, token: &str, ctoken: &str) {
         let again = reserve(c, s, "S", "alice", "order-1").await;
-        assert_eq!(as_str(&again[0]), "REPLAY", "a paid request took stock again");
+        assert_eq!(
+            as_str(&again[0]),
+            "REPLAY",
+            "a paid request took stock again"
+        );
         assert_eq!(as_str(&again[1]), token);
         let other = reserve(c, s, "S", "alice", "order-3").await;
         assert_eq!(as_str(&other[0]), "LIMIT", "the paid unit no longer counts");
@@ -107,7 +125,11 @@ fn a_missing_reservation_key_is_never_recreated_over_state() {
     };
     assert_ne!(err.code, Some(0));
     assert!(err.stderr.contains("reservation.key"), "{}", err.stderr);
-    assert!(err.stderr.contains(&fp), "names the expected fingerprint: {}", err.stderr);
+    assert!(
+        err.stderr.contains(&fp),
+        "names the expected fingerprint: {}",
+        err.stderr
+    );
     assert!(!key.exists(), "no key file was created");
     // A different key is refused too.
     std::fs::write(&key, [7u8; 32]).unwrap();
@@ -133,8 +155,11 @@ fn a_missing_reservation_key_is_never_recreated_over_state() {
     assert!(err.stderr.contains("--create-keys"), "{}", err.stderr);
     assert!(!named.exists());
     // ...and with --create-keys, only for a data dir with no state.
-    let s = try_start_in(&data, &["--reservation-key-file", &named_s, "--create-keys"])
-        .unwrap_or_else(|e| panic!("{}", e.stderr));
+    let s = try_start_in(
+        &data,
+        &["--reservation-key-file", &named_s, "--create-keys"],
+    )
+    .unwrap_or_else(|e| panic!("{}", e.stderr));
     drop(s);
     assert!(named.exists());
 }
@@ -144,12 +169,22 @@ async fn adjust_refuses_deltas_beyond_any_total() {
     let dir = TempDir::new("adjust");
     let mut s = Server::start_in(dir.path(), &[]);
     let mut c = s.conn().await;
-    cmd(&mut c, &["SALE.CREATE", "S", "100", "SHARDS", "4"]).await.unwrap();
-    for d in ["-9223372036854775808", "9223372036854775807", "-9223372036854775807", "1099511627777"] {
+    cmd(&mut c, &["SALE.CREATE", "S", "100", "SHARDS", "4"])
+        .await
+        .unwrap();
+    for d in [
+        "-9223372036854775808",
+        "9223372036854775807",
+        "-9223372036854775807",
+        "1099511627777",
+    ] {
         let r = cmd(&mut c, &["SALE.ADJUST", "S", d]).await;
         assert!(r.is_err(), "SALE.ADJUST {d} accepted: {r:?}");
     }
-    assert_eq!(cmd(&mut c, &["SALE.ADJUST", "S", "-40"]).await.unwrap(), Value::Int(60));
+    assert_eq!(
+        cmd(&mut c, &["SALE.ADJUST", "S", "-40"]).await.unwrap(),
+        Value::Int(60)
+    );
     assert_eq!(s.terminate(), Some(0));
     let s = Server::start_in(dir.path(), &[]);
     let mut c = s.conn().await;
@@ -161,7 +196,9 @@ async fn adjust_refuses_deltas_beyond_any_total() {
 async fn sale_info_is_never_torn_under_load() {
     let s = Server::start(&["--fsync", "no"]);
     let mut c = s.conn().await;
-    cmd(&mut c, &["SALE.CREATE", "S", "64", "SHARDS", "4"]).await.unwrap();
+    cmd(&mut c, &["SALE.CREATE", "S", "64", "SHARDS", "4"])
+        .await
+        .unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
     for w in 0..3 {
@@ -175,7 +212,9 @@ async fn sale_info_is_never_torn_under_load() {
                 let user = format!("u{w}-{}", i % 50);
                 let adm = keys.mint("S", &user, now_ms() + 600_000);
                 let rid = format!("r{w}-{i}");
-                let r = cmd(&mut wc, &["RESERVE", "S", &user, &adm, &rid]).await.unwrap();
+                let r = cmd(&mut wc, &["RESERVE", "S", &user, &adm, &rid])
+                    .await
+                    .unwrap();
                 if let Value::Array(items) = r {
                     if as_str(&items[0]) == "RESERVED" {
                         let t = as_str(&items[1]);

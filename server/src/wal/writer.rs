@@ -58,7 +58,6 @@ struct Progress {
     closed: bool,
 }
 
-
 struct Shared {
     dir: PathBuf,
     opts: WalOptions,
