@@ -127,7 +127,8 @@ struct ServeArgs {
     /// demand). Avoids rehashing a large table under sustained load.
     #[arg(long, default_value_t = 0)]
     expected_reservations: usize,
-    /// Worker threads serving connections; 0 = one per core.
+    /// Worker threads serving connections; 0 = one per core the process may use (its
+    /// affinity mask). 1 runs everything on one thread (tokio's current-thread runtime).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// On WAL corruption, cut the log at the first bad record (losing what follows)
@@ -367,10 +368,23 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         ..ServerConfig::default()
     };
     let shared = Arc::new(Shared::new(config, users, durability.clone()));
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if a.threads > 0 {
-        rt.worker_threads(a.threads);
-    }
+    // 0 means one worker per core this process may run on: `available_parallelism`
+    // honours the affinity mask (taskset) and cgroup quotas, not just the machine's cores.
+    let threads = match a.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    // One worker: the current-thread scheduler. Connections, the accept loop and the
+    // log wait then share one thread with no cross-thread wake-ups, no work-stealing
+    // queues and a FIFO run queue (fair across a thousand connections), instead of a
+    // multi-thread runtime whose accept loop runs on a second thread of the same core.
+    let mut rt = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
     let rt = rt
         .enable_all()
         .thread_name("stockgate")

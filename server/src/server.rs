@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 
 use crate::cmd::{self, Ctx};
 use crate::engine::{Engine, Lsn};
-use crate::protocol::{parse_command, Parsed, Reply};
+use crate::protocol::{parse_command_into, Reply};
 // The connection and server state moved to `session` (commands need it, and must not
 // depend on the network layer); these paths stay for the binary and embedders.
 pub use crate::session::{
@@ -130,13 +130,22 @@ async fn handle(
     let mut out = BytesMut::with_capacity(16 * 1024);
     let idle = (cfg.idle_timeout_ms > 0).then(|| Duration::from_millis(cfg.idle_timeout_ms));
     let write_timeout = Duration::from_millis(cfg.write_timeout_ms.max(1));
+    // One argument vector for the connection's life: parsing refills it in place.
+    let mut argv: Vec<Bytes> = Vec::with_capacity(8);
+    // Created once, not per read: a fresh `changed()` per request would register in (and
+    // unregister from) the one shutdown channel every connection shares, a lock taken by
+    // every request on every core.
+    let stopped = stop.changed();
+    tokio::pin!(stopped);
     loop {
         if inbuf.capacity() - inbuf.len() < 4096 {
             inbuf.reserve(16 * 1024);
         }
         let read = tokio::select! {
+            // Reading first: a ready socket is served without polling the other arms.
+            biased;
             r = stream.read_buf(&mut inbuf) => r,
-            _ = stop.changed() => return,
+            _ = &mut stopped => return,
             _ = async {
                 match idle {
                     Some(d) => tokio::time::sleep(d).await,
@@ -153,13 +162,16 @@ async fn handle(
         }
         let mut lsn: Lsn = 0;
         let mut close = false;
+        // Counted once per batch: the counter is shared by every connection on every
+        // core, so one increment per command would bounce its cache line per command.
+        let mut commands = 0u64;
         loop {
-            match parse_command(&mut inbuf, &cfg.limits) {
-                Ok(Parsed::Command(argv)) => {
+            match parse_command_into(&mut inbuf, &cfg.limits, &mut argv) {
+                Ok(true) => {
                     if argv.is_empty() {
                         continue;
                     }
-                    shared.stats.commands.fetch_add(1, Ordering::Relaxed);
+                    commands += 1;
                     let mut ctx = Ctx {
                         engine,
                         conn: &mut conn,
@@ -184,7 +196,7 @@ async fn handle(
                         break;
                     }
                 }
-                Ok(Parsed::Incomplete) => break,
+                Ok(false) => break,
                 Err(e) => {
                     shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
                     Reply::err(format!("ERR {e}")).encode(conn.proto, &mut out);
@@ -192,6 +204,12 @@ async fn handle(
                     break;
                 }
             }
+        }
+        // The parsed arguments hold slices of the read buffer: let go of them now so the
+        // buffer can be reused in place instead of reallocated on the next read.
+        argv.clear();
+        if commands > 0 {
+            shared.stats.commands.fetch_add(commands, Ordering::Relaxed);
         }
         if !close && inbuf.len() > cfg.max_query_buffer {
             shared
@@ -210,7 +228,21 @@ async fn handle(
             }
         }
         if !out.is_empty() {
-            match tokio::time::timeout(write_timeout, stream.write_all(&out)).await {
+            // Try the write at once: the reply nearly always fits the socket buffer, and
+            // then no timer is armed (a timeout costs a clock read and a reference to the
+            // runtime's timer per batch). Only what did not fit waits, bounded.
+            let sent = match stream.try_write(&out) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+                Err(_) => return,
+            };
+            let rest = &out[sent..];
+            let flushed = if rest.is_empty() {
+                Ok(Ok(()))
+            } else {
+                tokio::time::timeout(write_timeout, stream.write_all(rest)).await
+            };
+            match flushed {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return,
                 Err(_) => {

@@ -117,14 +117,24 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
     out
 }
 
+/// The command-table entry for a name in any case. Lowercased into a stack buffer: it
+/// runs for every command, and no command name is longer than the buffer (a longer one
+/// is unknown anyway).
+fn lookup_name(name: &[u8]) -> Option<&'static table::Spec> {
+    let mut buf = [0u8; 32];
+    let lower = buf.get_mut(..name.len())?;
+    lower.copy_from_slice(name);
+    lower.make_ascii_lowercase();
+    table::lookup(std::str::from_utf8(lower).ok()?)
+}
+
 /// The checks every command gets before it runs or is queued: known name, arity, auth and
 /// role. One place, so a queued command is refused exactly as a direct one would be.
 fn admit(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Result<&'static table::Spec, Reply> {
     let Some(name) = argv.first() else {
         return Err(Reply::err("ERR empty command"));
     };
-    let lower = String::from_utf8_lossy(name).to_ascii_lowercase();
-    let Some(spec) = table::lookup(&lower) else {
+    let Some(spec) = lookup_name(name) else {
         let shown: String = String::from_utf8_lossy(name).chars().take(128).collect();
         return Err(Reply::err(format!("ERR unknown command '{shown}'")));
     };

@@ -19,17 +19,19 @@ impl Engine {
             .keys
             .verify(req.admission, req.sku, req.user)
             .map_err(|d| EngineError::Denied(d.as_str()))?;
-        let token = self.rkey.derive(req.sku, req.user, req.request_id);
+        // On the stack: a replay or a refusal never allocates it.
+        let token_buf = self.rkey.derive_buf(req.sku, req.user, req.request_id);
+        let token = token_buf.as_str();
         let limit = sale.params.limit;
         let mut users = if limit > 0 {
             Some(self.user_stripe(req.sku, req.user).lock())
         } else {
             None
         };
-        let mut st = self.stripes[stripe_of(&token)].lock();
+        let mut st = self.stripes[stripe_of(token)].lock();
         // Read the clock under the lock: expiry deadlines then never trail the wheel.
         let now = self.clock.now_ms();
-        if let Some((k, r)) = st.map.get_key_value(token.as_str()) {
+        if let Some((k, r)) = st.map.get_key_value(token) {
             return Ok((
                 ReserveOutcome::Replay {
                     token: k.clone(),
@@ -39,7 +41,7 @@ impl Engine {
                 r.lsn,
             ));
         }
-        if let Some(t) = st.tombs.get(&table::tomb_key(&token)) {
+        if let Some(t) = st.tombs.get(&table::tomb_key(token)) {
             // Finished and purged by retention: still the same request, never new stock.
             return Ok((
                 ReserveOutcome::Replay {

@@ -251,6 +251,47 @@ impl std::fmt::Debug for ReservationKey {
 
 const B32: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 
+/// Base32 characters of a reservation token (128 bits).
+const TOKEN_B32_LEN: usize = 26;
+/// `{` + the longest sku + `}` + 26 characters.
+const INLINE_TOKEN: usize = ident::MAX_SKU + 2 + TOKEN_B32_LEN;
+
+/// A derived reservation token without a heap allocation (see
+/// [`ReservationKey::derive_buf`]).
+pub enum TokenBuf {
+    Inline([u8; INLINE_TOKEN], u8),
+    Heap(String),
+}
+
+impl TokenBuf {
+    pub fn as_str(&self) -> &str {
+        match self {
+            // Built from a `&str` sku and ASCII base32 only, so always UTF-8; the
+            // fallback is unreachable but keeps this free of unwrap and unsafe.
+            TokenBuf::Inline(b, n) => std::str::from_utf8(&b[..*n as usize]).unwrap_or(""),
+            TokenBuf::Heap(s) => s,
+        }
+    }
+}
+
+/// Base32 of 16 bytes into a fixed buffer (the token's tail), no allocation.
+fn base32_lower_into(bytes: &[u8; 16], out: &mut [u8; TOKEN_B32_LEN]) {
+    let mut acc: u32 = 0;
+    let mut bits = 0u32;
+    let mut i = 0;
+    for &b in bytes {
+        acc = (acc << 8) | b as u32;
+        bits += 8;
+        while bits >= 5 {
+            bits -= 5;
+            out[i] = B32[((acc >> bits) & 31) as usize];
+            i += 1;
+        }
+    }
+    // 128 bits = 25 full characters + 3 bits left over.
+    out[i] = B32[((acc << (5 - bits)) & 31) as usize];
+}
+
 /// RFC 4648 base32, lowercase, no padding.
 pub fn base32_lower(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len().div_ceil(5) * 8);
@@ -300,6 +341,13 @@ impl ReservationKey {
 
     /// `{sku}` + base32 of the first 128 bits of HMAC(key, sku|user|request-id).
     pub fn derive(&self, sku: &str, user: &str, request_id: &str) -> String {
+        self.derive_buf(sku, user, request_id).as_str().to_owned()
+    }
+
+    /// [`ReservationKey::derive`] into a stack buffer: RESERVE derives a token on every
+    /// call (replays and refusals included), and only a new reservation needs it on the
+    /// heap, once, as the table's key.
+    pub fn derive_buf(&self, sku: &str, user: &str, request_id: &str) -> TokenBuf {
         let mut mac = self.mac.clone();
         mac.update(sku.as_bytes());
         mac.update(b"|");
@@ -307,12 +355,27 @@ impl ReservationKey {
         mac.update(b"|");
         mac.update(request_id.as_bytes());
         let out = mac.finalize().into_bytes();
-        let mut token = String::with_capacity(sku.len() + 2 + 26);
-        token.push('{');
-        token.push_str(sku);
-        token.push('}');
-        token.push_str(&base32_lower(&out[..16]));
-        token
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&out[..16]);
+        let mut tail = [0u8; TOKEN_B32_LEN];
+        base32_lower_into(&first, &mut tail);
+        let len = sku.len() + 2 + TOKEN_B32_LEN;
+        if len > INLINE_TOKEN {
+            // Only for skus longer than the protocol allows (the engine refuses those
+            // before it derives anything); kept correct all the same.
+            let mut token = String::with_capacity(len);
+            token.push('{');
+            token.push_str(sku);
+            token.push('}');
+            token.extend(tail.iter().map(|&b| b as char));
+            return TokenBuf::Heap(token);
+        }
+        let mut buf = [0u8; INLINE_TOKEN];
+        buf[0] = b'{';
+        buf[1..1 + sku.len()].copy_from_slice(sku.as_bytes());
+        buf[1 + sku.len()] = b'}';
+        buf[2 + sku.len()..len].copy_from_slice(&tail);
+        TokenBuf::Inline(buf, len as u8)
     }
 }
 
@@ -389,6 +452,26 @@ mod tests {
         assert_eq!(Keyring::parse("k1 abcd").err(), Some(KeyError::Short(1)));
         assert_eq!(Keyring::parse("k1 zz").err(), Some(KeyError::Hex(1)));
         assert_eq!(Keyring::parse("k1").err(), Some(KeyError::Syntax(1)));
+    }
+
+    #[test]
+    fn stack_token_matches_the_spec() {
+        // PROTOCOL.md: "{" sku "}" + base32 of the first 128 bits of the HMAC.
+        let key = [9u8; 32];
+        let k = ReservationKey::from_bytes(&key);
+        let long_sku = "S".repeat(80);
+        for (sku, user, rid) in [
+            ("SKU-1", "u", "r"),
+            ("A", "user-7", "req-1"),
+            (&long_sku[..], "u", "r"),
+        ] {
+            let mut mac = new_mac(&key);
+            mac.update(format!("{sku}|{user}|{rid}").as_bytes());
+            let h = mac.finalize().into_bytes();
+            let want = format!("{{{sku}}}{}", base32_lower(&h[..16]));
+            assert_eq!(k.derive_buf(sku, user, rid).as_str(), want);
+            assert_eq!(k.derive(sku, user, rid), want);
+        }
     }
 
     #[test]

@@ -3,5 +3,5 @@
 pub mod frame;
 pub mod reply;
 
-pub use frame::{parse_command, Limits, Parsed, ProtocolError};
+pub use frame::{parse_command, parse_command_into, Limits, Parsed, ProtocolError};
 pub use reply::Reply;

@@ -125,26 +125,17 @@ impl Reply {
     }
 }
 
+/// A number and its CRLF in one copy: replies carry several (lengths, expiry, shard),
+/// so this runs a few times per command.
 fn put_num(out: &mut BytesMut, n: i64) {
-    let mut b = itoa_buf(n);
-    out.put_slice(b.as_bytes_mut());
-    out.put_slice(b"\r\n");
-}
-
-struct NumBuf {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl NumBuf {
-    fn as_bytes_mut(&mut self) -> &[u8] {
-        &self.buf[self.start..]
+    if (0..10).contains(&n) {
+        out.put_slice(&[b'0' + n as u8, b'\r', b'\n']);
+        return;
     }
-}
-
-fn itoa_buf(n: i64) -> NumBuf {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
+    let mut buf = [0u8; 22];
+    buf[20] = b'\r';
+    buf[21] = b'\n';
+    let mut i = 20;
     let neg = n < 0;
     let mut v = n.unsigned_abs();
     loop {
@@ -159,7 +150,7 @@ fn itoa_buf(n: i64) -> NumBuf {
         i -= 1;
         buf[i] = b'-';
     }
-    NumBuf { buf, start: i }
+    out.put_slice(&buf[i..]);
 }
 
 /// Every engine error's wire form. The first word is the error code clients match on.
