@@ -4,7 +4,12 @@
 //!   sold-out sale and a sale with a per-user limit (NullSink: the WAL hand-off is
 //!   measured by the load benchmark, not here);
 //! - `admission/verify`: HMAC-SHA256 admission-token verification (`Keyring::verify`);
-//! - `resp/parse_reserve`: framing one RESERVE command (`protocol::frame::parse_command`).
+//! - `resp/parse_reserve`: framing one RESERVE command (`protocol::frame::parse_command`);
+//! - `resp/parse_reserve_into`: the same into a reused argument vector, as a connection
+//!   does (`parse_command_into`);
+//! - `resp/encode_reserve_reply`: encoding a RESERVED reply (`Reply::encode`, numbers);
+//! - `token/derive`: deriving a reservation token into a stack buffer
+//!   (`ReservationKey::derive_buf`), beside the heap version (`derive`).
 //!
 //! `cargo bench --bench micro` (add `-- --quick` for a fast pass).
 
@@ -17,7 +22,8 @@ use stockgate_server::engine::{
     Engine, EngineConfig, Keyring, NullSink, ReservationKey, ReserveOutcome, ReserveRequest,
     SystemClock,
 };
-use stockgate_server::protocol::frame::{parse_command, Limits, Parsed};
+use stockgate_server::protocol::frame::{parse_command, parse_command_into, Limits, Parsed};
+use stockgate_server::protocol::Reply;
 
 const SECRET_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 const SKU: &str = "HOT-SKU-1";
@@ -188,7 +194,57 @@ fn bench_resp(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    let mut argv = Vec::with_capacity(8);
+    c.bench_function("resp/parse_reserve_into", |b| {
+        b.iter_batched_ref(
+            || BytesMut::from(&frame[..]),
+            |buf| {
+                let r = parse_command_into(buf, &limits, &mut argv);
+                debug_assert!(matches!(r, Ok(true)) && argv.len() == 5);
+                black_box(&argv);
+                argv.clear();
+                black_box(r)
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    let reply = Reply::Array(vec![
+        Reply::bulk("RESERVED"),
+        Reply::bulk("{HOT-SKU-1}abcdefghijklmnopqrstuvwxyz"),
+        Reply::Int(1_796_114_938_658),
+        Reply::Int(5),
+    ]);
+    let mut out = BytesMut::with_capacity(1024);
+    c.bench_function("resp/encode_reserve_reply", |b| {
+        b.iter(|| {
+            out.clear();
+            black_box(&reply).encode(2, &mut out);
+            black_box(out.len())
+        })
+    });
 }
 
-criterion_group!(benches, bench_reserve, bench_admission, bench_resp);
+fn bench_token(c: &mut Criterion) {
+    let k = ReservationKey::from_bytes(&[7u8; 32]);
+    c.bench_function("token/derive_buf", |b| {
+        b.iter(|| {
+            black_box(
+                k.derive_buf(black_box(SKU), "buyer42", "req-123456")
+                    .as_str()
+                    .len(),
+            )
+        })
+    });
+    c.bench_function("token/derive_string", |b| {
+        b.iter(|| black_box(k.derive(black_box(SKU), "buyer42", "req-123456")))
+    });
+}
+
+criterion_group!(
+    benches,
+    bench_reserve,
+    bench_admission,
+    bench_resp,
+    bench_token
+);
 criterion_main!(benches);
