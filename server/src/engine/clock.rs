@@ -29,6 +29,12 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
+        // Read first and write only when the millisecond moved on: `fetch_max` always
+        // writes, so every RESERVE on every core would take this cache line exclusive.
+        let prev = self.last.load(Ordering::Relaxed);
+        if wall <= prev {
+            return prev;
+        }
         let prev = self.last.fetch_max(wall, Ordering::Relaxed);
         prev.max(wall)
     }
