@@ -57,6 +57,14 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
 
     fn sale_list(&self) -> impl Future<Output = Result<Vec<String>, ClientError>> + Send;
 
+    /// `SALE.ADJUST sku delta` → new total. Use [`crate::adjust::adjust_sale`], which
+    /// writes the ledger first; this is its server step.
+    fn adjust(
+        &self,
+        sku: &str,
+        delta: i64,
+    ) -> impl Future<Output = Result<i64, ClientError>> + Send;
+
     /// `SALE.FENCE` with the ledger's parameters (so a server that lost the sale gets it
     /// back fenced, with 0 available).
     fn fence(&self, sale: &SaleRecord) -> impl Future<Output = Result<(), ClientError>> + Send;
@@ -140,6 +148,9 @@ impl ReservationGate for StockgateClient {
     }
     async fn sale_list(&self) -> Result<Vec<String>, ClientError> {
         StockgateClient::sale_list(self).await
+    }
+    async fn adjust(&self, sku: &str, delta: i64) -> Result<i64, ClientError> {
+        self.sale_adjust(sku, delta).await
     }
     async fn fence(&self, sale: &SaleRecord) -> Result<(), ClientError> {
         self.sale_fence(
@@ -451,6 +462,13 @@ impl ReservationGate for EngineGate {
         let list = self.engine.list_sales();
         self.durable_now().await?;
         Ok(list)
+    }
+
+    async fn adjust(&self, sku: &str, delta: i64) -> Result<i64, ClientError> {
+        // ADJUST 0 answers the total with LSN 0: `settle` waits for the last LSN then.
+        self.settle(self.engine.adjust(sku, delta))
+            .await
+            .map(ms_i64)
     }
 
     async fn fence(&self, sale: &SaleRecord) -> Result<(), ClientError> {
