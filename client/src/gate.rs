@@ -494,7 +494,7 @@ impl ReservationGate for EngineGate {
     ) -> Result<(bool, String), ClientError> {
         let r = self
             .engine
-            .restore_in_state(
+            .restore(
                 sku,
                 user,
                 request_id,
@@ -516,43 +516,5 @@ impl ReservationGate for EngineGate {
     ) -> Result<i64, ClientError> {
         self.settle(self.engine.rebuild(sku, total, committed, fingerprint))
             .await
-    }
-}
-
-// TEMPORARY until the lead's engine change (Engine::restore with a state, Engine::last_lsn)
-// is merged from main: removed at that merge.
-trait EngineCompat {
-    fn last_lsn(&self) -> Lsn;
-    #[allow(clippy::too_many_arguments)]
-    fn restore_in_state(
-        &self,
-        sku: &str,
-        user: &str,
-        request_id: &str,
-        qty: u32,
-        expires_at: u64,
-        created_at: u64,
-        state: ResState,
-    ) -> Result<(bool, Arc<str>, Lsn), EngineError>;
-}
-
-impl EngineCompat for Engine {
-    fn last_lsn(&self) -> Lsn {
-        0
-    }
-    fn restore_in_state(
-        &self,
-        sku: &str,
-        user: &str,
-        request_id: &str,
-        qty: u32,
-        expires_at: u64,
-        created_at: u64,
-        state: ResState,
-    ) -> Result<(bool, Arc<str>, Lsn), EngineError> {
-        if state != ResState::Reserved {
-            return Err(EngineError::Argument("engine predates SALE.RESTORE STATE"));
-        }
-        self.restore(sku, user, request_id, qty, expires_at, created_at)
     }
 }

@@ -140,6 +140,10 @@ impl EventSink for RecordingSink {
         }
         self.records.fetch_add(1, Ordering::SeqCst) + 1
     }
+
+    fn last_lsn(&self) -> Lsn {
+        self.records()
+    }
 }
 
 /// `SAVE` writes a snapshot (encoded to bytes, kept in memory) and remembers where in the

@@ -124,5 +124,13 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
         "dbsize" => Ok(Reply::Int(ctx.engine.reservation_count() as i64).into()),
         _ => Err(Reply::err("ERR command not implemented")),
     };
-    r.unwrap_or_else(Outcome::from)
+    let mut out = r.unwrap_or_else(Outcome::from);
+    if spec.group == "stockgate" {
+        // Every reply of a stock command reports some state (an error, a no-op, a
+        // read): it leaves only once every record logged before it was computed is
+        // durable, so no reply tells of a state that a crash could still erase. Its own
+        // LSN is the usual maximum; this covers what it merely observed.
+        out.lsn = out.lsn.max(ctx.engine.last_lsn());
+    }
+    out
 }

@@ -4,6 +4,7 @@ use bytes::Bytes;
 
 use super::args::{to_u16, to_u32, Args};
 use super::{Ctx, Outcome};
+use crate::engine::ResState;
 use crate::protocol::reply::from_engine_error;
 use crate::protocol::Reply;
 
@@ -171,7 +172,8 @@ impl<'a> Fence<'a> {
     }
 }
 
-/// `SALE.RESTORE sku user request-id qty expires_at_ms created_at_ms`
+/// `SALE.RESTORE sku user request-id qty expires_at_ms created_at_ms [STATE s]`, `s` one
+/// of `RESERVED` (default: a pending order), `COMMITTED` (paid), `RELEASED` (cancelled).
 pub struct Restore<'a> {
     sku: &'a str,
     user: &'a str,
@@ -179,19 +181,35 @@ pub struct Restore<'a> {
     qty: u32,
     expires_at: u64,
     created_at: u64,
+    state: ResState,
 }
 
 impl<'a> Restore<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.restore", args);
-        Ok(Restore {
+        let mut r = Restore {
             sku: a.next_str("sku")?,
             user: a.next_str("user")?,
             request_id: a.next_str("request-id")?,
             qty: to_u32(a.next_u64()?)?,
             expires_at: a.next_u64()?,
             created_at: a.next_u64()?,
-        })
+            state: ResState::Reserved,
+        };
+        while a.remaining() > 0 {
+            match a.next_keyword()?.as_str() {
+                "STATE" => {
+                    r.state = match a.next_keyword()?.as_str() {
+                        "RESERVED" => ResState::Reserved,
+                        "COMMITTED" => ResState::Committed,
+                        "RELEASED" => ResState::Released,
+                        _ => return Err(Reply::err("ERR invalid state")),
+                    }
+                }
+                _ => return Err(Reply::syntax()),
+            }
+        }
+        Ok(r)
     }
 
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
@@ -202,6 +220,7 @@ impl<'a> Restore<'a> {
             self.qty,
             self.expires_at,
             self.created_at,
+            self.state,
         ) {
             Ok((new, token, lsn)) => Outcome::logged(
                 Reply::Array(vec![Reply::Int(new as i64), Reply::bulk(token.as_bytes())]),

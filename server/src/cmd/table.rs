@@ -148,12 +148,12 @@ pub static COMMANDS: &[Spec] = &[
     ),
     spec(
         "sale.restore",
-        7,
+        -7,
         W,
         1,
         ADMIN,
         "stockgate",
-        "Restore a verified pending reservation",
+        "Restore a ledger-verified reservation (pending, committed or released)",
     ),
     spec(
         "sale.rebuild",

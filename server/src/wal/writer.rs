@@ -69,6 +69,8 @@ struct Shared {
     has_work: Condvar,
     has_space: Condvar,
     durable: AtomicU64,
+    /// The last LSN handed out (`Pending::next - 1`), readable without the state lock.
+    assigned: AtomicU64,
     /// Highest roll point requested, so `write_snapshot` knows whether to wait for one.
     roll_requested: AtomicU64,
     progress: Mutex<Progress>,
@@ -206,6 +208,7 @@ impl Wal {
             has_work: Condvar::new(),
             has_space: Condvar::new(),
             durable: AtomicU64::new(next - 1),
+            assigned: AtomicU64::new(next - 1),
             roll_requested: AtomicU64::new(0),
             progress: Mutex::new(Progress {
                 rolled: next - 1,
@@ -260,6 +263,9 @@ impl Wal {
             }
             let lsn = st.next;
             st.next += 1;
+            // Published under the state lock, so it never runs ahead of `next`; read
+            // without it by every reply (see `EventSink::last_lsn`).
+            sh.assigned.store(lsn, Ordering::Release);
             if let Err(e) = encoded {
                 // Unloggable means unacknowledgeable; stopping is the only safe answer.
                 drop(st);
@@ -287,7 +293,7 @@ impl Wal {
 
     /// The last LSN handed out (0 if none).
     pub fn last_lsn(&self) -> Lsn {
-        self.shared.state.lock().next - 1
+        self.shared.assigned.load(Ordering::Acquire)
     }
 
     /// The highest LSN acknowledged under the fsync policy.
@@ -496,6 +502,10 @@ impl EventSink for Wal {
     fn record(&self, event: &EventRef<'_>) -> Lsn {
         Wal::record(self, event)
     }
+
+    fn last_lsn(&self) -> Lsn {
+        Wal::last_lsn(self)
+    }
 }
 
 impl Drop for Wal {
@@ -674,6 +684,11 @@ impl Writer {
     /// Writes the batch, switching segments at roll points and at the size limit.
     /// Returns the highest `roll point - 1` carried out, if any.
     fn write_batch(&mut self, b: &Batch) -> Result<Option<Lsn>, WalError> {
+        if self.shared.opts.fault_write_delay_ms > 0 && b.records > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(
+                self.shared.opts.fault_write_delay_ms,
+            ));
+        }
         let limit = self.shared.opts.segment_bytes;
         let batch = std::mem::take(&mut self.batch);
         let res = (|| {
