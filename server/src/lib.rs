@@ -5,10 +5,12 @@
 //! - [`protocol`]: RESP framing and reply encoding. No stock logic.
 //! - [`cmd`]: one typed command per file, applied to the engine.
 //! - [`server`]: accept loop, connections, pipelining, limits.
+//! - [`session`]: server and connection state shared by `server` and `cmd`.
 pub mod cmd;
 pub mod engine;
 pub mod keyfiles;
 pub mod persist;
 pub mod protocol;
 pub mod server;
+pub mod session;
 pub mod wal;

@@ -41,7 +41,7 @@ pub struct Create<'a> {
 impl<'a> Create<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.create", args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         let total = a.next_u64()?;
         let opts = parse_opts(&mut a, false)?;
         Ok(Create { sku, total, opts })
@@ -67,7 +67,7 @@ pub struct Info<'a> {
 impl<'a> Info<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.info", args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         a.done()?;
         Ok(Info { sku })
     }
@@ -110,7 +110,7 @@ impl<'a> PauseResume<'a> {
     pub fn parse(args: &'a [Bytes], pause: bool) -> Result<Self, Reply> {
         let name = if pause { "sale.pause" } else { "sale.resume" };
         let mut a = Args::new(name, args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         a.done()?;
         Ok(PauseResume { sku, pause })
     }
@@ -132,7 +132,7 @@ pub struct Adjust<'a> {
 impl<'a> Adjust<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.adjust", args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         let delta = a.next_i64()?;
         a.done()?;
         Ok(Adjust { sku, delta })
@@ -155,7 +155,7 @@ pub struct Fence<'a> {
 impl<'a> Fence<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.fence", args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         let opts = parse_opts(&mut a, true)?;
         Ok(Fence { sku, opts })
     }
@@ -188,9 +188,9 @@ impl<'a> Restore<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.restore", args);
         let mut r = Restore {
-            sku: a.next_str("sku")?,
-            user: a.next_str("user")?,
-            request_id: a.next_str("request-id")?,
+            sku: a.next_sku()?,
+            user: a.next_user()?,
+            request_id: a.next_request_id()?,
             qty: to_u32(a.next_u64()?)?,
             expires_at: a.next_u64()?,
             created_at: a.next_u64()?,
@@ -243,7 +243,7 @@ impl<'a> Rebuild<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.rebuild", args);
         Ok(Rebuild {
-            sku: a.next_str("sku")?,
+            sku: a.next_sku()?,
             total: a.next_u64()?,
             committed: a.next_u64()?,
             fingerprint: a.next_str("fingerprint")?,

@@ -15,7 +15,6 @@
 //! every wait for an LSN that was not yet durable returns [`WalError::Failed`].
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +25,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::record::{encode_record, HEADER_LEN};
-use super::segment::{self, ActiveSegment};
+use super::segment::{self, ActiveSegment, Catalog};
 use super::snapshot::{self, SnapshotWritten};
 use super::{
     EventRef, EventSink, FsyncPolicy, Lsn, Recovery, Snapshot, WalError, WalOptions, WalStats,
@@ -58,9 +57,6 @@ struct Progress {
     failure: Option<Arc<str>>,
     closed: bool,
 }
-
-/// Segments on disk: first LSN -> last LSN, `None` for the one being appended to.
-pub(crate) type Catalog = BTreeMap<Lsn, Option<Lsn>>;
 
 struct Shared {
     dir: PathBuf,
@@ -339,6 +335,16 @@ impl Wal {
             return Ok(());
         }
         self.shared.check_assigned(lsn)?;
+        if self.shared.opts.fsync != FsyncPolicy::Always {
+            // Group commit across connections: let every other connection task that is
+            // ready in this turn of the scheduler append its records first, so one
+            // `write` covers them all (as Redis writes its AOF once per event-loop
+            // iteration) instead of one `write` per connection per request.
+            tokio::task::yield_now().await;
+            if lsn <= self.durable_lsn() {
+                return Ok(());
+            }
+        }
         loop {
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
