@@ -745,3 +745,25 @@ async fn sled_ledger_passes_the_suite() {
         Some(AdjustmentStatus::Applied)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_upgrade_to_allocations_keeps_existing_sales() {
+    // A ledger created before migration 0002, with a sale whose initial_allocation
+    // already includes adjustments mirrored the old way: after the upgrade its current
+    // allocation is that figure, and adjustments work on it.
+    let pg = TempPostgres::start().await.expect("postgres");
+    let l = PgLedger::connect(pg.url()).await.expect("connect");
+    let full = stockgate_client::ledger::postgres::migrator();
+    let mut first = stockgate_client::ledger::postgres::migrator();
+    first.migrations = std::borrow::Cow::Owned(full.migrations[..1].to_vec());
+    first.run(l.pool()).await.expect("migration 0001 alone");
+    sqlx::query("INSERT INTO sales (sku, initial_allocation) VALUES ('OLD', 77)")
+        .execute(l.pool())
+        .await
+        .expect("an old sale");
+    l.migrate().await.expect("upgrade");
+    let s = l.sale("OLD").await.unwrap().expect("sale");
+    assert_eq!((s.initial_allocation, s.allocation), (77, 77));
+    l.record_adjustment("OLD", "up-1", -7).await.unwrap();
+    assert_eq!(l.sale("OLD").await.unwrap().unwrap().allocation, 70);
+}
