@@ -8,15 +8,19 @@
 //! - [`checkout`]: reserve → materialize → pay (ledger first) / cancel.
 //! - [`sweeper`]: expired reservations reconciled ledger-first, any number at once.
 //! - [`rebuild`]: fail closed and rebuild a fenced sale from the ledger.
-//! - [`pgtemp`], [`testkit`]: throwaway Postgres and server processes for tests/benches.
+//!
+//! With the `testkit` feature (tests and the benchmark harness only; not part of the
+//! library's API): `pgtemp` and `testkit`, throwaway Postgres and server processes.
 pub mod adjust;
 pub mod checkout;
 pub mod client;
 pub mod gate;
 pub mod ledger;
+#[cfg(feature = "testkit")]
 pub mod pgtemp;
 pub mod rebuild;
 pub mod sweeper;
+#[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod token;
 pub mod types;
