@@ -23,9 +23,14 @@
 # user, unlimited stock, no per-user limit, random request id per call (a repeated id is
 # an idempotent REPLAY), so nearly every call is a new reservation on one shard.
 #
+# Before/after in one run: BASE_BIN=<older stockgate binary> adds base-t1, base-t2 and
+# base-ping (the same three stockgate targets on that binary) to the default targets, so
+# both builds meet the same machine load; on a shared machine that matters more than
+# anything else (figures move ±20–40 % between runs here, same-run ratios much less).
+#
 # Usage: benches/pinned.sh [TARGETS...]          (from anywhere; default: all)
 # Env:   STOCKGATE_BIN (default target/release/stockgate)  N=300000  POINTS="50:1 1000:1 50:16"
-#        SERVER_CPU=1 LOAD_CPU=0  OUT=file (also write the table there)
+#        BASE_BIN=path  SERVER_CPU=1 LOAD_CPU=0  OUT=file (also write the table there)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,7 +40,15 @@ POINTS=${POINTS:-"50:1 1000:1 50:16"}
 SERVER_CPU=${SERVER_CPU:-1}
 LOAD_CPU=${LOAD_CPU:-0}
 TARGETS=("$@")
-[[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=(redis-ping redis-per-user redis-seed sg-t1 sg-t2 sg-ping)
+BASE_BIN=${BASE_BIN:-}
+if [[ ${#TARGETS[@]} -eq 0 ]]; then
+  if [[ -n $BASE_BIN ]]; then
+    # Interleaved, so slow drifts of the machine's load hit both builds alike.
+    TARGETS=(redis-ping redis-per-user redis-seed sg-t1 base-t1 sg-t2 base-t2 sg-ping base-ping)
+  else
+    TARGETS=(redis-ping redis-per-user redis-seed sg-t1 sg-t2 sg-ping)
+  fi
+fi
 SKU=BENCH
 UNITS=1000000000000
 HZ=$(getconf CLK_TCK)
@@ -124,9 +137,9 @@ start_redis() { # dir -> sets PID PORT
   echo "redis did not start" >&2; exit 1
 }
 
-start_sg() { # dir threads -> sets PID PORT
+start_sg() { # dir threads bin -> sets PID PORT
   mkdir -p "$1"
-  taskset -c "$SERVER_CPU" timeout 3600 "$SG_BIN" --bind 127.0.0.1 --port 0 --data-dir "$1/data" \
+  taskset -c "$SERVER_CPU" timeout 3600 "$3" --bind 127.0.0.1 --port 0 --data-dir "$1/data" \
     --fsync everysec --threads "$2" >"$1/out" 2>"$1/err" &
   PID=$!; PIDS+=("$PID")
   server_pid
@@ -161,16 +174,20 @@ run_target() { # name
           cmd=(EVALSHA "$sha" 3 "$tag:stock" "$tag:expiry_index" "$tag:reservation:{$SKU}tok__rand_int__"
                "$SKU" bench-user 1 630 "$expiry" "{$SKU}tok__rand_int__") ;;
       esac ;;
-    sg-t1|sg-t2|sg-ping)
-      local threads=1
-      [[ $t == sg-t2 ]] && threads=2
-      start_sg "$dir" "$threads"
-      if [[ $t == sg-ping ]]; then
+    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping)
+      local threads=1 bin=$SG_BIN
+      [[ $t == *-t2 ]] && threads=2
+      if [[ $t == base-* ]]; then
+        [[ -x $BASE_BIN ]] || { echo "$t needs BASE_BIN" >&2; exit 2; }
+        bin=$BASE_BIN
+      fi
+      start_sg "$dir" "$threads" "$bin"
+      if [[ $t == *-ping ]]; then
         cmd=(PING)
       else
         timeout 10 redis-cli -p "$PORT" SALE.CREATE "$SKU" "$UNITS" >/dev/null
         local token check
-        token=$(timeout 10 "$SG_BIN" mint-token --data-dir "$dir/data" --sku "$SKU" --user bench-user --ttl-ms 86400000)
+        token=$(timeout 10 "$bin" mint-token --data-dir "$dir/data" --sku "$SKU" --user bench-user --ttl-ms 86400000)
         check=$(timeout 10 redis-cli -p "$PORT" RESERVE "$SKU" bench-user "$token" check-1 | head -n 1)
         [[ $check == RESERVED ]] || { echo "RESERVE check failed: $check" >&2; exit 1; }
         cmd=(RESERVE "$SKU" bench-user "$token" "req-__rand_int__")
@@ -189,6 +206,7 @@ for t in "${TARGETS[@]}"; do run_target "$t"; done
 
 {
   echo "benches/pinned.sh: $N requests per point, server on CPU $SERVER_CPU, redis-benchmark on CPU $LOAD_CPU"
+  [[ -n $BASE_BIN ]] && echo "base-*: the same stockgate targets on $BASE_BIN"
   echo "($(nproc) cores, $(redis-server --version | awk '{print $3}'), stockgate $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ))"
   echo
   printf '| %-15s | %-6s | %10s | %7s | %7s | %7s | %10s | %12s |\n' target "C/P" "req/s" "p50 ms" "p99 ms" "p99.9" "CPU µs/req" "CPU vs PING"

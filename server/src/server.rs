@@ -10,6 +10,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -132,20 +133,40 @@ async fn handle(
     let write_timeout = Duration::from_millis(cfg.write_timeout_ms.max(1));
     // One argument vector for the connection's life: parsing refills it in place.
     let mut argv: Vec<Bytes> = Vec::with_capacity(8);
-    // Created once, not per read: a fresh `changed()` per request would register in (and
-    // unregister from) the one shutdown channel every connection shares, a lock taken by
-    // every request on every core.
+    // Shutdown without a lock per request. Every connection shares one shutdown channel,
+    // and polling (or re-creating) its `changed()` future takes that channel's waiter
+    // lock each time: one shared lock per request on every core. Instead the future is
+    // polled once, here, which registers this task's waker with the channel for good
+    // (a task's waker stays valid for its whole life); from then on each turn only
+    // reads the channel's version, one atomic load, and the send at shutdown wakes the
+    // task through that registration.
+    let probe = stop.clone();
     let stopped = stop.changed();
     tokio::pin!(stopped);
+    let already = std::future::poll_fn(|cx| Poll::Ready(stopped.as_mut().poll(cx).is_ready()));
+    if already.await {
+        return;
+    }
+    let shutting_down = || {
+        std::future::poll_fn(|_| {
+            // A dropped sender counts as shutdown too, as `changed()` would say.
+            if probe.has_changed().unwrap_or(true) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+    };
     loop {
         if inbuf.capacity() - inbuf.len() < 4096 {
             inbuf.reserve(16 * 1024);
         }
         let read = tokio::select! {
-            // Reading first: a ready socket is served without polling the other arms.
+            // Fixed order: shutdown first (an atomic load), so a client that never stops
+            // sending still lets the server stop; then the socket.
             biased;
+            _ = shutting_down() => return,
             r = stream.read_buf(&mut inbuf) => r,
-            _ = &mut stopped => return,
             _ = async {
                 match idle {
                     Some(d) => tokio::time::sleep(d).await,
