@@ -19,8 +19,8 @@
 //! This module knows nothing of the engine's rules: events and snapshots are data.
 
 mod codec;
-pub mod record;
 pub mod reader;
+pub mod record;
 mod recovery;
 pub mod segment;
 pub mod snapshot;

@@ -208,7 +208,8 @@ fn scan(
         }
         let rec = &buf[pos..];
         let used = if lsn >= want {
-            let (payload, used) = frame(rec).map_err(|e| corrupt(buf_off + pos as u64, e.to_string()))?;
+            let (payload, used) =
+                frame(rec).map_err(|e| corrupt(buf_off + pos as u64, e.to_string()))?;
             let ev = decode_payload(payload)
                 .map_err(|e| corrupt(buf_off + pos as u64, RecordError::from(e).to_string()))?;
             let stop = matches!(visit(lsn, ev), Visit::Stop);
