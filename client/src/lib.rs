@@ -12,6 +12,7 @@ pub mod checkout;
 pub mod client;
 pub mod gate;
 pub mod ledger;
+pub mod materialize;
 pub mod pgtemp;
 pub mod rebuild;
 pub mod sweeper;

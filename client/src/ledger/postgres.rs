@@ -24,17 +24,27 @@ use crate::types::ExpiredReservation;
 
 /// The schema, embedded so the tools do not depend on their working directory.
 const INIT_SQL: &str = include_str!("../../../migrations/0001_init.sql");
+const FEED_POSITION_SQL: &str = include_str!("../../../migrations/0003_feed_position.sql");
 
 /// The migrator for `migrations/` (embedded copy).
 pub fn migrator() -> Migrator {
     Migrator {
-        migrations: Cow::Owned(vec![Migration::new(
-            1,
-            Cow::Borrowed("init"),
-            MigrationType::Simple,
-            Cow::Borrowed(INIT_SQL),
-            false,
-        )]),
+        migrations: Cow::Owned(vec![
+            Migration::new(
+                1,
+                Cow::Borrowed("init"),
+                MigrationType::Simple,
+                Cow::Borrowed(INIT_SQL),
+                false,
+            ),
+            Migration::new(
+                3,
+                Cow::Borrowed("feed_position"),
+                MigrationType::Simple,
+                Cow::Borrowed(FEED_POSITION_SQL),
+                false,
+            ),
+        ]),
         ..Migrator::DEFAULT
     }
 }
