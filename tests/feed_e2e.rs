@@ -87,7 +87,10 @@ fn feed_shows_nothing_before_it_is_durable() {
     let mut buf = [0u8; 256];
     let n = raw.read(&mut buf).unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).contains("RESERVED"));
-    assert!(t0.elapsed() >= Duration::from_millis(500), "woke before the write");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(500),
+        "woke before the write"
+    );
     let after = xread_all(&mut con);
     assert_eq!(after.iter().filter(|e| e.contains("reserved")).count(), 1);
 }
@@ -119,7 +122,10 @@ fn reserve_some(srv: &Server, sku: &str, n: usize) {
 fn feed_trimmed_position_is_a_clear_error_and_retention_keeps_it() {
     for (flags, trimmed) in [
         (&["--segment-mib", "1"][..], true),
-        (&["--segment-mib", "1", "--feed-retention", "1GiB"][..], false),
+        (
+            &["--segment-mib", "1", "--feed-retention", "1GiB"][..],
+            false,
+        ),
     ] {
         let srv = Server::start(flags);
         reserve_some(&srv, "TRIM", 200);

@@ -87,17 +87,25 @@ fn bulk(v: &Value) -> Option<String> {
 
 fn parse_entries(v: &Value) -> Result<Vec<FeedEvent>, MaterializeError> {
     let bad = || MaterializeError::Protocol(format!("{v:?}").chars().take(200).collect());
-    let Value::Array(items) = v else { return Err(bad()) };
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
     let mut out = Vec::with_capacity(items.len());
     for it in items {
-        let Value::Array(pair) = it else { return Err(bad()) };
-        let [id, kv] = pair.as_slice() else { return Err(bad()) };
+        let Value::Array(pair) = it else {
+            return Err(bad());
+        };
+        let [id, kv] = pair.as_slice() else {
+            return Err(bad());
+        };
         let id = bulk(id).ok_or_else(bad)?;
         let lsn = id
             .split_once('-')
             .and_then(|(a, _)| a.parse().ok())
             .ok_or_else(bad)?;
-        let Value::Array(kv) = kv else { return Err(bad()) };
+        let Value::Array(kv) = kv else {
+            return Err(bad());
+        };
         let mut fields = HashMap::with_capacity(kv.len() / 2);
         for c in kv.chunks(2) {
             if let [k, v] = c {
@@ -141,7 +149,9 @@ impl FeedReader {
         let mut conn = self.conn.clone();
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("COUNT").arg(count).arg("BLOCK").arg(block_ms);
-        cmd.arg("STREAMS").arg(&self.stream).arg(format!("{after_lsn}-0"));
+        cmd.arg("STREAMS")
+            .arg(&self.stream)
+            .arg(format!("{after_lsn}-0"));
         let v: Value = match cmd.query_async(&mut conn).await {
             Ok(v) => v,
             Err(e) if e.kind() != redis::ErrorKind::IoError && e.code().is_some() => {
@@ -253,7 +263,11 @@ impl Materializer {
     /// Applies `events` (read after `pos`) and moves the position past them, in one
     /// transaction. If the position moved meanwhile (another materializer), applies
     /// nothing and reports the current position.
-    pub async fn apply(&self, pos: u64, events: &[FeedEvent]) -> Result<BatchReport, MaterializeError> {
+    pub async fn apply(
+        &self,
+        pos: u64,
+        events: &[FeedEvent],
+    ) -> Result<BatchReport, MaterializeError> {
         let last = events.last().map_or(pos, |e| e.lsn);
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query("SELECT last_lsn FROM feed_position WHERE consumer = $1 FOR UPDATE")
@@ -361,11 +375,13 @@ impl Materializer {
             .await?;
             *n = row.try_get::<i64, _>(0)? as u64;
         }
-        sqlx::query("UPDATE feed_position SET last_lsn = $2, updated_at = now() WHERE consumer = $1")
-            .bind(&self.cfg.consumer)
-            .bind(last as i64)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE feed_position SET last_lsn = $2, updated_at = now() WHERE consumer = $1",
+        )
+        .bind(&self.cfg.consumer)
+        .bind(last as i64)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(rep)
     }
@@ -373,7 +389,10 @@ impl Materializer {
     /// Runs batches until `stop` resolves. Transient errors (server or database away)
     /// back off and retry; a trimmed position is returned, since only an operator can
     /// decide how to resynchronise.
-    pub async fn run(&self, stop: impl std::future::Future<Output = ()>) -> Result<(), MaterializeError> {
+    pub async fn run(
+        &self,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<(), MaterializeError> {
         tokio::pin!(stop);
         let mut backoff = Duration::from_millis(100);
         loop {

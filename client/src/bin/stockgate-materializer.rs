@@ -18,7 +18,11 @@ use stockgate_client::materialize::{
 )]
 struct Cli {
     /// Postgres URL of the ledger.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
     database_url: String,
     /// stockgate server (host:port or redis://user:pass@host:port; role sweeper or admin).
     #[arg(long, env = "STOCKGATE_ADDR", default_value = "127.0.0.1:7379")]

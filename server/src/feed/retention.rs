@@ -36,9 +36,11 @@ pub fn parse(spec: &str) -> Result<FeedRetention, String> {
             "m" | "min" => r.max_age = Some(Duration::from_secs(mul(60)?)),
             "h" => r.max_age = Some(Duration::from_secs(mul(3600)?)),
             "d" => r.max_age = Some(Duration::from_secs(mul(86_400)?)),
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "--feed-retention '{part}': unknown unit '{unit}' (B, KiB, MiB, GiB, s, m, h, d)"
-            )),
+            ))
+            }
         }
     }
     Ok(r)
