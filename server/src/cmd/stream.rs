@@ -98,7 +98,7 @@ impl XRead {
             }
         }
         let n = a.remaining();
-        if n == 0 || n % 2 != 0 {
+        if n == 0 || !n.is_multiple_of(2) {
             return Err(Reply::err(
                 "ERR Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.",
             ));
@@ -191,6 +191,9 @@ impl XRead {
     }
 }
 
+/// Streams that have entries, with them.
+type Found = Vec<(String, Vec<Entry>)>;
+
 /// Reads each stream after its cursor and moves the cursor past what was examined (a
 /// sale stream's scan may examine records without finding one). Returns the streams that
 /// have entries and, if a scan ran out of budget empty-handed, the error saying so.
@@ -198,7 +201,7 @@ fn poll(
     feed: &Feed,
     cursors: &mut [(Stream, Lsn)],
     count: usize,
-) -> Result<(Vec<(String, Vec<Entry>)>, Option<FeedError>), FeedError> {
+) -> Result<(Found, Option<FeedError>), FeedError> {
     let mut found = Vec::new();
     let mut exhausted = None;
     for (stream, after) in cursors.iter_mut() {
