@@ -7,7 +7,8 @@
 use std::collections::HashSet;
 
 use stockgate_client::ledger::{
-    LedgerCommit, Materialized, NewOrder, ReleaseReason, SaleRecord, SweepVerdict,
+    AdjustmentOutcome, AdjustmentStatus, LedgerCommit, Materialized, NewOrder, ReleaseReason,
+    SaleRecord, SweepVerdict,
 };
 use stockgate_client::pgtemp::TempPostgres;
 use stockgate_client::types::{now_ms, ExpiredReservation};
@@ -95,14 +96,139 @@ async fn case_sales<L: Ledger>(l: &L) {
         l.register_sale(&fp).await,
         Err(LedgerError::Conflict(_))
     ));
-    assert_eq!(l.adjust_allocation(SKU, 10).await.expect("adjust"), 1010);
-    assert_eq!(l.adjust_allocation(SKU, -10).await.expect("adjust"), 1000);
-    assert!(l.adjust_allocation(SKU, -5000).await.is_err());
+    assert_eq!(
+        got.allocation, 1000,
+        "a new sale's allocation is its initial one"
+    );
+    assert!(l.sales().await.expect("sales").iter().any(|x| x.sku == SKU));
+}
+
+async fn allocation<L: Ledger>(l: &L) -> u64 {
+    l.sale(SKU).await.unwrap().unwrap().allocation
+}
+
+async fn case_adjustments<L: Ledger>(l: &L) {
+    // Recorded once: the allocation moves on the first call only, however often retried.
+    let a = l.record_adjustment(SKU, "adj-1", -40).await.unwrap();
+    assert_eq!(a.status, AdjustmentStatus::Recorded);
+    assert_eq!((a.delta, a.allocation_after), (-40, 960));
+    assert_eq!(allocation(l).await, 960);
+    let again = l.record_adjustment(SKU, "adj-1", -40).await.unwrap();
+    assert_eq!(again.status, AdjustmentStatus::Recorded);
+    assert_eq!(allocation(l).await, 960, "a retry does not adjust twice");
+    // The same id for something else is refused, not silently merged.
     assert!(matches!(
-        l.adjust_allocation("NOPE", 1).await,
+        l.record_adjustment(SKU, "adj-1", -41).await,
+        Err(LedgerError::Conflict(_))
+    ));
+    // The initial allocation stays what the sale was created with: registering it again
+    // still works after adjustments.
+    let s = l.sale(SKU).await.unwrap().unwrap();
+    assert_eq!(s.initial_allocation, 1000);
+    l.register_sale(&s)
+        .await
+        .expect("re-register after adjustments");
+    assert_eq!(allocation(l).await, 960);
+
+    // Unconfirmed until the server has it.
+    let pending = l.adjustments(SKU, true).await.unwrap();
+    assert_eq!(
+        pending.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(),
+        ["adj-1"]
+    );
+    let done = l
+        .finish_adjustment(
+            "adj-1",
+            &AdjustmentOutcome::Applied {
+                server_total: Some(960),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.status, AdjustmentStatus::Applied);
+    assert_eq!(done.server_total, Some(960));
+    // Idempotent; and an applied adjustment cannot become refused.
+    l.finish_adjustment("adj-1", &AdjustmentOutcome::Applied { server_total: None })
+        .await
+        .unwrap();
+    assert!(matches!(
+        l.finish_adjustment("adj-1", &AdjustmentOutcome::Refused { reason: "x".into() })
+            .await,
+        Err(LedgerError::Conflict(_))
+    ));
+    assert!(l.adjustments(SKU, true).await.unwrap().is_empty());
+    // A retry of an applied adjustment says so and moves nothing.
+    assert_eq!(
+        l.record_adjustment(SKU, "adj-1", -40).await.unwrap().status,
+        AdjustmentStatus::Applied
+    );
+    assert_eq!(allocation(l).await, 960);
+
+    // Refused by the server: the allocation moves back, once.
+    l.record_adjustment(SKU, "adj-2", 15).await.unwrap();
+    assert_eq!(allocation(l).await, 975);
+    let refused = AdjustmentOutcome::Refused {
+        reason: "not enough available units".into(),
+    };
+    let r = l.finish_adjustment("adj-2", &refused).await.unwrap();
+    assert_eq!(r.status, AdjustmentStatus::Refused);
+    assert_eq!(r.detail.as_deref(), Some("not enough available units"));
+    assert_eq!(allocation(l).await, 960);
+    l.finish_adjustment("adj-2", &refused).await.unwrap();
+    assert_eq!(allocation(l).await, 960, "refusing twice moves back once");
+    assert_eq!(
+        l.record_adjustment(SKU, "adj-2", 15).await.unwrap().status,
+        AdjustmentStatus::Refused
+    );
+    assert_eq!(allocation(l).await, 960);
+
+    // Never below zero, never for an unknown sale, never a zero or empty adjustment.
+    assert!(matches!(
+        l.record_adjustment(SKU, "adj-3", -5000).await,
+        Err(LedgerError::Conflict(_))
+    ));
+    assert!(l.adjustment("adj-3").await.unwrap().is_none());
+    assert_eq!(allocation(l).await, 960);
+    assert!(matches!(
+        l.record_adjustment("NOPE", "adj-4", 1).await,
         Err(LedgerError::UnknownSale(_))
     ));
-    assert!(l.sales().await.expect("sales").iter().any(|x| x.sku == SKU));
+    assert!(matches!(
+        l.record_adjustment(SKU, "adj-5", 0).await,
+        Err(LedgerError::Invalid(_))
+    ));
+    assert!(matches!(
+        l.record_adjustment(SKU, "", 1).await,
+        Err(LedgerError::Invalid(_))
+    ));
+    assert!(matches!(
+        l.finish_adjustment("nope", &refused).await,
+        Err(LedgerError::NotFound(_))
+    ));
+    let all = l.adjustments(SKU, false).await.unwrap();
+    assert_eq!(
+        all.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(),
+        ["adj-1", "adj-2"]
+    );
+
+    // Concurrent retries of one id: recorded exactly once.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let l = l.clone();
+        tasks.push(tokio::spawn(async move {
+            l.record_adjustment(SKU, "adj-race", 7).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(allocation(l).await, 967, "eight racing retries adjust once");
+    l.finish_adjustment(
+        "adj-race",
+        &AdjustmentOutcome::Applied { server_total: None },
+    )
+    .await
+    .unwrap();
 }
 
 async fn case_materialize_commit<L: Ledger>(l: &L) {
@@ -167,13 +293,13 @@ async fn case_late_payment<L: Ledger>(l: &L) {
     assert_eq!(status(l, &o.token).await, OrderStatus::Pending);
     // Money moved anyway: compensation.
     assert_eq!(
-        l.mark_refund_required(&o.token, "pay-late", "late")
+        l.mark_refund_required(&o.token, Some("pay-late"), "late")
             .await
             .unwrap(),
         OrderStatus::Pending
     );
     assert_eq!(
-        l.mark_refund_required(&o.token, "pay-late", "late")
+        l.mark_refund_required(&o.token, Some("pay-late"), "late")
             .await
             .unwrap(),
         OrderStatus::RefundRequired
@@ -187,7 +313,7 @@ async fn case_late_payment<L: Ledger>(l: &L) {
     let p = order("late-live", 60_000);
     l.materialize(&p).await.unwrap();
     assert!(matches!(
-        l.mark_refund_required(&p.token, "x", "y").await,
+        l.mark_refund_required(&p.token, Some("x"), "y").await,
         Err(LedgerError::Refused { .. })
     ));
     // Extending brings an expired order back into the payable window.
@@ -202,6 +328,87 @@ async fn case_late_payment<L: Ledger>(l: &L) {
         l.extend(&e.token, now_ms() + 1).await,
         Err(LedgerError::Refused { .. })
     ));
+}
+
+async fn case_refund_keeps_payment_ref<L: Ledger>(l: &L) {
+    // The sweeper's refund branch (ledger COMMITTED, server RELEASED) knows only the
+    // token: the payment reference the refund needs must survive it.
+    let o = order("refund-ref", 60_000);
+    l.materialize(&o).await.unwrap();
+    l.commit(&o.token, "psp-ref-9").await.unwrap();
+    assert_eq!(
+        l.mark_refund_required(&o.token, None, "server released a committed reservation")
+            .await
+            .unwrap(),
+        OrderStatus::Committed
+    );
+    let got = l.order(&o.token).await.unwrap().unwrap();
+    assert_eq!(got.status, OrderStatus::RefundRequired);
+    assert_eq!(got.payment_ref.as_deref(), Some("psp-ref-9"));
+    // An empty reference is "unknown" too, never a value that replaces the stored one.
+    let e = order("refund-ref-empty", 60_000);
+    l.materialize(&e).await.unwrap();
+    l.commit(&e.token, "psp-ref-10").await.unwrap();
+    l.mark_refund_required(&e.token, Some(""), "r")
+        .await
+        .unwrap();
+    assert_eq!(
+        l.order(&e.token)
+            .await
+            .unwrap()
+            .unwrap()
+            .payment_ref
+            .as_deref(),
+        Some("psp-ref-10")
+    );
+    l.mark_refunded(&e.token).await.unwrap();
+    assert_eq!(
+        l.order(&e.token)
+            .await
+            .unwrap()
+            .unwrap()
+            .payment_ref
+            .as_deref(),
+        Some("psp-ref-10")
+    );
+    // A late capture names its own payment: that one is recorded.
+    let late = order("refund-ref-late", -1_000);
+    l.materialize(&late).await.unwrap();
+    l.mark_refund_required(&late.token, Some("psp-late"), "late")
+        .await
+        .unwrap();
+    assert_eq!(
+        l.order(&late.token)
+            .await
+            .unwrap()
+            .unwrap()
+            .payment_ref
+            .as_deref(),
+        Some("psp-late")
+    );
+}
+
+async fn case_live_pending<L: Ledger>(l: &L) {
+    const LIVE_SKU: &str = "LIVEPEND";
+    let mk = |tag: &str, expires_in: i64| {
+        let mut o = order(tag, expires_in);
+        o.sku = LIVE_SKU.into();
+        o.token = format!("{{{LIVE_SKU}}}{tag}");
+        o
+    };
+    let live = mk("lp-live", 60_000);
+    let late = mk("lp-late", -1_000);
+    let paid = mk("lp-paid", 60_000);
+    for o in [&live, &late, &paid] {
+        l.materialize(o).await.unwrap();
+    }
+    l.commit(&paid.token, "p").await.unwrap();
+    let got = l.live_pending_orders(LIVE_SKU).await.unwrap();
+    assert_eq!(
+        got.iter().map(|o| o.token.as_str()).collect::<Vec<_>>(),
+        [live.token.as_str()],
+        "only PENDING orders a payment could still commit"
+    );
 }
 
 async fn case_cancel<L: Ledger>(l: &L) {
@@ -226,7 +433,7 @@ async fn case_cancel<L: Ledger>(l: &L) {
         })
     ));
     assert_eq!(
-        l.mark_refund_required(&o.token, "p", "capture after cancel")
+        l.mark_refund_required(&o.token, Some("p"), "capture after cancel")
             .await
             .unwrap(),
         OrderStatus::Cancelled
@@ -245,7 +452,7 @@ async fn case_sweeper_branches<L: Ledger>(l: &L) {
     }
     l.commit(&committed.token, "p").await.unwrap();
     l.cancel(&cancelled.token).await.unwrap();
-    l.mark_refund_required(&refund.token, "p", "r")
+    l.mark_refund_required(&refund.token, Some("p"), "r")
         .await
         .unwrap();
     let missing = missing_item("sw-missing");
@@ -469,7 +676,10 @@ async fn run_suite<L: Ledger>(l: L) {
         };
     }
     case!(case_sales);
+    case!(case_adjustments);
     case!(case_materialize_commit);
+    case!(case_refund_keeps_payment_ref);
+    case!(case_live_pending);
     case!(case_late_payment);
     case!(case_cancel);
     case!(case_sweeper_branches);
@@ -511,6 +721,10 @@ async fn postgres_ledger_passes_the_suite() {
     assert!(err.is_err(), "order_events is append-only");
     let err = sqlx::query("DELETE FROM orders").execute(pool).await;
     assert!(err.is_err(), "orders are never deleted");
+    let err = sqlx::query("UPDATE sales SET allocation = -1")
+        .execute(pool)
+        .await;
+    assert!(err.is_err(), "an allocation is never negative");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -525,4 +739,31 @@ async fn sled_ledger_passes_the_suite() {
         l.order("{SUITE}mc").await.unwrap().map(|o| o.status),
         Some(OrderStatus::Committed)
     );
+    assert_eq!(l.sale(SKU).await.unwrap().map(|s| s.allocation), Some(967));
+    assert_eq!(
+        l.adjustment("adj-1").await.unwrap().map(|a| a.status),
+        Some(AdjustmentStatus::Applied)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_upgrade_to_allocations_keeps_existing_sales() {
+    // A ledger created before migration 0002, with a sale whose initial_allocation
+    // already includes adjustments mirrored the old way: after the upgrade its current
+    // allocation is that figure, and adjustments work on it.
+    let pg = TempPostgres::start().await.expect("postgres");
+    let l = PgLedger::connect(pg.url()).await.expect("connect");
+    let full = stockgate_client::ledger::postgres::migrator();
+    let mut first = stockgate_client::ledger::postgres::migrator();
+    first.migrations = std::borrow::Cow::Owned(full.migrations[..1].to_vec());
+    first.run(l.pool()).await.expect("migration 0001 alone");
+    sqlx::query("INSERT INTO sales (sku, initial_allocation) VALUES ('OLD', 77)")
+        .execute(l.pool())
+        .await
+        .expect("an old sale");
+    l.migrate().await.expect("upgrade");
+    let s = l.sale("OLD").await.unwrap().expect("sale");
+    assert_eq!((s.initial_allocation, s.allocation), (77, 77));
+    l.record_adjustment("OLD", "up-1", -7).await.unwrap();
+    assert_eq!(l.sale("OLD").await.unwrap().unwrap().allocation, 70);
 }

@@ -194,9 +194,9 @@ async fn adjust_refuses_deltas_beyond_any_total() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sale_info_is_never_torn_under_load() {
-    let s = Server::start(&["--fsync", "no"]);
+    let s = Server::start(&["--fsync", "no", "--threads", "2"]);
     let mut c = s.conn().await;
-    cmd(&mut c, &["SALE.CREATE", "S", "64", "SHARDS", "4"])
+    cmd(&mut c, &["SALE.CREATE", "S", "100000", "SHARDS", "4"])
         .await
         .unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -204,43 +204,54 @@ async fn sale_info_is_never_torn_under_load() {
     for w in 0..3 {
         let mut wc = s.conn().await;
         let keys = s.keyring();
+        // Tokens are derived by the server's reservation key; RELEASE/COMMIT need them.
+        let rkey = reservation_key(&s.data_dir);
         let stop = stop.clone();
         workers.push(tokio::spawn(async move {
-            let mut i = 0u64;
+            let mut round = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                // A pipeline of reserve + finish, so the server is always mid-transition.
-                let user = format!("u{w}-{}", i % 50);
-                let adm = keys.mint("S", &user, now_ms() + 600_000);
-                let rid = format!("r{w}-{i}");
-                let r = cmd(&mut wc, &["RESERVE", "S", &user, &adm, &rid])
-                    .await
-                    .unwrap();
-                if let Value::Array(items) = r {
-                    if as_str(&items[0]) == "RESERVED" {
-                        let t = as_str(&items[1]);
-                        let verb = if i % 7 == 0 { "COMMIT" } else { "RELEASE" };
-                        cmd(&mut wc, &[verb, &t]).await.unwrap();
-                    }
+                // Pipelines of RESERVEs, then of their RELEASE/COMMIT: both server threads
+                // are always mid-transition while SALE.INFO reads.
+                let mut p = redis::pipe();
+                let mut tokens = Vec::new();
+                for i in 0..64u64 {
+                    let user = format!("u{w}-{i}");
+                    let adm = keys.mint("S", &user, now_ms() + 600_000);
+                    let rid = format!("r{w}-{round}-{i}");
+                    tokens.push(rkey.derive("S", &user, &rid));
+                    p.cmd("RESERVE").arg("S").arg(&user).arg(&adm).arg(&rid);
                 }
-                i += 1;
+                let _: Vec<Value> = p.query_async(&mut wc).await.unwrap();
+                let mut p = redis::pipe();
+                for (i, t) in tokens.iter().enumerate() {
+                    p.cmd(if i % 7 == 0 { "COMMIT" } else { "RELEASE" }).arg(t);
+                }
+                let _: Vec<Value> = p.query_async(&mut wc).await.unwrap();
+                round += 1;
             }
         }));
     }
     let mut checked = 0;
-    let deadline = std::time::Instant::now() + Duration::from_secs(8);
-    while checked < 3000 && std::time::Instant::now() < deadline {
-        let info = cmd(&mut c, &["SALE.INFO", "S"]).await.unwrap();
-        let get = |f: &str| as_int(&field(&info, f).unwrap());
-        assert_eq!(
-            get("available") + get("reserved") + get("committed"),
-            get("total"),
-            "torn SALE.INFO after {checked} consistent reads: {info:?}"
-        );
-        checked += 1;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while checked < 40_000 && std::time::Instant::now() < deadline {
+        let mut p = redis::pipe();
+        for _ in 0..200 {
+            p.cmd("SALE.INFO").arg("S");
+        }
+        let infos: Vec<Value> = p.query_async(&mut c).await.unwrap();
+        for info in infos {
+            let get = |f: &str| as_int(&field(&info, f).unwrap());
+            assert_eq!(
+                get("available") + get("reserved") + get("committed"),
+                get("total"),
+                "torn SALE.INFO after {checked} consistent reads: {info:?}"
+            );
+            checked += 1;
+        }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for w in workers {
         w.await.unwrap();
     }
-    assert!(checked >= 500, "only {checked} reads");
+    assert!(checked >= 2_000, "only {checked} reads");
 }

@@ -10,7 +10,7 @@ use tracing::{error, warn};
 use crate::client::ClientError;
 use crate::gate::ReservationGate;
 use crate::ledger::{Ledger, LedgerCommit, LedgerError, Materialized, NewOrder, OrderStatus};
-use crate::types::{now_ms, CommitOk, ReserveOutcome};
+use crate::types::{now_ms, CommitOk, ReservationState, ReserveOutcome};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckoutError {
@@ -108,15 +108,19 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
                 return Err(CheckoutError::Limit { live_tokens })
             }
         };
-        // A replay's qty and creation time are the original's: read them back rather than
-        // trusting this request's arguments.
-        let (qty, created_at_ms, expires_at_ms) = if replay {
-            match self.gate.reservation(&token).await? {
-                Some(r) => (r.qty, r.created_at_ms, r.expires_at_ms),
-                None => (qty, now_ms(), expires_at_ms),
+        // Read the reservation back: a replay's qty and times are the original's, not this
+        // request's; and the server's exact creation time is what identifies this hold
+        // later (see `Order::same_hold`), so the ledger records the server's, not ours.
+        let (qty, created_at_ms, expires_at_ms) = match self.gate.reservation(&token).await {
+            Ok(Some(r)) => (r.qty, r.created_at_ms, r.expires_at_ms),
+            Ok(None) => (qty, now_ms(), expires_at_ms),
+            // The hold exists; an approximate creation time only weakens the identity
+            // check to the expiry, which is exact. Do not fail the checkout for it.
+            Err(e) if !replay => {
+                warn!(token = %token, error = %e, "could not read the new reservation back");
+                (qty, now_ms(), expires_at_ms)
             }
-        } else {
-            (qty, now_ms(), expires_at_ms)
+            Err(e) => return Err(e.into()),
         };
         let order = NewOrder {
             token: token.clone(),
@@ -128,6 +132,14 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             created_at_ms,
         };
         let m = self.materialize(&order).await?;
+        if m == Materialized::AlreadyCommitted && !replay {
+            // The server took stock again for a request that is already paid: it no longer
+            // knew the paid hold (purged by retention, or lost and rebuilt without it), so
+            // this new hold is not the one the payment paid for. Give its units back now
+            // rather than letting it sit until the sweeper finds it.
+            error!(token = %token, sku, user, request_id, "a paid request took a new hold on the server: releasing it");
+            self.gate.release(&token).await?;
+        }
         Ok(Hold {
             token,
             sku: order.sku,
@@ -187,6 +199,12 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             }
             Err(e) => return Err(e.into()),
         };
+        if !fresh && !self.server_holds_this_payment(token).await? {
+            // A retry of a payment the ledger already has, and the server's hold for this
+            // token (if any) is not the one it paid for: committing it would sell a unit
+            // twice. The paid units are already counted.
+            return Ok(PayOutcome::AlreadyCommitted);
+        }
         match self.gate.commit(token).await {
             Ok(CommitOk::Committed) => Ok(if fresh {
                 PayOutcome::Committed {
@@ -202,7 +220,7 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
                 error!(token = %token, "ledger committed but server had released: REFUND_REQUIRED");
                 let previous = self
                     .ledger
-                    .mark_refund_required(token, payment_ref, "server released the units")
+                    .mark_refund_required(token, Some(payment_ref), "server released the units")
                     .await?;
                 Ok(PayOutcome::RefundRequired { previous })
             }
@@ -212,7 +230,11 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
                 error!(token = %token, "ledger committed but server has no reservation: REFUND_REQUIRED");
                 let previous = self
                     .ledger
-                    .mark_refund_required(token, payment_ref, "server has no such reservation")
+                    .mark_refund_required(
+                        token,
+                        Some(payment_ref),
+                        "server has no such reservation",
+                    )
                     .await?;
                 Ok(PayOutcome::RefundRequired { previous })
             }
@@ -233,6 +255,33 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
         }
     }
 
+    /// For a payment already committed in the ledger: whether the server's reservation for
+    /// `token` is the hold that payment paid for (so `COMMIT` may finish it). A RESERVED
+    /// hold that is not is released (nobody paid for it); an unknown token (purged after
+    /// retention) has nothing to finish.
+    async fn server_holds_this_payment(&self, token: &str) -> Result<bool, CheckoutError> {
+        let Some(order) = self.ledger.order(token).await? else {
+            return Ok(false);
+        };
+        let Some(r) = self.gate.reservation(token).await? else {
+            return Ok(false);
+        };
+        if order.same_hold(&r) {
+            return Ok(true);
+        }
+        error!(
+            token = %token,
+            state = r.state.as_str(),
+            server_created_at_ms = r.created_at_ms,
+            ledger_created_at_ms = ?order.reservation_created_at_ms,
+            "paid order, but the server's hold for its token is another one: not committing it"
+        );
+        if r.state == ReservationState::Reserved {
+            self.gate.release(token).await?;
+        }
+        Ok(false)
+    }
+
     async fn refuse(
         &self,
         token: &str,
@@ -245,7 +294,11 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
         }
         let previous = self
             .ledger
-            .mark_refund_required(token, payment_ref, "payment after the reservation ended")
+            .mark_refund_required(
+                token,
+                Some(payment_ref),
+                "payment after the reservation ended",
+            )
             .await?;
         Ok(PayOutcome::RefundRequired { previous })
     }

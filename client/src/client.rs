@@ -38,6 +38,10 @@ pub enum ClientError {
     Server { code: String, detail: String },
     #[error("connection error: {0}")]
     Connection(#[source] RedisError),
+    /// The embedded engine's log could not make the state this call reports durable: the
+    /// outcome must not be acted on (it may not survive a crash).
+    #[error("not durable: {0}")]
+    NotDurable(String),
     #[error("unexpected reply to {command}: {reply}")]
     Protocol {
         command: &'static str,
@@ -295,8 +299,11 @@ impl StockgateClient {
         self.call(&cmd).await.map(|_| ())
     }
 
-    /// `SALE.RESTORE sku user request-id qty expires_at_ms created_at_ms` →
-    /// (newly restored, server-derived token).
+    /// `SALE.RESTORE sku user request-id qty expires_at_ms created_at_ms [STATE s]` →
+    /// (newly restored, server-derived token). `state`: RESERVED (a pending order, still
+    /// payable), COMMITTED (a paid order: a retry REPLAYs and its units count against the
+    /// per-user limit) or RELEASED (a cancelled order: a retry REPLAYs, nothing is taken).
+    #[allow(clippy::too_many_arguments)]
     pub async fn sale_restore(
         &self,
         sku: &str,
@@ -305,18 +312,21 @@ impl StockgateClient {
         qty: u32,
         expires_at_ms: i64,
         created_at_ms: i64,
+        state: ReservationState,
     ) -> Result<(bool, String), ClientError> {
-        let v = self
-            .call(
-                redis::cmd("SALE.RESTORE")
-                    .arg(sku)
-                    .arg(user)
-                    .arg(request_id)
-                    .arg(qty)
-                    .arg(expires_at_ms)
-                    .arg(created_at_ms),
-            )
-            .await?;
+        let mut cmd = redis::cmd("SALE.RESTORE");
+        cmd.arg(sku)
+            .arg(user)
+            .arg(request_id)
+            .arg(qty)
+            .arg(expires_at_ms)
+            .arg(created_at_ms);
+        // RESERVED is the default: leaving it out keeps pending restores working against a
+        // server that predates STATE.
+        if state != ReservationState::Reserved {
+            cmd.arg("STATE").arg(state.as_str());
+        }
+        let v = self.call(&cmd).await?;
         match &v {
             Value::Array(a) if a.len() == 2 => match (as_int(&a[0]), as_string(&a[1])) {
                 (Some(n), Some(t)) => Ok((n == 1, t)),

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use futures::future::join_all;
 use stockgate_server::engine::error::EngineError;
 use stockgate_server::engine::types::{ResState, ReservationView, SaleView};
-use stockgate_server::engine::{Engine, ReserveOutcome as EngineOutcome, ReserveRequest};
+use stockgate_server::engine::{Engine, Lsn, ReserveOutcome as EngineOutcome, ReserveRequest};
+use stockgate_server::server::Durability;
 
 use crate::client::{ClientError, StockgateClient};
 use crate::ledger::SaleRecord;
@@ -56,11 +57,21 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
 
     fn sale_list(&self) -> impl Future<Output = Result<Vec<String>, ClientError>> + Send;
 
+    /// `SALE.ADJUST sku delta` → new total. Use [`crate::adjust::adjust_sale`], which
+    /// writes the ledger first; this is its server step.
+    fn adjust(
+        &self,
+        sku: &str,
+        delta: i64,
+    ) -> impl Future<Output = Result<i64, ClientError>> + Send;
+
     /// `SALE.FENCE` with the ledger's parameters (so a server that lost the sale gets it
     /// back fenced, with 0 available).
     fn fence(&self, sale: &SaleRecord) -> impl Future<Output = Result<(), ClientError>> + Send;
 
-    /// `SALE.RESTORE` → (newly restored, server-derived token).
+    /// `SALE.RESTORE ... STATE state` → (newly restored, server-derived token). A token
+    /// the server already holds is left as it is (`false`), whatever `state` says.
+    #[allow(clippy::too_many_arguments)]
     fn restore(
         &self,
         sku: &str,
@@ -69,6 +80,7 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
         qty: u32,
         expires_at_ms: i64,
         created_at_ms: i64,
+        state: ReservationState,
     ) -> impl Future<Output = Result<(bool, String), ClientError>> + Send;
 
     /// `SALE.REBUILD` → available.
@@ -137,10 +149,13 @@ impl ReservationGate for StockgateClient {
     async fn sale_list(&self) -> Result<Vec<String>, ClientError> {
         StockgateClient::sale_list(self).await
     }
+    async fn adjust(&self, sku: &str, delta: i64) -> Result<i64, ClientError> {
+        self.sale_adjust(sku, delta).await
+    }
     async fn fence(&self, sale: &SaleRecord) -> Result<(), ClientError> {
         self.sale_fence(
             &sale.sku,
-            Some(sale.initial_allocation),
+            Some(sale.allocation),
             sale.shards,
             sale.ttl_ms,
             sale.per_user_limit,
@@ -155,9 +170,18 @@ impl ReservationGate for StockgateClient {
         qty: u32,
         expires_at_ms: i64,
         created_at_ms: i64,
+        state: ReservationState,
     ) -> Result<(bool, String), ClientError> {
-        self.sale_restore(sku, user, request_id, qty, expires_at_ms, created_at_ms)
-            .await
+        self.sale_restore(
+            sku,
+            user,
+            request_id,
+            qty,
+            expires_at_ms,
+            created_at_ms,
+            state,
+        )
+        .await
     }
     async fn rebuild(
         &self,
@@ -170,26 +194,87 @@ impl ReservationGate for StockgateClient {
     }
 }
 
-/// The engine embedded in-process (no TCP). The engine is synchronous and fast (no I/O
-/// when built with a null sink), so its calls run inline on the async task.
+/// The engine embedded in-process (no TCP). The engine is synchronous and fast, so its
+/// calls run inline on the async task.
+///
+/// With a durability waiter ([`EngineGate::with_durability`]; the WAL's is
+/// `stockgate_server::persist::WalDurability`) every call returns only once the log
+/// position its answer depends on is durable, as the TCP server answers only after the
+/// log acknowledged: the LSN the engine call returned, or — for answers that report a
+/// state without an LSN of their own (errors, no-ops, lists, SALE.INFO) — the highest
+/// LSN assigned so far, which covers whatever record made that state. Without a waiter
+/// (an engine over a `NullSink`) nothing is waited for.
 #[derive(Clone)]
 pub struct EngineGate {
     engine: Arc<Engine>,
+    durability: Option<Arc<dyn Durability>>,
 }
 
 impl EngineGate {
+    /// An engine whose log needs no waiting (a `NullSink`, tests).
     pub fn new(engine: Arc<Engine>) -> Self {
-        EngineGate { engine }
+        EngineGate {
+            engine,
+            durability: None,
+        }
+    }
+
+    /// An engine writing a log: every answer waits until what it reports is durable.
+    pub fn with_durability(engine: Arc<Engine>, durability: Arc<dyn Durability>) -> Self {
+        EngineGate {
+            engine,
+            durability: Some(durability),
+        }
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
+
+    /// Wait until `lsn` is durable; 0 (the engine's "no record of its own") means the
+    /// answer rests on whatever was logged before it: wait for the last LSN assigned.
+    async fn durable(&self, lsn: Lsn) -> Result<(), ClientError> {
+        let Some(d) = &self.durability else {
+            return Ok(());
+        };
+        let lsn = if lsn == 0 {
+            self.engine.last_lsn()
+        } else {
+            lsn
+        };
+        if lsn == 0 {
+            return Ok(());
+        }
+        d.wait(lsn).await.map_err(ClientError::NotDurable)
+    }
+
+    /// An answer without an LSN of its own (a read, a list, an error): it may report a
+    /// state whose record is still in flight, so wait for everything assigned so far.
+    async fn durable_now(&self) -> Result<(), ClientError> {
+        self.durable(0).await
+    }
+
+    /// An engine result: on success wait for its LSN, on error for the last LSN (the
+    /// error — RELEASED, NORES, EXPIRED, FENCED... — reports a state too).
+    async fn settle<T>(&self, r: Result<(T, Lsn), EngineError>) -> Result<T, ClientError> {
+        match r {
+            Ok((v, lsn)) => {
+                self.durable(lsn).await?;
+                Ok(v)
+            }
+            Err(e) => {
+                self.durable_now().await?;
+                Err(engine_error(e))
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for EngineGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("EngineGate")
+        f.debug_struct("EngineGate")
+            .field("durable", &self.durability.is_some())
+            .finish()
     }
 }
 
@@ -224,6 +309,14 @@ fn state_of(s: ResState) -> ReservationState {
         ResState::Reserved => ReservationState::Reserved,
         ResState::Committed => ReservationState::Committed,
         ResState::Released => ReservationState::Released,
+    }
+}
+
+fn res_state_of(s: ReservationState) -> ResState {
+    match s {
+        ReservationState::Reserved => ResState::Reserved,
+        ReservationState::Committed => ResState::Committed,
+        ReservationState::Released => ResState::Released,
     }
 }
 
@@ -273,7 +366,9 @@ impl ReservationGate for EngineGate {
             request_id,
             qty,
         };
-        let (out, _lsn) = self.engine.reserve(&req).map_err(engine_error)?;
+        // SOLDOUT and LIMIT carry LSN 0: LIMIT names live tokens whose records may still be
+        // in flight, so `settle` waits for the last LSN then.
+        let out = self.settle(self.engine.reserve(&req)).await?;
         Ok(match out {
             EngineOutcome::Reserved {
                 token,
@@ -305,9 +400,9 @@ impl ReservationGate for EngineGate {
         count: usize,
         sku: Option<&str>,
     ) -> Result<Vec<ExpiredReservation>, ClientError> {
-        Ok(self
-            .engine
-            .expired(count, sku)
+        let list = self.engine.expired(count, sku);
+        self.durable_now().await?;
+        Ok(list
             .into_iter()
             .map(|v| ExpiredReservation {
                 token: v.token,
@@ -321,29 +416,42 @@ impl ReservationGate for EngineGate {
     }
 
     async fn release(&self, token: &str) -> Result<bool, ClientError> {
-        Ok(self.engine.release(token).0)
+        // `:0` carries the LSN of the record that finished the reservation (or 0 for an
+        // unknown token): "already released" is a state too.
+        let (released, lsn) = self.engine.release(token);
+        self.durable(lsn).await?;
+        Ok(released)
     }
 
     async fn commit(&self, token: &str) -> Result<CommitOk, ClientError> {
-        match self.engine.commit(token).map_err(engine_error)? {
-            (true, _) => Ok(CommitOk::Committed),
-            (false, _) => Ok(CommitOk::AlreadyCommitted),
+        match self.settle(self.engine.commit(token)).await? {
+            true => Ok(CommitOk::Committed),
+            false => Ok(CommitOk::AlreadyCommitted),
         }
     }
 
     async fn reservation(&self, token: &str) -> Result<Option<ReservationInfo>, ClientError> {
-        Ok(self.engine.reservation(token).map(|(v, _)| info_of(v)))
+        match self.engine.reservation(token) {
+            Some((v, lsn)) => {
+                self.durable(lsn).await?;
+                Ok(Some(info_of(v)))
+            }
+            None => {
+                // "Unknown" may be a purge still in flight.
+                self.durable_now().await?;
+                Ok(None)
+            }
+        }
     }
 
     async fn extend(&self, token: &str, ms: u64) -> Result<i64, ClientError> {
-        self.engine
-            .extend(token, ms)
-            .map(|(at, _)| ms_i64(at))
-            .map_err(engine_error)
+        self.settle(self.engine.extend(token, ms)).await.map(ms_i64)
     }
 
     async fn sale_info(&self, sku: &str) -> Result<Option<SaleInfo>, ClientError> {
-        match self.engine.sale_info(sku) {
+        let r = self.engine.sale_info(sku);
+        self.durable_now().await?;
+        match r {
             Ok(v) => Ok(Some(sale_info_of(&v, self.engine.key_fingerprint()))),
             Err(EngineError::NoSale) => Ok(None),
             Err(e) => Err(engine_error(e)),
@@ -351,20 +459,27 @@ impl ReservationGate for EngineGate {
     }
 
     async fn sale_list(&self) -> Result<Vec<String>, ClientError> {
-        Ok(self.engine.list_sales())
+        let list = self.engine.list_sales();
+        self.durable_now().await?;
+        Ok(list)
+    }
+
+    async fn adjust(&self, sku: &str, delta: i64) -> Result<i64, ClientError> {
+        // ADJUST 0 answers the total with LSN 0: `settle` waits for the last LSN then.
+        self.settle(self.engine.adjust(sku, delta))
+            .await
+            .map(ms_i64)
     }
 
     async fn fence(&self, sale: &SaleRecord) -> Result<(), ClientError> {
-        self.engine
-            .fence(
-                &sale.sku,
-                Some(sale.initial_allocation),
-                sale.shards,
-                sale.ttl_ms,
-                sale.per_user_limit,
-            )
-            .map(|_| ())
-            .map_err(engine_error)
+        let r = self.engine.fence(
+            &sale.sku,
+            Some(sale.allocation),
+            sale.shards,
+            sale.ttl_ms,
+            sale.per_user_limit,
+        );
+        self.settle(r.map(|lsn| ((), lsn))).await
     }
 
     async fn restore(
@@ -375,8 +490,10 @@ impl ReservationGate for EngineGate {
         qty: u32,
         expires_at_ms: i64,
         created_at_ms: i64,
+        state: ReservationState,
     ) -> Result<(bool, String), ClientError> {
-        self.engine
+        let r = self
+            .engine
             .restore(
                 sku,
                 user,
@@ -384,10 +501,10 @@ impl ReservationGate for EngineGate {
                 qty,
                 ms_u64(expires_at_ms),
                 ms_u64(created_at_ms),
-                ResState::Reserved,
+                res_state_of(state),
             )
-            .map(|(n, t, _)| (n, t.to_string()))
-            .map_err(engine_error)
+            .map(|(n, t, lsn)| ((n, t.to_string()), lsn));
+        self.settle(r).await
     }
 
     async fn rebuild(
@@ -397,9 +514,7 @@ impl ReservationGate for EngineGate {
         committed: u64,
         fingerprint: &str,
     ) -> Result<i64, ClientError> {
-        self.engine
-            .rebuild(sku, total, committed, fingerprint)
-            .map(|(a, _)| a)
-            .map_err(engine_error)
+        self.settle(self.engine.rebuild(sku, total, committed, fingerprint))
+            .await
     }
 }

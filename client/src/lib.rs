@@ -1,21 +1,27 @@
 //! stockgate client: the typed RESP client, the ledgers (Postgres and embedded sled), the
 //! checkout flow, the sweeper and the rebuild of a fenced sale.
 //!
+//! - [`adjust`]: change a sale's allocation, ledger first, idempotent under retry.
 //! - [`client`]: typed async client for PROTOCOL.md.
 //! - [`gate`]: what the lifecycle needs from the server, over TCP or the embedded engine.
 //! - [`ledger`]: the judge — Postgres and sled backends of one interface.
 //! - [`checkout`]: reserve → materialize → pay (ledger first) / cancel.
 //! - [`sweeper`]: expired reservations reconciled ledger-first, any number at once.
 //! - [`rebuild`]: fail closed and rebuild a fenced sale from the ledger.
-//! - [`pgtemp`], [`testkit`]: throwaway Postgres and server processes for tests/benches.
+//!
+//! With the `testkit` feature (tests and the benchmark harness only; not part of the
+//! library's API): `pgtemp` and `testkit`, throwaway Postgres and server processes.
+pub mod adjust;
 pub mod checkout;
 pub mod client;
 pub mod gate;
 pub mod ledger;
 pub mod materialize;
+#[cfg(feature = "testkit")]
 pub mod pgtemp;
 pub mod rebuild;
 pub mod sweeper;
+#[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod token;
 pub mod types;

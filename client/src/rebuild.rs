@@ -1,12 +1,23 @@
 //! Fail closed, then rebuild from the ledger (DESIGN.md, "Durability"):
 //! a sale whose server state is unproven is FENCED (refuses RESERVE) until
-//! `available = initial allocation − committed − verified pending` is restored from the
-//! ledger, with each verified pending reservation put back with its expiry so it can
-//! still commit or expire.
+//! `available = allocation − committed − verified pending` is restored from the ledger.
 //!
-//! "Verified": the server re-derives each pending order's token from
-//! `(sku, user, request-id)` with its reservation key; a token that differs from the
-//! ledger's means another key, and the rebuild aborts (it would break idempotency).
+//! The ledger is the one truth for everything the server must know again:
+//! - the *current* allocation (`sales.allocation`: the initial one plus every recorded
+//!   adjustment), never the initial one, so units withdrawn with `adjust` stay withdrawn;
+//! - every pending order, put back RESERVED with its expiry so it can still commit or
+//!   expire;
+//! - every paid order, put back COMMITTED, so a retry of its `(sku, user, request-id)`
+//!   REPLAYs instead of taking stock again, and its units count against the per-user
+//!   limit;
+//! - every cancelled or refunded order that has a request id, put back RELEASED, so a
+//!   retry REPLAYs (and is then refused by the ledger) instead of holding stock until it
+//!   expires. Sweeper tombstones have no request id: the server cannot derive their token,
+//!   and their retry takes a unit that the sweeper gives back after the TTL.
+//!
+//! "Verified": the server re-derives each order's token from `(sku, user, request-id)`
+//! with its reservation key; a token that differs from the ledger's means another key, and
+//! the rebuild aborts (it would break idempotency).
 //!
 //! Commits racing the rebuild: a restored reservation can be committed on the server
 //! while the sale is fenced. `SALE.REBUILD` counts units of RESERVED reservations at its
@@ -15,16 +26,21 @@
 //! before", and afterwards check that none of those moved; if one did (its commit may have
 //! landed before the rebuild and been counted nowhere), we fence again and redo. Erring
 //! this way can only undersell, never oversell.
+//!
+//! A ledger-COMMITTED order whose token the server holds RESERVED as *another* hold (one
+//! created after the paid one was lost: other creation time, expiry or quantity) is not the
+//! hold the payment paid for: that hold is released, and the paid units are counted as
+//! committed.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use futures::future::join_all;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::client::ClientError;
 use crate::gate::ReservationGate;
-use crate::ledger::{Ledger, LedgerError, Order, OrderStatus};
-use crate::types::ReservationState;
+use crate::ledger::{AdjustmentOutcome, Ledger, LedgerError, Order, OrderStatus};
+use crate::types::{ReservationInfo, ReservationState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RebuildError {
@@ -39,7 +55,7 @@ pub enum RebuildError {
         ledger_token: String,
         server_token: String,
     },
-    #[error("pending order {0} has no request id: cannot re-derive its token")]
+    #[error("order {0} has no request id: cannot re-derive its token")]
     NoRequestId(String),
     #[error("commits kept racing the rebuild after {0} attempts; the sale stays fenced")]
     Unstable(u32),
@@ -69,12 +85,19 @@ impl Default for RebuildOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RebuildReport {
     pub sku: String,
+    /// The ledger's current allocation, which became the server's total.
     pub total: u64,
     /// Committed units passed to SALE.REBUILD (ledger COMMITTED not still RESERVED).
     pub committed_units: u64,
     /// Pending orders put back (or found already present).
     pub restored: u64,
     pub restored_units: u64,
+    /// Paid orders put back COMMITTED (or found already present).
+    pub restored_committed: u64,
+    /// Cancelled/refunded orders put back RELEASED (or found already present).
+    pub restored_released: u64,
+    /// Holds released because they were not the hold the ledger's payment paid for.
+    pub foreign_holds_released: u64,
     pub available: i64,
     /// The server did not know the sale (lost state) and it was created fenced.
     pub was_lost: bool,
@@ -91,6 +114,10 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
     sku: &str,
     opts: &RebuildOptions,
 ) -> Result<RebuildReport, RebuildError> {
+    // Unconfirmed adjustments first, then the sale: every adjustment read here is included
+    // in the allocation read after it, so once the server's total is that allocation they
+    // are all applied there.
+    let unconfirmed = ledger.adjustments(sku, true).await?;
     let sale = ledger
         .sale(sku)
         .await?
@@ -132,49 +159,102 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
         }
     }
 
+    // Finished orders that are not sales: RELEASED records, once (their status no longer
+    // matters to the counters, and a restore of a present token changes nothing).
+    let mut finished = Vec::new();
+    for status in [
+        OrderStatus::Cancelled,
+        OrderStatus::CancelledBySweeper,
+        OrderStatus::RefundRequired,
+        OrderStatus::Refunded,
+    ] {
+        finished.extend(
+            ledger
+                .orders(sku, Some(status))
+                .await?
+                .into_iter()
+                // Tombstones: EXPIRED gave no request id, so no token can be re-derived.
+                .filter(|o| o.request_id.is_some()),
+        );
+    }
+    restore_all(gate, &finished, ReservationState::Released).await?;
+
+    let mut foreign_holds_released = 0u64;
     for attempt in 1..=opts.max_attempts {
-        // 1. Put back every verified pending reservation (idempotent across attempts).
+        // 1. Put back every verified pending and paid order (idempotent across attempts).
         let pending = ledger.orders(sku, Some(OrderStatus::Pending)).await?;
-        let mut restored_units = 0u64;
-        for chunk in pending.chunks(CHUNK) {
-            let results = join_all(chunk.iter().map(|o| restore_one(gate, o))).await;
-            for r in results {
-                r?;
-            }
-            restored_units += chunk.iter().map(|o| u64::from(o.qty)).sum::<u64>();
-        }
+        restore_all(gate, &pending, ReservationState::Reserved).await?;
+        let restored_units: u64 = pending.iter().map(|o| u64::from(o.qty)).sum();
+        let committed = ledger.orders(sku, Some(OrderStatus::Committed)).await?;
+        restore_all(gate, &committed, ReservationState::Committed).await?;
 
         // 2. Orders whose reservation is RESERVED on the server right now: pending ones
         //    just restored, and committed ones whose server COMMIT has not landed yet.
-        let committed = ledger.orders(sku, Some(OrderStatus::Committed)).await?;
         let candidates: Vec<&Order> = pending.iter().chain(committed.iter()).collect();
-        let reserved_now = reserved_tokens(gate, &candidates).await?;
+        let mut reserved_now = reserved_tokens(gate, &candidates).await?;
+
+        // A paid order's token held RESERVED by a hold the payment did not pay for: give
+        // that hold back and count the paid units as committed (they are sold).
+        for o in &committed {
+            let Some(r) = reserved_now.get(&o.token) else {
+                continue;
+            };
+            if o.same_hold(r) {
+                continue;
+            }
+            error!(
+                sku,
+                token = %o.token,
+                ledger_qty = o.qty,
+                server_qty = r.qty,
+                server_created_at_ms = r.created_at_ms,
+                "the server holds a paid order's token as another, unpaid hold: releasing it"
+            );
+            gate.release(&o.token).await?;
+            reserved_now.remove(&o.token);
+            foreign_holds_released += 1;
+        }
 
         // 3. Committed units the server must count as committed (the rest it counts as
         //    reserved, and its own COMMIT moves them over later).
         let committed_units: u64 = committed
             .iter()
-            .filter(|o| !reserved_now.contains(&o.token))
+            .filter(|o| !reserved_now.contains_key(&o.token))
             .map(|o| u64::from(o.qty))
             .sum();
         let available = gate
-            .rebuild(sku, sale.initial_allocation, committed_units, &server_fp)
+            .rebuild(sku, sale.allocation, committed_units, &server_fp)
             .await?;
 
         // 4. Did any of those move while we computed? Then the figure may be stale.
         let still: Vec<&Order> = candidates
             .iter()
             .copied()
-            .filter(|o| reserved_now.contains(&o.token))
+            .filter(|o| reserved_now.contains_key(&o.token))
             .collect();
         let still_reserved = reserved_tokens(gate, &still).await?;
         if still_reserved.len() == reserved_now.len() {
+            // The server's total is now the ledger's allocation, which includes every
+            // adjustment read before it.
+            for a in &unconfirmed {
+                ledger
+                    .finish_adjustment(
+                        &a.id,
+                        &AdjustmentOutcome::Applied {
+                            server_total: i64::try_from(sale.allocation).ok(),
+                        },
+                    )
+                    .await?;
+            }
             let report = RebuildReport {
                 sku: sku.to_string(),
-                total: sale.initial_allocation,
+                total: sale.allocation,
                 committed_units,
                 restored: pending.len() as u64,
                 restored_units,
+                restored_committed: committed.len() as u64,
+                restored_released: finished.len() as u64,
+                foreign_holds_released,
                 available,
                 was_lost,
                 attempts: attempt,
@@ -191,14 +271,39 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
     Err(RebuildError::Unstable(opts.max_attempts))
 }
 
-async fn restore_one<G: ReservationGate>(gate: &G, o: &Order) -> Result<(), RebuildError> {
+async fn restore_all<G: ReservationGate>(
+    gate: &G,
+    orders: &[Order],
+    state: ReservationState,
+) -> Result<(), RebuildError> {
+    for chunk in orders.chunks(CHUNK) {
+        for r in join_all(chunk.iter().map(|o| restore_one(gate, o, state))).await {
+            r?;
+        }
+    }
+    Ok(())
+}
+
+async fn restore_one<G: ReservationGate>(
+    gate: &G,
+    o: &Order,
+    state: ReservationState,
+) -> Result<(), RebuildError> {
     let request_id = o
         .request_id
         .as_deref()
         .ok_or_else(|| RebuildError::NoRequestId(o.token.clone()))?;
     let created = o.reservation_created_at_ms.unwrap_or(o.created_at_ms);
     let (_new, token) = gate
-        .restore(&o.sku, &o.user, request_id, o.qty, o.expires_at_ms, created)
+        .restore(
+            &o.sku,
+            &o.user,
+            request_id,
+            o.qty,
+            o.expires_at_ms,
+            created,
+            state,
+        )
         .await?;
     if token != o.token {
         return Err(RebuildError::TokenMismatch {
@@ -209,17 +314,18 @@ async fn restore_one<G: ReservationGate>(gate: &G, o: &Order) -> Result<(), Rebu
     Ok(())
 }
 
+/// The server's view of those orders that it holds RESERVED right now.
 async fn reserved_tokens<G: ReservationGate>(
     gate: &G,
     orders: &[&Order],
-) -> Result<HashSet<String>, RebuildError> {
-    let mut out = HashSet::new();
+) -> Result<HashMap<String, ReservationInfo>, RebuildError> {
+    let mut out = HashMap::new();
     for chunk in orders.chunks(CHUNK) {
         let results = join_all(chunk.iter().map(|o| gate.reservation(&o.token))).await;
         for (o, r) in chunk.iter().zip(results) {
             if let Some(info) = r? {
                 if info.state == ReservationState::Reserved {
-                    out.insert(o.token.clone());
+                    out.insert(o.token.clone(), info);
                 }
             }
         }

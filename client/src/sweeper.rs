@@ -8,6 +8,20 @@
 //! - COMMITTED → `COMMIT` on the server (cleanup, no stock back);
 //! - no order → tombstone first (a late materialize is refused), then `RELEASE`.
 //!
+//! Before sweeping a sale, each pass checks that the server's state is one the ledger can
+//! explain, and fails closed (`SALE.FENCE`, an error log naming the reason) when it is
+//! not:
+//! - the ledger holds more committed units than the server's total, or a live PENDING
+//!   order whose token the server does not know: the server lost acknowledged state;
+//! - the server's total exceeds the ledger's allocation by more than adjustments still in
+//!   flight explain (someone ran `SALE.ADJUST` by hand, or a withdrawal never reached the
+//!   server): it could sell units that do not exist. A total *below* the allocation only
+//!   undersells: it is reported as loudly, and not fenced.
+//!
+//! For a COMMITTED order, the server's hold is committed only if it is the hold the
+//! payment paid for ([`crate::ledger::Order::same_hold`]); another hold under the same
+//! token (a retry after the paid one was purged or lost) is released instead.
+//!
 //! `RELEASE` is exactly-once on the server, so any number of sweepers may run at once.
 //! If the ledger is unreachable nothing is released (the ledger decision comes first); if
 //! the server is unreachable the pass stops; either way the sweeper logs, backs off and
@@ -16,13 +30,14 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use futures::future::join_all;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
 use crate::client::ClientError;
 use crate::gate::ReservationGate;
-use crate::ledger::{Ledger, LedgerError, ReleaseReason, SweepVerdict};
-use crate::types::CommitOk;
+use crate::ledger::{Adjustment, Ledger, LedgerError, ReleaseReason, SaleRecord, SweepVerdict};
+use crate::types::{now_ms, CommitOk, ReservationState, SaleInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
@@ -49,6 +64,14 @@ pub struct SweeperConfig {
     pub max_backoff: Duration,
     /// Upper bound on batches per SKU per pass, so one pass cannot run forever.
     pub max_batches_per_pass: usize,
+    /// How long an unconfirmed adjustment (recorded in the ledger, `SALE.ADJUST` not yet
+    /// confirmed) may explain a difference between the server's total and the ledger's
+    /// allocation before it counts as stuck. Covers the moment between the two steps of
+    /// `stockgate-sweeper adjust`.
+    pub adjust_grace: Duration,
+    /// Check every live PENDING order's token on the server each pass (one `RESERVATION`
+    /// per order, pipelined): a token the server does not know proves lost state.
+    pub verify_pending: bool,
 }
 
 impl Default for SweeperConfig {
@@ -59,6 +82,8 @@ impl Default for SweeperConfig {
             skus: None,
             max_backoff: Duration::from_secs(30),
             max_batches_per_pass: 10_000,
+            adjust_grace: Duration::from_secs(60),
+            verify_pending: true,
         }
     }
 }
@@ -84,6 +109,15 @@ pub struct PassReport {
     pub fenced_skus: Vec<String>,
     /// Sales the ledger knows and the server does not (lost state): fenced by this pass.
     pub lost_skus: Vec<String>,
+    /// Sales fenced by this pass because the ledger proves the server lost state or the
+    /// server's total exceeds the ledger's allocation: (sku, why).
+    pub fenced_now: Vec<(String, String)>,
+    /// Sales whose server total differs from the ledger's allocation in a way no
+    /// adjustment in flight explains: (sku, server total, ledger allocation).
+    pub allocation_mismatch: Vec<(String, i64, u64)>,
+    /// Holds released instead of committed: the ledger's order is paid, but the server's
+    /// hold for its token is not the one the payment paid for.
+    pub foreign_holds_released: u64,
 }
 
 impl PassReport {
@@ -101,6 +135,9 @@ impl PassReport {
         self.skipped += o.skipped;
         self.fenced_skus.extend(o.fenced_skus);
         self.lost_skus.extend(o.lost_skus);
+        self.fenced_now.extend(o.fenced_now);
+        self.allocation_mismatch.extend(o.allocation_mismatch);
+        self.foreign_holds_released += o.foreign_holds_released;
     }
 }
 
@@ -146,7 +183,11 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
             let wait = match self.run_pass().await {
                 Ok(r) => {
                     backoff = floor;
-                    if r.seen > 0 || !r.lost_skus.is_empty() {
+                    if r.seen > 0
+                        || !r.lost_skus.is_empty()
+                        || !r.fenced_now.is_empty()
+                        || !r.allocation_mismatch.is_empty()
+                    {
                         info!(?r, "sweeper pass");
                     } else {
                         debug!("sweeper pass: nothing expired");
@@ -194,13 +235,109 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                     warn!(sku = %sku, "sale is fenced (awaiting rebuild); not sweeping it");
                     report.fenced_skus.push(sku);
                 }
-                Some(_) => {
+                Some(info) => {
+                    if let Some(sale) = self.ledger.sale(&sku).await? {
+                        if let Some(why) =
+                            self.check_against_ledger(&sale, &info, &mut report).await?
+                        {
+                            error!(sku = %sku, reason = %why, "fencing the sale: run `stockgate-sweeper rebuild --sku {sku}`");
+                            self.gate.fence(&sale).await?;
+                            report.fenced_now.push((sku, why));
+                            continue;
+                        }
+                    }
                     let r = self.sweep_sku(&sku).await?;
                     report.absorb(r);
                 }
             }
         }
         Ok(report)
+    }
+
+    /// Whether the server's view of an open sale is one the ledger can explain. Returns
+    /// why the sale must be fenced, if it must; a total below the allocation is recorded
+    /// in `report` and logged, and does not fence (it can only undersell).
+    async fn check_against_ledger(
+        &self,
+        sale: &SaleRecord,
+        info: &SaleInfo,
+        report: &mut PassReport,
+    ) -> Result<Option<String>, SweepError> {
+        let sku = sale.sku.as_str();
+        // 1. Paid units the server cannot hold: it lost commits (a truncated or old log).
+        //    Purged reservations do not matter here: purge keeps the committed counter.
+        let totals = self.ledger.totals(sku).await?;
+        if i128::from(totals.committed_units) > i128::from(info.total) {
+            return Ok(Some(format!(
+                "the ledger holds {} committed units but the server's total is {}: the server lost acknowledged state",
+                totals.committed_units, info.total
+            )));
+        }
+        // 2. A hold a payment may still commit, unknown to the server: it was acknowledged
+        //    (materialize follows RESERVE) and then lost. Only live ones: an expired order
+        //    is the sweeper's to cancel, and nothing can be paid for it any more.
+        if self.cfg.verify_pending {
+            let live = self.ledger.live_pending_orders(sku).await?;
+            for chunk in live.chunks(64) {
+                let found = join_all(chunk.iter().map(|o| self.gate.reservation(&o.token))).await;
+                for (o, r) in chunk.iter().zip(found) {
+                    if r?.is_none() {
+                        return Ok(Some(format!(
+                            "live PENDING order {} (expires at {} ms) is unknown to the server: the server lost acknowledged state",
+                            o.token, o.expires_at_ms
+                        )));
+                    }
+                }
+            }
+        }
+        // 3. The allocation: one truth, the ledger's.
+        let total = info.total;
+        let alloc = i128::from(sale.allocation);
+        if i128::from(total) == alloc {
+            return Ok(None);
+        }
+        let unconfirmed = self.ledger.adjustments(sku, true).await?;
+        let now = now_ms();
+        let grace = i64::try_from(self.cfg.adjust_grace.as_millis()).unwrap_or(i64::MAX);
+        match explain_total(total, sale.allocation, &unconfirmed) {
+            Some(missing) => {
+                let in_flight = missing
+                    .iter()
+                    .all(|a| now.saturating_sub(a.created_at_ms) <= grace);
+                let ids: Vec<&str> = missing.iter().map(|a| a.id.as_str()).collect();
+                if in_flight {
+                    warn!(sku, server_total = total, ledger_allocation = sale.allocation, adjustments = ?ids,
+                          "server total lags the ledger's allocation by adjustments still in flight");
+                    return Ok(None);
+                }
+                if i128::from(total) > alloc {
+                    return Ok(Some(format!(
+                        "server total {total} exceeds the ledger's allocation {}: withdrawal(s) {ids:?} never reached the server",
+                        sale.allocation
+                    )));
+                }
+                error!(sku, server_total = total, ledger_allocation = sale.allocation, adjustments = ?ids,
+                       "server total is below the ledger's allocation: adjustment(s) never reached the server; re-run `stockgate-sweeper adjust` with the same --id");
+                report
+                    .allocation_mismatch
+                    .push((sku.to_string(), total, sale.allocation));
+                Ok(None)
+            }
+            None => {
+                report
+                    .allocation_mismatch
+                    .push((sku.to_string(), total, sale.allocation));
+                if i128::from(total) > alloc {
+                    return Ok(Some(format!(
+                        "server total {total} exceeds the ledger's allocation {} and no recorded adjustment explains it (SALE.ADJUST run by hand?): it could sell units that do not exist",
+                        sale.allocation
+                    )));
+                }
+                error!(sku, server_total = total, ledger_allocation = sale.allocation,
+                       "server total is below the ledger's allocation and no recorded adjustment explains it (SALE.ADJUST run by hand?); record it with `stockgate-sweeper adjust` or rebuild with --fence");
+                Ok(None)
+            }
+        }
     }
 
     async fn skus_in_scope(&self) -> Result<Vec<String>, SweepError> {
@@ -268,6 +405,14 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                     }
                 }
             }
+            // Commit only the holds the payments paid for; another hold under a paid token
+            // (created after the paid one was purged or lost) is given back instead.
+            let foreign_before = report.foreign_holds_released;
+            let to_commit = self
+                .paid_holds(to_commit, &mut report, &mut first_err)
+                .await?;
+            let foreign = usize::try_from(report.foreign_holds_released - foreign_before)
+                .unwrap_or(usize::MAX);
             for (token, r) in to_commit
                 .iter()
                 .zip(self.gate.commit_many(&to_commit).await)
@@ -283,7 +428,7 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                         self.ledger
                             .mark_refund_required(
                                 token,
-                                "",
+                                None,
                                 "server released a committed reservation",
                             )
                             .await?;
@@ -299,7 +444,7 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
             if let Some(e) = first_err {
                 return Err(e.into());
             }
-            let progress = to_release.len() + to_commit.len();
+            let progress = to_release.len() + to_commit.len() + foreign;
             if progress == 0 || !full {
                 // Only skipped items left at the head of the list (or nothing more):
                 // asking again would return the same ones.
@@ -308,4 +453,81 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
         }
         Ok(report)
     }
+
+    /// Of the COMMITTED orders' tokens, those whose server hold is the one the ledger's
+    /// order paid for. The others (RESERVED, but another hold) are released and counted.
+    async fn paid_holds(
+        &self,
+        tokens: Vec<String>,
+        report: &mut PassReport,
+        first_err: &mut Option<ClientError>,
+    ) -> Result<Vec<String>, SweepError> {
+        let mut out = Vec::with_capacity(tokens.len());
+        for token in tokens {
+            let Some(order) = self.ledger.order(&token).await? else {
+                continue;
+            };
+            let r = match self.gate.reservation(&token).await {
+                Ok(r) => r,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+            };
+            match r {
+                Some(r) if r.state == ReservationState::Reserved && !order.same_hold(&r) => {
+                    error!(
+                        token = %token,
+                        ledger_qty = order.qty,
+                        server_qty = r.qty,
+                        ledger_created_at_ms = ?order.reservation_created_at_ms,
+                        server_created_at_ms = r.created_at_ms,
+                        "ledger COMMITTED, but the server's hold for this token is not the one the payment paid for: releasing it, not committing it"
+                    );
+                    match self.gate.release(&token).await {
+                        Ok(_) => report.foreign_holds_released += 1,
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                // The paid hold (or a finished one: COMMIT then answers what it is).
+                _ => out.push(token),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The unconfirmed adjustments whose deltas the server's total lacks, if some subset of
+/// them explains `total` exactly (`total == allocation − Σ subset`): the smallest such set,
+/// None if none does. At most 16 are considered (more unconfirmed adjustments than that
+/// is itself something an operator must look at).
+pub(crate) fn explain_total(
+    total: i64,
+    allocation: u64,
+    unconfirmed: &[Adjustment],
+) -> Option<Vec<&Adjustment>> {
+    let missing = i128::from(allocation) - i128::from(total);
+    let items = &unconfirmed[..unconfirmed.len().min(16)];
+    let mut best: Option<u32> = None;
+    for mask in 1u32..(1u32 << items.len()) {
+        let sum: i128 = items
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask & (1 << i) != 0)
+            .map(|(_, a)| i128::from(a.delta))
+            .sum();
+        if sum == missing && best.is_none_or(|b| mask.count_ones() < b.count_ones()) {
+            best = Some(mask);
+        }
+    }
+    best.map(|mask| {
+        items
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask & (1 << i) != 0)
+            .map(|(_, a)| a)
+            .collect()
+    })
 }

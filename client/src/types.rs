@@ -60,6 +60,14 @@ pub enum ReservationState {
 }
 
 impl ReservationState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reserved => "RESERVED",
+            Self::Committed => "COMMITTED",
+            Self::Released => "RELEASED",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "RESERVED" => Some(Self::Reserved),

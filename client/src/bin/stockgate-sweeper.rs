@@ -5,6 +5,7 @@
 //! stockgate-sweeper [--database-url URL] [--server ADDR] [run] [--interval-secs 30] [--once]
 //! stockgate-sweeper migrate
 //! stockgate-sweeper create-sale --sku SKU --total N [--shards N] [--ttl-ms MS] [--limit N]
+//! stockgate-sweeper adjust --sku SKU --delta N [--id ADJ-ID]
 //! stockgate-sweeper rebuild --sku SKU [--fence]
 //! ```
 
@@ -12,6 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use stockgate_client::adjust::{adjust_sale, AdjustResult};
 use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::ledger::{Ledger, SaleRecord};
 use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
@@ -56,8 +58,11 @@ enum Cmd {
     Migrate,
     /// Create a sale on the server and record it (allocation, key fingerprint) in the ledger.
     CreateSale(CreateSaleArgs),
-    /// Rebuild a fenced (or lost) sale from the ledger: restore verified pending
-    /// reservations, set available = allocation − committed − pending, reopen.
+    /// Change a sale's allocation: the ledger first, then SALE.ADJUST on the server.
+    /// Re-run with the same --id after any failure: it is applied exactly once.
+    Adjust(AdjustArgs),
+    /// Rebuild a fenced (or lost) sale from the ledger: restore pending, paid and
+    /// cancelled orders, set available = allocation − committed − pending, reopen.
     Rebuild(RebuildArgs),
 }
 
@@ -95,6 +100,19 @@ struct CreateSaleArgs {
 }
 
 #[derive(Args)]
+struct AdjustArgs {
+    #[arg(long)]
+    sku: String,
+    /// Units to add (restock) or, negative, to withdraw (at most what is available).
+    #[arg(long, allow_hyphen_values = true)]
+    delta: i64,
+    /// Idempotency key of this adjustment. Default: a new random id, printed, so that a
+    /// failed run can be retried with it.
+    #[arg(long)]
+    id: Option<String>,
+}
+
+#[derive(Args)]
 struct RebuildArgs {
     #[arg(long)]
     sku: String,
@@ -113,6 +131,8 @@ enum CliError {
     Rebuild(#[from] stockgate_client::rebuild::RebuildError),
     #[error(transparent)]
     Sweep(#[from] stockgate_client::sweeper::SweepError),
+    #[error(transparent)]
+    Adjust(#[from] stockgate_client::adjust::AdjustError),
     #[error("invalid argument: {0}")]
     Arg(String),
 }
@@ -175,6 +195,25 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             println!("created {}", a.sku);
             Ok(())
         }
+        Some(Cmd::Adjust(a)) => {
+            ledger.migrate().await?;
+            let id =
+                a.id.unwrap_or_else(|| format!("adj-{:016x}", rand::random::<u64>()));
+            // On stderr before anything happens: the id is what a retry needs.
+            eprintln!("adjustment id {id} (re-run with --id {id} if this fails)");
+            let client = StockgateClient::connect(&cli.server).await?;
+            let r = adjust_sale(&ledger, &client, &a.sku, &id, a.delta).await?;
+            let how = match r.result {
+                AdjustResult::Applied => "applied",
+                AdjustResult::AlreadyOnServer => "already on the server, confirmed",
+                AdjustResult::AlreadyApplied => "already applied",
+            };
+            println!(
+                "adjusted {} by {} (id {}): {how}; allocation {} server total {}",
+                a.sku, a.delta, id, r.allocation, r.server_total
+            );
+            Ok(())
+        }
         Some(Cmd::Rebuild(a)) => {
             ledger.migrate().await?;
             let client = StockgateClient::connect(&cli.server).await?;
@@ -184,8 +223,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             };
             let r = rebuild_sale(&ledger, &client, &a.sku, &opts).await?;
             println!(
-                "rebuilt {}: total {} committed {} restored {} ({} units) available {}",
-                r.sku, r.total, r.committed_units, r.restored, r.restored_units, r.available
+                "rebuilt {}: total {} committed {} restored {} pending ({} units), {} paid, {} cancelled; available {}",
+                r.sku,
+                r.total,
+                r.committed_units,
+                r.restored,
+                r.restored_units,
+                r.restored_committed,
+                r.restored_released,
+                r.available
             );
             Ok(())
         }

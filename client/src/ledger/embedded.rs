@@ -13,7 +13,8 @@ use sled::transaction::{
 };
 
 use super::{
-    commit_not_applied, materialize_existing, refund_allowed, verdict_from_status, Ledger,
+    adjustment_next, adjustment_retry, check_adjustment, commit_not_applied, materialize_existing,
+    refund_allowed, verdict_from_status, Adjustment, AdjustmentOutcome, AdjustmentStatus, Ledger,
     LedgerCommit, LedgerError, Materialized, NewOrder, Order, OrderEvent, OrderStatus,
     ReleaseReason, SaleRecord, SkuTotals, SweepVerdict,
 };
@@ -26,6 +27,8 @@ pub type LedgerClock = Arc<dyn Fn() -> i64 + Send + Sync>;
 pub struct SledLedger {
     db: sled::Db,
     sales: sled::Tree,
+    /// Key: adjustment id → JSON [`Adjustment`].
+    adjustments: sled::Tree,
     orders: sled::Tree,
     /// Key: token, 0x00, event id (big-endian) → JSON event. Ordered per token.
     events: sled::Tree,
@@ -63,6 +66,38 @@ fn from_tx(e: TransactionError<LedgerError>) -> LedgerError {
         TransactionError::Abort(e) => e,
         TransactionError::Storage(e) => LedgerError::Sled(e),
     }
+}
+
+/// A sale as stored. Ledgers written before allocations were tracked have no
+/// `allocation`: their `initial_allocation` already included every mirrored adjustment
+/// (that was the old meaning), so it is the current allocation.
+#[derive(serde::Deserialize)]
+struct StoredSale {
+    sku: String,
+    initial_allocation: u64,
+    #[serde(default)]
+    allocation: Option<u64>,
+    shards: Option<u16>,
+    ttl_ms: Option<u64>,
+    per_user_limit: Option<u32>,
+    key_fingerprint: Option<String>,
+}
+
+fn decode_sale(bytes: &[u8]) -> Result<SaleRecord, LedgerError> {
+    let s: StoredSale = serde_json::from_slice(bytes).map_err(corrupt)?;
+    Ok(SaleRecord {
+        sku: s.sku,
+        initial_allocation: s.initial_allocation,
+        allocation: s.allocation.unwrap_or(s.initial_allocation),
+        shards: s.shards,
+        ttl_ms: s.ttl_ms,
+        per_user_limit: s.per_user_limit,
+        key_fingerprint: s.key_fingerprint,
+    })
+}
+
+fn decode_adjustment(bytes: &[u8]) -> Result<Adjustment, LedgerError> {
+    serde_json::from_slice(bytes).map_err(corrupt)
 }
 
 fn decode_order(bytes: &[u8]) -> Result<Order, LedgerError> {
@@ -144,6 +179,7 @@ impl SledLedger {
     pub fn from_db(db: sled::Db, clock: LedgerClock, durable: bool) -> Result<Self, LedgerError> {
         Ok(SledLedger {
             sales: db.open_tree("sales")?,
+            adjustments: db.open_tree("adjustments")?,
             orders: db.open_tree("orders")?,
             events: db.open_tree("events")?,
             db,
@@ -245,14 +281,18 @@ impl Ledger for SledLedger {
             let _g = self.tx_guard();
             self.sales.transaction(|t| {
                 let stored = match t.get(sku.as_bytes())? {
-                    Some(b) => match serde_json::from_slice::<SaleRecord>(&b) {
+                    Some(b) => match decode_sale(&b) {
                         Ok(s) => Some(s),
-                        Err(e) => return abort(corrupt(e)),
+                        Err(e) => return abort(e),
                     },
                     None => None,
                 };
                 let next = match stored {
-                    None => sale.clone(),
+                    // A new sale has had no adjustments yet.
+                    None => SaleRecord {
+                        allocation: sale.initial_allocation,
+                        ..sale.clone()
+                    },
                     Some(mut s) => {
                         if s.initial_allocation != sale.initial_allocation {
                             return abort(LedgerError::Conflict(format!(
@@ -288,7 +328,7 @@ impl Ledger for SledLedger {
     async fn sale(&self, sku: &str) -> Result<Option<SaleRecord>, LedgerError> {
         match self.sales.get(sku.as_bytes())? {
             None => Ok(None),
-            Some(b) => serde_json::from_slice(&b).map(Some).map_err(corrupt),
+            Some(b) => decode_sale(&b).map(Some),
         }
     }
 
@@ -297,38 +337,155 @@ impl Ledger for SledLedger {
             .iter()
             .map(|kv| {
                 let (_, v) = kv?;
-                serde_json::from_slice(&v).map_err(corrupt)
+                decode_sale(&v)
             })
             .collect()
     }
 
-    async fn adjust_allocation(&self, sku: &str, delta: i64) -> Result<u64, LedgerError> {
-        let _g = self.tx_guard();
-        let out = self
-            .sales
-            .transaction(|t| {
-                let Some(b) = t.get(sku.as_bytes())? else {
+    async fn record_adjustment(
+        &self,
+        sku: &str,
+        id: &str,
+        delta: i64,
+    ) -> Result<Adjustment, LedgerError> {
+        check_adjustment(id, delta)?;
+        let now = (self.clock)();
+        let g = self.tx_guard();
+        // The sale and the adjustment in one transaction: the allocation moves only when
+        // the id is new, so a retry cannot move it twice.
+        let out = (&self.sales, &self.adjustments)
+            .transaction(|(sales, adjs)| {
+                if let Some(b) = adjs.get(id.as_bytes())? {
+                    return match decode_adjustment(&b)
+                        .and_then(|a| adjustment_retry(&a, sku, delta))
+                    {
+                        Ok(a) => Ok(a),
+                        Err(e) => abort(e),
+                    };
+                }
+                let Some(b) = sales.get(sku.as_bytes())? else {
                     return abort(LedgerError::UnknownSale(sku.to_string()));
                 };
-                let mut s: SaleRecord = match serde_json::from_slice(&b) {
+                let mut sale = match decode_sale(&b) {
                     Ok(s) => s,
-                    Err(e) => return abort(corrupt(e)),
+                    Err(e) => return abort(e),
                 };
-                let Some(next) = s.initial_allocation.checked_add_signed(delta) else {
+                let Some(next) = sale.allocation.checked_add_signed(delta) else {
                     return abort(LedgerError::Conflict(format!(
                         "allocation of {sku} would go negative"
                     )));
                 };
-                s.initial_allocation = next;
-                match encode(&s) {
-                    Ok(b) => t.insert(sku.as_bytes(), b)?,
-                    Err(e) => return abort(e),
+                sale.allocation = next;
+                let adj = Adjustment {
+                    id: id.to_string(),
+                    sku: sku.to_string(),
+                    delta,
+                    allocation_after: next,
+                    status: AdjustmentStatus::Recorded,
+                    server_total: None,
+                    detail: None,
+                    created_at_ms: now,
+                    updated_at_ms: now,
                 };
-                Ok(next)
+                match (encode(&sale), encode(&adj)) {
+                    (Ok(sb), Ok(ab)) => {
+                        sales.insert(sku.as_bytes(), sb)?;
+                        adjs.insert(id.as_bytes(), ab)?;
+                    }
+                    (Err(e), _) | (_, Err(e)) => return abort(e),
+                }
+                Ok(adj)
             })
             .map_err(from_tx)?;
-        drop(_g);
+        drop(g);
         self.flush().await?;
+        Ok(out)
+    }
+
+    async fn finish_adjustment(
+        &self,
+        id: &str,
+        outcome: &AdjustmentOutcome,
+    ) -> Result<Adjustment, LedgerError> {
+        let now = (self.clock)();
+        let g = self.tx_guard();
+        let out = (&self.sales, &self.adjustments)
+            .transaction(|(sales, adjs)| {
+                let Some(b) = adjs.get(id.as_bytes())? else {
+                    return abort(LedgerError::NotFound(format!("adjustment {id}")));
+                };
+                let mut adj = match decode_adjustment(&b) {
+                    Ok(a) => a,
+                    Err(e) => return abort(e),
+                };
+                let to = match adjustment_next(&adj, outcome) {
+                    Ok(Some(to)) => to,
+                    Ok(None) => return Ok(adj),
+                    Err(e) => return abort(e),
+                };
+                if to == AdjustmentStatus::Refused {
+                    // The server never had it: the allocation goes back.
+                    let Some(sb) = sales.get(adj.sku.as_bytes())? else {
+                        return abort(LedgerError::UnknownSale(adj.sku.clone()));
+                    };
+                    let mut sale = match decode_sale(&sb) {
+                        Ok(s) => s,
+                        Err(e) => return abort(e),
+                    };
+                    let Some(back) = adj
+                        .delta
+                        .checked_neg()
+                        .and_then(|d| sale.allocation.checked_add_signed(d))
+                    else {
+                        return abort(LedgerError::Conflict(format!(
+                            "reverting {id} would make the allocation negative"
+                        )));
+                    };
+                    sale.allocation = back;
+                    match encode(&sale) {
+                        Ok(sb) => sales.insert(adj.sku.as_bytes(), sb)?,
+                        Err(e) => return abort(e),
+                    };
+                }
+                adj.status = to;
+                adj.updated_at_ms = now;
+                match outcome {
+                    AdjustmentOutcome::Applied { server_total } => adj.server_total = *server_total,
+                    AdjustmentOutcome::Refused { reason } => adj.detail = Some(reason.clone()),
+                }
+                match encode(&adj) {
+                    Ok(ab) => adjs.insert(id.as_bytes(), ab)?,
+                    Err(e) => return abort(e),
+                };
+                Ok(adj)
+            })
+            .map_err(from_tx)?;
+        drop(g);
+        self.flush().await?;
+        Ok(out)
+    }
+
+    async fn adjustment(&self, id: &str) -> Result<Option<Adjustment>, LedgerError> {
+        match self.adjustments.get(id.as_bytes())? {
+            None => Ok(None),
+            Some(b) => decode_adjustment(&b).map(Some),
+        }
+    }
+
+    async fn adjustments(
+        &self,
+        sku: &str,
+        only_recorded: bool,
+    ) -> Result<Vec<Adjustment>, LedgerError> {
+        let mut out = Vec::new();
+        for kv in self.adjustments.iter() {
+            let (_, v) = kv?;
+            let a = decode_adjustment(&v)?;
+            if a.sku == sku && (!only_recorded || a.status == AdjustmentStatus::Recorded) {
+                out.push(a);
+            }
+        }
+        out.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
         Ok(out)
     }
 
@@ -432,15 +589,19 @@ impl Ledger for SledLedger {
     async fn mark_refund_required(
         &self,
         token: &str,
-        payment_ref: &str,
+        payment_ref: Option<&str>,
         reason: &str,
     ) -> Result<OrderStatus, LedgerError> {
+        // An empty reference is "unknown", never a value that may replace the stored one.
+        let payment_ref = payment_ref.filter(|r| !r.is_empty());
         let prev = self.transition(token, "payment", Some(reason), |cur, now| match cur {
             None => Err(LedgerError::NotFound(token.to_string())),
             Some(c) if c.status == OrderStatus::RefundRequired => Ok((None, c.status)),
             Some(c) if refund_allowed(c.status, c.expires_at_ms < now) => {
                 let mut next = Self::moved(c, OrderStatus::RefundRequired, now);
-                next.payment_ref = Some(payment_ref.to_string());
+                if let Some(r) = payment_ref {
+                    next.payment_ref = Some(r.to_string());
+                }
                 Ok((Some(next), c.status))
             }
             Some(c) => Err(LedgerError::Refused {
@@ -549,5 +710,18 @@ impl Ledger for SledLedger {
             super::postgres::add_totals(&mut t, o.status, 1, u64::from(o.qty));
         }
         Ok(t)
+    }
+
+    async fn live_pending_orders(&self, sku: &str) -> Result<Vec<Order>, LedgerError> {
+        // The ledger's clock and commit's `expires >= now`: what a payment could still take.
+        let now = (self.clock)();
+        let mut out: Vec<Order> = self
+            .orders(sku, Some(OrderStatus::Pending))
+            .await?
+            .into_iter()
+            .filter(|o| o.expires_at_ms >= now)
+            .collect();
+        out.sort_by_key(|o| o.expires_at_ms);
+        Ok(out)
     }
 }

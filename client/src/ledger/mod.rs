@@ -24,7 +24,7 @@ pub mod postgres;
 
 use std::future::Future;
 
-use crate::types::ExpiredReservation;
+use crate::types::{ExpiredReservation, ReservationInfo};
 
 /// Status of an order. The strings are the values stored in SQL (CHECK constraint).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -100,9 +100,12 @@ impl std::fmt::Display for OrderStatus {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SaleRecord {
     pub sku: String,
-    /// Units the sale started with, plus every `SALE.ADJUST` mirrored with
-    /// [`Ledger::adjust_allocation`].
+    /// Units the sale was created with. Never changes (a repeated registration is compared
+    /// against it).
     pub initial_allocation: u64,
+    /// The current allocation: `initial_allocation` plus every adjustment recorded with
+    /// [`Ledger::record_adjustment`] and not refused. The one truth a rebuild uses.
+    pub allocation: u64,
     pub shards: Option<u16>,
     pub ttl_ms: Option<u64>,
     pub per_user_limit: Option<u32>,
@@ -116,12 +119,69 @@ impl SaleRecord {
         SaleRecord {
             sku: sku.to_string(),
             initial_allocation,
+            allocation: initial_allocation,
             shards: None,
             ttl_ms: None,
             per_user_limit: None,
             key_fingerprint: None,
         }
     }
+}
+
+/// Where an allocation adjustment stands (see `migrations/0002_allocation_adjustments.sql`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum AdjustmentStatus {
+    /// In the ledger (the allocation already moved), not yet confirmed on the server.
+    Recorded,
+    /// The server's total includes it.
+    Applied,
+    /// The server refused it; the allocation was moved back.
+    Refused,
+}
+
+impl AdjustmentStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdjustmentStatus::Recorded => "RECORDED",
+            AdjustmentStatus::Applied => "APPLIED",
+            AdjustmentStatus::Refused => "REFUSED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            AdjustmentStatus::Recorded,
+            AdjustmentStatus::Applied,
+            AdjustmentStatus::Refused,
+        ]
+        .into_iter()
+        .find(|x| x.as_str() == s)
+    }
+}
+
+/// One allocation adjustment, keyed by its id (the operator's idempotency key).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Adjustment {
+    pub id: String,
+    pub sku: String,
+    pub delta: i64,
+    /// The allocation right after it was recorded.
+    pub allocation_after: u64,
+    pub status: AdjustmentStatus,
+    /// The server's total when it was confirmed there, if known.
+    pub server_total: Option<i64>,
+    pub detail: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// How an adjustment ended on the server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdjustmentOutcome {
+    /// The server's total includes it (`server_total`, when known).
+    Applied { server_total: Option<i64> },
+    /// The server refused it: the allocation moves back by `-delta`.
+    Refused { reason: String },
 }
 
 /// What materialize writes: a server reservation turning into a PENDING order.
@@ -151,6 +211,25 @@ pub struct Order {
     pub payment_ref: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+}
+
+impl Order {
+    /// Whether the server's reservation `r` (for this order's token) is the hold this order
+    /// was materialized from — the one its payment paid for — and not a later hold of the
+    /// same `(sku, user, request-id)` (created after the paid one was purged by retention or
+    /// lost with the server's state, so same token).
+    ///
+    /// Same quantity, and the same creation time (kept exactly since materialize reads it
+    /// from the server) or the same expiry (exact from RESERVE; it differs only if an
+    /// EXTEND reached the server but not the ledger). A later hold differs in both: it was
+    /// created later, with a new deadline.
+    pub fn same_hold(&self, r: &ReservationInfo) -> bool {
+        r.sku == self.sku
+            && r.user == self.user
+            && r.qty == self.qty
+            && (self.reservation_created_at_ms == Some(r.created_at_ms)
+                || self.expires_at_ms == r.expires_at_ms)
+    }
 }
 
 /// One audit row: a transition, written in the same transaction as the transition.
@@ -233,6 +312,8 @@ pub enum LedgerError {
     Conflict(String),
     #[error("sale {0} unknown to the ledger")]
     UnknownSale(String),
+    #[error("invalid argument: {0}")]
+    Invalid(String),
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
     #[error("migration error: {0}")]
@@ -285,12 +366,39 @@ pub trait Ledger: Clone + Send + Sync + 'static {
 
     fn sales(&self) -> impl Future<Output = Result<Vec<SaleRecord>, LedgerError>> + Send;
 
-    /// Mirror of `SALE.ADJUST`: returns the new allocation.
-    fn adjust_allocation(
+    /// Record allocation adjustment `id` (ledger first: before `SALE.ADJUST`). The first
+    /// call moves the allocation by `delta` in the same transaction; a retry with the same
+    /// id, sku and delta returns the stored adjustment unchanged (whatever its status), so
+    /// an adjustment is counted once however often it is retried. The same id with another
+    /// sku or delta is a [`LedgerError::Conflict`]; an allocation that would go negative
+    /// too. `delta` must not be 0.
+    fn record_adjustment(
         &self,
         sku: &str,
+        id: &str,
         delta: i64,
-    ) -> impl Future<Output = Result<u64, LedgerError>> + Send;
+    ) -> impl Future<Output = Result<Adjustment, LedgerError>> + Send;
+
+    /// RECORDED → APPLIED (idempotent), or RECORDED → REFUSED with the allocation moved
+    /// back (idempotent). Any other move is a [`LedgerError::Conflict`].
+    fn finish_adjustment(
+        &self,
+        id: &str,
+        outcome: &AdjustmentOutcome,
+    ) -> impl Future<Output = Result<Adjustment, LedgerError>> + Send;
+
+    fn adjustment(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<Adjustment>, LedgerError>> + Send;
+
+    /// Adjustments of a sale, oldest first; only the RECORDED (unconfirmed) ones if
+    /// `only_recorded`.
+    fn adjustments(
+        &self,
+        sku: &str,
+        only_recorded: bool,
+    ) -> impl Future<Output = Result<Vec<Adjustment>, LedgerError>> + Send;
 
     /// Insert the PENDING order for a reservation. Idempotent; refused
     /// ([`LedgerError::Refused`]) if the token was already cancelled (e.g. a sweeper
@@ -323,10 +431,14 @@ pub trait Ledger: Clone + Send + Sync + 'static {
     /// sell. Allowed from CANCELLED, CANCELLED_BY_SWEEPER, COMMITTED (server lost or
     /// released the units) and from an expired PENDING. Returns the previous status
     /// (REFUND_REQUIRED again is a no-op and returns REFUND_REQUIRED).
+    ///
+    /// `payment_ref`: the payment to refund, when the caller knows it. `None` (or an empty
+    /// string) keeps the stored reference: the refund needs it, and callers such as the
+    /// sweeper only know the reservation token.
     fn mark_refund_required(
         &self,
         token: &str,
-        payment_ref: &str,
+        payment_ref: Option<&str>,
         reason: &str,
     ) -> impl Future<Output = Result<OrderStatus, LedgerError>> + Send;
 
@@ -358,6 +470,67 @@ pub trait Ledger: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<Order>, LedgerError>> + Send;
 
     fn totals(&self, sku: &str) -> impl Future<Output = Result<SkuTotals, LedgerError>> + Send;
+
+    /// PENDING orders of a SKU whose reservation has not expired by the ledger's clock
+    /// (the same clock and the same `expires >= now` rule as [`Ledger::commit`]): holds a
+    /// payment may still commit, so the server must know every one of them.
+    fn live_pending_orders(
+        &self,
+        sku: &str,
+    ) -> impl Future<Output = Result<Vec<Order>, LedgerError>> + Send;
+}
+
+/// Decision for a `record_adjustment` that found the id already stored (shared by both
+/// backends).
+pub(crate) fn adjustment_retry(
+    existing: &Adjustment,
+    sku: &str,
+    delta: i64,
+) -> Result<Adjustment, LedgerError> {
+    if existing.sku != sku || existing.delta != delta {
+        return Err(LedgerError::Conflict(format!(
+            "adjustment {} exists for {} with delta {}",
+            existing.id, existing.sku, existing.delta
+        )));
+    }
+    Ok(existing.clone())
+}
+
+/// The status `finish_adjustment` moves to, or None if it is already there (shared by
+/// both backends).
+pub(crate) fn adjustment_next(
+    existing: &Adjustment,
+    outcome: &AdjustmentOutcome,
+) -> Result<Option<AdjustmentStatus>, LedgerError> {
+    let to = match outcome {
+        AdjustmentOutcome::Applied { .. } => AdjustmentStatus::Applied,
+        AdjustmentOutcome::Refused { .. } => AdjustmentStatus::Refused,
+    };
+    match (existing.status, to) {
+        (from, to) if from == to => Ok(None),
+        (AdjustmentStatus::Recorded, to) => Ok(Some(to)),
+        (from, to) => Err(LedgerError::Conflict(format!(
+            "adjustment {} is {}, cannot become {}",
+            existing.id,
+            from.as_str(),
+            to.as_str()
+        ))),
+    }
+}
+
+/// Validate an adjustment request before touching a store.
+pub(crate) fn check_adjustment(id: &str, delta: i64) -> Result<(), LedgerError> {
+    if id.is_empty() || id.len() > 128 || id.chars().any(|c| c.is_control()) {
+        return Err(LedgerError::Invalid(
+            "adjustment id must be 1..=128 printable characters".into(),
+        ));
+    }
+    if delta == 0 {
+        return Err(LedgerError::Invalid(
+            "adjustment delta must not be 0".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Decision for a materialize that found an existing row (shared by both backends).

@@ -16,7 +16,8 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::Row;
 
 use super::{
-    commit_not_applied, materialize_existing, refund_allowed, verdict_from_status, Ledger,
+    adjustment_next, adjustment_retry, check_adjustment, commit_not_applied, materialize_existing,
+    refund_allowed, verdict_from_status, Adjustment, AdjustmentOutcome, AdjustmentStatus, Ledger,
     LedgerCommit, LedgerError, Materialized, NewOrder, Order, OrderEvent, OrderStatus,
     ReleaseReason, SaleRecord, SkuTotals, SweepVerdict,
 };
@@ -24,26 +25,25 @@ use crate::types::ExpiredReservation;
 
 /// The schema, embedded so the tools do not depend on their working directory.
 const INIT_SQL: &str = include_str!("../../../migrations/0001_init.sql");
+const ALLOCATION_SQL: &str = include_str!("../../../migrations/0002_allocation_adjustments.sql");
 const FEED_POSITION_SQL: &str = include_str!("../../../migrations/0003_feed_position.sql");
 
 /// The migrator for `migrations/` (embedded copy).
 pub fn migrator() -> Migrator {
+    let m = |version, name, sql| {
+        Migration::new(
+            version,
+            Cow::Borrowed(name),
+            MigrationType::Simple,
+            Cow::Borrowed(sql),
+            false,
+        )
+    };
     Migrator {
         migrations: Cow::Owned(vec![
-            Migration::new(
-                1,
-                Cow::Borrowed("init"),
-                MigrationType::Simple,
-                Cow::Borrowed(INIT_SQL),
-                false,
-            ),
-            Migration::new(
-                3,
-                Cow::Borrowed("feed_position"),
-                MigrationType::Simple,
-                Cow::Borrowed(FEED_POSITION_SQL),
-                false,
-            ),
+            m(1, "init", INIT_SQL),
+            m(2, "allocation adjustments", ALLOCATION_SQL),
+            m(3, "feed position", FEED_POSITION_SQL),
         ]),
         ..Migrator::DEFAULT
     }
@@ -109,8 +109,47 @@ fn order_from_row(r: &PgRow) -> Result<Order, LedgerError> {
     })
 }
 
+const SALE_COLS: &str =
+    "sku, initial_allocation, allocation, shards, ttl_ms, per_user_limit, key_fingerprint";
+
+const ADJ_COLS: &str = "adjustment_id, sku, delta, allocation_after, status, server_total, \
+     detail, created_at, updated_at";
+
+fn adjustment_from_row(r: &PgRow) -> Result<Adjustment, LedgerError> {
+    let after: i64 = r.try_get("allocation_after")?;
+    let status: &str = r.try_get("status")?;
+    Ok(Adjustment {
+        id: r.try_get("adjustment_id")?,
+        sku: r.try_get("sku")?,
+        delta: r.try_get("delta")?,
+        allocation_after: u64::try_from(after)
+            .map_err(|_| LedgerError::Corrupt(format!("allocation_after {after}")))?,
+        status: AdjustmentStatus::parse(status)
+            .ok_or_else(|| LedgerError::Corrupt(format!("adjustment status `{status}`")))?,
+        server_total: r.try_get("server_total")?,
+        detail: r.try_get("detail")?,
+        created_at_ms: r
+            .try_get::<DateTime<Utc>, _>("created_at")?
+            .timestamp_millis(),
+        updated_at_ms: r
+            .try_get::<DateTime<Utc>, _>("updated_at")?
+            .timestamp_millis(),
+    })
+}
+
+/// A CHECK violation (23514) as the conflict it stands for; anything else as a DB error.
+fn check_violation(e: sqlx::Error, what: impl FnOnce() -> String) -> LedgerError {
+    match &e {
+        sqlx::Error::Database(d) if d.code().as_deref() == Some("23514") => {
+            LedgerError::Conflict(what())
+        }
+        _ => LedgerError::Db(e),
+    }
+}
+
 fn sale_from_row(r: &PgRow) -> Result<SaleRecord, LedgerError> {
     let alloc: i64 = r.try_get("initial_allocation")?;
+    let current: i64 = r.try_get("allocation")?;
     let shards: Option<i32> = r.try_get("shards")?;
     let ttl: Option<i64> = r.try_get("ttl_ms")?;
     let limit: Option<i32> = r.try_get("per_user_limit")?;
@@ -118,6 +157,7 @@ fn sale_from_row(r: &PgRow) -> Result<SaleRecord, LedgerError> {
     Ok(SaleRecord {
         sku: r.try_get("sku")?,
         initial_allocation: u64::try_from(alloc).map_err(|_| bad("initial_allocation"))?,
+        allocation: u64::try_from(current).map_err(|_| bad("allocation"))?,
         shards: shards
             .map(u16::try_from)
             .transpose()
@@ -306,7 +346,7 @@ impl PgLedger {
         if let Some(to) = to {
             sqlx::query(
                 "UPDATE orders SET status = $2, updated_at = now(), \
-                     payment_ref = COALESCE($3, payment_ref), \
+                     payment_ref = COALESCE(NULLIF($3, ''), payment_ref), \
                      cancelled_at = CASE WHEN $2 IN ('CANCELLED', 'CANCELLED_BY_SWEEPER') \
                                          THEN now() ELSE cancelled_at END \
                  WHERE reservation_token = $1",
@@ -337,8 +377,9 @@ impl Ledger for PgLedger {
     async fn register_sale(&self, sale: &SaleRecord) -> Result<(), LedgerError> {
         let alloc = to_i64(sale.initial_allocation, "allocation")?;
         let row = sqlx::query(
-            "INSERT INTO sales (sku, initial_allocation, shards, ttl_ms, per_user_limit, key_fingerprint) \
-             VALUES ($1, $2, $3, $4, $5, $6) \
+            "INSERT INTO sales (sku, initial_allocation, allocation, shards, ttl_ms, per_user_limit, \
+                                key_fingerprint) \
+             VALUES ($1, $2, $2, $3, $4, $5, $6) \
              ON CONFLICT (sku) DO UPDATE SET \
                  key_fingerprint = COALESCE(sales.key_fingerprint, EXCLUDED.key_fingerprint), \
                  updated_at = now() \
@@ -372,46 +413,138 @@ impl Ledger for PgLedger {
     }
 
     async fn sale(&self, sku: &str) -> Result<Option<SaleRecord>, LedgerError> {
-        let row = sqlx::query(
-            "SELECT sku, initial_allocation, shards, ttl_ms, per_user_limit, key_fingerprint \
-             FROM sales WHERE sku = $1",
-        )
-        .bind(sku)
-        .fetch_optional(&self.pool)
-        .await?;
+        let row = sqlx::query(&format!("SELECT {SALE_COLS} FROM sales WHERE sku = $1"))
+            .bind(sku)
+            .fetch_optional(&self.pool)
+            .await?;
         row.as_ref().map(sale_from_row).transpose()
     }
 
     async fn sales(&self) -> Result<Vec<SaleRecord>, LedgerError> {
-        let rows = sqlx::query(
-            "SELECT sku, initial_allocation, shards, ttl_ms, per_user_limit, key_fingerprint \
-             FROM sales ORDER BY sku",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(&format!("SELECT {SALE_COLS} FROM sales ORDER BY sku"))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(sale_from_row).collect()
     }
 
-    async fn adjust_allocation(&self, sku: &str, delta: i64) -> Result<u64, LedgerError> {
-        let row = sqlx::query(
-            "UPDATE sales SET initial_allocation = initial_allocation + $2, updated_at = now() \
-             WHERE sku = $1 RETURNING initial_allocation",
-        )
+    async fn record_adjustment(
+        &self,
+        sku: &str,
+        id: &str,
+        delta: i64,
+    ) -> Result<Adjustment, LedgerError> {
+        check_adjustment(id, delta)?;
+        // One statement: the allocation moves only if this id is new (the INSERT returned
+        // a row), so a retry after a lost reply cannot move it twice. The sale row is
+        // locked by the UPDATE, so concurrent adjustments of one sale serialize.
+        let row = sqlx::query(&format!(
+            "WITH s AS ( \
+                 SELECT sku, allocation FROM sales WHERE sku = $1 FOR UPDATE \
+             ), ins AS ( \
+                 INSERT INTO sale_adjustments (adjustment_id, sku, delta, allocation_after) \
+                 SELECT $2, s.sku, $3, s.allocation + $3 FROM s \
+                 ON CONFLICT (adjustment_id) DO NOTHING \
+                 RETURNING {ADJ_COLS} \
+             ), upd AS ( \
+                 UPDATE sales SET allocation = allocation + $3, updated_at = now() \
+                 WHERE sku = $1 AND EXISTS (SELECT 1 FROM ins) \
+             ) \
+             SELECT {ADJ_COLS} FROM ins"
+        ))
         .bind(sku)
+        .bind(id)
         .bind(delta)
         .fetch_optional(&self.pool)
         .await
-        .map_err(|e| match &e {
-            sqlx::Error::Database(d) if d.code().as_deref() == Some("23514") => {
-                LedgerError::Conflict(format!("allocation of {sku} would go negative"))
-            }
-            _ => LedgerError::Db(e),
-        })?;
+        .map_err(|e| check_violation(e, || format!("allocation of {sku} would go negative")))?;
+        if let Some(r) = row {
+            return adjustment_from_row(&r);
+        }
+        match self.adjustment(id).await? {
+            Some(existing) => adjustment_retry(&existing, sku, delta),
+            None => Err(LedgerError::UnknownSale(sku.to_string())),
+        }
+    }
+
+    async fn finish_adjustment(
+        &self,
+        id: &str,
+        outcome: &AdjustmentOutcome,
+    ) -> Result<Adjustment, LedgerError> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!(
+            "SELECT {ADJ_COLS} FROM sale_adjustments WHERE adjustment_id = $1 FOR UPDATE"
+        ))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
         let Some(row) = row else {
-            return Err(LedgerError::UnknownSale(sku.to_string()));
+            return Err(LedgerError::NotFound(format!("adjustment {id}")));
         };
-        let v: i64 = row.try_get(0)?;
-        u64::try_from(v).map_err(|_| LedgerError::Corrupt(format!("allocation {v}")))
+        let existing = adjustment_from_row(&row)?;
+        let Some(to) = adjustment_next(&existing, outcome)? else {
+            return Ok(existing);
+        };
+        let (server_total, detail) = match outcome {
+            AdjustmentOutcome::Applied { server_total } => (*server_total, None),
+            AdjustmentOutcome::Refused { reason } => (None, Some(reason.as_str())),
+        };
+        if to == AdjustmentStatus::Refused {
+            // The server never had it: the allocation goes back.
+            sqlx::query(
+                "UPDATE sales SET allocation = allocation - $2, updated_at = now() WHERE sku = $1",
+            )
+            .bind(&existing.sku)
+            .bind(existing.delta)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| {
+                check_violation(e, || {
+                    format!("reverting {id} would make the allocation negative")
+                })
+            })?;
+        }
+        let row = sqlx::query(&format!(
+            "UPDATE sale_adjustments SET status = $2, server_total = $3, detail = $4, \
+                 updated_at = now() \
+             WHERE adjustment_id = $1 RETURNING {ADJ_COLS}"
+        ))
+        .bind(id)
+        .bind(to.as_str())
+        .bind(server_total)
+        .bind(detail)
+        .fetch_one(&mut *tx)
+        .await?;
+        let out = adjustment_from_row(&row)?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn adjustment(&self, id: &str) -> Result<Option<Adjustment>, LedgerError> {
+        let row = sqlx::query(&format!(
+            "SELECT {ADJ_COLS} FROM sale_adjustments WHERE adjustment_id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(adjustment_from_row).transpose()
+    }
+
+    async fn adjustments(
+        &self,
+        sku: &str,
+        only_recorded: bool,
+    ) -> Result<Vec<Adjustment>, LedgerError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {ADJ_COLS} FROM sale_adjustments \
+             WHERE sku = $1 AND (NOT $2 OR status = 'RECORDED') \
+             ORDER BY created_at, adjustment_id"
+        ))
+        .bind(sku)
+        .bind(only_recorded)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(adjustment_from_row).collect()
     }
 
     async fn materialize(&self, o: &NewOrder) -> Result<Materialized, LedgerError> {
@@ -526,14 +659,16 @@ impl Ledger for PgLedger {
     async fn mark_refund_required(
         &self,
         token: &str,
-        payment_ref: &str,
+        payment_ref: Option<&str>,
         reason: &str,
     ) -> Result<OrderStatus, LedgerError> {
+        // An empty reference is "unknown", never a value that may replace the stored one.
+        let payment_ref = payment_ref.filter(|r| !r.is_empty());
         self.locked_transition(
             token,
             "payment",
             Some(reason),
-            Some(payment_ref),
+            payment_ref,
             |from, expired| {
                 if from == OrderStatus::RefundRequired {
                     Ok((None, from))
@@ -693,6 +828,20 @@ impl Ledger for PgLedger {
             add_totals(&mut t, status, n, units);
         }
         Ok(t)
+    }
+
+    async fn live_pending_orders(&self, sku: &str) -> Result<Vec<Order>, LedgerError> {
+        // `>= now()`: exactly the orders `commit` would still accept (served by the
+        // partial index orders_pending_by_expiry).
+        let rows = sqlx::query(&format!(
+            "SELECT {ORDER_COLS} FROM orders \
+             WHERE sku = $1 AND status = 'PENDING' AND reservation_expires_at >= now() \
+             ORDER BY reservation_expires_at"
+        ))
+        .bind(sku)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(order_from_row).collect()
     }
 }
 

@@ -1,0 +1,219 @@
+//! Change a sale's allocation with one truth: the ledger first, then the server.
+//!
+//! `stockgate-sweeper adjust --sku S --delta N [--id ADJ-ID]` calls [`adjust_sale`]:
+//! 1. the ledger records adjustment `id` and moves the allocation (a retry with the same
+//!    id finds it recorded and moves nothing);
+//! 2. the server's total is compared with the ledger's allocation to learn whether the
+//!    server already has this adjustment (a crash between `SALE.ADJUST` and step 4);
+//! 3. if it does not, `SALE.ADJUST sku delta`;
+//! 4. the ledger marks the adjustment APPLIED (or REFUSED, moving the allocation back, if
+//!    the server refused it — e.g. a withdrawal of more than is available).
+//!
+//! Whatever step a crash interrupts, re-running the same id brings the server to the
+//! ledger's allocation with the adjustment applied exactly once. A fenced or lost sale is
+//! not adjusted on the server: its rebuild sets the server's total to the ledger's
+//! allocation, which already includes the adjustment, and confirms it.
+//!
+//! Two processes running the *same* id at the same moment could both send it; ids are an
+//! operator's retry key, not a lock.
+
+use tracing::{info, warn};
+
+use crate::client::ClientError;
+use crate::gate::ReservationGate;
+use crate::ledger::{Adjustment, AdjustmentOutcome, AdjustmentStatus, Ledger, LedgerError};
+use crate::sweeper::explain_total;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdjustError {
+    #[error("sale {0} is unknown to the ledger")]
+    UnknownSale(String),
+    #[error(
+        "adjustment {id} was refused by the server earlier ({reason}); nothing changed; use a new id"
+    )]
+    RefusedEarlier { id: String, reason: String },
+    #[error(
+        "the server refused adjustment {id}: {reason}; the ledger's allocation was moved back"
+    )]
+    Refused { id: String, reason: String },
+    #[error(
+        "sale {0} is fenced or unknown on the server; adjustment recorded in the ledger: \
+         `stockgate-sweeper rebuild --sku {0}` applies it"
+    )]
+    NotOpen(String),
+    #[error(
+        "server total {server_total} of {sku} is not the ledger's allocation {allocation} \
+         minus unconfirmed adjustments: someone changed it by hand; refusing to guess \
+         (record the difference with an adjustment, or `rebuild --fence`)"
+    )]
+    Unexplained {
+        sku: String,
+        server_total: i64,
+        allocation: u64,
+    },
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerError),
+    #[error("server: {0} (the adjustment is recorded; retry with the same id)")]
+    Gate(#[from] ClientError),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdjustResult {
+    /// `SALE.ADJUST` was sent by this call.
+    Applied,
+    /// The server already had it (an earlier attempt got that far), now confirmed.
+    AlreadyOnServer,
+    /// The ledger had it confirmed already: nothing to do.
+    AlreadyApplied,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdjustReport {
+    pub adjustment: Adjustment,
+    pub result: AdjustResult,
+    /// The ledger's allocation and the server's total afterwards.
+    pub allocation: u64,
+    pub server_total: i64,
+}
+
+/// Adjust `sku` by `delta` under adjustment id `id`. See the module docs.
+pub async fn adjust_sale<L: Ledger, G: ReservationGate>(
+    ledger: &L,
+    gate: &G,
+    sku: &str,
+    id: &str,
+    delta: i64,
+) -> Result<AdjustReport, AdjustError> {
+    // 1. Ledger first: from here on the ledger's allocation includes it.
+    let adj = match ledger.record_adjustment(sku, id, delta).await {
+        Ok(a) => a,
+        Err(LedgerError::UnknownSale(s)) => return Err(AdjustError::UnknownSale(s)),
+        Err(e) => return Err(e.into()),
+    };
+    match adj.status {
+        AdjustmentStatus::Recorded => {}
+        AdjustmentStatus::Applied => {
+            let allocation = current_allocation(ledger, sku).await?;
+            let server_total = gate.sale_info(sku).await?.map_or(-1, |i| i.total);
+            return Ok(AdjustReport {
+                adjustment: adj,
+                result: AdjustResult::AlreadyApplied,
+                allocation,
+                server_total,
+            });
+        }
+        AdjustmentStatus::Refused => {
+            return Err(AdjustError::RefusedEarlier {
+                id: adj.id,
+                reason: adj.detail.unwrap_or_default(),
+            })
+        }
+    }
+
+    // 2. Does the server have it already? Read the server, then the ledger: any
+    //    adjustment the server has was recorded before, so it is in what we read next.
+    let Some(info) = gate.sale_info(sku).await? else {
+        return Err(AdjustError::NotOpen(sku.to_string()));
+    };
+    if info.is_fenced() {
+        return Err(AdjustError::NotOpen(sku.to_string()));
+    }
+    let allocation = current_allocation(ledger, sku).await?;
+    let unconfirmed = ledger.adjustments(sku, true).await?;
+    let on_server = if i128::from(info.total) == i128::from(allocation) {
+        true
+    } else {
+        match explain_total(info.total, allocation, &unconfirmed) {
+            Some(missing) => !missing.iter().any(|a| a.id == adj.id),
+            None => {
+                return Err(AdjustError::Unexplained {
+                    sku: sku.to_string(),
+                    server_total: info.total,
+                    allocation,
+                })
+            }
+        }
+    };
+    if on_server {
+        warn!(
+            sku,
+            id,
+            "the server already has this adjustment (an earlier attempt sent it): confirming it"
+        );
+        let adj = ledger
+            .finish_adjustment(
+                id,
+                &AdjustmentOutcome::Applied {
+                    server_total: Some(info.total),
+                },
+            )
+            .await?;
+        return Ok(AdjustReport {
+            adjustment: adj,
+            result: AdjustResult::AlreadyOnServer,
+            allocation,
+            server_total: info.total,
+        });
+    }
+
+    // 3. The server.
+    let new_total = match gate.adjust(sku, delta).await {
+        Ok(t) => t,
+        Err(ClientError::Server { code, detail }) if code == "ERR" => {
+            // Refused and nothing changed there (not enough available to withdraw, out of
+            // range): the ledger must not keep an allocation the server never had.
+            let reason = if detail.is_empty() { code } else { detail };
+            ledger
+                .finish_adjustment(
+                    id,
+                    &AdjustmentOutcome::Refused {
+                        reason: reason.clone(),
+                    },
+                )
+                .await?;
+            return Err(AdjustError::Refused {
+                id: id.to_string(),
+                reason,
+            });
+        }
+        Err(ClientError::Fenced) | Err(ClientError::NoSale) => {
+            return Err(AdjustError::NotOpen(sku.to_string()))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if i128::from(new_total) != i128::from(info.total) + i128::from(delta) {
+        warn!(
+            sku,
+            id,
+            before = info.total,
+            delta,
+            after = new_total,
+            "the server's total moved by more than this adjustment: another change ran concurrently"
+        );
+    }
+
+    // 4. Confirm.
+    let adj = ledger
+        .finish_adjustment(
+            id,
+            &AdjustmentOutcome::Applied {
+                server_total: Some(new_total),
+            },
+        )
+        .await?;
+    info!(sku, id, delta, new_total, "adjustment applied");
+    Ok(AdjustReport {
+        adjustment: adj,
+        result: AdjustResult::Applied,
+        allocation: current_allocation(ledger, sku).await?,
+        server_total: new_total,
+    })
+}
+
+async fn current_allocation<L: Ledger>(ledger: &L, sku: &str) -> Result<u64, AdjustError> {
+    Ok(ledger
+        .sale(sku)
+        .await?
+        .ok_or_else(|| AdjustError::UnknownSale(sku.to_string()))?
+        .allocation)
+}
