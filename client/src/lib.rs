@@ -16,6 +16,7 @@ pub mod checkout;
 pub mod client;
 pub mod gate;
 pub mod ledger;
+pub mod materialize;
 #[cfg(feature = "testkit")]
 pub mod pgtemp;
 pub mod rebuild;

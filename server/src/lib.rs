@@ -8,6 +8,7 @@
 //! - [`session`]: server and connection state shared by `server` and `cmd`.
 pub mod cmd;
 pub mod engine;
+pub mod feed;
 pub mod keyfiles;
 pub mod persist;
 pub mod protocol;

@@ -131,6 +131,11 @@ struct ServeArgs {
     /// affinity mask). 1 runs everything on one thread (tokio's current-thread runtime).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// How much log already covered by snapshots stays on disk for the order feed
+    /// (XREAD...): `0` (none: the feed reaches back to the last snapshot), or sizes and/or
+    /// ages, e.g. `1GiB`, `6h`, `2GiB,24h` (kept while within every limit).
+    #[arg(long, default_value = "0", value_parser = stockgate_server::feed::retention::parse)]
+    feed_retention: stockgate_server::wal::FeedRetention,
     /// On WAL corruption, cut the log at the first bad record (losing what follows)
     /// instead of refusing to start. Says what it drops.
     #[arg(long)]
@@ -313,6 +318,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0),
+        feed_retention: a.feed_retention,
         ..WalOptions::default()
     };
     let (engine, durability, report) = recover_engine(
@@ -368,6 +374,10 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         ..ServerConfig::default()
     };
     let shared = Arc::new(Shared::new(config, users, durability.clone()));
+    let _ = shared.feed.set(Arc::new(stockgate_server::feed::Feed::new(
+        durability.wal.clone(),
+        stockgate_server::feed::FeedLimits::default(),
+    )));
     // 0 means one worker per core this process may run on: `available_parallelism`
     // honours the affinity mask (taskset) and cgroup quotas, not just the machine's cores.
     let threads = match a.threads {

@@ -198,8 +198,22 @@ async fn handle(
                         conn: &mut conn,
                         shared,
                     };
-                    let o = cmd::dispatch(&mut ctx, &argv);
+                    let mut o = cmd::dispatch(&mut ctx, &argv);
                     lsn = lsn.max(o.lsn);
+                    if let Some(wait) = o.wait.take() {
+                        // A blocking read (XREAD BLOCK): what this batch answered so far
+                        // goes out first, then the connection parks until the reply.
+                        if !send_before_block(&mut stream, &mut out, lsn, shared, write_timeout)
+                            .await
+                        {
+                            return;
+                        }
+                        lsn = 0;
+                        o.reply = tokio::select! {
+                            r = wait => r,
+                            _ = stop.changed() => return,
+                        };
+                    }
                     o.reply.encode(conn.proto, &mut out);
                     if o.close {
                         close = true;
@@ -285,4 +299,27 @@ async fn handle(
             return;
         }
     }
+}
+
+/// Before a connection blocks: wait for the batch's records, then send its replies.
+/// False if the connection must close (log failure, write error or timeout).
+async fn send_before_block(
+    stream: &mut TcpStream,
+    out: &mut BytesMut,
+    lsn: Lsn,
+    shared: &Shared,
+    write_timeout: Duration,
+) -> bool {
+    if lsn > 0 && shared.durability.wait(lsn).await.is_err() {
+        return false;
+    }
+    if out.is_empty() {
+        return true;
+    }
+    let ok = matches!(
+        tokio::time::timeout(write_timeout, stream.write_all(out)).await,
+        Ok(Ok(()))
+    );
+    out.clear();
+    ok
 }

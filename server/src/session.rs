@@ -234,6 +234,8 @@ pub struct Shared {
     pub started: Instant,
     pub local_port: AtomicU16,
     pub durability: Arc<dyn Durability>,
+    /// The order feed (XREAD...), set by the binary when it runs with a WAL.
+    pub feed: std::sync::OnceLock<Arc<crate::feed::Feed>>,
 }
 
 impl Shared {
@@ -249,6 +251,7 @@ impl Shared {
             started: Instant::now(),
             local_port: AtomicU16::new(0),
             durability,
+            feed: std::sync::OnceLock::new(),
         }
     }
 }

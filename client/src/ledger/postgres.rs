@@ -26,6 +26,7 @@ use crate::types::ExpiredReservation;
 /// The schema, embedded so the tools do not depend on their working directory.
 const INIT_SQL: &str = include_str!("../../../migrations/0001_init.sql");
 const ALLOCATION_SQL: &str = include_str!("../../../migrations/0002_allocation_adjustments.sql");
+const FEED_POSITION_SQL: &str = include_str!("../../../migrations/0003_feed_position.sql");
 
 /// The migrator for `migrations/` (embedded copy).
 pub fn migrator() -> Migrator {
@@ -42,6 +43,7 @@ pub fn migrator() -> Migrator {
         migrations: Cow::Owned(vec![
             m(1, "init", INIT_SQL),
             m(2, "allocation adjustments", ALLOCATION_SQL),
+            m(3, "feed position", FEED_POSITION_SQL),
         ]),
         ..Migrator::DEFAULT
     }

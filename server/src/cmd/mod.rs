@@ -9,6 +9,7 @@ pub mod introspect;
 pub mod multi;
 pub mod reserve;
 pub mod sale;
+pub mod stream;
 pub mod sweeper;
 pub mod table;
 
@@ -31,7 +32,14 @@ pub struct Outcome {
     pub reply: Reply,
     pub lsn: Lsn,
     pub close: bool,
+    /// A blocking command (`XREAD BLOCK`) that found nothing yet: the connection sends
+    /// what it has answered so far, then awaits this for the reply. Where a connection
+    /// cannot wait (inside EXEC), `reply` is the non-blocking answer, as Redis gives.
+    pub wait: Option<Deferred>,
 }
+
+/// The rest of a blocking command, run by the connection. Bounded in time by the command.
+pub type Deferred = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
 
 impl From<Reply> for Outcome {
     fn from(reply: Reply) -> Self {
@@ -39,6 +47,7 @@ impl From<Reply> for Outcome {
             reply,
             lsn: 0,
             close: false,
+            wait: None,
         }
     }
 }
@@ -49,6 +58,7 @@ impl Outcome {
             reply,
             lsn,
             close: false,
+            wait: None,
         }
     }
 }
@@ -88,6 +98,7 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
             reply: Reply::ok(),
             lsn: 0,
             close: true,
+            wait: None,
         }),
         "reset" => Ok(conn::reset(ctx)),
         "ping" => Ok(conn::ping(ctx, rest)),
@@ -99,6 +110,11 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
         "config" => Ok(introspect::config(ctx, rest)),
         "time" => Ok(introspect::time()),
         "dbsize" => Ok(Reply::Int(ctx.engine.reservation_count() as i64).into()),
+        "xread" => stream::XRead::parse(rest).map(|c| c.apply(ctx)),
+        "xrange" => stream::XRange::parse(rest, false).map(|c| c.apply(ctx)),
+        "xrevrange" => stream::XRange::parse(rest, true).map(|c| c.apply(ctx)),
+        "xlen" => stream::XLen::parse(rest).map(|c| c.apply(ctx)),
+        "xinfo" => stream::XInfo::parse(rest).map(|c| c.apply(ctx)),
         "multi" => Ok(multi::multi(ctx)),
         "exec" => Ok(multi::exec(ctx)),
         "discard" => Ok(multi::discard(ctx)),

@@ -154,12 +154,15 @@ pub fn exec(ctx: &mut Ctx<'_>) -> Outcome {
             reply: Reply::err("ERR output buffer limit reached; closing connection"),
             lsn,
             close: true,
+            wait: None,
         };
     }
     Outcome {
         reply: Reply::Array(replies),
         lsn,
         close,
+        // A queued blocking read answers at once (its `reply`), as in Redis.
+        wait: None,
     }
 }
 

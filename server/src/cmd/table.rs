@@ -239,6 +239,59 @@ pub static COMMANDS: &[Spec] = &[
         "server",
         "Number of reservations held",
     ),
+    // The order feed (cmd/stream.rs): the log as streams, readable by the sweeper role
+    // (the materializer runs as it) and admin. XREAD's keys move (after STREAMS), as in
+    // Redis; the others take the stream at position 1 (XINFO: 2).
+    Spec {
+        first_key: 0,
+        last_key: 0,
+        step: 0,
+        ..spec(
+            "xread",
+            -4,
+            &["readonly", "blocking", "movablekeys"],
+            0,
+            SWEEPER | ADMIN,
+            "stream",
+            "Read the order feed after the given ids, optionally blocking",
+        )
+    },
+    spec(
+        "xrange",
+        -4,
+        &["readonly"],
+        1,
+        SWEEPER | ADMIN,
+        "stream",
+        "Order feed entries in an id range",
+    ),
+    spec(
+        "xrevrange",
+        -4,
+        &["readonly"],
+        1,
+        SWEEPER | ADMIN,
+        "stream",
+        "Order feed entries in an id range, newest first",
+    ),
+    spec(
+        "xlen",
+        2,
+        &["readonly", "fast"],
+        1,
+        SWEEPER | ADMIN,
+        "stream",
+        "Entries in an order feed stream",
+    ),
+    spec(
+        "xinfo",
+        -3,
+        &["readonly"],
+        2,
+        SWEEPER | ADMIN,
+        "stream",
+        "XINFO STREAM: an order feed stream's length and ends",
+    ),
     // Transactions (cmd/multi.rs). Open to every role: each queued command is checked
     // against the role when it is queued and again when EXEC runs it.
     spec(

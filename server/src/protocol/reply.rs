@@ -4,6 +4,7 @@
 use bytes::{BufMut, BytesMut};
 
 use crate::engine::EngineError;
+use crate::feed::FeedError;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
@@ -173,6 +174,12 @@ pub fn from_engine_error(e: &EngineError) -> Reply {
         EngineError::FingerprintMismatch { .. } => format!("ERR {e}"),
     };
     Reply::Error(s)
+}
+
+/// Every feed error's wire form. `Trimmed` keeps the word `trimmed` for consumers to
+/// match on (they must resynchronise from the ledger).
+pub fn from_feed_error(e: &FeedError) -> Reply {
+    Reply::Error(format!("ERR {e}"))
 }
 
 #[cfg(test)]

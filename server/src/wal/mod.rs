@@ -19,6 +19,7 @@
 //! This module knows nothing of the engine's rules: events and snapshots are data.
 
 mod codec;
+pub mod reader;
 pub mod record;
 mod recovery;
 pub mod segment;
@@ -109,6 +110,26 @@ pub struct WalOptions {
     /// test can hold a record "in flight" and kill the process there. 0 in production;
     /// the binary reads it from `STOCKGATE_FAULT_WAL_DELAY_MS`.
     pub fault_write_delay_ms: u64,
+    /// Segments a snapshot makes redundant that are kept anyway, for the order feed
+    /// (`--feed-retention`). The default keeps none.
+    pub feed_retention: FeedRetention,
+}
+
+/// How much of the log covered by a snapshot stays on disk for readers of the feed: the
+/// newest redundant segments are kept while they fit in *every* given limit; the others
+/// are deleted as usual (at the next snapshot, and at start-up). Both `None`: keep none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FeedRetention {
+    /// Total bytes of redundant segments kept.
+    pub max_bytes: Option<u64>,
+    /// A redundant segment older than this (by modification time) is deleted.
+    pub max_age: Option<std::time::Duration>,
+}
+
+impl FeedRetention {
+    pub fn keeps_nothing(&self) -> bool {
+        self.max_bytes.is_none() && self.max_age.is_none()
+    }
 }
 
 impl Default for WalOptions {
@@ -119,6 +140,7 @@ impl Default for WalOptions {
             repair: false,
             max_buffer_bytes: DEFAULT_MAX_BUFFER_BYTES,
             fault_write_delay_ms: 0,
+            feed_retention: FeedRetention::default(),
         }
     }
 }

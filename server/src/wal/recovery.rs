@@ -60,14 +60,15 @@ pub(crate) fn recover(dir: &Path, opts: &WalOptions) -> Result<Resume, WalError>
     let snap_lsn = rec.snapshot_lsn;
 
     let segs = &listing.segments;
-    let mut covered: Vec<PathBuf> = Vec::new();
+    // (first, last, path) of segments the snapshot makes redundant.
+    let mut covered: Vec<(Lsn, Lsn, PathBuf)> = Vec::new();
     let mut kept: Vec<Kept> = Vec::new();
     let mut expected: Option<Lsn> = None;
     for (i, (first, path)) in segs.iter().enumerate() {
         let first = *first;
         let is_last = i + 1 == segs.len();
         if !is_last && segs[i + 1].0 <= snap_lsn + 1 {
-            covered.push(path.clone());
+            covered.push((first, segs[i + 1].0 - 1, path.clone()));
             continue;
         }
         let gap = match expected {
@@ -165,16 +166,25 @@ pub(crate) fn recover(dir: &Path, opts: &WalOptions) -> Result<Resume, WalError>
             catalog.insert(k.first, None);
             active = Some((k.path, k.first, k.size));
         } else if k.end <= snap_lsn + 1 {
-            covered.push(k.path);
+            covered.push((k.first, k.end - 1, k.path));
         } else {
             catalog.insert(k.first, Some(k.end - 1));
         }
     }
     if !covered.is_empty() {
-        for p in &covered {
+        // The feed's retention keeps the newest of them (not replayed, only read by the
+        // feed); the catalog lists them so readers and the next snapshot see them.
+        let n = covered.len();
+        let doomed = segment::past_feed_retention(covered.clone(), |c| &c.2, &opts.feed_retention);
+        for (first, last, _) in &covered[doomed.len()..n] {
+            catalog.insert(*first, Some(*last));
+        }
+        for (_, _, p) in &doomed {
             segment::remove_if_exists(p)?;
         }
-        segment::sync_dir(dir)?;
+        if !doomed.is_empty() {
+            segment::sync_dir(dir)?;
+        }
     }
     for (lsn, p) in &listing.snapshots {
         if *lsn < snap_lsn {

@@ -277,6 +277,42 @@ pub(crate) fn sync_file_if_exists(path: &Path) -> Result<(), WalError> {
     }
 }
 
+/// Of the segments a snapshot makes redundant (`doomed`, oldest first), those the feed's
+/// retention does not keep: the newest are kept while they fit every limit, so what is
+/// kept is always one contiguous run ending at the live log (a reader never meets a gap).
+pub(crate) fn past_feed_retention<T>(
+    doomed: Vec<T>,
+    path: impl Fn(&T) -> &Path,
+    r: &super::FeedRetention,
+) -> Vec<T> {
+    if r.keeps_nothing() {
+        return doomed;
+    }
+    let now = std::time::SystemTime::now();
+    let mut kept_bytes = 0u64;
+    let mut keep = 0usize;
+    for p in doomed.iter().rev() {
+        let Ok(meta) = fs::metadata(path(p)) else {
+            break;
+        };
+        kept_bytes = kept_bytes.saturating_add(meta.len());
+        let too_big = r.max_bytes.is_some_and(|m| kept_bytes > m);
+        let too_old = r.max_age.is_some_and(|age| {
+            meta.modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .is_some_and(|d| d > age)
+        });
+        if too_big || too_old {
+            break;
+        }
+        keep += 1;
+    }
+    let mut doomed = doomed;
+    doomed.truncate(doomed.len() - keep);
+    doomed
+}
+
 pub(crate) fn remove_if_exists(path: &Path) -> Result<(), WalError> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("delete", path)(e)),

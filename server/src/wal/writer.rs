@@ -312,6 +312,22 @@ impl Wal {
         }
     }
 
+    /// The segments on disk as (first LSN, last LSN or `None` for the active one), for
+    /// `reader`.
+    pub(super) fn catalog_snapshot(&self) -> Vec<(Lsn, Option<Lsn>)> {
+        let cat = self.shared.catalog.lock();
+        cat.iter().map(|(f, l)| (*f, *l)).collect()
+    }
+
+    /// Notified whenever a durable LSN is published, or on failure or close (`reader`).
+    pub(super) fn durable_notify(&self) -> &tokio::sync::Notify {
+        &self.shared.notify
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.shared.progress.lock().closed
+    }
+
     /// `<data-dir>/wal`.
     pub fn dir(&self) -> &Path {
         &self.shared.dir
@@ -454,13 +470,13 @@ impl Wal {
         let mut removed = Vec::new();
         {
             let mut cat = sh.catalog.lock();
-            let doomed: Vec<Lsn> = cat
+            let doomed: Vec<(Lsn, PathBuf)> = cat
                 .iter()
                 .filter(|(_, last)| matches!(last, Some(l) if *l <= upto))
-                .map(|(first, _)| *first)
+                .map(|(first, _)| (*first, sh.dir.join(segment::segment_file_name(*first))))
                 .collect();
-            for first in doomed {
-                let p = sh.dir.join(segment::segment_file_name(first));
+            let doomed = segment::past_feed_retention(doomed, |d| &d.1, &sh.opts.feed_retention);
+            for (first, p) in doomed {
                 segment::remove_if_exists(&p)?;
                 cat.remove(&first);
                 removed.push(p);

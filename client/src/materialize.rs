@@ -1,0 +1,422 @@
+//! The materializer: reads the order feed (`XREAD` on `stockgate:events`) and writes the
+//! orders into the Postgres ledger exactly once.
+//!
+//! Exactly once, whatever crashes: one SQL transaction per batch holds both the orders
+//! the batch implies and the consumer's new position (`feed_position`). The transaction
+//! first locks the position row and checks it is still the one the batch was read after;
+//! so either the batch's orders *and* the position are in the ledger, or neither is, and
+//! the next run re-reads exactly the entries after the committed position. On top of
+//! that every write is idempotent (`ON CONFLICT DO NOTHING`, transitions conditional on
+//! `status = 'PENDING'`), so two materializers racing, or a checkout that wrote the same
+//! order itself, still yield one row per reservation.
+//!
+//! What each entry does:
+//! - `reserved`  → a `PENDING` order, the same row the checkout flow writes;
+//! - `committed` → `COMMITTED`, only if the order is still `PENDING`;
+//! - `released`  → `CANCELLED`, only if the order is still `PENDING` (the units went
+//!   back: the server refuses the capture, so the order cannot be paid any more);
+//! - `extended`  → the `PENDING` order's deadline moves with the server's;
+//! - anything else (sale events, purges) only moves the position.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Value;
+use sqlx::postgres::PgPool;
+use sqlx::Row;
+
+/// The all-events stream (`server/src/feed`).
+pub const ALL_EVENTS: &str = "stockgate:events";
+
+#[derive(Debug, thiserror::Error)]
+pub enum MaterializeError {
+    /// The feed no longer has the position: resynchronise from the ledger.
+    #[error("feed position trimmed: {0}")]
+    Trimmed(String),
+    #[error("feed error: {0}")]
+    Feed(String),
+    #[error("feed connection: {0}")]
+    Connection(#[from] redis::RedisError),
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("unexpected feed reply: {0}")]
+    Protocol(String),
+}
+
+/// One entry of the feed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeedEvent {
+    pub lsn: u64,
+    pub fields: HashMap<String, String>,
+}
+
+impl FeedEvent {
+    pub fn kind(&self) -> &str {
+        self.get("type").unwrap_or("")
+    }
+    pub fn get(&self, k: &str) -> Option<&str> {
+        self.fields.get(k).map(String::as_str)
+    }
+    fn num(&self, k: &str) -> Result<i64, MaterializeError> {
+        self.get(k)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| MaterializeError::Protocol(format!("entry {}-0: field {k}", self.lsn)))
+    }
+    fn text(&self, k: &str) -> Result<String, MaterializeError> {
+        self.get(k)
+            .map(str::to_owned)
+            .ok_or_else(|| MaterializeError::Protocol(format!("entry {}-0: field {k}", self.lsn)))
+    }
+}
+
+/// A consumer of one feed stream with a position it holds itself (XREAD).
+#[derive(Clone)]
+pub struct FeedReader {
+    conn: ConnectionManager,
+    stream: String,
+}
+
+fn bulk(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn parse_entries(v: &Value) -> Result<Vec<FeedEvent>, MaterializeError> {
+    let bad = || MaterializeError::Protocol(format!("{v:?}").chars().take(200).collect());
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for it in items {
+        let Value::Array(pair) = it else {
+            return Err(bad());
+        };
+        let [id, kv] = pair.as_slice() else {
+            return Err(bad());
+        };
+        let id = bulk(id).ok_or_else(bad)?;
+        let lsn = id
+            .split_once('-')
+            .and_then(|(a, _)| a.parse().ok())
+            .ok_or_else(bad)?;
+        let Value::Array(kv) = kv else {
+            return Err(bad());
+        };
+        let mut fields = HashMap::with_capacity(kv.len() / 2);
+        for c in kv.chunks(2) {
+            if let [k, v] = c {
+                fields.insert(bulk(k).ok_or_else(bad)?, bulk(v).ok_or_else(bad)?);
+            }
+        }
+        out.push(FeedEvent { lsn, fields });
+    }
+    Ok(out)
+}
+
+impl FeedReader {
+    /// `addr`: `host:port` or a `redis://user:pass@host:port` URL (role sweeper or admin).
+    pub async fn connect(addr: &str, stream: &str) -> Result<Self, MaterializeError> {
+        let url = if addr.contains("://") {
+            addr.to_owned()
+        } else {
+            format!("redis://{addr}")
+        };
+        let client = redis::Client::open(url)?;
+        let cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Duration::from_secs(2))
+            // Longer than any BLOCK this reader asks for.
+            .set_response_timeout(Duration::from_secs(30))
+            .set_number_of_retries(3)
+            .set_max_delay(1000);
+        let conn = ConnectionManager::new_with_config(client, cfg).await?;
+        Ok(FeedReader {
+            conn,
+            stream: stream.to_owned(),
+        })
+    }
+
+    /// Up to `count` entries after `after_lsn`, waiting up to `block_ms` for new ones.
+    pub async fn read(
+        &self,
+        after_lsn: u64,
+        count: usize,
+        block_ms: u64,
+    ) -> Result<Vec<FeedEvent>, MaterializeError> {
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(count).arg("BLOCK").arg(block_ms);
+        cmd.arg("STREAMS")
+            .arg(&self.stream)
+            .arg(format!("{after_lsn}-0"));
+        let v: Value = match cmd.query_async(&mut conn).await {
+            Ok(v) => v,
+            Err(e) if e.kind() != redis::ErrorKind::IoError && e.code().is_some() => {
+                let msg = e.to_string();
+                return Err(if msg.contains("trimmed") {
+                    MaterializeError::Trimmed(msg)
+                } else {
+                    MaterializeError::Feed(msg)
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match &v {
+            Value::Nil => Ok(Vec::new()),
+            // RESP2: [[stream, entries]]
+            Value::Array(streams) => match streams.first() {
+                Some(Value::Array(pair)) if pair.len() == 2 => parse_entries(&pair[1]),
+                None => Ok(Vec::new()),
+                _ => Err(MaterializeError::Protocol(format!("{v:?}"))),
+            },
+            // RESP3: {stream: entries}
+            Value::Map(m) => match m.first() {
+                Some((_, es)) => parse_entries(es),
+                None => Ok(Vec::new()),
+            },
+            _ => Err(MaterializeError::Protocol(format!("{v:?}"))),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct MaterializerConfig {
+    /// Name of this consumer's row in `feed_position`.
+    pub consumer: String,
+    pub stream: String,
+    /// Entries per XREAD and per SQL transaction.
+    pub batch: usize,
+    pub block_ms: u64,
+}
+
+impl Default for MaterializerConfig {
+    fn default() -> Self {
+        MaterializerConfig {
+            consumer: "materializer".into(),
+            stream: ALL_EVENTS.into(),
+            batch: 2000,
+            block_ms: 1000,
+        }
+    }
+}
+
+/// What one batch did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    pub entries: usize,
+    pub created: u64,
+    pub committed: u64,
+    pub cancelled: u64,
+    /// Position after the batch.
+    pub position: u64,
+}
+
+pub struct Materializer {
+    pool: PgPool,
+    reader: FeedReader,
+    cfg: MaterializerConfig,
+}
+
+impl Materializer {
+    pub fn new(pool: PgPool, reader: FeedReader, cfg: MaterializerConfig) -> Self {
+        Materializer { pool, reader, cfg }
+    }
+
+    /// The committed position (creating the row at 0 on first use).
+    pub async fn position(&self) -> Result<u64, MaterializeError> {
+        sqlx::query(
+            "INSERT INTO feed_position (consumer, stream, last_lsn) VALUES ($1, $2, 0) \
+             ON CONFLICT (consumer) DO NOTHING",
+        )
+        .bind(&self.cfg.consumer)
+        .bind(&self.cfg.stream)
+        .execute(&self.pool)
+        .await?;
+        let row = sqlx::query("SELECT last_lsn FROM feed_position WHERE consumer = $1")
+            .bind(&self.cfg.consumer)
+            .fetch_one(&self.pool)
+            .await?;
+        let lsn: i64 = row.try_get(0)?;
+        Ok(lsn.max(0) as u64)
+    }
+
+    /// Reads one batch after the committed position and applies it (blocking up to
+    /// `block_ms` when there is nothing new). An empty report means nothing arrived.
+    pub async fn step(&self) -> Result<BatchReport, MaterializeError> {
+        let pos = self.position().await?;
+        let events = self
+            .reader
+            .read(pos, self.cfg.batch, self.cfg.block_ms)
+            .await?;
+        if events.is_empty() {
+            return Ok(BatchReport {
+                position: pos,
+                ..BatchReport::default()
+            });
+        }
+        self.apply(pos, &events).await
+    }
+
+    /// Applies `events` (read after `pos`) and moves the position past them, in one
+    /// transaction. If the position moved meanwhile (another materializer), applies
+    /// nothing and reports the current position.
+    pub async fn apply(
+        &self,
+        pos: u64,
+        events: &[FeedEvent],
+    ) -> Result<BatchReport, MaterializeError> {
+        let last = events.last().map_or(pos, |e| e.lsn);
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query("SELECT last_lsn FROM feed_position WHERE consumer = $1 FOR UPDATE")
+            .bind(&self.cfg.consumer)
+            .fetch_one(&mut *tx)
+            .await?;
+        let current: i64 = row.try_get(0)?;
+        if current as u64 != pos {
+            tx.rollback().await?;
+            return Ok(BatchReport {
+                position: current.max(0) as u64,
+                ..BatchReport::default()
+            });
+        }
+        let mut rep = BatchReport {
+            entries: events.len(),
+            position: last,
+            ..BatchReport::default()
+        };
+        // Reserved → PENDING, batched into one statement.
+        let (mut t, mut s, mut u, mut r, mut q, mut e, mut c) =
+            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut committed, mut released) = (vec![], vec![]);
+        let (mut ext_t, mut ext_e) = (vec![], vec![]);
+        for ev in events {
+            match ev.kind() {
+                "reserved" => {
+                    t.push(ev.text("token")?);
+                    s.push(ev.text("sku")?);
+                    u.push(ev.text("user")?);
+                    r.push(ev.text("request_id")?);
+                    q.push(i32::try_from(ev.num("qty")?).map_err(|_| {
+                        MaterializeError::Protocol(format!("entry {}-0: qty", ev.lsn))
+                    })?);
+                    e.push(ev.num("expires_at_ms")?);
+                    c.push(ev.num("created_at_ms")?);
+                }
+                "committed" => committed.push(ev.text("token")?),
+                "released" => released.push(ev.text("token")?),
+                "extended" => {
+                    ext_t.push(ev.text("token")?);
+                    ext_e.push(ev.num("expires_at_ms")?);
+                }
+                _ => {}
+            }
+        }
+        if !t.is_empty() {
+            let row = sqlx::query(
+                "WITH ins AS ( \
+                     INSERT INTO orders (reservation_token, sku, user_id, request_id, qty, status, \
+                                         reservation_expires_at, reservation_created_at) \
+                     SELECT t, s, u, r, q, 'PENDING', to_timestamp(e / 1000.0), to_timestamp(c / 1000.0) \
+                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], \
+                                 $6::int8[], $7::int8[]) AS x(t, s, u, r, q, e, c) \
+                     ORDER BY t \
+                     ON CONFLICT (reservation_token) DO NOTHING \
+                     RETURNING reservation_token \
+                 ), ev AS ( \
+                     INSERT INTO order_events (reservation_token, from_status, to_status, actor, detail) \
+                     SELECT reservation_token, NULL, 'PENDING', 'materializer', 'feed' FROM ins \
+                 ) SELECT count(*) FROM ins",
+            )
+            .bind(&t)
+            .bind(&s)
+            .bind(&u)
+            .bind(&r)
+            .bind(&q)
+            .bind(&e)
+            .bind(&c)
+            .fetch_one(&mut *tx)
+            .await?;
+            rep.created = row.try_get::<i64, _>(0)? as u64;
+        }
+        if !ext_t.is_empty() {
+            sqlx::query(
+                "UPDATE orders o SET reservation_expires_at = to_timestamp(x.e / 1000.0), updated_at = now() \
+                 FROM unnest($1::text[], $2::int8[]) AS x(t, e) \
+                 WHERE o.reservation_token = x.t AND o.status = 'PENDING' \
+                   AND o.reservation_expires_at < to_timestamp(x.e / 1000.0)",
+            )
+            .bind(&ext_t)
+            .bind(&ext_e)
+            .execute(&mut *tx)
+            .await?;
+        }
+        for (tokens, to, col, n) in [
+            (&committed, "COMMITTED", "committed_at", &mut rep.committed),
+            (&released, "CANCELLED", "cancelled_at", &mut rep.cancelled),
+        ] {
+            if tokens.is_empty() {
+                continue;
+            }
+            let row = sqlx::query(&format!(
+                "WITH up AS ( \
+                     UPDATE orders SET status = '{to}', {col} = now(), updated_at = now() \
+                     WHERE reservation_token = ANY($1::text[]) AND status = 'PENDING' \
+                     RETURNING reservation_token \
+                 ), ev AS ( \
+                     INSERT INTO order_events (reservation_token, from_status, to_status, actor, detail) \
+                     SELECT reservation_token, 'PENDING', '{to}', 'materializer', 'feed' FROM up \
+                 ) SELECT count(*) FROM up"
+            ))
+            .bind(tokens)
+            .fetch_one(&mut *tx)
+            .await?;
+            *n = row.try_get::<i64, _>(0)? as u64;
+        }
+        sqlx::query(
+            "UPDATE feed_position SET last_lsn = $2, updated_at = now() WHERE consumer = $1",
+        )
+        .bind(&self.cfg.consumer)
+        .bind(last as i64)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(rep)
+    }
+
+    /// Runs batches until `stop` resolves. Transient errors (server or database away)
+    /// back off and retry; a trimmed position is returned, since only an operator can
+    /// decide how to resynchronise.
+    pub async fn run(
+        &self,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<(), MaterializeError> {
+        tokio::pin!(stop);
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let r = tokio::select! {
+                _ = &mut stop => return Ok(()),
+                r = self.step() => r,
+            };
+            match r {
+                Ok(rep) => {
+                    backoff = Duration::from_millis(100);
+                    if rep.entries > 0 {
+                        tracing::debug!(?rep, "materialized batch");
+                    }
+                }
+                Err(e @ MaterializeError::Trimmed(_)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!("materializer: {e}; retrying in {backoff:?}");
+                    tokio::select! {
+                        _ = &mut stop => return Ok(()),
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! The order feed's commands (`XREAD`, `XRANGE`, `XREVRANGE`, `XLEN`, `XINFO STREAM`):
+//! parse, read from `crate::feed`, and answer in exactly Redis's reply shapes, so stream
+//! clients (redis-py's `xread`/`xrange`...) parse them unmodified.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::args::{parse_u64, Args};
+use super::{Ctx, Outcome};
+use crate::engine::Lsn;
+use crate::feed::{id, Entry, Feed, FeedError, Stream};
+use crate::protocol::reply::from_feed_error;
+use crate::protocol::Reply;
+
+fn feed(ctx: &Ctx<'_>) -> Result<Arc<Feed>, Reply> {
+    ctx.shared
+        .feed
+        .get()
+        .cloned()
+        .ok_or_else(|| from_feed_error(&FeedError::NoLog))
+}
+
+fn fe(e: FeedError) -> Reply {
+    from_feed_error(&e)
+}
+
+fn entry_reply(e: Entry) -> Reply {
+    let mut kv = Vec::with_capacity(e.fields.len() * 2);
+    let id = e.id();
+    for (k, v) in e.fields {
+        kv.push(Reply::bulk(k));
+        kv.push(Reply::Bulk(v.into_bytes()));
+    }
+    Reply::Array(vec![Reply::Bulk(id.into_bytes()), Reply::Array(kv)])
+}
+
+fn entries_reply(es: Vec<Entry>) -> Reply {
+    Reply::Array(es.into_iter().map(entry_reply).collect())
+}
+
+/// XREAD's answer: RESP3 a map stream -> entries, RESP2 an array of [stream, entries];
+/// nil when no stream has an entry (both as Redis).
+fn xread_reply(proto: u8, found: Vec<(String, Vec<Entry>)>) -> Reply {
+    if found.is_empty() {
+        return Reply::Nil;
+    }
+    if proto >= 3 {
+        Reply::Map(
+            found
+                .into_iter()
+                .map(|(k, es)| (Reply::Bulk(k.into_bytes()), entries_reply(es)))
+                .collect(),
+        )
+    } else {
+        Reply::Array(
+            found
+                .into_iter()
+                .map(|(k, es)| Reply::Array(vec![Reply::Bulk(k.into_bytes()), entries_reply(es)]))
+                .collect(),
+        )
+    }
+}
+
+fn parse_count(a: &mut Args<'_>) -> Result<u64, Reply> {
+    let b = a.next_bytes()?;
+    parse_u64(b).ok_or_else(Reply::not_integer)
+}
+
+/// `XREAD [COUNT n] [BLOCK ms] STREAMS key... id...`
+pub struct XRead {
+    count: Option<u64>,
+    block_ms: Option<u64>,
+    streams: Vec<(Stream, Option<Lsn>)>,
+}
+
+impl XRead {
+    pub fn parse(args: &[Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("xread", args);
+        let mut count = None;
+        let mut block_ms = None;
+        loop {
+            if a.remaining() == 0 {
+                return Err(Reply::syntax());
+            }
+            match a.next_keyword()?.as_str() {
+                "COUNT" => count = Some(parse_count(&mut a)?),
+                "BLOCK" => {
+                    let b = a.next_bytes()?;
+                    let ms = parse_u64(b).ok_or_else(|| {
+                        Reply::err("ERR timeout is not an integer or out of range")
+                    })?;
+                    block_ms = Some(ms);
+                }
+                "STREAMS" => break,
+                _ => return Err(Reply::syntax()),
+            }
+        }
+        let n = a.remaining();
+        if n == 0 || !n.is_multiple_of(2) {
+            return Err(Reply::err(
+                "ERR Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.",
+            ));
+        }
+        let mut keys = Vec::with_capacity(n / 2);
+        for _ in 0..n / 2 {
+            keys.push(Stream::parse(a.next_bytes()?).map_err(fe)?);
+        }
+        let mut streams = Vec::with_capacity(n / 2);
+        for k in keys {
+            let after = id::read_after(a.next_bytes()?).map_err(fe)?;
+            // Stored as "the last LSN already seen": `read_after` gave the first to read.
+            streams.push((k, after.map(|first| first - 1)));
+        }
+        Ok(XRead {
+            count,
+            block_ms,
+            streams,
+        })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match self.run(ctx) {
+            Ok(o) => o,
+            Err(r) => r.into(),
+        }
+    }
+
+    fn run(self, ctx: &mut Ctx<'_>) -> Result<Outcome, Reply> {
+        let feed = feed(ctx)?;
+        let count = feed.count(self.count);
+        let durable = feed.durable_lsn();
+        let mut cursors: Vec<(Stream, Lsn)> = self
+            .streams
+            .into_iter()
+            .map(|(s, after)| (s, after.unwrap_or(durable)))
+            .collect();
+        let (found, exhausted) = poll(&feed, &mut cursors, count).map_err(fe)?;
+        let proto = ctx.conn.proto;
+        if !found.is_empty() {
+            return Ok(xread_reply(proto, found).into());
+        }
+        let Some(block_ms) = self.block_ms else {
+            if let Some(e) = exhausted {
+                return Err(fe(e));
+            }
+            return Ok(Reply::Nil.into());
+        };
+        let slot = feed.try_block().map_err(fe)?;
+        let max = feed.limits.max_block_ms;
+        let ms = if block_ms == 0 {
+            max
+        } else {
+            block_ms.min(max)
+        };
+        let deadline = Instant::now() + Duration::from_millis(ms);
+        let wait = Box::pin(async move {
+            let _slot = slot;
+            let mut seen = durable;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Reply::Nil;
+                }
+                if tokio::time::timeout(left, feed.wait_past(seen))
+                    .await
+                    .is_err()
+                {
+                    return Reply::Nil;
+                }
+                let now = feed.durable_lsn();
+                if now <= seen {
+                    // The log stopped (failed or closed): nothing new will come.
+                    return Reply::Nil;
+                }
+                seen = now;
+                match poll(&feed, &mut cursors, count) {
+                    Ok((found, _)) if !found.is_empty() => return xread_reply(proto, found),
+                    Ok(_) => {}
+                    Err(e) => return fe(e),
+                }
+            }
+        });
+        Ok(Outcome {
+            reply: Reply::Nil,
+            lsn: 0,
+            close: false,
+            wait: Some(wait),
+        })
+    }
+}
+
+/// Streams that have entries, with them.
+type Found = Vec<(String, Vec<Entry>)>;
+
+/// Reads each stream after its cursor and moves the cursor past what was examined (a
+/// sale stream's scan may examine records without finding one). Returns the streams that
+/// have entries and, if a scan ran out of budget empty-handed, the error saying so.
+fn poll(
+    feed: &Feed,
+    cursors: &mut [(Stream, Lsn)],
+    count: usize,
+) -> Result<(Found, Option<FeedError>), FeedError> {
+    let mut found = Vec::new();
+    let mut exhausted = None;
+    for (stream, after) in cursors.iter_mut() {
+        let from = after.saturating_add(1);
+        let s = feed.scan(stream, from, Lsn::MAX, count, false)?;
+        if s.entries.is_empty() && s.budget_exhausted && exhausted.is_none() {
+            exhausted = Some(FeedError::ScanLimit {
+                stream: stream.name(),
+                from,
+                to: s.next - 1,
+            });
+        }
+        *after = (*after).max(s.next.saturating_sub(1));
+        if !s.entries.is_empty() {
+            found.push((stream.name(), s.entries));
+        }
+    }
+    Ok((found, exhausted))
+}
+
+/// `XRANGE key start end [COUNT n]` and `XREVRANGE key end start [COUNT n]`
+pub struct XRange {
+    stream: Stream,
+    from: Lsn,
+    to: Option<Lsn>,
+    count: Option<u64>,
+    rev: bool,
+}
+
+impl XRange {
+    pub fn parse(args: &[Bytes], rev: bool) -> Result<Self, Reply> {
+        let name = if rev { "xrevrange" } else { "xrange" };
+        let mut a = Args::new(name, args);
+        let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+        let (x, y) = (a.next_bytes()?, a.next_bytes()?);
+        let (start, end) = if rev { (y, x) } else { (x, y) };
+        let from = id::range_start(start).map_err(fe)?;
+        let to = id::range_end(end).map_err(fe)?;
+        let mut count = None;
+        while a.remaining() > 0 {
+            match a.next_keyword()?.as_str() {
+                "COUNT" => count = Some(parse_count(&mut a)?),
+                _ => return Err(Reply::syntax()),
+            }
+        }
+        Ok(XRange {
+            stream,
+            from,
+            to,
+            count,
+            rev,
+        })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        let feed = match feed(ctx) {
+            Ok(f) => f,
+            Err(r) => return r.into(),
+        };
+        // Without COUNT Redis answers the whole range; here at most `max_count` entries
+        // (pages continue from the last id), so one reply stays bounded.
+        let count = match self.count {
+            Some(0) => return Reply::Array(Vec::new()).into(),
+            Some(n) => n.min(feed.limits.max_count as u64) as usize,
+            None => feed.limits.max_count,
+        };
+        let Some(to) = self.to else {
+            return Reply::Array(Vec::new()).into();
+        };
+        match feed.scan(&self.stream, self.from, to, count, self.rev) {
+            Ok(s) if s.entries.is_empty() && s.budget_exhausted => fe(FeedError::ScanLimit {
+                stream: self.stream.name(),
+                from: self.from,
+                to: s.next - 1,
+            })
+            .into(),
+            Ok(s) => {
+                let mut es = s.entries;
+                if self.rev {
+                    es.reverse();
+                }
+                entries_reply(es).into()
+            }
+            Err(e) => fe(e).into(),
+        }
+    }
+}
+
+/// `XLEN key`
+pub struct XLen {
+    stream: Stream,
+}
+
+impl XLen {
+    pub fn parse(args: &[Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("xlen", args);
+        let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+        a.done()?;
+        Ok(XLen { stream })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        let r = feed(ctx).and_then(|f| f.len(&self.stream).map_err(fe));
+        match r {
+            Ok(n) => Reply::Int(n.min(i64::MAX as u64) as i64).into(),
+            Err(r) => r.into(),
+        }
+    }
+}
+
+/// `XINFO STREAM key` (the other XINFO subcommands concern consumer groups, which the
+/// feed does not have yet).
+pub struct XInfo {
+    stream: Stream,
+}
+
+impl XInfo {
+    pub fn parse(args: &[Bytes]) -> Result<Self, Reply> {
+        let mut a = Args::new("xinfo", args);
+        let sub = a.next_keyword()?;
+        if sub != "STREAM" {
+            return Err(Reply::err(format!(
+                "ERR unknown subcommand '{}'. stockgate's feed supports XINFO STREAM only (no consumer groups yet)",
+                sub.chars().take(64).collect::<String>()
+            )));
+        }
+        let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+        a.done()?;
+        Ok(XInfo { stream })
+    }
+
+    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
+        match self.run(ctx) {
+            Ok(r) | Err(r) => r.into(),
+        }
+    }
+
+    fn run(self, ctx: &mut Ctx<'_>) -> Result<Reply, Reply> {
+        let feed = feed(ctx)?;
+        let durable = feed.durable_lsn();
+        let len = feed.len(&self.stream).map_err(fe)?;
+        let first = feed
+            .scan(&self.stream, 1.max(feed.first_lsn()), durable, 1, false)
+            .map_err(fe)?
+            .entries
+            .pop();
+        let last = feed
+            .scan(&self.stream, 1, durable, 1, true)
+            .map_err(fe)?
+            .entries
+            .pop();
+        let last_id = match &self.stream {
+            Stream::All => format!("{durable}-0"),
+            Stream::Sale(_) => last.as_ref().map_or("0-0".into(), |e| e.id()),
+        };
+        let first_id = first.as_ref().map_or("0-0".into(), |e| e.id());
+        let opt = |e: Option<Entry>| e.map_or(Reply::Nil, entry_reply);
+        Ok(Reply::map([
+            ("length", Reply::Int(len as i64)),
+            ("radix-tree-keys", Reply::Int(0)),
+            ("radix-tree-nodes", Reply::Int(0)),
+            ("last-generated-id", Reply::Bulk(last_id.into_bytes())),
+            ("max-deleted-entry-id", Reply::bulk("0-0")),
+            ("entries-added", Reply::Int(len as i64)),
+            (
+                "recorded-first-entry-id",
+                Reply::Bulk(first_id.into_bytes()),
+            ),
+            ("groups", Reply::Int(0)),
+            ("first-entry", opt(first)),
+            ("last-entry", opt(last)),
+        ]))
+    }
+}

@@ -1,0 +1,165 @@
+//! One log record as a stream entry: its id and its fields.
+
+use crate::engine::event::{Event, Lsn};
+
+/// The all-events stream's name.
+pub const ALL_EVENTS: &str = "stockgate:events";
+/// A sale's stream is `{<sku>}:events`: the hash tag routes it with the sale.
+pub const SALE_SUFFIX: &str = ":events";
+
+/// One entry: id `<lsn>-0` and field-value pairs (all strings, as in Redis Streams).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub lsn: Lsn,
+    pub fields: Vec<(&'static str, String)>,
+}
+
+impl Entry {
+    pub fn id(&self) -> String {
+        format!("{}-0", self.lsn)
+    }
+}
+
+/// The sale a reservation token belongs to: tokens are `{sku}` + base32, so the sku of a
+/// RELEASE/COMMIT/EXTEND record (which carries only the token) is its hash tag.
+pub fn sku_of_token(token: &str) -> Option<&str> {
+    let rest = token.strip_prefix('{')?;
+    let end = rest.find('}')?;
+    Some(&rest[..end])
+}
+
+/// The sale an event concerns.
+pub fn sku_of(ev: &Event) -> Option<&str> {
+    match ev {
+        Event::SaleCreated { sku, .. }
+        | Event::SaleAdjusted { sku, .. }
+        | Event::SaleStateSet { sku, .. }
+        | Event::SaleRebuilt { sku, .. }
+        | Event::Reserved { sku, .. } => Some(sku),
+        Event::Released { token, .. }
+        | Event::Committed { token, .. }
+        | Event::Extended { token, .. }
+        | Event::Purged { token } => sku_of_token(token),
+    }
+}
+
+/// The entry for the record at `lsn`. Field names are the README's contract.
+pub fn entry(lsn: Lsn, ev: &Event) -> Entry {
+    let sku = sku_of(ev).unwrap_or_default().to_owned();
+    let s = |v: &dyn ToString| v.to_string();
+    let fields: Vec<(&'static str, String)> = match ev {
+        Event::SaleCreated { params, at_ms, .. } => vec![
+            ("type", "sale.created".into()),
+            ("sku", sku),
+            ("total", s(&params.total)),
+            ("shards", s(&params.shards)),
+            ("ttl_ms", s(&params.ttl_ms)),
+            ("limit", s(&params.limit)),
+            ("at_ms", s(at_ms)),
+        ],
+        Event::SaleAdjusted { shard_deltas, .. } => vec![
+            ("type", "sale.adjusted".into()),
+            ("sku", sku),
+            (
+                "delta",
+                s(&shard_deltas.iter().fold(0i64, |a, d| a.saturating_add(*d))),
+            ),
+        ],
+        Event::SaleStateSet { state, .. } => vec![
+            ("type", "sale.state".into()),
+            ("sku", sku),
+            ("state", state.as_str().into()),
+        ],
+        Event::SaleRebuilt {
+            total,
+            committed,
+            shard_available,
+            ..
+        } => vec![
+            ("type", "sale.rebuilt".into()),
+            ("sku", sku),
+            ("total", s(total)),
+            ("committed", s(committed)),
+            (
+                "available",
+                s(&shard_available
+                    .iter()
+                    .fold(0i64, |a, d| a.saturating_add(*d))),
+            ),
+        ],
+        Event::Reserved {
+            token,
+            user,
+            request_id,
+            qty,
+            shard,
+            expires_at_ms,
+            created_at_ms,
+            ..
+        } => vec![
+            ("type", "reserved".into()),
+            ("token", token.clone()),
+            ("sku", sku),
+            ("user", user.clone()),
+            ("request_id", request_id.clone()),
+            ("qty", s(qty)),
+            ("shard", s(shard)),
+            ("expires_at_ms", s(expires_at_ms)),
+            ("created_at_ms", s(created_at_ms)),
+        ],
+        Event::Released { token, at_ms } => vec![
+            ("type", "released".into()),
+            ("token", token.clone()),
+            ("sku", sku),
+            ("at_ms", s(at_ms)),
+        ],
+        Event::Committed { token, at_ms } => vec![
+            ("type", "committed".into()),
+            ("token", token.clone()),
+            ("sku", sku),
+            ("at_ms", s(at_ms)),
+        ],
+        Event::Extended {
+            token,
+            expires_at_ms,
+        } => vec![
+            ("type", "extended".into()),
+            ("token", token.clone()),
+            ("sku", sku),
+            ("expires_at_ms", s(expires_at_ms)),
+        ],
+        Event::Purged { token } => vec![
+            ("type", "purged".into()),
+            ("token", token.clone()),
+            ("sku", sku),
+        ],
+    };
+    Entry { lsn, fields }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn feed_sku_of_token() {
+        assert_eq!(sku_of_token("{SKU-1}abc"), Some("SKU-1"));
+        assert_eq!(sku_of_token("SKU-1abc"), None);
+        assert_eq!(sku_of_token("{SKU-1"), None);
+        let ev = Event::Released {
+            token: "{A.b:c}xyz".into(),
+            at_ms: 5,
+        };
+        let e = entry(9, &ev);
+        assert_eq!(e.id(), "9-0");
+        assert_eq!(
+            e.fields,
+            vec![
+                ("type", "released".to_owned()),
+                ("token", "{A.b:c}xyz".to_owned()),
+                ("sku", "A.b:c".to_owned()),
+                ("at_ms", "5".to_owned())
+            ]
+        );
+    }
+}

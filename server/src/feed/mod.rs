@@ -1,0 +1,333 @@
+//! The order feed: the write-ahead log served as Redis-Streams-compatible streams.
+//!
+//! Depends on the WAL (to read records) and the engine's event types (to describe them);
+//! neither knows it exists. Streams (see [`entry`]): `stockgate:events` (every record)
+//! and `{<sku>}:events` (one sale's records). Entry ids are `<lsn>-0`, so an id is a log
+//! position and ids are strictly increasing in log order.
+//!
+//! Only durable records are readable: every read stops at [`Wal::durable_lsn`], which
+//! is what the server acknowledges under the fsync policy (written under `everysec`/`no`,
+//! written and fdatasync'd under `always`). A reply the server has not sent yet can
+//! therefore never be seen on the feed first.
+//!
+//! Reads are bounded: at most [`FeedLimits::max_count`] entries per stream and
+//! [`FeedLimits::scan_budget`] records examined per call (a sale's stream is the
+//! all-events stream filtered, so a sparse sale costs a scan).
+
+pub mod entry;
+pub mod id;
+pub mod retention;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use thiserror::Error;
+
+use crate::engine::event::Lsn;
+use crate::engine::ident;
+use crate::wal::reader::{ReadError, ReadPos, Visit};
+use crate::wal::Wal;
+pub use entry::{Entry, ALL_EVENTS, SALE_SUFFIX};
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum FeedError {
+    #[error("Invalid stream ID specified as stream command argument")]
+    InvalidId,
+    #[error("unknown stream '{0}': the streams are '{ALL_EVENTS}' and '{{<sku>}}{SALE_SUFFIX}'")]
+    UnknownStream(String),
+    /// The position was deleted from the log: the consumer must resynchronise from the
+    /// ledger (its orders are there), then continue from `first`.
+    #[error("feed position {requested}-0 was trimmed from the log (it now starts at {first}-0); resynchronise from the ledger, then read from there")]
+    Trimmed { requested: Lsn, first: Lsn },
+    /// A sale's stream is a filtered scan: this call examined its budget of records
+    /// without finding one, so it says how far it got instead of answering "nothing".
+    #[error(
+        "feed scan limit: no entry of '{stream}' from {from}-0 to {to}-0; continue after {to}-0"
+    )]
+    ScanLimit { stream: String, from: Lsn, to: Lsn },
+    #[error("too many clients blocked on the feed (max {0})")]
+    TooManyBlocked(usize),
+    #[error("the order feed needs the write-ahead log (this server has no durability)")]
+    NoLog,
+    #[error("feed read failed: {0}")]
+    Log(String),
+}
+
+/// A stream name, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stream {
+    All,
+    Sale(String),
+}
+
+impl Stream {
+    pub fn parse(key: &[u8]) -> Result<Stream, FeedError> {
+        if key == ALL_EVENTS.as_bytes() {
+            return Ok(Stream::All);
+        }
+        let unknown =
+            || FeedError::UnknownStream(String::from_utf8_lossy(key).chars().take(128).collect());
+        let sku = key
+            .strip_prefix(b"{")
+            .and_then(|r| r.strip_suffix(SALE_SUFFIX.as_bytes()))
+            .and_then(|r| r.strip_suffix(b"}"))
+            .ok_or_else(unknown)?;
+        if !ident::valid_sku(sku) {
+            return Err(unknown());
+        }
+        // valid_sku admits only ASCII.
+        Ok(Stream::Sale(String::from_utf8_lossy(sku).into_owned()))
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Stream::All => ALL_EVENTS.to_owned(),
+            Stream::Sale(s) => format!("{{{s}}}{SALE_SUFFIX}"),
+        }
+    }
+
+    fn matches(&self, ev: &crate::engine::event::Event) -> bool {
+        match self {
+            Stream::All => true,
+            Stream::Sale(s) => entry::sku_of(ev) == Some(s.as_str()),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct FeedLimits {
+    /// Entries per stream when XREAD/XRANGE give no COUNT.
+    pub default_count: usize,
+    /// COUNT is capped here: one reply stays a few MiB at most.
+    pub max_count: usize,
+    /// Records one call may examine (decode and filter).
+    pub scan_budget: u64,
+    /// Longest BLOCK; `BLOCK 0` ("forever") waits this long and answers nil, which
+    /// consumers loop on anyway.
+    pub max_block_ms: u64,
+    /// Clients blocked in XREAD at once; more are refused.
+    pub max_blocked: usize,
+}
+
+impl Default for FeedLimits {
+    fn default() -> Self {
+        FeedLimits {
+            default_count: 1000,
+            max_count: 10_000,
+            scan_budget: 200_000,
+            max_block_ms: 60_000,
+            max_blocked: 1024,
+        }
+    }
+}
+
+/// What one scan of a stream found.
+#[derive(Debug, Default)]
+pub struct Scan {
+    pub entries: Vec<Entry>,
+    /// The first LSN not examined: a continuation starts here.
+    pub next: Lsn,
+    /// Stopped because of the scan budget (more of the range is left).
+    pub budget_exhausted: bool,
+}
+
+/// Hints kept of where reads ended, so a consumer reading on from its last id does not
+/// rescan the segment from its start.
+const HINTS: usize = 256;
+
+pub struct Feed {
+    wal: Arc<Wal>,
+    hints: Mutex<VecDeque<ReadPos>>,
+    blocked: AtomicUsize,
+    pub limits: FeedLimits,
+}
+
+/// Held while a client is blocked on the feed; counts towards `max_blocked`.
+pub struct BlockSlot(Arc<Feed>);
+
+impl Drop for BlockSlot {
+    fn drop(&mut self) {
+        self.0.blocked.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Feed {
+    pub fn new(wal: Arc<Wal>, limits: FeedLimits) -> Feed {
+        Feed {
+            wal,
+            hints: Mutex::new(VecDeque::with_capacity(HINTS)),
+            blocked: AtomicUsize::new(0),
+            limits,
+        }
+    }
+
+    /// The last readable LSN: nothing after it is durable yet.
+    pub fn durable_lsn(&self) -> Lsn {
+        self.wal.durable_lsn()
+    }
+
+    pub fn first_lsn(&self) -> Lsn {
+        self.wal.first_readable_lsn()
+    }
+
+    pub fn blocked_clients(&self) -> usize {
+        self.blocked.load(Ordering::Relaxed)
+    }
+
+    pub fn count(&self, requested: Option<u64>) -> usize {
+        match requested {
+            None | Some(0) => self.limits.default_count,
+            Some(n) => (n.min(self.limits.max_count as u64)) as usize,
+        }
+    }
+
+    pub fn try_block(self: &Arc<Self>) -> Result<BlockSlot, FeedError> {
+        let n = self.blocked.fetch_add(1, Ordering::AcqRel);
+        let slot = BlockSlot(self.clone());
+        if n >= self.limits.max_blocked {
+            return Err(FeedError::TooManyBlocked(self.limits.max_blocked));
+        }
+        Ok(slot)
+    }
+
+    /// Resolves when records after `after` are durable (or the log stopped).
+    pub async fn wait_past(&self, after: Lsn) {
+        self.wal.wait_durable_past(after).await
+    }
+
+    fn hint_for(&self, from: Lsn) -> Option<ReadPos> {
+        let h = self.hints.lock();
+        h.iter()
+            .filter(|p| p.lsn <= from)
+            .max_by_key(|p| p.lsn)
+            .copied()
+    }
+
+    fn remember(&self, pos: ReadPos) {
+        let mut h = self.hints.lock();
+        if h.iter().any(|p| *p == pos) {
+            return;
+        }
+        if h.len() >= HINTS {
+            h.pop_front();
+        }
+        h.push_back(pos);
+    }
+
+    /// Entries of `stream` with LSN in `from..=to` (capped at the durable LSN), oldest
+    /// first: the first `count` of them, or with `newest` the last `count`.
+    pub fn scan(
+        &self,
+        stream: &Stream,
+        from: Lsn,
+        to: Lsn,
+        count: usize,
+        newest: bool,
+    ) -> Result<Scan, FeedError> {
+        let durable = self.durable_lsn();
+        let to = to.min(durable);
+        let mut from = from.max(1);
+        let mut scan = Scan {
+            next: from,
+            ..Scan::default()
+        };
+        if from > to || count == 0 {
+            return Ok(scan);
+        }
+        let budget = self.limits.scan_budget.max(1);
+        let mut skipped = false;
+        if newest && to - from >= budget {
+            // Newest first: examine the budget's worth of records just below `to`.
+            from = to - budget + 1;
+            skipped = true;
+        }
+        let mut examined = 0u64;
+        let mut ring: VecDeque<Entry> = VecDeque::new();
+        let mut last_seen = from.saturating_sub(1);
+        let res = self
+            .wal
+            .read_records(from, to, self.hint_for(from), &mut |lsn, ev| {
+                examined += 1;
+                last_seen = lsn;
+                if stream.matches(&ev) {
+                    ring.push_back(entry::entry(lsn, &ev));
+                    if ring.len() > count {
+                        if newest {
+                            ring.pop_front();
+                        } else {
+                            ring.pop_back();
+                            return Visit::Stop;
+                        }
+                    }
+                    if !newest && ring.len() == count {
+                        return Visit::Stop;
+                    }
+                }
+                if examined >= budget {
+                    return Visit::Stop;
+                }
+                Visit::More
+            });
+        match res {
+            Ok(Some(pos)) => self.remember(pos),
+            Ok(None) => {}
+            Err(ReadError::Trimmed { requested, first }) => {
+                return Err(FeedError::Trimmed { requested, first })
+            }
+            Err(ReadError::Wal(e)) => return Err(FeedError::Log(e.to_string())),
+        }
+        scan.next = last_seen + 1;
+        scan.budget_exhausted =
+            ring.len() < count && ((examined >= budget && last_seen < to) || skipped);
+        scan.entries = ring.into();
+        Ok(scan)
+    }
+
+    /// XREAD of one stream: up to `count` entries after `after`. A sale's stream that
+    /// finds nothing within the scan budget answers [`FeedError::ScanLimit`].
+    pub fn read_after(&self, stream: &Stream, after: Lsn, count: usize) -> Result<Scan, FeedError> {
+        let s = self.scan(stream, after.saturating_add(1), Lsn::MAX, count, false)?;
+        if s.entries.is_empty() && s.budget_exhausted {
+            return Err(FeedError::ScanLimit {
+                stream: stream.name(),
+                from: after.saturating_add(1),
+                to: s.next - 1,
+            });
+        }
+        Ok(s)
+    }
+
+    /// XLEN: entries in the stream now. A sale's stream is counted by a scan, so past
+    /// the scan budget the answer is [`FeedError::ScanLimit`] rather than a guess.
+    pub fn len(&self, stream: &Stream) -> Result<u64, FeedError> {
+        let (first, durable) = (self.first_lsn(), self.durable_lsn());
+        if *stream == Stream::All {
+            return Ok((durable + 1).saturating_sub(first));
+        }
+        if durable < first {
+            return Ok(0);
+        }
+        let budget = self.limits.scan_budget.max(1);
+        if durable - first >= budget {
+            return Err(FeedError::ScanLimit {
+                stream: stream.name(),
+                from: first,
+                to: first + budget - 1,
+            });
+        }
+        let mut n = 0u64;
+        let res = self.wal.read_records(first, durable, None, &mut |_, ev| {
+            n += u64::from(stream.matches(&ev));
+            Visit::More
+        });
+        match res {
+            Ok(_) => Ok(n),
+            Err(ReadError::Trimmed { requested, first }) => {
+                Err(FeedError::Trimmed { requested, first })
+            }
+            Err(ReadError::Wal(e)) => Err(FeedError::Log(e.to_string())),
+        }
+    }
+}
