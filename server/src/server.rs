@@ -211,7 +211,8 @@ async fn handle(
                         lsn = 0;
                         o.reply = tokio::select! {
                             r = wait => r,
-                            _ = stop.changed() => return,
+                            // Woken through the registration made at connect (above).
+                            _ = shutting_down() => return,
                         };
                     }
                     o.reply.encode(conn.proto, &mut out);
