@@ -173,10 +173,9 @@ pub fn parse_command_into(
         if &buf[stop..stop + 2] != b"\r\n" {
             return Err(perr("bulk string not terminated by CRLF"));
         }
-        if n > INLINE_ARGS {
-            spill.push((start, stop));
-        } else {
-            inline[i] = (start, stop);
+        match inline.get_mut(i) {
+            Some(slot) if n <= INLINE_ARGS => *slot = (start, stop),
+            _ => spill.push((start, stop)),
         }
         pos = stop + 2;
     }
