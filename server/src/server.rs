@@ -20,7 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::cmd::{self, table, Ctx};
+use crate::cmd::{table, Ctx};
 use crate::engine::{Engine, Lsn};
 use crate::protocol::{parse_command, Limits, Parsed, Reply};
 
@@ -237,6 +237,8 @@ pub struct Shared {
     pub started: Instant,
     pub local_port: AtomicU16,
     pub durability: Arc<dyn Durability>,
+    /// Command/latency/error/sale counters, the slow log (see `metrics`).
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Shared {
@@ -252,6 +254,7 @@ impl Shared {
             started: Instant::now(),
             local_port: AtomicU16::new(0),
             durability,
+            metrics: crate::metrics::Metrics::new(),
         }
     }
 }
@@ -389,6 +392,7 @@ async fn handle(
     };
     let mut inbuf = BytesMut::with_capacity(16 * 1024);
     let mut out = BytesMut::with_capacity(16 * 1024);
+    let mut rec = shared.metrics.recorder();
     let idle = (cfg.idle_timeout_ms > 0).then(|| Duration::from_millis(cfg.idle_timeout_ms));
     let write_timeout = Duration::from_millis(cfg.write_timeout_ms.max(1));
     loop {
@@ -426,7 +430,7 @@ async fn handle(
                         conn: &mut conn,
                         shared,
                     };
-                    let o = cmd::dispatch(&mut ctx, &argv);
+                    let o = crate::metrics::dispatch_timed(&mut rec, &mut ctx, &argv);
                     lsn = lsn.max(o.lsn);
                     o.reply.encode(conn.proto, &mut out);
                     if o.close {
@@ -463,6 +467,8 @@ async fn handle(
                 .encode(conn.proto, &mut out);
             close = true;
         }
+        // Counters of this batch are visible before its replies are.
+        rec.flush(&shared.metrics);
         if lsn > 0 {
             if let Err(e) = shared.durability.wait(lsn).await {
                 // Fail closed: the record may not be on disk, so no acknowledgement leaves.

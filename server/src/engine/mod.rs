@@ -13,6 +13,7 @@
 pub mod clock;
 pub mod error;
 pub mod event;
+mod expired_summary;
 pub mod fasthash;
 pub mod ident;
 pub mod sale;
