@@ -7,11 +7,13 @@
 //! - [`checkout`]: reserve → materialize → pay (ledger first) / cancel.
 //! - [`sweeper`]: expired reservations reconciled ledger-first, any number at once.
 //! - [`rebuild`]: fail closed and rebuild a fenced sale from the ledger.
+//! - [`metrics`]: the sweeper's Prometheus endpoint.
 //! - [`pgtemp`], [`testkit`]: throwaway Postgres and server processes for tests/benches.
 pub mod checkout;
 pub mod client;
 pub mod gate;
 pub mod ledger;
+pub mod metrics;
 pub mod pgtemp;
 pub mod rebuild;
 pub mod sweeper;

@@ -21,8 +21,41 @@ const MAX_REQUEST: usize = 8 * 1024;
 const MAX_CONCURRENT: usize = 32;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Serves until the task is dropped.
+/// A route's answer: content type and body; `None` is a 404.
+pub type Routed = Option<(&'static str, Vec<u8>)>;
+
+/// Serves the stockgate routes until the task is dropped.
 pub async fn serve(listener: TcpListener, engine: Arc<Engine>, shared: Arc<Shared>) {
+    serve_routes(
+        listener,
+        Arc::new(move |path: &str| -> Routed {
+            // Rendering takes each engine stripe lock briefly, as EXPIRED does.
+            match path {
+                "/metrics" => Some((
+                    PROM_TYPE,
+                    prom::render(&engine, &shared).into_bytes(),
+                )),
+                "/json" => Some(("application/json", json(&engine, &shared).into_bytes())),
+                "/" | "/index.html" => Some((
+                    "text/html; charset=utf-8",
+                    STATUS_PAGE.as_bytes().to_vec(),
+                )),
+                "/healthz" => Some(("text/plain", b"ok\n".to_vec())),
+                _ => None,
+            }
+        }),
+    )
+    .await
+}
+
+/// The Prometheus text exposition content type.
+pub const PROM_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A bounded GET-only HTTP/1.1 server over `route` (also used by the sweeper binary).
+pub async fn serve_routes(
+    listener: TcpListener,
+    route: Arc<dyn Fn(&str) -> Routed + Send + Sync>,
+) {
     let permits = Arc::new(Semaphore::new(MAX_CONCURRENT));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -33,15 +66,15 @@ pub async fn serve(listener: TcpListener, engine: Arc<Engine>, shared: Arc<Share
             // Busy: drop the connection rather than queue without bound.
             continue;
         };
-        let (engine, shared) = (engine.clone(), shared.clone());
+        let route = route.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(IO_TIMEOUT, handle(stream, &engine, &shared)).await;
+            let _ = tokio::time::timeout(IO_TIMEOUT, handle(stream, route.as_ref())).await;
             drop(permit);
         });
     }
 }
 
-async fn handle(mut s: TcpStream, engine: &Engine, shared: &Shared) -> std::io::Result<()> {
+async fn handle(mut s: TcpStream, route: &(dyn Fn(&str) -> Routed + Send + Sync)) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -51,13 +84,7 @@ async fn handle(mut s: TcpStream, engine: &Engine, shared: &Shared) -> std::io::
         }
         buf.extend_from_slice(&chunk[..n]);
         if buf.len() > MAX_REQUEST {
-            return respond(
-                &mut s,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                b"",
-            )
-            .await;
+            return respond(&mut s, "431 Request Header Fields Too Large", "text/plain", b"").await;
         }
     }
     let line = buf.split(|&b| b == b'\r').next().unwrap_or(&[]);
@@ -66,33 +93,11 @@ async fn handle(mut s: TcpStream, engine: &Engine, shared: &Shared) -> std::io::
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
     if method != "GET" && method != "HEAD" {
-        return respond(
-            &mut s,
-            "405 Method Not Allowed",
-            "text/plain",
-            b"GET only\n",
-        )
-        .await;
+        return respond(&mut s, "405 Method Not Allowed", "text/plain", b"GET only\n").await;
     }
-    // Rendering takes each engine stripe lock briefly, as EXPIRED does.
-    let (status, ctype, body) = match path {
-        "/metrics" => (
-            "200 OK",
-            "text/plain; version=0.0.4; charset=utf-8",
-            prom::render(engine, shared).into_bytes(),
-        ),
-        "/json" => (
-            "200 OK",
-            "application/json",
-            json(engine, shared).into_bytes(),
-        ),
-        "/" | "/index.html" => (
-            "200 OK",
-            "text/html; charset=utf-8",
-            STATUS_PAGE.as_bytes().to_vec(),
-        ),
-        "/healthz" => ("200 OK", "text/plain", b"ok\n".to_vec()),
-        _ => ("404 Not Found", "text/plain", b"not found\n".to_vec()),
+    let (status, ctype, body) = match route(path) {
+        Some((ctype, body)) => ("200 OK", ctype, body),
+        None => ("404 Not Found", "text/plain", b"not found\n".to_vec()),
     };
     let body = if method == "HEAD" { Vec::new() } else { body };
     respond(&mut s, status, ctype, &body).await
