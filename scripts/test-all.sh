@@ -2,7 +2,7 @@
 # Runs every test of the workspace. On a fresh Debian machine with Rust it first installs
 # what the end-to-end tests talk to: redis-tools/redis-server (redis-cli is a real client
 # under test, redis-server runs the Redis+Lua baseline), PostgreSQL (the ledger tests
-# start a throwaway cluster from its binaries) and redis-py.
+# start a throwaway cluster from its binaries), redis-py, and the npm packages of tests/node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +18,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 python3 -c "import redis" >/dev/null 2>&1 || python3 -m pip install -q redis
+# ioredis and node-redis (tests/node_clients.rs), pinned by tests/node/package-lock.json.
+[ -d tests/node/node_modules ] || npm ci --prefix tests/node --no-audit --no-fund
 
 # End-to-end tests start the real binaries: build them first.
 cargo build --workspace --bins

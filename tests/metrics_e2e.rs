@@ -133,7 +133,9 @@ fn workload(s: &Server, c: &mut Conn) -> Counts {
         );
     }
     for u in ["u7", "u8"] {
-        assert!(matches!(call(c, &["RESERVE", "OPS", u, "nope", "a"]), Value::Err(e) if e.starts_with("DENIED")));
+        assert!(
+            matches!(call(c, &["RESERVE", "OPS", u, "nope", "a"]), Value::Err(e) if e.starts_with("DENIED"))
+        );
     }
     assert!(matches!(call(c, &["RESERVE", "OPS"]), Value::Err(_)));
     assert!(matches!(call(c, &["NOPE"]), Value::Err(_)));
@@ -161,9 +163,18 @@ fn info_latency_slowlog_and_prometheus_match_the_workload() {
     assert_eq!(sub(&cmd, "calls"), Some(12), "{cmd}");
     assert_eq!(sub(&cmd, "failed_calls"), Some(2), "{cmd}");
     assert_eq!(sub(&cmd, "rejected_calls"), Some(1), "{cmd}");
-    assert_eq!(info_field(&info, "errorstat_DENIED").as_deref(), Some("count=2"));
-    assert_eq!(info_field(&info, "errorstat_ERR").as_deref(), Some("count=2"));
-    assert_eq!(info_field(&info, "total_error_replies").as_deref(), Some("4"));
+    assert_eq!(
+        info_field(&info, "errorstat_DENIED").as_deref(),
+        Some("count=2")
+    );
+    assert_eq!(
+        info_field(&info, "errorstat_ERR").as_deref(),
+        Some("count=2")
+    );
+    assert_eq!(
+        info_field(&info, "total_error_replies").as_deref(),
+        Some("4")
+    );
     let sale = info_field(&info, "sale_OPS").expect("sale_OPS");
     for (k, v) in [
         ("total", 4),
@@ -180,8 +191,20 @@ fn info_latency_slowlog_and_prometheus_match_the_workload() {
     ] {
         assert_eq!(sub(&sale, k), Some(v), "{k}: {sale}");
     }
-    assert!(info_field(&info, "used_memory").unwrap().parse::<u64>().unwrap() > 0);
-    assert!(info_field(&info, "used_memory_rss").unwrap().parse::<u64>().unwrap() > 0);
+    assert!(
+        info_field(&info, "used_memory")
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    assert!(
+        info_field(&info, "used_memory_rss")
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
     assert_eq!(info_field(&info, "role").as_deref(), Some("master"));
     assert!(info_field(&info, "latency_percentiles_usec_reserve").is_some());
 
@@ -196,7 +219,9 @@ fn info_latency_slowlog_and_prometheus_match_the_workload() {
     assert_eq!(buckets.last().map(|b| b.1), Some(12), "{buckets:?}");
 
     // SLOWLOG (threshold 0: everything): Redis's 6-element entries, newest first.
-    let Value::Arr(sl) = call(&mut c, &["SLOWLOG", "GET", "3"]) else { panic!() };
+    let Value::Arr(sl) = call(&mut c, &["SLOWLOG", "GET", "3"]) else {
+        panic!()
+    };
     assert_eq!(sl.len(), 3);
     let Value::Arr(e) = &sl[0] else { panic!() };
     assert_eq!(e.len(), 6);
@@ -228,7 +253,10 @@ fn info_latency_slowlog_and_prometheus_match_the_workload() {
     assert!(json.contains("\"sku\":\"OPS\""), "{json}");
 
     // CONFIG RESETSTAT resets, as Redis.
-    assert_eq!(call(&mut c, &["CONFIG", "RESETSTAT"]), Value::Str(b"OK".to_vec()));
+    assert_eq!(
+        call(&mut c, &["CONFIG", "RESETSTAT"]),
+        Value::Str(b"OK".to_vec())
+    );
     let info = bulk(call(&mut c, &["INFO", "commandstats"]));
     assert!(info_field(&info, "cmdstat_reserve").is_none(), "{info}");
 }
@@ -236,7 +264,9 @@ fn info_latency_slowlog_and_prometheus_match_the_workload() {
 #[test]
 fn redis_exporter_scrapes_stockgate() {
     if !have("prometheus-redis-exporter") {
-        eprintln!("SKIP: prometheus-redis-exporter not installed (scripts/test-all.sh installs it)");
+        eprintln!(
+            "SKIP: prometheus-redis-exporter not installed (scripts/test-all.sh installs it)"
+        );
         return;
     }
     let s = Server::start(&[]);
@@ -265,7 +295,10 @@ fn redis_exporter_scrapes_stockgate() {
         if t.contains("redis_up 1") {
             break t;
         }
-        assert!(Instant::now() < deadline, "exporter never reported redis_up 1:\n{t}");
+        assert!(
+            Instant::now() < deadline,
+            "exporter never reported redis_up 1:\n{t}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     for want in [
@@ -279,7 +312,11 @@ fn redis_exporter_scrapes_stockgate() {
     ] {
         assert!(text.contains(want), "missing {want:?} in exporter output");
     }
-    for gauge in ["redis_connected_clients ", "redis_memory_used_bytes ", "redis_db_keys{db=\"db0\"} "] {
+    for gauge in [
+        "redis_connected_clients ",
+        "redis_memory_used_bytes ",
+        "redis_db_keys{db=\"db0\"} ",
+    ] {
         let v: f64 = text
             .lines()
             .find_map(|l| l.strip_prefix(gauge))
@@ -338,7 +375,10 @@ fn status_page_renders_in_headless_chromium() {
         ("err-DENIED", "2"),
     ] {
         let want = format!("id=\"{id}\">{v}</td>");
-        assert!(dom.contains(&want), "no {want} in the rendered page:\n{dom}");
+        assert!(
+            dom.contains(&want),
+            "no {want} in the rendered page:\n{dom}"
+        );
     }
     assert!(dom.contains("data-polls="), "the page never polled:\n{dom}");
 }
@@ -378,7 +418,9 @@ struct TmuxServer(String);
 
 impl Drop for TmuxServer {
     fn drop(&mut self) {
-        let _ = Command::new("tmux").args(["-L", &self.0, "kill-server"]).status();
+        let _ = Command::new("tmux")
+            .args(["-L", &self.0, "kill-server"])
+            .status();
     }
 }
 
@@ -420,7 +462,10 @@ fn top_shows_the_figures_under_tmux() {
     // The figures change on screen: the last unit is reserved, another is committed.
     let keys = s.keyring();
     let adm = keys.mint("OPS", "u9", common::now_ms() + 600_000);
-    assert!(matches!(call(&mut c, &["RESERVE", "OPS", "u9", &adm, "a"]), Value::Arr(_)));
+    assert!(matches!(
+        call(&mut c, &["RESERVE", "OPS", "u9", &adm, "a"]),
+        Value::Arr(_)
+    ));
     assert_eq!(call(&mut c, &["COMMIT", &n.tokens[2]]), Value::Int(1));
     let screen = capture_until(&sock, |sc| sale_row(sc).get(3).is_some_and(|v| v == "0"));
     let row = sale_row(&screen);
@@ -459,7 +504,10 @@ fn logs_are_plain_text_off_a_terminal_and_json_on_request() {
     let text = read_stderr_of(&["--log-level", "info"], dir.path());
     assert!(text.contains("recovered"), "{text}");
     assert!(text.contains("sale created"), "{text}");
-    assert!(!text.contains('\u{1b}'), "colour codes in a file:\n{text:?}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes in a file:\n{text:?}"
+    );
     let dir = TempDir::new("logs-json");
     let json = read_stderr_of(&["--log-format", "json"], dir.path());
     let line = json

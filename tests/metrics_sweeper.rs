@@ -35,7 +35,11 @@ async fn sweeper_exports_its_passes_and_lag() {
         .map(|a| a.port())
         .unwrap();
     let bin = workspace_root().join("target/debug/stockgate-sweeper");
-    assert!(bin.exists(), "{} missing: cargo build --workspace --bins", bin.display());
+    assert!(
+        bin.exists(),
+        "{} missing: cargo build --workspace --bins",
+        bin.display()
+    );
     let mut child = Command::new(bin)
         .args(["--database-url", h.pg.url(), "--server", h.server.addr()])
         .args(["run", "--interval-secs", "0.2", "--metrics-addr"])
@@ -62,11 +66,32 @@ async fn sweeper_exports_its_passes_and_lag() {
     };
     let _ = child.kill();
     let _ = child.wait();
-    assert_eq!(metric(&text, "stockgate_sweeper_tombstones_total"), Some(2.0), "{text}");
-    assert_eq!(metric(&text, "stockgate_sweeper_cancelled_total"), Some(3.0), "{text}");
-    assert_eq!(metric(&text, "stockgate_sweeper_committed_cleanup_total"), Some(0.0));
-    assert_eq!(metric(&text, "stockgate_sweeper_lag_seconds"), Some(0.0), "{text}");
-    assert!(text.contains("stockgate_sweeper_errors_total{source=\"ledger\"} 0\n"), "{text}");
-    assert!(text.contains("stockgate_sweeper_errors_total{source=\"server\"} 0\n"), "{text}");
+    assert_eq!(
+        metric(&text, "stockgate_sweeper_tombstones_total"),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "stockgate_sweeper_cancelled_total"),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "stockgate_sweeper_committed_cleanup_total"),
+        Some(0.0)
+    );
+    assert_eq!(
+        metric(&text, "stockgate_sweeper_lag_seconds"),
+        Some(0.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("stockgate_sweeper_errors_total{source=\"ledger\"} 0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("stockgate_sweeper_errors_total{source=\"server\"} 0\n"),
+        "{text}"
+    );
     assert_eq!(h.client.stock(sku).await.unwrap(), 10);
 }

@@ -384,6 +384,7 @@ impl ReservationGate for EngineGate {
                 qty,
                 ms_u64(expires_at_ms),
                 ms_u64(created_at_ms),
+                ResState::Reserved,
             )
             .map(|(n, t, _)| (n, t.to_string()))
             .map_err(engine_error)

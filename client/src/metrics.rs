@@ -97,7 +97,12 @@ impl SweeperMetrics {
             );
         };
         let c = |a: &AtomicU64| l(a).to_string();
-        one("passes_total", "counter", "Passes completed.", c(&self.passes));
+        one(
+            "passes_total",
+            "counter",
+            "Passes completed.",
+            c(&self.passes),
+        );
         one(
             "passes_failed_total",
             "counter",
@@ -146,7 +151,12 @@ impl SweeperMetrics {
             "Tombstones written for expired reservations with no order.",
             c(&self.tombstones),
         );
-        one("skipped_total", "counter", "Reservations skipped.", c(&self.skipped));
+        one(
+            "skipped_total",
+            "counter",
+            "Reservations skipped.",
+            c(&self.skipped),
+        );
         one(
             "fenced_sales",
             "gauge",
@@ -237,11 +247,9 @@ pub async fn serve(addr: Option<&str>) -> Result<Option<Arc<SweeperMetrics>>, St
 /// Age of the oldest reservation the server still lists as expired (0 if none).
 async fn probe_lag(probe: &StockgateClient) -> Option<u64> {
     let oldest = probe.expired(1, None).await.ok()?;
-    Some(
-        oldest
-            .first()
-            .map_or(0, |r| unix_ms().saturating_sub(r.expires_at_ms.max(0) as u64)),
-    )
+    Some(oldest.first().map_or(0, |r| {
+        unix_ms().saturating_sub(r.expires_at_ms.max(0) as u64)
+    }))
 }
 
 /// Runs passes until `stop`, like `Sweeper::run`, recording each into `metrics`.

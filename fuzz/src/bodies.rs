@@ -140,6 +140,10 @@ impl EventSink for RecordingSink {
         }
         self.records.fetch_add(1, Ordering::SeqCst) + 1
     }
+
+    fn last_lsn(&self) -> Lsn {
+        self.records()
+    }
 }
 
 /// `SAVE` writes a snapshot (encoded to bytes, kept in memory) and remembers where in the
@@ -203,17 +207,13 @@ impl Harness {
         // Users are configured (so AUTH, RESET and NOPERM are reachable), and the
         // connection starts authenticated as admin (so every command is).
         let shared = Shared::new(ServerConfig::default(), Some(users()), durability.clone());
-        let conn = ConnState {
-            id: 1,
-            proto: 2,
-            name: None,
-            role: Some(Role::Admin),
-            user_name: Some("admin".into()),
-            lib_name: String::new(),
-            lib_ver: String::new(),
-            addr: "127.0.0.1:50000".into(),
-            laddr: "127.0.0.1:7379".into(),
-        };
+        let mut conn = ConnState::new(
+            1,
+            Some(Role::Admin),
+            "127.0.0.1:50000".into(),
+            "127.0.0.1:7379".into(),
+        );
+        conn.user_name = Some("admin".into());
         Harness {
             clock,
             cfg,
@@ -796,6 +796,34 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
             &["RELEASE", &t1],
             &["RESERVE", "SKU-1", "alice", &a_alice, "req-2"],
             &["RESERVATION", &t2],
+        ]),
+    );
+    // Transactions: queued commands, a runtime error inside EXEC, a queue-time error that
+    // aborts, nested MULTI, DISCARD, RESET inside MULTI, WATCH refused.
+    add(
+        "resp_frame",
+        "multi-exec",
+        pipeline(&[
+            &["EXEC"],
+            &["MULTI"],
+            &["SALE.CREATE", "SKU-1", "5", "SHARDS", "2"],
+            &["RESERVE", "SKU-1", "alice", &a_alice, "req-1"],
+            &["STOCK", "NOPE"],
+            &["MULTI"],
+            &["EXEC"],
+            &["MULTI"],
+            &["RELEASE", &t1],
+            &["NOSUCH"],
+            &["EXEC"],
+            &["MULTI"],
+            &["COMMIT", &t1],
+            &["DISCARD"],
+            &["WATCH", "SKU-1"],
+            &["UNWATCH"],
+            &["MULTI"],
+            &["RESERVE", "SKU-1", "bob", &a_bob, "req-9"],
+            &["RESET"],
+            &["EXEC"],
         ]),
     );
     add(

@@ -1,5 +1,12 @@
 //! The data directory's key files: the admission secret (shared with the waiting room)
-//! and the reservation key (never rotates). Created on first start when absent.
+//! and the reservation key (never rotates).
+//!
+//! The reservation key is the one file whose loss silently breaks idempotency: a new key
+//! gives every retry a new token, so it takes stock again. It is therefore created only
+//! in a brand-new data dir (and a file the operator named with `--reservation-key-file`
+//! only when asked to, `--create-keys`), and the data dir remembers the fingerprint of
+//! the key its log was written with (`reservation.key.fingerprint`), so a missing or
+//! different key is refused at start with both names in the message.
 
 use std::fs;
 use std::io::Write;
@@ -16,6 +23,43 @@ pub enum KeyFileError {
     },
     #[error("{path}: {source}")]
     Key { path: PathBuf, source: KeyError },
+    #[error(
+        "reservation key {path} is missing, but the data dir {data_dir} already holds state written with reservation key fingerprint {expected}; restore that key file (a new key would give every retried request a new token and take stock twice). Refusing to start"
+    )]
+    MissingWithState {
+        path: PathBuf,
+        data_dir: PathBuf,
+        expected: String,
+    },
+    #[error(
+        "reservation key {path} does not exist; a key file named with --reservation-key-file is created only with --create-keys (and only for a data dir with no state)"
+    )]
+    NamedMissing { path: PathBuf },
+    #[error(
+        "reservation key {path} has fingerprint {found}, but the data dir {data_dir} holds state written with fingerprint {expected}; start with the key that wrote it. Refusing to start"
+    )]
+    Mismatch {
+        path: PathBuf,
+        data_dir: PathBuf,
+        found: String,
+        expected: String,
+    },
+}
+
+/// The file in the data dir recording the reservation key fingerprint its state uses.
+pub const FINGERPRINT_FILE: &str = "reservation.key.fingerprint";
+
+/// Whether the data dir holds any durable state (log segments or snapshots): then a
+/// reservation key may no longer be invented.
+pub fn data_dir_has_state(data_dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(data_dir.join("wal")) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name.starts_with("wal-") || name.starts_with("snapshot-")
+    })
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KeyFileError + '_ {
@@ -70,17 +114,38 @@ pub fn load_or_create_secret(
     Ok((ring, path, created))
 }
 
-/// Loads the reservation key from `key_file` or `<data_dir>/reservation.key`, creating
-/// it (32 random bytes) when absent.
+/// Loads the reservation key from `key_file` or `<data_dir>/reservation.key`. Creates it
+/// (32 random bytes) only when the data dir holds no state yet, and a named `key_file`
+/// only with `create_named`. Checks it against the fingerprint the data dir recorded, and
+/// records it when none is. Returns the key, its path and whether it was created now.
 pub fn load_or_create_reservation_key(
     data_dir: &Path,
     key_file: Option<&Path>,
+    create_named: bool,
 ) -> Result<(ReservationKey, PathBuf, bool), KeyFileError> {
     let path = key_file
         .map(Path::to_path_buf)
         .unwrap_or_else(|| data_dir.join("reservation.key"));
+    let fp_path = data_dir.join(FINGERPRINT_FILE);
+    let recorded = match fs::read_to_string(&fp_path) {
+        Ok(t) => Some(t.trim().to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io(&fp_path)(e)),
+    };
     let mut created = false;
     if !path.exists() {
+        if recorded.is_some() || data_dir_has_state(data_dir) {
+            return Err(KeyFileError::MissingWithState {
+                path,
+                data_dir: data_dir.to_path_buf(),
+                expected: recorded.unwrap_or_else(|| {
+                    format!("unknown (no {FINGERPRINT_FILE}; see SALE.INFO key_fingerprint in the ledger)")
+                }),
+            });
+        }
+        if key_file.is_some() && !create_named {
+            return Err(KeyFileError::NamedMissing { path });
+        }
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(io(parent))?;
         }
@@ -97,5 +162,28 @@ pub fn load_or_create_reservation_key(
         path: path.clone(),
         source,
     })?;
+    match recorded {
+        Some(expected) if expected != key.fingerprint() => {
+            return Err(KeyFileError::Mismatch {
+                path,
+                data_dir: data_dir.to_path_buf(),
+                found: key.fingerprint().to_string(),
+                expected,
+            })
+        }
+        Some(_) => {}
+        None => {
+            fs::create_dir_all(data_dir).map_err(io(data_dir))?;
+            let tmp = data_dir.join(format!("{FINGERPRINT_FILE}.tmp"));
+            fs::write(&tmp, format!("{}\n", key.fingerprint())).map_err(io(&tmp))?;
+            fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(io(&tmp))?;
+            fs::rename(&tmp, &fp_path).map_err(io(&fp_path))?;
+            fs::File::open(data_dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io(data_dir))?;
+        }
+    }
     Ok((key, path, created))
 }

@@ -6,6 +6,7 @@
 //! - [`cmd`]: one typed command per file, applied to the engine.
 //! - [`server`]: accept loop, connections, pipelining, limits.
 //! - [`metrics`]: INFO, LATENCY, SLOWLOG, the Prometheus/JSON endpoint, `stockgate top`.
+//! - [`session`]: server and connection state shared by `server` and `cmd`.
 pub mod cmd;
 pub mod engine;
 pub mod keyfiles;
@@ -13,4 +14,5 @@ pub mod metrics;
 pub mod persist;
 pub mod protocol;
 pub mod server;
+pub mod session;
 pub mod wal;

@@ -78,10 +78,16 @@ struct ServeArgs {
     #[arg(long)]
     secret_file: Option<PathBuf>,
     /// The reservation key (32 raw bytes or 64 hex chars). Default:
-    /// <data-dir>/reservation.key, created on first start. Keep it outside the data dir
-    /// if the data dir may be lost: a new key would give retries new tokens.
+    /// <data-dir>/reservation.key, created on the first start of an empty data dir. Keep
+    /// it outside the data dir if the data dir may be lost: a new key would give retries
+    /// new tokens. A missing key is never re-created once the data dir holds state; a
+    /// named file is created only with --create-keys.
     #[arg(long)]
     reservation_key_file: Option<PathBuf>,
+    /// Create the file named by --reservation-key-file if it does not exist (only for a
+    /// data dir that holds no state yet).
+    #[arg(long)]
+    create_keys: bool,
     /// When an acknowledged change is on disk: always (fdatasync before every
     /// acknowledgement, batched), everysec (written before the reply, fsync once a
     /// second), no (written before the reply, the OS decides).
@@ -333,9 +339,12 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     } else {
         eprintln!("stockgate: admission secret {}", secret_path.display());
     }
-    let (rkey, rkey_path, rcreated) =
-        keyfiles::load_or_create_reservation_key(&a.data_dir, a.reservation_key_file.as_deref())
-            .map_err(|e| e.to_string())?;
+    let (rkey, rkey_path, rcreated) = keyfiles::load_or_create_reservation_key(
+        &a.data_dir,
+        a.reservation_key_file.as_deref(),
+        a.create_keys,
+    )
+    .map_err(|e| e.to_string())?;
     if rcreated {
         eprintln!(
             "stockgate: created reservation key {} (fingerprint {})",
@@ -360,6 +369,11 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         fsync: a.fsync,
         segment_bytes: a.segment_mib.max(1) << 20,
         repair: a.repair,
+        // Test-only fault injection (see WalOptions); unset in production.
+        fault_write_delay_ms: std::env::var("STOCKGATE_FAULT_WAL_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
         ..WalOptions::default()
     };
     let (engine, durability, report) = recover_engine(
@@ -372,6 +386,14 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     )
     .map_err(|e| {
         format!("{e}\nstockgate: refusing to start; `--repair` cuts the log at the first bad record (what follows is lost; the ledger can rebuild)")
+    })?;
+    engine.check_reservation_key(1000).map_err(|token| {
+        format!(
+            "reservation {token} in {} was not made with reservation key {} (fingerprint {}); start with the key that wrote this data dir. Refusing to start",
+            a.data_dir.display(),
+            rkey_path.display(),
+            engine.key_fingerprint()
+        )
     })?;
     if let Some(t) = &report.truncated {
         tracing::warn!("WAL recovery: {t}");

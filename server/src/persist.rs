@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::engine::{Clock, Engine, EngineConfig, Keyring, Lsn, NullSink, ReservationKey};
-use crate::server::Durability;
+use crate::session::Durability;
 use crate::wal::{Recovery, Wal, WalError, WalOptions};
 
 pub struct WalDurability {

@@ -87,6 +87,11 @@ impl Server {
 
     /// Starts a server on an existing data dir (restart after a kill).
     pub fn start_in(data_dir: &Path, extra: &[&str]) -> Server {
+        Server::start_in_env(data_dir, extra, &[])
+    }
+
+    /// Like [`Server::start_in`], with extra environment variables (fault injection).
+    pub fn start_in_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         raise_nofile();
         let mut cmd = Command::new(server_bin());
         cmd.arg("--port")
@@ -94,6 +99,7 @@ impl Server {
             .arg("--data-dir")
             .arg(data_dir)
             .args(extra)
+            .envs(env.iter().copied())
             .env("STOCKGATE_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

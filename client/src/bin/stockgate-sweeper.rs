@@ -222,9 +222,10 @@ async fn sweep(server: &str, ledger: PgLedger, args: RunArgs) -> Result<(), CliE
         return Ok(());
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(async move {
-        stockgate_client::metrics::run(&sweeper, probe, metrics, rx).await
-    });
+    let task =
+        tokio::spawn(
+            async move { stockgate_client::metrics::run(&sweeper, probe, metrics, rx).await },
+        );
     // Stop between passes on SIGINT/SIGTERM; a pass in flight finishes first.
     wait_for_signal().await;
     info!("stopping after the current pass");

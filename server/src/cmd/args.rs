@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 
+use crate::engine::ident;
 use crate::protocol::Reply;
 
 pub struct Args<'a> {
@@ -36,6 +37,37 @@ impl<'a> Args<'a> {
         std::str::from_utf8(b).map_err(|_| Reply::err(format!("ERR invalid {field}")))
     }
 
+    /// A sku (PROTOCOL.md, Identifiers), or `-ERR invalid sku`.
+    pub fn next_sku(&mut self) -> Result<&'a str, Reply> {
+        self.next_ident("sku", ident::valid_sku)
+    }
+
+    /// A user id, or `-ERR invalid user`.
+    pub fn next_user(&mut self) -> Result<&'a str, Reply> {
+        self.next_ident("user", ident::valid_user)
+    }
+
+    /// A request id (the idempotency key), or `-ERR invalid request-id`.
+    pub fn next_request_id(&mut self) -> Result<&'a str, Reply> {
+        self.next_ident("request-id", ident::valid_request_id)
+    }
+
+    /// A reservation token's shape (`{sku}` + 26 base32), or `-ERR invalid token`.
+    pub fn next_token(&mut self) -> Result<&'a str, Reply> {
+        self.next_ident("token", ident::valid_token)
+    }
+
+    /// The one place identifiers are checked, so every command refuses a bad one the same
+    /// way and before it looks anything up.
+    fn next_ident(&mut self, field: &str, valid: fn(&[u8]) -> bool) -> Result<&'a str, Reply> {
+        let b = self.next_bytes()?;
+        if !valid(b) {
+            return Err(invalid(field));
+        }
+        // The identifier alphabets are ASCII, so this cannot fail; no unwrap all the same.
+        std::str::from_utf8(b).map_err(|_| invalid(field))
+    }
+
     pub fn next_u64(&mut self) -> Result<u64, Reply> {
         let b = self.next_bytes()?;
         parse_u64(b).ok_or_else(Reply::not_integer)
@@ -62,6 +94,10 @@ impl<'a> Args<'a> {
             Err(Reply::syntax())
         }
     }
+}
+
+fn invalid(field: &str) -> Reply {
+    Reply::err(format!("ERR invalid {field}"))
 }
 
 pub fn parse_u64(b: &[u8]) -> Option<u64> {

@@ -16,7 +16,7 @@ pub struct Stock<'a> {
 impl<'a> Stock<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("stock", args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         a.done()?;
         Ok(Stock { sku })
     }
@@ -51,7 +51,7 @@ pub struct Reservation<'a> {
 impl<'a> Reservation<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("reservation", args);
-        let token = a.next_str("token").unwrap_or("");
+        let token = a.next_token()?;
         a.done()?;
         Ok(Reservation { token })
     }
@@ -74,7 +74,7 @@ pub struct Extend<'a> {
 impl<'a> Extend<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("extend", args);
-        let token = a.next_str("token").unwrap_or("");
+        let token = a.next_token()?;
         let ms = a.next_u64()?;
         a.done()?;
         Ok(Extend { token, ms })
@@ -96,7 +96,7 @@ pub struct Commit<'a> {
 impl<'a> Commit<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("commit", args);
-        let token = a.next_str("token").unwrap_or("");
+        let token = a.next_token()?;
         a.done()?;
         Ok(Commit { token })
     }

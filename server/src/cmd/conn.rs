@@ -151,6 +151,8 @@ pub fn select(args: &[Bytes]) -> Outcome {
 }
 
 pub fn reset(ctx: &mut Ctx<'_>) -> Outcome {
+    // As Redis: RESET also discards an open transaction.
+    ctx.conn.multi = None;
     ctx.conn.proto = 2;
     ctx.conn.name = None;
     if ctx.shared.users.is_some() {

@@ -48,6 +48,7 @@ fn info_entry(s: &Spec) -> Reply {
     let category: &'static str = match s.group {
         "connection" => "@connection",
         "server" => "@admin",
+        "transactions" => "@transaction",
         _ => "@stockgate",
     };
     Reply::Array(vec![

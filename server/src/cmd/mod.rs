@@ -6,6 +6,7 @@ pub mod args;
 pub mod buyer;
 pub mod conn;
 pub mod introspect;
+pub mod multi;
 pub mod reserve;
 pub mod sale;
 pub mod sweeper;
@@ -15,7 +16,7 @@ use bytes::Bytes;
 
 use crate::engine::{Engine, Lsn};
 use crate::protocol::Reply;
-use crate::server::{ConnState, Shared};
+use crate::session::{ConnState, Shared};
 
 /// Everything a command may touch.
 pub struct Ctx<'a> {
@@ -54,37 +55,13 @@ impl Outcome {
 
 /// Runs one command. Never panics on client input; every refusal is a reply.
 pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
-    let Some(name) = argv.first() else {
-        return Reply::err("ERR empty command").into();
+    let spec = match admit(ctx, argv) {
+        Ok(spec) => spec,
+        // Inside MULTI a refusal also dooms the transaction (EXEC answers EXECABORT).
+        Err(refusal) => return multi::refused(ctx, refusal),
     };
-    let lower = String::from_utf8_lossy(name).to_ascii_lowercase();
-    let Some(spec) = table::lookup(&lower) else {
-        let shown: String = String::from_utf8_lossy(name).chars().take(128).collect();
-        return Reply::err(format!("ERR unknown command '{shown}'")).into();
-    };
-    if !table::arity_ok(spec, argv.len()) {
-        return Reply::arity(spec.name).into();
-    }
-    if let Some(users) = ctx.shared.users.as_ref() {
-        match ctx.conn.role {
-            None if !spec.no_auth => {
-                return Reply::err("NOAUTH Authentication required.").into();
-            }
-            Some(role) if spec.roles & role.bit() == 0 => {
-                ctx.shared
-                    .stats
-                    .noperm
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let user = ctx.conn.user_name.clone().unwrap_or_default();
-                let _ = users;
-                return Reply::err(format!(
-                    "NOPERM User {user} has no permissions to run the '{}' command",
-                    spec.name
-                ))
-                .into();
-            }
-            _ => {}
-        }
+    if ctx.conn.in_multi() && !multi::runs_at_once(spec) {
+        return multi::queue(ctx, spec, argv);
     }
     let rest = &argv[1..];
     let r = match spec.name {
@@ -124,7 +101,57 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
         "slowlog" => Ok(introspect::slowlog(ctx, rest)),
         "time" => Ok(introspect::time()),
         "dbsize" => Ok(Reply::Int(ctx.engine.reservation_count() as i64).into()),
+        "multi" => Ok(multi::multi(ctx)),
+        "exec" => Ok(multi::exec(ctx)),
+        "discard" => Ok(multi::discard(ctx)),
+        "watch" => Ok(multi::watch()),
+        "unwatch" => Ok(multi::unwatch()),
         _ => Err(Reply::err("ERR command not implemented")),
     };
-    r.unwrap_or_else(Outcome::from)
+    let mut out = r.unwrap_or_else(Outcome::from);
+    if spec.group == "stockgate" {
+        // Every reply of a stock command reports some state (an error, a no-op, a
+        // read): it leaves only once every record logged before it was computed is
+        // durable, so no reply tells of a state that a crash could still erase. Its own
+        // LSN is the usual maximum; this covers what it merely observed.
+        out.lsn = out.lsn.max(ctx.engine.last_lsn());
+    }
+    out
+}
+
+/// The checks every command gets before it runs or is queued: known name, arity, auth and
+/// role. One place, so a queued command is refused exactly as a direct one would be.
+fn admit(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Result<&'static table::Spec, Reply> {
+    let Some(name) = argv.first() else {
+        return Err(Reply::err("ERR empty command"));
+    };
+    let lower = String::from_utf8_lossy(name).to_ascii_lowercase();
+    let Some(spec) = table::lookup(&lower) else {
+        let shown: String = String::from_utf8_lossy(name).chars().take(128).collect();
+        return Err(Reply::err(format!("ERR unknown command '{shown}'")));
+    };
+    if !table::arity_ok(spec, argv.len()) {
+        return Err(Reply::arity(spec.name));
+    }
+    if let Some(users) = ctx.shared.users.as_ref() {
+        match ctx.conn.role {
+            None if !spec.no_auth => {
+                return Err(Reply::err("NOAUTH Authentication required."));
+            }
+            Some(role) if spec.roles & role.bit() == 0 => {
+                ctx.shared
+                    .stats
+                    .noperm
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let user = ctx.conn.user_name.clone().unwrap_or_default();
+                let _ = users;
+                return Err(Reply::err(format!(
+                    "NOPERM User {user} has no permissions to run the '{}' command",
+                    spec.name
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(spec)
 }

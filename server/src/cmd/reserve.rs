@@ -19,10 +19,10 @@ pub struct Reserve<'a> {
 impl<'a> Reserve<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("reserve", args);
-        let sku = a.next_str("sku")?;
-        let user = a.next_str("user")?;
+        let sku = a.next_sku()?;
+        let user = a.next_user()?;
         let admission = a.next_str("admission token").unwrap_or("\u{0}");
-        let request_id = a.next_str("request-id")?;
+        let request_id = a.next_request_id()?;
         let mut qty = 1;
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {

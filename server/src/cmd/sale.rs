@@ -4,6 +4,7 @@ use bytes::Bytes;
 
 use super::args::{to_u16, to_u32, Args};
 use super::{Ctx, Outcome};
+use crate::engine::ResState;
 use crate::protocol::reply::from_engine_error;
 use crate::protocol::Reply;
 
@@ -40,7 +41,7 @@ pub struct Create<'a> {
 impl<'a> Create<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.create", args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         let total = a.next_u64()?;
         let opts = parse_opts(&mut a, false)?;
         Ok(Create { sku, total, opts })
@@ -66,7 +67,7 @@ pub struct Info<'a> {
 impl<'a> Info<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.info", args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         a.done()?;
         Ok(Info { sku })
     }
@@ -109,7 +110,7 @@ impl<'a> PauseResume<'a> {
     pub fn parse(args: &'a [Bytes], pause: bool) -> Result<Self, Reply> {
         let name = if pause { "sale.pause" } else { "sale.resume" };
         let mut a = Args::new(name, args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         a.done()?;
         Ok(PauseResume { sku, pause })
     }
@@ -131,7 +132,7 @@ pub struct Adjust<'a> {
 impl<'a> Adjust<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.adjust", args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         let delta = a.next_i64()?;
         a.done()?;
         Ok(Adjust { sku, delta })
@@ -154,7 +155,7 @@ pub struct Fence<'a> {
 impl<'a> Fence<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.fence", args);
-        let sku = a.next_str("sku")?;
+        let sku = a.next_sku()?;
         let opts = parse_opts(&mut a, true)?;
         Ok(Fence { sku, opts })
     }
@@ -171,7 +172,8 @@ impl<'a> Fence<'a> {
     }
 }
 
-/// `SALE.RESTORE sku user request-id qty expires_at_ms created_at_ms`
+/// `SALE.RESTORE sku user request-id qty expires_at_ms created_at_ms [STATE s]`, `s` one
+/// of `RESERVED` (default: a pending order), `COMMITTED` (paid), `RELEASED` (cancelled).
 pub struct Restore<'a> {
     sku: &'a str,
     user: &'a str,
@@ -179,19 +181,35 @@ pub struct Restore<'a> {
     qty: u32,
     expires_at: u64,
     created_at: u64,
+    state: ResState,
 }
 
 impl<'a> Restore<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.restore", args);
-        Ok(Restore {
-            sku: a.next_str("sku")?,
-            user: a.next_str("user")?,
-            request_id: a.next_str("request-id")?,
+        let mut r = Restore {
+            sku: a.next_sku()?,
+            user: a.next_user()?,
+            request_id: a.next_request_id()?,
             qty: to_u32(a.next_u64()?)?,
             expires_at: a.next_u64()?,
             created_at: a.next_u64()?,
-        })
+            state: ResState::Reserved,
+        };
+        while a.remaining() > 0 {
+            match a.next_keyword()?.as_str() {
+                "STATE" => {
+                    r.state = match a.next_keyword()?.as_str() {
+                        "RESERVED" => ResState::Reserved,
+                        "COMMITTED" => ResState::Committed,
+                        "RELEASED" => ResState::Released,
+                        _ => return Err(Reply::err("ERR invalid state")),
+                    }
+                }
+                _ => return Err(Reply::syntax()),
+            }
+        }
+        Ok(r)
     }
 
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
@@ -202,6 +220,7 @@ impl<'a> Restore<'a> {
             self.qty,
             self.expires_at,
             self.created_at,
+            self.state,
         ) {
             Ok((new, token, lsn)) => Outcome::logged(
                 Reply::Array(vec![Reply::Int(new as i64), Reply::bulk(token.as_bytes())]),
@@ -224,7 +243,7 @@ impl<'a> Rebuild<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.rebuild", args);
         Ok(Rebuild {
-            sku: a.next_str("sku")?,
+            sku: a.next_sku()?,
             total: a.next_u64()?,
             committed: a.next_u64()?,
             fingerprint: a.next_str("fingerprint")?,

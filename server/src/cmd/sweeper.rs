@@ -17,7 +17,7 @@ pub struct Release<'a> {
 impl<'a> Release<'a> {
     pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("release", args);
-        let token = a.next_str("token").unwrap_or("");
+        let token = a.next_token()?;
         a.done()?;
         Ok(Release { token })
     }
@@ -42,7 +42,7 @@ impl<'a> Expired<'a> {
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
                 "COUNT" => count = a.next_u64()?,
-                "SKU" => sku = Some(a.next_str("sku")?),
+                "SKU" => sku = Some(a.next_sku()?),
                 _ => return Err(Reply::syntax()),
             }
         }

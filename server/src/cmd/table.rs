@@ -1,10 +1,9 @@
 //! The command table: arity, flags, key positions (for cluster-aware clients, via
 //! COMMAND INFO) and which roles may run each command.
 
-/// Role bits. `OPEN` commands (connection commands and INFO) are allowed to every role.
-pub const CHECKOUT: u8 = 1;
-pub const SWEEPER: u8 = 2;
-pub const ADMIN: u8 = 4;
+/// Role bits (defined beside `Role`). `OPEN` commands (connection commands and INFO) are
+/// allowed to every role.
+pub use crate::session::{ADMIN, CHECKOUT, SWEEPER};
 pub const OPEN: u8 = 0xff;
 
 pub struct Spec {
@@ -48,6 +47,7 @@ const fn spec(
 const W: &[&str] = &["write", "fast"];
 const R: &[&str] = &["readonly", "fast"];
 const C: &[&str] = &["fast", "stale", "loading"];
+const TX: &[&str] = &["noscript", "loading", "stale", "fast", "allow_busy"];
 
 pub static COMMANDS: &[Spec] = &[
     // Buyer path. Tokens carry the `{sku}` hash tag, so they route like the sku.
@@ -148,12 +148,12 @@ pub static COMMANDS: &[Spec] = &[
     ),
     spec(
         "sale.restore",
-        7,
+        -7,
         W,
         1,
         ADMIN,
         "stockgate",
-        "Restore a verified pending reservation",
+        "Restore a ledger-verified reservation (pending, committed or released)",
     ),
     spec(
         "sale.rebuild",
@@ -256,6 +256,53 @@ pub static COMMANDS: &[Spec] = &[
         ADMIN,
         "server",
         "Number of reservations held",
+    ),
+    // Transactions (cmd/multi.rs). Open to every role: each queued command is checked
+    // against the role when it is queued and again when EXEC runs it.
+    spec(
+        "multi",
+        1,
+        TX,
+        0,
+        OPEN,
+        "transactions",
+        "Start a transaction",
+    ),
+    spec(
+        "exec",
+        1,
+        &["noscript", "loading", "stale", "skip_slowlog"],
+        0,
+        OPEN,
+        "transactions",
+        "Run the queued commands",
+    ),
+    spec(
+        "discard",
+        1,
+        TX,
+        0,
+        OPEN,
+        "transactions",
+        "Forget the queued commands",
+    ),
+    spec(
+        "watch",
+        -2,
+        TX,
+        0,
+        OPEN,
+        "transactions",
+        "Refused: transactions are not isolated",
+    ),
+    spec(
+        "unwatch",
+        1,
+        TX,
+        0,
+        OPEN,
+        "transactions",
+        "No-op: nothing is watched",
     ),
 ];
 

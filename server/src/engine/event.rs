@@ -288,6 +288,11 @@ pub type Lsn = u64;
 /// (through the WAL) before it may acknowledge the change to a client.
 pub trait EventSink: Send + Sync {
     fn record(&self, event: &EventRef<'_>) -> Lsn;
+
+    /// The highest LSN handed out so far (0 if none). A reply computed after this call
+    /// may report any state those records made, so it waits for this position: the rule
+    /// that no reply reports a state a crash could still erase.
+    fn last_lsn(&self) -> Lsn;
 }
 
 /// A sink that drops everything: an engine without durability (tests, embedded use
@@ -297,6 +302,10 @@ pub struct NullSink;
 
 impl EventSink for NullSink {
     fn record(&self, _event: &EventRef<'_>) -> Lsn {
+        0
+    }
+
+    fn last_lsn(&self) -> Lsn {
         0
     }
 }

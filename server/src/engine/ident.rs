@@ -28,6 +28,26 @@ pub fn valid_request_id(s: &[u8]) -> bool {
     !s.is_empty() && s.len() <= MAX_REQUEST_ID && s.iter().all(|&b| user_byte(b))
 }
 
+/// Base32 characters in a reservation token after the `{sku}` tag (see `token`).
+pub const TOKEN_HASH_LEN: usize = 26;
+
+/// A reservation token's shape: `{sku}` + 26 characters of lowercase RFC 4648 base32.
+/// Only the shape: whether such a reservation exists is the engine's question.
+pub fn valid_token(s: &[u8]) -> bool {
+    let Some(rest) = s.strip_prefix(b"{") else {
+        return false;
+    };
+    let Some(close) = rest.iter().position(|&b| b == b'}') else {
+        return false;
+    };
+    let (sku, hash) = (&rest[..close], &rest[close + 1..]);
+    valid_sku(sku)
+        && hash.len() == TOKEN_HASH_LEN
+        && hash
+            .iter()
+            .all(|&b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
+}
+
 pub fn check_sku(s: &str) -> Result<(), EngineError> {
     if valid_sku(s.as_bytes()) {
         Ok(())
@@ -70,5 +90,30 @@ mod tests {
         assert!(!valid_user(&[0xff]));
         assert!(valid_request_id(&[b'r'; 128]));
         assert!(!valid_request_id(&[b'r'; 129]));
+        // What the server derives is well-formed.
+        let key = crate::engine::token::ReservationKey::from_bytes(&[7; 32]);
+        assert!(valid_token(key.derive("SKU-1", "u", "r").as_bytes()));
+        assert!(valid_token(
+            format!("{{SKU-1}}{}", "abcdefghijklmnopqrstuvwxyz").as_bytes()
+        ));
+        assert!(valid_token(
+            format!("{{S}}{}", "234567".repeat(4) + "aa").as_bytes()
+        ));
+        for bad in [
+            "",
+            "{}aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "SKU-1aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{SKU-1aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{SKU-1}aaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{SKU-1}aaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{SKU-1}Aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{SKU-1}1aaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{SK U}aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{a{b}aaaaaaaaaaaaaaaaaaaaaaaaaa",
+        ] {
+            assert!(!valid_token(bad.as_bytes()), "{bad}");
+        }
+        let long = format!("{{{}}}{}", "s".repeat(65), "a".repeat(26));
+        assert!(!valid_token(long.as_bytes()));
     }
 }

@@ -1,24 +1,78 @@
 //! One sale: `total` units split over shard counters changed by compare-and-swap.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crossbeam::utils::CachePadded;
 use parking_lot::Mutex;
+use portable_atomic::AtomicI128;
 
 use super::types::{SaleParams, SaleState, SaleView};
+
+/// A shard's three counters packed in one 128-bit word, so every transition of a
+/// reservation (available → reserved, reserved → committed, reserved → available) is one
+/// atomic operation, and a reader sees each shard in a state it really was in. A sale's
+/// units never move between shards outside administration (ADJUST and REBUILD, which
+/// hold the sale's admin lock), so summing shards read one by one under that lock gives
+/// a consistent view: `available + reserved + committed == total` in every SALE.INFO.
+///
+/// Layout: three signed 42-bit fields, `available | reserved << 42 | committed << 84`,
+/// added as one i128. Fields may go transiently negative during replay of an old log
+/// (the sum stays exact); decoding sign-extends each field in turn. [`MAX_TOTAL`] keeps
+/// every field far inside ±2^41.
+///
+/// [`MAX_TOTAL`]: super::MAX_TOTAL
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ShardCounts {
+    pub available: i64,
+    pub reserved: i64,
+    pub committed: i64,
+}
+
+const FIELD_BITS: u32 = 42;
+
+impl ShardCounts {
+    pub fn pack(self) -> i128 {
+        (self.available as i128)
+            .wrapping_add((self.reserved as i128) << FIELD_BITS)
+            .wrapping_add((self.committed as i128) << (2 * FIELD_BITS))
+    }
+
+    pub fn unpack(w: i128) -> ShardCounts {
+        fn low(x: i128) -> i128 {
+            (x << (128 - FIELD_BITS)) >> (128 - FIELD_BITS)
+        }
+        let a = low(w);
+        let w1 = w.wrapping_sub(a) >> FIELD_BITS;
+        let r = low(w1);
+        let c = w1.wrapping_sub(r) >> FIELD_BITS;
+        ShardCounts {
+            available: a as i64,
+            reserved: r as i64,
+            committed: c as i64,
+        }
+    }
+}
+
+/// The packed delta that moves `qty` units: `(available, reserved, committed)`.
+fn delta(a: i64, r: i64, c: i64) -> i128 {
+    ShardCounts {
+        available: a,
+        reserved: r,
+        committed: c,
+    }
+    .pack()
+}
 
 pub struct Sale {
     pub sku: Arc<str>,
     pub params: SaleParams,
     total: AtomicU64,
-    /// Each counter on its own cache line: buyers on different shards must not contend.
-    shards: Box<[CachePadded<AtomicI64>]>,
-    reserved: AtomicU64,
-    committed: AtomicU64,
+    /// Each shard on its own cache line: buyers on different shards must not contend.
+    shards: Box<[CachePadded<AtomicI128>]>,
     state: AtomicU8,
-    /// Serialises administrative changes (ADJUST, REBUILD, state) with snapshots; the
-    /// reserve path never takes it.
+    /// Serialises administrative changes (ADJUST, REBUILD, state) with snapshots and
+    /// consistent views; the reserve path never takes it.
     pub admin: Mutex<()>,
 }
 
@@ -45,15 +99,13 @@ impl Sale {
     pub fn new(sku: Arc<str>, params: SaleParams, state: SaleState) -> Sale {
         let shards = split(params.total, params.shards)
             .into_iter()
-            .map(|v| CachePadded::new(AtomicI64::new(v)))
+            .map(|v| CachePadded::new(AtomicI128::new(delta(v, 0, 0))))
             .collect();
         Sale {
             sku,
             total: AtomicU64::new(params.total),
             params,
             shards,
-            reserved: AtomicU64::new(0),
-            committed: AtomicU64::new(0),
             state: AtomicU8::new(state.to_u8()),
             admin: Mutex::new(()),
         }
@@ -75,19 +127,31 @@ impl Sale {
         self.state.store(s.to_u8(), Ordering::Release);
     }
 
-    /// Takes `qty` units from one shard if it has them. Never lets a shard go negative:
-    /// this CAS loop is the whole oversell protection.
-    pub fn try_take(&self, shard: usize, qty: u32) -> bool {
+    pub fn shard(&self, shard: usize) -> ShardCounts {
+        ShardCounts::unpack(self.shards[shard].load(Ordering::Acquire))
+    }
+
+    fn add(&self, shard: usize, d: i128) -> ShardCounts {
+        let prev = self.shards[shard].fetch_add(d, Ordering::AcqRel);
+        ShardCounts::unpack(prev.wrapping_add(d))
+    }
+
+    /// RESERVE: moves `qty` units of one shard from available to reserved if the shard
+    /// has them. Never lets a shard go negative: this CAS loop is the whole oversell
+    /// protection.
+    pub fn try_reserve(&self, shard: usize, qty: u32) -> bool {
         let c = &self.shards[shard];
         let q = qty as i64;
+        let d = delta(-q, q, 0);
         let mut cur = c.load(Ordering::Acquire);
         loop {
-            if cur < q {
+            if ShardCounts::unpack(cur).available < q {
                 return false;
             }
-            match c.compare_exchange_weak(cur, cur - q, Ordering::AcqRel, Ordering::Acquire) {
+            let next = cur.wrapping_add(d);
+            match c.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
-                    debug_assert!(cur - q >= 0);
+                    debug_assert!(ShardCounts::unpack(next).available >= 0);
                     return true;
                 }
                 Err(actual) => cur = actual,
@@ -95,38 +159,50 @@ impl Sale {
         }
     }
 
-    /// Takes up to `want` units from one shard; returns how many it got.
+    /// Replay of a logged RESERVE: the check was made when it was logged.
+    pub fn reserve_unchecked(&self, shard: usize, qty: u32) {
+        self.add(shard, delta(-(qty as i64), qty as i64, 0));
+    }
+
+    /// A reservation put back on a fenced sale (restore): reserved, no stock taken; the
+    /// rebuild recomputes available.
+    pub fn add_reserved(&self, shard: usize, qty: u32) {
+        self.add(shard, delta(0, qty as i64, 0));
+    }
+
+    /// RELEASE: reserved → available, on the shard the units came from.
+    pub fn release(&self, shard: usize, qty: u32) {
+        let after = self.add(shard, delta(qty as i64, -(qty as i64), 0));
+        debug_assert!(after.reserved >= 0, "reserved underflow");
+    }
+
+    /// COMMIT: reserved → committed.
+    pub fn commit(&self, shard: usize, qty: u32) {
+        let after = self.add(shard, delta(0, -(qty as i64), qty as i64));
+        debug_assert!(after.reserved >= 0, "reserved underflow");
+    }
+
+    /// Takes up to `want` available units from one shard (withdrawal); returns how many.
     pub fn take_up_to(&self, shard: usize, want: i64) -> i64 {
         let c = &self.shards[shard];
         let mut cur = c.load(Ordering::Acquire);
         loop {
-            let got = cur.min(want).max(0);
+            let got = ShardCounts::unpack(cur).available.min(want).max(0);
             if got == 0 {
                 return 0;
             }
-            match c.compare_exchange_weak(cur, cur - got, Ordering::AcqRel, Ordering::Acquire) {
+            let next = cur.wrapping_add(delta(-got, 0, 0));
+            match c.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return got,
                 Err(actual) => cur = actual,
             }
         }
     }
 
+    /// Adds `qty` (may be negative) to one shard's available units (ADJUST, or replay
+    /// of one).
     pub fn give_back(&self, shard: usize, qty: i64) {
-        let prev = self.shards[shard].fetch_add(qty, Ordering::AcqRel);
-        debug_assert!(prev + qty >= 0);
-    }
-
-    pub fn add_reserved(&self, qty: u32) {
-        self.reserved.fetch_add(qty as u64, Ordering::AcqRel);
-    }
-
-    pub fn sub_reserved(&self, qty: u32) {
-        let prev = self.reserved.fetch_sub(qty as u64, Ordering::AcqRel);
-        debug_assert!(prev >= qty as u64, "reserved underflow");
-    }
-
-    pub fn add_committed(&self, qty: u32) {
-        self.committed.fetch_add(qty as u64, Ordering::AcqRel);
+        self.add(shard, delta(qty, 0, 0));
     }
 
     pub fn total(&self) -> u64 {
@@ -139,32 +215,44 @@ impl Sale {
     }
 
     pub fn available(&self) -> i64 {
-        self.shards.iter().map(|c| c.load(Ordering::Acquire)).sum()
+        (0..self.shards.len())
+            .map(|i| self.shard(i).available)
+            .sum()
     }
 
-    /// Used only by recovery and rebuild, which run with no concurrent buyer.
-    pub fn overwrite(&self, total: u64, committed: u64, reserved: u64, shard_available: &[i64]) {
+    /// Used only by recovery and rebuild, which run with no concurrent buyer: shard
+    /// `i` gets `shard_available[i]` available and `shard_reserved[i]` reserved units;
+    /// the committed units (which never move again) are kept on shard 0.
+    pub fn overwrite(
+        &self,
+        total: u64,
+        committed: u64,
+        shard_reserved: &[u64],
+        shard_available: &[i64],
+    ) {
         self.total.store(total, Ordering::Release);
-        self.committed.store(committed, Ordering::Release);
-        self.reserved.store(reserved, Ordering::Release);
-        for (c, v) in self.shards.iter().zip(shard_available) {
-            c.store(*v, Ordering::Release);
+        for (i, c) in self.shards.iter().enumerate() {
+            let counts = ShardCounts {
+                available: shard_available.get(i).copied().unwrap_or(0),
+                reserved: shard_reserved.get(i).copied().unwrap_or(0) as i64,
+                committed: if i == 0 { committed as i64 } else { 0 },
+            };
+            c.store(counts.pack(), Ordering::Release);
         }
     }
 
+    /// The sale's counters. Consistent (`available + reserved + committed == total`)
+    /// when the caller holds the admin lock; see [`ShardCounts`].
     pub fn view(&self) -> SaleView {
-        let shard_available: Vec<i64> = self
-            .shards
-            .iter()
-            .map(|c| c.load(Ordering::Acquire))
-            .collect();
+        let shards: Vec<ShardCounts> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
+        let shard_available: Vec<i64> = shards.iter().map(|c| c.available).collect();
         SaleView {
             sku: self.sku.to_string(),
             params: self.params.clone(),
             total: self.total(),
             available: shard_available.iter().sum(),
-            reserved: self.reserved.load(Ordering::Acquire),
-            committed: self.committed.load(Ordering::Acquire),
+            reserved: shards.iter().map(|c| c.reserved).sum::<i64>().max(0) as u64,
+            committed: shards.iter().map(|c| c.committed).sum::<i64>().max(0) as u64,
             state: self.state(),
             shard_available,
         }
@@ -198,7 +286,7 @@ mod tests {
                 let taken = taken.clone();
                 std::thread::spawn(move || {
                     for _ in 0..1000 {
-                        if s.try_take(0, 3) {
+                        if s.try_reserve(0, 3) {
                             taken.fetch_add(3, Ordering::Relaxed);
                         }
                     }
@@ -210,5 +298,64 @@ mod tests {
         }
         assert_eq!(taken.load(Ordering::Relaxed), 999);
         assert_eq!(s.available(), 1);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn packing_round_trips(
+            a in -(1i64 << 41)..(1i64 << 41),
+            r in -(1i64 << 41)..(1i64 << 41),
+            c in -(1i64 << 41)..(1i64 << 41),
+            da in -(1i64 << 30)..(1i64 << 30),
+            dr in -(1i64 << 30)..(1i64 << 30),
+        ) {
+            let x = ShardCounts { available: a, reserved: r, committed: c };
+            proptest::prop_assert_eq!(ShardCounts::unpack(x.pack()), x);
+            // Adding packed deltas is adding fields, as long as each stays in range.
+            let (a2, r2) = (a + da, r + dr);
+            if a2.abs() < (1 << 41) && r2.abs() < (1 << 41) {
+                let y = ShardCounts::unpack(x.pack().wrapping_add(delta(da, dr, 0)));
+                proptest::prop_assert_eq!(y, ShardCounts { available: a2, reserved: r2, committed: c });
+            }
+        }
+    }
+
+    #[test]
+    fn view_is_never_torn_under_race() {
+        let params = SaleParams {
+            total: 400,
+            shards: 4,
+            ttl_ms: 1,
+            limit: 0,
+        };
+        let s = Arc::new(Sale::new("S".into(), params, SaleState::Open));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let (s, stop) = (s.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut i = 0usize;
+                    while !stop.load(Ordering::Relaxed) {
+                        let sh = (i + w) % 4;
+                        if s.try_reserve(sh, 1) {
+                            if i.is_multiple_of(3) {
+                                s.commit(sh, 1);
+                            } else {
+                                s.release(sh, 1);
+                            }
+                        }
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..20_000 {
+            let v = s.view();
+            assert_eq!(v.available + v.reserved as i64 + v.committed as i64, 400);
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in workers {
+            t.join().unwrap();
+        }
     }
 }

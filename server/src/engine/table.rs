@@ -5,13 +5,14 @@
 //! the transition before it lets go of that lock: this is what makes "exactly once" and
 //! "log order matches transition order" hold for one reservation.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use super::event::Lsn;
 use super::fasthash::TokenMap;
 use super::sale::Sale;
-use super::types::{Millis, ResState, ReservationView};
+use super::types::{Millis, ResState, ReservationView, TombView};
 use super::wheel::{Handle, Wheel};
 
 /// Strings are `Arc` so a snapshot can copy a reservation under the stopped world with
@@ -52,8 +53,45 @@ impl Res {
     }
 }
 
+/// A purged finished reservation (see [`super::types::TombView`]).
+#[derive(Clone)]
+pub struct Tomb {
+    pub sale: Arc<Sale>,
+    pub state: ResState,
+    pub qty: u32,
+    pub shard: u16,
+    pub expires_at: Millis,
+    pub user: Option<Arc<str>>,
+}
+
+impl Tomb {
+    pub fn view(&self, key: u128) -> TombView {
+        TombView {
+            sku: self.sale.sku.to_string(),
+            key,
+            state: self.state,
+            qty: self.qty,
+            shard: self.shard,
+            expires_at_ms: self.expires_at,
+            user: self.user.as_deref().unwrap_or("").to_string(),
+        }
+    }
+}
+
+/// The tombstone key of a token: two independent 64-bit hashes. A collision (odds about
+/// n²/2^129) could only make a new request REPLAY, i.e. refuse to take stock: the safe
+/// direction.
+pub fn tomb_key(token: &str) -> u128 {
+    let a = super::fasthash::hash_bytes(token.as_bytes());
+    let b = super::sale::fnv1a(token.as_bytes());
+    (u128::from(a) << 64) | u128::from(b)
+}
+
 pub struct Stripe {
     pub map: TokenMap<Res>,
+    /// Finished reservations purged by retention, kept compactly for as long as the
+    /// engine's state lives (snapshots carry them), so a retry never takes stock again.
+    pub tombs: HashMap<u128, Tomb, BuildHasherDefault<TombHasher>>,
     pub wheel: Wheel<Arc<str>>,
     /// RESERVED reservations whose deadline passed, oldest first (what EXPIRED lists).
     pub expired: BTreeSet<(Millis, Arc<str>)>,
@@ -65,6 +103,7 @@ impl Stripe {
     pub fn new(now: Millis, capacity: usize) -> Self {
         Stripe {
             map: TokenMap::with_capacity_and_hasher(capacity, Default::default()),
+            tombs: HashMap::default(),
             wheel: Wheel::new(now),
             expired: BTreeSet::new(),
             finished: VecDeque::new(),
@@ -90,6 +129,34 @@ impl Stripe {
         }
     }
 
+    /// Retention: replaces a finished reservation's record by its tombstone. Returns
+    /// false (and changes nothing) unless `token` is a finished reservation.
+    pub fn purge(&mut self, token: &str) -> bool {
+        if !self
+            .map
+            .get(token)
+            .is_some_and(|r| r.state != ResState::Reserved)
+        {
+            return false;
+        }
+        let Some(r) = self.map.remove(token) else {
+            return false;
+        };
+        let keep_user = r.state == ResState::Committed && r.sale.params.limit > 0;
+        self.tombs.insert(
+            tomb_key(token),
+            Tomb {
+                user: keep_user.then(|| r.user.clone()),
+                sale: r.sale,
+                state: r.state,
+                qty: r.qty,
+                shard: r.shard,
+                expires_at: r.expires_at,
+            },
+        );
+        true
+    }
+
     /// Moves everything due by `now` from the wheel into the expired set.
     pub fn advance(&mut self, now: Millis) {
         if now <= self.wheel.elapsed() {
@@ -105,5 +172,23 @@ impl Stripe {
                 self.expired.insert((deadline, token));
             }
         }
+    }
+}
+
+/// The tomb key is already a uniform hash: use its low bits as the map's hash.
+#[derive(Default)]
+pub struct TombHasher(u64);
+
+impl Hasher for TombHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
     }
 }

@@ -17,6 +17,10 @@ impl EventSink for RecordingSink {
         e.push(event.to_owned_event());
         e.len() as Lsn
     }
+
+    fn last_lsn(&self) -> Lsn {
+        self.events.lock().len() as Lsn
+    }
 }
 
 const T0: u64 = 1_700_000_000_000;
@@ -30,11 +34,18 @@ fn rkey() -> ReservationKey {
 }
 
 fn engine(auto_release: bool) -> (Engine, Arc<ManualClock>, Arc<RecordingSink>) {
+    engine_with(auto_release, 50_000)
+}
+
+fn engine_with(
+    auto_release: bool,
+    retention_ms: u64,
+) -> (Engine, Arc<ManualClock>, Arc<RecordingSink>) {
     let clock = Arc::new(ManualClock::new(T0));
     let sink = Arc::new(RecordingSink::default());
     let cfg = EngineConfig {
         auto_release,
-        retention_ms: 50_000,
+        retention_ms,
         ..EngineConfig::default()
     };
     (
@@ -213,9 +224,11 @@ fn decision_order() {
 fn create_is_idempotent_and_checks_params() {
     let (e, _c, _s) = engine(false);
     e.create_sale("S", 10, None, None, None).unwrap();
+    // The same creation again: +OK, waiting for the creation record (LSN 1), never
+    // before it (a crash would otherwise erase an acknowledged sale).
     assert_eq!(
         e.create_sale("S", 10, Some(16), Some(630_000), Some(0)),
-        Ok(0)
+        Ok(1)
     );
     assert_eq!(
         e.create_sale("S", 11, None, None, None),
@@ -223,7 +236,7 @@ fn create_is_idempotent_and_checks_params() {
     );
     // ADJUST does not change what "the same creation parameters" means.
     e.adjust("S", 5).unwrap();
-    assert_eq!(e.create_sale("S", 10, None, None, None), Ok(0));
+    assert_eq!(e.create_sale("S", 10, None, None, None), Ok(2));
     assert!(e.create_sale("T", 1, Some(0), None, None).is_err());
 }
 
@@ -356,10 +369,22 @@ fn fence_restore_rebuild() {
     e.fence("S", None, None, None, None).unwrap();
     assert_eq!(reserve(&e, "S", "b", "r", 1), Err(EngineError::Fenced));
     let (new, tok, _) = e
-        .restore("S", "b", "rb", 2, c.now_ms() + 500, c.now_ms())
+        .restore(
+            "S",
+            "b",
+            "rb",
+            2,
+            c.now_ms() + 500,
+            c.now_ms(),
+            ResState::Reserved,
+        )
         .unwrap();
     assert!(new);
-    assert!(!e.restore("S", "b", "rb", 2, 0, 0).unwrap().0);
+    assert!(
+        !e.restore("S", "b", "rb", 2, 0, 0, ResState::Reserved)
+            .unwrap()
+            .0
+    );
     assert!(matches!(
         e.rebuild("S", 10, 3, "0000"),
         Err(EngineError::FingerprintMismatch { .. })
@@ -377,17 +402,17 @@ fn fence_restore_rebuild() {
     assert_eq!(e.stock("LOST").unwrap(), 0);
     assert_eq!(e.rebuild("LOST", 5, 1, &fp).unwrap().0, 4);
     assert_eq!(
-        e.restore("LOST", "x", "y", 1, 0, 0),
+        e.restore("LOST", "x", "y", 1, 0, 0, ResState::Reserved),
         Err(EngineError::NotFenced)
     );
 }
 
 /// A comparable dump of everything observable.
-fn dump(e: &Engine) -> (Vec<SaleView>, Vec<ReservationView>) {
+fn dump(e: &Engine) -> (Vec<SaleView>, Vec<ReservationView>, Vec<TombView>) {
     let (s, _) = e.snapshot_with(|| ());
     let mut r = s.reservations;
     r.sort_by(|a, b| a.token.cmp(&b.token));
-    (s.sales, r)
+    (s.sales, r, s.tombs)
 }
 
 fn replayed(events: &[Event], clock: Arc<ManualClock>) -> Engine {
@@ -436,7 +461,7 @@ enum Op {
     },
     Adjust {
         sale: u8,
-        delta: i16,
+        delta: i64,
     },
     Tick,
     Expired,
@@ -456,7 +481,12 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<u16>().prop_map(|pick| Op::Commit { pick }),
         1 => any::<(u16, u16)>().prop_map(|(pick, ms)| Op::Extend { pick, ms: ms % 3000 + 1 }),
         2 => (0u16..2000).prop_map(|ms| Op::Advance { ms }),
-        1 => (0u8..3, -10i16..10).prop_map(|(sale, delta)| Op::Adjust { sale, delta }),
+        1 => (0u8..3, -10i64..10).prop_map(|(sale, delta)| Op::Adjust { sale, delta }),
+        // Extremes: every one is refused (out of range) or fits; none may wrap.
+        1 => (0u8..3, prop::sample::select(vec![
+            i64::MIN, i64::MIN + 1, i64::MAX, -(MAX_TOTAL as i64), MAX_TOTAL as i64,
+            -(MAX_TOTAL as i64) - 1, MAX_TOTAL as i64 + 1,
+        ])).prop_map(|(sale, delta)| Op::Adjust { sale, delta }),
         1 => Just(Op::Tick),
         1 => Just(Op::Expired),
         1 => (0u8..3).prop_map(|sale| Op::Fence { sale }),
@@ -487,7 +517,8 @@ proptest! {
 
     #[test]
     fn model(ops in proptest::collection::vec(op(), 1..120), auto in any::<bool>(), crash_at in any::<proptest::sample::Index>()) {
-        let (e, clock, sink) = engine(auto);
+        // A short retention, so purges (and retries of purged requests) happen often.
+        let (e, clock, sink) = engine_with(auto, 3_000);
         let mut sales: BTreeMap<String, MSale> = BTreeMap::new();
         let mut res: BTreeMap<String, MRes> = BTreeMap::new();
         let mut tokens: Vec<String> = Vec::new();
@@ -578,16 +609,22 @@ proptest! {
                 Op::Advance { ms } => clock.advance(ms as u64),
                 Op::Adjust { sale, delta } => {
                     let s = sku(sale);
-                    let r = e.adjust(&s, delta as i64);
+                    let r = e.adjust(&s, delta);
                     if let Some(ms) = sales.get_mut(&s) {
-                        if ms.fenced {
+                        let out_of_range = delta.unsigned_abs() > MAX_TOTAL
+                            || (delta > 0 && ms.total as u64 + delta as u64 > MAX_TOTAL);
+                        if delta.unsigned_abs() > MAX_TOTAL {
+                            prop_assert!(matches!(r, Err(EngineError::Argument(_))), "{:?}", r);
+                        } else if ms.fenced {
                             prop_assert_eq!(r.map(|x| x.0), Err(EngineError::Fenced));
+                        } else if out_of_range {
+                            prop_assert!(matches!(r, Err(EngineError::Argument(_))), "{:?}", r);
                         } else if let Ok((total, _)) = r {
-                            ms.total += delta as i64;
+                            ms.total += delta;
                             prop_assert_eq!(total as i64, ms.total);
                         } else {
                             prop_assert_eq!(r.map(|x| x.0), Err(EngineError::NotEnoughAvailable));
-                            prop_assert!(e.stock(&s).unwrap() < -(delta as i64));
+                            prop_assert!(e.stock(&s).unwrap() < -delta);
                         }
                     }
                 }
@@ -708,4 +745,129 @@ fn bench_reserve_path() {
         "derive token: {:.0} ns/op",
         t.elapsed().as_nanos() as f64 / (n / 10) as f64
     );
+}
+
+#[test]
+fn a_purged_request_replays_and_keeps_its_limit_across_restarts() {
+    let (e, c, sink) = engine_with(false, 1_000);
+    e.create_sale("S", 10, Some(1), Some(100_000), Some(1))
+        .unwrap();
+    let paid = reserve(&e, "S", "alice", "order-1", 1).unwrap();
+    let t = token_of(&paid);
+    assert!(e.commit(&t).unwrap().0);
+    let gone = reserve(&e, "S", "bob", "order-2", 1).unwrap();
+    assert!(e.release(&token_of(&gone)).0);
+    c.advance(5_000);
+    e.tick();
+    assert!(e.reservation(&t).is_none(), "retention purged the record");
+    let check = |e: &Engine| {
+        // The paid request replays (same token), takes nothing; the limit still counts
+        // the paid unit; the released request replays too.
+        let again = reserve(e, "S", "alice", "order-1", 1).unwrap();
+        assert!(matches!(again, ReserveOutcome::Replay { .. }), "{again:?}");
+        assert_eq!(token_of(&again), t);
+        assert!(matches!(
+            reserve(e, "S", "alice", "order-3", 1).unwrap(),
+            ReserveOutcome::Limit { .. }
+        ));
+        assert!(matches!(
+            reserve(e, "S", "bob", "order-2", 1).unwrap(),
+            ReserveOutcome::Replay { .. }
+        ));
+        let v = e.sale_info("S").unwrap();
+        assert_eq!((v.available, v.committed, v.reserved), (9, 1, 0));
+    };
+    check(&e);
+    // After a restart by replay of the log, and from a snapshot.
+    let events = sink.events.lock().clone();
+    check(&replayed(&events, c.clone()));
+    let (snap, _) = e.snapshot_with(|| ());
+    assert_eq!(snap.tombs.len(), 2);
+    let from_snap = replayed(&[], c.clone());
+    from_snap.load_snapshot(&snap);
+    check(&from_snap);
+}
+
+#[test]
+fn restore_puts_back_paid_and_cancelled_orders() {
+    let (e, c, sink) = engine(false);
+    e.create_sale("S", 10, Some(2), Some(100_000), Some(2))
+        .unwrap();
+    e.fence("S", None, None, None, None).unwrap();
+    let now = c.now_ms();
+    let (new, paid, _) = e
+        .restore("S", "alice", "o1", 2, now + 50, now, ResState::Committed)
+        .unwrap();
+    assert!(new);
+    let (_, cancelled, _) = e
+        .restore("S", "bob", "o2", 1, now + 50, now, ResState::Released)
+        .unwrap();
+    let (_, pending, _) = e
+        .restore("S", "carol", "o3", 1, now + 50, now, ResState::Reserved)
+        .unwrap();
+    // Restoring again changes nothing.
+    assert!(
+        !e.restore("S", "alice", "o1", 2, now + 50, now, ResState::Committed)
+            .unwrap()
+            .0
+    );
+    let fp = e.key_fingerprint().to_string();
+    assert_eq!(e.rebuild("S", 10, 2, &fp).unwrap().0, 7);
+    let check = |e: &Engine| {
+        assert_eq!(e.reservation(&paid).unwrap().0.state, ResState::Committed);
+        assert_eq!(
+            e.reservation(&cancelled).unwrap().0.state,
+            ResState::Released
+        );
+        assert_eq!(e.reservation(&pending).unwrap().0.state, ResState::Reserved);
+        for (user, rid) in [("alice", "o1"), ("bob", "o2"), ("carol", "o3")] {
+            assert!(matches!(
+                reserve(e, "S", user, rid, 1).unwrap(),
+                ReserveOutcome::Replay { .. }
+            ));
+        }
+        // alice paid for 2 with a limit of 2: a new request hits the limit.
+        assert!(matches!(
+            reserve(e, "S", "alice", "o9", 1).unwrap(),
+            ReserveOutcome::Limit { .. }
+        ));
+        // The paid hold is never committed again, nor released into stock.
+        assert_eq!(
+            e.commit(&paid),
+            Ok((false, e.reservation(&paid).unwrap().1))
+        );
+        check_invariants(e);
+    };
+    check(&e);
+    assert!(!e.release(&paid).0);
+    let v = e.sale_info("S").unwrap();
+    assert_eq!((v.available, v.reserved, v.committed), (7, 1, 2));
+    let events = sink.events.lock().clone();
+    let again = replayed(&events, c.clone());
+    assert_eq!(dump(&again), dump(&e));
+}
+
+#[test]
+fn adjust_refuses_deltas_beyond_any_total() {
+    let (e, _c, _s) = engine(false);
+    e.create_sale("S", 100, Some(4), None, None).unwrap();
+    for d in [i64::MIN, i64::MIN + 1, i64::MAX, MAX_TOTAL as i64 + 1] {
+        assert!(
+            matches!(e.adjust("S", d), Err(EngineError::Argument(_))),
+            "{d}"
+        );
+    }
+    assert_eq!(e.sale_info("S").unwrap().total, 100);
+    check_invariants(&e);
+}
+
+#[test]
+fn no_op_replies_wait_for_the_records_they_report() {
+    let (e, _c, sink) = engine(false);
+    let created = e.create_sale("S", 10, None, None, None).unwrap();
+    assert_eq!(e.create_sale("S", 10, None, None, None).unwrap(), created);
+    let paused = e.set_paused("S", true).unwrap();
+    assert_eq!(e.set_paused("S", true).unwrap(), paused);
+    assert_eq!(e.adjust("S", 0).unwrap().1, paused);
+    assert_eq!(e.last_lsn(), sink.events.lock().len() as Lsn);
 }

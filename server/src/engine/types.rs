@@ -107,10 +107,28 @@ pub struct SaleView {
     pub shard_available: Vec<i64>,
 }
 
+/// What is left of a finished reservation once retention purged its record: enough for
+/// a retry of the same request to REPLAY (never take stock again) and, in a limited
+/// sale, for the user's committed units to keep counting. Keyed by a 128-bit hash of
+/// the token ([`super::table::tomb_key`]), not the token, to stay small.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TombView {
+    pub sku: String,
+    pub key: u128,
+    pub state: ResState,
+    pub qty: u32,
+    pub shard: u16,
+    pub expires_at_ms: Millis,
+    /// The buyer, kept only where a limit must still count the units (committed, in a
+    /// sale with a per-user limit); empty otherwise.
+    pub user: String,
+}
+
 /// The full state of an engine, consistent at one log position. Written by snapshots,
 /// loaded on recovery.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
     pub sales: Vec<SaleView>,
     pub reservations: Vec<ReservationView>,
+    pub tombs: Vec<TombView>,
 }

@@ -31,15 +31,11 @@ pub async fn serve(listener: TcpListener, engine: Arc<Engine>, shared: Arc<Share
         Arc::new(move |path: &str| -> Routed {
             // Rendering takes each engine stripe lock briefly, as EXPIRED does.
             match path {
-                "/metrics" => Some((
-                    PROM_TYPE,
-                    prom::render(&engine, &shared).into_bytes(),
-                )),
+                "/metrics" => Some((PROM_TYPE, prom::render(&engine, &shared).into_bytes())),
                 "/json" => Some(("application/json", json(&engine, &shared).into_bytes())),
-                "/" | "/index.html" => Some((
-                    "text/html; charset=utf-8",
-                    STATUS_PAGE.as_bytes().to_vec(),
-                )),
+                "/" | "/index.html" => {
+                    Some(("text/html; charset=utf-8", STATUS_PAGE.as_bytes().to_vec()))
+                }
                 "/healthz" => Some(("text/plain", b"ok\n".to_vec())),
                 _ => None,
             }
@@ -52,10 +48,7 @@ pub async fn serve(listener: TcpListener, engine: Arc<Engine>, shared: Arc<Share
 pub const PROM_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A bounded GET-only HTTP/1.1 server over `route` (also used by the sweeper binary).
-pub async fn serve_routes(
-    listener: TcpListener,
-    route: Arc<dyn Fn(&str) -> Routed + Send + Sync>,
-) {
+pub async fn serve_routes(listener: TcpListener, route: Arc<dyn Fn(&str) -> Routed + Send + Sync>) {
     let permits = Arc::new(Semaphore::new(MAX_CONCURRENT));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -74,7 +67,10 @@ pub async fn serve_routes(
     }
 }
 
-async fn handle(mut s: TcpStream, route: &(dyn Fn(&str) -> Routed + Send + Sync)) -> std::io::Result<()> {
+async fn handle(
+    mut s: TcpStream,
+    route: &(dyn Fn(&str) -> Routed + Send + Sync),
+) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -84,7 +80,13 @@ async fn handle(mut s: TcpStream, route: &(dyn Fn(&str) -> Routed + Send + Sync)
         }
         buf.extend_from_slice(&chunk[..n]);
         if buf.len() > MAX_REQUEST {
-            return respond(&mut s, "431 Request Header Fields Too Large", "text/plain", b"").await;
+            return respond(
+                &mut s,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                b"",
+            )
+            .await;
         }
     }
     let line = buf.split(|&b| b == b'\r').next().unwrap_or(&[]);
@@ -93,7 +95,13 @@ async fn handle(mut s: TcpStream, route: &(dyn Fn(&str) -> Routed + Send + Sync)
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
     if method != "GET" && method != "HEAD" {
-        return respond(&mut s, "405 Method Not Allowed", "text/plain", b"GET only\n").await;
+        return respond(
+            &mut s,
+            "405 Method Not Allowed",
+            "text/plain",
+            b"GET only\n",
+        )
+        .await;
     }
     let (status, ctype, body) = match route(path) {
         Some((ctype, body)) => ("200 OK", ctype, body),

@@ -395,11 +395,39 @@ fn token_sku(token: &[u8]) -> Option<&[u8]> {
 
 /// Runs one command through [`crate::cmd::dispatch`] and records it: the single hook of
 /// metrics into command execution.
+///
+/// Transactions as Redis counts them: a command queued after `MULTI` is not a call (a
+/// queue-time refusal still counts as rejected); `EXEC` is a call, and so is each command
+/// it runs, with its reply (so RESERVE outcomes inside a transaction are counted). The
+/// commands inside share `EXEC`'s time evenly: the dispatcher does not time them apart.
 pub fn dispatch_timed(rec: &mut Recorder, ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
+    let mut queuing = false;
+    let mut exec_queue: Option<Vec<Vec<Bytes>>> = None;
+    if let Some(q) = ctx.conn.multi.as_ref() {
+        let name = argv.first().map(|n| n.as_ref()).unwrap_or(b"");
+        if name.eq_ignore_ascii_case(b"exec") {
+            exec_queue = (!q.aborted).then(|| q.commands.clone());
+        } else if !command_index(name)
+            .is_some_and(|i| crate::cmd::multi::runs_at_once(&COMMANDS[i]))
+        {
+            queuing = true;
+        }
+    }
     let t0 = Instant::now();
     let o = crate::cmd::dispatch(ctx, argv);
     let nanos = t0.elapsed().as_nanos() as u64;
+    if queuing && !o.reply.is_error() {
+        return o;
+    }
     rec.record(ctx, argv, &o.reply, nanos);
+    if let (Some(queue), Reply::Array(replies)) = (exec_queue, &o.reply) {
+        if queue.len() == replies.len() && !queue.is_empty() {
+            let each = nanos / queue.len() as u64;
+            for (a, r) in queue.iter().zip(replies) {
+                rec.record(ctx, a, r, each);
+            }
+        }
+    }
     o
 }
 

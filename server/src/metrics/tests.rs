@@ -39,16 +39,15 @@ impl World {
             clock,
             shared,
             rec,
-            conn: ConnState {
-                id: 1,
-                proto: 2,
-                name: Some("tester".into()),
-                role: Some(Role::Admin),
-                user_name: None,
-                lib_name: String::new(),
-                lib_ver: String::new(),
-                addr: "127.0.0.1:5555".into(),
-                laddr: "127.0.0.1:7379".into(),
+            conn: {
+                let mut c = ConnState::new(
+                    1,
+                    Some(Role::Admin),
+                    "127.0.0.1:5555".into(),
+                    "127.0.0.1:7379".into(),
+                );
+                c.name = Some("tester".into());
+                c
             },
         }
     }
@@ -114,8 +113,12 @@ fn workload(w: &mut World) -> Vec<String> {
         tokens.push(token_of(&r));
     }
     let adm = w.admit("S1", "alice");
-    assert!(matches!(w.run(&["RESERVE", "S1", "alice", &adm, "a1"]), Reply::Array(v) if v[0] == Reply::bulk("REPLAY")));
-    assert!(matches!(w.run(&["RESERVE", "S1", "alice", &adm, "a3"]), Reply::Array(v) if v[0] == Reply::bulk("LIMIT")));
+    assert!(
+        matches!(w.run(&["RESERVE", "S1", "alice", &adm, "a1"]), Reply::Array(v) if v[0] == Reply::bulk("REPLAY"))
+    );
+    assert!(
+        matches!(w.run(&["RESERVE", "S1", "alice", &adm, "a3"]), Reply::Array(v) if v[0] == Reply::bulk("LIMIT"))
+    );
     for (user, rid) in [("carol", "c1"), ("dave", "d1")] {
         let adm = w.admit("S1", user);
         assert_eq!(
@@ -158,7 +161,10 @@ fn counters_match_the_workload() {
 
     let (errors, total) = w.shared.metrics.errors();
     assert_eq!(total, 3);
-    assert_eq!(errors, vec![("DENIED".to_string(), 1), ("ERR".to_string(), 2)]);
+    assert_eq!(
+        errors,
+        vec![("DENIED".to_string(), 1), ("ERR".to_string(), 2)]
+    );
 }
 
 #[test]
@@ -179,7 +185,10 @@ fn info_sections_in_redis_format() {
 
     let ls = w.info("latencystats");
     let l = field(&ls, "latency_percentiles_usec_reserve").expect("latencystats");
-    assert!(l.starts_with("p50=") && l.contains(",p99=") && l.contains(",p99.9="), "{l}");
+    assert!(
+        l.starts_with("p50=") && l.contains(",p99=") && l.contains(",p99.9="),
+        "{l}"
+    );
 
     let sales = w.info("sales");
     let s = field(&sales, "sale_S1").expect("sale line");
@@ -205,14 +214,30 @@ fn info_sections_in_redis_format() {
         Reply::Bulk(b) => String::from_utf8(b).unwrap(),
         r => panic!("{r:?}"),
     };
-    for s in ["# Server", "# Clients", "# Memory", "# Persistence", "# Stats", "# Replication", "# CPU", "# Errorstats", "# Sales", "# Keyspace"] {
+    for s in [
+        "# Server",
+        "# Clients",
+        "# Memory",
+        "# Persistence",
+        "# Stats",
+        "# Replication",
+        "# CPU",
+        "# Errorstats",
+        "# Sales",
+        "# Keyspace",
+    ] {
         assert!(d.contains(s), "default lacks {s}");
     }
     assert!(!d.contains("# Commandstats") && !d.contains("# Latencystats"));
     let all = w.info("everything");
     assert!(all.contains("# Commandstats") && all.contains("# Latencystats"));
     assert!(field(&all, "role") == Some("master"));
-    assert!(field(&all, "used_memory").and_then(|v| v.parse::<u64>().ok()).unwrap() > 0);
+    assert!(
+        field(&all, "used_memory")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap()
+            > 0
+    );
     assert!(field(&all, "db0").unwrap().starts_with("keys=3,"));
     // Sections are separated by one empty line, as Redis's.
     assert!(all.contains("\r\n\r\n# Clients\r\n"));
@@ -244,24 +269,34 @@ fn latency_histogram_reply_shape() {
     let mut w = World::new();
     workload(&mut w);
     let r = w.run(&["LATENCY", "HISTOGRAM", "reserve", "nosuch"]);
-    let Reply::Map(entries) = r else { panic!("{r:?}") };
+    let Reply::Map(entries) = r else {
+        panic!("{r:?}")
+    };
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].0, Reply::bulk("reserve"));
-    let Reply::Map(body) = &entries[0].1 else { panic!() };
+    let Reply::Map(body) = &entries[0].1 else {
+        panic!()
+    };
     assert_eq!(body[0], (Reply::bulk("calls"), Reply::Int(8)));
     assert_eq!(body[1].0, Reply::bulk("histogram_usec"));
-    let Reply::Map(buckets) = &body[1].1 else { panic!() };
+    let Reply::Map(buckets) = &body[1].1 else {
+        panic!()
+    };
     // Cumulative, ending at the call count; bucket bounds grow.
     let mut last = (0, 0);
     for (b, n) in buckets {
-        let (Reply::Int(b), Reply::Int(n)) = (b, n) else { panic!() };
+        let (Reply::Int(b), Reply::Int(n)) = (b, n) else {
+            panic!()
+        };
         assert!(*b > last.0 || last == (0, 0));
         assert!(*n > last.1);
         last = (*b, *n);
     }
     assert_eq!(last.1, 8);
     // Without arguments: every command that ran.
-    let Reply::Map(all) = w.run(&["LATENCY", "HISTOGRAM"]) else { panic!() };
+    let Reply::Map(all) = w.run(&["LATENCY", "HISTOGRAM"]) else {
+        panic!()
+    };
     assert!(all.iter().any(|(k, _)| *k == Reply::bulk("sale.create")));
     assert_eq!(w.run(&["LATENCY", "LATEST"]), Reply::Array(vec![]));
 }
@@ -277,19 +312,28 @@ fn slowlog_threshold_shape_and_redaction() {
     w.run(&["ECHO", &long]);
     assert_eq!(w.run(&["SLOWLOG", "LEN"]), Reply::Int(3));
     // Newest first; SLOWLOG LEN itself is logged too (as in Redis), and the ring keeps 3.
-    let Reply::Array(entries) = w.run(&["SLOWLOG", "GET", "-1"]) else { panic!() };
+    let Reply::Array(entries) = w.run(&["SLOWLOG", "GET", "-1"]) else {
+        panic!()
+    };
     assert_eq!(entries.len(), 3);
-    let Reply::Array(e0) = &entries[1] else { panic!() };
+    let Reply::Array(e0) = &entries[1] else {
+        panic!()
+    };
     assert_eq!(e0.len(), 6);
     // The ECHO, its argument cut at 128 bytes as Redis does.
     assert_eq!(e0[0], Reply::Int(2));
     let Reply::Array(args) = &e0[3] else { panic!() };
     assert_eq!(args[0], Reply::bulk("ECHO"));
-    assert_eq!(args[1], Reply::bulk(format!("{}... (72 more bytes)", "x".repeat(128))));
+    assert_eq!(
+        args[1],
+        Reply::bulk(format!("{}... (72 more bytes)", "x".repeat(128)))
+    );
     assert_eq!(e0[4], Reply::bulk("127.0.0.1:5555"));
     assert_eq!(e0[5], Reply::bulk("tester"));
     // The admission token is not kept.
-    let Reply::Array(e1) = &entries[2] else { panic!() };
+    let Reply::Array(e1) = &entries[2] else {
+        panic!()
+    };
     let Reply::Array(args) = &e1[3] else { panic!() };
     assert_eq!(args[0], Reply::bulk("RESERVE"));
     assert_eq!(args[3], Reply::bulk("(redacted)"));
@@ -312,9 +356,14 @@ fn prometheus_text_matches_counters_and_bounds_labels() {
     }
     w.shared.metrics.configure(10_000, 128, 2);
     let text = prom::render(&w.engine, &w.shared);
-    assert!(text.contains("stockgate_commands_total{cmd=\"reserve\"} 8\n"), "{text}");
+    assert!(
+        text.contains("stockgate_commands_total{cmd=\"reserve\"} 8\n"),
+        "{text}"
+    );
     assert!(text.contains("stockgate_command_duration_seconds_count{cmd=\"reserve\"} 8\n"));
-    assert!(text.contains("stockgate_command_duration_seconds_bucket{cmd=\"reserve\",le=\"+Inf\"} 8\n"));
+    assert!(
+        text.contains("stockgate_command_duration_seconds_bucket{cmd=\"reserve\",le=\"+Inf\"} 8\n")
+    );
     assert!(text.contains("stockgate_reserve_outcomes_total{sku=\"S1\",outcome=\"soldout\"} 2\n"));
     assert!(text.contains("stockgate_errors_total{code=\"DENIED\"} 1\n"));
     assert!(text.contains("stockgate_sale_units{sku=\"S1\",state=\"committed\"} 1\n"));
@@ -359,7 +408,11 @@ fn json_and_top_render_the_same_state() {
     assert_eq!(cols[1], "OPEN");
     assert_eq!(&cols[3..7], ["0", "2", "1", "3"], "{row}");
     assert_eq!(cols[7], "1.0", "{row}");
-    assert!(lines.iter().any(|l| l.contains("DENIED")), "{}", lines.join("\n"));
+    assert!(
+        lines.iter().any(|l| l.contains("DENIED")),
+        "{}",
+        lines.join("\n")
+    );
 }
 
 #[test]
@@ -384,4 +437,39 @@ fn error_codes_are_bounded() {
     let (codes, total) = m.errors();
     assert_eq!(codes.len(), MAX_ERROR_CODES);
     assert_eq!(total, (MAX_ERROR_CODES + 50) as u64);
+}
+
+#[test]
+fn transactions_count_as_redis_does() {
+    let mut w = World::new();
+    w.run(&["SALE.CREATE", "TX", "1"]);
+    let a = w.admit("TX", "ann");
+    let b = w.admit("TX", "ben");
+    assert_eq!(w.run(&["MULTI"]), Reply::ok());
+    assert_eq!(
+        w.run(&["RESERVE", "TX", "ann", &a, "1"]),
+        Reply::Simple("QUEUED")
+    );
+    assert_eq!(
+        w.run(&["RESERVE", "TX", "ben", &b, "1"]),
+        Reply::Simple("QUEUED")
+    );
+    let Reply::Array(r) = w.run(&["EXEC"]) else {
+        panic!()
+    };
+    assert_eq!(r.len(), 2);
+    let cmds = w.shared.metrics.commands();
+    let get = |n: &str| cmds.iter().find(|c| c.name == n).unwrap().calls;
+    // Queuing is not a call; running inside EXEC is.
+    assert_eq!((get("multi"), get("exec"), get("reserve")), (1, 1, 2));
+    let reserve = cmds.iter().find(|c| c.name == "reserve").unwrap();
+    assert_eq!(reserve.hist.as_ref().unwrap().len(), 2);
+    let t = w.shared.metrics.sale_totals("TX");
+    assert_eq!(
+        (
+            t[SaleEvent::Reserved as usize],
+            t[SaleEvent::SoldOut as usize]
+        ),
+        (1, 1)
+    );
 }

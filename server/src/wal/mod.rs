@@ -105,6 +105,10 @@ pub struct WalOptions {
     pub repair: bool,
     /// Encoded records waiting for the writer beyond which `record` blocks (backpressure).
     pub max_buffer_bytes: usize,
+    /// Fault injection for crash tests: sleep this long before writing each batch, so a
+    /// test can hold a record "in flight" and kill the process there. 0 in production;
+    /// the binary reads it from `STOCKGATE_FAULT_WAL_DELAY_MS`.
+    pub fault_write_delay_ms: u64,
 }
 
 impl Default for WalOptions {
@@ -114,6 +118,7 @@ impl Default for WalOptions {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             repair: false,
             max_buffer_bytes: DEFAULT_MAX_BUFFER_BYTES,
+            fault_write_delay_ms: 0,
         }
     }
 }

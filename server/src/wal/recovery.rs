@@ -13,9 +13,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::segment::{self, scan_segment};
+use super::segment::{self, scan_segment, Catalog};
 use super::snapshot;
-use super::writer::Catalog;
 use super::{Lsn, Recovery, Truncation, WalError, WalOptions};
 
 /// What the writer needs to continue where the log ends.

@@ -15,6 +15,11 @@ use super::{io_err, Event, Lsn, WalError};
 pub const SEGMENT_MAGIC: [u8; 8] = *b"SGWAL\0\0\x01";
 pub const SEGMENT_HEADER_LEN: u64 = 16;
 
+/// Segments on disk: first LSN -> last LSN, `None` for the one being appended to. Shared
+/// by recovery (which builds it) and the writer (which keeps it), so neither needs the
+/// other.
+pub(crate) type Catalog = std::collections::BTreeMap<Lsn, Option<Lsn>>;
+
 pub fn segment_file_name(first: Lsn) -> String {
     format!("wal-{first:020}.log")
 }

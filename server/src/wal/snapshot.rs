@@ -15,10 +15,11 @@ use super::codec::{put_i64, put_i64s, put_str, put_u64, DecodeError, Reader};
 use super::record::{get_params, get_sale_state, put_params};
 use super::segment::{snapshot_file_name, sync_dir};
 use super::{io_err, Lsn, WalError};
-use crate::engine::types::{ResState, ReservationView, SaleView, Snapshot};
+use crate::engine::types::{ResState, ReservationView, SaleView, Snapshot, TombView};
 
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"SGSNAP\0\x01";
-pub const SNAPSHOT_VERSION: u8 = 1;
+/// Version 2 added tombstones of purged reservations; version 1 files (none) still load.
+pub const SNAPSHOT_VERSION: u8 = 2;
 const HEADER_LEN: usize = 8 + 8 + 4;
 
 /// What [`super::Wal::write_snapshot`] did.
@@ -61,6 +62,17 @@ pub fn encode_snapshot(snap: &Snapshot, lsn: Lsn) -> Vec<u8> {
         put_u64(&mut out, r.expires_at_ms);
         put_u64(&mut out, r.created_at_ms);
         put_u64(&mut out, r.finished_at_ms);
+    }
+    put_u64(&mut out, snap.tombs.len() as u64);
+    for t in &snap.tombs {
+        put_str(&mut out, &t.sku);
+        put_u64(&mut out, (t.key >> 64) as u64);
+        put_u64(&mut out, t.key as u64);
+        out.push(t.state.to_u8());
+        put_u64(&mut out, u64::from(t.qty));
+        put_u64(&mut out, u64::from(t.shard));
+        put_u64(&mut out, t.expires_at_ms);
+        put_str(&mut out, &t.user);
     }
     let len = (out.len() - HEADER_LEN) as u64;
     let crc = crc32c::crc32c(&out[HEADER_LEN..]);
@@ -121,7 +133,7 @@ const PREALLOC_CAP: usize = 1 << 16;
 
 fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
     let version = r.u8("version")?;
-    if version != SNAPSHOT_VERSION {
+    if version != SNAPSHOT_VERSION && version != 1 {
         return Err(DecodeError::Version(version));
     }
     let lsn = r.u64("lsn")?;
@@ -151,19 +163,27 @@ fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
             request_id: r.string("request_id")?,
             qty: r.u32("qty")?,
             shard: r.u16("shard")?,
-            state: {
-                let at = r.pos();
-                let v = r.u8("reservation state")?;
-                ResState::from_u8(v).ok_or(DecodeError::OutOfRange {
-                    at,
-                    what: "reservation state",
-                    value: u64::from(v),
-                })?
-            },
+            state: get_res_state(r)?,
             expires_at_ms: r.u64("expires_at_ms")?,
             created_at_ms: r.u64("created_at_ms")?,
             finished_at_ms: r.u64("finished_at_ms")?,
         });
+    }
+    let mut tombs = Vec::new();
+    if version >= 2 {
+        let n = r.count("tombstones")?;
+        tombs.reserve(n.min(PREALLOC_CAP));
+        for _ in 0..n {
+            tombs.push(TombView {
+                sku: r.string("sku")?,
+                key: (u128::from(r.u64("key")?) << 64) | u128::from(r.u64("key")?),
+                state: get_res_state(r)?,
+                qty: r.u32("qty")?,
+                shard: r.u16("shard")?,
+                expires_at_ms: r.u64("expires_at_ms")?,
+                user: r.string("user")?,
+            });
+        }
     }
     r.finish()?;
     Ok((
@@ -171,8 +191,19 @@ fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
         Snapshot {
             sales,
             reservations,
+            tombs,
         },
     ))
+}
+
+fn get_res_state(r: &mut Reader<'_>) -> Result<ResState, DecodeError> {
+    let at = r.pos();
+    let v = r.u8("reservation state")?;
+    ResState::from_u8(v).ok_or(DecodeError::OutOfRange {
+        at,
+        what: "reservation state",
+        value: u64::from(v),
+    })
 }
 
 /// Writes `snapshot-<lsn>.snap` in `dir` atomically and durably; returns its path and size.
@@ -266,6 +297,26 @@ pub(crate) mod tests {
                     finished_at_ms: if i % 3 == 0 { 0 } else { 1_764_500_100_000 },
                 })
                 .collect(),
+            tombs: vec![
+                TombView {
+                    sku: "SKU-0001".into(),
+                    key: u128::MAX - 7,
+                    state: ResState::Committed,
+                    qty: 2,
+                    shard: 1,
+                    expires_at_ms: 1_764_500_630_000,
+                    user: "buyer-9".into(),
+                },
+                TombView {
+                    sku: "SKU-0002".into(),
+                    key: 1,
+                    state: ResState::Released,
+                    qty: 1,
+                    shard: 0,
+                    expires_at_ms: 0,
+                    user: String::new(),
+                },
+            ],
         }
     }
 

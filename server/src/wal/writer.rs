@@ -15,7 +15,6 @@
 //! every wait for an LSN that was not yet durable returns [`WalError::Failed`].
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +25,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::record::{encode_record, HEADER_LEN};
-use super::segment::{self, ActiveSegment};
+use super::segment::{self, ActiveSegment, Catalog};
 use super::snapshot::{self, SnapshotWritten};
 use super::{
     EventRef, EventSink, FsyncPolicy, Lsn, Recovery, Snapshot, WalError, WalOptions, WalStats,
@@ -59,9 +58,6 @@ struct Progress {
     closed: bool,
 }
 
-/// Segments on disk: first LSN -> last LSN, `None` for the one being appended to.
-pub(crate) type Catalog = BTreeMap<Lsn, Option<Lsn>>;
-
 struct Shared {
     dir: PathBuf,
     opts: WalOptions,
@@ -69,6 +65,8 @@ struct Shared {
     has_work: Condvar,
     has_space: Condvar,
     durable: AtomicU64,
+    /// The last LSN handed out (`Pending::next - 1`), readable without the state lock.
+    assigned: AtomicU64,
     /// Highest roll point requested, so `write_snapshot` knows whether to wait for one.
     roll_requested: AtomicU64,
     progress: Mutex<Progress>,
@@ -206,6 +204,7 @@ impl Wal {
             has_work: Condvar::new(),
             has_space: Condvar::new(),
             durable: AtomicU64::new(next - 1),
+            assigned: AtomicU64::new(next - 1),
             roll_requested: AtomicU64::new(0),
             progress: Mutex::new(Progress {
                 rolled: next - 1,
@@ -260,6 +259,9 @@ impl Wal {
             }
             let lsn = st.next;
             st.next += 1;
+            // Published under the state lock, so it never runs ahead of `next`; read
+            // without it by every reply (see `EventSink::last_lsn`).
+            sh.assigned.store(lsn, Ordering::Release);
             if let Err(e) = encoded {
                 // Unloggable means unacknowledgeable; stopping is the only safe answer.
                 drop(st);
@@ -287,7 +289,7 @@ impl Wal {
 
     /// The last LSN handed out (0 if none).
     pub fn last_lsn(&self) -> Lsn {
-        self.shared.state.lock().next - 1
+        self.shared.assigned.load(Ordering::Acquire)
     }
 
     /// The highest LSN acknowledged under the fsync policy.
@@ -333,6 +335,16 @@ impl Wal {
             return Ok(());
         }
         self.shared.check_assigned(lsn)?;
+        if self.shared.opts.fsync != FsyncPolicy::Always {
+            // Group commit across connections: let every other connection task that is
+            // ready in this turn of the scheduler append its records first, so one
+            // `write` covers them all (as Redis writes its AOF once per event-loop
+            // iteration) instead of one `write` per connection per request.
+            tokio::task::yield_now().await;
+            if lsn <= self.durable_lsn() {
+                return Ok(());
+            }
+        }
         loop {
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
@@ -495,6 +507,10 @@ impl Wal {
 impl EventSink for Wal {
     fn record(&self, event: &EventRef<'_>) -> Lsn {
         Wal::record(self, event)
+    }
+
+    fn last_lsn(&self) -> Lsn {
+        Wal::last_lsn(self)
     }
 }
 
@@ -674,6 +690,11 @@ impl Writer {
     /// Writes the batch, switching segments at roll points and at the size limit.
     /// Returns the highest `roll point - 1` carried out, if any.
     fn write_batch(&mut self, b: &Batch) -> Result<Option<Lsn>, WalError> {
+        if self.shared.opts.fault_write_delay_ms > 0 && b.records > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(
+                self.shared.opts.fault_write_delay_ms,
+            ));
+        }
         let limit = self.shared.opts.segment_bytes;
         let batch = std::mem::take(&mut self.batch);
         let res = (|| {

@@ -1,0 +1,243 @@
+//! A reservation after RESERVE: release, commit, extend, queries, expiry and retention.
+
+use super::*;
+
+impl Engine {
+    /// RELEASE: `(true, lsn)` if this call returned the units.
+    pub fn release(&self, token: &str) -> (bool, Lsn) {
+        let now = self.clock.now_ms();
+        let mut st = self.stripes[stripe_of(token)].lock();
+        let out = self.release_locked(&mut st, token, now, true);
+        drop(st);
+        if let Some((sale, user, qty, tok)) = out.2 {
+            self.user_release(&sale, &user, qty, &tok, true);
+        }
+        (out.0, out.1)
+    }
+
+    pub(super) fn release_locked(
+        &self,
+        st: &mut Stripe,
+        token: &str,
+        now: Millis,
+        log: bool,
+    ) -> (bool, Lsn, Option<UserUpdate>) {
+        let Some((key, r)) = st.map.get_key_value(token) else {
+            return (false, 0, None);
+        };
+        if r.state != ResState::Reserved {
+            return (false, r.lsn, None);
+        }
+        let key = key.clone();
+        let (lsn, upd) = self.finish_locked(st, key, now, ResState::Released, log);
+        (true, lsn, upd)
+    }
+
+    /// The one way a reservation leaves RESERVED (release and commit alike): out of the
+    /// wheel, counters moved, logged under the stripe lock, queued for retention. The
+    /// caller has checked that `key` is RESERVED.
+    pub(super) fn finish_locked(
+        &self,
+        st: &mut Stripe,
+        key: Arc<str>,
+        now: Millis,
+        to: ResState,
+        log: bool,
+    ) -> (Lsn, Option<UserUpdate>) {
+        let (timer, expires_at) = match st.map.get(&key) {
+            Some(r) => (r.timer, r.expires_at),
+            None => return (0, None),
+        };
+        st.unschedule(&key, timer, expires_at);
+        let Some(r) = st.map.get_mut(&key) else {
+            return (0, None);
+        };
+        debug_assert_eq!(r.state, ResState::Reserved);
+        r.state = to;
+        r.finished_at = now;
+        r.timer = None;
+        // Logged before the units move: a RELEASE's units become visible to other
+        // buyers only once its record has an LSN, so a RESERVE that takes them is logged
+        // (and acknowledged) after it and can never survive a crash without it.
+        if log {
+            let token = &*key;
+            r.lsn = self.sink.record(&match to {
+                ResState::Committed => EventRef::Committed { token, at_ms: now },
+                _ => EventRef::Released { token, at_ms: now },
+            });
+        }
+        match to {
+            ResState::Released => r.sale.release(r.shard as usize, r.qty),
+            ResState::Committed => r.sale.commit(r.shard as usize, r.qty),
+            ResState::Reserved => debug_assert!(false, "finish to RESERVED"),
+        }
+        let lsn = r.lsn;
+        let upd =
+            (r.sale.params.limit > 0).then(|| (r.sale.clone(), r.user.clone(), r.qty, key.clone()));
+        st.finished.push_back((now, key));
+        (lsn, upd)
+    }
+
+    pub(super) fn user_release(
+        &self,
+        sale: &Sale,
+        user: &str,
+        qty: u32,
+        token: &Arc<str>,
+        give_back: bool,
+    ) {
+        let mut us = self.user_stripe(&sale.sku, user).lock();
+        if let Some(e) = us.get_mut(&*sale.sku).and_then(|m| m.get_mut(user)) {
+            if give_back {
+                debug_assert!(e.held >= qty as u64);
+                e.held = e.held.saturating_sub(qty as u64);
+            }
+            e.live.retain(|t| t != token);
+        }
+    }
+
+    /// COMMIT: `Ok((true, _))` committed now, `Ok((false, _))` already committed.
+    pub fn commit(&self, token: &str) -> Result<(bool, Lsn), EngineError> {
+        let now = self.clock.now_ms();
+        let mut st = self.stripes[stripe_of(token)].lock();
+        let (res, upd) = self.commit_locked(&mut st, token, now, true);
+        drop(st);
+        if let Some((sale, user, qty, tok)) = upd {
+            self.user_release(&sale, &user, qty, &tok, false);
+        }
+        res
+    }
+
+    pub(super) fn commit_locked(
+        &self,
+        st: &mut Stripe,
+        token: &str,
+        now: Millis,
+        log: bool,
+    ) -> (Result<(bool, Lsn), EngineError>, Option<UserUpdate>) {
+        let Some((key, r)) = st.map.get_key_value(token) else {
+            // Purged by retention: the tombstone still knows how it ended.
+            let out = match st.tombs.get(&table::tomb_key(token)).map(|t| t.state) {
+                Some(ResState::Committed) => Ok((false, 0)),
+                Some(ResState::Released) => Err(EngineError::Released),
+                _ => Err(EngineError::NoReservation),
+            };
+            return (out, None);
+        };
+        match r.state {
+            ResState::Committed => return (Ok((false, r.lsn)), None),
+            ResState::Released => return (Err(EngineError::Released), None),
+            ResState::Reserved => {}
+        }
+        // A fenced sale is frozen for commits: the rebuild takes `committed` from the
+        // ledger, and a commit landing between the ledger read and the rebuild would be
+        // counted nowhere. The caller retries after the rebuild.
+        if log && r.sale.state() == SaleState::Fenced {
+            return (Err(EngineError::Fenced), None);
+        }
+        let key = key.clone();
+        let (lsn, upd) = self.finish_locked(st, key, now, ResState::Committed, log);
+        (Ok((true, lsn)), upd)
+    }
+
+    /// EXTEND: new deadline `now + ms`, only while RESERVED and not yet expired.
+    pub fn extend(&self, token: &str, ms: u64) -> Result<(Millis, Lsn), EngineError> {
+        if ms == 0 || ms > MAX_TTL_MS {
+            return Err(EngineError::Argument("ms must be 1..=2592000000"));
+        }
+        let mut st = self.stripes[stripe_of(token)].lock();
+        let now = self.clock.now_ms();
+        let Some((key, r)) = st.map.get_key_value(token) else {
+            return Err(EngineError::NoReservation);
+        };
+        if r.state != ResState::Reserved {
+            return Err(EngineError::NoReservation);
+        }
+        if r.expires_at <= now {
+            return Err(EngineError::Expired);
+        }
+        let key = key.clone();
+        let (timer, old) = (r.timer, r.expires_at);
+        let new = now + ms;
+        st.unschedule(&key, timer, old);
+        let timer = st.schedule(&key, new);
+        let lsn = self.sink.record(&EventRef::Extended {
+            token,
+            expires_at_ms: new,
+        });
+        if let Some(r) = st.map.get_mut(token) {
+            r.expires_at = new;
+            r.timer = timer;
+            r.lsn = lsn;
+        }
+        Ok((new, lsn))
+    }
+
+    /// RESERVATION: the current record and the log position that made it.
+    pub fn reservation(&self, token: &str) -> Option<(ReservationView, Lsn)> {
+        let st = self.stripes[stripe_of(token)].lock();
+        st.map.get(token).map(|r| (r.view(token), r.lsn))
+    }
+
+    /// EXPIRED: RESERVED reservations with `expires_at <= now`, oldest first, at most
+    /// `count`. Reading changes nothing a client can see.
+    pub fn expired(&self, count: usize, sku: Option<&str>) -> Vec<ReservationView> {
+        let now = self.clock.now_ms();
+        let mut all: Vec<ReservationView> = Vec::new();
+        for s in self.stripes.iter() {
+            let mut st = s.lock();
+            st.advance(now);
+            let mut taken = 0;
+            for (_, token) in st.expired.iter() {
+                if taken >= count {
+                    break;
+                }
+                if let Some(r) = st.map.get(token) {
+                    if sku.is_none_or(|k| *r.sale.sku == *k) {
+                        all.push(r.view(token));
+                        taken += 1;
+                    }
+                }
+            }
+        }
+        all.sort_by(|a, b| (a.expires_at_ms, &a.token).cmp(&(b.expires_at_ms, &b.token)));
+        all.truncate(count);
+        all
+    }
+
+    /// Housekeeping, called periodically: expiry (and auto-release if configured) and
+    /// retention purge. Returns the last log position it wrote.
+    pub fn tick(&self) -> Lsn {
+        let now = self.clock.now_ms();
+        let mut last = 0;
+        let mut user_updates = Vec::new();
+        for s in self.stripes.iter() {
+            let mut st = s.lock();
+            st.advance(now);
+            if self.cfg.auto_release {
+                let due: Vec<Arc<str>> = st.expired.iter().map(|(_, t)| t.clone()).collect();
+                for t in due {
+                    let (released, lsn, upd) = self.release_locked(&mut st, &t, now, true);
+                    debug_assert!(released);
+                    last = last.max(lsn);
+                    user_updates.extend(upd);
+                }
+            }
+            while let Some((at, _)) = st.finished.front() {
+                if at.saturating_add(self.cfg.retention_ms) > now {
+                    break;
+                }
+                let Some((_, t)) = st.finished.pop_front() else {
+                    break;
+                };
+                if st.purge(&t) {
+                    last = last.max(self.sink.record(&EventRef::Purged { token: &t }));
+                }
+            }
+        }
+        for (sale, user, qty, tok) in user_updates {
+            self.user_release(&sale, &user, qty, &tok, true);
+        }
+        last
+    }
+}

@@ -1,0 +1,151 @@
+//! The buyer path: RESERVE, deciding in PROTOCOL.md's order, and bounded stealing.
+
+use super::*;
+
+impl Engine {
+    /// RESERVE, deciding in the order PROTOCOL.md lists.
+    pub fn reserve(&self, req: &ReserveRequest<'_>) -> Result<(ReserveOutcome, Lsn), EngineError> {
+        ident::check_sku(req.sku)?;
+        ident::check_user(req.user)?;
+        ident::check_request_id(req.request_id)?;
+        if req.qty == 0 || req.qty > MAX_QTY {
+            return Err(EngineError::Argument("qty must be 1..=1000000"));
+        }
+        let sale = self.sale(req.sku)?;
+        if sale.state() == SaleState::Fenced {
+            return Err(EngineError::Fenced);
+        }
+        let admission_expiry = self
+            .keys
+            .verify(req.admission, req.sku, req.user)
+            .map_err(|d| EngineError::Denied(d.as_str()))?;
+        let token = self.rkey.derive(req.sku, req.user, req.request_id);
+        let limit = sale.params.limit;
+        let mut users = if limit > 0 {
+            Some(self.user_stripe(req.sku, req.user).lock())
+        } else {
+            None
+        };
+        let mut st = self.stripes[stripe_of(&token)].lock();
+        // Read the clock under the lock: expiry deadlines then never trail the wheel.
+        let now = self.clock.now_ms();
+        if let Some((k, r)) = st.map.get_key_value(token.as_str()) {
+            return Ok((
+                ReserveOutcome::Replay {
+                    token: k.clone(),
+                    expires_at_ms: r.expires_at,
+                    shard: r.shard,
+                },
+                r.lsn,
+            ));
+        }
+        if let Some(t) = st.tombs.get(&table::tomb_key(&token)) {
+            // Finished and purged by retention: still the same request, never new stock.
+            return Ok((
+                ReserveOutcome::Replay {
+                    token: token.into(),
+                    expires_at_ms: t.expires_at,
+                    shard: t.shard,
+                },
+                0,
+            ));
+        }
+        if now > admission_expiry {
+            return Err(EngineError::Denied("expired"));
+        }
+        match sale.state() {
+            SaleState::Open => {}
+            SaleState::Paused => return Err(EngineError::Paused),
+            SaleState::Fenced => return Err(EngineError::Fenced),
+        }
+        let mut entry = None;
+        if let Some(us) = users.as_mut() {
+            let e = us
+                .entry(sale.sku.clone())
+                .or_default()
+                .entry(req.user.into())
+                .or_default();
+            if e.held + req.qty as u64 > limit as u64 {
+                return Ok((
+                    ReserveOutcome::Limit {
+                        live: e.live.clone(),
+                    },
+                    0,
+                ));
+            }
+            entry = Some(e);
+        }
+        let Some(shard) = self.take_stock(&sale, req.user, req.qty) else {
+            return Ok((ReserveOutcome::SoldOut, 0));
+        };
+        let expires_at = now + sale.params.ttl_ms;
+        let token: Arc<str> = token.into();
+        let timer = st.schedule(&token, expires_at);
+        let lsn = self.sink.record(&EventRef::Reserved {
+            token: &token,
+            sku: req.sku,
+            user: req.user,
+            request_id: req.request_id,
+            qty: req.qty,
+            shard,
+            expires_at_ms: expires_at,
+            created_at_ms: now,
+        });
+        st.map.insert(
+            token.clone(),
+            Res {
+                sale: sale.clone(),
+                user: req.user.into(),
+                request_id: req.request_id.into(),
+                qty: req.qty,
+                shard,
+                state: ResState::Reserved,
+                expires_at,
+                created_at: now,
+                finished_at: 0,
+                timer,
+                lsn,
+            },
+        );
+        if let Some(e) = entry {
+            e.held += req.qty as u64;
+            e.live.push(token.clone());
+        }
+        Ok((
+            ReserveOutcome::Reserved {
+                token,
+                expires_at_ms: expires_at,
+                shard,
+            },
+            lsn,
+        ))
+    }
+
+    /// Home shard first, then at most [`STEAL_PROBES`] other shards picked at random (a
+    /// retry probes other shards), never a linear scan. The shard taken is logged, so
+    /// replay does not depend on the choice.
+    pub(super) fn take_stock(&self, sale: &Sale, user: &str, qty: u32) -> Option<u16> {
+        let n = sale.shard_count();
+        let home = sale.home_shard(user);
+        if sale.try_reserve(home, qty) {
+            return Some(home as u16);
+        }
+        if n == 1 {
+            return None;
+        }
+        let mut h: u64 = rand::random();
+        let mut tried = [home; STEAL_PROBES + 1];
+        for probe in 1..=STEAL_PROBES.min(n - 1) {
+            let mut cand = (home + 1 + (h % (n as u64 - 1)) as usize) % n;
+            while tried[..probe].contains(&cand) {
+                cand = (cand + 1) % n;
+            }
+            tried[probe] = cand;
+            if sale.try_reserve(cand, qty) {
+                return Some(cand as u16);
+            }
+            h = h.rotate_left(21) ^ 0x9e37_79b9_7f4a_7c15;
+        }
+        None
+    }
+}
