@@ -38,7 +38,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the server (the default when no subcommand is given).
-    Serve(ServeArgs),
+    // Boxed: the flags make it much larger than the other variants.
+    Serve(Box<ServeArgs>),
     /// Mint an admission token (what the waiting room does) and print it on stdout.
     MintToken(MintArgs),
     /// A live terminal view of a running server: sales, rates, p99, errors, sweeper lag.
@@ -204,7 +205,7 @@ fn main() -> ExitCode {
     match cli.cmd {
         Some(Cmd::MintToken(m)) => mint(m),
         Some(Cmd::Top(t)) => top(t),
-        Some(Cmd::Serve(s)) => run(s),
+        Some(Cmd::Serve(s)) => run(*s),
         None => run(cli.serve),
     }
 }

@@ -83,7 +83,11 @@ pub struct Conn {
 
 impl Conn {
     pub fn open(addr: &str, auth: Option<(&str, &str)>) -> std::io::Result<Conn> {
-        let w = TcpStream::connect(addr)?;
+        // Bounded: an unreachable host must not freeze the view for minutes.
+        let sa = std::net::ToSocketAddrs::to_socket_addrs(addr)?
+            .next()
+            .ok_or_else(|| std::io::Error::other("address resolves to nothing"))?;
+        let w = TcpStream::connect_timeout(&sa, Duration::from_secs(3))?;
         w.set_read_timeout(Some(Duration::from_secs(5)))?;
         w.set_write_timeout(Some(Duration::from_secs(5)))?;
         let r = BufReader::new(w.try_clone()?);
@@ -174,8 +178,11 @@ impl Info {
     }
 }
 
-/// Cumulative (bucket upper bound µs, count) pairs of one command's LATENCY HISTOGRAM.
-pub fn histogram_of(v: &Value, cmd: &str) -> Vec<(i64, i64)> {
+/// Cumulative `(bucket upper bound µs, count)` pairs, as LATENCY HISTOGRAM gives them.
+pub type Histogram = Vec<(i64, i64)>;
+
+/// One command's cumulative buckets out of a LATENCY HISTOGRAM reply.
+pub fn histogram_of(v: &Value, cmd: &str) -> Histogram {
     let Value::Arr(top) = v else {
         return Vec::new();
     };
@@ -467,7 +474,7 @@ pub fn run(server: &str, auth: Option<(&str, &str)>, interval: Duration) -> std:
             ..Screen::default()
         };
         let mut conn: Option<Conn> = None;
-        let mut prev: Option<(Info, Vec<(i64, i64)>, Instant)> = None;
+        let mut prev: Option<(Info, Histogram, Instant)> = None;
         let mut next = Instant::now();
         loop {
             if Instant::now() >= next {
