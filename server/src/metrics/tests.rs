@@ -252,7 +252,7 @@ fn info_sections_in_redis_format() {
 #[test]
 fn expired_backlog_and_sweeper_lag() {
     let mut w = World::new();
-    w.run(&["SALE.CREATE", "S2", "10", "TTL", "1000"]);
+    w.run(&["SALE.CREATE", "S2", "10", "SHARDS", "1", "TTL", "1000"]);
     for u in ["u1", "u2"] {
         let adm = w.admit("S2", u);
         w.run(&["RESERVE", "S2", u, &adm, "r"]);
@@ -442,7 +442,7 @@ fn error_codes_are_bounded() {
 #[test]
 fn transactions_count_as_redis_does() {
     let mut w = World::new();
-    w.run(&["SALE.CREATE", "TX", "1"]);
+    w.run(&["SALE.CREATE", "TX", "1", "SHARDS", "1"]);
     let a = w.admit("TX", "ann");
     let b = w.admit("TX", "ben");
     assert_eq!(w.run(&["MULTI"]), Reply::ok());
