@@ -2,7 +2,10 @@
 # Runs every test of the workspace. On a fresh Debian machine with Rust it first installs
 # what the end-to-end tests talk to: redis-tools/redis-server (redis-cli is a real client
 # under test, redis-server runs the Redis+Lua baseline), PostgreSQL (the ledger tests
-# start a throwaway cluster from its binaries), redis-py, and the npm packages of tests/node.
+# start a throwaway cluster from its binaries), redis-py, the npm packages of tests/node,
+# and what the operations tests drive (tests/metrics_e2e.rs): prometheus-redis-exporter
+# (the real exporter scrapes stockgate), chromium (the status page, headless) and tmux
+# (`stockgate top` in a detached pane).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +13,10 @@ need=()
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v prometheus-redis-exporter >/dev/null 2>&1 || need+=(prometheus-redis-exporter)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"

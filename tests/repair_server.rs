@@ -224,7 +224,12 @@ async fn sale_info_is_never_torn_under_load() {
                 let _: Vec<Value> = p.query_async(&mut wc).await.unwrap();
                 let mut p = redis::pipe();
                 for (i, t) in tokens.iter().enumerate() {
-                    p.cmd(if i % 7 == 0 { "COMMIT" } else { "RELEASE" }).arg(t);
+                    p.cmd(if i.is_multiple_of(7) {
+                        "COMMIT"
+                    } else {
+                        "RELEASE"
+                    })
+                    .arg(t);
                 }
                 let _: Vec<Value> = p.query_async(&mut wc).await.unwrap();
                 round += 1;

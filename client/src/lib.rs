@@ -8,6 +8,8 @@
 //! - [`checkout`]: reserve → materialize → pay (ledger first) / cancel.
 //! - [`sweeper`]: expired reservations reconciled ledger-first, any number at once.
 //! - [`rebuild`]: fail closed and rebuild a fenced sale from the ledger.
+//! - [`materialize`]: the order feed written into the ledger exactly once.
+//! - [`metrics`]: the sweeper's Prometheus endpoint.
 //!
 //! With the `testkit` feature (tests and the benchmark harness only; not part of the
 //! library's API): `pgtemp` and `testkit`, throwaway Postgres and server processes.
@@ -17,6 +19,7 @@ pub mod client;
 pub mod gate;
 pub mod ledger;
 pub mod materialize;
+pub mod metrics;
 #[cfg(feature = "testkit")]
 pub mod pgtemp;
 pub mod rebuild;

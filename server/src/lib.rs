@@ -5,11 +5,13 @@
 //! - [`protocol`]: RESP framing and reply encoding. No stock logic.
 //! - [`cmd`]: one typed command per file, applied to the engine.
 //! - [`server`]: accept loop, connections, pipelining, limits.
+//! - [`metrics`]: INFO, LATENCY, SLOWLOG, the Prometheus/JSON endpoint, `stockgate top`.
 //! - [`session`]: server and connection state shared by `server` and `cmd`.
 pub mod cmd;
 pub mod engine;
 pub mod feed;
 pub mod keyfiles;
+pub mod metrics;
 pub mod persist;
 pub mod protocol;
 pub mod server;

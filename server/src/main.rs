@@ -38,9 +38,28 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the server (the default when no subcommand is given).
-    Serve(ServeArgs),
+    // Boxed: the flags make it much larger than the other variants.
+    Serve(Box<ServeArgs>),
     /// Mint an admission token (what the waiting room does) and print it on stdout.
     MintToken(MintArgs),
+    /// A live terminal view of a running server: sales, rates, p99, errors, sweeper lag.
+    Top(TopArgs),
+}
+
+#[derive(Args)]
+struct TopArgs {
+    /// The server to watch.
+    #[arg(long, default_value = "127.0.0.1:7379")]
+    server: String,
+    /// `--auth USER PASSWORD` (any role may read INFO; LATENCY needs admin).
+    #[arg(long, num_args = 2, value_names = ["USER", "PASSWORD"])]
+    auth: Option<Vec<String>>,
+    /// Poll interval in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Print one screen as text (two polls one interval apart) and exit.
+    #[arg(long)]
+    once: bool,
 }
 
 #[derive(Args, Clone)]
@@ -140,6 +159,31 @@ struct ServeArgs {
     /// instead of refusing to start. Says what it drops.
     #[arg(long)]
     repair: bool,
+    /// Serve Prometheus metrics (/metrics), JSON (/json) and the status page (/) here,
+    /// e.g. 127.0.0.1:9379. Off unless given; loopback only unless
+    /// --metrics-allow-remote (the endpoint has no authentication).
+    #[arg(long)]
+    metrics_addr: Option<String>,
+    /// Allow --metrics-addr on a non-loopback address.
+    #[arg(long)]
+    metrics_allow_remote: bool,
+    /// Sales exported with their own `sku` label; the rest are summed as sku="_other".
+    #[arg(long, default_value_t = 50)]
+    metrics_max_sales: usize,
+    /// Log commands taking at least this many microseconds in the slow log; -1 disables,
+    /// 0 logs every command (as Redis).
+    #[arg(long, default_value_t = 10_000, allow_hyphen_values = true)]
+    slowlog_log_slower_than: i64,
+    /// Entries kept in the slow log.
+    #[arg(long, default_value_t = 128)]
+    slowlog_max_len: usize,
+    /// Log format on stderr: text (colour only on a terminal) or json.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: stockgate_server::metrics::logging::LogFormat,
+    /// Log filter, e.g. `info` or `stockgate_server=debug` (default: $STOCKGATE_LOG,
+    /// then $RUST_LOG, then info).
+    #[arg(long)]
+    log_level: Option<String>,
 }
 
 #[derive(Args)]
@@ -166,7 +210,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::MintToken(m)) => mint(m),
-        Some(Cmd::Serve(s)) => run(s),
+        Some(Cmd::Top(t)) => top(t),
+        Some(Cmd::Serve(s)) => run(*s),
         None => run(cli.serve),
     }
 }
@@ -225,18 +270,36 @@ fn mint(m: MintArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+fn top(t: TopArgs) -> ExitCode {
+    let auth = t
+        .auth
+        .as_ref()
+        .and_then(|a| Some((a.first()?.as_str(), a.get(1)?.as_str())));
+    let interval = Duration::from_millis(t.interval_ms.max(100));
+    let r = if t.once {
+        stockgate_server::metrics::top::once(&t.server, auth, interval).map(|lines| {
+            for l in lines {
+                println!("{l}");
+            }
+        })
+    } else {
+        stockgate_server::metrics::top::run(&t.server, auth, interval)
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stockgate top: {}: {e}", t.server);
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn is_loopback(bind: &str) -> bool {
     bind == "localhost" || bind.parse::<IpAddr>().is_ok_and(|a| a.is_loopback())
 }
 
 fn run(a: ServeArgs) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("STOCKGATE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    stockgate_server::metrics::logging::init(a.log_format, a.log_level.as_deref(), "STOCKGATE_LOG");
     match run_inner(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -378,6 +441,20 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         durability.wal.clone(),
         stockgate_server::feed::FeedLimits::default(),
     )));
+    shared.metrics.configure(
+        a.slowlog_log_slower_than,
+        a.slowlog_max_len,
+        a.metrics_max_sales,
+    );
+    if let Some(m) = &a.metrics_addr {
+        let host = m.rsplit_once(':').map_or(m.as_str(), |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if !is_loopback(host) && !a.metrics_allow_remote {
+            return Err(format!(
+                "refusing --metrics-addr {m}: not loopback (the endpoint has no authentication; pass --metrics-allow-remote)"
+            ));
+        }
+    }
     // 0 means one worker per core this process may run on: `available_parallelism`
     // honours the affinity mask (taskset) and cgroup quotas, not just the machine's cores.
     let threads = match a.threads {
@@ -411,10 +488,34 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             let _ = out.flush();
         }
         let snapshotter = spawn_snapshotter(engine.clone(), durability.clone(), a.snapshot_records);
+        let sampler = tokio::spawn(stockgate_server::metrics::http::sample_loop(
+            engine.clone(),
+            shared.clone(),
+        ));
+        let metrics_http = match &a.metrics_addr {
+            Some(m) => {
+                let l = tokio::net::TcpListener::bind(m.as_str())
+                    .await
+                    .map_err(|e| format!("bind --metrics-addr {m}: {e}"))?;
+                let local = l.local_addr().map_err(|e| e.to_string())?;
+                tracing::info!("metrics on http://{local}/metrics, status page http://{local}/");
+                eprintln!("stockgate: metrics on http://{local}/");
+                Some(tokio::spawn(stockgate_server::metrics::http::serve(
+                    l,
+                    engine.clone(),
+                    shared.clone(),
+                )))
+            }
+            None => None,
+        };
         let r = serve(listener, engine.clone(), shared, shutdown_signal())
             .await
             .map_err(|e| e.to_string());
         snapshotter.abort();
+        sampler.abort();
+        if let Some(h) = metrics_http {
+            h.abort();
+        }
         r
     });
     // Everything acknowledged is already written; this makes the tail durable too.

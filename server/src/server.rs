@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::cmd::{self, Ctx};
+use crate::cmd::Ctx;
 use crate::engine::{Engine, Lsn};
 use crate::protocol::{parse_command_into, Reply};
 // The connection and server state moved to `session` (commands need it, and must not
@@ -129,6 +129,7 @@ async fn handle(
     );
     let mut inbuf = BytesMut::with_capacity(16 * 1024);
     let mut out = BytesMut::with_capacity(16 * 1024);
+    let mut rec = shared.metrics.recorder();
     let idle = (cfg.idle_timeout_ms > 0).then(|| Duration::from_millis(cfg.idle_timeout_ms));
     let write_timeout = Duration::from_millis(cfg.write_timeout_ms.max(1));
     // One argument vector for the connection's life: parsing refills it in place.
@@ -198,7 +199,7 @@ async fn handle(
                         conn: &mut conn,
                         shared,
                     };
-                    let mut o = cmd::dispatch(&mut ctx, &argv);
+                    let mut o = crate::metrics::dispatch_timed(&mut rec, &mut ctx, &argv);
                     lsn = lsn.max(o.lsn);
                     if let Some(wait) = o.wait.take() {
                         // A blocking read (XREAD BLOCK): what this batch answered so far
@@ -256,6 +257,8 @@ async fn handle(
                 .encode(conn.proto, &mut out);
             close = true;
         }
+        // Counters of this batch are visible before its replies are.
+        rec.flush(&shared.metrics);
         if lsn > 0 {
             if let Err(e) = shared.durability.wait(lsn).await {
                 // Fail closed: the record may not be on disk, so no acknowledgement leaves.

@@ -236,6 +236,8 @@ pub struct Shared {
     pub durability: Arc<dyn Durability>,
     /// The order feed (XREAD...), set by the binary when it runs with a WAL.
     pub feed: std::sync::OnceLock<Arc<crate::feed::Feed>>,
+    /// Command/latency/error/sale counters, the slow log (see `metrics`).
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Shared {
@@ -252,6 +254,7 @@ impl Shared {
             local_port: AtomicU16::new(0),
             durability,
             feed: std::sync::OnceLock::new(),
+            metrics: crate::metrics::Metrics::new(),
         }
     }
 }

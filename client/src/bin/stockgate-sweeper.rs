@@ -83,6 +83,9 @@ struct RunArgs {
     /// Longest backoff after failures, in seconds.
     #[arg(long, default_value_t = 30.0)]
     max_backoff_secs: f64,
+    /// Serve the sweeper's Prometheus metrics here (loopback), e.g. 127.0.0.1:9380.
+    #[arg(long)]
+    metrics_addr: Option<String>,
 }
 
 #[derive(Args)]
@@ -254,6 +257,10 @@ async fn sweep(server: &str, ledger: PgLedger, args: RunArgs) -> Result<(), CliE
         max_backoff: secs(args.max_backoff_secs, "--max-backoff-secs")?,
         ..Default::default()
     };
+    let metrics = stockgate_client::metrics::serve(args.metrics_addr.as_deref())
+        .await
+        .map_err(CliError::Arg)?;
+    let probe = client.clone();
     let sweeper = Sweeper::new(ledger, client, cfg);
     if args.once {
         let r = sweeper.run_pass().await?;
@@ -261,7 +268,10 @@ async fn sweep(server: &str, ledger: PgLedger, args: RunArgs) -> Result<(), CliE
         return Ok(());
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(async move { sweeper.run(rx).await });
+    let task =
+        tokio::spawn(
+            async move { stockgate_client::metrics::run(&sweeper, probe, metrics, rx).await },
+        );
     // Stop between passes on SIGINT/SIGTERM; a pass in flight finishes first.
     wait_for_signal().await;
     info!("stopping after the current pass");
@@ -286,13 +296,9 @@ async fn wait_for_signal() {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // Plain text without colour codes unless stderr is a terminal.
+    use stockgate_server::metrics::logging::{init, LogFormat};
+    init(LogFormat::Text, None, "STOCKGATE_LOG");
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,7 +1,6 @@
 //! `COMMAND`, `INFO`, `CONFIG GET`, `TIME`, `SAVE`: what clients probe on connect and
 //! what operators read.
 
-use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -146,6 +145,11 @@ pub fn glob(pattern: &[u8], s: &[u8]) -> bool {
 /// `CONFIG GET pattern...` (read-only: configuration comes from the command line).
 pub fn config(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
     let sub = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+    if sub == "RESETSTAT" && args.len() == 1 {
+        ctx.shared.metrics.reset();
+        crate::metrics::view::reset_server_stats(ctx.shared);
+        return Reply::ok().into();
+    }
     if sub != "GET" || args.len() < 2 {
         return Reply::err(
             "ERR only CONFIG GET is supported: configuration comes from the command line",
@@ -176,6 +180,20 @@ pub fn config(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
         ("shards", c.default_shards.to_string()),
         ("ttl-ms", c.default_ttl_ms.to_string()),
         ("retention-ms", c.retention_ms.to_string()),
+        (
+            "slowlog-log-slower-than",
+            ctx.shared
+                .metrics
+                .slowlog_slower_than
+                .load(Ordering::Relaxed)
+                .to_string(),
+        ),
+        (
+            "slowlog-max-len",
+            ctx.shared.metrics.slowlog.lock().max_len().to_string(),
+        ),
+        ("latency-tracking", "yes".into()),
+        ("latency-tracking-info-percentiles", "50 99 99.9".into()),
     ];
     let mut out = Vec::new();
     for (k, v) in pairs {
@@ -204,90 +222,161 @@ pub fn save(ctx: &mut Ctx<'_>) -> Outcome {
     }
 }
 
-/// `INFO [section...]` in Redis's text format.
+/// `INFO [section...]` in Redis 7's text format (see `metrics::info`).
 pub fn info(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
     let wanted: Vec<String> = args
         .iter()
-        .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
-    let all = wanted.is_empty()
-        || wanted
-            .iter()
-            .any(|w| w == "all" || w == "default" || w == "everything");
-    let want = |s: &str| all || wanted.iter().any(|w| w == s);
-    let sh = ctx.shared;
-    let st = &sh.stats;
-    let mut o = String::new();
-    if want("server") {
-        let uptime = sh.started.elapsed().as_secs();
-        let _ = write!(
-            o,
-            "# Server\r\nredis_version:7.0.0\r\nstockgate_version:{}\r\nredis_mode:standalone\r\nos:{}\r\narch_bits:64\r\nprocess_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nuptime_in_days:{}\r\n\r\n",
-            env!("CARGO_PKG_VERSION"),
-            std::env::consts::OS,
-            std::process::id(),
-            sh.local_port.load(Ordering::Relaxed),
-            uptime,
-            uptime / 86400
-        );
-    }
-    if want("clients") {
-        let _ = write!(
-            o,
-            "# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n",
-            st.connected.load(Ordering::Relaxed),
-            sh.config.max_clients
-        );
-    }
-    if want("stats") {
-        let _ = write!(
-            o,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\nauth_failures:{}\r\nnoperm_refusals:{}\r\nprotocol_errors:{}\r\nquery_buffer_limit_disconnects:{}\r\noutput_buffer_limit_disconnects:{}\r\nidle_timeout_disconnects:{}\r\nreserve_reserved:{}\r\nreserve_replay:{}\r\nreserve_soldout:{}\r\nreserve_limit:{}\r\n\r\n",
-            st.connections.load(Ordering::Relaxed),
-            st.commands.load(Ordering::Relaxed),
-            st.rejected.load(Ordering::Relaxed),
-            st.auth_failures.load(Ordering::Relaxed),
-            st.noperm.load(Ordering::Relaxed),
-            st.protocol_errors.load(Ordering::Relaxed),
-            st.qbuf_disconnects.load(Ordering::Relaxed),
-            st.obuf_disconnects.load(Ordering::Relaxed),
-            st.idle_disconnects.load(Ordering::Relaxed),
-            st.reserved.load(Ordering::Relaxed),
-            st.replay.load(Ordering::Relaxed),
-            st.soldout.load(Ordering::Relaxed),
-            st.limit.load(Ordering::Relaxed),
-        );
-    }
-    if want("persistence") {
-        let _ = write!(o, "# Persistence\r\n{}\r\n", sh.durability.info());
-    }
-    if want("stockgate") {
-        let sales = ctx.engine.list_sales();
-        let _ = write!(
-            o,
-            "# Stockgate\r\nsales:{}\r\nreservations:{}\r\nkey_fingerprint:{}\r\nauto_release:{}\r\n",
-            sales.len(),
-            ctx.engine.reservation_count(),
-            ctx.engine.key_fingerprint(),
-            ctx.engine.config().auto_release as u8
-        );
-        for sku in sales.iter().take(1000) {
-            if let Ok(v) = ctx.engine.sale_info(sku) {
-                let _ = write!(
-                    o,
-                    "sale_{}:total={},available={},reserved={},committed={},state={}\r\n",
-                    sku,
-                    v.total,
-                    v.available,
-                    v.reserved,
-                    v.committed,
-                    v.state.as_str()
-                );
-            }
+    Reply::bulk(crate::metrics::info::render(
+        ctx.engine, ctx.shared, &wanted,
+    ))
+    .into()
+}
+
+/// Redis 7's `LATENCY HISTOGRAM` body of one command: `calls` and the cumulative count
+/// per power-of-two bucket (µs), from 1024 ns up, empty buckets left out.
+fn histogram_reply(c: &crate::metrics::CmdStats) -> Option<Reply> {
+    let h = c.hist.as_ref().filter(|h| !h.is_empty())?;
+    let mut buckets = Vec::new();
+    let mut cumulative = 0u64;
+    let mut previous = 0u64;
+    for v in h.iter_log(1024, 2.0) {
+        cumulative += v.count_since_last_iteration();
+        if cumulative > previous {
+            let micros = h.highest_equivalent(v.value_iterated_to()) / 1000;
+            buckets.push((Reply::Int(micros as i64), Reply::Int(cumulative as i64)));
         }
-        o.push_str("\r\n");
+        previous = cumulative;
     }
-    Reply::bulk(o).into()
+    Some(Reply::map([
+        ("calls", Reply::Int(h.len() as i64)),
+        ("histogram_usec", Reply::Map(buckets)),
+    ]))
+}
+
+/// `LATENCY HISTOGRAM [command ...]`, `LATENCY LATEST|HISTORY|RESET` (stockgate has no
+/// latency monitor events: those are empty), `LATENCY HELP`.
+pub fn latency(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+    let sub = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+    match sub.as_str() {
+        "HISTOGRAM" => {
+            let cmds = ctx.shared.metrics.commands();
+            let names: Vec<String> = args[1..]
+                .iter()
+                .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+                .collect();
+            let mut out = Vec::new();
+            let mut add = |c: &crate::metrics::CmdStats| {
+                if let Some(r) = histogram_reply(c) {
+                    out.push((Reply::bulk(c.name), r));
+                }
+            };
+            if names.is_empty() {
+                cmds.iter().for_each(&mut add);
+            } else {
+                // In the order asked, unknown names skipped (as Redis).
+                for n in &names {
+                    if let Some(c) = cmds.iter().find(|c| c.name == n) {
+                        add(c);
+                    }
+                }
+            }
+            Reply::Map(out).into()
+        }
+        "LATEST" if args.len() == 1 => Reply::Array(vec![]).into(),
+        "HISTORY" if args.len() == 2 => Reply::Array(vec![]).into(),
+        "RESET" => Reply::Int(0).into(),
+        "HELP" if args.len() == 1 => Reply::Array(
+            [
+                "LATENCY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "HISTOGRAM [COMMAND ...]",
+                "    Return a cumulative distribution of latencies in the format of a histogram for the specified command names.",
+                "    If no commands are specified then all histograms are replied.",
+                "LATEST",
+                "    Return the latest latency samples for all events (none: no latency monitor).",
+                "HISTORY <event>",
+                "    Return time-latency samples for the <event> class (none).",
+                "RESET [<event> ...]",
+                "    Reset latency data of one or more <event> classes.",
+                "HELP",
+                "    Print this help.",
+            ]
+            .iter()
+            .map(|l| Reply::Simple(l))
+            .collect(),
+        )
+        .into(),
+        _ => Reply::err(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Try LATENCY HELP.",
+            String::from_utf8_lossy(&args[0]).chars().take(64).collect::<String>()
+        ))
+        .into(),
+    }
+}
+
+/// `SLOWLOG GET [count] | LEN | RESET | HELP`, replies as Redis's.
+pub fn slowlog(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+    let sub = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+    let log = &ctx.shared.metrics.slowlog;
+    match (sub.as_str(), args.len()) {
+        ("GET", 1 | 2) => {
+            let count = match args.get(1) {
+                None => 10,
+                Some(a) => match std::str::from_utf8(a)
+                    .ok()
+                    .and_then(|s| s.parse::<i64>().ok())
+                {
+                    Some(-1) => usize::MAX,
+                    Some(n) if n >= 0 => n as usize,
+                    _ => {
+                        return Reply::err("ERR count should be greater than or equal to -1").into()
+                    }
+                },
+            };
+            let entries = log.lock().get(count);
+            Reply::Array(
+                entries
+                    .iter()
+                    .map(crate::metrics::slowlog::entry_reply)
+                    .collect(),
+            )
+            .into()
+        }
+        ("LEN", 1) => Reply::Int(log.lock().len() as i64).into(),
+        ("RESET", 1) => {
+            log.lock().reset();
+            Reply::ok().into()
+        }
+        ("HELP", 1) => Reply::Array(
+            [
+                "SLOWLOG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "GET [<count>]",
+                "    Return top <count> entries from the slowlog (default: 10, -1 mean all).",
+                "    Entries are made of:",
+                "    id, timestamp, time in microseconds, arguments array, client IP and port,",
+                "    client name",
+                "LEN",
+                "    Return the length of the slowlog.",
+                "RESET",
+                "    Reset the slowlog.",
+                "HELP",
+                "    Print this help.",
+            ]
+            .iter()
+            .map(|l| Reply::Simple(l))
+            .collect(),
+        )
+        .into(),
+        _ => Reply::err(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Try SLOWLOG HELP.",
+            String::from_utf8_lossy(&args[0])
+                .chars()
+                .take(64)
+                .collect::<String>()
+        ))
+        .into(),
+    }
 }
 
 #[cfg(test)]

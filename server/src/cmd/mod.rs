@@ -108,6 +108,8 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
         "command" => Ok(introspect::command(rest)),
         "info" => Ok(introspect::info(ctx, rest)),
         "config" => Ok(introspect::config(ctx, rest)),
+        "latency" => Ok(introspect::latency(ctx, rest)),
+        "slowlog" => Ok(introspect::slowlog(ctx, rest)),
         "time" => Ok(introspect::time()),
         "dbsize" => Ok(Reply::Int(ctx.engine.reservation_count() as i64).into()),
         "xread" => stream::XRead::parse(rest).map(|c| c.apply(ctx)),

@@ -14,6 +14,7 @@ mod admin;
 pub mod clock;
 pub mod error;
 pub mod event;
+mod expired_summary;
 pub mod fasthash;
 pub mod ident;
 mod lifecycle;

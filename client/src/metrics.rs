@@ -1,0 +1,301 @@
+//! The sweeper's own metrics (`stockgate-sweeper run --metrics-addr 127.0.0.1:9380`):
+//! passes, what they did, errors by side (ledger/Postgres vs server), and the lag of the
+//! oldest expired reservation still waiting after a pass. Prometheus text on `/metrics`,
+//! served by the server crate's small HTTP server.
+//!
+//! [`run`] drives the sweeper pass by pass exactly like `Sweeper::run` (same interval,
+//! same backoff), recording each pass's report.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::client::StockgateClient;
+use crate::gate::ReservationGate;
+use crate::ledger::Ledger;
+use crate::sweeper::{PassReport, SweepError, Sweeper};
+
+#[derive(Default)]
+pub struct SweeperMetrics {
+    pub passes: AtomicU64,
+    pub passes_failed: AtomicU64,
+    pub seen: AtomicU64,
+    pub released: AtomicU64,
+    pub release_noop: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub recovered: AtomicU64,
+    pub commit_cleanup: AtomicU64,
+    pub tombstones: AtomicU64,
+    pub skipped: AtomicU64,
+    pub fenced_sales: AtomicU64,
+    pub lost_sales: AtomicU64,
+    pub ledger_errors: AtomicU64,
+    pub server_errors: AtomicU64,
+    pub other_errors: AtomicU64,
+    /// Age of the oldest reservation `EXPIRED` still lists after the last pass (ms).
+    pub lag_ms: AtomicU64,
+    pub last_pass_unix_ms: AtomicU64,
+    pub last_pass_ms: AtomicU64,
+    started: std::sync::OnceLock<Instant>,
+}
+
+fn add(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Relaxed);
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl SweeperMetrics {
+    pub fn record_pass(&self, r: &PassReport, took: Duration) {
+        add(&self.passes, 1);
+        add(&self.seen, r.seen);
+        add(&self.released, r.released);
+        add(&self.release_noop, r.release_noop);
+        add(&self.cancelled, r.cancelled_now);
+        add(
+            &self.recovered,
+            r.recovered_cancelled_by_sweeper + r.recovered_cancelled_by_buyer + r.refund_released,
+        );
+        add(&self.commit_cleanup, r.commit_cleanup);
+        add(&self.tombstones, r.tombstoned);
+        add(&self.skipped, r.skipped);
+        add(&self.lost_sales, r.lost_skus.len() as u64);
+        self.fenced_sales
+            .store(r.fenced_skus.len() as u64, Ordering::Relaxed);
+        self.last_pass_unix_ms.store(unix_ms(), Ordering::Relaxed);
+        self.last_pass_ms
+            .store(took.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn record_error(&self, e: &SweepError) {
+        add(&self.passes_failed, 1);
+        match e {
+            SweepError::Ledger(_) => add(&self.ledger_errors, 1),
+            SweepError::Gate(_) => add(&self.server_errors, 1),
+            #[allow(unreachable_patterns)]
+            _ => add(&self.other_errors, 1),
+        }
+    }
+
+    /// Prometheus text exposition, `stockgate_sweeper_` names.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut one = |name: &str, kind: &str, help: &str, v: String| {
+            let _ = write!(
+                o,
+                "# HELP stockgate_sweeper_{name} {help}\n# TYPE stockgate_sweeper_{name} {kind}\nstockgate_sweeper_{name} {v}\n"
+            );
+        };
+        let c = |a: &AtomicU64| l(a).to_string();
+        one(
+            "passes_total",
+            "counter",
+            "Passes completed.",
+            c(&self.passes),
+        );
+        one(
+            "passes_failed_total",
+            "counter",
+            "Passes that stopped on an error (retried after a backoff).",
+            c(&self.passes_failed),
+        );
+        one(
+            "expired_seen_total",
+            "counter",
+            "Expired reservations examined.",
+            c(&self.seen),
+        );
+        one(
+            "released_total",
+            "counter",
+            "Reservations whose units this sweeper returned to stock.",
+            c(&self.released),
+        );
+        one(
+            "release_noop_total",
+            "counter",
+            "RELEASE calls that found the reservation already finished (another sweeper).",
+            c(&self.release_noop),
+        );
+        one(
+            "cancelled_total",
+            "counter",
+            "PENDING orders cancelled in the ledger by this sweeper.",
+            c(&self.cancelled),
+        );
+        one(
+            "recovered_total",
+            "counter",
+            "Releases completing an earlier cancellation (crash recovery, buyer cancel, refund).",
+            c(&self.recovered),
+        );
+        one(
+            "committed_cleanup_total",
+            "counter",
+            "COMMIT cleanups of reservations the ledger holds as COMMITTED.",
+            c(&self.commit_cleanup),
+        );
+        one(
+            "tombstones_total",
+            "counter",
+            "Tombstones written for expired reservations with no order.",
+            c(&self.tombstones),
+        );
+        one(
+            "skipped_total",
+            "counter",
+            "Reservations skipped.",
+            c(&self.skipped),
+        );
+        one(
+            "fenced_sales",
+            "gauge",
+            "Sales skipped in the last pass because they are fenced.",
+            c(&self.fenced_sales),
+        );
+        one(
+            "lost_sales_total",
+            "counter",
+            "Sales fenced because the server had lost them.",
+            c(&self.lost_sales),
+        );
+        let _ = write!(
+            o,
+            "# HELP stockgate_sweeper_errors_total Failed passes by the side that failed.\n# TYPE stockgate_sweeper_errors_total counter\nstockgate_sweeper_errors_total{{source=\"ledger\"}} {}\nstockgate_sweeper_errors_total{{source=\"server\"}} {}\nstockgate_sweeper_errors_total{{source=\"other\"}} {}\n",
+            l(&self.ledger_errors),
+            l(&self.server_errors),
+            l(&self.other_errors)
+        );
+        let mut one = |name: &str, kind: &str, help: &str, v: String| {
+            let _ = write!(
+                o,
+                "# HELP stockgate_sweeper_{name} {help}\n# TYPE stockgate_sweeper_{name} {kind}\nstockgate_sweeper_{name} {v}\n"
+            );
+        };
+        one(
+            "lag_seconds",
+            "gauge",
+            "Age of the oldest expired reservation still unswept after the last pass.",
+            (l(&self.lag_ms) as f64 / 1000.0).to_string(),
+        );
+        one(
+            "last_pass_timestamp_seconds",
+            "gauge",
+            "When the last pass finished (Unix time).",
+            (l(&self.last_pass_unix_ms) as f64 / 1000.0).to_string(),
+        );
+        one(
+            "last_pass_duration_seconds",
+            "gauge",
+            "How long the last pass took.",
+            (l(&self.last_pass_ms) as f64 / 1000.0).to_string(),
+        );
+        one(
+            "uptime_seconds",
+            "gauge",
+            "Seconds since the sweeper started.",
+            self.started
+                .get()
+                .map_or(0.0, |t| t.elapsed().as_secs_f64())
+                .to_string(),
+        );
+        o
+    }
+}
+
+/// Binds `addr` (loopback unless `allow_remote`) and serves `/metrics`; `None` when no
+/// address was given.
+pub async fn serve(addr: Option<&str>) -> Result<Option<Arc<SweeperMetrics>>, String> {
+    let Some(addr) = addr else { return Ok(None) };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    if !local.ip().is_loopback() {
+        return Err(format!(
+            "--metrics-addr {addr}: not a loopback address (the endpoint has no authentication)"
+        ));
+    }
+    let m = Arc::new(SweeperMetrics::default());
+    let _ = m.started.set(Instant::now());
+    let mm = m.clone();
+    tokio::spawn(stockgate_server::metrics::http::serve_routes(
+        listener,
+        Arc::new(move |path: &str| match path {
+            "/metrics" => Some((
+                stockgate_server::metrics::http::PROM_TYPE,
+                mm.render().into_bytes(),
+            )),
+            "/healthz" => Some(("text/plain", b"ok\n".to_vec())),
+            _ => None,
+        }),
+    ));
+    info!("sweeper metrics on http://{local}/metrics");
+    Ok(Some(m))
+}
+
+/// Age of the oldest reservation the server still lists as expired (0 if none).
+async fn probe_lag(probe: &StockgateClient) -> Option<u64> {
+    let oldest = probe.expired(1, None).await.ok()?;
+    Some(oldest.first().map_or(0, |r| {
+        unix_ms().saturating_sub(r.expires_at_ms.max(0) as u64)
+    }))
+}
+
+/// Runs passes until `stop`, like `Sweeper::run`, recording each into `metrics`.
+/// Without metrics it is `Sweeper::run` itself.
+pub async fn run<L: Ledger, G: ReservationGate>(
+    sweeper: &Sweeper<L, G>,
+    probe: StockgateClient,
+    metrics: Option<Arc<SweeperMetrics>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let Some(m) = metrics else {
+        return sweeper.run(stop).await;
+    };
+    let cfg = sweeper.config().clone();
+    let floor = (cfg.interval / 10).max(Duration::from_millis(50));
+    let mut backoff = floor;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let t = Instant::now();
+        let wait = match sweeper.run_pass().await {
+            Ok(r) => {
+                backoff = floor;
+                m.record_pass(&r, t.elapsed());
+                if r.seen > 0 || !r.lost_skus.is_empty() {
+                    info!(?r, "sweeper pass");
+                } else {
+                    debug!("sweeper pass: nothing expired");
+                }
+                cfg.interval
+            }
+            Err(e) => {
+                m.record_error(&e);
+                warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "sweeper pass failed; backing off");
+                let w = backoff;
+                backoff = (backoff * 2).min(cfg.max_backoff.max(floor));
+                w
+            }
+        };
+        if let Some(lag) = probe_lag(&probe).await {
+            m.lag_ms.store(lag, Ordering::Relaxed);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! The metrics endpoint (`--metrics-addr`): a minimal HTTP/1.1 server on tokio, GET only,
+//! one request per connection. `/metrics` (Prometheus text), `/json` (what the status
+//! page polls), `/` (the status page), `/healthz`. No framework: four routes do not need
+//! one, and every request is bounded in size, time and concurrency.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use super::{prom, view, HistoryPoint, SaleEvent};
+use crate::engine::Engine;
+use crate::server::Shared;
+
+const STATUS_PAGE: &str = include_str!("status.html");
+const MAX_REQUEST: usize = 8 * 1024;
+const MAX_CONCURRENT: usize = 32;
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A route's answer: content type and body; `None` is a 404.
+pub type Routed = Option<(&'static str, Vec<u8>)>;
+
+/// Serves the stockgate routes until the task is dropped.
+pub async fn serve(listener: TcpListener, engine: Arc<Engine>, shared: Arc<Shared>) {
+    serve_routes(
+        listener,
+        Arc::new(move |path: &str| -> Routed {
+            // Rendering takes each engine stripe lock briefly, as EXPIRED does.
+            match path {
+                "/metrics" => Some((PROM_TYPE, prom::render(&engine, &shared).into_bytes())),
+                "/json" => Some(("application/json", json(&engine, &shared).into_bytes())),
+                "/" | "/index.html" => {
+                    Some(("text/html; charset=utf-8", STATUS_PAGE.as_bytes().to_vec()))
+                }
+                "/healthz" => Some(("text/plain", b"ok\n".to_vec())),
+                _ => None,
+            }
+        }),
+    )
+    .await
+}
+
+/// The Prometheus text exposition content type.
+pub const PROM_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A bounded GET-only HTTP/1.1 server over `route` (also used by the sweeper binary).
+pub async fn serve_routes(listener: TcpListener, route: Arc<dyn Fn(&str) -> Routed + Send + Sync>) {
+    let permits = Arc::new(Semaphore::new(MAX_CONCURRENT));
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            // Busy: drop the connection rather than queue without bound.
+            continue;
+        };
+        let route = route.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(IO_TIMEOUT, handle(stream, route.as_ref())).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn handle(
+    mut s: TcpStream,
+    route: &(dyn Fn(&str) -> Routed + Send + Sync),
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > MAX_REQUEST {
+            return respond(
+                &mut s,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                b"",
+            )
+            .await;
+        }
+    }
+    let line = buf.split(|&b| b == b'\r').next().unwrap_or(&[]);
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split(' ');
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    if method != "GET" && method != "HEAD" {
+        return respond(
+            &mut s,
+            "405 Method Not Allowed",
+            "text/plain",
+            b"GET only\n",
+        )
+        .await;
+    }
+    let (status, ctype, body) = match route(path) {
+        Some((ctype, body)) => ("200 OK", ctype, body),
+        None => ("404 Not Found", "text/plain", b"not found\n".to_vec()),
+    };
+    let body = if method == "HEAD" { Vec::new() } else { body };
+    respond(&mut s, status, ctype, &body).await
+}
+
+async fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &[u8]) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await?;
+    s.write_all(body).await?;
+    s.shutdown().await
+}
+
+/// JSON string literal.
+fn js(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// Sales shown on the status page (the page is for humans; Prometheus has the rest).
+const JSON_SALES: usize = 200;
+
+/// What the status page (and anyone else) polls: the same figures as `top`.
+pub fn json(engine: &Engine, shared: &Shared) -> String {
+    let m = &shared.metrics;
+    let mut o = String::with_capacity(8 * 1024);
+    let stats = view::server_stats(shared);
+    let get = |k: &str| stats.iter().find(|(n, _)| *n == k).map_or(0, |(_, v)| *v);
+    let fields = view::persistence_fields(shared);
+    let last = view::persistence_u64(&fields, "wal_last_lsn");
+    let durable = view::persistence_u64(&fields, "wal_durable_lsn");
+    let _ = write!(
+        o,
+        "{{\"uptime_s\":{},\"connected_clients\":{},\"commands_processed\":{},\"wal\":{{\"enabled\":{},\"last_lsn\":{last},\"durable_lsn\":{durable},\"pending\":{}}},\"sales\":[",
+        shared.started.elapsed().as_secs(),
+        shared.stats.connected.load(Ordering::Relaxed),
+        get("total_commands_processed"),
+        fields.iter().any(|(k, _)| k == "wal_last_lsn"),
+        last.saturating_sub(durable),
+    );
+    for (i, r) in view::sales(engine, shared, JSON_SALES).iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        let _ = write!(
+            o,
+            "{{\"sku\":{},\"state\":{},\"total\":{},\"available\":{},\"reserved\":{},\"committed\":{},\"outcomes\":{{",
+            js(&r.sku),
+            js(r.state),
+            r.total,
+            r.available,
+            r.reserved,
+            r.committed
+        );
+        for (j, name) in super::SALE_EVENT_NAMES.iter().enumerate() {
+            if j > 0 {
+                o.push(',');
+            }
+            let _ = write!(o, "\"{name}\":{}", r.outcomes[j]);
+        }
+        let _ = write!(
+            o,
+            "}},\"expired_pending\":{},\"oldest_expired_age_ms\":{}}}",
+            r.expired, r.oldest_expired_age_ms
+        );
+    }
+    o.push_str("],\"commands\":[");
+    let mut first = true;
+    for c in m.commands().iter().filter(|c| c.calls > 0) {
+        if !first {
+            o.push(',');
+        }
+        first = false;
+        let (p50, p99) = c.hist.as_ref().map_or((0.0, 0.0), |h| {
+            (
+                h.value_at_percentile(50.0) as f64 / 1000.0,
+                h.value_at_percentile(99.0) as f64 / 1000.0,
+            )
+        });
+        let _ = write!(
+            o,
+            "{{\"cmd\":{},\"calls\":{},\"failed\":{},\"rejected\":{},\"usec_per_call\":{:.2},\"p50_us\":{p50:.3},\"p99_us\":{p99:.3}}}",
+            js(c.name),
+            c.calls,
+            c.failed,
+            c.rejected,
+            c.usec_per_call()
+        );
+    }
+    let (errors, total) = m.errors();
+    let _ = write!(o, "],\"error_replies\":{total},\"errors\":{{");
+    for (i, (code, n)) in errors.iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        let _ = write!(o, "{}:{n}", js(code));
+    }
+    o.push_str("},\"history\":[");
+    for (i, p) in m.history.lock().iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        let _ = write!(
+            o,
+            "[{},{},{},{},{}]",
+            p.unix_ms, p.commands, p.reserved, p.soldout, p.errors
+        );
+    }
+    o.push_str("]}");
+    o
+}
+
+/// Once a second: a point for the rate chart and INFO's `instantaneous_ops_per_sec`.
+pub async fn sample_loop(engine: Arc<Engine>, shared: Arc<Shared>) {
+    let mut iv = tokio::time::interval(Duration::from_secs(1));
+    iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        iv.tick().await;
+        shared.metrics.push_history(history_point(&engine, &shared));
+    }
+}
+
+fn history_point(engine: &Engine, shared: &Shared) -> HistoryPoint {
+    let m = &shared.metrics;
+    let mut reserved = 0;
+    let mut soldout = 0;
+    for sku in engine.list_sales() {
+        let t = m.sale_totals(&sku);
+        reserved += t[SaleEvent::Reserved as usize];
+        soldout += t[SaleEvent::SoldOut as usize];
+    }
+    let o = m.other_sale_totals();
+    reserved += o[SaleEvent::Reserved as usize];
+    soldout += o[SaleEvent::SoldOut as usize];
+    HistoryPoint {
+        unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        commands: shared.stats.commands.load(Ordering::Relaxed),
+        reserved,
+        soldout,
+        errors: m.errors().1,
+    }
+}

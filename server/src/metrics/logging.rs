@@ -1,0 +1,74 @@
+//! Logs through `tracing`: plain text (colour only when stderr is a terminal, so files and
+//! journald get no escape codes) or JSON lines for log shippers; the level from a flag or
+//! the environment. Also the one-line-per-lifecycle-event log of sale administration.
+
+use std::io::IsTerminal as _;
+
+use bytes::Bytes;
+
+use crate::protocol::Reply;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Installs the global subscriber. `level` (a filter such as `info` or
+/// `stockgate=debug`) wins over the environment variable `env_var`, then `RUST_LOG`,
+/// then `info`.
+pub fn init(format: LogFormat, level: Option<&str>, env_var: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = level
+        .and_then(|l| EnvFilter::try_new(l).ok())
+        .or_else(|| EnvFilter::try_from_env(env_var).ok())
+        .or_else(|| EnvFilter::try_from_default_env().ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    let r = match format {
+        LogFormat::Text => b.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        LogFormat::Json => b.json().with_ansi(false).try_init(),
+    };
+    // A subscriber already installed (tests, embedding) keeps working.
+    let _ = r;
+}
+
+/// One info line per successful sale-administration command (never per request).
+pub fn lifecycle(cmd: &str, argv: &[Bytes], reply: &Reply) {
+    let what = match cmd {
+        "sale.create" => "created",
+        "sale.pause" => "paused",
+        "sale.resume" => "resumed",
+        "sale.adjust" => "adjusted",
+        "sale.fence" => "fenced",
+        "sale.rebuild" => "rebuilt",
+        _ => return,
+    };
+    if reply.is_error() {
+        return;
+    }
+    let sku = argv
+        .get(1)
+        .map(|s| {
+            String::from_utf8_lossy(s)
+                .chars()
+                .take(64)
+                .collect::<String>()
+        })
+        .unwrap_or_default();
+    let detail: Vec<String> = argv
+        .iter()
+        .skip(2)
+        .take(10)
+        .map(|a| String::from_utf8_lossy(a).chars().take(64).collect())
+        .collect();
+    match reply {
+        Reply::Int(n) => {
+            tracing::info!(sku = %sku, args = %detail.join(" "), result = n, "sale {what}")
+        }
+        _ => tracing::info!(sku = %sku, args = %detail.join(" "), "sale {what}"),
+    }
+}

@@ -1,0 +1,599 @@
+//! Operational metrics: per-command counters and latency histograms, error counts per
+//! error code, the slow log, and reserve outcomes per sale. `INFO`, `LATENCY HISTOGRAM`,
+//! `SLOWLOG`, the Prometheus/JSON endpoint and `stockgate top` all read these.
+//!
+//! Cost on the hot path: a connection records each command into its own [`Recorder`]
+//! (two clock reads, a table lookup, a push into a local vector) and publishes the batch
+//! once, before the batch's replies are written, into the stripe of the worker thread it
+//! runs on (one uncontended lock per pipelined batch). Readers merge all stripes. Per-sale
+//! outcome counters are striped per thread the same way, so two threads selling the same
+//! hot SKU never share a cache line.
+//!
+//! This module depends only on the engine's public views and the command table.
+
+pub mod http;
+pub mod info;
+pub mod logging;
+pub mod prom;
+pub mod slowlog;
+pub mod sys;
+pub mod top;
+pub mod view;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use crossbeam::utils::CachePadded;
+use hdrhistogram::Histogram;
+use parking_lot::{Mutex, RwLock};
+
+use crate::cmd::table::{self, COMMANDS};
+use crate::cmd::{Ctx, Outcome};
+use crate::protocol::Reply;
+
+pub use slowlog::{SlowEntry, SlowLog};
+
+/// Stripes for per-thread accumulation. More than the worker threads of any sane
+/// deployment; a collision only costs contention, never correctness.
+const STRIPES: usize = 16;
+/// Distinct error codes tracked, as Redis's `ERROR_STATS_NUMBER`: a client inventing
+/// error codes cannot grow the table without bound.
+pub const MAX_ERROR_CODES: usize = 128;
+/// Sales whose outcomes are tracked individually; later ones are counted under
+/// [`OTHER_SALES`]. Bounds memory (≈ 2 KiB per tracked sale).
+pub const MAX_TRACKED_SALES: usize = 1024;
+pub const OTHER_SALES: &str = "_other";
+/// Redis's histogram range and precision: 1 ns .. 1 s, two significant digits.
+const HIST_MIN_NS: u64 = 1;
+const HIST_MAX_NS: u64 = 1_000_000_000;
+const HIST_SIGFIG: u8 = 2;
+/// One sample per second for the status page's chart: ten minutes.
+pub const HISTORY_LEN: usize = 600;
+
+/// Per-sale outcome counter slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum SaleEvent {
+    Reserved = 0,
+    Replay,
+    SoldOut,
+    Limit,
+    Denied,
+    Paused,
+    Fenced,
+    Release,
+    Commit,
+}
+pub const SALE_EVENTS: usize = 9;
+pub const SALE_EVENT_NAMES: [&str; SALE_EVENTS] = [
+    "reserved", "replay", "soldout", "limit", "denied", "paused", "fenced", "release", "commit",
+];
+
+fn new_hist() -> Option<Histogram<u64>> {
+    Histogram::new_with_bounds(HIST_MIN_NS, HIST_MAX_NS, HIST_SIGFIG).ok()
+}
+
+thread_local! {
+    /// The stripe this thread publishes into, assigned round-robin on first use.
+    static STRIPE: usize = {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES
+    };
+}
+
+fn my_stripe() -> usize {
+    STRIPE.with(|s| *s)
+}
+
+#[derive(Default)]
+struct CmdCell {
+    calls: u64,
+    nanos: u64,
+    rejected: u64,
+    failed: u64,
+    /// Allocated on the first call: most commands are never used.
+    hist: Option<Box<Histogram<u64>>>,
+}
+
+#[derive(Default)]
+struct Stripe {
+    cmds: Vec<CmdCell>,
+    errors: HashMap<Box<str>, u64>,
+    error_replies: u64,
+}
+
+/// One sale's outcome counters, one cache-line-padded row per stripe.
+pub struct SaleCounters {
+    rows: Box<[CachePadded<[AtomicU64; SALE_EVENTS]>]>,
+}
+
+impl SaleCounters {
+    fn new() -> Self {
+        SaleCounters {
+            rows: (0..STRIPES)
+                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+        }
+    }
+
+    fn add(&self, ev: SaleEvent) {
+        self.rows[my_stripe()][ev as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn totals(&self) -> [u64; SALE_EVENTS] {
+        let mut out = [0u64; SALE_EVENTS];
+        for row in self.rows.iter() {
+            for (o, c) in out.iter_mut().zip(row.iter()) {
+                *o += c.load(Ordering::Relaxed);
+            }
+        }
+        out
+    }
+
+    fn reset(&self) {
+        for row in self.rows.iter() {
+            for c in row.iter() {
+                c.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Merged counters of one command.
+#[derive(Clone)]
+pub struct CmdStats {
+    pub name: &'static str,
+    pub calls: u64,
+    pub nanos: u64,
+    pub rejected: u64,
+    pub failed: u64,
+    pub hist: Option<Histogram<u64>>,
+}
+
+impl CmdStats {
+    pub fn usec(&self) -> u64 {
+        self.nanos / 1000
+    }
+    pub fn usec_per_call(&self) -> f64 {
+        if self.calls == 0 {
+            0.0
+        } else {
+            self.nanos as f64 / 1000.0 / self.calls as f64
+        }
+    }
+}
+
+/// One point of the status page's rate chart.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HistoryPoint {
+    pub unix_ms: u64,
+    pub commands: u64,
+    pub reserved: u64,
+    pub soldout: u64,
+    pub errors: u64,
+}
+
+pub struct Metrics {
+    stripes: Box<[CachePadded<Mutex<Stripe>>]>,
+    sales: RwLock<HashMap<Arc<str>, Arc<SaleCounters>>>,
+    other_sales: Arc<SaleCounters>,
+    pub slowlog: Mutex<SlowLog>,
+    /// µs; negative disables the slow log, 0 logs every command (Redis semantics).
+    pub slowlog_slower_than: AtomicI64,
+    /// Sales shown with their own `sku` label on the Prometheus endpoint.
+    pub max_label_sales: AtomicUsize,
+    pub history: Mutex<VecDeque<HistoryPoint>>,
+    pub peak_memory: AtomicU64,
+    /// `master_replid` of INFO replication: random per process, as Redis's.
+    pub run_id: String,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let run_id: String = (0..40)
+            .map(|_| char::from(b"0123456789abcdef"[rand::random::<usize>() % 16]))
+            .collect();
+        Metrics {
+            stripes: (0..STRIPES)
+                .map(|_| {
+                    CachePadded::new(Mutex::new(Stripe {
+                        cmds: (0..COMMANDS.len()).map(|_| CmdCell::default()).collect(),
+                        ..Stripe::default()
+                    }))
+                })
+                .collect(),
+            sales: RwLock::new(HashMap::new()),
+            other_sales: Arc::new(SaleCounters::new()),
+            slowlog: Mutex::new(SlowLog::new(128)),
+            slowlog_slower_than: AtomicI64::new(10_000),
+            max_label_sales: AtomicUsize::new(50),
+            history: Mutex::new(VecDeque::with_capacity(HISTORY_LEN)),
+            peak_memory: AtomicU64::new(0),
+            run_id,
+        }
+    }
+
+    /// Applies the command-line settings (`--slowlog-*`, `--metrics-max-sales`).
+    pub fn configure(&self, slower_than_us: i64, slowlog_max_len: usize, max_label_sales: usize) {
+        self.slowlog_slower_than
+            .store(slower_than_us, Ordering::Relaxed);
+        self.slowlog.lock().set_max_len(slowlog_max_len);
+        self.max_label_sales
+            .store(max_label_sales, Ordering::Relaxed);
+    }
+
+    /// A connection's private accumulator.
+    pub fn recorder(&self) -> Recorder {
+        Recorder {
+            samples: Vec::with_capacity(32),
+            errors: Vec::new(),
+            sale: None,
+            last_name: ([0; 24], usize::MAX),
+            last_cmd: 0,
+            last_end: None,
+        }
+    }
+
+    fn sale_counters(&self, sku: &[u8]) -> Arc<SaleCounters> {
+        let Ok(sku) = std::str::from_utf8(sku) else {
+            return self.other_sales.clone();
+        };
+        if let Some(c) = self.sales.read().get(sku) {
+            return c.clone();
+        }
+        let mut w = self.sales.write();
+        if let Some(c) = w.get(sku) {
+            return c.clone();
+        }
+        if w.len() >= MAX_TRACKED_SALES {
+            return self.other_sales.clone();
+        }
+        let c = Arc::new(SaleCounters::new());
+        w.insert(Arc::from(sku), c.clone());
+        c
+    }
+
+    /// Outcome totals of one sale (zeros if it never saw a command).
+    pub fn sale_totals(&self, sku: &str) -> [u64; SALE_EVENTS] {
+        self.sales
+            .read()
+            .get(sku)
+            .map(|c| c.totals())
+            .unwrap_or([0; SALE_EVENTS])
+    }
+
+    /// Outcomes of sales beyond [`MAX_TRACKED_SALES`].
+    pub fn other_sale_totals(&self) -> [u64; SALE_EVENTS] {
+        self.other_sales.totals()
+    }
+
+    /// Every command's merged counters, in command-table order.
+    pub fn commands(&self) -> Vec<CmdStats> {
+        let mut out: Vec<CmdStats> = COMMANDS
+            .iter()
+            .map(|s| CmdStats {
+                name: s.name,
+                calls: 0,
+                nanos: 0,
+                rejected: 0,
+                failed: 0,
+                hist: None,
+            })
+            .collect();
+        for s in self.stripes.iter() {
+            let st = s.lock();
+            for (o, c) in out.iter_mut().zip(st.cmds.iter()) {
+                o.calls += c.calls;
+                o.nanos += c.nanos;
+                o.rejected += c.rejected;
+                o.failed += c.failed;
+                if let Some(h) = &c.hist {
+                    match &mut o.hist {
+                        Some(m) => {
+                            // Same bounds on both sides: cannot fail.
+                            let _ = m.add(h.as_ref());
+                        }
+                        None => o.hist = Some(h.as_ref().clone()),
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Error replies per error code (the first word of the error), sorted by code, and
+    /// the total number of error replies.
+    pub fn errors(&self) -> (Vec<(String, u64)>, u64) {
+        let mut m: HashMap<String, u64> = HashMap::new();
+        let mut total = 0;
+        for s in self.stripes.iter() {
+            let st = s.lock();
+            total += st.error_replies;
+            for (k, v) in &st.errors {
+                *m.entry(k.to_string()).or_default() += v;
+            }
+        }
+        let mut v: Vec<_> = m.into_iter().collect();
+        v.sort();
+        (v, total)
+    }
+
+    /// `CONFIG RESETSTAT`: command, error and sale-outcome counters back to zero.
+    pub fn reset(&self) {
+        for s in self.stripes.iter() {
+            let mut st = s.lock();
+            for c in st.cmds.iter_mut() {
+                *c = CmdCell::default();
+            }
+            st.errors.clear();
+            st.error_replies = 0;
+        }
+        for c in self.sales.read().values() {
+            c.reset();
+        }
+        self.other_sales.reset();
+        self.history.lock().clear();
+    }
+
+    /// Appends a chart point (called once a second by the sampler).
+    pub fn push_history(&self, p: HistoryPoint) {
+        let mut h = self.history.lock();
+        if h.len() >= HISTORY_LEN {
+            h.pop_front();
+        }
+        h.push_back(p);
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Ok,
+    Failed,
+    Rejected,
+}
+
+struct Sample {
+    cmd: u16,
+    nanos: u64,
+    kind: Kind,
+}
+
+/// A connection's accumulator: commands of the current batch, published by
+/// [`Recorder::flush`] before the batch's replies leave.
+pub struct Recorder {
+    samples: Vec<Sample>,
+    errors: Vec<Box<str>>,
+    /// The last sale this connection touched: a hot connection sells one SKU, so the
+    /// shared map is consulted once, not per command.
+    sale: Option<(Box<[u8]>, Arc<SaleCounters>)>,
+    /// The last command name as the client spelled it, and its index: a connection
+    /// mostly repeats one command, so an exact byte compare usually finds it.
+    /// (A copy, not a `Bytes` clone, which would pin the whole read buffer.)
+    last_name: ([u8; 24], usize),
+    last_cmd: usize,
+    /// When the previous command of this batch ended (`None` between batches, so idle
+    /// time is never counted).
+    last_end: Option<Instant>,
+}
+
+/// Index of a command in [`COMMANDS`], without allocating.
+fn command_index(name: &[u8]) -> Option<usize> {
+    COMMANDS
+        .iter()
+        .position(|s| s.name.len() == name.len() && s.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// The error code of an error reply: its first word, as Redis's errorstats.
+pub fn error_code(e: &str) -> &str {
+    e.split(' ').next().unwrap_or(e)
+}
+
+/// The `{sku}` hash tag a reservation token starts with.
+fn token_sku(token: &[u8]) -> Option<&[u8]> {
+    let rest = token.strip_prefix(b"{")?;
+    let end = rest.iter().position(|&b| b == b'}')?;
+    (end > 0).then(|| &rest[..end])
+}
+
+/// Runs one command through [`crate::cmd::dispatch`] and records it: the single hook of
+/// metrics into command execution.
+///
+/// Transactions as Redis counts them: a command queued after `MULTI` is not a call (a
+/// queue-time refusal still counts as rejected); `EXEC` is a call, and so is each command
+/// it runs, with its reply (so RESERVE outcomes inside a transaction are counted). The
+/// commands inside share `EXEC`'s time evenly: the dispatcher does not time them apart.
+pub fn dispatch_timed(rec: &mut Recorder, ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
+    let mut queuing = false;
+    let mut exec_queue: Option<Vec<Vec<Bytes>>> = None;
+    if let Some(q) = ctx.conn.multi.as_ref() {
+        let name = argv.first().map(|n| n.as_ref()).unwrap_or(b"");
+        if name.eq_ignore_ascii_case(b"exec") {
+            exec_queue = (!q.aborted).then(|| q.commands.clone());
+        } else if !command_index(name)
+            .is_some_and(|i| crate::cmd::multi::runs_at_once(&COMMANDS[i]))
+        {
+            queuing = true;
+        }
+    }
+    // One clock read per command: within a batch a command's time starts where the
+    // previous one's ended (so it includes its own parsing). A clock read costs 50-70 ns
+    // on this project's VMs, as much as everything else the hook does.
+    let t0 = rec.last_end.take().unwrap_or_else(Instant::now);
+    let o = crate::cmd::dispatch(ctx, argv);
+    let t1 = Instant::now();
+    rec.last_end = Some(t1);
+    let nanos = t1.saturating_duration_since(t0).as_nanos() as u64;
+    if queuing && !o.reply.is_error() {
+        return o;
+    }
+    rec.record(ctx, argv, &o.reply, nanos);
+    if let (Some(queue), Reply::Array(replies)) = (exec_queue, &o.reply) {
+        if queue.len() == replies.len() && !queue.is_empty() {
+            let each = nanos / queue.len() as u64;
+            for (a, r) in queue.iter().zip(replies) {
+                rec.record(ctx, a, r, each);
+            }
+        }
+    }
+    o
+}
+
+impl Recorder {
+    fn record(&mut self, ctx: &Ctx<'_>, argv: &[Bytes], reply: &Reply, nanos: u64) {
+        let Some(name) = argv.first() else { return };
+        let (buf, len) = &self.last_name;
+        let idx = if *len == name.len() && buf[..*len] == name[..] {
+            Some(self.last_cmd)
+        } else {
+            let i = command_index(name);
+            if let (Some(i), Some(dst)) = (i, self.last_name.0.get_mut(..name.len())) {
+                dst.copy_from_slice(name);
+                self.last_name.1 = name.len();
+                self.last_cmd = i;
+            }
+            i
+        };
+        let err = match reply {
+            Reply::Error(e) => Some(e.as_str()),
+            _ => None,
+        };
+        if let Some(e) = err {
+            self.errors.push(error_code(e).into());
+        }
+        let Some(idx) = idx else {
+            // Unknown command: an error reply, no command counters (as Redis).
+            return;
+        };
+        let spec = &COMMANDS[idx];
+        let kind = match err {
+            None => Kind::Ok,
+            Some(e) => {
+                let code = error_code(e);
+                if code == "NOAUTH" || code == "NOPERM" || !table::arity_ok(spec, argv.len()) {
+                    Kind::Rejected
+                } else {
+                    Kind::Failed
+                }
+            }
+        };
+        self.samples.push(Sample {
+            cmd: idx as u16,
+            nanos,
+            kind,
+        });
+        self.count_sale(ctx, spec.name, argv, reply);
+        let m = &ctx.shared.metrics;
+        let slower = m.slowlog_slower_than.load(Ordering::Relaxed);
+        if slower >= 0 && !matches!(kind, Kind::Rejected) && (nanos / 1000) as i64 >= slower {
+            m.slowlog.lock().push(
+                spec.name,
+                argv,
+                nanos / 1000,
+                &ctx.conn.addr,
+                ctx.conn.name.as_deref().unwrap_or(""),
+            );
+        }
+        if spec.name.starts_with("sale.") {
+            logging::lifecycle(spec.name, argv, reply);
+        }
+    }
+
+    fn count_sale(&mut self, ctx: &Ctx<'_>, name: &str, argv: &[Bytes], reply: &Reply) {
+        let (sku, ev) = match name {
+            "reserve" => {
+                let ev = match reply {
+                    Reply::Array(items) => match items.first() {
+                        Some(Reply::Bulk(b)) => match b.as_slice() {
+                            b"RESERVED" => SaleEvent::Reserved,
+                            b"REPLAY" => SaleEvent::Replay,
+                            b"SOLDOUT" => SaleEvent::SoldOut,
+                            b"LIMIT" => SaleEvent::Limit,
+                            _ => return,
+                        },
+                        _ => return,
+                    },
+                    Reply::Error(e) => match error_code(e) {
+                        "DENIED" => SaleEvent::Denied,
+                        "PAUSED" => SaleEvent::Paused,
+                        "FENCED" => SaleEvent::Fenced,
+                        // NOSALE and argument errors: no sale to count against.
+                        _ => return,
+                    },
+                    _ => return,
+                };
+                let Some(sku) = argv.get(1) else { return };
+                (sku.as_ref(), ev)
+            }
+            "release" | "commit" if matches!(reply, Reply::Int(1)) => {
+                let Some(sku) = argv.get(1).and_then(|t| token_sku(t)) else {
+                    return;
+                };
+                let ev = if name == "release" {
+                    SaleEvent::Release
+                } else {
+                    SaleEvent::Commit
+                };
+                (sku, ev)
+            }
+            _ => return,
+        };
+        match &self.sale {
+            Some((k, c)) if k.as_ref() == sku => c.add(ev),
+            _ => {
+                let c = ctx.shared.metrics.sale_counters(sku);
+                c.add(ev);
+                self.sale = Some((sku.into(), c));
+            }
+        }
+    }
+
+    /// Publishes what this connection recorded since the last flush.
+    pub fn flush(&mut self, m: &Metrics) {
+        self.last_end = None;
+        if self.samples.is_empty() && self.errors.is_empty() {
+            return;
+        }
+        let mut st = m.stripes[my_stripe()].lock();
+        for s in self.samples.drain(..) {
+            let Some(c) = st.cmds.get_mut(s.cmd as usize) else {
+                continue;
+            };
+            match s.kind {
+                Kind::Rejected => {
+                    c.rejected += 1;
+                    continue;
+                }
+                Kind::Failed => c.failed += 1,
+                Kind::Ok => {}
+            }
+            c.calls += 1;
+            c.nanos += s.nanos;
+            if c.hist.is_none() {
+                c.hist = new_hist().map(Box::new);
+            }
+            if let Some(h) = c.hist.as_mut() {
+                h.saturating_record(s.nanos.clamp(HIST_MIN_NS, HIST_MAX_NS));
+            }
+        }
+        for code in self.errors.drain(..) {
+            st.error_replies += 1;
+            if let Some(n) = st.errors.get_mut(&code) {
+                *n += 1;
+            } else if st.errors.len() < MAX_ERROR_CODES {
+                st.errors.insert(code, 1);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,124 @@
+//! The slow log: a bounded ring of the commands that took at least
+//! `--slowlog-log-slower-than` µs, in Redis's `SLOWLOG GET` shape.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use crate::protocol::Reply;
+
+/// Redis's `SLOWLOG_ENTRY_MAX_ARGC` and `SLOWLOG_ENTRY_MAX_STRING`.
+const MAX_ARGC: usize = 32;
+const MAX_STRING: usize = 128;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlowEntry {
+    pub id: u64,
+    pub unix_secs: u64,
+    pub micros: u64,
+    pub argv: Vec<Vec<u8>>,
+    pub addr: String,
+    pub name: String,
+}
+
+pub struct SlowLog {
+    entries: VecDeque<SlowEntry>,
+    max_len: usize,
+    next_id: u64,
+}
+
+/// Arguments that are credentials are not kept: passwords (`AUTH`, `HELLO ... AUTH`)
+/// and the admission token of `RESERVE` (a bearer token while it is valid).
+fn redacted(cmd: &str, i: usize, argv: &[Bytes]) -> bool {
+    match cmd {
+        "auth" => i >= 1,
+        "hello" => argv.iter().take(i).any(|a| a.eq_ignore_ascii_case(b"AUTH")),
+        "reserve" => i == 3,
+        _ => false,
+    }
+}
+
+impl SlowLog {
+    pub fn new(max_len: usize) -> Self {
+        SlowLog {
+            entries: VecDeque::new(),
+            max_len,
+            next_id: 0,
+        }
+    }
+
+    pub fn set_max_len(&mut self, n: usize) {
+        self.max_len = n;
+        self.entries.truncate(n);
+    }
+
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn reset(&mut self) {
+        self.entries.clear();
+    }
+
+    pub fn push(&mut self, cmd: &str, argv: &[Bytes], micros: u64, addr: &str, name: &str) {
+        if self.max_len == 0 {
+            return;
+        }
+        let n = argv.len().min(MAX_ARGC);
+        let mut args = Vec::with_capacity(n);
+        for (i, a) in argv.iter().take(n).enumerate() {
+            if n != argv.len() && i == n - 1 {
+                args.push(format!("... ({} more arguments)", argv.len() - n + 1).into_bytes());
+            } else if redacted(cmd, i, argv) {
+                args.push(b"(redacted)".to_vec());
+            } else if a.len() > MAX_STRING {
+                let mut s = a[..MAX_STRING].to_vec();
+                s.extend_from_slice(
+                    format!("... ({} more bytes)", a.len() - MAX_STRING).as_bytes(),
+                );
+                args.push(s);
+            } else {
+                args.push(a.to_vec());
+            }
+        }
+        let unix_secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        self.entries.push_front(SlowEntry {
+            id: self.next_id,
+            unix_secs,
+            micros,
+            argv: args,
+            addr: addr.to_string(),
+            name: name.to_string(),
+        });
+        self.next_id += 1;
+        self.entries.truncate(self.max_len);
+    }
+
+    /// Newest first, at most `count`.
+    pub fn get(&self, count: usize) -> Vec<SlowEntry> {
+        self.entries.iter().take(count).cloned().collect()
+    }
+}
+
+/// `SLOWLOG GET` entry: `[id, timestamp, micros, [args], client addr, client name]`.
+pub fn entry_reply(e: &SlowEntry) -> Reply {
+    Reply::Array(vec![
+        Reply::Int(e.id as i64),
+        Reply::Int(e.unix_secs as i64),
+        Reply::Int(e.micros as i64),
+        Reply::Array(e.argv.iter().map(|a| Reply::Bulk(a.clone())).collect()),
+        Reply::bulk(&e.addr),
+        Reply::bulk(&e.name),
+    ])
+}

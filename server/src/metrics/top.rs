@@ -1,0 +1,558 @@
+//! `stockgate top`: a terminal view of a running server, polled once a second over RESP
+//! (`INFO everything` and `LATENCY HISTOGRAM reserve`), so it works against any server an
+//! operator can reach with redis-cli. Rates and the reserve p99 are over the last poll
+//! interval, not since start.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
+use ratatui::{Frame, Terminal};
+
+/// A RESP reply, as far as `top` needs one.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Str(Vec<u8>),
+    Int(i64),
+    Err(String),
+    Nil,
+    Arr(Vec<Value>),
+}
+
+/// Replies larger than this are refused (a confused or hostile peer).
+const MAX_BULK: usize = 64 * 1024 * 1024;
+const MAX_DEPTH: usize = 8;
+
+pub fn read_value(r: &mut impl BufRead, depth: usize) -> std::io::Result<Value> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+    if depth > MAX_DEPTH {
+        return Err(bad("reply nested too deep"));
+    }
+    let mut line = Vec::new();
+    r.read_until(b'\n', &mut line)?;
+    if line.len() < 3 {
+        return Err(bad("connection closed"));
+    }
+    let body = String::from_utf8_lossy(&line[1..line.len() - 2]).to_string();
+    let num = || body.parse::<i64>().map_err(|_| bad("bad length"));
+    match line[0] {
+        b'+' => Ok(Value::Str(body.into_bytes())),
+        b'-' => Ok(Value::Err(body)),
+        b':' => Ok(Value::Int(num()?)),
+        b'_' => Ok(Value::Nil),
+        b'$' | b'=' => {
+            let n = num()?;
+            if n < 0 {
+                return Ok(Value::Nil);
+            }
+            let n = n as usize;
+            if n > MAX_BULK {
+                return Err(bad("reply too large"));
+            }
+            let mut buf = vec![0u8; n + 2];
+            r.read_exact(&mut buf)?;
+            buf.truncate(n);
+            Ok(Value::Str(buf))
+        }
+        b'*' | b'%' | b'~' => {
+            let n = num()?;
+            if n < 0 {
+                return Ok(Value::Nil);
+            }
+            let n = (n as usize) * if line[0] == b'%' { 2 } else { 1 };
+            let mut v = Vec::with_capacity(n.min(1024));
+            for _ in 0..n {
+                v.push(read_value(r, depth + 1)?);
+            }
+            Ok(Value::Arr(v))
+        }
+        _ => Err(bad("unexpected reply type")),
+    }
+}
+
+/// A blocking connection to the server.
+pub struct Conn {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Conn {
+    pub fn open(addr: &str, auth: Option<(&str, &str)>) -> std::io::Result<Conn> {
+        // Bounded: an unreachable host must not freeze the view for minutes.
+        let sa = std::net::ToSocketAddrs::to_socket_addrs(addr)?
+            .next()
+            .ok_or_else(|| std::io::Error::other("address resolves to nothing"))?;
+        let w = TcpStream::connect_timeout(&sa, Duration::from_secs(3))?;
+        w.set_read_timeout(Some(Duration::from_secs(5)))?;
+        w.set_write_timeout(Some(Duration::from_secs(5)))?;
+        let r = BufReader::new(w.try_clone()?);
+        let mut c = Conn { w, r };
+        if let Some((u, p)) = auth {
+            if let Value::Err(e) = c.call(&["AUTH", u, p])? {
+                return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, e));
+            }
+        }
+        Ok(c)
+    }
+
+    pub fn call(&mut self, args: &[&str]) -> std::io::Result<Value> {
+        let mut req = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            req.extend_from_slice(a.as_bytes());
+            req.extend_from_slice(b"\r\n");
+        }
+        self.w.write_all(&req)?;
+        read_value(&mut self.r, 0)
+    }
+}
+
+/// One sale as INFO's `sales` section gives it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sale {
+    pub sku: String,
+    pub state: String,
+    pub f: HashMap<String, i64>,
+}
+
+impl Sale {
+    pub fn n(&self, k: &str) -> i64 {
+        self.f.get(k).copied().unwrap_or(0)
+    }
+}
+
+/// INFO text parsed: flat fields, sales, error counts.
+#[derive(Clone, Debug, Default)]
+pub struct Info {
+    pub fields: HashMap<String, String>,
+    pub sales: Vec<Sale>,
+    pub errors: HashMap<String, i64>,
+}
+
+impl Info {
+    pub fn parse(text: &str) -> Info {
+        let mut info = Info::default();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let Some((k, v)) = line.split_once(':') else {
+                continue;
+            };
+            if let Some(rest) = k.strip_prefix("errorstat_") {
+                let n = v
+                    .strip_prefix("count=")
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                info.errors.insert(rest.to_string(), n);
+            } else if k.starts_with("sale_") {
+                let mut s = Sale::default();
+                for kv in v.split(',') {
+                    let Some((a, b)) = kv.split_once('=') else {
+                        continue;
+                    };
+                    match a {
+                        "sku" => s.sku = b.to_string(),
+                        "state" => s.state = b.to_string(),
+                        _ => {
+                            s.f.insert(a.to_string(), b.parse().unwrap_or(0));
+                        }
+                    }
+                }
+                info.sales.push(s);
+            } else {
+                info.fields.insert(k.to_string(), v.to_string());
+            }
+        }
+        info
+    }
+
+    pub fn n(&self, k: &str) -> i64 {
+        self.fields.get(k).and_then(|v| v.parse().ok()).unwrap_or(0)
+    }
+}
+
+/// Cumulative `(bucket upper bound µs, count)` pairs, as LATENCY HISTOGRAM gives them.
+pub type Histogram = Vec<(i64, i64)>;
+
+/// One command's cumulative buckets out of a LATENCY HISTOGRAM reply.
+pub fn histogram_of(v: &Value, cmd: &str) -> Histogram {
+    let Value::Arr(top) = v else {
+        return Vec::new();
+    };
+    let mut it = top.iter();
+    while let (Some(k), Some(body)) = (it.next(), it.next()) {
+        if !matches!(k, Value::Str(s) if s.eq_ignore_ascii_case(cmd.as_bytes())) {
+            continue;
+        }
+        let Value::Arr(fields) = body else { continue };
+        let mut f = fields.iter();
+        while let (Some(name), Some(val)) = (f.next(), f.next()) {
+            if !matches!(name, Value::Str(s) if s == b"histogram_usec") {
+                continue;
+            }
+            let Value::Arr(b) = val else { continue };
+            return b
+                .chunks(2)
+                .filter_map(|p| match p {
+                    [Value::Int(us), Value::Int(n)] => Some((*us, *n)),
+                    _ => None,
+                })
+                .collect();
+        }
+    }
+    Vec::new()
+}
+
+/// p99 (bucket upper bound, µs) of what happened between two cumulative histograms.
+pub fn window_p99(before: &[(i64, i64)], after: &[(i64, i64)]) -> Option<i64> {
+    let at = |h: &[(i64, i64)], us: i64| {
+        h.iter()
+            .take_while(|(b, _)| *b <= us)
+            .last()
+            .map_or(0, |(_, n)| *n)
+    };
+    let total = after.last().map_or(0, |(_, n)| *n) - before.last().map_or(0, |(_, n)| *n);
+    if total <= 0 {
+        return None;
+    }
+    let want = (total as f64 * 0.99).ceil() as i64;
+    after
+        .iter()
+        .find(|(us, _)| at(after, *us) - at(before, *us) >= want)
+        .map(|(us, _)| *us)
+}
+
+/// What one screen shows, computed from two consecutive polls.
+#[derive(Clone, Debug, Default)]
+pub struct Screen {
+    pub server: String,
+    pub status: String,
+    pub info: Info,
+    /// Per sku: reserved/s, soldout/s.
+    pub rates: HashMap<String, (f64, f64)>,
+    pub reserve_p99_us: Option<i64>,
+    pub reserve_p99_total_us: String,
+    pub ops_per_sec: f64,
+    pub errors_per_sec: f64,
+    pub error_rates: Vec<(String, f64)>,
+}
+
+impl Screen {
+    pub fn update(
+        &mut self,
+        prev: Option<(&Info, &[(i64, i64)])>,
+        info: Info,
+        hist: &[(i64, i64)],
+        dt: f64,
+    ) {
+        let dt = dt.max(0.001);
+        self.rates.clear();
+        self.error_rates.clear();
+        if let Some((p, ph)) = prev {
+            let rate = |a: i64, b: i64| (a - b).max(0) as f64 / dt;
+            for s in &info.sales {
+                let old = p.sales.iter().find(|o| o.sku == s.sku);
+                let (r0, s0) = old.map_or((s.n("reserve_reserved"), s.n("reserve_soldout")), |o| {
+                    (o.n("reserve_reserved"), o.n("reserve_soldout"))
+                });
+                self.rates.insert(
+                    s.sku.clone(),
+                    (
+                        rate(s.n("reserve_reserved"), r0),
+                        rate(s.n("reserve_soldout"), s0),
+                    ),
+                );
+            }
+            self.ops_per_sec = rate(
+                info.n("total_commands_processed"),
+                p.n("total_commands_processed"),
+            );
+            self.errors_per_sec = rate(info.n("total_error_replies"), p.n("total_error_replies"));
+            let mut codes: Vec<_> = info.errors.iter().collect();
+            codes.sort();
+            for (code, n) in codes {
+                let old = p.errors.get(code).copied().unwrap_or(0);
+                self.error_rates.push((code.clone(), rate(*n, old)));
+            }
+            self.reserve_p99_us = window_p99(ph, hist);
+        }
+        self.reserve_p99_total_us = info
+            .fields
+            .get("latency_percentiles_usec_reserve")
+            .and_then(|v| v.split(',').find_map(|kv| kv.strip_prefix("p99=")))
+            .unwrap_or("-")
+            .to_string();
+        self.info = info;
+    }
+}
+
+/// A bar of `width` cells: available (█), reserved (▒), committed (░).
+pub fn bar(available: i64, reserved: i64, committed: i64, width: usize) -> String {
+    let total = (available.max(0) + reserved + committed).max(1) as f64;
+    let cells = |n: i64| ((n.max(0) as f64 / total) * width as f64).round() as usize;
+    let (a, r) = (cells(available), cells(reserved));
+    let c = width.saturating_sub(a + r).min(cells(committed));
+    let mut s = "█".repeat(a.min(width));
+    s.push_str(&"▒".repeat(r.min(width - a.min(width))));
+    s.push_str(&"░".repeat(c));
+    let used = s.chars().count();
+    s.push_str(&" ".repeat(width.saturating_sub(used)));
+    s
+}
+
+pub fn draw(f: &mut Frame, s: &Screen) {
+    let info = &s.info;
+    let lag_ms = info
+        .sales
+        .iter()
+        .map(|x| x.n("oldest_expired_age_ms"))
+        .max()
+        .unwrap_or(0);
+    let expired: i64 = info.sales.iter().map(|x| x.n("expired_pending")).sum();
+    let chunks = Layout::vertical([
+        Constraint::Length(4),
+        Constraint::Min(5),
+        Constraint::Length(6),
+    ])
+    .split(f.area());
+    let p99 = s
+        .reserve_p99_us
+        .map_or("-".to_string(), |v| format!("≤{v}"));
+    let fsync = info
+        .fields
+        .get("aof_fsync")
+        .cloned()
+        .unwrap_or_else(|| "off".into());
+    let head = vec![
+        Line::from(vec![
+            Span::styled(
+                "stockgate top ",
+                Style::default().add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(format!(
+                "{}  up {}s  clients {}  ops/s {:.0}  {}",
+                s.server,
+                info.n("uptime_in_seconds"),
+                info.n("connected_clients"),
+                s.ops_per_sec,
+                s.status
+            )),
+        ]),
+        Line::from(format!(
+            "reserve p99 {} µs (last 1s), {} µs (since start)   errors/s {:.1}",
+            p99, s.reserve_p99_total_us, s.errors_per_sec
+        )),
+        Line::from(vec![
+            Span::raw(format!(
+                "sweeper lag {:.1}s ({expired} expired unswept)   ",
+                lag_ms as f64 / 1000.0
+            )),
+            Span::raw(format!(
+                "log: fsync {fsync}, {} records pending, durable lsn {}",
+                info.n("wal_pending_records"),
+                info.n("wal_durable_lsn")
+            )),
+        ]),
+    ];
+    f.render_widget(Paragraph::new(head), chunks[0]);
+    let rows: Vec<Row> = info
+        .sales
+        .iter()
+        .map(|x| {
+            let (rr, sr) = s.rates.get(&x.sku).copied().unwrap_or((0.0, 0.0));
+            let lag = x.n("oldest_expired_age_ms") as f64 / 1000.0;
+            let style = if lag > 60.0 {
+                Style::default().fg(Color::Red)
+            } else {
+                Style::default()
+            };
+            Row::new(vec![
+                x.sku.clone(),
+                x.state.clone(),
+                bar(x.n("available"), x.n("reserved"), x.n("committed"), 20),
+                x.n("available").to_string(),
+                x.n("reserved").to_string(),
+                x.n("committed").to_string(),
+                x.n("total").to_string(),
+                format!("{rr:.1}"),
+                format!("{sr:.1}"),
+                x.n("reserve_denied").to_string(),
+                x.n("expired_pending").to_string(),
+                format!("{lag:.1}s"),
+            ])
+            .style(style)
+        })
+        .collect();
+    let widths = [
+        Constraint::Length(18),
+        Constraint::Length(7),
+        Constraint::Length(21),
+        Constraint::Length(10),
+        Constraint::Length(9),
+        Constraint::Length(10),
+        Constraint::Length(9),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(8),
+    ];
+    let table = Table::new(rows, widths)
+        .header(
+            Row::new(vec![
+                "sku",
+                "state",
+                "avail▕reserved▕committed",
+                "available",
+                "reserved",
+                "committed",
+                "total",
+                "reserve/s",
+                "soldout/s",
+                "denied",
+                "expired",
+                "lag",
+            ])
+            .style(Style::default().add_modifier(Modifier::BOLD)),
+        )
+        .block(Block::default().borders(Borders::TOP).title("sales"));
+    f.render_widget(table, chunks[1]);
+    let errs: Vec<Line> = if s.error_rates.is_empty() && info.errors.is_empty() {
+        vec![Line::from("no error replies")]
+    } else {
+        info.errors
+            .iter()
+            .map(|(code, n)| {
+                let r = s
+                    .error_rates
+                    .iter()
+                    .find(|(c, _)| c == code)
+                    .map_or(0.0, |(_, r)| *r);
+                Line::from(format!("{code:<12} {n:>10} total  {r:>8.1}/s"))
+            })
+            .collect()
+    };
+    f.render_widget(
+        Paragraph::new(errs).block(
+            Block::default()
+                .borders(Borders::TOP)
+                .title("errors (q quits)"),
+        ),
+        chunks[2],
+    );
+}
+
+/// One poll: INFO everything and the RESERVE histogram.
+fn poll(c: &mut Conn) -> std::io::Result<(Info, Vec<(i64, i64)>)> {
+    let text = match c.call(&["INFO", "everything"])? {
+        Value::Str(s) => String::from_utf8_lossy(&s).into_owned(),
+        Value::Err(e) => return Err(std::io::Error::other(e)),
+        _ => String::new(),
+    };
+    let hist = c.call(&["LATENCY", "HISTOGRAM", "reserve"])?;
+    Ok((Info::parse(&text), histogram_of(&hist, "reserve")))
+}
+
+/// Runs the view until `q`, Esc or Ctrl-C.
+pub fn run(server: &str, auth: Option<(&str, &str)>, interval: Duration) -> std::io::Result<()> {
+    use crossterm::event::{self, Event, KeyCode, KeyModifiers};
+    use crossterm::terminal;
+    terminal::enable_raw_mode()?;
+    let mut out = std::io::stdout();
+    crossterm::execute!(out, terminal::EnterAlternateScreen)?;
+    let mut term = Terminal::new(ratatui::backend::CrosstermBackend::new(std::io::stdout()))?;
+    let r = (|| -> std::io::Result<()> {
+        let mut screen = Screen {
+            server: server.to_string(),
+            ..Screen::default()
+        };
+        let mut conn: Option<Conn> = None;
+        let mut prev: Option<(Info, Histogram, Instant)> = None;
+        let mut next = Instant::now();
+        loop {
+            if Instant::now() >= next {
+                next = Instant::now() + interval;
+                if conn.is_none() {
+                    match Conn::open(server, auth) {
+                        Ok(c) => conn = Some(c),
+                        Err(e) => screen.status = format!("connect failed: {e}"),
+                    }
+                }
+                if let Some(c) = conn.as_mut() {
+                    match poll(c) {
+                        Ok((info, hist)) => {
+                            let now = Instant::now();
+                            let p = prev.as_ref().map(|(i, h, t)| ((i, h.as_slice()), now - *t));
+                            let dt = p.as_ref().map_or(1.0, |(_, d)| d.as_secs_f64());
+                            screen.update(p.map(|(x, _)| x), info.clone(), &hist, dt);
+                            screen.status.clear();
+                            prev = Some((info, hist, now));
+                        }
+                        Err(e) => {
+                            screen.status = format!("poll failed: {e}");
+                            conn = None;
+                        }
+                    }
+                }
+                term.draw(|f| draw(f, &screen))?;
+            }
+            if event::poll(Duration::from_millis(100))? {
+                if let Event::Key(k) = event::read()? {
+                    let ctrl_c =
+                        k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+                    if k.code == KeyCode::Char('q') || k.code == KeyCode::Esc || ctrl_c {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    })();
+    terminal::disable_raw_mode()?;
+    crossterm::execute!(std::io::stdout(), terminal::LeaveAlternateScreen)?;
+    r
+}
+
+/// Draws one screen into an in-memory terminal and returns its lines (tests, `--once`).
+pub fn render_text(s: &Screen, width: u16, height: u16) -> Vec<String> {
+    let backend = ratatui::backend::TestBackend::new(width, height);
+    let Ok(mut t) = Terminal::new(backend) else {
+        return Vec::new();
+    };
+    let _ = t.draw(|f| draw(f, s));
+    let buf = t.backend().buffer().clone();
+    (0..height)
+        .map(|y| {
+            (0..width)
+                .map(|x| buf[(x, y)].symbol().to_string())
+                .collect::<String>()
+                .trim_end()
+                .to_string()
+        })
+        .collect()
+}
+
+/// `stockgate top --once`: two polls `interval` apart, printed as text.
+pub fn once(
+    server: &str,
+    auth: Option<(&str, &str)>,
+    interval: Duration,
+) -> std::io::Result<Vec<String>> {
+    let mut c = Conn::open(server, auth)?;
+    let (i0, h0) = poll(&mut c)?;
+    let t0 = Instant::now();
+    std::thread::sleep(interval);
+    let (i1, h1) = poll(&mut c)?;
+    let mut s = Screen {
+        server: server.to_string(),
+        ..Screen::default()
+    };
+    s.update(Some((&i0, &h0)), i1, &h1, t0.elapsed().as_secs_f64());
+    Ok(render_text(&s, 160, 40))
+}

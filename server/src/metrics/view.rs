@@ -1,0 +1,132 @@
+//! What every reader (INFO, Prometheus, JSON) shows, gathered in one place from the
+//! engine's public views, the server's counters and [`super::Metrics`].
+
+use std::sync::atomic::Ordering;
+
+use super::{SaleEvent, SALE_EVENTS};
+use crate::engine::Engine;
+use crate::server::Shared;
+
+/// One sale as operators see it.
+#[derive(Clone, Debug, Default)]
+pub struct SaleRow {
+    pub sku: String,
+    pub state: &'static str,
+    pub total: u64,
+    pub available: i64,
+    pub reserved: u64,
+    pub committed: u64,
+    /// Indexed by [`SaleEvent`].
+    pub outcomes: [u64; SALE_EVENTS],
+    /// RESERVED reservations past their deadline that no sweeper released yet.
+    pub expired: u64,
+    pub expired_units: u64,
+    /// Age of the oldest of those (0 when none): how far the sweeper is behind.
+    pub oldest_expired_age_ms: u64,
+}
+
+impl SaleRow {
+    pub fn get(&self, e: SaleEvent) -> u64 {
+        self.outcomes[e as usize]
+    }
+}
+
+/// Sales in name order, with outcomes and the expiry backlog. At most `limit` rows.
+pub fn sales(engine: &Engine, shared: &Shared, limit: usize) -> Vec<SaleRow> {
+    let mut skus = engine.list_sales();
+    skus.sort();
+    let now = engine.now_ms();
+    let summary: std::collections::HashMap<_, _> = engine
+        .expired_summary()
+        .into_iter()
+        .map(|(k, n, u, t)| (k, (n, u, t)))
+        .collect();
+    let mut rows = Vec::with_capacity(skus.len().min(limit));
+    for sku in skus.into_iter().take(limit) {
+        let Ok(v) = engine.sale_info(&sku) else {
+            continue;
+        };
+        let (expired, expired_units, oldest) = summary
+            .get(sku.as_str())
+            .map(|(n, u, t)| (*n, *u, now.saturating_sub(*t)))
+            .unwrap_or((0, 0, 0));
+        rows.push(SaleRow {
+            outcomes: shared.metrics.sale_totals(&sku),
+            sku,
+            state: v.state.as_str(),
+            total: v.total,
+            available: v.available,
+            reserved: v.reserved,
+            committed: v.committed,
+            expired,
+            expired_units,
+            oldest_expired_age_ms: oldest,
+        });
+    }
+    rows
+}
+
+/// `key:value` lines of the durability layer's INFO persistence text.
+pub fn persistence_fields(shared: &Shared) -> Vec<(String, String)> {
+    shared
+        .durability
+        .info()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.trim().split_once(':')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// A numeric persistence field (0 if absent).
+pub fn persistence_u64(fields: &[(String, String)], key: &str) -> u64 {
+    fields
+        .iter()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The server's own counters (`Stats`), named as INFO stats names them.
+pub fn server_stats(shared: &Shared) -> Vec<(&'static str, u64)> {
+    let st = &shared.stats;
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    vec![
+        ("total_connections_received", l(&st.connections)),
+        ("total_commands_processed", l(&st.commands)),
+        ("rejected_connections", l(&st.rejected)),
+        ("auth_failures", l(&st.auth_failures)),
+        ("noperm_refusals", l(&st.noperm)),
+        ("protocol_errors", l(&st.protocol_errors)),
+        ("query_buffer_limit_disconnects", l(&st.qbuf_disconnects)),
+        ("output_buffer_limit_disconnects", l(&st.obuf_disconnects)),
+        ("idle_timeout_disconnects", l(&st.idle_disconnects)),
+        ("reserve_reserved", l(&st.reserved)),
+        ("reserve_replay", l(&st.replay)),
+        ("reserve_soldout", l(&st.soldout)),
+        ("reserve_limit", l(&st.limit)),
+    ]
+}
+
+/// `CONFIG RESETSTAT` of the server's counters (not the gauges: connected clients).
+pub fn reset_server_stats(shared: &Shared) {
+    let st = &shared.stats;
+    for a in [
+        &st.connections,
+        &st.commands,
+        &st.rejected,
+        &st.auth_failures,
+        &st.noperm,
+        &st.protocol_errors,
+        &st.qbuf_disconnects,
+        &st.obuf_disconnects,
+        &st.idle_disconnects,
+        &st.reserved,
+        &st.replay,
+        &st.soldout,
+        &st.limit,
+    ] {
+        a.store(0, Ordering::Relaxed);
+    }
+}

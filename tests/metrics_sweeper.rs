@@ -1,0 +1,97 @@
+//! The sweeper binary's `--metrics-addr`: after it releases abandoned carts, its
+//! Prometheus counters say so, and the lag of the oldest expired reservation goes to 0.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use stockgate_client::testkit::{workspace_root, Harness};
+
+fn curl(url: &str) -> String {
+    Command::new("curl")
+        .args(["-s", "--max-time", "5", url])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeper_exports_its_passes_and_lag() {
+    let h = Harness::start().await.expect("harness");
+    let sku = "SWEPT";
+    h.create_sale(sku, 10, 300, None).await.unwrap();
+    // 3 materialized carts (released) and 2 with no order (tombstoned, then released).
+    h.reserve_many(sku, "m", 3, true).await.unwrap();
+    h.reserve_many(sku, "t", 2, false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let bin = workspace_root().join("target/debug/stockgate-sweeper");
+    assert!(
+        bin.exists(),
+        "{} missing: cargo build --workspace --bins",
+        bin.display()
+    );
+    let mut child = Command::new(bin)
+        .args(["--database-url", h.pg.url(), "--server", h.server.addr()])
+        .args(["run", "--interval-secs", "0.2", "--metrics-addr"])
+        .arg(format!("127.0.0.1:{port}"))
+        .env("STOCKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start sweeper");
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let t = curl(&url);
+        if metric(&t, "stockgate_sweeper_released_total") == Some(5.0)
+            && metric(&t, "stockgate_sweeper_passes_total").unwrap_or(0.0) >= 2.0
+        {
+            break t;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sweeper metrics never showed the releases:\n{t}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        metric(&text, "stockgate_sweeper_tombstones_total"),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "stockgate_sweeper_cancelled_total"),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "stockgate_sweeper_committed_cleanup_total"),
+        Some(0.0)
+    );
+    assert_eq!(
+        metric(&text, "stockgate_sweeper_lag_seconds"),
+        Some(0.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("stockgate_sweeper_errors_total{source=\"ledger\"} 0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("stockgate_sweeper_errors_total{source=\"server\"} 0\n"),
+        "{text}"
+    );
+    assert_eq!(h.client.stock(sku).await.unwrap(), 10);
+}
