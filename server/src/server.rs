@@ -77,6 +77,7 @@ pub async fn serve(
                 st.connections.fetch_add(1, Ordering::Relaxed);
                 if st.connected.load(Ordering::Relaxed) as usize >= shared.config.max_clients {
                     st.rejected.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(client = %addr, "client refused: max number of clients ({}) reached", shared.config.max_clients);
                     tokio::spawn(async move {
                         let mut s = stream;
                         let _ = tokio::time::timeout(Duration::from_secs(1), s.write_all(b"-ERR max number of clients reached\r\n")).await;
@@ -175,6 +176,7 @@ async fn handle(
                 }
             } => {
                 shared.stats.idle_disconnects.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(client = %addr, "client dropped: idle timeout");
                 return;
             }
         };
@@ -226,6 +228,7 @@ async fn handle(
                             .stats
                             .obuf_disconnects
                             .fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(client = %addr, "client dropped: replies of one batch over --max-output-buffer ({} bytes)", cfg.max_output_buffer);
                         out.clear();
                         Reply::err("ERR output buffer limit reached; closing connection")
                             .encode(conn.proto, &mut out);
@@ -253,6 +256,7 @@ async fn handle(
                 .stats
                 .qbuf_disconnects
                 .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(client = %addr, "client dropped: unfinished command over --max-query-buffer ({} bytes)", cfg.max_query_buffer);
             Reply::err("ERR Protocol error: query buffer limit exceeded")
                 .encode(conn.proto, &mut out);
             close = true;
@@ -289,6 +293,7 @@ async fn handle(
                         .stats
                         .obuf_disconnects
                         .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(client = %addr, "client dropped: did not read its replies within the write timeout");
                     return;
                 }
             }
