@@ -287,8 +287,7 @@ pub fn latency(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
         "LATEST" if args.len() == 1 => Reply::Array(vec![]).into(),
         "HISTORY" if args.len() == 2 => Reply::Array(vec![]).into(),
         "RESET" => Reply::Int(0).into(),
-        "HELP" if args.len() == 1 => Reply::Array(
-            [
+        "HELP" if args.len() == 1 => help_reply(&[
                 "LATENCY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
                 "HISTOGRAM [COMMAND ...]",
                 "    Return a cumulative distribution of latencies in the format of a histogram for the specified command names.",
@@ -301,17 +300,8 @@ pub fn latency(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
                 "    Reset latency data of one or more <event> classes.",
                 "HELP",
                 "    Print this help.",
-            ]
-            .iter()
-            .map(|l| Reply::Simple(l))
-            .collect(),
-        )
-        .into(),
-        _ => Reply::err(format!(
-            "ERR unknown subcommand or wrong number of arguments for '{}'. Try LATENCY HELP.",
-            String::from_utf8_lossy(&args[0]).chars().take(64).collect::<String>()
-        ))
-        .into(),
+        ]),
+        _ => unknown_subcommand("LATENCY", &args[0]),
     }
 }
 
@@ -348,35 +338,36 @@ pub fn slowlog(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
             log.lock().reset();
             Reply::ok().into()
         }
-        ("HELP", 1) => Reply::Array(
-            [
-                "SLOWLOG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
-                "GET [<count>]",
-                "    Return top <count> entries from the slowlog (default: 10, -1 mean all).",
-                "    Entries are made of:",
-                "    id, timestamp, time in microseconds, arguments array, client IP and port,",
-                "    client name",
-                "LEN",
-                "    Return the length of the slowlog.",
-                "RESET",
-                "    Reset the slowlog.",
-                "HELP",
-                "    Print this help.",
-            ]
-            .iter()
-            .map(|l| Reply::Simple(l))
-            .collect(),
-        )
-        .into(),
-        _ => Reply::err(format!(
-            "ERR unknown subcommand or wrong number of arguments for '{}'. Try SLOWLOG HELP.",
-            String::from_utf8_lossy(&args[0])
-                .chars()
-                .take(64)
-                .collect::<String>()
-        ))
-        .into(),
+        ("HELP", 1) => help_reply(&[
+            "SLOWLOG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+            "GET [<count>]",
+            "    Return top <count> entries from the slowlog (default: 10, -1 mean all).",
+            "    Entries are made of:",
+            "    id, timestamp, time in microseconds, arguments array, client IP and port,",
+            "    client name",
+            "LEN",
+            "    Return the length of the slowlog.",
+            "RESET",
+            "    Reset the slowlog.",
+            "HELP",
+            "    Print this help.",
+        ]),
+        _ => unknown_subcommand("SLOWLOG", &args[0]),
     }
+}
+
+/// A `<CMD> HELP` reply: Redis answers it as an array of simple strings.
+fn help_reply(lines: &[&'static str]) -> Outcome {
+    Reply::Array(lines.iter().map(|l| Reply::Simple(l)).collect()).into()
+}
+
+/// Redis's error for an unknown subcommand of `cmd`, naming (at most 64 characters of) it.
+fn unknown_subcommand(cmd: &str, sub: &[u8]) -> Outcome {
+    let shown: String = String::from_utf8_lossy(sub).chars().take(64).collect();
+    Reply::err(format!(
+        "ERR unknown subcommand or wrong number of arguments for '{shown}'. Try {cmd} HELP."
+    ))
+    .into()
 }
 
 #[cfg(test)]
