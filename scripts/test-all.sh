@@ -29,5 +29,5 @@ python3 -c "import redis" >/dev/null 2>&1 || python3 -m pip install -q redis
 [ -d tests/node/node_modules ] || npm ci --prefix tests/node --no-audit --no-fund
 
 # End-to-end tests start the real binaries: build them first.
-cargo build --workspace --bins
+cargo build --workspace --bins --tests
 cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}"
