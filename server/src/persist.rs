@@ -19,6 +19,10 @@ pub struct WalDurability {
     snapshots: AtomicU64,
     last_snapshot_ms: AtomicU64,
     save_lock: parking_lot::Mutex<()>,
+    /// Held by a replica while it logs and applies a batch from its primary, and by a
+    /// snapshot: on a replica the records are not logged under the engine's locks (they
+    /// are applied after), so this keeps a snapshot from cutting between the two.
+    apply_gate: parking_lot::Mutex<()>,
 }
 
 impl WalDurability {
@@ -29,6 +33,7 @@ impl WalDurability {
             snapshots: AtomicU64::new(0),
             last_snapshot_ms: AtomicU64::new(0),
             save_lock: parking_lot::Mutex::new(()),
+            apply_gate: parking_lot::Mutex::new(()),
         }
     }
 
@@ -39,12 +44,25 @@ impl WalDurability {
             .saturating_sub(self.snapshot_lsn.load(Ordering::Relaxed))
     }
 
+    /// See the field `apply_gate`.
+    pub fn apply_gate(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.apply_gate.lock()
+    }
+
     /// Writes a snapshot of the engine and lets the WAL delete what it covers.
     pub fn snapshot(&self, engine: &Engine) -> Result<Lsn, WalError> {
+        self.snapshot_file(engine).map(|(lsn, _)| lsn)
+    }
+
+    /// [`Self::snapshot`], also saying which file holds it (a full sync sends it).
+    pub fn snapshot_file(&self, engine: &Engine) -> Result<(Lsn, std::path::PathBuf), WalError> {
         let _one_at_a_time = self.save_lock.lock();
         let t = Instant::now();
-        let (snap, upto) = engine.snapshot_with(|| self.wal.roll());
-        self.wal.write_snapshot(&snap, upto)?;
+        let (snap, upto) = {
+            let _applying = self.apply_gate.lock();
+            engine.snapshot_with(|| self.wal.roll())
+        };
+        let written = self.wal.write_snapshot(&snap, upto)?;
         self.snapshot_lsn.store(upto, Ordering::Relaxed);
         self.snapshots.fetch_add(1, Ordering::Relaxed);
         self.last_snapshot_ms
@@ -55,7 +73,7 @@ impl WalDurability {
             snap.reservations.len(),
             t.elapsed().as_millis()
         );
-        Ok(upto)
+        Ok((upto, written.path))
     }
 }
 
