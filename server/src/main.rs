@@ -482,6 +482,11 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
                 .clone()
                 .map(|p| (a.primary_user.clone(), p)),
             restart_argv: std::env::args_os().collect(),
+            // Test-only fault injection (see ReplConfig); unset in production.
+            fault_send_delay_ms: std::env::var("STOCKGATE_FAULT_REPL_DELAY_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         },
         engine.clone(),
         durability.clone(),

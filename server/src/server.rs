@@ -287,7 +287,7 @@ async fn handle(
         if lsn > 0 {
             if let Err(e) = shared.durability.wait(lsn).await {
                 // Fail closed: the record may not be on disk, so no acknowledgement leaves.
-                tracing::error!("reply not acknowledged, dropping connection: {e}");
+                tracing::warn!("reply not acknowledged, dropping connection: {e}");
                 return;
             }
         }

@@ -62,6 +62,7 @@ pub struct Node {
     pub port: u16,
     pub dir: PathBuf,
     pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
     _own: TempDir,
 }
@@ -69,6 +70,11 @@ pub struct Node {
 impl Node {
     /// Starts a node on a fresh data dir and waits until it answers PING.
     pub fn start(keys: &Keys, extra: &[&str]) -> Node {
+        Node::start_env(keys, extra, &[])
+    }
+
+    /// [`Node::start`] with environment variables (fault injection).
+    pub fn start_env(keys: &Keys, extra: &[&str], env: &[(&str, &str)]) -> Node {
         let own = TempDir::new("node");
         let mut args = keys.flags();
         args.extend(extra.iter().map(|s| s.to_string()));
@@ -76,6 +82,10 @@ impl Node {
             port: free_port(),
             dir: own.path().to_path_buf(),
             args,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             child: None,
             _own: own,
         };
@@ -97,6 +107,7 @@ impl Node {
             .arg(&self.dir)
             .args(&self.args)
             .env("STOCKGATE_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

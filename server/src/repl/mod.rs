@@ -63,6 +63,10 @@ pub struct ReplConfig {
     pub primary_auth: Option<(String, String)>,
     /// The command line to re-execute after a full sync (see `replica::full_sync`).
     pub restart_argv: Vec<OsString>,
+    /// Fault injection for failover tests: the primary holds each batch this long before
+    /// sending it, widening the window in which a record is acknowledged locally but not
+    /// yet on any replica. 0 in production; the binary reads `STOCKGATE_FAULT_REPL_DELAY_MS`.
+    pub fault_send_delay_ms: u64,
 }
 
 /// The link of a replica to its primary, as INFO and ROLE report it.
@@ -132,7 +136,14 @@ pub struct Repl {
     full_syncs: AtomicU64,
     partial_syncs: AtomicU64,
     announce_port: std::sync::atomic::AtomicU16,
+    /// Replicas that detached recently: (address, last acknowledged LSN, when). Their
+    /// position is kept in the log for [`BACKLOG_HOLD`], so a replica that restarts (or
+    /// re-executes after a full copy) resumes instead of needing another full copy.
+    detached: Mutex<Vec<(String, u64, Instant)>>,
 }
+
+/// How long the log keeps a detached replica's position (the backlog's time bound).
+pub const BACKLOG_HOLD: Duration = Duration::from_secs(60);
 
 impl Repl {
     /// Loads `repl.state` (or creates it: primary, or replica of `replicaof` when given;
@@ -183,6 +194,7 @@ impl Repl {
             full_syncs: AtomicU64::new(0),
             partial_syncs: AtomicU64::new(0),
             announce_port: cfg_port.into(),
+            detached: Mutex::new(Vec::new()),
         }))
     }
 
@@ -368,6 +380,26 @@ impl Repl {
             );
         }
         self.acks.notify_waiters();
+    }
+
+    /// Tells the log which segments replicas still need: from the oldest position of an
+    /// attached replica or one detached less than [`BACKLOG_HOLD`] ago.
+    fn hold_backlog(&self) {
+        let mut floor = self
+            .replicas
+            .lock()
+            .iter()
+            .map(|r| r.acked.load(Ordering::Acquire) + 1)
+            .min()
+            .unwrap_or(Lsn::MAX);
+        {
+            let mut d = self.detached.lock();
+            d.retain(|(_, _, at)| at.elapsed() < BACKLOG_HOLD);
+            if let Some(m) = d.iter().map(|(_, acked, _)| acked + 1).min() {
+                floor = floor.min(m);
+            }
+        }
+        self.dur.wal.retain_from(floor);
     }
 
     fn detach_all(&self) {

@@ -69,6 +69,7 @@ pub async fn serve(repl: Arc<Repl>, stream: TcpStream, inbuf: BytesMut, req: Syn
         reps.push(att.clone());
         repl.attached.store(reps.len(), Ordering::Release);
     }
+    repl.hold_backlog();
     repl.acks.notify_waiters();
     tracing::info!(
         "replication: replica {}:{} attached at LSN {offset}",
@@ -81,6 +82,12 @@ pub async fn serve(repl: Arc<Repl>, stream: TcpStream, inbuf: BytesMut, req: Syn
         reps.retain(|r| r.id != att.id);
         repl.attached.store(reps.len(), Ordering::Release);
     }
+    repl.detached.lock().push((
+        format!("{}:{}", req.ip, req.port),
+        att.acked.load(Ordering::Acquire),
+        std::time::Instant::now(),
+    ));
+    repl.hold_backlog();
     repl.acks.notify_waiters();
     tracing::warn!(
         "replication: replica {}:{} detached: {reason}",
@@ -126,6 +133,13 @@ async fn full_sync(
     }
     let _ = wr.flush().await;
     repl.full_syncs.fetch_add(1, Ordering::Relaxed);
+    // It comes back (after re-executing itself) at `lsn`: keep that part of the log.
+    repl.detached.lock().push((
+        format!("{}:{}", req.ip, req.port),
+        lsn,
+        std::time::Instant::now(),
+    ));
+    repl.hold_backlog();
     // The replica installs the copy and restarts; it comes back with `PSYNC` at `lsn`.
     let _ = wr.shutdown().await;
 }
@@ -163,6 +177,10 @@ async fn stream_records(
         }
         let durable = wal.durable_lsn();
         if durable >= pos {
+            if repl.cfg.fault_send_delay_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(repl.cfg.fault_send_delay_ms)).await;
+            }
+            let durable = wal.durable_lsn();
             frames.clear();
             let mut n = 0u64;
             let upto = durable.min(pos + wire::MAX_BATCH_RECORDS as u64 - 1);
@@ -200,6 +218,7 @@ async fn stream_records(
         tokio::select! {
             _ = wal.wait_durable_past(pos - 1) => {}
             _ = heartbeat.tick() => {
+                repl.hold_backlog();
                 msg.clear();
                 wire::command(&[b"PING"], &mut msg);
                 if wr.write_all(&msg).await.is_err() {

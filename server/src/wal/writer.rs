@@ -67,6 +67,8 @@ struct Shared {
     durable: AtomicU64,
     /// The last LSN handed out (`Pending::next - 1`), readable without the state lock.
     assigned: AtomicU64,
+    /// Segments holding this LSN or later are kept by snapshots (see [`Wal::retain_from`]).
+    retain_from: AtomicU64,
     /// Highest roll point requested, so `write_snapshot` knows whether to wait for one.
     roll_requested: AtomicU64,
     progress: Mutex<Progress>,
@@ -207,6 +209,7 @@ impl Wal {
             has_space: Condvar::new(),
             durable: AtomicU64::new(next - 1),
             assigned: AtomicU64::new(next - 1),
+            retain_from: AtomicU64::new(Lsn::MAX),
             roll_requested: AtomicU64::new(0),
             progress: Mutex::new(Progress {
                 rolled: next - 1,
@@ -287,6 +290,12 @@ impl Wal {
             }
             lsn
         })
+    }
+
+    /// Snapshots keep every segment holding `lsn` or later (replicas still reading them:
+    /// the replication backlog); `Lsn::MAX` lifts the hold.
+    pub fn retain_from(&self, lsn: Lsn) {
+        self.shared.retain_from.store(lsn, Ordering::Release);
     }
 
     /// The last LSN handed out (0 if none).
@@ -472,7 +481,10 @@ impl Wal {
             let mut cat = sh.catalog.lock();
             let doomed: Vec<(Lsn, PathBuf)> = cat
                 .iter()
-                .filter(|(_, last)| matches!(last, Some(l) if *l <= upto))
+                .filter(|(_, last)| {
+                    let keep = sh.retain_from.load(Ordering::Acquire);
+                    matches!(last, Some(l) if *l <= upto && *l < keep)
+                })
                 .map(|(first, _)| (*first, sh.dir.join(segment::segment_file_name(*first))))
                 .collect();
             let doomed = segment::past_feed_retention(doomed, |d| &d.1, &sh.opts.feed_retention);
