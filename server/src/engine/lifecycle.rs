@@ -25,9 +25,8 @@ impl Engine {
         let Some(idx) = st.lookup(token) else {
             return (false, 0, None);
         };
-        let r = st.get(idx);
-        if r.state != ResState::Reserved {
-            return (false, r.lsn, None);
+        if st.get(idx).state != ResState::Reserved {
+            return (false, st.last_lsn(), None);
         }
         let (lsn, upd) = self.finish_locked(st, idx, now, ResState::Released, log);
         (true, lsn, upd)
@@ -55,21 +54,22 @@ impl Engine {
         if log {
             let token = r.token();
             let token = token.as_str();
-            r.lsn = self.sink.record(&match to {
+            let lsn = self.sink.record(&match to {
                 ResState::Committed => EventRef::Committed { token, at_ms: now },
                 _ => EventRef::Released { token, at_ms: now },
             });
+            st.logged(lsn);
         }
+        let r = st.get(idx);
         match to {
             ResState::Released => r.sale.release(r.shard as usize, r.qty),
             ResState::Committed => r.sale.commit(r.shard as usize, r.qty),
             ResState::Reserved => debug_assert!(false, "finish to RESERVED"),
         }
-        let lsn = r.lsn;
         let key = r.key;
         let upd = (r.sale.params.limit > 0).then(|| (r.sale.clone(), r.user, r.qty, key));
         st.finished.push_back((now, key));
-        (lsn, upd)
+        (st.last_lsn(), upd)
     }
 
     pub(super) fn user_release(
@@ -121,7 +121,7 @@ impl Engine {
         };
         let r = st.get(idx);
         match r.state {
-            ResState::Committed => return (Ok((false, r.lsn)), None),
+            ResState::Committed => return (Ok((false, st.last_lsn())), None),
             ResState::Released => return (Err(EngineError::Released), None),
             ResState::Reserved => {}
         }
@@ -158,14 +158,14 @@ impl Engine {
             token,
             expires_at_ms: new,
         });
-        st.get_mut(idx).lsn = lsn;
+        st.logged(lsn);
         Ok((new, lsn))
     }
 
     /// RESERVATION: the current record and the log position that made it.
     pub fn reservation(&self, token: &str) -> Option<(ReservationView, Lsn)> {
         let st = self.stripes[stripe_of(token)].lock();
-        st.res(token).map(|r| (r.view(), r.lsn))
+        st.res(token).map(|r| (r.view(), st.last_lsn()))
     }
 
     /// EXPIRED: RESERVED reservations with `expires_at <= now`, oldest first, at most
@@ -221,7 +221,8 @@ impl Engine {
                 };
                 if let Some(t) = st.purge_key(&key) {
                     let token = t.as_str();
-                    last = last.max(self.sink.record(&EventRef::Purged { token }));
+                    let lsn = self.sink.record(&EventRef::Purged { token });
+                    last = last.max(st.logged(lsn));
                 }
             }
         }

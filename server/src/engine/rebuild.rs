@@ -81,8 +81,8 @@ impl Engine {
         if sale.state() != SaleState::Fenced {
             return Err(EngineError::NotFenced);
         }
-        if let Some(i) = st.find(sku, &key) {
-            return Ok((false, token, st.get(i).lsn));
+        if st.find(sku, &key).is_some() {
+            return Ok((false, token, st.last_lsn()));
         }
         if st.tombs.contains_key(&table::tomb_key(&token)) {
             return Ok((false, token, 0));
@@ -108,7 +108,6 @@ impl Engine {
             created_at,
             finished_at: 0,
             links: wheel::Links::NONE,
-            lsn: 0,
         }) else {
             return Err(EngineError::Argument("reservation table full"));
         };
@@ -124,7 +123,7 @@ impl Engine {
             expires_at_ms: expires_at,
             created_at_ms: created_at,
         });
-        st.get_mut(idx).lsn = lsn;
+        st.logged(lsn);
         if state != ResState::Reserved {
             // The user entry is updated below from the final state, not through
             // `user_release` (which would take the user stripe this call holds).

@@ -103,7 +103,6 @@ impl Engine {
             created_at: r.created_at_ms,
             finished_at: r.finished_at_ms,
             links: wheel::Links::NONE,
-            lsn: 0,
         }) else {
             debug_assert!(false, "stripe full");
             return;

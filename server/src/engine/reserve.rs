@@ -41,7 +41,7 @@ impl Engine {
                     expires_at_ms: r.expires_at,
                     shard: r.shard,
                 },
-                r.lsn,
+                st.last_lsn(),
             ));
         }
         if let Some(t) = st.tombs.get(&table::tomb_key(token)) {
@@ -105,7 +105,6 @@ impl Engine {
             created_at: now,
             finished_at: 0,
             links: Links::NONE,
-            lsn: 0,
         }) else {
             // `has_room` was checked under this lock; kept safe all the same.
             sale.release(shard as usize, req.qty);
@@ -122,7 +121,7 @@ impl Engine {
             expires_at_ms: expires_at,
             created_at_ms: now,
         });
-        st.get_mut(idx).lsn = lsn;
+        st.logged(lsn);
         if let Some(e) = entry {
             e.held += req.qty as u64;
             e.live.push(key);
