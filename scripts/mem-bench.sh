@@ -12,7 +12,9 @@
 #    figure (snapshot load + tail replay).
 #
 # Environment: BIN (default target/release/stockgate), N (default 1000000), TAIL_N
-# (default 100000). Every process it starts is wrapped in `timeout` and killed by PID.
+# (default 100000), USERS=many (part 1 with N distinct users `user-<7 digits>`, one
+# reservation each, admission tokens minted here and sent with `redis-cli --pipe`,
+# instead of one user). Every process it starts is wrapped in `timeout` and killed by PID.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -93,16 +95,38 @@ timeout 10 redis-cli -p "$SG_PORT" SALE.CREATE BIG 1000000000 >/dev/null
 TOK=$(timeout 10 "$BIN" mint-token --data-dir "$dir" --sku BIG --user u1 --ttl-ms 3600000)
 before=$(rss_kb)
 t0=$(date +%s%N)
-fill "$N"
+if [ "${USERS:-one}" = many ]; then
+    # RESERVE BIG user-i <token for user-i> req<12 digits>, as RESP, for `redis-cli --pipe`.
+    python3 - "$dir/secret" "$N" >"$TMP/many.resp" <<'PY'
+import base64, hmac, hashlib, sys, time
+kid, hexkey = open(sys.argv[1]).read().split()[:2]
+key = bytes.fromhex(hexkey)
+n = int(sys.argv[2])
+exp = int(time.time() * 1000) + 3_600_000
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=")
+out = sys.stdout.buffer
+for i in range(n):
+    user = f"user-{i:07d}"
+    payload = f"v1|{kid}|BIG|{user}|{exp}".encode()
+    tok = b64(payload) + b"." + b64(hmac.new(key, payload, hashlib.sha256).digest())
+    args = [b"RESERVE", b"BIG", user.encode(), tok, f"req{i:012d}".encode()]
+    out.write(b"*5\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args))
+PY
+    t0=$(date +%s%N)
+    timeout 1200 redis-cli -p "$SG_PORT" --pipe <"$TMP/many.resp" >/dev/null
+else
+    fill "$N"
+fi
 fill_ms=$((($(date +%s%N) - t0) / 1000000))
 count=$(timeout 10 redis-cli -p "$SG_PORT" DBSIZE)
 after=$(rss_kb)
-echo "== memory: $count live reservations in $fill_ms ms"
+echo "== memory: $count live reservations (users: ${USERS:-one}) in $fill_ms ms"
 echo "   VmRSS ${before} kB -> ${after} kB: $(((after - before) * 1024 / count)) bytes/reservation (delta), $((after * 1024 / count)) bytes/reservation (whole process)"
 
 t0=$(date +%s%N)
 timeout 600 redis-cli -p "$SG_PORT" SAVE >/dev/null
 save_ms=$((($(date +%s%N) - t0) / 1000000))
+echo "   VmRSS after SAVE: $(rss_kb) kB"
 snap_bytes=$(cat "$dir"/wal/snapshot-*.snap | wc -c)
 fill "$TAIL_N"
 total=$(timeout 10 redis-cli -p "$SG_PORT" DBSIZE)
