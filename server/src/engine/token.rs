@@ -642,6 +642,55 @@ mod tests {
     }
 
     #[test]
+    fn token_keys_round_trip_and_have_one_spelling() {
+        let k = ReservationKey::from_bytes(&[3u8; 32]);
+        for (sku, user, rid) in [("SKU-1", "u", "r"), ("A", "user-7", "req-1"), ("x:y.z", "b", "c")] {
+            let text = k.derive(sku, user, rid);
+            let key = k.derive_key(sku, user, rid);
+            assert_eq!(decode_token(&text), Some((sku, key)));
+            assert_eq!(token_buf(sku, &key).as_str(), text);
+            assert_eq!(&*token_text(sku, &key), text);
+        }
+        for key in [[0u8; 16], [0xff; 16]] {
+            let text = token_buf("S", &key);
+            assert_eq!(decode_token(text.as_str()), Some(("S", key)));
+        }
+        // The last character carries 3 bits; the 2 below them must be zero, or two
+        // spellings would name one reservation.
+        let text = token_buf("S", &[0u8; 16]);
+        let t = text.as_str();
+        let last = |c: char| format!("{}{c}", &t[..t.len() - 1]);
+        assert!(decode_token(&last('a')).is_some());
+        assert!(decode_token(&last('e')).is_some());
+        for c in ['b', 'c', 'd', '7'] {
+            assert_eq!(decode_token(&last(c)), None, "{c}");
+        }
+        for bad in [
+            "",
+            "{S}",
+            "S}aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{S}aaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{S}aaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{S}Aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{S}1aaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{S S}aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{}aaaaaaaaaaaaaaaaaaaaaaaaaa",
+        ] {
+            assert_eq!(decode_token(bad), None, "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Every 16 bytes have exactly one token, and it decodes back to them.
+        #[test]
+        fn token_key_text_round_trip(key in proptest::prelude::any::<[u8; 16]>()) {
+            let text = token_buf("SKU", &key);
+            proptest::prop_assert_eq!(decode_token(text.as_str()), Some(("SKU", key)));
+            proptest::prop_assert!(ident::valid_token(text.as_str().as_bytes()));
+        }
+    }
+
+    #[test]
     fn reservation_tokens() {
         let k = ReservationKey::from_bytes(&[7u8; 32]);
         let a = k.derive("SKU", "u", "r1");
