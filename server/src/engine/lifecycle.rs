@@ -82,7 +82,10 @@ impl Engine {
     ) {
         let user = sale.users.name(user);
         let mut us = self.user_stripe(&sale.sku, &user).lock();
-        if let Some(e) = us.get_mut(&*sale.sku).and_then(|m| m.get_mut(user.as_str())) {
+        if let Some(e) = us
+            .get_mut(&*sale.sku)
+            .and_then(|m| m.get_mut(user.as_str()))
+        {
             if give_back {
                 debug_assert!(e.held >= qty as u64);
                 e.held = e.held.saturating_sub(qty as u64);

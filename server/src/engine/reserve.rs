@@ -76,7 +76,11 @@ impl Engine {
             if e.held + req.qty as u64 > limit as u64 {
                 return Ok((
                     ReserveOutcome::Limit {
-                        live: e.live.iter().map(|k| token::token_text(req.sku, k)).collect(),
+                        live: e
+                            .live
+                            .iter()
+                            .map(|k| token::token_text(req.sku, k))
+                            .collect(),
                     },
                     0,
                 ));

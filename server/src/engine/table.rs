@@ -357,7 +357,11 @@ mod tests {
     /// reservation"): a field added here costs a million times its size at a million held.
     #[test]
     fn record_stays_small() {
-        assert!(std::mem::size_of::<Res>() <= 96, "{}", std::mem::size_of::<Res>());
+        assert!(
+            std::mem::size_of::<Res>() <= 96,
+            "{}",
+            std::mem::size_of::<Res>()
+        );
         // A vacant slab entry costs nothing extra: the enum uses the record's niche.
         assert_eq!(
             std::mem::size_of::<Option<Res>>(),

@@ -644,7 +644,11 @@ mod tests {
     #[test]
     fn token_keys_round_trip_and_have_one_spelling() {
         let k = ReservationKey::from_bytes(&[3u8; 32]);
-        for (sku, user, rid) in [("SKU-1", "u", "r"), ("A", "user-7", "req-1"), ("x:y.z", "b", "c")] {
+        for (sku, user, rid) in [
+            ("SKU-1", "u", "r"),
+            ("A", "user-7", "req-1"),
+            ("x:y.z", "b", "c"),
+        ] {
             let text = k.derive(sku, user, rid);
             let key = k.derive_key(sku, user, rid);
             assert_eq!(decode_token(&text), Some((sku, key)));
