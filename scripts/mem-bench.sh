@@ -47,7 +47,7 @@ start_stockgate() {
     : >"$TMP/sg.err"
     local t0
     t0=$(date +%s%N)
-    STOCKGATE_LOG=info timeout 3600 "$BIN" --port 0 --data-dir "$dir" --fsync everysec \
+    STOCKGATE_LOG=${STOCKGATE_LOG:-info} timeout 3600 "$BIN" --port 0 --data-dir "$dir" --fsync everysec \
         >"$out" 2>>"$TMP/sg.err" &
     SG_TIMEOUT_PID=$!
     PIDS+=("$SG_TIMEOUT_PID")
@@ -133,7 +133,7 @@ total=$(timeout 10 redis-cli -p "$SG_PORT" DBSIZE)
 echo "== recovery: SAVE $save_ms ms, snapshot $snap_bytes bytes = $((snap_bytes / count)) bytes/reservation; then $((total - count)) more reservations in the log tail"
 kill9
 start_stockgate "$dir"
-echo "   restart (snapshot of $count + tail of $((total - count))): ${SG_START_MS} ms to 'listening on'; server says: $(grep -o 'recovered .*' "$TMP/sg.err" | tail -1)"
+echo "   restart (snapshot of $count + tail of $((total - count))): ${SG_START_MS} ms to 'listening on'; server says: $(grep -o 'recovered .*' "$TMP/sg.err" | tail -1); $(grep -o 'freed memory handed back in [0-9]* ms' "$TMP/sg.err" | tail -1)"
 test "$(timeout 10 redis-cli -p "$SG_PORT" DBSIZE)" = "$total"
 echo "   VmRSS after recovery: $(rss_kb) kB"
 kill9

@@ -116,7 +116,12 @@ pub fn recover_engine(
     // memory back before the server starts serving.
     drop(snapshot);
     drop(events);
+    let trim = Instant::now();
     crate::metrics::sys::release_free_memory();
+    tracing::debug!(
+        "recovery: freed memory handed back in {} ms",
+        trim.elapsed().as_millis()
+    );
     engine.set_sink(wal.clone());
     let report = RecoveryReport {
         snapshot_lsn,

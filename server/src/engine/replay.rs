@@ -51,6 +51,12 @@ impl Engine {
                 sales.insert(sku, Arc::new(sale));
             }
         }
+        // Tokens spread evenly over the stripes: size each for its share (plus a margin
+        // for the unevenness) instead of growing it a dozen times.
+        let share = snap.reservations.len() / STRIPES;
+        for s in self.stripes.iter() {
+            s.lock().reserve(share + share / 16);
+        }
         let mut finished: Vec<&ReservationView> = Vec::new();
         for r in &snap.reservations {
             self.insert_restored(r, false);

@@ -180,6 +180,15 @@ impl Stripe {
         lsn
     }
 
+    /// Room for `additional` more reservations without growing (recovery knows how many
+    /// are coming; growing rehashes the index and copies the slab).
+    pub fn reserve(&mut self, additional: usize) {
+        self.slab.reserve(additional);
+        let slab = &self.slab;
+        self.index
+            .reserve(additional, |&i| key_hash(&slab[i as usize].key));
+    }
+
     /// Reservations held (all states).
     pub fn len(&self) -> usize {
         self.slab.len()
