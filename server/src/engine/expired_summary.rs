@@ -18,13 +18,12 @@ impl Engine {
         for s in self.stripes.iter() {
             let mut st = s.lock();
             st.advance(now);
-            for (at, token) in st.expired.iter() {
-                if let Some(r) = st.map.get(token) {
-                    let e = m.entry(r.sale.sku.clone()).or_insert((0, 0, *at));
-                    e.0 += 1;
-                    e.1 += r.qty as u64;
-                    e.2 = e.2.min(*at);
-                }
+            for &(at, idx) in st.expired.iter() {
+                let r = st.get(idx);
+                let e = m.entry(r.sale.sku.clone()).or_insert((0, 0, at));
+                e.0 += 1;
+                e.1 += r.qty as u64;
+                e.2 = e.2.min(at);
             }
         }
         m.into_iter().map(|(k, (n, u, t))| (k, n, u, t)).collect()

@@ -9,8 +9,8 @@ impl Engine {
         let mut st = self.stripes[stripe_of(token)].lock();
         let out = self.release_locked(&mut st, token, now, true);
         drop(st);
-        if let Some((sale, user, qty, tok)) = out.2 {
-            self.user_release(&sale, &user, qty, &tok, true);
+        if let Some((sale, user, qty, key)) = out.2 {
+            self.user_release(&sale, user, qty, &key, true);
         }
         (out.0, out.1)
     }
@@ -22,77 +22,75 @@ impl Engine {
         now: Millis,
         log: bool,
     ) -> (bool, Lsn, Option<UserUpdate>) {
-        let Some((key, r)) = st.map.get_key_value(token) else {
+        let Some(idx) = st.lookup(token) else {
             return (false, 0, None);
         };
-        if r.state != ResState::Reserved {
-            return (false, r.lsn, None);
+        if st.get(idx).state != ResState::Reserved {
+            return (false, st.last_lsn(), None);
         }
-        let key = key.clone();
-        let (lsn, upd) = self.finish_locked(st, key, now, ResState::Released, log);
+        let (lsn, upd) = self.finish_locked(st, idx, now, ResState::Released, log);
         (true, lsn, upd)
     }
 
     /// The one way a reservation leaves RESERVED (release and commit alike): out of the
     /// wheel, counters moved, logged under the stripe lock, queued for retention. The
-    /// caller has checked that `key` is RESERVED.
+    /// caller has checked that `idx` is RESERVED.
     pub(super) fn finish_locked(
         &self,
         st: &mut Stripe,
-        key: Arc<str>,
+        idx: u32,
         now: Millis,
         to: ResState,
         log: bool,
     ) -> (Lsn, Option<UserUpdate>) {
-        let (timer, expires_at) = match st.map.get(&key) {
-            Some(r) => (r.timer, r.expires_at),
-            None => return (0, None),
-        };
-        st.unschedule(&key, timer, expires_at);
-        let Some(r) = st.map.get_mut(&key) else {
-            return (0, None);
-        };
+        st.unschedule(idx);
+        let r = st.get_mut(idx);
         debug_assert_eq!(r.state, ResState::Reserved);
         r.state = to;
         r.finished_at = now;
-        r.timer = None;
         // Logged before the units move: a RELEASE's units become visible to other
         // buyers only once its record has an LSN, so a RESERVE that takes them is logged
         // (and acknowledged) after it and can never survive a crash without it.
         if log {
-            let token = &*key;
-            r.lsn = self.sink.record(&match to {
+            let token = r.token();
+            let token = token.as_str();
+            let lsn = self.sink.record(&match to {
                 ResState::Committed => EventRef::Committed { token, at_ms: now },
                 _ => EventRef::Released { token, at_ms: now },
             });
+            st.logged(lsn);
         }
+        let r = st.get(idx);
         match to {
             ResState::Released => r.sale.release(r.shard as usize, r.qty),
             ResState::Committed => r.sale.commit(r.shard as usize, r.qty),
             ResState::Reserved => debug_assert!(false, "finish to RESERVED"),
         }
-        let lsn = r.lsn;
-        let upd =
-            (r.sale.params.limit > 0).then(|| (r.sale.clone(), r.user.clone(), r.qty, key.clone()));
+        let key = r.key;
+        let upd = (r.sale.params.limit > 0).then(|| (r.sale.clone(), r.user, r.qty, key));
         st.finished.push_back((now, key));
-        (lsn, upd)
+        (st.last_lsn(), upd)
     }
 
     pub(super) fn user_release(
         &self,
         sale: &Sale,
-        user: &str,
+        user: names::UserId,
         qty: u32,
-        token: &Arc<str>,
+        key: &TokenKey,
         give_back: bool,
     ) {
-        let mut us = self.user_stripe(&sale.sku, user).lock();
-        if let Some(e) = us.get_mut(&*sale.sku).and_then(|m| m.get_mut(user)) {
+        let user = sale.users.name(user);
+        let mut us = self.user_stripe(&sale.sku, &user).lock();
+        if let Some(e) = us
+            .get_mut(&*sale.sku)
+            .and_then(|m| m.get_mut(user.as_str()))
+        {
             if give_back {
                 debug_assert!(e.held >= qty as u64);
                 e.held = e.held.saturating_sub(qty as u64);
             }
-            e.live.retain(|t| t != token);
+            e.live.retain(|t| t != key);
         }
     }
 
@@ -102,8 +100,8 @@ impl Engine {
         let mut st = self.stripes[stripe_of(token)].lock();
         let (res, upd) = self.commit_locked(&mut st, token, now, true);
         drop(st);
-        if let Some((sale, user, qty, tok)) = upd {
-            self.user_release(&sale, &user, qty, &tok, false);
+        if let Some((sale, user, qty, key)) = upd {
+            self.user_release(&sale, user, qty, &key, false);
         }
         res
     }
@@ -115,7 +113,7 @@ impl Engine {
         now: Millis,
         log: bool,
     ) -> (Result<(bool, Lsn), EngineError>, Option<UserUpdate>) {
-        let Some((key, r)) = st.map.get_key_value(token) else {
+        let Some(idx) = st.lookup(token) else {
             // Purged by retention: the tombstone still knows how it ended.
             let out = match st.tombs.get(&table::tomb_key(token)).map(|t| t.state) {
                 Some(ResState::Committed) => Ok((false, 0)),
@@ -124,8 +122,9 @@ impl Engine {
             };
             return (out, None);
         };
+        let r = st.get(idx);
         match r.state {
-            ResState::Committed => return (Ok((false, r.lsn)), None),
+            ResState::Committed => return (Ok((false, st.last_lsn())), None),
             ResState::Released => return (Err(EngineError::Released), None),
             ResState::Reserved => {}
         }
@@ -135,8 +134,7 @@ impl Engine {
         if log && r.sale.state() == SaleState::Fenced {
             return (Err(EngineError::Fenced), None);
         }
-        let key = key.clone();
-        let (lsn, upd) = self.finish_locked(st, key, now, ResState::Committed, log);
+        let (lsn, upd) = self.finish_locked(st, idx, now, ResState::Committed, log);
         (Ok((true, lsn)), upd)
     }
 
@@ -147,36 +145,30 @@ impl Engine {
         }
         let mut st = self.stripes[stripe_of(token)].lock();
         let now = self.clock.now_ms();
-        let Some((key, r)) = st.map.get_key_value(token) else {
+        let Some(idx) = st.lookup(token) else {
             return Err(EngineError::NoReservation);
         };
+        let r = st.get(idx);
         if r.state != ResState::Reserved {
             return Err(EngineError::NoReservation);
         }
         if r.expires_at <= now {
             return Err(EngineError::Expired);
         }
-        let key = key.clone();
-        let (timer, old) = (r.timer, r.expires_at);
         let new = now + ms;
-        st.unschedule(&key, timer, old);
-        let timer = st.schedule(&key, new);
+        st.reschedule(idx, new);
         let lsn = self.sink.record(&EventRef::Extended {
             token,
             expires_at_ms: new,
         });
-        if let Some(r) = st.map.get_mut(token) {
-            r.expires_at = new;
-            r.timer = timer;
-            r.lsn = lsn;
-        }
+        st.logged(lsn);
         Ok((new, lsn))
     }
 
     /// RESERVATION: the current record and the log position that made it.
     pub fn reservation(&self, token: &str) -> Option<(ReservationView, Lsn)> {
         let st = self.stripes[stripe_of(token)].lock();
-        st.map.get(token).map(|r| (r.view(token), r.lsn))
+        st.res(token).map(|r| (r.view(), st.last_lsn()))
     }
 
     /// EXPIRED: RESERVED reservations with `expires_at <= now`, oldest first, at most
@@ -188,15 +180,14 @@ impl Engine {
             let mut st = s.lock();
             st.advance(now);
             let mut taken = 0;
-            for (_, token) in st.expired.iter() {
+            for &(_, idx) in st.expired.iter() {
                 if taken >= count {
                     break;
                 }
-                if let Some(r) = st.map.get(token) {
-                    if sku.is_none_or(|k| *r.sale.sku == *k) {
-                        all.push(r.view(token));
-                        taken += 1;
-                    }
+                let r = st.get(idx);
+                if sku.is_none_or(|k| *r.sale.sku == *k) {
+                    all.push(r.view());
+                    taken += 1;
                 }
             }
         }
@@ -215,10 +206,11 @@ impl Engine {
             let mut st = s.lock();
             st.advance(now);
             if self.cfg.auto_release {
-                let due: Vec<Arc<str>> = st.expired.iter().map(|(_, t)| t.clone()).collect();
-                for t in due {
-                    let (released, lsn, upd) = self.release_locked(&mut st, &t, now, true);
-                    debug_assert!(released);
+                let due: Vec<u32> = st.expired.iter().map(|&(_, i)| i).collect();
+                for idx in due {
+                    debug_assert_eq!(st.get(idx).state, ResState::Reserved);
+                    let (lsn, upd) =
+                        self.finish_locked(&mut st, idx, now, ResState::Released, true);
                     last = last.max(lsn);
                     user_updates.extend(upd);
                 }
@@ -227,16 +219,18 @@ impl Engine {
                 if at.saturating_add(self.cfg.retention_ms) > now {
                     break;
                 }
-                let Some((_, t)) = st.finished.pop_front() else {
+                let Some((_, key)) = st.finished.pop_front() else {
                     break;
                 };
-                if st.purge(&t) {
-                    last = last.max(self.sink.record(&EventRef::Purged { token: &t }));
+                if let Some(t) = st.purge_key(&key) {
+                    let token = t.as_str();
+                    let lsn = self.sink.record(&EventRef::Purged { token });
+                    last = last.max(st.logged(lsn));
                 }
             }
         }
-        for (sale, user, qty, tok) in user_updates {
-            self.user_release(&sale, &user, qty, &tok, true);
+        for (sale, user, qty, key) in user_updates {
+            self.user_release(&sale, user, qty, &key, true);
         }
         last
     }

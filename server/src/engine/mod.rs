@@ -6,6 +6,9 @@
 //! 2. a reservation stripe (all of them, in index order, when the world is stopped),
 //! 3. the sales registry (read) and a sale's admin lock.
 //!
+//! A sale's user-name table (`names`) has locks of its own, taken last and briefly: nothing
+//! is locked while one is held.
+//!
 //! The reserve path takes no exclusive lock shared by all buyers: the registry is read
 //! locked (shared), the reservation stripe is chosen by token, and stock is taken from a
 //! shard counter by compare-and-swap.
@@ -18,6 +21,7 @@ mod expired_summary;
 pub mod fasthash;
 pub mod ident;
 mod lifecycle;
+pub mod names;
 mod rebuild;
 mod replay;
 mod reserve;
@@ -38,7 +42,7 @@ pub use error::EngineError;
 pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 use sale::{fnv1a, split, Sale};
 use table::{Res, Stripe};
-pub use token::{Keyring, ReservationKey};
+pub use token::{Keyring, ReservationKey, TokenKey};
 pub use types::*;
 
 const STRIPES: usize = 128;
@@ -109,14 +113,15 @@ pub enum ReserveOutcome {
 struct UserEntry {
     /// Units RESERVED or COMMITTED by this user in this sale.
     held: u64,
-    live: Vec<Arc<str>>,
+    /// Keys of the user's RESERVED reservations (tokens are `{sku}` + key).
+    live: Vec<TokenKey>,
 }
 
 type UserStripe = HashMap<Arc<str>, HashMap<Box<str>, UserEntry>>;
 
 /// What a finished reservation changes in its user's entry (limited sales only), applied
-/// after the stripe lock is dropped: (sale, user, qty, token).
-type UserUpdate = (Arc<Sale>, Arc<str>, u32, Arc<str>);
+/// after the stripe lock is dropped: (sale, user, qty, token key).
+type UserUpdate = (Arc<Sale>, names::UserId, u32, TokenKey);
 
 pub struct Engine {
     cfg: EngineConfig,
@@ -232,7 +237,7 @@ impl Engine {
 
     /// Number of reservations held in memory (all states), for INFO.
     pub fn reservation_count(&self) -> usize {
-        self.stripes.iter().map(|s| s.lock().map.len()).sum()
+        self.stripes.iter().map(|s| s.lock().len()).sum()
     }
 }
 

@@ -74,23 +74,45 @@ impl Engine {
             return Err(EngineError::Argument("qty must be 1..=1000000"));
         }
         let sale = self.sale(sku)?;
-        let token: Arc<str> = self.rkey.derive(sku, user, request_id).into();
+        let key = self.rkey.derive_key(sku, user, request_id);
+        let token = token::token_text(sku, &key);
         let mut users = (sale.params.limit > 0).then(|| self.user_stripe(sku, user).lock());
         let mut st = self.stripes[stripe_of(&token)].lock();
         if sale.state() != SaleState::Fenced {
             return Err(EngineError::NotFenced);
         }
-        if let Some(r) = st.map.get(&token) {
-            return Ok((false, token, r.lsn));
+        if st.find(sku, &key).is_some() {
+            return Ok((false, token, st.last_lsn()));
         }
         if st.tombs.contains_key(&table::tomb_key(&token)) {
             return Ok((false, token, 0));
         }
+        if !st.has_room() {
+            return Err(EngineError::Argument("reservation table full"));
+        }
+        let Some(user_id) = sale.users.intern(user) else {
+            return Err(EngineError::Argument("too many users in this sale"));
+        };
         let now = self.clock.now_ms();
         let expires_at = expires_at.min(now + MAX_TTL_MS);
         let shard = sale.home_shard(user) as u16;
+        let Some(idx) = st.insert(Res {
+            key,
+            sale: sale.clone(),
+            request_id: request_id.into(),
+            user: user_id,
+            qty,
+            shard,
+            state: ResState::Reserved,
+            expires_at,
+            created_at,
+            finished_at: 0,
+            links: wheel::Links::NONE,
+        }) else {
+            return Err(EngineError::Argument("reservation table full"));
+        };
         sale.add_reserved(shard as usize, qty);
-        let timer = st.schedule(&token, expires_at);
+        st.schedule(idx);
         let mut lsn = self.sink.record(&EventRef::Reserved {
             token: &token,
             sku,
@@ -101,26 +123,11 @@ impl Engine {
             expires_at_ms: expires_at,
             created_at_ms: created_at,
         });
-        st.map.insert(
-            token.clone(),
-            Res {
-                sale: sale.clone(),
-                user: user.into(),
-                request_id: request_id.into(),
-                qty,
-                shard,
-                state: ResState::Reserved,
-                expires_at,
-                created_at,
-                finished_at: 0,
-                timer,
-                lsn,
-            },
-        );
+        st.logged(lsn);
         if state != ResState::Reserved {
             // The user entry is updated below from the final state, not through
             // `user_release` (which would take the user stripe this call holds).
-            let (l, _) = self.finish_locked(&mut st, token.clone(), now, state, true);
+            let (l, _) = self.finish_locked(&mut st, idx, now, state, true);
             lsn = l;
         }
         if let Some(us) = users.as_mut() {
@@ -132,7 +139,7 @@ impl Engine {
             match state {
                 ResState::Reserved => {
                     e.held += qty as u64;
-                    e.live.push(token.clone());
+                    e.live.push(key);
                 }
                 ResState::Committed => e.held += qty as u64,
                 ResState::Released => {}
@@ -196,7 +203,7 @@ pub(super) fn reserved_units(world: &WorldGuard<'_>, sale: &Arc<Sale>) -> Vec<u6
     let held = world
         ._stripes
         .iter()
-        .flat_map(|st| st.map.values())
+        .flat_map(|st| st.iter())
         .filter(|r| Arc::ptr_eq(&r.sale, sale) && r.state == ResState::Reserved);
     for r in held {
         per_shard[r.shard as usize % n] += u64::from(r.qty);

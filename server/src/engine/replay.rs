@@ -14,18 +14,19 @@ impl Engine {
         sales.sort_by(|a, b| a.sku.cmp(&b.sku));
         // Under the stopped world only reference counts are bumped; the owned views are
         // built after the world resumes, so the pause stays short for large tables.
-        let total: usize = world._stripes.iter().map(|st| st.map.len()).sum();
-        let mut raw: Vec<(Arc<str>, Res)> = Vec::with_capacity(total);
+        let total: usize = world._stripes.iter().map(|st| st.len()).sum();
+        let mut raw: Vec<Res> = Vec::with_capacity(total);
         let mut tombs_raw: Vec<(u128, table::Tomb)> = Vec::new();
         for st in world._stripes.iter() {
-            raw.extend(st.map.iter().map(|(t, r)| (t.clone(), r.clone())));
+            raw.extend(st.iter().cloned());
             tombs_raw.extend(st.tombs.iter().map(|(k, t)| (*k, t.clone())));
         }
         let r = cut();
         drop(guards);
         drop(sales_map);
         drop(world);
-        let reservations = raw.iter().map(|(t, r)| r.view(t)).collect();
+        // User ids stay valid after the locks are gone: a sale never frees a name.
+        let reservations = raw.iter().map(Res::view).collect();
         let mut tombs: Vec<TombView> = tombs_raw.iter().map(|(k, t)| t.view(*k)).collect();
         tombs.sort_by_key(|t| t.key);
         (
@@ -50,6 +51,12 @@ impl Engine {
                 sales.insert(sku, Arc::new(sale));
             }
         }
+        // Tokens spread evenly over the stripes: size each for its share (plus a margin
+        // for the unevenness) instead of growing it a dozen times.
+        let share = snap.reservations.len() / STRIPES;
+        for s in self.stripes.iter() {
+            s.lock().reserve(share + share / 16);
+        }
         let mut finished: Vec<&ReservationView> = Vec::new();
         for r in &snap.reservations {
             self.insert_restored(r, false);
@@ -62,11 +69,13 @@ impl Engine {
         }
         finished.sort_by_key(|r| r.finished_at_ms);
         for r in finished {
-            let token: Arc<str> = r.token.as_str().into();
-            self.stripes[stripe_of(&token)]
+            let Some((_, key)) = token::decode_token(&r.token) else {
+                continue;
+            };
+            self.stripes[stripe_of(&r.token)]
                 .lock()
                 .finished
-                .push_back((r.finished_at_ms, token));
+                .push_back((r.finished_at_ms, key));
         }
     }
 
@@ -77,8 +86,33 @@ impl Engine {
             debug_assert!(false, "reservation for unknown sale {}", r.sku);
             return;
         };
-        let token: Arc<str> = r.token.as_str().into();
-        let mut st = self.stripes[stripe_of(&token)].lock();
+        // Tokens come from this engine's own log or snapshot, written by `token_buf`; a
+        // token that does not decode, or does not belong to its sale, is not ours.
+        let Some((_, key)) = token::decode_token(&r.token).filter(|(s, _)| *s == r.sku) else {
+            debug_assert!(false, "undecodable token {}", r.token);
+            return;
+        };
+        let Some(user) = sale.users.intern(&r.user) else {
+            debug_assert!(false, "user table full");
+            return;
+        };
+        let mut st = self.stripes[stripe_of(&r.token)].lock();
+        let Some(idx) = st.insert(Res {
+            key,
+            sale: sale.clone(),
+            request_id: r.request_id.as_str().into(),
+            user,
+            qty: r.qty,
+            shard: r.shard,
+            state: r.state,
+            expires_at: r.expires_at_ms,
+            created_at: r.created_at_ms,
+            finished_at: r.finished_at_ms,
+            links: wheel::Links::NONE,
+        }) else {
+            debug_assert!(false, "stripe full");
+            return;
+        };
         let shard = r.shard as usize % sale.shard_count();
         if r.state == ResState::Reserved {
             // A logged RESERVE on a fenced sale (SALE.RESTORE) took no stock.
@@ -87,28 +121,8 @@ impl Engine {
             } else {
                 sale.add_reserved(shard, r.qty);
             }
+            st.schedule(idx);
         }
-        let timer = if r.state == ResState::Reserved {
-            st.schedule(&token, r.expires_at_ms)
-        } else {
-            None
-        };
-        st.map.insert(
-            token.clone(),
-            Res {
-                sale: sale.clone(),
-                user: r.user.as_str().into(),
-                request_id: r.request_id.as_str().into(),
-                qty: r.qty,
-                shard: r.shard,
-                state: r.state,
-                expires_at: r.expires_at_ms,
-                created_at: r.created_at_ms,
-                finished_at: r.finished_at_ms,
-                timer,
-                lsn: 0,
-            },
-        );
         drop(st);
         if sale.params.limit > 0 && r.state != ResState::Released {
             let mut us = self.user_stripe(&r.sku, &r.user).lock();
@@ -119,7 +133,7 @@ impl Engine {
                 .or_default();
             e.held += r.qty as u64;
             if r.state == ResState::Reserved {
-                e.live.push(token);
+                e.live.push(key);
             }
         }
     }
@@ -132,13 +146,14 @@ impl Engine {
         let mut seen = 0;
         for s in self.stripes.iter() {
             let st = s.lock();
-            for (token, r) in st.map.iter() {
+            for r in st.iter() {
                 if seen >= sample {
                     return Ok(());
                 }
                 seen += 1;
-                if self.rkey.derive(&r.sale.sku, &r.user, &r.request_id) != **token {
-                    return Err(token.to_string());
+                let user = r.sale.users.name(r.user);
+                if self.rkey.derive_key(&r.sale.sku, &user, &r.request_id) != r.key {
+                    return Err(r.token().as_str().to_string());
                 }
             }
         }
@@ -201,8 +216,8 @@ impl Engine {
             Event::Reserved { token, .. } => {
                 let exists = self.stripes[stripe_of(token)]
                     .lock()
-                    .map
-                    .contains_key(token.as_str());
+                    .lookup(token)
+                    .is_some();
                 debug_assert!(!exists, "reserved twice in the log");
                 if let (false, Some(view)) = (exists, ev.reserved_view()) {
                     self.insert_restored(&view, true);
@@ -212,16 +227,16 @@ impl Engine {
                 let mut st = self.stripes[stripe_of(token)].lock();
                 let (_, _, upd) = self.release_locked(&mut st, token, *at_ms, false);
                 drop(st);
-                if let Some((sale, user, qty, tok)) = upd {
-                    self.user_release(&sale, &user, qty, &tok, true);
+                if let Some((sale, user, qty, key)) = upd {
+                    self.user_release(&sale, user, qty, &key, true);
                 }
             }
             Event::Committed { token, at_ms } => {
                 let mut st = self.stripes[stripe_of(token)].lock();
                 let (_, upd) = self.commit_locked(&mut st, token, *at_ms, false);
                 drop(st);
-                if let Some((sale, user, qty, tok)) = upd {
-                    self.user_release(&sale, &user, qty, &tok, false);
+                if let Some((sale, user, qty, key)) = upd {
+                    self.user_release(&sale, user, qty, &key, false);
                 }
             }
             Event::Extended {
@@ -229,14 +244,11 @@ impl Engine {
                 expires_at_ms,
             } => {
                 let mut st = self.stripes[stripe_of(token)].lock();
-                if let Some((key, r)) = st.map.get_key_value(token.as_str()) {
-                    let key = key.clone();
-                    let (timer, old) = (r.timer, r.expires_at);
-                    st.unschedule(&key, timer, old);
-                    let timer = st.schedule(&key, *expires_at_ms);
-                    if let Some(r) = st.map.get_mut(token.as_str()) {
-                        r.expires_at = *expires_at_ms;
-                        r.timer = timer;
+                if let Some(idx) = st.lookup(token) {
+                    if st.get(idx).state == ResState::Reserved {
+                        st.reschedule(idx, *expires_at_ms);
+                    } else {
+                        debug_assert!(false, "EXTEND of a finished reservation in the log");
                     }
                 }
             }

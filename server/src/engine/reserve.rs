@@ -1,5 +1,6 @@
 //! The buyer path: RESERVE, deciding in PROTOCOL.md's order, and bounded stealing.
 
+use super::wheel::Links;
 use super::*;
 
 impl Engine {
@@ -20,7 +21,8 @@ impl Engine {
             .verify(req.admission, req.sku, req.user)
             .map_err(|d| EngineError::Denied(d.as_str()))?;
         // On the stack: a replay or a refusal never allocates it.
-        let token_buf = self.rkey.derive_buf(req.sku, req.user, req.request_id);
+        let key = self.rkey.derive_key(req.sku, req.user, req.request_id);
+        let token_buf = token::token_buf(req.sku, &key);
         let token = token_buf.as_str();
         let limit = sale.params.limit;
         let mut users = if limit > 0 {
@@ -31,14 +33,15 @@ impl Engine {
         let mut st = self.stripes[stripe_of(token)].lock();
         // Read the clock under the lock: expiry deadlines then never trail the wheel.
         let now = self.clock.now_ms();
-        if let Some((k, r)) = st.map.get_key_value(token) {
+        if let Some(i) = st.find(req.sku, &key) {
+            let r = st.get(i);
             return Ok((
                 ReserveOutcome::Replay {
-                    token: k.clone(),
+                    token: token.into(),
                     expires_at_ms: r.expires_at,
                     shard: r.shard,
                 },
-                r.lsn,
+                st.last_lsn(),
             ));
         }
         if let Some(t) = st.tombs.get(&table::tomb_key(token)) {
@@ -60,6 +63,9 @@ impl Engine {
             SaleState::Paused => return Err(EngineError::Paused),
             SaleState::Fenced => return Err(EngineError::Fenced),
         }
+        if !st.has_room() {
+            return Err(EngineError::Argument("reservation table full"));
+        }
         let mut entry = None;
         if let Some(us) = users.as_mut() {
             let e = us
@@ -70,7 +76,11 @@ impl Engine {
             if e.held + req.qty as u64 > limit as u64 {
                 return Ok((
                     ReserveOutcome::Limit {
-                        live: e.live.clone(),
+                        live: e
+                            .live
+                            .iter()
+                            .map(|k| token::token_text(req.sku, k))
+                            .collect(),
                     },
                     0,
                 ));
@@ -80,11 +90,33 @@ impl Engine {
         let Some(shard) = self.take_stock(&sale, req.user, req.qty) else {
             return Ok((ReserveOutcome::SoldOut, 0));
         };
+        // Interned only now: a refused buyer leaves nothing behind.
+        let Some(user) = sale.users.intern(req.user) else {
+            // Nothing is logged yet: putting the units back undoes the take entirely.
+            sale.release(shard as usize, req.qty);
+            return Err(EngineError::Argument("too many users in this sale"));
+        };
         let expires_at = now + sale.params.ttl_ms;
-        let token: Arc<str> = token.into();
-        let timer = st.schedule(&token, expires_at);
+        let Some(idx) = st.insert(Res {
+            key,
+            sale: sale.clone(),
+            request_id: req.request_id.into(),
+            user,
+            qty: req.qty,
+            shard,
+            state: ResState::Reserved,
+            expires_at,
+            created_at: now,
+            finished_at: 0,
+            links: Links::NONE,
+        }) else {
+            // `has_room` was checked under this lock; kept safe all the same.
+            sale.release(shard as usize, req.qty);
+            return Err(EngineError::Argument("reservation table full"));
+        };
+        st.schedule(idx);
         let lsn = self.sink.record(&EventRef::Reserved {
-            token: &token,
+            token,
             sku: req.sku,
             user: req.user,
             request_id: req.request_id,
@@ -93,29 +125,14 @@ impl Engine {
             expires_at_ms: expires_at,
             created_at_ms: now,
         });
-        st.map.insert(
-            token.clone(),
-            Res {
-                sale: sale.clone(),
-                user: req.user.into(),
-                request_id: req.request_id.into(),
-                qty: req.qty,
-                shard,
-                state: ResState::Reserved,
-                expires_at,
-                created_at: now,
-                finished_at: 0,
-                timer,
-                lsn,
-            },
-        );
+        st.logged(lsn);
         if let Some(e) = entry {
             e.held += req.qty as u64;
-            e.live.push(token.clone());
+            e.live.push(key);
         }
         Ok((
             ReserveOutcome::Reserved {
-                token,
+                token: token.into(),
                 expires_at_ms: expires_at,
                 shard,
             },

@@ -7,6 +7,7 @@ use crossbeam::utils::CachePadded;
 use parking_lot::Mutex;
 use portable_atomic::AtomicI128;
 
+use super::names::Names;
 use super::types::{SaleParams, SaleState, SaleView};
 
 /// A shard's three counters packed in one 128-bit word, so every transition of a
@@ -74,6 +75,8 @@ pub struct Sale {
     /// Serialises administrative changes (ADJUST, REBUILD, state) with snapshots and
     /// consistent views; the reserve path never takes it.
     pub admin: Mutex<()>,
+    /// The users holding (or having held) reservations in this sale, by 4-byte id.
+    pub users: Names,
 }
 
 /// Stable 64-bit FNV-1a: the user → shard mapping must not change across restarts or
@@ -108,6 +111,7 @@ impl Sale {
             shards,
             state: AtomicU8::new(state.to_u8()),
             admin: Mutex::new(()),
+            users: Names::default(),
         }
     }
 

@@ -4,44 +4,66 @@
 //! A reservation's every transition happens under its stripe's lock, and the engine logs
 //! the transition before it lets go of that lock: this is what makes "exactly once" and
 //! "log order matches transition order" hold for one reservation.
+//!
+//! Memory (the table is most of the server's): a reservation is one [`Res`] of about
+//! 104 bytes in the stripe's slab, named everywhere inside the stripe by its `u32` slab
+//! index, plus about 10 bytes of index. It is keyed by the 16 bytes its token encodes,
+//! not by the token's text (the `{sku}` tag is the sale's); its user is a 4-byte id
+//! interned in the sale; its request id is inline up to 24 bytes; the expiry wheel links
+//! through the record itself. Texts are rebuilt when a reply or a view needs them.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use super::event::Lsn;
-use super::fasthash::TokenMap;
-use super::sale::Sale;
-use super::types::{Millis, ResState, ReservationView, TombView};
-use super::wheel::{Handle, Wheel};
+use compact_str::CompactString;
+use hashbrown::HashTable;
+use slab::Slab;
 
-/// Strings are `Arc` so a snapshot can copy a reservation under the stopped world with
-/// reference-count bumps instead of allocations, and build the owned view afterwards.
+use super::event::Lsn;
+use super::names::UserId;
+use super::sale::Sale;
+use super::token::{decode_token, token_buf, TokenBuf, TokenKey};
+use super::types::{Millis, ResState, ReservationView, TombView};
+use super::wheel::{Links, Timers, Wheel};
+
+/// One reservation. `Clone` is cheap (a reference count and a copy; an allocation only
+/// for request ids over 24 bytes) so a snapshot copies records under the stopped world
+/// and builds the owned views afterwards.
 #[derive(Clone)]
 pub struct Res {
+    pub key: TokenKey,
     pub sale: Arc<Sale>,
-    pub user: Arc<str>,
-    pub request_id: Arc<str>,
+    pub request_id: CompactString,
+    pub user: UserId,
     pub qty: u32,
     pub shard: u16,
     pub state: ResState,
     pub expires_at: Millis,
     pub created_at: Millis,
     pub finished_at: Millis,
-    /// Present while the reservation waits in the wheel; `None` once it is in the
-    /// expired set or finished.
-    pub timer: Option<Handle>,
-    /// The last log position that changed this reservation: a reply that reports its
-    /// state (REPLAY, `:0`) waits for it, so nobody hears of a state that could vanish.
-    pub lsn: Lsn,
+    /// Its place in the stripe's wheel: linked while it waits there, unlinked once it is
+    /// in the expired set or finished. `expires_at` changes only while unlinked.
+    pub links: Links,
+    // No log position of its own: the stripe's `last_lsn` stands in for it (8 bytes per
+    // reservation; see there).
 }
 
 impl Res {
-    pub fn view(&self, token: &str) -> ReservationView {
+    /// The token's text, on the stack.
+    pub fn token(&self) -> TokenBuf {
+        token_buf(&self.sale.sku, &self.key)
+    }
+
+    pub fn token_arc(&self) -> Arc<str> {
+        self.token().as_str().into()
+    }
+
+    pub fn view(&self) -> ReservationView {
         ReservationView {
-            token: token.to_string(),
+            token: self.token().as_str().to_string(),
             sku: self.sale.sku.to_string(),
-            user: self.user.to_string(),
+            user: self.sale.users.name(self.user),
             request_id: self.request_id.to_string(),
             qty: self.qty,
             shard: self.shard,
@@ -87,66 +109,211 @@ pub fn tomb_key(token: &str) -> u128 {
     (u128::from(a) << 64) | u128::from(b)
 }
 
+/// The index's hash of a token key: its first 8 bytes, already uniform (an HMAC output
+/// chosen by the server, never by a client).
+fn key_hash(key: &TokenKey) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&key[..8]);
+    u64::from_le_bytes(w)
+}
+
+/// The wheel's entries are the slab's records. Indices come only from the stripe's own
+/// bookkeeping (index, wheel lists, expired set), all kept in step with the slab, so an
+/// index that is not in the slab is a bug: indexing panics rather than guess.
+impl Timers for Slab<Res> {
+    fn deadline(&self, idx: u32) -> u64 {
+        self[idx as usize].expires_at
+    }
+    fn links(&self, idx: u32) -> Links {
+        self[idx as usize].links
+    }
+    fn links_mut(&mut self, idx: u32) -> &mut Links {
+        &mut self[idx as usize].links
+    }
+}
+
 pub struct Stripe {
-    pub map: TokenMap<Res>,
+    slab: Slab<Res>,
+    /// Slab indices by token key.
+    index: HashTable<u32>,
     /// Finished reservations purged by retention, kept compactly for as long as the
     /// engine's state lives (snapshots carry them), so a retry never takes stock again.
     pub tombs: HashMap<u128, Tomb, BuildHasherDefault<TombHasher>>,
-    pub wheel: Wheel<Arc<str>>,
+    wheel: Wheel,
     /// RESERVED reservations whose deadline passed, oldest first (what EXPIRED lists).
-    pub expired: BTreeSet<(Millis, Arc<str>)>,
-    /// Finished reservations in (roughly) finishing order, for retention.
-    pub finished: VecDeque<(Millis, Arc<str>)>,
+    pub expired: BTreeSet<(Millis, u32)>,
+    /// Finished reservations in (roughly) finishing order, for retention. By key, not by
+    /// slab index: a replayed PURGE frees a record whose entry here stays behind.
+    pub finished: VecDeque<(Millis, TokenKey)>,
+    /// The highest log position of a record logged under this stripe's lock. Every record
+    /// that changes a reservation is logged under its stripe's lock, so this is at least
+    /// the last position that changed any reservation here: a reply that reports a
+    /// reservation's state (REPLAY, RESERVATION, `:0`) waits for it, so nobody hears of a
+    /// state that could vanish. It may wait for a later record of another reservation of
+    /// the stripe too (one more group commit at most), the price of not keeping 8 bytes
+    /// of log position in every reservation.
+    last_lsn: Lsn,
 }
 
 impl Stripe {
     pub fn new(now: Millis, capacity: usize) -> Self {
         Stripe {
-            map: TokenMap::with_capacity_and_hasher(capacity, Default::default()),
+            slab: Slab::with_capacity(capacity),
+            index: HashTable::with_capacity(capacity),
             tombs: HashMap::default(),
             wheel: Wheel::new(now),
             expired: BTreeSet::new(),
             finished: VecDeque::new(),
+            last_lsn: 0,
         }
     }
 
-    /// Schedules the expiry of `token` (already in the map or about to be).
-    pub fn schedule(&mut self, token: &Arc<str>, expires_at: Millis) -> Option<Handle> {
-        match self.wheel.insert(expires_at, token.clone()) {
-            Ok(h) => Some(h),
-            Err(t) => {
-                self.expired.insert((expires_at, t));
-                None
-            }
+    /// See the field: what a reply about any reservation of this stripe waits for.
+    pub fn last_lsn(&self) -> Lsn {
+        self.last_lsn
+    }
+
+    /// Notes a record logged under this stripe's lock; returns its position.
+    pub fn logged(&mut self, lsn: Lsn) -> Lsn {
+        debug_assert!(lsn >= self.last_lsn || lsn == 0, "log positions go back");
+        self.last_lsn = self.last_lsn.max(lsn);
+        lsn
+    }
+
+    /// Room for `additional` more reservations without growing (recovery knows how many
+    /// are coming; growing rehashes the index and copies the slab).
+    pub fn reserve(&mut self, additional: usize) {
+        self.slab.reserve(additional);
+        let slab = &self.slab;
+        self.index
+            .reserve(additional, |&i| key_hash(&slab[i as usize].key));
+    }
+
+    /// Reservations held (all states).
+    pub fn len(&self) -> usize {
+        self.slab.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slab.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Res> {
+        self.slab.iter().map(|(_, r)| r)
+    }
+
+    /// Whether one more reservation fits (indices are `u32`, the wheel's `NIL` excluded).
+    pub fn has_room(&self) -> bool {
+        self.slab.vacant_key() < super::wheel::NIL as usize
+    }
+
+    fn find_key(&self, key: &TokenKey) -> Option<u32> {
+        self.index
+            .find(key_hash(key), |&i| self.slab[i as usize].key == *key)
+            .copied()
+    }
+
+    /// The reservation of sale `sku` whose token encodes `key`.
+    pub fn find(&self, sku: &str, key: &TokenKey) -> Option<u32> {
+        self.find_key(key)
+            .filter(|&i| *self.slab[i as usize].sale.sku == *sku)
+    }
+
+    /// The reservation named by a token's text; `None` for text this server never
+    /// writes (see [`decode_token`]).
+    pub fn lookup(&self, token: &str) -> Option<u32> {
+        let (sku, key) = decode_token(token)?;
+        self.find(sku, &key)
+    }
+
+    /// `idx` must come from this stripe (`find`, `lookup`, `insert`, the expired set).
+    pub fn get(&self, idx: u32) -> &Res {
+        &self.slab[idx as usize]
+    }
+
+    pub fn get_mut(&mut self, idx: u32) -> &mut Res {
+        &mut self.slab[idx as usize]
+    }
+
+    pub fn res(&self, token: &str) -> Option<&Res> {
+        self.lookup(token).map(|i| self.get(i))
+    }
+
+    /// Adds a reservation whose key is not in the stripe yet, unscheduled; `None` if the
+    /// stripe is full (see [`Stripe::has_room`]).
+    pub fn insert(&mut self, res: Res) -> Option<u32> {
+        if !self.has_room() {
+            return None;
+        }
+        debug_assert!(self.find_key(&res.key).is_none(), "token key twice");
+        debug_assert!(!res.links.is_linked());
+        let hash = key_hash(&res.key);
+        let idx = self.slab.insert(res) as u32;
+        let slab = &self.slab;
+        self.index
+            .insert_unique(hash, idx, |&i| key_hash(&slab[i as usize].key));
+        Some(idx)
+    }
+
+    /// Schedules the expiry of `idx` at its `expires_at`: into the wheel, or straight
+    /// into the expired set if already due.
+    pub fn schedule(&mut self, idx: u32) {
+        if !self.wheel.insert(&mut self.slab, idx) {
+            let at = self.slab[idx as usize].expires_at;
+            self.expired.insert((at, idx));
         }
     }
 
     /// Takes a reservation out of the wheel or the expired set.
-    pub fn unschedule(&mut self, token: &Arc<str>, timer: Option<Handle>, expires_at: Millis) {
-        let in_wheel = timer.and_then(|h| self.wheel.cancel(h)).is_some();
-        if !in_wheel {
-            self.expired.remove(&(expires_at, token.clone()));
+    pub fn unschedule(&mut self, idx: u32) {
+        if !self.wheel.cancel(&mut self.slab, idx) {
+            let at = self.slab[idx as usize].expires_at;
+            self.expired.remove(&(at, idx));
         }
     }
 
-    /// Retention: replaces a finished reservation's record by its tombstone. Returns
-    /// false (and changes nothing) unless `token` is a finished reservation.
+    /// Moves the deadline of a RESERVED reservation (EXTEND).
+    pub fn reschedule(&mut self, idx: u32, expires_at: Millis) {
+        self.unschedule(idx);
+        self.slab[idx as usize].expires_at = expires_at;
+        self.schedule(idx);
+    }
+
+    /// Retention: replaces the finished reservation with this key by its tombstone and
+    /// returns its token (for the log). `None` (and nothing changes) unless `key` is a
+    /// finished reservation.
+    pub fn purge_key(&mut self, key: &TokenKey) -> Option<TokenBuf> {
+        let idx = self.find_key(key)?;
+        self.purge_at(idx)
+    }
+
+    /// [`Stripe::purge_key`] by the token's text (log replay).
     pub fn purge(&mut self, token: &str) -> bool {
-        if !self
-            .map
-            .get(token)
-            .is_some_and(|r| r.state != ResState::Reserved)
-        {
-            return false;
+        self.lookup(token)
+            .and_then(|idx| self.purge_at(idx))
+            .is_some()
+    }
+
+    fn purge_at(&mut self, idx: u32) -> Option<TokenBuf> {
+        let r = self.slab.get(idx as usize)?;
+        if r.state == ResState::Reserved {
+            return None;
         }
-        let Some(r) = self.map.remove(token) else {
-            return false;
-        };
+        // Finished: out of the wheel and the expired set since it left RESERVED.
+        debug_assert!(!r.links.is_linked());
+        let hash = key_hash(&r.key);
+        if let Ok(e) = self.index.find_entry(hash, |&i| i == idx) {
+            e.remove();
+        } else {
+            debug_assert!(false, "slab entry {idx} not indexed");
+        }
+        let r = self.slab.remove(idx as usize);
+        let token = r.token();
         let keep_user = r.state == ResState::Committed && r.sale.params.limit > 0;
         self.tombs.insert(
-            tomb_key(token),
+            tomb_key(token.as_str()),
             Tomb {
-                user: keep_user.then(|| r.user.clone()),
+                user: keep_user.then(|| r.sale.users.name(r.user).into()),
                 sale: r.sale,
                 state: r.state,
                 qty: r.qty,
@@ -154,7 +321,7 @@ impl Stripe {
                 expires_at: r.expires_at,
             },
         );
-        true
+        Some(token)
     }
 
     /// Moves everything due by `now` from the wheel into the expired set.
@@ -163,14 +330,12 @@ impl Stripe {
             return;
         }
         let mut fired = Vec::new();
-        self.wheel.poll(now, &mut fired);
-        for (deadline, token) in fired {
-            if let Some(r) = self.map.get_mut(&token) {
-                debug_assert_eq!(r.state, ResState::Reserved);
-                debug_assert_eq!(r.expires_at, deadline);
-                r.timer = None;
-                self.expired.insert((deadline, token));
-            }
+        self.wheel.poll(&mut self.slab, now, &mut fired);
+        for idx in fired {
+            let r = &self.slab[idx as usize];
+            debug_assert_eq!(r.state, ResState::Reserved);
+            debug_assert!(r.expires_at <= now);
+            self.expired.insert((r.expires_at, idx));
         }
     }
 }
@@ -190,5 +355,26 @@ impl Hasher for TombHasher {
     }
     fn write_u128(&mut self, v: u128) {
         self.0 = v as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The record's size is the memory budget of a live reservation (README, "Memory per
+    /// reservation"): a field added here costs a million times its size at a million held.
+    #[test]
+    fn record_stays_small() {
+        assert!(
+            std::mem::size_of::<Res>() <= 96,
+            "{}",
+            std::mem::size_of::<Res>()
+        );
+        // A vacant slab entry costs nothing extra: the enum uses the record's niche.
+        assert_eq!(
+            std::mem::size_of::<Option<Res>>(),
+            std::mem::size_of::<Res>()
+        );
     }
 }

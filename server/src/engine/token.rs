@@ -405,9 +405,15 @@ impl ReservationKey {
     }
 
     /// [`ReservationKey::derive`] into a stack buffer: RESERVE derives a token on every
-    /// call (replays and refusals included), and only a new reservation needs it on the
-    /// heap, once, as the table's key.
+    /// call (replays and refusals included), and only its reply needs the text.
     pub fn derive_buf(&self, sku: &str, user: &str, request_id: &str) -> TokenBuf {
+        token_buf(sku, &self.derive_key(sku, user, request_id))
+    }
+
+    /// The 128 bits a reservation token encodes: the first 16 bytes of
+    /// HMAC(key, sku|user|request-id). The table keys reservations by these bytes (the
+    /// sku is the sale's), not by the token's text.
+    pub fn derive_key(&self, sku: &str, user: &str, request_id: &str) -> TokenKey {
         let mut mac = self.mac.clone();
         mac.update(sku.as_bytes());
         mac.update(b"|");
@@ -417,26 +423,85 @@ impl ReservationKey {
         let out = mac.finalize().into_bytes();
         let mut first = [0u8; 16];
         first.copy_from_slice(&out[..16]);
-        let mut tail = [0u8; TOKEN_B32_LEN];
-        base32_lower_into(&first, &mut tail);
-        let len = sku.len() + 2 + TOKEN_B32_LEN;
-        if len > INLINE_TOKEN {
-            // Only for skus longer than the protocol allows (the engine refuses those
-            // before it derives anything); kept correct all the same.
-            let mut token = String::with_capacity(len);
-            token.push('{');
-            token.push_str(sku);
-            token.push('}');
-            token.extend(tail.iter().map(|&b| b as char));
-            return TokenBuf::Heap(token);
-        }
-        let mut buf = [0u8; INLINE_TOKEN];
-        buf[0] = b'{';
-        buf[1..1 + sku.len()].copy_from_slice(sku.as_bytes());
-        buf[1 + sku.len()] = b'}';
-        buf[2 + sku.len()..len].copy_from_slice(&tail);
-        TokenBuf::Inline(buf, len as u8)
+        first
     }
+}
+
+/// The binary form of a reservation token (without its `{sku}` tag).
+pub type TokenKey = [u8; 16];
+
+/// A token's text from its sku and key, in a stack buffer.
+pub fn token_buf(sku: &str, key: &TokenKey) -> TokenBuf {
+    let mut tail = [0u8; TOKEN_B32_LEN];
+    base32_lower_into(key, &mut tail);
+    let len = sku.len() + 2 + TOKEN_B32_LEN;
+    if len > INLINE_TOKEN {
+        // Only for skus longer than the protocol allows (the engine refuses those
+        // before it derives anything); kept correct all the same.
+        let mut token = String::with_capacity(len);
+        token.push('{');
+        token.push_str(sku);
+        token.push('}');
+        token.extend(tail.iter().map(|&b| b as char));
+        return TokenBuf::Heap(token);
+    }
+    let mut buf = [0u8; INLINE_TOKEN];
+    buf[0] = b'{';
+    buf[1..1 + sku.len()].copy_from_slice(sku.as_bytes());
+    buf[1 + sku.len()] = b'}';
+    buf[2 + sku.len()..len].copy_from_slice(&tail);
+    TokenBuf::Inline(buf, len as u8)
+}
+
+/// A token's text as a shared string (replies and views).
+pub fn token_text(sku: &str, key: &TokenKey) -> std::sync::Arc<str> {
+    token_buf(sku, key).as_str().into()
+}
+
+/// The value of each lowercase base32 character; `B32_INVALID` for every other byte.
+const B32_INVALID: u8 = 0xff;
+static B32_DECODE: [u8; 256] = {
+    let mut t = [B32_INVALID; 256];
+    let mut i = 0;
+    while i < 32 {
+        t[B32[i] as usize] = i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Splits a reservation token into its sku and key: `{sku}` + exactly the 26 lowercase
+/// base32 characters this server writes for 16 bytes, the 2 unused low bits of the last
+/// character zero. `None` for anything else, so every key has exactly one spelling and
+/// a token this server never wrote can never name a reservation.
+pub fn decode_token(token: &str) -> Option<(&str, TokenKey)> {
+    let rest = token.strip_prefix('{')?;
+    let (sku, tail) = rest.split_once('}')?;
+    let tail = tail.as_bytes();
+    if tail.len() != TOKEN_B32_LEN || !ident::valid_sku(sku.as_bytes()) {
+        return None;
+    }
+    let mut key = [0u8; 16];
+    let mut acc: u32 = 0;
+    let mut bits = 0u32;
+    let mut i = 0;
+    for &c in tail {
+        let v = B32_DECODE[c as usize];
+        if v == B32_INVALID {
+            return None;
+        }
+        acc = (acc << 5) | u32::from(v);
+        bits += 5;
+        if bits >= 8 {
+            bits -= 8;
+            key[i] = (acc >> bits) as u8;
+            i += 1;
+            acc &= (1 << bits) - 1;
+        }
+    }
+    // 26 × 5 = 130 bits: 16 bytes and 2 bits that must be zero.
+    debug_assert_eq!((i, bits), (16, 2));
+    (acc == 0).then_some((sku, key))
 }
 
 /// The SKU inside a reservation token's hash tag, if the token is well formed.
@@ -573,6 +638,59 @@ mod tests {
             let want = format!("{{{sku}}}{}", base32_lower(&h[..16]));
             assert_eq!(k.derive_buf(sku, user, rid).as_str(), want);
             assert_eq!(k.derive(sku, user, rid), want);
+        }
+    }
+
+    #[test]
+    fn token_keys_round_trip_and_have_one_spelling() {
+        let k = ReservationKey::from_bytes(&[3u8; 32]);
+        for (sku, user, rid) in [
+            ("SKU-1", "u", "r"),
+            ("A", "user-7", "req-1"),
+            ("x:y.z", "b", "c"),
+        ] {
+            let text = k.derive(sku, user, rid);
+            let key = k.derive_key(sku, user, rid);
+            assert_eq!(decode_token(&text), Some((sku, key)));
+            assert_eq!(token_buf(sku, &key).as_str(), text);
+            assert_eq!(&*token_text(sku, &key), text);
+        }
+        for key in [[0u8; 16], [0xff; 16]] {
+            let text = token_buf("S", &key);
+            assert_eq!(decode_token(text.as_str()), Some(("S", key)));
+        }
+        // The last character carries 3 bits; the 2 below them must be zero, or two
+        // spellings would name one reservation.
+        let text = token_buf("S", &[0u8; 16]);
+        let t = text.as_str();
+        let last = |c: char| format!("{}{c}", &t[..t.len() - 1]);
+        assert!(decode_token(&last('a')).is_some());
+        assert!(decode_token(&last('e')).is_some());
+        for c in ['b', 'c', 'd', '7'] {
+            assert_eq!(decode_token(&last(c)), None, "{c}");
+        }
+        for bad in [
+            "",
+            "{S}",
+            "S}aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{S}aaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{S}aaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{S}Aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{S}1aaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{S S}aaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "{}aaaaaaaaaaaaaaaaaaaaaaaaaa",
+        ] {
+            assert_eq!(decode_token(bad), None, "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Every 16 bytes have exactly one token, and it decodes back to them.
+        #[test]
+        fn token_key_text_round_trip(key in proptest::prelude::any::<[u8; 16]>()) {
+            let text = token_buf("SKU", &key);
+            proptest::prop_assert_eq!(decode_token(text.as_str()), Some(("SKU", key)));
+            proptest::prop_assert!(ident::valid_token(text.as_str().as_bytes()));
         }
     }
 

@@ -5,30 +5,60 @@
 //! caps deadlines far below that. An entry lives in the level of the highest 6-bit group
 //! in which its deadline differs from the wheel's `elapsed` time; when the wheel reaches
 //! that slot the entry cascades to a lower level, until it fires at level 0. Entries are
-//! kept in intrusive doubly-linked lists inside a slab so cancel is O(1). This is the
-//! scheme of Varghese & Lauck, as also used by tokio's timer.
+//! kept in intrusive doubly-linked lists so cancel is O(1). This is the scheme of
+//! Varghese & Lauck, as also used by tokio's timer.
+//!
+//! The wheel owns no entries: they live in the caller's store (the reservation table's
+//! slab), named by `u32` index, each carrying its deadline and 12 bytes of [`Links`].
+//! A reservation then costs the wheel those 12 bytes, instead of a second copy of its
+//! key plus a slab entry and a handle of the wheel's own.
 
 const LEVELS: usize = 6;
 const SLOTS: usize = 64;
-const NIL: u32 = u32::MAX;
+/// "No entry" in a link.
+pub const NIL: u32 = u32::MAX;
+/// `Links::level` of an entry that is in no list.
+const UNLINKED: u8 = u8::MAX;
 /// Largest distance between `elapsed` and a deadline that the levels can represent.
 pub const MAX_SPAN_MS: u64 = 1 << (6 * LEVELS as u64);
 
-/// Names one entry; stale handles (after cancel or fire) are detected by generation.
+/// An entry's place in the wheel, stored inside the entry itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Handle {
-    idx: u32,
-    gen: u32,
-}
-
-struct Entry<T> {
-    deadline: u64,
-    value: Option<T>,
-    level: u8,
-    slot: u8,
+pub struct Links {
     prev: u32,
     next: u32,
-    gen: u32,
+    level: u8,
+    slot: u8,
+}
+
+impl Links {
+    /// Not in the wheel.
+    pub const NONE: Links = Links {
+        prev: NIL,
+        next: NIL,
+        level: UNLINKED,
+        slot: 0,
+    };
+
+    pub fn is_linked(&self) -> bool {
+        self.level != UNLINKED
+    }
+}
+
+impl Default for Links {
+    fn default() -> Self {
+        Links::NONE
+    }
+}
+
+/// The store the wheel's entries live in. `idx` is always an index the caller linked
+/// (or is about to link) and has not removed from the store while linked: the wheel
+/// never invents one.
+pub trait Timers {
+    /// The entry's deadline; it must not change while the entry is linked.
+    fn deadline(&self, idx: u32) -> u64;
+    fn links(&self, idx: u32) -> Links;
+    fn links_mut(&mut self, idx: u32) -> &mut Links;
 }
 
 struct Level {
@@ -36,11 +66,9 @@ struct Level {
     heads: [u32; SLOTS],
 }
 
-pub struct Wheel<T> {
+pub struct Wheel {
     elapsed: u64,
     levels: [Level; LEVELS],
-    slab: Vec<Entry<T>>,
-    free: Vec<u32>,
     len: usize,
 }
 
@@ -58,7 +86,7 @@ fn level_for(elapsed: u64, when: u64) -> usize {
     (significant / 6).min(LEVELS - 1)
 }
 
-impl<T> Wheel<T> {
+impl Wheel {
     /// A wheel whose time starts at `now`.
     pub fn new(now: u64) -> Self {
         Wheel {
@@ -67,8 +95,6 @@ impl<T> Wheel<T> {
                 occupied: 0,
                 heads: [NIL; SLOTS],
             }),
-            slab: Vec::new(),
-            free: Vec::new(),
             len: 0,
         }
     }
@@ -85,70 +111,50 @@ impl<T> Wheel<T> {
         self.elapsed
     }
 
-    /// Schedules `value` at `deadline`. A deadline not after the wheel's time is already
-    /// due: the value is handed back so the caller treats it as expired at once.
-    pub fn insert(&mut self, deadline: u64, value: T) -> Result<Handle, T> {
+    /// Schedules entry `idx` at its deadline. A deadline not after the wheel's time is
+    /// already due: returns false and links nothing, so the caller treats it as expired.
+    pub fn insert<S: Timers + ?Sized>(&mut self, s: &mut S, idx: u32) -> bool {
+        debug_assert!(!s.links(idx).is_linked(), "entry linked twice");
+        let deadline = s.deadline(idx);
         if deadline <= self.elapsed {
-            return Err(value);
+            return false;
         }
         debug_assert!(
             deadline - self.elapsed < MAX_SPAN_MS,
             "deadline beyond wheel span"
         );
-        let idx = match self.free.pop() {
-            Some(i) => {
-                let e = &mut self.slab[i as usize];
-                e.deadline = deadline;
-                e.value = Some(value);
-                i
-            }
-            None => {
-                self.slab.push(Entry {
-                    deadline,
-                    value: Some(value),
-                    level: 0,
-                    slot: 0,
-                    prev: NIL,
-                    next: NIL,
-                    gen: 0,
-                });
-                (self.slab.len() - 1) as u32
-            }
-        };
-        self.link(idx);
+        self.link(s, idx, deadline);
         self.len += 1;
-        Ok(Handle {
-            idx,
-            gen: self.slab[idx as usize].gen,
-        })
+        true
     }
 
-    fn link(&mut self, idx: u32) {
-        let deadline = self.slab[idx as usize].deadline;
+    fn link<S: Timers + ?Sized>(&mut self, s: &mut S, idx: u32, deadline: u64) {
         let level = level_for(self.elapsed, deadline);
         let slot = ((deadline >> (6 * level)) & (SLOTS as u64 - 1)) as usize;
         let head = self.levels[level].heads[slot];
-        {
-            let e = &mut self.slab[idx as usize];
-            e.level = level as u8;
-            e.slot = slot as u8;
-            e.prev = NIL;
-            e.next = head;
-        }
+        *s.links_mut(idx) = Links {
+            prev: NIL,
+            next: head,
+            level: level as u8,
+            slot: slot as u8,
+        };
         if head != NIL {
-            self.slab[head as usize].prev = idx;
+            s.links_mut(head).prev = idx;
         }
         self.levels[level].heads[slot] = idx;
         self.levels[level].occupied |= 1u64 << slot;
     }
 
-    fn unlink(&mut self, idx: u32) {
-        let (level, slot, prev, next) = {
-            let e = &self.slab[idx as usize];
-            (e.level as usize, e.slot as usize, e.prev, e.next)
-        };
+    fn unlink<S: Timers + ?Sized>(&mut self, s: &mut S, idx: u32) {
+        let Links {
+            prev,
+            next,
+            level,
+            slot,
+        } = s.links(idx);
+        let (level, slot) = (level as usize, slot as usize);
         if prev != NIL {
-            self.slab[prev as usize].next = next;
+            s.links_mut(prev).next = next;
         } else {
             debug_assert_eq!(self.levels[level].heads[slot], idx);
             self.levels[level].heads[slot] = next;
@@ -157,27 +163,20 @@ impl<T> Wheel<T> {
             }
         }
         if next != NIL {
-            self.slab[next as usize].prev = prev;
+            s.links_mut(next).prev = prev;
         }
+        *s.links_mut(idx) = Links::NONE;
     }
 
-    fn release_entry(&mut self, idx: u32) -> Option<T> {
-        let e = &mut self.slab[idx as usize];
-        e.gen = e.gen.wrapping_add(1);
-        let v = e.value.take();
-        self.free.push(idx);
+    /// Takes an entry out of the wheel; false if it was not in it (already fired, never
+    /// linked, or cancelled).
+    pub fn cancel<S: Timers + ?Sized>(&mut self, s: &mut S, idx: u32) -> bool {
+        if !s.links(idx).is_linked() {
+            return false;
+        }
+        self.unlink(s, idx);
         self.len -= 1;
-        v
-    }
-
-    /// Removes an entry; `None` if the handle is stale (already fired or cancelled).
-    pub fn cancel(&mut self, h: Handle) -> Option<T> {
-        let e = self.slab.get(h.idx as usize)?;
-        if e.gen != h.gen || e.value.is_none() {
-            return None;
-        }
-        self.unlink(h.idx);
-        self.release_entry(h.idx)
+        true
     }
 
     /// The start time of the next occupied slot (the earliest moment something in the
@@ -206,9 +205,9 @@ impl<T> Wheel<T> {
         best
     }
 
-    /// Advances the wheel to `now`, appending every entry with `deadline <= now` to `out`
-    /// as `(deadline, value)`.
-    pub fn poll(&mut self, now: u64, out: &mut Vec<(u64, T)>) {
+    /// Advances the wheel to `now`, unlinking every entry with `deadline <= now` and
+    /// appending its index to `out`.
+    pub fn poll<S: Timers + ?Sized>(&mut self, s: &mut S, now: u64, out: &mut Vec<u32>) {
         while let Some((level, slot, start)) = self.next_expiration() {
             if start > now {
                 break;
@@ -220,16 +219,16 @@ impl<T> Wheel<T> {
             self.levels[level].heads[slot] = NIL;
             self.levels[level].occupied &= !(1u64 << slot);
             while idx != NIL {
-                let next = self.slab[idx as usize].next;
-                let deadline = self.slab[idx as usize].deadline;
+                let next = s.links(idx).next;
+                let deadline = s.deadline(idx);
                 if deadline <= now {
-                    if let Some(v) = self.release_entry(idx) {
-                        out.push((deadline, v));
-                    }
+                    *s.links_mut(idx) = Links::NONE;
+                    self.len -= 1;
+                    out.push(idx);
                 } else {
                     // Not due yet: cascade to a finer level relative to the new time.
                     debug_assert!(deadline > self.elapsed);
-                    self.link(idx);
+                    self.link(s, idx, deadline);
                 }
                 idx = next;
             }
@@ -246,40 +245,72 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
+    /// A store for tests: entry `i` is `(deadline, links)`.
+    #[derive(Default)]
+    struct Store(Vec<(u64, Links)>);
+
+    impl Store {
+        fn add(&mut self, deadline: u64) -> u32 {
+            self.0.push((deadline, Links::NONE));
+            (self.0.len() - 1) as u32
+        }
+    }
+
+    impl Timers for Store {
+        fn deadline(&self, idx: u32) -> u64 {
+            self.0[idx as usize].0
+        }
+        fn links(&self, idx: u32) -> Links {
+            self.0[idx as usize].1
+        }
+        fn links_mut(&mut self, idx: u32) -> &mut Links {
+            &mut self.0[idx as usize].1
+        }
+    }
+
     #[test]
     fn fires_in_order_across_levels() {
         let base = 1_700_000_000_000u64;
         let mut w = Wheel::new(base);
-        for d in [1u64, 63, 64, 65, 4095, 4096, 630_000, 86_400_000] {
-            w.insert(base + d, d).unwrap();
+        let mut s = Store::default();
+        let ds = [1u64, 63, 64, 65, 4095, 4096, 630_000, 86_400_000];
+        for d in ds {
+            let i = s.add(base + d);
+            assert!(w.insert(&mut s, i));
         }
         let mut out = Vec::new();
-        w.poll(base + 64, &mut out);
-        let got: Vec<u64> = out.iter().map(|x| x.1).collect();
+        w.poll(&mut s, base + 64, &mut out);
+        let got: Vec<u64> = out.iter().map(|&i| ds[i as usize]).collect();
         assert_eq!(got, vec![1, 63, 64]);
         out.clear();
-        w.poll(base + 1_000_000, &mut out);
-        let mut got: Vec<u64> = out.iter().map(|x| x.1).collect();
+        w.poll(&mut s, base + 1_000_000, &mut out);
+        let mut got: Vec<u64> = out.iter().map(|&i| ds[i as usize]).collect();
         got.sort();
         assert_eq!(got, vec![65, 4095, 4096, 630_000]);
         out.clear();
-        w.poll(base + 100_000_000, &mut out);
+        w.poll(&mut s, base + 100_000_000, &mut out);
         assert_eq!(out.len(), 1);
         assert!(w.is_empty());
+        assert!(s.0.iter().all(|(_, l)| !l.is_linked()));
     }
 
     #[test]
-    fn cancel_and_stale_handles() {
+    fn cancel_and_stale_entries() {
         let mut w = Wheel::new(0);
-        let a = w.insert(10, 'a').unwrap();
-        let b = w.insert(10, 'b').unwrap();
-        assert_eq!(w.cancel(a), Some('a'));
-        assert_eq!(w.cancel(a), None);
+        let mut s = Store::default();
+        let a = s.add(10);
+        let b = s.add(10);
+        assert!(w.insert(&mut s, a));
+        assert!(w.insert(&mut s, b));
+        assert!(w.cancel(&mut s, a));
+        assert!(!w.cancel(&mut s, a));
         let mut out = Vec::new();
-        w.poll(10, &mut out);
-        assert_eq!(out, vec![(10, 'b')]);
-        assert_eq!(w.cancel(b), None);
-        assert!(w.insert(10, 'c').is_err(), "a past deadline is due at once");
+        w.poll(&mut s, 10, &mut out);
+        assert_eq!(out, vec![b]);
+        assert!(!w.cancel(&mut s, b));
+        let c = s.add(10);
+        assert!(!w.insert(&mut s, c), "a past deadline is due at once");
+        assert!(!s.links(c).is_linked());
     }
 
     proptest! {
@@ -288,35 +319,33 @@ mod tests {
         fn matches_model(ops in proptest::collection::vec((0u8..3, 1u64..5_000_000, 0usize..64), 1..300)) {
             let start = 1_000_000u64;
             let mut w = Wheel::new(start);
+            let mut s = Store::default();
             let mut now = start;
-            let mut model: BTreeMap<u64, u64> = BTreeMap::new(); // id -> deadline
-            let mut handles: Vec<(u64, Handle)> = Vec::new();
-            let mut next_id = 0u64;
+            let mut model: BTreeMap<u32, u64> = BTreeMap::new(); // id -> deadline
+            let mut handles: Vec<u32> = Vec::new();
             for (op, x, pick) in ops {
                 match op {
                     0 => {
-                        let deadline = now + x;
-                        let id = next_id; next_id += 1;
-                        let h = w.insert(deadline, id).unwrap();
-                        model.insert(id, deadline);
-                        handles.push((id, h));
+                        let id = s.add(now + x);
+                        prop_assert!(w.insert(&mut s, id));
+                        model.insert(id, now + x);
+                        handles.push(id);
                     }
                     1 if !handles.is_empty() => {
-                        let (id, h) = handles.swap_remove(pick % handles.len());
+                        let id = handles.swap_remove(pick % handles.len());
                         let was = model.remove(&id).is_some();
-                        prop_assert_eq!(w.cancel(h).is_some(), was);
+                        prop_assert_eq!(w.cancel(&mut s, id), was);
                     }
                     _ => {
                         now += x % 200_000;
                         let mut out = Vec::new();
-                        w.poll(now, &mut out);
-                        let mut got: Vec<u64> = out.iter().map(|(_, id)| *id).collect();
+                        w.poll(&mut s, now, &mut out);
+                        let mut got = out.clone();
                         got.sort();
-                        let mut want: Vec<u64> = model.iter().filter(|(_, d)| **d <= now).map(|(id, _)| *id).collect();
-                        want.sort();
+                        let want: Vec<u32> = model.iter().filter(|(_, d)| **d <= now).map(|(id, _)| *id).collect();
                         for id in &want { model.remove(id); }
                         prop_assert_eq!(got, want);
-                        for (d, _) in &out { prop_assert!(*d <= now); }
+                        for &i in &out { prop_assert!(s.deadline(i) <= now); }
                     }
                 }
                 prop_assert_eq!(w.len(), model.len());

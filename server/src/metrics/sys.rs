@@ -15,6 +15,22 @@ pub fn allocated_bytes() -> u64 {
     }
 }
 
+/// Hands freed heap memory back to the kernel (glibc's `malloc_trim`; nothing elsewhere).
+/// Worth it once after recovery: decoding a snapshot allocates a copy of every
+/// reservation as owned strings, freed again before the server listens, and glibc keeps
+/// those pages resident otherwise (measured: 372 MB RSS after recovering 1.1M
+/// reservations whose table needs 125 MB). Not on the serving path: it holds the
+/// allocator's locks while it walks the heap.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim only returns free pages of the allocator's own heap.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}
+
 pub fn allocator_name() -> &'static str {
     if cfg!(all(target_os = "linux", target_env = "gnu")) {
         "libc"
