@@ -437,10 +437,32 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         ..ServerConfig::default()
     };
     let shared = Arc::new(Shared::new(config, users, durability.clone()));
-    let _ = shared.feed.set(Arc::new(stockgate_server::feed::Feed::new(
+    let feed = Arc::new(stockgate_server::feed::Feed::new(
         durability.wal.clone(),
         stockgate_server::feed::FeedLimits::default(),
-    )));
+    ));
+    // Consumer groups keep their state in the log: rebuilt from the group records after
+    // the snapshot, re-logged (checkpoint) by every snapshot before it deletes them.
+    let (applied, bad) = feed.groups.recover(
+        report
+            .opaque
+            .iter()
+            .map(|(lsn, kind, body)| (*lsn, *kind, body.as_slice())),
+    );
+    if applied + bad > 0 {
+        tracing::info!(
+            "recovered {} consumer group(s) from {applied} record(s){}",
+            feed.groups.count(),
+            if bad > 0 {
+                format!(", {bad} undecodable record(s) skipped")
+            } else {
+                String::new()
+            }
+        );
+    }
+    let hook_feed = feed.clone();
+    durability.add_checkpoint_hook(Box::new(move || hook_feed.checkpoint_groups()));
+    let _ = shared.feed.set(feed);
     shared.metrics.configure(
         a.slowlog_log_slower_than,
         a.slowlog_max_len,

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::engine::{Clock, Engine, EngineConfig, Keyring, Lsn, NullSink, ReservationKey};
 use crate::session::Durability;
-use crate::wal::{Recovery, Wal, WalError, WalOptions};
+use crate::wal::{Event, Recovery, Wal, WalError, WalOptions};
 
 pub struct WalDurability {
     pub wal: Arc<Wal>,
@@ -19,7 +19,14 @@ pub struct WalDurability {
     snapshots: AtomicU64,
     last_snapshot_ms: AtomicU64,
     save_lock: parking_lot::Mutex<()>,
+    checkpoints: parking_lot::Mutex<Vec<CheckpointHook>>,
 }
+
+/// Logs the state of a module that keeps its state in the log outside the engine (the
+/// order feed's consumer groups) and returns the last LSN it logged (0: nothing). Run by
+/// every snapshot after its roll and before it deletes the segments it covers, so the
+/// state survives the records that described it.
+pub type CheckpointHook = Box<dyn Fn() -> Lsn + Send + Sync>;
 
 impl WalDurability {
     pub fn new(wal: Arc<Wal>, snapshot_lsn: Lsn) -> Self {
@@ -29,7 +36,12 @@ impl WalDurability {
             snapshots: AtomicU64::new(0),
             last_snapshot_ms: AtomicU64::new(0),
             save_lock: parking_lot::Mutex::new(()),
+            checkpoints: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    pub fn add_checkpoint_hook(&self, hook: CheckpointHook) {
+        self.checkpoints.lock().push(hook);
     }
 
     /// Records written since the last snapshot: what a restart would replay.
@@ -44,6 +56,18 @@ impl WalDurability {
         let _one_at_a_time = self.save_lock.lock();
         let t = Instant::now();
         let (snap, upto) = engine.snapshot_with(|| self.wal.roll());
+        // The checkpoints land after `upto`, so recovery from this snapshot replays them;
+        // they must be durable before the snapshot deletes the records they replace.
+        let logged = self
+            .checkpoints
+            .lock()
+            .iter()
+            .map(|h| h())
+            .max()
+            .unwrap_or(0);
+        if logged > 0 {
+            self.wal.wait_durable_blocking(logged)?;
+        }
         self.wal.write_snapshot(&snap, upto)?;
         self.snapshot_lsn.store(upto, Ordering::Relaxed);
         self.snapshots.fetch_add(1, Ordering::Relaxed);
@@ -108,14 +132,21 @@ pub fn recover_engine(
     if let Some(s) = &snapshot {
         engine.load_snapshot(s);
     }
-    for ev in &events {
-        engine.apply(ev);
+    let events_replayed = events.len();
+    // Records of other modules (consumer groups) are theirs to rebuild: handed on.
+    let mut opaque = Vec::new();
+    for (i, ev) in events.into_iter().enumerate() {
+        engine.apply(&ev);
+        if let Event::Opaque { kind, body } = ev {
+            opaque.push((snapshot_lsn + 1 + i as Lsn, kind, body));
+        }
     }
     engine.set_sink(wal.clone());
     let report = RecoveryReport {
         snapshot_lsn,
         reservations_in_snapshot,
-        events_replayed: events.len(),
+        events_replayed,
+        opaque,
         last_lsn,
         truncated: truncated_tail.map(|t| t.to_string()),
         millis: t.elapsed().as_millis() as u64,
@@ -132,6 +163,8 @@ pub struct RecoveryReport {
     pub snapshot_lsn: Lsn,
     pub reservations_in_snapshot: usize,
     pub events_replayed: usize,
+    /// The opaque records after the snapshot (LSN, kind, body), in log order.
+    pub opaque: Vec<(Lsn, u8, Vec<u8>)>,
     pub last_lsn: Lsn,
     pub truncated: Option<String>,
     pub millis: u64,

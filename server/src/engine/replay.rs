@@ -256,6 +256,8 @@ impl Engine {
                     sale.overwrite(*total, *committed, &reserved, shard_available);
                 }
             }
+            // Another module's record (consumer groups): not engine state.
+            Event::Opaque { .. } => {}
         }
     }
 }

@@ -15,6 +15,7 @@
 //! all-events stream filtered, so a sparse sale costs a scan).
 
 pub mod entry;
+pub mod groups;
 pub mod id;
 pub mod retention;
 
@@ -53,6 +54,40 @@ pub enum FeedError {
     NoLog,
     #[error("feed read failed: {0}")]
     Log(String),
+    // Consumer groups. The NOGROUP/BUSYGROUP texts are Redis's, code included (see
+    // `code`), so clients that match on them behave as with Redis.
+    #[error("NOGROUP No such key '{stream}' or consumer group '{group}' in XREADGROUP with GROUP option")]
+    NoGroupRead { stream: String, group: String },
+    #[error("NOGROUP No such key '{stream}' or consumer group '{group}'")]
+    NoGroup { stream: String, group: String },
+    #[error("NOGROUP No such consumer group '{group}' for key name '{stream}'")]
+    NoGroupForKey { stream: String, group: String },
+    #[error("NOGROUP the consumer group this client was blocked on no longer exists")]
+    GroupGone,
+    #[error("BUSYGROUP Consumer Group name already exists")]
+    BusyGroup,
+    #[error("invalid {0}")]
+    BadName(String),
+    #[error("{0}")]
+    GroupLimit(String),
+    /// The group holds its bound of pending entries: a `>` read delivers nothing more
+    /// until some are acknowledged (or claimed and acknowledged).
+    #[error("consumer group '{group}' has {max} pending entries, its limit: XACK (or XAUTOCLAIM and XACK) some before reading new ones")]
+    PendingFull { group: String, max: usize },
+}
+
+impl FeedError {
+    /// The RESP error code: Redis's own for the group errors, `ERR` for the others.
+    pub fn code(&self) -> Option<&'static str> {
+        match self {
+            FeedError::NoGroupRead { .. }
+            | FeedError::NoGroup { .. }
+            | FeedError::NoGroupForKey { .. }
+            | FeedError::GroupGone
+            | FeedError::BusyGroup => None,
+            _ => Some("ERR"),
+        }
+    }
 }
 
 /// A stream name, parsed.
@@ -90,7 +125,7 @@ impl Stream {
 
     fn matches(&self, ev: &crate::engine::event::Event) -> bool {
         match self {
-            Stream::All => true,
+            Stream::All => entry::is_entry(ev),
             Stream::Sale(s) => entry::sku_of(ev) == Some(s.as_str()),
         }
     }
@@ -139,6 +174,8 @@ const HINTS: usize = 256;
 
 pub struct Feed {
     wal: Arc<Wal>,
+    /// Consumer groups over this feed's streams, their state in the same log.
+    pub groups: groups::Groups,
     hints: Mutex<VecDeque<ReadPos>>,
     blocked: AtomicUsize,
     pub limits: FeedLimits,
@@ -156,6 +193,7 @@ impl Drop for BlockSlot {
 impl Feed {
     pub fn new(wal: Arc<Wal>, limits: FeedLimits) -> Feed {
         Feed {
+            groups: groups::Groups::new(wal.clone(), groups::GroupLimits::default()),
             wal,
             hints: Mutex::new(VecDeque::with_capacity(HINTS)),
             blocked: AtomicUsize::new(0),
@@ -166,6 +204,21 @@ impl Feed {
     /// The last readable LSN: nothing after it is durable yet.
     pub fn durable_lsn(&self) -> Lsn {
         self.wal.durable_lsn()
+    }
+
+    /// The last LSN handed out (durable or not): what a reply that reports group state
+    /// waits for, as every other reply that reports state does.
+    pub fn last_lsn(&self) -> Lsn {
+        self.wal.last_lsn()
+    }
+
+    /// Resolves once `lsn` is durable: a group reply computed in a blocked read waits
+    /// for its own record here before it is sent.
+    pub async fn wait_durable(&self, lsn: Lsn) -> Result<(), FeedError> {
+        self.wal
+            .wait_durable(lsn)
+            .await
+            .map_err(|e| FeedError::Log(e.to_string()))
     }
 
     pub fn first_lsn(&self) -> Lsn {
@@ -299,12 +352,42 @@ impl Feed {
         Ok(s)
     }
 
+    /// Logs a checkpoint of every consumer group (see `groups`), first moving each
+    /// group's scan position past records that hold no entry of its stream, so records
+    /// about to be deleted that were only the groups' own do not read as trimmed.
+    pub fn checkpoint_groups(&self) -> Lsn {
+        self.groups.checkpoint(|g| {
+            let from = g.next_unread();
+            if let Ok(s) = self.scan(&g.stream.clone(), from, Lsn::MAX, 1, false) {
+                if s.entries.is_empty() {
+                    g.scanned = g.scanned.max(s.next.saturating_sub(1));
+                }
+            }
+        })
+    }
+
+    /// The entry of `stream` at `lsn`, if the log still has it (`None`: trimmed, not an
+    /// entry of this stream, or not durable yet). For re-reading pending entries.
+    pub fn entry_at(&self, stream: &Stream, lsn: Lsn) -> Result<Option<Entry>, FeedError> {
+        if lsn < self.first_lsn() {
+            return Ok(None);
+        }
+        match self.scan(stream, lsn, lsn, 1, false) {
+            Ok(mut s) => Ok(s.entries.pop()),
+            Err(FeedError::Trimmed { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// XLEN: entries in the stream now. A sale's stream is counted by a scan, so past
     /// the scan budget the answer is [`FeedError::ScanLimit`] rather than a guess.
     pub fn len(&self, stream: &Stream) -> Result<u64, FeedError> {
         let (first, durable) = (self.first_lsn(), self.durable_lsn());
         if *stream == Stream::All {
-            return Ok((durable + 1).saturating_sub(first));
+            // Every record is an entry except the consumer groups' own.
+            let records = (durable + 1).saturating_sub(first);
+            let own = self.groups.own_between(first.saturating_sub(1), durable);
+            return Ok(records.saturating_sub(own));
         }
         if durable < first {
             return Ok(0);
