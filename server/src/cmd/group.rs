@@ -416,7 +416,7 @@ impl XReadGroup {
 }
 
 /// XREADGROUP's answer: as XREAD's (RESP3 a map, RESP2 pairs), nil when empty.
-fn streams_reply(proto: u8, found: Vec<(String, Vec<Reply>)>) -> Reply {
+fn streams_reply(proto: u8, found: StreamReplies) -> Reply {
     if found.is_empty() {
         return Reply::Nil;
     }
@@ -438,6 +438,8 @@ fn streams_reply(proto: u8, found: Vec<(String, Vec<Reply>)>) -> Reply {
 }
 
 type Target = (Stream, GroupRef, Option<Lsn>);
+/// Per stream that answers: its name and its entries' replies.
+type StreamReplies = Vec<(String, Vec<Reply>)>;
 
 /// One pass of XREADGROUP over its streams: new entries for `>` streams (those that have
 /// some), the consumer's pending entries for the others (always listed, maybe empty).
@@ -448,7 +450,7 @@ fn read_groups(
     consumer: &str,
     count: usize,
     noack: bool,
-) -> Result<(Vec<(String, Vec<Reply>)>, Lsn), FeedError> {
+) -> Result<(StreamReplies, Lsn), FeedError> {
     let mut found = Vec::new();
     let mut lsn = 0;
     let now = now_ms();
@@ -720,6 +722,9 @@ fn summary(g: &Group) -> Reply {
     ])
 }
 
+/// A claim's outcome: the replies, the ids dropped, the last id examined, the LSN.
+type Claim = (Vec<Reply>, Vec<Lsn>, Option<Lsn>, Lsn);
+
 /// What XCLAIM and XAUTOCLAIM share: moves `ids` (pending, idle long enough, still in
 /// the log) to `consumer`. Returns the claimed entries (or ids), the ids no longer in the
 /// log (dropped from the pending list, as Redis does for deleted entries) and the LSN.
@@ -735,7 +740,7 @@ fn claim(
     retry: Option<u64>,
     justid: bool,
     limit: usize,
-) -> Result<(Vec<Reply>, Vec<Lsn>, Option<Lsn>, Lsn), FeedError> {
+) -> Result<Claim, FeedError> {
     let now = now_ms();
     let mut lsn = ensure_consumer(feed, g, consumer, now)?;
     let (mut claimed, mut replies, mut dropped) = (Vec::new(), Vec::new(), Vec::new());
