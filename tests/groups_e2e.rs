@@ -380,3 +380,75 @@ fn groups_retention_keeps_a_lagging_groups_segments_within_the_cap() {
         assert!(info.contains("feed_groups:2"), "{info}");
     }
 }
+
+/// The client crate's `GroupReader`, as an order service would run it: two workers share
+/// a group; one takes entries and dies without acknowledging; the other takes the rest,
+/// and after the idle time its XAUTOCLAIM takes over the dead worker's entries. Every
+/// reservation is handled exactly once, and nothing is left pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_client_crate_workers_share_a_group_and_take_over_a_dead_one() {
+    use stockgate_client::group::GroupReader;
+    let srv = Server::start(&[]);
+    let addr = srv.addr.clone();
+    let stream = "{WORK}:events";
+    let w1 = GroupReader::connect(&addr, stream, "orders", "w1")
+        .await
+        .unwrap();
+    let w2 = GroupReader::connect(&addr, stream, "orders", "w2")
+        .await
+        .unwrap();
+    assert!(w1.create("0").await.unwrap());
+    assert!(
+        !w2.create("0").await.unwrap(),
+        "an existing group is left as it is"
+    );
+    {
+        let mut con = srv.client().get_connection().unwrap();
+        q(&mut con, &["SALE.CREATE", "WORK", "1000"]);
+        let keys = srv.keyring();
+        for i in 0..40 {
+            let u = format!("u{i}");
+            let adm = keys.mint("WORK", &u, now_ms() + 60_000);
+            q(&mut con, &["RESERVE", "WORK", &u, &adm, &format!("r{i}")]);
+        }
+    }
+    // w1 takes 7 and "dies".
+    let taken = w1.read(7, 0).await.unwrap();
+    assert_eq!(taken.len(), 7);
+    // w2 handles everything else.
+    let mut handled = Vec::new();
+    loop {
+        let batch = w2.read(10, 100).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        let ids: Vec<u64> = batch.iter().map(|e| e.lsn).collect();
+        assert_eq!(w2.ack(&ids).await.unwrap(), ids.len() as u64);
+        handled.extend(batch);
+    }
+    assert!(
+        w2.autoclaim(60_000, 100).await.unwrap().is_empty(),
+        "not idle yet"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    let claimed = w2.autoclaim(200, 100).await.unwrap();
+    assert_eq!(
+        claimed.iter().map(|e| e.lsn).collect::<Vec<_>>(),
+        taken.iter().map(|e| e.lsn).collect::<Vec<_>>()
+    );
+    let ids: Vec<u64> = claimed.iter().map(|e| e.lsn).collect();
+    assert_eq!(w2.ack(&ids).await.unwrap(), 7);
+    handled.extend(claimed);
+    let mut tokens: Vec<&str> = handled
+        .iter()
+        .filter(|e| e.kind() == "reserved")
+        .filter_map(|e| e.get("token"))
+        .collect();
+    tokens.sort_unstable();
+    let n = tokens.len();
+    tokens.dedup();
+    assert_eq!((n, tokens.len()), (40, 40), "each reservation exactly once");
+    assert!(w1.pending_own(100).await.unwrap().is_empty());
+    let mut con = srv.client().get_connection().unwrap();
+    assert!(pending(&mut con, stream, "orders").is_empty());
+}
