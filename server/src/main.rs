@@ -151,8 +151,9 @@ struct ServeArgs {
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// How much log already covered by snapshots stays on disk for the order feed
-    /// (XREAD...): `0` (none: the feed reaches back to the last snapshot), or sizes and/or
-    /// ages, e.g. `1GiB`, `6h`, `2GiB,24h` (kept while within every limit).
+    /// (XREAD, and consumer groups lagging behind): `0` (none: the feed reaches back to
+    /// the last snapshot), or sizes and/or ages, e.g. `1GiB`, `6h`, `2GiB,24h` (kept while
+    /// within every limit; a group whose position falls past it gets a `trimmed` error).
     #[arg(long, default_value = "0", value_parser = stockgate_server::feed::retention::parse)]
     feed_retention: stockgate_server::wal::FeedRetention,
     /// On WAL corruption, cut the log at the first bad record (losing what follows)

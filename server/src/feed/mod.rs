@@ -168,6 +168,10 @@ pub struct Scan {
     pub budget_exhausted: bool,
 }
 
+/// Scan budgets a snapshot's checkpoint may spend per idle group (see
+/// [`Feed::checkpoint_groups`]).
+const CHECKPOINT_SCANS: usize = 10;
+
 /// Hints kept of where reads ended, so a consumer reading on from its last id does not
 /// rescan the segment from its start.
 const HINTS: usize = 256;
@@ -354,13 +358,22 @@ impl Feed {
 
     /// Logs a checkpoint of every consumer group (see `groups`), first moving each
     /// group's scan position past records that hold no entry of its stream, so records
-    /// about to be deleted that were only the groups' own do not read as trimmed.
+    /// about to be deleted that were only the groups' own (or, for a sale's stream, other
+    /// sales') do not read as trimmed. A group with an entry ahead stops at it at once;
+    /// an idle one scans at most [`CHECKPOINT_SCANS`] budgets' worth of records.
     pub fn checkpoint_groups(&self) -> Lsn {
         self.groups.checkpoint(|g| {
-            let from = g.next_unread();
-            if let Ok(s) = self.scan(&g.stream.clone(), from, Lsn::MAX, 1, false) {
-                if s.entries.is_empty() {
-                    g.scanned = g.scanned.max(s.next.saturating_sub(1));
+            let stream = g.stream.clone();
+            for _ in 0..CHECKPOINT_SCANS {
+                let from = g.next_unread();
+                match self.scan(&stream, from, Lsn::MAX, 1, false) {
+                    Ok(s) if s.entries.is_empty() && s.next > from => {
+                        g.scanned = g.scanned.max(s.next - 1);
+                        if !s.budget_exhausted {
+                            break;
+                        }
+                    }
+                    _ => break,
                 }
             }
         })
