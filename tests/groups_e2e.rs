@@ -452,3 +452,118 @@ async fn groups_client_crate_workers_share_a_group_and_take_over_a_dead_one() {
     let mut con = srv.client().get_connection().unwrap();
     assert!(pending(&mut con, stream, "orders").is_empty());
 }
+
+/// Group replies wait for their records: with the log writer held back, XGROUP CREATE,
+/// XREADGROUP and XACK answer only once their record is written (and then the state
+/// they report survives a kill -9 straight after the reply).
+#[test]
+fn groups_replies_wait_for_their_records() {
+    let tmp = TempDir::new("groups-durable");
+    let env = [("STOCKGATE_FAULT_WAL_DELAY_MS", "700")];
+    let mut srv = Server::start_in_env(tmp.path(), &[], &env);
+    let mut con = srv.client().get_connection().unwrap();
+    q(&mut con, &["SALE.CREATE", "DUR", "10"]);
+    let s = "{DUR}:events";
+    let timed = |con: &mut redis::Connection, args: &[&str]| {
+        let t0 = std::time::Instant::now();
+        let v = q(con, args);
+        (v, t0.elapsed())
+    };
+    let (_, t) = timed(&mut con, &["XGROUP", "CREATE", s, "g", "0"]);
+    assert!(
+        t.as_millis() >= 600,
+        "XGROUP CREATE answered in {t:?}, before its record was written"
+    );
+    let (v, t) = timed(
+        &mut con,
+        &["XREADGROUP", "GROUP", "g", "c", "STREAMS", s, ">"],
+    );
+    assert_eq!(read_ids(&v), vec![1]);
+    assert!(t.as_millis() >= 600, "XREADGROUP answered in {t:?}");
+    let (v, t) = timed(&mut con, &["XACK", s, "g", "1-0"]);
+    assert_eq!(v, redis::Value::Int(1));
+    assert!(t.as_millis() >= 600, "XACK answered in {t:?}");
+    let (_, t) = timed(&mut con, &["XGROUP", "CREATECONSUMER", s, "g", "d"]);
+    assert!(
+        t.as_millis() >= 600,
+        "XGROUP CREATECONSUMER answered in {t:?}"
+    );
+    srv.kill9();
+    let srv = Server::start_in(tmp.path(), &[]);
+    let mut con = srv.client().get_connection().unwrap();
+    assert!(pending(&mut con, s, "g").is_empty());
+    let c = format!("{:?}", q(&mut con, &["XINFO", "CONSUMERS", s, "g"]));
+    assert!(c.contains("\"c\"") && c.contains("\"d\""), "{c}");
+    let g = format!("{:?}", q(&mut con, &["XINFO", "GROUPS", s]));
+    assert!(g.contains("\"1-0\""), "{g}");
+}
+
+/// A client cannot grow a group's pending list without bound: at 10,000 pending entries
+/// a `>` read is refused until some are acknowledged; NOACK reads are not limited.
+#[test]
+fn groups_pending_entries_are_bounded() {
+    let srv = Server::start(&[]);
+    let mut con = srv.client().get_connection().unwrap();
+    q(&mut con, &["SALE.CREATE", "BOUND", "100000"]);
+    let s = "{BOUND}:events";
+    q(&mut con, &["XGROUP", "CREATE", s, "g", "0"]);
+    sale_adjusts(&mut con, "BOUND", 10_100);
+    let v = q(
+        &mut con,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "a",
+            "COUNT",
+            "6000",
+            "STREAMS",
+            s,
+            ">",
+        ],
+    );
+    assert_eq!(read_ids(&v).len(), 6000);
+    // Only what is left under the bound is delivered.
+    let v = q(
+        &mut con,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "b",
+            "COUNT",
+            "6000",
+            "STREAMS",
+            s,
+            ">",
+        ],
+    );
+    let b = read_ids(&v);
+    assert_eq!(b.len(), 4000);
+    let r: redis::RedisResult<redis::Value> = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("g")
+        .arg("a")
+        .arg("STREAMS")
+        .arg(s)
+        .arg(">")
+        .query(&mut con);
+    let e = r.expect_err("a full group must refuse a > read");
+    assert!(e.to_string().contains("10000 pending entries"), "{e}");
+    q(&mut con, &["XACK", s, "g", &format!("{}-0", b[0])]);
+    let v = q(
+        &mut con,
+        &["XREADGROUP", "GROUP", "g", "a", "STREAMS", s, ">"],
+    );
+    assert_eq!(read_ids(&v).len(), 1);
+    let v = q(
+        &mut con,
+        &["XREADGROUP", "GROUP", "g", "a", "NOACK", "STREAMS", s, ">"],
+    );
+    assert_eq!(read_ids(&v).len(), 10_101 - 10_001);
+    let p = q(&mut con, &["XPENDING", s, "g"]);
+    match &p {
+        redis::Value::Array(v) => assert_eq!(v[0], redis::Value::Int(10_000), "{p:?}"),
+        _ => panic!("{p:?}"),
+    }
+}
