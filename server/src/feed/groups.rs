@@ -942,6 +942,44 @@ mod tests {
         assert!(GroupRecord::decode(1, &[]).is_none());
     }
 
+    /// The largest group record a client can cause, a checkpoint of a group at every
+    /// bound with the widest values, fits in one WAL record: logging it can never fail
+    /// (a record that cannot be logged stops the log).
+    #[test]
+    fn feed_group_checkpoint_at_every_bound_fits_in_a_record() {
+        let l = GroupLimits::default();
+        let name = |i: usize| format!("{i:0>width$}", width = l.max_name);
+        let mut g = Group::new(Stream::All, name(0), u64::MAX);
+        g.scanned = u64::MAX;
+        for c in 0..l.max_consumers {
+            g.consumers.insert(
+                name(c),
+                Consumer {
+                    seen_ms: u64::MAX,
+                    active_ms: u64::MAX,
+                    pending: BTreeSet::new(),
+                },
+            );
+        }
+        for i in 0..l.max_pending as u64 {
+            let id = u64::MAX - i * 1_000_003;
+            g.pending.insert(
+                id,
+                Nack {
+                    consumer: name(l.max_consumers - 1),
+                    delivery_ms: u64::MAX,
+                    count: u64::MAX,
+                },
+            );
+        }
+        let (_, body) = g.checkpoint_record().encode();
+        assert!(
+            body.len() + 2 < crate::wal::record::MAX_PAYLOAD,
+            "{} bytes",
+            body.len()
+        );
+    }
+
     #[test]
     fn feed_group_apply_and_checkpoint_agree() {
         let mut g = Group::new(Stream::All, "orders".into(), 0);
