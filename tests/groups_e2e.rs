@@ -114,6 +114,34 @@ fn pending(con: &mut redis::Connection, stream: &str, group: &str) -> Vec<(u64, 
         .collect()
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A plain HTTP/1.0 GET (bounded wait for the endpoint to come up).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+            let mut body = String::new();
+            if s.read_to_string(&mut body).is_ok() && body.contains("\r\n\r\n") {
+                return body;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{addr}{path} never answered"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 fn info_feed(con: &mut redis::Connection) -> String {
     let v = q(con, &["INFO", "feed"]);
     as_str(&v)
@@ -307,7 +335,15 @@ fn groups_state_survives_snapshots_that_delete_its_records() {
 #[test]
 fn groups_retention_keeps_a_lagging_groups_segments_within_the_cap() {
     for (cap, early_trimmed) in [("64MiB", false), ("2MiB", true)] {
-        let flags = ["--segment-mib", "1", "--feed-retention", cap];
+        let maddr = format!("127.0.0.1:{}", free_port());
+        let flags = [
+            "--segment-mib",
+            "1",
+            "--feed-retention",
+            cap,
+            "--metrics-addr",
+            &maddr,
+        ];
         let srv = Server::start(&flags);
         let mut con = srv.client().get_connection().unwrap();
         let all = "stockgate:events";
@@ -378,6 +414,15 @@ fn groups_retention_keeps_a_lagging_groups_segments_within_the_cap() {
             "{info}"
         );
         assert!(info.contains("feed_groups:2"), "{info}");
+        // The Prometheus endpoint exports the same figures.
+        let text = http_get(&maddr, "/metrics");
+        for want in [
+            "stockgate_feed_group_pending{stream=\"stockgate:events\",group=\"late\"} 200",
+            "stockgate_feed_group_lag{stream=\"stockgate:events\",group=\"late\"} 0",
+            "stockgate_feed_group_lag{stream=\"stockgate:events\",group=\"early\"}",
+        ] {
+            assert!(text.contains(want), "{want} not in:\n{text}");
+        }
     }
 }
 
