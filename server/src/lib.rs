@@ -7,6 +7,8 @@
 //! - [`server`]: accept loop, connections, pipelining, limits.
 //! - [`metrics`]: INFO, LATENCY, SLOWLOG, the Prometheus/JSON endpoint, `stockgate top`.
 //! - [`session`]: server and connection state shared by `server` and `cmd`.
+//! - [`repl`]: replication from the log (PSYNC, acknowledgements, fencing).
+//! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
 pub mod cmd;
 pub mod engine;
 pub mod feed;
@@ -14,6 +16,8 @@ pub mod keyfiles;
 pub mod metrics;
 pub mod persist;
 pub mod protocol;
+pub mod pubsub;
+pub mod repl;
 pub mod server;
 pub mod session;
 pub mod wal;

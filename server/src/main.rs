@@ -12,6 +12,7 @@ use stockgate_server::engine::{EngineConfig, SystemClock};
 use stockgate_server::keyfiles;
 use stockgate_server::persist::{recover_engine, WalDurability};
 use stockgate_server::protocol::Limits;
+use stockgate_server::repl::{Repl, ReplConfig, ReplDurability};
 use stockgate_server::server::{serve, Role, ServerConfig, Shared, Users};
 use stockgate_server::wal::{FsyncPolicy, WalOptions};
 
@@ -160,6 +161,29 @@ struct ServeArgs {
     /// instead of refusing to start. Says what it drops.
     #[arg(long)]
     repair: bool,
+    /// Start as a replica of this primary (`host:port`). Only used when the data dir has
+    /// no `repl.state` yet: after that the role is what REPLICAOF (or Sentinel) last set.
+    #[arg(long, value_name = "HOST:PORT")]
+    replicaof: Option<String>,
+    /// Hold every reply that reports a state until every attached replica has the record
+    /// durable, and refuse writes (-NOREPLICAS) while fewer than N replicas are attached.
+    /// 0: asynchronous replication, as Redis by default. With Sentinel, use 1 or more:
+    /// that is what keeps a failover from losing an acknowledged reservation.
+    #[arg(long, default_value_t = 0)]
+    min_replicas_ack: usize,
+    /// A replica silent this long is detached (writes waiting on it then go on with the
+    /// others, or fail); a replica that hears nothing from its primary this long reconnects.
+    #[arg(long, default_value_t = 2000)]
+    repl_timeout_ms: u64,
+    /// Reported to Sentinel as `slave_priority` (lower is preferred; 0 = never promote).
+    #[arg(long, default_value_t = 100)]
+    replica_priority: u32,
+    /// User this node authenticates as to its primary (a `replication` role suffices).
+    #[arg(long, default_value = "default")]
+    primary_user: String,
+    /// Password for `--primary-user`; without it the link does not authenticate.
+    #[arg(long, env = "STOCKGATE_PRIMARY_PASSWORD", hide_env_values = true)]
+    primary_password: Option<String>,
     /// Serve Prometheus metrics (/metrics), JSON (/json) and the status page (/) here,
     /// e.g. 127.0.0.1:9379. Off unless given; loopback only unless
     /// --metrics-allow-remote (the endpoint has no authentication).
@@ -437,19 +461,54 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         write_timeout_ms: a.write_timeout_ms,
         ..ServerConfig::default()
     };
-    let shared = Arc::new(Shared::new(config, users, durability.clone()));
+    let replicaof = match &a.replicaof {
+        None => None,
+        Some(hp) => {
+            let (h, p) = hp
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+                .ok_or_else(|| format!("--replicaof {hp}: expected HOST:PORT"))?;
+            Some((h, p))
+        }
+    };
+    let repl = Repl::open(
+        ReplConfig {
+            data_dir: a.data_dir.clone(),
+            min_replicas_ack: a.min_replicas_ack,
+            timeout: Duration::from_millis(a.repl_timeout_ms.max(100)),
+            priority: a.replica_priority,
+            announce_port: a.port,
+            primary_auth: a
+                .primary_password
+                .clone()
+                .map(|p| (a.primary_user.clone(), p)),
+            restart_argv: std::env::args_os().collect(),
+        },
+        engine.clone(),
+        durability.clone(),
+        replicaof,
+    )
+    .map_err(|e| e.to_string())?;
+    let replicated: Arc<dyn stockgate_server::session::Durability> = Arc::new(ReplDurability {
+        local: durability.clone(),
+        repl: repl.clone(),
+    });
+    let shared = Arc::new(Shared::new(config, users, replicated));
+    let _ = shared.repl.set(repl.clone());
     let feed = Arc::new(stockgate_server::feed::Feed::new(
         durability.wal.clone(),
         stockgate_server::feed::FeedLimits::default(),
     ));
     // Consumer groups keep their state in the log: rebuilt from the group records after
     // the snapshot, re-logged (checkpoint) by every snapshot before it deletes them.
+    let (state, state_bad) = feed.load_state_file(report.snapshot_lsn);
     let (applied, bad) = feed.groups.recover(
         report
             .opaque
             .iter()
             .map(|(lsn, kind, body)| (*lsn, *kind, body.as_slice())),
     );
+    let (applied, bad) = (applied + state, bad + state_bad);
     if applied + bad > 0 {
         tracing::info!(
             "recovered {} consumer group(s) from {applied} record(s){}",
@@ -461,8 +520,23 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             }
         );
     }
-    let hook_feed = feed.clone();
-    durability.add_checkpoint_hook(Box::new(move || hook_feed.checkpoint_groups()));
+    // A replica logs only its primary's records, under the primary's LSNs: it must never
+    // log a checkpoint of its own. Its snapshot stores the groups' state beside itself.
+    let (hook_feed, hook_repl) = (feed.clone(), repl.clone());
+    durability.add_checkpoint_hook(Box::new(move |upto| {
+        if hook_repl.is_replica() {
+            hook_feed.write_state_file(upto).map(|()| 0)
+        } else {
+            Ok(hook_feed.checkpoint_groups())
+        }
+    }));
+    // A replica applies its primary's group records as they arrive.
+    let replay_feed = feed.clone();
+    durability.add_replay_hook(Box::new(move |lsn, kind, body| {
+        replay_feed
+            .groups
+            .recover(std::iter::once((lsn, kind, body)));
+    }));
     let _ = shared.feed.set(feed);
     shared.metrics.configure(
         a.slowlog_log_slower_than,
@@ -510,6 +584,8 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             let _ = writeln!(out, "listening on {addr}");
             let _ = out.flush();
         }
+        repl.set_announce_port(addr.port());
+        let follower = repl.start();
         let snapshotter = spawn_snapshotter(engine.clone(), durability.clone(), a.snapshot_records);
         let sampler = tokio::spawn(stockgate_server::metrics::http::sample_loop(
             engine.clone(),
@@ -535,6 +611,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string());
         snapshotter.abort();
+        follower.abort();
         sampler.abort();
         if let Some(h) = metrics_http {
             h.abort();

@@ -20,13 +20,23 @@ pub struct WalDurability {
     last_snapshot_ms: AtomicU64,
     save_lock: parking_lot::Mutex<()>,
     checkpoints: parking_lot::Mutex<Vec<CheckpointHook>>,
+    replays: parking_lot::Mutex<Vec<ReplayHook>>,
+    /// Held by a replica while it logs and applies a batch from its primary, and by a
+    /// snapshot: on a replica the records are not logged under the engine's locks (they
+    /// are applied after), so this keeps a snapshot from cutting between the two.
+    apply_gate: parking_lot::Mutex<()>,
 }
 
 /// Logs the state of a module that keeps its state in the log outside the engine (the
 /// order feed's consumer groups) and returns the last LSN it logged (0: nothing). Run by
 /// every snapshot after its roll and before it deletes the segments it covers, so the
 /// state survives the records that described it.
-pub type CheckpointHook = Box<dyn Fn() -> Lsn + Send + Sync>;
+/// It gets the snapshot's LSN (`upto`).
+pub type CheckpointHook = Box<dyn Fn(Lsn) -> Result<Lsn, WalError> + Send + Sync>;
+
+/// Applies one opaque record (LSN, kind, body) that a replica took from its primary,
+/// for the module that logs such records (at start-up it gets them from recovery).
+pub type ReplayHook = Box<dyn Fn(Lsn, u8, &[u8]) + Send + Sync>;
 
 impl WalDurability {
     pub fn new(wal: Arc<Wal>, snapshot_lsn: Lsn) -> Self {
@@ -37,11 +47,27 @@ impl WalDurability {
             last_snapshot_ms: AtomicU64::new(0),
             save_lock: parking_lot::Mutex::new(()),
             checkpoints: parking_lot::Mutex::new(Vec::new()),
+            replays: parking_lot::Mutex::new(Vec::new()),
+            apply_gate: parking_lot::Mutex::new(()),
         }
     }
 
     pub fn add_checkpoint_hook(&self, hook: CheckpointHook) {
         self.checkpoints.lock().push(hook);
+    }
+
+    pub fn add_replay_hook(&self, hook: ReplayHook) {
+        self.replays.lock().push(hook);
+    }
+
+    /// A record a replica logged and applied to the engine: an opaque one goes on to the
+    /// module that owns it.
+    pub fn replayed(&self, lsn: Lsn, ev: &Event) {
+        if let Event::Opaque { kind, body } = ev {
+            for h in self.replays.lock().iter() {
+                h(lsn, *kind, body);
+            }
+        }
     }
 
     /// Records written since the last snapshot: what a restart would replay.
@@ -51,24 +77,37 @@ impl WalDurability {
             .saturating_sub(self.snapshot_lsn.load(Ordering::Relaxed))
     }
 
+    /// See the field `apply_gate`.
+    pub fn apply_gate(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.apply_gate.lock()
+    }
+
     /// Writes a snapshot of the engine and lets the WAL delete what it covers.
     pub fn snapshot(&self, engine: &Engine) -> Result<Lsn, WalError> {
+        self.snapshot_file(engine).map(|(lsn, _)| lsn)
+    }
+
+    /// [`Self::snapshot`], also saying which file holds it (a full sync sends it).
+    pub fn snapshot_file(&self, engine: &Engine) -> Result<(Lsn, std::path::PathBuf), WalError> {
         let _one_at_a_time = self.save_lock.lock();
         let t = Instant::now();
-        let (snap, upto) = engine.snapshot_with(|| self.wal.roll());
-        // The checkpoints land after `upto`, so recovery from this snapshot replays them;
-        // they must be durable before the snapshot deletes the records they replace.
-        let logged = self
-            .checkpoints
-            .lock()
-            .iter()
-            .map(|h| h())
-            .max()
-            .unwrap_or(0);
+        let (snap, upto, logged) = {
+            let _applying = self.apply_gate.lock();
+            let (snap, upto) = engine.snapshot_with(|| self.wal.roll());
+            // The checkpoints land after `upto`, so recovery from this snapshot replays
+            // them; they must be durable before the snapshot deletes the records they
+            // replace. Under the gate: a node turning replica cannot apply its primary's
+            // records between the role check (in the hook) and the checkpoint's LSN.
+            let mut logged = 0;
+            for h in self.checkpoints.lock().iter() {
+                logged = logged.max(h(upto)?);
+            }
+            (snap, upto, logged)
+        };
         if logged > 0 {
             self.wal.wait_durable_blocking(logged)?;
         }
-        self.wal.write_snapshot(&snap, upto)?;
+        let written = self.wal.write_snapshot(&snap, upto)?;
         self.snapshot_lsn.store(upto, Ordering::Relaxed);
         self.snapshots.fetch_add(1, Ordering::Relaxed);
         self.last_snapshot_ms
@@ -79,7 +118,7 @@ impl WalDurability {
             snap.reservations.len(),
             t.elapsed().as_millis()
         );
-        Ok(upto)
+        Ok((upto, written.path))
     }
 }
 

@@ -45,6 +45,7 @@ pub async fn serve(
     let mut conns = JoinSet::new();
     let ticker = {
         let engine = engine.clone();
+        let shared = shared.clone();
         let period = Duration::from_millis(shared.config.tick_ms.max(1));
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
@@ -52,7 +53,13 @@ pub async fn serve(
             iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = iv.tick() => { engine.tick(); }
+                    _ = iv.tick() => {
+                        // A replica expires and purges nothing itself: the primary decides
+                        // and its log says so (EXPIRED still lists what is due).
+                        if shared.repl.get().is_none_or(|r| !r.is_replica()) {
+                            engine.tick();
+                        }
+                    }
                     _ = stop.changed() => break,
                 }
             }
@@ -128,6 +135,13 @@ async fn handle(
         addr.to_string(),
         laddr,
     );
+    // For CLIENT KILL; unregistered when this function returns.
+    let _registered = {
+        use std::os::fd::AsRawFd as _;
+        shared
+            .clients
+            .register(conn.id, stream.as_raw_fd(), addr.to_string())
+    };
     let mut inbuf = BytesMut::with_capacity(16 * 1024);
     let mut out = BytesMut::with_capacity(16 * 1024);
     let mut rec = shared.metrics.recorder();
@@ -186,6 +200,7 @@ async fn handle(
         }
         let mut lsn: Lsn = 0;
         let mut close = false;
+        let mut takeover = None;
         // Counted once per batch: the counter is shared by every connection on every
         // core, so one increment per command would bounce its cache line per command.
         let mut commands = 0u64;
@@ -203,6 +218,12 @@ async fn handle(
                     };
                     let mut o = crate::metrics::dispatch_timed(&mut rec, &mut ctx, &argv);
                     lsn = lsn.max(o.lsn);
+                    if o.takeover.is_some() {
+                        // PSYNC / SUBSCRIBE: the replies so far go out, then the stream
+                        // (and whatever the client sent after the command) is handed over.
+                        takeover = o.takeover.take();
+                        break;
+                    }
                     if let Some(wait) = o.wait.take() {
                         // A blocking read (XREAD BLOCK): what this batch answered so far
                         // goes out first, then the connection parks until the reply.
@@ -266,7 +287,7 @@ async fn handle(
         if lsn > 0 {
             if let Err(e) = shared.durability.wait(lsn).await {
                 // Fail closed: the record may not be on disk, so no acknowledgement leaves.
-                tracing::error!("write-ahead log failed, dropping connection: {e}");
+                tracing::error!("reply not acknowledged, dropping connection: {e}");
                 return;
             }
         }
@@ -306,6 +327,16 @@ async fn handle(
         if close {
             let _ = stream.shutdown().await;
             return;
+        }
+        if let Some(t) = takeover {
+            let rest = std::mem::take(&mut inbuf);
+            match t(stream, rest).await {
+                Some((s, b)) => {
+                    stream = s;
+                    inbuf = b;
+                }
+                None => return,
+            }
         }
     }
 }

@@ -90,16 +90,66 @@ impl Durability for NoDurability {
     }
 }
 
+/// What the commands, INFO and the network layer need of replication (`crate::repl`
+/// implements it; a trait so this module does not depend on that one).
+pub trait Replication: Send + Sync {
+    /// The error a write gets before it runs (`READONLY ...`, `NOREPLICAS ...`), if any.
+    fn write_refusal(&self) -> Option<&'static str>;
+    /// The error a read of stock state gets, if any: on a primary that cannot have its
+    /// replies acknowledged (fenced, or too few replicas) it would report a state a
+    /// failover may erase. Replicas serve reads.
+    fn read_refusal(&self) -> Option<&'static str>;
+    fn is_replica(&self) -> bool;
+    /// INFO's `# Replication` section.
+    fn info(&self) -> String;
+    fn role_reply(&self) -> Reply;
+    /// `REPLICAOF host port` / `REPLICAOF NO ONE` (`None`).
+    fn replicaof(&self, target: Option<(String, u16)>) -> Result<&'static str, String>;
+    /// `CONFIG REWRITE`: persist the role.
+    fn persist(&self) -> Result<(), String>;
+    /// `WAIT`: replicas that have `lsn` once `n` do or `timeout` passed.
+    fn wait_count(
+        &self,
+        lsn: Lsn,
+        n: usize,
+        timeout: std::time::Duration,
+    ) -> Pin<Box<dyn Future<Output = usize> + Send + '_>>;
+    /// `PSYNC`: the connection becomes a replication link.
+    fn serve_replica(
+        self: Arc<Self>,
+        stream: tokio::net::TcpStream,
+        inbuf: bytes::BytesMut,
+        req: SyncRequest,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// What a replica asked for with `PSYNC`.
+pub struct SyncRequest {
+    pub replid: String,
+    /// Its last LSN (-1: it has nothing, as Redis's `PSYNC ? -1`).
+    pub offset: i64,
+    /// The address it serves clients on (INFO's `slaveN:ip=..,port=..`).
+    pub ip: String,
+    pub port: u16,
+}
+
 /// Role bits, as the command table (`cmd::table`) stores who may run a command.
 pub const CHECKOUT: u8 = 1;
 pub const SWEEPER: u8 = 2;
 pub const ADMIN: u8 = 4;
+/// A replica syncing from this node (PSYNC, REPLCONF).
+pub const REPLICATION: u8 = 8;
+/// Redis Sentinel: what it sends to monitor and fail over (INFO, ROLE, REPLICAOF,
+/// CONFIG REWRITE, CLIENT KILL, PUBLISH/SUBSCRIBE, MULTI/EXEC).
+pub const SENTINEL: u8 = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Admin,
     Checkout,
     Sweeper,
+    Replication,
+    Sentinel,
 }
 
 impl Role {
@@ -108,6 +158,8 @@ impl Role {
             Role::Admin => ADMIN,
             Role::Checkout => CHECKOUT,
             Role::Sweeper => SWEEPER,
+            Role::Replication => REPLICATION,
+            Role::Sentinel => SENTINEL,
         }
     }
 
@@ -116,6 +168,8 @@ impl Role {
             "admin" => Some(Role::Admin),
             "checkout" => Some(Role::Checkout),
             "sweeper" => Some(Role::Sweeper),
+            "replication" => Some(Role::Replication),
+            "sentinel" => Some(Role::Sentinel),
             _ => None,
         }
     }
@@ -157,7 +211,7 @@ impl Users {
             };
             let role = Role::parse(r).ok_or_else(|| {
                 format!(
-                    "users file line {}: role must be admin, checkout or sweeper",
+                    "users file line {}: role must be admin, checkout, sweeper, replication or sentinel",
                     i + 1
                 )
             })?;
@@ -238,6 +292,12 @@ pub struct Shared {
     pub feed: std::sync::OnceLock<Arc<crate::feed::Feed>>,
     /// Command/latency/error/sale counters, the slow log (see `metrics`).
     pub metrics: crate::metrics::Metrics,
+    /// Replication, set by the binary when it runs with a WAL.
+    pub repl: std::sync::OnceLock<Arc<dyn Replication>>,
+    /// PUBLISH/SUBSCRIBE channels (Sentinel's hello channel).
+    pub pubsub: crate::pubsub::Hub,
+    /// Live connections, for CLIENT KILL.
+    pub clients: crate::pubsub::Clients,
 }
 
 impl Shared {
@@ -255,6 +315,9 @@ impl Shared {
             durability,
             feed: std::sync::OnceLock::new(),
             metrics: crate::metrics::Metrics::new(),
+            repl: std::sync::OnceLock::new(),
+            pubsub: crate::pubsub::Hub::default(),
+            clients: crate::pubsub::Clients::default(),
         }
     }
 }
@@ -272,6 +335,8 @@ pub struct ConnState {
     pub laddr: String,
     /// `Some` between `MULTI` and `EXEC`/`DISCARD`: the commands queued so far.
     pub multi: Option<MultiQueue>,
+    /// `REPLCONF listening-port`: the port a replica serves clients on.
+    pub repl_port: Option<u16>,
 }
 
 /// A transaction being queued. The logic lives in `cmd::multi`; the queue lives here
@@ -299,6 +364,7 @@ impl ConnState {
             addr,
             laddr,
             multi: None,
+            repl_port: None,
         }
     }
 

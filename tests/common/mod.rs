@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use stockgate_server::engine::Keyring;
 
+pub mod ha;
+
 /// The server binary next to this test's executable (`target/<profile>/stockgate`).
 /// Build it first: `cargo build --workspace --bins` (the README's test command does).
 pub fn server_bin() -> PathBuf {

@@ -142,6 +142,48 @@ pub fn ping(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
     }
 }
 
+/// `CLIENT KILL <filter value> ...` with TYPE normal|pubsub|replica|slave|master, ID n,
+/// ADDR ip:port and SKIPME yes|no (default yes, as Redis). Answers how many were killed.
+/// Sentinel sends `CLIENT KILL TYPE normal` and `... TYPE pubsub` to a node it
+/// reconfigures, so the clients reconnect to the right primary.
+fn client_kill(ctx: &mut Ctx<'_>, filters: &[Bytes]) -> Outcome {
+    use crate::pubsub::{KillFilter, KIND_NORMAL, KIND_PUBSUB, KIND_REPLICA};
+    let mut which = Vec::new();
+    let mut skipme = true;
+    for pair in filters.chunks(2) {
+        let key = String::from_utf8_lossy(&pair[0]).to_ascii_lowercase();
+        let val = String::from_utf8_lossy(&pair[1]).to_ascii_lowercase();
+        let f = match key.as_str() {
+            "type" => match val.as_str() {
+                "normal" => KillFilter::Type(KIND_NORMAL),
+                "pubsub" => KillFilter::Type(KIND_PUBSUB),
+                "replica" | "slave" => KillFilter::Type(KIND_REPLICA),
+                // This node's own link to its primary is not a client connection.
+                "master" => continue,
+                _ => return Reply::err(format!("ERR Unknown client type '{val}'")).into(),
+            },
+            "id" => match val.parse() {
+                Ok(id) => KillFilter::Id(id),
+                Err(_) => return Reply::err("ERR client-id should be greater than 0").into(),
+            },
+            "addr" => KillFilter::Addr(String::from_utf8_lossy(&pair[1]).into_owned()),
+            "skipme" => {
+                skipme = match val.as_str() {
+                    "yes" => true,
+                    "no" => false,
+                    _ => return Reply::syntax().into(),
+                };
+                continue;
+            }
+            _ => return Reply::syntax().into(),
+        };
+        which.push(f);
+    }
+    let me = skipme.then_some(ctx.conn.id);
+    let n: usize = which.iter().map(|f| ctx.shared.clients.kill(f, me)).sum();
+    Reply::Int(n as i64).into()
+}
+
 pub fn select(args: &[Bytes]) -> Outcome {
     if args[0].as_ref() == b"0" {
         Reply::ok().into()
@@ -197,6 +239,17 @@ pub fn client(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
             Reply::ok().into()
         }
         ("INFO", []) => Reply::bulk(format!("{}\n", ctx.conn.describe())).into(),
+        ("KILL", [addr]) => {
+            // The old form: one client by address; an error if there is none.
+            let f = crate::pubsub::KillFilter::Addr(String::from_utf8_lossy(addr).into_owned());
+            match ctx.shared.clients.kill(&f, None) {
+                0 => Reply::err("ERR No such client").into(),
+                _ => Reply::ok().into(),
+            }
+        }
+        ("KILL", filters) if !filters.is_empty() && filters.len() % 2 == 0 => {
+            client_kill(ctx, filters)
+        }
         _ => {
             let shown: String = sub.chars().take(64).collect();
             Reply::err(format!(

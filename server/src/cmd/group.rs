@@ -370,6 +370,13 @@ impl XReadGroup {
         };
         let deadline = Instant::now() + Duration::from_millis(ms);
         let noack = self.noack;
+        // The reply's records must be acknowledged as any reply's are: by the server's
+        // durability (the local log, and replicas under `--min-replicas-ack`).
+        let durability = ctx.shared.durability.clone();
+        let settle = move |lsn: Lsn| {
+            let d = durability.clone();
+            async move { d.wait(lsn).await.map_err(FeedError::Log) }
+        };
         let wait = Box::pin(async move {
             let _slot = slot;
             let mut seen = durable;
@@ -381,7 +388,7 @@ impl XReadGroup {
                         .await
                         .is_err()
                 {
-                    return match feed.wait_durable(owed).await {
+                    return match settle(owed).await {
                         Ok(()) => Reply::Nil,
                         Err(e) => fe(e),
                     };
@@ -396,7 +403,7 @@ impl XReadGroup {
                     Ok((found, lsn)) => {
                         owed = owed.max(lsn);
                         if !found.is_empty() {
-                            return match feed.wait_durable(owed.max(feed.last_lsn())).await {
+                            return match settle(owed.max(feed.last_lsn())).await {
                                 Ok(()) => streams_reply(proto, found),
                                 Err(e) => fe(e),
                             };
@@ -411,6 +418,7 @@ impl XReadGroup {
             lsn: 0,
             close: false,
             wait: Some(wait),
+            takeover: None,
         })
     }
 }

@@ -150,9 +150,18 @@ pub fn config(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
         crate::metrics::view::reset_server_stats(ctx.shared);
         return Reply::ok().into();
     }
+    if sub == "REWRITE" && args.len() == 1 {
+        // Sentinel sends it after REPLICAOF so a restarted node keeps its new role. The
+        // role lives in `<data-dir>/repl.state` (written at every change); the rest of the
+        // configuration comes from the command line and has nothing to rewrite.
+        return match ctx.shared.repl.get().map(|r| r.persist()) {
+            Some(Err(e)) => Reply::err(format!("ERR Rewriting config file: {e}")).into(),
+            _ => Reply::ok().into(),
+        };
+    }
     if sub != "GET" || args.len() < 2 {
         return Reply::err(
-            "ERR only CONFIG GET is supported: configuration comes from the command line",
+            "ERR only CONFIG GET, CONFIG REWRITE and CONFIG RESETSTAT are supported: configuration comes from the command line",
         )
         .into();
     }

@@ -8,6 +8,7 @@ pub mod conn;
 pub mod group;
 pub mod introspect;
 pub mod multi;
+pub mod replication;
 pub mod reserve;
 pub mod sale;
 pub mod stream;
@@ -37,7 +38,24 @@ pub struct Outcome {
     /// what it has answered so far, then awaits this for the reply. Where a connection
     /// cannot wait (inside EXEC), `reply` is the non-blocking answer, as Redis gives.
     pub wait: Option<Deferred>,
+    /// The connection stops being a command connection once this reply is sent: the
+    /// stream goes to this function (`PSYNC`: a replication link, `SUBSCRIBE`: a
+    /// subscriber). If it hands the stream back, the connection takes commands again.
+    pub takeover: Option<Takeover>,
 }
+
+/// See [`Outcome::takeover`].
+pub type Takeover = Box<
+    dyn FnOnce(
+            tokio::net::TcpStream,
+            bytes::BytesMut,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Option<(tokio::net::TcpStream, bytes::BytesMut)>>
+                    + Send,
+            >,
+        > + Send,
+>;
 
 /// The rest of a blocking command, run by the connection. Bounded in time by the command.
 pub type Deferred = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
@@ -49,6 +67,7 @@ impl From<Reply> for Outcome {
             lsn: 0,
             close: false,
             wait: None,
+            takeover: None,
         }
     }
 }
@@ -60,6 +79,7 @@ impl Outcome {
             lsn,
             close: false,
             wait: None,
+            takeover: None,
         }
     }
 }
@@ -73,6 +93,22 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
     };
     if ctx.conn.in_multi() && !multi::runs_at_once(spec) {
         return multi::queue(ctx, spec, argv);
+    }
+    if let Some(repl) = ctx.shared.repl.get() {
+        // Replicas take no writes, nor does a primary fenced by a promoted replica or one
+        // with fewer replicas than `--min-replicas-ack`: refused before anything changes.
+        // Such a primary does not report stock state either (its reply could not be
+        // acknowledged by the replicas).
+        let refusal = if spec.flags.contains(&"write") {
+            repl.write_refusal()
+        } else if spec.group == "stockgate" {
+            repl.read_refusal()
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            return Reply::err(refusal).into();
+        }
     }
     let rest = &argv[1..];
     let r = match spec.name {
@@ -100,6 +136,7 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
             lsn: 0,
             close: true,
             wait: None,
+            takeover: None,
         }),
         "reset" => Ok(conn::reset(ctx)),
         "ping" => Ok(conn::ping(ctx, rest)),
@@ -124,6 +161,14 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
         "xpending" => Ok(group::xpending(ctx, rest)),
         "xclaim" => Ok(group::xclaim(ctx, rest)),
         "xautoclaim" => Ok(group::xautoclaim(ctx, rest)),
+        "replicaof" | "slaveof" => replication::ReplicaOf::parse(rest).map(|c| c.apply(ctx)),
+        "role" => Ok(replication::role(ctx)),
+        "wait" => replication::Wait::parse(rest).map(|c| c.apply(ctx)),
+        "replconf" => Ok(replication::replconf(ctx, rest)),
+        "psync" | "sync" => Ok(replication::psync(ctx, rest)),
+        "publish" => Ok(replication::publish(ctx, rest)),
+        "subscribe" => Ok(replication::subscribe(ctx, rest)),
+        "unsubscribe" => Ok(replication::unsubscribe(rest)),
         "multi" => Ok(multi::multi(ctx)),
         "exec" => Ok(multi::exec(ctx)),
         "discard" => Ok(multi::discard(ctx)),

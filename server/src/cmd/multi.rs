@@ -34,7 +34,8 @@ pub fn runs_at_once(spec: &Spec) -> bool {
 /// Commands refused inside a transaction. `HELLO` would switch the protocol the `EXEC`
 /// reply is encoded in halfway through it.
 fn not_in_multi(spec: &Spec) -> bool {
-    spec.name == "hello"
+    // PSYNC and SUBSCRIBE turn the connection into something else, which EXEC cannot.
+    matches!(spec.name, "hello" | "psync" | "sync" | "subscribe")
 }
 
 /// A refusal by the dispatcher's checks (unknown command, arity, auth, role). Inside a
@@ -155,6 +156,7 @@ pub fn exec(ctx: &mut Ctx<'_>) -> Outcome {
             lsn,
             close: true,
             wait: None,
+            takeover: None,
         };
     }
     Outcome {
@@ -163,6 +165,7 @@ pub fn exec(ctx: &mut Ctx<'_>) -> Outcome {
         close,
         // A queued blocking read answers at once (its `reply`), as in Redis.
         wait: None,
+        takeover: None,
     }
 }
 

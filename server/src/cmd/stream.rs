@@ -187,6 +187,7 @@ impl XRead {
             lsn: 0,
             close: false,
             wait: Some(wait),
+            takeover: None,
         })
     }
 }

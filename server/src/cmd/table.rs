@@ -3,7 +3,7 @@
 
 /// Role bits (defined beside `Role`). `OPEN` commands (connection commands and INFO) are
 /// allowed to every role.
-pub use crate::session::{ADMIN, CHECKOUT, SWEEPER};
+pub use crate::session::{ADMIN, CHECKOUT, REPLICATION, SENTINEL, SWEEPER};
 pub const OPEN: u8 = 0xff;
 
 pub struct Spec {
@@ -225,7 +225,7 @@ pub static COMMANDS: &[Spec] = &[
         -2,
         &["admin"],
         0,
-        ADMIN,
+        ADMIN | SENTINEL,
         "server",
         "Read configuration",
     ),
@@ -369,6 +369,97 @@ pub static COMMANDS: &[Spec] = &[
         SWEEPER | ADMIN,
         "stream",
         "Move idle pending entries to another consumer, cursor-style",
+    ),
+    // Replication and Sentinel (cmd/replication.rs, crate::repl, crate::pubsub).
+    spec(
+        "replicaof",
+        3,
+        &["admin", "noscript", "stale"],
+        0,
+        ADMIN | SENTINEL,
+        "server",
+        "Follow a primary, or become one (NO ONE)",
+    ),
+    spec(
+        "slaveof",
+        3,
+        &["admin", "noscript", "stale"],
+        0,
+        ADMIN | SENTINEL,
+        "server",
+        "REPLICAOF's old name (Sentinel sends it)",
+    ),
+    spec(
+        "role",
+        1,
+        &["noscript", "loading", "stale", "fast"],
+        0,
+        OPEN,
+        "server",
+        "This node's role in replication",
+    ),
+    spec(
+        "wait",
+        3,
+        &["noscript"],
+        0,
+        CHECKOUT | SWEEPER | ADMIN,
+        "generic",
+        "Wait until replicas have this server's log so far",
+    ),
+    spec(
+        "replconf",
+        -1,
+        &["admin", "noscript", "loading", "stale"],
+        0,
+        ADMIN | REPLICATION,
+        "server",
+        "Replica settings before PSYNC",
+    ),
+    spec(
+        "psync",
+        -3,
+        &["admin", "noscript"],
+        0,
+        ADMIN | REPLICATION,
+        "server",
+        "Start a replication link",
+    ),
+    spec(
+        "sync",
+        1,
+        &["admin", "noscript"],
+        0,
+        ADMIN | REPLICATION,
+        "server",
+        "Start a replication link with a full copy",
+    ),
+    spec(
+        "publish",
+        3,
+        &["pubsub", "loading", "stale", "fast"],
+        0,
+        ADMIN | SENTINEL,
+        "pubsub",
+        "Publish a message on a channel",
+    ),
+    spec(
+        "subscribe",
+        -2,
+        &["pubsub", "noscript", "loading", "stale"],
+        0,
+        ADMIN | SENTINEL,
+        "pubsub",
+        "Listen to channels",
+    ),
+    spec(
+        "unsubscribe",
+        -1,
+        &["pubsub", "noscript", "loading", "stale"],
+        0,
+        ADMIN | SENTINEL,
+        "pubsub",
+        "Stop listening to channels",
     ),
     // Transactions (cmd/multi.rs). Open to every role: each queued command is checked
     // against the role when it is queued and again when EXEC runs it.

@@ -771,6 +771,18 @@ impl Groups {
         last
     }
 
+    /// A checkpoint record of every live group, logged nowhere: what a replica stores
+    /// beside its snapshot (a replica must not log anything of its own).
+    pub fn state_records(&self) -> Vec<GroupRecord> {
+        let all: Vec<GroupRef> = self.map.lock().values().cloned().collect();
+        all.iter()
+            .filter_map(|g| {
+                let g = g.lock();
+                (!g.destroyed).then(|| g.checkpoint_record())
+            })
+            .collect()
+    }
+
     /// Rebuilds the groups from the group records found after the snapshot, in log
     /// order. Returns how many records were applied and how many could not be decoded
     /// (skipped: the order feed's bookkeeping never stops the server from selling).

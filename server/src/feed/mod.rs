@@ -27,9 +27,11 @@ use parking_lot::Mutex;
 use thiserror::Error;
 
 use crate::engine::event::Lsn;
+use crate::engine::event::{Event, EventRef};
 use crate::engine::ident;
 use crate::wal::reader::{ReadError, ReadPos, Visit};
-use crate::wal::Wal;
+use crate::wal::record::{decode_record, encode_record};
+use crate::wal::{io_err, segment, Wal, WalError};
 pub use entry::{Entry, ALL_EVENTS, SALE_SUFFIX};
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -168,6 +170,17 @@ pub struct Scan {
     pub budget_exhausted: bool,
 }
 
+fn state_file_name(lsn: Lsn) -> String {
+    format!("groups-{lsn:020}.state")
+}
+
+fn parse_state_file_name(name: &str) -> Option<Lsn> {
+    let digits = name.strip_prefix("groups-")?.strip_suffix(".state")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
 /// Scan budgets a snapshot's checkpoint may spend per idle group (see
 /// [`Feed::checkpoint_groups`]).
 const CHECKPOINT_SCANS: usize = 10;
@@ -214,15 +227,6 @@ impl Feed {
     /// waits for, as every other reply that reports state does.
     pub fn last_lsn(&self) -> Lsn {
         self.wal.last_lsn()
-    }
-
-    /// Resolves once `lsn` is durable: a group reply computed in a blocked read waits
-    /// for its own record here before it is sent.
-    pub async fn wait_durable(&self, lsn: Lsn) -> Result<(), FeedError> {
-        self.wal
-            .wait_durable(lsn)
-            .await
-            .map_err(|e| FeedError::Log(e.to_string()))
     }
 
     pub fn first_lsn(&self) -> Lsn {
@@ -377,6 +381,83 @@ impl Feed {
                 }
             }
         })
+    }
+
+    /// A replica's snapshot at `upto`: the groups' state (as of `upto`: a replica's
+    /// groups change only by applying its primary's records, which the snapshot's gate
+    /// holds back) goes to `groups-<upto>.state` beside the snapshot, written atomically
+    /// before the snapshot may delete the records it replaces. Framed and CRC'd as WAL
+    /// records. Older state files but the previous one are removed.
+    pub fn write_state_file(&self, upto: Lsn) -> Result<(), WalError> {
+        let dir = self.wal.dir().to_path_buf();
+        let path = dir.join(state_file_name(upto));
+        let mut buf = Vec::new();
+        for rec in self.groups.state_records() {
+            let (kind, body) = rec.encode();
+            // Bounded (see `groups::GroupLimits`), so this cannot fail in practice.
+            if let Err(e) = encode_record(EventRef::Opaque { kind, body: &body }, &mut buf) {
+                return Err(WalError::Corrupt {
+                    file: path,
+                    offset: 0,
+                    reason: format!("consumer-group state not encodable: {e}"),
+                });
+            }
+        }
+        let tmp = dir.join(format!("{}.tmp", state_file_name(upto)));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            std::io::Write::write_all(&mut f, &buf)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(io_err("write consumer-group state", &path))?;
+        segment::sync_dir(&dir)?;
+        let mut older: Vec<(Lsn, std::path::PathBuf)> = std::fs::read_dir(&dir)
+            .map_err(io_err("list", &dir))?
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let lsn = parse_state_file_name(e.file_name().to_str()?)?;
+                (lsn < upto).then(|| (lsn, e.path()))
+            })
+            .collect();
+        older.sort();
+        // The newest older one belongs to the snapshot still on disk until this one is.
+        older.pop();
+        for (_, p) in older {
+            segment::remove_if_exists(&p)?;
+        }
+        Ok(())
+    }
+
+    /// Loads the state file of the snapshot at `lsn`, if there is one (a replica's
+    /// snapshot). Returns (groups' records applied, records skipped as undecodable).
+    pub fn load_state_file(&self, lsn: Lsn) -> (usize, usize) {
+        let path = self.wal.dir().join(state_file_name(lsn));
+        let Ok(buf) = std::fs::read(&path) else {
+            return (0, 0);
+        };
+        let mut recs = Vec::new();
+        let mut at = 0;
+        let mut bad = 0;
+        while at < buf.len() {
+            match decode_record(&buf[at..]) {
+                Ok((Event::Opaque { kind, body }, used)) => {
+                    recs.push((kind, body));
+                    at += used;
+                }
+                Ok((_, used)) => at += used,
+                Err(e) => {
+                    tracing::warn!("{}: {e}; the rest is skipped", path.display());
+                    bad += 1;
+                    break;
+                }
+            }
+        }
+        // LSN 0: these records are not in the log (nothing to discount from lag).
+        let (n, b) = self
+            .groups
+            .recover(recs.iter().map(|(k, b)| (0, *k, b.as_slice())));
+        (n, b + bad)
     }
 
     /// The entry of `stream` at `lsn`, if the log still has it (`None`: trimmed, not an

@@ -264,6 +264,10 @@ fn stats(o: &mut String, sh: &Shared, error_replies: u64) {
 }
 
 fn replication(o: &mut String, sh: &Shared) {
+    if let Some(r) = sh.repl.get() {
+        o.push_str(&r.info());
+        return;
+    }
     let _ = write!(
         o,
         "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_replid2:0000000000000000000000000000000000000000\r\nmaster_repl_offset:0\r\nsecond_repl_offset:-1\r\nrepl_backlog_active:0\r\nrepl_backlog_size:0\r\nrepl_backlog_first_byte_offset:0\r\nrepl_backlog_histlen:0\r\n",

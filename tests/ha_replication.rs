@@ -1,0 +1,337 @@
+//! Replication over the real binary (issue 13), without Sentinel: a replica follows its
+//! primary through the log and converges; resumes after kill -9 without a full copy;
+//! refuses writes; `--min-replicas-ack` holds replies and an isolated primary
+//! acknowledges nothing; a promoted replica fences its old primary; a former primary
+//! with a diverged tail is resynchronised from a full copy; WAIT counts replicas.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::ha::*;
+use redis::Value;
+
+const SKU: &str = "HA1";
+
+fn reserve(
+    c: &mut redis::Connection,
+    keys: &Keys,
+    user: &str,
+    req: &str,
+) -> redis::RedisResult<Value> {
+    let adm = keys.keyring().mint(SKU, user, common::now_ms() + 600_000);
+    redis::cmd("RESERVE")
+        .arg(SKU)
+        .arg(user)
+        .arg(adm)
+        .arg(req)
+        .query(c)
+}
+
+fn token_of(v: &Value) -> String {
+    match v {
+        Value::Array(items) => match &items[1] {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => panic!("no token in {other:?}"),
+        },
+        other => panic!("not a RESERVE reply: {other:?}"),
+    }
+}
+
+fn status(v: &Value) -> String {
+    match v {
+        Value::Array(items) => match &items[0] {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        },
+        other => format!("{other:?}"),
+    }
+}
+
+fn readonly(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::ReadOnly || e.to_string().contains("READONLY")
+}
+
+fn converged(a: &Node, b: &Node, tokens: &[String]) {
+    wait_for(
+        "replica to reach the primary's offset",
+        Duration::from_secs(15),
+        || b.offset() == a.offset(),
+    );
+    assert_eq!(state_of(a, SKU, tokens), state_of(b, SKU, tokens));
+}
+
+#[test]
+fn a_replica_follows_resumes_after_kill_9_and_refuses_writes() {
+    let keys = Keys::new();
+    let a = Node::start(&keys, &[]);
+    let mut b = Node::start(&keys, &["--replicaof", &a.addr()]);
+    let mut c = a.conn();
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(SKU)
+        .arg(500)
+        .query(&mut c)
+        .unwrap();
+    let mut tokens = Vec::new();
+    for i in 0..60 {
+        let r = reserve(&mut c, &keys, &format!("u{i}"), &format!("r{i}")).unwrap();
+        assert_eq!(status(&r), "RESERVED");
+        let t = token_of(&r);
+        match i % 3 {
+            0 => {
+                let _: Value = redis::cmd("COMMIT").arg(&t).query(&mut c).unwrap();
+            }
+            1 => {
+                let _: Value = redis::cmd("RELEASE").arg(&t).query(&mut c).unwrap();
+            }
+            _ => {}
+        }
+        tokens.push(t);
+    }
+    converged(&a, &b, &tokens);
+    assert_eq!(b.role(), "slave");
+    assert_eq!(b.info("replication")["master_link_status"], "up");
+    let mut bc = b.conn();
+    let err = reserve(&mut bc, &keys, "x", "rx").unwrap_err();
+    assert!(readonly(&err), "a replica must refuse writes: {err}");
+    // Reads are served.
+    let stock: i64 = redis::cmd("STOCK").arg(SKU).query(&mut bc).unwrap();
+    assert_eq!(stock, 500 - 40);
+
+    // kill -9 the replica, write on, restart: it resumes from its log (no full copy).
+    let full_before: u64 = a.info("replication")["sync_full"].parse().unwrap();
+    b.kill9();
+    for i in 60..90 {
+        let r = reserve(&mut c, &keys, &format!("u{i}"), &format!("r{i}")).unwrap();
+        tokens.push(token_of(&r));
+    }
+    b.restart();
+    converged(&a, &b, &tokens);
+    let info = a.info("replication");
+    assert_eq!(
+        info["sync_full"].parse::<u64>().unwrap(),
+        full_before,
+        "a restarted replica resumes without a full copy"
+    );
+    assert_eq!(info["connected_slaves"], "1");
+    assert!(info["slave0"].contains(&format!("port={}", b.port)));
+}
+
+#[test]
+fn with_min_replicas_ack_an_isolated_primary_acknowledges_nothing() {
+    let keys = Keys::new();
+    let a = Node::start(
+        &keys,
+        &["--min-replicas-ack", "1", "--repl-timeout-ms", "800"],
+    );
+    let mut c = a.conn();
+    // No replica attached: writes are refused before anything changes.
+    let err = redis::cmd("SALE.CREATE")
+        .arg(SKU)
+        .arg(100)
+        .query::<Value>(&mut c)
+        .unwrap_err();
+    assert!(err.to_string().contains("NOREPLICAS"), "{err}");
+    let b = Node::start(&keys, &["--replicaof", &a.addr()]);
+    wait_for("replica attached", Duration::from_secs(10), || {
+        a.info("replication")["connected_slaves"] == "1"
+    });
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(SKU)
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
+    let r = reserve(&mut c, &keys, "u1", "r1").unwrap();
+    assert_eq!(status(&r), "RESERVED");
+    // Every acknowledged record is on the replica at the moment of the reply.
+    assert!(
+        b.offset() >= a.offset(),
+        "acknowledged before the replica had it"
+    );
+
+    // Isolate the primary: its only replica stops (SIGSTOP).
+    b.signal(libc::SIGSTOP);
+    let t = Instant::now();
+    let mut acked = Vec::new();
+    for i in 2..6 {
+        let mut c = a.conn();
+        match reserve(&mut c, &keys, &format!("u{i}"), &format!("r{i}")) {
+            Ok(v) if !v.to_string_lossy().contains("NOREPLICAS") => acked.push(v),
+            _ => {}
+        }
+    }
+    assert!(
+        acked.is_empty(),
+        "an isolated primary acknowledged {acked:?} ({:?} after the stop)",
+        t.elapsed()
+    );
+    let info = a.info("replication");
+    assert_eq!(
+        info["connected_slaves"], "0",
+        "the silent replica is detached"
+    );
+    // Back: the replica reattaches, catches up, and writes are acknowledged again.
+    b.signal(libc::SIGCONT);
+    wait_for("replica reattached", Duration::from_secs(10), || {
+        a.info("replication")["connected_slaves"] == "1"
+    });
+    let r = reserve(&mut c, &keys, "u9", "r9").unwrap();
+    assert_eq!(status(&r), "RESERVED");
+    // WAIT: one replica has everything.
+    let n: i64 = redis::cmd("WAIT").arg(1).arg(2000).query(&mut c).unwrap();
+    assert_eq!(n, 1);
+    let n: i64 = redis::cmd("WAIT").arg(2).arg(200).query(&mut c).unwrap();
+    assert_eq!(
+        n, 1,
+        "WAIT answers the count it has when the timeout passes"
+    );
+}
+
+trait Lossy {
+    fn to_string_lossy(&self) -> String;
+}
+
+impl Lossy for Value {
+    fn to_string_lossy(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+#[test]
+fn a_promoted_replica_fences_its_old_primary_and_the_group_converges() {
+    let keys = Keys::new();
+    let ack = ["--min-replicas-ack", "1", "--repl-timeout-ms", "1000"];
+    let a = Node::start(&keys, &ack);
+    let mut args_b = vec!["--replicaof".to_owned(), a.addr()];
+    args_b.extend(ack.iter().map(|s| s.to_string()));
+    let argv_b: Vec<&str> = args_b.iter().map(String::as_str).collect();
+    let b = Node::start(&keys, &argv_b);
+    let cnode = Node::start(&keys, &argv_b);
+    wait_for("two replicas attached", Duration::from_secs(10), || {
+        a.info("replication")["connected_slaves"] == "2"
+    });
+    let mut c = a.conn();
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(SKU)
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
+    let mut tokens = Vec::new();
+    for i in 0..20 {
+        tokens.push(token_of(
+            &reserve(&mut c, &keys, &format!("u{i}"), &format!("r{i}")).unwrap(),
+        ));
+    }
+    // Promote b while a is alive (what an unasked failover does).
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut b.conn())
+        .unwrap();
+    wait_for("the old primary fenced", Duration::from_secs(5), || {
+        a.info("replication")["stockgate_deposed"] == "1"
+    });
+    let err = reserve(&mut c, &keys, "late", "late").unwrap_err();
+    assert!(readonly(&err), "a fenced primary must refuse writes: {err}");
+    // Without a replica, the new primary (--min-replicas-ack 1) neither writes nor reports.
+    let mut bc = b.conn();
+    let err = redis::cmd("STOCK")
+        .arg(SKU)
+        .query::<i64>(&mut bc)
+        .unwrap_err();
+    assert!(err.to_string().contains("NOREPLICAS"), "{err}");
+    // c and then a follow b; both continue from their logs (no divergence here).
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(b.port)
+        .query(&mut cnode.conn())
+        .unwrap();
+    wait_for("c attached to b", Duration::from_secs(10), || {
+        b.info("replication")["connected_slaves"] == "1"
+    });
+    // b has every reservation a acknowledged.
+    for t in &tokens {
+        let v: Value = redis::cmd("RESERVATION").arg(t).query(&mut bc).unwrap();
+        assert!(
+            format!("{v:?}").contains("RESERVED"),
+            "{t} missing on the promoted node: {v:?}"
+        );
+    }
+    let r = reserve(&mut bc, &keys, "after", "after").unwrap();
+    assert_eq!(status(&r), "RESERVED");
+    tokens.push(token_of(&r));
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(b.port)
+        .query(&mut a.conn())
+        .unwrap();
+    converged(&b, &cnode, &tokens);
+    converged(&b, &a, &tokens);
+    assert_eq!(
+        b.info("replication")["sync_full"],
+        "0",
+        "no full copy was needed"
+    );
+}
+
+#[test]
+fn a_former_primary_with_a_diverged_tail_takes_a_full_copy() {
+    let keys = Keys::new();
+    let mut a = Node::start(&keys, &[]);
+    let b = Node::start(&keys, &["--replicaof", &a.addr()]);
+    let mut c = a.conn();
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(SKU)
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
+    let mut tokens = Vec::new();
+    for i in 0..10 {
+        tokens.push(token_of(
+            &reserve(&mut c, &keys, &format!("u{i}"), &format!("r{i}")).unwrap(),
+        ));
+    }
+    converged(&a, &b, &tokens);
+    a.kill9();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut b.conn())
+        .unwrap();
+    let mut bc = b.conn();
+    for i in 10..15 {
+        tokens.push(token_of(
+            &reserve(&mut bc, &keys, &format!("u{i}"), &format!("r{i}")).unwrap(),
+        ));
+    }
+    // a comes back as the primary it was (no replicas, --min-replicas-ack 0) and takes a
+    // write b never sees: its history now diverges from b's.
+    a.restart();
+    let mut c = a.conn();
+    let lost = token_of(&reserve(&mut c, &keys, "stray", "stray").unwrap());
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(b.port)
+        .query(&mut c)
+        .unwrap();
+    // It discards its own tail, installs b's copy (restarting itself on the same port).
+    wait_for("a in sync with b", Duration::from_secs(20), || {
+        a.try_conn().is_ok_and(|mut c| {
+            redis::cmd("INFO")
+                .arg("replication")
+                .query::<String>(&mut c)
+                .is_ok_and(|i| i.contains("master_link_status:up"))
+        }) && a.offset() == b.offset()
+    });
+    assert_eq!(state_of(&a, SKU, &tokens), state_of(&b, SKU, &tokens));
+    let v: Value = redis::cmd("RESERVATION")
+        .arg(&lost)
+        .query(&mut a.conn())
+        .unwrap();
+    assert_eq!(
+        v,
+        Value::Nil,
+        "the diverged, never-replicated write is gone"
+    );
+    assert_eq!(b.info("replication")["sync_full"], "1");
+}
