@@ -161,7 +161,10 @@ fn groups_replicate_and_a_replica_never_logs_its_own() {
     // kill -9 the replica: its groups come back from its own log.
     b.kill9();
     reserve_n(&mut c, &keys, 15, 3);
-    assert_eq!(q(&mut c, &["XACK", S, "g", "4-0", "5-0"]).unwrap(), Value::Int(2));
+    assert_eq!(
+        q(&mut c, &["XACK", S, "g", "4-0", "5-0"]).unwrap(),
+        Value::Int(2)
+    );
     b.restart();
     converge(&a, &b);
     assert_eq!(b.info("replication")["master_link_status"], "up");
