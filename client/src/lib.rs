@@ -17,6 +17,7 @@ pub mod adjust;
 pub mod checkout;
 pub mod client;
 pub mod gate;
+pub mod group;
 pub mod ledger;
 pub mod materialize;
 pub mod metrics;

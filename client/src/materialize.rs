@@ -77,7 +77,7 @@ pub struct FeedReader {
     stream: String,
 }
 
-fn bulk(v: &Value) -> Option<String> {
+pub(crate) fn bulk(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
         Value::SimpleString(s) => Some(s.clone()),
@@ -85,7 +85,10 @@ fn bulk(v: &Value) -> Option<String> {
     }
 }
 
-fn parse_entries(v: &Value) -> Result<Vec<FeedEvent>, MaterializeError> {
+/// The entries of one stream in an XREAD/XREADGROUP reply. An entry the log no longer
+/// has (a pending entry re-read after its segment was deleted: `[id, nil]`) has no
+/// fields, so its `kind()` is empty.
+pub(crate) fn parse_entries(v: &Value) -> Result<Vec<FeedEvent>, MaterializeError> {
     let bad = || MaterializeError::Protocol(format!("{v:?}").chars().take(200).collect());
     let Value::Array(items) = v else {
         return Err(bad());
@@ -103,8 +106,10 @@ fn parse_entries(v: &Value) -> Result<Vec<FeedEvent>, MaterializeError> {
             .split_once('-')
             .and_then(|(a, _)| a.parse().ok())
             .ok_or_else(bad)?;
-        let Value::Array(kv) = kv else {
-            return Err(bad());
+        let kv = match kv {
+            Value::Array(kv) => kv.as_slice(),
+            Value::Nil => &[],
+            _ => return Err(bad()),
         };
         let mut fields = HashMap::with_capacity(kv.len() / 2);
         for c in kv.chunks(2) {

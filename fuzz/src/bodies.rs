@@ -1082,6 +1082,11 @@ fn sample_events() -> Vec<Event> {
             committed: 40,
             shard_available: vec![30, 30, 0, 0],
         },
+        // A consumer-group record of the order feed (opaque to the engine).
+        Event::Opaque {
+            kind: stockgate_server::wal::record::K_GROUP_ACKED,
+            body: vec![3, 1, 2, 3],
+        },
     ]
 }
 

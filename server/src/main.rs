@@ -152,8 +152,9 @@ struct ServeArgs {
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// How much log already covered by snapshots stays on disk for the order feed
-    /// (XREAD...): `0` (none: the feed reaches back to the last snapshot), or sizes and/or
-    /// ages, e.g. `1GiB`, `6h`, `2GiB,24h` (kept while within every limit).
+    /// (XREAD, and consumer groups lagging behind): `0` (none: the feed reaches back to
+    /// the last snapshot), or sizes and/or ages, e.g. `1GiB`, `6h`, `2GiB,24h` (kept while
+    /// within every limit; a group whose position falls past it gets a `trimmed` error).
     #[arg(long, default_value = "0", value_parser = stockgate_server::feed::retention::parse)]
     feed_retention: stockgate_server::wal::FeedRetention,
     /// On WAL corruption, cut the log at the first bad record (losing what follows)
@@ -499,10 +500,49 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     });
     let shared = Arc::new(Shared::new(config, users, replicated));
     let _ = shared.repl.set(repl.clone());
-    let _ = shared.feed.set(Arc::new(stockgate_server::feed::Feed::new(
+    let feed = Arc::new(stockgate_server::feed::Feed::new(
         durability.wal.clone(),
         stockgate_server::feed::FeedLimits::default(),
-    )));
+    ));
+    // Consumer groups keep their state in the log: rebuilt from the group records after
+    // the snapshot, re-logged (checkpoint) by every snapshot before it deletes them.
+    let (state, state_bad) = feed.load_state_file(report.snapshot_lsn);
+    let (applied, bad) = feed.groups.recover(
+        report
+            .opaque
+            .iter()
+            .map(|(lsn, kind, body)| (*lsn, *kind, body.as_slice())),
+    );
+    let (applied, bad) = (applied + state, bad + state_bad);
+    if applied + bad > 0 {
+        tracing::info!(
+            "recovered {} consumer group(s) from {applied} record(s){}",
+            feed.groups.count(),
+            if bad > 0 {
+                format!(", {bad} undecodable record(s) skipped")
+            } else {
+                String::new()
+            }
+        );
+    }
+    // A replica logs only its primary's records, under the primary's LSNs: it must never
+    // log a checkpoint of its own. Its snapshot stores the groups' state beside itself.
+    let (hook_feed, hook_repl) = (feed.clone(), repl.clone());
+    durability.add_checkpoint_hook(Box::new(move |upto| {
+        if hook_repl.is_replica() {
+            hook_feed.write_state_file(upto).map(|()| 0)
+        } else {
+            Ok(hook_feed.checkpoint_groups())
+        }
+    }));
+    // A replica applies its primary's group records as they arrive.
+    let replay_feed = feed.clone();
+    durability.add_replay_hook(Box::new(move |lsn, kind, body| {
+        replay_feed
+            .groups
+            .recover(std::iter::once((lsn, kind, body)));
+    }));
+    let _ = shared.feed.set(feed);
     shared.metrics.configure(
         a.slowlog_log_slower_than,
         a.slowlog_max_len,

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::engine::{Clock, Engine, EngineConfig, Keyring, Lsn, NullSink, ReservationKey};
 use crate::session::Durability;
-use crate::wal::{Recovery, Wal, WalError, WalOptions};
+use crate::wal::{Event, Recovery, Wal, WalError, WalOptions};
 
 pub struct WalDurability {
     pub wal: Arc<Wal>,
@@ -19,11 +19,24 @@ pub struct WalDurability {
     snapshots: AtomicU64,
     last_snapshot_ms: AtomicU64,
     save_lock: parking_lot::Mutex<()>,
+    checkpoints: parking_lot::Mutex<Vec<CheckpointHook>>,
+    replays: parking_lot::Mutex<Vec<ReplayHook>>,
     /// Held by a replica while it logs and applies a batch from its primary, and by a
     /// snapshot: on a replica the records are not logged under the engine's locks (they
     /// are applied after), so this keeps a snapshot from cutting between the two.
     apply_gate: parking_lot::Mutex<()>,
 }
+
+/// Logs the state of a module that keeps its state in the log outside the engine (the
+/// order feed's consumer groups) and returns the last LSN it logged (0: nothing). Run by
+/// every snapshot after its roll and before it deletes the segments it covers, so the
+/// state survives the records that described it.
+/// It gets the snapshot's LSN (`upto`).
+pub type CheckpointHook = Box<dyn Fn(Lsn) -> Result<Lsn, WalError> + Send + Sync>;
+
+/// Applies one opaque record (LSN, kind, body) that a replica took from its primary,
+/// for the module that logs such records (at start-up it gets them from recovery).
+pub type ReplayHook = Box<dyn Fn(Lsn, u8, &[u8]) + Send + Sync>;
 
 impl WalDurability {
     pub fn new(wal: Arc<Wal>, snapshot_lsn: Lsn) -> Self {
@@ -33,7 +46,27 @@ impl WalDurability {
             snapshots: AtomicU64::new(0),
             last_snapshot_ms: AtomicU64::new(0),
             save_lock: parking_lot::Mutex::new(()),
+            checkpoints: parking_lot::Mutex::new(Vec::new()),
+            replays: parking_lot::Mutex::new(Vec::new()),
             apply_gate: parking_lot::Mutex::new(()),
+        }
+    }
+
+    pub fn add_checkpoint_hook(&self, hook: CheckpointHook) {
+        self.checkpoints.lock().push(hook);
+    }
+
+    pub fn add_replay_hook(&self, hook: ReplayHook) {
+        self.replays.lock().push(hook);
+    }
+
+    /// A record a replica logged and applied to the engine: an opaque one goes on to the
+    /// module that owns it.
+    pub fn replayed(&self, lsn: Lsn, ev: &Event) {
+        if let Event::Opaque { kind, body } = ev {
+            for h in self.replays.lock().iter() {
+                h(lsn, *kind, body);
+            }
         }
     }
 
@@ -58,10 +91,22 @@ impl WalDurability {
     pub fn snapshot_file(&self, engine: &Engine) -> Result<(Lsn, std::path::PathBuf), WalError> {
         let _one_at_a_time = self.save_lock.lock();
         let t = Instant::now();
-        let (snap, upto) = {
+        let (snap, upto, logged) = {
             let _applying = self.apply_gate.lock();
-            engine.snapshot_with(|| self.wal.roll())
+            let (snap, upto) = engine.snapshot_with(|| self.wal.roll());
+            // The checkpoints land after `upto`, so recovery from this snapshot replays
+            // them; they must be durable before the snapshot deletes the records they
+            // replace. Under the gate: a node turning replica cannot apply its primary's
+            // records between the role check (in the hook) and the checkpoint's LSN.
+            let mut logged = 0;
+            for h in self.checkpoints.lock().iter() {
+                logged = logged.max(h(upto)?);
+            }
+            (snap, upto, logged)
         };
+        if logged > 0 {
+            self.wal.wait_durable_blocking(logged)?;
+        }
         let written = self.wal.write_snapshot(&snap, upto)?;
         self.snapshot_lsn.store(upto, Ordering::Relaxed);
         self.snapshots.fetch_add(1, Ordering::Relaxed);
@@ -126,14 +171,18 @@ pub fn recover_engine(
     if let Some(s) = &snapshot {
         engine.load_snapshot(s);
     }
-    for ev in &events {
-        engine.apply(ev);
-    }
     let events_replayed = events.len();
+    // Records of other modules (consumer groups) are theirs to rebuild: handed on.
+    let mut opaque = Vec::new();
+    for (i, ev) in events.into_iter().enumerate() {
+        engine.apply(&ev);
+        if let Event::Opaque { kind, body } = ev {
+            opaque.push((snapshot_lsn + 1 + i as Lsn, kind, body));
+        }
+    }
     // The decoded snapshot and log are copies of what the table now holds: give their
     // memory back before the server starts serving.
     drop(snapshot);
-    drop(events);
     let trim = Instant::now();
     crate::metrics::sys::release_free_memory();
     tracing::debug!(
@@ -145,6 +194,7 @@ pub fn recover_engine(
         snapshot_lsn,
         reservations_in_snapshot,
         events_replayed,
+        opaque,
         last_lsn,
         truncated: truncated_tail.map(|t| t.to_string()),
         millis: t.elapsed().as_millis() as u64,
@@ -161,6 +211,8 @@ pub struct RecoveryReport {
     pub snapshot_lsn: Lsn,
     pub reservations_in_snapshot: usize,
     pub events_replayed: usize,
+    /// The opaque records after the snapshot (LSN, kind, body), in log order.
+    pub opaque: Vec<(Lsn, u8, Vec<u8>)>,
     pub last_lsn: Lsn,
     pub truncated: Option<String>,
     pub millis: u64,

@@ -25,10 +25,12 @@ const QUEUE: usize = 1024;
 const MAX_CHANNELS: usize = 1024;
 
 type Message = (Bytes, Bytes);
+/// Subscribers of each channel: (subscription id, its queue).
+type Channels = HashMap<Bytes, Vec<(u64, mpsc::Sender<Message>)>>;
 
 #[derive(Clone, Default)]
 pub struct Hub {
-    channels: Arc<Mutex<HashMap<Bytes, Vec<(u64, mpsc::Sender<Message>)>>>>,
+    channels: Arc<Mutex<Channels>>,
 }
 
 impl Hub {
@@ -152,14 +154,12 @@ impl Clients {
                 KillFilter::Id(i) => i == id,
                 KillFilter::Addr(a) => *a == e.addr,
             };
-            if hit {
-                if e.fd >= 0 {
-                    // SAFETY: the entry's own duplicate of a live connection's socket.
-                    unsafe {
-                        libc::shutdown(e.fd, libc::SHUT_RDWR);
-                    }
-                    n += 1;
+            if hit && e.fd >= 0 {
+                // SAFETY: the entry's own duplicate of a live connection's socket.
+                unsafe {
+                    libc::shutdown(e.fd, libc::SHUT_RDWR);
                 }
+                n += 1;
             }
         }
         n

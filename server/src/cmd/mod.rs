@@ -5,6 +5,7 @@
 pub mod args;
 pub mod buyer;
 pub mod conn;
+pub mod group;
 pub mod introspect;
 pub mod multi;
 pub mod replication;
@@ -154,6 +155,12 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
         "xrevrange" => stream::XRange::parse(rest, true).map(|c| c.apply(ctx)),
         "xlen" => stream::XLen::parse(rest).map(|c| c.apply(ctx)),
         "xinfo" => stream::XInfo::parse(rest).map(|c| c.apply(ctx)),
+        "xgroup" => Ok(group::xgroup(ctx, rest)),
+        "xreadgroup" => group::XReadGroup::parse(rest).map(|c| c.apply(ctx)),
+        "xack" => Ok(group::xack(ctx, rest)),
+        "xpending" => Ok(group::xpending(ctx, rest)),
+        "xclaim" => Ok(group::xclaim(ctx, rest)),
+        "xautoclaim" => Ok(group::xautoclaim(ctx, rest)),
         "replicaof" | "slaveof" => replication::ReplicaOf::parse(rest).map(|c| c.apply(ctx)),
         "role" => Ok(replication::role(ctx)),
         "wait" => replication::Wait::parse(rest).map(|c| c.apply(ctx)),

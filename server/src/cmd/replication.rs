@@ -131,7 +131,7 @@ impl Wait {
 /// `REPLCONF ...`: the replica's settings before `PSYNC`. Acknowledgements travel on the
 /// replication link itself (see `repl::primary`), never through here.
 pub fn replconf(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
-    if args.len() % 2 != 0 {
+    if !args.len().is_multiple_of(2) {
         return Reply::syntax().into();
     }
     for pair in args.chunks(2) {

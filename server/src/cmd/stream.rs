@@ -14,7 +14,7 @@ use crate::feed::{id, Entry, Feed, FeedError, Stream};
 use crate::protocol::reply::from_feed_error;
 use crate::protocol::Reply;
 
-fn feed(ctx: &Ctx<'_>) -> Result<Arc<Feed>, Reply> {
+pub(super) fn feed(ctx: &Ctx<'_>) -> Result<Arc<Feed>, Reply> {
     ctx.shared
         .feed
         .get()
@@ -22,11 +22,11 @@ fn feed(ctx: &Ctx<'_>) -> Result<Arc<Feed>, Reply> {
         .ok_or_else(|| from_feed_error(&FeedError::NoLog))
 }
 
-fn fe(e: FeedError) -> Reply {
+pub(super) fn fe(e: FeedError) -> Reply {
     from_feed_error(&e)
 }
 
-fn entry_reply(e: Entry) -> Reply {
+pub(super) fn entry_reply(e: Entry) -> Reply {
     let mut kv = Vec::with_capacity(e.fields.len() * 2);
     let id = e.id();
     for (k, v) in e.fields {
@@ -36,13 +36,13 @@ fn entry_reply(e: Entry) -> Reply {
     Reply::Array(vec![Reply::Bulk(id.into_bytes()), Reply::Array(kv)])
 }
 
-fn entries_reply(es: Vec<Entry>) -> Reply {
+pub(super) fn entries_reply(es: Vec<Entry>) -> Reply {
     Reply::Array(es.into_iter().map(entry_reply).collect())
 }
 
 /// XREAD's answer: RESP3 a map stream -> entries, RESP2 an array of [stream, entries];
 /// nil when no stream has an entry (both as Redis).
-fn xread_reply(proto: u8, found: Vec<(String, Vec<Entry>)>) -> Reply {
+pub(super) fn xread_reply(proto: u8, found: Vec<(String, Vec<Entry>)>) -> Reply {
     if found.is_empty() {
         return Reply::Nil;
     }
@@ -63,7 +63,7 @@ fn xread_reply(proto: u8, found: Vec<(String, Vec<Entry>)>) -> Reply {
     }
 }
 
-fn parse_count(a: &mut Args<'_>) -> Result<u64, Reply> {
+pub(super) fn parse_count(a: &mut Args<'_>) -> Result<u64, Reply> {
     let b = a.next_bytes()?;
     parse_u64(b).ok_or_else(Reply::not_integer)
 }
@@ -313,25 +313,40 @@ impl XLen {
     }
 }
 
-/// `XINFO STREAM key` (the other XINFO subcommands concern consumer groups, which the
-/// feed does not have yet).
+/// `XINFO STREAM key`, `XINFO GROUPS key`, `XINFO CONSUMERS key group`, `XINFO HELP`.
 pub struct XInfo {
     stream: Stream,
+    sub: InfoSub,
+}
+
+enum InfoSub {
+    Stream,
+    Groups,
+    Consumers(Vec<u8>),
+    Help,
 }
 
 impl XInfo {
     pub fn parse(args: &[Bytes]) -> Result<Self, Reply> {
         let mut a = Args::new("xinfo", args);
         let sub = a.next_keyword()?;
-        if sub != "STREAM" {
-            return Err(Reply::err(format!(
-                "ERR unknown subcommand '{}'. stockgate's feed supports XINFO STREAM only (no consumer groups yet)",
-                sub.chars().take(64).collect::<String>()
-            )));
+        if sub == "HELP" {
+            return Ok(XInfo {
+                stream: Stream::All,
+                sub: InfoSub::Help,
+            });
         }
+        let shape = match (sub.as_str(), args.len()) {
+            ("STREAM", 2) => Some(InfoSub::Stream),
+            ("GROUPS", 2) => Some(InfoSub::Groups),
+            ("CONSUMERS", 3) => Some(InfoSub::Consumers(args[2].to_vec())),
+            _ => None,
+        };
+        let Some(sub) = shape else {
+            return Err(super::group::xinfo_sub_err(&sub));
+        };
         let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
-        a.done()?;
-        Ok(XInfo { stream })
+        Ok(XInfo { stream, sub })
     }
 
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
@@ -342,6 +357,12 @@ impl XInfo {
 
     fn run(self, ctx: &mut Ctx<'_>) -> Result<Reply, Reply> {
         let feed = feed(ctx)?;
+        match &self.sub {
+            InfoSub::Help => return Ok(super::group::xinfo_help()),
+            InfoSub::Groups => return Ok(super::group::xinfo_groups(&feed, &self.stream)),
+            InfoSub::Consumers(g) => return super::group::xinfo_consumers(&feed, &self.stream, g),
+            InfoSub::Stream => {}
+        }
         let durable = feed.durable_lsn();
         let len = feed.len(&self.stream).map_err(fe)?;
         let first = feed
@@ -354,9 +375,12 @@ impl XInfo {
             .map_err(fe)?
             .entries
             .pop();
-        let last_id = match &self.stream {
-            Stream::All => format!("{durable}-0"),
-            Stream::Sale(_) => last.as_ref().map_or("0-0".into(), |e| e.id()),
+        // The all-events stream's last entry is the last durable record, unless that is
+        // a consumer group's own record (not an entry).
+        let last_id = match (&self.stream, &last) {
+            (_, Some(e)) => e.id(),
+            (Stream::All, None) => format!("{durable}-0"),
+            (Stream::Sale(_), None) => "0-0".into(),
         };
         let first_id = first.as_ref().map_or("0-0".into(), |e| e.id());
         let opt = |e: Option<Entry>| e.map_or(Reply::Nil, entry_reply);
@@ -371,7 +395,10 @@ impl XInfo {
                 "recorded-first-entry-id",
                 Reply::Bulk(first_id.into_bytes()),
             ),
-            ("groups", Reply::Int(0)),
+            (
+                "groups",
+                Reply::Int(feed.groups.of_stream(&self.stream).len() as i64),
+            ),
             ("first-entry", opt(first)),
             ("last-entry", opt(last)),
         ]))

@@ -57,6 +57,11 @@ pub enum Event {
         committed: u64,
         shard_available: Vec<i64>,
     },
+    /// A record another module writes into the same log (the order feed's consumer
+    /// groups): `kind` is one of the WAL's opaque kinds, `body` its encoding. The engine
+    /// gives it no meaning and skips it on replay, so it depends on nothing that logs
+    /// such records.
+    Opaque { kind: u8, body: Vec<u8> },
 }
 
 /// A borrowed [`Event`]: what the engine hands to its sink on the hot path, so logging a
@@ -106,6 +111,10 @@ pub enum EventRef<'a> {
         total: u64,
         committed: u64,
         shard_available: &'a [i64],
+    },
+    Opaque {
+        kind: u8,
+        body: &'a [u8],
     },
 }
 
@@ -196,6 +205,7 @@ impl Event {
                 committed: *committed,
                 shard_available,
             },
+            Event::Opaque { kind, body } => EventRef::Opaque { kind: *kind, body },
         }
     }
 }
@@ -275,6 +285,10 @@ impl EventRef<'_> {
                 total,
                 committed,
                 shard_available: shard_available.to_vec(),
+            },
+            EventRef::Opaque { kind, body } => Event::Opaque {
+                kind,
+                body: body.to_vec(),
             },
         }
     }

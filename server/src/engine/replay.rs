@@ -268,6 +268,8 @@ impl Engine {
                     sale.overwrite(*total, *committed, &reserved, shard_available);
                 }
             }
+            // Another module's record (consumer groups): not engine state.
+            Event::Opaque { .. } => {}
         }
     }
 }

@@ -40,7 +40,14 @@ pub fn sku_of(ev: &Event) -> Option<&str> {
         | Event::Committed { token, .. }
         | Event::Extended { token, .. }
         | Event::Purged { token } => sku_of_token(token),
+        Event::Opaque { .. } => None,
     }
+}
+
+/// Whether a record is an entry of the streams at all: consumer-group bookkeeping that
+/// the feed itself logs is not (reading it would log more of it, forever).
+pub fn is_entry(ev: &Event) -> bool {
+    !matches!(ev, Event::Opaque { .. })
 }
 
 /// The entry for the record at `lsn`. Field names are the README's contract.
@@ -133,6 +140,8 @@ pub fn entry(lsn: Lsn, ev: &Event) -> Entry {
             ("token", token.clone()),
             ("sku", sku),
         ],
+        // Never an entry (see `is_entry`); described only so the match stays total.
+        Event::Opaque { kind, .. } => vec![("type", format!("internal.{kind}"))],
     };
     Entry { lsn, fields }
 }

@@ -36,6 +36,13 @@ pub fn read_after(s: &[u8]) -> Result<Option<Lsn>, FeedError> {
     Ok(Some(ms.saturating_add(1)))
 }
 
+/// An exact entry id (XACK, XCLAIM): `Some(lsn)` for `<lsn>-0` or `<lsn>`; `None` for an
+/// id with a sequence number, which no entry of the feed has.
+pub fn exact(s: &[u8]) -> Result<Option<Lsn>, FeedError> {
+    let (ms, seq) = parse_pair(s, 0).ok_or(FeedError::InvalidId)?;
+    Ok((seq == 0).then_some(ms))
+}
+
 /// XRANGE's start: the first LSN in the range.
 pub fn range_start(s: &[u8]) -> Result<Lsn, FeedError> {
     if s == b"-" {

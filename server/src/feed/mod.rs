@@ -15,6 +15,7 @@
 //! all-events stream filtered, so a sparse sale costs a scan).
 
 pub mod entry;
+pub mod groups;
 pub mod id;
 pub mod retention;
 
@@ -26,9 +27,11 @@ use parking_lot::Mutex;
 use thiserror::Error;
 
 use crate::engine::event::Lsn;
+use crate::engine::event::{Event, EventRef};
 use crate::engine::ident;
 use crate::wal::reader::{ReadError, ReadPos, Visit};
-use crate::wal::Wal;
+use crate::wal::record::{decode_record, encode_record};
+use crate::wal::{io_err, segment, Wal, WalError};
 pub use entry::{Entry, ALL_EVENTS, SALE_SUFFIX};
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -53,6 +56,40 @@ pub enum FeedError {
     NoLog,
     #[error("feed read failed: {0}")]
     Log(String),
+    // Consumer groups. The NOGROUP/BUSYGROUP texts are Redis's, code included (see
+    // `code`), so clients that match on them behave as with Redis.
+    #[error("NOGROUP No such key '{stream}' or consumer group '{group}' in XREADGROUP with GROUP option")]
+    NoGroupRead { stream: String, group: String },
+    #[error("NOGROUP No such key '{stream}' or consumer group '{group}'")]
+    NoGroup { stream: String, group: String },
+    #[error("NOGROUP No such consumer group '{group}' for key name '{stream}'")]
+    NoGroupForKey { stream: String, group: String },
+    #[error("NOGROUP the consumer group this client was blocked on no longer exists")]
+    GroupGone,
+    #[error("BUSYGROUP Consumer Group name already exists")]
+    BusyGroup,
+    #[error("invalid {0}")]
+    BadName(String),
+    #[error("{0}")]
+    GroupLimit(String),
+    /// The group holds its bound of pending entries: a `>` read delivers nothing more
+    /// until some are acknowledged (or claimed and acknowledged).
+    #[error("consumer group '{group}' has {max} pending entries, its limit: XACK (or XAUTOCLAIM and XACK) some before reading new ones")]
+    PendingFull { group: String, max: usize },
+}
+
+impl FeedError {
+    /// The RESP error code: Redis's own for the group errors, `ERR` for the others.
+    pub fn code(&self) -> Option<&'static str> {
+        match self {
+            FeedError::NoGroupRead { .. }
+            | FeedError::NoGroup { .. }
+            | FeedError::NoGroupForKey { .. }
+            | FeedError::GroupGone
+            | FeedError::BusyGroup => None,
+            _ => Some("ERR"),
+        }
+    }
 }
 
 /// A stream name, parsed.
@@ -90,7 +127,7 @@ impl Stream {
 
     fn matches(&self, ev: &crate::engine::event::Event) -> bool {
         match self {
-            Stream::All => true,
+            Stream::All => entry::is_entry(ev),
             Stream::Sale(s) => entry::sku_of(ev) == Some(s.as_str()),
         }
     }
@@ -133,12 +170,29 @@ pub struct Scan {
     pub budget_exhausted: bool,
 }
 
+fn state_file_name(lsn: Lsn) -> String {
+    format!("groups-{lsn:020}.state")
+}
+
+fn parse_state_file_name(name: &str) -> Option<Lsn> {
+    let digits = name.strip_prefix("groups-")?.strip_suffix(".state")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// Scan budgets a snapshot's checkpoint may spend per idle group (see
+/// [`Feed::checkpoint_groups`]).
+const CHECKPOINT_SCANS: usize = 10;
+
 /// Hints kept of where reads ended, so a consumer reading on from its last id does not
 /// rescan the segment from its start.
 const HINTS: usize = 256;
 
 pub struct Feed {
     wal: Arc<Wal>,
+    /// Consumer groups over this feed's streams, their state in the same log.
+    pub groups: groups::Groups,
     hints: Mutex<VecDeque<ReadPos>>,
     blocked: AtomicUsize,
     pub limits: FeedLimits,
@@ -156,6 +210,7 @@ impl Drop for BlockSlot {
 impl Feed {
     pub fn new(wal: Arc<Wal>, limits: FeedLimits) -> Feed {
         Feed {
+            groups: groups::Groups::new(wal.clone(), groups::GroupLimits::default()),
             wal,
             hints: Mutex::new(VecDeque::with_capacity(HINTS)),
             blocked: AtomicUsize::new(0),
@@ -166,6 +221,12 @@ impl Feed {
     /// The last readable LSN: nothing after it is durable yet.
     pub fn durable_lsn(&self) -> Lsn {
         self.wal.durable_lsn()
+    }
+
+    /// The last LSN handed out (durable or not): what a reply that reports group state
+    /// waits for, as every other reply that reports state does.
+    pub fn last_lsn(&self) -> Lsn {
+        self.wal.last_lsn()
     }
 
     pub fn first_lsn(&self) -> Lsn {
@@ -299,12 +360,128 @@ impl Feed {
         Ok(s)
     }
 
+    /// Logs a checkpoint of every consumer group (see `groups`), first moving each
+    /// group's scan position past records that hold no entry of its stream, so records
+    /// about to be deleted that were only the groups' own (or, for a sale's stream, other
+    /// sales') do not read as trimmed. A group with an entry ahead stops at it at once;
+    /// an idle one scans at most [`CHECKPOINT_SCANS`] budgets' worth of records.
+    pub fn checkpoint_groups(&self) -> Lsn {
+        self.groups.checkpoint(|g| {
+            let stream = g.stream.clone();
+            for _ in 0..CHECKPOINT_SCANS {
+                let from = g.next_unread();
+                match self.scan(&stream, from, Lsn::MAX, 1, false) {
+                    Ok(s) if s.entries.is_empty() && s.next > from => {
+                        g.scanned = g.scanned.max(s.next - 1);
+                        if !s.budget_exhausted {
+                            break;
+                        }
+                    }
+                    _ => break,
+                }
+            }
+        })
+    }
+
+    /// A replica's snapshot at `upto`: the groups' state (as of `upto`: a replica's
+    /// groups change only by applying its primary's records, which the snapshot's gate
+    /// holds back) goes to `groups-<upto>.state` beside the snapshot, written atomically
+    /// before the snapshot may delete the records it replaces. Framed and CRC'd as WAL
+    /// records. Older state files but the previous one are removed.
+    pub fn write_state_file(&self, upto: Lsn) -> Result<(), WalError> {
+        let dir = self.wal.dir().to_path_buf();
+        let path = dir.join(state_file_name(upto));
+        let mut buf = Vec::new();
+        for rec in self.groups.state_records() {
+            let (kind, body) = rec.encode();
+            // Bounded (see `groups::GroupLimits`), so this cannot fail in practice.
+            if let Err(e) = encode_record(EventRef::Opaque { kind, body: &body }, &mut buf) {
+                return Err(WalError::Corrupt {
+                    file: path,
+                    offset: 0,
+                    reason: format!("consumer-group state not encodable: {e}"),
+                });
+            }
+        }
+        let tmp = dir.join(format!("{}.tmp", state_file_name(upto)));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            std::io::Write::write_all(&mut f, &buf)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(io_err("write consumer-group state", &path))?;
+        segment::sync_dir(&dir)?;
+        let mut older: Vec<(Lsn, std::path::PathBuf)> = std::fs::read_dir(&dir)
+            .map_err(io_err("list", &dir))?
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let lsn = parse_state_file_name(e.file_name().to_str()?)?;
+                (lsn < upto).then(|| (lsn, e.path()))
+            })
+            .collect();
+        older.sort();
+        // The newest older one belongs to the snapshot still on disk until this one is.
+        older.pop();
+        for (_, p) in older {
+            segment::remove_if_exists(&p)?;
+        }
+        Ok(())
+    }
+
+    /// Loads the state file of the snapshot at `lsn`, if there is one (a replica's
+    /// snapshot). Returns (groups' records applied, records skipped as undecodable).
+    pub fn load_state_file(&self, lsn: Lsn) -> (usize, usize) {
+        let path = self.wal.dir().join(state_file_name(lsn));
+        let Ok(buf) = std::fs::read(&path) else {
+            return (0, 0);
+        };
+        let mut recs = Vec::new();
+        let mut at = 0;
+        let mut bad = 0;
+        while at < buf.len() {
+            match decode_record(&buf[at..]) {
+                Ok((Event::Opaque { kind, body }, used)) => {
+                    recs.push((kind, body));
+                    at += used;
+                }
+                Ok((_, used)) => at += used,
+                Err(e) => {
+                    tracing::warn!("{}: {e}; the rest is skipped", path.display());
+                    bad += 1;
+                    break;
+                }
+            }
+        }
+        // LSN 0: these records are not in the log (nothing to discount from lag).
+        let (n, b) = self
+            .groups
+            .recover(recs.iter().map(|(k, b)| (0, *k, b.as_slice())));
+        (n, b + bad)
+    }
+
+    /// The entry of `stream` at `lsn`, if the log still has it (`None`: trimmed, not an
+    /// entry of this stream, or not durable yet). For re-reading pending entries.
+    pub fn entry_at(&self, stream: &Stream, lsn: Lsn) -> Result<Option<Entry>, FeedError> {
+        if lsn < self.first_lsn() {
+            return Ok(None);
+        }
+        match self.scan(stream, lsn, lsn, 1, false) {
+            Ok(mut s) => Ok(s.entries.pop()),
+            Err(FeedError::Trimmed { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// XLEN: entries in the stream now. A sale's stream is counted by a scan, so past
     /// the scan budget the answer is [`FeedError::ScanLimit`] rather than a guess.
     pub fn len(&self, stream: &Stream) -> Result<u64, FeedError> {
         let (first, durable) = (self.first_lsn(), self.durable_lsn());
         if *stream == Stream::All {
-            return Ok((durable + 1).saturating_sub(first));
+            // Every record is an entry except the consumer groups' own.
+            let records = (durable + 1).saturating_sub(first);
+            let own = self.groups.own_between(first.saturating_sub(1), durable);
+            return Ok(records.saturating_sub(own));
         }
         if durable < first {
             return Ok(0);

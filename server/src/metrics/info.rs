@@ -22,6 +22,7 @@ const ALL: &[&str] = &[
     "errorstats",
     "latencystats",
     "sales",
+    "feed",
     "keyspace",
 ];
 /// Redis's default set (everything but commandstats and latencystats) plus `sales`.
@@ -35,6 +36,7 @@ const DEFAULT: &[&str] = &[
     "cpu",
     "errorstats",
     "sales",
+    "feed",
     "keyspace",
 ];
 /// Lines per sale in INFO are bounded: a server with very many sales stays readable.
@@ -132,6 +134,7 @@ pub fn render(engine: &Engine, shared: &Shared, args: &[String]) -> String {
                 }
             }
             "sales" => sales(&mut o, engine, shared),
+            "feed" => feed(&mut o, shared),
             "keyspace" => {
                 o.push_str("# Keyspace\r\n");
                 let n = engine.reservation_count();
@@ -279,6 +282,38 @@ fn cpu(o: &mut String) {
         o,
         "# CPU\r\nused_cpu_sys:{s:.6}\r\nused_cpu_user:{u:.6}\r\nused_cpu_sys_children:{cs:.6}\r\nused_cpu_user_children:{cu:.6}\r\n"
     );
+}
+
+/// The order feed: where the readable log starts and ends, and every consumer group's
+/// position, pending entries and lag (entries between its last-delivered id and the
+/// log's end; for a sale's stream the records of all sales there, an upper bound).
+fn feed(o: &mut String, sh: &Shared) {
+    o.push_str("# Feed\r\n");
+    let Some(f) = sh.feed.get() else {
+        o.push_str("feed_enabled:0\r\n");
+        return;
+    };
+    let (first, durable) = (f.first_lsn(), f.durable_lsn());
+    let groups = f.groups.summaries(durable, first);
+    let _ = write!(
+        o,
+        "feed_enabled:1\r\nfeed_first_lsn:{first}\r\nfeed_durable_lsn:{durable}\r\nfeed_blocked_clients:{}\r\nfeed_groups:{}\r\n",
+        f.blocked_clients(),
+        groups.len()
+    );
+    for (i, g) in groups.iter().take(MAX_SALE_LINES).enumerate() {
+        let _ = write!(
+            o,
+            "feed_group_{i}:stream={},group={},consumers={},pending={},last_delivered_id={}-0,lag={},trimmed={}\r\n",
+            safe(&g.stream).replace(',', "_"),
+            safe(&g.group).replace([',', '='], "_"),
+            g.consumers,
+            g.pending,
+            g.last,
+            g.lag,
+            u8::from(g.trimmed),
+        );
+    }
 }
 
 fn sales(o: &mut String, engine: &Engine, sh: &Shared) {

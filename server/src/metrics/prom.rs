@@ -386,6 +386,39 @@ pub fn render(engine: &Engine, shared: &Shared) -> String {
         );
     }
 
+    // The order feed's consumer groups (INFO feed).
+    if let Some(f) = shared.feed.get() {
+        let groups = f.groups.summaries(f.durable_lsn(), f.first_lsn());
+        for (name, help) in [
+            (
+                "stockgate_feed_group_lag",
+                "Entries between a consumer group's last-delivered id and the log's end.",
+            ),
+            (
+                "stockgate_feed_group_pending",
+                "Entries delivered to a consumer group and not acknowledged.",
+            ),
+        ] {
+            o.head(name, "gauge", help);
+            for g in &groups {
+                let v = if name.ends_with("lag") {
+                    g.lag
+                } else {
+                    g.pending as u64
+                };
+                o.line(
+                    name,
+                    &format!(
+                        "stream=\"{}\",group=\"{}\"",
+                        label(&g.stream),
+                        label(&g.group)
+                    ),
+                    v,
+                );
+            }
+        }
+    }
+
     // The process.
     o.one(
         "stockgate_memory_allocated_bytes",

@@ -179,7 +179,11 @@ pub fn from_engine_error(e: &EngineError) -> Reply {
 /// Every feed error's wire form. `Trimmed` keeps the word `trimmed` for consumers to
 /// match on (they must resynchronise from the ledger).
 pub fn from_feed_error(e: &FeedError) -> Reply {
-    Reply::Error(format!("ERR {e}"))
+    match e.code() {
+        Some(code) => Reply::Error(format!("{code} {e}")),
+        // The message starts with its own code (NOGROUP, BUSYGROUP), as Redis's does.
+        None => Reply::Error(e.to_string()),
+    }
 }
 
 #[cfg(test)]

@@ -266,6 +266,8 @@ fn apply(repl: &Repl, epoch: u64, first: u64, frames: &[u8]) -> Result<Option<u6
             ));
         }
         repl.engine.apply(&ev);
+        // Consumer-group records are the feed's: applied there too (`persist`).
+        repl.dur.replayed(lsn, &ev);
         at += used;
         lsn += 1;
     }

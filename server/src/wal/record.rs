@@ -33,8 +33,23 @@ const K_EXTENDED: u8 = 7;
 const K_PURGED: u8 = 8;
 const K_SALE_REBUILT: u8 = 9;
 
+/// Kinds of records the engine does not interpret ([`Event::Opaque`]): the payload after
+/// the kind byte is the body, which the module that logs them decodes. Framing and CRC
+/// are the same as every other record's; the log stays one sequence of records.
+pub const OPAQUE_KINDS: std::ops::RangeInclusive<u8> = 64..=127;
+/// The order feed's consumer-group records (`crate::feed::groups`): their numbers are
+/// allocated here, with every other kind, so no two modules ever share one.
+pub const K_GROUP_CREATED: u8 = 64;
+pub const K_GROUP_DESTROYED: u8 = 65;
+pub const K_GROUP_SET_ID: u8 = 66;
+pub const K_GROUP_CONSUMER: u8 = 67;
+pub const K_GROUP_DELIVERED: u8 = 68;
+pub const K_GROUP_ACKED: u8 = 69;
+pub const K_GROUP_CLAIMED: u8 = 70;
+pub const K_GROUP_CHECKPOINT: u8 = 71;
+
 fn known_kind(k: u8) -> bool {
-    (K_SALE_CREATED..=K_SALE_REBUILT).contains(&k)
+    (K_SALE_CREATED..=K_SALE_REBUILT).contains(&k) || OPAQUE_KINDS.contains(&k)
 }
 
 /// Why bytes are not a valid record.
@@ -158,6 +173,13 @@ pub fn encode_payload(event: &EventRef<'_>, out: &mut Vec<u8>) {
             put_u64(out, *committed);
             put_i64s(out, shard_available);
         }
+        EventRef::Opaque { kind, body } => {
+            // A kind outside the range would decode as "unknown kind", i.e. corruption:
+            // the modules that log opaque records use the constants above.
+            debug_assert!(OPAQUE_KINDS.contains(kind));
+            out.push(*kind);
+            out.extend_from_slice(body);
+        }
     }
 }
 
@@ -240,6 +262,13 @@ pub fn decode_payload(payload: &[u8]) -> Result<Event, DecodeError> {
             committed: r.u64("committed")?,
             shard_available: r.i64s("shard_available")?,
         },
+        k if OPAQUE_KINDS.contains(&k) => {
+            let n = r.remaining();
+            Event::Opaque {
+                kind: k,
+                body: r.bytes(n, "opaque body")?.to_vec(),
+            }
+        }
         k => return Err(DecodeError::Kind(k)),
     };
     r.finish()?;
@@ -385,6 +414,14 @@ pub(crate) mod tests {
                 total: 100,
                 committed: 40,
                 shard_available: vec![30, 30, -0, 0],
+            },
+            Event::Opaque {
+                kind: K_GROUP_ACKED,
+                body: vec![0, 1, 2, 255],
+            },
+            Event::Opaque {
+                kind: *OPAQUE_KINDS.end(),
+                body: Vec::new(),
             },
         ]
     }
@@ -565,6 +602,8 @@ pub(crate) mod tests {
                         shard_available,
                     }
                 }),
+            (OPAQUE_KINDS, proptest::collection::vec(any::<u8>(), 0..64))
+                .prop_map(|(kind, body)| Event::Opaque { kind, body }),
         ]
     }
 
