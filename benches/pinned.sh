@@ -11,6 +11,8 @@
 #   sg-t1             stockgate --fsync everysec --threads 1, RESERVE
 #   sg-t2             stockgate --fsync everysec --threads 2, RESERVE
 #   sg-ping           stockgate --fsync everysec --threads 1, PING
+#   sg-repl           sg-t1 as a primary with one replica (on the same core) and
+#                     --min-replicas-ack 1: every reply waits for the replica's log
 # Points: C=50 P=1, C=1000 P=1, C=50 P=16, $N requests each (default 300,000).
 #
 # Columns: req/s and p50/p99/p99.9 as redis-benchmark reports them (its percentile
@@ -137,20 +139,21 @@ start_redis() { # dir -> sets PID PORT
   echo "redis did not start" >&2; exit 1
 }
 
-start_sg() { # dir threads bin -> sets PID PORT
+start_sg() { # dir threads bin [extra flags...] -> sets PID PORT
   mkdir -p "$1"
-  taskset -c "$SERVER_CPU" timeout 3600 "$3" --bind 127.0.0.1 --port 0 --data-dir "$1/data" \
-    --fsync everysec --threads "$2" >"$1/out" 2>"$1/err" &
+  local d=$1 th=$2 b=$3; shift 3
+  taskset -c "$SERVER_CPU" timeout 3600 "$b" --bind 127.0.0.1 --port 0 --data-dir "$d/data" \
+    --fsync everysec --threads "$th" "$@" >"$d/out" 2>"$d/err" &
   PID=$!; PIDS+=("$PID")
   server_pid
   PORT=
   for _ in $(seq 1 150); do
-    PORT=$(sed -n 's/^listening on .*:\([0-9][0-9]*\)$/\1/p' "$1/out" | head -n 1)
+    PORT=$(sed -n 's/^listening on .*:\([0-9][0-9]*\)$/\1/p' "$d/out" | head -n 1)
     [[ -n $PORT ]] && return 0
-    kill -0 "$PID" 2>/dev/null || { cat "$1/err" >&2; exit 1; }
+    kill -0 "$PID" 2>/dev/null || { cat "$d/err" >&2; exit 1; }
     sleep 0.1
   done
-  echo "stockgate did not start" >&2; cat "$1/err" >&2; exit 1
+  echo "stockgate did not start" >&2; cat "$d/err" >&2; exit 1
 }
 
 declare -A RES
@@ -174,14 +177,31 @@ run_target() { # name
           cmd=(EVALSHA "$sha" 3 "$tag:stock" "$tag:expiry_index" "$tag:reservation:{$SKU}tok__rand_int__"
                "$SKU" bench-user 1 630 "$expiry" "{$SKU}tok__rand_int__") ;;
       esac ;;
-    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping)
+    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-repl)
       local threads=1 bin=$SG_BIN
       [[ $t == *-t2 ]] && threads=2
       if [[ $t == base-* ]]; then
         [[ -x $BASE_BIN ]] || { echo "$t needs BASE_BIN" >&2; exit 2; }
         bin=$BASE_BIN
       fi
-      start_sg "$dir" "$threads" "$bin"
+      if [[ $t == sg-repl ]]; then
+        start_sg "$dir" 1 "$bin" --min-replicas-ack 1
+        local ppid=$PID pport=$PORT pspid=$SPID rport
+        rport=$(free_port)
+        mkdir -p "$dir/replica"
+        taskset -c "$SERVER_CPU" timeout 3600 "$bin" --bind 127.0.0.1 --port "$rport" \
+          --data-dir "$dir/replica/data" --fsync everysec --threads 1 \
+          --secret-file "$dir/data/secret" --reservation-key-file "$dir/data/reservation.key" \
+          --replicaof "127.0.0.1:$pport" >"$dir/replica/out" 2>"$dir/replica/err" &
+        PIDS+=("$!")
+        for _ in $(seq 1 100); do
+          timeout 2 redis-cli -p "$pport" INFO replication 2>/dev/null | grep -q '^connected_slaves:1' && break
+          sleep 0.1
+        done
+        PID=$ppid PORT=$pport SPID=$pspid
+      else
+        start_sg "$dir" "$threads" "$bin"
+      fi
       if [[ $t == *-ping ]]; then
         cmd=(PING)
       else

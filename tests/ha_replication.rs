@@ -335,3 +335,102 @@ fn a_former_primary_with_a_diverged_tail_takes_a_full_copy() {
     );
     assert_eq!(b.info("replication")["sync_full"], "1");
 }
+
+#[test]
+fn replication_and_sentinel_users_can_do_exactly_their_part() {
+    let keys = Keys::new();
+    let users = common::TempDir::new("users");
+    let file = users.path().join("users");
+    std::fs::write(
+        &file,
+        "adm admin pw-admin\nrepl replication pw-repl\nsent sentinel pw-sent\nbuyer checkout pw-buyer\n",
+    )
+    .unwrap();
+    let f = file.display().to_string();
+    let a = Node::start(&keys, &["--users-file", &f]);
+    let b = Node::start(
+        &keys,
+        &[
+            "--users-file",
+            &f,
+            "--replicaof",
+            &a.addr(),
+            "--primary-user",
+            "repl",
+            "--primary-password",
+            "pw-repl",
+        ],
+    );
+    let login = |n: &Node, u: &str, p: &str| {
+        let mut c = n.conn();
+        let _: () = redis::cmd("AUTH").arg(u).arg(p).query(&mut c).unwrap();
+        c
+    };
+    let mut admin = login(&a, "adm", "pw-admin");
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(SKU)
+        .arg(10)
+        .query(&mut admin)
+        .unwrap();
+    wait_for(
+        "the replica authenticated and caught up",
+        Duration::from_secs(10),
+        || {
+            let mut c = login(&b, "adm", "pw-admin");
+            redis::cmd("STOCK")
+                .arg(SKU)
+                .query::<i64>(&mut c)
+                .is_ok_and(|n| n == 10)
+        },
+    );
+    // The replication user may sync, not sell.
+    let mut r = login(&a, "repl", "pw-repl");
+    let e = redis::cmd("SALE.CREATE")
+        .arg("X")
+        .arg(1)
+        .query::<()>(&mut r)
+        .unwrap_err();
+    assert!(e.to_string().contains("NOPERM"), "{e}");
+    // The sentinel user may do what Sentinel does, nothing else.
+    let mut s = login(&b, "sent", "pw-sent");
+    let info: String = redis::cmd("INFO").arg("replication").query(&mut s).unwrap();
+    assert!(info.contains("role:slave"));
+    let _: Value = redis::cmd("ROLE").query(&mut s).unwrap();
+    let n: i64 = redis::cmd("PUBLISH")
+        .arg("__sentinel__:hello")
+        .arg("hi")
+        .query(&mut s)
+        .unwrap();
+    assert_eq!(n, 0);
+    let e = reserve(&mut s, &keys, "u", "r").unwrap_err();
+    assert!(e.to_string().contains("NOPERM"), "{e}");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut s)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG").arg("REWRITE").query(&mut s).unwrap();
+    let info: String = redis::cmd("INFO").arg("replication").query(&mut s).unwrap();
+    assert!(info.contains("role:master"), "{info}");
+}
+
+#[test]
+fn client_kill_ends_the_chosen_connections_and_needs_admin_or_sentinel() {
+    let keys = Keys::new();
+    let a = Node::start(&keys, &[]);
+    let mut victim = a.conn();
+    let mut killer = a.conn();
+    let n: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query(&mut killer)
+        .unwrap();
+    assert!(n >= 1, "killed {n}");
+    assert!(
+        redis::cmd("PING").query::<String>(&mut victim).is_err(),
+        "the victim is gone"
+    );
+    let pong: String = redis::cmd("PING").query(&mut killer).unwrap();
+    assert_eq!(pong, "PONG", "SKIPME yes by default");
+}

@@ -117,8 +117,13 @@ impl Node {
         let t = Instant::now();
         loop {
             if let Ok(mut c) = self.try_conn() {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
+                match redis::cmd("PING").query::<String>(&mut c) {
+                    Ok(_) => return,
+                    // Up, with passwords configured.
+                    Err(e) if e.to_string().contains("NOAUTH") || e.code() == Some("NOAUTH") => {
+                        return
+                    }
+                    Err(_) => {}
                 }
             }
             assert!(

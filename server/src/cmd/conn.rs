@@ -208,6 +208,20 @@ pub fn reset(ctx: &mut Ctx<'_>) -> Outcome {
 pub fn client(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
     let sub = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
     let rest = &args[1..];
+    if sub == "KILL"
+        && !matches!(
+            ctx.conn.role,
+            Some(crate::session::Role::Admin | crate::session::Role::Sentinel)
+        )
+    {
+        // CLIENT is open to every role for SETNAME/ID/INFO; ending other clients' sessions
+        // is for admins and Sentinel only.
+        let user = ctx.conn.user_name.clone().unwrap_or_default();
+        return Reply::err(format!(
+            "NOPERM User {user} has no permissions to run the 'client|kill' command"
+        ))
+        .into();
+    }
     match (sub.as_str(), rest) {
         ("SETNAME", [name]) => match std::str::from_utf8(name) {
             Ok(n) => match set_name(ctx, n) {
