@@ -233,6 +233,19 @@ fn a_promoted_replica_fences_its_old_primary_and_the_group_converges() {
     });
     let err = reserve(&mut c, &keys, "late", "late").unwrap_err();
     assert!(readonly(&err), "a fenced primary must refuse writes: {err}");
+    // Still fenced after a kill -9 and restart, though c still follows it.
+    let mut a = a;
+    a.kill9();
+    a.restart();
+    wait_for("c back on the restarted a", Duration::from_secs(10), || {
+        a.info("replication")["connected_slaves"] == "1"
+    });
+    assert_eq!(a.info("replication")["stockgate_deposed"], "1");
+    let err = reserve(&mut a.conn(), &keys, "late", "late").unwrap_err();
+    assert!(
+        readonly(&err),
+        "a restarted fenced primary must refuse writes: {err}"
+    );
     // Without a replica, the new primary (--min-replicas-ack 1) neither writes nor reports.
     let mut bc = b.conn();
     let err = redis::cmd("STOCK")

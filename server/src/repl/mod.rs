@@ -164,12 +164,14 @@ impl Repl {
                     },
                     replid: state::new_id(),
                     previous: None,
+                    fenced: false,
                 };
                 s.save(&cfg.data_dir)?;
                 s
             }
         };
         let is_replica = matches!(st.role, RoleConf::Replica { .. });
+        let fenced = st.fenced && !is_replica;
         let now = Instant::now();
         let cfg_port = cfg.announce_port;
         Ok(Arc::new(Repl {
@@ -179,7 +181,7 @@ impl Repl {
             ids: Mutex::new(st),
             epoch: AtomicU64::new(1),
             is_replica: AtomicBool::new(is_replica),
-            deposed: AtomicBool::new(false),
+            deposed: AtomicBool::new(fenced),
             replicas: Mutex::new(Vec::new()),
             attached: AtomicUsize::new(0),
             acks: Notify::new(),
@@ -336,6 +338,7 @@ impl Repl {
             }
         }
         ids.role = new_role.clone();
+        ids.fenced = false;
         self.is_replica.store(
             matches!(new_role, RoleConf::Replica { .. }),
             Ordering::Release,
@@ -378,6 +381,13 @@ impl Repl {
             tracing::warn!(
                 "replication: fenced by replica {by}: it left this primary, which now refuses writes until it is made a replica"
             );
+            // Kept across a restart: a replica that still follows this node (not yet
+            // reconfigured by Sentinel) must not let it acknowledge again.
+            let mut ids = self.ids.lock();
+            ids.fenced = true;
+            if let Err(e) = ids.save(&self.cfg.data_dir) {
+                tracing::error!("replication: cannot persist the fence: {e}");
+            }
         }
         self.acks.notify_waiters();
     }

@@ -30,6 +30,9 @@ pub struct PersistedState {
     /// The history this one continued from, and the last LSN it shares with it
     /// (Redis's `master_replid2` / `second_repl_offset - 1`); `None` when there is none.
     pub previous: Option<(String, u64)>,
+    /// A primary fenced by a replica that left it (see `repl`): it stays fenced across
+    /// restarts, until REPLICAOF makes it a replica or promotes it again.
+    pub fenced: bool,
 }
 
 #[derive(Debug, Error)]
@@ -73,7 +76,7 @@ impl PersistedState {
             line,
             reason: reason.to_owned(),
         };
-        let (mut role, mut replid, mut previous) = (None, None, None);
+        let (mut role, mut replid, mut previous, mut fenced) = (None, None, None, false);
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -92,6 +95,7 @@ impl PersistedState {
                 (Some("replid"), Some(id), None, None) if valid_id(id) => {
                     replid = Some(id.to_owned())
                 }
+                (Some("fenced"), None, None, None) => fenced = true,
                 (Some("previous"), Some(id), Some(off), None) if valid_id(id) => {
                     let off = off.parse().map_err(|_| bad(i + 1, "bad offset"))?;
                     previous = Some((id.to_owned(), off));
@@ -104,6 +108,7 @@ impl PersistedState {
                 role,
                 replid,
                 previous,
+                fenced,
             })),
             _ => Err(bad(0, "missing role or replid")),
         }
@@ -127,6 +132,9 @@ impl PersistedState {
         text.push_str(&format!("replid {}\n", self.replid));
         if let Some((id, off)) = &self.previous {
             text.push_str(&format!("previous {id} {off}\n"));
+        }
+        if self.fenced {
+            text.push_str("fenced\n");
         }
         let mut f = fs::File::create(&tmp).map_err(io)?;
         f.write_all(text.as_bytes()).map_err(io)?;
@@ -155,6 +163,7 @@ mod tests {
                 role: RoleConf::Primary,
                 replid: new_id(),
                 previous: None,
+                fenced: true,
             },
             PersistedState {
                 role: RoleConf::Replica {
@@ -163,6 +172,7 @@ mod tests {
                 },
                 replid: new_id(),
                 previous: Some((new_id(), 42)),
+                fenced: false,
             },
         ] {
             s.save(&dir).unwrap();
