@@ -27,7 +27,10 @@ use stockgate_server::wal::{FsyncPolicy, WalOptions};
                   expired reservations are listed for a sweeper (or released with \
                   --auto-release). Any Redis client can talk to it: \
                   redis-cli -p 7379 SALE.CREATE SKU 1000",
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    // A later flag wins over an earlier one: a replica re-executing itself after a full
+    // copy appends `--port <the port it had bound>` to its own command line.
+    args_override_self = true
 )]
 struct Cli {
     #[command(subcommand)]

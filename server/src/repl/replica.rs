@@ -340,7 +340,11 @@ fn full_sync(
     if let Ok(d) = std::fs::File::open(data) {
         let _ = d.sync_all();
     }
-    restart(&repl.cfg.restart_argv)
+    // Same port as now (it may have been `--port 0`): Sentinel and the primary know it.
+    let mut argv = repl.cfg.restart_argv.clone();
+    argv.push("--port".into());
+    argv.push(repl.announce_port.load(Ordering::Relaxed).to_string().into());
+    restart(&argv)
 }
 
 /// Re-executes this binary with its own arguments (same PID: supervisors and tests keep
