@@ -2,7 +2,8 @@
 //! replicas, `--min-replicas-ack 1`), three `redis-sentinel` processes, and a storm of
 //! redis-py checkout clients going through Sentinel (`tests/py/ha_storm.py`). The primary
 //! is `kill -9`ed five times mid-storm; Sentinel promotes a replica each time, and the
-//! killed node is restarted and rejoins as a replica.
+//! killed node is restarted and rejoins as a replica. A sixth failover is of a primary
+//! that is alive, clients still writing to it (`SENTINEL FAILOVER`).
 //!
 //! Asserted at the end, on the final primary: every reservation whose reply reached a
 //! client is there, in (at least) its last acknowledged state; no token was handed out
@@ -190,7 +191,7 @@ fn failover_storm(tuned: bool) {
         nodes.push(Node::start_env(&keys, &args, &env));
     }
     wait_for("two replicas attached", Duration::from_secs(15), || {
-        nodes[0].info("replication")["connected_slaves"] == "2"
+        nodes[0].repl_field("connected_slaves") == "2"
     });
     let _: () = redis::cmd("SALE.CREATE")
         .arg(SKU)
@@ -231,14 +232,24 @@ fn failover_storm(tuned: bool) {
 
     let mut probes: Vec<(String, String)> = Vec::new();
     let mut failover_ms = Vec::new();
-    for round in 0..FAILOVERS {
+    let mut live_failover_ms = None;
+    // Five kills, then one failover of a primary that is alive, with the storm's clients
+    // still connected to it and writing (`SENTINEL FAILOVER`: what a failover Sentinel
+    // starts on its own against a slow primary looks like to the nodes).
+    for round in 0..=FAILOVERS {
+        let live = round == FAILOVERS;
         std::thread::sleep(Duration::from_millis(2500));
         let old = sentinel_primary(&sentinels).expect("a primary");
         let victim = nodes
             .iter()
             .position(|n| n.port == old)
             .expect("primary is ours");
-        nodes[victim].kill9();
+        if live {
+            sentinel(sentinels.ports[0], &["SENTINEL", "FAILOVER", MASTER])
+                .expect("SENTINEL FAILOVER");
+        } else {
+            nodes[victim].kill9();
+        }
         let t = Instant::now();
         // Kill → first RESERVE acknowledged by the new primary (what a buyer sees).
         let mut done = false;
@@ -261,20 +272,20 @@ fn failover_storm(tuned: bool) {
             done,
             "round {round}: no new primary took a reservation within 30 s"
         );
-        failover_ms.push(t.elapsed().as_millis() as u64);
-        // The killed node comes back and Sentinel makes it a replica of the new primary.
-        nodes[victim].restart();
+        if live {
+            live_failover_ms = Some(t.elapsed().as_millis() as u64);
+        } else {
+            failover_ms.push(t.elapsed().as_millis() as u64);
+            // The killed node comes back and Sentinel makes it a replica of the new primary.
+            nodes[victim].restart();
+        }
         let new_primary = sentinel_primary(&sentinels).expect("primary");
         wait_for(
             "the old primary to rejoin as a replica",
             Duration::from_secs(40),
             || {
                 let n = &nodes[victim];
-                n.try_conn().is_ok() && {
-                    let i = n.info("replication");
-                    i.get("role").is_some_and(|r| r == "slave")
-                        && i.get("master_link_status").is_some_and(|s| s == "up")
-                }
+                n.repl_field("role") == "slave" && n.repl_field("master_link_status") == "up"
             },
         );
         let p = nodes
@@ -282,7 +293,7 @@ fn failover_storm(tuned: bool) {
             .find(|n| n.port == new_primary)
             .expect("primary");
         wait_for("both replicas attached", Duration::from_secs(30), || {
-            p.info("replication")["connected_slaves"] == "2"
+            p.repl_field("connected_slaves") == "2"
         });
     }
     std::fs::write(out.with_extension("json.stop"), b"").expect("stop file");
@@ -388,11 +399,12 @@ fn failover_storm(tuned: bool) {
     }
     let switches = switches_in_logs(sentinels.dir.path());
     println!(
-        "failover ({}): {} reservations acknowledged, {} retries, {held}/{total} units held; kill -> first RESERVE on the new primary: {:?} ms; Sentinel switched primaries {switches} times for {FAILOVERS} kills",
+        "failover ({}): {} reservations acknowledged, {} retries, {held}/{total} units held; kill -> first RESERVE on the new primary: {:?} ms; live primary failed over -> first RESERVE: {:?} ms; Sentinel switched primaries {switches} times for {FAILOVERS} kills and 1 live failover",
         if tuned { "ping-period 500" } else { "stock Sentinel" },
         acked.len(),
         report["retries"],
-        failover_ms
+        failover_ms,
+        live_failover_ms
     );
 }
 

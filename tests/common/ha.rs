@@ -167,29 +167,38 @@ impl Node {
 
     /// INFO fields as a map.
     pub fn info(&self, section: &str) -> HashMap<String, String> {
-        let text: String = redis::cmd("INFO")
-            .arg(section)
-            .query(&mut self.conn())
-            .expect("INFO");
-        text.lines()
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
-            .collect()
+        self.try_info(section).expect("INFO")
     }
 
-    /// The node's last LSN (INFO `master_repl_offset`).
+    /// INFO, or `None` while the node is down or restarting (a replica re-executes itself
+    /// after a full copy).
+    pub fn try_info(&self, section: &str) -> Option<HashMap<String, String>> {
+        let text: String = redis::cmd("INFO")
+            .arg(section)
+            .query(&mut self.try_conn().ok()?)
+            .ok()?;
+        Some(
+            text.lines()
+                .filter_map(|l| l.split_once(':'))
+                .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+                .collect(),
+        )
+    }
+
+    /// One INFO replication field ("" while the node cannot answer).
+    pub fn repl_field(&self, name: &str) -> String {
+        self.try_info("replication")
+            .and_then(|i| i.get(name).cloned())
+            .unwrap_or_default()
+    }
+
+    /// The node's last LSN (INFO `master_repl_offset`; 0 while it cannot answer).
     pub fn offset(&self) -> u64 {
-        self.info("replication")
-            .get("master_repl_offset")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        self.repl_field("master_repl_offset").parse().unwrap_or(0)
     }
 
     pub fn role(&self) -> String {
-        self.info("replication")
-            .get("role")
-            .cloned()
-            .unwrap_or_default()
+        self.repl_field("role")
     }
 
     pub fn data_dir(&self) -> &Path {

@@ -343,7 +343,12 @@ fn full_sync(
     // Same port as now (it may have been `--port 0`): Sentinel and the primary know it.
     let mut argv = repl.cfg.restart_argv.clone();
     argv.push("--port".into());
-    argv.push(repl.announce_port.load(Ordering::Relaxed).to_string().into());
+    argv.push(
+        repl.announce_port
+            .load(Ordering::Relaxed)
+            .to_string()
+            .into(),
+    );
     restart(&argv)
 }
 
