@@ -214,7 +214,10 @@ where
         match f().await {
             Ok(v) => return v,
             Err(e) => {
-                assert!(Instant::now() < deadline, "{what}: no answer for 60 s: {e:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: no answer for 60 s: {e:?}"
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -249,10 +252,9 @@ async fn materializer_exactly_once_across_server_kill() {
                     let adm = keys[i].clone();
                     futs.push(tokio::spawn(async move {
                         let (u, r) = (format!("u{i}"), format!("r{i}"));
-                        let out = until_answered("reserve", || {
-                            client.reserve("SRV", &u, &adm, &r, 1)
-                        })
-                        .await;
+                        let out =
+                            until_answered("reserve", || client.reserve("SRV", &u, &adm, &r, 1))
+                                .await;
                         (i, out)
                     }));
                 }

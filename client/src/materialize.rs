@@ -144,6 +144,64 @@ impl FeedReader {
         })
     }
 
+    /// Sends `cmd`, mapping the server's error replies to typed errors.
+    async fn query(&self, cmd: &redis::Cmd) -> Result<Value, MaterializeError> {
+        let mut conn = self.conn.clone();
+        match cmd.query_async(&mut conn).await {
+            Ok(v) => Ok(v),
+            Err(e) if e.kind() != redis::ErrorKind::IoError && e.code().is_some() => {
+                let msg = e.to_string();
+                Err(if msg.contains("trimmed") {
+                    MaterializeError::Trimmed(msg)
+                } else {
+                    MaterializeError::Feed(msg)
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// LSN of the stream's last durable entry (0 when it has none): `XINFO STREAM`'s
+    /// `last-generated-id`.
+    pub async fn end(&self) -> Result<u64, MaterializeError> {
+        let mut cmd = redis::cmd("XINFO");
+        cmd.arg("STREAM").arg(&self.stream);
+        let v = self.query(&cmd).await?;
+        let bad = || MaterializeError::Protocol(format!("XINFO STREAM: {v:?}"));
+        // RESP2: a flat [field, value, ...] array; RESP3: a map.
+        let pairs: Vec<(&Value, &Value)> = match &v {
+            Value::Array(kv) => kv
+                .chunks(2)
+                .filter_map(|c| Some((c.first()?, c.get(1)?)))
+                .collect(),
+            Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
+            _ => return Err(bad()),
+        };
+        let id = pairs
+            .iter()
+            .find(|(k, _)| bulk(k).as_deref() == Some("last-generated-id"))
+            .and_then(|(_, v)| bulk(v))
+            .ok_or_else(bad)?;
+        id.split_once('-')
+            .and_then(|(a, _)| a.parse().ok())
+            .ok_or_else(bad)
+    }
+
+    /// Up to `count` entries after `after_lsn`, without blocking (`XRANGE (id + COUNT n`).
+    pub async fn range_after(
+        &self,
+        after_lsn: u64,
+        count: usize,
+    ) -> Result<Vec<FeedEvent>, MaterializeError> {
+        let mut cmd = redis::cmd("XRANGE");
+        cmd.arg(&self.stream)
+            .arg(format!("({after_lsn}-0"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(count);
+        parse_entries(&self.query(&cmd).await?)
+    }
+
     /// Up to `count` entries after `after_lsn`, waiting up to `block_ms` for new ones.
     pub async fn read(
         &self,
@@ -151,24 +209,12 @@ impl FeedReader {
         count: usize,
         block_ms: u64,
     ) -> Result<Vec<FeedEvent>, MaterializeError> {
-        let mut conn = self.conn.clone();
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("COUNT").arg(count).arg("BLOCK").arg(block_ms);
         cmd.arg("STREAMS")
             .arg(&self.stream)
             .arg(format!("{after_lsn}-0"));
-        let v: Value = match cmd.query_async(&mut conn).await {
-            Ok(v) => v,
-            Err(e) if e.kind() != redis::ErrorKind::IoError && e.code().is_some() => {
-                let msg = e.to_string();
-                return Err(if msg.contains("trimmed") {
-                    MaterializeError::Trimmed(msg)
-                } else {
-                    MaterializeError::Feed(msg)
-                });
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let v = self.query(&cmd).await?;
         match &v {
             Value::Nil => Ok(Vec::new()),
             // RESP2: [[stream, entries]]
@@ -185,6 +231,78 @@ impl FeedReader {
             _ => Err(MaterializeError::Protocol(format!("{v:?}"))),
         }
     }
+}
+
+/// How far a materializer is behind the feed (see [`lag`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lag {
+    /// The consumer's committed position (`feed_position.last_lsn`).
+    pub position: u64,
+    /// The feed's last durable entry (`last-generated-id` of `XINFO STREAM`).
+    pub end: u64,
+    /// `end - position`: log records not yet consumed. Group records take log positions
+    /// too (the ids have gaps where they are), so this is an upper bound on entries.
+    pub records: u64,
+    /// Age of the oldest unconsumed entry that carries a timestamp, among the first
+    /// [`LAG_SCAN`] after the position; if none of those does, the time since the
+    /// position last moved. 0 when nothing is unconsumed.
+    pub seconds: f64,
+}
+
+/// Entries [`lag`] examines after the position to date the oldest unconsumed one.
+pub const LAG_SCAN: usize = 100;
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The lag of `consumer` (a row of `feed_position`) behind `reader`'s stream; `None`
+/// if that consumer has never run (no row). Read-only on both sides, so a sweeper can
+/// watch a materializer that is stopped, which is when the lag matters.
+pub async fn lag(
+    pool: &PgPool,
+    reader: &FeedReader,
+    consumer: &str,
+) -> Result<Option<Lag>, MaterializeError> {
+    let Some(row) = sqlx::query(
+        "SELECT last_lsn, (extract(epoch FROM updated_at) * 1000)::int8 \
+         FROM feed_position WHERE consumer = $1",
+    )
+    .bind(consumer)
+    .fetch_optional(pool)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let position = row.try_get::<i64, _>(0)?.max(0) as u64;
+    let moved_ms: i64 = row.try_get(1)?;
+    let end = reader.end().await?;
+    // The feed can be behind the position only if the server lost acknowledged records
+    // (it cannot under its durability rules); report 0 rather than a huge unsigned lag.
+    let records = end.saturating_sub(position);
+    let seconds = if records == 0 {
+        0.0
+    } else {
+        let first = reader.range_after(position, LAG_SCAN).await?;
+        let oldest = first
+            .iter()
+            .filter_map(|e| {
+                e.get("created_at_ms")
+                    .or_else(|| e.get("at_ms"))
+                    .and_then(|v| v.parse::<i64>().ok())
+            })
+            .min()
+            .unwrap_or(moved_ms);
+        (unix_ms() - oldest).max(0) as f64 / 1000.0
+    };
+    Ok(Some(Lag {
+        position,
+        end,
+        records,
+        seconds,
+    }))
 }
 
 #[derive(Clone, Debug)]
