@@ -247,9 +247,9 @@ async fn materializer_exactly_once_across_server_kill() {
             let (mut committed, mut released) = (HashSet::new(), HashSet::new());
             for c in 0..N / CHUNK {
                 let mut futs = Vec::new();
-                for i in c * CHUNK..(c + 1) * CHUNK {
+                for (i, adm) in keys.iter().enumerate().skip(c * CHUNK).take(CHUNK) {
                     let client = client.clone();
-                    let adm = keys[i].clone();
+                    let adm = adm.clone();
                     futs.push(tokio::spawn(async move {
                         let (u, r) = (format!("u{i}"), format!("r{i}"));
                         let out =
