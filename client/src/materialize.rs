@@ -209,8 +209,30 @@ impl FeedReader {
         count: usize,
         block_ms: u64,
     ) -> Result<Vec<FeedEvent>, MaterializeError> {
+        self.xread(after_lsn, count, Some(block_ms)).await
+    }
+
+    /// Up to `count` entries after `after_lsn`, answering at once (no `BLOCK`; the
+    /// server's `BLOCK 0` would wait, as Redis's does).
+    pub async fn read_now(
+        &self,
+        after_lsn: u64,
+        count: usize,
+    ) -> Result<Vec<FeedEvent>, MaterializeError> {
+        self.xread(after_lsn, count, None).await
+    }
+
+    async fn xread(
+        &self,
+        after_lsn: u64,
+        count: usize,
+        block_ms: Option<u64>,
+    ) -> Result<Vec<FeedEvent>, MaterializeError> {
         let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT").arg(count).arg("BLOCK").arg(block_ms);
+        cmd.arg("COUNT").arg(count);
+        if let Some(ms) = block_ms {
+            cmd.arg("BLOCK").arg(ms);
+        }
         cmd.arg("STREAMS")
             .arg(&self.stream)
             .arg(format!("{after_lsn}-0"));
@@ -442,7 +464,7 @@ impl Materializer {
                 "WITH ins AS ( \
                      INSERT INTO orders (reservation_token, sku, user_id, request_id, qty, status, \
                                          reservation_expires_at, reservation_created_at) \
-                     SELECT t, s, u, r, q, 'PENDING', to_timestamp(e / 1000.0), to_timestamp(c / 1000.0) \
+                     SELECT t, s, u, r, q, 'PENDING', to_timestamp(e / 1000.0::float8), to_timestamp(c / 1000.0::float8) \
                      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], \
                                  $6::int8[], $7::int8[]) AS x(t, s, u, r, q, e, c) \
                      ORDER BY t \
@@ -466,10 +488,10 @@ impl Materializer {
         }
         if !ext_t.is_empty() {
             sqlx::query(
-                "UPDATE orders o SET reservation_expires_at = to_timestamp(x.e / 1000.0), updated_at = now() \
+                "UPDATE orders o SET reservation_expires_at = to_timestamp(x.e / 1000.0::float8), updated_at = now() \
                  FROM unnest($1::text[], $2::int8[]) AS x(t, e) \
                  WHERE o.reservation_token = x.t AND o.status = 'PENDING' \
-                   AND o.reservation_expires_at < to_timestamp(x.e / 1000.0)",
+                   AND o.reservation_expires_at < to_timestamp(x.e / 1000.0::float8)",
             )
             .bind(&ext_t)
             .bind(&ext_e)
@@ -509,9 +531,56 @@ impl Materializer {
         Ok(rep)
     }
 
-    /// Runs batches until `stop` resolves. Transient errors (server or database away)
-    /// back off and retry; a trimmed position is returned, since only an operator can
-    /// decide how to resynchronise.
+    /// Applies batches back to back, the next batch's `XREAD` in flight while the
+    /// current one's transaction runs, so the feed read (server, network, parsing) and
+    /// Postgres work at the same time instead of taking turns. Prefetching changes
+    /// nothing about exactly-once: a batch is read after the position its predecessor
+    /// *would* leave, and it is applied only if that transaction committed and left
+    /// exactly that position (`apply` checks the row under its lock).
+    ///
+    /// With `drain`, returns the position once a blocking read finds nothing new;
+    /// otherwise runs until an error, which it returns (the position is re-read from
+    /// the ledger by the next call, so nothing prefetched outlives a failure).
+    pub async fn pump(&self, drain: bool) -> Result<u64, MaterializeError> {
+        let mut pos = self.position().await?;
+        let mut next = Vec::new();
+        loop {
+            if next.is_empty() {
+                next = self
+                    .reader
+                    .read(pos, self.cfg.batch, self.cfg.block_ms)
+                    .await?;
+                if next.is_empty() {
+                    if drain {
+                        return Ok(pos);
+                    }
+                    continue;
+                }
+            }
+            let last = next.last().map_or(pos, |e| e.lsn);
+            let (applied, following) = tokio::join!(
+                self.apply(pos, &next),
+                self.reader.read_now(last, self.cfg.batch)
+            );
+            let rep = applied?;
+            if rep.entries > 0 {
+                tracing::debug!(?rep, "materialized batch");
+            }
+            if rep.position == last {
+                pos = last;
+                // A failed prefetch is only re-read: the batch itself committed.
+                next = following.unwrap_or_default();
+            } else {
+                // Another instance moved the position: continue from where it is.
+                pos = rep.position;
+                next.clear();
+            }
+        }
+    }
+
+    /// Runs batches ([`Materializer::pump`]) until `stop` resolves. Transient errors
+    /// (server or database away) back off and retry; a trimmed position is returned,
+    /// since only an operator can decide how to resynchronise.
     pub async fn run(
         &self,
         stop: impl std::future::Future<Output = ()>,
@@ -519,17 +588,17 @@ impl Materializer {
         tokio::pin!(stop);
         let mut backoff = Duration::from_millis(100);
         loop {
+            let started = std::time::Instant::now();
             let r = tokio::select! {
                 _ = &mut stop => return Ok(()),
-                r = self.step() => r,
+                r = self.pump(false) => r,
             };
+            // A pump that ran a while before failing was healthy: start the backoff over.
+            if started.elapsed() > Duration::from_secs(10) {
+                backoff = Duration::from_millis(100);
+            }
             match r {
-                Ok(rep) => {
-                    backoff = Duration::from_millis(100);
-                    if rep.entries > 0 {
-                        tracing::debug!(?rep, "materialized batch");
-                    }
-                }
+                Ok(_) => backoff = Duration::from_millis(100),
                 Err(e @ MaterializeError::Trimmed(_)) => return Err(e),
                 Err(e) => {
                     tracing::warn!("materializer: {e}; retrying in {backoff:?}");
