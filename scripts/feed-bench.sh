@@ -134,17 +134,19 @@ PENDING=$(sql "SELECT count(*) FROM orders WHERE status = 'PENDING' AND sku = '$
 DUP=$(sql "SELECT count(*) - count(DISTINCT reservation_token) FROM orders")
 LAG_FINAL=$(( $(feed_end) - $(position) ))
 [[ -n ${SAMPLES:-} ]] && cp "$SAMPLES_FILE" "$SAMPLES"
+# The largest lag the sampler saw while the load ran.
+LAG_MAX=$(awk -v t0="$T0" -v t1="$T1" '$1 >= t0 && $1 <= t1 && NF == 3 && $3 - $2 > m {m = $3 - $2} END {print m + 0}' "$SAMPLES_FILE")
 
 awk -v n="$N" -v c="$C" -v p="$P" -v b="$BATCH" -v rps="$RPS" -v t0="$T0" -v t1="$T1" -v t2="$T2" \
     -v o1="$O1" -v o2="$O2" -v e1="$E1" -v p1="$P1" -v s0="$START_END" -v res="${RES:-?}" \
-    -v pend="$PENDING" -v dup="$DUP" -v lf="$LAG_FINAL" -v hz="$HZ" \
+    -v pend="$PENDING" -v dup="$DUP" -v lf="$LAG_FINAL" -v lm="$LAG_MAX" -v hz="$HZ" \
     -v cm=$((C2_MAT - C1_MAT)) -v cs=$((C2_SG - C1_SG)) -v cp=$((C2_PG - C1_PG)) 'BEGIN {
   printf "RESERVE C=%d P=%d: %d requests in %.2f s, %s req/s (redis-benchmark), %d reservations\n", c, p, n, t1 - t0, rps, res
   printf "materializer --batch %d, durable Postgres:\n", b
-  printf "  while the load ran: %d orders in %.2f s = %.0f orders/s; lag when it stopped: %d records\n", o1, t1 - t0, o1 / (t1 - t0), e1 - p1
+  printf "  while the load ran: %d orders in %.2f s = %.0f orders/s; lag when it stopped: %d records (largest sampled: %d)\n", o1, t1 - t0, o1 / (t1 - t0), e1 - p1, lm
   printf "  catching up after it: %d orders in %.2f s = %.0f orders/s\n", o2 - o1, t2 - t1, (o2 - o1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9)
   k = (o2 - o1 > 0 ? o2 - o1 : 1) / 1e6 * hz
-  printf "  CPU per order while catching up: materializer %.1f us, postgres %.1f us, stockgate %.1f us\n", cm / k, cp / k, cs / k
+  if (o2 > o1) printf "  CPU per order while catching up: materializer %.1f us, postgres %.1f us, stockgate %.1f us\n", cm / k, cp / k, cs / k
   printf "  overall: %d orders in %.2f s = %.0f orders/s; final lag %d records\n", o2, t2 - t0, o2 / (t2 - t0), lf
   printf "  check: %d PENDING orders for %s reservations, %d duplicate tokens\n", pend, res, dup
 }'
