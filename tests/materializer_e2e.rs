@@ -200,6 +200,9 @@ async fn materializer_exactly_once_across_sigkills() {
     );
 }
 
+/// Calls that failed and were retried (the server's kill hit them in flight).
+static RETRIED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Retries `f` until it succeeds: the server is `kill -9`ed and restarted under the
 /// storm, so a call can fail on a dead connection. Every call here is idempotent (a
 /// retried RESERVE with the same request id is a REPLAY of the same token; a repeated
@@ -214,6 +217,7 @@ where
         match f().await {
             Ok(v) => return v,
             Err(e) => {
+                RETRIED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 assert!(
                     Instant::now() < deadline,
                     "{what}: no answer for 60 s: {e:?}"
@@ -290,13 +294,13 @@ async fn materializer_exactly_once_across_server_kill() {
     let (mut kills, mut server_killed_mid_storm) = (0, false);
     let addr = h.server.addr().to_owned();
     let t0 = Instant::now();
-    while !storm.is_finished() || kills < 5 || !server_killed_mid_storm {
+    while !storm.is_finished() || kills < 12 || !server_killed_mid_storm {
         assert!(
-            kills < 8 || !storm.is_finished() || server_killed_mid_storm,
+            kills < 15 || !storm.is_finished() || server_killed_mid_storm,
             "the storm ended before the server could be killed in it"
         );
         let mut child = materializer(&h, &[]).spawn().expect("spawn materializer");
-        std::thread::sleep(Duration::from_millis(rng.gen_range(150..700)));
+        std::thread::sleep(Duration::from_millis(rng.gen_range(50..400)));
         if kills == 2 && !server_killed_mid_storm {
             // The server dies under a running materializer (its XREAD, or a batch it is
             // writing, loses the connection) and under the storm's in-flight requests.
@@ -378,8 +382,9 @@ async fn materializer_exactly_once_across_server_kill() {
     };
     assert_eq!(last, format!("{pos}-0"));
     eprintln!(
-        "materializer: {kills} SIGKILLs, 1 server SIGKILL mid-storm, {N} orders \
-         ({} committed, {} cancelled), position {pos}",
+        "materializer: {kills} SIGKILLs, 1 server SIGKILL mid-storm ({} calls retried), \
+         {N} orders ({} committed, {} cancelled), position {pos}",
+        RETRIED.load(std::sync::atomic::Ordering::Relaxed),
         committed.len(),
         released.len()
     );
