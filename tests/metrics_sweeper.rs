@@ -95,3 +95,107 @@ async fn sweeper_exports_its_passes_and_lag() {
     );
     assert_eq!(h.client.stock(sku).await.unwrap(), 10);
 }
+
+fn drain_materializer(h: &Harness) {
+    let out = Command::new(workspace_root().join("target/debug/stockgate-materializer"))
+        .args([
+            "--database-url",
+            h.pg.url(),
+            "--server",
+            h.server.addr(),
+            "--drain",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .output()
+        .expect("run stockgate-materializer");
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Polls the sweeper's `/metrics` until `ok` holds for the text (30 s at most).
+async fn wait_metrics(url: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let t = curl(url);
+        if ok(&t) {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}; last scrape:\n{t}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The sweeper exports the materializer's lag: 0 once it has caught up, > 0 (records
+/// and seconds) while it is stopped and the server logs reservations, 0 again after it
+/// has drained the feed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeper_exports_the_materializers_lag() {
+    let h = Harness::start().await.expect("harness");
+    let sku = "LAGGED";
+    h.create_sale(sku, 1000, 600_000, None).await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let mut sweeper = Command::new(workspace_root().join("target/debug/stockgate-sweeper"))
+        .args(["--database-url", h.pg.url(), "--server", h.server.addr()])
+        .args(["run", "--interval-secs", "0.2", "--metrics-addr"])
+        .arg(format!("127.0.0.1:{port}"))
+        .env("STOCKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start sweeper");
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let records = "stockgate_sweeper_materializer_lag_records{consumer=\"materializer\"}";
+    let seconds = "stockgate_sweeper_materializer_lag_seconds{consumer=\"materializer\"}";
+    let position = "stockgate_sweeper_materializer_position{consumer=\"materializer\"}";
+    let end = "stockgate_sweeper_feed_end_position{consumer=\"materializer\"}";
+
+    // No materializer has run: no row, so no gauge (rather than a made-up 0).
+    let t = wait_metrics(&url, "sweeper never passed", |t| {
+        metric(t, "stockgate_sweeper_passes_total").unwrap_or(0.0) >= 1.0
+    })
+    .await;
+    assert_eq!(metric(&t, records), None, "{t}");
+
+    drain_materializer(&h);
+    let t = wait_metrics(&url, "lag not 0 after the first drain", |t| {
+        metric(t, records) == Some(0.0)
+    })
+    .await;
+    assert_eq!(metric(&t, seconds), Some(0.0), "{t}");
+
+    // The materializer is stopped; the server logs 40 reservations.
+    h.reserve_many(sku, "u", 40, false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let t = wait_metrics(&url, "lag never showed the 40 reservations", |t| {
+        metric(t, records).unwrap_or(0.0) >= 40.0
+    })
+    .await;
+    let lag_s = metric(&t, seconds).unwrap_or(0.0);
+    assert!((1.0..60.0).contains(&lag_s), "seconds behind: {lag_s}\n{t}");
+    let (p, e) = (metric(&t, position), metric(&t, end));
+    assert_eq!(
+        metric(&t, records),
+        e.zip(p).map(|(e, p)| e - p),
+        "lag = end - position\n{t}"
+    );
+
+    // It catches up: back to 0, and its position is the feed's end.
+    drain_materializer(&h);
+    let t = wait_metrics(&url, "lag not back to 0 after catching up", |t| {
+        metric(t, records) == Some(0.0)
+    })
+    .await;
+    let _ = sweeper.kill();
+    let _ = sweeper.wait();
+    assert_eq!(metric(&t, seconds), Some(0.0), "{t}");
+    assert_eq!(metric(&t, position), metric(&t, end), "{t}");
+    assert!(metric(&t, position).unwrap_or(0.0) >= 40.0, "{t}");
+    assert_eq!(
+        metric(&t, "stockgate_sweeper_materializer_probe_errors_total"),
+        Some(0.0),
+        "{t}"
+    );
+}

@@ -5,6 +5,11 @@
 //!
 //! [`run`] drives the sweeper pass by pass exactly like `Sweeper::run` (same interval,
 //! same backoff), recording each pass's report.
+//!
+//! It also watches the materializer (`stockgate-materializer`, [`crate::materialize`]):
+//! after each pass it compares the feed's end with the materializer's committed position
+//! in `feed_position`. The sweeper does it, not the materializer, because the lag matters
+//! most when the materializer is down, and a stopped process exports nothing.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +22,7 @@ use tracing::{debug, info, warn};
 use crate::client::StockgateClient;
 use crate::gate::ReservationGate;
 use crate::ledger::Ledger;
+use crate::materialize::{FeedReader, Lag, MaterializeError};
 use crate::sweeper::{PassReport, SweepError, Sweeper};
 
 #[derive(Default)]
@@ -40,7 +46,59 @@ pub struct SweeperMetrics {
     pub lag_ms: AtomicU64,
     pub last_pass_unix_ms: AtomicU64,
     pub last_pass_ms: AtomicU64,
+    /// The materializer's lag at the last probe: (consumer, lag); `None` until a probe
+    /// found its `feed_position` row (no materializer has run yet).
+    pub materializer: std::sync::Mutex<Option<(String, Lag)>>,
+    pub materializer_probe_errors: AtomicU64,
     started: std::sync::OnceLock<Instant>,
+}
+
+/// Reads the materializer's lag for [`run`]: the position from the ledger's
+/// `feed_position`, the feed's end from the server. Connects to the feed lazily, so a
+/// server that is down when the sweeper starts only costs a probe error.
+pub struct MaterializerProbe {
+    pool: sqlx::PgPool,
+    server: String,
+    stream: String,
+    consumer: String,
+    reader: tokio::sync::Mutex<Option<FeedReader>>,
+}
+
+impl MaterializerProbe {
+    pub fn new(pool: sqlx::PgPool, server: &str, stream: &str, consumer: &str) -> Self {
+        MaterializerProbe {
+            pool,
+            server: server.to_owned(),
+            stream: stream.to_owned(),
+            consumer: consumer.to_owned(),
+            reader: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub async fn probe(&self) -> Result<Option<Lag>, MaterializeError> {
+        let mut slot = self.reader.lock().await;
+        let reader = match slot.as_ref() {
+            Some(r) => r.clone(),
+            None => {
+                let r = FeedReader::connect(&self.server, &self.stream).await?;
+                *slot = Some(r.clone());
+                r
+            }
+        };
+        drop(slot);
+        crate::materialize::lag(&self.pool, &reader, &self.consumer).await
+    }
+
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn add(a: &AtomicU64, n: u64) {
@@ -83,6 +141,25 @@ impl SweeperMetrics {
             SweepError::Gate(_) => add(&self.server_errors, 1),
             #[allow(unreachable_patterns)]
             _ => add(&self.other_errors, 1),
+        }
+    }
+
+    pub fn record_materializer(&self, consumer: &str, r: Result<Option<Lag>, MaterializeError>) {
+        match r {
+            Ok(Some(lag)) => {
+                *self
+                    .materializer
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some((consumer.to_owned(), lag));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                // The last value stays (a scrape sees the error counter move); a stale
+                // gauge is flagged by the counter rather than reset to a false 0.
+                add(&self.materializer_probe_errors, 1);
+                debug!(error = %e, "materializer lag probe failed");
+            }
         }
     }
 
@@ -200,6 +277,52 @@ impl SweeperMetrics {
             "How long the last pass took.",
             (l(&self.last_pass_ms) as f64 / 1000.0).to_string(),
         );
+        let mat = self
+            .materializer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some((consumer, lag)) = mat {
+            let c = label(&consumer);
+            for (name, help, v) in [
+                (
+                    "materializer_lag_records",
+                    "Log records between the feed's end and the materializer's committed position.",
+                    lag.records.to_string(),
+                ),
+                (
+                    "materializer_lag_seconds",
+                    "Age of the oldest feed entry the materializer has not committed (0 when caught up).",
+                    lag.seconds.to_string(),
+                ),
+                (
+                    "materializer_position",
+                    "The materializer's committed feed position (LSN).",
+                    lag.position.to_string(),
+                ),
+                (
+                    "feed_end_position",
+                    "LSN of the feed's last durable entry, as the last probe saw it.",
+                    lag.end.to_string(),
+                ),
+            ] {
+                let _ = write!(
+                    o,
+                    "# HELP stockgate_sweeper_{name} {help}\n# TYPE stockgate_sweeper_{name} gauge\nstockgate_sweeper_{name}{{consumer=\"{c}\"}} {v}\n"
+                );
+            }
+        }
+        let _ = write!(
+            o,
+            "# HELP stockgate_sweeper_materializer_probe_errors_total Failed reads of the materializer's lag.\n# TYPE stockgate_sweeper_materializer_probe_errors_total counter\nstockgate_sweeper_materializer_probe_errors_total {}\n",
+            l(&self.materializer_probe_errors)
+        );
+        let mut one = |name: &str, kind: &str, help: &str, v: String| {
+            let _ = write!(
+                o,
+                "# HELP stockgate_sweeper_{name} {help}\n# TYPE stockgate_sweeper_{name} {kind}\nstockgate_sweeper_{name} {v}\n"
+            );
+        };
         one(
             "uptime_seconds",
             "gauge",
@@ -254,10 +377,12 @@ async fn probe_lag(probe: &StockgateClient) -> Option<u64> {
 
 /// Runs passes until `stop`, like `Sweeper::run`, recording each into `metrics`.
 /// Without metrics it is `Sweeper::run` itself.
+/// `materializer`: also record the materializer's lag after every pass.
 pub async fn run<L: Ledger, G: ReservationGate>(
     sweeper: &Sweeper<L, G>,
     probe: StockgateClient,
     metrics: Option<Arc<SweeperMetrics>>,
+    materializer: Option<MaterializerProbe>,
     mut stop: watch::Receiver<bool>,
 ) {
     let Some(m) = metrics else {
@@ -292,6 +417,9 @@ pub async fn run<L: Ledger, G: ReservationGate>(
         };
         if let Some(lag) = probe_lag(&probe).await {
             m.lag_ms.store(lag, Ordering::Relaxed);
+        }
+        if let Some(mp) = &materializer {
+            m.record_materializer(mp.consumer(), mp.probe().await);
         }
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}

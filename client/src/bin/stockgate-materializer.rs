@@ -84,13 +84,9 @@ async fn run(cli: Cli) -> Result<(), MaterializeError> {
         },
     );
     if cli.drain {
-        loop {
-            let rep = m.step().await?;
-            if rep.entries == 0 {
-                println!("position {}", rep.position);
-                return Ok(());
-            }
-        }
+        let pos = m.pump(true).await?;
+        println!("position {pos}");
+        return Ok(());
     }
     m.run(async {
         let _ = tokio::signal::ctrl_c().await;

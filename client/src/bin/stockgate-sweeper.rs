@@ -86,6 +86,10 @@ struct RunArgs {
     /// Serve the sweeper's Prometheus metrics here (loopback), e.g. 127.0.0.1:9380.
     #[arg(long)]
     metrics_addr: Option<String>,
+    /// With --metrics-addr: the `feed_position` consumer whose lag behind the order feed
+    /// is exported (`stockgate_sweeper_materializer_lag_*`; nothing until it has run).
+    #[arg(long, default_value = "materializer")]
+    materializer_consumer: String,
 }
 
 #[derive(Args)]
@@ -261,6 +265,14 @@ async fn sweep(server: &str, ledger: PgLedger, args: RunArgs) -> Result<(), CliE
         .await
         .map_err(CliError::Arg)?;
     let probe = client.clone();
+    let mat_probe = metrics.as_ref().map(|_| {
+        stockgate_client::metrics::MaterializerProbe::new(
+            ledger.pool().clone(),
+            server,
+            stockgate_client::materialize::ALL_EVENTS,
+            &args.materializer_consumer,
+        )
+    });
     let sweeper = Sweeper::new(ledger, client, cfg);
     if args.once {
         let r = sweeper.run_pass().await?;
@@ -268,10 +280,9 @@ async fn sweep(server: &str, ledger: PgLedger, args: RunArgs) -> Result<(), CliE
         return Ok(());
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let task =
-        tokio::spawn(
-            async move { stockgate_client::metrics::run(&sweeper, probe, metrics, rx).await },
-        );
+    let task = tokio::spawn(async move {
+        stockgate_client::metrics::run(&sweeper, probe, metrics, mat_probe, rx).await
+    });
     // Stop between passes on SIGINT/SIGTERM; a pass in flight finishes first.
     wait_for_signal().await;
     info!("stopping after the current pass");
