@@ -535,7 +535,18 @@ fn sweeper_by_sentinel_releases_expired_reservations_once_across_a_failover() {
     );
     assert_eq!(g.kill_primary(), old);
     let new = g.wait_new_primary(old);
-    let c = rt.block_on(reserve_orders(&checkout, &keyring, SKU, "c", 50));
+    // Batch c by a plain connection to the new primary: what the sweeper does with it
+    // depends on the sweeper's Sentinel connection alone.
+    let direct = rt
+        .block_on(StockgateClient::connect(&g.node(new).addr()))
+        .expect("connect to the new primary");
+    let c = rt.block_on(reserve_orders(
+        &Checkout::new(ledger.clone(), direct),
+        &keyring,
+        SKU,
+        "c",
+        50,
+    ));
 
     let all: Vec<&Hold> = a.iter().chain(&b).chain(&c).collect();
     let n = all.len() as u64;
@@ -674,13 +685,17 @@ fn next_line(
     rx: &std::sync::mpsc::Receiver<String>,
     lines: &mut Vec<String>,
     what: &str,
+    stderr: &dyn Fn() -> String,
 ) -> String {
     match rx.recv_timeout(Duration::from_secs(60)) {
         Ok(l) => {
             lines.push(l.clone());
             l
         }
-        Err(_) => panic!("sentinel.js: no {what} line; so far {lines:?}"),
+        Err(_) => panic!(
+            "sentinel.js: no {what} line; so far {lines:?}\nstderr:\n{}",
+            stderr()
+        ),
     }
 }
 
@@ -711,11 +726,17 @@ fn ioredis_through_sentinel_reserves_across_a_kill9_failover() {
             .expect("node tests/node/sentinel.js"),
     );
     let stderr = child.0.stderr.take().expect("stderr");
-    let err_text = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = BufReader::new(stderr).read_to_string(&mut s);
-        s
+    // Filled as the script writes, so a failure report can show it.
+    let err_text = Arc::new(Mutex::new(String::new()));
+    let sink = err_text.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let mut s = sink.lock().unwrap_or_else(|e| e.into_inner());
+            s.push_str(&line);
+            s.push('\n');
+        }
     });
+    let stderr_now = || err_text.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let stdout = child.0.stdout.take().expect("stdout");
     std::thread::spawn(move || {
@@ -726,16 +747,16 @@ fn ioredis_through_sentinel_reserves_across_a_kill9_failover() {
         }
     });
     let mut lines = Vec::new();
-    let before = next_line(&rx, &mut lines, "BEFORE");
-    let ready = next_line(&rx, &mut lines, "READY");
+    let before = next_line(&rx, &mut lines, "BEFORE", &stderr_now);
+    let ready = next_line(&rx, &mut lines, "READY", &stderr_now);
     assert_eq!(ready, "READY", "{lines:?}");
     let old = g.kill_primary();
     // The second batch starts at once, in the middle of the failover.
     let mut stdin = child.0.stdin.take().expect("stdin");
     stdin.write_all(b"go\n").expect("write to sentinel.js");
     drop(stdin);
-    let after = next_line(&rx, &mut lines, "AFTER");
-    let retries = next_line(&rx, &mut lines, "RETRIES");
+    let after = next_line(&rx, &mut lines, "AFTER", &stderr_now);
+    let retries = next_line(&rx, &mut lines, "RETRIES", &stderr_now);
     let t = Instant::now();
     let status = loop {
         if let Some(st) = child.0.try_wait().expect("wait") {
@@ -747,8 +768,11 @@ fn ioredis_through_sentinel_reserves_across_a_kill9_failover() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    let err = err_text.join().unwrap_or_default();
-    assert!(status.success(), "sentinel.js failed: {lines:?}\n{err}");
+    assert!(
+        status.success(),
+        "sentinel.js failed: {lines:?}\n{}",
+        stderr_now()
+    );
 
     let (port_before, rs_before) =
         parse_batch(before.strip_prefix("BEFORE ").expect("BEFORE line"));

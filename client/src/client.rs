@@ -132,6 +132,9 @@ pub struct StockgateClient {
     conn: Transport,
 }
 
+// The plain variant is the connection manager itself, as the client always held it:
+// boxing it would add an allocation to every clone (one per call and per task).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 enum Transport {
     Direct(ConnectionManager),
