@@ -176,9 +176,9 @@ impl StockgateClient {
         })
     }
 
-    /// The primary of a Sentinel-managed group (see [`crate::sentinel`]): one discovery
-    /// round now (`NoPrimary` if no Sentinel names a master), rediscovery on every call
-    /// that meets a failover.
+    /// The primary of a Sentinel-managed group (see [`crate::sentinel`]): discovered now
+    /// (`NoPrimary` if no Sentinel names a master within the configured attempts), and
+    /// again by every call that meets a failover.
     pub async fn connect_sentinel(cfg: SentinelConfig) -> Result<Self, ClientError> {
         Self::connect_sentinel_with(cfg, ClientConfig::default()).await
     }

@@ -136,13 +136,17 @@ pub(crate) struct SentinelConn {
     /// every call in flight), the first one rediscovers and the others use its result.
     discovering: tokio::sync::Mutex<()>,
     generation: AtomicU64,
+    /// Discovery rounds started: a call that waited for another call's round and finds no
+    /// connection after it shares that round's failure instead of running its own (with
+    /// many calls waiting, rounds one after the other would multiply the delay).
+    rounds: AtomicU64,
     /// The Sentinel that answered last is asked first next time (redis-py does the same).
     preferred: AtomicUsize,
 }
 
 impl SentinelConn {
-    /// Validates the configuration and connects to the primary (one discovery round, no
-    /// retries: a tool that must wait for the group loops around this).
+    /// Validates the configuration and connects to the primary, retrying discovery as a
+    /// call retries (`max_attempts`, backoff).
     pub(crate) async fn connect(
         cfg: SentinelConfig,
         client_cfg: ClientConfig,
@@ -174,10 +178,22 @@ impl SentinelConn {
             current: Mutex::new(None),
             discovering: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
+            rounds: AtomicU64::new(0),
             preferred: AtomicUsize::new(0),
         });
-        conn.connection().await?;
-        Ok(conn)
+        // Bounded like a call: a tool started during a failover waits for its end.
+        let mut attempt = 0;
+        loop {
+            match conn.connection().await {
+                Ok(_) => return Ok(conn),
+                Err(e) if attempt + 1 < conn.cfg.max_attempts => {
+                    attempt += 1;
+                    debug!(attempt, error = %e, "no primary yet");
+                    tokio::time::sleep(conn.cfg.backoff(attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The address of the primary in use, if connected.
@@ -248,11 +264,19 @@ impl SentinelConn {
         if let Some(c) = self.lock_current().clone() {
             return Ok(c);
         }
+        let round = self.rounds.load(Ordering::Acquire);
         let _one = self.discovering.lock().await;
         // Another call may have found the primary while this one waited.
         if let Some(c) = self.lock_current().clone() {
             return Ok(c);
         }
+        if self.rounds.load(Ordering::Acquire) != round {
+            return Err(ClientError::NoPrimary {
+                master_name: self.cfg.master_name.clone(),
+                detail: "a concurrent discovery found none".into(),
+            });
+        }
+        self.rounds.fetch_add(1, Ordering::AcqRel);
         let (addr, conn) = self.discover().await?;
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let c = Current {
@@ -423,12 +447,11 @@ mod tests {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("port");
-        let e = SentinelConn::connect(
-            SentinelConfig::new(vec![format!("127.0.0.1:{port}")], "sg"),
-            ClientConfig::default(),
-        )
-        .await
-        .err();
+        let mut cfg = SentinelConfig::new(vec![format!("127.0.0.1:{port}")], "sg");
+        cfg.max_attempts = 2;
+        let e = SentinelConn::connect(cfg, ClientConfig::default())
+            .await
+            .err();
         assert!(matches!(e, Some(ClientError::NoPrimary { .. })), "{e:?}");
     }
 }
