@@ -321,7 +321,7 @@ fn sentinel_client_reserves_through_a_kill9_failover() {
             }
         },
     );
-    // One forced failover rarely stalled here (no promotion in 30 s, seen once in eight
+    // One forced failover rarely stalled here (no promotion in 30 s, seen once in ten
     // runs; the client is not involved until Sentinel switches): ask again once, with the
     // Sentinels' logs on stderr for the record.
     let mut third = None;

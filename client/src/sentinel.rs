@@ -9,7 +9,7 @@
 //! forever), and it only hands out a plain connection: finding the new primary after a
 //! failover, and deciding which commands may be sent again, would be ours anyway.
 //!
-//! What is retried (see [`Retry`]): `-READONLY` and `-NOREPLICAS` are refusals before the
+//! What is retried: `-READONLY` and `-NOREPLICAS` are refusals before the
 //! command ran (server `repl::Refusal`), so any command is sent again. After a connection
 //! error the command may or may not have run on the old primary; only commands whose
 //! repetition changes nothing are sent again: RESERVE (same request id → `REPLAY`),
