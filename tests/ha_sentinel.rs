@@ -14,108 +14,19 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::field;
 use common::ha::*;
-use common::{field, TempDir};
 use redis::Value;
 
 const MASTER: &str = "sg";
 const SKU: &str = "FLASH";
 const TOTAL: i64 = 5000;
 const FAILOVERS: usize = 5;
-
-struct Sentinels {
-    procs: Vec<Child>,
-    ports: Vec<u16>,
-    dir: TempDir,
-}
-
-impl Drop for Sentinels {
-    fn drop(&mut self) {
-        for p in &mut self.procs {
-            let _ = p.kill();
-            let _ = p.wait();
-        }
-    }
-}
-
-fn start_sentinels(primary: u16, tuned: bool) -> Sentinels {
-    let dir = TempDir::new("sentinels");
-    let mut procs = Vec::new();
-    let mut ports = Vec::new();
-    for i in 0..3 {
-        let port = free_port();
-        let conf = dir.path().join(format!("sentinel-{i}.conf"));
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {d}\nlogfile {d}/sentinel-{i}.log\n\
-                 sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
-                 sentinel down-after-milliseconds {MASTER} 1000\n\
-                 sentinel failover-timeout {MASTER} 6000\n\
-                 sentinel parallel-syncs {MASTER} 2\n",
-                d = dir.path().display()
-            ),
-        )
-        .expect("sentinel conf");
-        let child = Command::new("redis-sentinel")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-sentinel (apt-get install redis-sentinel)");
-        procs.push(child);
-        ports.push(port);
-    }
-    let s = Sentinels { procs, ports, dir };
-    for &p in &s.ports {
-        wait_for("sentinel up", Duration::from_secs(10), || {
-            sentinel(p, &["PING"]).is_some()
-        });
-        if tuned {
-            sentinel(p, &["SENTINEL", "DEBUG", "ping-period", "500"]).expect("SENTINEL DEBUG");
-        }
-    }
-    s
-}
-
-fn sentinel(port: u16, args: &[&str]) -> Option<Value> {
-    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
-    let mut conn = c.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(&mut conn).ok()
-}
-
-/// The primary's port as the Sentinels' majority reports it.
-fn sentinel_primary(s: &Sentinels) -> Option<u16> {
-    let mut votes: HashMap<u16, usize> = HashMap::new();
-    for &p in &s.ports {
-        if let Some(Value::Array(a)) = sentinel(p, &["SENTINEL", "get-master-addr-by-name", MASTER])
-        {
-            if let Some(Value::BulkString(port)) = a.get(1) {
-                if let Ok(port) = String::from_utf8_lossy(port).parse() {
-                    *votes.entry(port).or_default() += 1;
-                }
-            }
-        }
-    }
-    votes.into_iter().find(|(_, n)| *n >= 2).map(|(p, _)| p)
-}
-
-fn count(v: Option<Value>) -> usize {
-    match v {
-        Some(Value::Array(a)) => a.len(),
-        _ => 0,
-    }
-}
 
 fn reserve(node: &Node, keys: &Keys, user: &str, req: &str) -> Option<String> {
     let mut c = node.try_conn().ok()?;
@@ -198,17 +109,8 @@ fn failover_storm(tuned: bool) {
         .arg(TOTAL)
         .query(&mut nodes[0].conn())
         .expect("SALE.CREATE");
-    let sentinels = start_sentinels(nodes[0].port, tuned);
-    wait_for(
-        "Sentinels to discover the replicas and each other",
-        Duration::from_secs(30),
-        || {
-            sentinels.ports.iter().all(|&p| {
-                count(sentinel(p, &["SENTINEL", "replicas", MASTER])) == 2
-                    && count(sentinel(p, &["SENTINEL", "sentinels", MASTER])) == 2
-            })
-        },
-    );
+    let sentinels = start_sentinels(MASTER, nodes[0].port, tuned);
+    sentinels.wait_discovered(2);
 
     let out = sentinels.dir.path().join("storm.json");
     let ports: Vec<String> = sentinels.ports.iter().map(|p| p.to_string()).collect();

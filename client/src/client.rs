@@ -1,16 +1,24 @@
 //! Typed async client for the stockgate protocol (PROTOCOL.md), over redis-rs.
 //!
-//! Uses a [`ConnectionManager`]: one multiplexed connection (concurrent calls are
-//! pipelined on it, so a clone per task costs nothing) that reconnects on its own after
-//! the server restarts. A call that fails because the connection dropped returns
-//! [`ClientError::Connection`]; the next call uses the new connection. Calls are never
-//! retried here: the caller decides (RESERVE and RELEASE are idempotent, so retrying is
-//! safe for them).
+//! Two transports, one API:
+//! - one address ([`StockgateClient::connect`]): a [`ConnectionManager`], one multiplexed
+//!   connection (concurrent calls are pipelined on it, so a clone per task costs nothing)
+//!   that reconnects on its own after the server restarts. A call that fails because the
+//!   connection dropped returns [`ClientError::Connection`]; the next call uses the new
+//!   connection. Calls are never retried: the caller decides (RESERVE and RELEASE are
+//!   idempotent, so retrying is safe for them).
+//! - a Sentinel-managed group ([`StockgateClient::connect_sentinel`], module
+//!   [`crate::sentinel`]): the primary Sentinel names, found again after a failover; calls
+//!   refused with `-READONLY`/`-NOREPLICAS` are retried, and so are the idempotent ones
+//!   after a connection error (each method says which it is).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Value};
+
+use crate::sentinel::{Retry, SentinelConfig, SentinelConn, ServerTarget};
 
 use crate::types::{
     CommitOk, ExpiredReservation, ReservationInfo, ReservationState, ReserveOutcome, SaleInfo,
@@ -38,6 +46,17 @@ pub enum ClientError {
     Server { code: String, detail: String },
     #[error("connection error: {0}")]
     Connection(#[source] RedisError),
+    /// `-READONLY`: the node is a replica, or a former primary fenced by a failover.
+    #[error("node is read-only: a replica or a deposed primary (-READONLY)")]
+    ReadOnly,
+    /// `-NOREPLICAS`: the primary has fewer replicas attached than `--min-replicas-ack`.
+    #[error("not enough replicas attached to acknowledge writes (-NOREPLICAS)")]
+    NoReplicas,
+    /// No Sentinel named a node that answers `ROLE` as master.
+    #[error("no primary for {master_name:?} found through Sentinel: {detail}")]
+    NoPrimary { master_name: String, detail: String },
+    #[error("invalid client configuration: {0}")]
+    Config(String),
     /// The embedded engine's log could not make the state this call reports durable: the
     /// outcome must not be acted on (it may not survive a crash).
     #[error("not durable: {0}")]
@@ -50,9 +69,16 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// Whether the call may succeed if retried later (server unreachable or restarting).
+    /// Whether the call may succeed if retried later (server unreachable or restarting,
+    /// a failover in progress).
     pub fn is_transient(&self) -> bool {
-        matches!(self, ClientError::Connection(_))
+        matches!(
+            self,
+            ClientError::Connection(_)
+                | ClientError::ReadOnly
+                | ClientError::NoReplicas
+                | ClientError::NoPrimary { .. }
+        )
     }
 }
 
@@ -70,6 +96,8 @@ impl From<RedisError> for ClientError {
             Some("RELEASED") => ClientError::Released,
             Some("EXPIRED") => ClientError::Expired,
             Some("EXISTS") => ClientError::Exists,
+            Some("READONLY") => ClientError::ReadOnly,
+            Some("NOREPLICAS") => ClientError::NoReplicas,
             Some(code) if e.kind() != redis::ErrorKind::IoError => ClientError::Server {
                 code: code.to_string(),
                 detail,
@@ -98,10 +126,19 @@ impl Default for ClientConfig {
     }
 }
 
-/// Typed stockgate client. Cheap to clone.
+/// Typed stockgate client. Cheap to clone (clones share the connection).
 #[derive(Clone)]
 pub struct StockgateClient {
-    conn: ConnectionManager,
+    conn: Transport,
+}
+
+// The plain variant is the connection manager itself, as the client always held it:
+// boxing it would add an allocation to every clone (one per call and per task).
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+enum Transport {
+    Direct(ConnectionManager),
+    Sentinel(Arc<SentinelConn>),
 }
 
 impl std::fmt::Debug for StockgateClient {
@@ -134,22 +171,71 @@ impl StockgateClient {
         let conn = ConnectionManager::new_with_config(client, mcfg)
             .await
             .map_err(ClientError::Connection)?;
-        Ok(StockgateClient { conn })
+        Ok(StockgateClient {
+            conn: Transport::Direct(conn),
+        })
     }
 
+    /// The primary of a Sentinel-managed group (see [`crate::sentinel`]): discovered now
+    /// (`NoPrimary` if no Sentinel names a master within the configured attempts), and
+    /// again by every call that meets a failover.
+    pub async fn connect_sentinel(cfg: SentinelConfig) -> Result<Self, ClientError> {
+        Self::connect_sentinel_with(cfg, ClientConfig::default()).await
+    }
+
+    /// [`Self::connect_sentinel`] with connection timeouts (`reconnect_retries` is
+    /// unused: the Sentinel config's attempts and backoff apply).
+    pub async fn connect_sentinel_with(
+        cfg: SentinelConfig,
+        client_cfg: ClientConfig,
+    ) -> Result<Self, ClientError> {
+        let conn = SentinelConn::connect(cfg, client_cfg).await?;
+        Ok(StockgateClient {
+            conn: Transport::Sentinel(conn),
+        })
+    }
+
+    /// One address or a Sentinel group, as the command-line tools are given it.
+    pub async fn connect_target(target: &ServerTarget) -> Result<Self, ClientError> {
+        match target {
+            ServerTarget::Addr(a) => Self::connect(a).await,
+            ServerTarget::Sentinel(c) => Self::connect_sentinel(c.clone()).await,
+        }
+    }
+
+    /// The node this client sends to: the Sentinel-named primary in use (None between a
+    /// failure and the next discovery); None for a plain address.
+    pub fn primary_addr(&self) -> Option<String> {
+        match &self.conn {
+            Transport::Direct(_) => None,
+            Transport::Sentinel(s) => s.primary_addr(),
+        }
+    }
+
+    /// A command whose repetition changes nothing: retried through a failover.
     async fn call(&self, cmd: &redis::Cmd) -> Result<Value, ClientError> {
-        let mut conn = self.conn.clone();
-        let v: Value = cmd.query_async(&mut conn).await?;
+        self.call_with(cmd, Retry::Idempotent).await
+    }
+
+    async fn call_with(&self, cmd: &redis::Cmd, retry: Retry) -> Result<Value, ClientError> {
         // RESP3 can also deliver errors as values inside aggregates; top-level errors
-        // already came back as Err above.
-        Ok(v)
+        // come back as Err.
+        match &self.conn {
+            Transport::Direct(c) => {
+                let mut conn = c.clone();
+                Ok(cmd.query_async(&mut conn).await?)
+            }
+            Transport::Sentinel(s) => s.call(cmd, retry).await,
+        }
     }
 
     pub async fn ping(&self) -> Result<(), ClientError> {
         self.call(&redis::cmd("PING")).await.map(|_| ())
     }
 
-    /// `RESERVE sku user admission-token request-id [QTY n]`.
+    /// `RESERVE sku user admission-token request-id [QTY n]`. Through Sentinel a lost
+    /// reply is retried with the same request id, so the retry answers `Replay` if the
+    /// first send took effect on the node that is now the primary.
     pub async fn reserve(
         &self,
         sku: &str,
@@ -167,7 +253,9 @@ impl StockgateClient {
         parse_reserve(&v).ok_or_else(|| proto("RESERVE", &v))
     }
 
-    /// `RELEASE token`: true if this call returned the units.
+    /// `RELEASE token`: true if this call returned the units. Through Sentinel, a RELEASE
+    /// whose reply was lost is sent again and may answer false: the first send returned
+    /// them (exactly once either way).
     pub async fn release(&self, token: &str) -> Result<bool, ClientError> {
         let v = self.call(redis::cmd("RELEASE").arg(token)).await?;
         as_int(&v)
@@ -272,10 +360,14 @@ impl StockgateClient {
             .map(|_| ())
     }
 
-    /// `SALE.ADJUST sku delta` → new total.
+    /// `SALE.ADJUST sku delta` → new total. Not resent after a lost reply (a delta would
+    /// apply twice): `adjust_sale` retried with the same id finds out what happened.
     pub async fn sale_adjust(&self, sku: &str, delta: i64) -> Result<i64, ClientError> {
         let v = self
-            .call(redis::cmd("SALE.ADJUST").arg(sku).arg(delta))
+            .call_with(
+                redis::cmd("SALE.ADJUST").arg(sku).arg(delta),
+                Retry::RefusalsOnly,
+            )
             .await?;
         as_int(&v).ok_or_else(|| proto("SALE.ADJUST", &v))
     }
@@ -336,7 +428,8 @@ impl StockgateClient {
         }
     }
 
-    /// `SALE.REBUILD sku total committed key-fingerprint` → available.
+    /// `SALE.REBUILD sku total committed key-fingerprint` → available. Not resent after a
+    /// lost reply (it reopens the sale; a re-run of the rebuild starts from the fence).
     pub async fn sale_rebuild(
         &self,
         sku: &str,
@@ -345,12 +438,13 @@ impl StockgateClient {
         key_fingerprint: &str,
     ) -> Result<i64, ClientError> {
         let v = self
-            .call(
+            .call_with(
                 redis::cmd("SALE.REBUILD")
                     .arg(sku)
                     .arg(total)
                     .arg(committed)
                     .arg(key_fingerprint),
+                Retry::RefusalsOnly,
             )
             .await?;
         as_int(&v).ok_or_else(|| proto("SALE.REBUILD", &v))

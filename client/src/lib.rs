@@ -3,6 +3,7 @@
 //!
 //! - [`adjust`]: change a sale's allocation, ledger first, idempotent under retry.
 //! - [`client`]: typed async client for PROTOCOL.md.
+//! - [`sentinel`]: the client's connection to the primary of a Sentinel-managed group.
 //! - [`gate`]: what the lifecycle needs from the server, over TCP or the embedded engine.
 //! - [`ledger`]: the judge — Postgres and sled backends of one interface.
 //! - [`checkout`]: reserve → materialize → pay (ledger first) / cancel.
@@ -24,6 +25,7 @@ pub mod metrics;
 #[cfg(feature = "testkit")]
 pub mod pgtemp;
 pub mod rebuild;
+pub mod sentinel;
 pub mod sweeper;
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -31,10 +33,11 @@ pub mod token;
 pub mod types;
 
 pub use checkout::{Checkout, CheckoutError, Hold, PayOutcome};
-pub use client::{ClientError, StockgateClient};
+pub use client::{ClientConfig, ClientError, StockgateClient};
 pub use gate::{EngineGate, ReservationGate};
 pub use ledger::embedded::SledLedger;
 pub use ledger::postgres::PgLedger;
 pub use ledger::{Ledger, LedgerError, OrderStatus};
+pub use sentinel::{SentinelConfig, ServerTarget};
 pub use sweeper::{PassReport, Sweeper, SweeperConfig};
 pub use token::mint_admission_token;

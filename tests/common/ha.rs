@@ -241,3 +241,129 @@ pub fn state_of(n: &Node, sku: &str, tokens: &[String]) -> Vec<redis::Value> {
     }
     out
 }
+
+/// Three `redis-sentinel` processes monitoring one group (killed on drop).
+pub struct Sentinels {
+    procs: Vec<Child>,
+    pub ports: Vec<u16>,
+    pub dir: TempDir,
+    pub master: String,
+}
+
+impl Drop for Sentinels {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+    }
+}
+
+/// Starts three Sentinels monitoring `master` at `primary` (`down-after-milliseconds
+/// 1000`, `failover-timeout 6000`, quorum 2); `tuned`: `SENTINEL DEBUG ping-period 500`.
+pub fn start_sentinels(master: &str, primary: u16, tuned: bool) -> Sentinels {
+    let dir = TempDir::new("sentinels");
+    let mut procs = Vec::new();
+    let mut ports = Vec::new();
+    for i in 0..3 {
+        let port = free_port();
+        let conf = dir.path().join(format!("sentinel-{i}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {d}\nlogfile {d}/sentinel-{i}.log\n\
+                 sentinel monitor {master} 127.0.0.1 {primary} 2\n\
+                 sentinel down-after-milliseconds {master} 1000\n\
+                 sentinel failover-timeout {master} 6000\n\
+                 sentinel parallel-syncs {master} 2\n",
+                d = dir.path().display()
+            ),
+        )
+        .expect("sentinel conf");
+        let child = Command::new("redis-sentinel")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-sentinel (apt-get install redis-sentinel)");
+        procs.push(child);
+        ports.push(port);
+    }
+    let s = Sentinels {
+        procs,
+        ports,
+        dir,
+        master: master.to_string(),
+    };
+    for &p in &s.ports {
+        wait_for("sentinel up", Duration::from_secs(10), || {
+            sentinel(p, &["PING"]).is_some()
+        });
+        if tuned {
+            sentinel(p, &["SENTINEL", "DEBUG", "ping-period", "500"]).expect("SENTINEL DEBUG");
+        }
+    }
+    s
+}
+
+impl Sentinels {
+    /// Waits until every Sentinel knows `replicas` replicas and the two other Sentinels.
+    pub fn wait_discovered(&self, replicas: usize) {
+        wait_for(
+            "Sentinels to discover the replicas and each other",
+            Duration::from_secs(30),
+            || {
+                self.ports.iter().all(|&p| {
+                    count(sentinel(p, &["SENTINEL", "replicas", &self.master])) == replicas
+                        && count(sentinel(p, &["SENTINEL", "sentinels", &self.master])) == 2
+                })
+            },
+        );
+    }
+
+    /// `host:port,host:port,host:port`, as the client tools take it.
+    pub fn addr_list(&self) -> String {
+        self.ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// One command to the Sentinel on `port`; None if it does not answer.
+pub fn sentinel(port: u16, args: &[&str]) -> Option<redis::Value> {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let mut conn = c.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut conn).ok()
+}
+
+/// The primary's port as the Sentinels' majority reports it.
+pub fn sentinel_primary(s: &Sentinels) -> Option<u16> {
+    let mut votes: HashMap<u16, usize> = HashMap::new();
+    for &p in &s.ports {
+        if let Some(redis::Value::Array(a)) =
+            sentinel(p, &["SENTINEL", "get-master-addr-by-name", &s.master])
+        {
+            if let Some(redis::Value::BulkString(port)) = a.get(1) {
+                if let Ok(port) = String::from_utf8_lossy(port).parse() {
+                    *votes.entry(port).or_default() += 1;
+                }
+            }
+        }
+    }
+    votes.into_iter().find(|(_, n)| *n >= 2).map(|(p, _)| p)
+}
+
+/// The length of an array reply (0 for anything else).
+pub fn count(v: Option<redis::Value>) -> usize {
+    match v {
+        Some(redis::Value::Array(a)) => a.len(),
+        _ => 0,
+    }
+}

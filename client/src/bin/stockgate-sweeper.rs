@@ -2,7 +2,8 @@
 //! the rebuild of a fenced sale.
 //!
 //! ```text
-//! stockgate-sweeper [--database-url URL] [--server ADDR] [run] [--interval-secs 30] [--once]
+//! stockgate-sweeper [--database-url URL] [--server ADDR | --sentinel H:P,... --master-name N]
+//!                   [run] [--interval-secs 30] [--once]
 //! stockgate-sweeper migrate
 //! stockgate-sweeper create-sale --sku SKU --total N [--shards N] [--ttl-ms MS] [--limit N]
 //! stockgate-sweeper adjust --sku SKU --delta N [--id ADJ-ID]
@@ -17,7 +18,7 @@ use stockgate_client::adjust::{adjust_sale, AdjustResult};
 use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::ledger::{Ledger, SaleRecord};
 use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
-use stockgate_client::{StockgateClient, Sweeper, SweeperConfig};
+use stockgate_client::{SentinelConfig, ServerTarget, StockgateClient, Sweeper, SweeperConfig};
 use tracing::{error, info, warn};
 
 #[derive(Parser)]
@@ -25,7 +26,10 @@ use tracing::{error, info, warn};
     name = "stockgate-sweeper",
     version,
     about = "Reconciles expired stockgate reservations with the Postgres ledger (ledger first), \
-             applies the ledger schema, and rebuilds fenced sales from the ledger"
+             applies the ledger schema, and rebuilds fenced sales from the ledger",
+    after_help = "Every command talks to one server (--server) or to the primary of a \
+                  Sentinel-managed group, e.g. --sentinel 127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381 \
+                  --master-name sg (run, run --once, create-sale, adjust and rebuild alike)."
 )]
 struct Cli {
     /// Postgres URL of the ledger.
@@ -36,7 +40,8 @@ struct Cli {
         default_value = "postgres://postgres@127.0.0.1:5432/postgres"
     )]
     database_url: String,
-    /// stockgate server address (host:port or redis:// URL with credentials).
+    /// stockgate server address (host:port or redis:// URL with credentials). Ignored
+    /// with --sentinel.
     #[arg(
         long,
         env = "STOCKGATE_ADDR",
@@ -44,6 +49,26 @@ struct Cli {
         default_value = "127.0.0.1:7379"
     )]
     server: String,
+    /// Redis Sentinel addresses (host:port[,host:port...], or redis:// URLs): talk to the
+    /// primary they name for --master-name instead of --server, and follow failovers
+    /// (commands refused with -READONLY/-NOREPLICAS, and idempotent ones whose reply was
+    /// lost, are retried on the new primary).
+    #[arg(long, env = "STOCKGATE_SENTINELS", global = true)]
+    sentinel: Option<String>,
+    /// The group's name in the Sentinels' `sentinel monitor <name> ...` (with --sentinel).
+    #[arg(long, env = "STOCKGATE_MASTER_NAME", global = true)]
+    master_name: Option<String>,
+    /// User for the nodes Sentinel names, if the group has users (with --sentinel).
+    #[arg(long, env = "STOCKGATE_NODE_USER", global = true)]
+    node_user: Option<String>,
+    /// Password for the nodes Sentinel names (with --sentinel).
+    #[arg(
+        long,
+        env = "STOCKGATE_NODE_PASSWORD",
+        global = true,
+        hide_env_values = true
+    )]
+    node_password: Option<String>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
     #[command(flatten)]
@@ -148,14 +173,35 @@ fn secs(v: f64, what: &str) -> Result<Duration, CliError> {
     Duration::try_from_secs_f64(v).map_err(|e| CliError::Arg(format!("{what}: {e}")))
 }
 
-/// Connect to the server, retrying: a sweeper started before the server must wait, not die.
-async fn connect_server(addr: &str) -> StockgateClient {
+impl Cli {
+    /// The plain address, or the Sentinel group when --sentinel is given.
+    fn target(&self) -> Result<ServerTarget, CliError> {
+        let Some(list) = &self.sentinel else {
+            return Ok(ServerTarget::Addr(self.server.clone()));
+        };
+        let sentinels = SentinelConfig::parse_list(list);
+        if sentinels.is_empty() {
+            return Err(CliError::Arg("--sentinel: no address".into()));
+        }
+        let Some(name) = self.master_name.clone().filter(|n| !n.is_empty()) else {
+            return Err(CliError::Arg("--sentinel needs --master-name".into()));
+        };
+        let mut cfg = SentinelConfig::new(sentinels, name);
+        cfg.node_username = self.node_user.clone();
+        cfg.node_password = self.node_password.clone();
+        Ok(ServerTarget::Sentinel(cfg))
+    }
+}
+
+/// Connect to the server, retrying: a sweeper started before the server (or while no
+/// Sentinel names a primary) must wait, not die.
+async fn connect_server(target: &ServerTarget) -> StockgateClient {
     let mut backoff = Duration::from_millis(200);
     loop {
-        match StockgateClient::connect(addr).await {
+        match StockgateClient::connect_target(target).await {
             Ok(c) => return c,
             Err(e) => {
-                warn!(error = %e, addr, "server unreachable; retrying");
+                warn!(error = %e, server = %target, "server unreachable; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(10));
             }
@@ -179,6 +225,7 @@ async fn migrate_with_retry(ledger: &PgLedger, once: bool) -> Result<(), CliErro
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
+    let target = cli.target()?;
     let ledger = PgLedger::connect_with(&cli.database_url, PgLedgerOptions::default()).await?;
     match cli.cmd {
         Some(Cmd::Migrate) => {
@@ -188,7 +235,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Some(Cmd::CreateSale(a)) => {
             ledger.migrate().await?;
-            let client = StockgateClient::connect(&cli.server).await?;
+            let client = StockgateClient::connect_target(&target).await?;
             client
                 .sale_create(&a.sku, a.total, a.shards, a.ttl_ms, a.limit)
                 .await?;
@@ -208,7 +255,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 a.id.unwrap_or_else(|| format!("adj-{:016x}", rand::random::<u64>()));
             // On stderr before anything happens: the id is what a retry needs.
             eprintln!("adjustment id {id} (re-run with --id {id} if this fails)");
-            let client = StockgateClient::connect(&cli.server).await?;
+            let client = StockgateClient::connect_target(&target).await?;
             let r = adjust_sale(&ledger, &client, &a.sku, &id, a.delta).await?;
             let how = match r.result {
                 AdjustResult::Applied => "applied",
@@ -223,7 +270,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Some(Cmd::Rebuild(a)) => {
             ledger.migrate().await?;
-            let client = StockgateClient::connect(&cli.server).await?;
+            let client = StockgateClient::connect_target(&target).await?;
             let opts = RebuildOptions {
                 fence_if_open: a.fence,
                 ..Default::default()
@@ -242,15 +289,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             );
             Ok(())
         }
-        Some(Cmd::Run(args)) => sweep(&cli.server, ledger, args).await,
-        None => sweep(&cli.server, ledger, cli.run).await,
+        Some(Cmd::Run(args)) => sweep(&target, ledger, args).await,
+        None => sweep(&target, ledger, cli.run).await,
     }
 }
 
-async fn sweep(server: &str, ledger: PgLedger, args: RunArgs) -> Result<(), CliError> {
+async fn sweep(server: &ServerTarget, ledger: PgLedger, args: RunArgs) -> Result<(), CliError> {
     migrate_with_retry(&ledger, args.once).await?;
     let client = if args.once {
-        StockgateClient::connect(server).await?
+        StockgateClient::connect_target(server).await?
     } else {
         connect_server(server).await
     };
