@@ -312,10 +312,16 @@ async fn sweep(server: &ServerTarget, ledger: PgLedger, args: RunArgs) -> Result
         .await
         .map_err(CliError::Arg)?;
     let probe = client.clone();
+    // The feed reader has no Sentinel mode yet: the lag probe reads the feed of the
+    // primary found at start (after a failover its probe errors are counted).
+    let feed_addr = match server {
+        ServerTarget::Addr(a) => a.clone(),
+        ServerTarget::Sentinel(_) => client.primary_addr().unwrap_or_default(),
+    };
     let mat_probe = metrics.as_ref().map(|_| {
         stockgate_client::metrics::MaterializerProbe::new(
             ledger.pool().clone(),
-            server,
+            &feed_addr,
             stockgate_client::materialize::ALL_EVENTS,
             &args.materializer_consumer,
         )
