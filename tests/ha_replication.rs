@@ -447,3 +447,46 @@ fn client_kill_ends_the_chosen_connections_and_needs_admin_or_sentinel() {
     let pong: String = redis::cmd("PING").query(&mut killer).unwrap();
     assert_eq!(pong, "PONG", "SKIPME yes by default");
 }
+
+#[test]
+fn a_fence_is_lifted_when_the_promotion_did_not_hold() {
+    // Sentinel may abort a failover after promoting a replica (it did not see the
+    // promotion in time) and then make that replica follow the old primary again. The old
+    // primary, fenced by the promotion, must then take writes again.
+    let keys = Keys::new();
+    let ack = ["--min-replicas-ack", "1", "--repl-timeout-ms", "1000"];
+    let a = Node::start(&keys, &ack);
+    let mut args = vec!["--replicaof".to_owned(), a.addr()];
+    args.extend(ack.iter().map(|s| s.to_string()));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let b = Node::start(&keys, &argv);
+    wait_for("replica attached", Duration::from_secs(10), || {
+        a.repl_field("connected_slaves") == "1"
+    });
+    let mut c = a.conn();
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(SKU)
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
+    let before = token_of(&reserve(&mut c, &keys, "u1", "r1").unwrap());
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut b.conn())
+        .unwrap();
+    wait_for("a fenced", Duration::from_secs(5), || {
+        a.repl_field("stockgate_deposed") == "1"
+    });
+    // The failover is abandoned: b follows a again.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(a.port)
+        .query(&mut b.conn())
+        .unwrap();
+    wait_for("the fence lifted", Duration::from_secs(20), || {
+        a.repl_field("stockgate_deposed") == "0" && a.repl_field("connected_slaves") == "1"
+    });
+    let after = token_of(&reserve(&mut a.conn(), &keys, "u2", "r2").unwrap());
+    converged(&a, &b, &[before, after]);
+}

@@ -164,14 +164,14 @@ impl Repl {
                     },
                     replid: state::new_id(),
                     previous: None,
-                    fenced: false,
+                    fenced: None,
                 };
                 s.save(&cfg.data_dir)?;
                 s
             }
         };
         let is_replica = matches!(st.role, RoleConf::Replica { .. });
-        let fenced = st.fenced && !is_replica;
+        let fenced = st.fenced.is_some() && !is_replica;
         let now = Instant::now();
         let cfg_port = cfg.announce_port;
         Ok(Arc::new(Repl {
@@ -338,7 +338,7 @@ impl Repl {
             }
         }
         ids.role = new_role.clone();
-        ids.fenced = false;
+        ids.fenced = None;
         self.is_replica.store(
             matches!(new_role, RoleConf::Replica { .. }),
             Ordering::Release,
@@ -384,7 +384,7 @@ impl Repl {
             // Kept across a restart: a replica that still follows this node (not yet
             // reconfigured by Sentinel) must not let it acknowledge again.
             let mut ids = self.ids.lock();
-            ids.fenced = true;
+            ids.fenced = Some(by.to_owned());
             if let Err(e) = ids.save(&self.cfg.data_dir) {
                 tracing::error!("replication: cannot persist the fence: {e}");
             }
@@ -410,6 +410,31 @@ impl Repl {
             }
         }
         self.dur.wal.retain_from(floor);
+    }
+
+    /// A replica attached: if it is the one whose promotion fenced this primary, that
+    /// promotion did not hold (Sentinel aborted the failover and made it follow this node
+    /// again). It acknowledges what this node writes from now on, so the fence is lifted;
+    /// otherwise nobody would take writes until an operator stepped in.
+    fn lift_fence_if_back(&self, addr: &str) {
+        if !self.is_deposed() {
+            return;
+        }
+        let mut ids = self.ids.lock();
+        if ids.fenced.as_deref() != Some(addr) || self.is_replica() {
+            return;
+        }
+        ids.fenced = None;
+        if let Err(e) = ids.save(&self.cfg.data_dir) {
+            tracing::error!("replication: cannot persist lifting the fence: {e}");
+            return;
+        }
+        self.deposed.store(false, Ordering::Release);
+        drop(ids);
+        tracing::warn!(
+            "replication: {addr}, whose promotion fenced this primary, follows it again: the fence is lifted"
+        );
+        self.acks.notify_waiters();
     }
 
     fn detach_all(&self) {

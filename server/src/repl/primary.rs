@@ -70,6 +70,7 @@ pub async fn serve(repl: Arc<Repl>, stream: TcpStream, inbuf: BytesMut, req: Syn
         repl.attached.store(reps.len(), Ordering::Release);
     }
     repl.hold_backlog();
+    repl.lift_fence_if_back(&format!("{}:{}", req.ip, req.port));
     repl.acks.notify_waiters();
     tracing::info!(
         "replication: replica {}:{} attached at LSN {offset}",

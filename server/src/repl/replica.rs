@@ -311,7 +311,7 @@ fn full_sync(
         };
         ids.replid = replid.to_owned();
         ids.previous = None;
-        ids.fenced = false;
+        ids.fenced = None;
         ids.save(data).map_err(|e| e.to_string())?;
     }
     tracing::warn!(

@@ -30,9 +30,10 @@ pub struct PersistedState {
     /// The history this one continued from, and the last LSN it shares with it
     /// (Redis's `master_replid2` / `second_repl_offset - 1`); `None` when there is none.
     pub previous: Option<(String, u64)>,
-    /// A primary fenced by a replica that left it (see `repl`): it stays fenced across
-    /// restarts, until REPLICAOF makes it a replica or promotes it again.
-    pub fenced: bool,
+    /// A primary fenced by a replica that left it (see `repl`), and that replica's
+    /// address: it stays fenced across restarts, until REPLICAOF makes it a replica or
+    /// promotes it again, or the replica that fenced it follows it again.
+    pub fenced: Option<String>,
 }
 
 #[derive(Debug, Error)]
@@ -76,7 +77,7 @@ impl PersistedState {
             line,
             reason: reason.to_owned(),
         };
-        let (mut role, mut replid, mut previous, mut fenced) = (None, None, None, false);
+        let (mut role, mut replid, mut previous, mut fenced) = (None, None, None, None);
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -95,7 +96,7 @@ impl PersistedState {
                 (Some("replid"), Some(id), None, None) if valid_id(id) => {
                     replid = Some(id.to_owned())
                 }
-                (Some("fenced"), None, None, None) => fenced = true,
+                (Some("fenced"), Some(by), None, None) => fenced = Some(by.to_owned()),
                 (Some("previous"), Some(id), Some(off), None) if valid_id(id) => {
                     let off = off.parse().map_err(|_| bad(i + 1, "bad offset"))?;
                     previous = Some((id.to_owned(), off));
@@ -133,8 +134,8 @@ impl PersistedState {
         if let Some((id, off)) = &self.previous {
             text.push_str(&format!("previous {id} {off}\n"));
         }
-        if self.fenced {
-            text.push_str("fenced\n");
+        if let Some(by) = &self.fenced {
+            text.push_str(&format!("fenced {by}\n"));
         }
         let mut f = fs::File::create(&tmp).map_err(io)?;
         f.write_all(text.as_bytes()).map_err(io)?;
@@ -163,7 +164,7 @@ mod tests {
                 role: RoleConf::Primary,
                 replid: new_id(),
                 previous: None,
-                fenced: true,
+                fenced: Some("127.0.0.1:7380".into()),
             },
             PersistedState {
                 role: RoleConf::Replica {
@@ -172,7 +173,7 @@ mod tests {
                 },
                 replid: new_id(),
                 previous: Some((new_id(), 42)),
-                fenced: false,
+                fenced: None,
             },
         ] {
             s.save(&dir).unwrap();
