@@ -120,14 +120,8 @@ impl Group {
         wait_for(
             "the other replica to attach to the new primary",
             Duration::from_secs(30),
-            || {
-                self.node(new).try_conn().is_ok()
-                    && self
-                        .node(new)
-                        .info("replication")
-                        .get("connected_slaves")
-                        .is_some_and(|n| n == "1")
-            },
+            // `repl_field`: a node may be restarting on a full copy meanwhile.
+            || self.node(new).repl_field("connected_slaves") == "1",
         );
         new
     }
@@ -313,12 +307,10 @@ fn sentinel_client_reserves_through_a_kill9_failover() {
     wait_for(
         "the killed node to rejoin as a replica",
         Duration::from_secs(40),
+        // `repl_field`: it restarts once more if it takes a full copy.
         || {
-            g.nodes[victim].try_conn().is_ok() && {
-                let i = g.nodes[victim].info("replication");
-                i.get("role").is_some_and(|r| r == "slave")
-                    && i.get("master_link_status").is_some_and(|s| s == "up")
-            }
+            let n = &g.nodes[victim];
+            n.repl_field("role") == "slave" && n.repl_field("master_link_status") == "up"
         },
     );
     // One forced failover rarely stalled here (no promotion in 30 s, seen once in ten
