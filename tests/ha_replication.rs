@@ -490,3 +490,49 @@ fn a_fence_is_lifted_when_the_promotion_did_not_hold() {
     let after = token_of(&reserve(&mut a.conn(), &keys, "u2", "r2").unwrap());
     converged(&a, &b, &[before, after]);
 }
+
+#[test]
+fn a_primary_whose_replicas_are_all_stopped_acknowledges_nothing() {
+    // The partition case without real networks: both replicas SIGSTOPped.
+    let keys = Keys::new();
+    let ack = ["--min-replicas-ack", "1", "--repl-timeout-ms", "800"];
+    let a = Node::start(&keys, &ack);
+    let mut args = vec!["--replicaof".to_owned(), a.addr()];
+    args.extend(ack.iter().map(|s| s.to_string()));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let replicas = [Node::start(&keys, &argv), Node::start(&keys, &argv)];
+    wait_for("two replicas attached", Duration::from_secs(10), || {
+        a.repl_field("connected_slaves") == "2"
+    });
+    let mut c = a.conn();
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(SKU)
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
+    for r in &replicas {
+        r.signal(libc::SIGSTOP);
+    }
+    let mut acked = Vec::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(4) {
+        let i = acked.len() + t.elapsed().as_millis() as usize;
+        let mut c = a.conn();
+        if let Ok(v) = reserve(&mut c, &keys, &format!("u{i}"), &format!("r{i}")) {
+            acked.push(v);
+        }
+    }
+    assert!(
+        acked.is_empty(),
+        "an isolated primary acknowledged {acked:?}"
+    );
+    assert_eq!(a.repl_field("connected_slaves"), "0");
+    for r in &replicas {
+        r.signal(libc::SIGCONT);
+    }
+    wait_for("replicas back", Duration::from_secs(10), || {
+        a.repl_field("connected_slaves") == "2"
+    });
+    let r = reserve(&mut a.conn(), &keys, "back", "back").unwrap();
+    assert_eq!(status(&r), "RESERVED");
+}
