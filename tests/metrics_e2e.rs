@@ -518,3 +518,31 @@ fn logs_are_plain_text_off_a_terminal_and_json_on_request() {
     assert_eq!(v["level"], "INFO");
     assert_eq!(v["fields"]["sku"], "LOGGED");
 }
+
+#[test]
+fn info_counts_the_bytes_clients_send_and_receive() {
+    let s = Server::start(&[]);
+    let mut c = Conn::open(&s.addr, None).expect("connect");
+    let read = |c: &mut Conn| {
+        let info = bulk(call(c, &["INFO", "stats"]));
+        let f = |k: &str| -> u64 {
+            info_field(&info, k)
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{k} missing in {info}"))
+        };
+        (f("total_net_input_bytes"), f("total_net_output_bytes"))
+    };
+    let (in0, out0) = read(&mut c);
+    let payload = "x".repeat(100);
+    assert_eq!(bulk(call(&mut c, &["ECHO", &payload])), payload);
+    let (in1, out1) = read(&mut c);
+    let (in2, _) = read(&mut c);
+    // Each INFO's request is counted before it answers, its reply after: the difference
+    // of two INFO-only steps is the INFO request; what remains is the ECHO,
+    // `*2\r\n$4\r\nECHO\r\n$100\r\n<100 bytes>\r\n` (122 bytes); its reply is
+    // `$100\r\n<100 bytes>\r\n` (107).
+    let info_request = in2 - in1;
+    let echo = in1 - in0 - info_request;
+    assert_eq!(echo, 122, "ECHO's input bytes");
+    assert!(out1 - out0 >= 107, "output bytes {out0} -> {out1}");
+}

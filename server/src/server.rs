@@ -194,10 +194,10 @@ async fn handle(
                 return;
             }
         };
-        match read {
+        let read_bytes = match read {
             Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
+            Ok(n) => n as u64,
+        };
         let mut lsn: Lsn = 0;
         let mut close = false;
         let mut takeover = None;
@@ -272,6 +272,10 @@ async fn handle(
         if commands > 0 {
             shared.stats.commands.fetch_add(commands, Ordering::Relaxed);
         }
+        shared
+            .stats
+            .net_input_bytes
+            .fetch_add(read_bytes, Ordering::Relaxed);
         if !close && inbuf.len() > cfg.max_query_buffer {
             shared
                 .stats
@@ -292,6 +296,10 @@ async fn handle(
             }
         }
         if !out.is_empty() {
+            shared
+                .stats
+                .net_output_bytes
+                .fetch_add(out.len() as u64, Ordering::Relaxed);
             // Try the write at once: the reply nearly always fits the socket buffer, and
             // then no timer is armed (a timeout costs a clock read and a reference to the
             // runtime's timer per batch). Only what did not fit waits, bounded.

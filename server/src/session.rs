@@ -252,6 +252,10 @@ pub struct Stats {
     pub connected: AtomicU64,
     pub connections: AtomicU64,
     pub commands: AtomicU64,
+    /// Bytes read from and written to clients (INFO's `total_net_input_bytes` /
+    /// `total_net_output_bytes`), added once per batch like `commands`.
+    pub net_input_bytes: AtomicU64,
+    pub net_output_bytes: AtomicU64,
     pub rejected: AtomicU64,
     pub auth_failures: AtomicU64,
     pub noperm: AtomicU64,

@@ -99,6 +99,18 @@ pub fn render(engine: &Engine, shared: &Shared) -> String {
         get("total_connections_received"),
     );
     o.one(
+        "stockgate_net_input_bytes_total",
+        "counter",
+        "Bytes read from clients.",
+        get("total_net_input_bytes"),
+    );
+    o.one(
+        "stockgate_net_output_bytes_total",
+        "counter",
+        "Bytes of replies written to clients.",
+        get("total_net_output_bytes"),
+    );
+    o.one(
         "stockgate_rejected_connections_total",
         "counter",
         "Connections refused at maxclients.",

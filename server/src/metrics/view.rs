@@ -106,6 +106,8 @@ pub fn server_stats(shared: &Shared) -> Vec<(&'static str, u64)> {
         ("reserve_replay", l(&st.replay)),
         ("reserve_soldout", l(&st.soldout)),
         ("reserve_limit", l(&st.limit)),
+        ("total_net_input_bytes", l(&st.net_input_bytes)),
+        ("total_net_output_bytes", l(&st.net_output_bytes)),
     ]
 }
 
@@ -126,6 +128,8 @@ pub fn reset_server_stats(shared: &Shared) {
         &st.replay,
         &st.soldout,
         &st.limit,
+        &st.net_input_bytes,
+        &st.net_output_bytes,
     ] {
         a.store(0, Ordering::Relaxed);
     }
