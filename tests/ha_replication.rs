@@ -202,11 +202,8 @@ fn a_promoted_replica_fences_its_old_primary_and_the_group_converges() {
     let keys = Keys::new();
     let ack = ["--min-replicas-ack", "1", "--repl-timeout-ms", "1000"];
     let a = Node::start(&keys, &ack);
-    let mut args_b = vec!["--replicaof".to_owned(), a.addr()];
-    args_b.extend(ack.iter().map(|s| s.to_string()));
-    let argv_b: Vec<&str> = args_b.iter().map(String::as_str).collect();
-    let b = Node::start(&keys, &argv_b);
-    let cnode = Node::start(&keys, &argv_b);
+    let b = Node::start_replica(&keys, &a, &ack);
+    let cnode = Node::start_replica(&keys, &a, &ack);
     wait_for("two replicas attached", Duration::from_secs(10), || {
         a.info("replication")["connected_slaves"] == "2"
     });
@@ -456,10 +453,7 @@ fn a_fence_is_lifted_when_the_promotion_did_not_hold() {
     let keys = Keys::new();
     let ack = ["--min-replicas-ack", "1", "--repl-timeout-ms", "1000"];
     let a = Node::start(&keys, &ack);
-    let mut args = vec!["--replicaof".to_owned(), a.addr()];
-    args.extend(ack.iter().map(|s| s.to_string()));
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let b = Node::start(&keys, &argv);
+    let b = Node::start_replica(&keys, &a, &ack);
     wait_for("replica attached", Duration::from_secs(10), || {
         a.repl_field("connected_slaves") == "1"
     });
@@ -497,10 +491,10 @@ fn a_primary_whose_replicas_are_all_stopped_acknowledges_nothing() {
     let keys = Keys::new();
     let ack = ["--min-replicas-ack", "1", "--repl-timeout-ms", "800"];
     let a = Node::start(&keys, &ack);
-    let mut args = vec!["--replicaof".to_owned(), a.addr()];
-    args.extend(ack.iter().map(|s| s.to_string()));
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let replicas = [Node::start(&keys, &argv), Node::start(&keys, &argv)];
+    let replicas = [
+        Node::start_replica(&keys, &a, &ack),
+        Node::start_replica(&keys, &a, &ack),
+    ];
     wait_for("two replicas attached", Duration::from_secs(10), || {
         a.repl_field("connected_slaves") == "2"
     });

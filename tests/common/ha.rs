@@ -93,6 +93,14 @@ impl Node {
         n
     }
 
+    /// Starts a replica of `primary` with the same `extra` flags.
+    pub fn start_replica(keys: &Keys, primary: &Node, extra: &[&str]) -> Node {
+        let addr = primary.addr();
+        let mut args = vec!["--replicaof", addr.as_str()];
+        args.extend_from_slice(extra);
+        Node::start(keys, &args)
+    }
+
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }

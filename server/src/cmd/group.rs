@@ -413,13 +413,7 @@ impl XReadGroup {
                 }
             }
         });
-        Ok(Outcome {
-            reply: Reply::Nil,
-            lsn: 0,
-            close: false,
-            wait: Some(wait),
-            takeover: None,
-        })
+        Ok(Outcome::deferred(Reply::Nil, wait))
     }
 }
 

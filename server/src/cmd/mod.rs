@@ -73,6 +73,24 @@ impl From<Reply> for Outcome {
 }
 
 impl Outcome {
+    /// A blocking command that found nothing yet: `now` is its answer where the
+    /// connection cannot wait (inside EXEC), `wait` the rest of it (see `Outcome::wait`).
+    pub fn deferred(now: Reply, wait: Deferred) -> Self {
+        Outcome {
+            wait: Some(wait),
+            ..Outcome::from(now)
+        }
+    }
+
+    /// The connection becomes something else once the replies so far are sent (see
+    /// `Outcome::takeover`).
+    pub fn takeover(t: Takeover) -> Self {
+        Outcome {
+            takeover: Some(t),
+            ..Outcome::from(Reply::Nil)
+        }
+    }
+
     pub fn logged(reply: Reply, lsn: Lsn) -> Self {
         Outcome {
             reply,

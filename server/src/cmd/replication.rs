@@ -117,14 +117,8 @@ impl Wait {
         let (n, timeout) = (self.n, self.timeout);
         let wait: super::Deferred =
             Box::pin(async move { Reply::Int(r.wait_count(lsn, n, timeout).await as i64) });
-        Outcome {
-            // Inside EXEC (no waiting there): the count right now.
-            reply: Reply::Int(0),
-            lsn: 0,
-            close: false,
-            wait: Some(wait),
-            takeover: None,
-        }
+        // Inside EXEC (no waiting there): 0.
+        Outcome::deferred(Reply::Int(0), wait)
     }
 }
 
@@ -179,19 +173,13 @@ pub fn psync(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
     };
     let clients = ctx.shared.clients.clone();
     let id = ctx.conn.id;
-    Outcome {
-        reply: Reply::Nil,
-        lsn: 0,
-        close: false,
-        wait: None,
-        takeover: Some(Box::new(move |stream, inbuf| {
-            Box::pin(async move {
-                clients.set_kind(id, crate::pubsub::KIND_REPLICA);
-                r.serve_replica(stream, inbuf, req).await;
-                None
-            })
-        })),
-    }
+    Outcome::takeover(Box::new(move |stream, inbuf| {
+        Box::pin(async move {
+            clients.set_kind(id, crate::pubsub::KIND_REPLICA);
+            r.serve_replica(stream, inbuf, req).await;
+            None
+        })
+    }))
 }
 
 pub fn publish(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
@@ -206,17 +194,11 @@ pub fn subscribe(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
         ctx.shared.config.limits.clone(),
     );
     let first = args.to_vec();
-    Outcome {
-        reply: Reply::Nil,
-        lsn: 0,
-        close: false,
-        wait: None,
-        takeover: Some(Box::new(move |stream, inbuf| {
-            Box::pin(crate::pubsub::subscriber(
-                hub, clients, id, proto, stream, inbuf, first, limits,
-            ))
-        })),
-    }
+    Outcome::takeover(Box::new(move |stream, inbuf| {
+        Box::pin(crate::pubsub::subscriber(
+            hub, clients, id, proto, stream, inbuf, first, limits,
+        ))
+    }))
 }
 
 /// `UNSUBSCRIBE` outside subscriber mode: nothing to leave (Redis's answer).

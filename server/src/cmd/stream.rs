@@ -182,13 +182,7 @@ impl XRead {
                 }
             }
         });
-        Ok(Outcome {
-            reply: Reply::Nil,
-            lsn: 0,
-            close: false,
-            wait: Some(wait),
-            takeover: None,
-        })
+        Ok(Outcome::deferred(Reply::Nil, wait))
     }
 }
 
