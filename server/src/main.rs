@@ -409,6 +409,10 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0),
+        fault_sync_delay_ms: std::env::var("STOCKGATE_FAULT_FSYNC_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
         feed_retention: a.feed_retention,
         ..WalOptions::default()
     };

@@ -110,6 +110,10 @@ pub struct WalOptions {
     /// test can hold a record "in flight" and kill the process there. 0 in production;
     /// the binary reads it from `STOCKGATE_FAULT_WAL_DELAY_MS`.
     pub fault_write_delay_ms: u64,
+    /// Fault injection: sleep this long inside every fdatasync (a slow disk), so a test
+    /// can show that under `everysec` no reply waits for the periodic sync. 0 in
+    /// production; the binary reads it from `STOCKGATE_FAULT_FSYNC_DELAY_MS`.
+    pub fault_sync_delay_ms: u64,
     /// Segments a snapshot makes redundant that are kept anyway, for the order feed
     /// (`--feed-retention`). The default keeps none.
     pub feed_retention: FeedRetention,
@@ -140,6 +144,7 @@ impl Default for WalOptions {
             repair: false,
             max_buffer_bytes: DEFAULT_MAX_BUFFER_BYTES,
             fault_write_delay_ms: 0,
+            fault_sync_delay_ms: 0,
             feed_retention: FeedRetention::default(),
         }
     }

@@ -153,6 +153,16 @@ impl ActiveSegment {
             .sync_data()
             .map_err(io_err("fdatasync segment", &self.path))
     }
+
+    /// A second handle on the segment file, so the `everysec` sync can run without the
+    /// writer lock (see `writer::periodic_sync`).
+    pub fn sync_handle(&self) -> Result<(File, PathBuf), WalError> {
+        let f = self
+            .file
+            .try_clone()
+            .map_err(io_err("dup segment", &self.path))?;
+        Ok((f, self.path.clone()))
+    }
 }
 
 /// A record that could not be read.

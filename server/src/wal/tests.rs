@@ -255,6 +255,43 @@ fn wal_async_wait_durable() {
     assert_eq!(wal.durable_lsn(), 16 * 50 * 3);
 }
 
+/// Under `everysec` an acknowledgement needs the `write`, not the periodic fdatasync: on
+/// a slow disk (each sync takes 1.2 s here) no wait may take as long as a sync. Before
+/// the sync ran outside the writer lock, every wait that began during a sync took until
+/// its end.
+#[test]
+fn wal_everysec_waits_never_wait_for_the_periodic_sync() {
+    let t = TempDir::new("slowsync");
+    let o = WalOptions {
+        fault_sync_delay_ms: 1200,
+        ..opts(FsyncPolicy::EverySec)
+    };
+    let (wal, _) = open(t.path(), o);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut worst = std::time::Duration::ZERO;
+    let mut i = 0u64;
+    rt.block_on(async {
+        // Long enough for at least two periodic syncs to begin (one per second).
+        while started.elapsed() < std::time::Duration::from_millis(3800) {
+            let lsn = wal.record(&reserved(i));
+            i += 1;
+            let t0 = std::time::Instant::now();
+            wal.wait_durable(lsn).await.unwrap();
+            worst = worst.max(t0.elapsed());
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    });
+    assert!(wal.stats().syncs >= 2, "syncs ran: {:?}", wal.stats());
+    assert!(
+        worst < std::time::Duration::from_millis(600),
+        "a wait took {worst:?} while a 1.2 s sync ran"
+    );
+}
+
 #[test]
 fn wal_backpressure_with_tiny_buffer() {
     let t = TempDir::new("backpressure");

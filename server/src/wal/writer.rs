@@ -424,7 +424,7 @@ impl Wal {
         if lsn <= self.durable_lsn() || w.done {
             return false;
         }
-        if let Err(e) = w.round(false) {
+        if let Err(e) = w.round() {
             w.done = true;
             self.shared.fail(e.to_string());
         }
@@ -636,7 +636,44 @@ fn writer_thread(shared: Arc<Shared>, writer: Arc<Mutex<Writer>>) {
             guard.1 = true;
             return;
         }
-        match w.round(true) {
+        // Under `everysec` the periodic fdatasync runs without the writer lock: waiters
+        // need only the `write` (they take this lock to write their own batch, see
+        // `flush_inline`), so holding it through a sync of tens of milliseconds on a slow
+        // disk would stall every reply of the server once a second.
+        let due = policy == FsyncPolicy::EverySec
+            && w.unsynced
+            && !w.final_flush
+            && w.last_sync.elapsed() >= EVERYSEC;
+        if due {
+            let handle = w.seg.as_ref().map(ActiveSegment::sync_handle).transpose();
+            // Counted as synced now: whatever is written from here on sets `unsynced`
+            // again and is covered by the next sync (or by `close_segment`'s).
+            w.unsynced = false;
+            w.last_sync = Instant::now();
+            drop(w);
+            let synced = handle.and_then(|h| match h {
+                Some((file, path)) => {
+                    fault_sync_delay(&shared.opts);
+                    file.sync_data()
+                        .map_err(super::io_err("fdatasync segment", &path))
+                }
+                None => Ok(()),
+            });
+            match synced {
+                Ok(()) => {
+                    shared.syncs.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    let mut w = writer.lock();
+                    w.done = true;
+                    guard.1 = true;
+                    shared.fail(e.to_string());
+                    return;
+                }
+            }
+            continue;
+        }
+        match w.round() {
             Ok(true) => {
                 w.done = true;
                 guard.1 = true;
@@ -653,14 +690,22 @@ fn writer_thread(shared: Arc<Shared>, writer: Arc<Mutex<Writer>>) {
     }
 }
 
+/// Test-only slow disk (see `WalOptions::fault_sync_delay_ms`).
+fn fault_sync_delay(opts: &WalOptions) {
+    if opts.fault_sync_delay_ms > 0 {
+        std::thread::sleep(Duration::from_millis(opts.fault_sync_delay_ms));
+    }
+}
+
 /// How often the writer thread looks for work under `everysec` and `no`.
 const POLL: Duration = Duration::from_millis(2);
 
 impl Writer {
-    /// Takes whatever is pending (never waits), writes it, syncs as the policy says
-    /// (the periodic `everysec` sync only when `allow_periodic_sync`, i.e. on the writer
-    /// thread), and publishes. Returns true once the final batch before close is done.
-    fn round(&mut self, allow_periodic_sync: bool) -> Result<bool, WalError> {
+    /// Takes whatever is pending (never waits), writes it, syncs under `always` (the
+    /// periodic `everysec` sync is the writer thread's, outside this lock: see
+    /// `writer_thread`), and publishes. Returns true once the final batch before close
+    /// is done.
+    fn round(&mut self) -> Result<bool, WalError> {
         let policy = self.shared.opts.fsync;
         let b = self.take();
         self.final_flush = b.closing;
@@ -671,14 +716,8 @@ impl Writer {
             self.written = last;
             self.shared.batches.fetch_add(1, Ordering::Relaxed);
         }
-        match policy {
-            FsyncPolicy::Always if self.unsynced => self.sync()?,
-            FsyncPolicy::EverySec
-                if allow_periodic_sync && self.unsynced && self.last_sync.elapsed() >= EVERYSEC =>
-            {
-                self.sync()?
-            }
-            _ => {}
+        if policy == FsyncPolicy::Always && self.unsynced {
+            self.sync()?;
         }
         if b.closing {
             self.sync()?;
@@ -812,6 +851,7 @@ impl Writer {
         // The everysec timer only ever syncs the current segment; a segment left behind
         // must be synced now or its tail could stay unsynced indefinitely.
         if (self.shared.opts.fsync != FsyncPolicy::No || self.final_flush) && self.unsynced {
+            fault_sync_delay(&self.shared.opts);
             seg.sync()?;
             self.shared.syncs.fetch_add(1, Ordering::Relaxed);
         } else if self.unsynced {
@@ -827,6 +867,7 @@ impl Writer {
     fn sync(&mut self) -> Result<(), WalError> {
         if let Some(s) = &self.seg {
             if self.unsynced {
+                fault_sync_delay(&self.shared.opts);
                 s.sync()?;
                 self.shared.syncs.fetch_add(1, Ordering::Relaxed);
             }
