@@ -570,26 +570,17 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    // One worker: the current-thread scheduler. Connections, the accept loop and the
-    // log wait then share one thread with no cross-thread wake-ups, no work-stealing
-    // queues and a FIFO run queue (fair across a thousand connections), instead of a
-    // multi-thread runtime whose accept loop runs on a second thread of the same core.
-    let mut rt = if threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(threads);
-        b
-    };
-    let rt = rt
+    // Every worker is a current-thread runtime (`server::serve` says why): this one runs
+    // the first, plus the background tasks; the others get a thread each.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("stockgate")
         .build()
         .map_err(|e| e.to_string())?;
+    let (first, extra) = bind_listeners(&a.bind, a.port, threads)?;
     let result = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind((a.bind.as_str(), a.port))
-            .await
-            .map_err(|e| format!("bind {}:{}: {e}", a.bind, a.port))?;
+        first.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let listener = tokio::net::TcpListener::from_std(first).map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         {
             let mut out = std::io::stdout().lock();
@@ -619,7 +610,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             }
             None => None,
         };
-        let r = serve(listener, engine.clone(), shared, shutdown_signal())
+        let r = serve(listener, extra, engine.clone(), shared, shutdown_signal())
             .await
             .map_err(|e| e.to_string());
         snapshotter.abort();
@@ -637,6 +628,50 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     }
     rt.shutdown_timeout(Duration::from_secs(2));
     result
+}
+
+/// The listening sockets of `threads` event loops on one address. One loop: a plain
+/// socket. More: `SO_REUSEPORT` on each, so the kernel spreads connections over them.
+/// `SO_REUSEPORT` would also let a second server of the same user bind the same port and
+/// silently take half the connections, so the port is first claimed by a plain socket:
+/// if anything holds it, that bind fails as it would with one loop.
+fn bind_listeners(
+    host: &str,
+    port: u16,
+    threads: usize,
+) -> Result<(std::net::TcpListener, Vec<std::net::TcpListener>), String> {
+    use socket2::{Domain, Socket, Type};
+    use std::net::ToSocketAddrs;
+    let what = |e: std::io::Error| format!("bind {host}:{port}: {e}");
+    let addr = (host, port)
+        .to_socket_addrs()
+        .map_err(what)?
+        .next()
+        .ok_or_else(|| format!("bind {host}:{port}: no address"))?;
+    // As tokio's `TcpListener::bind`: SO_REUSEADDR (restart while old connections are in
+    // TIME_WAIT) and a backlog of 1024 (a storm's thousand connects at once).
+    let listen = |addr: std::net::SocketAddr, reuse_port: bool| {
+        let s = Socket::new(Domain::for_address(addr), Type::STREAM, None).map_err(what)?;
+        s.set_reuse_address(true).map_err(what)?;
+        if reuse_port {
+            s.set_reuse_port(true).map_err(what)?;
+        }
+        s.bind(&addr.into()).map_err(what)?;
+        s.listen(1024).map_err(what)?;
+        Ok::<_, String>(std::net::TcpListener::from(s))
+    };
+    let plain = listen(addr, false)?;
+    if threads <= 1 {
+        return Ok((plain, Vec::new()));
+    }
+    let addr = plain.local_addr().map_err(what)?;
+    drop(plain);
+    let mut all = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        all.push(listen(addr, true)?);
+    }
+    let first = all.remove(0);
+    Ok((first, all))
 }
 
 /// Snapshots once enough log has accumulated, so restarts replay a bounded tail and old

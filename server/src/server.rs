@@ -32,8 +32,18 @@ static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Runs the server until `shutdown` resolves; then stops accepting, lets each connection
 /// finish the batch it is running, and returns once all are gone (or after 10 s).
+///
+/// `listener` is served on the calling runtime. Each of `extra_workers` is one more OS
+/// thread with a current-thread runtime of its own and its own listener on the same
+/// address (`SO_REUSEPORT`: the kernel spreads new connections over the listeners), so
+/// `--threads N` is N independent event loops, one per core, each with a FIFO run queue
+/// like Redis's, instead of one work-stealing runtime: no task hops between cores, no
+/// LIFO slot letting one busy connection run ahead of a thousand others (the storm's
+/// tail), no cross-core wake-ups. The engine is shared (its state is per-shard atomics
+/// and striped locks).
 pub async fn serve(
     listener: TcpListener,
+    extra_workers: Vec<std::net::TcpListener>,
     engine: Arc<Engine>,
     shared: Arc<Shared>,
     shutdown: impl Future<Output = ()>,
@@ -42,7 +52,6 @@ pub async fn serve(
         shared.local_port.store(a.port(), Ordering::Relaxed);
     }
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut conns = JoinSet::new();
     let ticker = {
         let engine = engine.clone();
         let shared = shared.clone();
@@ -65,10 +74,58 @@ pub async fn serve(
             }
         })
     };
-    tokio::pin!(shutdown);
+    let mut workers = Vec::with_capacity(extra_workers.len());
+    for (i, l) in extra_workers.into_iter().enumerate() {
+        let (engine, shared, stop) = (engine.clone(), shared.clone(), stop_rx.clone());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let h = std::thread::Builder::new()
+            .name(format!("stockgate-{}", i + 1))
+            .spawn(move || {
+                rt.block_on(async move {
+                    l.set_nonblocking(true)?;
+                    let l = TcpListener::from_std(l)?;
+                    let mut stop2 = stop.clone();
+                    accept_loop(l, engine, shared, stop, async move {
+                        let _ = stop2.wait_for(|s| *s).await;
+                    })
+                    .await;
+                    Ok::<(), std::io::Error>(())
+                })
+            })?;
+        workers.push(h);
+    }
+    accept_loop(listener, engine, shared, stop_rx, async {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    })
+    .await;
+    let _ = ticker.await;
+    for h in workers {
+        match tokio::task::spawn_blocking(move || h.join()).await {
+            Ok(Ok(Err(e))) => tracing::warn!("worker thread: {e}"),
+            Ok(Err(_)) | Err(_) => tracing::error!("worker thread panicked"),
+            Ok(Ok(Ok(()))) => {}
+        }
+    }
+    Ok(())
+}
+
+/// One event loop's accept loop: a task per connection until `until` resolves, then
+/// (after `stop` is signalled, which `until` or another loop does) the drain.
+async fn accept_loop(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    shared: Arc<Shared>,
+    stop_rx: watch::Receiver<bool>,
+    until: impl Future<Output = ()>,
+) {
+    let mut conns = JoinSet::new();
+    tokio::pin!(until);
     loop {
         tokio::select! {
-            _ = &mut shutdown => break,
+            _ = &mut until => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             accepted = listener.accept() => {
                 let (stream, addr) = match accepted {
@@ -101,14 +158,11 @@ pub async fn serve(
         }
     }
     drop(listener);
-    let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while conns.join_next().await.is_some() {}
     })
     .await;
     conns.abort_all();
-    let _ = ticker.await;
-    Ok(())
 }
 
 async fn handle(
