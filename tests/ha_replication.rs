@@ -530,3 +530,132 @@ fn a_primary_whose_replicas_are_all_stopped_acknowledges_nothing() {
     let r = reserve(&mut a.conn(), &keys, "back", "back").unwrap();
     assert_eq!(status(&r), "RESERVED");
 }
+
+/// Tokens of the `reserved` entries of an XREAD reply (RESP2: [[stream, [[id, [k, v, ...]], ...]]]).
+fn reserved_tokens(v: &Value) -> Vec<String> {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => format!("{other:?}"),
+    };
+    let mut out = Vec::new();
+    let Value::Array(streams) = v else {
+        return out;
+    };
+    for s in streams {
+        let Value::Array(pair) = s else { continue };
+        let Some(Value::Array(entries)) = pair.get(1) else {
+            continue;
+        };
+        for e in entries {
+            let Value::Array(idkv) = e else { continue };
+            let Some(Value::Array(kv)) = idkv.get(1) else {
+                continue;
+            };
+            let fields: Vec<String> = kv.iter().map(text).collect();
+            let get = |k: &str| {
+                fields
+                    .chunks(2)
+                    .find(|c| c[0] == k)
+                    .map(|c| c[1].clone())
+                    .unwrap_or_default()
+            };
+            if get("type") == "reserved" {
+                out.push(get("token"));
+            }
+        }
+    }
+    out
+}
+
+fn xread(c: &mut redis::Connection, block_ms: Option<u64>) -> Value {
+    let mut cmd = redis::cmd("XREAD");
+    cmd.arg("COUNT").arg(1000);
+    if let Some(ms) = block_ms {
+        cmd.arg("BLOCK").arg(ms);
+    }
+    cmd.arg("STREAMS").arg("stockgate:events").arg("0-0");
+    cmd.query(c).unwrap()
+}
+
+#[test]
+fn the_feed_shows_only_what_the_replicas_acknowledged() {
+    // Issue 12: "an entry is readable only once its record is durable (and, with
+    // replication, acknowledged as the replies are)". A consumer that saw a record the
+    // replicas do not have would write an order the next primary never heard of, and
+    // its position would run ahead of the new primary's log.
+    let keys = Keys::new();
+    let ack = ["--min-replicas-ack", "1", "--repl-timeout-ms", "8000"];
+    let a = Node::start(&keys, &ack);
+    let b = Node::start_replica(&keys, &a, &ack);
+    wait_for("replica attached", Duration::from_secs(10), || {
+        a.repl_field("connected_slaves") == "1"
+    });
+    let mut c = a.conn();
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(SKU)
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
+    let first = token_of(&reserve(&mut c, &keys, "u1", "r1").unwrap());
+    assert_eq!(reserved_tokens(&xread(&mut c, None)), vec![first.clone()]);
+
+    let durable_before: u64 = a.info("feed")["feed_durable_lsn"].parse().unwrap();
+    b.signal(libc::SIGSTOP);
+    let adm = keys.keyring().mint(SKU, "u2", common::now_ms() + 600_000);
+    let addr = a.addr();
+    let pending = std::thread::spawn(move || {
+        let mut c = redis::Client::open(format!("redis://{addr}/"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        redis::cmd("RESERVE")
+            .arg(SKU)
+            .arg("u2")
+            .arg(adm)
+            .arg("r2")
+            .query::<Value>(&mut c)
+            .map(|v| token_of(&v))
+    });
+    // The second reservation is durable on the primary, not on its replica: not readable.
+    wait_for(
+        "the record durable locally",
+        Duration::from_secs(10),
+        || a.info("feed")["feed_durable_lsn"].parse::<u64>().unwrap() > durable_before,
+    );
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(1000) {
+        assert_eq!(
+            reserved_tokens(&xread(&mut c, None)),
+            vec![first.clone()],
+            "the feed showed a record its replica does not have"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The replica comes back and acknowledges: a blocked reader after the first entry
+    // wakes with the second.
+    let (addr, after) = (a.addr(), a.info("feed")["feed_readable_lsn"].clone());
+    let reader = std::thread::spawn(move || {
+        let mut c = redis::Client::open(format!("redis://{addr}/"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let v: Value = redis::cmd("XREAD")
+            .arg("BLOCK")
+            .arg(10_000)
+            .arg("STREAMS")
+            .arg("stockgate:events")
+            .arg(format!("{after}-0"))
+            .query(&mut c)
+            .unwrap();
+        reserved_tokens(&v)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    b.signal(libc::SIGCONT);
+    let second = pending
+        .join()
+        .unwrap()
+        .expect("acknowledged once the replica is back");
+    let woke = reader.join().unwrap();
+    assert_eq!(woke, vec![second.clone()]);
+    assert_eq!(reserved_tokens(&xread(&mut c, None)), vec![first, second]);
+}

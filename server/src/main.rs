@@ -150,8 +150,10 @@ struct ServeArgs {
     /// demand). Avoids rehashing a large table under sustained load.
     #[arg(long, default_value_t = 0)]
     expected_reservations: usize,
-    /// Worker threads serving connections; 0 = one per core the process may use (its
-    /// affinity mask). 1 runs everything on one thread (tokio's current-thread runtime).
+    /// Event loops serving connections, each an OS thread with its own listener on the
+    /// port (SO_REUSEPORT: the kernel spreads new connections over them) and its own FIFO
+    /// run queue; 0 = one per core the process may use (its affinity mask, cgroup quota).
+    /// Fewer than the cores when other busy processes share them (see README).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// How much log already covered by snapshots stays on disk for the order feed
@@ -549,6 +551,8 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             .groups
             .recover(std::iter::once((lsn, kind, body)));
     }));
+    // Under --min-replicas-ack the feed shows only what the replicas acknowledged.
+    feed.set_bound(Arc::new(AckBound(repl.clone())));
     let _ = shared.feed.set(feed);
     shared.metrics.configure(
         a.slowlog_log_slower_than,
@@ -628,6 +632,20 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     }
     rt.shutdown_timeout(Duration::from_secs(2));
     result
+}
+
+/// The order feed's read bound on a replicated primary (`feed::ReadBound`): the feed and
+/// replication know nothing of each other; the binary joins them here.
+struct AckBound(Arc<stockgate_server::repl::Repl>);
+
+impl stockgate_server::feed::ReadBound for AckBound {
+    fn bound(&self) -> Option<stockgate_server::engine::Lsn> {
+        self.0.acknowledged_lsn()
+    }
+
+    fn changed(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.0.ack_changed())
+    }
 }
 
 /// The listening sockets of `threads` event loops on one address. One loop: a plain

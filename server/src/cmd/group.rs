@@ -95,11 +95,11 @@ fn gone() -> Reply {
 /// The group id of XGROUP CREATE/SETID as "last delivered": `$` is the log's end now.
 fn group_last(feed: &Feed, b: &[u8]) -> Result<Lsn, Reply> {
     if b == b"$" {
-        return Ok(feed.durable_lsn());
+        return Ok(feed.readable_lsn());
     }
     match id::read_after(b).map_err(fe)? {
         Some(first) => Ok(first - 1),
-        None => Ok(feed.durable_lsn()),
+        None => Ok(feed.readable_lsn()),
     }
 }
 
@@ -349,7 +349,7 @@ impl XReadGroup {
         }
         let count = feed.count(self.count);
         let proto = ctx.conn.proto;
-        let durable = feed.durable_lsn();
+        let durable = feed.readable_lsn();
         let (found, lsn) =
             read_groups(&feed, &targets, &consumer, count, self.noack).map_err(fe)?;
         let any_history = targets.iter().any(|t| t.2.is_some());
@@ -393,7 +393,7 @@ impl XReadGroup {
                         Err(e) => fe(e),
                     };
                 }
-                let now = feed.durable_lsn();
+                let now = feed.readable_lsn();
                 if now <= seen {
                     // The log stopped (failed or closed): nothing new will come.
                     return Reply::Nil;
@@ -956,7 +956,7 @@ pub fn xautoclaim(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
 
 /// `XINFO GROUPS key`
 pub fn xinfo_groups(feed: &Feed, stream: &Stream) -> Reply {
-    let durable = feed.durable_lsn();
+    let durable = feed.readable_lsn();
     let groups = feed.groups.of_stream(stream);
     let mut out = Vec::with_capacity(groups.len());
     for g in groups {

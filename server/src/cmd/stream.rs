@@ -130,7 +130,7 @@ impl XRead {
     fn run(self, ctx: &mut Ctx<'_>) -> Result<Outcome, Reply> {
         let feed = feed(ctx)?;
         let count = feed.count(self.count);
-        let durable = feed.durable_lsn();
+        let durable = feed.readable_lsn();
         let mut cursors: Vec<(Stream, Lsn)> = self
             .streams
             .into_iter()
@@ -169,7 +169,7 @@ impl XRead {
                 {
                     return Reply::Nil;
                 }
-                let now = feed.durable_lsn();
+                let now = feed.readable_lsn();
                 if now <= seen {
                     // The log stopped (failed or closed): nothing new will come.
                     return Reply::Nil;
@@ -357,7 +357,7 @@ impl XInfo {
             InfoSub::Consumers(g) => return super::group::xinfo_consumers(&feed, &self.stream, g),
             InfoSub::Stream => {}
         }
-        let durable = feed.durable_lsn();
+        let durable = feed.readable_lsn();
         let len = feed.len(&self.stream).map_err(fe)?;
         let first = feed
             .scan(&self.stream, 1.max(feed.first_lsn()), durable, 1, false)

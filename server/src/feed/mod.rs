@@ -5,10 +5,13 @@
 //! and `{<sku>}:events` (one sale's records). Entry ids are `<lsn>-0`, so an id is a log
 //! position and ids are strictly increasing in log order.
 //!
-//! Only durable records are readable: every read stops at [`Wal::durable_lsn`], which
-//! is what the server acknowledges under the fsync policy (written under `everysec`/`no`,
-//! written and fdatasync'd under `always`). A reply the server has not sent yet can
-//! therefore never be seen on the feed first.
+//! Only acknowledged records are readable: every read stops at [`Feed::readable_lsn`],
+//! the durable LSN of the WAL (what the server acknowledges under the fsync policy:
+//! written under `everysec`/`no`, written and fdatasync'd under `always`) and, on a
+//! primary with `--min-replicas-ack`, also what its replicas have acknowledged (a
+//! [`ReadBound`], implemented by `repl`). A reply the server has not sent yet can
+//! therefore never be seen on the feed first, and nothing a failover can lose is: a
+//! consumer's position never runs ahead of the log of the replica that takes over.
 //!
 //! Reads are bounded: at most [`FeedLimits::max_count`] entries per stream and
 //! [`FeedLimits::scan_budget`] records examined per call (a sale's stream is the
@@ -20,8 +23,10 @@ pub mod id;
 pub mod retention;
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use thiserror::Error;
@@ -195,8 +200,21 @@ pub struct Feed {
     pub groups: groups::Groups,
     hints: Mutex<VecDeque<ReadPos>>,
     blocked: AtomicUsize,
+    bound: OnceLock<Arc<dyn ReadBound>>,
     pub limits: FeedLimits,
 }
+
+/// A bound on reads besides durability (see the module docs). `bound` is the highest
+/// readable LSN (`None`: durability alone decides); `changed` resolves when it may have
+/// moved (it need not be registered before `bound` was read: waiters re-check on a
+/// short timer too).
+pub trait ReadBound: Send + Sync {
+    fn bound(&self) -> Option<Lsn>;
+    fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// How often a reader waiting for acknowledgements re-checks the bound without a wake-up.
+const BOUND_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Held while a client is blocked on the feed; counts towards `max_blocked`.
 pub struct BlockSlot(Arc<Feed>);
@@ -214,13 +232,29 @@ impl Feed {
             wal,
             hints: Mutex::new(VecDeque::with_capacity(HINTS)),
             blocked: AtomicUsize::new(0),
+            bound: OnceLock::new(),
             limits,
         }
     }
 
-    /// The last readable LSN: nothing after it is durable yet.
+    /// Sets the bound of [`ReadBound`] (once, at start-up: the replication state).
+    pub fn set_bound(&self, bound: Arc<dyn ReadBound>) {
+        let _ = self.bound.set(bound);
+    }
+
+    /// The WAL's durable LSN (INFO shows it beside the readable one).
     pub fn durable_lsn(&self) -> Lsn {
         self.wal.durable_lsn()
+    }
+
+    /// The last readable LSN: everything up to it is durable and, on a primary that
+    /// waits for replicas, acknowledged by them.
+    pub fn readable_lsn(&self) -> Lsn {
+        let durable = self.wal.durable_lsn();
+        match self.bound.get().and_then(|b| b.bound()) {
+            Some(b) => durable.min(b),
+            None => durable,
+        }
     }
 
     /// The last LSN handed out (durable or not): what a reply that reports group state
@@ -253,9 +287,24 @@ impl Feed {
         Ok(slot)
     }
 
-    /// Resolves when records after `after` are durable (or the log stopped).
+    /// Resolves when records after `after` are readable (or the log stopped). Callers
+    /// bound it with their BLOCK timeout.
     pub async fn wait_past(&self, after: Lsn) {
-        self.wal.wait_durable_past(after).await
+        loop {
+            if self.wal.durable_lsn() <= after {
+                self.wal.wait_durable_past(after).await;
+                if self.wal.durable_lsn() <= after {
+                    // Failed or closed: there will be no new records.
+                    return;
+                }
+            }
+            let Some(b) = self.bound.get() else { return };
+            if b.bound().is_none_or(|l| l > after) {
+                return;
+            }
+            // Durable here, not yet on the replicas: wait for an acknowledgement.
+            let _ = tokio::time::timeout(BOUND_RECHECK, b.changed()).await;
+        }
     }
 
     fn hint_for(&self, from: Lsn) -> Option<ReadPos> {
@@ -287,7 +336,7 @@ impl Feed {
         count: usize,
         newest: bool,
     ) -> Result<Scan, FeedError> {
-        let durable = self.durable_lsn();
+        let durable = self.readable_lsn();
         let to = to.min(durable);
         let mut from = from.max(1);
         let mut scan = Scan {
@@ -476,7 +525,7 @@ impl Feed {
     /// XLEN: entries in the stream now. A sale's stream is counted by a scan, so past
     /// the scan budget the answer is [`FeedError::ScanLimit`] rather than a guess.
     pub fn len(&self, stream: &Stream) -> Result<u64, FeedError> {
-        let (first, durable) = (self.first_lsn(), self.durable_lsn());
+        let (first, durable) = (self.first_lsn(), self.readable_lsn());
         if *stream == Stream::All {
             // Every record is an entry except the consumer groups' own.
             let records = (durable + 1).saturating_sub(first);

@@ -293,11 +293,13 @@ fn feed(o: &mut String, sh: &Shared) {
         o.push_str("feed_enabled:0\r\n");
         return;
     };
-    let (first, durable) = (f.first_lsn(), f.durable_lsn());
-    let groups = f.groups.summaries(durable, first);
+    // Readable: durable and, with --min-replicas-ack, on the replicas (feed::ReadBound).
+    let (first, readable) = (f.first_lsn(), f.readable_lsn());
+    let groups = f.groups.summaries(readable, first);
     let _ = write!(
         o,
-        "feed_enabled:1\r\nfeed_first_lsn:{first}\r\nfeed_durable_lsn:{durable}\r\nfeed_blocked_clients:{}\r\nfeed_groups:{}\r\n",
+        "feed_enabled:1\r\nfeed_first_lsn:{first}\r\nfeed_durable_lsn:{}\r\nfeed_readable_lsn:{readable}\r\nfeed_blocked_clients:{}\r\nfeed_groups:{}\r\n",
+        f.durable_lsn(),
         f.blocked_clients(),
         groups.len()
     );

@@ -400,7 +400,7 @@ pub fn render(engine: &Engine, shared: &Shared) -> String {
 
     // The order feed's consumer groups (INFO feed).
     if let Some(f) = shared.feed.get() {
-        let groups = f.groups.summaries(f.durable_lsn(), f.first_lsn());
+        let groups = f.groups.summaries(f.readable_lsn(), f.first_lsn());
         for (name, help) in [
             (
                 "stockgate_feed_group_lag",

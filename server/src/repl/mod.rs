@@ -128,6 +128,8 @@ pub struct Repl {
     attached: AtomicUsize,
     /// Woken by every acknowledgement, attach, detach and fence (waiters re-check).
     acks: Notify,
+    /// Highest LSN released under `--min-replicas-ack` so far (see [`Repl::acknowledged_lsn`]).
+    released: AtomicU64,
     /// Wakes the replica task when the role changes.
     role_changed: Notify,
     link: Mutex<Link>,
@@ -185,6 +187,7 @@ impl Repl {
             replicas: Mutex::new(Vec::new()),
             attached: AtomicUsize::new(0),
             acks: Notify::new(),
+            released: AtomicU64::new(0),
             role_changed: Notify::new(),
             link: Mutex::new(Link {
                 status: LinkStatus::Connecting,
@@ -273,6 +276,33 @@ impl Repl {
                 return Err(format!("replicas did not acknowledge LSN {lsn} in time"));
             }
         }
+    }
+
+    /// The highest LSN whose reply may have left this node under the acknowledgement
+    /// rule, i.e. every LSN [`Repl::wait_acks`] has let through or would now: `None` when
+    /// the rule does not apply (no `--min-replicas-ack`, or a replica: its log is what
+    /// it serves). Readers of the order feed stop here, so nothing a failover can lose is
+    /// ever consumed. Monotonic: what was released stays released when a slower replica
+    /// attaches later.
+    pub fn acknowledged_lsn(&self) -> Option<Lsn> {
+        let need = self.cfg.min_replicas_ack;
+        if need == 0 || self.is_replica() {
+            return None;
+        }
+        if !self.is_deposed() {
+            let reps = self.replicas.lock();
+            if reps.len() >= need {
+                if let Some(m) = reps.iter().map(|r| r.acked.load(Ordering::Acquire)).min() {
+                    self.released.fetch_max(m, Ordering::AcqRel);
+                }
+            }
+        }
+        Some(self.released.load(Ordering::Acquire))
+    }
+
+    /// Resolves at the next acknowledgement, attach, detach or fence.
+    pub async fn ack_changed(&self) {
+        self.acks.notified().await
     }
 
     /// Replicas attached now whose log has `lsn` (for `WAIT`).
