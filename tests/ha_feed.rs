@@ -18,6 +18,11 @@
 //! of the final primary's feed, in the status that feed implies; no token has two rows or
 //! two `materializer` PENDING audit rows; the materializer never exited (it is stopped
 //! with SIGINT at the end and must exit 0).
+//!
+//! Alongside, a consumer-group worker (`GroupReader::connect_sentinel`, XREADGROUP /
+//! XACK, its own pending entries re-read after any error) runs through the same
+//! failovers: it must have been handed every reservation of the final feed, and nothing
+//! may be left pending.
 
 mod common;
 
@@ -31,6 +36,7 @@ use std::time::{Duration, Instant};
 use common::ha::*;
 use common::{now_ms, TempDir};
 use sqlx::Row;
+use stockgate_client::group::GroupReader;
 use stockgate_client::materialize::{FeedReader, ALL_EVENTS};
 use stockgate_client::pgtemp::TempPostgres;
 use stockgate_client::types::ReserveOutcome;
@@ -208,6 +214,65 @@ fn materializer_by_sentinel_follows_kill9_failovers_exactly_once() {
             .assert_running()
     };
 
+    // The group worker: new entries, and after any error its own pending entries first
+    // (what a lost `>` reply or a failed XACK left with it).
+    let group = rt
+        .block_on(GroupReader::connect_sentinel(
+            g.sentinel_config(),
+            ALL_EVENTS,
+            "orders",
+            "w1",
+        ))
+        .expect("group reader through Sentinel");
+    rt.block_on(group.create("0")).expect("XGROUP CREATE");
+    let gstop = Arc::new(AtomicBool::new(false));
+    let handed = Arc::new(Mutex::new(HashSet::<String>::new()));
+    let gerrors = Arc::new(AtomicUsize::new(0));
+    let gworker = {
+        let (group, gstop, handed, gerrors) = (
+            group.clone(),
+            gstop.clone(),
+            handed.clone(),
+            gerrors.clone(),
+        );
+        rt.spawn(async move {
+            let mut own_first = false;
+            while !gstop.load(Ordering::Relaxed) {
+                let r = if own_first {
+                    group.pending_own(500).await
+                } else {
+                    group.read(500, 200).await
+                };
+                let batch = match r {
+                    Ok(b) => b,
+                    Err(_) => {
+                        gerrors.fetch_add(1, Ordering::Relaxed);
+                        own_first = true;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                if own_first && batch.is_empty() {
+                    own_first = false;
+                    continue;
+                }
+                {
+                    let mut h = handed.lock().unwrap_or_else(|e| e.into_inner());
+                    for e in batch.iter().filter(|e| e.kind() == "reserved") {
+                        if let Some(t) = e.get("token") {
+                            h.insert(t.to_owned());
+                        }
+                    }
+                }
+                let ids: Vec<u64> = batch.iter().map(|e| e.lsn).collect();
+                if group.ack(&ids).await.is_err() {
+                    gerrors.fetch_add(1, Ordering::Relaxed);
+                    own_first = true;
+                }
+            }
+        })
+    };
+
     // The writer: three tasks reserving through Sentinel; every tenth reservation is
     // committed, every tenth (offset 5) released, right after it is acknowledged.
     let keyring = Arc::new(g.keys.keyring());
@@ -252,7 +317,7 @@ fn materializer_by_sentinel_follows_kill9_failovers_exactly_once() {
                     }
                 };
                 let mut state = Told::Reserved;
-                if i % 10 == 0 {
+                if i.is_multiple_of(10) {
                     state = match client.commit(&token).await {
                         Ok(_) => Told::Committed,
                         Err(_) => Told::Unsure,
@@ -366,6 +431,38 @@ fn materializer_by_sentinel_follows_kill9_failovers_exactly_once() {
         }
     }
 
+    // The group worker was handed every reservation, and acknowledged everything.
+    let pending = |port: u16| -> i64 {
+        let mut c = g.node(port).conn();
+        let v: redis::Value = redis::cmd("XPENDING")
+            .arg(ALL_EVENTS)
+            .arg("orders")
+            .query(&mut c)
+            .expect("XPENDING");
+        match v {
+            redis::Value::Array(a) => match a.first() {
+                Some(redis::Value::Int(n)) => *n,
+                other => panic!("XPENDING count {other:?}"),
+            },
+            other => panic!("XPENDING {other:?}"),
+        }
+    };
+    wait_for(
+        "the group worker to be handed every reservation and acknowledge it",
+        Duration::from_secs(60),
+        || {
+            let h = handed.lock().unwrap_or_else(|e| e.into_inner());
+            implied.keys().all(|t| h.contains(t)) && pending(last) == 0
+        },
+    );
+    gstop.store(true, Ordering::Relaxed);
+    rt.block_on(gworker).expect("group worker");
+    assert_eq!(
+        group.primary_addr(),
+        Some(format!("127.0.0.1:{last}")),
+        "the group reader follows Sentinel to the final primary"
+    );
+
     let rows: Vec<(String, String)> = rt
         .block_on(
             sqlx::query("SELECT reservation_token, status FROM orders WHERE sku = $1")
@@ -464,6 +561,11 @@ fn materializer_by_sentinel_follows_kill9_failovers_exactly_once() {
             .first()
             .map(|e| format!(" (e.g. {e})"))
             .unwrap_or_default()
+    );
+    println!(
+        "group worker through Sentinel: handed all {} reservations, 0 pending at the end; {} calls failed during the switches (then re-read its own pending entries)",
+        implied.len(),
+        gerrors.load(Ordering::Relaxed)
     );
     drop(client);
 }
