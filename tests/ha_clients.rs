@@ -32,114 +32,11 @@ use operator::sweeper_bin;
 use redis::Value;
 use stockgate_client::pgtemp::TempPostgres;
 use stockgate_client::types::ReserveOutcome;
-use stockgate_client::{
-    Checkout, Hold, Ledger, OrderStatus, PgLedger, SentinelConfig, StockgateClient,
-};
+use stockgate_client::{Checkout, Hold, Ledger, OrderStatus, PgLedger, StockgateClient};
 use stockgate_server::engine::Keyring;
-
-const MASTER: &str = "sg";
-const ACK: [&str; 4] = ["--min-replicas-ack", "1", "--repl-timeout-ms", "2000"];
 
 /// One group at a time: each is six processes on this machine's two cores.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-struct Group {
-    // Sentinels first: dropped (killed) before the nodes, so none fails over a dying group.
-    sentinels: Sentinels,
-    nodes: Vec<Node>,
-    keys: Keys,
-}
-
-fn start_group() -> Group {
-    let keys = Keys::new();
-    let mut nodes = vec![Node::start(&keys, &ACK)];
-    let primary = nodes[0].addr();
-    for _ in 0..2 {
-        let mut args = vec!["--replicaof", primary.as_str()];
-        args.extend_from_slice(&ACK);
-        nodes.push(Node::start(&keys, &args));
-    }
-    wait_for("two replicas attached", Duration::from_secs(15), || {
-        nodes[0]
-            .info("replication")
-            .get("connected_slaves")
-            .is_some_and(|n| n == "2")
-    });
-    // Pinging every 500 ms: only the kills cause failovers (ha_sentinel.rs also runs
-    // stock settings; here the clients are under test, not Sentinel).
-    let sentinels = start_sentinels(MASTER, nodes[0].port, true);
-    sentinels.wait_discovered(2);
-    Group {
-        sentinels,
-        nodes,
-        keys,
-    }
-}
-
-impl Group {
-    fn sentinel_config(&self) -> SentinelConfig {
-        SentinelConfig::new(
-            SentinelConfig::parse_list(&self.sentinels.addr_list()),
-            MASTER,
-        )
-    }
-
-    fn node(&self, port: u16) -> &Node {
-        self.nodes
-            .iter()
-            .find(|n| n.port == port)
-            .expect("a node of ours")
-    }
-
-    /// `kill -9` of the node Sentinel names primary; returns its port.
-    fn kill_primary(&mut self) -> u16 {
-        let old = sentinel_primary(&self.sentinels).expect("a primary");
-        let victim = self
-            .nodes
-            .iter()
-            .position(|n| n.port == old)
-            .expect("primary is ours");
-        self.nodes[victim].kill9();
-        old
-    }
-
-    /// Waits until Sentinel names another primary and it has its remaining replica.
-    fn wait_new_primary(&self, old: u16) -> u16 {
-        let mut new = 0;
-        wait_for(
-            "Sentinel to promote a replica",
-            Duration::from_secs(30),
-            || match sentinel_primary(&self.sentinels) {
-                Some(p) if p != old => {
-                    new = p;
-                    true
-                }
-                _ => false,
-            },
-        );
-        wait_for(
-            "the other replica to attach to the new primary",
-            Duration::from_secs(30),
-            // `repl_field`: a node may be restarting on a full copy meanwhile.
-            || self.node(new).repl_field("connected_slaves") == "1",
-        );
-        new
-    }
-}
-
-/// The Sentinels' log files, for failure reports.
-fn sentinel_logs(s: &Sentinels) -> String {
-    (0..3)
-        .map(|i| {
-            let p = s.dir.path().join(format!("sentinel-{i}.log"));
-            format!(
-                "--- {}\n{}",
-                p.display(),
-                std::fs::read_to_string(&p).unwrap_or_default()
-            )
-        })
-        .collect()
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -298,21 +195,7 @@ fn sentinel_client_reserves_through_a_kill9_failover() {
     // Then a failover of a primary that is alive (SENTINEL FAILOVER): the deposed node is
     // fenced (-READONLY) and Sentinel closes its clients' connections; the client follows
     // again, and nothing it was told is lost.
-    let victim = g
-        .nodes
-        .iter()
-        .position(|n| n.port == old)
-        .expect("killed node");
-    g.nodes[victim].restart();
-    wait_for(
-        "the killed node to rejoin as a replica",
-        Duration::from_secs(40),
-        // `repl_field`: it restarts once more if it takes a full copy.
-        || {
-            let n = &g.nodes[victim];
-            n.repl_field("role") == "slave" && n.repl_field("master_link_status") == "up"
-        },
-    );
+    g.restart_rejoin(old);
     // One forced failover rarely stalled here (no promotion in 30 s, seen once in ten
     // runs; the client is not involved until Sentinel switches): ask again once, with the
     // Sentinels' logs on stderr for the record.

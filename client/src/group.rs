@@ -23,30 +23,27 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
-use crate::materialize::{bulk, parse_entries, FeedEvent, MaterializeError};
+use crate::materialize::{bulk, parse_entries, FeedConn, FeedEvent, MaterializeError};
+use crate::sentinel::{Retry, SentinelConfig, ServerTarget};
 
+/// A worker of one consumer group. In Sentinel mode ([`GroupReader::connect_sentinel`])
+/// it talks to whichever node the Sentinels name primary: a refusal (`-READONLY`,
+/// `-NOREPLICAS`: the command did not run) is resent to the rediscovered primary
+/// whatever the command; after a connection error (the command may have run on the old
+/// primary, whose group state the replicas have: group records are in the log) only the
+/// commands whose repetition changes nothing are resent, as each method says.
 #[derive(Clone)]
 pub struct GroupReader {
-    conn: ConnectionManager,
+    conn: FeedConn,
     stream: String,
     group: String,
     consumer: String,
 }
 
-fn feed_error(e: redis::RedisError) -> MaterializeError {
-    if e.kind() == redis::ErrorKind::IoError || e.code().is_none() {
-        return e.into();
-    }
-    let msg = e.to_string();
-    if msg.contains("trimmed") {
-        MaterializeError::Trimmed(msg)
-    } else {
-        MaterializeError::Feed(msg)
-    }
-}
+/// Longer than any BLOCK this reader asks for (the server caps BLOCK at 60 s).
+const GROUP_RESPONSE_TIMEOUT: Duration = Duration::from_secs(70);
 
 /// The one stream's entries of an XREADGROUP reply (RESP2 or RESP3); nil is none.
 fn one_stream(v: &Value) -> Result<Vec<FeedEvent>, MaterializeError> {
@@ -73,58 +70,90 @@ impl GroupReader {
         group: &str,
         consumer: &str,
     ) -> Result<Self, MaterializeError> {
-        let url = if addr.contains("://") {
-            addr.to_owned()
-        } else {
-            format!("redis://{addr}")
-        };
-        let cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Duration::from_secs(2))
-            // Longer than any BLOCK this reader asks for (the server caps BLOCK at 60 s).
-            .set_response_timeout(Duration::from_secs(70))
-            .set_number_of_retries(3)
-            .set_max_delay(1000);
-        let conn = ConnectionManager::new_with_config(redis::Client::open(url)?, cfg).await?;
-        Ok(GroupReader {
+        let conn = FeedConn::direct(addr, GROUP_RESPONSE_TIMEOUT).await?;
+        Ok(GroupReader::with(conn, stream, group, consumer))
+    }
+
+    /// The group on whichever node the Sentinels of `cfg` name primary, followed across
+    /// failovers (see the type's doc).
+    pub async fn connect_sentinel(
+        cfg: SentinelConfig,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+    ) -> Result<Self, MaterializeError> {
+        let conn = FeedConn::sentinel(cfg, GROUP_RESPONSE_TIMEOUT).await?;
+        Ok(GroupReader::with(conn, stream, group, consumer))
+    }
+
+    /// [`GroupReader::connect`] or [`GroupReader::connect_sentinel`].
+    pub async fn connect_target(
+        target: &ServerTarget,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+    ) -> Result<Self, MaterializeError> {
+        let conn = FeedConn::target(target, GROUP_RESPONSE_TIMEOUT).await?;
+        Ok(GroupReader::with(conn, stream, group, consumer))
+    }
+
+    fn with(conn: FeedConn, stream: &str, group: &str, consumer: &str) -> Self {
+        GroupReader {
             conn,
             stream: stream.to_owned(),
             group: group.to_owned(),
             consumer: consumer.to_owned(),
-        })
+        }
+    }
+
+    /// The node in use in Sentinel mode (None between a failure and the next
+    /// discovery); None with a fixed address.
+    pub fn primary_addr(&self) -> Option<String> {
+        self.conn.primary_addr()
     }
 
     /// `XGROUP CREATE` at `from` (`0`: the log's start, `$`: from now on). An existing
     /// group is left as it is: `Ok(false)`.
+    ///
+    /// Resent after a lost reply: creating a group that exists changes nothing
+    /// (`-BUSYGROUP`), so a resend whose first send took effect answers `Ok(false)`.
     pub async fn create(&self, from: &str) -> Result<bool, MaterializeError> {
-        let mut c = self.conn.clone();
-        let r: Result<Value, _> = redis::cmd("XGROUP")
-            .arg("CREATE")
+        let mut cmd = redis::cmd("XGROUP");
+        cmd.arg("CREATE")
             .arg(&self.stream)
             .arg(&self.group)
-            .arg(from)
-            .query_async(&mut c)
-            .await;
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) if e.code() == Some("BUSYGROUP") => Ok(false),
-            Err(e) => Err(feed_error(e)),
-        }
+            .arg(from);
+        let r = self
+            .conn
+            .call_unless(&cmd, Retry::Idempotent, Some("BUSYGROUP"))
+            .await?;
+        Ok(r.is_some())
     }
 
     /// Up to `count` new entries for this consumer (`>`), waiting up to `block_ms` for
     /// some. They stay pending for it until [`GroupReader::ack`].
+    ///
+    /// Not resent after a lost reply (only after a refusal): a `>` read that ran moved
+    /// its entries into this consumer's pending list, and a resend would return the
+    /// entries after them. The connection error goes to the caller, which finds the
+    /// lost reply's entries with [`GroupReader::pending_own`] (or another worker's
+    /// [`GroupReader::autoclaim`]).
     pub async fn read(
         &self,
         count: usize,
         block_ms: u64,
     ) -> Result<Vec<FeedEvent>, MaterializeError> {
-        self.read_from(">", count, Some(block_ms)).await
+        self.read_from(">", count, Some(block_ms), Retry::RefusalsOnly)
+            .await
     }
 
     /// This consumer's own pending entries (after a restart of the consumer: what it was
     /// given and had not acknowledged).
+    ///
+    /// Resent after a lost reply: re-reading the pending list hands out nothing new (it
+    /// only counts one more delivery of the same entries).
     pub async fn pending_own(&self, count: usize) -> Result<Vec<FeedEvent>, MaterializeError> {
-        self.read_from("0", count, None).await
+        self.read_from("0", count, None, Retry::Idempotent).await
     }
 
     async fn read_from(
@@ -132,8 +161,8 @@ impl GroupReader {
         id: &str,
         count: usize,
         block_ms: Option<u64>,
+        retry: Retry,
     ) -> Result<Vec<FeedEvent>, MaterializeError> {
-        let mut c = self.conn.clone();
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP").arg(&self.group).arg(&self.consumer);
         cmd.arg("COUNT").arg(count);
@@ -141,43 +170,47 @@ impl GroupReader {
             cmd.arg("BLOCK").arg(ms);
         }
         cmd.arg("STREAMS").arg(&self.stream).arg(id);
-        let v: Value = cmd.query_async(&mut c).await.map_err(feed_error)?;
-        one_stream(&v)
+        one_stream(&self.conn.call(&cmd, retry).await?)
     }
 
     /// `XACK`: how many of `ids` were pending and no longer are.
+    ///
+    /// Resent after a lost reply: acknowledging an entry that is no longer pending
+    /// changes nothing, so the resend leaves the same state (its count then leaves out
+    /// the entries the first send acknowledged).
     pub async fn ack(&self, ids: &[u64]) -> Result<u64, MaterializeError> {
         if ids.is_empty() {
             return Ok(0);
         }
-        let mut c = self.conn.clone();
         let mut cmd = redis::cmd("XACK");
         cmd.arg(&self.stream).arg(&self.group);
         for id in ids {
             cmd.arg(format!("{id}-0"));
         }
-        cmd.query_async(&mut c).await.map_err(feed_error)
+        let v = self.conn.call(&cmd, Retry::Idempotent).await?;
+        redis::from_redis_value(&v).map_err(|_| MaterializeError::Protocol(format!("XACK: {v:?}")))
     }
 
     /// `XAUTOCLAIM`: takes over up to `count` entries pending for longer than
     /// `min_idle_ms` with any consumer (one that died), and returns them.
+    ///
+    /// Not resent after a lost reply (only after a refusal): a claim that ran made the
+    /// entries this consumer's and reset their idle time, so a resend would not return
+    /// them; the caller finds them with [`GroupReader::pending_own`].
     pub async fn autoclaim(
         &self,
         min_idle_ms: u64,
         count: usize,
     ) -> Result<Vec<FeedEvent>, MaterializeError> {
-        let mut c = self.conn.clone();
-        let v: Value = redis::cmd("XAUTOCLAIM")
-            .arg(&self.stream)
+        let mut cmd = redis::cmd("XAUTOCLAIM");
+        cmd.arg(&self.stream)
             .arg(&self.group)
             .arg(&self.consumer)
             .arg(min_idle_ms)
             .arg("0-0")
             .arg("COUNT")
-            .arg(count)
-            .query_async(&mut c)
-            .await
-            .map_err(feed_error)?;
+            .arg(count);
+        let v = self.conn.call(&cmd, Retry::RefusalsOnly).await?;
         match &v {
             Value::Array(parts) if parts.len() == 3 && bulk(&parts[0]).is_some() => {
                 parse_entries(&parts[1])

@@ -19,12 +19,16 @@
 //! - anything else (sale events, purges) only moves the position.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 use sqlx::postgres::PgPool;
 use sqlx::Row;
+
+use crate::client::{ClientConfig, ClientError};
+use crate::sentinel::{Retry, SentinelConfig, SentinelConn, ServerTarget};
 
 /// The all-events stream (`server/src/feed`).
 pub const ALL_EVENTS: &str = "stockgate:events";
@@ -42,6 +46,11 @@ pub enum MaterializeError {
     Db(#[from] sqlx::Error),
     #[error("unexpected feed reply: {0}")]
     Protocol(String),
+    /// Sentinel mode: no primary found within the configured attempts (no Sentinel
+    /// answered, or none named a node that answers `ROLE` as master), a refusal
+    /// (`-READONLY`, `-NOREPLICAS`) that outlasted them, or an invalid configuration.
+    #[error("feed primary: {0}")]
+    Primary(#[source] ClientError),
 }
 
 /// One entry of the feed.
@@ -70,12 +79,162 @@ impl FeedEvent {
     }
 }
 
+/// The connection of a feed consumer ([`FeedReader`], [`crate::group::GroupReader`]):
+/// one fixed address (redis-rs' connection manager, which reconnects to that address),
+/// or the primary a Sentinel-managed group names ([`crate::sentinel`]: discovered, and
+/// rediscovered on a connection error, `-READONLY` or `-NOREPLICAS`, with the bounded
+/// attempts and backoff of [`SentinelConfig`]).
+// The plain variant is the connection manager itself, as the readers always held it
+// (the client's `Transport` does the same).
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+pub(crate) enum FeedConn {
+    Direct(ConnectionManager),
+    Sentinel(Arc<SentinelConn>),
+}
+
+/// Maps a server's error reply (a code) to the feed's typed errors.
+fn reply_error(msg: String) -> MaterializeError {
+    if msg.contains("trimmed") {
+        MaterializeError::Trimmed(msg)
+    } else {
+        MaterializeError::Feed(msg)
+    }
+}
+
+impl FeedConn {
+    /// `addr`: `host:port` or a `redis://user:pass@host:port` URL. `response_timeout`
+    /// must be longer than any `BLOCK` the reader asks for.
+    pub(crate) async fn direct(
+        addr: &str,
+        response_timeout: Duration,
+    ) -> Result<FeedConn, MaterializeError> {
+        let url = if addr.contains("://") {
+            addr.to_owned()
+        } else {
+            format!("redis://{addr}")
+        };
+        let client = redis::Client::open(url)?;
+        let cfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Duration::from_secs(2))
+            .set_response_timeout(response_timeout)
+            .set_number_of_retries(3)
+            .set_max_delay(1000);
+        let conn = ConnectionManager::new_with_config(client, cfg).await?;
+        Ok(FeedConn::Direct(conn))
+    }
+
+    /// The primary of the group the Sentinels of `cfg` monitor, found now (retrying as
+    /// `cfg` says: a consumer started during a failover waits for its end).
+    pub(crate) async fn sentinel(
+        cfg: SentinelConfig,
+        response_timeout: Duration,
+    ) -> Result<FeedConn, MaterializeError> {
+        let client_cfg = ClientConfig {
+            response_timeout,
+            ..ClientConfig::default()
+        };
+        let conn = SentinelConn::connect(cfg, client_cfg)
+            .await
+            .map_err(MaterializeError::from_client)?;
+        Ok(FeedConn::Sentinel(conn))
+    }
+
+    pub(crate) async fn target(
+        target: &ServerTarget,
+        response_timeout: Duration,
+    ) -> Result<FeedConn, MaterializeError> {
+        match target {
+            ServerTarget::Addr(a) => FeedConn::direct(a, response_timeout).await,
+            ServerTarget::Sentinel(c) => FeedConn::sentinel(c.clone(), response_timeout).await,
+        }
+    }
+
+    /// The Sentinel-named primary in use (None between a failure and the next
+    /// discovery); None for a fixed address.
+    pub(crate) fn primary_addr(&self) -> Option<String> {
+        match self {
+            FeedConn::Direct(_) => None,
+            FeedConn::Sentinel(s) => s.primary_addr(),
+        }
+    }
+
+    /// Sends `cmd`, mapping the server's error replies to typed errors. In Sentinel mode
+    /// a refusal (`-READONLY`, `-NOREPLICAS`) is always resent to the rediscovered
+    /// primary; after a connection error `cmd` is resent only with
+    /// [`Retry::Idempotent`], which each caller states (and justifies) per command. The
+    /// fixed-address mode sends once, as it always did (the connection manager
+    /// reconnects for the next call).
+    pub(crate) async fn call(
+        &self,
+        cmd: &redis::Cmd,
+        retry: Retry,
+    ) -> Result<Value, MaterializeError> {
+        self.call_unless(cmd, retry, None)
+            .await?
+            .ok_or_else(|| MaterializeError::Protocol("unexpected error reply".into()))
+    }
+
+    /// [`FeedConn::call`], except that the error reply with code `tolerated` (e.g.
+    /// `BUSYGROUP`) is `Ok(None)`.
+    pub(crate) async fn call_unless(
+        &self,
+        cmd: &redis::Cmd,
+        retry: Retry,
+        tolerated: Option<&str>,
+    ) -> Result<Option<Value>, MaterializeError> {
+        match self {
+            FeedConn::Direct(c) => {
+                let mut conn = c.clone();
+                match cmd.query_async(&mut conn).await {
+                    Ok(v) => Ok(Some(v)),
+                    Err(e) if tolerated.is_some() && e.code() == tolerated => Ok(None),
+                    Err(e) if e.kind() != redis::ErrorKind::IoError && e.code().is_some() => {
+                        Err(reply_error(e.to_string()))
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            FeedConn::Sentinel(s) => match s.call(cmd, retry).await {
+                Ok(v) => Ok(Some(v)),
+                Err(ClientError::Server { code, .. }) if tolerated.is_some_and(|t| t == code) => {
+                    Ok(None)
+                }
+                Err(e) => Err(MaterializeError::from_client(e)),
+            },
+        }
+    }
+}
+
+impl MaterializeError {
+    /// A Sentinel-mode call's error: the server's own replies as the fixed-address mode
+    /// reports them, connection errors as connection errors, the rest as `Primary`.
+    fn from_client(e: ClientError) -> MaterializeError {
+        match e {
+            ClientError::Connection(e) => MaterializeError::Connection(e),
+            ClientError::Server { code, detail } => reply_error(format!("{code}: {detail}")),
+            other => MaterializeError::Primary(other),
+        }
+    }
+}
+
 /// A consumer of one feed stream with a position it holds itself (XREAD).
+///
+/// Every command it sends is a read (`XREAD`, `XRANGE`, `XINFO STREAM`): sending one
+/// again changes nothing on the server, so in Sentinel mode each is resent to the new
+/// primary after a connection error as well as after a refusal. Positions are LSNs,
+/// the same on every node of the group, so a read after position `p` means the same on
+/// the new primary; and the feed shows only records the replicas acknowledged
+/// (`--min-replicas-ack`), so a position read from the old primary is never ahead of
+/// what a promoted replica has.
 #[derive(Clone)]
 pub struct FeedReader {
-    conn: ConnectionManager,
+    conn: FeedConn,
     stream: String,
 }
+
+/// Longer than any BLOCK a [`FeedReader`] asks for.
+const FEED_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) fn bulk(v: &Value) -> Option<String> {
     match v {
@@ -125,40 +284,45 @@ pub(crate) fn parse_entries(v: &Value) -> Result<Vec<FeedEvent>, MaterializeErro
 impl FeedReader {
     /// `addr`: `host:port` or a `redis://user:pass@host:port` URL (role sweeper or admin).
     pub async fn connect(addr: &str, stream: &str) -> Result<Self, MaterializeError> {
-        let url = if addr.contains("://") {
-            addr.to_owned()
-        } else {
-            format!("redis://{addr}")
-        };
-        let client = redis::Client::open(url)?;
-        let cfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Duration::from_secs(2))
-            // Longer than any BLOCK this reader asks for.
-            .set_response_timeout(Duration::from_secs(30))
-            .set_number_of_retries(3)
-            .set_max_delay(1000);
-        let conn = ConnectionManager::new_with_config(client, cfg).await?;
         Ok(FeedReader {
-            conn,
+            conn: FeedConn::direct(addr, FEED_RESPONSE_TIMEOUT).await?,
             stream: stream.to_owned(),
         })
     }
 
-    /// Sends `cmd`, mapping the server's error replies to typed errors.
+    /// The feed of whichever node the Sentinels of `cfg` name primary, followed across
+    /// failovers (see the type's doc). Node credentials: `cfg.node_username` /
+    /// `node_password` (role sweeper or admin).
+    pub async fn connect_sentinel(
+        cfg: SentinelConfig,
+        stream: &str,
+    ) -> Result<Self, MaterializeError> {
+        Ok(FeedReader {
+            conn: FeedConn::sentinel(cfg, FEED_RESPONSE_TIMEOUT).await?,
+            stream: stream.to_owned(),
+        })
+    }
+
+    /// [`FeedReader::connect`] or [`FeedReader::connect_sentinel`].
+    pub async fn connect_target(
+        target: &ServerTarget,
+        stream: &str,
+    ) -> Result<Self, MaterializeError> {
+        Ok(FeedReader {
+            conn: FeedConn::target(target, FEED_RESPONSE_TIMEOUT).await?,
+            stream: stream.to_owned(),
+        })
+    }
+
+    /// The node read from in Sentinel mode (None between a failure and the next
+    /// discovery); None with a fixed address.
+    pub fn primary_addr(&self) -> Option<String> {
+        self.conn.primary_addr()
+    }
+
+    /// Sends `cmd`: only reads, so resent after a lost reply too (the type's doc).
     async fn query(&self, cmd: &redis::Cmd) -> Result<Value, MaterializeError> {
-        let mut conn = self.conn.clone();
-        match cmd.query_async(&mut conn).await {
-            Ok(v) => Ok(v),
-            Err(e) if e.kind() != redis::ErrorKind::IoError && e.code().is_some() => {
-                let msg = e.to_string();
-                Err(if msg.contains("trimmed") {
-                    MaterializeError::Trimmed(msg)
-                } else {
-                    MaterializeError::Feed(msg)
-                })
-            }
-            Err(e) => Err(e.into()),
-        }
+        self.conn.call(cmd, Retry::Idempotent).await
     }
 
     /// LSN of the stream's last durable entry (0 when it has none): `XINFO STREAM`'s

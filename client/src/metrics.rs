@@ -23,6 +23,7 @@ use crate::client::StockgateClient;
 use crate::gate::ReservationGate;
 use crate::ledger::Ledger;
 use crate::materialize::{FeedReader, Lag, MaterializeError};
+use crate::sentinel::ServerTarget;
 use crate::sweeper::{PassReport, SweepError, Sweeper};
 
 #[derive(Default)]
@@ -58,17 +59,45 @@ pub struct SweeperMetrics {
 /// server that is down when the sweeper starts only costs a probe error.
 pub struct MaterializerProbe {
     pool: sqlx::PgPool,
-    server: String,
+    server: ServerTarget,
     stream: String,
     consumer: String,
     reader: tokio::sync::Mutex<Option<FeedReader>>,
 }
 
+/// Attempts of a Sentinel-mode probe's calls: a probe runs between sweeper passes, so it
+/// gives up a failover in well under a second (one probe error) instead of holding the
+/// next pass for the ~19 s a command may wait; the next probe finds the new primary.
+const PROBE_SENTINEL_ATTEMPTS: u32 = 3;
+
 impl MaterializerProbe {
     pub fn new(pool: sqlx::PgPool, server: &str, stream: &str, consumer: &str) -> Self {
+        MaterializerProbe::with_target(
+            pool,
+            ServerTarget::Addr(server.to_owned()),
+            stream,
+            consumer,
+        )
+    }
+
+    /// The feed of `server`: a fixed address, or the primary of a Sentinel-managed
+    /// group (followed across failovers, with few attempts per call).
+    pub fn with_target(
+        pool: sqlx::PgPool,
+        server: ServerTarget,
+        stream: &str,
+        consumer: &str,
+    ) -> Self {
+        let server = match server {
+            ServerTarget::Sentinel(mut c) => {
+                c.max_attempts = c.max_attempts.min(PROBE_SENTINEL_ATTEMPTS);
+                ServerTarget::Sentinel(c)
+            }
+            addr => addr,
+        };
         MaterializerProbe {
             pool,
-            server: server.to_owned(),
+            server,
             stream: stream.to_owned(),
             consumer: consumer.to_owned(),
             reader: tokio::sync::Mutex::new(None),
@@ -80,7 +109,7 @@ impl MaterializerProbe {
         let reader = match slot.as_ref() {
             Some(r) => r.clone(),
             None => {
-                let r = FeedReader::connect(&self.server, &self.stream).await?;
+                let r = FeedReader::connect_target(&self.server, &self.stream).await?;
                 *slot = Some(r.clone());
                 r
             }

@@ -93,6 +93,34 @@ pub enum ServerTarget {
     Sentinel(SentinelConfig),
 }
 
+impl ServerTarget {
+    /// The target the command-line tools' flags name: `--sentinel` (a `host:port,...`
+    /// list) with `--master-name` and the optional node credentials, or else `server`.
+    /// The error is the flag problem, for the tool to report.
+    pub fn from_flags(
+        server: &str,
+        sentinel: Option<&str>,
+        master_name: Option<&str>,
+        node_username: Option<&str>,
+        node_password: Option<&str>,
+    ) -> Result<ServerTarget, String> {
+        let Some(list) = sentinel else {
+            return Ok(ServerTarget::Addr(server.to_owned()));
+        };
+        let sentinels = SentinelConfig::parse_list(list);
+        if sentinels.is_empty() {
+            return Err("--sentinel: no address".into());
+        }
+        let Some(name) = master_name.filter(|n| !n.is_empty()) else {
+            return Err("--sentinel needs --master-name".into());
+        };
+        let mut cfg = SentinelConfig::new(sentinels, name);
+        cfg.node_username = node_username.map(str::to_owned);
+        cfg.node_password = node_password.map(str::to_owned);
+        Ok(ServerTarget::Sentinel(cfg))
+    }
+}
+
 impl std::fmt::Display for ServerTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -415,6 +443,27 @@ mod tests {
         assert_eq!(c.backoff(1000), Duration::from_millis(500));
         let total: Duration = (1..c.max_attempts).map(|a| c.backoff(a)).sum();
         assert!(total > Duration::from_secs(15), "{total:?}");
+    }
+
+    #[test]
+    fn targets_from_flags() {
+        let t = ServerTarget::from_flags("h:1", None, Some("sg"), None, None);
+        assert!(matches!(t, Ok(ServerTarget::Addr(a)) if a == "h:1"));
+        let t = ServerTarget::from_flags("h:1", Some("a:1,b:2"), Some("sg"), Some("u"), Some("p"));
+        match t {
+            Ok(ServerTarget::Sentinel(c)) => {
+                assert_eq!(c.sentinels, vec!["a:1", "b:2"]);
+                assert_eq!(c.master_name, "sg");
+                assert_eq!(
+                    (c.node_username.as_deref(), c.node_password.as_deref()),
+                    (Some("u"), Some("p"))
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(ServerTarget::from_flags("h:1", Some(" , "), Some("sg"), None, None).is_err());
+        assert!(ServerTarget::from_flags("h:1", Some("a:1"), None, None, None).is_err());
+        assert!(ServerTarget::from_flags("h:1", Some("a:1"), Some(""), None, None).is_err());
     }
 
     #[test]

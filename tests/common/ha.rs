@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{server_bin, TempDir};
+use stockgate_client::SentinelConfig;
 use stockgate_server::engine::Keyring;
 
 pub fn free_port() -> u16 {
@@ -374,4 +375,131 @@ pub fn count(v: Option<redis::Value>) -> usize {
         Some(redis::Value::Array(a)) => a.len(),
         _ => 0,
     }
+}
+
+// --- a whole group: three nodes and three Sentinels -------------------------------------
+
+/// The name the Sentinels of [`start_group`] monitor the group under.
+pub const MASTER: &str = "sg";
+/// Every node of [`start_group`] waits for one replica before acknowledging.
+pub const ACK: [&str; 4] = ["--min-replicas-ack", "1", "--repl-timeout-ms", "2000"];
+
+/// Three nodes (a primary and two replicas, [`ACK`]) and three Sentinels monitoring them
+/// as [`MASTER`] (`SENTINEL DEBUG ping-period 500`).
+pub struct Group {
+    // Sentinels first: dropped (killed) before the nodes, so none fails over a dying group.
+    pub sentinels: Sentinels,
+    pub nodes: Vec<Node>,
+    pub keys: Keys,
+}
+
+pub fn start_group() -> Group {
+    let keys = Keys::new();
+    let mut nodes = vec![Node::start(&keys, &ACK)];
+    let primary = nodes[0].addr();
+    for _ in 0..2 {
+        let mut args = vec!["--replicaof", primary.as_str()];
+        args.extend_from_slice(&ACK);
+        nodes.push(Node::start(&keys, &args));
+    }
+    wait_for("two replicas attached", Duration::from_secs(15), || {
+        nodes[0]
+            .info("replication")
+            .get("connected_slaves")
+            .is_some_and(|n| n == "2")
+    });
+    // Pinging every 500 ms: only the kills cause failovers (ha_sentinel.rs also runs
+    // stock settings; here the clients are under test, not Sentinel).
+    let sentinels = start_sentinels(MASTER, nodes[0].port, true);
+    sentinels.wait_discovered(2);
+    Group {
+        sentinels,
+        nodes,
+        keys,
+    }
+}
+
+impl Group {
+    pub fn sentinel_config(&self) -> SentinelConfig {
+        SentinelConfig::new(
+            SentinelConfig::parse_list(&self.sentinels.addr_list()),
+            MASTER,
+        )
+    }
+
+    pub fn node(&self, port: u16) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("a node of ours")
+    }
+
+    /// `kill -9` of the node Sentinel names primary; returns its port.
+    pub fn kill_primary(&mut self) -> u16 {
+        let old = sentinel_primary(&self.sentinels).expect("a primary");
+        let victim = self
+            .nodes
+            .iter()
+            .position(|n| n.port == old)
+            .expect("primary is ours");
+        self.nodes[victim].kill9();
+        old
+    }
+
+    /// Waits until Sentinel names another primary and it has its remaining replica.
+    pub fn wait_new_primary(&self, old: u16) -> u16 {
+        let mut new = 0;
+        wait_for(
+            "Sentinel to promote a replica",
+            Duration::from_secs(30),
+            || match sentinel_primary(&self.sentinels) {
+                Some(p) if p != old => {
+                    new = p;
+                    true
+                }
+                _ => false,
+            },
+        );
+        wait_for(
+            "the other replica to attach to the new primary",
+            Duration::from_secs(30),
+            // `repl_field`: a node may be restarting on a full copy meanwhile.
+            || self.node(new).repl_field("connected_slaves") == "1",
+        );
+        new
+    }
+
+    /// Restarts the killed node on `port` (same data dir) and waits until it is a
+    /// replica again with its link up.
+    pub fn restart_rejoin(&mut self, port: u16) {
+        let victim = self
+            .nodes
+            .iter()
+            .position(|n| n.port == port)
+            .expect("a node of ours");
+        self.nodes[victim].restart();
+        wait_for(
+            "the killed node to rejoin as a replica",
+            Duration::from_secs(40),
+            // `repl_field`: it restarts once more if it takes a full copy.
+            || {
+                let n = &self.nodes[victim];
+                n.repl_field("role") == "slave" && n.repl_field("master_link_status") == "up"
+            },
+        );
+    }
+}
+
+/// The Sentinels' log files, for failure reports.
+pub fn sentinel_logs(s: &Sentinels) -> String {
+    (0..3)
+        .map(|i| {
+            let p = s.dir.path().join(format!("sentinel-{i}.log"));
+            format!(
+                "--- {}\n{}",
+                p.display(),
+                std::fs::read_to_string(&p).unwrap_or_default()
+            )
+        })
+        .collect()
 }

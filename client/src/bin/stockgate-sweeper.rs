@@ -18,7 +18,7 @@ use stockgate_client::adjust::{adjust_sale, AdjustResult};
 use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::ledger::{Ledger, SaleRecord};
 use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
-use stockgate_client::{SentinelConfig, ServerTarget, StockgateClient, Sweeper, SweeperConfig};
+use stockgate_client::{ServerTarget, StockgateClient, Sweeper, SweeperConfig};
 use tracing::{error, info, warn};
 
 #[derive(Parser)]
@@ -176,20 +176,14 @@ fn secs(v: f64, what: &str) -> Result<Duration, CliError> {
 impl Cli {
     /// The plain address, or the Sentinel group when --sentinel is given.
     fn target(&self) -> Result<ServerTarget, CliError> {
-        let Some(list) = &self.sentinel else {
-            return Ok(ServerTarget::Addr(self.server.clone()));
-        };
-        let sentinels = SentinelConfig::parse_list(list);
-        if sentinels.is_empty() {
-            return Err(CliError::Arg("--sentinel: no address".into()));
-        }
-        let Some(name) = self.master_name.clone().filter(|n| !n.is_empty()) else {
-            return Err(CliError::Arg("--sentinel needs --master-name".into()));
-        };
-        let mut cfg = SentinelConfig::new(sentinels, name);
-        cfg.node_username = self.node_user.clone();
-        cfg.node_password = self.node_password.clone();
-        Ok(ServerTarget::Sentinel(cfg))
+        ServerTarget::from_flags(
+            &self.server,
+            self.sentinel.as_deref(),
+            self.master_name.as_deref(),
+            self.node_user.as_deref(),
+            self.node_password.as_deref(),
+        )
+        .map_err(CliError::Arg)
     }
 }
 
@@ -312,16 +306,12 @@ async fn sweep(server: &ServerTarget, ledger: PgLedger, args: RunArgs) -> Result
         .await
         .map_err(CliError::Arg)?;
     let probe = client.clone();
-    // The feed reader has no Sentinel mode yet: the lag probe reads the feed of the
-    // primary found at start (after a failover its probe errors are counted).
-    let feed_addr = match server {
-        ServerTarget::Addr(a) => a.clone(),
-        ServerTarget::Sentinel(_) => client.primary_addr().unwrap_or_default(),
-    };
+    // The lag probe reads the feed of the same target: through Sentinel, the primary
+    // in use (the probe gives up a failover quickly, see `MaterializerProbe`).
     let mat_probe = metrics.as_ref().map(|_| {
-        stockgate_client::metrics::MaterializerProbe::new(
+        stockgate_client::metrics::MaterializerProbe::with_target(
             ledger.pool().clone(),
-            &feed_addr,
+            server.clone(),
             stockgate_client::materialize::ALL_EVENTS,
             &args.materializer_consumer,
         )
