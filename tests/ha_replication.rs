@@ -230,6 +230,18 @@ fn a_promoted_replica_fences_its_old_primary_and_the_group_converges() {
     });
     let err = reserve(&mut c, &keys, "late", "late").unwrap_err();
     assert!(readonly(&err), "a fenced primary must refuse writes: {err}");
+    // Its feed too: a reader there would wait forever on a log that no longer grows;
+    // -READONLY sends a Sentinel-aware reader to the new primary.
+    let err = redis::cmd("XREAD")
+        .arg("STREAMS")
+        .arg("stockgate:events")
+        .arg("0-0")
+        .query::<Value>(&mut c)
+        .unwrap_err();
+    assert!(
+        readonly(&err),
+        "a fenced primary must refuse feed reads: {err}"
+    );
     // Still fenced after a kill -9 and restart, though c still follows it.
     let mut a = a;
     a.kill9();

@@ -99,6 +99,13 @@ pub trait Replication: Send + Sync {
     /// replies acknowledged (fenced, or too few replicas) it would report a state a
     /// failover may erase. Replicas serve reads.
     fn read_refusal(&self) -> Option<&'static str>;
+    /// The error a read of the order feed gets, if any: only on a primary fenced by a
+    /// promoted replica (`READONLY`, so Sentinel-aware readers go and find the new
+    /// primary). A primary short of replicas serves the feed up to what they
+    /// acknowledged (`feed::ReadBound`): its readers wait instead of failing.
+    fn feed_refusal(&self) -> Option<&'static str> {
+        None
+    }
     fn is_replica(&self) -> bool;
     /// INFO's `# Replication` section.
     fn info(&self) -> String;

@@ -121,6 +121,8 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
             repl.write_refusal()
         } else if spec.group == "stockgate" {
             repl.read_refusal()
+        } else if spec.group == "stream" {
+            repl.feed_refusal()
         } else {
             None
         };

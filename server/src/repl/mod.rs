@@ -621,6 +621,10 @@ impl crate::session::Replication for Repl {
         Repl::write_refusal(self).map(Refusal::message)
     }
 
+    fn feed_refusal(&self) -> Option<&'static str> {
+        (!Repl::is_replica(self) && Repl::is_deposed(self)).then(|| Refusal::ReadOnly.message())
+    }
+
     fn is_replica(&self) -> bool {
         Repl::is_replica(self)
     }
