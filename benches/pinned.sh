@@ -126,17 +126,24 @@ server_pid() {
 
 start_redis() { # dir -> sets PID PORT
   mkdir -p "$1"
-  PORT=$(free_port)
-  taskset -c "$SERVER_CPU" timeout 3600 redis-server --port "$PORT" --bind 127.0.0.1 --save "" \
-    --appendonly no --dir "$1" --daemonize no --logfile "$1/log" --maxclients 10000 &
-  PID=$!; PIDS+=("$PID")
-  server_pid
-  for _ in $(seq 1 150); do
-    timeout 2 redis-cli -p "$PORT" PING >/dev/null 2>&1 && return 0
-    kill -0 "$PID" 2>/dev/null || { cat "$1/log" >&2; exit 1; }
-    sleep 0.1
+  local attempt
+  # A free-looking port can be taken between the probe and the bind (another process,
+  # an ephemeral port of the load generator): on a bind failure, try another port.
+  for attempt in 1 2 3 4 5; do
+    PORT=$(free_port)
+    taskset -c "$SERVER_CPU" timeout 3600 redis-server --port "$PORT" --bind 127.0.0.1 --save "" \
+      --appendonly no --dir "$1" --daemonize no --logfile "$1/log" --maxclients 10000 &
+    PID=$!; PIDS+=("$PID")
+    server_pid
+    for _ in $(seq 1 150); do
+      timeout 2 redis-cli -p "$PORT" PING >/dev/null 2>&1 && return 0
+      kill -0 "$PID" 2>/dev/null || break
+      sleep 0.1
+    done
+    if ! grep -q "Address already in use" "$1/log" 2>/dev/null; then break; fi
+    stop "$PID"
   done
-  echo "redis did not start" >&2; exit 1
+  cat "$1/log" >&2; echo "redis did not start" >&2; exit 1
 }
 
 start_sg() { # dir threads bin [extra flags...] -> sets PID PORT
