@@ -121,7 +121,7 @@ server_pid() {
     [[ -n $SPID ]] && return 0
     sleep 0.05
   done
-  echo "server process not found under $PID" >&2; exit 1
+  echo "server process not found under $PID" >&2; return 1
 }
 
 start_redis() { # dir -> sets PID PORT
@@ -134,7 +134,7 @@ start_redis() { # dir -> sets PID PORT
     taskset -c "$SERVER_CPU" timeout 3600 redis-server --port "$PORT" --bind 127.0.0.1 --save "" \
       --appendonly no --dir "$1" --daemonize no --logfile "$1/log" --maxclients 10000 &
     PID=$!; PIDS+=("$PID")
-    server_pid
+    server_pid || true
     for _ in $(seq 1 150); do
       timeout 2 redis-cli -p "$PORT" PING >/dev/null 2>&1 && return 0
       kill -0 "$PID" 2>/dev/null || break
@@ -152,7 +152,7 @@ start_sg() { # dir threads bin [extra flags...] -> sets PID PORT
   taskset -c "$SERVER_CPU" timeout 3600 "$b" --bind 127.0.0.1 --port 0 --data-dir "$d/data" \
     --fsync everysec --threads "$th" "$@" >"$d/out" 2>"$d/err" &
   PID=$!; PIDS+=("$PID")
-  server_pid
+  server_pid || exit 1
   PORT=
   for _ in $(seq 1 150); do
     PORT=$(sed -n 's/^listening on .*:\([0-9][0-9]*\)$/\1/p' "$d/out" | head -n 1)
