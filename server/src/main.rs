@@ -156,6 +156,11 @@ struct ServeArgs {
     /// Fewer than the cores when other busy processes share them (see README).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Accept queue length of each listener (Redis's `tcp-backlog`, same default; the
+    /// kernel caps it at net.core.somaxconn). Connections the kernel has completed but
+    /// the server has not accepted yet wait here.
+    #[arg(long, default_value_t = 511, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    tcp_backlog: u32,
     /// How much log already covered by snapshots stays on disk for the order feed
     /// (XREAD, and consumer groups lagging behind): `0` (none: the feed reaches back to
     /// the last snapshot), or sizes and/or ages, e.g. `1GiB`, `6h`, `2GiB,24h` (kept while
@@ -581,7 +586,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         .thread_name("stockgate")
         .build()
         .map_err(|e| e.to_string())?;
-    let (first, extra) = bind_listeners(&a.bind, a.port, threads)?;
+    let (first, extra) = bind_listeners(&a.bind, a.port, threads, a.tcp_backlog as i32)?;
     let result = rt.block_on(async {
         first.set_nonblocking(true).map_err(|e| e.to_string())?;
         let listener = tokio::net::TcpListener::from_std(first).map_err(|e| e.to_string())?;
@@ -657,6 +662,7 @@ fn bind_listeners(
     host: &str,
     port: u16,
     threads: usize,
+    backlog: i32,
 ) -> Result<(std::net::TcpListener, Vec<std::net::TcpListener>), String> {
     use socket2::{Domain, Socket, Type};
     use std::net::ToSocketAddrs;
@@ -667,7 +673,7 @@ fn bind_listeners(
         .next()
         .ok_or_else(|| format!("bind {host}:{port}: no address"))?;
     // As tokio's `TcpListener::bind`: SO_REUSEADDR (restart while old connections are in
-    // TIME_WAIT) and a backlog of 1024 (a storm's thousand connects at once).
+    // TIME_WAIT); the backlog is `--tcp-backlog`.
     let listen = |addr: std::net::SocketAddr, reuse_port: bool| {
         let s = Socket::new(Domain::for_address(addr), Type::STREAM, None).map_err(what)?;
         s.set_reuse_address(true).map_err(what)?;
@@ -675,7 +681,7 @@ fn bind_listeners(
             s.set_reuse_port(true).map_err(what)?;
         }
         s.bind(&addr.into()).map_err(what)?;
-        s.listen(1024).map_err(what)?;
+        s.listen(backlog).map_err(what)?;
         Ok::<_, String>(std::net::TcpListener::from(s))
     };
     let plain = listen(addr, false)?;
