@@ -152,8 +152,8 @@ struct ServeArgs {
     expected_reservations: usize,
     /// Event loops serving connections, each an OS thread with its own listener on the
     /// port (SO_REUSEPORT: the kernel spreads new connections over them) and its own FIFO
-    /// run queue; 0 = one per core the process may use (its affinity mask, cgroup quota).
-    /// Fewer than the cores when other busy processes share them (see README).
+    /// run queue; 0 = one per two cores the process may use (its affinity mask, cgroup
+    /// quota), rounded up: 1 on a 1- or 2-core machine (see README, "Per core").
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Accept queue length of each listener (Redis's `tcp-backlog`, same default; the
@@ -573,10 +573,14 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             ));
         }
     }
-    // 0 means one worker per core this process may run on: `available_parallelism`
-    // honours the affinity mask (taskset) and cgroup quotas, not just the machine's cores.
+    // 0: one event loop per two cores this process may run on (rounded up), so one on a
+    // 1- or 2-core machine. `available_parallelism` honours the affinity mask (taskset)
+    // and cgroup quotas. Why half: at one request per connection most of a request's
+    // CPU is the kernel's TCP work, and the storm's tail on a 2-core machine was twice
+    // as long with a loop on every core as with one (README, "Per core"): the loops are
+    // preempted by the kernel's network processing and by whatever else runs there.
     let threads = match a.threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get().div_ceil(2)),
         n => n,
     };
     // Every worker is a current-thread runtime (`server::serve` says why): this one runs
