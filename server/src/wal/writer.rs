@@ -415,7 +415,12 @@ impl Wal {
     /// so no async worker ever blocks on the disk.
     /// Returns true if it wrote (or failed): the caller re-checks its LSN.
     fn flush_inline(&self, lsn: Lsn) -> bool {
-        if self.shared.opts.fsync == FsyncPolicy::Always {
+        // Under the test-only write delay the writer thread does every write, so the
+        // delay holds records in flight without stalling an event loop (a waiter writing
+        // inline would sleep on the loop's thread, and every connection of that loop with it).
+        if self.shared.opts.fsync == FsyncPolicy::Always
+            || self.shared.opts.fault_write_delay_ms > 0
+        {
             return false;
         }
         let Some(mut w) = self.inline.try_lock() else {
