@@ -52,6 +52,23 @@ fn readonly(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::ReadOnly || e.to_string().contains("READONLY")
 }
 
+/// A primary and one attached replica started with `flags`, and sale SKU (100 units)
+/// created through the returned connection to the primary.
+fn primary_replica_sale(keys: &Keys, flags: &[&str]) -> (Node, Node, redis::Connection) {
+    let a = Node::start(keys, flags);
+    let b = Node::start_replica(keys, &a, flags);
+    wait_for("replica attached", Duration::from_secs(10), || {
+        a.repl_field("connected_slaves") == "1"
+    });
+    let mut c = a.conn();
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(SKU)
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
+    (a, b, c)
+}
+
 fn converged(a: &Node, b: &Node, tokens: &[String]) {
     wait_for(
         "replica to reach the primary's offset",
@@ -464,17 +481,7 @@ fn a_fence_is_lifted_when_the_promotion_did_not_hold() {
     // primary, fenced by the promotion, must then take writes again.
     let keys = Keys::new();
     let ack = ["--min-replicas-ack", "1", "--repl-timeout-ms", "1000"];
-    let a = Node::start(&keys, &ack);
-    let b = Node::start_replica(&keys, &a, &ack);
-    wait_for("replica attached", Duration::from_secs(10), || {
-        a.repl_field("connected_slaves") == "1"
-    });
-    let mut c = a.conn();
-    let _: () = redis::cmd("SALE.CREATE")
-        .arg(SKU)
-        .arg(100)
-        .query(&mut c)
-        .unwrap();
+    let (a, b, mut c) = primary_replica_sale(&keys, &ack);
     let before = token_of(&reserve(&mut c, &keys, "u1", "r1").unwrap());
     let _: () = redis::cmd("REPLICAOF")
         .arg("NO")
@@ -597,17 +604,7 @@ fn the_feed_shows_only_what_the_replicas_acknowledged() {
     // its position would run ahead of the new primary's log.
     let keys = Keys::new();
     let ack = ["--min-replicas-ack", "1", "--repl-timeout-ms", "8000"];
-    let a = Node::start(&keys, &ack);
-    let b = Node::start_replica(&keys, &a, &ack);
-    wait_for("replica attached", Duration::from_secs(10), || {
-        a.repl_field("connected_slaves") == "1"
-    });
-    let mut c = a.conn();
-    let _: () = redis::cmd("SALE.CREATE")
-        .arg(SKU)
-        .arg(100)
-        .query(&mut c)
-        .unwrap();
+    let (a, b, mut c) = primary_replica_sale(&keys, &ack);
     let first = token_of(&reserve(&mut c, &keys, "u1", "r1").unwrap());
     assert_eq!(reserved_tokens(&xread(&mut c, None)), vec![first.clone()]);
 
