@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::materialize::{bulk, parse_entries, FeedConn, FeedEvent, MaterializeError};
+use crate::materialize::{bulk, one_stream, parse_entries, FeedConn, FeedEvent, MaterializeError};
 use crate::sentinel::{Retry, SentinelConfig, ServerTarget};
 
 /// A worker of one consumer group. In Sentinel mode ([`GroupReader::connect_sentinel`])
@@ -44,23 +44,6 @@ pub struct GroupReader {
 
 /// Longer than any BLOCK this reader asks for (the server caps BLOCK at 60 s).
 const GROUP_RESPONSE_TIMEOUT: Duration = Duration::from_secs(70);
-
-/// The one stream's entries of an XREADGROUP reply (RESP2 or RESP3); nil is none.
-fn one_stream(v: &Value) -> Result<Vec<FeedEvent>, MaterializeError> {
-    match v {
-        Value::Nil => Ok(Vec::new()),
-        Value::Array(streams) => match streams.first() {
-            Some(Value::Array(pair)) if pair.len() == 2 => parse_entries(&pair[1]),
-            None => Ok(Vec::new()),
-            _ => Err(MaterializeError::Protocol(format!("{v:?}"))),
-        },
-        Value::Map(m) => match m.first() {
-            Some((_, es)) => parse_entries(es),
-            None => Ok(Vec::new()),
-        },
-        _ => Err(MaterializeError::Protocol(format!("{v:?}"))),
-    }
-}
 
 impl GroupReader {
     /// `addr`: `host:port` or a `redis://user:pass@host:port` URL (role sweeper or admin).
@@ -170,7 +153,7 @@ impl GroupReader {
             cmd.arg("BLOCK").arg(ms);
         }
         cmd.arg("STREAMS").arg(&self.stream).arg(id);
-        one_stream(&self.conn.call(&cmd, retry).await?)
+        one_stream(self.conn.call(&cmd, retry).await?)
     }
 
     /// `XACK`: how many of `ids` were pending and no longer are.
@@ -211,11 +194,12 @@ impl GroupReader {
             .arg("COUNT")
             .arg(count);
         let v = self.conn.call(&cmd, Retry::RefusalsOnly).await?;
-        match &v {
-            Value::Array(parts) if parts.len() == 3 && bulk(&parts[0]).is_some() => {
-                parse_entries(&parts[1])
-            }
-            _ => Err(MaterializeError::Protocol(format!("{v:?}"))),
+        match v {
+            Value::Array(parts) if parts.len() == 3 && bulk(&parts[0]).is_some() => parts
+                .into_iter()
+                .nth(1)
+                .map_or(Ok(Vec::new()), parse_entries),
+            other => Err(MaterializeError::Protocol(format!("{other:?}"))),
         }
     }
 }
