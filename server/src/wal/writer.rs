@@ -725,6 +725,9 @@ impl Writer {
             self.sync()?;
         }
         if b.closing {
+            // Forced: the everysec sync clears `unsynced` before its fdatasync (it runs
+            // outside this lock) and may still be in flight; close syncs regardless.
+            self.unsynced = true;
             self.sync()?;
             for p in std::mem::take(&mut self.closed_unsynced) {
                 segment::sync_file_if_exists(&p)?;
