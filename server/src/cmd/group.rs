@@ -8,8 +8,6 @@
 //! that record (and, as every reply that reports state, for everything logged before it
 //! was computed) to be durable.
 
-use std::time::{Duration, Instant};
-
 use bytes::Bytes;
 
 use super::args::{parse_u64, Args};
@@ -362,13 +360,7 @@ impl XReadGroup {
         // Nothing new: the consumer's creation (if any) must still be durable before
         // the eventual answer; the deferred reply below waits for its own records.
         let slot = feed.try_block().map_err(fe)?;
-        let max = feed.limits.max_block_ms;
-        let ms = if block_ms == 0 {
-            max
-        } else {
-            block_ms.min(max)
-        };
-        let deadline = Instant::now() + Duration::from_millis(ms);
+        let deadline = feed.block_deadline(block_ms);
         let noack = self.noack;
         // The reply's records must be acknowledged as any reply's are: by the server's
         // durability (the local log, and replicas under `--min-replicas-ack`).
@@ -382,22 +374,13 @@ impl XReadGroup {
             let mut seen = durable;
             let mut owed = lsn;
             loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero()
-                    || tokio::time::timeout(left, feed.wait_past(seen))
-                        .await
-                        .is_err()
-                {
+                let Some(now) = feed.wait_new(seen, deadline).await else {
+                    // Timed out (or the log stopped, and then the wait for `owed` fails).
                     return match settle(owed).await {
                         Ok(()) => Reply::Nil,
                         Err(e) => fe(e),
                     };
-                }
-                let now = feed.readable_lsn();
-                if now <= seen {
-                    // The log stopped (failed or closed): nothing new will come.
-                    return Reply::Nil;
-                }
+                };
                 seen = now;
                 match read_groups(&feed, &targets, &consumer, count, noack) {
                     Ok((found, lsn)) => {

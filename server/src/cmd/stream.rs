@@ -3,7 +3,6 @@
 //! clients (redis-py's `xread`/`xrange`...) parse them unmodified.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -148,32 +147,14 @@ impl XRead {
             return Ok(Reply::Nil.into());
         };
         let slot = feed.try_block().map_err(fe)?;
-        let max = feed.limits.max_block_ms;
-        let ms = if block_ms == 0 {
-            max
-        } else {
-            block_ms.min(max)
-        };
-        let deadline = Instant::now() + Duration::from_millis(ms);
+        let deadline = feed.block_deadline(block_ms);
         let wait = Box::pin(async move {
             let _slot = slot;
             let mut seen = durable;
             loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
+                let Some(now) = feed.wait_new(seen, deadline).await else {
                     return Reply::Nil;
-                }
-                if tokio::time::timeout(left, feed.wait_past(seen))
-                    .await
-                    .is_err()
-                {
-                    return Reply::Nil;
-                }
-                let now = feed.readable_lsn();
-                if now <= seen {
-                    // The log stopped (failed or closed): nothing new will come.
-                    return Reply::Nil;
-                }
+                };
                 seen = now;
                 match poll(&feed, &mut cursors, count) {
                     Ok((found, _)) if !found.is_empty() => return xread_reply(proto, found),

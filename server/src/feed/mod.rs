@@ -287,6 +287,29 @@ impl Feed {
         Ok(slot)
     }
 
+    /// When a `BLOCK ms` read gives up: `BLOCK 0` ("forever") and anything longer wait
+    /// [`FeedLimits::max_block_ms`].
+    pub fn block_deadline(&self, block_ms: u64) -> tokio::time::Instant {
+        let max = self.limits.max_block_ms;
+        let ms = if block_ms == 0 {
+            max
+        } else {
+            block_ms.min(max)
+        };
+        tokio::time::Instant::now() + std::time::Duration::from_millis(ms)
+    }
+
+    /// A blocked reader's wait: the new readable LSN once records after `seen` are
+    /// readable; `None` when `deadline` passes first or the log stopped (failed or
+    /// closed: nothing new will come).
+    pub async fn wait_new(&self, seen: Lsn, deadline: tokio::time::Instant) -> Option<Lsn> {
+        tokio::time::timeout_at(deadline, self.wait_past(seen))
+            .await
+            .ok()?;
+        let now = self.readable_lsn();
+        (now > seen).then_some(now)
+    }
+
     /// Resolves when records after `after` are readable (or the log stopped). Callers
     /// bound it with their BLOCK timeout.
     pub async fn wait_past(&self, after: Lsn) {
