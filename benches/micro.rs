@@ -87,7 +87,7 @@ fn bench_reserve(c: &mut Criterion) {
                     let r = e.reserve(&ReserveRequest {
                         sku: SKU,
                         user: &users[u],
-                        admission: &tokens[u],
+                        admission: tokens[u].as_bytes(),
                         request_id: id,
                         qty: 1,
                     });
@@ -105,7 +105,7 @@ fn bench_reserve(c: &mut Criterion) {
         let req = ReserveRequest {
             sku: SKU,
             user: &users[0],
-            admission: &tokens[0],
+            admission: tokens[0].as_bytes(),
             request_id: "same-request",
             qty: 1,
         };
@@ -122,7 +122,7 @@ fn bench_reserve(c: &mut Criterion) {
         let req = ReserveRequest {
             sku: SKU,
             user: &users[1],
-            admission: &tokens[1],
+            admission: tokens[1].as_bytes(),
             request_id: "late",
             qty: 1,
         };
@@ -136,14 +136,14 @@ fn bench_reserve(c: &mut Criterion) {
         let _ = e.reserve(&ReserveRequest {
             sku: SKU,
             user: &users[2],
-            admission: &tokens[2],
+            admission: tokens[2].as_bytes(),
             request_id: "first",
             qty: 1,
         });
         let req = ReserveRequest {
             sku: SKU,
             user: &users[2],
-            admission: &tokens[2],
+            admission: tokens[2].as_bytes(),
             request_id: "second",
             qty: 1,
         };

@@ -123,7 +123,7 @@ async fn every_answer_waits_for_its_state(fsync: FsyncPolicy) {
         .reserve(&stockgate_server::engine::ReserveRequest {
             sku: SKU,
             user: "alice",
-            admission: &e.admission("alice"),
+            admission: e.admission("alice").as_bytes(),
             request_id: "r2",
             qty: 1,
         })
@@ -149,7 +149,7 @@ async fn every_answer_waits_for_its_state(fsync: FsyncPolicy) {
         .reserve(&stockgate_server::engine::ReserveRequest {
             sku: SKU,
             user: "bob",
-            admission: &e.admission("bob"),
+            admission: e.admission("bob").as_bytes(),
             request_id: "b1",
             qty: 1,
         })
@@ -170,7 +170,7 @@ async fn every_answer_waits_for_its_state(fsync: FsyncPolicy) {
         .reserve(&stockgate_server::engine::ReserveRequest {
             sku: SKU,
             user: "carol",
-            admission: &e.admission("carol"),
+            admission: e.admission("carol").as_bytes(),
             request_id: "c1",
             qty: 1,
         })
@@ -184,7 +184,7 @@ async fn every_answer_waits_for_its_state(fsync: FsyncPolicy) {
         .reserve(&stockgate_server::engine::ReserveRequest {
             sku: SKU,
             user: "dave",
-            admission: &e.admission("dave"),
+            admission: e.admission("dave").as_bytes(),
             request_id: "d1",
             qty: 1,
         })

@@ -362,7 +362,7 @@ impl ReservationGate for EngineGate {
         let req = ReserveRequest {
             sku,
             user,
-            admission,
+            admission: admission.as_bytes(),
             request_id,
             qty,
         };

@@ -279,11 +279,11 @@ pub struct Stats {
 impl Stats {
     pub fn count_reserve(&self, reply: &Reply) {
         if let Reply::Array(items) = reply {
-            let c = match items.first() {
-                Some(Reply::Bulk(b)) if b == b"RESERVED" => &self.reserved,
-                Some(Reply::Bulk(b)) if b == b"REPLAY" => &self.replay,
-                Some(Reply::Bulk(b)) if b == b"SOLDOUT" => &self.soldout,
-                Some(Reply::Bulk(b)) if b == b"LIMIT" => &self.limit,
+            let c = match items.first().and_then(Reply::as_bulk) {
+                Some(b"RESERVED") => &self.reserved,
+                Some(b"REPLAY") => &self.replay,
+                Some(b"SOLDOUT") => &self.soldout,
+                Some(b"LIMIT") => &self.limit,
                 _ => return,
             };
             c.fetch_add(1, Ordering::Relaxed);

@@ -11,7 +11,7 @@ use crate::protocol::Reply;
 pub struct Reserve<'a> {
     sku: &'a str,
     user: &'a str,
-    admission: &'a str,
+    admission: &'a [u8],
     request_id: &'a str,
     qty: u32,
 }
@@ -21,7 +21,7 @@ impl<'a> Reserve<'a> {
         let mut a = Args::new("reserve", args);
         let sku = a.next_sku()?;
         let user = a.next_user()?;
-        let admission = a.next_str("admission token").unwrap_or("\u{0}");
+        let admission = a.next_bytes()?;
         let request_id = a.next_request_id()?;
         let mut qty = 1;
         while a.remaining() > 0 {
@@ -58,7 +58,7 @@ impl<'a> Reserve<'a> {
                         expires_at_ms,
                         shard,
                     } => Reply::Array(vec![
-                        Reply::bulk("RESERVED"),
+                        Reply::StaticBulk("RESERVED"),
                         Reply::bulk(token.as_bytes()),
                         Reply::Int(expires_at_ms as i64),
                         Reply::Int(shard as i64),
@@ -68,14 +68,14 @@ impl<'a> Reserve<'a> {
                         expires_at_ms,
                         shard,
                     } => Reply::Array(vec![
-                        Reply::bulk("REPLAY"),
+                        Reply::StaticBulk("REPLAY"),
                         Reply::bulk(token.as_bytes()),
                         Reply::Int(expires_at_ms as i64),
                         Reply::Int(shard as i64),
                     ]),
-                    ReserveOutcome::SoldOut => Reply::Array(vec![Reply::bulk("SOLDOUT")]),
+                    ReserveOutcome::SoldOut => Reply::Array(vec![Reply::StaticBulk("SOLDOUT")]),
                     ReserveOutcome::Limit { live } => {
-                        let mut v = vec![Reply::bulk("LIMIT")];
+                        let mut v = vec![Reply::StaticBulk("LIMIT")];
                         v.extend(live.iter().map(|t| Reply::bulk(t.as_bytes())));
                         Reply::Array(v)
                     }

@@ -42,7 +42,7 @@ pub use error::EngineError;
 pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 use sale::{fnv1a, split, Sale};
 use table::{Res, Stripe};
-pub use token::{Keyring, ReservationKey, TokenKey};
+pub use token::{Keyring, ReservationKey, TokenBuf, TokenKey};
 pub use types::*;
 
 const STRIPES: usize = 128;
@@ -85,7 +85,8 @@ impl Default for EngineConfig {
 pub struct ReserveRequest<'a> {
     pub sku: &'a str,
     pub user: &'a str,
-    pub admission: &'a str,
+    /// As the client sent it (not checked for UTF-8: see [`Keyring::verify`]).
+    pub admission: &'a [u8],
     pub request_id: &'a str,
     pub qty: u32,
 }
@@ -93,12 +94,12 @@ pub struct ReserveRequest<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReserveOutcome {
     Reserved {
-        token: Arc<str>,
+        token: TokenBuf,
         expires_at_ms: Millis,
         shard: u16,
     },
     Replay {
-        token: Arc<str>,
+        token: TokenBuf,
         expires_at_ms: Millis,
         shard: u16,
     },
@@ -129,7 +130,8 @@ pub struct Engine {
     sink: Arc<dyn EventSink>,
     keys: Keyring,
     rkey: ReservationKey,
-    sales: RwLock<HashMap<Arc<str>, Arc<Sale>>>,
+    /// By sku; a keyed fast hash (see `foldhash` in Cargo.toml), looked up per RESERVE.
+    sales: RwLock<HashMap<Arc<str>, Arc<Sale>, foldhash::fast::RandomState>>,
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     users: Box<[CachePadded<Mutex<UserStripe>>]>,
 }
@@ -177,7 +179,7 @@ impl Engine {
             sink,
             keys,
             rkey,
-            sales: RwLock::new(HashMap::new()),
+            sales: RwLock::new(HashMap::default()),
             stripes,
             users: (0..USER_STRIPES)
                 .map(|_| CachePadded::new(Mutex::new(HashMap::new())))

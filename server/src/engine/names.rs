@@ -37,8 +37,9 @@ struct Stripe {
 }
 
 pub struct Names {
-    /// Keyed (SipHash with a random key): user ids come from clients.
-    hasher: std::collections::hash_map::RandomState,
+    /// Keyed (foldhash with a random seed): user ids come from clients, though only
+    /// with an admission token the server signed.
+    hasher: foldhash::fast::RandomState,
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
 }
 

@@ -22,33 +22,37 @@ impl Engine {
             .map_err(|d| EngineError::Denied(d.as_str()))?;
         // On the stack: a replay or a refusal never allocates it.
         let key = self.rkey.derive_key(req.sku, req.user, req.request_id);
-        let token_buf = token::token_buf(req.sku, &key);
-        let token = token_buf.as_str();
+        // The reply takes this buffer itself: no copy of the token on the heap.
+        let token = token::token_buf(req.sku, &key);
         let limit = sale.params.limit;
         let mut users = if limit > 0 {
             Some(self.user_stripe(req.sku, req.user).lock())
         } else {
             None
         };
-        let mut st = self.stripes[stripe_of(token)].lock();
+        let mut st = self.stripes[stripe_of(token.as_str())].lock();
         // Read the clock under the lock: expiry deadlines then never trail the wheel.
         let now = self.clock.now_ms();
         if let Some(i) = st.find(req.sku, &key) {
             let r = st.get(i);
             return Ok((
                 ReserveOutcome::Replay {
-                    token: token.into(),
+                    token,
                     expires_at_ms: r.expires_at,
                     shard: r.shard,
                 },
                 st.last_lsn(),
             ));
         }
-        if let Some(t) = st.tombs.get(&table::tomb_key(token)) {
+        // The tomb key hashes the token's text twice: only when there are tombs.
+        let tomb = (!st.tombs.is_empty())
+            .then(|| st.tombs.get(&table::tomb_key(token.as_str())))
+            .flatten();
+        if let Some(t) = tomb {
             // Finished and purged by retention: still the same request, never new stock.
             return Ok((
                 ReserveOutcome::Replay {
-                    token: token.into(),
+                    token,
                     expires_at_ms: t.expires_at,
                     shard: t.shard,
                 },
@@ -116,7 +120,7 @@ impl Engine {
         };
         st.schedule(idx);
         let lsn = self.sink.record(&EventRef::Reserved {
-            token,
+            token: token.as_str(),
             sku: req.sku,
             user: req.user,
             request_id: req.request_id,
@@ -132,7 +136,7 @@ impl Engine {
         }
         Ok((
             ReserveOutcome::Reserved {
-                token: token.into(),
+                token,
                 expires_at_ms: expires_at,
                 shard,
             },

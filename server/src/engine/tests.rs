@@ -70,7 +70,7 @@ fn reserve(
     e.reserve(&ReserveRequest {
         sku,
         user,
-        admission: &adm,
+        admission: adm.as_bytes(),
         request_id: rid,
         qty,
     })
@@ -80,7 +80,7 @@ fn reserve(
 fn token_of(o: &ReserveOutcome) -> Arc<str> {
     match o {
         ReserveOutcome::Reserved { token, .. } | ReserveOutcome::Replay { token, .. } => {
-            token.clone()
+            token.as_str().into()
         }
         other => panic!("no token in {other:?}"),
     }
@@ -153,7 +153,7 @@ fn decision_order() {
     let r = e.reserve(&ReserveRequest {
         sku: "S",
         user: "u",
-        admission: &other,
+        admission: other.as_bytes(),
         request_id: "r",
         qty: 1,
     });
@@ -163,7 +163,7 @@ fn decision_order() {
     let req = ReserveRequest {
         sku: "S",
         user: "u",
-        admission: &adm,
+        admission: adm.as_bytes(),
         request_id: "r",
         qty: 1,
     };
@@ -343,7 +343,7 @@ fn concurrent_storm_never_oversells() {
                     let u = format!("u{t}-{i}");
                     if let Ok(ReserveOutcome::Reserved { token, .. }) = reserve(&e, "S", &u, "r", 1)
                     {
-                        got.push(token);
+                        got.push(Arc::<str>::from(token.as_str()));
                     }
                 }
                 got
@@ -721,7 +721,7 @@ fn bench_reserve_path() {
         let r = e.reserve(&ReserveRequest {
             sku: "BIG",
             user: "u1",
-            admission: &adm,
+            admission: adm.as_bytes(),
             request_id: id,
             qty: 1,
         });

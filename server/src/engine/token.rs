@@ -15,6 +15,8 @@ type HmacSha256 = Hmac<Sha256>;
 /// Admission tokens longer than this are refused before any decoding work: the payload
 /// holds at most a kid, a 64-byte sku, a 128-byte user and a number.
 const MAX_ADMISSION_TOKEN: usize = 1024;
+/// Unpadded base64url of an HMAC-SHA256 (32 bytes).
+const SIG_B64_LEN: usize = 43;
 const MIN_SECRET_BYTES: usize = 32;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -162,17 +164,32 @@ impl Keyring {
 
     /// Checks signature and binding; returns the token's expiry. Expiry itself is judged
     /// by the caller, because RESERVE answers a replay before it looks at expiry.
-    pub fn verify(&self, token: &str, sku: &str, user: &str) -> Result<Millis, Denied> {
+    ///
+    /// Takes the token as bytes: the decoder accepts only base64url characters, so
+    /// checking them for UTF-8 first (a pass over the longest argument of a RESERVE)
+    /// would buy nothing.
+    pub fn verify(&self, token: impl AsRef<[u8]>, sku: &str, user: &str) -> Result<Millis, Denied> {
+        let token = token.as_ref();
         if token.len() > MAX_ADMISSION_TOKEN {
             return Err(Denied::Malformed);
         }
-        let (p64, s64) = token.split_once('.').ok_or(Denied::Malformed)?;
+        // A signature is 43 characters (32 bytes): look for its dot there first instead
+        // of scanning the payload byte by byte. Same answer as the first dot: a dot
+        // before it would be inside the payload, which then fails to decode.
+        let dot = match token.len().checked_sub(SIG_B64_LEN + 1) {
+            Some(i) if token[i] == b'.' => i,
+            _ => token
+                .iter()
+                .position(|&b| b == b'.')
+                .ok_or(Denied::Malformed)?,
+        };
+        let (p64, s64) = (&token[..dot], &token[dot + 1..]);
         // Decoded into stack buffers: verification runs on every RESERVE.
         let mut pbuf = [0u8; MAX_ADMISSION_TOKEN];
-        let n = b64url_decode(p64.as_bytes(), &mut pbuf).ok_or(Denied::Malformed)?;
+        let n = b64url_decode(p64, &mut pbuf).ok_or(Denied::Malformed)?;
         let payload = &pbuf[..n];
         let mut sbuf = [0u8; 64];
-        let sn = b64url_decode(s64.as_bytes(), &mut sbuf).ok_or(Denied::Malformed)?;
+        let sn = b64url_decode(s64, &mut sbuf).ok_or(Denied::Malformed)?;
         let sig = &sbuf[..sn];
         let mut f = payload.split(|&b| b == b'|');
         let (Some(b"v1"), Some(kid), Some(tsku), Some(tuser), Some(exp), None) =
@@ -239,10 +256,13 @@ fn b64url_decode(src: &[u8], out: &mut [u8]) -> Option<usize> {
         (v != B64_INVALID).then_some(v as u32)
     };
     for (chunk, dst) in src.chunks_exact(4).zip(out.chunks_exact_mut(3)) {
-        let n = sextet(chunk[0])? << 18
-            | sextet(chunk[1])? << 12
-            | sextet(chunk[2])? << 6
-            | sextet(chunk[3])?;
+        // One test per four characters, not one per character: `INVALID` is the only
+        // table value with the high bit set.
+        let [a, b, c, d] = [chunk[0], chunk[1], chunk[2], chunk[3]].map(|x| B64URL[x as usize]);
+        if (a | b | c | d) & 0x80 != 0 {
+            return None;
+        }
+        let n = (a as u32) << 18 | (b as u32) << 12 | (c as u32) << 6 | d as u32;
         dst[0] = (n >> 16) as u8;
         dst[1] = (n >> 8) as u8;
         dst[2] = n as u8;
@@ -318,9 +338,23 @@ const INLINE_TOKEN: usize = ident::MAX_SKU + 2 + TOKEN_B32_LEN;
 
 /// A derived reservation token without a heap allocation (see
 /// [`ReservationKey::derive_buf`]).
+#[derive(Clone, PartialEq, Eq)]
 pub enum TokenBuf {
     Inline([u8; INLINE_TOKEN], u8),
     Heap(String),
+}
+
+impl std::fmt::Debug for TokenBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::ops::Deref for TokenBuf {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
 }
 
 impl TokenBuf {

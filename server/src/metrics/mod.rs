@@ -511,8 +511,8 @@ impl Recorder {
         let (sku, ev) = match name {
             "reserve" => {
                 let ev = match reply {
-                    Reply::Array(items) => match items.first() {
-                        Some(Reply::Bulk(b)) => match b.as_slice() {
+                    Reply::Array(items) => match items.first().and_then(Reply::as_bulk) {
+                        Some(b) => match b {
                             b"RESERVED" => SaleEvent::Reserved,
                             b"REPLAY" => SaleEvent::Replay,
                             b"SOLDOUT" => SaleEvent::SoldOut,

@@ -6,19 +6,39 @@ use bytes::{BufMut, BytesMut};
 use crate::engine::EngineError;
 use crate::feed::FeedError;
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum Reply {
     Simple(&'static str),
     /// An error line without the leading `-`: `"ERR ..."`, `"NOSALE ..."`.
     Error(String),
     Int(i64),
     Bulk(Vec<u8>),
+    /// A bulk string fixed at compile time (the first word of a RESERVE reply, field
+    /// names): the same bytes on the wire as [`Reply::Bulk`], without an allocation.
+    StaticBulk(&'static str),
     Nil,
     Array(Vec<Reply>),
     /// A map in RESP3, a flat field-value array in RESP2.
     Map(Vec<(Reply, Reply)>),
     /// A set in RESP3, an array in RESP2.
     Set(Vec<Reply>),
+}
+
+/// Equal when the client would read the same value: a [`Reply::StaticBulk`] equals the
+/// [`Reply::Bulk`] of the same bytes.
+impl PartialEq for Reply {
+    fn eq(&self, other: &Reply) -> bool {
+        use Reply::*;
+        match (self, other) {
+            (Simple(a), Simple(b)) => a == b,
+            (Error(a), Error(b)) => a == b,
+            (Int(a), Int(b)) => a == b,
+            (Nil, Nil) => true,
+            (Array(a), Array(b)) | (Set(a), Set(b)) => a == b,
+            (Map(a), Map(b)) => a == b,
+            (a, b) => matches!((a.as_bulk(), b.as_bulk()), (Some(x), Some(y)) if x == y),
+        }
+    }
 }
 
 impl Reply {
@@ -53,6 +73,15 @@ impl Reply {
         matches!(self, Reply::Error(_))
     }
 
+    /// The bytes of a bulk string, whichever way it is held.
+    pub fn as_bulk(&self) -> Option<&[u8]> {
+        match self {
+            Reply::Bulk(b) => Some(b),
+            Reply::StaticBulk(s) => Some(s.as_bytes()),
+            _ => None,
+        }
+    }
+
     /// Builds a map from `(&str, Reply)` pairs with bulk-string keys.
     pub fn map<I: IntoIterator<Item = (&'static str, Reply)>>(fields: I) -> Reply {
         Reply::Map(
@@ -82,12 +111,8 @@ impl Reply {
                 out.put_u8(b':');
                 put_num(out, *i);
             }
-            Reply::Bulk(b) => {
-                out.put_u8(b'$');
-                put_num(out, b.len() as i64);
-                out.put_slice(b);
-                out.put_slice(b"\r\n");
-            }
+            Reply::Bulk(b) => put_bulk(out, b),
+            Reply::StaticBulk(s) => put_bulk(out, s.as_bytes()),
             Reply::Nil => {
                 if proto >= 3 {
                     out.put_slice(b"_\r\n");
@@ -124,6 +149,13 @@ impl Reply {
             }
         }
     }
+}
+
+fn put_bulk(out: &mut BytesMut, b: &[u8]) {
+    out.put_u8(b'$');
+    put_num(out, b.len() as i64);
+    out.put_slice(b);
+    out.put_slice(b"\r\n");
 }
 
 /// A number and its CRLF in one copy: replies carry several (lengths, expiry, shard),
@@ -206,5 +238,19 @@ mod tests {
         assert_eq!(enc(&m, 2), "*2\r\n$1\r\na\r\n:1\r\n");
         assert_eq!(enc(&m, 3), "%1\r\n$1\r\na\r\n:1\r\n");
         assert_eq!(enc(&Reply::err("ERR a\r\nb"), 2), "-ERR a  b\r\n");
+    }
+
+    #[test]
+    fn a_static_bulk_is_a_bulk_on_the_wire_and_in_comparisons() {
+        for proto in [2, 3] {
+            assert_eq!(
+                enc(&Reply::StaticBulk("RESERVED"), proto),
+                "$8\r\nRESERVED\r\n"
+            );
+        }
+        assert_eq!(Reply::StaticBulk("LIMIT"), Reply::bulk("LIMIT"));
+        assert_eq!(Reply::bulk("LIMIT"), Reply::StaticBulk("LIMIT"));
+        assert_ne!(Reply::StaticBulk("LIMIT"), Reply::Simple("LIMIT"));
+        assert_ne!(Reply::StaticBulk("LIMIT"), Reply::bulk("LIMITS"));
     }
 }
