@@ -59,7 +59,10 @@ fn setup() -> (Engine, Shared, ConnState, Vec<Bytes>, Vec<Bytes>) {
 }
 
 fn bench(c: &mut Criterion) {
-    let (engine, shared, mut conn, reserve, ping) = setup();
+    let (engine, shared, mut conn, reserve_owned, ping_owned) = setup();
+    // `dispatch` takes the arguments as slices, as the server hands them out of its buffer.
+    let reserve: Vec<&[u8]> = reserve_owned.iter().map(|b| &b[..]).collect();
+    let ping: Vec<&[u8]> = ping_owned.iter().map(|b| &b[..]).collect();
     let mut rec = shared.metrics.recorder();
     // The first RESERVE reserves; every later one is a REPLAY (constant engine work).
     {
@@ -118,7 +121,10 @@ fn bench(c: &mut Criterion) {
 
 /// One variant, `iters` times, outside criterion (for callgrind).
 fn fixed(variant: &str, iters: u64) {
-    let (engine, shared, mut conn, reserve, ping) = setup();
+    let (engine, shared, mut conn, reserve_owned, ping_owned) = setup();
+    // `dispatch` takes the arguments as slices, as the server hands them out of its buffer.
+    let reserve: Vec<&[u8]> = reserve_owned.iter().map(|b| &b[..]).collect();
+    let ping: Vec<&[u8]> = ping_owned.iter().map(|b| &b[..]).collect();
     let mut rec = shared.metrics.recorder();
     {
         let mut ctx = Ctx {

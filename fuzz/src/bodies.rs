@@ -260,7 +260,8 @@ impl Harness {
             conn: &mut self.conn,
             shared: &self.shared,
         };
-        let o = cmd::dispatch(&mut ctx, argv);
+        let argv: Vec<&[u8]> = argv.iter().map(|a| &a[..]).collect();
+        let o = cmd::dispatch(&mut ctx, &argv);
         assert!(
             o.lsn <= self.sink.records(),
             "reply waits for LSN {} but only {} records were logged",
@@ -276,7 +277,7 @@ impl Harness {
                 String::from_utf8_lossy(out).escape_debug()
             );
         }
-        self.check_invariants(&String::from_utf8_lossy(&argv[0]));
+        self.check_invariants(&String::from_utf8_lossy(argv[0]));
         o.close
     }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf as _, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 
 use crate::cmd::Ctx;
 use crate::engine::{Engine, Lsn};
-use crate::protocol::{parse_command_into, Reply};
+use crate::protocol::{parse_frame, Frame, Reply};
 // The connection and server state moved to `session` (commands need it, and must not
 // depend on the network layer); these paths stay for the binary and embedders.
 pub use crate::session::{
@@ -201,8 +201,9 @@ async fn handle(
     let mut rec = shared.metrics.recorder();
     let idle = (cfg.idle_timeout_ms > 0).then(|| Duration::from_millis(cfg.idle_timeout_ms));
     let write_timeout = Duration::from_millis(cfg.write_timeout_ms.max(1));
-    // One argument vector for the connection's life: parsing refills it in place.
-    let mut argv: Vec<Bytes> = Vec::with_capacity(8);
+    // Where the arguments of the command being run are in `inbuf`: one vector for the
+    // connection's life, refilled in place by each parse.
+    let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(8);
     // Shutdown without a lock per request. Every connection shares one shutdown channel,
     // and polling (or re-creating) its `changed()` future takes that channel's waiter
     // lock each time: one shared lock per request on every core. Instead the future is
@@ -259,70 +260,77 @@ async fn handle(
         // core, so one increment per command would bounce its cache line per command.
         let mut commands = 0u64;
         loop {
-            match parse_command_into(&mut inbuf, &cfg.limits, &mut argv) {
-                Ok(true) => {
-                    if argv.is_empty() {
-                        continue;
-                    }
-                    commands += 1;
-                    let mut ctx = Ctx {
-                        engine,
-                        conn: &mut conn,
-                        shared,
-                    };
-                    let mut o = crate::metrics::dispatch_timed(&mut rec, &mut ctx, &argv);
-                    lsn = lsn.max(o.lsn);
-                    if o.takeover.is_some() {
-                        // PSYNC / SUBSCRIBE: the replies so far go out, then the stream
-                        // (and whatever the client sent after the command) is handed over.
-                        takeover = o.takeover.take();
-                        break;
-                    }
-                    if let Some(wait) = o.wait.take() {
-                        // A blocking read (XREAD BLOCK): what this batch answered so far
-                        // goes out first, then the connection parks until the reply.
-                        if !send_before_block(&mut stream, &mut out, lsn, shared, write_timeout)
-                            .await
-                        {
-                            return;
-                        }
-                        lsn = 0;
-                        o.reply = tokio::select! {
-                            r = wait => r,
-                            // Woken through the registration made at connect (above).
-                            _ = shutting_down() => return,
-                        };
-                    }
-                    o.reply.encode(conn.proto, &mut out);
-                    if o.close {
-                        close = true;
-                        break;
-                    }
-                    if out.len() > cfg.max_output_buffer {
-                        shared
-                            .stats
-                            .obuf_disconnects
-                            .fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(client = %addr, "client dropped: replies of one batch over --max-output-buffer ({} bytes)", cfg.max_output_buffer);
-                        out.clear();
-                        Reply::err("ERR output buffer limit reached; closing connection")
-                            .encode(conn.proto, &mut out);
-                        close = true;
-                        break;
-                    }
-                }
-                Ok(false) => break,
+            let (len, inline) = match parse_frame(&inbuf, &cfg.limits, &mut ranges) {
+                Ok(Frame::Incomplete) => break,
+                Ok(Frame::Array { len }) => (len, None),
+                Ok(Frame::Inline { len, args }) => (len, Some(args)),
                 Err(e) => {
                     shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
                     Reply::err(format!("ERR {e}")).encode(conn.proto, &mut out);
                     close = true;
                     break;
                 }
+            };
+            // The arguments are slices of the read buffer (or of the inline line's
+            // words), alive only while the command runs: the buffer advances past the
+            // command right after, so it never holds a reference count that would stop
+            // it being reused in place.
+            let argv: smallvec::SmallVec<[&[u8]; 8]> = match &inline {
+                Some(words) => words.iter().map(|w| &w[..]).collect(),
+                None => ranges.iter().map(|&(a, b)| &inbuf[a..b]).collect(),
+            };
+            let outcome = (!argv.is_empty()).then(|| {
+                let mut ctx = Ctx {
+                    engine,
+                    conn: &mut conn,
+                    shared,
+                };
+                crate::metrics::dispatch_timed(&mut rec, &mut ctx, &argv)
+            });
+            drop(argv);
+            inbuf.advance(len);
+            let Some(mut o) = outcome else {
+                continue;
+            };
+            commands += 1;
+            lsn = lsn.max(o.lsn);
+            if o.takeover.is_some() {
+                // PSYNC / SUBSCRIBE: the replies so far go out, then the stream
+                // (and whatever the client sent after the command) is handed over.
+                takeover = o.takeover.take();
+                break;
+            }
+            if let Some(wait) = o.wait.take() {
+                // A blocking read (XREAD BLOCK): what this batch answered so far
+                // goes out first, then the connection parks until the reply.
+                if !send_before_block(&mut stream, &mut out, lsn, shared, write_timeout).await {
+                    return;
+                }
+                lsn = 0;
+                o.reply = tokio::select! {
+                    r = wait => r,
+                    // Woken through the registration made at connect (above).
+                    _ = shutting_down() => return,
+                };
+            }
+            o.reply.encode(conn.proto, &mut out);
+            if o.close {
+                close = true;
+                break;
+            }
+            if out.len() > cfg.max_output_buffer {
+                shared
+                    .stats
+                    .obuf_disconnects
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(client = %addr, "client dropped: replies of one batch over --max-output-buffer ({} bytes)", cfg.max_output_buffer);
+                out.clear();
+                Reply::err("ERR output buffer limit reached; closing connection")
+                    .encode(conn.proto, &mut out);
+                close = true;
+                break;
             }
         }
-        // The parsed arguments hold slices of the read buffer: let go of them now so the
-        // buffer can be reused in place instead of reallocated on the next read.
-        argv.clear();
         if commands > 0 {
             shared.stats.commands.fetch_add(commands, Ordering::Relaxed);
         }

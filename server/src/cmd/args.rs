@@ -1,19 +1,17 @@
 //! Typed access to a command's arguments, with the Redis-style error for each misuse.
 
-use bytes::Bytes;
-
 use crate::engine::ident;
 use crate::protocol::Reply;
 
 pub struct Args<'a> {
     name: &'static str,
-    args: &'a [Bytes],
+    args: &'a [&'a [u8]],
     pos: usize,
 }
 
 impl<'a> Args<'a> {
     /// `args` excludes the command name.
-    pub fn new(name: &'static str, args: &'a [Bytes]) -> Self {
+    pub fn new(name: &'static str, args: &'a [&'a [u8]]) -> Self {
         Args { name, args, pos: 0 }
     }
 

@@ -1,7 +1,5 @@
 //! `STOCK`, `RESERVATION`, `EXTEND`, `COMMIT`: the rest of the buyer path.
 
-use bytes::Bytes;
-
 use super::args::Args;
 use super::{Ctx, Outcome};
 use crate::engine::types::ReservationView;
@@ -14,7 +12,7 @@ pub struct Stock<'a> {
 }
 
 impl<'a> Stock<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("stock", args);
         let sku = a.next_sku()?;
         a.done()?;
@@ -49,7 +47,7 @@ pub struct Reservation<'a> {
 }
 
 impl<'a> Reservation<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("reservation", args);
         let token = a.next_token()?;
         a.done()?;
@@ -72,7 +70,7 @@ pub struct Extend<'a> {
 }
 
 impl<'a> Extend<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("extend", args);
         let token = a.next_token()?;
         let ms = a.next_u64()?;
@@ -94,7 +92,7 @@ pub struct Commit<'a> {
 }
 
 impl<'a> Commit<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("commit", args);
         let token = a.next_token()?;
         a.done()?;

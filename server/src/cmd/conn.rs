@@ -1,7 +1,5 @@
 //! Connection commands: `AUTH`, `HELLO`, `CLIENT`, `PING`, `SELECT`, `RESET`.
 
-use bytes::Bytes;
-
 use super::args::Args;
 use super::{Ctx, Outcome};
 use crate::protocol::Reply;
@@ -13,7 +11,7 @@ pub struct Auth<'a> {
 }
 
 impl<'a> Auth<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         match args {
             [pass] => Ok(Auth {
                 user: b"default",
@@ -63,7 +61,7 @@ pub struct Hello<'a> {
 }
 
 impl<'a> Hello<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("hello", args);
         let mut h = Hello {
             proto: None,
@@ -133,7 +131,7 @@ fn set_name(ctx: &mut Ctx<'_>, name: &str) -> Result<(), Reply> {
     Ok(())
 }
 
-pub fn ping(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+pub fn ping(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let _ = ctx;
     match args {
         [] => Reply::Simple("PONG").into(),
@@ -146,13 +144,13 @@ pub fn ping(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
 /// ADDR ip:port and SKIPME yes|no (default yes, as Redis). Answers how many were killed.
 /// Sentinel sends `CLIENT KILL TYPE normal` and `... TYPE pubsub` to a node it
 /// reconfigures, so the clients reconnect to the right primary.
-fn client_kill(ctx: &mut Ctx<'_>, filters: &[Bytes]) -> Outcome {
+fn client_kill(ctx: &mut Ctx<'_>, filters: &[&[u8]]) -> Outcome {
     use crate::pubsub::{KillFilter, KIND_NORMAL, KIND_PUBSUB, KIND_REPLICA};
     let mut which = Vec::new();
     let mut skipme = true;
     for pair in filters.chunks(2) {
-        let key = String::from_utf8_lossy(&pair[0]).to_ascii_lowercase();
-        let val = String::from_utf8_lossy(&pair[1]).to_ascii_lowercase();
+        let key = String::from_utf8_lossy(pair[0]).to_ascii_lowercase();
+        let val = String::from_utf8_lossy(pair[1]).to_ascii_lowercase();
         let f = match key.as_str() {
             "type" => match val.as_str() {
                 "normal" => KillFilter::Type(KIND_NORMAL),
@@ -166,7 +164,7 @@ fn client_kill(ctx: &mut Ctx<'_>, filters: &[Bytes]) -> Outcome {
                 Ok(id) => KillFilter::Id(id),
                 Err(_) => return Reply::err("ERR client-id should be greater than 0").into(),
             },
-            "addr" => KillFilter::Addr(String::from_utf8_lossy(&pair[1]).into_owned()),
+            "addr" => KillFilter::Addr(String::from_utf8_lossy(pair[1]).into_owned()),
             "skipme" => {
                 skipme = match val.as_str() {
                     "yes" => true,
@@ -184,8 +182,8 @@ fn client_kill(ctx: &mut Ctx<'_>, filters: &[Bytes]) -> Outcome {
     Reply::Int(n as i64).into()
 }
 
-pub fn select(args: &[Bytes]) -> Outcome {
-    if args[0].as_ref() == b"0" {
+pub fn select(args: &[&[u8]]) -> Outcome {
+    if args[0] == b"0" {
         Reply::ok().into()
     } else {
         Reply::err("ERR DB index is out of range").into()
@@ -205,8 +203,8 @@ pub fn reset(ctx: &mut Ctx<'_>) -> Outcome {
 }
 
 /// `CLIENT SETNAME|GETNAME|ID|SETINFO|INFO`
-pub fn client(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
-    let sub = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+pub fn client(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
+    let sub = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
     let rest = &args[1..];
     if sub == "KILL"
         && !matches!(

@@ -8,8 +8,6 @@
 //! that record (and, as every reply that reports state, for everything logged before it
 //! was computed) to be durable.
 
-use bytes::Bytes;
-
 use super::args::{parse_u64, Args};
 use super::stream::{entry_reply, fe, feed, parse_count};
 use super::{Ctx, Outcome};
@@ -106,11 +104,11 @@ fn run(r: Result<Outcome, Reply>) -> Outcome {
 }
 
 /// `XGROUP CREATE|SETID|DESTROY|CREATECONSUMER|DELCONSUMER|HELP ...`
-pub fn xgroup(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+pub fn xgroup(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     run(xgroup_inner(ctx, args))
 }
 
-fn xgroup_inner(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Result<Outcome, Reply> {
+fn xgroup_inner(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Result<Outcome, Reply> {
     let mut a = Args::new("xgroup", args);
     let sub = a.next_keyword()?;
     if sub == "HELP" && args.len() == 1 {
@@ -261,7 +259,7 @@ pub struct XReadGroup {
 }
 
 impl XReadGroup {
-    pub fn parse(args: &[Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xreadgroup", args);
         let (mut group, mut consumer) = (None, None);
         let (mut count, mut block_ms, mut noack) = (None, None, false);
@@ -559,7 +557,7 @@ fn history(
 }
 
 /// `XACK key group id...`: how many of the ids were pending and are not any more.
-pub fn xack(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+pub fn xack(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     run((|| {
         let mut a = Args::new("xack", args);
         let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
@@ -602,7 +600,7 @@ pub fn xack(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
 }
 
 /// `XPENDING key group [[IDLE ms] start end count [consumer]]`
-pub fn xpending(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+pub fn xpending(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     run((|| {
         let n = args.len();
         if n != 2 && !(5..=8).contains(&n) {
@@ -781,7 +779,7 @@ fn min_idle_arg(b: &[u8], cmd: &str) -> Result<u64, Reply> {
 /// `XCLAIM key group consumer min-idle-time id... [IDLE ms] [TIME ms] [RETRYCOUNT n]
 /// [JUSTID] [LASTID id]` (FORCE is refused: the feed cannot make an entry pending that
 /// was never delivered).
-pub fn xclaim(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+pub fn xclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     run((|| {
         let mut a = Args::new("xclaim", args);
         let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
@@ -789,7 +787,7 @@ pub fn xclaim(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
         let cname = a.next_bytes()?;
         let min_idle = min_idle_arg(a.next_bytes()?, "XCLAIM")?;
         let mut ids = Vec::new();
-        let mut rest: &[Bytes] = &[];
+        let mut rest: &[&[u8]] = &[];
         for (i, b) in args[4..].iter().enumerate() {
             match id::exact(b) {
                 Ok(Some(id)) => ids.push(id),
@@ -868,7 +866,7 @@ pub fn xclaim(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
 
 /// `XAUTOCLAIM key group consumer min-idle-time start [COUNT n] [JUSTID]`:
 /// `[next-cursor, claimed, deleted-ids]`.
-pub fn xautoclaim(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+pub fn xautoclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     run((|| {
         let mut a = Args::new("xautoclaim", args);
         let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;

@@ -3,8 +3,6 @@
 
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
-
 use super::table::{Spec, COMMANDS};
 use super::{Ctx, Outcome};
 use crate::protocol::Reply;
@@ -74,11 +72,11 @@ fn docs_entry(s: &Spec) -> Reply {
 }
 
 /// `COMMAND`, `COMMAND COUNT`, `COMMAND INFO name...`, `COMMAND DOCS [name...]`
-pub fn command(args: &[Bytes]) -> Outcome {
+pub fn command(args: &[&[u8]]) -> Outcome {
     let Some(sub) = args.first() else {
         return Reply::Array(COMMANDS.iter().map(info_entry).collect()).into();
     };
-    let find = |n: &Bytes| {
+    let find = |n: &&[u8]| {
         let lower = String::from_utf8_lossy(n).to_ascii_lowercase();
         COMMANDS.iter().find(|s| s.name == lower)
     };
@@ -143,8 +141,8 @@ pub fn glob(pattern: &[u8], s: &[u8]) -> bool {
 }
 
 /// `CONFIG GET pattern...` (read-only: configuration comes from the command line).
-pub fn config(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
-    let sub = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+pub fn config(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
+    let sub = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
     if sub == "RESETSTAT" && args.len() == 1 {
         ctx.shared.metrics.reset();
         crate::metrics::view::reset_server_stats(ctx.shared);
@@ -232,7 +230,7 @@ pub fn save(ctx: &mut Ctx<'_>) -> Outcome {
 }
 
 /// `INFO [section...]` in Redis 7's text format (see `metrics::info`).
-pub fn info(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+pub fn info(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let wanted: Vec<String> = args
         .iter()
         .map(|a| String::from_utf8_lossy(a).into_owned())
@@ -266,8 +264,8 @@ fn histogram_reply(c: &crate::metrics::CmdStats) -> Option<Reply> {
 
 /// `LATENCY HISTOGRAM [command ...]`, `LATENCY LATEST|HISTORY|RESET` (stockgate has no
 /// latency monitor events: those are empty), `LATENCY HELP`.
-pub fn latency(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
-    let sub = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+pub fn latency(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
+    let sub = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
     match sub.as_str() {
         "HISTOGRAM" => {
             let cmds = ctx.shared.metrics.commands();
@@ -310,13 +308,13 @@ pub fn latency(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
                 "HELP",
                 "    Print this help.",
         ]),
-        _ => unknown_subcommand("LATENCY", &args[0]),
+        _ => unknown_subcommand("LATENCY", args[0]),
     }
 }
 
 /// `SLOWLOG GET [count] | LEN | RESET | HELP`, replies as Redis's.
-pub fn slowlog(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
-    let sub = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+pub fn slowlog(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
+    let sub = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
     let log = &ctx.shared.metrics.slowlog;
     match (sub.as_str(), args.len()) {
         ("GET", 1 | 2) => {
@@ -361,7 +359,7 @@ pub fn slowlog(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
             "HELP",
             "    Print this help.",
         ]),
-        _ => unknown_subcommand("SLOWLOG", &args[0]),
+        _ => unknown_subcommand("SLOWLOG", args[0]),
     }
 }
 

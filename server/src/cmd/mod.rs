@@ -15,8 +15,6 @@ pub mod stream;
 pub mod sweeper;
 pub mod table;
 
-use bytes::Bytes;
-
 use crate::engine::{Engine, Lsn};
 use crate::protocol::Reply;
 use crate::session::{ConnState, Shared};
@@ -103,7 +101,7 @@ impl Outcome {
 }
 
 /// Runs one command. Never panics on client input; every refusal is a reply.
-pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
+pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
     let spec = match admit(ctx, argv) {
         Ok(spec) => spec,
         // Inside MULTI a refusal also dooms the transaction (EXEC answers EXECABORT).
@@ -220,7 +218,7 @@ fn lookup_name(name: &[u8]) -> Option<&'static table::Spec> {
 
 /// The checks every command gets before it runs or is queued: known name, arity, auth and
 /// role. One place, so a queued command is refused exactly as a direct one would be.
-fn admit(ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Result<&'static table::Spec, Reply> {
+fn admit(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Result<&'static table::Spec, Reply> {
     let Some(name) = argv.first() else {
         return Err(Reply::err("ERR empty command"));
     };

@@ -55,7 +55,12 @@ fn abort(q: &mut MultiQueue) {
 }
 
 /// Queues `argv` (already checked by the dispatcher) in the open transaction.
-pub fn queue(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[Bytes]) -> Outcome {
+/// A queued command's arguments as the borrowed views `dispatch` takes.
+pub fn views(argv: &[Bytes]) -> smallvec::SmallVec<[&[u8]; 8]> {
+    argv.iter().map(|a| &a[..]).collect()
+}
+
+pub fn queue(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[&[u8]]) -> Outcome {
     let max_cmds = ctx.shared.config.limits.max_args;
     let max_bytes = ctx.shared.config.max_query_buffer;
     let Some(q) = ctx.conn.multi.as_mut() else {
@@ -129,7 +134,7 @@ pub fn exec(ctx: &mut Ctx<'_>) -> Outcome {
     let mut overflow = false;
     let mut scratch = BytesMut::new();
     for argv in &q.commands {
-        let o = dispatch(ctx, argv);
+        let o = dispatch(ctx, &views(argv));
         lsn = lsn.max(o.lsn);
         close |= o.close;
         if overflow {
@@ -236,10 +241,7 @@ mod tests {
 
     impl World {
         fn run(&mut self, args: &[&str]) -> Outcome {
-            let argv: Vec<Bytes> = args
-                .iter()
-                .map(|a| Bytes::copy_from_slice(a.as_bytes()))
-                .collect();
+            let argv: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
             let mut ctx = Ctx {
                 engine: &self.engine,
                 conn: &mut self.conn,

@@ -16,7 +16,7 @@ fn repl(ctx: &Ctx<'_>) -> Result<Arc<dyn Replication>, Reply> {
     })
 }
 
-fn text(b: &Bytes) -> Option<&str> {
+fn text(b: &[u8]) -> Option<&str> {
     std::str::from_utf8(b).ok()
 }
 
@@ -24,8 +24,8 @@ fn text(b: &Bytes) -> Option<&str> {
 pub struct ReplicaOf(Option<(String, u16)>);
 
 impl ReplicaOf {
-    pub fn parse(args: &[Bytes]) -> Result<Self, Reply> {
-        let (host, port) = (text(&args[0]).unwrap_or(""), text(&args[1]).unwrap_or(""));
+    pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
+        let (host, port) = (text(args[0]).unwrap_or(""), text(args[1]).unwrap_or(""));
         if host.eq_ignore_ascii_case("no") && port.eq_ignore_ascii_case("one") {
             return Ok(ReplicaOf(None));
         }
@@ -84,11 +84,11 @@ pub struct Wait {
 }
 
 impl Wait {
-    pub fn parse(args: &[Bytes]) -> Result<Self, Reply> {
-        let n = text(&args[0])
+    pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
+        let n = text(args[0])
             .and_then(|s| s.parse::<i64>().ok())
             .ok_or_else(Reply::not_integer)?;
-        let t = text(&args[1])
+        let t = text(args[1])
             .and_then(|s| s.parse::<i64>().ok())
             .ok_or_else(Reply::not_integer)?;
         if t < 0 {
@@ -124,14 +124,14 @@ impl Wait {
 
 /// `REPLCONF ...`: the replica's settings before `PSYNC`. Acknowledgements travel on the
 /// replication link itself (see `repl::primary`), never through here.
-pub fn replconf(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+pub fn replconf(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     if !args.len().is_multiple_of(2) {
         return Reply::syntax().into();
     }
     for pair in args.chunks(2) {
-        let key = String::from_utf8_lossy(&pair[0]).to_ascii_lowercase();
+        let key = String::from_utf8_lossy(pair[0]).to_ascii_lowercase();
         match key.as_str() {
-            "listening-port" => match text(&pair[1]).and_then(|s| s.parse::<u16>().ok()) {
+            "listening-port" => match text(pair[1]).and_then(|s| s.parse::<u16>().ok()) {
                 Some(p) => ctx.conn.repl_port = Some(p),
                 None => return Reply::err("ERR invalid listening-port").into(),
             },
@@ -143,7 +143,7 @@ pub fn replconf(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
 }
 
 /// `PSYNC replid offset` / `SYNC`: the connection becomes a replication link.
-pub fn psync(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+pub fn psync(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let r = match repl(ctx) {
         Ok(r) => r,
         Err(e) => return e.into(),
@@ -182,18 +182,19 @@ pub fn psync(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
     }))
 }
 
-pub fn publish(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
-    Reply::Int(ctx.shared.pubsub.publish(&args[0], &args[1]) as i64).into()
+pub fn publish(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
+    Reply::Int(ctx.shared.pubsub.publish(args[0], args[1]) as i64).into()
 }
 
-pub fn subscribe(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
+pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let (hub, clients) = (ctx.shared.pubsub.clone(), ctx.shared.clients.clone());
     let (id, proto, limits) = (
         ctx.conn.id,
         ctx.conn.proto,
         ctx.shared.config.limits.clone(),
     );
-    let first = args.to_vec();
+    // The subscriber loop outlives the read buffer these arguments point into.
+    let first = args.iter().map(|a| Bytes::copy_from_slice(a)).collect();
     Outcome::takeover(Box::new(move |stream, inbuf| {
         Box::pin(crate::pubsub::subscriber(
             hub, clients, id, proto, stream, inbuf, first, limits,
@@ -202,7 +203,7 @@ pub fn subscribe(ctx: &mut Ctx<'_>, args: &[Bytes]) -> Outcome {
 }
 
 /// `UNSUBSCRIBE` outside subscriber mode: nothing to leave (Redis's answer).
-pub fn unsubscribe(args: &[Bytes]) -> Outcome {
+pub fn unsubscribe(args: &[&[u8]]) -> Outcome {
     let ch = args.first().map_or(Reply::Nil, |c| Reply::Bulk(c.to_vec()));
     Reply::Array(vec![Reply::bulk("unsubscribe"), ch, Reply::Int(0)]).into()
 }

@@ -1,7 +1,5 @@
 //! `RESERVE sku user admission-token request-id [QTY n]`
 
-use bytes::Bytes;
-
 use super::args::{to_u32, Args};
 use super::{Ctx, Outcome};
 use crate::engine::{ReserveOutcome, ReserveRequest};
@@ -17,7 +15,7 @@ pub struct Reserve<'a> {
 }
 
 impl<'a> Reserve<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("reserve", args);
         let sku = a.next_sku()?;
         let user = a.next_user()?;

@@ -1,7 +1,5 @@
 //! `SALE.*`: sale administration, fencing and rebuild from the ledger.
 
-use bytes::Bytes;
-
 use super::args::{to_u16, to_u32, Args};
 use super::{Ctx, Outcome};
 use crate::engine::ResState;
@@ -39,7 +37,7 @@ pub struct Create<'a> {
 }
 
 impl<'a> Create<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.create", args);
         let sku = a.next_sku()?;
         let total = a.next_u64()?;
@@ -65,7 +63,7 @@ pub struct Info<'a> {
 }
 
 impl<'a> Info<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.info", args);
         let sku = a.next_sku()?;
         a.done()?;
@@ -107,7 +105,7 @@ pub struct PauseResume<'a> {
 }
 
 impl<'a> PauseResume<'a> {
-    pub fn parse(args: &'a [Bytes], pause: bool) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]], pause: bool) -> Result<Self, Reply> {
         let name = if pause { "sale.pause" } else { "sale.resume" };
         let mut a = Args::new(name, args);
         let sku = a.next_sku()?;
@@ -130,7 +128,7 @@ pub struct Adjust<'a> {
 }
 
 impl<'a> Adjust<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.adjust", args);
         let sku = a.next_sku()?;
         let delta = a.next_i64()?;
@@ -153,7 +151,7 @@ pub struct Fence<'a> {
 }
 
 impl<'a> Fence<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.fence", args);
         let sku = a.next_sku()?;
         let opts = parse_opts(&mut a, true)?;
@@ -185,7 +183,7 @@ pub struct Restore<'a> {
 }
 
 impl<'a> Restore<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.restore", args);
         let mut r = Restore {
             sku: a.next_sku()?,
@@ -240,7 +238,7 @@ pub struct Rebuild<'a> {
 }
 
 impl<'a> Rebuild<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.rebuild", args);
         Ok(Rebuild {
             sku: a.next_sku()?,

@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::args::{parse_u64, Args};
 use super::{Ctx, Outcome};
 use crate::engine::Lsn;
@@ -75,7 +73,7 @@ pub struct XRead {
 }
 
 impl XRead {
-    pub fn parse(args: &[Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xread", args);
         let mut count = None;
         let mut block_ms = None;
@@ -208,7 +206,7 @@ pub struct XRange {
 }
 
 impl XRange {
-    pub fn parse(args: &[Bytes], rev: bool) -> Result<Self, Reply> {
+    pub fn parse(args: &[&[u8]], rev: bool) -> Result<Self, Reply> {
         let name = if rev { "xrevrange" } else { "xrange" };
         let mut a = Args::new(name, args);
         let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
@@ -272,7 +270,7 @@ pub struct XLen {
 }
 
 impl XLen {
-    pub fn parse(args: &[Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xlen", args);
         let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
         a.done()?;
@@ -302,7 +300,7 @@ enum InfoSub {
 }
 
 impl XInfo {
-    pub fn parse(args: &[Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xinfo", args);
         let sub = a.next_keyword()?;
         if sub == "HELP" {

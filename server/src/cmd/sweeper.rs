@@ -1,7 +1,5 @@
 //! `EXPIRED` and `RELEASE`: the sweeper path.
 
-use bytes::Bytes;
-
 use super::args::Args;
 use super::{Ctx, Outcome};
 use crate::protocol::Reply;
@@ -15,7 +13,7 @@ pub struct Release<'a> {
 }
 
 impl<'a> Release<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("release", args);
         let token = a.next_token()?;
         a.done()?;
@@ -35,7 +33,7 @@ pub struct Expired<'a> {
 }
 
 impl<'a> Expired<'a> {
-    pub fn parse(args: &'a [Bytes]) -> Result<Self, Reply> {
+    pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("expired", args);
         let mut count = 100;
         let mut sku = None;

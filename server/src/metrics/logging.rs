@@ -4,8 +4,6 @@
 
 use std::io::IsTerminal as _;
 
-use bytes::Bytes;
-
 use crate::protocol::Reply;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -37,7 +35,7 @@ pub fn init(format: LogFormat, level: Option<&str>, env_var: &str) {
 }
 
 /// One info line per successful sale-administration command (never per request).
-pub fn lifecycle(cmd: &str, argv: &[Bytes], reply: &Reply) {
+pub fn lifecycle(cmd: &str, argv: &[&[u8]], reply: &Reply) {
     let what = match cmd {
         "sale.create" => "created",
         "sale.pause" => "paused",

@@ -411,7 +411,7 @@ fn token_sku(token: &[u8]) -> Option<&[u8]> {
 /// queue-time refusal still counts as rejected); `EXEC` is a call, and so is each command
 /// it runs, with its reply (so RESERVE outcomes inside a transaction are counted). The
 /// commands inside share `EXEC`'s time evenly: the dispatcher does not time them apart.
-pub fn dispatch_timed(rec: &mut Recorder, ctx: &mut Ctx<'_>, argv: &[Bytes]) -> Outcome {
+pub fn dispatch_timed(rec: &mut Recorder, ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
     let mut queuing = false;
     let mut exec_queue: Option<Vec<Vec<Bytes>>> = None;
     if let Some(q) = ctx.conn.multi.as_ref() {
@@ -440,7 +440,7 @@ pub fn dispatch_timed(rec: &mut Recorder, ctx: &mut Ctx<'_>, argv: &[Bytes]) -> 
         if queue.len() == replies.len() && !queue.is_empty() {
             let each = nanos / queue.len() as u64;
             for (a, r) in queue.iter().zip(replies) {
-                rec.record(ctx, a, r, each);
+                rec.record(ctx, &crate::cmd::multi::views(a), r, each);
             }
         }
     }
@@ -448,7 +448,7 @@ pub fn dispatch_timed(rec: &mut Recorder, ctx: &mut Ctx<'_>, argv: &[Bytes]) -> 
 }
 
 impl Recorder {
-    fn record(&mut self, ctx: &Ctx<'_>, argv: &[Bytes], reply: &Reply, nanos: u64) {
+    fn record(&mut self, ctx: &Ctx<'_>, argv: &[&[u8]], reply: &Reply, nanos: u64) {
         let Some(name) = argv.first() else { return };
         let (buf, len) = &self.last_name;
         let idx = if *len == name.len() && buf[..*len] == name[..] {
@@ -507,7 +507,7 @@ impl Recorder {
         }
     }
 
-    fn count_sale(&mut self, ctx: &Ctx<'_>, name: &str, argv: &[Bytes], reply: &Reply) {
+    fn count_sale(&mut self, ctx: &Ctx<'_>, name: &str, argv: &[&[u8]], reply: &Reply) {
         let (sku, ev) = match name {
             "reserve" => {
                 let ev = match reply {
@@ -530,8 +530,8 @@ impl Recorder {
                     },
                     _ => return,
                 };
-                let Some(sku) = argv.get(1) else { return };
-                (sku.as_ref(), ev)
+                let Some(&sku) = argv.get(1) else { return };
+                (sku, ev)
             }
             "release" | "commit" if matches!(reply, Reply::Int(1)) => {
                 let Some(sku) = argv.get(1).and_then(|t| token_sku(t)) else {

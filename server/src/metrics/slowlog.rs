@@ -3,8 +3,6 @@
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
-
 use crate::protocol::Reply;
 
 /// Redis's `SLOWLOG_ENTRY_MAX_ARGC` and `SLOWLOG_ENTRY_MAX_STRING`.
@@ -29,7 +27,7 @@ pub struct SlowLog {
 
 /// Arguments that are credentials are not kept: passwords (`AUTH`, `HELLO ... AUTH`)
 /// and the admission token of `RESERVE` (a bearer token while it is valid).
-fn redacted(cmd: &str, i: usize, argv: &[Bytes]) -> bool {
+fn redacted(cmd: &str, i: usize, argv: &[&[u8]]) -> bool {
     match cmd {
         "auth" => i >= 1,
         "hello" => argv.iter().take(i).any(|a| a.eq_ignore_ascii_case(b"AUTH")),
@@ -68,7 +66,7 @@ impl SlowLog {
         self.entries.clear();
     }
 
-    pub fn push(&mut self, cmd: &str, argv: &[Bytes], micros: u64, addr: &str, name: &str) {
+    pub fn push(&mut self, cmd: &str, argv: &[&[u8]], micros: u64, addr: &str, name: &str) {
         if self.max_len == 0 {
             return;
         }

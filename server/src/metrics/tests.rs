@@ -59,7 +59,7 @@ impl World {
             conn: &mut self.conn,
             shared: &self.shared,
         };
-        let o = dispatch_timed(&mut self.rec, &mut ctx, &argv);
+        let o = dispatch_timed(&mut self.rec, &mut ctx, &crate::cmd::multi::views(&argv));
         self.rec.flush(&self.shared.metrics);
         o.reply
     }

@@ -83,39 +83,41 @@ pub fn parse_command(buf: &mut BytesMut, limits: &Limits) -> Result<Parsed, Prot
     }
 }
 
-/// Argument offsets kept on the stack while a frame is checked: commands of the buyer
-/// path have at most 7 arguments, so they never touch the allocator here.
-const INLINE_ARGS: usize = 8;
+/// What [`parse_frame`] found at the front of the buffer (nothing is consumed).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// More bytes are needed.
+    Incomplete,
+    /// A RESP array of `len` bytes; its arguments are the byte ranges left in `ranges`
+    /// (none for `*0` or `*-1`).
+    Array { len: usize },
+    /// An inline command line of `len` bytes and its words, unquoted (so owned).
+    Inline { len: usize, args: Vec<Vec<u8>> },
+}
 
-/// [`parse_command`] into a caller-owned vector (cleared first), so a connection reuses
-/// one allocation for every command it runs instead of two fresh ones per command.
-/// Returns `Ok(true)` with `argv` filled when a whole command (possibly empty) was taken
-/// off `buf`, `Ok(false)` when more bytes are needed (nothing consumed).
-pub fn parse_command_into(
-    buf: &mut BytesMut,
+/// Looks for one whole command at the front of `buf` without consuming anything: the
+/// caller dispatches on slices of its own buffer (`ranges`, cleared first) and then
+/// advances past `len`. No reference count per argument, no allocation once `ranges`
+/// has grown to the longest command of the connection.
+pub fn parse_frame(
+    buf: &[u8],
     limits: &Limits,
-    argv: &mut Vec<Bytes>,
-) -> Result<bool, ProtocolError> {
-    argv.clear();
+    ranges: &mut Vec<(usize, usize)>,
+) -> Result<Frame, ProtocolError> {
+    ranges.clear();
     if buf.is_empty() {
-        return Ok(false);
+        return Ok(Frame::Incomplete);
     }
     if buf[0] != b'*' {
-        return match parse_inline(buf, limits)? {
-            Parsed::Command(v) => {
-                *argv = v;
-                Ok(true)
-            }
-            Parsed::Incomplete => Ok(false),
-        };
+        return parse_inline(buf, limits);
     }
     let Some(end) =
         find_crlf(buf, 1, MAX_HEADER).map_err(|_| perr("too big mbulk count string"))?
     else {
-        return Ok(false);
+        return Ok(Frame::Incomplete);
     };
     if buf.len() < end + 2 {
-        return Ok(false);
+        return Ok(Frame::Incomplete);
     }
     if buf[end + 1] != b'\n' {
         return Err(perr("invalid mbulk count"));
@@ -126,20 +128,13 @@ pub fn parse_command_into(
     }
     let mut pos = end + 2;
     if n <= 0 {
-        let _ = buf.split_to(pos);
-        return Ok(true);
+        return Ok(Frame::Array { len: pos });
     }
     let n = n as usize;
-    // Offsets first, slices only once the whole frame is known to be there: an
-    // incomplete frame must leave the buffer untouched.
-    let mut inline = [(0usize, 0usize); INLINE_ARGS];
-    let mut spill: Vec<(usize, usize)> = Vec::new();
-    if n > INLINE_ARGS {
-        spill.reserve_exact(n);
-    }
-    for i in 0..n {
+    ranges.reserve(n);
+    for _ in 0..n {
         if pos >= buf.len() {
-            return Ok(false);
+            return Ok(Frame::Incomplete);
         }
         if buf[pos] != b'$' {
             let got = buf[pos];
@@ -153,10 +148,10 @@ pub fn parse_command_into(
         let Some(hend) =
             find_crlf(buf, pos + 1, MAX_HEADER).map_err(|_| perr("too big bulk count string"))?
         else {
-            return Ok(false);
+            return Ok(Frame::Incomplete);
         };
         if buf.len() < hend + 2 {
-            return Ok(false);
+            return Ok(Frame::Incomplete);
         }
         if buf[hend + 1] != b'\n' {
             return Err(perr("invalid bulk length"));
@@ -168,40 +163,55 @@ pub fn parse_command_into(
         let start = hend + 2;
         let stop = start + len as usize;
         if buf.len() < stop + 2 {
-            return Ok(false);
+            return Ok(Frame::Incomplete);
         }
         if &buf[stop..stop + 2] != b"\r\n" {
             return Err(perr("bulk string not terminated by CRLF"));
         }
-        match inline.get_mut(i) {
-            Some(slot) if n <= INLINE_ARGS => *slot = (start, stop),
-            _ => spill.push((start, stop)),
-        }
+        ranges.push((start, stop));
         pos = stop + 2;
     }
-    let frame = buf.split_to(pos).freeze();
-    let ranges = if n > INLINE_ARGS {
-        &spill[..]
-    } else {
-        &inline[..n]
-    };
-    argv.reserve(n);
-    argv.extend(ranges.iter().map(|&(a, b)| frame.slice(a..b)));
-    Ok(true)
+    Ok(Frame::Array { len: pos })
+}
+
+/// [`parse_command`] into a caller-owned vector (cleared first): the arguments as
+/// `Bytes` that own their share of the buffer, for readers that keep them (replication
+/// links, subscribers). Returns `Ok(true)` with `argv` filled when a whole command
+/// (possibly empty) was taken off `buf`, `Ok(false)` when more bytes are needed (nothing
+/// consumed). The client connection uses [`parse_frame`] instead.
+pub fn parse_command_into(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    argv: &mut Vec<Bytes>,
+) -> Result<bool, ProtocolError> {
+    argv.clear();
+    let mut ranges = Vec::new();
+    match parse_frame(buf, limits, &mut ranges)? {
+        Frame::Incomplete => Ok(false),
+        Frame::Array { len } => {
+            let frame = buf.split_to(len).freeze();
+            argv.extend(ranges.iter().map(|&(a, b)| frame.slice(a..b)));
+            Ok(true)
+        }
+        Frame::Inline { len, args } => {
+            let _ = buf.split_to(len);
+            argv.extend(args.into_iter().map(Bytes::from));
+            Ok(true)
+        }
+    }
 }
 
 /// Inline commands: one text line, arguments separated by blanks, with Redis-style
 /// double and single quotes.
-fn parse_inline(buf: &mut BytesMut, limits: &Limits) -> Result<Parsed, ProtocolError> {
+fn parse_inline(buf: &[u8], limits: &Limits) -> Result<Frame, ProtocolError> {
     let scan = buf.len().min(limits.max_inline + 1);
     let Some(nl) = buf[..scan].iter().position(|&b| b == b'\n') else {
         if buf.len() > limits.max_inline {
             return Err(perr("too big inline request"));
         }
-        return Ok(Parsed::Incomplete);
+        return Ok(Frame::Incomplete);
     };
-    let line = buf.split_to(nl + 1).freeze();
-    let mut text = &line[..nl];
+    let mut text = &buf[..nl];
     if text.last() == Some(&b'\r') {
         text = &text[..text.len() - 1];
     }
@@ -209,7 +219,7 @@ fn parse_inline(buf: &mut BytesMut, limits: &Limits) -> Result<Parsed, ProtocolE
     if args.len() > limits.max_args {
         return Err(perr("invalid multibulk length"));
     }
-    Ok(Parsed::Command(args.into_iter().map(Bytes::from).collect()))
+    Ok(Frame::Inline { len: nl + 1, args })
 }
 
 fn split_args(s: &[u8]) -> Option<Vec<Vec<u8>>> {
@@ -322,6 +332,35 @@ mod tests {
         assert!(
             parse(&big).is_err(),
             "inline without newline past the limit"
+        );
+    }
+
+    #[test]
+    fn parse_frame_consumes_nothing_and_names_each_argument() {
+        let buf = b"*2\r\n$4\r\nPING\r\n$2\r\nhi\r\n*1\r\n$4\r\nPI";
+        let mut ranges = Vec::new();
+        let first = parse_frame(buf, &Limits::default(), &mut ranges).unwrap();
+        assert_eq!(first, Frame::Array { len: 22 });
+        let args: Vec<&[u8]> = ranges.iter().map(|&(a, b)| &buf[a..b]).collect();
+        assert_eq!(args, [&b"PING"[..], &b"hi"[..]]);
+        // The pipelined second command is cut short: incomplete, and no stale ranges.
+        let rest = &buf[22..];
+        assert_eq!(
+            parse_frame(rest, &Limits::default(), &mut ranges).unwrap(),
+            Frame::Incomplete
+        );
+        assert!(ranges.is_empty());
+        assert_eq!(
+            parse_frame(b"*0\r\n", &Limits::default(), &mut ranges).unwrap(),
+            Frame::Array { len: 4 }
+        );
+        assert!(ranges.is_empty());
+        assert_eq!(
+            parse_frame(b"PING 'a b'\r\n", &Limits::default(), &mut ranges).unwrap(),
+            Frame::Inline {
+                len: 12,
+                args: vec![b"PING".to_vec(), b"a b".to_vec()]
+            }
         );
     }
 

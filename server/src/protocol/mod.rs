@@ -3,5 +3,7 @@
 pub mod frame;
 pub mod reply;
 
-pub use frame::{parse_command, parse_command_into, Limits, Parsed, ProtocolError};
+pub use frame::{
+    parse_command, parse_command_into, parse_frame, Frame, Limits, Parsed, ProtocolError,
+};
 pub use reply::Reply;
