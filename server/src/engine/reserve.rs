@@ -24,13 +24,15 @@ impl Engine {
         let key = self.rkey.derive_key(req.sku, req.user, req.request_id);
         // The reply takes this buffer itself: no copy of the token on the heap.
         let token = token::token_buf(req.sku, &key);
+        // Checked for UTF-8 once, here (`as_str` checks on every call).
+        let token_str = token.as_str();
         let limit = sale.params.limit;
         let mut users = if limit > 0 {
             Some(self.user_stripe(req.sku, req.user).lock())
         } else {
             None
         };
-        let mut st = self.stripes[stripe_of(token.as_str())].lock();
+        let mut st = self.stripes[stripe_of(token_str)].lock();
         // Read the clock under the lock: expiry deadlines then never trail the wheel.
         let now = self.clock.now_ms();
         if let Some(i) = st.find(req.sku, &key) {
@@ -46,7 +48,7 @@ impl Engine {
         }
         // The tomb key hashes the token's text twice: only when there are tombs.
         let tomb = (!st.tombs.is_empty())
-            .then(|| st.tombs.get(&table::tomb_key(token.as_str())))
+            .then(|| st.tombs.get(&table::tomb_key(token_str)))
             .flatten();
         if let Some(t) = tomb {
             // Finished and purged by retention: still the same request, never new stock.
@@ -120,7 +122,7 @@ impl Engine {
         };
         st.schedule(idx);
         let lsn = self.sink.record(&EventRef::Reserved {
-            token: token.as_str(),
+            token: token_str,
             sku: req.sku,
             user: req.user,
             request_id: req.request_id,

@@ -236,6 +236,28 @@ static B64URL: [u8; 256] = {
     t
 };
 
+/// Bit set in [`B64_SHIFTED`] for a byte outside the alphabet (above the 24 data bits).
+const B64_BAD: u32 = 1 << 31;
+
+/// [`B64URL`] for each of the four positions of a quantum, already shifted into place:
+/// a quantum is then four loads and three ORs, and one test of [`B64_BAD`].
+static B64_SHIFTED: [[u32; 256]; 4] = {
+    let mut t = [[B64_BAD; 256]; 4];
+    let mut c = 0;
+    while c < 256 {
+        let v = B64URL[c];
+        if v != B64_INVALID {
+            let v = v as u32;
+            t[0][c] = v << 18;
+            t[1][c] = v << 12;
+            t[2][c] = v << 6;
+            t[3][c] = v;
+        }
+        c += 1;
+    }
+    t
+};
+
 /// Strict unpadded base64url (RFC 4648 §5), as `URL_SAFE_NO_PAD.decode_slice` accepts
 /// it: no padding, no other characters, no length ≡ 1 (mod 4), and the unused low bits
 /// of the last character zero (so every token has exactly one spelling). Returns the
@@ -256,13 +278,14 @@ fn b64url_decode(src: &[u8], out: &mut [u8]) -> Option<usize> {
         (v != B64_INVALID).then_some(v as u32)
     };
     for (chunk, dst) in src.chunks_exact(4).zip(out.chunks_exact_mut(3)) {
-        // One test per four characters, not one per character: `INVALID` is the only
-        // table value with the high bit set.
-        let [a, b, c, d] = [chunk[0], chunk[1], chunk[2], chunk[3]].map(|x| B64URL[x as usize]);
-        if (a | b | c | d) & 0x80 != 0 {
+        // One test per four characters, not one per character.
+        let n = B64_SHIFTED[0][chunk[0] as usize]
+            | B64_SHIFTED[1][chunk[1] as usize]
+            | B64_SHIFTED[2][chunk[2] as usize]
+            | B64_SHIFTED[3][chunk[3] as usize];
+        if n & B64_BAD != 0 {
             return None;
         }
-        let n = (a as u32) << 18 | (b as u32) << 12 | (c as u32) << 6 | d as u32;
         dst[0] = (n >> 16) as u8;
         dst[1] = (n >> 8) as u8;
         dst[2] = n as u8;
@@ -364,6 +387,15 @@ impl TokenBuf {
             // fallback is unreachable but keeps this free of unwrap and unsafe.
             TokenBuf::Inline(b, n) => std::str::from_utf8(&b[..*n as usize]).unwrap_or(""),
             TokenBuf::Heap(s) => s,
+        }
+    }
+
+    /// The token's bytes, without [`TokenBuf::as_str`]'s UTF-8 check (a pass over the
+    /// token each time): for replies and hashing, which want bytes anyway.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            TokenBuf::Inline(b, n) => &b[..*n as usize],
+            TokenBuf::Heap(s) => s.as_bytes(),
         }
     }
 }

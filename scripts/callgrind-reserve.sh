@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Instructions per RESERVE, measured by valgrind's callgrind: a figure that does not move
+# with the machine's load (CPU time here moves ±20 % between runs), for before/after
+# comparisons of the request path.
+#
+#   scripts/callgrind-reserve.sh [BIN] [N] [P]
+#     BIN  stockgate binary (default target/release/stockgate)
+#     N    RESERVE requests (default 100000), P pipeline depth (default 16), 50 clients
+#
+# Prints the instructions per request in total and without SHA-256: valgrind does not
+# emulate SHA-NI, so the server falls back to sha2's portable code, whose count says
+# nothing about the real (hardware) cost; the rest is comparable between builds.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=${1:-$ROOT/target/release/stockgate}
+N=${2:-100000}
+P=${3:-16}
+for tool in valgrind callgrind_annotate redis-cli redis-benchmark; do
+  command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 2; }
+done
+D=$(mktemp -d /tmp/sg-callgrind.XXXXXX)
+VP=
+cleanup() { [[ -n $VP ]] && kill -TERM "$VP" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$D"; }
+trap cleanup EXIT
+valgrind --tool=callgrind --callgrind-out-file="$D/cg.out" "$BIN" --bind 127.0.0.1 --port 0 \
+  --data-dir "$D/data" --fsync everysec --threads 1 >"$D/out" 2>"$D/err" &
+VP=$!
+PORT=
+for _ in $(seq 1 300); do
+  PORT=$(sed -n 's/^listening on .*:\([0-9][0-9]*\)$/\1/p' "$D/out" | head -n 1)
+  [[ -n $PORT ]] && break
+  sleep 0.1
+done
+[[ -n $PORT ]] || { cat "$D/err" >&2; echo "server did not start" >&2; exit 1; }
+timeout 30 redis-cli -p "$PORT" SALE.CREATE BENCH 1000000000000 >/dev/null
+TOKEN=$(timeout 30 "$BIN" mint-token --data-dir "$D/data" --sku BENCH --user bench-user --ttl-ms 86400000)
+timeout 1800 redis-benchmark -p "$PORT" -c 50 -n "$N" -P "$P" -r 1000000000 \
+  RESERVE BENCH bench-user "$TOKEN" 'req-__rand_int__' >/dev/null 2>&1
+kill -TERM "$VP"; wait "$VP" || true; VP=
+callgrind_annotate --auto=no --threshold=100 "$D/cg.out" 2>/dev/null | awk -v n="$N" '
+  /PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
+  (/sha2::sha256/ || /sha2-[0-9.]*\/src\/sha256\//) && !/PROGRAM/ { v = $1; gsub(",", "", v); sha += v }
+  END { printf "instructions per RESERVE: %d total, %d outside SHA-256 (N=%d)\n", total / n, (total - sha) / n, n }'
