@@ -6,6 +6,7 @@
 #   scripts/callgrind-reserve.sh [BIN] [N] [P]
 #     BIN  stockgate binary (default target/release/stockgate)
 #     N    RESERVE requests (default 100000), P pipeline depth (default 16), 50 clients
+#   KEEP=1 keeps the callgrind output file for callgrind_annotate.
 #
 # Prints the instructions per request in total and without SHA-256: valgrind does not
 # emulate SHA-NI, so the server falls back to sha2's portable code, whose count says
@@ -20,7 +21,12 @@ for tool in valgrind callgrind_annotate redis-cli redis-benchmark; do
 done
 D=$(mktemp -d /tmp/sg-callgrind.XXXXXX)
 VP=
-cleanup() { [[ -n $VP ]] && kill -TERM "$VP" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$D"; }
+# KEEP=1 keeps the callgrind output (for callgrind_annotate) and says where.
+cleanup() {
+  [[ -n $VP ]] && kill -TERM "$VP" 2>/dev/null
+  wait 2>/dev/null || true
+  if [[ -n ${KEEP:-} ]]; then echo "callgrind output: $D/cg.out" >&2; else rm -rf "$D"; fi
+}
 trap cleanup EXIT
 valgrind --tool=callgrind --callgrind-out-file="$D/cg.out" "$BIN" --bind 127.0.0.1 --port 0 \
   --data-dir "$D/data" --fsync everysec --threads 1 >"$D/out" 2>"$D/err" &

@@ -59,11 +59,13 @@ impl<'a> Args<'a> {
     /// way and before it looks anything up.
     fn next_ident(&mut self, field: &str, valid: fn(&[u8]) -> bool) -> Result<&'a str, Reply> {
         let b = self.next_bytes()?;
-        if !valid(b) {
+        if !valid(b) || !b.is_ascii() {
             return Err(invalid(field));
         }
-        // The identifier alphabets are ASCII, so this cannot fail; no unwrap all the same.
-        std::str::from_utf8(b).map_err(|_| invalid(field))
+        // SAFETY: ASCII (checked just above, and implied by every identifier alphabet) is
+        // UTF-8. `from_utf8` would check it again, byte by byte for these short strings:
+        // three identifiers per RESERVE cost more than the rest of their parsing.
+        Ok(unsafe { std::str::from_utf8_unchecked(b) })
     }
 
     pub fn next_u64(&mut self) -> Result<u64, Reply> {

@@ -158,32 +158,16 @@ fn put_bulk(out: &mut BytesMut, b: &[u8]) {
     out.put_slice(b"\r\n");
 }
 
-/// A number and its CRLF in one copy: replies carry several (lengths, expiry, shard),
-/// so this runs a few times per command.
+/// A number and its CRLF: replies carry several (lengths, expiry, shard), so this runs a
+/// few times per command (`itoa` writes two digits per step from a table).
 fn put_num(out: &mut BytesMut, n: i64) {
     if (0..10).contains(&n) {
         out.put_slice(&[b'0' + n as u8, b'\r', b'\n']);
         return;
     }
-    let mut buf = [0u8; 22];
-    buf[20] = b'\r';
-    buf[21] = b'\n';
-    let mut i = 20;
-    let neg = n < 0;
-    let mut v = n.unsigned_abs();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    if neg {
-        i -= 1;
-        buf[i] = b'-';
-    }
-    out.put_slice(&buf[i..]);
+    let mut buf = itoa::Buffer::new();
+    out.put_slice(buf.format(n).as_bytes());
+    out.put_slice(b"\r\n");
 }
 
 /// Every engine error's wire form. The first word is the error code clients match on.
