@@ -15,6 +15,9 @@ type HmacSha256 = Hmac<Sha256>;
 /// Admission tokens longer than this are refused before any decoding work: the payload
 /// holds at most a kid, a 64-byte sku, a 128-byte user and a number.
 const MAX_ADMISSION_TOKEN: usize = 1024;
+/// Decoded payloads up to this long are verified without touching the heap: `v1|kid|` +
+/// the longest sku (64) and user (128) + `|` + a 19-digit expiry, with room for the kid.
+const STACK_PAYLOAD: usize = 320;
 /// Unpadded base64url of an HMAC-SHA256 (32 bytes).
 const SIG_B64_LEN: usize = 43;
 const MIN_SECRET_BYTES: usize = 32;
@@ -184,10 +187,19 @@ impl Keyring {
                 .ok_or(Denied::Malformed)?,
         };
         let (p64, s64) = (&token[..dot], &token[dot + 1..]);
-        // Decoded into stack buffers: verification runs on every RESERVE.
-        let mut pbuf = [0u8; MAX_ADMISSION_TOKEN];
-        let n = b64url_decode(p64, &mut pbuf).ok_or(Denied::Malformed)?;
-        let payload = &pbuf[..n];
+        // Decoded into a stack buffer: verification runs on every RESERVE. Sized for
+        // every token a sku and user of the protocol's lengths make (zeroing the longest
+        // possible payload's buffer cost more than its decoding); longer ones go to the heap.
+        let mut pbuf = [0u8; STACK_PAYLOAD];
+        let mut heap = Vec::new();
+        let out: &mut [u8] = if p64.len() / 4 * 3 + 3 <= STACK_PAYLOAD {
+            &mut pbuf
+        } else {
+            heap.resize(MAX_ADMISSION_TOKEN, 0);
+            &mut heap
+        };
+        let n = b64url_decode(p64, out).ok_or(Denied::Malformed)?;
+        let payload = &out[..n];
         let mut sbuf = [0u8; 64];
         let sn = b64url_decode(s64, &mut sbuf).ok_or(Denied::Malformed)?;
         let sig = &sbuf[..sn];
@@ -619,6 +631,27 @@ mod tests {
         let mut bad = t.clone();
         bad.push('A');
         assert!(r.verify(&bad, "SKU1", "alice").is_err());
+    }
+
+    #[test]
+    fn payloads_past_the_stack_buffer_verify_the_same() {
+        let r = ring();
+        // Around the stack buffer's size and past it (the heap path), to the longest
+        // token accepted; the signature's dot searched from both ends alike.
+        for len in [STACK_PAYLOAD - 40, STACK_PAYLOAD, STACK_PAYLOAD + 10, 600] {
+            let user = "u".repeat(len);
+            let t = r.mint("SKU1", &user, 7);
+            assert_eq!(r.verify(&t, "SKU1", &user), Ok(7), "user of {len}");
+            assert_eq!(r.verify(&t, "SKU1", "u"), Err(Denied::WrongUser));
+            let dotless = t.replace('.', "A");
+            assert_eq!(r.verify(&dotless, "SKU1", &user), Err(Denied::Malformed));
+        }
+        let long = r.mint("SKU1", &"u".repeat(MAX_ADMISSION_TOKEN), 7);
+        assert_eq!(r.verify(&long, "SKU1", "u"), Err(Denied::Malformed));
+        // A dot inside the payload as well as before the signature: malformed either way.
+        let t = r.mint("SKU1", "alice", 1000);
+        let two_dots = format!("{}.{}", &t[..4], &t[4..]);
+        assert_eq!(r.verify(&two_dots, "SKU1", "alice"), Err(Denied::Malformed));
     }
 
     #[test]

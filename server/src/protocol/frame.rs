@@ -53,12 +53,17 @@ fn parse_int(s: &[u8]) -> Option<i64> {
         Some(b'-') => (true, &s[1..]),
         _ => (false, s),
     };
-    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+    if digits.is_empty() || digits.len() > 18 {
         return None;
     }
+    // One pass: every header of every command goes through here.
     let mut v: i64 = 0;
     for &d in digits {
-        v = v * 10 + (d - b'0') as i64;
+        let x = d.wrapping_sub(b'0');
+        if x > 9 {
+            return None;
+        }
+        v = v * 10 + x as i64;
     }
     Some(if neg { -v } else { v })
 }
