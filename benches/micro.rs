@@ -22,7 +22,9 @@ use stockgate_server::engine::{
     Engine, EngineConfig, Keyring, NullSink, ReservationKey, ReserveOutcome, ReserveRequest,
     SystemClock,
 };
-use stockgate_server::protocol::frame::{parse_command, parse_command_into, Limits, Parsed};
+use stockgate_server::protocol::frame::{
+    parse_command, parse_command_into, parse_frame, Frame, Limits, Parsed,
+};
 use stockgate_server::protocol::Reply;
 
 const SECRET_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
@@ -208,8 +210,23 @@ fn bench_resp(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+    // What the connection runs: the frame's argument ranges, then slices of the buffer
+    // (no `Bytes` handle per argument).
+    let mut ranges = Vec::with_capacity(8);
+    c.bench_function("resp/parse_frame_reserve", |b| {
+        b.iter(|| {
+            let r = parse_frame(black_box(&frame[..]), &limits, &mut ranges);
+            debug_assert!(matches!(r, Ok(Frame::Array { .. })) && ranges.len() == 5);
+            let mut argv = [&b""[..]; 8];
+            for (slot, &(a, b)) in argv.iter_mut().zip(ranges.iter()) {
+                *slot = &frame[a..b];
+            }
+            black_box(&argv);
+            black_box(r)
+        })
+    });
     let reply = Reply::Array(vec![
-        Reply::bulk("RESERVED"),
+        Reply::StaticBulk("RESERVED"),
         Reply::bulk("{HOT-SKU-1}abcdefghijklmnopqrstuvwxyz"),
         Reply::Int(1_796_114_938_658),
         Reply::Int(5),
