@@ -13,6 +13,8 @@
 # nothing about the real (hardware) cost; the rest is comparable between builds.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 BIN=${1:-$ROOT/target/release/stockgate}
 N=${2:-100000}
 P=${3:-16}
@@ -31,13 +33,7 @@ trap cleanup EXIT
 valgrind --tool=callgrind --callgrind-out-file="$D/cg.out" "$BIN" --bind 127.0.0.1 --port 0 \
   --data-dir "$D/data" --fsync everysec --threads 1 >"$D/out" 2>"$D/err" &
 VP=$!
-PORT=
-for _ in $(seq 1 300); do
-  PORT=$(sed -n 's/^listening on .*:\([0-9][0-9]*\)$/\1/p' "$D/out" | head -n 1)
-  [[ -n $PORT ]] && break
-  sleep 0.1
-done
-[[ -n $PORT ]] || { cat "$D/err" >&2; echo "server did not start" >&2; exit 1; }
+PORT=$(listening_port "$D/out" "$D/err")
 timeout 30 redis-cli -p "$PORT" SALE.CREATE BENCH 1000000000000 >/dev/null
 TOKEN=$(timeout 30 "$BIN" mint-token --data-dir "$D/data" --sku BENCH --user bench-user --ttl-ms 86400000)
 timeout 1800 redis-benchmark -p "$PORT" -c 50 -n "$N" -P "$P" -r 1000000000 \

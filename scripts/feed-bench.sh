@@ -20,6 +20,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 SG_BIN=${STOCKGATE_BIN:-$ROOT/target/release/stockgate}
 MAT_BIN=${MATERIALIZER_BIN:-$ROOT/target/release/stockgate-materializer}
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -82,13 +84,7 @@ mkdir -p "$TMP/sg"
 timeout 3600 "$SG_BIN" --bind 127.0.0.1 --port 0 --data-dir "$TMP/sg/data" --fsync everysec \
   >"$TMP/sg/out" 2>"$TMP/sg/err" &
 SGPID=$!; PIDS+=("$SGPID")
-PORT=
-for _ in $(seq 1 150); do
-  PORT=$(sed -n 's/^listening on .*:\([0-9][0-9]*\)$/\1/p' "$TMP/sg/out" | head -n 1)
-  [[ -n $PORT ]] && break
-  sleep 0.1
-done
-[[ -n $PORT ]] || { cat "$TMP/sg/err" >&2; exit 1; }
+PORT=$(listening_port "$TMP/sg/out" "$TMP/sg/err" 150)
 SGSRV=$(pgrep -P "$SGPID" | head -n 1) # `timeout` forks the server: its CPU is the child's
 redis-cli -p "$PORT" SALE.CREATE "$SKU" 1000000000000 >/dev/null
 TOKEN=$("$SG_BIN" mint-token --data-dir "$TMP/sg/data" --sku "$SKU" --user bench-user --ttl-ms 86400000)
