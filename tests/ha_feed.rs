@@ -299,19 +299,15 @@ fn materializer_by_sentinel_follows_kill9_failovers_exactly_once() {
                 let token = match client.reserve(SKU, &user, &adm, &rid, 1).await {
                     Ok(ReserveOutcome::Reserved { token, .. })
                     | Ok(ReserveOutcome::Replay { token, .. }) => token,
-                    Ok(other) => {
+                    other => {
+                        let why = match other {
+                            Ok(o) => format!("{o:?}"),
+                            Err(e) => e.to_string(),
+                        };
                         errors
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .push(format!("{rid}: {other:?}"));
-                        i += 1;
-                        continue;
-                    }
-                    Err(e) => {
-                        errors
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(format!("{rid}: {e}"));
+                            .push(format!("{rid}: {why}"));
                         i += 1;
                         continue;
                     }

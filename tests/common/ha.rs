@@ -428,20 +428,21 @@ impl Group {
     }
 
     pub fn node(&self, port: u16) -> &Node {
+        &self.nodes[self.index_of(port)]
+    }
+
+    /// Where the node on `port` is in `nodes`.
+    fn index_of(&self, port: u16) -> usize {
         self.nodes
             .iter()
-            .find(|n| n.port == port)
+            .position(|n| n.port == port)
             .expect("a node of ours")
     }
 
     /// `kill -9` of the node Sentinel names primary; returns its port.
     pub fn kill_primary(&mut self) -> u16 {
         let old = sentinel_primary(&self.sentinels).expect("a primary");
-        let victim = self
-            .nodes
-            .iter()
-            .position(|n| n.port == old)
-            .expect("primary is ours");
+        let victim = self.index_of(old);
         self.nodes[victim].kill9();
         old
     }
@@ -472,11 +473,7 @@ impl Group {
     /// Restarts the killed node on `port` (same data dir) and waits until it is a
     /// replica again with its link up.
     pub fn restart_rejoin(&mut self, port: u16) {
-        let victim = self
-            .nodes
-            .iter()
-            .position(|n| n.port == port)
-            .expect("a node of ours");
+        let victim = self.index_of(port);
         self.nodes[victim].restart();
         wait_for(
             "the killed node to rejoin as a replica",
