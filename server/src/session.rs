@@ -121,6 +121,18 @@ pub trait Replication: Send + Sync {
         n: usize,
         timeout: std::time::Duration,
     ) -> Pin<Box<dyn Future<Output = usize> + Send + '_>>;
+    /// `SENTINEL ...`: a Raft group member answers the discovery commands.
+    fn sentinel(&self, _args: &[&[u8]]) -> Reply {
+        Reply::err("ERR SENTINEL is answered by the members of a Raft group (--raft-id); this server is not one")
+    }
+    /// `RAFT.*`: membership commands of a Raft group member; the future gives the reply.
+    fn raft(
+        &self,
+        _sub: &str,
+        _args: &[&[u8]],
+    ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
+        Err(Reply::err("ERR this server is not a member of a Raft group (--raft-id)"))
+    }
     /// `PSYNC`: the connection becomes a replication link.
     fn serve_replica(
         self: Arc<Self>,

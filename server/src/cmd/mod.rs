@@ -187,6 +187,8 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "publish" => Ok(replication::publish(ctx, rest)),
         "subscribe" => Ok(replication::subscribe(ctx, rest)),
         "unsubscribe" => Ok(replication::unsubscribe(rest)),
+        "sentinel" => Ok(replication::sentinel(ctx, rest)),
+        "raft.members" | "raft.add" | "raft.remove" => Ok(replication::raft(ctx, spec.name, rest)),
         "multi" => Ok(multi::multi(ctx)),
         "exec" => Ok(multi::exec(ctx)),
         "discard" => Ok(multi::discard(ctx)),

@@ -207,3 +207,27 @@ pub fn unsubscribe(args: &[&[u8]]) -> Outcome {
     let ch = args.first().map_or(Reply::Nil, |c| Reply::Bulk(c.to_vec()));
     Reply::Array(vec![Reply::bulk("unsubscribe"), ch, Reply::Int(0)]).into()
 }
+
+/// `SENTINEL subcommand ...`, answered by a Raft group member from its leadership.
+pub fn sentinel(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
+    match repl(ctx) {
+        Ok(r) => r.sentinel(args).into(),
+        Err(e) => e.into(),
+    }
+}
+
+/// `RAFT.MEMBERS`, `RAFT.ADD`, `RAFT.REMOVE`: the reply comes when the group has decided
+/// (inside EXEC, where a connection cannot wait, they are refused).
+pub fn raft(ctx: &mut Ctx<'_>, name: &str, args: &[&[u8]]) -> Outcome {
+    let r = match repl(ctx) {
+        Ok(r) => r,
+        Err(e) => return e.into(),
+    };
+    match r.raft(name, args) {
+        Ok(fut) => Outcome::deferred(
+            Reply::err("ERR RAFT commands cannot run inside MULTI"),
+            fut,
+        ),
+        Err(e) => e.into(),
+    }
+}

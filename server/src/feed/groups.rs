@@ -29,7 +29,6 @@ use crate::wal::record::{
     K_GROUP_ACKED, K_GROUP_CHECKPOINT, K_GROUP_CLAIMED, K_GROUP_CONSUMER, K_GROUP_CREATED,
     K_GROUP_DELIVERED, K_GROUP_DESTROYED, K_GROUP_SET_ID,
 };
-use crate::wal::Wal;
 
 /// Limits of consumer groups, documented in the README.
 #[derive(Clone, Copy, Debug)]
@@ -625,7 +624,8 @@ type Key = (String, String);
 
 /// The registry of every group, and the logging of their records.
 pub struct Groups {
-    wal: Arc<Wal>,
+    /// Where group records are logged: the WAL, or a Raft member's leader batches.
+    wal: Arc<dyn crate::engine::EventSink>,
     map: Mutex<BTreeMap<Key, Arc<Mutex<Group>>>>,
     /// LSNs of recent group records, so the lag of the all-events stream does not count
     /// them (they are not entries). Bounded: past it, lag counts a few records high.
@@ -645,7 +645,7 @@ pub fn now_ms() -> u64 {
 }
 
 impl Groups {
-    pub fn new(wal: Arc<Wal>, limits: GroupLimits) -> Groups {
+    pub fn new(wal: Arc<dyn crate::engine::EventSink>, limits: GroupLimits) -> Groups {
         Groups {
             wal,
             map: Mutex::new(BTreeMap::new()),
@@ -658,7 +658,7 @@ impl Groups {
     /// LSN: what the reply must wait for.
     pub fn log(&self, rec: &GroupRecord) -> Lsn {
         let (kind, body) = rec.encode();
-        let lsn = self.wal.record(EventRef::Opaque { kind, body: &body });
+        let lsn = self.wal.record(&EventRef::Opaque { kind, body: &body });
         let mut own = self.own.lock();
         own.insert(lsn);
         while own.len() > OWN_LSNS {

@@ -227,8 +227,15 @@ impl Drop for BlockSlot {
 
 impl Feed {
     pub fn new(wal: Arc<Wal>, limits: FeedLimits) -> Feed {
+        Feed::with_group_sink(wal.clone(), wal, limits)
+    }
+
+    /// A feed whose consumer groups log their changes to `sink` rather than straight to
+    /// the WAL (a Raft group member: they travel in the leader's batches like the
+    /// engine's records).
+    pub fn with_group_sink(wal: Arc<Wal>, sink: Arc<dyn crate::engine::EventSink>, limits: FeedLimits) -> Feed {
         Feed {
-            groups: groups::Groups::new(wal.clone(), groups::GroupLimits::default()),
+            groups: groups::Groups::new(sink, groups::GroupLimits::default()),
             wal,
             hints: Mutex::new(VecDeque::with_capacity(HINTS)),
             blocked: AtomicUsize::new(0),

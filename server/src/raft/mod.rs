@@ -1,0 +1,152 @@
+//! A replicated group: the engine's log replicated with Raft (the `openraft` library).
+//!
+//! What is the library's and what is ours:
+//! - elections, terms, log matching, commit by majority, membership changes: openraft;
+//! - the Raft log on disk ([`log_store`]), the network between peers ([`network`]), the
+//!   state machine ([`state_machine`]: the engine and its WAL), and how the leader's
+//!   engine feeds the log ([`speculation`]): ours.
+//!
+//! The rules (docs/replication.md has the why):
+//! - **A Raft entry is a batch of WAL records**, written by the leader's engine under its
+//!   locks exactly as a single node writes its WAL, LSNs included. Every node applies the
+//!   same batches in the same order, so every node's WAL holds the same records under the
+//!   same LSNs (feed positions mean the same everywhere).
+//! - **The leader runs ahead, nobody else sees it.** The leader's engine applies a command
+//!   at once (the fast path) and its records go to Raft; the reply waits until the batch
+//!   holding them is committed (a majority has it durable) and applied. Only applied
+//!   batches reach a node's WAL, so the feed, recovery and followers see committed state
+//!   only.
+//! - **A leader that loses its term with records not yet committed restarts itself**
+//!   (re-executes the binary) and recovers from its WAL and Raft log like after a
+//!   `kill -9`: its uncommitted engine state is thrown away before it serves anything,
+//!   and no waiting reply is sent (the connections close with the old process image).
+//! - Only a leader whose own term's first entry is applied takes writes; followers answer
+//!   `-READONLY`, stock reads too (their state may be stale), and feed reads (committed,
+//!   possibly behind the leader).
+
+pub mod log_store;
+pub mod network;
+pub mod node;
+pub mod speculation;
+pub mod state_machine;
+
+use std::fmt;
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+
+pub use node::{RaftNode, RaftNodeConfig};
+
+pub type NodeId = u64;
+
+/// What the group knows of a member: where peers reach its Raft port and where clients
+/// reach it (the address the Sentinel discovery commands hand out).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub raft_addr: String,
+    pub client_addr: String,
+}
+
+impl fmt::Display for NodeInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.client_addr, self.raft_addr)
+    }
+}
+
+/// One Raft entry's payload: WAL records `first_lsn ..= first_lsn + count - 1`, encoded
+/// as the WAL encodes them (CRC per record), written by the leader's engine.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    /// The incarnation (process start) of the leader that wrote it: its own engine
+    /// already holds these records, every other engine applies them.
+    pub origin: u64,
+    pub first_lsn: u64,
+    pub count: u32,
+    pub records: Vec<u8>,
+}
+
+impl Batch {
+    pub fn last_lsn(&self) -> u64 {
+        self.first_lsn + u64::from(self.count) - 1
+    }
+}
+
+impl fmt::Debug for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Batch(lsn {}..={}, {} bytes, origin {:x})",
+            self.first_lsn,
+            self.last_lsn(),
+            self.records.len(),
+            self.origin
+        )
+    }
+}
+
+impl fmt::Display for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+openraft::declare_raft_types!(
+    pub TypeConfig:
+        D = Batch,
+        R = (),
+        NodeId = NodeId,
+        Node = NodeInfo,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type Entry = openraft::Entry<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type StorageError = openraft::StorageError<NodeId>;
+
+/// `ID=CLIENT_HOST:PORT/RAFT_HOST:PORT`, as `--raft-peers` takes it.
+pub fn parse_peer(s: &str) -> Result<(NodeId, NodeInfo), String> {
+    let bad = || {
+        format!(
+            "raft peer '{s}': expected ID=CLIENT_HOST:PORT/RAFT_HOST:PORT (e.g. 1=127.0.0.1:7379/127.0.0.1:17379)"
+        )
+    };
+    let (id, rest) = s.split_once('=').ok_or_else(bad)?;
+    let id: NodeId = id.trim().parse().map_err(|_| bad())?;
+    if id == 0 {
+        return Err(format!("raft peer '{s}': node ids start at 1"));
+    }
+    let (client, raft) = rest.split_once('/').ok_or_else(bad)?;
+    for a in [client, raft] {
+        let port = a.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+        if !matches!(port, Some(p) if p > 0) {
+            return Err(bad());
+        }
+    }
+    Ok((
+        id,
+        NodeInfo {
+            raft_addr: raft.to_owned(),
+            client_addr: client.to_owned(),
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raft_peer_parses_and_refuses_in_words() {
+        let (id, n) = parse_peer("2=127.0.0.1:7380/127.0.0.1:17380").expect("valid");
+        assert_eq!(id, 2);
+        assert_eq!(n.client_addr, "127.0.0.1:7380");
+        assert_eq!(n.raft_addr, "127.0.0.1:17380");
+        for bad in ["", "x=1:2/3:4", "1=127.0.0.1:7380", "1=a:0/b:1", "0=a:1/b:2"] {
+            let e = parse_peer(bad).expect_err(bad);
+            assert!(e.contains("raft peer"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The network between the members of a group: openraft's three RPCs over TCP, one
+//! request and one reply per frame, `[u32 length][bincode body]`.
+//!
+//! Each node listens on its Raft address (`--raft-listen`) and keeps one connection per
+//! peer it calls, opened on first use and dropped on any error (the next heartbeat opens
+//! it again). A frame larger than [`MAX_FRAME`] ends the connection: a peer's bytes are
+//! bounded like a client's. Failures are reported as network errors rather than
+//! "unreachable": openraft backs off half a second from an unreachable peer, which would
+//! add that to every failover.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest,
+    InstallSnapshotResponse, VoteRequest, VoteResponse,
+};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{NodeId, NodeInfo, Raft, TypeConfig};
+
+/// Largest frame a peer may send (an append of `max_payload_entries` batches).
+pub const MAX_FRAME: usize = 256 << 20;
+
+#[derive(Serialize, Deserialize)]
+enum Rpc {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+#[derive(Serialize, Deserialize)]
+enum RpcReply {
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+}
+
+/// Creates a [`Peer`] per member openraft talks to. `routes` overrides where a peer is
+/// reached (`--raft-route ID=ADDR`: a proxy, a NAT), by node id.
+#[derive(Clone, Default)]
+pub struct Network {
+    pub routes: Arc<HashMap<NodeId, String>>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> Peer {
+        let addr = self
+            .routes
+            .get(&target)
+            .cloned()
+            .unwrap_or_else(|| node.raft_addr.clone());
+        Peer {
+            target,
+            addr,
+            conn: None,
+        }
+    }
+}
+
+pub struct Peer {
+    target: NodeId,
+    addr: String,
+    conn: Option<TcpStream>,
+}
+
+async fn write_frame(s: &mut TcpStream, body: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|l| (*l as usize) <= MAX_FRAME)
+        .ok_or_else(|| io::Error::other(format!("frame of {} bytes over the limit", body.len())))?;
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(body);
+    s.write_all(&out).await
+}
+
+async fn read_frame(s: &mut TcpStream) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(io::Error::other(format!("peer sent a frame of {len} bytes, over the limit")));
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await?;
+    Ok(body)
+}
+
+fn net_err<E: std::error::Error + 'static>(e: &E) -> NetworkError {
+    NetworkError::new(e)
+}
+
+impl Peer {
+    async fn call(&mut self, rpc: &Rpc, ttl: Duration) -> io::Result<RpcReply> {
+        let body = bincode::serialize(rpc).map_err(io::Error::other)?;
+        let r = tokio::time::timeout(ttl, async {
+            if self.conn.is_none() {
+                let s = TcpStream::connect(&self.addr).await?;
+                s.set_nodelay(true)?;
+                self.conn = Some(s);
+            }
+            let Some(s) = self.conn.as_mut() else {
+                return Err(io::Error::other("no connection"));
+            };
+            write_frame(s, &body).await?;
+            let reply = read_frame(s).await?;
+            bincode::deserialize::<RpcReply>(&reply).map_err(io::Error::other)
+        })
+        .await
+        .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "raft rpc timed out")));
+        if r.is_err() {
+            self.conn = None;
+        }
+        r
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        match self.call(&Rpc::Append(rpc), option.hard_ttl()).await {
+            Ok(RpcReply::Append(r)) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other("mismatched reply")))),
+            Err(e) => Err(RPCError::Network(net_err(&e))),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        match self.call(&Rpc::Snapshot(rpc), option.hard_ttl()).await {
+            Ok(RpcReply::Snapshot(r)) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other("mismatched reply")))),
+            Err(e) => Err(RPCError::Network(net_err(&e))),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        match self.call(&Rpc::Vote(rpc), option.hard_ttl()).await {
+            Ok(RpcReply::Vote(r)) => {
+                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+            }
+            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other("mismatched reply")))),
+            Err(e) => Err(RPCError::Network(net_err(&e))),
+        }
+    }
+}
+
+/// Serves the peers' RPCs. `no_votes`: while set, vote requests are not answered (a node
+/// rejoining with an empty log must not vote before it has caught up: it may have
+/// voted in these terms before it lost its log).
+pub async fn serve(listener: TcpListener, raft: Raft, no_votes: Arc<AtomicBool>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("raft: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (raft, no_votes) = (raft.clone(), no_votes.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serve_peer(stream, raft, no_votes).await {
+                tracing::debug!("raft: peer connection ended: {e}");
+            }
+        });
+    }
+}
+
+async fn serve_peer(mut s: TcpStream, raft: Raft, no_votes: Arc<AtomicBool>) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    loop {
+        let body = read_frame(&mut s).await?;
+        let rpc: Rpc = bincode::deserialize(&body).map_err(io::Error::other)?;
+        let reply = match rpc {
+            Rpc::Append(r) => RpcReply::Append(raft.append_entries(r).await),
+            Rpc::Vote(r) => {
+                if no_votes.load(Ordering::Acquire) {
+                    return Err(io::Error::other("not voting until caught up"));
+                }
+                RpcReply::Vote(raft.vote(r).await)
+            }
+            Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+        };
+        let out = bincode::serialize(&reply).map_err(io::Error::other)?;
+        write_frame(&mut s, &out).await?;
+    }
+}

@@ -1,0 +1,746 @@
+//! A group member as the rest of the server sees it: who leads, whether this node takes
+//! writes, the Sentinel discovery commands answered from the Raft leadership, the
+//! membership commands, and the restart of a deposed leader.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::OsString;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use openraft::{Config, ServerState, SnapshotPolicy};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use super::log_store::LogStore;
+use super::speculation::Speculation;
+use super::state_machine::StateMachine;
+use super::{network, NodeId, NodeInfo, Raft};
+use crate::engine::{Engine, Lsn};
+use crate::persist::WalDurability;
+use crate::protocol::Reply;
+use crate::session::{Durability, Replication, SyncRequest};
+
+/// Flags of a group member (`--raft-*`).
+#[derive(Clone, Debug)]
+pub struct RaftNodeConfig {
+    pub id: NodeId,
+    /// Where this node listens for its peers.
+    pub listen: String,
+    /// `--raft-peers`: the group to form on first start (this node included). Empty: a
+    /// node that waits to be added (`RAFT.ADD` on the leader).
+    pub bootstrap: BTreeMap<NodeId, NodeInfo>,
+    /// `--raft-route ID=ADDR`: reach that peer through another address.
+    pub routes: HashMap<NodeId, String>,
+    /// The name Sentinel-aware clients ask for (`--group-name`).
+    pub group_name: String,
+    pub heartbeat_ms: u64,
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+    /// `--rejoin-empty`: this data dir lost its Raft log; start empty, never vote before
+    /// caught up.
+    pub rejoin_empty: bool,
+    /// The command line a deposed node re-executes.
+    pub restart_argv: Vec<OsString>,
+}
+
+/// What `prepare` found on disk.
+pub struct Prepared {
+    pub store: LogStore,
+    /// The log was lost and the operator asked to rejoin empty.
+    pub rejoining: bool,
+    pristine: bool,
+}
+
+const ID_FILE: &str = "id";
+
+/// Checks the data dir's Raft identity and opens the log, before the engine is
+/// recovered (a rejoin discards the WAL, which the group then sends again).
+pub fn prepare(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Prepared, String> {
+    let dir = data_dir.join("raft");
+    let id_path = dir.join(ID_FILE);
+    let log_path = dir.join("log");
+    let recorded = match std::fs::read_to_string(&id_path) {
+        Ok(s) => Some(
+            s.trim()
+                .strip_prefix("node-id ")
+                .and_then(|n| n.parse::<NodeId>().ok())
+                .ok_or_else(|| format!("{}: unreadable node identity '{}'", id_path.display(), s.trim()))?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(format!("{}: {e}", id_path.display())),
+    };
+    if let Some(r) = recorded {
+        if r != cfg.id {
+            return Err(format!(
+                "{} says this data dir is node {r} of its group, the command line says --raft-id {}; refusing to start (one data dir, one identity)",
+                id_path.display(),
+                cfg.id
+            ));
+        }
+    }
+    let mut rejoining = false;
+    if recorded.is_some() && !log_path.exists() {
+        if !cfg.rejoin_empty {
+            return Err(format!(
+                "{} is missing, but {} says this data dir is node {} of a group: its log and the votes it cast are lost. Refusing to start: a node never continues a history it did not come from. To bring it back: on the leader `RAFT.REMOVE {}`, start this node with --rejoin-empty (its WAL is set aside and the group sends everything again), then `RAFT.ADD {} ...` on the leader",
+                log_path.display(),
+                id_path.display(),
+                cfg.id,
+                cfg.id,
+                cfg.id
+            ));
+        }
+        let wal = data_dir.join("wal");
+        if wal.exists() {
+            let aside = data_dir.join(format!("wal.before-rejoin-{}", crate::feed::groups::now_ms()));
+            std::fs::rename(&wal, &aside)
+                .map_err(|e| format!("--rejoin-empty: moving {} aside: {e}", wal.display()))?;
+            eprintln!("stockgate: --rejoin-empty: the old WAL is kept in {}", aside.display());
+        }
+        rejoining = true;
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if recorded.is_none() {
+        write_id(&id_path, cfg.id)?;
+    }
+    let store = LogStore::open(&dir).map_err(|e| e.to_string())?;
+    let pristine = store.is_pristine();
+    Ok(Prepared {
+        store,
+        rejoining,
+        pristine,
+    })
+}
+
+fn write_id(path: &PathBuf, id: NodeId) -> Result<(), String> {
+    use std::io::Write as _;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    writeln!(f, "node-id {id}").map_err(|e| format!("{}: {e}", tmp.display()))?;
+    f.sync_all().map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A running group member.
+pub struct RaftNode {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub spec: Arc<Speculation>,
+    store: LogStore,
+    dur: Arc<WalDurability>,
+    cfg: RaftNodeConfig,
+    metrics: watch::Receiver<openraft::RaftMetrics<NodeId, NodeInfo>>,
+    /// Milliseconds since `epoch` at which a majority last acknowledged this leader.
+    quorum_at_ms: AtomicU64,
+    epoch: Instant,
+    no_votes: Arc<AtomicBool>,
+    publish: OnceLock<Box<dyn Fn(&[u8], &[u8]) + Send + Sync>>,
+    last_leader: Mutex<Option<NodeId>>,
+}
+
+const READONLY: &str = "READONLY You can't write against a read only replica. (this stockgate node is not the Raft leader; ask SENTINEL get-master-addr-by-name)";
+const NO_QUORUM: &str = "READONLY this stockgate node leads no majority right now (partitioned or the others are down); a new leader may exist";
+const STARTING: &str = "LOADING this stockgate node is catching up with its group";
+
+impl RaftNode {
+    /// Starts Raft on this node: the state machine over `engine` and `dur`, the peers'
+    /// listener, the proposer and the leadership watcher. On first start with
+    /// `--raft-peers` it forms the group.
+    pub async fn start(
+        cfg: RaftNodeConfig,
+        prepared: Prepared,
+        engine: Arc<Engine>,
+        dur: Arc<WalDurability>,
+        spec: Arc<Speculation>,
+    ) -> Result<Arc<RaftNode>, String> {
+        let store = prepared.store;
+        let wal_last = dur.wal.last_lsn();
+        let (applied, membership) = store.applied_for(wal_last).map_err(|e| {
+            format!("{e}; refusing to start (a node never continues a history it did not come from)")
+        })?;
+        let sm = StateMachine::new(engine, dur.clone(), spec.clone(), applied, membership);
+        let config = Config {
+            cluster_name: cfg.group_name.clone(),
+            heartbeat_interval: cfg.heartbeat_ms,
+            election_timeout_min: cfg.election_min_ms,
+            election_timeout_max: cfg.election_max_ms,
+            snapshot_policy: SnapshotPolicy::Never,
+            max_payload_entries: 64,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|e| format!("raft settings: {e}"))?;
+        let net = network::Network {
+            routes: Arc::new(cfg.routes.clone()),
+        };
+        let raft = Raft::new(cfg.id, Arc::new(config), net, store.clone(), sm)
+            .await
+            .map_err(|e| format!("raft: {e}"))?;
+        let listener = tokio::net::TcpListener::bind(&cfg.listen)
+            .await
+            .map_err(|e| format!("bind --raft-listen {}: {e}", cfg.listen))?;
+        let no_votes = Arc::new(AtomicBool::new(prepared.rejoining));
+        if prepared.rejoining {
+            raft.runtime_config().elect(false);
+        }
+        tokio::spawn(network::serve(listener, raft.clone(), no_votes.clone()));
+        if prepared.pristine && !prepared.rejoining && !cfg.bootstrap.is_empty() {
+            if !cfg.bootstrap.contains_key(&cfg.id) {
+                return Err(format!("--raft-peers does not list this node (--raft-id {})", cfg.id));
+            }
+            match raft.initialize(cfg.bootstrap.clone()).await {
+                Ok(()) => tracing::info!("raft: formed group of {} node(s)", cfg.bootstrap.len()),
+                Err(e) => tracing::info!("raft: not forming the group: {e}"),
+            }
+        }
+        let node = Arc::new(RaftNode {
+            id: cfg.id,
+            metrics: raft.metrics(),
+            raft: raft.clone(),
+            spec: spec.clone(),
+            store,
+            dur,
+            cfg,
+            quorum_at_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            no_votes,
+            publish: OnceLock::new(),
+            last_leader: Mutex::new(None),
+        });
+        tokio::spawn(spec.clone().propose(raft));
+        tokio::spawn(node.clone().watch_leadership());
+        Ok(node)
+    }
+
+    /// Where Sentinel-style `+switch-master` messages go (the pub/sub hub).
+    pub fn set_publisher(&self, f: Box<dyn Fn(&[u8], &[u8]) + Send + Sync>) {
+        let _ = self.publish.set(f);
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Opens writes when this node leads and has applied its own term's first entry;
+    /// closes them (deposing the node if it has records in flight) when it stops.
+    async fn watch_leadership(self: Arc<Self>) {
+        let mut rx = self.metrics.clone();
+        loop {
+            let m = rx.borrow_and_update().clone();
+            let leading = m.state == ServerState::Leader && m.current_leader == Some(self.id);
+            if leading {
+                if let Some(ms) = m.millis_since_quorum_ack {
+                    let at = self.now_ms().saturating_sub(ms);
+                    self.quorum_at_ms.fetch_max(at, Ordering::AcqRel);
+                }
+            }
+            let caught_up = m.last_applied.is_some_and(|l| l.leader_id.term == m.current_term);
+            if self.spec.writable() && (!leading || m.current_term != self.spec.term()) {
+                self.spec.close(&format!("no longer leading term {}", self.spec.term()));
+            }
+            if leading && caught_up && !self.spec.writable() && !self.spec.is_deposed() {
+                let last = self.dur.wal.last_lsn();
+                self.spec.open(m.current_term, last);
+                tracing::info!("raft: leading term {} from LSN {last}", m.current_term);
+            }
+            if self.no_votes.load(Ordering::Acquire)
+                && m.current_leader.is_some()
+                && m.last_applied.map(|l| l.index) == m.last_log_index
+                && m.last_log_index.is_some()
+            {
+                self.no_votes.store(false, Ordering::Release);
+                self.raft.runtime_config().elect(true);
+                tracing::info!("raft: rejoined and caught up; voting again");
+            }
+            self.announce_leader(m.current_leader, &m);
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn announce_leader(&self, leader: Option<NodeId>, m: &openraft::RaftMetrics<NodeId, NodeInfo>) {
+        let mut last = self.last_leader.lock();
+        if leader.is_none() || *last == leader {
+            return;
+        }
+        let addr = |id: Option<NodeId>| {
+            id.and_then(|i| m.membership_config.membership().get_node(&i).cloned())
+                .map(|n| split_addr(&n.client_addr))
+                .unwrap_or_else(|| ("0.0.0.0".into(), 0))
+        };
+        let (oh, op) = addr(*last);
+        let (nh, np) = addr(leader);
+        *last = leader;
+        if let Some(p) = self.publish.get() {
+            let msg = format!("{} {oh} {op} {nh} {np}", self.cfg.group_name);
+            p(b"+switch-master", msg.as_bytes());
+        }
+    }
+
+    /// Leads, has caught up, and heard from a majority within the election timeout (a
+    /// newer leader can only exist after that long without this one's heartbeats).
+    fn lease_held(&self) -> bool {
+        let age = self
+            .now_ms()
+            .saturating_sub(self.quorum_at_ms.load(Ordering::Acquire));
+        let single = self.voters().len() <= 1;
+        single || age < self.cfg.election_min_ms
+    }
+
+    fn voters(&self) -> BTreeSet<NodeId> {
+        self.metrics
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
+    fn nodes(&self) -> Vec<(NodeId, NodeInfo)> {
+        self.metrics
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(i, n)| (*i, n.clone()))
+            .collect()
+    }
+
+    fn leader(&self) -> Option<(NodeId, NodeInfo)> {
+        let m = self.metrics.borrow();
+        let id = m.current_leader?;
+        let n = m.membership_config.membership().get_node(&id)?.clone();
+        Some((id, n))
+    }
+
+    fn refusal(&self) -> Option<&'static str> {
+        if self.spec.is_deposed() {
+            return Some(READONLY);
+        }
+        if !self.spec.writable() {
+            let m = self.metrics.borrow();
+            return Some(if m.state == ServerState::Leader { STARTING } else { READONLY });
+        }
+        (!self.lease_held()).then_some(NO_QUORUM)
+    }
+
+    /// The re-execution a deposed node does (same PID, same arguments, the port it
+    /// serves on now).
+    pub fn restart_hook(argv: Vec<OsString>, port: u16, dur: Arc<WalDurability>) -> super::speculation::DeposeHook {
+        Box::new(move |_why| {
+            let (argv, dur) = (argv.clone(), dur.clone());
+            // Not on the caller's thread: it may hold the engine's locks.
+            let _ = std::thread::Builder::new()
+                .name("stockgate-restart".into())
+                .spawn(move || {
+                    let _ = dur.wal.flush_and_close();
+                    restart(&argv, port)
+                });
+        })
+    }
+
+    fn info_lines(&self) -> String {
+        let m = self.metrics.borrow().clone();
+        let role = if self.spec.writable() { "master" } else { "slave" };
+        let state = format!("{:?}", m.state).to_ascii_lowercase();
+        let mut s = format!(
+            "role:{role}\r\nraft_node_id:{}\r\nraft_state:{state}\r\nraft_term:{}\r\nraft_leader_id:{}\r\nraft_last_log_index:{}\r\nraft_last_applied_index:{}\r\nraft_log_entries:{}\r\nraft_voters:{}\r\nraft_lease_held:{}\r\nraft_in_flight_records:{}\r\nraft_committed_lsn:{}\r\n",
+            self.id,
+            m.current_term,
+            m.current_leader.map_or("-".into(), |l| l.to_string()),
+            m.last_log_index.unwrap_or(0),
+            m.last_applied.map_or(0, |l| l.index),
+            self.store.entry_count(),
+            self.voters().len(),
+            u8::from(self.spec.writable() && self.lease_held()),
+            self.spec.in_flight(),
+            self.spec.committed_lsn(),
+        );
+        match self.leader() {
+            Some((id, n)) if id != self.id => {
+                let (h, p) = split_addr(&n.client_addr);
+                s.push_str(&format!(
+                    "master_host:{h}\r\nmaster_port:{p}\r\nmaster_link_status:up\r\nslave_repl_offset:{}\r\n",
+                    self.dur.wal.last_lsn()
+                ));
+            }
+            _ => {
+                let others: Vec<_> = self.nodes().into_iter().filter(|(i, _)| *i != self.id).collect();
+                s.push_str(&format!("connected_slaves:{}\r\n", others.len()));
+                for (i, (_, n)) in others.iter().enumerate() {
+                    let (h, p) = split_addr(&n.client_addr);
+                    s.push_str(&format!("slave{i}:ip={h},port={p},state=online,offset=0,lag=0\r\n"));
+                }
+            }
+        }
+        s
+    }
+
+    /// `SENTINEL ...`: the discovery commands Sentinel-aware clients send, answered from
+    /// the Raft leadership (the members are the "sentinels").
+    fn sentinel_reply(&self, args: &[&[u8]]) -> Reply {
+        let sub = args
+            .first()
+            .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+            .unwrap_or_default();
+        let name_ok = |i: usize| {
+            args.get(i)
+                .is_some_and(|n| *n == self.cfg.group_name.as_bytes())
+        };
+        let no_such = || Reply::err("ERR No such master with that name");
+        match sub.as_str() {
+            "get-master-addr-by-name" if args.len() == 2 => match self.leader() {
+                Some((_, n)) if name_ok(1) => {
+                    let (h, p) = split_addr(&n.client_addr);
+                    Reply::Array(vec![Reply::bulk(h), Reply::bulk(p.to_string())])
+                }
+                _ => Reply::Nil,
+            },
+            "masters" if args.len() == 1 => {
+                Reply::Array(self.master_entry().into_iter().collect())
+            }
+            "master" if args.len() == 2 => match self.master_entry() {
+                Some(e) if name_ok(1) => e,
+                _ => no_such(),
+            },
+            "replicas" | "slaves" if args.len() == 2 => {
+                if !name_ok(1) {
+                    return no_such();
+                }
+                let leader = self.leader().map(|(i, _)| i);
+                let lh = self.leader().map(|(_, n)| split_addr(&n.client_addr));
+                Reply::Array(
+                    self.nodes()
+                        .into_iter()
+                        .filter(|(i, _)| Some(*i) != leader)
+                        .map(|(i, n)| {
+                            let (h, p) = split_addr(&n.client_addr);
+                            let (mh, mp) = lh.clone().unwrap_or_else(|| ("?".into(), 0));
+                            flat(&[
+                                ("name", format!("{h}:{p}")),
+                                ("ip", h),
+                                ("port", p.to_string()),
+                                ("runid", format!("stockgate-node-{i}")),
+                                ("flags", "slave".into()),
+                                ("role-reported", "slave".into()),
+                                ("master-link-status", "ok".into()),
+                                ("master-host", mh),
+                                ("master-port", mp.to_string()),
+                                ("slave-priority", "100".into()),
+                            ])
+                        })
+                        .collect(),
+                )
+            }
+            "sentinels" if args.len() == 2 => {
+                if !name_ok(1) {
+                    return no_such();
+                }
+                Reply::Array(
+                    self.nodes()
+                        .into_iter()
+                        .filter(|(i, _)| *i != self.id)
+                        .map(|(i, n)| {
+                            let (h, p) = split_addr(&n.client_addr);
+                            flat(&[
+                                ("name", format!("stockgate-node-{i}")),
+                                ("ip", h),
+                                ("port", p.to_string()),
+                                ("runid", format!("stockgate-node-{i}")),
+                                ("flags", "sentinel".into()),
+                            ])
+                        })
+                        .collect(),
+                )
+            }
+            "myid" if args.len() == 1 => Reply::bulk(format!("stockgate-node-{}", self.id)),
+            "ckquorum" if args.len() == 2 => {
+                if self.leader().is_some() {
+                    Reply::Simple("OK")
+                } else {
+                    Reply::err("NOQUORUM no Raft leader is known to this node")
+                }
+            }
+            _ => Reply::err(format!(
+                "ERR unknown or malformed SENTINEL subcommand '{sub}' (stockgate answers GET-MASTER-ADDR-BY-NAME, MASTERS, MASTER, REPLICAS, SLAVES, SENTINELS, MYID, CKQUORUM)"
+            )),
+        }
+    }
+
+    fn master_entry(&self) -> Option<Reply> {
+        let (id, n) = self.leader()?;
+        let (h, p) = split_addr(&n.client_addr);
+        let m = self.metrics.borrow().clone();
+        let replicas = self.nodes().len().saturating_sub(1);
+        Some(flat(&[
+            ("name", self.cfg.group_name.clone()),
+            ("ip", h),
+            ("port", p.to_string()),
+            ("runid", format!("stockgate-node-{id}")),
+            ("flags", "master".into()),
+            ("link-pending-commands", "0".into()),
+            ("link-refcount", "1".into()),
+            ("last-ping-sent", "0".into()),
+            ("last-ok-ping-reply", "0".into()),
+            ("last-ping-reply", "0".into()),
+            ("down-after-milliseconds", self.cfg.election_min_ms.to_string()),
+            ("info-refresh", "0".into()),
+            ("role-reported", "master".into()),
+            ("role-reported-time", "0".into()),
+            ("config-epoch", m.current_term.to_string()),
+            ("num-slaves", replicas.to_string()),
+            ("num-other-sentinels", replicas.to_string()),
+            ("quorum", (self.voters().len() / 2 + 1).to_string()),
+            ("failover-timeout", self.cfg.election_max_ms.to_string()),
+            ("parallel-syncs", "1".into()),
+        ]))
+    }
+
+    /// `RAFT.*`: membership and status.
+    fn raft_command(&self, sub: &str, args: &[&[u8]]) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
+        let raft = self.raft.clone();
+        match sub {
+            "raft.members" => {
+                let voters = self.voters();
+                let leader = self.leader().map(|(i, _)| i);
+                let rows = self
+                    .nodes()
+                    .into_iter()
+                    .map(|(i, n)| {
+                        let role = if Some(i) == leader {
+                            "leader"
+                        } else if voters.contains(&i) {
+                            "voter"
+                        } else {
+                            "learner"
+                        };
+                        Reply::Array(vec![
+                            Reply::Int(i as i64),
+                            Reply::bulk(n.client_addr),
+                            Reply::bulk(n.raft_addr),
+                            Reply::bulk(role),
+                        ])
+                    })
+                    .collect();
+                Ok(Box::pin(async move { Reply::Array(rows) }))
+            }
+            "raft.add" => {
+                let [id, client, raft_addr] = args else {
+                    return Err(Reply::err("ERR usage: RAFT.ADD id client-host:port raft-host:port"));
+                };
+                let spec = format!(
+                    "{}={}/{}",
+                    String::from_utf8_lossy(id),
+                    String::from_utf8_lossy(client),
+                    String::from_utf8_lossy(raft_addr)
+                );
+                let (id, info) = super::parse_peer(&spec).map_err(|e| Reply::err(format!("ERR {e}")))?;
+                Ok(Box::pin(async move {
+                    // A learner first: it catches up from the log without a vote, then
+                    // joint consensus makes it a voter.
+                    if let Err(e) = raft.add_learner(id, info, true).await {
+                        return Reply::err(format!("ERR adding node {id} as a learner: {e}"));
+                    }
+                    let mut voters: BTreeSet<NodeId> = raft
+                        .metrics()
+                        .borrow()
+                        .membership_config
+                        .membership()
+                        .voter_ids()
+                        .collect();
+                    voters.insert(id);
+                    match raft.change_membership(voters, false).await {
+                        Ok(_) => Reply::Simple("OK"),
+                        Err(e) => Reply::err(format!("ERR making node {id} a voter: {e}")),
+                    }
+                }))
+            }
+            "raft.remove" => {
+                let [id] = args else {
+                    return Err(Reply::err("ERR usage: RAFT.REMOVE id"));
+                };
+                let id: NodeId = std::str::from_utf8(id)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| Reply::err("ERR RAFT.REMOVE: the node id must be a positive integer"))?;
+                let mut voters = self.voters();
+                if !voters.remove(&id) {
+                    return Err(Reply::err(format!("ERR node {id} is not a voter of this group")));
+                }
+                if voters.is_empty() {
+                    return Err(Reply::err("ERR cannot remove the last voter"));
+                }
+                Ok(Box::pin(async move {
+                    match raft.change_membership(voters, false).await {
+                        Ok(_) => Reply::Simple("OK"),
+                        Err(e) => Reply::err(format!("ERR removing node {id}: {e}")),
+                    }
+                }))
+            }
+            _ => Err(Reply::err(format!("ERR unknown command '{sub}'"))),
+        }
+    }
+}
+
+fn flat(fields: &[(&str, String)]) -> Reply {
+    Reply::Array(
+        fields
+            .iter()
+            .flat_map(|(k, v)| [Reply::bulk(*k), Reply::bulk(v.clone())])
+            .collect(),
+    )
+}
+
+fn split_addr(a: &str) -> (String, u16) {
+    match a.rsplit_once(':') {
+        Some((h, p)) => (h.trim_matches(['[', ']']).to_owned(), p.parse().unwrap_or(0)),
+        None => (a.to_owned(), 0),
+    }
+}
+
+/// Re-executes this binary with its own arguments (same PID) on the same port.
+fn restart(argv: &[OsString], port: u16) -> ! {
+    use std::os::unix::process::CommandExt as _;
+    let mut args: Vec<OsString> = Vec::new();
+    let mut skip = false;
+    for a in argv.iter().skip(1) {
+        if skip {
+            skip = false;
+            continue;
+        }
+        if a == "--port" {
+            skip = true;
+            continue;
+        }
+        if a.to_string_lossy().starts_with("--port=") {
+            continue;
+        }
+        args.push(a.clone());
+    }
+    args.push("--port".into());
+    args.push(port.to_string().into());
+    let err = std::process::Command::new("/proc/self/exe").args(&args).exec();
+    eprintln!("stockgate: restart after losing the leadership failed: {err}");
+    std::process::exit(1)
+}
+
+/// The durability of a group member's replies: committed by the group (see
+/// `Speculation::wait`).
+pub struct RaftDurability {
+    pub local: Arc<WalDurability>,
+    pub spec: Arc<Speculation>,
+}
+
+impl Durability for RaftDurability {
+    fn wait(&self, lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(self.spec.wait(lsn))
+    }
+
+    fn save(&self, _engine: &Engine) -> Result<(), String> {
+        Err("SAVE is not available on a Raft group member: the Raft log is kept whole and recovery replays it".into())
+    }
+
+    fn info(&self) -> String {
+        self.local.info()
+    }
+}
+
+impl Replication for RaftNode {
+    fn write_refusal(&self) -> Option<&'static str> {
+        self.refusal()
+    }
+
+    fn read_refusal(&self) -> Option<&'static str> {
+        self.refusal()
+    }
+
+    fn is_replica(&self) -> bool {
+        !self.spec.writable()
+    }
+
+    fn info(&self) -> String {
+        self.info_lines()
+    }
+
+    fn role_reply(&self) -> Reply {
+        let last = self.dur.wal.last_lsn() as i64;
+        match self.leader() {
+            Some((id, n)) if id != self.id || !self.spec.writable() => {
+                let (h, p) = split_addr(&n.client_addr);
+                Reply::Array(vec![
+                    Reply::bulk("slave"),
+                    Reply::bulk(h),
+                    Reply::Int(i64::from(p)),
+                    Reply::bulk(if id == self.id { "connecting" } else { "connected" }),
+                    Reply::Int(last),
+                ])
+            }
+            None => Reply::Array(vec![
+                Reply::bulk("slave"),
+                Reply::bulk("?"),
+                Reply::Int(0),
+                Reply::bulk("connecting"),
+                Reply::Int(last),
+            ]),
+            Some(_) => Reply::Array(vec![
+                Reply::bulk("master"),
+                Reply::Int(last),
+                Reply::Array(
+                    self.nodes()
+                        .into_iter()
+                        .filter(|(i, _)| *i != self.id)
+                        .map(|(_, n)| {
+                            let (h, p) = split_addr(&n.client_addr);
+                            Reply::Array(vec![
+                                Reply::bulk(h),
+                                Reply::bulk(p.to_string()),
+                                Reply::bulk("0"),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ]),
+        }
+    }
+
+    fn replicaof(&self, _target: Option<(String, u16)>) -> Result<&'static str, String> {
+        Err("ERR this node is a member of a Raft group: its leader is elected, not assigned (see RAFT.MEMBERS, RAFT.ADD, RAFT.REMOVE)".into())
+    }
+
+    fn persist(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn wait_count(&self, lsn: Lsn, _n: usize, timeout: Duration) -> Pin<Box<dyn Future<Output = usize> + Send + '_>> {
+        Box::pin(async move {
+            // A committed write is on a majority: the leader and at least this many others.
+            let others = self.voters().len() / 2;
+            match tokio::time::timeout(timeout, self.spec.wait(lsn)).await {
+                Ok(Ok(())) => others,
+                _ => 0,
+            }
+        })
+    }
+
+    fn serve_replica(
+        self: Arc<Self>,
+        _stream: tokio::net::TcpStream,
+        _inbuf: bytes::BytesMut,
+        _req: SyncRequest,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async {})
+    }
+
+    fn sentinel(&self, args: &[&[u8]]) -> Reply {
+        self.sentinel_reply(args)
+    }
+
+    fn raft(&self, sub: &str, args: &[&[u8]]) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
+        self.raft_command(sub, args)
+    }
+}

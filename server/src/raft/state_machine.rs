@@ -1,0 +1,183 @@
+//! The state machine of a group member: the engine and its WAL.
+//!
+//! Applying a committed batch writes its records to this node's WAL under the LSNs the
+//! leader gave them (the WAL must continue exactly there: a gap or an overlap means the
+//! histories differ, and the node stops rather than guess). A batch this process wrote
+//! as leader is already in its engine; any other batch is applied to the engine too,
+//! through the recovery path (`Engine::apply`), and its consumer-group records go to the
+//! feed. Records the WAL already holds (a batch cut short by a crash, applied again after
+//! the restart) are skipped.
+//!
+//! Where the state machine stands survives a restart without a record of its own: the
+//! WAL's last LSN names the last batch applied (see `LogStore::applied_for`).
+//!
+//! Snapshots: not built; the Raft log is kept whole, and a member that falls behind
+//! catches up from it (docs/replication.md, "What is not built yet").
+
+use std::io::{self, Cursor};
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership,
+};
+
+use super::speculation::Speculation;
+use super::{Batch, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
+use crate::engine::Engine;
+use crate::persist::WalDurability;
+use crate::wal::record::decode_record;
+
+pub struct StateMachine {
+    engine: Arc<Engine>,
+    dur: Arc<WalDurability>,
+    spec: Arc<Speculation>,
+    applied: Option<LogId>,
+    membership: StoredMembership<NodeId, NodeInfo>,
+}
+
+impl StateMachine {
+    pub fn new(
+        engine: Arc<Engine>,
+        dur: Arc<WalDurability>,
+        spec: Arc<Speculation>,
+        applied: Option<LogId>,
+        membership: StoredMembership<NodeId, NodeInfo>,
+    ) -> StateMachine {
+        StateMachine {
+            engine,
+            dur,
+            spec,
+            applied,
+            membership,
+        }
+    }
+
+    fn apply_batch(&self, b: &Batch) -> Result<(), String> {
+        let own = b.origin == self.spec.origin();
+        // Another leader's records: only into an engine with nothing of its own in
+        // flight (else this node is deposed and restarts instead).
+        if !own && self.spec.follow_to(b.last_lsn()).is_err() {
+            return Err("deposed".into());
+        }
+        let wal = &self.dur.wal;
+        let _gate = self.dur.apply_gate();
+        let (mut at, mut lsn) = (0usize, b.first_lsn);
+        while at < b.records.len() {
+            let (ev, used) = decode_record(&b.records[at..])
+                .map_err(|e| format!("record at LSN {lsn} of a committed batch: {e}"))?;
+            let have = wal.last_lsn();
+            if lsn > have {
+                if lsn != have + 1 {
+                    return Err(format!(
+                        "the group's batch has LSN {lsn}, this WAL continues at {}",
+                        have + 1
+                    ));
+                }
+                let got = wal.record(&ev);
+                if got != lsn {
+                    return Err(format!("local WAL gave LSN {got} to the group's {lsn}"));
+                }
+                if !own {
+                    self.engine.apply(&ev);
+                    self.dur.replayed(lsn, &ev);
+                }
+            } else if own {
+                return Err(format!("this leader's own LSN {lsn} is already in its WAL"));
+            }
+            at += used;
+            lsn += 1;
+        }
+        if lsn != b.first_lsn + u64::from(b.count) {
+            return Err(format!(
+                "batch announced {} records, holds {}",
+                b.count,
+                lsn - b.first_lsn
+            ));
+        }
+        if own {
+            self.spec.committed_own(b.last_lsn());
+        }
+        Ok(())
+    }
+}
+
+fn sm_err(log_id: LogId, why: &str) -> StorageError {
+    StorageIOError::apply(log_id, &io::Error::other(why.to_owned())).into()
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = NoSnapshots;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership<NodeId, NodeInfo>), StorageError> {
+        Ok((self.applied, self.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut out = Vec::new();
+        for e in entries {
+            match &e.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Membership(m) => {
+                    self.membership = StoredMembership::new(Some(e.log_id), m.clone());
+                }
+                EntryPayload::Normal(b) => {
+                    if let Err(why) = self.apply_batch(b) {
+                        if self.spec.is_deposed() {
+                            // The node restarts (its hook is running): apply nothing more.
+                            std::future::pending::<()>().await;
+                        }
+                        tracing::error!("raft: cannot apply entry {}: {why}", e.log_id);
+                        return Err(sm_err(e.log_id, &why));
+                    }
+                }
+            }
+            self.applied = Some(e.log_id);
+            out.push(());
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        NoSnapshots
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _meta: &SnapshotMeta<NodeId, NodeInfo>,
+        _snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        Err(StorageIOError::write_snapshot(
+            None,
+            &io::Error::other("raft snapshots are not supported: members catch up from the log"),
+        )
+        .into())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        Ok(None)
+    }
+}
+
+/// The snapshot builder openraft requires; never asked to build (`SnapshotPolicy::Never`).
+pub struct NoSnapshots;
+
+impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        Err(StorageIOError::write_snapshot(
+            None,
+            &io::Error::other("raft snapshots are not supported: the log is kept whole"),
+        )
+        .into())
+    }
+}
