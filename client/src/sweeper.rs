@@ -5,7 +5,8 @@
 //! - PENDING and expired → CANCELLED_BY_SWEEPER, then `RELEASE`;
 //! - already CANCELLED_BY_SWEEPER / CANCELLED / REFUND_REQUIRED → `RELEASE` anyway (an
 //!   earlier sweep or the checkout app died between the ledger and the release);
-//! - COMMITTED → `COMMIT` on the server (cleanup, no stock back);
+//! - COMMITTED → `COMMIT token VERIFIED` on the server (cleanup, no stock back; the
+//!   ledger accepted the payment before the deadline, so the late hold may commit);
 //! - no order → tombstone first (a late materialize is refused), then `RELEASE`.
 //!
 //! Before sweeping a sale, each pass checks that the server's state is one the ledger can
@@ -415,7 +416,7 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                 .unwrap_or(usize::MAX);
             for (token, r) in to_commit
                 .iter()
-                .zip(self.gate.commit_many(&to_commit).await)
+                .zip(self.gate.commit_verified_many(&to_commit).await)
             {
                 match r {
                     Ok(CommitOk::Committed) | Ok(CommitOk::AlreadyCommitted) => {

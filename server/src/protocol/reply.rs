@@ -183,6 +183,10 @@ pub fn from_engine_error(e: &EngineError) -> Reply {
         EngineError::Exists => "EXISTS sale exists with different parameters".into(),
         EngineError::NoReservation => "NORES no such reservation in state RESERVED".into(),
         EngineError::Expired => "EXPIRED reservation expired".into(),
+        EngineError::LateCommit { expires_at_ms } => format!(
+            "EXPIRED reservation expired at {expires_at_ms} ms; if the ledger accepted the \
+             payment before then, send COMMIT token VERIFIED"
+        ),
         EngineError::Released => "RELEASED units already went back to stock".into(),
         EngineError::Argument(why) => format!("ERR {why}"),
         EngineError::NotEnoughAvailable => "ERR not enough available units".into(),
