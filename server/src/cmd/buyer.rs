@@ -3,6 +3,7 @@
 use super::args::Args;
 use super::{Ctx, Outcome};
 use crate::engine::types::{PaymentCheck, ReservationView};
+use crate::engine::MAX_TTL_MS;
 use crate::protocol::reply::from_engine_error;
 use crate::protocol::Reply;
 use crate::session::Role;
@@ -74,7 +75,7 @@ impl<'a> Extend<'a> {
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("extend", args);
         let token = a.next_token()?;
-        let ms = a.next_u64()?;
+        let ms = a.next_u64_in("ms", 1, MAX_TTL_MS)?;
         a.done()?;
         Ok(Extend { token, ms })
     }

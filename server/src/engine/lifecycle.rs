@@ -162,7 +162,7 @@ impl Engine {
     /// EXTEND: new deadline `now + ms`, only while RESERVED and not yet expired.
     pub fn extend(&self, token: &str, ms: u64) -> Result<(Millis, Lsn), EngineError> {
         if ms == 0 || ms > MAX_TTL_MS {
-            return Err(EngineError::Argument("ms must be 1..=2592000000"));
+            return Err(EngineError::Argument("ms must be between 1 and 2592000000"));
         }
         let mut st = self.stripes[stripe_of(token)].lock();
         let now = self.clock.now_ms();

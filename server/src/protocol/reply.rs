@@ -3,7 +3,7 @@
 
 use bytes::{BufMut, BytesMut};
 
-use crate::engine::EngineError;
+use crate::engine::{ident, EngineError};
 use crate::feed::FeedError;
 
 #[derive(Clone, Debug)]
@@ -173,7 +173,7 @@ fn put_num(out: &mut BytesMut, n: i64) {
 /// Every engine error's wire form. The first word is the error code clients match on.
 pub fn from_engine_error(e: &EngineError) -> Reply {
     let s = match e {
-        EngineError::Invalid(field) => format!("ERR invalid {field}"),
+        EngineError::Invalid(field) => format!("ERR {}", ident::invalid_message(field)),
         EngineError::NoSale => "NOSALE no such sale".into(),
         EngineError::Fenced => {
             "FENCED state unproven; rebuild the sale from the ledger first".into()
