@@ -91,13 +91,9 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    // Plain text without colour codes unless stderr is a terminal; the sweeper's filter.
+    use stockgate_server::metrics::logging::{init, LogFormat};
+    init(LogFormat::Text, None, "STOCKGATE_LOG");
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -328,7 +328,7 @@ async fn sweep(server: &ServerTarget, ledger: PgLedger, args: RunArgs) -> Result
     let sweeper = Sweeper::new(ledger, client, cfg);
     if args.once {
         let r = sweeper.run_pass().await?;
-        println!("{r:?}");
+        println!("sweeper pass: {r}");
         return Ok(());
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
