@@ -65,7 +65,10 @@ fn transactions_over_raw_resp() {
     let r = c.call(&["EXEC"]);
     let items = r.arr();
     assert!(items[0].err_text().starts_with("NOSALE"), "{r:?}");
-    assert_eq!(items[1], V::Err("ERR invalid sku".into()));
+    assert_eq!(
+        items[1],
+        V::Err("ERR invalid sku: must be 1 to 64 characters of A-Z a-z 0-9 _ . : -".into())
+    );
     assert_eq!(items[2].arr()[0].text(), "RESERVED");
     assert_eq!(c.call(&["STOCK", "S"]), V::Int(7));
 

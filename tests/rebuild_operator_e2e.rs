@@ -119,7 +119,10 @@ async fn operator_rebuild_keeps_the_adjusted_allocation_and_every_paid_order() {
 
     // The sweeper notices (the ledger knows the sale, the server does not) and fences it.
     let out = cli!("run", "--once", "--sku", SKU).ok();
-    assert!(out.contains(&format!("lost_skus: [\"{SKU}\"]")), "{out}");
+    assert!(
+        out.contains(&format!("lost by the server (fenced): {SKU};")),
+        "{out}"
+    );
     assert!(h.client.sale_info(SKU).await.unwrap().is_fenced());
 
     // --- rebuild ---------------------------------------------------------------------------
@@ -262,7 +265,7 @@ async fn operator_rebuild_keeps_the_adjusted_allocation_and_every_paid_order() {
 
     // --- a sweeper pass: nothing to fence, nothing unexplained ---------------------------
     let out = cli!("run", "--once", "--sku", SKU).ok();
-    assert!(out.contains("fenced_now: []"), "{out}");
+    assert!(out.contains("fenced now: none;"), "{out}");
     let report = Sweeper::new(
         h.ledger.clone(),
         h.client.clone(),

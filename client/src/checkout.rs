@@ -5,6 +5,9 @@
 //! The reservation token is the correlation key everywhere, and also the payment
 //! idempotency key: a second capture with the same token is the same payment.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use tracing::{error, warn};
 
 use crate::client::ClientError;
@@ -48,7 +51,8 @@ pub struct Hold {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PayOutcome {
     /// Sold. `server_confirmed` is false when the ledger committed but the server could not
-    /// be told yet (unreachable, or fenced): the sweeper's COMMITTED branch finishes it.
+    /// be told yet (unreachable, fenced, or the hold's deadline passed and this gate's role
+    /// may not send `COMMIT ... VERIFIED`): the sweeper's COMMITTED branch finishes it.
     Committed { server_confirmed: bool },
     /// Same token paid before (payment idempotency).
     AlreadyCommitted,
@@ -63,11 +67,17 @@ pub enum PayOutcome {
 pub struct Checkout<L: Ledger, G: ReservationGate> {
     ledger: L,
     gate: G,
+    /// Set once the server refused `COMMIT ... VERIFIED` to this gate's role.
+    plain_commit_only: Arc<AtomicBool>,
 }
 
 impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
     pub fn new(ledger: L, gate: G) -> Self {
-        Checkout { ledger, gate }
+        Checkout {
+            ledger,
+            gate,
+            plain_commit_only: Arc::new(AtomicBool::new(false)),
+        }
     }
 
     pub fn ledger(&self) -> &L {
@@ -205,7 +215,7 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             // twice. The paid units are already counted.
             return Ok(PayOutcome::AlreadyCommitted);
         }
-        match self.gate.commit(token).await {
+        match self.commit_on_server(token).await {
             Ok(CommitOk::Committed) => Ok(if fresh {
                 PayOutcome::Committed {
                     server_confirmed: true,
@@ -241,7 +251,11 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             // A retry long after the sale (the server purged its record): the ledger
             // already holds the truth.
             Err(ClientError::NoReservation) => Ok(PayOutcome::AlreadyCommitted),
-            Err(e) if e.is_transient() || matches!(e, ClientError::Fenced) => {
+            // `Expired`: the payment was accepted in time but this connection may not say
+            // so (see `commit_on_server`); the sweeper, which may, commits the late hold.
+            Err(e)
+                if e.is_transient() || matches!(e, ClientError::Fenced | ClientError::Expired) =>
+            {
                 warn!(token = %token, error = %e, "ledger committed; server COMMIT deferred to the sweeper");
                 Ok(if fresh {
                     PayOutcome::Committed {
@@ -253,6 +267,23 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// `COMMIT` after the ledger committed the payment under its expiry guard: the
+    /// payment was in time even if this COMMIT arrives after the hold's deadline, so it
+    /// is sent `VERIFIED`. A connection whose role may not state that (`checkout`: only
+    /// sweeper and admin may) gets `-NOPERM` once, and from then on sends the plain form,
+    /// which commits holds still within their deadline.
+    async fn commit_on_server(&self, token: &str) -> Result<CommitOk, ClientError> {
+        if !self.plain_commit_only.load(Ordering::Relaxed) {
+            match self.gate.commit_verified(token).await {
+                Err(ClientError::Server { code, .. }) if code == "NOPERM" => {
+                    self.plain_commit_only.store(true, Ordering::Relaxed);
+                }
+                other => return other,
+            }
+        }
+        self.gate.commit(token).await
     }
 
     /// For a payment already committed in the ledger: whether the server's reservation for

@@ -264,9 +264,23 @@ impl StockgateClient {
     }
 
     /// `COMMIT token`. `-RELEASED` → [`ClientError::Released`], `-NORES` →
-    /// [`ClientError::NoReservation`].
+    /// [`ClientError::NoReservation`], `-EXPIRED` → [`ClientError::Expired`].
+    /// A hold past its expiry is refused: [`ClientError::Expired`].
     pub async fn commit(&self, token: &str) -> Result<CommitOk, ClientError> {
-        let v = self.call(redis::cmd("COMMIT").arg(token)).await?;
+        self.commit_cmd(redis::cmd("COMMIT").arg(token)).await
+    }
+
+    /// `COMMIT token VERIFIED`: the caller states that the ledger accepted the payment
+    /// before the hold's deadline, so a hold past its expiry still commits. Only the
+    /// sweeper and admin roles may send it (`-NOPERM` otherwise, as
+    /// [`ClientError::Server`] with code `NOPERM`).
+    pub async fn commit_verified(&self, token: &str) -> Result<CommitOk, ClientError> {
+        self.commit_cmd(redis::cmd("COMMIT").arg(token).arg("VERIFIED"))
+            .await
+    }
+
+    async fn commit_cmd(&self, cmd: &redis::Cmd) -> Result<CommitOk, ClientError> {
+        let v = self.call(cmd).await?;
         match as_int(&v) {
             Some(1) => Ok(CommitOk::Committed),
             Some(0) => Ok(CommitOk::AlreadyCommitted),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use stockgate_server::engine::error::EngineError;
-use stockgate_server::engine::types::{ResState, ReservationView, SaleView};
+use stockgate_server::engine::types::{PaymentCheck, ResState, ReservationView, SaleView};
 use stockgate_server::engine::{Engine, Lsn, ReserveOutcome as EngineOutcome, ReserveRequest};
 use stockgate_server::server::Durability;
 
@@ -39,7 +39,16 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
 
     fn release(&self, token: &str) -> impl Future<Output = Result<bool, ClientError>> + Send;
 
+    /// `COMMIT token`: refused with [`ClientError::Expired`] past the hold's expiry.
     fn commit(&self, token: &str) -> impl Future<Output = Result<CommitOk, ClientError>> + Send;
+
+    /// `COMMIT token VERIFIED`: for callers whose ledger accepted the payment before the
+    /// deadline (the checkout flow after its guarded ledger commit, the sweeper's cleanup
+    /// of paid orders); a hold past its expiry still commits.
+    fn commit_verified(
+        &self,
+        token: &str,
+    ) -> impl Future<Output = Result<CommitOk, ClientError>> + Send;
 
     fn reservation(
         &self,
@@ -100,12 +109,12 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
         async move { join_all(tokens.iter().map(|t| self.release(t))).await }
     }
 
-    /// Commit many (concurrently).
-    fn commit_many(
+    /// Commit many ledger-verified payments (concurrently), as [`Self::commit_verified`].
+    fn commit_verified_many(
         &self,
         tokens: &[String],
     ) -> impl Future<Output = Vec<Result<CommitOk, ClientError>>> + Send {
-        async move { join_all(tokens.iter().map(|t| self.commit(t))).await }
+        async move { join_all(tokens.iter().map(|t| self.commit_verified(t))).await }
     }
 }
 
@@ -132,6 +141,9 @@ impl ReservationGate for StockgateClient {
     }
     async fn commit(&self, token: &str) -> Result<CommitOk, ClientError> {
         StockgateClient::commit(self, token).await
+    }
+    async fn commit_verified(&self, token: &str) -> Result<CommitOk, ClientError> {
+        StockgateClient::commit_verified(self, token).await
     }
     async fn reservation(&self, token: &str) -> Result<Option<ReservationInfo>, ClientError> {
         StockgateClient::reservation(self, token).await
@@ -254,6 +266,13 @@ impl EngineGate {
         self.durable(0).await
     }
 
+    async fn commit_with(&self, token: &str, check: PaymentCheck) -> Result<CommitOk, ClientError> {
+        match self.settle(self.engine.commit_with(token, check)).await? {
+            true => Ok(CommitOk::Committed),
+            false => Ok(CommitOk::AlreadyCommitted),
+        }
+    }
+
     /// An engine result: on success wait for its LSN, on error for the last LSN (the
     /// error — RELEASED, NORES, EXPIRED, FENCED... — reports a state too).
     async fn settle<T>(&self, r: Result<(T, Lsn), EngineError>) -> Result<T, ClientError> {
@@ -287,7 +306,7 @@ pub fn engine_error(e: EngineError) -> ClientError {
         EngineError::Denied(why) => ClientError::Denied(why.to_string()),
         EngineError::Exists => ClientError::Exists,
         EngineError::NoReservation => ClientError::NoReservation,
-        EngineError::Expired => ClientError::Expired,
+        EngineError::Expired | EngineError::LateCommit { .. } => ClientError::Expired,
         EngineError::Released => ClientError::Released,
         other => ClientError::Server {
             code: "ERR".into(),
@@ -424,10 +443,11 @@ impl ReservationGate for EngineGate {
     }
 
     async fn commit(&self, token: &str) -> Result<CommitOk, ClientError> {
-        match self.settle(self.engine.commit(token)).await? {
-            true => Ok(CommitOk::Committed),
-            false => Ok(CommitOk::AlreadyCommitted),
-        }
+        self.commit_with(token, PaymentCheck::Unverified).await
+    }
+
+    async fn commit_verified(&self, token: &str) -> Result<CommitOk, ClientError> {
+        self.commit_with(token, PaymentCheck::LedgerVerified).await
     }
 
     async fn reservation(&self, token: &str) -> Result<Option<ReservationInfo>, ClientError> {

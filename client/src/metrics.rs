@@ -430,7 +430,7 @@ pub async fn run<L: Ledger, G: ReservationGate>(
                 backoff = floor;
                 m.record_pass(&r, t.elapsed());
                 if r.seen > 0 || !r.lost_skus.is_empty() {
-                    info!(?r, "sweeper pass");
+                    info!("sweeper pass: {r}");
                 } else {
                     debug!("sweeper pass: nothing expired");
                 }

@@ -5,7 +5,8 @@
 //! - PENDING and expired → CANCELLED_BY_SWEEPER, then `RELEASE`;
 //! - already CANCELLED_BY_SWEEPER / CANCELLED / REFUND_REQUIRED → `RELEASE` anyway (an
 //!   earlier sweep or the checkout app died between the ledger and the release);
-//! - COMMITTED → `COMMIT` on the server (cleanup, no stock back);
+//! - COMMITTED → `COMMIT token VERIFIED` on the server (cleanup, no stock back; the
+//!   ledger accepted the payment before the deadline, so the late hold may commit);
 //! - no order → tombstone first (a late materialize is refused), then `RELEASE`.
 //!
 //! Before sweeping a sale, each pass checks that the server's state is one the ledger can
@@ -120,6 +121,58 @@ pub struct PassReport {
     pub foreign_holds_released: u64,
 }
 
+/// One readable line per pass (logs and `run --once`): what was seen, what each branch
+/// did, and the sales fenced or found inconsistent ("none" when there are none).
+impl std::fmt::Display for PassReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn list(f: &mut std::fmt::Formatter<'_>, items: &[String]) -> std::fmt::Result {
+            if items.is_empty() {
+                f.write_str("none")
+            } else {
+                f.write_str(&items.join(", "))
+            }
+        }
+        write!(
+            f,
+            "{} expired seen in {} batches; released {} ({} cancelled now, {} cancelled by an \
+             earlier sweep, {} cancelled by the buyer, {} to refund, {} without an order), \
+             {} already released by another sweeper; {} paid and committed; {} foreign holds \
+             released; {} skipped; fenced sales skipped: ",
+            self.seen,
+            self.batches,
+            self.released,
+            self.cancelled_now,
+            self.recovered_cancelled_by_sweeper,
+            self.recovered_cancelled_by_buyer,
+            self.refund_released,
+            self.tombstoned,
+            self.release_noop,
+            self.commit_cleanup,
+            self.foreign_holds_released,
+            self.skipped,
+        )?;
+        list(f, &self.fenced_skus)?;
+        f.write_str("; lost by the server (fenced): ")?;
+        list(f, &self.lost_skus)?;
+        f.write_str("; fenced now: ")?;
+        let why: Vec<String> = self
+            .fenced_now
+            .iter()
+            .map(|(sku, why)| format!("{sku} ({why})"))
+            .collect();
+        list(f, &why)?;
+        f.write_str("; allocation mismatch: ")?;
+        let mismatch: Vec<String> = self
+            .allocation_mismatch
+            .iter()
+            .map(|(sku, server, ledger)| {
+                format!("{sku} (server total {server}, ledger allocation {ledger})")
+            })
+            .collect();
+        list(f, &mismatch)
+    }
+}
+
 impl PassReport {
     fn absorb(&mut self, o: PassReport) {
         self.batches += o.batches;
@@ -188,7 +241,7 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                         || !r.fenced_now.is_empty()
                         || !r.allocation_mismatch.is_empty()
                     {
-                        info!(?r, "sweeper pass");
+                        info!("sweeper pass: {r}");
                     } else {
                         debug!("sweeper pass: nothing expired");
                     }
@@ -415,7 +468,7 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                 .unwrap_or(usize::MAX);
             for (token, r) in to_commit
                 .iter()
-                .zip(self.gate.commit_many(&to_commit).await)
+                .zip(self.gate.commit_verified_many(&to_commit).await)
             {
                 match r {
                     Ok(CommitOk::Committed) | Ok(CommitOk::AlreadyCommitted) => {
@@ -530,4 +583,37 @@ pub(crate) fn explain_total(
             .map(|(_, a)| a)
             .collect()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PassReport;
+
+    #[test]
+    fn a_pass_is_one_readable_line() {
+        let r = PassReport {
+            batches: 1,
+            seen: 7,
+            released: 5,
+            cancelled_now: 4,
+            tombstoned: 1,
+            commit_cleanup: 2,
+            lost_skus: vec!["LOST-1".into()],
+            fenced_now: vec![("LOST-1".into(), "unknown to the server".into())],
+            allocation_mismatch: vec![("LOW".into(), 90, 100)],
+            ..PassReport::default()
+        };
+        let line = r.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        assert!(!line.contains("PassReport"), "{line}");
+        assert_eq!(
+            line,
+            "7 expired seen in 1 batches; released 5 (4 cancelled now, 0 cancelled by an \
+             earlier sweep, 0 cancelled by the buyer, 0 to refund, 1 without an order), 0 \
+             already released by another sweeper; 2 paid and committed; 0 foreign holds \
+             released; 0 skipped; fenced sales skipped: none; lost by the server (fenced): \
+             LOST-1; fenced now: LOST-1 (unknown to the server); allocation mismatch: LOW \
+             (server total 90, ledger allocation 100)"
+        );
+    }
 }

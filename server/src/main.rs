@@ -402,10 +402,10 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         expected_reservations: a.expected_reservations,
     };
     if a.shards == 0 || a.shards > stockgate_server::engine::MAX_SHARDS {
-        return Err("--shards must be 1..=1024".into());
+        return Err("--shards must be between 1 and 1024".into());
     }
     if a.ttl_ms == 0 || a.ttl_ms > stockgate_server::engine::MAX_TTL_MS {
-        return Err("--ttl-ms must be 1..=2592000000".into());
+        return Err("--ttl-ms must be between 1 and 2592000000".into());
     }
     let opts = WalOptions {
         fsync: a.fsync,

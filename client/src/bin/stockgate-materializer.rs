@@ -12,6 +12,8 @@ use stockgate_client::materialize::{
 };
 use stockgate_client::ServerTarget;
 
+// `hide_env_values` on every environment-backed value that can carry a credential (a
+// Postgres URL, a redis:// URL with a password, a password): `--help` would print it.
 #[derive(Parser)]
 #[command(
     name = "stockgate-materializer",
@@ -34,6 +36,7 @@ struct Cli {
     #[arg(
         long,
         env = "DATABASE_URL",
+        hide_env_values = true,
         default_value = "postgres://postgres@127.0.0.1:5432/postgres"
     )]
     database_url: String,
@@ -42,6 +45,7 @@ struct Cli {
     #[arg(
         long,
         env = "STOCKGATE_ADDR",
+        hide_env_values = true,
         default_value = "127.0.0.1:7379",
         conflicts_with = "sentinel"
     )]
@@ -49,7 +53,12 @@ struct Cli {
     /// Redis Sentinel addresses (host:port[,host:port...], or redis:// URLs for Sentinels
     /// with a password): read the feed of the primary they name for --master-name, and
     /// follow failovers. Not with --server.
-    #[arg(long, env = "STOCKGATE_SENTINELS", requires = "master_name")]
+    #[arg(
+        long,
+        env = "STOCKGATE_SENTINELS",
+        requires = "master_name",
+        hide_env_values = true
+    )]
     sentinel: Option<String>,
     /// The group's name in the Sentinels' `sentinel monitor <name> ...` (with --sentinel).
     #[arg(long, env = "STOCKGATE_MASTER_NAME", requires = "sentinel")]
@@ -82,13 +91,9 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    // Plain text without colour codes unless stderr is a terminal; the sweeper's filter.
+    use stockgate_server::metrics::logging::{init, LogFormat};
+    init(LogFormat::Text, None, "STOCKGATE_LOG");
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -21,6 +21,8 @@ use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
 use stockgate_client::{ServerTarget, StockgateClient, Sweeper, SweeperConfig};
 use tracing::{error, info, warn};
 
+// `hide_env_values` on every environment-backed value that can carry a credential (a
+// Postgres URL, a redis:// URL with a password, a password): `--help` would print it.
 #[derive(Parser)]
 #[command(
     name = "stockgate-sweeper",
@@ -36,6 +38,7 @@ struct Cli {
     #[arg(
         long,
         env = "DATABASE_URL",
+        hide_env_values = true,
         global = true,
         default_value = "postgres://postgres@127.0.0.1:5432/postgres"
     )]
@@ -45,6 +48,7 @@ struct Cli {
     #[arg(
         long,
         env = "STOCKGATE_ADDR",
+        hide_env_values = true,
         global = true,
         default_value = "127.0.0.1:7379"
     )]
@@ -53,7 +57,12 @@ struct Cli {
     /// primary they name for --master-name instead of --server, and follow failovers
     /// (commands refused with -READONLY/-NOREPLICAS, and idempotent ones whose reply was
     /// lost, are retried on the new primary).
-    #[arg(long, env = "STOCKGATE_SENTINELS", global = true)]
+    #[arg(
+        long,
+        env = "STOCKGATE_SENTINELS",
+        global = true,
+        hide_env_values = true
+    )]
     sentinel: Option<String>,
     /// The group's name in the Sentinels' `sentinel monitor <name> ...` (with --sentinel).
     #[arg(long, env = "STOCKGATE_MASTER_NAME", global = true)]
@@ -319,7 +328,7 @@ async fn sweep(server: &ServerTarget, ledger: PgLedger, args: RunArgs) -> Result
     let sweeper = Sweeper::new(ledger, client, cfg);
     if args.once {
         let r = sweeper.run_pass().await?;
-        println!("{r:?}");
+        println!("sweeper pass: {r}");
         return Ok(());
     }
     let (tx, rx) = tokio::sync::watch::channel(false);

@@ -522,7 +522,7 @@ pub(crate) fn adjustment_next(
 pub(crate) fn check_adjustment(id: &str, delta: i64) -> Result<(), LedgerError> {
     if id.is_empty() || id.len() > 128 || id.chars().any(|c| c.is_control()) {
         return Err(LedgerError::Invalid(
-            "adjustment id must be 1..=128 printable characters".into(),
+            "adjustment id must be 1 to 128 printable characters".into(),
         ));
     }
     if delta == 0 {

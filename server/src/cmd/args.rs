@@ -68,6 +68,50 @@ impl<'a> Args<'a> {
         Ok(unsafe { std::str::from_utf8_unchecked(b) })
     }
 
+    /// An integer argument in `min..=max`. The error names `field` and the range in
+    /// words, and tells an integer out of range (`-1`, `10^30`) from a non-integer.
+    pub fn next_int_in(&mut self, field: &str, min: i128, max: i128) -> Result<i128, Reply> {
+        let b = self.next_bytes()?;
+        let digits = b.strip_prefix(b"-").unwrap_or(b);
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Err(Reply::err(format!(
+                "ERR {field} is not an integer (must be between {min} and {max})"
+            )));
+        }
+        // Digits that do not parse are too many for an i128: out of range as well.
+        let v = std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<i128>().ok());
+        match v {
+            Some(v) if (min..=max).contains(&v) => Ok(v),
+            _ => Err(out_of_range(field, min, max)),
+        }
+    }
+
+    /// [`Self::next_int_in`] for an unsigned field.
+    pub fn next_u64_in(&mut self, field: &str, min: u64, max: u64) -> Result<u64, Reply> {
+        let v = self.next_int_in(field, min.into(), max.into())?;
+        u64::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
+    }
+
+    /// [`Self::next_int_in`] for a `u32` field.
+    pub fn next_u32_in(&mut self, field: &str, min: u32, max: u32) -> Result<u32, Reply> {
+        let v = self.next_int_in(field, min.into(), max.into())?;
+        u32::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
+    }
+
+    /// [`Self::next_int_in`] for a `u16` field.
+    pub fn next_u16_in(&mut self, field: &str, min: u16, max: u16) -> Result<u16, Reply> {
+        let v = self.next_int_in(field, min.into(), max.into())?;
+        u16::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
+    }
+
+    /// [`Self::next_int_in`] for a signed field.
+    pub fn next_i64_in(&mut self, field: &str, min: i64, max: i64) -> Result<i64, Reply> {
+        let v = self.next_int_in(field, min.into(), max.into())?;
+        i64::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
+    }
+
     pub fn next_u64(&mut self) -> Result<u64, Reply> {
         let b = self.next_bytes()?;
         parse_u64(b).ok_or_else(Reply::not_integer)
@@ -97,7 +141,11 @@ impl<'a> Args<'a> {
 }
 
 fn invalid(field: &str) -> Reply {
-    Reply::err(format!("ERR invalid {field}"))
+    Reply::err(format!("ERR {}", ident::invalid_message(field)))
+}
+
+fn out_of_range(field: &str, min: i128, max: i128) -> Reply {
+    Reply::err(format!("ERR {field} must be between {min} and {max}"))
 }
 
 pub fn parse_u64(b: &[u8]) -> Option<u64> {
@@ -107,10 +155,95 @@ pub fn parse_u64(b: &[u8]) -> Option<u64> {
     std::str::from_utf8(b).ok()?.parse().ok()
 }
 
-pub fn to_u32(v: u64) -> Result<u32, Reply> {
-    u32::try_from(v).map_err(|_| Reply::not_integer())
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::reserve::Reserve;
+    use crate::cmd::sale::{Adjust, Create};
 
-pub fn to_u16(v: u64) -> Result<u16, Reply> {
-    u16::try_from(v).map_err(|_| Reply::not_integer())
+    fn err(r: Result<impl Sized, Reply>) -> String {
+        match r {
+            Err(Reply::Error(e)) => e,
+            Err(other) => panic!("not an error reply: {other:?}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    fn reserve(extra: &[&str]) -> String {
+        let mut argv: Vec<&[u8]> = vec![b"S", b"alice", b"adm", b"r1"];
+        argv.extend(extra.iter().map(|a| a.as_bytes()));
+        err(Reserve::parse(&argv))
+    }
+
+    #[test]
+    fn qty_out_of_range_says_the_range() {
+        let range = "ERR qty must be between 1 and 1000000";
+        for q in ["-1", "0", "1000001", "1000000000000000000000000000000"] {
+            assert_eq!(reserve(&["QTY", q]), range, "QTY {q}");
+        }
+        // Beyond any i128 too.
+        assert_eq!(reserve(&["QTY", &"9".repeat(60)]), range);
+        assert_eq!(
+            reserve(&["QTY", "two"]),
+            "ERR qty is not an integer (must be between 1 and 1000000)"
+        );
+        assert_eq!(
+            reserve(&["QTY", "-"]),
+            "ERR qty is not an integer (must be between 1 and 1000000)"
+        );
+    }
+
+    #[test]
+    fn sale_options_out_of_range_say_the_range() {
+        for (opt, v, want) in [
+            ("SHARDS", "0", "ERR shards must be between 1 and 1024"),
+            ("SHARDS", "100000", "ERR shards must be between 1 and 1024"),
+            ("TTL", "0", "ERR ttl must be between 1 and 2592000000"),
+            ("LIMIT", "-1", "ERR limit must be between 0 and 4294967295"),
+        ] {
+            let argv: Vec<&[u8]> = vec![b"S", b"10", opt.as_bytes(), v.as_bytes()];
+            assert_eq!(err(Create::parse(&argv)), want, "{opt} {v}");
+        }
+        let argv: Vec<&[u8]> = vec![b"S", b"10000000000000"];
+        assert_eq!(
+            err(Create::parse(&argv)),
+            "ERR total must be between 0 and 1099511627776"
+        );
+        let argv: Vec<&[u8]> = vec![b"S", b"-9223372036854775808"];
+        assert_eq!(
+            err(Adjust::parse(&argv)),
+            "ERR delta must be between -1099511627776 and 1099511627776"
+        );
+    }
+
+    #[test]
+    fn in_range_values_parse() {
+        let argv: [&[u8]; 3] = [b"1000000", b"-5", b"0"];
+        let mut a = Args::new("t", &argv);
+        assert_eq!(a.next_u32_in("qty", 1, 1_000_000), Ok(1_000_000));
+        assert_eq!(a.next_i64_in("delta", -10, 10), Ok(-5));
+        assert_eq!(a.next_u64_in("limit", 0, 3), Ok(0));
+    }
+
+    #[test]
+    fn an_invalid_identifier_says_the_rule() {
+        let long = "A".repeat(100);
+        let argv: Vec<&[u8]> = vec![long.as_bytes(), b"alice", b"adm", b"r1"];
+        assert_eq!(
+            err(Reserve::parse(&argv)),
+            "ERR invalid sku: must be 1 to 64 characters of A-Z a-z 0-9 _ . : -"
+        );
+        let argv: Vec<&[u8]> = vec![b"S", b"bad|user", b"adm", b"r1"];
+        assert_eq!(
+            err(Reserve::parse(&argv)),
+            "ERR invalid user: must be 1 to 128 printable ASCII characters, no space, | { or }"
+        );
+        let argv: [&[u8]; 1] = [b"{S}short"];
+        let mut a = Args::new("commit", &argv);
+        assert_eq!(
+            err(a.next_token()),
+            "ERR invalid token: must be {sku} followed by 26 characters of a-z and 2-7, as \
+             RESERVE returned it"
+        );
+    }
 }

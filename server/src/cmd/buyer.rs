@@ -2,9 +2,11 @@
 
 use super::args::Args;
 use super::{Ctx, Outcome};
-use crate::engine::types::ReservationView;
+use crate::engine::types::{PaymentCheck, ReservationView};
+use crate::engine::MAX_TTL_MS;
 use crate::protocol::reply::from_engine_error;
 use crate::protocol::Reply;
+use crate::session::Role;
 
 /// `STOCK sku`
 pub struct Stock<'a> {
@@ -73,7 +75,7 @@ impl<'a> Extend<'a> {
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("extend", args);
         let token = a.next_token()?;
-        let ms = a.next_u64()?;
+        let ms = a.next_u64_in("ms", 1, MAX_TTL_MS)?;
         a.done()?;
         Ok(Extend { token, ms })
     }
@@ -86,21 +88,42 @@ impl<'a> Extend<'a> {
     }
 }
 
-/// `COMMIT token`
+/// `COMMIT token [VERIFIED]`. `VERIFIED` states that the ledger accepted the payment
+/// before the hold's deadline, so a hold past its expiry still commits; only the roles
+/// that act for the ledger (sweeper, admin) may state it.
 pub struct Commit<'a> {
     token: &'a str,
+    check: PaymentCheck,
 }
 
 impl<'a> Commit<'a> {
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("commit", args);
         let token = a.next_token()?;
+        let check = if a.remaining() > 0 {
+            match a.next_keyword()?.as_str() {
+                "VERIFIED" => PaymentCheck::LedgerVerified,
+                _ => return Err(Reply::syntax()),
+            }
+        } else {
+            PaymentCheck::Unverified
+        };
         a.done()?;
-        Ok(Commit { token })
+        Ok(Commit { token, check })
     }
 
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
-        match ctx.engine.commit(self.token) {
+        if self.check == PaymentCheck::LedgerVerified
+            && !matches!(ctx.conn.role, Some(Role::Admin | Role::Sweeper))
+        {
+            let user = ctx.conn.user_name.as_deref().unwrap_or_default();
+            return Reply::err(format!(
+                "NOPERM User {user} has no permissions to run the 'commit|verified' command: \
+                 only the sweeper and admin roles may state that the ledger verified a payment"
+            ))
+            .into();
+        }
+        match ctx.engine.commit_with(self.token, self.check) {
             Ok((now, lsn)) => Outcome::logged(Reply::Int(now as i64), lsn),
             Err(e) => from_engine_error(&e).into(),
         }

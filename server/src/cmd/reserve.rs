@@ -1,8 +1,8 @@
 //! `RESERVE sku user admission-token request-id [QTY n]`
 
-use super::args::{to_u32, Args};
+use super::args::Args;
 use super::{Ctx, Outcome};
-use crate::engine::{ReserveOutcome, ReserveRequest};
+use crate::engine::{ReserveOutcome, ReserveRequest, MAX_QTY};
 use crate::protocol::reply::from_engine_error;
 use crate::protocol::Reply;
 
@@ -24,12 +24,9 @@ impl<'a> Reserve<'a> {
         let mut qty = 1;
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
-                "QTY" => qty = to_u32(a.next_u64()?)?,
+                "QTY" => qty = a.next_u32_in("qty", 1, MAX_QTY)?,
                 _ => return Err(Reply::syntax()),
             }
-        }
-        if qty == 0 {
-            return Err(Reply::err("ERR qty must be 1..=1000000"));
         }
         Ok(Reserve {
             sku,

@@ -1,8 +1,8 @@
 //! `SALE.*`: sale administration, fencing and rebuild from the ledger.
 
-use super::args::{to_u16, to_u32, Args};
+use super::args::Args;
 use super::{Ctx, Outcome};
-use crate::engine::ResState;
+use crate::engine::{ResState, MAX_QTY, MAX_SHARDS, MAX_TOTAL, MAX_TTL_MS};
 use crate::protocol::reply::from_engine_error;
 use crate::protocol::Reply;
 
@@ -19,10 +19,10 @@ fn parse_opts(a: &mut Args<'_>, allow_total: bool) -> Result<Opts, Reply> {
     let mut o = Opts::default();
     while a.remaining() > 0 {
         match a.next_keyword()?.as_str() {
-            "TOTAL" if allow_total => o.total = Some(a.next_u64()?),
-            "SHARDS" => o.shards = Some(to_u16(a.next_u64()?)?),
-            "TTL" => o.ttl = Some(a.next_u64()?),
-            "LIMIT" => o.limit = Some(to_u32(a.next_u64()?)?),
+            "TOTAL" if allow_total => o.total = Some(a.next_u64_in("total", 0, MAX_TOTAL)?),
+            "SHARDS" => o.shards = Some(a.next_u16_in("shards", 1, MAX_SHARDS)?),
+            "TTL" => o.ttl = Some(a.next_u64_in("ttl", 1, MAX_TTL_MS)?),
+            "LIMIT" => o.limit = Some(a.next_u32_in("limit", 0, u32::MAX)?),
             _ => return Err(Reply::syntax()),
         }
     }
@@ -40,7 +40,7 @@ impl<'a> Create<'a> {
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.create", args);
         let sku = a.next_sku()?;
-        let total = a.next_u64()?;
+        let total = a.next_u64_in("total", 0, MAX_TOTAL)?;
         let opts = parse_opts(&mut a, false)?;
         Ok(Create { sku, total, opts })
     }
@@ -131,7 +131,8 @@ impl<'a> Adjust<'a> {
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.adjust", args);
         let sku = a.next_sku()?;
-        let delta = a.next_i64()?;
+        // |delta| beyond any total could never apply.
+        let delta = a.next_i64_in("delta", -(MAX_TOTAL as i64), MAX_TOTAL as i64)?;
         a.done()?;
         Ok(Adjust { sku, delta })
     }
@@ -189,9 +190,9 @@ impl<'a> Restore<'a> {
             sku: a.next_sku()?,
             user: a.next_user()?,
             request_id: a.next_request_id()?,
-            qty: to_u32(a.next_u64()?)?,
-            expires_at: a.next_u64()?,
-            created_at: a.next_u64()?,
+            qty: a.next_u32_in("qty", 1, MAX_QTY)?,
+            expires_at: a.next_u64_in("expires_at_ms", 0, u64::MAX)?,
+            created_at: a.next_u64_in("created_at_ms", 0, u64::MAX)?,
             state: ResState::Reserved,
         };
         while a.remaining() > 0 {
@@ -242,8 +243,8 @@ impl<'a> Rebuild<'a> {
         let mut a = Args::new("sale.rebuild", args);
         Ok(Rebuild {
             sku: a.next_sku()?,
-            total: a.next_u64()?,
-            committed: a.next_u64()?,
+            total: a.next_u64_in("total", 0, MAX_TOTAL)?,
+            committed: a.next_u64_in("committed", 0, MAX_TOTAL)?,
             fingerprint: a.next_str("fingerprint")?,
         })
     }

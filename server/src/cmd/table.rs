@@ -89,7 +89,7 @@ pub static COMMANDS: &[Spec] = &[
     ),
     spec(
         "commit",
-        2,
+        -2,
         W,
         1,
         CHECKOUT | SWEEPER | ADMIN,

@@ -2,6 +2,9 @@
 
 use super::*;
 
+// The refusals below spell MAX_TOTAL out (they are static strings).
+const _: () = assert!(MAX_TOTAL == 1_099_511_627_776);
+
 impl Engine {
     /// SALE.CREATE. Same parameters again: Ok (idempotent). Different: `Exists`.
     pub fn create_sale(
@@ -45,15 +48,19 @@ impl Engine {
     ) -> Result<SaleParams, EngineError> {
         ident::check_sku(sku)?;
         if total > MAX_TOTAL {
-            return Err(EngineError::Argument("total out of range"));
+            return Err(EngineError::Argument(
+                "total must be between 0 and 1099511627776",
+            ));
         }
         let shards = shards.unwrap_or(self.cfg.default_shards);
         if shards == 0 || shards > MAX_SHARDS {
-            return Err(EngineError::Argument("shards must be 1..=1024"));
+            return Err(EngineError::Argument("shards must be between 1 and 1024"));
         }
         let ttl_ms = ttl_ms.unwrap_or(self.cfg.default_ttl_ms);
         if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
-            return Err(EngineError::Argument("ttl must be 1..=2592000000 ms"));
+            return Err(EngineError::Argument(
+                "ttl must be between 1 and 2592000000 ms",
+            ));
         }
         Ok(SaleParams {
             total,
@@ -110,7 +117,9 @@ impl Engine {
         // |delta| beyond any total is refused before any arithmetic (i64::MIN has no
         // positive counterpart and would wrap).
         if delta.unsigned_abs() > MAX_TOTAL {
-            return Err(EngineError::Argument("delta out of range"));
+            return Err(EngineError::Argument(
+                "delta must be between -1099511627776 and 1099511627776",
+            ));
         }
         let sale = self.sale(sku)?;
         let _admin = sale.admin.lock();
@@ -124,7 +133,9 @@ impl Engine {
         let mut deltas = vec![0i64; n];
         if delta > 0 {
             if sale.total().saturating_add(delta as u64) > MAX_TOTAL {
-                return Err(EngineError::Argument("total out of range"));
+                return Err(EngineError::Argument(
+                    "the total after this delta would exceed 1099511627776",
+                ));
             }
             for (i, d) in split(delta as u64, n as u16).into_iter().enumerate() {
                 deltas[i] = d;

@@ -21,6 +21,8 @@ pub enum EngineError {
     NoReservation,
     #[error("reservation expired")]
     Expired,
+    #[error("reservation expired at {expires_at_ms} ms")]
+    LateCommit { expires_at_ms: u64 },
     #[error("reservation was released")]
     Released,
     #[error("{0}")]

@@ -48,6 +48,22 @@ pub fn valid_token(s: &[u8]) -> bool {
             .all(|&b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
 }
 
+/// The rule an identifier breaks, in words, for the reply that refuses it: `invalid sku:
+/// ...`. Keeps the `invalid <field>` prefix clients may match on.
+pub fn invalid_message(field: &str) -> String {
+    const PRINTABLE: &str = "printable ASCII characters, no space, | { or }";
+    match field {
+        "sku" => format!("invalid sku: must be 1 to {MAX_SKU} characters of A-Z a-z 0-9 _ . : -"),
+        "user" => format!("invalid user: must be 1 to {MAX_USER} {PRINTABLE}"),
+        "request-id" => format!("invalid request-id: must be 1 to {MAX_REQUEST_ID} {PRINTABLE}"),
+        "token" => format!(
+            "invalid token: must be {{sku}} followed by {TOKEN_HASH_LEN} characters of a-z and \
+             2-7, as RESERVE returned it"
+        ),
+        _ => format!("invalid {field}"),
+    }
+}
+
 pub fn check_sku(s: &str) -> Result<(), EngineError> {
     if valid_sku(s.as_bytes()) {
         Ok(())

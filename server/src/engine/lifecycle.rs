@@ -94,11 +94,22 @@ impl Engine {
         }
     }
 
-    /// COMMIT: `Ok((true, _))` committed now, `Ok((false, _))` already committed.
+    /// COMMIT: `Ok((true, _))` committed now, `Ok((false, _))` already committed. A hold
+    /// past its expiry is refused ([`EngineError::LateCommit`]); see [`Engine::commit_with`].
     pub fn commit(&self, token: &str) -> Result<(bool, Lsn), EngineError> {
+        self.commit_with(token, PaymentCheck::Unverified)
+    }
+
+    /// COMMIT with what the caller vouches for: [`PaymentCheck::LedgerVerified`] commits a
+    /// hold past its expiry (the ledger accepted the payment in time).
+    pub fn commit_with(
+        &self,
+        token: &str,
+        check: PaymentCheck,
+    ) -> Result<(bool, Lsn), EngineError> {
         let now = self.clock.now_ms();
         let mut st = self.stripes[stripe_of(token)].lock();
-        let (res, upd) = self.commit_locked(&mut st, token, now, true);
+        let (res, upd) = self.commit_locked(&mut st, token, now, Some(check));
         drop(st);
         if let Some((sale, user, qty, key)) = upd {
             self.user_release(&sale, user, qty, &key, false);
@@ -106,13 +117,16 @@ impl Engine {
         res
     }
 
+    /// `check` is `None` when replaying the log: a logged commit happened, whatever the
+    /// clock says now. Live commits are checked and logged.
     pub(super) fn commit_locked(
         &self,
         st: &mut Stripe,
         token: &str,
         now: Millis,
-        log: bool,
+        check: Option<PaymentCheck>,
     ) -> (Result<(bool, Lsn), EngineError>, Option<UserUpdate>) {
+        let log = check.is_some();
         let Some(idx) = st.lookup(token) else {
             // Purged by retention: the tombstone still knows how it ended.
             let out = match st.tombs.get(&table::tomb_key(token)).map(|t| t.state) {
@@ -128,6 +142,13 @@ impl Engine {
             ResState::Released => return (Err(EngineError::Released), None),
             ResState::Reserved => {}
         }
+        // Late is `now > expires_at`, the complement of the ledger's payment guard
+        // (`reservation_expires_at >= now()`). Checked before the fence: retrying after a
+        // rebuild would not make it less late.
+        if check == Some(PaymentCheck::Unverified) && now > r.expires_at {
+            let expires_at_ms = r.expires_at;
+            return (Err(EngineError::LateCommit { expires_at_ms }), None);
+        }
         // A fenced sale is frozen for commits: the rebuild takes `committed` from the
         // ledger, and a commit landing between the ledger read and the rebuild would be
         // counted nowhere. The caller retries after the rebuild.
@@ -141,7 +162,7 @@ impl Engine {
     /// EXTEND: new deadline `now + ms`, only while RESERVED and not yet expired.
     pub fn extend(&self, token: &str, ms: u64) -> Result<(Millis, Lsn), EngineError> {
         if ms == 0 || ms > MAX_TTL_MS {
-            return Err(EngineError::Argument("ms must be 1..=2592000000"));
+            return Err(EngineError::Argument("ms must be between 1 and 2592000000"));
         }
         let mut st = self.stripes[stripe_of(token)].lock();
         let now = self.clock.now_ms();

@@ -71,7 +71,7 @@ impl Engine {
         ident::check_user(user)?;
         ident::check_request_id(request_id)?;
         if qty == 0 || qty > MAX_QTY {
-            return Err(EngineError::Argument("qty must be 1..=1000000"));
+            return Err(EngineError::Argument("qty must be between 1 and 1000000"));
         }
         let sale = self.sale(sku)?;
         let key = self.rkey.derive_key(sku, user, request_id);
@@ -164,7 +164,9 @@ impl Engine {
             });
         }
         if total > MAX_TOTAL {
-            return Err(EngineError::Argument("total out of range"));
+            return Err(EngineError::Argument(
+                "total must be between 0 and 1099511627776",
+            ));
         }
         let world = self.stop_world();
         let sale = self.sale(sku)?;

@@ -233,7 +233,7 @@ impl Engine {
             }
             Event::Committed { token, at_ms } => {
                 let mut st = self.stripes[stripe_of(token)].lock();
-                let (_, upd) = self.commit_locked(&mut st, token, *at_ms, false);
+                let (_, upd) = self.commit_locked(&mut st, token, *at_ms, None);
                 drop(st);
                 if let Some((sale, user, qty, key)) = upd {
                     self.user_release(&sale, user, qty, &key, false);

@@ -10,7 +10,7 @@ impl Engine {
         ident::check_user(req.user)?;
         ident::check_request_id(req.request_id)?;
         if req.qty == 0 || req.qty > MAX_QTY {
-            return Err(EngineError::Argument("qty must be 1..=1000000"));
+            return Err(EngineError::Argument("qty must be between 1 and 1000000"));
         }
         let sale = self.sale(req.sku)?;
         if sale.state() == SaleState::Fenced {

@@ -137,6 +137,56 @@ fn reserve_replay_release_commit() {
 }
 
 #[test]
+fn commit_past_expiry_needs_the_ledger_verified_form() {
+    let (e, c, sink) = engine(false);
+    e.create_sale("S", 3, Some(1), Some(1000), None).unwrap();
+    let on_time = token_of(&reserve(&e, "S", "alice", "r1", 1).unwrap());
+    let late = token_of(&reserve(&e, "S", "bob", "r1", 1).unwrap());
+    let raced = token_of(&reserve(&e, "S", "carol", "r1", 1).unwrap());
+    let deadline = e.reservation(&late).unwrap().0.expires_at_ms;
+
+    // At the deadline itself a payment is still in time (the ledger's `>=`).
+    c.set(deadline);
+    assert!(e.commit(&on_time).unwrap().0);
+
+    // One millisecond later a plain COMMIT sells nothing and logs nothing.
+    c.advance(1);
+    let logged = sink.events.lock().len();
+    assert_eq!(
+        e.commit(&late),
+        Err(EngineError::LateCommit {
+            expires_at_ms: deadline
+        })
+    );
+    assert_eq!(sink.events.lock().len(), logged);
+    assert_eq!(e.reservation(&late).unwrap().0.state, ResState::Reserved);
+    let v = e.sale_info("S").unwrap();
+    assert_eq!((v.available, v.reserved, v.committed), (0, 2, 1));
+    // The sweeper gives it back as usual.
+    assert!(e.release(&late).0);
+
+    // The boundary race: the ledger accepted carol's payment before the deadline, the
+    // COMMIT arrives after it. The verified form commits.
+    assert!(
+        e.commit_with(&raced, PaymentCheck::LedgerVerified)
+            .unwrap()
+            .0
+    );
+    assert!(
+        !e.commit_with(&raced, PaymentCheck::LedgerVerified)
+            .unwrap()
+            .0
+    );
+    // Already committed stays `:0` for the plain form too, late or not.
+    assert!(!e.commit(&raced).unwrap().0);
+    let v = e.sale_info("S").unwrap();
+    assert_eq!((v.available, v.reserved, v.committed), (1, 0, 2));
+    check_invariants(&e);
+    let events = sink.events.lock().clone();
+    assert_eq!(dump(&replayed(&events, c.clone())), dump(&e));
+}
+
+#[test]
 fn decision_order() {
     let (e, c, _s) = engine(false);
     assert_eq!(reserve(&e, "NOPE", "u", "r", 1), Err(EngineError::NoSale));
@@ -273,8 +323,9 @@ fn expiry_extend_and_expired_listing() {
     c.advance(10);
     assert_eq!(e.expired(10, None).len(), 1);
     assert_eq!(e.expired(10, Some("OTHER")).len(), 0);
-    // Commit of an expired reservation is allowed (the sweeper's cleanup path).
-    assert!(e.commit(&a).unwrap().0);
+    // Commit of an expired reservation needs the ledger's word (the sweeper's cleanup).
+    assert!(matches!(e.commit(&a), Err(EngineError::LateCommit { .. })));
+    assert!(e.commit_with(&a, PaymentCheck::LedgerVerified).unwrap().0);
     assert!(e.expired(10, None).is_empty());
     c.advance(5000);
     assert_eq!(e.expired(10, None).len(), 1);
@@ -451,6 +502,7 @@ enum Op {
     },
     Commit {
         pick: u16,
+        verified: bool,
     },
     Extend {
         pick: u16,
@@ -478,7 +530,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..3, 0u16..40, 1u8..5, 0u8..4).prop_map(|(sale, total, shards, limit)| Op::Create { sale, total, shards, limit }),
         6 => (0u8..3, 0u8..12, 0u8..6, 1u8..4).prop_map(|(sale, user, req, qty)| Op::Reserve { sale, user, req, qty }),
         2 => any::<u16>().prop_map(|pick| Op::Release { pick }),
-        2 => any::<u16>().prop_map(|pick| Op::Commit { pick }),
+        2 => any::<(u16, bool)>().prop_map(|(pick, verified)| Op::Commit { pick, verified }),
         1 => any::<(u16, u16)>().prop_map(|(pick, ms)| Op::Extend { pick, ms: ms % 3000 + 1 }),
         2 => (0u16..2000).prop_map(|ms| Op::Advance { ms }),
         1 => (0u8..3, -10i64..10).prop_map(|(sale, delta)| Op::Adjust { sale, delta }),
@@ -581,12 +633,16 @@ proptest! {
                     prop_assert_eq!(did, m.state == ResState::Reserved);
                     if did { m.state = ResState::Released; }
                 }
-                Op::Commit { pick } if !tokens.is_empty() => {
+                Op::Commit { pick, verified } if !tokens.is_empty() => {
                     let t = &tokens[pick as usize % tokens.len()];
                     let m = res.get_mut(t).unwrap();
-                    let r = e.commit(t).map(|x| x.0);
+                    let check = if verified { PaymentCheck::LedgerVerified } else { PaymentCheck::Unverified };
+                    let r = e.commit_with(t, check).map(|x| x.0);
                     let fenced = sales.get(&m.sku).is_some_and(|s| s.fenced);
                     match m.state {
+                        ResState::Reserved if !verified && now > m.expires => {
+                            prop_assert_eq!(r, Err(EngineError::LateCommit { expires_at_ms: m.expires }))
+                        }
                         ResState::Reserved if fenced => prop_assert_eq!(r, Err(EngineError::Fenced)),
                         ResState::Reserved => { prop_assert_eq!(r, Ok(true)); m.state = ResState::Committed; }
                         ResState::Committed => prop_assert_eq!(r, Ok(false)),

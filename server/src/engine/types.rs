@@ -46,6 +46,18 @@ impl SaleState {
     }
 }
 
+/// What a COMMIT's caller vouches for. The server's deadline is the hold's
+/// `expires_at_ms`; past it only the ledger knows whether the payment was accepted in time
+/// (its expiry guard ran when the payment arrived, the COMMIT may arrive later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaymentCheck {
+    /// Nothing: a hold past its expiry is refused (`EXPIRED`), so a late payment is never
+    /// sold by a caller that skipped the ledger's guard.
+    Unverified,
+    /// The ledger accepted the payment before the deadline: a late hold still commits.
+    LedgerVerified,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResState {
     Reserved,

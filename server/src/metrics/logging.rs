@@ -13,16 +13,21 @@ pub enum LogFormat {
     Json,
 }
 
+/// The filter when neither `--log-level` nor the environment sets one. Postgres NOTICEs
+/// are routine (`relation "_sqlx_migrations" already exists, skipping` on every start of
+/// a ledger tool) but sqlx logs them at INFO: shown from WARN up only.
+pub const DEFAULT_FILTER: &str = "info,sqlx::postgres::notice=warn";
+
 /// Installs the global subscriber. `level` (a filter such as `info` or
 /// `stockgate=debug`) wins over the environment variable `env_var`, then `RUST_LOG`,
-/// then `info`.
+/// then [`DEFAULT_FILTER`].
 pub fn init(format: LogFormat, level: Option<&str>, env_var: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = level
         .and_then(|l| EnvFilter::try_new(l).ok())
         .or_else(|| EnvFilter::try_from_env(env_var).ok())
         .or_else(|| EnvFilter::try_from_default_env().ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+        .unwrap_or_else(|| EnvFilter::new(DEFAULT_FILTER));
     let b = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);
@@ -68,5 +73,38 @@ pub fn lifecycle(cmd: &str, argv: &[&[u8]], reply: &Reply) {
             tracing::info!(sku = %sku, args = %detail.join(" "), result = n, "sale {what}")
         }
         _ => tracing::info!(sku = %sku, args = %detail.join(" "), "sale {what}"),
+    }
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+    use tracing_subscriber::{EnvFilter, Layer};
+
+    /// Records the target of every event that passed the filter.
+    struct Targets(Arc<Mutex<Vec<String>>>);
+
+    impl<S: tracing::Subscriber> Layer<S> for Targets {
+        fn on_event(&self, e: &tracing::Event<'_>, _: Context<'_, S>) {
+            if let Ok(mut v) = self.0.lock() {
+                v.push(e.metadata().target().to_string());
+            }
+        }
+    }
+
+    #[test]
+    fn default_filter_keeps_info_and_drops_postgres_notices() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sub = tracing_subscriber::registry()
+            .with(Targets(seen.clone()).with_filter(EnvFilter::new(super::DEFAULT_FILTER)));
+        tracing::subscriber::with_default(sub, || {
+            tracing::info!(target: "sqlx::postgres::notice", "relation already exists, skipping");
+            tracing::warn!(target: "sqlx::postgres::notice", "a real warning");
+            tracing::info!(target: "stockgate_sweeper", "sweeper pass");
+        });
+        let seen = seen.lock().map(|v| v.clone()).unwrap_or_default();
+        assert_eq!(seen, ["sqlx::postgres::notice", "stockgate_sweeper"]);
     }
 }

@@ -3,7 +3,7 @@
 
 use bytes::{BufMut, BytesMut};
 
-use crate::engine::EngineError;
+use crate::engine::{ident, EngineError};
 use crate::feed::FeedError;
 
 #[derive(Clone, Debug)]
@@ -173,7 +173,7 @@ fn put_num(out: &mut BytesMut, n: i64) {
 /// Every engine error's wire form. The first word is the error code clients match on.
 pub fn from_engine_error(e: &EngineError) -> Reply {
     let s = match e {
-        EngineError::Invalid(field) => format!("ERR invalid {field}"),
+        EngineError::Invalid(field) => format!("ERR {}", ident::invalid_message(field)),
         EngineError::NoSale => "NOSALE no such sale".into(),
         EngineError::Fenced => {
             "FENCED state unproven; rebuild the sale from the ledger first".into()
@@ -183,6 +183,10 @@ pub fn from_engine_error(e: &EngineError) -> Reply {
         EngineError::Exists => "EXISTS sale exists with different parameters".into(),
         EngineError::NoReservation => "NORES no such reservation in state RESERVED".into(),
         EngineError::Expired => "EXPIRED reservation expired".into(),
+        EngineError::LateCommit { expires_at_ms } => format!(
+            "EXPIRED reservation expired at {expires_at_ms} ms; if the ledger accepted the \
+             payment before then, send COMMIT token VERIFIED"
+        ),
         EngineError::Released => "RELEASED units already went back to stock".into(),
         EngineError::Argument(why) => format!("ERR {why}"),
         EngineError::NotEnoughAvailable => "ERR not enough available units".into(),
