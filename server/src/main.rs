@@ -10,8 +10,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use stockgate_server::engine::{EngineConfig, SystemClock};
 use stockgate_server::keyfiles;
-use stockgate_server::persist::{recover_engine, WalDurability};
+use stockgate_server::persist::{recover_engine_with, WalDurability};
 use stockgate_server::protocol::Limits;
+use stockgate_server::raft::{self, RaftNode, RaftNodeConfig};
 use stockgate_server::repl::{Repl, ReplConfig, ReplDurability};
 use stockgate_server::server::{serve, Role, ServerConfig, Shared, Users};
 use stockgate_server::wal::{FsyncPolicy, WalOptions};
@@ -194,6 +195,42 @@ struct ServeArgs {
     /// Password for `--primary-user`; without it the link does not authenticate.
     #[arg(long, env = "STOCKGATE_PRIMARY_PASSWORD", hide_env_values = true)]
     primary_password: Option<String>,
+    /// Run as member N of a Raft-replicated group (README, "A replicated group"): writes
+    /// are acknowledged once a majority has them durable; the leader is elected.
+    /// Excludes --replicaof and --min-replicas-ack.
+    #[arg(long)]
+    raft_id: Option<u64>,
+    /// Address this member listens on for its peers (Raft RPCs), e.g. 127.0.0.1:17379.
+    #[arg(long, requires = "raft_id")]
+    raft_listen: Option<String>,
+    /// The group to form on first start, this member included, comma-separated
+    /// ID=CLIENT_HOST:PORT/RAFT_HOST:PORT. Leave out on a member that waits to be added
+    /// by `RAFT.ADD` on the leader.
+    #[arg(long, requires = "raft_id", value_delimiter = ',')]
+    raft_peers: Vec<String>,
+    /// Reach peer ID through ADDR instead of its announced Raft address (a proxy, a NAT):
+    /// ID=HOST:PORT, repeatable.
+    #[arg(long, requires = "raft_id")]
+    raft_route: Vec<String>,
+    /// The name Sentinel-aware clients ask for (`SENTINEL get-master-addr-by-name NAME`).
+    #[arg(long, default_value = "stockgate")]
+    group_name: String,
+    /// Leader heartbeat interval. With the election timeouts below: a dead leader is
+    /// replaced within about the maximum election timeout plus one round trip.
+    #[arg(long, default_value_t = 50)]
+    raft_heartbeat_ms: u64,
+    /// Shortest election timeout: a follower that hears no leader this long stands for
+    /// election; a leader that heard no majority this long stops serving.
+    #[arg(long, default_value_t = 300)]
+    raft_election_min_ms: u64,
+    /// Longest election timeout (each follower picks at random between the two).
+    #[arg(long, default_value_t = 600)]
+    raft_election_max_ms: u64,
+    /// This member's Raft log was lost: start empty (the old WAL is set aside), take
+    /// everything from the group, and vote only once caught up. Remove the member on the
+    /// leader first (`RAFT.REMOVE ID`) and add it back after (`RAFT.ADD`).
+    #[arg(long, requires = "raft_id")]
+    rejoin_empty: bool,
     /// Serve Prometheus metrics (/metrics), JSON (/json) and the status page (/) here,
     /// e.g. 127.0.0.1:9379. Off unless given; loopback only unless
     /// --metrics-allow-remote (the endpoint has no authentication).
@@ -423,13 +460,31 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         feed_retention: a.feed_retention,
         ..WalOptions::default()
     };
-    let (engine, durability, report) = recover_engine(
+    let raft_cfg = raft_config(&a)?;
+    let prepared = match &raft_cfg {
+        Some(c) => Some(raft::node::prepare(&a.data_dir, c)?),
+        None => None,
+    };
+    let mut spec: Option<Arc<raft::speculation::Speculation>> = None;
+    let (engine, durability, report) = recover_engine_with(
         &a.data_dir,
         opts,
         cfg,
         Arc::new(SystemClock::new()),
         keys,
         rkey,
+        |wal| match &raft_cfg {
+            // A member's engine writes into the leader's batches, not the WAL.
+            Some(_) => {
+                let s = Arc::new(raft::speculation::Speculation::new(
+                    rand::random::<u64>(),
+                    wal.last_lsn(),
+                ));
+                spec = Some(s.clone());
+                s
+            }
+            None => wal.clone(),
+        },
     )
     .map_err(|e| {
         format!("{e}\nstockgate: refusing to start; `--repair` cuts the log at the first bad record (what follows is lost; the ledger can rebuild)")
@@ -485,39 +540,61 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             Some((h, p))
         }
     };
-    let repl = Repl::open(
-        ReplConfig {
-            data_dir: a.data_dir.clone(),
-            min_replicas_ack: a.min_replicas_ack,
-            timeout: Duration::from_millis(a.repl_timeout_ms.max(100)),
-            priority: a.replica_priority,
-            announce_port: a.port,
-            primary_auth: a
-                .primary_password
-                .clone()
-                .map(|p| (a.primary_user.clone(), p)),
-            restart_argv: std::env::args_os().collect(),
-            // Test-only fault injection (see ReplConfig); unset in production.
-            fault_send_delay_ms: std::env::var("STOCKGATE_FAULT_REPL_DELAY_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-        },
-        engine.clone(),
-        durability.clone(),
-        replicaof,
-    )
-    .map_err(|e| e.to_string())?;
-    let replicated: Arc<dyn stockgate_server::session::Durability> = Arc::new(ReplDurability {
-        local: durability.clone(),
-        repl: repl.clone(),
-    });
+    let repl = if raft_cfg.is_some() {
+        None
+    } else {
+        Some(
+            Repl::open(
+                ReplConfig {
+                    data_dir: a.data_dir.clone(),
+                    min_replicas_ack: a.min_replicas_ack,
+                    timeout: Duration::from_millis(a.repl_timeout_ms.max(100)),
+                    priority: a.replica_priority,
+                    announce_port: a.port,
+                    primary_auth: a
+                        .primary_password
+                        .clone()
+                        .map(|p| (a.primary_user.clone(), p)),
+                    restart_argv: std::env::args_os().collect(),
+                    // Test-only fault injection (see ReplConfig); unset in production.
+                    fault_send_delay_ms: std::env::var("STOCKGATE_FAULT_REPL_DELAY_MS")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0),
+                },
+                engine.clone(),
+                durability.clone(),
+                replicaof,
+            )
+            .map_err(|e| e.to_string())?,
+        )
+    };
+    let replicated: Arc<dyn stockgate_server::session::Durability> = match (&repl, &spec) {
+        (Some(repl), _) => Arc::new(ReplDurability {
+            local: durability.clone(),
+            repl: repl.clone(),
+        }),
+        (None, Some(spec)) => Arc::new(raft::node::RaftDurability {
+            local: durability.clone(),
+            spec: spec.clone(),
+        }),
+        (None, None) => return Err("raft mode without its sink".into()),
+    };
     let shared = Arc::new(Shared::new(config, users, replicated));
-    let _ = shared.repl.set(repl.clone());
-    let feed = Arc::new(stockgate_server::feed::Feed::new(
-        durability.wal.clone(),
-        stockgate_server::feed::FeedLimits::default(),
-    ));
+    if let Some(repl) = &repl {
+        let _ = shared.repl.set(repl.clone());
+    }
+    let feed = Arc::new(match &spec {
+        Some(spec) => stockgate_server::feed::Feed::with_group_sink(
+            durability.wal.clone(),
+            spec.clone(),
+            stockgate_server::feed::FeedLimits::default(),
+        ),
+        None => stockgate_server::feed::Feed::new(
+            durability.wal.clone(),
+            stockgate_server::feed::FeedLimits::default(),
+        ),
+    });
     // Consumer groups keep their state in the log: rebuilt from the group records after
     // the snapshot, re-logged (checkpoint) by every snapshot before it deletes them.
     let (state, state_bad) = feed.load_state_file(report.snapshot_lsn);
@@ -541,14 +618,17 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     }
     // A replica logs only its primary's records, under the primary's LSNs: it must never
     // log a checkpoint of its own. Its snapshot stores the groups' state beside itself.
-    let (hook_feed, hook_repl) = (feed.clone(), repl.clone());
-    durability.add_checkpoint_hook(Box::new(move |upto| {
-        if hook_repl.is_replica() {
-            hook_feed.write_state_file(upto).map(|()| 0)
-        } else {
-            Ok(hook_feed.checkpoint_groups())
-        }
-    }));
+    // A Raft member takes no snapshots (SAVE is refused), so it needs no checkpoint.
+    if let Some(repl) = &repl {
+        let (hook_feed, hook_repl) = (feed.clone(), repl.clone());
+        durability.add_checkpoint_hook(Box::new(move |upto| {
+            if hook_repl.is_replica() {
+                hook_feed.write_state_file(upto).map(|()| 0)
+            } else {
+                Ok(hook_feed.checkpoint_groups())
+            }
+        }));
+    }
     // A replica applies its primary's group records as they arrive.
     let replay_feed = feed.clone();
     durability.add_replay_hook(Box::new(move |lsn, kind, body| {
@@ -557,7 +637,10 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             .recover(std::iter::once((lsn, kind, body)));
     }));
     // Under --min-replicas-ack the feed shows only what the replicas acknowledged.
-    feed.set_bound(Arc::new(AckBound(repl.clone())));
+    // (A Raft member's WAL holds committed batches only: its feed needs no bound.)
+    if let Some(repl) = &repl {
+        feed.set_bound(Arc::new(AckBound(repl.clone())));
+    }
     let _ = shared.feed.set(feed);
     shared.metrics.configure(
         a.slowlog_log_slower_than,
@@ -595,14 +678,34 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         first.set_nonblocking(true).map_err(|e| e.to_string())?;
         let listener = tokio::net::TcpListener::from_std(first).map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        if let (Some(cfg), Some(prepared), Some(spec)) = (raft_cfg.clone(), prepared, spec.clone())
+        {
+            let argv = cfg.restart_argv.clone();
+            spec.set_depose_hook(RaftNode::restart_hook(
+                argv,
+                addr.port(),
+                durability.clone(),
+            ));
+            let node =
+                RaftNode::start(cfg, prepared, engine.clone(), durability.clone(), spec).await?;
+            let hub = shared.clone();
+            node.set_publisher(Box::new(move |ch, msg| {
+                hub.pubsub.publish(ch, msg);
+            }));
+            let _ = shared.repl.set(node);
+        }
         {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "listening on {addr}");
             let _ = out.flush();
         }
-        repl.set_announce_port(addr.port());
-        let follower = repl.start();
-        let snapshotter = spawn_snapshotter(engine.clone(), durability.clone(), a.snapshot_records);
+        let follower = repl.as_ref().map(|repl| {
+            repl.set_announce_port(addr.port());
+            repl.start()
+        });
+        let snapshotter = repl
+            .is_some()
+            .then(|| spawn_snapshotter(engine.clone(), durability.clone(), a.snapshot_records));
         let sampler = tokio::spawn(stockgate_server::metrics::http::sample_loop(
             engine.clone(),
             shared.clone(),
@@ -626,8 +729,12 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         let r = serve(listener, extra, engine.clone(), shared, shutdown_signal())
             .await
             .map_err(|e| e.to_string());
-        snapshotter.abort();
-        follower.abort();
+        if let Some(s) = snapshotter {
+            s.abort();
+        }
+        if let Some(f) = follower {
+            f.abort();
+        }
         sampler.abort();
         if let Some(h) = metrics_http {
             h.abort();
@@ -745,4 +852,57 @@ async fn shutdown_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
     let _ = Path::new("");
+}
+
+/// The Raft member settings, when `--raft-id` is given (checked here, in words).
+fn raft_config(a: &ServeArgs) -> Result<Option<RaftNodeConfig>, String> {
+    let Some(id) = a.raft_id else {
+        return Ok(None);
+    };
+    if id == 0 {
+        return Err("--raft-id: node ids start at 1".into());
+    }
+    if a.replicaof.is_some() || a.min_replicas_ack > 0 {
+        return Err("--raft-id replaces --replicaof and --min-replicas-ack: a Raft group elects its leader and acknowledges a write once a majority has it".into());
+    }
+    let listen = a
+        .raft_listen
+        .clone()
+        .ok_or("--raft-id needs --raft-listen HOST:PORT (where the peers reach this member)")?;
+    let mut bootstrap = std::collections::BTreeMap::new();
+    for p in &a.raft_peers {
+        let (pid, info) = raft::parse_peer(p)?;
+        if bootstrap.insert(pid, info).is_some() {
+            return Err(format!("--raft-peers lists node {pid} twice"));
+        }
+    }
+    let mut routes = std::collections::HashMap::new();
+    for r in &a.raft_route {
+        let (rid, addr) = r
+            .split_once('=')
+            .and_then(|(i, addr)| Some((i.parse::<u64>().ok()?, addr.to_owned())))
+            .ok_or_else(|| format!("--raft-route {r}: expected ID=HOST:PORT"))?;
+        routes.insert(rid, addr);
+    }
+    if a.raft_heartbeat_ms == 0 || a.raft_election_min_ms <= a.raft_heartbeat_ms {
+        return Err(
+            "--raft-election-min-ms must be larger than --raft-heartbeat-ms (and both above 0)"
+                .into(),
+        );
+    }
+    if a.raft_election_max_ms <= a.raft_election_min_ms {
+        return Err("--raft-election-max-ms must be larger than --raft-election-min-ms".into());
+    }
+    Ok(Some(RaftNodeConfig {
+        id,
+        listen,
+        bootstrap,
+        routes,
+        group_name: a.group_name.clone(),
+        heartbeat_ms: a.raft_heartbeat_ms,
+        election_min_ms: a.raft_election_min_ms,
+        election_max_ms: a.raft_election_max_ms,
+        rejoin_empty: a.rejoin_empty,
+        restart_argv: std::env::args_os().collect(),
+    }))
 }

@@ -156,6 +156,20 @@ pub fn recover_engine(
     keys: Keyring,
     rkey: ReservationKey,
 ) -> Result<(Arc<Engine>, Arc<WalDurability>, RecoveryReport), WalError> {
+    recover_engine_with(data_dir, opts, cfg, clock, keys, rkey, |wal| wal.clone())
+}
+
+/// [`recover_engine`] with the engine's records going to the sink `make_sink` builds
+/// from the recovered WAL (a Raft group member: the leader's batches) instead of the WAL.
+pub fn recover_engine_with(
+    data_dir: &Path,
+    opts: WalOptions,
+    cfg: EngineConfig,
+    clock: Arc<dyn Clock>,
+    keys: Keyring,
+    rkey: ReservationKey,
+    make_sink: impl FnOnce(&Arc<Wal>) -> Arc<dyn crate::engine::EventSink>,
+) -> Result<(Arc<Engine>, Arc<WalDurability>, RecoveryReport), WalError> {
     let t = Instant::now();
     let (wal, rec) = Wal::open(data_dir, opts)?;
     let Recovery {
@@ -189,7 +203,7 @@ pub fn recover_engine(
         "recovery: freed memory handed back in {} ms",
         trim.elapsed().as_millis()
     );
-    engine.set_sink(wal.clone());
+    engine.set_sink(make_sink(&wal));
     let report = RecoveryReport {
         snapshot_lsn,
         reservations_in_snapshot,

@@ -131,7 +131,9 @@ pub trait Replication: Send + Sync {
         _sub: &str,
         _args: &[&[u8]],
     ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
-        Err(Reply::err("ERR this server is not a member of a Raft group (--raft-id)"))
+        Err(Reply::err(
+            "ERR this server is not a member of a Raft group (--raft-id)",
+        ))
     }
     /// `PSYNC`: the connection becomes a replication link.
     fn serve_replica(

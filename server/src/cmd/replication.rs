@@ -224,10 +224,7 @@ pub fn raft(ctx: &mut Ctx<'_>, name: &str, args: &[&[u8]]) -> Outcome {
         Err(e) => return e.into(),
     };
     match r.raft(name, args) {
-        Ok(fut) => Outcome::deferred(
-            Reply::err("ERR RAFT commands cannot run inside MULTI"),
-            fut,
-        ),
+        Ok(fut) => Outcome::deferred(Reply::err("ERR RAFT commands cannot run inside MULTI"), fut),
         Err(e) => e.into(),
     }
 }

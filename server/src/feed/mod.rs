@@ -233,7 +233,11 @@ impl Feed {
     /// A feed whose consumer groups log their changes to `sink` rather than straight to
     /// the WAL (a Raft group member: they travel in the leader's batches like the
     /// engine's records).
-    pub fn with_group_sink(wal: Arc<Wal>, sink: Arc<dyn crate::engine::EventSink>, limits: FeedLimits) -> Feed {
+    pub fn with_group_sink(
+        wal: Arc<Wal>,
+        sink: Arc<dyn crate::engine::EventSink>,
+        limits: FeedLimits,
+    ) -> Feed {
         Feed {
             groups: groups::Groups::new(sink, groups::GroupLimits::default()),
             wal,

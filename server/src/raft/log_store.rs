@@ -21,9 +21,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{
-    EntryPayload, RaftLogReader, StorageIOError, StoredMembership, Vote,
-};
+use openraft::{EntryPayload, RaftLogReader, StorageIOError, StoredMembership, Vote};
 use parking_lot::Mutex;
 
 use super::{Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
@@ -194,25 +192,33 @@ impl LogStore {
         // The membership in force at `applied`; later entries are applied again.
         let membership = applied
             .and_then(|a| {
-                g.entries.range(..=a.index).rev().find_map(|(_, e)| match &e.payload {
-                    EntryPayload::Membership(m) => {
-                        Some(StoredMembership::new(Some(e.log_id), m.clone()))
-                    }
-                    _ => None,
-                })
+                g.entries
+                    .range(..=a.index)
+                    .rev()
+                    .find_map(|(_, e)| match &e.payload {
+                        EntryPayload::Membership(m) => {
+                            Some(StoredMembership::new(Some(e.log_id), m.clone()))
+                        }
+                        _ => None,
+                    })
             })
             .unwrap_or_default();
         Ok((applied, membership))
     }
 
     fn submit(&self, bytes: Vec<u8>, done: Done) -> Result<(), StorageError> {
-        self.tx
-            .send(Job { bytes, done })
-            .map_err(|_| StorageIOError::write_logs(&io::Error::other("raft log writer stopped")).into())
+        self.tx.send(Job { bytes, done }).map_err(|_| {
+            StorageIOError::write_logs(&io::Error::other("raft log writer stopped")).into()
+        })
     }
 
     /// Queues a record and waits (off the event loop) until it is on disk.
-    async fn write_synced(&self, kind: u8, body: &[u8], what: fn(&io::Error) -> StorageError) -> Result<(), StorageError> {
+    async fn write_synced(
+        &self,
+        kind: u8,
+        body: &[u8],
+        what: fn(&io::Error) -> StorageError,
+    ) -> Result<(), StorageError> {
         let mut bytes = Vec::with_capacity(HEADER + body.len());
         encode(kind, body, &mut bytes);
         let (tx, rx) = mpsc::channel();
@@ -330,7 +336,12 @@ fn writer(mut file: File, rx: mpsc::Receiver<Job>) {
 }
 
 fn range_entries<RB: RangeBounds<u64>>(inner: &Mutex<Inner>, range: RB) -> Vec<Entry> {
-    inner.lock().entries.range(range).map(|(_, e)| e.clone()).collect()
+    inner
+        .lock()
+        .entries
+        .range(range)
+        .map(|(_, e)| e.clone())
+        .collect()
 }
 
 impl RaftLogReader<TypeConfig> for LogReader {
@@ -397,7 +408,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.inner.lock().committed)
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
@@ -415,8 +430,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.write_synced(K_TRUNCATE, &ser(&log_id.index), |e| StorageIOError::write_logs(e).into())
-            .await?;
+        self.write_synced(K_TRUNCATE, &ser(&log_id.index), |e| {
+            StorageIOError::write_logs(e).into()
+        })
+        .await?;
         self.inner.lock().entries.split_off(&log_id.index);
         Ok(())
     }
@@ -475,7 +492,10 @@ mod tests {
             ],
         );
         // Half a record at the end: a crash mid-write.
-        let mut f = OpenOptions::new().append(true).open(dir.join("log")).expect("open");
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.join("log"))
+            .expect("open");
         f.write_all(&[9, 0, 0, 0, 1]).expect("torn");
         drop(f);
         let s = LogStore::open(&dir).expect("open store");
@@ -496,7 +516,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         write_raw(
             &dir,
-            &[(K_ENTRY, ser(&entry(1, 1, 1))), (K_ENTRY, ser(&entry(1, 2, 3)))],
+            &[
+                (K_ENTRY, ser(&entry(1, 1, 1))),
+                (K_ENTRY, ser(&entry(1, 2, 3))),
+            ],
         );
         let mut bytes = std::fs::read(dir.join("log")).expect("read");
         bytes[HEADER + 2] ^= 0xff;

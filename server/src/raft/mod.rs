@@ -144,7 +144,13 @@ mod tests {
         assert_eq!(id, 2);
         assert_eq!(n.client_addr, "127.0.0.1:7380");
         assert_eq!(n.raft_addr, "127.0.0.1:17380");
-        for bad in ["", "x=1:2/3:4", "1=127.0.0.1:7380", "1=a:0/b:1", "0=a:1/b:2"] {
+        for bad in [
+            "",
+            "x=1:2/3:4",
+            "1=127.0.0.1:7380",
+            "1=a:0/b:1",
+            "0=a:1/b:2",
+        ] {
             let e = parse_peer(bad).expect_err(bad);
             assert!(e.contains("raft peer"), "{e}");
         }

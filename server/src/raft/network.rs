@@ -17,8 +17,8 @@ use std::time::Duration;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest,
-    InstallSnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -89,7 +89,9 @@ async fn read_frame(s: &mut TcpStream) -> io::Result<Vec<u8>> {
     s.read_exact(&mut len).await?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_FRAME {
-        return Err(io::Error::other(format!("peer sent a frame of {len} bytes, over the limit")));
+        return Err(io::Error::other(format!(
+            "peer sent a frame of {len} bytes, over the limit"
+        )));
     }
     let mut body = vec![0u8; len];
     s.read_exact(&mut body).await?;
@@ -117,7 +119,12 @@ impl Peer {
             bincode::deserialize::<RpcReply>(&reply).map_err(io::Error::other)
         })
         .await
-        .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "raft rpc timed out")));
+        .unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "raft rpc timed out",
+            ))
+        });
         if r.is_err() {
             self.conn = None;
         }
@@ -135,7 +142,9 @@ impl RaftNetwork<TypeConfig> for Peer {
             Ok(RpcReply::Append(r)) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
-            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other("mismatched reply")))),
+            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other(
+                "mismatched reply",
+            )))),
             Err(e) => Err(RPCError::Network(net_err(&e))),
         }
     }
@@ -152,7 +161,9 @@ impl RaftNetwork<TypeConfig> for Peer {
             Ok(RpcReply::Snapshot(r)) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
-            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other("mismatched reply")))),
+            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other(
+                "mismatched reply",
+            )))),
             Err(e) => Err(RPCError::Network(net_err(&e))),
         }
     }
@@ -166,7 +177,9 @@ impl RaftNetwork<TypeConfig> for Peer {
             Ok(RpcReply::Vote(r)) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
-            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other("mismatched reply")))),
+            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other(
+                "mismatched reply",
+            )))),
             Err(e) => Err(RPCError::Network(net_err(&e))),
         }
     }

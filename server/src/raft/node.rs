@@ -68,7 +68,13 @@ pub fn prepare(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Prepared, String
             s.trim()
                 .strip_prefix("node-id ")
                 .and_then(|n| n.parse::<NodeId>().ok())
-                .ok_or_else(|| format!("{}: unreadable node identity '{}'", id_path.display(), s.trim()))?,
+                .ok_or_else(|| {
+                    format!(
+                        "{}: unreadable node identity '{}'",
+                        id_path.display(),
+                        s.trim()
+                    )
+                })?,
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(format!("{}: {e}", id_path.display())),
@@ -96,10 +102,16 @@ pub fn prepare(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Prepared, String
         }
         let wal = data_dir.join("wal");
         if wal.exists() {
-            let aside = data_dir.join(format!("wal.before-rejoin-{}", crate::feed::groups::now_ms()));
+            let aside = data_dir.join(format!(
+                "wal.before-rejoin-{}",
+                crate::feed::groups::now_ms()
+            ));
             std::fs::rename(&wal, &aside)
                 .map_err(|e| format!("--rejoin-empty: moving {} aside: {e}", wal.display()))?;
-            eprintln!("stockgate: --rejoin-empty: the old WAL is kept in {}", aside.display());
+            eprintln!(
+                "stockgate: --rejoin-empty: the old WAL is kept in {}",
+                aside.display()
+            );
         }
         rejoining = true;
     }
@@ -121,7 +133,8 @@ fn write_id(path: &PathBuf, id: NodeId) -> Result<(), String> {
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
     writeln!(f, "node-id {id}").map_err(|e| format!("{}: {e}", tmp.display()))?;
-    f.sync_all().map_err(|e| format!("{}: {e}", tmp.display()))?;
+    f.sync_all()
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -160,7 +173,9 @@ impl RaftNode {
         let store = prepared.store;
         let wal_last = dur.wal.last_lsn();
         let (applied, membership) = store.applied_for(wal_last).map_err(|e| {
-            format!("{e}; refusing to start (a node never continues a history it did not come from)")
+            format!(
+                "{e}; refusing to start (a node never continues a history it did not come from)"
+            )
         })?;
         let sm = StateMachine::new(engine, dur.clone(), spec.clone(), applied, membership);
         let config = Config {
@@ -190,7 +205,10 @@ impl RaftNode {
         tokio::spawn(network::serve(listener, raft.clone(), no_votes.clone()));
         if prepared.pristine && !prepared.rejoining && !cfg.bootstrap.is_empty() {
             if !cfg.bootstrap.contains_key(&cfg.id) {
-                return Err(format!("--raft-peers does not list this node (--raft-id {})", cfg.id));
+                return Err(format!(
+                    "--raft-peers does not list this node (--raft-id {})",
+                    cfg.id
+                ));
             }
             match raft.initialize(cfg.bootstrap.clone()).await {
                 Ok(()) => tracing::info!("raft: formed group of {} node(s)", cfg.bootstrap.len()),
@@ -238,9 +256,12 @@ impl RaftNode {
                     self.quorum_at_ms.fetch_max(at, Ordering::AcqRel);
                 }
             }
-            let caught_up = m.last_applied.is_some_and(|l| l.leader_id.term == m.current_term);
+            let caught_up = m
+                .last_applied
+                .is_some_and(|l| l.leader_id.term == m.current_term);
             if self.spec.writable() && (!leading || m.current_term != self.spec.term()) {
-                self.spec.close(&format!("no longer leading term {}", self.spec.term()));
+                self.spec
+                    .close(&format!("no longer leading term {}", self.spec.term()));
             }
             if leading && caught_up && !self.spec.writable() && !self.spec.is_deposed() {
                 let last = self.dur.wal.last_lsn();
@@ -324,14 +345,22 @@ impl RaftNode {
         }
         if !self.spec.writable() {
             let m = self.metrics.borrow();
-            return Some(if m.state == ServerState::Leader { STARTING } else { READONLY });
+            return Some(if m.state == ServerState::Leader {
+                STARTING
+            } else {
+                READONLY
+            });
         }
         (!self.lease_held()).then_some(NO_QUORUM)
     }
 
     /// The re-execution a deposed node does (same PID, same arguments, the port it
     /// serves on now).
-    pub fn restart_hook(argv: Vec<OsString>, port: u16, dur: Arc<WalDurability>) -> super::speculation::DeposeHook {
+    pub fn restart_hook(
+        argv: Vec<OsString>,
+        port: u16,
+        dur: Arc<WalDurability>,
+    ) -> super::speculation::DeposeHook {
         Box::new(move |_why| {
             let (argv, dur) = (argv.clone(), dur.clone());
             // Not on the caller's thread: it may hold the engine's locks.
@@ -346,7 +375,11 @@ impl RaftNode {
 
     fn info_lines(&self) -> String {
         let m = self.metrics.borrow().clone();
-        let role = if self.spec.writable() { "master" } else { "slave" };
+        let role = if self.spec.writable() {
+            "master"
+        } else {
+            "slave"
+        };
         let state = format!("{:?}", m.state).to_ascii_lowercase();
         let mut s = format!(
             "role:{role}\r\nraft_node_id:{}\r\nraft_state:{state}\r\nraft_term:{}\r\nraft_leader_id:{}\r\nraft_last_log_index:{}\r\nraft_last_applied_index:{}\r\nraft_log_entries:{}\r\nraft_voters:{}\r\nraft_lease_held:{}\r\nraft_in_flight_records:{}\r\nraft_committed_lsn:{}\r\n",
@@ -370,11 +403,17 @@ impl RaftNode {
                 ));
             }
             _ => {
-                let others: Vec<_> = self.nodes().into_iter().filter(|(i, _)| *i != self.id).collect();
+                let others: Vec<_> = self
+                    .nodes()
+                    .into_iter()
+                    .filter(|(i, _)| *i != self.id)
+                    .collect();
                 s.push_str(&format!("connected_slaves:{}\r\n", others.len()));
                 for (i, (_, n)) in others.iter().enumerate() {
                     let (h, p) = split_addr(&n.client_addr);
-                    s.push_str(&format!("slave{i}:ip={h},port={p},state=online,offset=0,lag=0\r\n"));
+                    s.push_str(&format!(
+                        "slave{i}:ip={h},port={p},state=online,offset=0,lag=0\r\n"
+                    ));
                 }
             }
         }
@@ -488,7 +527,10 @@ impl RaftNode {
             ("last-ping-sent", "0".into()),
             ("last-ok-ping-reply", "0".into()),
             ("last-ping-reply", "0".into()),
-            ("down-after-milliseconds", self.cfg.election_min_ms.to_string()),
+            (
+                "down-after-milliseconds",
+                self.cfg.election_min_ms.to_string(),
+            ),
             ("info-refresh", "0".into()),
             ("role-reported", "master".into()),
             ("role-reported-time", "0".into()),
@@ -502,7 +544,11 @@ impl RaftNode {
     }
 
     /// `RAFT.*`: membership and status.
-    fn raft_command(&self, sub: &str, args: &[&[u8]]) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
+    fn raft_command(
+        &self,
+        sub: &str,
+        args: &[&[u8]],
+    ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
         let raft = self.raft.clone();
         match sub {
             "raft.members" => {
@@ -531,7 +577,9 @@ impl RaftNode {
             }
             "raft.add" => {
                 let [id, client, raft_addr] = args else {
-                    return Err(Reply::err("ERR usage: RAFT.ADD id client-host:port raft-host:port"));
+                    return Err(Reply::err(
+                        "ERR usage: RAFT.ADD id client-host:port raft-host:port",
+                    ));
                 };
                 let spec = format!(
                     "{}={}/{}",
@@ -539,7 +587,8 @@ impl RaftNode {
                     String::from_utf8_lossy(client),
                     String::from_utf8_lossy(raft_addr)
                 );
-                let (id, info) = super::parse_peer(&spec).map_err(|e| Reply::err(format!("ERR {e}")))?;
+                let (id, info) =
+                    super::parse_peer(&spec).map_err(|e| Reply::err(format!("ERR {e}")))?;
                 Ok(Box::pin(async move {
                     // A learner first: it catches up from the log without a vote, then
                     // joint consensus makes it a voter.
@@ -567,10 +616,14 @@ impl RaftNode {
                 let id: NodeId = std::str::from_utf8(id)
                     .ok()
                     .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| Reply::err("ERR RAFT.REMOVE: the node id must be a positive integer"))?;
+                    .ok_or_else(|| {
+                        Reply::err("ERR RAFT.REMOVE: the node id must be a positive integer")
+                    })?;
                 let mut voters = self.voters();
                 if !voters.remove(&id) {
-                    return Err(Reply::err(format!("ERR node {id} is not a voter of this group")));
+                    return Err(Reply::err(format!(
+                        "ERR node {id} is not a voter of this group"
+                    )));
                 }
                 if voters.is_empty() {
                     return Err(Reply::err("ERR cannot remove the last voter"));
@@ -598,7 +651,10 @@ fn flat(fields: &[(&str, String)]) -> Reply {
 
 fn split_addr(a: &str) -> (String, u16) {
     match a.rsplit_once(':') {
-        Some((h, p)) => (h.trim_matches(['[', ']']).to_owned(), p.parse().unwrap_or(0)),
+        Some((h, p)) => (
+            h.trim_matches(['[', ']']).to_owned(),
+            p.parse().unwrap_or(0),
+        ),
         None => (a.to_owned(), 0),
     }
 }
@@ -624,7 +680,9 @@ fn restart(argv: &[OsString], port: u16) -> ! {
     }
     args.push("--port".into());
     args.push(port.to_string().into());
-    let err = std::process::Command::new("/proc/self/exe").args(&args).exec();
+    let err = std::process::Command::new("/proc/self/exe")
+        .args(&args)
+        .exec();
     eprintln!("stockgate: restart after losing the leadership failed: {err}");
     std::process::exit(1)
 }
@@ -655,8 +713,17 @@ impl Replication for RaftNode {
         self.refusal()
     }
 
+    /// Followers serve reads of their committed state, which may be behind the leader
+    /// by what is in flight (README, "Reads"); a leader without a majority serves none
+    /// (a newer leader may have changed the state), nor a deposed one.
     fn read_refusal(&self) -> Option<&'static str> {
-        self.refusal()
+        if self.spec.is_deposed() {
+            return Some(READONLY);
+        }
+        if self.spec.writable() && !self.lease_held() {
+            return Some(NO_QUORUM);
+        }
+        None
     }
 
     fn is_replica(&self) -> bool {
@@ -676,7 +743,11 @@ impl Replication for RaftNode {
                     Reply::bulk("slave"),
                     Reply::bulk(h),
                     Reply::Int(i64::from(p)),
-                    Reply::bulk(if id == self.id { "connecting" } else { "connected" }),
+                    Reply::bulk(if id == self.id {
+                        "connecting"
+                    } else {
+                        "connected"
+                    }),
                     Reply::Int(last),
                 ])
             }
@@ -716,7 +787,12 @@ impl Replication for RaftNode {
         Ok(())
     }
 
-    fn wait_count(&self, lsn: Lsn, _n: usize, timeout: Duration) -> Pin<Box<dyn Future<Output = usize> + Send + '_>> {
+    fn wait_count(
+        &self,
+        lsn: Lsn,
+        _n: usize,
+        timeout: Duration,
+    ) -> Pin<Box<dyn Future<Output = usize> + Send + '_>> {
         Box::pin(async move {
             // A committed write is on a majority: the leader and at least this many others.
             let others = self.voters().len() / 2;
@@ -740,7 +816,11 @@ impl Replication for RaftNode {
         self.sentinel_reply(args)
     }
 
-    fn raft(&self, sub: &str, args: &[&[u8]]) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
+    fn raft(
+        &self,
+        sub: &str,
+        args: &[&[u8]],
+    ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
         self.raft_command(sub, args)
     }
 }

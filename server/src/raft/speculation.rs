@@ -140,7 +140,10 @@ impl Speculation {
         let pending = self.assigned.load(Ordering::Acquire) > self.committed_lsn();
         drop(st);
         if pending {
-            self.depose(&format!("{why} with {} record(s) not yet committed", self.in_flight()));
+            self.depose(&format!(
+                "{why} with {} record(s) not yet committed",
+                self.in_flight()
+            ));
         } else {
             tracing::warn!("raft: {why}; nothing was in flight");
         }
@@ -331,7 +334,10 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("rt");
-        assert!(rt.block_on(s.wait(1)).is_err(), "a waiting reply is never answered");
+        assert!(
+            rt.block_on(s.wait(1)).is_err(),
+            "a waiting reply is never answered"
+        );
     }
 
     #[test]

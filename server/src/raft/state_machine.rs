@@ -18,9 +18,7 @@ use std::io::{self, Cursor};
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{
-    EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership,
-};
+use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership};
 
 use super::speculation::Speculation;
 use super::{Batch, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
