@@ -665,3 +665,45 @@ fn raft_a_member_that_lost_its_log_refuses_to_start_and_rejoins_empty() {
     reserve(g.port(n), &g, "LOST", "u2", "r1").expect("reserve after losing another member");
     assert_eq!(state_of(g.port(n), &t).as_deref(), Some("RESERVED"));
 }
+
+/// redis-py's `Sentinel`, in its default settings, lists the members as its sentinels,
+/// finds the leader, and after a `kill -9` of that leader finds the new one.
+#[test]
+fn raft_redis_py_sentinel_client_follows_a_failover_unchanged() {
+    let mut g = Group::start(false);
+    let l = g.leader(None, Duration::from_secs(10));
+    create_sale(g.port(l), "PY", 7);
+    reserve(g.port(l), &g, "PY", "u1", "r1").expect("reserve");
+    let ports = [1, 2, 3].map(|i| g.port(i).to_string()).join(",");
+    let run = |ports: &str| {
+        let out = Command::new("python3")
+            .arg(format!(
+                "{}/tests/py/raft_sentinel.py",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .arg(ports)
+            .arg("PY")
+            .output()
+            .expect("python3");
+        if !out.status.success() {
+            // Right after a kill a member may still name the dead leader: retried below.
+            return format!(
+                "raft_sentinel.py failed (needs `pip install redis`): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(run(&ports), format!("leader {} stock 6", g.port(l)));
+    g.member(l).kill9();
+    let n = g.leader(Some(l), Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = run(&ports);
+        if got == format!("leader {} stock 6", g.port(n)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "redis-py did not follow: {got}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

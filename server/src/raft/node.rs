@@ -138,6 +138,9 @@ fn write_id(path: &PathBuf, id: NodeId) -> Result<(), String> {
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// Publishes `(channel, message)` on this node's pub/sub hub.
+pub type Publisher = Box<dyn Fn(&[u8], &[u8]) + Send + Sync>;
+
 /// A running group member.
 pub struct RaftNode {
     pub id: NodeId,
@@ -151,7 +154,7 @@ pub struct RaftNode {
     quorum_at_ms: AtomicU64,
     epoch: Instant,
     no_votes: Arc<AtomicBool>,
-    publish: OnceLock<Box<dyn Fn(&[u8], &[u8]) + Send + Sync>>,
+    publish: OnceLock<Publisher>,
     last_leader: Mutex<Option<NodeId>>,
 }
 
@@ -235,7 +238,7 @@ impl RaftNode {
     }
 
     /// Where Sentinel-style `+switch-master` messages go (the pub/sub hub).
-    pub fn set_publisher(&self, f: Box<dyn Fn(&[u8], &[u8]) + Send + Sync>) {
+    pub fn set_publisher(&self, f: Publisher) {
         let _ = self.publish.set(f);
     }
 
@@ -640,11 +643,13 @@ impl RaftNode {
     }
 }
 
+/// A Sentinel state entry: a map in RESP3 (what redis-py parses there), the flat
+/// field-value array of Redis's Sentinel in RESP2.
 fn flat(fields: &[(&str, String)]) -> Reply {
-    Reply::Array(
+    Reply::Map(
         fields
             .iter()
-            .flat_map(|(k, v)| [Reply::bulk(*k), Reply::bulk(v.clone())])
+            .map(|(k, v)| (Reply::bulk(*k), Reply::bulk(v.clone())))
             .collect(),
     )
 }
