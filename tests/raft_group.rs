@@ -61,7 +61,9 @@ impl Proxy {
                                     return;
                                 }
                                 Ok(n) => {
-                                    if to.write_all(&buf[..n]).is_err() {
+                                    // Read just as the link was cut: dropped with it.
+                                    if c.load(Ordering::SeqCst) || to.write_all(&buf[..n]).is_err()
+                                    {
                                         return;
                                     }
                                 }
@@ -317,30 +319,7 @@ impl Group {
 }
 
 fn reserve(port: u16, g: &Group, sku: &str, user: &str, req: &str) -> Result<String, String> {
-    let tok = g.token(sku, user);
-    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
-        .map_err(|e| e.to_string())?;
-    c.set_read_timeout(Some(Duration::from_secs(3)))
-        .map_err(|e| e.to_string())?;
-    let v: redis::Value = redis::cmd("RESERVE")
-        .arg(sku)
-        .arg(user)
-        .arg(tok)
-        .arg(req)
-        .query(&mut c)
-        .map_err(|e| e.to_string())?;
-    match v {
-        redis::Value::Array(items) if items.len() >= 2 => {
-            let word = common::as_str(&items[0]);
-            if word == "RESERVED" || word == "REPLAY" {
-                Ok(common::as_str(&items[1]))
-            } else {
-                Err(word)
-            }
-        }
-        other => Err(format!("{other:?}")),
-    }
+    reserve_with(port, sku, user, &g.token(sku, user), req)
 }
 
 fn sale_info(port: u16, sku: &str) -> (i64, i64, i64, i64) {
@@ -568,6 +547,8 @@ fn raft_a_partitioned_leader_acknowledges_nothing_and_the_majority_goes_on() {
     create_sale(g.port(old), "CUT", 20);
     let before = reserve(g.port(old), &g, "CUT", "u0", "r0").expect("reserve");
     g.cut(old, true);
+    // Every forwarding thread sees the cut within its 50 ms read timeout.
+    std::thread::sleep(Duration::from_millis(200));
     // A write sent to the isolated leader, in flight across the cut, is never
     // acknowledged: not before the heal (no majority), not after (it lost its term).
     let g = Arc::new(Mutex::new(g));

@@ -132,21 +132,36 @@ impl Peer {
     }
 }
 
+impl Peer {
+    /// The reply of one RPC as openraft wants it: the peer's own error as a remote
+    /// error, anything else (no connection, a reply of the wrong kind) as a network one.
+    #[allow(clippy::result_large_err)] // openraft's own error type, as its trait returns it
+    fn answer<T, E: std::error::Error>(
+        &self,
+        r: io::Result<RpcReply>,
+        pick: impl FnOnce(RpcReply) -> Option<Result<T, E>>,
+    ) -> Result<T, RPCError<NodeId, NodeInfo, E>> {
+        match r.map(pick) {
+            Ok(Some(r)) => r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e))),
+            Ok(None) => Err(RPCError::Network(net_err(&io::Error::other(
+                "mismatched reply",
+            )))),
+            Err(e) => Err(RPCError::Network(net_err(&e))),
+        }
+    }
+}
+
 impl RaftNetwork<TypeConfig> for Peer {
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        match self.call(&Rpc::Append(rpc), option.hard_ttl()).await {
-            Ok(RpcReply::Append(r)) => {
-                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
-            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other(
-                "mismatched reply",
-            )))),
-            Err(e) => Err(RPCError::Network(net_err(&e))),
-        }
+        let r = self.call(&Rpc::Append(rpc), option.hard_ttl()).await;
+        self.answer(r, |r| match r {
+            RpcReply::Append(a) => Some(a),
+            _ => None,
+        })
     }
 
     async fn install_snapshot(
@@ -157,15 +172,11 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        match self.call(&Rpc::Snapshot(rpc), option.hard_ttl()).await {
-            Ok(RpcReply::Snapshot(r)) => {
-                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
-            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other(
-                "mismatched reply",
-            )))),
-            Err(e) => Err(RPCError::Network(net_err(&e))),
-        }
+        let r = self.call(&Rpc::Snapshot(rpc), option.hard_ttl()).await;
+        self.answer(r, |r| match r {
+            RpcReply::Snapshot(a) => Some(a),
+            _ => None,
+        })
     }
 
     async fn vote(
@@ -173,15 +184,11 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        match self.call(&Rpc::Vote(rpc), option.hard_ttl()).await {
-            Ok(RpcReply::Vote(r)) => {
-                r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
-            }
-            Ok(_) => Err(RPCError::Network(net_err(&io::Error::other(
-                "mismatched reply",
-            )))),
-            Err(e) => Err(RPCError::Network(net_err(&e))),
-        }
+        let r = self.call(&Rpc::Vote(rpc), option.hard_ttl()).await;
+        self.answer(r, |r| match r {
+            RpcReply::Vote(a) => Some(a),
+            _ => None,
+        })
     }
 }
 
