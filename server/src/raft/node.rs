@@ -268,6 +268,10 @@ impl RaftNode {
             }
             if leading && caught_up && !self.spec.writable() && !self.spec.is_deposed() {
                 let last = self.dur.wal.last_lsn();
+                // A majority just voted for this term (and, by openraft's leader lease,
+                // votes for no other for the election timeout): that is its first
+                // acknowledgement, before any append has come back.
+                self.quorum_at_ms.fetch_max(self.now_ms(), Ordering::AcqRel);
                 self.spec.open(m.current_term, last);
                 tracing::info!("raft: leading term {} from LSN {last}", m.current_term);
             }
