@@ -266,12 +266,15 @@ impl RaftNode {
                 self.spec
                     .close(&format!("no longer leading term {}", self.spec.term()));
             }
-            if leading && caught_up && !self.spec.writable() && !self.spec.is_deposed() {
+            // A majority must have answered this leader in this process: openraft restores
+            // the leader state of a node restarted with its own committed vote, and such
+            // a leader of an old term is never answered by a majority again.
+            let answered = m
+                .millis_since_quorum_ack
+                .is_some_and(|ms| ms < self.cfg.election_min_ms);
+            if leading && caught_up && answered && !self.spec.writable() && !self.spec.is_deposed()
+            {
                 let last = self.dur.wal.last_lsn();
-                // A majority just voted for this term (and, by openraft's leader lease,
-                // votes for no other for the election timeout): that is its first
-                // acknowledgement, before any append has come back.
-                self.quorum_at_ms.fetch_max(self.now_ms(), Ordering::AcqRel);
                 self.spec.open(m.current_term, last);
                 tracing::info!("raft: leading term {} from LSN {last}", m.current_term);
             }

@@ -176,13 +176,29 @@ impl Speculation {
     /// while this node has nothing of its own in flight (else it is deposed).
     pub fn follow_to(&self, last: Lsn) -> Result<(), Deposed> {
         let mut st = self.state.lock();
+        // Leading with nothing in flight: just stop (a record after this deposes).
+        if st.writable
+            && st.cur_count == 0
+            && st.ready.is_empty()
+            && self.assigned.load(Ordering::Acquire) <= self.committed_lsn()
+        {
+            st.writable = false;
+            tracing::warn!("raft: another leader's batch arrived; this node stops leading");
+        }
         let pending = st.writable
             || st.cur_count > 0
             || !st.ready.is_empty()
             || self.assigned.load(Ordering::Acquire) > self.committed_lsn();
         if pending {
+            let why = format!(
+                "a batch of another leader (LSN ..={last}) arrived while this node {} (assigned {}, committed {}, queued {})",
+                if st.writable { "was leading" } else { "had records in flight" },
+                self.assigned.load(Ordering::Acquire),
+                self.committed_lsn(),
+                st.cur_count as usize + st.ready.len()
+            );
             drop(st);
-            self.depose("a batch of another leader arrived while this node had records in flight");
+            self.depose(&why);
             return Err(Deposed);
         }
         st.next = last + 1;
