@@ -100,7 +100,8 @@ impl Member {
     fn spawn(&mut self) {
         let child = Command::new(server_bin())
             .args(&self.args)
-            .env("STOCKGATE_LOG", "warn")
+            // openraft warns at every refused connection to a killed peer: noise here.
+            .env("STOCKGATE_LOG", "warn,openraft=error")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
