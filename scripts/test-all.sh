@@ -30,6 +30,9 @@ python3 -c "import redis" >/dev/null 2>&1 || python3 -m pip install -q redis
 # ioredis and node-redis (tests/node_clients.rs), pinned by tests/node/package-lock.json.
 [ -d tests/node/node_modules ] || npm ci --prefix tests/node --no-audit --no-fund
 
+# Formatting and lints are part of the tests: a warning fails the run.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 # End-to-end tests start the real binaries: build them first.
 cargo build --workspace --bins --tests
 cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}"
