@@ -69,9 +69,12 @@ async fn late_commit_needs_verified_and_a_ledger_role() {
     let mut admin = conn_as(&srv, "boss", "pw-admin").await;
     let mut shop = conn_as(&srv, "shop", "pw-shop").await;
     let mut broom = conn_as(&srv, "broom", "pw-broom").await;
-    cmd(&mut admin, &["SALE.CREATE", "L", "10", "TTL", "300"])
-        .await
-        .unwrap();
+    cmd(
+        &mut admin,
+        &["SALE.CREATE", "L", "10", "SHARDS", "1", "TTL", "300"],
+    )
+    .await
+    .unwrap();
     let on_time = reserve(&mut shop, &keys, "L", "a").await;
     let by_sweeper = reserve(&mut shop, &keys, "L", "b").await;
     let by_admin = reserve(&mut shop, &keys, "L", "c").await;
