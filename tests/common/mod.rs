@@ -10,6 +10,7 @@ use std::time::Duration;
 use stockgate_server::engine::Keyring;
 
 pub mod ha;
+pub mod raft;
 
 /// The server binary next to this test's executable (`target/<profile>/stockgate`).
 /// Build it first: `cargo build --workspace --bins` (the README's test command does).

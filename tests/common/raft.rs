@@ -1,0 +1,466 @@
+//! A Raft group of three real `stockgate` processes on loopback, for the tests that
+//! fault it: members started with shared keys, a proxy per directed Raft link that can
+//! cut it, leader discovery through the Sentinel interface, and the checks of the
+//! sale's invariants.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::ha::{free_port, Keys};
+use super::{now_ms, server_bin, TempDir};
+
+/// A TCP forwarder for one directed link; `cut` drops its connections and refuses new
+/// ones until it is healed.
+pub struct Proxy {
+    pub port: u16,
+    pub cut: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    pub fn start(target: u16) -> Proxy {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let port = l.local_addr().expect("addr").port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let c = cut.clone();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(inbound) = conn else { continue };
+                if c.load(Ordering::SeqCst) {
+                    continue; // dropped: the link is cut
+                }
+                let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (
+                        inbound.try_clone().expect("clone"),
+                        outbound.try_clone().expect("clone"),
+                    ),
+                    (outbound, inbound),
+                ] {
+                    let c = c.clone();
+                    std::thread::spawn(move || {
+                        let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
+                        let mut buf = [0u8; 65536];
+                        loop {
+                            if c.load(Ordering::SeqCst) {
+                                let _ = from.shutdown(std::net::Shutdown::Both);
+                                let _ = to.shutdown(std::net::Shutdown::Both);
+                                return;
+                            }
+                            match from.read(&mut buf) {
+                                Ok(0) => {
+                                    let _ = to.shutdown(std::net::Shutdown::Both);
+                                    return;
+                                }
+                                Ok(n) => {
+                                    // Read just as the link was cut: dropped with it.
+                                    if c.load(Ordering::SeqCst) || to.write_all(&buf[..n]).is_err()
+                                    {
+                                        return;
+                                    }
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock
+                                            | std::io::ErrorKind::TimedOut
+                                    ) => {}
+                                Err(_) => {
+                                    let _ = to.shutdown(std::net::Shutdown::Both);
+                                    return;
+                                }
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Proxy { port, cut }
+    }
+}
+
+pub struct Member {
+    pub id: u64,
+    pub port: u16,
+    pub raft_port: u16,
+    pub dir: PathBuf,
+    pub args: Vec<String>,
+    pub child: Option<Child>,
+}
+
+impl Member {
+    pub fn spawn(&mut self) {
+        let child = Command::new(server_bin())
+            .args(&self.args)
+            // openraft warns at every refused connection to a killed peer: noise here.
+            .env("STOCKGATE_LOG", "warn,openraft=error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn stockgate");
+        self.child = Some(child);
+        wait_ping(self.port);
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub struct Group {
+    pub members: Vec<Member>,
+    pub keys: Keys,
+    /// `links[(from, to)]`: the proxy `from` reaches `to` through.
+    pub links: Vec<((u64, u64), Proxy)>,
+    pub _dir: TempDir,
+}
+
+pub fn wait_ping(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(mut c) = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+        {
+            if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    panic!("node on port {port} did not answer PING");
+}
+
+/// A connection, retried for a while: a deposed leader re-executes itself (its port is
+/// closed for the moment of its restart).
+pub fn conn(port: u16) -> redis::Connection {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let c = loop {
+        match client.get_connection_with_timeout(Duration::from_secs(2)) {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "connect to {port}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    c.set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    c
+}
+
+impl Group {
+    /// Three members, every link through its own proxy when `proxied`.
+    pub fn start(proxied: bool) -> Group {
+        let dir = TempDir::new("raft");
+        let keys = Keys::new();
+        let ids = [1u64, 2, 3];
+        let ports: Vec<(u16, u16)> = ids.iter().map(|_| (free_port(), free_port())).collect();
+        let peers = ids
+            .iter()
+            .zip(&ports)
+            .map(|(i, (p, r))| format!("{i}=127.0.0.1:{p}/127.0.0.1:{r}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut links = Vec::new();
+        if proxied {
+            for &from in &ids {
+                for (&to, &(_, rport)) in ids.iter().zip(&ports) {
+                    if from != to {
+                        links.push(((from, to), Proxy::start(rport)));
+                    }
+                }
+            }
+        }
+        let mut members = Vec::new();
+        for (&id, &(port, raft_port)) in ids.iter().zip(&ports) {
+            let d = dir.path().join(format!("n{id}"));
+            let mut args: Vec<String> = vec![
+                "--port".into(),
+                port.to_string(),
+                "--data-dir".into(),
+                d.display().to_string(),
+                "--fsync".into(),
+                "always".into(),
+                "--raft-id".into(),
+                id.to_string(),
+                "--raft-listen".into(),
+                format!("127.0.0.1:{raft_port}"),
+                "--raft-peers".into(),
+                peers.clone(),
+            ];
+            args.extend(keys.flags());
+            for ((f, t), p) in &links {
+                if *f == id {
+                    args.push("--raft-route".into());
+                    args.push(format!("{t}=127.0.0.1:{}", p.port));
+                }
+            }
+            members.push(Member {
+                id,
+                port,
+                raft_port,
+                dir: d,
+                args,
+                child: None,
+            });
+        }
+        for m in &mut members {
+            m.spawn();
+        }
+        Group {
+            members,
+            keys,
+            links,
+            _dir: dir,
+        }
+    }
+
+    pub fn member(&mut self, id: u64) -> &mut Member {
+        self.members
+            .iter_mut()
+            .find(|m| m.id == id)
+            .expect("member")
+    }
+
+    /// The member that takes writes, asked of every running member (as a Sentinel-aware
+    /// client does), excluding `not`.
+    pub fn leader(&self, not: Option<u64>, within: Duration) -> u64 {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            for m in self.members.iter().filter(|m| m.child.is_some()) {
+                let Ok(mut c) = redis::Client::open(format!("redis://127.0.0.1:{}/", m.port))
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(300)))
+                else {
+                    continue;
+                };
+                let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg("stockgate")
+                    .query(&mut c)
+                    .ok()
+                    .flatten();
+                let Some((_, p)) = addr else { continue };
+                let Some(l) = self.members.iter().find(|x| x.port.to_string() == p) else {
+                    continue;
+                };
+                if Some(l.id) == not || l.child.is_none() {
+                    continue;
+                }
+                // The leader itself must say so and take writes.
+                if let Ok(mut lc) = redis::Client::open(format!("redis://127.0.0.1:{}/", l.port))
+                    .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(300)))
+                {
+                    let role: Vec<redis::Value> =
+                        redis::cmd("ROLE").query(&mut lc).unwrap_or_default();
+                    if role.first().map(crate::common::as_str).as_deref() == Some("master") {
+                        return l.id;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("no leader within {within:?}");
+    }
+
+    pub fn port(&self, id: u64) -> u16 {
+        self.members
+            .iter()
+            .find(|m| m.id == id)
+            .expect("member")
+            .port
+    }
+
+    pub fn cut(&self, id: u64, cut: bool) {
+        for ((f, t), p) in &self.links {
+            if *f == id || *t == id {
+                p.cut.store(cut, Ordering::SeqCst);
+            }
+        }
+    }
+
+    pub fn token(&self, sku: &str, user: &str) -> String {
+        self.keys.keyring().mint(sku, user, now_ms() + 600_000)
+    }
+
+    /// Every running member reports the same event count, within `within`.
+    pub fn converge(&self, within: Duration) -> i64 {
+        let deadline = Instant::now() + within;
+        loop {
+            let lens: Vec<i64> = self
+                .members
+                .iter()
+                .filter(|m| m.child.is_some())
+                .map(|m| {
+                    redis::cmd("XLEN")
+                        .arg("stockgate:events")
+                        .query(&mut conn(m.port))
+                        .unwrap_or(-1)
+                })
+                .collect();
+            if lens.windows(2).all(|w| w[0] == w[1]) && lens[0] >= 0 {
+                return lens[0];
+            }
+            assert!(
+                Instant::now() < deadline,
+                "members did not converge: {lens:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+pub fn reserve(port: u16, g: &Group, sku: &str, user: &str, req: &str) -> Result<String, String> {
+    reserve_with(port, sku, user, &g.token(sku, user), req)
+}
+
+pub fn sale_info(port: u16, sku: &str) -> (i64, i64, i64, i64) {
+    let v: redis::Value = redis::cmd("SALE.INFO")
+        .arg(sku)
+        .query(&mut conn(port))
+        .expect("sale.info");
+    let f = |n| crate::common::as_int(&crate::common::field(&v, n).expect(n));
+    (f("total"), f("available"), f("reserved"), f("committed"))
+}
+
+pub fn state_of(port: u16, token: &str) -> Option<String> {
+    let v: redis::Value = redis::cmd("RESERVATION")
+        .arg(token)
+        .query(&mut conn(port))
+        .expect("reservation");
+    crate::common::field(&v, "state").map(|s| crate::common::as_str(&s))
+}
+
+/// Retried for a while: a leader just elected may still be catching up (`-LOADING`).
+pub fn create_sale(port: u16, sku: &str, total: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r: redis::RedisResult<String> = redis::cmd("SALE.CREATE")
+            .arg(sku)
+            .arg(total)
+            .arg("SHARDS")
+            .arg(4)
+            .query(&mut conn(port));
+        match r {
+            Ok(r) => return assert_eq!(r, "OK"),
+            Err(e) => assert!(Instant::now() < deadline, "SALE.CREATE: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Writers reserve one unit each for distinct users against whoever leads; returns the
+/// acknowledged tokens.
+pub fn storm(
+    g: &Arc<Mutex<Group>>,
+    sku: &str,
+    prefix: &str,
+    writers: usize,
+    per: usize,
+) -> Vec<std::thread::JoinHandle<Vec<String>>> {
+    (0..writers)
+        .map(|w| {
+            let (g, sku, prefix) = (g.clone(), sku.to_owned(), prefix.to_owned());
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                let mut i = 0;
+                let deadline = Instant::now() + Duration::from_secs(40);
+                while i < per && Instant::now() < deadline {
+                    let port = {
+                        let g = g.lock().expect("group");
+                        let l = g.leader(None, Duration::from_secs(10));
+                        g.port(l)
+                    };
+                    let user = format!("{prefix}-{w}-{i}");
+                    let r = {
+                        let g = g.lock().expect("group");
+                        let tok = g.token(&sku, &user);
+                        drop(g);
+                        reserve_with(port, &sku, &user, &tok, &format!("req-{i}"))
+                    };
+                    match r {
+                        Ok(t) => {
+                            acked.push(t);
+                            i += 1;
+                        }
+                        Err(e) if e == "SOLDOUT" => i += 1,
+                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    }
+                }
+                acked
+            })
+        })
+        .collect()
+}
+
+pub fn reserve_with(
+    port: u16,
+    sku: &str,
+    user: &str,
+    tok: &str,
+    req: &str,
+) -> Result<String, String> {
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+        .map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(Duration::from_secs(3)))
+        .map_err(|e| e.to_string())?;
+    let v: redis::Value = redis::cmd("RESERVE")
+        .arg(sku)
+        .arg(user)
+        .arg(tok)
+        .arg(req)
+        .query(&mut c)
+        .map_err(|e| e.to_string())?;
+    match v {
+        redis::Value::Array(items) if items.len() >= 2 => {
+            let word = crate::common::as_str(&items[0]);
+            if word == "RESERVED" || word == "REPLAY" {
+                Ok(crate::common::as_str(&items[1]))
+            } else {
+                Err(word)
+            }
+        }
+        redis::Value::Array(items) if !items.is_empty() => Err(crate::common::as_str(&items[0])),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+pub fn check_all_present(g: &Group, leader: u64, acked: &[String], sku: &str, total: i64) {
+    let port = g.port(leader);
+    let mut seen = std::collections::HashSet::new();
+    for t in acked {
+        assert!(seen.insert(t.clone()), "token {t} acknowledged twice");
+        assert_eq!(
+            state_of(port, t).as_deref(),
+            Some("RESERVED"),
+            "acknowledged reservation {t} missing on the leader"
+        );
+    }
+    let (tot, avail, reserved, committed) = sale_info(port, sku);
+    assert_eq!(tot, total);
+    assert!(
+        acked.len() as i64 <= total,
+        "more units handed out than exist"
+    );
+    assert_eq!(
+        avail + reserved + committed,
+        total,
+        "counters do not add up"
+    );
+    assert!(reserved >= acked.len() as i64);
+}
