@@ -52,6 +52,10 @@ pub enum ClientError {
     /// `-NOREPLICAS`: the primary has fewer replicas attached than `--min-replicas-ack`.
     #[error("not enough replicas attached to acknowledge writes (-NOREPLICAS)")]
     NoReplicas,
+    /// `-LOADING`: a group member just elected leader is still applying its log; it ran
+    /// nothing.
+    #[error("node is catching up with its group (-LOADING)")]
+    Loading,
     /// No Sentinel named a node that answers `ROLE` as master.
     #[error("no primary for {master_name:?} found through Sentinel: {detail}")]
     NoPrimary { master_name: String, detail: String },
@@ -77,6 +81,7 @@ impl ClientError {
             ClientError::Connection(_)
                 | ClientError::ReadOnly
                 | ClientError::NoReplicas
+                | ClientError::Loading
                 | ClientError::NoPrimary { .. }
         )
     }
@@ -98,6 +103,7 @@ impl From<RedisError> for ClientError {
             Some("EXISTS") => ClientError::Exists,
             Some("READONLY") => ClientError::ReadOnly,
             Some("NOREPLICAS") => ClientError::NoReplicas,
+            Some("LOADING") => ClientError::Loading,
             Some(code) if e.kind() != redis::ErrorKind::IoError => ClientError::Server {
                 code: code.to_string(),
                 detail,

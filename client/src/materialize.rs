@@ -37,6 +37,11 @@ pub enum MaterializeError {
     /// The feed no longer has the position: resynchronise from the ledger.
     #[error("feed position trimmed: {0}")]
     Trimmed(String),
+    /// The feed read from is not the history the ledger's position was taken from (a
+    /// different entry at that position, or a feed that ends before it): reading on
+    /// would skip or invent orders. Only an operator can decide what to do.
+    #[error("feed history mismatch: {0}")]
+    History(String),
     #[error("feed error: {0}")]
     Feed(String),
     #[error("feed connection: {0}")]
@@ -64,6 +69,28 @@ pub struct FeedEvent {
 }
 
 impl FeedEvent {
+    /// 64-bit FNV-1a over the entry's LSN and fields: what the ledger stores beside its
+    /// position to recognise the entry again on any node. FNV and not std's hasher, whose
+    /// output may change between Rust releases (the ledger outlives the binary).
+    pub fn fingerprint(&self) -> i64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for b in bytes {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            // A separator, so ("ab", "c") and ("a", "bc") differ.
+            h ^= 0xff;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        };
+        eat(&self.lsn.to_le_bytes());
+        for (k, v) in &self.fields {
+            eat(k.as_bytes());
+            eat(v.as_bytes());
+        }
+        h as i64
+    }
+
     pub fn kind(&self) -> &str {
         self.get("type").unwrap_or("")
     }
@@ -228,11 +255,10 @@ impl MaterializeError {
 ///
 /// Every command it sends is a read (`XREAD`, `XRANGE`, `XINFO STREAM`): sending one
 /// again changes nothing on the server, so in Sentinel mode each is resent to the new
-/// primary after a connection error as well as after a refusal. Positions are LSNs,
-/// the same on every node of the group, so a read after position `p` means the same on
-/// the new primary; and the feed shows only records the replicas acknowledged
-/// (`--min-replicas-ack`), so a position read from the old primary is never ahead of
-/// what a promoted replica has.
+/// leader after a connection error as well as after a refusal. Positions are LSNs, the
+/// same on every member of a group, and a member's feed holds committed entries only, so
+/// a read after position `p` means the same on the new leader. A feed of another history
+/// is recognised by the entry at the position ([`FeedReader::check_history`]).
 #[derive(Clone)]
 pub struct FeedReader {
     conn: FeedConn,
@@ -412,6 +438,57 @@ impl FeedReader {
         parse_entries(self.query(&cmd).await?)
     }
 
+    /// The entry at `lsn` itself, if the feed has it (`XRANGE lsn-0 lsn-0`).
+    pub async fn entry_at(&self, lsn: u64) -> Result<Option<FeedEvent>, MaterializeError> {
+        let mut cmd = redis::cmd("XRANGE");
+        cmd.arg(&self.stream)
+            .arg(format!("{lsn}-0"))
+            .arg(format!("{lsn}-0"));
+        Ok(parse_entries(self.query(&cmd).await?)?
+            .into_iter()
+            .find(|e| e.lsn == lsn))
+    }
+
+    /// Checks that this feed holds the entry `(lsn, fingerprint)` a consumer's position
+    /// names: the same entry there, or (when the entry itself is gone) a feed that
+    /// reaches at least that far. `lsn` 0 or an unknown fingerprint names nothing.
+    pub async fn check_history(
+        &self,
+        lsn: u64,
+        fingerprint: Option<i64>,
+    ) -> Result<(), MaterializeError> {
+        let Some(want) = fingerprint.filter(|_| lsn > 0) else {
+            return Ok(());
+        };
+        let at = self.primary_addr().unwrap_or_else(|| "the server".into());
+        match self.entry_at(lsn).await? {
+            Some(e) if e.fingerprint() == want => Ok(()),
+            Some(e) => Err(MaterializeError::History(format!(
+                "the ledger's position is entry {lsn}-0, but {at} holds a different entry \
+                 there (type '{}'): this feed is another history (a server restored from an \
+                 older copy, another group, or a node that was split from its group). \
+                 Nothing was applied; point the materializer at the group the ledger came \
+                 from, or rebuild the ledger's orders from this server (docs/replication.md, \
+                 'The feed')",
+                e.kind()
+            ))),
+            None => {
+                let end = self.end().await?;
+                if end < lsn {
+                    Err(MaterializeError::History(format!(
+                        "the ledger's position is entry {lsn}-0, but the feed of {at} ends at \
+                         {end}-0: this server lost acknowledged records or is another \
+                         history. Nothing was applied; point the materializer at the group \
+                         the ledger came from"
+                    )))
+                } else {
+                    // Gone by retention: the read after it says "trimmed".
+                    Ok(())
+                }
+            }
+        }
+    }
+
     /// Up to `count` entries after `after_lsn`, waiting up to `block_ms` for new ones.
     pub async fn read(
         &self,
@@ -567,6 +644,11 @@ impl Materializer {
 
     /// The committed position (creating the row at 0 on first use).
     pub async fn position(&self) -> Result<u64, MaterializeError> {
+        Ok(self.position_and_fingerprint().await?.0)
+    }
+
+    /// The committed position and the fingerprint of the entry it names (None at 0).
+    async fn position_and_fingerprint(&self) -> Result<(u64, Option<i64>), MaterializeError> {
         sqlx::query(
             "INSERT INTO feed_position (consumer, stream, last_lsn) VALUES ($1, $2, 0) \
              ON CONFLICT (consumer) DO NOTHING",
@@ -575,22 +657,58 @@ impl Materializer {
         .bind(&self.cfg.stream)
         .execute(&self.pool)
         .await?;
-        let row = sqlx::query("SELECT last_lsn FROM feed_position WHERE consumer = $1")
-            .bind(&self.cfg.consumer)
-            .fetch_one(&self.pool)
-            .await?;
+        let row =
+            sqlx::query("SELECT last_lsn, last_fingerprint FROM feed_position WHERE consumer = $1")
+                .bind(&self.cfg.consumer)
+                .fetch_one(&self.pool)
+                .await?;
         let lsn: i64 = row.try_get(0)?;
-        Ok(lsn.max(0) as u64)
+        Ok((lsn.max(0) as u64, row.try_get(1)?))
+    }
+
+    /// The committed position, after checking that the feed read from holds the entry it
+    /// names ([`FeedReader::check_history`]). Checked again whenever the reader has moved
+    /// to another node (Sentinel mode), before anything read there is applied.
+    async fn checked_position(
+        &self,
+        checked: &mut Option<Option<String>>,
+    ) -> Result<u64, MaterializeError> {
+        let (pos, fp) = self.position_and_fingerprint().await?;
+        // Until one check ran on one node from start to end (a failover in the middle
+        // re-runs it on the new node).
+        for _ in 0..8 {
+            let before = self.reader.primary_addr();
+            if checked.as_ref() == Some(&before) && before.is_some() {
+                return Ok(pos);
+            }
+            self.reader.check_history(pos, fp).await?;
+            let after = self.reader.primary_addr();
+            if after == before {
+                *checked = Some(after);
+                return Ok(pos);
+            }
+        }
+        Err(MaterializeError::Feed(
+            "the primary changed during every history check: retrying later".into(),
+        ))
     }
 
     /// Reads one batch after the committed position and applies it (blocking up to
     /// `block_ms` when there is nothing new). An empty report means nothing arrived.
     pub async fn step(&self) -> Result<BatchReport, MaterializeError> {
-        let pos = self.position().await?;
+        let mut checked = None;
+        let pos = self.checked_position(&mut checked).await?;
         let events = self
             .reader
             .read(pos, self.cfg.batch, self.cfg.block_ms)
             .await?;
+        if checked != Some(self.reader.primary_addr()) {
+            // Read from another node than the one checked: check there, read again.
+            return Ok(BatchReport {
+                position: self.checked_position(&mut checked).await?,
+                ..BatchReport::default()
+            });
+        }
         if events.is_empty() {
             return Ok(BatchReport {
                 position: pos,
@@ -716,10 +834,12 @@ impl Materializer {
             *n = row.try_get::<i64, _>(0)? as u64;
         }
         sqlx::query(
-            "UPDATE feed_position SET last_lsn = $2, updated_at = now() WHERE consumer = $1",
+            "UPDATE feed_position SET last_lsn = $2, last_fingerprint = $3, updated_at = now() \
+             WHERE consumer = $1",
         )
         .bind(&self.cfg.consumer)
         .bind(last as i64)
+        .bind(events.last().map(FeedEvent::fingerprint))
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -737,7 +857,8 @@ impl Materializer {
     /// otherwise runs until an error, which it returns (the position is re-read from
     /// the ledger by the next call, so nothing prefetched outlives a failure).
     pub async fn pump(&self, drain: bool) -> Result<u64, MaterializeError> {
-        let mut pos = self.position().await?;
+        let mut checked = None;
+        let mut pos = self.checked_position(&mut checked).await?;
         let mut next = Vec::new();
         loop {
             if next.is_empty() {
@@ -751,6 +872,13 @@ impl Materializer {
                     }
                     continue;
                 }
+            }
+            if checked != Some(self.reader.primary_addr()) {
+                // Read from a node the position was not checked on (a failover between
+                // reads): check there and read again from the committed position.
+                pos = self.checked_position(&mut checked).await?;
+                next.clear();
+                continue;
             }
             let last = next.last().map_or(pos, |e| e.lsn);
             let (applied, following) = tokio::join!(
@@ -794,7 +922,9 @@ impl Materializer {
             }
             match r {
                 Ok(_) => backoff = Duration::from_millis(100),
-                Err(e @ MaterializeError::Trimmed(_)) => return Err(e),
+                Err(e @ (MaterializeError::Trimmed(_) | MaterializeError::History(_))) => {
+                    return Err(e)
+                }
                 Err(e) => {
                     tracing::warn!("materializer: {e}; retrying in {backoff:?}");
                     tokio::select! {
@@ -844,5 +974,25 @@ mod tests {
         assert!(one_stream(Value::Nil).unwrap().is_empty());
         assert!(parse_entries(Value::Array(vec![b("x")])).is_err());
         assert!(parse_entries(Value::Array(vec![entry("no-lsn", &[])])).is_err());
+    }
+
+    #[test]
+    fn fingerprints_name_one_entry() {
+        let e = |lsn, kv: &[(&str, &str)]| FeedEvent {
+            lsn,
+            fields: kv.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
+        };
+        let a = e(7, &[("type", "reserved"), ("token", "t1")]);
+        assert_eq!(a.fingerprint(), a.clone().fingerprint());
+        // The value this build computes, pinned: ledgers outlive binaries.
+        assert_eq!(a.fingerprint(), 5_301_418_808_679_797_553);
+        for other in [
+            e(8, &[("type", "reserved"), ("token", "t1")]),
+            e(7, &[("type", "reserved"), ("token", "t2")]),
+            e(7, &[("type", "reserve"), ("dtoken", "t1")]),
+            e(7, &[("type", "reserved")]),
+        ] {
+            assert_ne!(a.fingerprint(), other.fingerprint(), "{other:?}");
+        }
     }
 }

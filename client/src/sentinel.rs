@@ -1,7 +1,7 @@
 //! A connection to whichever node Redis Sentinel names the primary, the way redis-py's
 //! `Sentinel(...).master_for(name)` behaves: ask the Sentinels
 //! (`SENTINEL get-master-addr-by-name`, first that answers), confirm with `ROLE` that the
-//! node is a master, and on a connection error, `-READONLY` or `-NOREPLICAS` ask again
+//! node is a master, and on a connection error, `-READONLY`, `-NOREPLICAS` or `-LOADING` ask again
 //! and retry, a bounded number of times with backoff.
 //!
 //! Why not `redis::sentinel::SentinelClient` (redis 0.27): it puts no timeout on the
@@ -9,7 +9,7 @@
 //! forever), and it only hands out a plain connection: finding the new primary after a
 //! failover, and deciding which commands may be sent again, would be ours anyway.
 //!
-//! What is retried: `-READONLY` and `-NOREPLICAS` are refusals before the
+//! What is retried: `-READONLY`, `-NOREPLICAS` and `-LOADING` are refusals before the
 //! command ran (server `repl::Refusal`), so any command is sent again. After a connection
 //! error the command may or may not have run on the old primary; only commands whose
 //! repetition changes nothing are sent again: RESERVE (same request id → `REPLAY`),
@@ -141,7 +141,7 @@ impl std::fmt::Display for ServerTarget {
 pub(crate) enum Retry {
     /// Running it twice has the effect of running it once.
     Idempotent,
-    /// Only refusals (`-READONLY`, `-NOREPLICAS`, which mean it did not run) are retried.
+    /// Only refusals (`-READONLY`, `-NOREPLICAS`, `-LOADING`: it did not run) are retried.
     RefusalsOnly,
 }
 
@@ -256,9 +256,10 @@ impl SentinelConn {
                 Err(e) => ClientError::from(e),
             };
             match &err {
-                ClientError::ReadOnly | ClientError::NoReplicas => {
-                    // A replica, a fenced former primary, or a primary without enough
-                    // replicas (yet): it did not run the command. Ask the Sentinels again.
+                ClientError::ReadOnly | ClientError::NoReplicas | ClientError::Loading => {
+                    // A replica, a fenced former primary, a primary without enough
+                    // replicas (yet), or a leader still catching up: it did not run the
+                    // command. Ask the Sentinels again.
                     debug!(attempt, primary = %cur.addr, error = %err, "refused; rediscovering");
                     self.invalidate(cur.generation);
                 }

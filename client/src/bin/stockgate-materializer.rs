@@ -20,16 +20,19 @@ use stockgate_client::ServerTarget;
     version,
     about = "Reads the stockgate order feed (XREAD) and writes PENDING/COMMITTED/CANCELLED orders \
              into the Postgres ledger exactly once (orders and position in one transaction)",
-    after_help = "Reads from one server (--server) or, with --sentinel H:P,... --master-name N, \
-                  from whichever node the Sentinels name primary, e.g. --sentinel \
-                  127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381 --master-name sg. Through \
-                  Sentinel it follows failovers: on a connection error, -READONLY or \
-                  -NOREPLICAS it asks the Sentinels again and resends the read (up to 40 \
-                  attempts, 50-500 ms apart, about 19 s; after that the error is logged and \
-                  the materializer retries). Its position is a log position, the same on \
-                  every node of the group, and the feed only shows what the replicas \
-                  acknowledged (--min-replicas-ack), so it resumes on the new primary \
-                  exactly where it was. --server and --sentinel are mutually exclusive."
+    after_help = "Reads from one server (--server) or from the leader of a replicated group: \
+                  --sentinel lists the group's members (each answers the Sentinel discovery \
+                  commands; real redis-sentinel processes work too), e.g. --sentinel \
+                  127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 --master-name stockgate. It \
+                  follows failovers: on a connection error, -READONLY or -LOADING it asks \
+                  again and resends the read (up to 40 attempts, 50-500 ms apart, about 19 s; \
+                  after that the error is logged and the materializer retries). Its position \
+                  is a log position, the same on every member, plus a fingerprint of the \
+                  entry there: on every node it reads from it first checks that the feed \
+                  holds that entry, and refuses a feed from another history. \
+                  Exit codes: 0 done (--drain), 1 error, 2 position trimmed from the feed, \
+                  3 the feed is another history than the ledger's position. \
+                  --server and --sentinel are mutually exclusive."
 )]
 struct Cli {
     /// Postgres URL of the ledger.
@@ -100,6 +103,10 @@ async fn main() -> ExitCode {
         Err(e @ MaterializeError::Trimmed(_)) => {
             eprintln!("stockgate-materializer: {e}");
             ExitCode::from(2)
+        }
+        Err(e @ MaterializeError::History(_)) => {
+            eprintln!("stockgate-materializer: {e}");
+            ExitCode::from(3)
         }
         Err(e) => {
             eprintln!("stockgate-materializer: {e}");

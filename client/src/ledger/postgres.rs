@@ -27,6 +27,8 @@ use crate::types::ExpiredReservation;
 const INIT_SQL: &str = include_str!("../../../migrations/0001_init.sql");
 const ALLOCATION_SQL: &str = include_str!("../../../migrations/0002_allocation_adjustments.sql");
 const FEED_POSITION_SQL: &str = include_str!("../../../migrations/0003_feed_position.sql");
+const FINGERPRINT_SQL: &str =
+    include_str!("../../../migrations/0004_feed_position_fingerprint.sql");
 
 /// The migrator for `migrations/` (embedded copy).
 pub fn migrator() -> Migrator {
@@ -44,6 +46,7 @@ pub fn migrator() -> Migrator {
             m(1, "init", INIT_SQL),
             m(2, "allocation adjustments", ALLOCATION_SQL),
             m(3, "feed position", FEED_POSITION_SQL),
+            m(4, "feed position fingerprint", FINGERPRINT_SQL),
         ]),
         ..Migrator::DEFAULT
     }

@@ -1,0 +1,199 @@
+//! The materializer's position names one entry of one history. Pointed at a feed that is
+//! another history (a server restored from an older copy, another group, a node split
+//! from its group), it refuses with a clear error (exit code 3) and applies nothing,
+//! instead of reading "after" a position that means something else there. And a lagging
+//! materializer reads a member that rejoined its group empty to the end: catching up
+//! from the group's log trims nothing under it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::ha::{Keys, Node};
+use common::raft::{conn, create_sale, reserve, state_of, Group};
+use common::{now_ms, server_bin};
+use sqlx::Row;
+use stockgate_client::pgtemp::TempPostgres;
+
+fn materializer_bin() -> PathBuf {
+    server_bin().with_file_name("stockgate-materializer")
+}
+
+/// `stockgate-materializer --drain` against one server.
+fn drain(pg: &str, port: u16) -> Output {
+    Command::new(materializer_bin())
+        .args(["--database-url", pg, "--server"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--drain")
+        .env("STOCKGATE_LOG", "warn")
+        .output()
+        .expect("run stockgate-materializer")
+}
+
+fn reserve_n(port: u16, keys: &Keys, sku: &str, users: &str, n: usize) -> Vec<String> {
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let kr = keys.keyring();
+    (0..n)
+        .map(|i| {
+            let user = format!("{users}{i}");
+            let tok = kr.mint(sku, &user, now_ms() + 600_000);
+            let v: Vec<redis::Value> = redis::cmd("RESERVE")
+                .arg(sku)
+                .arg(&user)
+                .arg(tok)
+                .arg(format!("r{i}"))
+                .query(&mut c)
+                .expect("reserve");
+            assert_eq!(common::as_str(&v[0]), "RESERVED");
+            common::as_str(&v[1])
+        })
+        .collect()
+}
+
+fn sale(port: u16, sku: &str) {
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let r: String = redis::cmd("SALE.CREATE")
+        .arg(sku)
+        .arg(100)
+        .arg("SHARDS")
+        .arg(1)
+        .query(&mut c)
+        .expect("sale.create");
+    assert_eq!(r, "OK");
+}
+
+async fn orders(url: &str) -> Vec<String> {
+    let pool = sqlx::PgPool::connect(url).await.expect("ledger");
+    sqlx::query("SELECT reservation_token FROM orders ORDER BY 1")
+        .fetch_all(&pool)
+        .await
+        .expect("orders")
+        .iter()
+        .map(|r| r.get::<String, _>(0))
+        .collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn the_materializer_refuses_a_feed_from_another_history() {
+    let rt = runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let keys = Keys::new();
+    let a = Node::start(&keys, &[]);
+    sale(a.port, "HIST");
+    let ours = reserve_n(a.port, &keys, "HIST", "a", 5);
+    let o = drain(pg.url(), a.port);
+    assert!(o.status.success(), "first drain: {}", stderr(&o));
+    assert_eq!(rt.block_on(orders(pg.url())).len(), 5);
+
+    // Same sale, other buyers: every LSN of A's feed exists here, with other entries.
+    let b = Node::start(&keys, &[]);
+    sale(b.port, "HIST");
+    reserve_n(b.port, &keys, "HIST", "b", 8);
+    let o = drain(pg.url(), b.port);
+    assert_eq!(o.status.code(), Some(3), "another history: {}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("history") && err.contains("holds a different entry"),
+        "{err}"
+    );
+    // A feed that ends before the position.
+    let c = Node::start(&keys, &[]);
+    sale(c.port, "HIST");
+    let o = drain(pg.url(), c.port);
+    assert_eq!(o.status.code(), Some(3), "a shorter feed: {}", stderr(&o));
+    assert!(stderr(&o).contains("ends at"), "{}", stderr(&o));
+    // Nothing of B's was applied; A's own feed still goes on where it was.
+    let mut have = rt.block_on(orders(pg.url()));
+    let mut want = ours.clone();
+    want.sort();
+    have.sort();
+    assert_eq!(have, want);
+    let more = reserve_n(a.port, &keys, "HIST", "a2-", 2);
+    let o = drain(pg.url(), a.port);
+    assert!(o.status.success(), "drain of A again: {}", stderr(&o));
+    assert_eq!(rt.block_on(orders(pg.url())).len(), 5 + more.len());
+}
+
+/// Hole 7 of the issue, in a group: a member that lost everything rejoins empty and
+/// catches up from the group's log; a materializer that was 20 entries behind reads it
+/// to the end (nothing it still needed was trimmed), one order per reservation.
+#[test]
+fn a_lagging_materializer_reads_a_rejoined_member_to_the_end() {
+    let rt = runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let mut g = Group::start(false);
+    let l = g.leader(None, Duration::from_secs(10));
+    create_sale(g.port(l), "LAG", 200);
+    let mut acked = Vec::new();
+    for i in 0..10 {
+        acked.push(reserve(g.port(l), &g, "LAG", &format!("e{i}"), "r").expect("reserve"));
+    }
+    let o = drain(pg.url(), g.port(l));
+    assert!(o.status.success(), "{}", stderr(&o));
+    for i in 0..20 {
+        acked.push(reserve(g.port(l), &g, "LAG", &format!("l{i}"), "r").expect("reserve"));
+    }
+    g.converge(Duration::from_secs(10));
+
+    // A follower loses its whole data dir and rejoins empty.
+    let f = [1, 2, 3].into_iter().find(|i| *i != l).expect("a follower");
+    g.member(f).kill9();
+    let dir = g.member(f).dir.clone();
+    wipe(&dir);
+    let r: String = redis::cmd("RAFT.REMOVE")
+        .arg(f)
+        .query(&mut conn(g.port(l)))
+        .expect("remove");
+    assert_eq!(r, "OK");
+    let m = g.member(f);
+    let at = m
+        .args
+        .iter()
+        .position(|a| a == "--raft-peers")
+        .expect("peers");
+    m.args.drain(at..at + 2);
+    m.args.push("--rejoin-empty".into());
+    m.spawn();
+    let (port, raft_port) = (m.port, m.raft_port);
+    let r: String = redis::cmd("RAFT.ADD")
+        .arg(f)
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(format!("127.0.0.1:{raft_port}"))
+        .query(&mut conn(g.port(l)))
+        .expect("add");
+    assert_eq!(r, "OK");
+    g.converge(Duration::from_secs(15));
+    assert_eq!(state_of(g.port(f), &acked[0]).as_deref(), Some("RESERVED"));
+
+    // The lagging materializer, pointed at the rejoined member (followers serve the
+    // committed feed), reads to the end.
+    let o = drain(pg.url(), g.port(f));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut have = rt.block_on(orders(pg.url()));
+    have.sort();
+    acked.sort();
+    assert_eq!(have, acked, "orders and acknowledged reservations differ");
+}
+
+fn wipe(dir: &Path) {
+    std::fs::remove_dir_all(dir).expect("wipe data dir");
+    std::fs::create_dir_all(dir).expect("empty data dir");
+}
