@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::ha::{Keys, Node};
-use common::raft::{conn, create_sale, reserve, state_of, Group};
+use common::raft::{conn, converge_wal, create_sale, reserve, state_of, Group};
 use common::{now_ms, server_bin};
 use sqlx::Row;
 use stockgate_client::pgtemp::TempPostgres;
@@ -132,14 +132,27 @@ fn the_materializer_refuses_a_feed_from_another_history() {
     assert_eq!(rt.block_on(orders(pg.url())).len(), 5 + more.len());
 }
 
-/// Hole 7 of the issue, in a group: a member that lost everything rejoins empty and
-/// catches up from the group's log; a materializer that was 20 entries behind reads it
-/// to the end (nothing it still needed was trimmed), one order per reservation.
+/// Hole 7 of the issue, in a group: the materializer's position holds the members'
+/// snapshots back; a member that lost everything rejoins empty and catches up from the
+/// group's log; the materializer, 120 entries behind, reads it to the end (nothing it
+/// still needed was trimmed), one order per reservation.
 #[test]
 fn a_lagging_materializer_reads_a_rejoined_member_to_the_end() {
     let rt = runtime();
     let pg = rt.block_on(TempPostgres::start()).expect("postgres");
     let mut g = Group::start(false);
+    // Snapshots every 20 records: without the materializer's hold the members would
+    // compact past its position, and the rejoining member would get a snapshot instead
+    // of the entries the materializer still needs.
+    for id in [1, 2, 3] {
+        let m = g.member(id);
+        m.kill9();
+        m.args
+            .extend(["--snapshot-records".to_string(), "20".to_string()]);
+    }
+    for id in [1, 2, 3] {
+        g.member(id).spawn();
+    }
     let l = g.leader(None, Duration::from_secs(10));
     create_sale(g.port(l), "LAG", 200);
     let mut acked = Vec::new();
@@ -148,10 +161,11 @@ fn a_lagging_materializer_reads_a_rejoined_member_to_the_end() {
     }
     let o = drain(pg.url(), g.port(l));
     assert!(o.status.success(), "{}", stderr(&o));
-    for i in 0..20 {
+    for i in 0..120 {
         acked.push(reserve(g.port(l), &g, "LAG", &format!("l{i}"), "r").expect("reserve"));
     }
     g.converge(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(600));
 
     // A follower loses its whole data dir and rejoins empty.
     let f = [1, 2, 3].into_iter().find(|i| *i != l).expect("a follower");
@@ -180,7 +194,7 @@ fn a_lagging_materializer_reads_a_rejoined_member_to_the_end() {
         .query(&mut conn(g.port(l)))
         .expect("add");
     assert_eq!(r, "OK");
-    g.converge(Duration::from_secs(15));
+    converge_wal(&g, Duration::from_secs(15));
     assert_eq!(state_of(g.port(f), &acked[0]).as_deref(), Some("RESERVED"));
 
     // The lagging materializer, pointed at the rejoined member (followers serve the

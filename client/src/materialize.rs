@@ -489,6 +489,38 @@ impl FeedReader {
         }
     }
 
+    /// Registers `position` as consumer group `name`'s last-delivered id on this feed
+    /// (`XGROUP SETID`, or `XGROUP CREATE` the first time). A Raft group's members never
+    /// snapshot past a consumer group's position, so the entries after it stay readable
+    /// on every member (docs/replication.md, "The feed"); on a single node it is only
+    /// bookkeeping. The group is never read from.
+    pub async fn hold(&self, name: &str, position: u64) -> Result<(), MaterializeError> {
+        // Both are idempotent (they state the result), so resent after a lost reply too.
+        let id = format!("{position}-0");
+        let mut set = redis::cmd("XGROUP");
+        set.arg("SETID").arg(&self.stream).arg(name).arg(&id);
+        if self
+            .conn
+            .call_unless(&set, Retry::Idempotent, Some("NOGROUP"))
+            .await?
+            .is_some()
+        {
+            return Ok(());
+        }
+        let mut create = redis::cmd("XGROUP");
+        create.arg("CREATE").arg(&self.stream).arg(name).arg(&id);
+        if self
+            .conn
+            .call_unless(&create, Retry::Idempotent, Some("BUSYGROUP"))
+            .await?
+            .is_none()
+        {
+            // Created meanwhile by another instance: set it.
+            self.conn.call(&set, Retry::Idempotent).await?;
+        }
+        Ok(())
+    }
+
     /// Up to `count` entries after `after_lsn`, waiting up to `block_ms` for new ones.
     pub async fn read(
         &self,
@@ -642,6 +674,16 @@ impl Materializer {
         Materializer { pool, reader, cfg }
     }
 
+    /// Keeps the feed from being compacted past `position` (see [`FeedReader::hold`]).
+    /// Best effort: a hold left behind only keeps more of the log, so a failure (a
+    /// failover in the middle, an older server) is logged and the next batch sets it.
+    async fn hold(&self, position: u64) {
+        let name = format!("hold.{}", self.cfg.consumer);
+        if let Err(e) = self.reader.hold(&name, position).await {
+            tracing::debug!("materializer: feed hold {name} at {position}: {e}");
+        }
+    }
+
     /// The committed position (creating the row at 0 on first use).
     pub async fn position(&self) -> Result<u64, MaterializeError> {
         Ok(self.position_and_fingerprint().await?.0)
@@ -674,6 +716,7 @@ impl Materializer {
         checked: &mut Option<Option<String>>,
     ) -> Result<u64, MaterializeError> {
         let (pos, fp) = self.position_and_fingerprint().await?;
+        self.hold(pos).await;
         // Until one check ran on one node from start to end (a failover in the middle
         // re-runs it on the new node).
         for _ in 0..8 {
@@ -715,7 +758,11 @@ impl Materializer {
                 ..BatchReport::default()
             });
         }
-        self.apply(pos, &events).await
+        let rep = self.apply(pos, &events).await?;
+        if rep.entries > 0 {
+            self.hold(rep.position).await;
+        }
+        Ok(rep)
     }
 
     /// Applies `events` (read after `pos`) and moves the position past them, in one
@@ -888,6 +935,7 @@ impl Materializer {
             let rep = applied?;
             if rep.entries > 0 {
                 tracing::debug!(?rep, "materialized batch");
+                self.hold(rep.position).await;
             }
             if rep.position == last {
                 pos = last;

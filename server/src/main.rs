@@ -144,7 +144,8 @@ struct ServeArgs {
     /// WAL segment size in MiB before rolling to a new file.
     #[arg(long, default_value_t = 64)]
     segment_mib: u64,
-    /// Write a snapshot (and delete the log it covers) after this many records.
+    /// Write a snapshot (and delete the log it covers) after this many records. In a
+    /// Raft group the same: a member's snapshot, after which its Raft log is compacted.
     #[arg(long, default_value_t = 2_000_000)]
     snapshot_records: u64,
     /// Size the reservation table for this many reservations up front (0: grow on
@@ -686,8 +687,18 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
                 addr.port(),
                 durability.clone(),
             ));
-            let node =
-                RaftNode::start(cfg, prepared, engine.clone(), durability.clone(), spec).await?;
+            // Consumer groups hold snapshots back: nothing they may still read is covered.
+            let feed = shared.feed.get().cloned();
+            let hold = Box::new(move || feed.as_ref().and_then(|f| f.groups.oldest_needed()));
+            let node = RaftNode::start(
+                cfg,
+                prepared,
+                engine.clone(),
+                durability.clone(),
+                spec,
+                hold,
+            )
+            .await?;
             let hub = shared.clone();
             node.set_publisher(Box::new(move |ch, msg| {
                 hub.pubsub.publish(ch, msg);
@@ -904,5 +915,7 @@ fn raft_config(a: &ServeArgs) -> Result<Option<RaftNodeConfig>, String> {
         election_max_ms: a.raft_election_max_ms,
         rejoin_empty: a.rejoin_empty,
         restart_argv: std::env::args_os().collect(),
+        data_dir: a.data_dir.clone(),
+        snapshot_records: a.snapshot_records.max(1),
     }))
 }

@@ -77,6 +77,14 @@ impl WalDurability {
             .saturating_sub(self.snapshot_lsn.load(Ordering::Relaxed))
     }
 
+    /// A snapshot written by another module (a Raft member's, built from the log) now
+    /// covers the log up to `lsn`: counted as this one's own would be.
+    pub fn snapshot_written(&self, lsn: Lsn, millis: u64) {
+        self.snapshot_lsn.fetch_max(lsn, Ordering::Relaxed);
+        self.snapshots.fetch_add(1, Ordering::Relaxed);
+        self.last_snapshot_ms.store(millis, Ordering::Relaxed);
+    }
+
     /// See the field `apply_gate`.
     pub fn apply_gate(&self) -> parking_lot::MutexGuard<'_, ()> {
         self.apply_gate.lock()

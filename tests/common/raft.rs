@@ -464,3 +464,42 @@ pub fn check_all_present(g: &Group, leader: u64, acked: &[String], sku: &str, to
     );
     assert!(reserved >= acked.len() as i64);
 }
+
+/// `INFO` field `name` of the member on `port` (a number).
+pub fn info_field(port: u16, name: &str) -> u64 {
+    let s: String = redis::cmd("INFO")
+        .arg("all")
+        .query(&mut conn(port))
+        .expect("info");
+    s.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("INFO has no {name}: {s}"))
+}
+
+/// Every running member's WAL ends at the same LSN, within `within` (unlike
+/// [`Group::converge`], true also when feeds start at different places: a member that
+/// installed a snapshot has no entries before it).
+pub fn converge_wal(g: &Group, within: Duration) -> u64 {
+    let ports: Vec<u16> = g
+        .members
+        .iter()
+        .filter(|m| m.child.is_some())
+        .map(|m| m.port)
+        .collect();
+    let deadline = Instant::now() + within;
+    loop {
+        let lsns: Vec<u64> = ports
+            .iter()
+            .map(|p| info_field(*p, "wal_last_lsn"))
+            .collect();
+        if lsns.windows(2).all(|w| w[0] == w[1]) {
+            return lsns[0];
+        }
+        assert!(
+            Instant::now() < deadline,
+            "members' WALs did not converge: {lsns:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -187,6 +187,19 @@ impl Engine {
         }
     }
 
+    /// An empty engine with this one's settings, clock and keys, recording nowhere: what
+    /// a snapshot built from the log (a Raft member's, `crate::raft::snapshot`) replays
+    /// into, away from the live engine.
+    pub fn empty_twin(&self) -> Engine {
+        Engine::new(
+            self.cfg.clone(),
+            self.clock.clone(),
+            Arc::new(NullSink),
+            self.keys.clone(),
+            self.rkey.clone(),
+        )
+    }
+
     /// Replaces the sink (recovery replays with no sink, then the WAL takes over).
     pub fn set_sink(&mut self, sink: Arc<dyn EventSink>) {
         self.sink = sink;

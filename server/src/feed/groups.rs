@@ -771,6 +771,21 @@ impl Groups {
         last
     }
 
+    /// The oldest log position a live group may still read: its oldest pending entry,
+    /// or the one after its last-delivered id (both replicated, so every member computes
+    /// the same). None without groups. A Raft member's snapshots keep what is at or after
+    /// it (`crate::raft::snapshot`), so no group finds its entries trimmed.
+    pub fn oldest_needed(&self) -> Option<Lsn> {
+        let all: Vec<GroupRef> = self.map.lock().values().cloned().collect();
+        all.iter()
+            .filter_map(|g| {
+                let g = g.lock();
+                let first_pending = g.pending.keys().next().copied().unwrap_or(Lsn::MAX);
+                (!g.destroyed).then(|| first_pending.min(g.last.saturating_add(1)))
+            })
+            .min()
+    }
+
     /// A checkpoint record of every live group, logged nowhere: what a replica stores
     /// beside its snapshot (a replica must not log anything of its own).
     pub fn state_records(&self) -> Vec<GroupRecord> {

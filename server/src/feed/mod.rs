@@ -175,7 +175,56 @@ pub struct Scan {
     pub budget_exhausted: bool,
 }
 
-fn state_file_name(lsn: Lsn) -> String {
+/// Writes the consumer groups' state `records` as `groups-<upto>.state` in the WAL
+/// directory `dir` (see [`Feed::write_state_file`]); older state files but the previous
+/// one are removed.
+pub fn write_state_records(
+    dir: &std::path::Path,
+    upto: Lsn,
+    records: Vec<groups::GroupRecord>,
+) -> Result<(), WalError> {
+    let dir = dir.to_path_buf();
+    let path = dir.join(state_file_name(upto));
+    let mut buf = Vec::new();
+    for rec in records {
+        let (kind, body) = rec.encode();
+        // Bounded (see `groups::GroupLimits`), so this cannot fail in practice.
+        if let Err(e) = encode_record(EventRef::Opaque { kind, body: &body }, &mut buf) {
+            return Err(WalError::Corrupt {
+                file: path,
+                offset: 0,
+                reason: format!("consumer-group state not encodable: {e}"),
+            });
+        }
+    }
+    let tmp = dir.join(format!("{}.tmp", state_file_name(upto)));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, &buf)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(io_err("write consumer-group state", &path))?;
+    segment::sync_dir(&dir)?;
+    let mut older: Vec<(Lsn, std::path::PathBuf)> = std::fs::read_dir(&dir)
+        .map_err(io_err("list", &dir))?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let lsn = parse_state_file_name(e.file_name().to_str()?)?;
+            (lsn < upto).then(|| (lsn, e.path()))
+        })
+        .collect();
+    older.sort();
+    // The newest older one belongs to the snapshot still on disk until this one is.
+    older.pop();
+    for (_, p) in older {
+        segment::remove_if_exists(&p)?;
+    }
+    Ok(())
+}
+
+/// The consumer groups' state file of the snapshot at `lsn`.
+pub fn state_file_name(lsn: Lsn) -> String {
     format!("groups-{lsn:020}.state")
 }
 
@@ -472,44 +521,7 @@ impl Feed {
     /// before the snapshot may delete the records it replaces. Framed and CRC'd as WAL
     /// records. Older state files but the previous one are removed.
     pub fn write_state_file(&self, upto: Lsn) -> Result<(), WalError> {
-        let dir = self.wal.dir().to_path_buf();
-        let path = dir.join(state_file_name(upto));
-        let mut buf = Vec::new();
-        for rec in self.groups.state_records() {
-            let (kind, body) = rec.encode();
-            // Bounded (see `groups::GroupLimits`), so this cannot fail in practice.
-            if let Err(e) = encode_record(EventRef::Opaque { kind, body: &body }, &mut buf) {
-                return Err(WalError::Corrupt {
-                    file: path,
-                    offset: 0,
-                    reason: format!("consumer-group state not encodable: {e}"),
-                });
-            }
-        }
-        let tmp = dir.join(format!("{}.tmp", state_file_name(upto)));
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            std::io::Write::write_all(&mut f, &buf)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        };
-        write().map_err(io_err("write consumer-group state", &path))?;
-        segment::sync_dir(&dir)?;
-        let mut older: Vec<(Lsn, std::path::PathBuf)> = std::fs::read_dir(&dir)
-            .map_err(io_err("list", &dir))?
-            .filter_map(|e| {
-                let e = e.ok()?;
-                let lsn = parse_state_file_name(e.file_name().to_str()?)?;
-                (lsn < upto).then(|| (lsn, e.path()))
-            })
-            .collect();
-        older.sort();
-        // The newest older one belongs to the snapshot still on disk until this one is.
-        older.pop();
-        for (_, p) in older {
-            segment::remove_if_exists(&p)?;
-        }
-        Ok(())
+        write_state_records(self.wal.dir(), upto, self.groups.state_records())
     }
 
     /// Loads the state file of the snapshot at `lsn`, if there is one (a replica's

@@ -2,15 +2,24 @@
 //! `[u32 body length][u32 crc32c of kind+body][u8 kind][body]` (little endian).
 //!
 //! Kinds: an entry, a truncation (entries from an index on are gone), a purge (entries
-//! up to a log id are gone), the vote, the committed log id. Replaying the file in order
-//! rebuilds the log; the newest vote and committed id win. A record cut short at the end
-//! of the file (a crash mid-write) is dropped; a bad record anywhere else stops the start.
+//! up to a log id are gone), the vote, the committed log id, the newest snapshot's
+//! description (`SnapMeta`: which log id and which WAL LSN it covers). Replaying the
+//! file in order rebuilds the log; the newest vote, committed id and snapshot win. A
+//! record cut short at the end of the file (a crash mid-write) is dropped; a bad record
+//! anywhere else stops the start.
 //!
 //! Entries are kept in memory too (the log is never longer than what the state machine
 //! has not yet snapshotted). Writes go to one thread that writes and `fdatasync`s what
 //! has queued up and then completes every waiter at once: a group commit, off the event
 //! loop. An append is acknowledged to openraft (`LogFlushed`) only after its sync, so the
 //! leader counts its own copy toward the majority only when it is on disk.
+//!
+//! A purge rewrites the file: the image of what is left (snapshot, purge point, vote,
+//! committed id, entries) goes to `log.tmp`, is synced and renamed over `log`, so the
+//! file stays as short as the log. Every change is handed to the writer while the
+//! in-memory log is locked, in the order it was made; so an image, built under that
+//! lock, holds everything handed over before it, and whatever follows it in the queue
+//! lands after it in the new file.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -31,6 +40,7 @@ const K_TRUNCATE: u8 = 2;
 const K_PURGE: u8 = 3;
 const K_VOTE: u8 = 4;
 const K_COMMITTED: u8 = 5;
+const K_SNAPSHOT: u8 = 6;
 const HEADER: usize = 9;
 /// A record body larger than this is corruption, not data (an entry is a batch of WAL
 /// records bounded by the proposer).
@@ -42,6 +52,44 @@ struct Inner {
     vote: Option<Vote<NodeId>>,
     committed: Option<LogId>,
     last_purged: Option<LogId>,
+    snapshot: Option<SnapMeta>,
+}
+
+/// The newest snapshot of this member: the Raft side (`meta`: the log id and membership
+/// it includes) and the WAL side (`lsn`: the last record it covers).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SnapMeta {
+    pub meta: openraft::SnapshotMeta<NodeId, NodeInfo>,
+    pub lsn: u64,
+}
+
+impl Inner {
+    /// The whole log as a file: what a rewrite writes.
+    fn image(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(s) = &self.snapshot {
+            encode(K_SNAPSHOT, &ser(s), &mut out);
+        }
+        if let Some(p) = &self.last_purged {
+            encode(K_PURGE, &ser(p), &mut out);
+        }
+        if let Some(v) = &self.vote {
+            encode(K_VOTE, &ser(v), &mut out);
+        }
+        encode(K_COMMITTED, &ser(&self.committed), &mut out);
+        for e in self.entries.values() {
+            encode(K_ENTRY, &ser(e), &mut out);
+        }
+        out
+    }
+
+    fn purge_to(&mut self, upto: LogId) {
+        if self.last_purged.is_some_and(|p| p.index >= upto.index) {
+            return;
+        }
+        self.entries = self.entries.split_off(&(upto.index + 1));
+        self.last_purged = Some(upto);
+    }
 }
 
 enum Done {
@@ -51,7 +99,9 @@ enum Done {
 }
 
 struct Job {
+    /// Records to append, or with `rewrite` the file's whole new content.
     bytes: Vec<u8>,
+    rewrite: bool,
     done: Done,
 }
 
@@ -131,7 +181,10 @@ impl LogStore {
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("stockgate-raftlog".into())
-            .spawn(move || writer(file, rx))
+            .spawn({
+                let path = path.clone();
+                move || writer(file, &path, rx)
+            })
             .map_err(io_err)?;
         Ok(LogStore {
             inner: Arc::new(Mutex::new(inner)),
@@ -174,12 +227,21 @@ impl LogStore {
         wal_last: u64,
     ) -> Result<(Option<LogId>, StoredMembership<NodeId, NodeInfo>), String> {
         let g = self.inner.lock();
-        let mut applied: Option<LogId> = None;
-        let mut covered = 0u64;
+        // The snapshot is where the WAL starts when the entries before it are purged.
+        let (mut applied, mut covered) = match &g.snapshot {
+            Some(s) if s.lsn > wal_last => {
+                return Err(format!(
+                    "the WAL ends at LSN {wal_last}, but this member's snapshot covers up to LSN {} and the raft log no longer has the entries before it: the WAL lost records (restore the data dir, or rejoin the member empty: RAFT.REMOVE, --rejoin-empty, RAFT.ADD)",
+                    s.lsn
+                ));
+            }
+            Some(s) => (s.meta.last_log_id, s.lsn),
+            None => (None, 0),
+        };
         for e in g.entries.values() {
             if let EntryPayload::Normal(b) = &e.payload {
                 covered = covered.max(b.last_lsn());
-                if b.last_lsn() <= wal_last {
+                if b.last_lsn() <= wal_last && Some(e.log_id) > applied {
                     applied = Some(e.log_id);
                 }
             }
@@ -202,30 +264,68 @@ impl LogStore {
                         _ => None,
                     })
             })
+            .or_else(|| g.snapshot.as_ref().map(|s| s.meta.last_membership.clone()))
             .unwrap_or_default();
         Ok((applied, membership))
+    }
+
+    /// The last entry whose batch ends at or before `lsn`: its log id, the LSN its batch
+    /// ends at (where a snapshot including it stands in the WAL), and the membership in
+    /// force there. None when the log holds no such entry past its snapshot.
+    pub fn log_id_for(&self, lsn: u64) -> Option<(LogId, u64, StoredMembership<NodeId, NodeInfo>)> {
+        let (applied, m) = self.applied_for(lsn).ok()?;
+        let applied = applied?;
+        let g = self.inner.lock();
+        let end = match g.entries.get(&applied.index).map(|e| &e.payload) {
+            Some(EntryPayload::Normal(b)) => b.last_lsn(),
+            _ => g.snapshot.as_ref()?.lsn,
+        };
+        Some((applied, end, m))
     }
 
     // openraft's trait methods return its own (large) error type: boxing here would only
     // move the allocation.
     #[allow(clippy::result_large_err)]
-    fn submit(&self, bytes: Vec<u8>, done: Done) -> Result<(), StorageError> {
-        self.tx.send(Job { bytes, done }).map_err(|_| {
-            StorageIOError::write_logs(&io::Error::other("raft log writer stopped")).into()
-        })
+    fn submit(&self, bytes: Vec<u8>, rewrite: bool, done: Done) -> Result<(), StorageError> {
+        self.tx
+            .send(Job {
+                bytes,
+                rewrite,
+                done,
+            })
+            .map_err(|_| {
+                StorageIOError::write_logs(&io::Error::other("raft log writer stopped")).into()
+            })
     }
 
-    /// Queues a record and waits (off the event loop) until it is on disk.
-    async fn write_synced(
+    /// Changes the in-memory log with `change` and queues the record `kind`/`body` (or,
+    /// with `kind` None, a rewrite to the image after the change), both under the lock;
+    /// returns what completes once it is on disk.
+    #[allow(clippy::result_large_err)]
+    fn change(
         &self,
-        kind: u8,
-        body: &[u8],
+        record: Option<(u8, &[u8])>,
+        change: impl FnOnce(&mut Inner),
+    ) -> Result<mpsc::Receiver<io::Result<()>>, StorageError> {
+        let (tx, rx) = mpsc::channel();
+        let mut g = self.inner.lock();
+        change(&mut g);
+        match record {
+            Some((kind, body)) => {
+                let mut bytes = Vec::with_capacity(HEADER + body.len());
+                encode(kind, body, &mut bytes);
+                self.submit(bytes, false, Done::Sync(tx))?;
+            }
+            None => self.submit(g.image(), true, Done::Sync(tx))?,
+        }
+        Ok(rx)
+    }
+
+    /// Waits (off the event loop) for what [`Self::change`] returned.
+    async fn synced(
+        rx: mpsc::Receiver<io::Result<()>>,
         what: fn(&io::Error) -> StorageError,
     ) -> Result<(), StorageError> {
-        let mut bytes = Vec::with_capacity(HEADER + body.len());
-        encode(kind, body, &mut bytes);
-        let (tx, rx) = mpsc::channel();
-        self.submit(bytes, Done::Sync(tx))?;
         let r = tokio::task::spawn_blocking(move || rx.recv())
             .await
             .map_err(|e| what(&io::Error::other(e.to_string())))?;
@@ -234,6 +334,41 @@ impl LogStore {
             Ok(Err(e)) => Err(what(&e)),
             Err(_) => Err(what(&io::Error::other("raft log writer stopped"))),
         }
+    }
+
+    /// The newest snapshot's description, if this member has one.
+    pub fn snapshot(&self) -> Option<SnapMeta> {
+        self.inner.lock().snapshot.clone()
+    }
+
+    /// Records a snapshot this member built (entries stay: openraft purges them when it
+    /// is done with them). Blocking: waits for the sync.
+    pub fn record_snapshot(&self, snap: SnapMeta) -> io::Result<()> {
+        let body = ser(&snap);
+        let rx = self
+            .change(Some((K_SNAPSHOT, &body)), |g| g.snapshot = Some(snap))
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        rx.recv()
+            .map_err(|_| io::Error::other("raft log writer stopped"))?
+    }
+
+    /// Records a snapshot received from the leader and drops every entry it includes
+    /// (rewriting the file), before the member restarts on it. Blocking.
+    pub fn adopt_snapshot(&self, snap: SnapMeta) -> io::Result<()> {
+        let upto = snap.meta.last_log_id;
+        let rx = self
+            .change(None, |g| {
+                if let Some(l) = upto {
+                    g.purge_to(l);
+                    if g.committed < Some(l) {
+                        g.committed = Some(l);
+                    }
+                }
+                g.snapshot = Some(snap);
+            })
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        rx.recv()
+            .map_err(|_| io::Error::other("raft log writer stopped"))?
     }
 }
 
@@ -280,6 +415,7 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
             }
             K_VOTE => inner.vote = Some(bincode::deserialize(body).map_err(bad)?),
             K_COMMITTED => inner.committed = bincode::deserialize(body).map_err(bad)?,
+            K_SNAPSHOT => inner.snapshot = Some(bincode::deserialize(body).map_err(bad)?),
             k => return Err((at as u64, format!("unknown record kind {k}"))),
         }
         at = end;
@@ -289,7 +425,7 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
 
 /// The writer thread: takes every queued job, writes them in order, syncs once, then
 /// completes them. Exits when every store handle is gone.
-fn writer(mut file: File, rx: mpsc::Receiver<Job>) {
+fn writer(mut file: File, path: &Path, rx: mpsc::Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(j) = rx.try_recv() {
@@ -297,7 +433,12 @@ fn writer(mut file: File, rx: mpsc::Receiver<Job>) {
         }
         let mut r = Ok(());
         for j in &jobs {
-            if let Err(e) = file.write_all(&j.bytes) {
+            let done = if j.rewrite {
+                rewrite(path, &j.bytes).map(|f| file = f)
+            } else {
+                file.write_all(&j.bytes)
+            };
+            if let Err(e) = done {
                 r = Err(e);
                 break;
             }
@@ -336,6 +477,22 @@ fn writer(mut file: File, rx: mpsc::Receiver<Job>) {
             return;
         }
     }
+}
+
+/// Replaces the file at `path` with `image` (synced, renamed, directory synced) and
+/// returns the new file opened for appending.
+fn rewrite(path: &Path, image: &[u8]) -> io::Result<File> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(image)?;
+        f.sync_data()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    OpenOptions::new().append(true).open(path)
 }
 
 fn range_entries<RB: RangeBounds<u64>>(inner: &Mutex<Inner>, range: RB) -> Vec<Entry> {
@@ -389,10 +546,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.write_synced(K_VOTE, &ser(vote), |e| StorageIOError::write_vote(e).into())
-            .await?;
-        self.inner.lock().vote = Some(*vote);
-        Ok(())
+        let v = *vote;
+        let rx = self.change(Some((K_VOTE, &ser(vote))), |g| g.vote = Some(v))?;
+        Self::synced(rx, |e| StorageIOError::write_vote(e).into()).await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
@@ -402,9 +558,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         let mut bytes = Vec::new();
         encode(K_COMMITTED, &ser(&committed), &mut bytes);
-        self.submit(bytes, Done::None)?;
-        self.inner.lock().committed = committed;
-        Ok(())
+        let mut g = self.inner.lock();
+        g.committed = committed;
+        self.submit(bytes, false, Done::None)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
@@ -421,34 +577,29 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let mut bytes = Vec::new();
-        {
-            let mut g = self.inner.lock();
-            for e in entries {
-                encode(K_ENTRY, &ser(&e), &mut bytes);
-                g.entries.insert(e.log_id.index, e);
-            }
+        let mut g = self.inner.lock();
+        for e in entries {
+            encode(K_ENTRY, &ser(&e), &mut bytes);
+            g.entries.insert(e.log_id.index, e);
         }
         // Readable at once (openraft reads what it appended), acknowledged when synced.
-        self.submit(bytes, Done::Flushed(callback))
+        self.submit(bytes, false, Done::Flushed(callback))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.write_synced(K_TRUNCATE, &ser(&log_id.index), |e| {
-            StorageIOError::write_logs(e).into()
-        })
-        .await?;
-        self.inner.lock().entries.split_off(&log_id.index);
-        Ok(())
+        let from = log_id.index;
+        let rx = self.change(Some((K_TRUNCATE, &ser(&from))), |g| {
+            g.entries.split_off(&from);
+        })?;
+        Self::synced(rx, |e| StorageIOError::write_logs(e).into()).await
     }
 
+    /// Drops the entries up to `log_id` and rewrites the file to what is left. Not waited
+    /// for: a purge lost to a crash is only done again.
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let mut bytes = Vec::new();
-        encode(K_PURGE, &ser(&log_id), &mut bytes);
-        self.submit(bytes, Done::None)?;
         let mut g = self.inner.lock();
-        g.entries = g.entries.split_off(&(log_id.index + 1));
-        g.last_purged = Some(log_id);
-        Ok(())
+        g.purge_to(log_id);
+        self.submit(g.image(), true, Done::None)
     }
 }
 
@@ -532,6 +683,50 @@ mod tests {
             Err(e) => panic!("unexpected {e}"),
             Ok(_) => panic!("a corrupt log opened"),
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn raft_log_adopting_a_snapshot_rewrites_the_file_and_survives_a_restart() {
+        let dir = std::env::temp_dir().join(format!("sg-raftlog-snap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut raw: Vec<(u8, Vec<u8>)> = (1..=50)
+            .map(|i| (K_ENTRY, ser(&entry(1, i, 2 * i - 1))))
+            .collect();
+        raw.push((K_VOTE, ser(&Vote::<NodeId>::new(1, 1))));
+        write_raw(&dir, &raw);
+        let before = std::fs::metadata(dir.join("log")).expect("meta").len();
+        let s = LogStore::open(&dir).expect("open");
+        let at = LogId::new(CommittedLeaderId::new(1, 1), 40);
+        let snap = SnapMeta {
+            meta: openraft::SnapshotMeta {
+                last_log_id: Some(at),
+                last_membership: StoredMembership::default(),
+                snapshot_id: "t".into(),
+            },
+            lsn: 80,
+        };
+        s.adopt_snapshot(snap.clone()).expect("adopt");
+        drop(s);
+        let after = std::fs::metadata(dir.join("log")).expect("meta").len();
+        assert!(after < before / 3, "not rewritten: {before} -> {after}");
+        let s = LogStore::open(&dir).expect("reopen");
+        assert_eq!(s.snapshot(), Some(snap));
+        assert_eq!(s.entry_count(), 10);
+        assert_eq!(s.inner.lock().vote, Some(Vote::new(1, 1)));
+        assert_eq!(s.inner.lock().last_purged, Some(at));
+        // The WAL may end at the snapshot or past it, not before it.
+        assert_eq!(s.applied_for(80).expect("at").0, Some(at));
+        assert_eq!(
+            s.applied_for(84).expect("past").0.map(|l| l.index),
+            Some(42)
+        );
+        let e = s.applied_for(79).expect_err("a WAL behind the snapshot");
+        assert!(e.contains("snapshot covers up to LSN 80"), "{e}");
+        assert_eq!(
+            s.log_id_for(83).map(|(l, end, _)| (l.index, end)),
+            Some((41, 82))
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -27,6 +27,7 @@
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod snapshot;
 pub mod speculation;
 pub mod state_machine;
 

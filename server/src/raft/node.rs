@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::log_store::LogStore;
+use super::snapshot::Snapshots;
 use super::speculation::Speculation;
 use super::state_machine::StateMachine;
 use super::{network, NodeId, NodeInfo, Raft};
@@ -45,6 +46,9 @@ pub struct RaftNodeConfig {
     pub rejoin_empty: bool,
     /// The command line a deposed node re-executes.
     pub restart_argv: Vec<OsString>,
+    pub data_dir: PathBuf,
+    /// `--snapshot-records`: a snapshot after this many records.
+    pub snapshot_records: u64,
 }
 
 /// What `prepare` found on disk.
@@ -120,6 +124,9 @@ pub fn prepare(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Prepared, String
         write_id(&id_path, cfg.id)?;
     }
     let store = LogStore::open(&dir).map_err(|e| e.to_string())?;
+    if super::snapshot::adopt_staged(data_dir, store.snapshot().as_ref())? {
+        eprintln!("stockgate: starting from the snapshot received from the group's leader");
+    }
     let pristine = store.is_pristine();
     Ok(Prepared {
         store,
@@ -172,21 +179,39 @@ impl RaftNode {
         engine: Arc<Engine>,
         dur: Arc<WalDurability>,
         spec: Arc<Speculation>,
+        hold: Box<dyn Fn() -> Option<Lsn> + Send + Sync>,
     ) -> Result<Arc<RaftNode>, String> {
         let store = prepared.store;
+        let snapshots = Arc::new(Snapshots::new(
+            dur.clone(),
+            engine.clone(),
+            store.clone(),
+            hold,
+        ));
         let wal_last = dur.wal.last_lsn();
         let (applied, membership) = store.applied_for(wal_last).map_err(|e| {
             format!(
                 "{e}; refusing to start (a node never continues a history it did not come from)"
             )
         })?;
-        let sm = StateMachine::new(engine, dur.clone(), spec.clone(), applied, membership);
+        let sm = StateMachine::new(
+            engine,
+            dur.clone(),
+            spec.clone(),
+            (applied, membership),
+            snapshots.clone(),
+            (store.clone(), cfg.data_dir.clone()),
+        );
         let config = Config {
             cluster_name: cfg.group_name.clone(),
             heartbeat_interval: cfg.heartbeat_ms,
             election_timeout_min: cfg.election_min_ms,
             election_timeout_max: cfg.election_max_ms,
+            // Our own trigger (`snapshot_loop`): by records, held back by consumer groups.
             snapshot_policy: SnapshotPolicy::Never,
+            // Entries kept after a snapshot, so a follower a little behind still gets the
+            // log rather than a whole snapshot.
+            max_in_snapshot_log_to_keep: cfg.snapshot_records.min(1000),
             max_payload_entries: 64,
             ..Config::default()
         }
@@ -234,7 +259,24 @@ impl RaftNode {
         });
         tokio::spawn(spec.clone().propose(raft));
         tokio::spawn(node.clone().watch_leadership());
+        tokio::spawn(node.clone().snapshot_loop(snapshots));
         Ok(node)
+    }
+
+    /// Asks openraft for a snapshot whenever `--snapshot-records` records could be
+    /// covered beyond the current one (openraft then calls the state machine's builder
+    /// and purges the log it includes).
+    async fn snapshot_loop(self: Arc<Self>, snapshots: Arc<Snapshots>) {
+        let every = self.cfg.snapshot_records;
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if snapshots.records_since() >= every {
+                if let Err(e) = self.raft.trigger().snapshot().await {
+                    tracing::warn!("raft: snapshot not started: {e}");
+                    return;
+                }
+            }
+        }
     }
 
     /// Where Sentinel-style `+switch-master` messages go (the pub/sub hub).
@@ -385,6 +427,7 @@ impl RaftNode {
 
     fn info_lines(&self) -> String {
         let m = self.metrics.borrow().clone();
+        let snap = self.store.snapshot();
         let role = if self.spec.writable() {
             "master"
         } else {
@@ -392,7 +435,7 @@ impl RaftNode {
         };
         let state = format!("{:?}", m.state).to_ascii_lowercase();
         let mut s = format!(
-            "role:{role}\r\nraft_node_id:{}\r\nraft_state:{state}\r\nraft_term:{}\r\nraft_leader_id:{}\r\nraft_last_log_index:{}\r\nraft_last_applied_index:{}\r\nraft_log_entries:{}\r\nraft_voters:{}\r\nraft_lease_held:{}\r\nraft_in_flight_records:{}\r\nraft_committed_lsn:{}\r\n",
+            "role:{role}\r\nraft_node_id:{}\r\nraft_state:{state}\r\nraft_term:{}\r\nraft_leader_id:{}\r\nraft_last_log_index:{}\r\nraft_last_applied_index:{}\r\nraft_log_entries:{}\r\nraft_voters:{}\r\nraft_lease_held:{}\r\nraft_in_flight_records:{}\r\nraft_committed_lsn:{}\r\nraft_snapshot_index:{}\r\nraft_snapshot_lsn:{}\r\n",
             self.id,
             m.current_term,
             m.current_leader.map_or("-".into(), |l| l.to_string()),
@@ -403,6 +446,10 @@ impl RaftNode {
             u8::from(self.spec.writable() && self.lease_held()),
             self.spec.in_flight(),
             self.spec.committed_lsn(),
+            snap.as_ref()
+                .and_then(|s| s.meta.last_log_id)
+                .map_or(0, |l| l.index),
+            snap.as_ref().map_or(0, |s| s.lsn),
         );
         match self.leader() {
             Some((id, n)) if id != self.id => {

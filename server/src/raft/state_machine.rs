@@ -11,8 +11,9 @@
 //! Where the state machine stands survives a restart without a record of its own: the
 //! WAL's last LSN names the last batch applied (see `LogStore::applied_for`).
 //!
-//! Snapshots: not built; the Raft log is kept whole, and a member that falls behind
-//! catches up from it (docs/replication.md, "What is not built yet").
+//! Snapshots are built from this member's disk by `super::snapshot`; one received from
+//! the leader is staged there and adopted by a restart (the recovery path, as after a
+//! `kill -9`), so the engine is never swapped under running sessions.
 
 use std::io::{self, Cursor};
 use std::sync::Arc;
@@ -20,6 +21,8 @@ use std::sync::Arc;
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership};
 
+use super::log_store::{LogStore, SnapMeta};
+use super::snapshot::Snapshots;
 use super::speculation::Speculation;
 use super::{Batch, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
 use crate::engine::Engine;
@@ -32,6 +35,9 @@ pub struct StateMachine {
     spec: Arc<Speculation>,
     applied: Option<LogId>,
     membership: StoredMembership<NodeId, NodeInfo>,
+    snapshots: Arc<Snapshots>,
+    store: LogStore,
+    data_dir: std::path::PathBuf,
 }
 
 impl StateMachine {
@@ -39,8 +45,9 @@ impl StateMachine {
         engine: Arc<Engine>,
         dur: Arc<WalDurability>,
         spec: Arc<Speculation>,
-        applied: Option<LogId>,
-        membership: StoredMembership<NodeId, NodeInfo>,
+        (applied, membership): (Option<LogId>, StoredMembership<NodeId, NodeInfo>),
+        snapshots: Arc<Snapshots>,
+        (store, data_dir): (LogStore, std::path::PathBuf),
     ) -> StateMachine {
         StateMachine {
             engine,
@@ -48,6 +55,9 @@ impl StateMachine {
             spec,
             applied,
             membership,
+            snapshots,
+            store,
+            data_dir,
         }
     }
 
@@ -105,7 +115,7 @@ fn sm_err(log_id: LogId, why: &str) -> StorageError {
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotBuilder = NoSnapshots;
+    type SnapshotBuilder = Builder;
 
     async fn applied_state(
         &mut self,
@@ -143,39 +153,93 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        NoSnapshots
+        Builder(self.snapshots.clone(), self.store.clone())
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
+    /// Stages the leader's snapshot, records it in the raft log (dropping the entries it
+    /// includes) and restarts the process on it; never returns on success.
     async fn install_snapshot(
         &mut self,
-        _meta: &SnapshotMeta<NodeId, NodeInfo>,
-        _snapshot: Box<Cursor<Vec<u8>>>,
+        meta: &SnapshotMeta<NodeId, NodeInfo>,
+        snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        Err(StorageIOError::write_snapshot(
-            None,
-            &io::Error::other("raft snapshots are not supported: members catch up from the log"),
-        )
-        .into())
+        let data = snapshot.into_inner();
+        let (store, dir, meta) = (self.store.clone(), self.data_dir.clone(), meta.clone());
+        let staged = tokio::task::spawn_blocking(move || -> Result<SnapMeta, String> {
+            let lsn = super::snapshot::announced_lsn(&data)?;
+            let sm = SnapMeta { meta, lsn };
+            super::snapshot::stage(&dir, &sm, &data)?;
+            store
+                .adopt_snapshot(sm.clone())
+                .map_err(|e| format!("raft log: {e}"))?;
+            Ok(sm)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        match staged {
+            Ok(sm) => {
+                tracing::warn!(
+                    "raft: installing the leader's snapshot (entry {:?}, LSN {}): restarting on it",
+                    sm.meta.last_log_id,
+                    sm.lsn
+                );
+                self.spec.depose("installing the group's snapshot");
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+            Err(why) => {
+                tracing::error!("raft: cannot install the leader's snapshot: {why}");
+                Err(StorageIOError::write_snapshot(None, &io::Error::other(why)).into())
+            }
+        }
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        Ok(None)
+        let Some(meta) = self.store.snapshot() else {
+            return Ok(None);
+        };
+        let snaps = self.snapshots.clone();
+        let m = meta.clone();
+        let data = tokio::task::spawn_blocking(move || snaps.read(&m))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        match data {
+            Ok(d) => Ok(Some(Snapshot {
+                meta: meta.meta,
+                snapshot: Box::new(Cursor::new(d)),
+            })),
+            Err(why) => {
+                tracing::error!("raft: cannot read this member's snapshot: {why}");
+                Err(StorageIOError::read_snapshot(None, &io::Error::other(why)).into())
+            }
+        }
     }
 }
 
-/// The snapshot builder openraft requires; never asked to build (`SnapshotPolicy::Never`).
-pub struct NoSnapshots;
+/// Builds a snapshot on a blocking thread ([`Snapshots::build`]). openraft keeps only
+/// the description of what it built; a peer gets the bytes from `get_current_snapshot`.
+pub struct Builder(Arc<Snapshots>, LogStore);
 
-impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
+impl RaftSnapshotBuilder<TypeConfig> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        Err(StorageIOError::write_snapshot(
-            None,
-            &io::Error::other("raft snapshots are not supported: the log is kept whole"),
-        )
-        .into())
+        let snaps = self.0.clone();
+        let built = tokio::task::spawn_blocking(move || snaps.build())
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        let m = built.unwrap_or_else(|why| {
+            tracing::error!("raft: cannot build a snapshot (retried later): {why}");
+            super::snapshot::unchanged(&self.1)
+        });
+        Ok(Snapshot {
+            meta: m.meta,
+            snapshot: Box::new(Cursor::new(Vec::new())),
+        })
     }
 }
