@@ -65,6 +65,7 @@
 #        STOCKGATE_BENCH_BIN (default: stockgate-bench next to STOCKGATE_BIN; needed by
 #        sg-raft-lg and redis-wait: cargo build --release --bin stockgate-bench)
 #        BASE_BIN=path  SERVER_CPU=1 LOAD_CPU=0  OUT=file (also write the table there)
+#        RAFT_FLAGS="..." extra flags for every Raft member (default: none, the defaults)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -76,6 +77,9 @@ SERVER_CPU=${SERVER_CPU:-1}
 LOAD_CPU=${LOAD_CPU:-0}
 TARGETS=("$@")
 BASE_BIN=${BASE_BIN:-}
+# Extra flags for every Raft member, e.g. RAFT_FLAGS="--raft-election-min-ms 1000
+# --raft-election-max-ms 2000" where a loaded core makes the group lose its leader.
+read -r -a RAFT_EXTRA <<<"${RAFT_FLAGS:-}"
 if [[ ${#TARGETS[@]} -eq 0 ]]; then
   if [[ -n $BASE_BIN ]]; then
     # Interleaved, so slow drifts of the machine's load hit both builds alike.
@@ -122,10 +126,16 @@ stop() { # pid
   kill -KILL "$1" 2>/dev/null || true
 }
 
-free_port() {
-  local p
-  for _ in $(seq 1 50); do
-    p=$((20000 + RANDOM % 40000))
+# A port nothing on the machine uses, not even as the local end of a connection, and
+# outside the kernel's ephemeral range (the load generator's 1000 connections and
+# everybody else's tests take theirs there: a bind would collide with them).
+free_port() { # [ports not to return...]
+  local p lo hi used
+  read -r lo hi </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || { lo=32768; hi=60999; }
+  used=" $(ss -Htan 2>/dev/null | awk '{ n = split($4, a, ":"); print a[n] }' | sort -u | tr '\n' ' ') $* "
+  for _ in $(seq 1 100); do
+    if (( lo > 11000 )); then p=$((10000 + RANDOM % (lo - 10000))); else p=$((hi + 1 + RANDOM % (65535 - hi))); fi
+    [[ $used == *" $p "* ]] && continue
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
   done
   echo "no free port found" >&2; return 1
@@ -257,25 +267,44 @@ wait_ping() { # port pid what
 # Three members, each --fsync always --threads 1 on $SERVER_CPU, shared keys; started one
 # after the other (the first creates the reservation key), then the leader is found as a
 # Sentinel-aware client finds it. Sets PID SPID PORT (the leader) and SPIDS (leader first).
+# Three members, each --fsync always --threads 1 on $SERVER_CPU, shared keys; started one
+# after the other (the first creates the reservation key), then the leader is found as a
+# Sentinel-aware client finds it. Sets PID SPID PORT (the leader), SPIDS (leader first)
+# and RAFT_PORTS. A member that cannot bind its ports (taken between the probe and the
+# bind) makes the whole group start again on other ports.
 RAFT_PORTS=()
 start_raft() { # dir bin
-  local d=$1 b=$2 i peers='' wpid lport='' addr pp
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    start_raft_once "$1/try$attempt" "$2" && return 0
+    local pid
+    for pid in "${TPIDS[@]}"; do stop "$pid"; done
+    TPIDS=()
+    grep -qs "Address already in use" "$1/try$attempt"/n*.err || break
+    echo "raft group: a port was taken, starting again on others" >&2
+  done
+  echo "the raft group did not start" >&2; tail -n 20 "$1"/try*/n*.err >&2; exit 1
+}
+
+start_raft_once() { # dir bin
+  local d=$1 b=$2 i peers='' wpid lport='' addr pp picked=()
   mkdir -p "$d"
   head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' | sed 's/^/k1 /' >"$d/secret"
   local mport=() rfport=() wpids=() spids=()
   for i in 1 2 3; do
-    mport[i]=$(free_port); rfport[i]=$(free_port)
+    mport[i]=$(free_port "${picked[@]}"); picked+=("${mport[i]}")
+    rfport[i]=$(free_port "${picked[@]}"); picked+=("${rfport[i]}")
     peers+="${peers:+,}$i=127.0.0.1:${mport[i]}/127.0.0.1:${rfport[i]}"
   done
   for i in 1 2 3; do
     STOCKGATE_LOG=warn,openraft=error taskset -c "$SERVER_CPU" timeout 3600 "$b" \
       --bind 127.0.0.1 --port "${mport[i]}" --data-dir "$d/n$i" --fsync always --threads 1 \
       --secret-file "$d/secret" --reservation-key-file "$d/reservation.key" --create-keys \
-      --raft-id "$i" --raft-listen "127.0.0.1:${rfport[i]}" --raft-peers "$peers" \
+      --raft-id "$i" --raft-listen "127.0.0.1:${rfport[i]}" --raft-peers "$peers" "${RAFT_EXTRA[@]}" \
       >"$d/n$i.out" 2>"$d/n$i.err" &
     wpid=$!; PIDS+=("$wpid"); TPIDS+=("$wpid"); wpids[i]=$wpid
-    spids[i]=$(child_of "$wpid") || exit 1
-    wait_ping "${mport[i]}" "$wpid" "raft member $i" || { cat "$d/n$i.err" >&2; exit 1; }
+    spids[i]=$(child_of "$wpid" 2>/dev/null) || return 1
+    wait_ping "${mport[i]}" "$wpid" "raft member $i" 2>/dev/null || return 1
   done
   for _ in $(seq 1 300); do
     for i in 1 2 3; do
@@ -287,7 +316,7 @@ start_raft() { # dir bin
     done
     sleep 0.1
   done
-  [[ -n $lport ]] || { echo "the raft group elected no leader" >&2; tail -n 20 "$d"/n*.err >&2; exit 1; }
+  [[ -n $lport ]] || { echo "the raft group elected no leader" >&2; return 1; }
   RAFT_PORTS=()
   for i in 1 2 3; do
     if [[ ${mport[i]} == "$lport" ]]; then
@@ -300,6 +329,7 @@ start_raft() { # dir bin
     [[ ${spids[i]} == "$SPID" ]] || SPIDS+=("${spids[i]}")
     RAFT_PORTS+=("${mport[i]}")
   done
+  ln -sfn "$d/secret" "${d%/*}/secret"
 }
 
 declare -A RES FSYNC LOADGEN NOTE
@@ -408,6 +438,7 @@ run_target() { # name
   for pt in $POINTS; do
     c=${pt%%:*}; p=${pt##*:}
     RES[$t,$pt]=$(point "$PORT" "$c" "$p" "${cmd[@]}")
+    [[ ${RES[$t,$pt]%% *} == 0 ]] && NOTE[$t]+="C=$c P=$p failed (the error is above the table); "
     echo "$t C=$c P=$p: ${RES[$t,$pt]}" >&2
   done
   if [[ $t == sg-raft* ]] && [[ $(timeout 2 redis-cli -p "$PORT" ROLE 2>/dev/null | head -n 1) != master ]]; then
@@ -439,6 +470,7 @@ for t in "${TARGETS[@]}"; do run_target "$t"; done
 {
   echo "benches/pinned.sh: $N requests per point, server(s) on CPU $SERVER_CPU, load generator on CPU $LOAD_CPU"
   [[ -n $BASE_BIN ]] && echo "base-*: the same stockgate targets on $BASE_BIN"
+  [[ -n ${RAFT_FLAGS:-} ]] && echo "raft members: RAFT_FLAGS=$RAFT_FLAGS"
   echo "($(nproc) cores, $(redis-server --version | awk '{print $3}'), stockgate $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ))"
   echo "load: rb = redis-benchmark, lg = stockgate-bench rbench (benches/loadgen/src/rbench.rs)"
   echo "CPU µs/req: all server processes of the target; lead only: the leader / primary alone"
