@@ -2,9 +2,13 @@
 # Per-core comparison, one run, every target under the same conditions:
 #
 #   server under test pinned to one core   (taskset -c $SERVER_CPU, default 1)
-#   redis-benchmark pinned to the other    (taskset -c $LOAD_CPU,   default 0)
+#   load generator pinned to the other     (taskset -c $LOAD_CPU,   default 0)
 #
-# Targets (each a fresh process):
+# A target made of several server processes (a primary and its replica, the three members
+# of a Raft group) has ALL of them on $SERVER_CPU: the load generator keeps the other core
+# to itself, so "per core" means the whole replicated system on one core.
+#
+# Targets (each a fresh process, or set of processes):
 #   redis-ping        redis-server, PING
 #   redis-per-user    redis-server + benches/lua/reserve_per_user.lua (EVALSHA)
 #   redis-seed        redis-server + benches/lua/reserve.lua (EVALSHA)
@@ -13,13 +17,39 @@
 #   sg-ping           stockgate --fsync everysec --threads 1, PING
 #   sg-repl           sg-t1 as a primary with one replica (on the same core) and
 #                     --min-replicas-ack 1: every reply waits for the replica's log
+#   sg-t1-always      stockgate --fsync always --threads 1, RESERVE: the single node to
+#                     compare the group with (fdatasync before every acknowledgement)
+#   sg-raft           a 3-member Raft group (--raft-id 1..3, --fsync always --threads 1 on
+#                     each, all three on $SERVER_CPU), RESERVE sent to the leader (found
+#                     with SENTINEL get-master-addr-by-name, confirmed by ROLE): a reply
+#                     leaves once a majority has the record durable
+#   sg-raft-lg        sg-raft driven by the load generator redis-wait uses (below) instead
+#                     of redis-benchmark: the like-for-like row against redis-wait, and
+#                     next to sg-raft a check of the two load generators against each other
+#   redis-wait        redis-server primary + one replica (both on $SERVER_CPU), both
+#                     --appendonly yes --appendfsync always, reserve_per_user.lua by EVALSHA
+#                     on the primary followed by WAIT 1 0 after EVERY reservation (the pair
+#                     is one request): the closest Redis comes to "acknowledged means
+#                     replicated". redis-benchmark cannot send two commands per request
+#                     (and WAIT does not block inside MULTI/EXEC, nor run in a script), so
+#                     this target is driven by `stockgate-bench rbench --wait 1`
+#                     (benches/loadgen/src/rbench.rs: redis-benchmark's -c/-n/-P/-r
+#                     semantics, the latency of a request is until its WAIT reply).
+#                     Redis 7.0's WAIT counts replicas that acknowledged the write; it
+#                     does not promise they fsynced it (WAITAOF, Redis 7.2, does).
 # Points: C=50 P=1, C=1000 P=1, C=50 P=16, $N requests each (default 300,000).
 #
-# Columns: req/s and p50/p99/p99.9 as redis-benchmark reports them (its percentile
-# distribution), and the server's CPU per request: utime+stime of the server process
-# (all threads) from /proc/PID/stat before and after the point, divided by requests.
-# That last column is the one that survives a noisy shared machine; req/s and latency
-# move with whatever else runs on the cores. Ratios are against Redis PING of this run.
+# Columns: req/s and p50/p99/p99.9 as the load generator reports them (redis-benchmark:
+# its percentile distribution; rbench: an HDR histogram), the durability of an
+# acknowledgement ("fsync"), which load generator drove it (rb = redis-benchmark, lg =
+# stockgate-bench rbench), and the server CPU per request: utime+stime of the server
+# processes (all threads) from /proc/PID/stat before and after the point, divided by
+# requests, summed over every process of the target (group: the three members; redis-wait
+# and sg-repl: primary + replica), and the leader's / primary's alone as a second figure.
+# That column is the one that survives a noisy shared machine; req/s and latency move
+# with whatever else runs on the cores. Ratios are against Redis PING of this run.
+# "taken": units the point took from the stock over its requests (below 100 %: replies
+# were errors or REPLAYs; redis-benchmark does not report error replies, this does).
 #
 # RESERVE is driven as in benches/redis_benchmark.sh: ONE minted admission token for ONE
 # user, unlimited stock, no per-user limit, random request id per call (a repeated id is
@@ -30,19 +60,26 @@
 # both builds meet the same machine load; on a shared machine that matters more than
 # anything else (figures move ±20–40 % between runs here, same-run ratios much less).
 #
-# Usage: benches/pinned.sh [TARGETS...]          (from anywhere; default: all)
+# Usage: benches/pinned.sh [TARGETS...]          (from anywhere; default: all but sg-repl)
 # Env:   STOCKGATE_BIN (default target/release/stockgate)  N=300000  POINTS="50:1 1000:1 50:16"
+#        STOCKGATE_BENCH_BIN (default: stockgate-bench next to STOCKGATE_BIN; needed by
+#        sg-raft-lg and redis-wait: cargo build --release --bin stockgate-bench)
 #        BASE_BIN=path  SERVER_CPU=1 LOAD_CPU=0  OUT=file (also write the table there)
+#        RAFT_FLAGS="..." extra flags for every Raft member (default: none, the defaults)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SG_BIN=${STOCKGATE_BIN:-$ROOT/target/release/stockgate}
+LG_BIN=${STOCKGATE_BENCH_BIN:-$(dirname "$SG_BIN")/stockgate-bench}
 N=${N:-300000}
 POINTS=${POINTS:-"50:1 1000:1 50:16"}
 SERVER_CPU=${SERVER_CPU:-1}
 LOAD_CPU=${LOAD_CPU:-0}
 TARGETS=("$@")
 BASE_BIN=${BASE_BIN:-}
+# Extra flags for every Raft member, e.g. RAFT_FLAGS="--raft-election-min-ms 1000
+# --raft-election-max-ms 2000" where a loaded core makes the group lose its leader.
+read -r -a RAFT_EXTRA <<<"${RAFT_FLAGS:-}"
 if [[ ${#TARGETS[@]} -eq 0 ]]; then
   if [[ -n $BASE_BIN ]]; then
     # Interleaved, so slow drifts of the machine's load hit both builds alike.
@@ -50,6 +87,8 @@ if [[ ${#TARGETS[@]} -eq 0 ]]; then
   else
     TARGETS=(redis-ping redis-per-user redis-seed sg-t1 sg-t2 sg-ping)
   fi
+  # Issue 18: the replicated group against the single node and Redis + WAIT 1, same run.
+  TARGETS+=(sg-t1-always sg-raft sg-raft-lg redis-wait)
 fi
 SKU=BENCH
 UNITS=1000000000000
@@ -59,6 +98,12 @@ for tool in redis-server redis-cli redis-benchmark timeout taskset; do
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 2; }
 done
 [[ -x $SG_BIN ]] || { echo "no $SG_BIN: cargo build --release -p stockgate-server --bin stockgate" >&2; exit 2; }
+for t in "${TARGETS[@]}"; do
+  if [[ $t == sg-raft-lg || $t == redis-wait ]] && [[ ! -x $LG_BIN ]]; then
+    echo "$t needs $LG_BIN: cargo build --release --bin stockgate-bench (or set STOCKGATE_BENCH_BIN)" >&2
+    exit 2
+  fi
+done
 # 1000 clients need 1000 descriptors on both sides.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
@@ -81,10 +126,16 @@ stop() { # pid
   kill -KILL "$1" 2>/dev/null || true
 }
 
-free_port() {
-  local p
-  for _ in $(seq 1 50); do
-    p=$((20000 + RANDOM % 40000))
+# A port nothing on the machine uses, not even as the local end of a connection, and
+# outside the kernel's ephemeral range (the load generator's 1000 connections and
+# everybody else's tests take theirs there: a bind would collide with them).
+free_port() { # [ports not to return...]
+  local p lo hi used
+  read -r lo hi </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || { lo=32768; hi=60999; }
+  used=" $(ss -Htan 2>/dev/null | awk '{ n = split($4, a, ":"); print a[n] }' | sort -u | tr '\n' ' ') $* "
+  for _ in $(seq 1 100); do
+    if (( lo > 11000 )); then p=$((10000 + RANDOM % (lo - 10000))); else p=$((hi + 1 + RANDOM % (65535 - hi))); fi
+    [[ $used == *" $p "* ]] && continue
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
   done
   echo "no free port found" >&2; return 1
@@ -94,65 +145,106 @@ cpu_ticks() { # pid -> utime+stime in clock ticks (the comm field may hold space
   sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
 }
 
-# Runs one point; prints "rps p50 p99 p999 cpu_us_per_req".
-point() { # pid port clients pipeline cmd...
-  local pid=$1 port=$2 c=$3 p=$4; shift 4
-  local t0 t1 out rps p50 p99 p999
-  t0=$(cpu_ticks "$pid")
-  out=$(timeout 300 taskset -c "$LOAD_CPU" redis-benchmark -h 127.0.0.1 -p "$port" -c "$c" -n "$N" \
-        -P "$p" -r 1000000000 "$@" 2>/dev/null | tr '\r' '\n')
-  t1=$(cpu_ticks "$pid")
-  rps=$(echo "$out" | awk '/throughput summary:/ {print $3}' | tail -n 1)
-  # "latency summary (msec):" header, names line, values line: avg min p50 p95 p99 max
-  read -r p50 p99 < <(echo "$out" | awk '/latency summary/ {getline; getline; print $3, $5}' | tail -n 1)
-  # Percentile distribution lines: "99.900% <= 1.234 milliseconds (cumulative count N)"
-  p999=$(echo "$out" | awk '/milliseconds \(cumulative count/ { sub(/%/, "", $1); if ($1 + 0 >= 99.9) { print $3; exit } }')
+cpu_sum() { # the CPU ticks of every server process of the target (SPIDS)
+  local pid sum=0
+  for pid in "${SPIDS[@]}"; do sum=$((sum + $(cpu_ticks "$pid"))); done
+  echo "$sum"
+}
+
+stock_left() { # the target's remaining stock (STOCK_CMD on PORT), or "-" for PING targets
+  if [[ ${#STOCK_CMD[@]} -eq 0 ]]; then echo -; return 0; fi
+  timeout 10 redis-cli -p "$PORT" "${STOCK_CMD[@]}" 2>/dev/null | head -n 1
+}
+
+# Runs one point with the target's load generator (DRIVER: rb = redis-benchmark, lg =
+# stockgate-bench rbench, with --wait WAIT_R if set); prints
+# "rps p50 p99 p999 cpu_us_per_req(all processes) cpu_us_per_req(leader/primary) taken".
+point() { # port clients pipeline cmd...
+  local port=$1 c=$2 p=$3; shift 3
+  local t0 t1 m0 m1 s0 s1 out rps p50 p99 p999 rc=0 taken=-
+  s0=$(stock_left)
+  m0=$(cpu_ticks "$SPID"); t0=$(cpu_sum)
+  if [[ $DRIVER == rb ]]; then
+    out=$(timeout 300 taskset -c "$LOAD_CPU" redis-benchmark -h 127.0.0.1 -p "$port" -c "$c" -n "$N" \
+          -P "$p" -r 1000000000 "$@" 2>"$TMP/lg.err" | tr '\r' '\n') || rc=$?
+    rps=$(echo "$out" | awk '/throughput summary:/ {print $3}' | tail -n 1)
+    # "latency summary (msec):" header, names line, values line: avg min p50 p95 p99 max
+    read -r p50 p99 < <(echo "$out" | awk '/latency summary/ {getline; getline; print $3, $5}' | tail -n 1)
+    # Percentile distribution lines: "99.900% <= 1.234 milliseconds (cumulative count N)"
+    p999=$(echo "$out" | awk '/milliseconds \(cumulative count/ { sub(/%/, "", $1); if ($1 + 0 >= 99.9) { print $3; exit } }')
+  else
+    local wait=()
+    [[ -n $WAIT_R ]] && wait=(--wait "$WAIT_R")
+    # One line: requests seconds req/s p50_ms p99_ms p999_ms errors
+    out=$(timeout 300 taskset -c "$LOAD_CPU" "$LG_BIN" rbench -p "$port" -c "$c" -n "$N" -P "$p" \
+          -r 1000000000 "${wait[@]}" -- "$@" 2>"$TMP/lg.err") || rc=$?
+    read -r _ _ rps p50 p99 p999 _ <<<"$out"
+  fi
+  if [[ $rc -ne 0 ]]; then
+    tail -n 5 "$TMP/lg.err" >&2
+    echo "warning: the load generator exited with $rc (C=$c P=$p)" >&2
+  fi
+  t1=$(cpu_sum); m1=$(cpu_ticks "$SPID")
+  s1=$(stock_left)
+  if [[ $s0 =~ ^[0-9]+$ && $s1 =~ ^[0-9]+$ ]]; then
+    taken=$(awk -v a="$s0" -v b="$s1" -v n="$N" 'BEGIN { printf "%.1f%%", (a - b) / n * 100 }')
+  fi
   awk -v r="${rps:-0}" -v a="${p50:-nan}" -v b="${p99:-nan}" -v c="${p999:-nan}" \
-      -v d=$((t1 - t0)) -v hz="$HZ" -v n="$N" \
-      'BEGIN { printf "%s %s %s %s %.2f\n", r, a, b, c, d / hz * 1e6 / n }'
+      -v d=$((t1 - t0)) -v m=$((m1 - m0)) -v hz="$HZ" -v n="$N" -v k="$taken" \
+      'BEGIN { printf "%s %s %s %s %.2f %.2f %s\n", r, a, b, c, d / hz * 1e6 / n, m / hz * 1e6 / n, k }'
 }
 
 # `timeout` forks the server: CPU is read from its child, the server itself.
-SPID=
-server_pid() {
-  SPID=
-  for _ in $(seq 1 50); do
-    SPID=$(pgrep -P "$PID" | head -n 1 || true)
-    [[ -n $SPID ]] && return 0
+child_of() { # wrapper pid -> the server's pid
+  local c
+  for _ in $(seq 1 200); do
+    c=$(pgrep -P "$1" | head -n 1 || true)
+    [[ -n $c ]] && { echo "$c"; return 0; }
+    kill -0 "$1" 2>/dev/null || break
     sleep 0.05
   done
-  echo "server process not found under $PID" >&2; return 1
+  echo "server process not found under $1" >&2; return 1
 }
+SPID=
+server_pid() { SPID=$(child_of "$PID"); }
 
-start_redis() { # dir -> sets PID PORT
-  mkdir -p "$1"
-  local attempt
+# Every process of the current target: TPIDS (the `timeout` wrappers, to stop them),
+# SPIDS (the servers, for CPU), PID/SPID/PORT the one the load goes to.
+TPIDS=() SPIDS=()
+
+start_redis() { # dir [extra redis-server args...] -> sets PID SPID PORT
+  local d=$1; shift
+  mkdir -p "$d"
   # A free-looking port can be taken between the probe and the bind (another process,
   # an ephemeral port of the load generator): on a bind failure, try another port.
-  for attempt in 1 2 3 4 5; do
+  for _ in 1 2 3 4 5; do
     PORT=$(free_port)
     taskset -c "$SERVER_CPU" timeout 3600 redis-server --port "$PORT" --bind 127.0.0.1 --save "" \
-      --appendonly no --dir "$1" --daemonize no --logfile "$1/log" --maxclients 10000 &
-    PID=$!; PIDS+=("$PID")
+      --appendonly no --dir "$d" --daemonize no --logfile "$d/log" --maxclients 10000 "$@" &
+    PID=$!; PIDS+=("$PID"); TPIDS+=("$PID")
     server_pid || true
     for _ in $(seq 1 150); do
-      timeout 2 redis-cli -p "$PORT" PING >/dev/null 2>&1 && return 0
+      if timeout 2 redis-cli -p "$PORT" PING >/dev/null 2>&1; then
+        [[ -n $SPID ]] || server_pid || exit 1
+        SPIDS+=("$SPID"); return 0
+      fi
       kill -0 "$PID" 2>/dev/null || break
       sleep 0.1
     done
-    if ! grep -q "Address already in use" "$1/log" 2>/dev/null; then break; fi
+    if ! grep -q "Address already in use" "$d/log" 2>/dev/null; then break; fi
     stop "$PID"
   done
-  cat "$1/log" >&2; echo "redis did not start" >&2; exit 1
+  cat "$d/log" >&2; echo "redis did not start" >&2; exit 1
 }
 
-start_sg() { # dir threads bin [extra flags...] -> sets PID PORT
+start_sg() { # dir threads bin fsync [extra flags...] -> sets PID SPID PORT
   mkdir -p "$1"
-  local d=$1 th=$2 b=$3; shift 3
+  local d=$1 th=$2 b=$3 fs=$4; shift 4
   taskset -c "$SERVER_CPU" timeout 3600 "$b" --bind 127.0.0.1 --port 0 --data-dir "$d/data" \
-    --fsync everysec --threads "$th" "$@" >"$d/out" 2>"$d/err" &
-  PID=$!; PIDS+=("$PID")
+    --fsync "$fs" --threads "$th" "$@" >"$d/out" 2>"$d/err" &
+  PID=$!; PIDS+=("$PID"); TPIDS+=("$PID")
   server_pid || exit 1
+  SPIDS+=("$SPID")
   PORT=
   for _ in $(seq 1 150); do
     PORT=$(sed -n 's/^listening on .*:\([0-9][0-9]*\)$/\1/p' "$d/out" | head -n 1)
@@ -163,90 +255,244 @@ start_sg() { # dir threads bin [extra flags...] -> sets PID PORT
   echo "stockgate did not start" >&2; cat "$d/err" >&2; exit 1
 }
 
-declare -A RES
+wait_ping() { # port pid what
+  for _ in $(seq 1 200); do
+    timeout 2 redis-cli -p "$1" PING 2>/dev/null | grep -q PONG && return 0
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "$3 did not answer PING on $1" >&2; return 1
+}
+
+# Three members, each --fsync always --threads 1 on $SERVER_CPU, shared keys; started one
+# after the other (the first creates the reservation key), then the leader is found as a
+# Sentinel-aware client finds it. Sets PID SPID PORT (the leader) and SPIDS (leader first).
+# Three members, each --fsync always --threads 1 on $SERVER_CPU, shared keys; started one
+# after the other (the first creates the reservation key), then the leader is found as a
+# Sentinel-aware client finds it. Sets PID SPID PORT (the leader), SPIDS (leader first)
+# and RAFT_PORTS. A member that cannot bind its ports (taken between the probe and the
+# bind) makes the whole group start again on other ports.
+RAFT_PORTS=()
+start_raft() { # dir bin
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    start_raft_once "$1/try$attempt" "$2" && return 0
+    local pid
+    for pid in "${TPIDS[@]}"; do stop "$pid"; done
+    TPIDS=()
+    grep -qs "Address already in use" "$1/try$attempt"/n*.err || break
+    echo "raft group: a port was taken, starting again on others" >&2
+  done
+  echo "the raft group did not start" >&2; tail -n 20 "$1"/try*/n*.err >&2; exit 1
+}
+
+start_raft_once() { # dir bin
+  local d=$1 b=$2 i peers='' wpid lport='' addr pp picked=()
+  mkdir -p "$d"
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' | sed 's/^/k1 /' >"$d/secret"
+  local mport=() rfport=() wpids=() spids=()
+  for i in 1 2 3; do
+    mport[i]=$(free_port "${picked[@]}"); picked+=("${mport[i]}")
+    rfport[i]=$(free_port "${picked[@]}"); picked+=("${rfport[i]}")
+    peers+="${peers:+,}$i=127.0.0.1:${mport[i]}/127.0.0.1:${rfport[i]}"
+  done
+  for i in 1 2 3; do
+    STOCKGATE_LOG=warn,openraft=error taskset -c "$SERVER_CPU" timeout 3600 "$b" \
+      --bind 127.0.0.1 --port "${mport[i]}" --data-dir "$d/n$i" --fsync always --threads 1 \
+      --secret-file "$d/secret" --reservation-key-file "$d/reservation.key" --create-keys \
+      --raft-id "$i" --raft-listen "127.0.0.1:${rfport[i]}" --raft-peers "$peers" "${RAFT_EXTRA[@]}" \
+      >"$d/n$i.out" 2>"$d/n$i.err" &
+    wpid=$!; PIDS+=("$wpid"); TPIDS+=("$wpid"); wpids[i]=$wpid
+    spids[i]=$(child_of "$wpid" 2>/dev/null) || return 1
+    wait_ping "${mport[i]}" "$wpid" "raft member $i" 2>/dev/null || return 1
+  done
+  for _ in $(seq 1 300); do
+    for i in 1 2 3; do
+      addr=$(timeout 2 redis-cli -p "${mport[i]}" SENTINEL get-master-addr-by-name stockgate 2>/dev/null | tr '\n' ' ' || true)
+      read -r _ pp _ <<<"$addr"
+      if [[ ${pp:-} =~ ^[0-9]+$ ]] && [[ $(timeout 2 redis-cli -p "$pp" ROLE 2>/dev/null | head -n 1) == master ]]; then
+        lport=$pp; break 2
+      fi
+    done
+    sleep 0.1
+  done
+  [[ -n $lport ]] || { echo "the raft group elected no leader" >&2; return 1; }
+  RAFT_PORTS=()
+  for i in 1 2 3; do
+    if [[ ${mport[i]} == "$lport" ]]; then
+      PID=${wpids[i]} SPID=${spids[i]} PORT=$lport
+      echo "raft leader: member $i on port $lport" >&2
+    fi
+  done
+  SPIDS+=("$SPID")
+  for i in 1 2 3; do
+    [[ ${spids[i]} == "$SPID" ]] || SPIDS+=("${spids[i]}")
+    RAFT_PORTS+=("${mport[i]}")
+  done
+  ln -sfn "$d/secret" "${d%/*}/secret"
+}
+
+declare -A RES FSYNC LOADGEN NOTE
 run_target() { # name
   local t=$1 dir=$TMP/$1 cmd=() pt c p
+  TPIDS=() SPIDS=() STOCK_CMD=() DRIVER=rb WAIT_R='' REPL_PORTS=()
   case $t in
-    redis-ping|redis-per-user|redis-seed)
-      start_redis "$dir"
+    redis-ping|redis-per-user|redis-seed|redis-wait)
       local tag="{${SKU}_SHARD_1}"
+      FSYNC[$t]=none
+      if [[ $t == redis-wait ]]; then
+        FSYNC[$t]="AOF always x2, WAIT 1"
+        DRIVER=lg WAIT_R=1
+        start_redis "$dir/replica" --appendonly yes --appendfsync always
+        local rport=$PORT
+        start_redis "$dir" --appendonly yes --appendfsync always
+        timeout 10 redis-cli -p "$rport" REPLICAOF 127.0.0.1 "$PORT" >/dev/null
+        local synced=
+        for _ in $(seq 1 200); do
+          if timeout 2 redis-cli -p "$rport" INFO replication 2>/dev/null | grep -q '^master_link_status:up' &&
+             [[ $(timeout 5 redis-cli -p "$PORT" WAIT 1 2000 2>/dev/null) == 1 ]]; then
+            synced=1; break
+          fi
+          sleep 0.1
+        done
+        [[ -n $synced ]] || { echo "redis replica did not sync" >&2; cat "$dir/replica/log" >&2; exit 1; }
+        REPL_PORTS=("$rport")
+        # The primary's process is the one whose CPU is also shown alone: put it first.
+        SPIDS=("${SPIDS[1]}" "${SPIDS[0]}")
+      else
+        start_redis "$dir"
+      fi
       timeout 10 redis-cli -p "$PORT" SET "$tag:stock" "$UNITS" >/dev/null
       case $t in
         redis-ping) cmd=(PING) ;;
-        redis-per-user)
+        redis-per-user|redis-wait)
           local sha
           sha=$(timeout 10 redis-cli -p "$PORT" SCRIPT LOAD "$(cat "$ROOT/benches/lua/reserve_per_user.lua")")
+          STOCK_CMD=(GET "$tag:stock")
           cmd=(EVALSHA "$sha" 2 "$tag:stock" "$tag:user:u__rand_int__" 1 600 "{$SKU}tok__rand_int__") ;;
         redis-seed)
           local sha expiry
           sha=$(timeout 10 redis-cli -p "$PORT" SCRIPT LOAD "$(cat "$ROOT/benches/lua/reserve.lua")")
           expiry=$(( $(date +%s) + 630 ))
+          STOCK_CMD=(GET "$tag:stock")
           cmd=(EVALSHA "$sha" 3 "$tag:stock" "$tag:expiry_index" "$tag:reservation:{$SKU}tok__rand_int__"
                "$SKU" bench-user 1 630 "$expiry" "{$SKU}tok__rand_int__") ;;
       esac ;;
-    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-repl)
-      local threads=1 bin=$SG_BIN
+    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-repl|sg-t1-always|sg-raft|sg-raft-lg)
+      local threads=1 bin=$SG_BIN fsync=everysec keys
       [[ $t == *-t2 ]] && threads=2
+      [[ $t == sg-t1-always ]] && fsync=always
       if [[ $t == base-* ]]; then
         [[ -x $BASE_BIN ]] || { echo "$t needs BASE_BIN" >&2; exit 2; }
         bin=$BASE_BIN
       fi
+      FSYNC[$t]=$fsync
+      keys=(--data-dir "$dir/data")
       if [[ $t == sg-repl ]]; then
-        start_sg "$dir" 1 "$bin" --min-replicas-ack 1
-        local ppid=$PID pport=$PORT pspid=$SPID rport
+        FSYNC[$t]="everysec, 1 replica"
+        start_sg "$dir" 1 "$bin" everysec --min-replicas-ack 1
+        local ppid=$PID pport=$PORT pspid=$SPID rport rpid
         rport=$(free_port)
         mkdir -p "$dir/replica"
         taskset -c "$SERVER_CPU" timeout 3600 "$bin" --bind 127.0.0.1 --port "$rport" \
           --data-dir "$dir/replica/data" --fsync everysec --threads 1 \
           --secret-file "$dir/data/secret" --reservation-key-file "$dir/data/reservation.key" \
           --replicaof "127.0.0.1:$pport" >"$dir/replica/out" 2>"$dir/replica/err" &
-        PIDS+=("$!")
+        rpid=$!; PIDS+=("$rpid"); TPIDS+=("$rpid")
+        local rspid
+        rspid=$(child_of "$rpid") || { cat "$dir/replica/err" >&2; exit 1; }
+        SPIDS+=("$rspid")
         for _ in $(seq 1 100); do
           timeout 2 redis-cli -p "$pport" INFO replication 2>/dev/null | grep -q '^connected_slaves:1' && break
           sleep 0.1
         done
-        PID=$ppid PORT=$pport SPID=$pspid
+        PID=$ppid PORT=$pport SPID=$pspid REPL_PORTS=("$rport")
+      elif [[ $t == sg-raft* ]]; then
+        FSYNC[$t]="raft 2 of 3, always"
+        [[ $t == sg-raft-lg ]] && DRIVER=lg
+        start_raft "$dir" "$bin"
+        local mp
+        for mp in "${RAFT_PORTS[@]}"; do [[ $mp == "$PORT" ]] || REPL_PORTS+=("$mp"); done
+        keys=(--secret-file "$dir/secret")
       else
-        start_sg "$dir" "$threads" "$bin"
+        start_sg "$dir" "$threads" "$bin" "$fsync"
       fi
       if [[ $t == *-ping ]]; then
         cmd=(PING)
       else
-        timeout 10 redis-cli -p "$PORT" SALE.CREATE "$SKU" "$UNITS" >/dev/null
-        local token check
-        token=$(timeout 10 "$bin" mint-token --data-dir "$dir/data" --sku "$SKU" --user bench-user --ttl-ms 86400000)
+        local token check created=
+        for _ in $(seq 1 50); do
+          [[ $(timeout 10 redis-cli -p "$PORT" SALE.CREATE "$SKU" "$UNITS" 2>/dev/null) == OK ]] && { created=1; break; }
+          sleep 0.1
+        done
+        [[ -n $created ]] || { echo "SALE.CREATE failed on $t" >&2; exit 1; }
+        token=$(timeout 10 "$bin" mint-token "${keys[@]}" --sku "$SKU" --user bench-user --ttl-ms 86400000)
         check=$(timeout 10 redis-cli -p "$PORT" RESERVE "$SKU" bench-user "$token" check-1 | head -n 1)
         [[ $check == RESERVED ]] || { echo "RESERVE check failed: $check" >&2; exit 1; }
+        STOCK_CMD=(STOCK "$SKU")
         cmd=(RESERVE "$SKU" bench-user "$token" "req-__rand_int__")
       fi ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
   esac
+  LOADGEN[$t]=$DRIVER
   for pt in $POINTS; do
     c=${pt%%:*}; p=${pt##*:}
-    RES[$t,$pt]=$(point "$SPID" "$PORT" "$c" "$p" "${cmd[@]}")
+    RES[$t,$pt]=$(point "$PORT" "$c" "$p" "${cmd[@]}")
+    [[ ${RES[$t,$pt]%% *} == 0 ]] && NOTE[$t]+="C=$c P=$p failed (the error is above the table); "
     echo "$t C=$c P=$p: ${RES[$t,$pt]}" >&2
   done
-  stop "$PID"
+  if [[ $t == sg-raft* ]] && [[ $(timeout 2 redis-cli -p "$PORT" ROLE 2>/dev/null | head -n 1) != master ]]; then
+    NOTE[$t]+="leader changed during the run; "
+    echo "warning: $t: the member on $PORT is no longer the leader" >&2
+  fi
+  # Every replica / follower ends with the leader's stock (what was acknowledged is there).
+  if [[ ${#REPL_PORTS[@]} -gt 0 && ${#STOCK_CMD[@]} -gt 0 ]]; then
+    local want got rp
+    want=$(stock_left)
+    for rp in "${REPL_PORTS[@]}"; do
+      for _ in $(seq 1 100); do
+        got=$(timeout 2 redis-cli -p "$rp" "${STOCK_CMD[@]}" 2>/dev/null | head -n 1)
+        [[ $got == "$want" ]] && break
+        sleep 0.1
+      done
+      if [[ $got != "$want" ]]; then
+        NOTE[$t]+="the replica on $rp has stock $got, the leader $want; "
+        echo "warning: $t: the replica on $rp has stock $got, the leader $want" >&2
+      fi
+    done
+  fi
+  local pid
+  for pid in "${TPIDS[@]}"; do stop "$pid"; done
 }
 
 for t in "${TARGETS[@]}"; do run_target "$t"; done
 
 {
-  echo "benches/pinned.sh: $N requests per point, server on CPU $SERVER_CPU, redis-benchmark on CPU $LOAD_CPU"
+  echo "benches/pinned.sh: $N requests per point, server(s) on CPU $SERVER_CPU, load generator on CPU $LOAD_CPU"
   [[ -n $BASE_BIN ]] && echo "base-*: the same stockgate targets on $BASE_BIN"
+  [[ -n ${RAFT_FLAGS:-} ]] && echo "raft members: RAFT_FLAGS=$RAFT_FLAGS"
   echo "($(nproc) cores, $(redis-server --version | awk '{print $3}'), stockgate $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ))"
+  echo "load: rb = redis-benchmark, lg = stockgate-bench rbench (benches/loadgen/src/rbench.rs)"
+  echo "CPU µs/req: all server processes of the target; lead only: the leader / primary alone"
   echo
-  printf '| %-15s | %-6s | %10s | %7s | %7s | %7s | %10s | %12s |\n' target "C/P" "req/s" "p50 ms" "p99 ms" "p99.9" "CPU µs/req" "CPU vs PING"
-  printf '|%s|%s|%s|%s|%s|%s|%s|%s|\n' "-----------------" "--------" "-----------:" "--------:" "--------:" "--------:" "-----------:" "-------------:"
+  printf '| %-14s | %-21s | %-4s | %-6s | %10s | %7s | %7s | %7s | %10s | %9s | %11s | %6s |\n' \
+    target fsync load "C/P" "req/s" "p50 ms" "p99 ms" "p99.9" "CPU µs/req" "lead only" "CPU vs PING" taken
+  printf '|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n' "----------------" "-----------------------" "------" \
+    "--------" "-----------:" "--------:" "--------:" "--------:" "-----------:" "----------:" "------------:" "-------:"
   for pt in $POINTS; do
     for t in "${TARGETS[@]}"; do
-      read -r rps p50 p99 p999 cpu <<<"${RES[$t,$pt]}"
+      read -r rps p50 p99 p999 cpu lead taken <<<"${RES[$t,$pt]}"
       ratio="-"
       if [[ -n ${RES[redis-ping,$pt]:-} ]]; then
         base=$(awk '{print $5}' <<<"${RES[redis-ping,$pt]}")
         ratio=$(awk -v a="$cpu" -v b="$base" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "-" }')
       fi
-      printf '| %-15s | %-6s | %10.0f | %7s | %7s | %7s | %10s | %12s |\n' "$t" "${pt/:/\/}" "$rps" "$p50" "$p99" "$p999" "$cpu" "$ratio"
+      printf '| %-14s | %-21s | %-4s | %-6s | %10.0f | %7s | %7s | %7s | %10s | %9s | %11s | %6s |\n' \
+        "$t" "${FSYNC[$t]}" "${LOADGEN[$t]}" "${pt/:/\/}" "$rps" "$p50" "$p99" "$p999" "$cpu" "$lead" "$ratio" "$taken"
     done
   done
+  for t in "${TARGETS[@]}"; do
+    [[ -n ${NOTE[$t]:-} ]] && echo "note: $t: ${NOTE[$t]}"
+  done
+  true
 } | tee "${OUT:-/dev/null}"

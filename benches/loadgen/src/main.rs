@@ -3,9 +3,12 @@
 //! row, starting and stopping every target itself on 127.0.0.1.
 //!
 //! `cargo run --release --bin stockgate-bench -- --help`; see benches/README.md.
+//! `stockgate-bench rbench --help`: a redis-benchmark-like fixed-count mode that can also
+//! send `WAIT` after every command (rbench.rs; benches/pinned.sh's `redis-wait`).
 
 mod chart;
 mod proc;
+mod rbench;
 mod report;
 mod resp;
 mod targets;
@@ -137,6 +140,19 @@ struct TargetInfo {
 }
 
 fn main() -> ExitCode {
+    // `stockgate-bench rbench ...`: the redis-benchmark-like mode (rbench.rs).
+    if std::env::args().nth(1).as_deref() == Some("rbench") {
+        raise_nofile_limit();
+        let a = rbench::RbenchArgs::parse_from(std::env::args().skip(1));
+        return match rbench::main(a) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("stockgate-bench rbench: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let args = Args::parse();
     let threads = args.client_threads.unwrap_or_else(cores).max(1);
     raise_nofile_limit();
