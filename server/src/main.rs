@@ -541,6 +541,11 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             Some((h, p))
         }
     };
+    if replicaof.is_some() || a.min_replicas_ack > 0 {
+        tracing::warn!(
+            "--replicaof / --min-replicas-ack: this replication is failed over by Redis Sentinel and can lose acknowledged reservations in a failover (a restarted or partitioned old primary, a promotion under load); a Raft group (--raft-id, docs/replication.md) cannot. Use a group for anything that must not lose a sale"
+        );
+    }
     let repl = if raft_cfg.is_some() {
         None
     } else {
