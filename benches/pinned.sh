@@ -15,8 +15,6 @@
 #   sg-t1             stockgate --fsync everysec --threads 1, RESERVE
 #   sg-t2             stockgate --fsync everysec --threads 2, RESERVE
 #   sg-ping           stockgate --fsync everysec --threads 1, PING
-#   sg-repl           sg-t1 as a primary with one replica (on the same core) and
-#                     --min-replicas-ack 1: every reply waits for the replica's log
 #   sg-t1-always      stockgate --fsync always --threads 1, RESERVE: the single node to
 #                     compare the group with (fdatasync before every acknowledgement)
 #   sg-raft           a 3-member Raft group (--raft-id 1..3, --fsync always --threads 1 on
@@ -44,8 +42,8 @@
 # acknowledgement ("fsync"), which load generator drove it (rb = redis-benchmark, lg =
 # stockgate-bench rbench), and the server CPU per request: utime+stime of the server
 # processes (all threads) from /proc/PID/stat before and after the point, divided by
-# requests, summed over every process of the target (group: the three members; redis-wait
-# and sg-repl: primary + replica), and the leader's / primary's alone as a second figure.
+# requests, summed over every process of the target (group: the three members; redis-wait:
+# primary + replica), and the leader's / primary's alone as a second figure.
 # That column is the one that survives a noisy shared machine; req/s and latency move
 # with whatever else runs on the cores. Ratios are against Redis PING of this run.
 # "taken": units the point took from the stock over its requests (below 100 %: replies
@@ -60,7 +58,7 @@
 # both builds meet the same machine load; on a shared machine that matters more than
 # anything else (figures move ±20–40 % between runs here, same-run ratios much less).
 #
-# Usage: benches/pinned.sh [TARGETS...]          (from anywhere; default: all but sg-repl)
+# Usage: benches/pinned.sh [TARGETS...]          (from anywhere; default: all)
 # Env:   STOCKGATE_BIN (default target/release/stockgate)  N=300000  POINTS="50:1 1000:1 50:16"
 #        STOCKGATE_BENCH_BIN (default: stockgate-bench next to STOCKGATE_BIN; needed by
 #        sg-raft-lg and redis-wait: cargo build --release --bin stockgate-bench)
@@ -378,7 +376,7 @@ run_target() { # name
           cmd=(EVALSHA "$sha" 3 "$tag:stock" "$tag:expiry_index" "$tag:reservation:{$SKU}tok__rand_int__"
                "$SKU" bench-user 1 630 "$expiry" "{$SKU}tok__rand_int__") ;;
       esac ;;
-    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-repl|sg-t1-always|sg-raft|sg-raft-lg)
+    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-t1-always|sg-raft|sg-raft-lg)
       local threads=1 bin=$SG_BIN fsync=everysec keys
       [[ $t == *-t2 ]] && threads=2
       [[ $t == sg-t1-always ]] && fsync=always
@@ -388,26 +386,7 @@ run_target() { # name
       fi
       FSYNC[$t]=$fsync
       keys=(--data-dir "$dir/data")
-      if [[ $t == sg-repl ]]; then
-        FSYNC[$t]="everysec, 1 replica"
-        start_sg "$dir" 1 "$bin" everysec --min-replicas-ack 1
-        local ppid=$PID pport=$PORT pspid=$SPID rport rpid
-        rport=$(free_port)
-        mkdir -p "$dir/replica"
-        taskset -c "$SERVER_CPU" timeout 3600 "$bin" --bind 127.0.0.1 --port "$rport" \
-          --data-dir "$dir/replica/data" --fsync everysec --threads 1 \
-          --secret-file "$dir/data/secret" --reservation-key-file "$dir/data/reservation.key" \
-          --replicaof "127.0.0.1:$pport" >"$dir/replica/out" 2>"$dir/replica/err" &
-        rpid=$!; PIDS+=("$rpid"); TPIDS+=("$rpid")
-        local rspid
-        rspid=$(child_of "$rpid") || { cat "$dir/replica/err" >&2; exit 1; }
-        SPIDS+=("$rspid")
-        for _ in $(seq 1 100); do
-          timeout 2 redis-cli -p "$pport" INFO replication 2>/dev/null | grep -q '^connected_slaves:1' && break
-          sleep 0.1
-        done
-        PID=$ppid PORT=$pport SPID=$pspid REPL_PORTS=("$rport")
-      elif [[ $t == sg-raft* ]]; then
+      if [[ $t == sg-raft* ]]; then
         FSYNC[$t]="raft 2 of 3, always"
         [[ $t == sg-raft-lg ]] && DRIVER=lg
         start_raft "$dir" "$bin"

@@ -12,8 +12,6 @@ cd "$(dirname "$0")/.."
 need=()
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-# The failover tests (tests/ha_sentinel.rs) run real Sentinels.
-command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v prometheus-redis-exporter >/dev/null 2>&1 || need+=(prometheus-redis-exporter)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)

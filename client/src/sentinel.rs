@@ -1,5 +1,6 @@
-//! A connection to whichever node Redis Sentinel names the primary, the way redis-py's
-//! `Sentinel(...).master_for(name)` behaves: ask the Sentinels
+//! A connection to whichever node the "sentinels" name the primary (a Raft group's
+//! members, which answer the Sentinel discovery commands, or real Redis Sentinels), the
+//! way redis-py's `Sentinel(...).master_for(name)` behaves: ask the sentinels
 //! (`SENTINEL get-master-addr-by-name`, first that answers), confirm with `ROLE` that the
 //! node is a master, and on a connection error, `-READONLY`, `-NOREPLICAS` or `-LOADING` ask again
 //! and retry, a bounded number of times with backoff.
@@ -10,7 +11,7 @@
 //! failover, and deciding which commands may be sent again, would be ours anyway.
 //!
 //! What is retried: `-READONLY`, `-NOREPLICAS` and `-LOADING` are refusals before the
-//! command ran (server `repl::Refusal`), so any command is sent again. After a connection
+//! command ran (`raft::node`'s refusals), so any command is sent again. After a connection
 //! error the command may or may not have run on the old primary; only commands whose
 //! repetition changes nothing are sent again: RESERVE (same request id → `REPLAY`),
 //! COMMIT and RELEASE (per token), EXTEND, reads, the sale commands that state their

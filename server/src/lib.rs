@@ -7,7 +7,6 @@
 //! - [`server`]: accept loop, connections, pipelining, limits.
 //! - [`metrics`]: INFO, LATENCY, SLOWLOG, the Prometheus/JSON endpoint, `stockgate top`.
 //! - [`session`]: server and connection state shared by `server` and `cmd`.
-//! - [`repl`]: replication from the log (PSYNC, acknowledgements, fencing).
 //! - [`raft`]: a replicated group: the log replicated with Raft (openraft).
 //! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
 pub mod cmd;
@@ -19,7 +18,6 @@ pub mod persist;
 pub mod protocol;
 pub mod pubsub;
 pub mod raft;
-pub mod repl;
 pub mod server;
 pub mod session;
 pub mod wal;

@@ -13,7 +13,6 @@ use stockgate_server::keyfiles;
 use stockgate_server::persist::{recover_engine_with, WalDurability};
 use stockgate_server::protocol::Limits;
 use stockgate_server::raft::{self, RaftNode, RaftNodeConfig};
-use stockgate_server::repl::{Repl, ReplConfig, ReplDurability};
 use stockgate_server::server::{serve, Role, ServerConfig, Shared, Users};
 use stockgate_server::wal::{FsyncPolicy, WalOptions};
 
@@ -29,8 +28,9 @@ use stockgate_server::wal::{FsyncPolicy, WalOptions};
                   --auto-release). Any Redis client can talk to it: \
                   redis-cli -p 7379 SALE.CREATE SKU 1000",
     args_conflicts_with_subcommands = true,
-    // A later flag wins over an earlier one: a replica re-executing itself after a full
-    // copy appends `--port <the port it had bound>` to its own command line.
+    // A later flag wins over an earlier one: a member re-executing itself (deposed, or
+    // restarting on a snapshot) appends `--port <the port it had bound>` to its own
+    // command line.
     args_override_self = true
 )]
 struct Cli {
@@ -173,32 +173,15 @@ struct ServeArgs {
     /// instead of refusing to start. Says what it drops.
     #[arg(long)]
     repair: bool,
-    /// Start as a replica of this primary (`host:port`). Only used when the data dir has
-    /// no `repl.state` yet: after that the role is what REPLICAOF (or Sentinel) last set.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Removed: Redis-style replication failed over by Sentinel can lose acknowledged
+    /// reservations. Kept only to say so; a Raft group (--raft-id) replaces it.
+    #[arg(long, value_name = "HOST:PORT", hide = true)]
     replicaof: Option<String>,
-    /// Hold every reply that reports a state until every attached replica has the record
-    /// durable, and refuse writes (-NOREPLICAS) while fewer than N replicas are attached.
-    /// 0: asynchronous replication, as Redis by default. With Sentinel, use 1 or more:
-    /// that is what keeps a failover from losing an acknowledged reservation.
-    #[arg(long, default_value_t = 0)]
-    min_replicas_ack: usize,
-    /// A replica silent this long is detached (writes waiting on it then go on with the
-    /// others, or fail); a replica that hears nothing from its primary this long reconnects.
-    #[arg(long, default_value_t = 2000)]
-    repl_timeout_ms: u64,
-    /// Reported to Sentinel as `slave_priority` (lower is preferred; 0 = never promote).
-    #[arg(long, default_value_t = 100)]
-    replica_priority: u32,
-    /// User this node authenticates as to its primary (a `replication` role suffices).
-    #[arg(long, default_value = "default")]
-    primary_user: String,
-    /// Password for `--primary-user`; without it the link does not authenticate.
-    #[arg(long, env = "STOCKGATE_PRIMARY_PASSWORD", hide_env_values = true)]
-    primary_password: Option<String>,
+    /// Removed with --replicaof (see there).
+    #[arg(long, hide = true)]
+    min_replicas_ack: Option<usize>,
     /// Run as member N of a Raft-replicated group (README, "A replicated group"): writes
     /// are acknowledged once a majority has them durable; the leader is elected.
-    /// Excludes --replicaof and --min-replicas-ack.
     #[arg(long)]
     raft_id: Option<u64>,
     /// Address this member listens on for its peers (Raft RPCs), e.g. 127.0.0.1:17379.
@@ -531,65 +514,17 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         write_timeout_ms: a.write_timeout_ms,
         ..ServerConfig::default()
     };
-    let replicaof = match &a.replicaof {
-        None => None,
-        Some(hp) => {
-            let (h, p) = hp
-                .rsplit_once(':')
-                .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
-                .ok_or_else(|| format!("--replicaof {hp}: expected HOST:PORT"))?;
-            Some((h, p))
-        }
-    };
-    if replicaof.is_some() || a.min_replicas_ack > 0 {
-        tracing::warn!(
-            "--replicaof / --min-replicas-ack: this replication is failed over by Redis Sentinel and can lose acknowledged reservations in a failover (a restarted or partitioned old primary, a promotion under load); a Raft group (--raft-id, docs/replication.md) cannot. Use a group for anything that must not lose a sale"
-        );
+    if a.replicaof.is_some() || a.min_replicas_ack.is_some() {
+        return Err("--replicaof and --min-replicas-ack were removed: replication failed over by Redis Sentinel can lose acknowledged reservations. Run a Raft group instead (--raft-id, --raft-listen, --raft-peers; README, \"A replicated group (Raft)\"): Sentinel-aware clients list the members where they listed the Sentinels".into());
     }
-    let repl = if raft_cfg.is_some() {
-        None
-    } else {
-        Some(
-            Repl::open(
-                ReplConfig {
-                    data_dir: a.data_dir.clone(),
-                    min_replicas_ack: a.min_replicas_ack,
-                    timeout: Duration::from_millis(a.repl_timeout_ms.max(100)),
-                    priority: a.replica_priority,
-                    announce_port: a.port,
-                    primary_auth: a
-                        .primary_password
-                        .clone()
-                        .map(|p| (a.primary_user.clone(), p)),
-                    restart_argv: std::env::args_os().collect(),
-                    // Test-only fault injection (see ReplConfig); unset in production.
-                    fault_send_delay_ms: std::env::var("STOCKGATE_FAULT_REPL_DELAY_MS")
-                        .ok()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0),
-                },
-                engine.clone(),
-                durability.clone(),
-                replicaof,
-            )
-            .map_err(|e| e.to_string())?,
-        )
-    };
-    let replicated: Arc<dyn stockgate_server::session::Durability> = match (&repl, &spec) {
-        (Some(repl), _) => Arc::new(ReplDurability {
-            local: durability.clone(),
-            repl: repl.clone(),
-        }),
-        (None, Some(spec)) => Arc::new(raft::node::RaftDurability {
+    let replicated: Arc<dyn stockgate_server::session::Durability> = match &spec {
+        Some(spec) => Arc::new(raft::node::RaftDurability {
             local: durability.clone(),
             spec: spec.clone(),
         }),
-        (None, None) => return Err("raft mode without its sink".into()),
+        None => durability.clone(),
     };
     let shared = Arc::new(Shared::new(config, users, replicated));
-    if let Some(repl) = &repl {
-        let _ = shared.repl.set(repl.clone());
-    }
     let feed = Arc::new(match &spec {
         Some(spec) => stockgate_server::feed::Feed::with_group_sink(
             durability.wal.clone(),
@@ -622,31 +557,21 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             }
         );
     }
-    // A replica logs only its primary's records, under the primary's LSNs: it must never
-    // log a checkpoint of its own. Its snapshot stores the groups' state beside itself.
-    // A Raft member takes no snapshots (SAVE is refused), so it needs no checkpoint.
-    if let Some(repl) = &repl {
-        let (hook_feed, hook_repl) = (feed.clone(), repl.clone());
-        durability.add_checkpoint_hook(Box::new(move |upto| {
-            if hook_repl.is_replica() {
-                hook_feed.write_state_file(upto).map(|()| 0)
-            } else {
-                Ok(hook_feed.checkpoint_groups())
-            }
-        }));
+    // A single node's snapshots delete the records that described the consumer groups:
+    // each snapshot logs a checkpoint of them first. A Raft member logs nothing of its own
+    // (its records are the leader's): its snapshots (`raft::snapshot`) store the groups'
+    // state beside themselves, and `SAVE` is refused.
+    if spec.is_none() {
+        let hook_feed = feed.clone();
+        durability.add_checkpoint_hook(Box::new(move |_upto| Ok(hook_feed.checkpoint_groups())));
     }
-    // A replica applies its primary's group records as they arrive.
+    // A member applies its leader's group records as they are committed.
     let replay_feed = feed.clone();
     durability.add_replay_hook(Box::new(move |lsn, kind, body| {
         replay_feed
             .groups
             .recover(std::iter::once((lsn, kind, body)));
     }));
-    // Under --min-replicas-ack the feed shows only what the replicas acknowledged.
-    // (A Raft member's WAL holds committed batches only: its feed needs no bound.)
-    if let Some(repl) = &repl {
-        feed.set_bound(Arc::new(AckBound(repl.clone())));
-    }
     let _ = shared.feed.set(feed);
     shared.metrics.configure(
         a.slowlog_log_slower_than,
@@ -715,12 +640,8 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             let _ = writeln!(out, "listening on {addr}");
             let _ = out.flush();
         }
-        let follower = repl.as_ref().map(|repl| {
-            repl.set_announce_port(addr.port());
-            repl.start()
-        });
-        let snapshotter = repl
-            .is_some()
+        let snapshotter = spec
+            .is_none()
             .then(|| spawn_snapshotter(engine.clone(), durability.clone(), a.snapshot_records));
         let sampler = tokio::spawn(stockgate_server::metrics::http::sample_loop(
             engine.clone(),
@@ -748,9 +669,6 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         if let Some(s) = snapshotter {
             s.abort();
         }
-        if let Some(f) = follower {
-            f.abort();
-        }
         sampler.abort();
         if let Some(h) = metrics_http {
             h.abort();
@@ -764,20 +682,6 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     }
     rt.shutdown_timeout(Duration::from_secs(2));
     result
-}
-
-/// The order feed's read bound on a replicated primary (`feed::ReadBound`): the feed and
-/// replication know nothing of each other; the binary joins them here.
-struct AckBound(Arc<stockgate_server::repl::Repl>);
-
-impl stockgate_server::feed::ReadBound for AckBound {
-    fn bound(&self) -> Option<stockgate_server::engine::Lsn> {
-        self.0.acknowledged_lsn()
-    }
-
-    fn changed(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
-        Box::pin(self.0.ack_changed())
-    }
 }
 
 /// The listening sockets of `threads` event loops on one address. One loop: a plain
@@ -877,9 +781,6 @@ fn raft_config(a: &ServeArgs) -> Result<Option<RaftNodeConfig>, String> {
     };
     if id == 0 {
         return Err("--raft-id: node ids start at 1".into());
-    }
-    if a.replicaof.is_some() || a.min_replicas_ack > 0 {
-        return Err("--raft-id replaces --replicaof and --min-replicas-ack: a Raft group elects its leader and acknowledges a write once a majority has it".into());
     }
     let listen = a
         .raft_listen

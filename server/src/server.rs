@@ -63,7 +63,7 @@ pub async fn serve(
             loop {
                 tokio::select! {
                     _ = iv.tick() => {
-                        // A replica expires and purges nothing itself: the primary decides
+                        // A follower expires and purges nothing itself: the leader decides
                         // and its log says so (EXPIRED still lists what is due).
                         if shared.repl.get().is_none_or(|r| !r.is_replica()) {
                             engine.tick();
@@ -295,7 +295,7 @@ async fn handle(
             commands += 1;
             lsn = lsn.max(o.lsn);
             if o.takeover.is_some() {
-                // PSYNC / SUBSCRIBE: the replies so far go out, then the stream
+                // SUBSCRIBE: the replies so far go out, then the stream
                 // (and whatever the client sent after the command) is handed over.
                 takeover = o.takeover.take();
                 break;

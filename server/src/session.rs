@@ -90,19 +90,15 @@ impl Durability for NoDurability {
     }
 }
 
-/// What the commands, INFO and the network layer need of replication (`crate::repl`
-/// implements it; a trait so this module does not depend on that one).
+/// What the commands, INFO and the network layer need of replication (`crate::raft`
+/// implements it; a trait so this module does not depend on that one). A single node
+/// has none (`Shared::repl` unset).
 pub trait Replication: Send + Sync {
-    /// The error a write gets before it runs (`READONLY ...`, `NOREPLICAS ...`), if any.
+    /// The error a write gets before it runs (`READONLY ...`, `LOADING ...`), if any.
     fn write_refusal(&self) -> Option<&'static str>;
-    /// The error a read of stock state gets, if any: on a primary that cannot have its
-    /// replies acknowledged (fenced, or too few replicas) it would report a state a
-    /// failover may erase. Replicas serve reads.
+    /// The error a read of stock state gets, if any (a member still catching up).
     fn read_refusal(&self) -> Option<&'static str>;
-    /// The error a read of the order feed gets, if any: only on a primary fenced by a
-    /// promoted replica (`READONLY`, so Sentinel-aware readers go and find the new
-    /// primary). A primary short of replicas serves the feed up to what they
-    /// acknowledged (`feed::ReadBound`): its readers wait instead of failing.
+    /// The error a read of the order feed gets, if any.
     fn feed_refusal(&self) -> Option<&'static str> {
         None
     }
@@ -110,10 +106,6 @@ pub trait Replication: Send + Sync {
     /// INFO's `# Replication` section.
     fn info(&self) -> String;
     fn role_reply(&self) -> Reply;
-    /// `REPLICAOF host port` / `REPLICAOF NO ONE` (`None`).
-    fn replicaof(&self, target: Option<(String, u16)>) -> Result<&'static str, String>;
-    /// `CONFIG REWRITE`: persist the role.
-    fn persist(&self) -> Result<(), String>;
     /// `WAIT`: replicas that have `lsn` once `n` do or `timeout` passed.
     fn wait_count(
         &self,
@@ -135,33 +127,17 @@ pub trait Replication: Send + Sync {
             "ERR this server is not a member of a Raft group (--raft-id)",
         ))
     }
-    /// `PSYNC`: the connection becomes a replication link.
-    fn serve_replica(
-        self: Arc<Self>,
-        stream: tokio::net::TcpStream,
-        inbuf: bytes::BytesMut,
-        req: SyncRequest,
-    ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
-}
-
-/// What a replica asked for with `PSYNC`.
-pub struct SyncRequest {
-    pub replid: String,
-    /// Its last LSN (-1: it has nothing, as Redis's `PSYNC ? -1`).
-    pub offset: i64,
-    /// The address it serves clients on (INFO's `slaveN:ip=..,port=..`).
-    pub ip: String,
-    pub port: u16,
 }
 
 /// Role bits, as the command table (`cmd::table`) stores who may run a command.
 pub const CHECKOUT: u8 = 1;
 pub const SWEEPER: u8 = 2;
 pub const ADMIN: u8 = 4;
-/// A replica syncing from this node (PSYNC, REPLCONF).
+/// Monitoring of replication (INFO, ROLE); users files from the Redis-style replication
+/// that name it still load.
 pub const REPLICATION: u8 = 8;
-/// Redis Sentinel: what it sends to monitor and fail over (INFO, ROLE, REPLICAOF,
-/// CONFIG REWRITE, CLIENT KILL, PUBLISH/SUBSCRIBE, MULTI/EXEC).
+/// What Redis Sentinel and Sentinel-aware tools send (INFO, ROLE, SENTINEL, CONFIG
+/// REWRITE, CLIENT KILL, PUBLISH/SUBSCRIBE, MULTI/EXEC).
 pub const SENTINEL: u8 = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

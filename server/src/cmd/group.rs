@@ -361,7 +361,7 @@ impl XReadGroup {
         let deadline = feed.block_deadline(block_ms);
         let noack = self.noack;
         // The reply's records must be acknowledged as any reply's are: by the server's
-        // durability (the local log, and replicas under `--min-replicas-ack`).
+        // durability (the local log, or a majority of a Raft group).
         let durability = ctx.shared.durability.clone();
         let settle = move |lsn: Lsn| {
             let d = durability.clone();

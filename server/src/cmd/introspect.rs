@@ -149,13 +149,9 @@ pub fn config(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
         return Reply::ok().into();
     }
     if sub == "REWRITE" && args.len() == 1 {
-        // Sentinel sends it after REPLICAOF so a restarted node keeps its new role. The
-        // role lives in `<data-dir>/repl.state` (written at every change); the rest of the
-        // configuration comes from the command line and has nothing to rewrite.
-        return match ctx.shared.repl.get().map(|r| r.persist()) {
-            Some(Err(e)) => Reply::err(format!("ERR Rewriting config file: {e}")).into(),
-            _ => Reply::ok().into(),
-        };
+        // Tools written for Redis send it after a change; the configuration comes from
+        // the command line and has nothing to rewrite.
+        return Reply::ok().into();
     }
     if sub != "GET" || args.len() < 2 {
         return Reply::err(

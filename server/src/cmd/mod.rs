@@ -37,7 +37,7 @@ pub struct Outcome {
     /// cannot wait (inside EXEC), `reply` is the non-blocking answer, as Redis gives.
     pub wait: Option<Deferred>,
     /// The connection stops being a command connection once this reply is sent: the
-    /// stream goes to this function (`PSYNC`: a replication link, `SUBSCRIBE`: a
+    /// stream goes to this function (`SUBSCRIBE`: a
     /// subscriber). If it hands the stream back, the connection takes commands again.
     pub takeover: Option<Takeover>,
 }
@@ -111,10 +111,9 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         return multi::queue(ctx, spec, argv);
     }
     if let Some(repl) = ctx.shared.repl.get() {
-        // Replicas take no writes, nor does a primary fenced by a promoted replica or one
-        // with fewer replicas than `--min-replicas-ack`: refused before anything changes.
-        // Such a primary does not report stock state either (its reply could not be
-        // acknowledged by the replicas).
+        // Only the group's writable leader takes writes: refused before anything changes
+        // (`-READONLY` on a follower or a leader without a majority, `-LOADING` while it
+        // catches up). What each role may read: `raft::node`.
         let refusal = if spec.flags.contains(&"write") {
             repl.write_refusal()
         } else if spec.group == "stockgate" {
@@ -179,11 +178,11 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "xpending" => Ok(group::xpending(ctx, rest)),
         "xclaim" => Ok(group::xclaim(ctx, rest)),
         "xautoclaim" => Ok(group::xautoclaim(ctx, rest)),
-        "replicaof" | "slaveof" => replication::ReplicaOf::parse(rest).map(|c| c.apply(ctx)),
+        "replicaof" | "slaveof" | "replconf" | "psync" | "sync" => {
+            Ok(replication::not_served(spec.name))
+        }
         "role" => Ok(replication::role(ctx)),
         "wait" => replication::Wait::parse(rest).map(|c| c.apply(ctx)),
-        "replconf" => Ok(replication::replconf(ctx, rest)),
-        "psync" | "sync" => Ok(replication::psync(ctx, rest)),
         "publish" => Ok(replication::publish(ctx, rest)),
         "subscribe" => Ok(replication::subscribe(ctx, rest)),
         "unsubscribe" => Ok(replication::unsubscribe(rest)),

@@ -34,7 +34,7 @@ pub fn runs_at_once(spec: &Spec) -> bool {
 /// Commands refused inside a transaction. `HELLO` would switch the protocol the `EXEC`
 /// reply is encoded in halfway through it.
 fn not_in_multi(spec: &Spec) -> bool {
-    // PSYNC and SUBSCRIBE turn the connection into something else, which EXEC cannot.
+    // SUBSCRIBE turns the connection into something else, which EXEC cannot.
     matches!(spec.name, "hello" | "psync" | "sync" | "subscribe")
 }
 

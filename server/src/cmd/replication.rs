@@ -1,5 +1,7 @@
-//! Replication and Sentinel commands: REPLICAOF/SLAVEOF, ROLE, WAIT, REPLCONF,
-//! PSYNC/SYNC (the link itself is `crate::repl`), PUBLISH/SUBSCRIBE (`crate::pubsub`).
+//! Replication and Sentinel commands: ROLE, WAIT, SENTINEL and RAFT.* (answered by a
+//! Raft group member, `crate::raft`), PUBLISH/SUBSCRIBE (`crate::pubsub`), and the
+//! Redis replication commands a stockgate node refuses in plain words (REPLICAOF/SLAVEOF,
+//! REPLCONF, PSYNC/SYNC): its replicas are group members.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,11 +10,11 @@ use bytes::Bytes;
 
 use super::{Ctx, Outcome};
 use crate::protocol::Reply;
-use crate::session::{Replication, SyncRequest};
+use crate::session::Replication;
 
 fn repl(ctx: &Ctx<'_>) -> Result<Arc<dyn Replication>, Reply> {
     ctx.shared.repl.get().cloned().ok_or_else(|| {
-        Reply::err("ERR replication needs the write-ahead log (this server runs without one)")
+        Reply::err("ERR this server is not a member of a Raft group (start it with --raft-id; README, \"A replicated group\")")
     })
 }
 
@@ -20,48 +22,14 @@ fn text(b: &[u8]) -> Option<&str> {
     std::str::from_utf8(b).ok()
 }
 
-/// `REPLICAOF host port` | `REPLICAOF NO ONE` (and `SLAVEOF`, what Sentinel sends).
-pub struct ReplicaOf(Option<(String, u16)>);
-
-impl ReplicaOf {
-    pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
-        let (host, port) = (text(args[0]).unwrap_or(""), text(args[1]).unwrap_or(""));
-        if host.eq_ignore_ascii_case("no") && port.eq_ignore_ascii_case("one") {
-            return Ok(ReplicaOf(None));
-        }
-        let valid_host = !host.is_empty()
-            && host.len() <= 255
-            && host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-.:_[]".contains(&b));
-        if !valid_host {
-            return Err(Reply::err("ERR Invalid master host"));
-        }
-        match port.parse::<u16>() {
-            Ok(p) if p > 0 => Ok(ReplicaOf(Some((host.to_owned(), p)))),
-            _ => Err(Reply::err("ERR Invalid master port")),
-        }
-    }
-
-    pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
-        let r = match repl(ctx) {
-            Ok(r) => r,
-            Err(e) => return e.into(),
-        };
-        if let Some((h, p)) = &self.0 {
-            let me = ctx
-                .shared
-                .local_port
-                .load(std::sync::atomic::Ordering::Relaxed);
-            if *p == me && (h == "127.0.0.1" || h == "localhost" || *h == ctx.shared.config.bind) {
-                return Reply::err("ERR can't replicate from myself").into();
-            }
-        }
-        match r.replicaof(self.0) {
-            Ok(msg) => Reply::Simple(msg).into(),
-            Err(e) => Reply::err(format!("ERR {e}")).into(),
-        }
-    }
+/// `REPLICAOF`/`SLAVEOF`, `REPLCONF`, `PSYNC`/`SYNC`: Redis's replication, which
+/// stockgate does not speak (a failover by Sentinel can lose acknowledged writes).
+pub fn not_served(name: &str) -> Outcome {
+    Reply::err(format!(
+        "ERR {} is not supported: stockgate replicates through a Raft group (--raft-id); change a group with RAFT.ADD, RAFT.REMOVE and SENTINEL FAILOVER",
+        name.to_ascii_uppercase()
+    ))
+    .into()
 }
 
 pub fn role(ctx: &mut Ctx<'_>) -> Outcome {
@@ -120,66 +88,6 @@ impl Wait {
         // Inside EXEC (no waiting there): 0.
         Outcome::deferred(Reply::Int(0), wait)
     }
-}
-
-/// `REPLCONF ...`: the replica's settings before `PSYNC`. Acknowledgements travel on the
-/// replication link itself (see `repl::primary`), never through here.
-pub fn replconf(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
-    if !args.len().is_multiple_of(2) {
-        return Reply::syntax().into();
-    }
-    for pair in args.chunks(2) {
-        let key = String::from_utf8_lossy(pair[0]).to_ascii_lowercase();
-        match key.as_str() {
-            "listening-port" => match text(pair[1]).and_then(|s| s.parse::<u16>().ok()) {
-                Some(p) => ctx.conn.repl_port = Some(p),
-                None => return Reply::err("ERR invalid listening-port").into(),
-            },
-            "ack" | "getack" => return Outcome::from(Reply::ok()),
-            _ => {}
-        }
-    }
-    Reply::ok().into()
-}
-
-/// `PSYNC replid offset` / `SYNC`: the connection becomes a replication link.
-pub fn psync(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
-    let r = match repl(ctx) {
-        Ok(r) => r,
-        Err(e) => return e.into(),
-    };
-    let (replid, offset) = match args {
-        [id, off] => {
-            let Some(off) = text(off).and_then(|s| s.parse::<i64>().ok()) else {
-                return Reply::not_integer().into();
-            };
-            (String::from_utf8_lossy(id).into_owned(), off)
-        }
-        _ => ("?".to_owned(), -1),
-    };
-    let ip = ctx
-        .conn
-        .addr
-        .rsplit_once(':')
-        .map_or(ctx.conn.addr.as_str(), |(h, _)| h)
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let req = SyncRequest {
-        replid,
-        offset,
-        ip,
-        port: ctx.conn.repl_port.unwrap_or(0),
-    };
-    let clients = ctx.shared.clients.clone();
-    let id = ctx.conn.id;
-    Outcome::takeover(Box::new(move |stream, inbuf| {
-        Box::pin(async move {
-            clients.set_kind(id, crate::pubsub::KIND_REPLICA);
-            r.serve_replica(stream, inbuf, req).await;
-            None
-        })
-    }))
 }
 
 pub fn publish(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {

@@ -370,7 +370,7 @@ pub static COMMANDS: &[Spec] = &[
         "stream",
         "Move idle pending entries to another consumer, cursor-style",
     ),
-    // Replication and Sentinel (cmd/replication.rs, crate::repl, crate::pubsub).
+    // Replication and Sentinel (cmd/replication.rs, crate::raft, crate::pubsub).
     spec(
         "replicaof",
         3,
@@ -452,7 +452,7 @@ pub static COMMANDS: &[Spec] = &[
         0,
         ADMIN | REPLICATION,
         "server",
-        "Replica settings before PSYNC",
+        "Refused: stockgate replicates through a Raft group",
     ),
     spec(
         "psync",
@@ -461,7 +461,7 @@ pub static COMMANDS: &[Spec] = &[
         0,
         ADMIN | REPLICATION,
         "server",
-        "Start a replication link",
+        "Refused: stockgate replicates through a Raft group",
     ),
     spec(
         "sync",
@@ -470,7 +470,7 @@ pub static COMMANDS: &[Spec] = &[
         0,
         ADMIN | REPLICATION,
         "server",
-        "Start a replication link with a full copy",
+        "Refused: stockgate replicates through a Raft group",
     ),
     spec(
         "publish",

@@ -7,11 +7,10 @@
 //!
 //! Only acknowledged records are readable: every read stops at [`Feed::readable_lsn`],
 //! the durable LSN of the WAL (what the server acknowledges under the fsync policy:
-//! written under `everysec`/`no`, written and fdatasync'd under `always`) and, on a
-//! primary with `--min-replicas-ack`, also what its replicas have acknowledged (a
-//! [`ReadBound`], implemented by `repl`). A reply the server has not sent yet can
-//! therefore never be seen on the feed first, and nothing a failover can lose is: a
-//! consumer's position never runs ahead of the log of the replica that takes over.
+//! written under `everysec`/`no`, written and fdatasync'd under `always`). A reply the
+//! server has not sent yet can therefore never be seen on the feed first. A Raft group
+//! member's WAL holds committed records only, so nothing a failover can lose is either: a
+//! consumer's position never runs ahead of the log of the member that takes over.
 //!
 //! Reads are bounded: at most [`FeedLimits::max_count`] entries per stream and
 //! [`FeedLimits::scan_budget`] records examined per call (a sale's stream is the
@@ -23,10 +22,9 @@ pub mod id;
 pub mod retention;
 
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use thiserror::Error;
@@ -249,21 +247,8 @@ pub struct Feed {
     pub groups: groups::Groups,
     hints: Mutex<VecDeque<ReadPos>>,
     blocked: AtomicUsize,
-    bound: OnceLock<Arc<dyn ReadBound>>,
     pub limits: FeedLimits,
 }
-
-/// A bound on reads besides durability (see the module docs). `bound` is the highest
-/// readable LSN (`None`: durability alone decides); `changed` resolves when it may have
-/// moved (it need not be registered before `bound` was read: waiters re-check on a
-/// short timer too).
-pub trait ReadBound: Send + Sync {
-    fn bound(&self) -> Option<Lsn>;
-    fn changed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
-}
-
-/// How often a reader waiting for acknowledgements re-checks the bound without a wake-up.
-const BOUND_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Held while a client is blocked on the feed; counts towards `max_blocked`.
 pub struct BlockSlot(Arc<Feed>);
@@ -292,14 +277,8 @@ impl Feed {
             wal,
             hints: Mutex::new(VecDeque::with_capacity(HINTS)),
             blocked: AtomicUsize::new(0),
-            bound: OnceLock::new(),
             limits,
         }
-    }
-
-    /// Sets the bound of [`ReadBound`] (once, at start-up: the replication state).
-    pub fn set_bound(&self, bound: Arc<dyn ReadBound>) {
-        let _ = self.bound.set(bound);
     }
 
     /// The WAL's durable LSN (INFO shows it beside the readable one).
@@ -307,14 +286,9 @@ impl Feed {
         self.wal.durable_lsn()
     }
 
-    /// The last readable LSN: everything up to it is durable and, on a primary that
-    /// waits for replicas, acknowledged by them.
+    /// The last readable LSN: everything up to it is durable.
     pub fn readable_lsn(&self) -> Lsn {
-        let durable = self.wal.durable_lsn();
-        match self.bound.get().and_then(|b| b.bound()) {
-            Some(b) => durable.min(b),
-            None => durable,
-        }
+        self.wal.durable_lsn()
     }
 
     /// The last LSN handed out (durable or not): what a reply that reports group state
@@ -373,20 +347,9 @@ impl Feed {
     /// Resolves when records after `after` are readable (or the log stopped). Callers
     /// bound it with their BLOCK timeout.
     pub async fn wait_past(&self, after: Lsn) {
-        loop {
-            if self.wal.durable_lsn() <= after {
-                self.wal.wait_durable_past(after).await;
-                if self.wal.durable_lsn() <= after {
-                    // Failed or closed: there will be no new records.
-                    return;
-                }
-            }
-            let Some(b) = self.bound.get() else { return };
-            if b.bound().is_none_or(|l| l > after) {
-                return;
-            }
-            // Durable here, not yet on the replicas: wait for an acknowledgement.
-            let _ = tokio::time::timeout(BOUND_RECHECK, b.changed()).await;
+        if self.wal.durable_lsn() <= after {
+            // Returns when the log stopped as well: there will be no new records.
+            self.wal.wait_durable_past(after).await;
         }
     }
 

@@ -293,7 +293,7 @@ fn feed(o: &mut String, sh: &Shared) {
         o.push_str("feed_enabled:0\r\n");
         return;
     };
-    // Readable: durable and, with --min-replicas-ack, on the replicas (feed::ReadBound).
+    // Readable: durable (a member's WAL holds committed records only).
     let (first, readable) = (f.first_lsn(), f.readable_lsn());
     let groups = f.groups.summaries(readable, first);
     let _ = write!(

@@ -23,7 +23,7 @@ use super::{network, NodeId, NodeInfo, Raft};
 use crate::engine::{Engine, Lsn};
 use crate::persist::WalDurability;
 use crate::protocol::Reply;
-use crate::session::{Durability, Replication, SyncRequest};
+use crate::session::{Durability, Replication};
 
 /// Flags of a group member (`--raft-*`).
 #[derive(Clone, Debug)]
@@ -838,14 +838,6 @@ impl Replication for RaftNode {
         }
     }
 
-    fn replicaof(&self, _target: Option<(String, u16)>) -> Result<&'static str, String> {
-        Err("ERR this node is a member of a Raft group: its leader is elected, not assigned (see RAFT.MEMBERS, RAFT.ADD, RAFT.REMOVE)".into())
-    }
-
-    fn persist(&self) -> Result<(), String> {
-        Ok(())
-    }
-
     fn wait_count(
         &self,
         lsn: Lsn,
@@ -860,15 +852,6 @@ impl Replication for RaftNode {
                 _ => 0,
             }
         })
-    }
-
-    fn serve_replica(
-        self: Arc<Self>,
-        _stream: tokio::net::TcpStream,
-        _inbuf: bytes::BytesMut,
-        _req: SyncRequest,
-    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(async {})
     }
 
     fn sentinel(&self, args: &[&[u8]]) -> Reply {
