@@ -233,13 +233,8 @@ struct ServeArgs {
     /// Entries kept in the slow log.
     #[arg(long, default_value_t = 128)]
     slowlog_max_len: usize,
-    /// Log format on stderr: text (colour only on a terminal) or json.
-    #[arg(long, value_enum, default_value = "text")]
-    log_format: stockgate_server::metrics::logging::LogFormat,
-    /// Log filter, e.g. `info` or `stockgate_server=debug` (default: $STOCKGATE_LOG,
-    /// then $RUST_LOG, then info).
-    #[arg(long)]
-    log_level: Option<String>,
+    #[command(flatten)]
+    log: stockgate_server::metrics::logging::LogArgs,
 }
 
 #[derive(Args)]
@@ -355,7 +350,7 @@ fn is_loopback(bind: &str) -> bool {
 }
 
 fn run(a: ServeArgs) -> ExitCode {
-    stockgate_server::metrics::logging::init(a.log_format, a.log_level.as_deref(), "STOCKGATE_LOG");
+    a.log.init();
     match run_inner(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -90,14 +90,15 @@ struct Cli {
     /// Exit once the feed has nothing new (after one empty BLOCK).
     #[arg(long)]
     drain: bool,
+    #[command(flatten)]
+    log: stockgate_server::metrics::logging::LogArgs,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // Plain text without colour codes unless stderr is a terminal; the sweeper's filter.
-    use stockgate_server::metrics::logging::{init, LogFormat};
-    init(LogFormat::Text, None, "STOCKGATE_LOG");
+    // The same log flags and rules as the server (`metrics::logging`).
     let cli = Cli::parse();
+    cli.log.init();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ MaterializeError::Trimmed(_)) => {

@@ -82,6 +82,8 @@ struct Cli {
     cmd: Option<Cmd>,
     #[command(flatten)]
     run: RunArgs,
+    #[command(flatten)]
+    log: stockgate_server::metrics::logging::LogArgs,
 }
 
 #[derive(Subcommand)]
@@ -359,10 +361,9 @@ async fn wait_for_signal() {
 }
 
 fn main() -> ExitCode {
-    // Plain text without colour codes unless stderr is a terminal.
-    use stockgate_server::metrics::logging::{init, LogFormat};
-    init(LogFormat::Text, None, "STOCKGATE_LOG");
+    // The same log flags and rules as the server (`metrics::logging`).
     let cli = Cli::parse();
+    cli.log.init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -13,6 +13,27 @@ pub enum LogFormat {
     Json,
 }
 
+/// `--log-format` and `--log-level`: the same on every binary (the server, the sweeper,
+/// the materializer), flattened into each one's command line.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct LogArgs {
+    /// Log format on stderr: text (colour only on a terminal) or json (one object per
+    /// line, for log shippers).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    pub log_format: LogFormat,
+    /// Log filter, e.g. `info`, `warn` or `stockgate_server=debug` (default:
+    /// $STOCKGATE_LOG, then $RUST_LOG, then info).
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+}
+
+impl LogArgs {
+    /// Installs the global subscriber these flags describe.
+    pub fn init(&self) {
+        init(self.log_format, self.log_level.as_deref(), "STOCKGATE_LOG");
+    }
+}
+
 /// The filter when neither `--log-level` nor the environment sets one. Postgres NOTICEs
 /// are routine (`relation "_sqlx_migrations" already exists, skipping` on every start of
 /// a ledger tool) but sqlx logs them at INFO: shown from WARN up only.
