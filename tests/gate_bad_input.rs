@@ -98,3 +98,39 @@ fn sigterm_exits_cleanly() {
     ping(&srv.addr.clone());
     assert_eq!(srv.terminate(), Some(0));
 }
+
+/// Redis-style replication is not spoken: each of its commands is refused in plain
+/// words naming what replaces it, and `--replicaof` refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_replication_is_refused_in_plain_words() {
+    let srv = Server::start(&[]);
+    let mut c = srv.conn().await;
+    for args in [
+        &["REPLICAOF", "127.0.0.1", "7000"][..],
+        &["SLAVEOF", "NO", "ONE"],
+        &["PSYNC", "?", "-1"],
+        &["SYNC"],
+        &["REPLCONF", "listening-port", "7000"],
+    ] {
+        let e = cmd(&mut c, args).await.expect_err("refused");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("is not supported") && msg.contains("Raft group"),
+            "{args:?}: {msg}"
+        );
+    }
+    let dir = TempDir::new("replicaof");
+    let out = std::process::Command::new(server_bin())
+        .args(["--port", "0", "--data-dir"])
+        .arg(dir.path())
+        .args(["--replicaof", "127.0.0.1:7000"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--replicaof and --min-replicas-ack were removed")
+            && err.contains("--raft-id"),
+        "{err}"
+    );
+}
