@@ -34,6 +34,8 @@ enum Rpc {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// Stand for election now (`SENTINEL FAILOVER` on the leader).
+    Elect,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -41,6 +43,8 @@ enum RpcReply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    /// Whether the election was started.
+    Elect(bool),
 }
 
 /// Creates a [`Peer`] per member openraft talks to. `routes` overrides where a peer is
@@ -192,6 +196,16 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// Asks `target` to stand for election at once (a switchover).
+pub async fn ask_to_elect(mut net: Network, target: NodeId, node: &NodeInfo) -> io::Result<()> {
+    let mut peer = net.new_client(target, node).await;
+    match peer.call(&Rpc::Elect, Duration::from_secs(2)).await? {
+        RpcReply::Elect(true) => Ok(()),
+        RpcReply::Elect(false) => Err(io::Error::other("it cannot stand for election now")),
+        _ => Err(io::Error::other("mismatched reply")),
+    }
+}
+
 /// Serves the peers' RPCs. `no_votes`: while set, vote requests are not answered (a node
 /// rejoining with an empty log must not vote before it has caught up: it may have
 /// voted in these terms before it lost its log).
@@ -228,6 +242,10 @@ async fn serve_peer(mut s: TcpStream, raft: Raft, no_votes: Arc<AtomicBool>) -> 
                 RpcReply::Vote(raft.vote(r).await)
             }
             Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+            // A member rejoining empty may not stand before it has caught up.
+            Rpc::Elect => RpcReply::Elect(
+                !no_votes.load(Ordering::Acquire) && raft.trigger().elect().await.is_ok(),
+            ),
         };
         let out = bincode::serialize(&reply).map_err(io::Error::other)?;
         write_frame(&mut s, &out).await?;
