@@ -502,3 +502,164 @@ fn raft_redis_py_sentinel_follows_a_leader_kill() {
     ));
     client_follows_a_leader_kill("redis-py", cmd, "RC-PY");
 }
+
+// --- a storm of redis-py checkout clients through kills and a switchover ----------------
+
+/// `tests/ha_sentinel.rs` on the group: twelve redis-py checkout clients
+/// (`tests/py/ha_storm.py`: RESERVE, then mostly RELEASE, sometimes COMMIT) through the
+/// members as their sentinels; the leader is `kill -9`ed five times (and restarted), then
+/// moved by `SENTINEL FAILOVER` with the clients writing to it. Every reservation whose
+/// reply reached a client is on the final leader in (at least) its last acknowledged
+/// state, no token twice, the counters add up, every member holds the same state.
+#[test]
+fn raft_redis_py_storm_through_five_leader_kills_and_a_switchover() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const SKU: &str = "FLASH";
+    const STORM_TOTAL: i64 = 5000;
+    const KILLS: usize = 5;
+    let mut g = Group::start(false);
+    let first = g.leader(None, Duration::from_secs(10));
+    create_sale(g.port(first), SKU, STORM_TOTAL as u64);
+    let out = g.keys.dir.path().join("storm.json");
+    let ports = member_ports(&g)
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py");
+    let mut storm = KillOnDrop(
+        Command::new("python3")
+            .arg(py.join("ha_storm.py"))
+            .arg("0")
+            .arg(g.keys.dir.path())
+            .arg(&ports)
+            .arg("stockgate")
+            .arg(SKU)
+            .arg("600")
+            .arg("12")
+            .arg(&out)
+            .env("PYTHONPATH", &py)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("python3 tests/py/ha_storm.py"),
+    );
+    let mut probes = Vec::new();
+    let mut failover_ms = Vec::new();
+    for round in 0..=KILLS {
+        let live = round == KILLS;
+        std::thread::sleep(Duration::from_millis(2000));
+        let old = g.leader(None, Duration::from_secs(15));
+        let t = Instant::now();
+        if live {
+            let r: String = redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg("stockgate")
+                .query(&mut conn(g.port(old)))
+                .expect("SENTINEL FAILOVER");
+            assert_eq!(r, "OK");
+        } else {
+            g.member(old).kill9();
+        }
+        // The fault to the first RESERVE acknowledged by another member.
+        let probe = loop {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "round {round}: no new leader took a reservation"
+            );
+            let n = g.leader(Some(old), Duration::from_secs(30));
+            let user = format!("probe{round}");
+            if let Ok(tok) = reserve(g.port(n), &g, SKU, &user, &user) {
+                break tok;
+            }
+        };
+        failover_ms.push(t.elapsed().as_millis());
+        probes.push(probe);
+        if !live {
+            g.member(old).spawn();
+        }
+    }
+    std::fs::write(out.with_extension("json.stop"), b"").expect("stop file");
+    let t = Instant::now();
+    let status = loop {
+        if let Ok(Some(st)) = storm.0.try_wait() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the storm did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "storm failed: {status}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("storm output")).expect("json");
+    g.converge(Duration::from_secs(30));
+    let l = g.leader(None, Duration::from_secs(10));
+    let (total, avail, reserved, committed) = sale_info(g.port(l), SKU);
+    assert_eq!(total, STORM_TOTAL);
+    assert_eq!(avail + reserved + committed, total, "counters add up");
+    let mut acked: Vec<(String, String, String)> = report["acked"]
+        .as_array()
+        .expect("acked")
+        .iter()
+        .map(|e| {
+            let s = |i: usize| e[i].as_str().unwrap_or_default().to_owned();
+            (s(0), s(1), s(2))
+        })
+        .collect();
+    acked.extend(
+        probes
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("probe{i}"), t, "RESERVED".to_owned())),
+    );
+    assert!(acked.len() > 100, "the storm hardly ran: {}", acked.len());
+    let tokens: Vec<String> = acked.iter().map(|a| a.1.clone()).collect();
+    assert_eq!(
+        tokens.iter().collect::<HashSet<_>>().len(),
+        tokens.len(),
+        "a token was handed out twice"
+    );
+    let now = states(g.port(l), &tokens);
+    let mut lost = Vec::new();
+    for ((req, tok, state), now) in acked.iter().zip(&now) {
+        assert!(!state.starts_with("ERR"), "{req}: {state}");
+        let ok = match (state.as_str(), now.as_deref()) {
+            ("RESERVED", Some("RESERVED" | "COMMITTED" | "RELEASED")) => true,
+            (s, Some(n)) => s == n,
+            (_, None) => false,
+        };
+        if !ok {
+            lost.push(format!("{req} {tok}: acknowledged {state}, now {now:?}"));
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged states lost, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    let held = now
+        .iter()
+        .filter(|s| matches!(s.as_deref(), Some("RESERVED" | "COMMITTED")))
+        .count() as i64;
+    assert!(
+        held <= reserved + committed,
+        "held units within the counters"
+    );
+    // Every member holds the same state.
+    let sample: Vec<String> = tokens.iter().step_by(7).cloned().collect();
+    let want = (states(g.port(l), &sample), sale_info(g.port(l), SKU));
+    for id in [1, 2, 3] {
+        assert_eq!(
+            (states(g.port(id), &sample), sale_info(g.port(id), SKU)),
+            want,
+            "node {id} diverged"
+        );
+    }
+    println!(
+        "redis-py storm through the members: {} reservations acknowledged, {} retries, {held}/{total} units held; fault -> first RESERVE on the new leader: {failover_ms:?} ms (5 kills, then SENTINEL FAILOVER)",
+        acked.len(),
+        report["retries"]
+    );
+}
