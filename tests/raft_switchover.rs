@@ -287,6 +287,14 @@ fn raft_switchover_under_load_45_times_loses_no_acknowledged_reservation() {
             "node {id} agrees with the leader"
         );
     }
+    // The leader's handover waits until its target holds its whole log, so the vote is
+    // granted: it moves at the first ask (seen 102 of 102 in three runs).
+    assert!(
+        first_try[0] * 10 >= (TRIALS - via_follower) * 9,
+        "asked of the leader {} times, moved at once only {}",
+        TRIALS - via_follower,
+        first_try[0]
+    );
     moves.sort_unstable();
     println!(
         "{TRIALS} switchovers in {} s under 4 writers: asked of the leader {}, moved at once {}; asked of a follower {via_follower}, moved at once {}; {resent} asks repeated; {} reservations, {} failed calls retried; FAILOVER -> new leader seen: median {} ms, max {} ms",
@@ -481,12 +489,25 @@ fn raft_a_leader_demoted_with_a_write_in_flight_never_answers_it_as_success() {
         }
         expected_reserved += 1;
         g.converge(Duration::from_secs(20));
+        let retry_token = retry.map(|(_, t)| t).unwrap_or_default();
         for id in [1, 2, 3] {
-            let (total, avail, reserved, committed) = sale_info(g.port(id), "DEMOTE");
+            // A follower answers from its applied state, which can trail what its feed
+            // already shows by a moment: polled, bounded.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let counts = loop {
+                let (total, avail, reserved, committed) = sale_info(g.port(id), "DEMOTE");
+                let c = (reserved, avail + reserved + committed, total);
+                if (c.0, c.1) == (expected_reserved, total) || Instant::now() > deadline {
+                    break c;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
             assert_eq!(
-                (reserved, avail + reserved + committed),
-                (expected_reserved, total),
-                "trial {trial}, node {id}: {outcomes:?}"
+                (counts.0, counts.1),
+                (expected_reserved, counts.2),
+                "trial {trial}, node {id} (old leader {old}, new {new}, now {new_leader}; the retry's token {retry_token:?} is {:?} there, on the leader {:?}): {outcomes:?}",
+                state_of(g.port(id), &retry_token),
+                state_of(g.port(new_leader), &retry_token),
             );
             for t in [&before, &after] {
                 assert_eq!(state_of(g.port(id), t).as_deref(), Some("RESERVED"));

@@ -791,7 +791,10 @@ impl Handover {
         while self.now_ms() < deadline && self.leading() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        self.until.store(0, Ordering::Release);
+        // Unless a later FAILOVER opened a window of its own.
+        let _ = self
+            .until
+            .compare_exchange(deadline, 0, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 
