@@ -314,7 +314,18 @@ fn raft_switchover_under_load_45_times_loses_no_acknowledged_reservation() {
 #[test]
 fn raft_switchover_refused_when_no_member_can_take_over() {
     let mut g = Group::start(false);
-    let l = g.leader(None, Duration::from_secs(10));
+    // A group just formed may hold a second election: the leader must be the same one
+    // over a longest election timeout and more, and have taken a write.
+    let mut l = g.leader(None, Duration::from_secs(10));
+    loop {
+        create_sale(g.port(l), &format!("SETTLE{l}"), 1);
+        std::thread::sleep(Duration::from_millis(700));
+        let now = g.leader(None, Duration::from_secs(10));
+        if now == l {
+            break;
+        }
+        l = now;
+    }
     let e = failover_named(g.port(l), "other").expect_err("unknown name");
     assert!(e.contains("No such master"), "{e}");
     for f in [1, 2, 3].into_iter().filter(|i| *i != l) {
@@ -322,6 +333,11 @@ fn raft_switchover_refused_when_no_member_can_take_over() {
     }
     // Past the shortest election timeout without a majority's answer.
     std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        info_field(g.port(l), "raft_state").as_deref(),
+        Some("leader"),
+        "the survivor still leads"
+    );
     let e = failover(g.port(l)).expect_err("nobody to take over");
     assert!(e.contains("NOGOODSLAVE"), "{e}");
 }
