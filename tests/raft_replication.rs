@@ -151,3 +151,36 @@ fn raft_a_leader_whose_followers_are_stopped_acknowledges_nothing() {
         "followers stopped for 5 s: {i} RESERVE attempts on the leader, 0 acknowledged; {reserved} unit(s) held after the heal"
     );
 }
+
+/// Forming a group (`--raft-peers`, every member initializing the same membership as it
+/// starts) must never take a member down. Seen once in fifteen runs of
+/// `raft_switchover`'s demotion test (a proxied group, `Group::start(true)`): one member
+/// of the forming group died in openraft 0.9.25's
+/// `debug_assert!(self.leader.is_none())` in `Engine::following_handler`
+/// (engine_impl.rs:810), reached from `Engine::append_entries` <- `handle_append_entries`:
+/// a member still holding leader state accepted an append-entries as a follower. In a
+/// release build the assertion is compiled out and the member would go on as follower
+/// with leader state left behind. The member died about 200 ms after the first member
+/// of the group started, as the second one came up (before all three answered PING),
+/// so the harness reported "did not answer PING". This loop of 40 formations did not
+/// reproduce it on an idle machine; the one sighting was with other builds sharing the
+/// two cores. Ignored until the cause is found; run with
+/// `cargo test --test raft_replication -- --ignored forming`.
+#[test]
+#[ignore = "a member of a forming group can panic in openraft's Engine::following_handler debug assertion (1 in ~15 formations seen)"]
+fn raft_forming_a_group_never_takes_a_member_down() {
+    for round in 0..40 {
+        let mut g = Group::start(round % 2 == 0);
+        let l = g.leader(None, Duration::from_secs(10));
+        create_sale(g.port(l), "FORM", 1);
+        std::thread::sleep(Duration::from_millis(700));
+        for m in &mut g.members {
+            let exited = m.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            assert!(
+                exited.is_none(),
+                "round {round}: member {} exited while the group formed: {exited:?}",
+                m.id
+            );
+        }
+    }
+}
