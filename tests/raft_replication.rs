@@ -168,10 +168,10 @@ fn raft_a_leader_whose_followers_are_stopped_acknowledges_nothing() {
 /// Here the loop is made on purpose: node 1 reaches "node 2" at its own Raft address,
 /// and is made to lead; then it must still apply what the group commits. Ignored until members refuse RPCs that come from themselves
 /// (`raft::network::serve_peer` could drop a request whose vote names this node while
-/// it leads); run with `cargo test --test raft_replication -- --ignored loops`.
+/// it leads); run with `cargo test --test raft_replication -- --ignored loops_back`.
 #[test]
-#[ignore = "a leader whose route loops back to itself panics in openraft's Engine::following_handler (debug assertion)"]
-fn raft_a_route_that_loops_back_to_the_member_does_not_kill_it() {
+#[ignore = "a leader whose route loops back to itself stops its Raft core (openraft's Engine::following_handler debug assertion)"]
+fn raft_a_route_that_loops_back_to_the_member_does_not_stop_its_raft_core() {
     let mut g = Group::start(false);
     let l = g.leader(None, Duration::from_secs(10));
     create_sale(g.port(l), "LOOP", 1);
