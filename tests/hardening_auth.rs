@@ -75,6 +75,12 @@ async fn role_matrix() {
         (vec!["SELECT", "0"], &["checkout", "sweeper"]),
         (vec!["COMMAND", "COUNT"], &["checkout", "sweeper"]),
         (vec!["INFO", "server"], &["checkout", "sweeper"]),
+        // Discovery is for every client; moving a group's leadership is not.
+        (
+            vec!["SENTINEL", "get-master-addr-by-name", "stockgate"],
+            &["checkout", "sweeper"],
+        ),
+        (vec!["SENTINEL", "FAILOVER", "stockgate"], &[]),
     ];
     let mut shop = conn_as(&srv, "shop", "s3cret-shop").await;
     let mut broom = conn_as(&srv, "broom", "s3cret-broom").await;

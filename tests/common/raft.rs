@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::ha::{free_port, Keys};
+use super::ha::Keys;
 use super::{now_ms, server_bin, TempDir};
 
 /// A TCP forwarder for one directed link; `cut` drops its connections and refuses new
@@ -169,7 +169,17 @@ impl Group {
         let dir = TempDir::new("raft");
         let keys = Keys::new();
         let ids = [1u64, 2, 3];
-        let ports: Vec<(u16, u16)> = ids.iter().map(|_| (free_port(), free_port())).collect();
+        // The members' ports stay bound until the proxies have theirs: a proxy bound to
+        // port 0 could otherwise be given a member's port, and a route would lead back.
+        let held: Vec<(TcpListener, TcpListener)> = ids
+            .iter()
+            .map(|_| {
+                let l = || TcpListener::bind("127.0.0.1:0").expect("bind a port");
+                (l(), l())
+            })
+            .collect();
+        let port_of = |l: &TcpListener| l.local_addr().expect("addr").port();
+        let ports: Vec<(u16, u16)> = held.iter().map(|(a, b)| (port_of(a), port_of(b))).collect();
         let peers = ids
             .iter()
             .zip(&ports)
@@ -186,6 +196,7 @@ impl Group {
                 }
             }
         }
+        drop(held);
         let mut members = Vec::new();
         for (&id, &(port, raft_port)) in ids.iter().zip(&ports) {
             let d = dir.path().join(format!("n{id}"));

@@ -118,6 +118,23 @@ pub fn unsubscribe(args: &[&[u8]]) -> Outcome {
 
 /// `SENTINEL subcommand ...`, answered by a Raft group member from its leadership.
 pub fn sentinel(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
+    // Discovery is open to every role (clients ask it); moving the leadership is an
+    // operator's act.
+    let moves = args
+        .first()
+        .is_some_and(|a| a.eq_ignore_ascii_case(b"failover"));
+    if moves
+        && !matches!(
+            ctx.conn.role,
+            Some(crate::session::Role::Admin | crate::session::Role::Sentinel)
+        )
+    {
+        let user = ctx.conn.user_name.as_deref().unwrap_or_default();
+        return Reply::err(format!(
+            "NOPERM User {user} has no permissions to run the 'sentinel|failover' command: only the admin and sentinel roles move a group's leadership"
+        ))
+        .into();
+    }
     match repl(ctx) {
         Ok(r) => r.sentinel(args).into(),
         Err(e) => e.into(),

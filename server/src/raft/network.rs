@@ -34,6 +34,8 @@ enum Rpc {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    /// Stand for election now (`SENTINEL FAILOVER` on the leader).
+    Elect,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -41,6 +43,8 @@ enum RpcReply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    /// Whether the election was started.
+    Elect(bool),
 }
 
 /// Creates a [`Peer`] per member openraft talks to. `routes` overrides where a peer is
@@ -192,10 +196,20 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// Asks `target` to stand for election at once (a switchover).
+pub async fn ask_to_elect(mut net: Network, target: NodeId, node: &NodeInfo) -> io::Result<()> {
+    let mut peer = net.new_client(target, node).await;
+    match peer.call(&Rpc::Elect, Duration::from_secs(2)).await? {
+        RpcReply::Elect(true) => Ok(()),
+        RpcReply::Elect(false) => Err(io::Error::other("it cannot stand for election now")),
+        _ => Err(io::Error::other("mismatched reply")),
+    }
+}
+
 /// Serves the peers' RPCs. `no_votes`: while set, vote requests are not answered (a node
 /// rejoining with an empty log must not vote before it has caught up: it may have
 /// voted in these terms before it lost its log).
-pub async fn serve(listener: TcpListener, raft: Raft, no_votes: Arc<AtomicBool>) {
+pub async fn serve(listener: TcpListener, raft: Raft, no_votes: Arc<AtomicBool>, me: NodeId) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -207,18 +221,38 @@ pub async fn serve(listener: TcpListener, raft: Raft, no_votes: Arc<AtomicBool>)
         };
         let (raft, no_votes) = (raft.clone(), no_votes.clone());
         tokio::spawn(async move {
-            if let Err(e) = serve_peer(stream, raft, no_votes).await {
+            if let Err(e) = serve_peer(stream, raft, no_votes, me).await {
                 tracing::debug!("raft: peer connection ended: {e}");
             }
         });
     }
 }
 
-async fn serve_peer(mut s: TcpStream, raft: Raft, no_votes: Arc<AtomicBool>) -> io::Result<()> {
+async fn serve_peer(
+    mut s: TcpStream,
+    raft: Raft,
+    no_votes: Arc<AtomicBool>,
+    me: NodeId,
+) -> io::Result<()> {
     s.set_nodelay(true)?;
     loop {
         let body = read_frame(&mut s).await?;
         let rpc: Rpc = bincode::deserialize(&body).map_err(io::Error::other)?;
+        // A route that leads back here (a misconfigured --raft-route or --raft-peers):
+        // openraft must never see its own requests as a peer's (a leader receiving its
+        // own append-entries stops its core).
+        let from = match &rpc {
+            Rpc::Append(r) => r.vote.leader_id().voted_for(),
+            Rpc::Vote(r) => r.vote.leader_id().voted_for(),
+            Rpc::Snapshot(r) => r.vote.leader_id().voted_for(),
+            Rpc::Elect => None,
+        };
+        if from == Some(me) {
+            tracing::error!(
+                "raft: a request from this member itself reached its Raft port: a peer address or --raft-route points back here; dropped"
+            );
+            return Err(io::Error::other("request from this member itself"));
+        }
         let reply = match rpc {
             Rpc::Append(r) => RpcReply::Append(raft.append_entries(r).await),
             Rpc::Vote(r) => {
@@ -228,6 +262,10 @@ async fn serve_peer(mut s: TcpStream, raft: Raft, no_votes: Arc<AtomicBool>) -> 
                 RpcReply::Vote(raft.vote(r).await)
             }
             Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+            // A member rejoining empty may not stand before it has caught up.
+            Rpc::Elect => RpcReply::Elect(
+                !no_votes.load(Ordering::Acquire) && raft.trigger().elect().await.is_ok(),
+            ),
         };
         let out = bincode::serialize(&reply).map_err(io::Error::other)?;
         write_frame(&mut s, &out).await?;

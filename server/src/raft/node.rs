@@ -163,11 +163,15 @@ pub struct RaftNode {
     no_votes: Arc<AtomicBool>,
     publish: OnceLock<Publisher>,
     last_leader: Mutex<Option<NodeId>>,
+    /// Until this many milliseconds since `epoch`, writes are refused: the leader is
+    /// handing over (`SENTINEL FAILOVER`) and its log must stop growing.
+    handover_until_ms: Arc<AtomicU64>,
 }
 
 const READONLY: &str = "READONLY You can't write against a read only replica. (this stockgate node is not the Raft leader; ask SENTINEL get-master-addr-by-name)";
 const NO_QUORUM: &str = "READONLY this stockgate node leads no majority right now (partitioned or the others are down); a new leader may exist";
 const STARTING: &str = "LOADING this stockgate node is catching up with its group";
+const HANDING_OVER: &str = "READONLY this stockgate node is handing its leadership over (SENTINEL FAILOVER); ask SENTINEL get-master-addr-by-name";
 
 impl RaftNode {
     /// Starts Raft on this node: the state machine over `engine` and `dur`, the peers'
@@ -230,7 +234,12 @@ impl RaftNode {
         if prepared.rejoining {
             raft.runtime_config().elect(false);
         }
-        tokio::spawn(network::serve(listener, raft.clone(), no_votes.clone()));
+        tokio::spawn(network::serve(
+            listener,
+            raft.clone(),
+            no_votes.clone(),
+            cfg.id,
+        ));
         if prepared.pristine && !prepared.rejoining && !cfg.bootstrap.is_empty() {
             if !cfg.bootstrap.contains_key(&cfg.id) {
                 return Err(format!(
@@ -256,6 +265,7 @@ impl RaftNode {
             no_votes,
             publish: OnceLock::new(),
             last_leader: Mutex::new(None),
+            handover_until_ms: Arc::new(AtomicU64::new(0)),
         });
         tokio::spawn(spec.clone().propose(raft));
         tokio::spawn(node.clone().watch_leadership());
@@ -394,6 +404,9 @@ impl RaftNode {
     fn refusal(&self) -> Option<&'static str> {
         if self.spec.is_deposed() {
             return Some(READONLY);
+        }
+        if self.now_ms() < self.handover_until_ms.load(Ordering::Acquire) {
+            return Some(HANDING_OVER);
         }
         if !self.spec.writable() {
             let m = self.metrics.borrow();
@@ -554,6 +567,12 @@ impl RaftNode {
                         .collect(),
                 )
             }
+            "failover" if args.len() == 2 => {
+                if !name_ok(1) {
+                    return no_such();
+                }
+                self.switchover()
+            }
             "myid" if args.len() == 1 => Reply::bulk(format!("stockgate-node-{}", self.id)),
             "ckquorum" if args.len() == 2 => {
                 if self.leader().is_some() {
@@ -563,9 +582,71 @@ impl RaftNode {
                 }
             }
             _ => Reply::err(format!(
-                "ERR unknown or malformed SENTINEL subcommand '{sub}' (stockgate answers GET-MASTER-ADDR-BY-NAME, MASTERS, MASTER, REPLICAS, SLAVES, SENTINELS, MYID, CKQUORUM)"
+                "ERR unknown or malformed SENTINEL subcommand '{sub}' (stockgate answers GET-MASTER-ADDR-BY-NAME, MASTERS, MASTER, REPLICAS, SLAVES, SENTINELS, MYID, CKQUORUM, FAILOVER)"
             )),
         }
+    }
+
+    /// `SENTINEL FAILOVER NAME`: moves leadership without a fault. A follower stands for
+    /// election at once (a candidate whose log is behind the leader's is refused, and the
+    /// group then elects as after any lost heartbeat); the leader hands over
+    /// ([`Handover`]: openraft 0.9 has no leader transfer of its own). The reply comes
+    /// once that is started, not won.
+    fn switchover(&self) -> Reply {
+        const NO_GOOD: &str =
+            "NOGOODSLAVE No suitable replica to promote (no caught-up voter can stand for election)";
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return Reply::err("ERR SENTINEL FAILOVER: no runtime to start the election on");
+        };
+        let m = self.metrics.borrow().clone();
+        let voters = self.voters();
+        if m.state != ServerState::Leader {
+            // A learner cannot stand; a member rejoining empty may not until caught up.
+            if !voters.contains(&self.id) || self.no_votes.load(Ordering::Acquire) {
+                return Reply::err(NO_GOOD);
+            }
+            let raft = self.raft.clone();
+            rt.spawn(async move {
+                if let Err(e) = raft.trigger().elect().await {
+                    tracing::warn!("raft: SENTINEL FAILOVER: election not started: {e}");
+                }
+            });
+            return Reply::Simple("OK");
+        }
+        // No majority has answered lately: nobody could win an election now.
+        if !self.lease_held() {
+            return Reply::err(NO_GOOD);
+        }
+        // Candidates: the other voters, the one holding most of the log first.
+        let mut targets: Vec<(u64, NodeId, NodeInfo)> = m
+            .replication
+            .iter()
+            .flatten()
+            .filter(|(id, _)| **id != self.id && voters.contains(*id))
+            .filter_map(|(id, matched)| {
+                let info = m.membership_config.membership().get_node(id)?.clone();
+                Some((matched.map_or(0, |l| l.index), *id, info))
+            })
+            .collect();
+        if targets.is_empty() {
+            return Reply::err(NO_GOOD);
+        }
+        targets.sort_by_key(|t| std::cmp::Reverse(t.0));
+        let handover = Handover {
+            raft: self.raft.clone(),
+            spec: self.spec.clone(),
+            net: network::Network {
+                routes: Arc::new(self.cfg.routes.clone()),
+            },
+            id: self.id,
+            epoch: self.epoch,
+            until: self.handover_until_ms.clone(),
+            // Long enough to drain and elect; a target that never catches up gives the
+            // writes back after it.
+            window_ms: self.cfg.election_max_ms * 2,
+        };
+        rt.spawn(handover.run(targets));
+        Reply::Simple("OK")
     }
 
     fn master_entry(&self) -> Option<Reply> {
@@ -694,6 +775,78 @@ impl RaftNode {
             }
             _ => Err(Reply::err(format!("ERR unknown command '{sub}'"))),
         }
+    }
+}
+
+/// A leader handing over (Raft's leadership transfer): it stops taking writes, waits
+/// until nothing of its own is in flight and a target's log matches its own, then asks
+/// that target to stand. The target's vote request then carries a log as long as the
+/// leader's, which the leader grants (and steps down with nothing in flight, so it is
+/// not deposed); the other follower still hears the leader's heartbeats and refuses.
+struct Handover {
+    raft: Raft,
+    spec: Arc<Speculation>,
+    net: network::Network,
+    id: NodeId,
+    epoch: Instant,
+    until: Arc<AtomicU64>,
+    window_ms: u64,
+}
+
+impl Handover {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn leading(&self) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    async fn run(self, mut targets: Vec<(u64, NodeId, NodeInfo)>) {
+        let deadline = self.now_ms() + self.window_ms;
+        self.until.store(deadline, Ordering::Release);
+        // Caught up: the target matched every entry and nothing more is coming.
+        while self.now_ms() < deadline && self.leading() {
+            let m = self.raft.metrics().borrow().clone();
+            let last = m.last_log_index.unwrap_or(0);
+            let caught_up = |id: NodeId| {
+                m.replication
+                    .as_ref()
+                    .and_then(|r| r.get(&id).copied().flatten())
+                    .is_some_and(|l| l.index >= last)
+            };
+            if self.spec.in_flight() == 0 {
+                if let Some(i) = targets.iter().position(|(_, id, _)| caught_up(*id)) {
+                    // That one first; the others only if it cannot stand.
+                    let t = targets.remove(i);
+                    targets.insert(0, t);
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for (_, target, info) in &targets {
+            if self.now_ms() >= deadline || !self.leading() {
+                break;
+            }
+            match network::ask_to_elect(self.net.clone(), *target, info).await {
+                Ok(()) => {
+                    tracing::info!("raft: SENTINEL FAILOVER: node {target} stands for election");
+                    break;
+                }
+                Err(e) => tracing::warn!(
+                    "raft: SENTINEL FAILOVER: node {target} did not start an election: {e}"
+                ),
+            }
+        }
+        while self.now_ms() < deadline && self.leading() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Unless a later FAILOVER opened a window of its own.
+        let _ = self
+            .until
+            .compare_exchange(deadline, 0, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 
