@@ -6,8 +6,7 @@
 //!
 //! - the client crate's Sentinel connection (`StockgateClient::connect_sentinel`), also
 //!   through a `SENTINEL FAILOVER` of the live leader after the kill;
-//! - ioredis (`sentinels:`) and node-redis (`createSentinel`; ignored: it needs
-//!   `PSUBSCRIBE`, which the members do not answer), `tests/node/raft_clients.js`;
+//! - ioredis (`sentinels:`) and node-redis (`createSentinel`), `tests/node/raft_clients.js`;
 //! - redis-py `Sentinel`, `tests/py/raft_clients.py`.
 //!
 //! redis-rs 0.27 has a Sentinel client behind its `sentinel` feature, which this
@@ -480,11 +479,9 @@ fn raft_ioredis_sentinel_follows_a_leader_kill() {
 }
 
 /// node-redis 5.12's `createSentinel` `PSUBSCRIBE`s on its sentinel connection
-/// (`switch-master`, `[-+]sdown`, ...) and a member answers `ERR unknown command
-/// 'psubscribe'`: it reserves on the first leader, and after the kill it never reaches
-/// the new one (no reservation within 60 s). Needs `PSUBSCRIBE` on the members.
+/// (`switch-master`, `[-+]sdown`, ...): the members answer it (`pubsub`), and it follows
+/// the kill to the new leader.
 #[test]
-#[ignore = "members do not answer PSUBSCRIBE, which node-redis createSentinel needs to follow a failover"]
 fn raft_node_redis_sentinel_follows_a_leader_kill() {
     ensure_node_clients();
     let mut cmd = Command::new("node");
@@ -506,7 +503,7 @@ fn raft_redis_py_sentinel_follows_a_leader_kill() {
 // --- a storm of redis-py checkout clients through kills and a switchover ----------------
 
 /// `tests/ha_sentinel.rs` on the group: twelve redis-py checkout clients
-/// (`tests/py/ha_storm.py`: RESERVE, then mostly RELEASE, sometimes COMMIT) through the
+/// (`tests/py/raft_storm.py`: RESERVE, then mostly RELEASE, sometimes COMMIT) through the
 /// members as their sentinels; the leader is `kill -9`ed five times (and restarted), then
 /// moved by `SENTINEL FAILOVER` with the clients writing to it. Every reservation whose
 /// reply reached a client is on the final leader in (at least) its last acknowledged
@@ -529,7 +526,7 @@ fn raft_redis_py_storm_through_five_leader_kills_and_a_switchover() {
     let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py");
     let mut storm = KillOnDrop(
         Command::new("python3")
-            .arg(py.join("ha_storm.py"))
+            .arg(py.join("raft_storm.py"))
             .arg("0")
             .arg(g.keys.dir.path())
             .arg(&ports)
@@ -541,7 +538,7 @@ fn raft_redis_py_storm_through_five_leader_kills_and_a_switchover() {
             .env("PYTHONPATH", &py)
             .stdin(Stdio::null())
             .spawn()
-            .expect("python3 tests/py/ha_storm.py"),
+            .expect("python3 tests/py/raft_storm.py"),
     );
     let mut probes = Vec::new();
     let mut failover_ms = Vec::new();

@@ -3,7 +3,8 @@
 //! registry of live connections that `CLIENT KILL` acts on (Sentinel kills the clients
 //! of a node it reconfigures, so they reconnect to the right primary).
 //!
-//! Exact channels only (no patterns); each subscriber has a bounded queue, and a
+//! Channels and glob patterns (`PSUBSCRIBE`, Redis's `*`, `?`, `[...]`, `\`: node-redis's
+//! Sentinel client listens with one); each subscriber has a bounded queue, and a
 //! subscriber that does not keep up loses messages rather than slowing publishers.
 
 use std::collections::HashMap;
@@ -24,27 +25,48 @@ const QUEUE: usize = 1024;
 /// Channels one connection may subscribe to.
 const MAX_CHANNELS: usize = 1024;
 
-type Message = (Bytes, Bytes);
+/// (the pattern it matched, for a pattern subscription; channel; message).
+type Message = (Option<Bytes>, Bytes, Bytes);
 /// Subscribers of each channel: (subscription id, its queue).
 type Channels = HashMap<Bytes, Vec<(u64, mpsc::Sender<Message>)>>;
+/// Pattern subscriptions: (pattern, subscription id, its queue).
+type Patterns = Vec<(Bytes, u64, mpsc::Sender<Message>)>;
 
 #[derive(Clone, Default)]
 pub struct Hub {
     channels: Arc<Mutex<Channels>>,
+    patterns: Arc<Mutex<Patterns>>,
 }
 
 impl Hub {
-    /// Delivers `msg` to the channel's subscribers; returns how many there are.
+    /// Delivers `msg` to the channel's subscribers and to the patterns it matches;
+    /// returns how many receivers there are (as Redis counts them).
     pub fn publish(&self, channel: &[u8], msg: &[u8]) -> usize {
-        let chans = self.channels.lock();
-        let Some(subs) = chans.get(channel) else {
-            return 0;
-        };
-        let m = (Bytes::copy_from_slice(channel), Bytes::copy_from_slice(msg));
-        for (_, tx) in subs {
-            let _ = tx.try_send(m.clone());
+        let (ch, body) = (Bytes::copy_from_slice(channel), Bytes::copy_from_slice(msg));
+        let mut n = 0;
+        if let Some(subs) = self.channels.lock().get(channel) {
+            for (_, tx) in subs {
+                let _ = tx.try_send((None, ch.clone(), body.clone()));
+            }
+            n += subs.len();
         }
-        subs.len()
+        for (pat, _, tx) in self.patterns.lock().iter() {
+            if glob_match(pat, channel) {
+                let _ = tx.try_send((Some(pat.clone()), ch.clone(), body.clone()));
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn psubscribe(&self, pattern: Bytes, id: u64, tx: mpsc::Sender<Message>) {
+        self.patterns.lock().push((pattern, id, tx));
+    }
+
+    fn punsubscribe(&self, pattern: &[u8], id: u64) {
+        self.patterns
+            .lock()
+            .retain(|(p, i, _)| !(*i == id && p.as_ref() == pattern));
     }
 
     fn subscribe(&self, channel: Bytes, id: u64, tx: mpsc::Sender<Message>) {
@@ -64,6 +86,80 @@ impl Hub {
             }
         }
     }
+}
+
+/// Redis's glob (`stringmatchlen`): `*` any run, `?` one byte, `[abc]`, `[a-z]`, `[^x]`,
+/// `\` escapes the next byte. Iterative with one backtrack point, so no pattern a client
+/// sends can make it slow beyond length(pattern) x length(channel).
+pub fn glob_match(pat: &[u8], s: &[u8]) -> bool {
+    let (mut p, mut i) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        let mut matched = None;
+        if p < pat.len() {
+            match pat[p] {
+                b'*' => {
+                    star = Some((p, i));
+                    p += 1;
+                    continue;
+                }
+                b'?' => matched = Some(p + 1),
+                b'[' => {
+                    if let Some((ok, next)) = class(pat, p, s[i]) {
+                        if ok {
+                            matched = Some(next);
+                        }
+                    } else if s[i] == b'[' {
+                        matched = Some(p + 1);
+                    }
+                }
+                b'\\' if p + 1 < pat.len() && pat[p + 1] == s[i] => matched = Some(p + 2),
+                b'\\' if p + 1 < pat.len() => {}
+                c if c == s[i] => matched = Some(p + 1),
+                _ => {}
+            }
+        }
+        match (matched, star) {
+            (Some(np), _) => {
+                p = np;
+                i += 1;
+            }
+            (None, Some((sp, si))) => {
+                p = sp + 1;
+                i = si + 1;
+                star = Some((sp, si + 1));
+            }
+            (None, None) => return false,
+        }
+    }
+    pat[p..].iter().all(|&c| c == b'*')
+}
+
+/// A `[...]` class at `pat[at]`: (whether `c` is in it, the index after it); None when
+/// the bracket is not closed (then it is a literal `[`).
+fn class(pat: &[u8], at: usize, c: u8) -> Option<(bool, usize)> {
+    let mut j = at + 1;
+    let negate = pat.get(j) == Some(&b'^');
+    if negate {
+        j += 1;
+    }
+    let mut hit = false;
+    let mut first = true;
+    while j < pat.len() && (pat[j] != b']' || first) {
+        first = false;
+        if pat[j] == b'\\' && j + 1 < pat.len() {
+            hit |= pat[j + 1] == c;
+            j += 2;
+        } else if j + 2 < pat.len() && pat[j + 1] == b'-' && pat[j + 2] != b']' {
+            let (lo, hi) = (pat[j].min(pat[j + 2]), pat[j].max(pat[j + 2]));
+            hit |= (lo..=hi).contains(&c);
+            j += 3;
+        } else {
+            hit |= pat[j] == c;
+            j += 1;
+        }
+    }
+    (j < pat.len()).then_some((hit != negate, j + 1))
 }
 
 /// What kind of connection a client is (CLIENT KILL TYPE).
@@ -186,9 +282,10 @@ fn confirm(out: &mut BytesMut, proto: u8, what: &[u8], channel: Option<&[u8]>, c
     out.extend_from_slice(format!(":{count}\r\n").as_bytes());
 }
 
-/// A connection in subscriber mode: sends the confirmations for `first`, then messages,
-/// and takes only (UN)SUBSCRIBE, PING, QUIT and RESET. Hands the stream back when the last
-/// channel is unsubscribed (or on RESET), as Redis returns such a client to normal mode.
+/// A connection in subscriber mode: sends the confirmations for `first` (channels, or
+/// patterns when `patterns`), then messages, and takes only (P)(UN)SUBSCRIBE, PING, QUIT
+/// and RESET. Hands the stream back when the last channel and pattern are unsubscribed
+/// (or on RESET), as Redis returns such a client to normal mode.
 #[allow(clippy::too_many_arguments)]
 pub async fn subscriber(
     hub: Hub,
@@ -197,22 +294,15 @@ pub async fn subscriber(
     proto: u8,
     mut stream: TcpStream,
     mut inbuf: BytesMut,
-    first: Vec<Bytes>,
+    (patterns, first): (bool, Vec<Bytes>),
     limits: Limits,
 ) -> Option<(TcpStream, BytesMut)> {
     let (tx, mut rx) = mpsc::channel::<Message>(QUEUE);
-    let mut subs: Vec<Bytes> = Vec::new();
+    let mut subs = Subs::default();
     let mut out = BytesMut::with_capacity(1024);
     clients.set_kind(id, KIND_PUBSUB);
-    let add = |ch: Bytes, subs: &mut Vec<Bytes>, out: &mut BytesMut| {
-        if !subs.contains(&ch) && subs.len() < MAX_CHANNELS {
-            hub.subscribe(ch.clone(), id, tx.clone());
-            subs.push(ch.clone());
-        }
-        confirm(out, proto, b"subscribe", Some(&ch), subs.len());
-    };
-    for ch in first {
-        add(ch, &mut subs, &mut out);
+    for x in first {
+        subs.add(&hub, id, &tx, patterns, x, proto, &mut out);
     }
     let mut argv: Vec<Bytes> = Vec::new();
     let back = loop {
@@ -224,9 +314,18 @@ pub async fn subscriber(
         }
         tokio::select! {
             m = rx.recv() => {
-                let Some((ch, msg)) = m else { break false };
-                push_header(&mut out, proto, 3);
-                push_bulk(&mut out, b"message");
+                let Some((pat, ch, msg)) = m else { break false };
+                match pat {
+                    None => {
+                        push_header(&mut out, proto, 3);
+                        push_bulk(&mut out, b"message");
+                    }
+                    Some(p) => {
+                        push_header(&mut out, proto, 4);
+                        push_bulk(&mut out, b"pmessage");
+                        push_bulk(&mut out, &p);
+                    }
+                }
                 push_bulk(&mut out, &ch);
                 push_bulk(&mut out, &msg);
             }
@@ -243,19 +342,16 @@ pub async fn subscriber(
                     }
                     let Some(name) = argv.first().map(|a| a.to_ascii_lowercase()) else { continue };
                     match name.as_slice() {
-                        b"subscribe" => {
-                            for ch in argv[1..].iter().cloned() {
-                                add(ch, &mut subs, &mut out);
+                        b"subscribe" | b"psubscribe" => {
+                            let pat = name.as_slice() == b"psubscribe";
+                            for x in argv[1..].iter().cloned() {
+                                subs.add(&hub, id, &tx, pat, x, proto, &mut out);
                             }
                         }
-                        b"unsubscribe" => {
-                            let which: Vec<Bytes> = if argv.len() > 1 { argv[1..].to_vec() } else { subs.clone() };
-                            for ch in which {
-                                hub.unsubscribe(&ch, id);
-                                subs.retain(|c| *c != ch);
-                                confirm(&mut out, proto, b"unsubscribe", Some(&ch), subs.len());
-                            }
-                            if subs.is_empty() {
+                        b"unsubscribe" | b"punsubscribe" => {
+                            let pat = name.as_slice() == b"punsubscribe";
+                            subs.remove(&hub, id, pat, &argv[1..], proto, &mut out);
+                            if subs.count() == 0 {
                                 leave = Some(true);
                             }
                         }
@@ -292,9 +388,127 @@ pub async fn subscriber(
             }
         }
     };
-    for ch in &subs {
+    for ch in &subs.channels {
         hub.unsubscribe(ch, id);
+    }
+    for p in &subs.patterns {
+        hub.punsubscribe(p, id);
     }
     clients.set_kind(id, KIND_NORMAL);
     back.then_some((stream, inbuf))
+}
+
+/// One connection's channels and patterns (bounded together by [`MAX_CHANNELS`]).
+#[derive(Default)]
+struct Subs {
+    channels: Vec<Bytes>,
+    patterns: Vec<Bytes>,
+}
+
+impl Subs {
+    fn count(&self) -> usize {
+        self.channels.len() + self.patterns.len()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &mut self,
+        hub: &Hub,
+        id: u64,
+        tx: &mpsc::Sender<Message>,
+        pattern: bool,
+        x: Bytes,
+        proto: u8,
+        out: &mut BytesMut,
+    ) {
+        let room = self.count() < MAX_CHANNELS;
+        let list = if pattern {
+            &mut self.patterns
+        } else {
+            &mut self.channels
+        };
+        if !list.contains(&x) && room {
+            if pattern {
+                hub.psubscribe(x.clone(), id, tx.clone());
+            } else {
+                hub.subscribe(x.clone(), id, tx.clone());
+            }
+            list.push(x.clone());
+        }
+        let what: &[u8] = if pattern { b"psubscribe" } else { b"subscribe" };
+        confirm(out, proto, what, Some(&x), self.count());
+    }
+
+    /// `which` empty: all of that kind.
+    fn remove(
+        &mut self,
+        hub: &Hub,
+        id: u64,
+        pattern: bool,
+        which: &[Bytes],
+        proto: u8,
+        out: &mut BytesMut,
+    ) {
+        let what: &[u8] = if pattern {
+            b"punsubscribe"
+        } else {
+            b"unsubscribe"
+        };
+        let list = if pattern {
+            &self.patterns
+        } else {
+            &self.channels
+        };
+        let which: Vec<Bytes> = if which.is_empty() {
+            list.clone()
+        } else {
+            which.to_vec()
+        };
+        if which.is_empty() {
+            confirm(out, proto, what, None, self.count());
+        }
+        for x in which {
+            if pattern {
+                hub.punsubscribe(&x, id);
+                self.patterns.retain(|c| *c != x);
+            } else {
+                hub.unsubscribe(&x, id);
+                self.channels.retain(|c| *c != x);
+            }
+            confirm(out, proto, what, Some(&x), self.count());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn glob_matches_as_redis_does() {
+        for (p, s, want) in [
+            ("*", "anything", true),
+            ("__sentinel__:*", "__sentinel__:hello", true),
+            ("+switch-master", "+switch-master", true),
+            ("+switch-*", "+sdown", false),
+            ("h?llo", "hello", true),
+            ("h?llo", "hllo", false),
+            ("h[ae]llo", "hallo", true),
+            ("h[^e]llo", "hello", false),
+            ("h[a-b]llo", "hbllo", true),
+            ("h\\*llo", "h*llo", true),
+            ("h\\*llo", "hello", false),
+            ("a*b*c", "aXXbYYc", true),
+            ("a*b*c", "aXXbYY", false),
+            ("[unclosed", "[unclosed", true),
+            ("", "", true),
+            ("", "x", false),
+        ] {
+            assert_eq!(glob_match(p.as_bytes(), s.as_bytes()), want, "{p} ~ {s}");
+        }
+        // No blow-up on a hostile pattern.
+        let p = "*a".repeat(200);
+        let s = "a".repeat(5000) + "b";
+        assert!(!glob_match(p.as_bytes(), s.as_bytes()));
+    }
 }

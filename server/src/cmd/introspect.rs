@@ -116,28 +116,7 @@ pub fn command(args: &[&[u8]]) -> Outcome {
 
 /// Redis-style glob (`*`, `?`, no classes), case-insensitive, for CONFIG GET and INFO.
 pub fn glob(pattern: &[u8], s: &[u8]) -> bool {
-    let (mut p, mut t) = (0, 0);
-    let (mut star, mut mark) = (None, 0);
-    while t < s.len() {
-        if p < pattern.len() && (pattern[p] == b'?' || pattern[p].eq_ignore_ascii_case(&s[t])) {
-            p += 1;
-            t += 1;
-        } else if p < pattern.len() && pattern[p] == b'*' {
-            star = Some(p);
-            mark = t;
-            p += 1;
-        } else if let Some(sp) = star {
-            p = sp + 1;
-            mark += 1;
-            t = mark;
-        } else {
-            return false;
-        }
-    }
-    while p < pattern.len() && pattern[p] == b'*' {
-        p += 1;
-    }
-    p == pattern.len()
+    crate::pubsub::glob_match(&pattern.to_ascii_lowercase(), &s.to_ascii_lowercase())
 }
 
 /// `CONFIG GET pattern...` (read-only: configuration comes from the command line).

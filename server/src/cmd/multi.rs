@@ -35,7 +35,7 @@ pub fn runs_at_once(spec: &Spec) -> bool {
 /// reply is encoded in halfway through it.
 fn not_in_multi(spec: &Spec) -> bool {
     // SUBSCRIBE turns the connection into something else, which EXEC cannot.
-    matches!(spec.name, "hello" | "psync" | "sync" | "subscribe")
+    matches!(spec.name, "hello" | "subscribe" | "psubscribe")
 }
 
 /// A refusal by the dispatcher's checks (unknown command, arity, auth, role). Inside a

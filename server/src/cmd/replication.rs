@@ -94,7 +94,7 @@ pub fn publish(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     Reply::Int(ctx.shared.pubsub.publish(args[0], args[1]) as i64).into()
 }
 
-pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
+pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]], patterns: bool) -> Outcome {
     let (hub, clients) = (ctx.shared.pubsub.clone(), ctx.shared.clients.clone());
     let (id, proto, limits) = (
         ctx.conn.id,
@@ -105,15 +105,22 @@ pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let first = args.iter().map(|a| Bytes::copy_from_slice(a)).collect();
     Outcome::takeover(Box::new(move |stream, inbuf| {
         Box::pin(crate::pubsub::subscriber(
-            hub, clients, id, proto, stream, inbuf, first, limits,
+            hub,
+            clients,
+            id,
+            proto,
+            stream,
+            inbuf,
+            (patterns, first),
+            limits,
         ))
     }))
 }
 
-/// `UNSUBSCRIBE` outside subscriber mode: nothing to leave (Redis's answer).
-pub fn unsubscribe(args: &[&[u8]]) -> Outcome {
+/// `(P)UNSUBSCRIBE` outside subscriber mode: nothing to leave (Redis's answer).
+pub fn unsubscribe(args: &[&[u8]], what: &str) -> Outcome {
     let ch = args.first().map_or(Reply::Nil, |c| Reply::Bulk(c.to_vec()));
-    Reply::Array(vec![Reply::bulk("unsubscribe"), ch, Reply::Int(0)]).into()
+    Reply::Array(vec![Reply::bulk(what), ch, Reply::Int(0)]).into()
 }
 
 /// `SENTINEL subcommand ...`, answered by a Raft group member from its leadership.

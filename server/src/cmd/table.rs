@@ -499,6 +499,24 @@ pub static COMMANDS: &[Spec] = &[
         "pubsub",
         "Stop listening to channels",
     ),
+    spec(
+        "psubscribe",
+        -2,
+        &["pubsub", "noscript", "loading", "stale"],
+        0,
+        ADMIN | SENTINEL,
+        "pubsub",
+        "Listen to channels matching patterns",
+    ),
+    spec(
+        "punsubscribe",
+        -1,
+        &["pubsub", "noscript", "loading", "stale"],
+        0,
+        ADMIN | SENTINEL,
+        "pubsub",
+        "Stop listening to patterns",
+    ),
     // Transactions (cmd/multi.rs). Open to every role: each queued command is checked
     // against the role when it is queued and again when EXEC runs it.
     spec(

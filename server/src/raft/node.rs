@@ -311,16 +311,22 @@ impl RaftNode {
                     self.quorum_at_ms.fetch_max(at, Ordering::AcqRel);
                 }
             }
-            let caught_up = m
-                .last_applied
-                .is_some_and(|l| l.leader_id.term == m.current_term);
+            // Everything in its log applied, the last entry of this term: a leader's
+            // records get the LSNs after its WAL's last, so no entry still unapplied may
+            // hold LSNs of its own (a leader restarted within the election timeout
+            // resumes its term with its previous process's entries not yet applied).
+            let caught_up = m.last_applied.is_some_and(|l| {
+                l.leader_id.term == m.current_term && Some(l.index) == m.last_log_index
+            });
             if self.spec.writable() && (!leading || m.current_term != self.spec.term()) {
                 self.spec
                     .close(&format!("no longer leading term {}", self.spec.term()));
             }
             // A majority must have answered this leader in this process: openraft restores
-            // the leader state of a node restarted with its own committed vote, and such
-            // a leader of an old term is never answered by a majority again.
+            // the leader state of a node restarted with its own committed vote. Followers
+            // that moved on never answer it again; followers that did not (it came back
+            // within their election timeout) do, and it leads its term on, once it has
+            // applied what its previous process left in the log (`caught_up`).
             let answered = m
                 .millis_since_quorum_ack
                 .is_some_and(|ms| ms < self.cfg.election_min_ms);
@@ -360,8 +366,21 @@ impl RaftNode {
         let (nh, np) = addr(leader);
         *last = leader;
         if let Some(p) = self.publish.get() {
-            let msg = format!("{} {oh} {op} {nh} {np}", self.cfg.group_name);
-            p(b"+switch-master", msg.as_bytes());
+            let name = &self.cfg.group_name;
+            // What Sentinel publishes around a failover, in its order: clients listen to
+            // different ones (node-redis's pattern subscriptions see `+sdown`/`+odown`,
+            // redis-py and ioredis `+switch-master`).
+            if op != 0 {
+                p(b"+sdown", format!("master {name} {oh} {op}").as_bytes());
+                p(
+                    b"+odown",
+                    format!("master {name} {oh} {op} #quorum 2/2").as_bytes(),
+                );
+            }
+            p(
+                b"+switch-master",
+                format!("{name} {oh} {op} {nh} {np}").as_bytes(),
+            );
         }
     }
 
@@ -654,12 +673,21 @@ impl RaftNode {
         let (h, p) = split_addr(&n.client_addr);
         let m = self.metrics.borrow().clone();
         let replicas = self.nodes().len().saturating_sub(1);
+        // A follower looks before it names the leader, as a Sentinel pings its master: a
+        // leader whose client port refuses (killed, not yet replaced) is `s_down`, so a
+        // client does not wait on a connection to it (node-redis does, forever).
+        let down = id != self.id && !port_answers(&n.client_addr);
+        let flags = if down {
+            "master,s_down,o_down"
+        } else {
+            "master"
+        };
         Some(flat(&[
             ("name", self.cfg.group_name.clone()),
             ("ip", h),
             ("port", p.to_string()),
             ("runid", format!("stockgate-node-{id}")),
-            ("flags", "master".into()),
+            ("flags", flags.into()),
             ("link-pending-commands", "0".into()),
             ("link-refcount", "1".into()),
             ("last-ping-sent", "0".into()),
@@ -869,6 +897,16 @@ fn split_addr(a: &str) -> (String, u16) {
         ),
         None => (a.to_owned(), 0),
     }
+}
+
+/// Whether `addr` accepts a TCP connection within 100 ms (a refused port answers at
+/// once; only an unreachable host takes the whole timeout).
+fn port_answers(addr: &str) -> bool {
+    use std::net::ToSocketAddrs as _;
+    let Some(sa) = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        return false;
+    };
+    std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(100)).is_ok()
 }
 
 /// Re-executes this binary with its own arguments (same PID) on the same port.
