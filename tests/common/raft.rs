@@ -464,3 +464,71 @@ pub fn check_all_present(g: &Group, leader: u64, acked: &[String], sku: &str, to
     );
     assert!(reserved >= acked.len() as i64);
 }
+
+impl Group {
+    /// The members' client ports (they keep them across restarts).
+    pub fn ports(&self) -> Vec<u16> {
+        self.members.iter().map(|m| m.port).collect()
+    }
+
+    /// Cuts (or heals) the two directed links between `a` and `b` only.
+    pub fn cut_link(&self, a: u64, b: u64, cut: bool) {
+        for ((f, t), p) in &self.links {
+            if (*f == a && *t == b) || (*f == b && *t == a) {
+                p.cut.store(cut, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Heals every link.
+    pub fn heal_all(&self) {
+        for (_, p) in &self.links {
+            p.cut.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A connection with short connect and answer timeouts, for discovery.
+fn quick_conn(port: u16, timeout: Duration) -> Option<redis::Connection> {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .and_then(|c| c.get_connection_with_timeout(timeout))
+        .ok()?;
+    c.set_read_timeout(Some(timeout)).ok()?;
+    c.set_write_timeout(Some(timeout)).ok()?;
+    Some(c)
+}
+
+/// The client port of the member that takes writes, found as a Sentinel-aware client
+/// finds it without the harness's knowledge of who runs: each member is asked
+/// `SENTINEL get-master-addr-by-name stockgate`, and the one named must say `master` to
+/// `ROLE`. None if no member names a writable leader within `within`.
+pub fn discover(ports: &[u16], within: Duration) -> Option<u16> {
+    let deadline = Instant::now() + within;
+    loop {
+        for &p in ports {
+            let Some(mut c) = quick_conn(p, Duration::from_millis(300)) else {
+                continue;
+            };
+            let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg("stockgate")
+                .query(&mut c)
+                .ok()
+                .flatten();
+            let Some(named) = addr.and_then(|(_, port)| port.parse::<u16>().ok()) else {
+                continue;
+            };
+            let Some(mut lc) = quick_conn(named, Duration::from_millis(300)) else {
+                continue;
+            };
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut lc).unwrap_or_default();
+            if role.first().map(crate::common::as_str).as_deref() == Some("master") {
+                return Some(named);
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
