@@ -7,6 +7,7 @@
 //! `stockgate_client::history::check` and by the `stockgate-history-check` binary.
 //!
 //! Replay a run: `STORM_SEED=<seed printed by the run> cargo test --test raft_storm`.
+//! Keep its history: `STORM_HISTORY_OUT=/some/file.jsonl` (a failing run keeps it anyway).
 //! The nemesis schedule follows the seed; the clients' interleaving follows the machine.
 
 mod common;
@@ -21,6 +22,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stockgate_client::history::{self, OpKind, Outcome, Record, Recorder};
+use stockgate_client::types::{CommitOk, ReserveOutcome};
+use stockgate_client::{ClientConfig, ClientError, SentinelConfig, StockgateClient};
 use stockgate_server::engine::Keyring;
 
 use common::raft::*;
@@ -29,6 +32,8 @@ use common::{now_ms, TempDir};
 const SKU: &str = "STORM";
 const TOTAL: i64 = 300;
 const CLIENTS: u64 = 12;
+/// Clients 1..=SENTINEL_CLIENTS use `StockgateClient::connect_sentinel`.
+const SENTINEL_CLIENTS: u64 = 4;
 const KILLS: usize = 12;
 const PARTITIONS: usize = 6;
 
@@ -48,22 +53,47 @@ fn checker_bin() -> PathBuf {
     bin
 }
 
-/// How a command ended, as the history records it.
-enum Answer {
-    Value(redis::Value),
-    /// The server answered an error: it changed nothing (`READONLY`, `LOADING`, `NORES`...).
-    Refused(String),
-    /// No answer (timeout, connection lost): it may or may not have run.
-    Lost(String),
+/// What a client sends; each is one operation of the history.
+enum Req<'a> {
+    Reserve {
+        user: &'a str,
+        req: &'a str,
+        adm: &'a str,
+    },
+    Commit(&'a str),
+    Release(&'a str),
+    Read(&'a str),
 }
 
-/// One client's connection to whoever leads, rediscovered after any error.
-struct Link {
+impl Req<'_> {
+    fn kind(&self) -> OpKind {
+        match self {
+            Req::Reserve { .. } => OpKind::Reserve,
+            Req::Commit(_) => OpKind::Commit,
+            Req::Release(_) => OpKind::Release,
+            Req::Read(_) => OpKind::Read,
+        }
+    }
+}
+
+/// How an operation ended: `(result, reply, token)` as the history records them.
+type Answered = (Outcome, String, Option<String>);
+
+/// The way a client reaches whoever leads.
+trait Transport: Send {
+    /// Whether a leader is at hand (only a command actually sent is recorded).
+    fn ready(&mut self) -> bool;
+    fn exec(&mut self, r: &Req) -> Answered;
+}
+
+/// The test's own discovery (`SENTINEL get-master-addr-by-name`, `ROLE`) and a plain
+/// connection, dropped after any error so the next command goes to whoever leads then.
+struct Direct {
     ports: Vec<u16>,
     conn: Option<redis::Connection>,
 }
 
-impl Link {
+impl Direct {
     fn connection(&mut self) -> Option<&mut redis::Connection> {
         if self.conn.is_none() {
             let port = discover(&self.ports, Duration::from_secs(1))?;
@@ -78,28 +108,159 @@ impl Link {
         }
         self.conn.as_mut()
     }
+}
 
-    fn call(&mut self, cmd: &redis::Cmd) -> Answer {
-        let Some(c) = self.connection() else {
-            return Answer::Lost("no leader found".into());
+impl Transport for Direct {
+    fn ready(&mut self) -> bool {
+        self.connection().is_some()
+    }
+
+    fn exec(&mut self, r: &Req) -> Answered {
+        let mut cmd = match r {
+            Req::Reserve { .. } => redis::cmd("RESERVE"),
+            Req::Commit(_) => redis::cmd("COMMIT"),
+            Req::Release(_) => redis::cmd("RELEASE"),
+            Req::Read(_) => redis::cmd("RESERVATION"),
         };
-        let r: redis::RedisResult<redis::Value> = cmd.query(c);
         match r {
-            Ok(v) => Answer::Value(v),
+            Req::Reserve { user, req, adm } => cmd.arg(SKU).arg(*user).arg(*adm).arg(*req),
+            Req::Commit(t) | Req::Release(t) | Req::Read(t) => cmd.arg(*t),
+        };
+        let Some(c) = self.connection() else {
+            return (Outcome::Unknown, "no leader found".into(), None);
+        };
+        let v: redis::Value = match cmd.query(c) {
+            Ok(v) => v,
             Err(e) => {
-                // Any error: the next command goes to whoever leads then.
                 self.conn = None;
                 let io = e.is_io_error()
                     || e.is_timeout()
                     || e.is_connection_dropped()
                     || e.is_connection_refusal();
-                match e.code() {
-                    Some(code) if !io => {
-                        Answer::Refused(format!("{code} {}", e.detail().unwrap_or("")))
-                    }
-                    _ => Answer::Lost(e.to_string()),
+                return match e.code() {
+                    // An error reply: the server refused before running it.
+                    Some(code) if !io => (
+                        Outcome::Fail,
+                        format!("{code} {}", e.detail().unwrap_or("")),
+                        None,
+                    ),
+                    _ => (Outcome::Unknown, e.to_string(), None),
+                };
+            }
+        };
+        match (r, &v) {
+            (Req::Reserve { .. }, redis::Value::Array(items)) if !items.is_empty() => {
+                let word = common::as_str(&items[0]);
+                if (word == "RESERVED" || word == "REPLAY") && items.len() >= 2 {
+                    (Outcome::Ok, word, Some(common::as_str(&items[1])))
+                } else {
+                    (Outcome::Fail, word, None)
                 }
             }
+            (Req::Commit(_) | Req::Release(_), redis::Value::Int(i)) => {
+                (Outcome::Ok, i.to_string(), None)
+            }
+            (Req::Read(_), redis::Value::Nil) => (Outcome::Ok, "nil".into(), None),
+            (Req::Read(_), v) => match common::field(v, "state") {
+                Some(s) => (Outcome::Ok, common::as_str(&s), None),
+                None => (Outcome::Unknown, format!("unexpected {v:?}"), None),
+            },
+            (_, other) => (Outcome::Unknown, format!("unexpected {other:?}"), None),
+        }
+    }
+}
+
+/// The client crate's Sentinel-aware connection, the members listed as its sentinels:
+/// it discovers the leader, and rediscovers and retries on its own.
+struct ViaSentinel {
+    rt: tokio::runtime::Runtime,
+    cfg: SentinelConfig,
+    client: Option<StockgateClient>,
+}
+
+impl ViaSentinel {
+    fn new(ports: &[u16]) -> ViaSentinel {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let sentinels = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        ViaSentinel {
+            rt,
+            cfg: SentinelConfig::new(sentinels, "stockgate"),
+            client: None,
+        }
+    }
+
+    /// After the crate's own retries, only an answer about the token itself is certain;
+    /// anything else may follow an attempt whose reply was lost.
+    fn failed(e: &ClientError) -> Answered {
+        let word = match e {
+            ClientError::Released => return (Outcome::Fail, "RELEASED".into(), None),
+            ClientError::NoReservation => return (Outcome::Fail, "NORES".into(), None),
+            ClientError::Expired => return (Outcome::Fail, "EXPIRED".into(), None),
+            ClientError::Server { code, .. } => code.clone(),
+            ClientError::Connection(_) => "CONNECTION".into(),
+            ClientError::ReadOnly => "READONLY".into(),
+            ClientError::NoPrimary { .. } => "NOPRIMARY".into(),
+            _ => "OTHER".into(),
+        };
+        // The word first: the checker's report counts replies by it.
+        (Outcome::Unknown, format!("{word} (client crate) {e}"), None)
+    }
+}
+
+impl Transport for ViaSentinel {
+    fn ready(&mut self) -> bool {
+        if self.client.is_none() {
+            let ccfg = ClientConfig {
+                connect_timeout: Duration::from_millis(500),
+                response_timeout: Duration::from_secs(4),
+                reconnect_retries: 0,
+            };
+            self.client = self
+                .rt
+                .block_on(StockgateClient::connect_sentinel_with(
+                    self.cfg.clone(),
+                    ccfg,
+                ))
+                .ok();
+        }
+        self.client.is_some()
+    }
+
+    fn exec(&mut self, r: &Req) -> Answered {
+        let Some(c) = self.client.clone() else {
+            return (Outcome::Unknown, "not connected".into(), None);
+        };
+        match r {
+            Req::Reserve { user, req, adm } => {
+                match self.rt.block_on(c.reserve(SKU, user, adm, req, 1)) {
+                    Ok(ReserveOutcome::Reserved { token, .. }) => {
+                        (Outcome::Ok, "RESERVED".into(), Some(token))
+                    }
+                    Ok(ReserveOutcome::Replay { token, .. }) => {
+                        (Outcome::Ok, "REPLAY".into(), Some(token))
+                    }
+                    Ok(ReserveOutcome::SoldOut) => (Outcome::Fail, "SOLDOUT".into(), None),
+                    Ok(ReserveOutcome::Limit { .. }) => (Outcome::Fail, "LIMIT".into(), None),
+                    Err(e) => Self::failed(&e),
+                }
+            }
+            Req::Commit(t) => match self.rt.block_on(c.commit(t)) {
+                Ok(CommitOk::Committed) => (Outcome::Ok, "1".into(), None),
+                Ok(CommitOk::AlreadyCommitted) => (Outcome::Ok, "0".into(), None),
+                Err(e) => Self::failed(&e),
+            },
+            Req::Release(t) => match self.rt.block_on(c.release(t)) {
+                Ok(n) => (Outcome::Ok, if n { "1" } else { "0" }.into(), None),
+                Err(e) => Self::failed(&e),
+            },
+            Req::Read(t) => match self.rt.block_on(c.reservation(t)) {
+                Ok(None) => (Outcome::Ok, "nil".into(), None),
+                Ok(Some(info)) => (Outcome::Ok, info.state.as_str().into(), None),
+                Err(e) => Self::failed(&e),
+            },
         }
     }
 }
@@ -116,7 +277,7 @@ enum Expect {
 
 struct Client {
     process: u64,
-    link: Link,
+    link: Box<dyn Transport>,
     rec: Arc<Recorder>,
     keyring: Keyring,
     rng: StdRng,
@@ -133,6 +294,22 @@ struct Tally {
     soldout: u64,
     retries: u64,
     lost: u64,
+    /// Holds committed or released long after they were taken (across faults).
+    late_finishes: u64,
+    /// When this client last got a definite answer (an acknowledgement or SOLDOUT).
+    last_answer: Option<Instant>,
+}
+
+impl Tally {
+    fn add(&mut self, t: &Tally) {
+        self.reserves += t.reserves;
+        self.acked += t.acked;
+        self.soldout += t.soldout;
+        self.retries += t.retries;
+        self.lost += t.lost;
+        self.late_finishes += t.late_finishes;
+        self.last_answer = self.last_answer.max(t.last_answer);
+    }
 }
 
 impl Client {
@@ -140,37 +317,28 @@ impl Client {
         self.rec.append(&r).expect("append to the history");
     }
 
-    /// Sends `cmd`, recording its invocation and completion; `classify` turns a value
-    /// into `(result, reply, token)`.
-    fn op(
-        &mut self,
-        kind: OpKind,
-        cmd: &redis::Cmd,
-        user_req: Option<(&str, &str)>,
-        token: Option<&str>,
-        classify: impl Fn(&redis::Value) -> (Outcome, String, Option<String>),
-    ) -> (Outcome, String, Option<String>) {
-        // Only a command actually sent is recorded.
-        if self.link.connection().is_none() {
+    /// Sends `r`, recording its invocation and completion.
+    fn op(&mut self, r: &Req) -> Answered {
+        if !self.link.ready() {
             return (Outcome::Fail, "NOLEADER".into(), None);
         }
         let op_id = self.rec.next_op_id();
+        let (user, req, token) = match r {
+            Req::Reserve { user, req, .. } => (Some(*user), Some(*req), None),
+            Req::Commit(t) | Req::Release(t) | Req::Read(t) => (None, None, Some(*t)),
+        };
         self.record(Record::Invoke {
             op_id,
             process: self.process,
-            op: kind,
+            op: r.kind(),
             sku: SKU.into(),
-            user: user_req.map(|(u, _)| u.into()),
-            req: user_req.map(|(_, r)| r.into()),
+            user: user.map(Into::into),
+            req: req.map(Into::into),
             token: token.map(Into::into),
             qty: 1,
             t_ms: now_ms(),
         });
-        let (result, reply, tok) = match self.link.call(cmd) {
-            Answer::Value(v) => classify(&v),
-            Answer::Refused(e) => (Outcome::Fail, e, None),
-            Answer::Lost(e) => (Outcome::Unknown, e, None),
-        };
+        let (result, reply, tok) = self.link.exec(r);
         self.record(Record::Complete {
             op_id,
             process: self.process,
@@ -199,33 +367,21 @@ impl Client {
     /// RESERVE until a definite answer: the token, or None (SOLDOUT, or given up).
     fn reserve(&mut self, user: &str, req: &str, t: &mut Tally) -> Option<String> {
         let adm = self.keyring.mint(SKU, user, now_ms() + 600_000);
-        let mut cmd = redis::cmd("RESERVE");
-        cmd.arg(SKU).arg(user).arg(&adm).arg(req);
         t.reserves += 1;
         loop {
-            let (result, reply, tok) = self.op(
-                OpKind::Reserve,
-                &cmd,
-                Some((user, req)),
-                None,
-                |v| match v {
-                    redis::Value::Array(items) if !items.is_empty() => {
-                        let word = common::as_str(&items[0]);
-                        if (word == "RESERVED" || word == "REPLAY") && items.len() >= 2 {
-                            (Outcome::Ok, word, Some(common::as_str(&items[1])))
-                        } else {
-                            (Outcome::Fail, word, None)
-                        }
-                    }
-                    other => (Outcome::Unknown, format!("unexpected {other:?}"), None),
-                },
-            );
+            let (result, reply, tok) = self.op(&Req::Reserve {
+                user,
+                req,
+                adm: &adm,
+            });
             if result == Outcome::Ok {
                 t.acked += 1;
+                t.last_answer = Some(Instant::now());
                 return tok;
             }
             if reply == "SOLDOUT" {
                 t.soldout += 1;
+                t.last_answer = Some(Instant::now());
                 return None;
             }
             if !Self::retryable(result, &reply) {
@@ -245,27 +401,25 @@ impl Client {
     }
 
     /// COMMIT or RELEASE until a definite answer; what the token should end as.
-    fn finish(&mut self, kind: OpKind, tok: &str, t: &mut Tally) -> Expect {
-        let name = if kind == OpKind::Commit {
-            "COMMIT"
-        } else {
-            "RELEASE"
-        };
-        let mut cmd = redis::cmd(name);
-        cmd.arg(tok);
+    fn finish(&mut self, commit: bool, tok: &str, t: &mut Tally) -> Expect {
         loop {
-            let (result, reply, _) = self.op(kind, &cmd, None, Some(tok), |v| match v {
-                redis::Value::Int(i) => (Outcome::Ok, i.to_string(), None),
-                other => (Outcome::Unknown, format!("unexpected {other:?}"), None),
-            });
-            match (kind, result) {
-                (OpKind::Commit, Outcome::Ok) => return Expect::Committed,
-                (OpKind::Release, Outcome::Ok) => return Expect::Released,
-                _ => {}
+            let r = if commit {
+                Req::Commit(tok)
+            } else {
+                Req::Release(tok)
+            };
+            let (result, reply, _) = self.op(&r);
+            if result == Outcome::Ok {
+                t.last_answer = Some(Instant::now());
+                return if commit {
+                    Expect::Committed
+                } else {
+                    Expect::Released
+                };
             }
             if !Self::retryable(result, &reply) {
                 // Recorded (NORES would be a lost write); the checker judges it.
-                eprintln!("raft storm: {name} {tok}: unexpected answer {reply}");
+                eprintln!("raft storm: {} {tok}: unexpected answer {reply}", r.kind());
                 return Expect::Either;
             }
             if result == Outcome::Unknown {
@@ -279,38 +433,36 @@ impl Client {
         }
     }
 
-    /// A RESERVATION read, recorded; the checker holds it against the final state.
-    fn read(&mut self, tok: &str) {
-        let mut cmd = redis::cmd("RESERVATION");
-        cmd.arg(tok);
-        self.op(OpKind::Read, &cmd, None, Some(tok), |v| match v {
-            redis::Value::Nil => (Outcome::Ok, "nil".into(), None),
-            v => match common::field(v, "state") {
-                Some(s) => (Outcome::Ok, common::as_str(&s), None),
-                None => (Outcome::Unknown, format!("unexpected {v:?}"), None),
-            },
-        });
-    }
-
     fn run(mut self) -> (Vec<(String, Expect)>, Tally) {
-        let mut tokens = Vec::new();
+        let mut tokens: Vec<(String, Expect)> = Vec::new();
+        // Indices into `tokens` of holds left RESERVED, some finished later.
+        let mut held: Vec<usize> = Vec::new();
         let mut tally = Tally::default();
         let mut i = 0u64;
         while !self.stop.load(Ordering::SeqCst) {
             i += 1;
+            if !held.is_empty() && self.rng.gen_bool(0.15) {
+                let at = held.swap_remove(self.rng.gen_range(0..held.len()));
+                let tok = tokens[at].0.clone();
+                let commit = self.rng.gen_bool(0.5);
+                tokens[at].1 = self.finish(commit, &tok, &mut tally);
+                tally.late_finishes += 1;
+            }
             let user = format!("u{}-{i}", self.process);
             let req = format!("r{i}");
             if let Some(tok) = self.reserve(&user, &req, &mut tally) {
                 let roll = self.rng.gen_range(0..100);
                 let expect = if roll < 35 {
-                    self.finish(OpKind::Commit, &tok, &mut tally)
-                } else if roll < 75 {
-                    self.finish(OpKind::Release, &tok, &mut tally)
+                    self.finish(true, &tok, &mut tally)
+                } else if roll < 70 {
+                    self.finish(false, &tok, &mut tally)
                 } else {
+                    held.push(tokens.len());
                     Expect::Reserved
                 };
                 if self.rng.gen_bool(0.3) {
-                    self.read(&tok);
+                    // Recorded; the checker holds what it saw against the final state.
+                    self.op(&Req::Read(&tok));
                 }
                 tokens.push((tok, expect));
             }
@@ -354,12 +506,18 @@ fn raft_storm_of_kills_and_partitions_loses_no_acknowledged_state() {
     let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (1..=CLIENTS)
         .map(|p| {
-            let c = Client {
-                process: p,
-                link: Link {
+            // A third of the clients go through the client crate's Sentinel support.
+            let link: Box<dyn Transport> = if p <= SENTINEL_CLIENTS {
+                Box::new(ViaSentinel::new(&g.ports()))
+            } else {
+                Box::new(Direct {
                     ports: g.ports(),
                     conn: None,
-                },
+                })
+            };
+            let c = Client {
+                process: p,
+                link,
                 rec: rec.clone(),
                 keyring: g.keys.keyring(),
                 rng: StdRng::seed_from_u64(seed ^ p.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
@@ -424,17 +582,29 @@ fn raft_storm_of_kills_and_partitions_loses_no_acknowledged_state() {
         }
     }
     let storm_ms = started.elapsed().as_millis();
+    // A healthy tail: every client must get answers from the last leader.
+    let last_fault = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
     stop.store(true, Ordering::SeqCst);
     let mut expected: Vec<(String, Expect)> = Vec::new();
     let mut tally = Tally::default();
-    for c in clients {
+    let mut via_crate = Tally::default();
+    for (p, c) in (1..=CLIENTS).zip(clients) {
         let (toks, t) = c.join().expect("client thread");
         expected.extend(toks);
-        tally.reserves += t.reserves;
-        tally.acked += t.acked;
-        tally.soldout += t.soldout;
-        tally.retries += t.retries;
-        tally.lost += t.lost;
+        tally.add(&t);
+        if p <= SENTINEL_CLIENTS {
+            via_crate.add(&t);
+        }
+        let via = if p <= SENTINEL_CLIENTS {
+            "the client crate's Sentinel connection"
+        } else {
+            "the test's discovery"
+        };
+        assert!(
+            t.last_answer.is_some_and(|a| a > last_fault),
+            "client {p} ({via}) got no answer after the last fault: {t:?}"
+        );
     }
     for line in &log {
         eprintln!("raft storm: {line}");
@@ -507,6 +677,9 @@ fn raft_storm_of_kills_and_partitions_loses_no_acknowledged_state() {
         .arg(&hist_path)
         .output()
         .expect("run stockgate-history-check");
+    if let Ok(keep) = std::env::var("STORM_HISTORY_OUT") {
+        std::fs::copy(&hist_path, &keep).expect("copy the history to STORM_HISTORY_OUT");
+    }
     if !report.ok() || !out.status.success() {
         // Kept for a post-mortem: the temp dir goes with the test.
         let keep = std::env::temp_dir().join(format!("stockgate-storm-{seed}.jsonl"));
@@ -579,10 +752,14 @@ fn raft_storm_of_kills_and_partitions_loses_no_acknowledged_state() {
     );
     eprintln!(
         "raft storm: seed {seed}, {} faults in {storm_ms} ms, {} s in all; {tally:?}; \
-         {} tokens, final available {available} reserved {reserved} committed {committed}, \
+         of which the {SENTINEL_CLIENTS} clients through the client crate: {} RESERVEs, {} \
+         acknowledged, {} SOLDOUT; {} tokens, final available {available} reserved {reserved} committed {committed}, \
          XLEN {xlen} on every member",
         faults.len(),
         started.elapsed().as_secs(),
+        via_crate.reserves,
+        via_crate.acked,
+        via_crate.soldout,
         expected.len()
     );
 }

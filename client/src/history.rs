@@ -287,6 +287,8 @@ pub struct Stats {
     pub unresolved_reserves: u64,
     /// SOLDOUT replies.
     pub soldout: u64,
+    /// `(op, outcome, first word of the reply)` → count, for the outcomes other than ok.
+    pub not_ok: BTreeMap<(String, String, String), u64>,
     /// Final states of the known tokens.
     pub final_states: BTreeMap<String, u64>,
 }
@@ -307,6 +309,9 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for ((op, res), n) in &self.stats.ops {
             writeln!(f, "{op} {res}: {n}")?;
+        }
+        for ((op, res, word), n) in &self.stats.not_ok {
+            writeln!(f, "  {op} {res} {word}: {n}")?;
         }
         writeln!(
             f,
@@ -491,6 +496,17 @@ pub fn check(records: &[Record]) -> Report {
             .ops
             .entry((o.kind.to_string(), res.into()))
             .or_default() += 1;
+        if o.result != Outcome::Ok {
+            let word = if o.completed.is_none() {
+                "(no completion)"
+            } else {
+                o.reply_word()
+            };
+            *stats
+                .not_ok
+                .entry((o.kind.to_string(), res.into(), word.to_owned()))
+                .or_default() += 1;
+        }
         if o.kind == OpKind::Reserve && o.result == Outcome::Fail && o.reply_word() == "SOLDOUT" {
             stats.soldout += 1;
         }
