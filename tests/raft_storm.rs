@@ -1,7 +1,8 @@
 //! The storm: three real members, a dozen checkout clients reserving, committing and
 //! releasing against whoever leads (found through the Sentinel interface), while the
-//! leader is `kill -9`ed twelve times and partitioned from one or both followers six
-//! times, at seeded-random moments. Every invocation and completion is recorded into a
+//! leader is `kill -9`ed twelve times, partitioned from one or both followers six
+//! times, paused (SIGSTOP) three times, and the whole group is `kill -9`ed twice, at
+//! seeded-random moments. Every invocation and completion is recorded into a
 //! history file; at the end the final state of every token and the sale's counters are
 //! read from the final leader, appended, and the history is judged by
 //! `stockgate_client::history::check` and by the `stockgate-history-check` binary.
@@ -36,6 +37,8 @@ const CLIENTS: u64 = 12;
 const SENTINEL_CLIENTS: u64 = 4;
 const KILLS: usize = 12;
 const PARTITIONS: usize = 6;
+const PAUSES: usize = 3;
+const CRASHES: usize = 2;
 
 /// The history checker binary next to this test's executable.
 fn checker_bin() -> PathBuf {
@@ -477,6 +480,8 @@ impl Client {
 #[derive(Clone, Copy, Debug)]
 enum Fault {
     Kill,
+    Pause,
+    CrashAll,
     PartitionAll,
     PartitionOne,
 }
@@ -537,6 +542,8 @@ fn raft_storm_of_kills_and_partitions_loses_no_acknowledged_state() {
                 Fault::PartitionOne
             }
         }))
+        .chain(std::iter::repeat_n(Fault::Pause, PAUSES))
+        .chain(std::iter::repeat_n(Fault::CrashAll, CRASHES))
         .collect();
     for i in (1..faults.len()).rev() {
         faults.swap(i, rng.gen_range(0..=i));
@@ -559,6 +566,30 @@ fn raft_storm_of_kills_and_partitions_loses_no_acknowledged_state() {
                 g.member(l).spawn();
                 log.push(format!(
                     "{at} ms: kill -9 leader {l}, restart after {wait} ms"
+                ));
+            }
+            Fault::Pause => {
+                let hold = rng.gen_range(500..1500);
+                g.member(l).pause(true);
+                std::thread::sleep(Duration::from_millis(hold));
+                g.member(l).pause(false);
+                log.push(format!(
+                    "{at} ms: leader {l} paused (SIGSTOP) for {hold} ms"
+                ));
+            }
+            Fault::CrashAll => {
+                // Every member at once, as a power loss: only what was durable on a
+                // majority was acknowledged, so it must all come back.
+                let wait = rng.gen_range(0..800);
+                for id in [1, 2, 3] {
+                    g.member(id).kill9();
+                }
+                std::thread::sleep(Duration::from_millis(wait));
+                for id in [1, 2, 3] {
+                    g.member(id).spawn();
+                }
+                log.push(format!(
+                    "{at} ms: kill -9 of all three (leader was {l}), restart after {wait} ms"
                 ));
             }
             Fault::PartitionAll | Fault::PartitionOne => {

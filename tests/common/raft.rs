@@ -117,6 +117,20 @@ impl Member {
     }
 }
 
+impl Member {
+    /// SIGSTOP (`true`) or SIGCONT (`false`): a process pause, as a long GC or a stalled
+    /// VM gives one. The PID survives a deposed leader's re-execution.
+    pub fn pause(&self, stop: bool) {
+        if let Some(c) = &self.child {
+            let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: kill(2) on the PID of a child this harness started and still owns.
+            unsafe {
+                libc::kill(c.id() as i32, sig);
+            }
+        }
+    }
+}
+
 impl Drop for Member {
     fn drop(&mut self) {
         self.kill9();
