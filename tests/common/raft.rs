@@ -96,13 +96,30 @@ pub struct Member {
 
 impl Member {
     pub fn spawn(&mut self) {
+        // RAFT_TEST_LOG_DIR=dir: each member's log appended to dir/member-<id>.log (at
+        // RAFT_TEST_LOG level, default the one below), kept after the test for a
+        // post-mortem; else the members log to the test's stderr.
+        let (level, stderr) = match std::env::var("RAFT_TEST_LOG_DIR") {
+            Ok(dir) => {
+                std::fs::create_dir_all(&dir).expect("RAFT_TEST_LOG_DIR");
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(std::path::Path::new(&dir).join(format!("member-{}.log", self.id)))
+                    .expect("member log file");
+                let level =
+                    std::env::var("RAFT_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into());
+                (level, Stdio::from(f))
+            }
+            // openraft warns at every refused connection to a killed peer: noise here.
+            Err(_) => ("warn,openraft=error".into(), Stdio::inherit()),
+        };
         let child = Command::new(server_bin())
             .args(&self.args)
-            // openraft warns at every refused connection to a killed peer: noise here.
-            .env("STOCKGATE_LOG", "warn,openraft=error")
+            .env("STOCKGATE_LOG", level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn stockgate");
         self.child = Some(child);
@@ -309,6 +326,48 @@ impl Group {
 
     pub fn token(&self, sku: &str, user: &str) -> String {
         self.keys.keyring().mint(sku, user, now_ms() + 600_000)
+    }
+
+    /// Like [`Group::converge`], the lengths seen last instead of a panic.
+    pub fn try_converge(&self, within: Duration) -> Result<i64, Vec<i64>> {
+        let deadline = Instant::now() + within;
+        loop {
+            let lens: Vec<i64> = self
+                .members
+                .iter()
+                .filter(|m| m.child.is_some())
+                .map(|m| {
+                    quick_conn(m.port, Duration::from_secs(2))
+                        .and_then(|mut c| {
+                            redis::cmd("XLEN")
+                                .arg("stockgate:events")
+                                .query(&mut c)
+                                .ok()
+                        })
+                        .unwrap_or(-1)
+                })
+                .collect();
+            if lens.windows(2).all(|w| w[0] == w[1]) && lens.first().is_some_and(|l| *l >= 0) {
+                return Ok(lens[0]);
+            }
+            if Instant::now() >= deadline {
+                return Err(lens);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Members whose process ended without the harness killing it, with its status.
+    pub fn exited(&mut self) -> Vec<(u64, String)> {
+        let mut out = Vec::new();
+        for m in &mut self.members {
+            if let Some(c) = m.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    out.push((m.id, st.to_string()));
+                }
+            }
+        }
+        out
     }
 
     /// Every running member reports the same event count, within `within`.
