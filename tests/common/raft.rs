@@ -92,27 +92,35 @@ pub struct Member {
     pub dir: PathBuf,
     pub args: Vec<String>,
     pub child: Option<Child>,
+    /// Where this member's later starts append their log (info level), if set.
+    pub log_file: Option<PathBuf>,
 }
 
 impl Member {
     pub fn spawn(&mut self) {
         // RAFT_TEST_LOG_DIR=dir: each member's log appended to dir/member-<id>.log (at
-        // RAFT_TEST_LOG level, default the one below), kept after the test for a
-        // post-mortem; else the members log to the test's stderr.
-        let (level, stderr) = match std::env::var("RAFT_TEST_LOG_DIR") {
-            Ok(dir) => {
+        // RAFT_TEST_LOG level, default info), kept after the test for a post-mortem;
+        // else `log_file`; else the members log to the test's stderr.
+        let file = std::env::var("RAFT_TEST_LOG_DIR")
+            .ok()
+            .map(|dir| {
                 std::fs::create_dir_all(&dir).expect("RAFT_TEST_LOG_DIR");
+                std::path::Path::new(&dir).join(format!("member-{}.log", self.id))
+            })
+            .or_else(|| self.log_file.clone());
+        let (level, stderr) = match file {
+            Some(path) => {
                 let f = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(std::path::Path::new(&dir).join(format!("member-{}.log", self.id)))
+                    .open(&path)
                     .expect("member log file");
                 let level =
                     std::env::var("RAFT_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into());
                 (level, Stdio::from(f))
             }
             // openraft warns at every refused connection to a killed peer: noise here.
-            Err(_) => ("warn,openraft=error".into(), Stdio::inherit()),
+            None => ("warn,openraft=error".into(), Stdio::inherit()),
         };
         let child = Command::new(server_bin())
             .args(&self.args)
@@ -248,6 +256,7 @@ impl Group {
                 dir: d,
                 args,
                 child: None,
+                log_file: None,
             });
         }
         for m in &mut members {
