@@ -542,8 +542,8 @@ fn raft_storm_of_kills_and_partitions_loses_no_acknowledged_state() {
 }
 
 /// The same storm with leader pauses (SIGSTOP) and whole-group `kill -9`s added. Ignored:
-/// it trips a server bug in about one run of six (see the report in the branch's last
-/// commit and `raft_restarted_leader_repro` below): a leader restarted fast enough that
+/// it trips a server bug in about one run of six (docs/replication.md, "How it is
+/// tested", and `raft_restarted_leader_repro` below): a leader restarted fast enough that
 /// its followers never noticed resumes its old term with openraft's restored leader
 /// state, and takes writes while its log still holds unapplied entries of that same term
 /// from its previous process (`caught_up` only compares the last applied entry's term).
