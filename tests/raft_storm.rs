@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use stockgate_client::history::{self, OpKind, Outcome, Record, Recorder};
+use stockgate_client::history::{self, OpKind, Outcome, Record, Recorder, ViolationKind};
 use stockgate_client::types::{CommitOk, ReserveOutcome};
 use stockgate_client::{ClientConfig, ClientError, SentinelConfig, StockgateClient};
 use stockgate_server::engine::Keyring;
@@ -886,6 +886,56 @@ fn run_storm(plan: Plan) {
         out.status.success(),
         "stockgate-history-check failed on the saved history: {}\n{}",
         out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // The checker has teeth on this very history: one acknowledged COMMIT's token made
+    // to look lost must fail it, in the library and in the binary.
+    let victim = records
+        .iter()
+        .find_map(|r| match r {
+            Record::FinalReservation {
+                token,
+                state: Some(s),
+                ..
+            } if s == "COMMITTED" => Some(token.clone()),
+            _ => None,
+        })
+        .expect("some token ended COMMITTED");
+    let mutated: Vec<Record> = records
+        .iter()
+        .map(|r| match r {
+            Record::FinalReservation { sku, token, .. } if *token == victim => {
+                Record::FinalReservation {
+                    sku: sku.clone(),
+                    token: token.clone(),
+                    state: None,
+                }
+            }
+            other => other.clone(),
+        })
+        .collect();
+    let bad = history::check(&mutated);
+    assert!(
+        bad.violations
+            .iter()
+            .any(|v| v.kind == ViolationKind::LostWrite && v.detail.contains(&victim)),
+        "the checker missed a lost write of {victim}:\n{bad}"
+    );
+    let mutated_path = hist_dir.path().join("mutated.jsonl");
+    let text: String = mutated
+        .iter()
+        .map(|r| serde_json::to_string(r).expect("encode") + "\n")
+        .collect();
+    std::fs::write(&mutated_path, text).expect("write the mutated history");
+    let out = Command::new(checker_bin())
+        .arg(&mutated_path)
+        .output()
+        .expect("run stockgate-history-check");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stockgate-history-check passed a history with a lost write: {}",
         String::from_utf8_lossy(&out.stdout)
     );
 
