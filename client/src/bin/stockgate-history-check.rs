@@ -1,7 +1,7 @@
 //! `stockgate-history-check`: judges a saved history of a flash sale (JSON lines of
 //! operation invocations, completions and the final state) against the sale's model, as
 //! `stockgate_client::history::check` does. Exit 0: no violation; 1: violations, listed;
-//! 2: the file could not be read or parsed.
+//! 2: the file could not be read, or a line is no record.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,7 +30,8 @@ unknown (timeout, connection lost: may or may not have taken effect; also an inv
 complete). reply: RESERVED/REPLAY (with token) for RESERVE, 1/0 for COMMIT and RELEASE, the\n\
 state or nil for READ, the reply word for a fail. final_reservation: RESERVATION's state on\n\
 the final leader (null if unknown to it); final_sale: its SALE.INFO.\n\n\
-EXIT STATUS: 0 no violation, 1 violations (listed), 2 unreadable or malformed file."
+EXIT STATUS: 0 no violation, 1 violations (listed; an inconsistent history, such as a\n\
+complete without its invoke, is one), 2 unreadable file or a line that is no record."
 )]
 struct Cli {
     /// The history file (JSON lines).
