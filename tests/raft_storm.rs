@@ -542,17 +542,17 @@ fn raft_storm_of_kills_and_partitions_loses_no_acknowledged_state() {
 }
 
 /// The same storm with leader pauses (SIGSTOP) and whole-group `kill -9`s added. Ignored:
-/// it trips a server bug in about one run of six (the storm alone, about one in twenty) (docs/replication.md, "How it is
-/// tested", and `raft_restarted_leader_repro` below): a leader restarted fast enough that
-/// its followers never noticed resumes its old term with openraft's restored leader
-/// state, and takes writes while its log still holds unapplied entries of that same term
-/// from its previous process (`caught_up` only compares the last applied entry's term).
-/// Its new records reuse those entries' LSNs; once both commit, followers skip the
-/// overlap (`lsn <= have`) and apply the rest shifted: a RESERVE retried on the restarted
-/// leader lands twice in the log and both followers panic `reserved twice in the log`
-/// (debug builds; release builds skip it and the members' states diverge). Also seen:
-/// openraft's `Some(log_id) <= self.committed()` assertion on a deposed leader whose WAL
-/// held a record the next leader's log did not.
+/// it trips a server bug in about one run of six (the storm alone: about one in twenty;
+/// docs/replication.md, "How it is tested", and `raft_restarted_leader_repro` below). A
+/// leader restarted fast enough that its followers never noticed resumes its old term
+/// with openraft's restored leader state, and takes writes while its log still holds
+/// unapplied entries of that same term from its previous process (`caught_up` only
+/// compares the last applied entry's term). Its new records reuse those entries' LSNs;
+/// once both commit, members skip the overlap (`lsn <= have` in `apply_batch`) and apply
+/// the rest shifted: a RESERVE retried on the restarted leader lands twice in the log and
+/// every member panics `reserved twice in the log` (debug builds; release builds skip the
+/// record). Also seen: openraft's `Some(log_id) <= self.committed()` assertion on a
+/// deposed leader whose WAL held a record more than the next leader had applied.
 #[test]
 #[ignore = "server bug: a fast-restarted leader reuses LSNs of its previous process's entries"]
 fn raft_storm_with_pauses_and_group_crashes() {
