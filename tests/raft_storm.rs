@@ -542,7 +542,7 @@ fn raft_storm_of_kills_and_partitions_loses_no_acknowledged_state() {
 }
 
 /// The same storm with leader pauses (SIGSTOP) and whole-group `kill -9`s added. Ignored:
-/// it trips a server bug in about one run of six (the storm alone: about one in twenty;
+/// it trips a server bug in about one run of six (the storm alone: one run in 23;
 /// docs/replication.md, "How it is tested", and `raft_restarted_leader_repro` below). A
 /// leader restarted fast enough that its followers never noticed resumes its old term
 /// with openraft's restored leader state, and takes writes while its log still holds
