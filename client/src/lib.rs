@@ -19,6 +19,7 @@ pub mod checkout;
 pub mod client;
 pub mod gate;
 pub mod group;
+pub mod history;
 pub mod ledger;
 pub mod materialize;
 pub mod metrics;

@@ -92,17 +92,42 @@ pub struct Member {
     pub dir: PathBuf,
     pub args: Vec<String>,
     pub child: Option<Child>,
+    /// Where this member's later starts append their log (info level), if set.
+    pub log_file: Option<PathBuf>,
 }
 
 impl Member {
     pub fn spawn(&mut self) {
+        // RAFT_TEST_LOG_DIR=dir: each member's log appended to dir/member-<id>.log (at
+        // RAFT_TEST_LOG level, default info), kept after the test for a post-mortem;
+        // else `log_file`; else the members log to the test's stderr.
+        let file = std::env::var("RAFT_TEST_LOG_DIR")
+            .ok()
+            .map(|dir| {
+                std::fs::create_dir_all(&dir).expect("RAFT_TEST_LOG_DIR");
+                std::path::Path::new(&dir).join(format!("member-{}.log", self.id))
+            })
+            .or_else(|| self.log_file.clone());
+        let (level, stderr) = match file {
+            Some(path) => {
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .expect("member log file");
+                let level =
+                    std::env::var("RAFT_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into());
+                (level, Stdio::from(f))
+            }
+            // openraft warns at every refused connection to a killed peer: noise here.
+            None => ("warn,openraft=error".into(), Stdio::inherit()),
+        };
         let child = Command::new(server_bin())
             .args(&self.args)
-            // openraft warns at every refused connection to a killed peer: noise here.
-            .env("STOCKGATE_LOG", "warn,openraft=error")
+            .env("STOCKGATE_LOG", level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn stockgate");
         self.child = Some(child);
@@ -113,6 +138,20 @@ impl Member {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+}
+
+impl Member {
+    /// SIGSTOP (`true`) or SIGCONT (`false`): a process pause, as a long GC or a stalled
+    /// VM gives one. The PID survives a deposed leader's re-execution.
+    pub fn pause(&self, stop: bool) {
+        if let Some(c) = &self.child {
+            let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: kill(2) on the PID of a child this harness started and still owns.
+            unsafe {
+                libc::kill(c.id() as i32, sig);
+            }
         }
     }
 }
@@ -228,6 +267,7 @@ impl Group {
                 dir: d,
                 args,
                 child: None,
+                log_file: None,
             });
         }
         for m in &mut members {
@@ -306,6 +346,48 @@ impl Group {
 
     pub fn token(&self, sku: &str, user: &str) -> String {
         self.keys.keyring().mint(sku, user, now_ms() + 600_000)
+    }
+
+    /// Like [`Group::converge`], the lengths seen last instead of a panic.
+    pub fn try_converge(&self, within: Duration) -> Result<i64, Vec<i64>> {
+        let deadline = Instant::now() + within;
+        loop {
+            let lens: Vec<i64> = self
+                .members
+                .iter()
+                .filter(|m| m.child.is_some())
+                .map(|m| {
+                    quick_conn(m.port, Duration::from_secs(2))
+                        .and_then(|mut c| {
+                            redis::cmd("XLEN")
+                                .arg("stockgate:events")
+                                .query(&mut c)
+                                .ok()
+                        })
+                        .unwrap_or(-1)
+                })
+                .collect();
+            if lens.windows(2).all(|w| w[0] == w[1]) && lens.first().is_some_and(|l| *l >= 0) {
+                return Ok(lens[0]);
+            }
+            if Instant::now() >= deadline {
+                return Err(lens);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Members whose process ended without the harness killing it, with its status.
+    pub fn exited(&mut self) -> Vec<(u64, String)> {
+        let mut out = Vec::new();
+        for m in &mut self.members {
+            if let Some(c) = m.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    out.push((m.id, st.to_string()));
+                }
+            }
+        }
+        out
     }
 
     /// Every running member reports the same event count, within `within`.
@@ -512,5 +594,73 @@ pub fn converge_wal(g: &Group, within: Duration) -> u64 {
             "members' WALs did not converge: {lsns:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Group {
+    /// The members' client ports (they keep them across restarts).
+    pub fn ports(&self) -> Vec<u16> {
+        self.members.iter().map(|m| m.port).collect()
+    }
+
+    /// Cuts (or heals) the two directed links between `a` and `b` only.
+    pub fn cut_link(&self, a: u64, b: u64, cut: bool) {
+        for ((f, t), p) in &self.links {
+            if (*f == a && *t == b) || (*f == b && *t == a) {
+                p.cut.store(cut, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Heals every link.
+    pub fn heal_all(&self) {
+        for (_, p) in &self.links {
+            p.cut.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A connection with short connect and answer timeouts, for discovery.
+fn quick_conn(port: u16, timeout: Duration) -> Option<redis::Connection> {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .and_then(|c| c.get_connection_with_timeout(timeout))
+        .ok()?;
+    c.set_read_timeout(Some(timeout)).ok()?;
+    c.set_write_timeout(Some(timeout)).ok()?;
+    Some(c)
+}
+
+/// The client port of the member that takes writes, found as a Sentinel-aware client
+/// finds it without the harness's knowledge of who runs: each member is asked
+/// `SENTINEL get-master-addr-by-name stockgate`, and the one named must say `master` to
+/// `ROLE`. None if no member names a writable leader within `within`.
+pub fn discover(ports: &[u16], within: Duration) -> Option<u16> {
+    let deadline = Instant::now() + within;
+    loop {
+        for &p in ports {
+            let Some(mut c) = quick_conn(p, Duration::from_millis(300)) else {
+                continue;
+            };
+            let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg("stockgate")
+                .query(&mut c)
+                .ok()
+                .flatten();
+            let Some(named) = addr.and_then(|(_, port)| port.parse::<u16>().ok()) else {
+                continue;
+            };
+            let Some(mut lc) = quick_conn(named, Duration::from_millis(300)) else {
+                continue;
+            };
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut lc).unwrap_or_default();
+            if role.first().map(crate::common::as_str).as_deref() == Some("master") {
+                return Some(named);
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

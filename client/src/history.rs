@@ -1,0 +1,1144 @@
+//! A Jepsen-style history of a flash sale and the checker that judges it.
+//!
+//! A test (or an operator's load tool) records every operation it *invoked* and how each
+//! one *completed*, then reads the final state of every reservation token it learned of
+//! and each sale's counters from the group's leader and appends them. [`check`] decides
+//! whether that history is possible under the sale's model; `stockgate-history-check`
+//! runs it on a saved file.
+//!
+//! # File format
+//!
+//! JSON lines: one object per line, `"type"` names the record; blank lines are ignored.
+//!
+//! ```text
+//! {"type":"sale","sku":"S","total":300}
+//! {"type":"invoke","op_id":7,"process":3,"op":"RESERVE","sku":"S","user":"u-3-1","req":"r-1","t_ms":1700000000000}
+//! {"type":"complete","op_id":7,"process":3,"result":"ok","reply":"RESERVED","token":"{S}abc...","t_ms":1700000000004}
+//! {"type":"invoke","op_id":8,"process":3,"op":"COMMIT","sku":"S","token":"{S}abc...","t_ms":1700000000005}
+//! {"type":"complete","op_id":8,"process":3,"result":"unknown","reply":"connection reset","t_ms":1700000002005}
+//! {"type":"final_reservation","sku":"S","token":"{S}abc...","state":"COMMITTED"}
+//! {"type":"final_sale","sku":"S","total":300,"available":12,"reserved":80,"committed":208}
+//! ```
+//!
+//! - `sale`: a sale and its total (optional; else `final_sale`'s total is taken).
+//! - `invoke`: `op_id` (unique in the file, pairs it with its `complete`), `process`
+//!   (the client thread), `op` one of `RESERVE` (`user`, `req`, optional `qty`, default
+//!   1), `COMMIT`, `RELEASE`, `READ` (`token`: a `RESERVATION` read), `t_ms` wall time.
+//! - `complete`: `result` is `ok` (the server answered with success), `fail` (the server
+//!   answered and **certainly changed nothing**: `SOLDOUT`, `-READONLY`, `-LOADING`,
+//!   `-RELEASED`...), or `unknown` (timeout, connection lost: it may or may not have taken
+//!   effect). `reply`: for `RESERVE` ok `RESERVED` or `REPLAY` with `token`; for
+//!   `COMMIT`/`RELEASE` ok the integer reply `1` or `0`; for `READ` ok the `state`, or
+//!   `nil`; for a `fail` the reply word (`SOLDOUT`, `RELEASED`, `NORES`, `READONLY`...).
+//!   An `invoke` without a `complete` counts as `unknown`.
+//! - `final_reservation`: the state (`RESERVED`, `COMMITTED`, `RELEASED`, `EXPIRED`) of
+//!   a token as the final leader answers `RESERVATION`, `null` if it does not know it.
+//! - `final_sale`: `SALE.INFO` of a sale on the final leader.
+//!
+//! # What is checked
+//!
+//! - every acknowledged `RESERVE` has its token in the final state, and one token was
+//!   never acknowledged for two `(user, req)` pairs, nor one pair given two tokens;
+//! - an acknowledged `COMMIT` (`1` or `0`) ends `COMMITTED`; a `RELEASE` answered `1`
+//!   ends `RELEASED` (or `EXPIRED`), one answered `0` does not end `RESERVED`; a
+//!   `COMMIT` answered `RELEASED` ends `RELEASED`; `NORES` for an acknowledged token is a
+//!   lost write; a token never committed (no `ok` or `unknown` COMMIT) does not end
+//!   `COMMITTED`, and one never released does not end `RELEASED`;
+//! - a `READ` that saw a state: `RESERVED` means the token exists at the end,
+//!   `COMMITTED`/`RELEASED` are final and must be the end state;
+//! - the counters: none negative, `available + reserved + committed = total`, the
+//!   units of acknowledged tokens that end `RESERVED` or `COMMITTED` ≤ total (no
+//!   oversell), `committed` equals the units of known tokens that end `COMMITTED` (only a
+//!   known token can be committed), and `reserved` is at least the units of known tokens
+//!   that end `RESERVED` and at most that plus the units of `RESERVE`s whose outcome was
+//!   never learned (unknown, never answered `ok`).
+//!
+//! `SOLDOUT` is never a violation: a sale spread over shards can answer it while another
+//! shard still has stock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+/// Errors reading or writing a history file.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("history file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("history line {line}: {source}")]
+    Parse {
+        line: usize,
+        source: serde_json::Error,
+    },
+    #[error("history record: {0}")]
+    Encode(serde_json::Error),
+    #[error("history writer: {0}")]
+    Write(std::io::Error),
+    #[error("history writer lock poisoned (a recording thread panicked)")]
+    Poisoned,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum OpKind {
+    Reserve,
+    Commit,
+    Release,
+    Read,
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OpKind::Reserve => "RESERVE",
+            OpKind::Commit => "COMMIT",
+            OpKind::Release => "RELEASE",
+            OpKind::Read => "READ",
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// The server answered with success.
+    Ok,
+    /// The server answered and changed nothing.
+    Fail,
+    /// No answer: it may or may not have taken effect.
+    Unknown,
+}
+
+fn one() -> i64 {
+    1
+}
+
+/// One line of a history file (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Record {
+    Sale {
+        sku: String,
+        total: i64,
+    },
+    Invoke {
+        op_id: u64,
+        process: u64,
+        op: OpKind,
+        sku: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        req: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<String>,
+        #[serde(default = "one")]
+        qty: i64,
+        t_ms: u64,
+    },
+    Complete {
+        op_id: u64,
+        process: u64,
+        result: Outcome,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reply: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<String>,
+        t_ms: u64,
+    },
+    FinalReservation {
+        sku: String,
+        token: String,
+        state: Option<String>,
+    },
+    FinalSale {
+        sku: String,
+        total: i64,
+        available: i64,
+        reserved: i64,
+        committed: i64,
+    },
+}
+
+/// Parses a history (JSON lines).
+pub fn parse(text: &str) -> Result<Vec<Record>, HistoryError> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|source| HistoryError::Parse {
+                line: i + 1,
+                source,
+            })
+        })
+        .collect()
+}
+
+/// Reads and parses a history file.
+pub fn load(path: &Path) -> Result<Vec<Record>, HistoryError> {
+    let text = std::fs::read_to_string(path).map_err(|source| HistoryError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(&text)
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Appends records to a history file from many threads; hands out `op_id`s.
+pub struct Recorder {
+    out: Mutex<BufWriter<std::fs::File>>,
+    next_op: AtomicU64,
+}
+
+impl Recorder {
+    pub fn create(path: &Path) -> Result<Recorder, HistoryError> {
+        let f = std::fs::File::create(path).map_err(|source| HistoryError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(Recorder {
+            out: Mutex::new(BufWriter::new(f)),
+            next_op: AtomicU64::new(1),
+        })
+    }
+
+    pub fn next_op_id(&self) -> u64 {
+        self.next_op.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn append(&self, rec: &Record) -> Result<(), HistoryError> {
+        let line = serde_json::to_string(rec).map_err(HistoryError::Encode)?;
+        let mut out = self.out.lock().map_err(|_| HistoryError::Poisoned)?;
+        out.write_all(line.as_bytes())
+            .and_then(|_| out.write_all(b"\n"))
+            .map_err(HistoryError::Write)
+    }
+
+    pub fn flush(&self) -> Result<(), HistoryError> {
+        self.out
+            .lock()
+            .map_err(|_| HistoryError::Poisoned)?
+            .flush()
+            .map_err(HistoryError::Write)
+    }
+}
+
+/// What kind of rule a violation breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ViolationKind {
+    /// The history itself is inconsistent or incomplete (a completion without its
+    /// invocation, an acknowledged token without a final state, no final counters).
+    Malformed,
+    /// An acknowledged state is gone.
+    LostWrite,
+    /// A token ended in a state its acknowledged operations rule out.
+    WrongFinalState,
+    /// A token shared by two requests, or a request given two tokens.
+    TokenReuse,
+    /// More units held or sold than the sale has.
+    Oversell,
+    /// The counters disagree with each other or with the reservations.
+    Counters,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let k = match self.kind {
+            ViolationKind::Malformed => "malformed history",
+            ViolationKind::LostWrite => "lost acknowledged write",
+            ViolationKind::WrongFinalState => "wrong final state",
+            ViolationKind::TokenReuse => "token reuse",
+            ViolationKind::Oversell => "oversell",
+            ViolationKind::Counters => "counters",
+        };
+        write!(f, "{k}: {}", self.detail)
+    }
+}
+
+/// Counts of what the history holds, for the report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// `(op, outcome)` → completions (invocations without a completion count unknown).
+    pub ops: BTreeMap<(String, String), u64>,
+    /// Distinct tokens acknowledged by a RESERVE.
+    pub acknowledged_tokens: u64,
+    /// RESERVE requests (`sku, user, req`) whose outcome was never learned.
+    pub unresolved_reserves: u64,
+    /// SOLDOUT replies.
+    pub soldout: u64,
+    /// `(op, outcome, first word of the reply)` → count, for the outcomes other than ok.
+    pub not_ok: BTreeMap<(String, String, String), u64>,
+    /// Final states of the known tokens.
+    pub final_states: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub violations: Vec<Violation>,
+    pub stats: Stats,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for ((op, res), n) in &self.stats.ops {
+            writeln!(f, "{op} {res}: {n}")?;
+        }
+        for ((op, res, word), n) in &self.stats.not_ok {
+            writeln!(f, "  {op} {res} {word}: {n}")?;
+        }
+        writeln!(
+            f,
+            "acknowledged tokens: {}, SOLDOUT replies: {}, RESERVEs never resolved: {}",
+            self.stats.acknowledged_tokens, self.stats.soldout, self.stats.unresolved_reserves
+        )?;
+        let states: Vec<String> = self
+            .stats
+            .final_states
+            .iter()
+            .map(|(s, n)| format!("{s} {n}"))
+            .collect();
+        writeln!(f, "final states: {}", states.join(", "))?;
+        if self.violations.is_empty() {
+            writeln!(f, "no violations")
+        } else {
+            writeln!(f, "{} violation(s):", self.violations.len())?;
+            for v in &self.violations {
+                writeln!(f, "  {v}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+struct Op<'a> {
+    op_id: u64,
+    process: u64,
+    kind: OpKind,
+    sku: &'a str,
+    user: Option<&'a str>,
+    req: Option<&'a str>,
+    token: Option<&'a str>,
+    qty: i64,
+    invoked: u64,
+    result: Outcome,
+    reply: Option<&'a str>,
+    reply_token: Option<&'a str>,
+    completed: Option<u64>,
+}
+
+impl Op<'_> {
+    fn describe(&self) -> String {
+        let mut s = format!("{} (op {}, process {}", self.kind, self.op_id, self.process);
+        if let (Some(u), Some(r)) = (self.user, self.req) {
+            s.push_str(&format!(", user {u}, req {r}"));
+        }
+        s.push_str(&format!(", invoked at {} ms", self.invoked));
+        if let Some(c) = self.completed {
+            s.push_str(&format!(", answered at {c} ms"));
+        }
+        if let Some(r) = self.reply {
+            s.push_str(&format!(", reply {r}"));
+        }
+        s.push(')');
+        s
+    }
+
+    /// The reply's code word: `-READONLY no leader` → `READONLY`.
+    fn reply_word(&self) -> &str {
+        self.reply
+            .map(|r| r.trim_start_matches('-'))
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or("")
+    }
+}
+
+/// A token's facts gathered from the operations.
+#[derive(Default)]
+struct TokenFacts<'a> {
+    sku: Option<&'a str>,
+    qty: i64,
+    /// The RESERVE that first acknowledged it.
+    acked_by: Option<usize>,
+    /// Some COMMIT that may have taken effect (ok or unknown).
+    commit_tried: bool,
+    release_tried: bool,
+    commit_ok: Vec<usize>,
+    release_1: Vec<usize>,
+    release_0: Vec<usize>,
+    commit_released: Vec<usize>,
+    commit_nores: Vec<usize>,
+    reads: Vec<usize>,
+}
+
+/// Judges a history against the sale's model.
+pub fn check(records: &[Record]) -> Report {
+    let mut violations = Vec::new();
+    let mut bad = |kind, detail: String| violations.push(Violation { kind, detail });
+    let mut stats = Stats::default();
+
+    let mut totals: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut ops: Vec<Op> = Vec::new();
+    let mut by_id: HashMap<u64, usize> = HashMap::new();
+    let mut finals: HashMap<&str, (&str, Option<&str>)> = HashMap::new();
+    let mut final_sales: BTreeMap<&str, (i64, i64, i64, i64)> = BTreeMap::new();
+
+    for r in records {
+        match r {
+            Record::Sale { sku, total } => {
+                totals.insert(sku, *total);
+            }
+            Record::Invoke {
+                op_id,
+                process,
+                op,
+                sku,
+                user,
+                req,
+                token,
+                qty,
+                t_ms,
+            } => {
+                if by_id.insert(*op_id, ops.len()).is_some() {
+                    bad(
+                        ViolationKind::Malformed,
+                        format!("op_id {op_id} is invoked twice"),
+                    );
+                }
+                ops.push(Op {
+                    op_id: *op_id,
+                    process: *process,
+                    kind: *op,
+                    sku,
+                    user: user.as_deref(),
+                    req: req.as_deref(),
+                    token: token.as_deref(),
+                    qty: *qty,
+                    invoked: *t_ms,
+                    result: Outcome::Unknown,
+                    reply: None,
+                    reply_token: None,
+                    completed: None,
+                });
+            }
+            Record::Complete {
+                op_id,
+                result,
+                reply,
+                token,
+                t_ms,
+                ..
+            } => match by_id.get(op_id) {
+                Some(&i) if ops[i].completed.is_none() => {
+                    let o = &mut ops[i];
+                    o.result = *result;
+                    o.reply = reply.as_deref();
+                    o.reply_token = token.as_deref();
+                    o.completed = Some(*t_ms);
+                }
+                Some(_) => bad(
+                    ViolationKind::Malformed,
+                    format!("op_id {op_id} completes twice"),
+                ),
+                None => bad(
+                    ViolationKind::Malformed,
+                    format!("op_id {op_id} completes without an invocation before it"),
+                ),
+            },
+            Record::FinalReservation { sku, token, state } => {
+                finals.insert(token, (sku, state.as_deref()));
+            }
+            Record::FinalSale {
+                sku,
+                total,
+                available,
+                reserved,
+                committed,
+            } => {
+                final_sales.insert(sku, (*total, *available, *reserved, *committed));
+            }
+        }
+    }
+
+    for o in &ops {
+        let res = match o.result {
+            Outcome::Ok => "ok",
+            Outcome::Fail => "fail",
+            Outcome::Unknown => "unknown",
+        };
+        *stats
+            .ops
+            .entry((o.kind.to_string(), res.into()))
+            .or_default() += 1;
+        if o.result != Outcome::Ok {
+            let word = if o.completed.is_none() {
+                "(no completion)"
+            } else {
+                o.reply_word()
+            };
+            *stats
+                .not_ok
+                .entry((o.kind.to_string(), res.into(), word.to_owned()))
+                .or_default() += 1;
+        }
+        if o.kind == OpKind::Reserve && o.result == Outcome::Fail && o.reply_word() == "SOLDOUT" {
+            stats.soldout += 1;
+        }
+    }
+
+    // RESERVE: one token per request, one request per token.
+    let mut facts: HashMap<&str, TokenFacts> = HashMap::new();
+    let mut req_token: HashMap<(&str, &str, &str), &str> = HashMap::new();
+    let mut token_req: HashMap<&str, (&str, &str, &str)> = HashMap::new();
+    let mut req_unknown: BTreeMap<(&str, &str, &str), i64> = BTreeMap::new();
+    let mut req_resolved: BTreeSet<(&str, &str, &str)> = BTreeSet::new();
+    for (i, o) in ops.iter().enumerate() {
+        if o.kind != OpKind::Reserve {
+            continue;
+        }
+        let (Some(user), Some(req)) = (o.user, o.req) else {
+            bad(
+                ViolationKind::Malformed,
+                format!("{} has no user or req", o.describe()),
+            );
+            continue;
+        };
+        let key = (o.sku, user, req);
+        match o.result {
+            Outcome::Unknown => {
+                req_unknown.insert(key, o.qty);
+            }
+            Outcome::Fail => {}
+            Outcome::Ok => {
+                let Some(tok) = o.reply_token else {
+                    bad(
+                        ViolationKind::Malformed,
+                        format!("{} is acknowledged without a token", o.describe()),
+                    );
+                    continue;
+                };
+                req_resolved.insert(key);
+                match req_token.get(&key) {
+                    Some(&t) if t != tok => bad(
+                        ViolationKind::TokenReuse,
+                        format!(
+                            "{} was given token {tok}, an earlier attempt of the same request {t}",
+                            o.describe()
+                        ),
+                    ),
+                    _ => {
+                        req_token.insert(key, tok);
+                    }
+                }
+                match token_req.get(tok) {
+                    Some(&k) if k != key => bad(
+                        ViolationKind::TokenReuse,
+                        format!(
+                            "token {tok} acknowledged for user {} req {} and, by {}, for user {user} req {req}",
+                            k.1,
+                            k.2,
+                            o.describe()
+                        ),
+                    ),
+                    _ => {
+                        token_req.insert(tok, key);
+                    }
+                }
+                let f = facts.entry(tok).or_default();
+                f.sku = Some(o.sku);
+                f.qty = o.qty;
+                f.acked_by.get_or_insert(i);
+            }
+        }
+    }
+    let unresolved: BTreeMap<&str, i64> = req_unknown
+        .iter()
+        .filter(|(k, _)| !req_resolved.contains(*k))
+        .fold(BTreeMap::new(), |mut m, ((sku, _, _), qty)| {
+            *m.entry(*sku).or_default() += *qty;
+            m
+        });
+    stats.unresolved_reserves = req_unknown
+        .keys()
+        .filter(|k| !req_resolved.contains(*k))
+        .count() as u64;
+    stats.acknowledged_tokens = token_req.len() as u64;
+
+    // COMMIT, RELEASE, READ: what each answer implies for the token.
+    for (i, o) in ops.iter().enumerate() {
+        if o.kind == OpKind::Reserve {
+            continue;
+        }
+        let Some(tok) = o.token else {
+            bad(
+                ViolationKind::Malformed,
+                format!("{} has no token", o.describe()),
+            );
+            continue;
+        };
+        let f = facts.entry(tok).or_default();
+        f.sku.get_or_insert(o.sku);
+        if f.qty == 0 {
+            f.qty = 1;
+        }
+        let maybe = matches!(o.result, Outcome::Ok | Outcome::Unknown);
+        match (o.kind, o.result, o.reply_word()) {
+            (OpKind::Commit, _, _) if maybe => {
+                f.commit_tried = true;
+                if o.result == Outcome::Ok {
+                    f.commit_ok.push(i);
+                }
+            }
+            (OpKind::Commit, Outcome::Fail, "RELEASED") => f.commit_released.push(i),
+            (OpKind::Commit, Outcome::Fail, "NORES") => f.commit_nores.push(i),
+            (OpKind::Release, Outcome::Ok, "1") => {
+                f.release_tried = true;
+                f.release_1.push(i);
+            }
+            (OpKind::Release, Outcome::Ok, _) => {
+                f.release_tried = true;
+                f.release_0.push(i);
+            }
+            (OpKind::Release, Outcome::Unknown, _) => f.release_tried = true,
+            (OpKind::Read, Outcome::Ok, _) => f.reads.push(i),
+            _ => {}
+        }
+    }
+
+    let mut tokens: Vec<&&str> = facts.keys().collect();
+    tokens.sort();
+    for tok in tokens {
+        let f = &facts[*tok];
+        let Some(&(_, fin)) = finals.get(*tok) else {
+            if f.acked_by.is_some() {
+                bad(
+                    ViolationKind::Malformed,
+                    format!(
+                        "token {tok} was acknowledged but the history has no final state for it"
+                    ),
+                );
+            }
+            continue;
+        };
+        let acked_at = f.acked_by.map(|i| &ops[i]);
+        if let (Some(a), None) = (acked_at, fin) {
+            bad(
+                ViolationKind::LostWrite,
+                format!(
+                    "token {tok} acknowledged by {} is unknown to the final leader",
+                    a.describe()
+                ),
+            );
+            continue;
+        }
+        let fin_s = fin.unwrap_or("nil");
+        for &i in &f.commit_ok {
+            if fin != Some("COMMITTED") {
+                bad(
+                    ViolationKind::WrongFinalState,
+                    format!(
+                        "token {tok}: {} acknowledged, final state {fin_s}",
+                        ops[i].describe()
+                    ),
+                );
+            }
+        }
+        for &i in &f.release_1 {
+            if !matches!(fin, Some("RELEASED") | Some("EXPIRED")) {
+                bad(
+                    ViolationKind::WrongFinalState,
+                    format!(
+                        "token {tok}: {} acknowledged, final state {fin_s}",
+                        ops[i].describe()
+                    ),
+                );
+            }
+        }
+        for &i in &f.release_0 {
+            if fin == Some("RESERVED") {
+                bad(
+                    ViolationKind::WrongFinalState,
+                    format!(
+                        "token {tok}: {} said it was no longer held, final state RESERVED",
+                        ops[i].describe()
+                    ),
+                );
+            }
+        }
+        for &i in &f.commit_released {
+            if fin != Some("RELEASED") {
+                bad(
+                    ViolationKind::WrongFinalState,
+                    format!(
+                        "token {tok}: {} said it was released, final state {fin_s}",
+                        ops[i].describe()
+                    ),
+                );
+            }
+        }
+        for &i in &f.commit_nores {
+            if let Some(a) = acked_at.filter(|a| a.completed.is_some_and(|c| c <= ops[i].invoked)) {
+                bad(
+                    ViolationKind::LostWrite,
+                    format!(
+                        "token {tok}: {} after {} acknowledged it",
+                        ops[i].describe(),
+                        a.describe()
+                    ),
+                );
+            }
+        }
+        if fin == Some("COMMITTED") && !f.commit_tried {
+            bad(
+                ViolationKind::WrongFinalState,
+                format!("token {tok} ended COMMITTED but no COMMIT of it may have taken effect"),
+            );
+        }
+        if fin == Some("RELEASED") && !f.release_tried {
+            bad(
+                ViolationKind::WrongFinalState,
+                format!("token {tok} ended RELEASED but no RELEASE of it may have taken effect"),
+            );
+        }
+        for &i in &f.reads {
+            let seen = ops[i].reply_word();
+            let contradicts = match seen {
+                "RESERVED" => fin.is_none(),
+                "COMMITTED" | "RELEASED" => fin != Some(seen),
+                _ => false,
+            };
+            if contradicts {
+                bad(
+                    if fin.is_none() {
+                        ViolationKind::LostWrite
+                    } else {
+                        ViolationKind::WrongFinalState
+                    },
+                    format!(
+                        "token {tok}: {} saw {seen}, final state {fin_s}",
+                        ops[i].describe()
+                    ),
+                );
+            }
+        }
+    }
+
+    // Counters.
+    let mut skus: BTreeSet<&str> = totals.keys().copied().collect();
+    skus.extend(final_sales.keys().copied());
+    skus.extend(facts.values().filter_map(|f| f.sku));
+    for sku in skus {
+        let Some(&(ftotal, avail, reserved, committed)) = final_sales.get(sku) else {
+            bad(
+                ViolationKind::Malformed,
+                format!("sale {sku}: the history has no final counters"),
+            );
+            continue;
+        };
+        let total = match totals.get(sku) {
+            Some(&t) if t != ftotal => {
+                bad(
+                    ViolationKind::Counters,
+                    format!("sale {sku}: created with total {t}, final total {ftotal}"),
+                );
+                t
+            }
+            Some(&t) => t,
+            None => ftotal,
+        };
+        for (name, v) in [
+            ("available", avail),
+            ("reserved", reserved),
+            ("committed", committed),
+        ] {
+            if v < 0 {
+                bad(
+                    ViolationKind::Counters,
+                    format!("sale {sku}: {name} is negative ({v})"),
+                );
+            }
+        }
+        if avail + reserved + committed != ftotal {
+            bad(
+                ViolationKind::Counters,
+                format!(
+                    "sale {sku}: available {avail} + reserved {reserved} + committed {committed} != total {ftotal}"
+                ),
+            );
+        }
+        let (mut held, mut sold, mut acked_live) = (0i64, 0i64, 0i64);
+        for (tok, (fsku, st)) in &finals {
+            if *fsku != sku {
+                continue;
+            }
+            let f = facts.get(tok);
+            let qty = f.map(|f| f.qty).filter(|q| *q > 0).unwrap_or(1);
+            match *st {
+                Some("RESERVED") => held += qty,
+                Some("COMMITTED") => sold += qty,
+                _ => continue,
+            }
+            if f.is_some_and(|f| f.acked_by.is_some()) {
+                acked_live += qty;
+            }
+        }
+        if acked_live > total {
+            bad(
+                ViolationKind::Oversell,
+                format!(
+                    "sale {sku}: acknowledged reservations hold or sold {acked_live} units of {total}"
+                ),
+            );
+        }
+        if reserved + committed > total {
+            bad(
+                ViolationKind::Oversell,
+                format!("sale {sku}: reserved {reserved} + committed {committed} > total {total}"),
+            );
+        }
+        if committed != sold {
+            bad(
+                ViolationKind::Counters,
+                format!(
+                    "sale {sku}: committed counter {committed}, tokens ending COMMITTED hold {sold} units"
+                ),
+            );
+        }
+        let slack = unresolved.get(sku).copied().unwrap_or(0);
+        if reserved < held || reserved > held + slack {
+            bad(
+                ViolationKind::Counters,
+                format!(
+                    "sale {sku}: reserved counter {reserved}, tokens ending RESERVED hold {held} units \
+                     (plus at most {slack} of RESERVEs never resolved)"
+                ),
+            );
+        }
+    }
+    for (_, st) in finals.values() {
+        *stats
+            .final_states
+            .entry(st.unwrap_or("nil").to_owned())
+            .or_default() += 1;
+    }
+    Report { violations, stats }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds histories the way a test client records them.
+    struct H {
+        recs: Vec<Record>,
+        next: u64,
+        t: u64,
+    }
+
+    impl H {
+        fn new(total: i64) -> H {
+            H {
+                recs: vec![Record::Sale {
+                    sku: "S".into(),
+                    total,
+                }],
+                next: 1,
+                t: 1000,
+            }
+        }
+
+        fn op(
+            &mut self,
+            kind: OpKind,
+            user: Option<&str>,
+            token: Option<&str>,
+            result: Outcome,
+            reply: &str,
+            reply_token: Option<&str>,
+        ) {
+            let id = self.next;
+            self.next += 1;
+            self.t += 1;
+            self.recs.push(Record::Invoke {
+                op_id: id,
+                process: 1,
+                op: kind,
+                sku: "S".into(),
+                user: user.map(Into::into),
+                req: user.map(|_| "r1".into()),
+                token: token.map(Into::into),
+                qty: 1,
+                t_ms: self.t,
+            });
+            self.t += 1;
+            self.recs.push(Record::Complete {
+                op_id: id,
+                process: 1,
+                result,
+                reply: Some(reply.into()),
+                token: reply_token.map(Into::into),
+                t_ms: self.t,
+            });
+        }
+
+        fn reserve(&mut self, user: &str, tok: &str) {
+            self.op(
+                OpKind::Reserve,
+                Some(user),
+                None,
+                Outcome::Ok,
+                "RESERVED",
+                Some(tok),
+            );
+        }
+
+        fn finish(&mut self, states: &[(&str, Option<&str>)], counters: (i64, i64, i64, i64)) {
+            for (t, s) in states {
+                self.recs.push(Record::FinalReservation {
+                    sku: "S".into(),
+                    token: (*t).into(),
+                    state: s.map(Into::into),
+                });
+            }
+            let (total, available, reserved, committed) = counters;
+            self.recs.push(Record::FinalSale {
+                sku: "S".into(),
+                total,
+                available,
+                reserved,
+                committed,
+            });
+        }
+
+        fn kinds(&self) -> Vec<ViolationKind> {
+            check(&self.recs)
+                .violations
+                .iter()
+                .map(|v| v.kind)
+                .collect()
+        }
+    }
+
+    fn clean() -> H {
+        let mut h = H::new(2);
+        h.reserve("a", "ta");
+        h.op(OpKind::Commit, None, Some("ta"), Outcome::Ok, "1", None);
+        h.reserve("b", "tb");
+        h.op(OpKind::Release, None, Some("tb"), Outcome::Ok, "1", None);
+        h.reserve("c", "tc");
+        h.op(
+            OpKind::Reserve,
+            Some("d"),
+            None,
+            Outcome::Fail,
+            "SOLDOUT",
+            None,
+        );
+        // An unknown commit that did not take effect, and a read of the live hold.
+        h.op(
+            OpKind::Commit,
+            None,
+            Some("tc"),
+            Outcome::Unknown,
+            "timeout",
+            None,
+        );
+        h.op(
+            OpKind::Read,
+            None,
+            Some("tc"),
+            Outcome::Ok,
+            "RESERVED",
+            None,
+        );
+        h.finish(
+            &[
+                ("ta", Some("COMMITTED")),
+                ("tb", Some("RELEASED")),
+                ("tc", Some("RESERVED")),
+            ],
+            (2, 0, 1, 1),
+        );
+        h
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let h = clean();
+        let r = check(&h.recs);
+        assert!(r.ok(), "{r}");
+        assert_eq!(r.stats.acknowledged_tokens, 3);
+        assert_eq!(r.stats.soldout, 1);
+    }
+
+    #[test]
+    fn a_lost_acknowledged_reservation_fails() {
+        let mut h = clean();
+        // The final leader does not know tc.
+        h.recs.retain(|r| {
+            !matches!(r, Record::FinalReservation { token, .. } if token == "tc")
+                && !matches!(r, Record::FinalSale { .. })
+        });
+        h.finish(&[("tc", None)], (2, 1, 0, 1));
+        assert!(
+            h.kinds().contains(&ViolationKind::LostWrite),
+            "{:?}",
+            h.kinds()
+        );
+    }
+
+    #[test]
+    fn an_acknowledged_release_that_ends_reserved_fails() {
+        let mut h = H::new(5);
+        h.reserve("a", "ta");
+        h.op(OpKind::Release, None, Some("ta"), Outcome::Ok, "1", None);
+        h.finish(&[("ta", Some("RESERVED"))], (5, 4, 1, 0));
+        assert_eq!(h.kinds(), vec![ViolationKind::WrongFinalState]);
+    }
+
+    #[test]
+    fn an_acknowledged_commit_that_ends_reserved_fails() {
+        let mut h = H::new(5);
+        h.reserve("a", "ta");
+        h.op(OpKind::Commit, None, Some("ta"), Outcome::Ok, "0", None);
+        h.finish(&[("ta", Some("RESERVED"))], (5, 4, 1, 0));
+        assert_eq!(h.kinds(), vec![ViolationKind::WrongFinalState]);
+    }
+
+    #[test]
+    fn an_oversell_fails() {
+        let mut h = H::new(1);
+        h.reserve("a", "ta");
+        h.reserve("b", "tb");
+        // The server's counters say total 1 and two holds.
+        h.finish(
+            &[("ta", Some("RESERVED")), ("tb", Some("RESERVED"))],
+            (1, -1, 2, 0),
+        );
+        let k = h.kinds();
+        assert!(k.contains(&ViolationKind::Oversell), "{k:?}");
+        assert!(k.contains(&ViolationKind::Counters), "{k:?}");
+    }
+
+    #[test]
+    fn one_token_for_two_requests_fails() {
+        let mut h = H::new(5);
+        h.reserve("a", "ta");
+        h.reserve("b", "ta");
+        h.finish(&[("ta", Some("RESERVED"))], (5, 4, 1, 0));
+        assert!(h.kinds().contains(&ViolationKind::TokenReuse));
+    }
+
+    #[test]
+    fn unknown_outcomes_may_or_may_not_have_taken_effect() {
+        let mut h = H::new(5);
+        // A RESERVE lost in a failover (took effect, token never learned), a retried
+        // commit that did.
+        h.op(
+            OpKind::Reserve,
+            Some("x"),
+            None,
+            Outcome::Unknown,
+            "connection reset",
+            None,
+        );
+        h.reserve("a", "ta");
+        h.op(
+            OpKind::Commit,
+            None,
+            Some("ta"),
+            Outcome::Unknown,
+            "timeout",
+            None,
+        );
+        h.finish(&[("ta", Some("COMMITTED"))], (5, 3, 1, 1));
+        let r = check(&h.recs);
+        assert!(r.ok(), "{r}");
+        assert_eq!(r.stats.unresolved_reserves, 1);
+        // Without the unresolved RESERVE the extra held unit is unexplained.
+        h.recs.drain(1..3);
+        assert_eq!(h.kinds(), vec![ViolationKind::Counters]);
+    }
+
+    #[test]
+    fn a_commit_from_nowhere_and_a_contradicting_read_fail() {
+        let mut h = H::new(5);
+        h.reserve("a", "ta");
+        h.op(
+            OpKind::Read,
+            None,
+            Some("ta"),
+            Outcome::Ok,
+            "RELEASED",
+            None,
+        );
+        h.finish(&[("ta", Some("COMMITTED"))], (5, 4, 0, 1));
+        let k = h.kinds();
+        assert_eq!(
+            k,
+            vec![
+                ViolationKind::WrongFinalState,
+                ViolationKind::WrongFinalState
+            ]
+        );
+    }
+
+    #[test]
+    fn the_file_format_round_trips_and_bad_lines_are_named() {
+        let h = clean();
+        let text: String = h
+            .recs
+            .iter()
+            .map(|r| serde_json::to_string(r).expect("encode") + "\n")
+            .collect();
+        assert_eq!(parse(&text).expect("parse"), h.recs);
+        let line = r#"{"type":"invoke","op_id":1,"process":1,"op":"RESERVE","sku":"S","user":"u","req":"r","t_ms":5}"#;
+        match parse(line).expect("parse")[0] {
+            Record::Invoke { qty, .. } => assert_eq!(qty, 1),
+            ref other => panic!("{other:?}"),
+        }
+        let err = parse("\n{\"type\":\"nope\"}\n").expect_err("bad record");
+        assert!(err.to_string().starts_with("history line 2:"), "{err}");
+    }
+
+    #[test]
+    fn the_recorder_writes_what_parse_reads() {
+        let dir = std::env::temp_dir().join(format!("sg-history-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("h.jsonl");
+        let rec = Recorder::create(&path).expect("create");
+        for r in &clean().recs {
+            rec.append(r).expect("append");
+        }
+        rec.flush().expect("flush");
+        let back = load(&path).expect("load");
+        assert!(check(&back).ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
