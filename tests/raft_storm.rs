@@ -541,20 +541,11 @@ fn raft_storm_of_kills_and_partitions_loses_no_acknowledged_state() {
     });
 }
 
-/// The same storm with leader pauses (SIGSTOP) and whole-group `kill -9`s added. Ignored:
-/// it trips a server bug in about one run of six (the storm alone: one run in 23;
-/// docs/replication.md, "How it is tested", and `raft_restarted_leader_repro` below). A
-/// leader restarted fast enough that its followers never noticed resumes its old term
-/// with openraft's restored leader state, and takes writes while its log still holds
-/// unapplied entries of that same term from its previous process (`caught_up` only
-/// compares the last applied entry's term). Its new records reuse those entries' LSNs;
-/// once both commit, members skip the overlap (`lsn <= have` in `apply_batch`) and apply
-/// the rest shifted: a RESERVE retried on the restarted leader lands twice in the log and
-/// every member panics `reserved twice in the log` (debug builds; release builds skip the
-/// record). Also seen: openraft's `Some(log_id) <= self.committed()` assertion on a
-/// deposed leader whose WAL held a record more than the next leader had applied.
+/// The same storm with leader pauses (SIGSTOP) and whole-group `kill -9`s added. A
+/// leader restarted before its followers noticed is the case to watch: it must not
+/// resume its term (`LogStore::open` loads the vote uncommitted) nor open writes before
+/// its whole log is applied (its new records would reuse LSNs of entries still in it).
 #[test]
-#[ignore = "server bug: a fast-restarted leader reuses LSNs of its previous process's entries"]
 fn raft_storm_with_pauses_and_group_crashes() {
     run_storm(Plan {
         kills: KILLS,
@@ -566,18 +557,12 @@ fn raft_storm_with_pauses_and_group_crashes() {
     });
 }
 
-/// The reproduction of the bug above, narrowed to its trigger: only leader `kill -9`s,
-/// each restarted at once, so the restarted process resumes its term as leader with
-/// entries of its previous process in its log. The harm (a follower panicking `reserved
-/// twice in the log`, members diverging) needs a client's retry to land in a window of
-/// a few milliseconds, so this test checks the cause instead, which every run on this
-/// machine showed at least once: a member logs `raft: leading term T from LSN X` and,
-/// still leading, `another leader's batch arrived` or `a batch of another leader (LSN
-/// ..=Y) arrived`: it opened writes at LSN X while its log still held records from
-/// X+1 on that it had not applied (its previous process's, of the same term). The members' logs are kept in the temp dir on failure
-/// (the path is printed).
+/// That case narrowed: only leader `kill -9`s, each restarted at once, with entries of
+/// its previous process in its log. Checks the members' logs for the sign of reused LSNs:
+/// a member logs `raft: leading term T from LSN X` and then, still leading, that another
+/// leader's batch arrived (it opened writes while its log held records from X+1 on).
+/// The members' logs are kept in the temp dir on failure (the path is printed).
 #[test]
-#[ignore = "server bug: a fast-restarted leader reuses LSNs of its previous process's entries"]
 fn raft_restarted_leader_repro() {
     run_storm(Plan {
         kills: 25,
@@ -986,10 +971,23 @@ fn run_storm(plan: Plan) {
             m.id
         );
         let states = read_all(&mut conn(m.port));
-        assert!(states == finals, "member {} token states differ", m.id);
+        if states != finals {
+            let diff: Vec<_> = finals
+                .iter()
+                .filter(|(t, f)| states.get(*t) != Some(*f))
+                .map(|(t, f)| (t.clone(), f.clone(), states.get(t).cloned()))
+                .take(10)
+                .collect();
+            panic!(
+                "member {} token states differ from the final leader's (token, leader, member): {diff:?}",
+                m.id
+            );
+        }
     }
+    // The restart-only plan spends much of its time without a leader: it is about the
+    // members' logs, not about selling out.
     assert!(
-        tally.soldout > 0,
+        tally.soldout > 0 || plan.check_lsn_reuse,
         "the sale never sold out ({tally:?}): the storm is too short for the total"
     );
     eprintln!(
@@ -1062,19 +1060,19 @@ fn the_history_checker_binary_fails_a_lost_acknowledged_write() {
     assert!(String::from_utf8_lossy(&help.stdout).contains("final_reservation"));
 }
 
-/// The narrowest reproduction found of the bug named on
-/// `raft_storm_with_pauses_and_group_crashes`: the leader cut from its followers, 1,500
-/// RESERVEs pipelined to it (records in its own log only, not committed), the leader
-/// `kill -9`ed 80 ms later, the links healed, and the leader restarted at once (before any
-/// election timeout, so it resumes its term), while a client resends the same requests
-/// (same request ids) until the restarted process takes them; each round prints how the
-/// retries were answered. It fails when a member stops converging or exits. First run:
-/// the restarted leader panicked in openraft twice (`follower log reversion is not
-/// allowed ... matching: T2-N2-71; conflict: 71`, rounds 8 and 13: a follower that had
-/// matched index 71 of term 2 later conflicted there, i.e. two different entries of term 2
-/// at one index), and after round 14 a member stayed 1,500 events behind the others.
+/// Ignored: fails about one run in three with openraft 0.9.25 panicking in a leader
+/// (`follower log reversion is not allowed ... matching: M; conflict: C`, C <= M: a
+/// follower reporting a conflict at an index it had already matched in that leader's
+/// term), the group then stalling. Not yet explained; see issue 18's closing note.
+///
+/// The leader cut from its followers, 1,500 RESERVEs pipelined to it (records in its own
+/// log only, not committed), the leader `kill -9`ed 80 ms later, the links healed and the
+/// leader restarted at once, while a client resends the same requests (same request ids)
+/// until the group takes them; each round prints how the retries were answered. Fails
+/// when a member stops converging or exits (openraft refuses a follower whose log would
+/// hold two different entries of one term at one index: `follower log reversion`).
 #[test]
-#[ignore = "server bug: a fast-restarted leader reuses LSNs of its previous process's entries"]
+#[ignore = "openraft follower-log-reversion panic after fast leader restarts, about 1 run in 3"]
 fn raft_restarted_leader_reserves_a_retried_request_twice() {
     use std::io::Write as _;
     let mut g = Group::start(true);

@@ -178,6 +178,16 @@ impl LogStore {
             file.seek(SeekFrom::End(0)).map_err(io_err)?;
             file.sync_data().map_err(io_err)?;
         }
+        // A restart never resumes a leadership (standard Raft; openraft would restore the
+        // leader state of a committed vote naming this node): the previous process may
+        // have replicated entries it had not yet synced itself, and leading the same term
+        // again would put different entries of that term at those indexes. The vote
+        // stays cast (no second vote in its term); only an election in a new term makes
+        // this node lead again.
+        let mut inner = inner;
+        if let Some(v) = inner.vote.as_mut() {
+            v.committed = false;
+        }
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("stockgate-raftlog".into())

@@ -322,11 +322,8 @@ impl RaftNode {
                 self.spec
                     .close(&format!("no longer leading term {}", self.spec.term()));
             }
-            // A majority must have answered this leader in this process: openraft restores
-            // the leader state of a node restarted with its own committed vote. Followers
-            // that moved on never answer it again; followers that did not (it came back
-            // within their election timeout) do, and it leads its term on, once it has
-            // applied what its previous process left in the log (`caught_up`).
+            // A majority must have answered this leader in this process (a restart never
+            // resumes a leadership, `LogStore::open`; this holds even if one did).
             let answered = m
                 .millis_since_quorum_ack
                 .is_some_and(|ms| ms < self.cfg.election_min_ms);
