@@ -199,9 +199,11 @@ struct ServeArgs {
     /// The name Sentinel-aware clients ask for (`SENTINEL get-master-addr-by-name NAME`).
     #[arg(long, default_value = "stockgate")]
     group_name: String,
-    /// Leader heartbeat interval. With the election timeouts below: a dead leader is
-    /// replaced within about the maximum election timeout plus one round trip.
-    #[arg(long, default_value_t = 50)]
+    /// Leader heartbeat interval, which openraft also takes as the time an append to a
+    /// follower may take (longer ones are cut and sent again). With the election
+    /// timeouts below: a dead leader is replaced within about the maximum election
+    /// timeout plus one round trip.
+    #[arg(long, default_value_t = 100)]
     raft_heartbeat_ms: u64,
     /// Shortest election timeout: a follower that hears no leader this long stands for
     /// election; a leader that heard no majority this long stops serving.

@@ -107,20 +107,27 @@ fn net_err<E: std::error::Error + 'static>(e: &E) -> NetworkError {
 }
 
 impl Peer {
+    /// One request and its reply. The connection is taken out of `self` for the call and
+    /// put back only after a whole reply was read: a call that fails, times out or is
+    /// dropped half way (openraft drops replication futures it no longer needs) takes the
+    /// connection with it, so no later call can read the reply meant for this one.
     async fn call(&mut self, rpc: &Rpc, ttl: Duration) -> io::Result<RpcReply> {
         let body = bincode::serialize(rpc).map_err(io::Error::other)?;
-        let r = tokio::time::timeout(ttl, async {
-            if self.conn.is_none() {
-                let s = TcpStream::connect(&self.addr).await?;
-                s.set_nodelay(true)?;
-                self.conn = Some(s);
-            }
-            let Some(s) = self.conn.as_mut() else {
-                return Err(io::Error::other("no connection"));
+        let held = self.conn.take();
+        let addr = self.addr.clone();
+        let r = tokio::time::timeout(ttl, async move {
+            let mut s = match held {
+                Some(s) => s,
+                None => {
+                    let s = TcpStream::connect(&addr).await?;
+                    s.set_nodelay(true)?;
+                    s
+                }
             };
-            write_frame(s, &body).await?;
-            let reply = read_frame(s).await?;
-            bincode::deserialize::<RpcReply>(&reply).map_err(io::Error::other)
+            write_frame(&mut s, &body).await?;
+            let reply = read_frame(&mut s).await?;
+            let reply = bincode::deserialize::<RpcReply>(&reply).map_err(io::Error::other)?;
+            Ok((s, reply))
         })
         .await
         .unwrap_or_else(|_| {
@@ -129,10 +136,9 @@ impl Peer {
                 "raft rpc timed out",
             ))
         });
-        if r.is_err() {
-            self.conn = None;
-        }
-        r
+        let (s, reply) = r?;
+        self.conn = Some(s);
+        Ok(reply)
     }
 }
 

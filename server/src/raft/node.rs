@@ -216,7 +216,10 @@ impl RaftNode {
             // Entries kept after a snapshot, so a follower a little behind still gets the
             // log rather than a whole snapshot.
             max_in_snapshot_log_to_keep: cfg.snapshot_records.min(1000),
-            max_payload_entries: 64,
+            // openraft cuts an append that takes longer than the heartbeat interval and
+            // sends it again: the payload must stay small enough to make it under load,
+            // or a follower behind by large batches never catches up.
+            max_payload_entries: 16,
             ..Config::default()
         }
         .validate()

@@ -25,7 +25,9 @@ use crate::engine::{EventRef, EventSink, Lsn};
 use crate::wal::record::encode_record;
 
 /// A batch is closed once its records reach this size (the proposer may take it sooner).
-const BATCH_BYTES: usize = 1 << 20;
+/// Bounded so that an append of `max_payload_entries` of them reaches a follower within
+/// the heartbeat interval, openraft's limit for one append (`raft::node`).
+const BATCH_BYTES: usize = 256 << 10;
 /// Entries handed to Raft and not yet answered, at most; beyond, the proposer waits
 /// (and the engine's records queue up in memory, bounded by the connections' pipelines).
 const MAX_IN_FLIGHT: usize = 64;
