@@ -7,12 +7,14 @@
 
 mod common;
 
+use common::runtime;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::ha::{Keys, Node};
-use common::raft::{conn, converge_wal, create_sale, reserve, state_of, Group};
+use common::raft::{converge_wal, create_sale, reserve, state_of, Group};
 use common::{now_ms, server_bin};
 use sqlx::Row;
 use stockgate_client::pgtemp::TempPostgres;
@@ -77,14 +79,6 @@ async fn orders(url: &str) -> Vec<String> {
         .iter()
         .map(|r| r.get::<String, _>(0))
         .collect()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 fn stderr(o: &Output) -> String {
@@ -172,28 +166,7 @@ fn a_lagging_materializer_reads_a_rejoined_member_to_the_end() {
     g.member(f).kill9();
     let dir = g.member(f).dir.clone();
     wipe(&dir);
-    let r: String = redis::cmd("RAFT.REMOVE")
-        .arg(f)
-        .query(&mut conn(g.port(l)))
-        .expect("remove");
-    assert_eq!(r, "OK");
-    let m = g.member(f);
-    let at = m
-        .args
-        .iter()
-        .position(|a| a == "--raft-peers")
-        .expect("peers");
-    m.args.drain(at..at + 2);
-    m.args.push("--rejoin-empty".into());
-    m.spawn();
-    let (port, raft_port) = (m.port, m.raft_port);
-    let r: String = redis::cmd("RAFT.ADD")
-        .arg(f)
-        .arg(format!("127.0.0.1:{port}"))
-        .arg(format!("127.0.0.1:{raft_port}"))
-        .query(&mut conn(g.port(l)))
-        .expect("add");
-    assert_eq!(r, "OK");
+    g.rejoin_empty(f, l);
     converge_wal(&g, Duration::from_secs(15));
     assert_eq!(state_of(g.port(f), &acked[0]).as_deref(), Some("RESERVED"));
 

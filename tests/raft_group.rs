@@ -179,28 +179,7 @@ fn raft_a_member_that_lost_its_log_refuses_to_start_and_rejoins_empty() {
         "{err}"
     );
     // The operator's way back: remove it, start it empty (no --raft-peers), add it again.
-    let r: String = redis::cmd("RAFT.REMOVE")
-        .arg(f)
-        .query(&mut conn(g.port(l)))
-        .expect("remove");
-    assert_eq!(r, "OK");
-    let m = g.member(f);
-    let peers_at = m
-        .args
-        .iter()
-        .position(|a| a == "--raft-peers")
-        .expect("peers");
-    m.args.drain(peers_at..peers_at + 2);
-    m.args.push("--rejoin-empty".into());
-    m.spawn();
-    let (port, raft_port) = (m.port, m.raft_port);
-    let r: String = redis::cmd("RAFT.ADD")
-        .arg(f)
-        .arg(format!("127.0.0.1:{port}"))
-        .arg(format!("127.0.0.1:{raft_port}"))
-        .query(&mut conn(g.port(l)))
-        .expect("add");
-    assert_eq!(r, "OK");
+    g.rejoin_empty(f, l);
     g.converge(Duration::from_secs(15));
     assert_eq!(state_of(g.port(f), &t).as_deref(), Some("RESERVED"));
     let members: Vec<redis::Value> = redis::cmd("RAFT.MEMBERS")

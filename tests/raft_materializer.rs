@@ -18,6 +18,8 @@
 
 mod common;
 
+use common::runtime;
+
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -109,14 +111,6 @@ enum Told {
     Released,
     /// COMMIT or RELEASE failed: either outcome, or none, is possible.
     Unsure,
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {

@@ -85,28 +85,7 @@ fn raft_snapshots_compact_the_log_and_an_empty_member_installs_one() {
     g.member(f).kill9();
     let dir = g.member(f).dir.clone();
     std::fs::remove_dir_all(&dir).expect("wipe");
-    let r: String = redis::cmd("RAFT.REMOVE")
-        .arg(f)
-        .query(&mut conn(g.port(l)))
-        .expect("remove");
-    assert_eq!(r, "OK");
-    let m = g.member(f);
-    let at = m
-        .args
-        .iter()
-        .position(|a| a == "--raft-peers")
-        .expect("peers");
-    m.args.drain(at..at + 2);
-    m.args.push("--rejoin-empty".into());
-    m.spawn();
-    let (port, raft_port) = (m.port, m.raft_port);
-    let r: String = redis::cmd("RAFT.ADD")
-        .arg(f)
-        .arg(format!("127.0.0.1:{port}"))
-        .arg(format!("127.0.0.1:{raft_port}"))
-        .query(&mut conn(g.port(l)))
-        .expect("add");
-    assert_eq!(r, "OK");
+    g.rejoin_empty(f, l);
     converge_wal(&g, Duration::from_secs(20));
     assert!(
         info_field(g.port(f), "raft_snapshot_lsn") > 0,

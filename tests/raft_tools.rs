@@ -7,6 +7,8 @@
 //! counters.
 
 mod common;
+
+use common::runtime;
 mod operator;
 
 use std::process::{Child, Command, Stdio};
@@ -24,14 +26,6 @@ use stockgate_server::engine::Keyring;
 const SKU: &str = "RAFT-SWEEP";
 const TOTAL: i64 = 300;
 const TTL_MS: u64 = 1500;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn members(g: &Group) -> String {
     g.members

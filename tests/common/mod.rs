@@ -376,3 +376,12 @@ pub fn record_spans(segment: &[u8]) -> Vec<(usize, usize)> {
 pub fn contains_bytes(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
+
+/// A two-worker tokio runtime for a synchronous test that drives async clients.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}

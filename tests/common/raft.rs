@@ -664,3 +664,31 @@ pub fn discover(ports: &[u16], within: Duration) -> Option<u16> {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+impl Group {
+    /// The operator's way back for member `f` (stopped, its `raft/log` or whole data dir
+    /// gone): `RAFT.REMOVE f` on `leader`, `f` started with `--rejoin-empty` and without
+    /// `--raft-peers`, then `RAFT.ADD f` on `leader`.
+    pub fn rejoin_empty(&mut self, f: u64, leader: u64) {
+        let lport = self.port(leader);
+        let r: String = redis::cmd("RAFT.REMOVE")
+            .arg(f)
+            .query(&mut conn(lport))
+            .expect("remove");
+        assert_eq!(r, "OK");
+        let m = self.member(f);
+        if let Some(at) = m.args.iter().position(|a| a == "--raft-peers") {
+            m.args.drain(at..at + 2);
+        }
+        m.args.push("--rejoin-empty".into());
+        m.spawn();
+        let (port, raft_port) = (m.port, m.raft_port);
+        let r: String = redis::cmd("RAFT.ADD")
+            .arg(f)
+            .arg(format!("127.0.0.1:{port}"))
+            .arg(format!("127.0.0.1:{raft_port}"))
+            .query(&mut conn(lport))
+            .expect("add");
+        assert_eq!(r, "OK");
+    }
+}
