@@ -23,9 +23,8 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::now_ms;
 use common::raft::*;
-use common::{field, now_ms};
-use redis::Value;
 use stockgate_client::types::ReserveOutcome;
 use stockgate_client::{SentinelConfig, StockgateClient};
 
@@ -33,26 +32,6 @@ use stockgate_client::{SentinelConfig, StockgateClient};
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 const TOTAL: i64 = 1_000_000;
-
-/// Every token's state on `port`, pipelined on one connection.
-fn states(port: u16, tokens: &[String]) -> Vec<Option<String>> {
-    let mut c = conn(port);
-    c.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let mut out = Vec::with_capacity(tokens.len());
-    for chunk in tokens.chunks(500) {
-        let mut p = redis::pipe();
-        for t in chunk {
-            p.cmd("RESERVATION").arg(t);
-        }
-        let vs: Vec<Value> = p.query(&mut c).expect("RESERVATION pipeline");
-        out.extend(
-            vs.iter()
-                .map(|v| field(v, "state").map(|s| common::as_str(&s))),
-        );
-    }
-    out
-}
 
 /// Every token is a distinct reservation on `port`, and the sale holds exactly one unit
 /// per token: nothing acknowledged is missing, nothing was reserved twice for a user.

@@ -46,26 +46,6 @@ fn failover(port: u16) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Every token's state on `port`, pipelined on one connection.
-fn states(port: u16, tokens: &[String]) -> Vec<Option<String>> {
-    let mut c = conn(port);
-    c.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let mut out = Vec::with_capacity(tokens.len());
-    for chunk in tokens.chunks(500) {
-        let mut p = redis::pipe();
-        for t in chunk {
-            p.cmd("RESERVATION").arg(t);
-        }
-        let vs: Vec<Value> = p.query(&mut c).expect("RESERVATION pipeline");
-        out.extend(
-            vs.iter()
-                .map(|v| common::field(v, "state").map(|s| common::as_str(&s))),
-        );
-    }
-    out
-}
-
 /// One writer: users `w<w>-<i>`, one unit each; a failed call is sent again with the
 /// same request id (a retry whose first send took effect answers REPLAY with the same
 /// token) until it is answered, so every user ends with exactly one reservation.

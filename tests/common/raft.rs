@@ -692,3 +692,23 @@ impl Group {
         assert_eq!(r, "OK");
     }
 }
+
+/// Each token's `state` on the member on `port` (None: unknown there), pipelined.
+pub fn states(port: u16, tokens: &[String]) -> Vec<Option<String>> {
+    let mut c = conn(port);
+    c.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut out = Vec::with_capacity(tokens.len());
+    for chunk in tokens.chunks(500) {
+        let mut p = redis::pipe();
+        for t in chunk {
+            p.cmd("RESERVATION").arg(t);
+        }
+        let vs: Vec<redis::Value> = p.query(&mut c).expect("RESERVATION pipeline");
+        out.extend(
+            vs.iter()
+                .map(|v| crate::common::field(v, "state").map(|s| crate::common::as_str(&s))),
+        );
+    }
+    out
+}
