@@ -177,7 +177,7 @@ async fn every_answer_waits_for_its_state(fsync: FsyncPolicy) {
         .expect("reserve carol");
     let carol = e.engine.reservation_token(SKU, "carol", "c1");
     assert!(e.engine.release(&carol).0);
-    assert!(!gate.release(&carol).await.expect("release"));
+    assert!(!gate.release(&carol, None).await.expect("release"));
     e.assert_durable("RELEASE → :0");
     let (_, _) = e
         .engine

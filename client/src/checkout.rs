@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use stockgate_server::engine::ReleaseReason;
 use tracing::{error, warn};
 
 use crate::client::ClientError;
@@ -148,7 +149,7 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             // this new hold is not the one the payment paid for. Give its units back now
             // rather than letting it sit until the sweeper finds it.
             error!(token = %token, sku, user, request_id, "a paid request took a new hold on the server: releasing it");
-            self.gate.release(&token).await?;
+            self.gate.release(&token, None).await?;
         }
         Ok(Hold {
             token,
@@ -308,7 +309,7 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             "paid order, but the server's hold for its token is another one: not committing it"
         );
         if r.state == ReservationState::Reserved {
-            self.gate.release(token).await?;
+            self.gate.release(token, None).await?;
         }
         Ok(false)
     }
@@ -345,7 +346,10 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             }
             Err(e) => return Err(e.into()),
         }
-        Ok(self.gate.release(token).await?)
+        Ok(self
+            .gate
+            .release(token, Some(ReleaseReason::Cancel))
+            .await?)
     }
 
     /// Extend the hold: server first (it refuses expired reservations), then the ledger.

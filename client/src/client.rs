@@ -263,7 +263,21 @@ impl StockgateClient {
     /// whose reply was lost is sent again and may answer false: the first send returned
     /// them (exactly once either way).
     pub async fn release(&self, token: &str) -> Result<bool, ClientError> {
-        let v = self.call(redis::cmd("RELEASE").arg(token)).await?;
+        self.release_as(token, None).await
+    }
+
+    /// `RELEASE token REASON reason`: as [`Self::release`], stating why for the feed.
+    pub async fn release_as(
+        &self,
+        token: &str,
+        reason: Option<stockgate_server::engine::ReleaseReason>,
+    ) -> Result<bool, ClientError> {
+        let mut cmd = redis::cmd("RELEASE");
+        cmd.arg(token);
+        if let Some(r) = reason {
+            cmd.arg("REASON").arg(r.as_str());
+        }
+        let v = self.call(&cmd).await?;
         as_int(&v)
             .map(|n| n == 1)
             .ok_or_else(|| proto("RELEASE", &v))

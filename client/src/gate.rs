@@ -11,7 +11,9 @@ use std::sync::Arc;
 use futures::future::join_all;
 use stockgate_server::engine::error::EngineError;
 use stockgate_server::engine::types::{PaymentCheck, ResState, ReservationView, SaleView};
-use stockgate_server::engine::{Engine, Lsn, ReserveOutcome as EngineOutcome, ReserveRequest};
+use stockgate_server::engine::{
+    Engine, Lsn, ReleaseReason, ReserveOutcome as EngineOutcome, ReserveRequest,
+};
 use stockgate_server::server::Durability;
 
 use crate::client::{ClientError, StockgateClient};
@@ -37,7 +39,13 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
         sku: Option<&str>,
     ) -> impl Future<Output = Result<Vec<ExpiredReservation>, ClientError>> + Send;
 
-    fn release(&self, token: &str) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    /// `RELEASE token [REASON reason]`; `None` lets the server derive the reason from
+    /// the hold's deadline. The reason reaches the feed entry only.
+    fn release(
+        &self,
+        token: &str,
+        reason: Option<ReleaseReason>,
+    ) -> impl Future<Output = Result<bool, ClientError>> + Send;
 
     /// `COMMIT token`: refused with [`ClientError::Expired`] past the hold's expiry.
     fn commit(&self, token: &str) -> impl Future<Output = Result<CommitOk, ClientError>> + Send;
@@ -105,8 +113,9 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
     fn release_many(
         &self,
         tokens: &[String],
+        reason: Option<ReleaseReason>,
     ) -> impl Future<Output = Vec<Result<bool, ClientError>>> + Send {
-        async move { join_all(tokens.iter().map(|t| self.release(t))).await }
+        async move { join_all(tokens.iter().map(|t| self.release(t, reason))).await }
     }
 
     /// Commit many ledger-verified payments (concurrently), as [`Self::commit_verified`].
@@ -136,8 +145,12 @@ impl ReservationGate for StockgateClient {
     ) -> Result<Vec<ExpiredReservation>, ClientError> {
         StockgateClient::expired(self, count, sku).await
     }
-    async fn release(&self, token: &str) -> Result<bool, ClientError> {
-        StockgateClient::release(self, token).await
+    async fn release(
+        &self,
+        token: &str,
+        reason: Option<ReleaseReason>,
+    ) -> Result<bool, ClientError> {
+        StockgateClient::release_as(self, token, reason).await
     }
     async fn commit(&self, token: &str) -> Result<CommitOk, ClientError> {
         StockgateClient::commit(self, token).await
@@ -434,10 +447,14 @@ impl ReservationGate for EngineGate {
             .collect())
     }
 
-    async fn release(&self, token: &str) -> Result<bool, ClientError> {
+    async fn release(
+        &self,
+        token: &str,
+        reason: Option<ReleaseReason>,
+    ) -> Result<bool, ClientError> {
         // `:0` carries the LSN of the record that finished the reservation (or 0 for an
         // unknown token): "already released" is a state too.
-        let (released, lsn) = self.engine.release(token);
+        let (released, lsn) = self.engine.release_with(token, reason);
         self.durable(lsn).await?;
         Ok(released)
     }

@@ -35,6 +35,7 @@
 use std::collections::HashMap;
 
 use futures::future::join_all;
+use stockgate_server::engine::ReleaseReason;
 use tracing::{error, info, warn};
 
 use crate::client::ClientError;
@@ -210,7 +211,7 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
                 server_created_at_ms = r.created_at_ms,
                 "the server holds a paid order's token as another, unpaid hold: releasing it"
             );
-            gate.release(&o.token).await?;
+            gate.release(&o.token, Some(ReleaseReason::Rebuild)).await?;
             reserved_now.remove(&o.token);
             foreign_holds_released += 1;
         }

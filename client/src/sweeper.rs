@@ -449,7 +449,10 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
             }
 
             let mut first_err = None;
-            for r in self.gate.release_many(&to_release).await {
+            // Every hold the sweeper releases is past its deadline, whatever the ledger
+            // says of the order.
+            let why = Some(stockgate_server::engine::ReleaseReason::Expired);
+            for r in self.gate.release_many(&to_release, why).await {
                 match r {
                     Ok(true) => report.released += 1,
                     Ok(false) => report.release_noop += 1,
@@ -537,7 +540,7 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                         server_created_at_ms = r.created_at_ms,
                         "ledger COMMITTED, but the server's hold for this token is not the one the payment paid for: releasing it, not committing it"
                     );
-                    match self.gate.release(&token).await {
+                    match self.gate.release(&token, None).await {
                         Ok(_) => report.foreign_holds_released += 1,
                         Err(e) => {
                             first_err.get_or_insert(e);

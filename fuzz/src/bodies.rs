@@ -29,7 +29,7 @@ use stockgate_server::engine::event::EventRef;
 use stockgate_server::engine::token::{self, Denied};
 use stockgate_server::engine::{
     ident, Clock, Engine, EngineConfig, Event, EventSink, Keyring, Lsn, ManualClock, NullSink,
-    ResState, ReservationKey, SaleState, Snapshot,
+    ReleaseReason, ResState, ReservationKey, SaleState, Snapshot,
 };
 use stockgate_server::protocol::{parse_command, Limits, Parsed, ProtocolError, Reply};
 use stockgate_server::server::{ConnState, Durability, Role, ServerConfig, Shared, Users};
@@ -1067,14 +1067,24 @@ fn sample_events() -> Vec<Event> {
         Event::Released {
             token: token.clone(),
             at_ms: START_MS + 5,
+            user: "alice".into(),
+            request_id: "req-1".into(),
+            qty: 1,
+            reason: ReleaseReason::Cancel,
         },
         Event::Committed {
             token: token.clone(),
             at_ms: u64::MAX,
+            user: "alice".into(),
+            request_id: "req-1".into(),
+            qty: 1,
         },
         Event::Extended {
             token: token.clone(),
             expires_at_ms: START_MS + 1_000_000,
+            user: "alice".into(),
+            request_id: "req-1".into(),
+            qty: 1,
         },
         Event::Purged { token },
         Event::SaleRebuilt {

@@ -2,26 +2,43 @@
 
 use super::args::Args;
 use super::{Ctx, Outcome};
+use crate::engine::ReleaseReason;
 use crate::protocol::Reply;
 
 /// Largest page EXPIRED returns, whatever COUNT says: replies stay bounded.
 pub const MAX_EXPIRED_PAGE: u64 = 10_000;
 
-/// `RELEASE token`
+/// `RELEASE token [REASON cancel|expired|admin|rebuild]`: the reason goes into the feed entry;
+/// without it the hold's deadline decides (`expired` past it, `cancel` before).
 pub struct Release<'a> {
     token: &'a str,
+    reason: Option<ReleaseReason>,
 }
 
 impl<'a> Release<'a> {
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("release", args);
         let token = a.next_token()?;
-        a.done()?;
-        Ok(Release { token })
+        let mut reason = None;
+        while a.remaining() > 0 {
+            match a.next_keyword()?.as_str() {
+                "REASON" => {
+                    let word = a.next_keyword()?;
+                    let stated = ReleaseReason::parse(&word).ok_or_else(|| {
+                        Reply::err(
+                            "ERR release reason must be one of cancel, expired, admin, rebuild",
+                        )
+                    })?;
+                    reason = Some(stated);
+                }
+                _ => return Err(Reply::syntax()),
+            }
+        }
+        Ok(Release { token, reason })
     }
 
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
-        let (released, lsn) = ctx.engine.release(self.token);
+        let (released, lsn) = ctx.engine.release_with(self.token, self.reason);
         Outcome::logged(Reply::Int(released as i64), lsn)
     }
 }

@@ -98,7 +98,7 @@ pub static COMMANDS: &[Spec] = &[
     ),
     spec(
         "release",
-        2,
+        -2,
         W,
         1,
         CHECKOUT | SWEEPER | ADMIN,

@@ -9,7 +9,7 @@
 //! Replaying the same events into an empty engine (see `Engine::apply`) reproduces the
 //! state exactly; the WAL stores nothing else.
 
-use super::types::{Millis, ResState, ReservationView, SaleParams, SaleState};
+use super::types::{Millis, ReleaseReason, ResState, ReservationView, SaleParams, SaleState};
 
 /// One state change. Field order and meaning are part of the WAL format: change them
 /// only together with the record version in `wal::record`.
@@ -38,13 +38,31 @@ pub enum Event {
         created_at_ms: Millis,
     },
     /// `RELEASE` (or auto-release on expiry): the units went back to their shard.
-    Released { token: String, at_ms: Millis },
+    /// Buyer, request and quantity are repeated from the reservation so that the feed
+    /// entry stands on its own; replay needs only the token.
+    Released {
+        token: String,
+        at_ms: Millis,
+        user: String,
+        request_id: String,
+        qty: u32,
+        reason: ReleaseReason,
+    },
     /// `COMMIT`: the units are sold for good.
-    Committed { token: String, at_ms: Millis },
+    Committed {
+        token: String,
+        at_ms: Millis,
+        user: String,
+        request_id: String,
+        qty: u32,
+    },
     /// `EXTEND`: new deadline.
     Extended {
         token: String,
         expires_at_ms: Millis,
+        user: String,
+        request_id: String,
+        qty: u32,
     },
     /// Retention: a finished reservation is forgotten (its units are already accounted
     /// for in the sale's counters).
@@ -94,14 +112,24 @@ pub enum EventRef<'a> {
     Released {
         token: &'a str,
         at_ms: Millis,
+        user: &'a str,
+        request_id: &'a str,
+        qty: u32,
+        reason: ReleaseReason,
     },
     Committed {
         token: &'a str,
         at_ms: Millis,
+        user: &'a str,
+        request_id: &'a str,
+        qty: u32,
     },
     Extended {
         token: &'a str,
         expires_at_ms: Millis,
+        user: &'a str,
+        request_id: &'a str,
+        qty: u32,
     },
     Purged {
         token: &'a str,
@@ -178,20 +206,46 @@ impl Event {
                 expires_at_ms: *expires_at_ms,
                 created_at_ms: *created_at_ms,
             },
-            Event::Released { token, at_ms } => EventRef::Released {
+            Event::Released {
+                token,
+                at_ms,
+                user,
+                request_id,
+                qty,
+                reason,
+            } => EventRef::Released {
                 token,
                 at_ms: *at_ms,
+                user,
+                request_id,
+                qty: *qty,
+                reason: *reason,
             },
-            Event::Committed { token, at_ms } => EventRef::Committed {
+            Event::Committed {
+                token,
+                at_ms,
+                user,
+                request_id,
+                qty,
+            } => EventRef::Committed {
                 token,
                 at_ms: *at_ms,
+                user,
+                request_id,
+                qty: *qty,
             },
             Event::Extended {
                 token,
                 expires_at_ms,
+                user,
+                request_id,
+                qty,
             } => EventRef::Extended {
                 token,
                 expires_at_ms: *expires_at_ms,
+                user,
+                request_id,
+                qty: *qty,
             },
             Event::Purged { token } => EventRef::Purged { token },
             Event::SaleRebuilt {
@@ -257,20 +311,46 @@ impl EventRef<'_> {
                 expires_at_ms,
                 created_at_ms,
             },
-            EventRef::Released { token, at_ms } => Event::Released {
+            EventRef::Released {
+                token,
+                at_ms,
+                user,
+                request_id,
+                qty,
+                reason,
+            } => Event::Released {
                 token: token.into(),
                 at_ms,
+                user: user.into(),
+                request_id: request_id.into(),
+                qty,
+                reason,
             },
-            EventRef::Committed { token, at_ms } => Event::Committed {
+            EventRef::Committed {
+                token,
+                at_ms,
+                user,
+                request_id,
+                qty,
+            } => Event::Committed {
                 token: token.into(),
                 at_ms,
+                user: user.into(),
+                request_id: request_id.into(),
+                qty,
             },
             EventRef::Extended {
                 token,
                 expires_at_ms,
+                user,
+                request_id,
+                qty,
             } => Event::Extended {
                 token: token.into(),
                 expires_at_ms,
+                user: user.into(),
+                request_id: request_id.into(),
+                qty,
             },
             EventRef::Purged { token } => Event::Purged {
                 token: token.into(),

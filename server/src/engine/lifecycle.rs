@@ -2,12 +2,26 @@
 
 use super::*;
 
+/// How a hold leaves RESERVED.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Finish {
+    Commit,
+    Release(ReleaseReason),
+}
+
 impl Engine {
-    /// RELEASE: `(true, lsn)` if this call returned the units.
+    /// RELEASE: `(true, lsn)` if this call returned the units. The feed names the reason
+    /// from the hold's deadline: past it, `expired`; before it, `cancel`.
     pub fn release(&self, token: &str) -> (bool, Lsn) {
+        self.release_with(token, None)
+    }
+
+    /// RELEASE with the reason the caller states (`RELEASE token REASON ...`); `None`
+    /// derives it as [`Engine::release`] does.
+    pub fn release_with(&self, token: &str, reason: Option<ReleaseReason>) -> (bool, Lsn) {
         let now = self.clock.now_ms();
         let mut st = self.stripes[stripe_of(token)].lock();
-        let out = self.release_locked(&mut st, token, now, true);
+        let out = self.release_locked(&mut st, token, now, Some(reason));
         drop(st);
         if let Some((sale, user, qty, key)) = out.2 {
             self.user_release(&sale, user, qty, &key, true);
@@ -15,20 +29,30 @@ impl Engine {
         (out.0, out.1)
     }
 
+    /// `live` is `None` when replaying the log (nothing is logged), else the reason the
+    /// caller stated, if any.
     pub(super) fn release_locked(
         &self,
         st: &mut Stripe,
         token: &str,
         now: Millis,
-        log: bool,
+        live: Option<Option<ReleaseReason>>,
     ) -> (bool, Lsn, Option<UserUpdate>) {
         let Some(idx) = st.lookup(token) else {
             return (false, 0, None);
         };
-        if st.get(idx).state != ResState::Reserved {
+        let r = st.get(idx);
+        if r.state != ResState::Reserved {
             return (false, st.last_lsn(), None);
         }
-        let (lsn, upd) = self.finish_locked(st, idx, now, ResState::Released, log);
+        let derived = if r.expires_at <= now {
+            ReleaseReason::Expired
+        } else {
+            ReleaseReason::Cancel
+        };
+        let reason = live.flatten().unwrap_or(derived);
+        let how = Finish::Release(reason);
+        let (lsn, upd) = self.finish_locked(st, idx, now, how, live.is_some());
         (true, lsn, upd)
     }
 
@@ -40,13 +64,16 @@ impl Engine {
         st: &mut Stripe,
         idx: u32,
         now: Millis,
-        to: ResState,
+        how: Finish,
         log: bool,
     ) -> (Lsn, Option<UserUpdate>) {
         st.unschedule(idx);
         let r = st.get_mut(idx);
         debug_assert_eq!(r.state, ResState::Reserved);
-        r.state = to;
+        r.state = match how {
+            Finish::Commit => ResState::Committed,
+            Finish::Release(_) => ResState::Released,
+        };
         r.finished_at = now;
         // Logged before the units move: a RELEASE's units become visible to other
         // buyers only once its record has an LSN, so a RESERVE that takes them is logged
@@ -54,17 +81,31 @@ impl Engine {
         if log {
             let token = r.token();
             let token = token.as_str();
-            let lsn = self.sink.record(&match to {
-                ResState::Committed => EventRef::Committed { token, at_ms: now },
-                _ => EventRef::Released { token, at_ms: now },
+            let user = r.sale.users.name(r.user);
+            let (user, request_id, qty) = (user.as_str(), r.request_id.as_str(), r.qty);
+            let lsn = self.sink.record(&match how {
+                Finish::Commit => EventRef::Committed {
+                    token,
+                    at_ms: now,
+                    user,
+                    request_id,
+                    qty,
+                },
+                Finish::Release(reason) => EventRef::Released {
+                    token,
+                    at_ms: now,
+                    user,
+                    request_id,
+                    qty,
+                    reason,
+                },
             });
             st.logged(lsn);
         }
         let r = st.get(idx);
-        match to {
-            ResState::Released => r.sale.release(r.shard as usize, r.qty),
-            ResState::Committed => r.sale.commit(r.shard as usize, r.qty),
-            ResState::Reserved => debug_assert!(false, "finish to RESERVED"),
+        match how {
+            Finish::Release(_) => r.sale.release(r.shard as usize, r.qty),
+            Finish::Commit => r.sale.commit(r.shard as usize, r.qty),
         }
         let key = r.key;
         let upd = (r.sale.params.limit > 0).then(|| (r.sale.clone(), r.user, r.qty, key));
@@ -155,7 +196,7 @@ impl Engine {
         if log && r.sale.state() == SaleState::Fenced {
             return (Err(EngineError::Fenced), None);
         }
-        let (lsn, upd) = self.finish_locked(st, idx, now, ResState::Committed, log);
+        let (lsn, upd) = self.finish_locked(st, idx, now, Finish::Commit, log);
         (Ok((true, lsn)), upd)
     }
 
@@ -178,9 +219,14 @@ impl Engine {
         }
         let new = now + ms;
         st.reschedule(idx, new);
+        let r = st.get(idx);
+        let user = r.sale.users.name(r.user);
         let lsn = self.sink.record(&EventRef::Extended {
             token,
             expires_at_ms: new,
+            user: &user,
+            request_id: &r.request_id,
+            qty: r.qty,
         });
         st.logged(lsn);
         Ok((new, lsn))
@@ -230,8 +276,8 @@ impl Engine {
                 let due: Vec<u32> = st.expired.iter().map(|&(_, i)| i).collect();
                 for idx in due {
                     debug_assert_eq!(st.get(idx).state, ResState::Reserved);
-                    let (lsn, upd) =
-                        self.finish_locked(&mut st, idx, now, ResState::Released, true);
+                    let how = Finish::Release(ReleaseReason::Expired);
+                    let (lsn, upd) = self.finish_locked(&mut st, idx, now, how, true);
                     last = last.max(lsn);
                     user_updates.extend(upd);
                 }

@@ -127,7 +127,11 @@ impl Engine {
         if state != ResState::Reserved {
             // The user entry is updated below from the final state, not through
             // `user_release` (which would take the user stripe this call holds).
-            let (l, _) = self.finish_locked(&mut st, idx, now, state, true);
+            let how = match state {
+                ResState::Committed => lifecycle::Finish::Commit,
+                _ => lifecycle::Finish::Release(ReleaseReason::Rebuild),
+            };
+            let (l, _) = self.finish_locked(&mut st, idx, now, how, true);
             lsn = l;
         }
         if let Some(us) = users.as_mut() {

@@ -223,15 +223,15 @@ impl Engine {
                     self.insert_restored(&view, true);
                 }
             }
-            Event::Released { token, at_ms } => {
+            Event::Released { token, at_ms, .. } => {
                 let mut st = self.stripes[stripe_of(token)].lock();
-                let (_, _, upd) = self.release_locked(&mut st, token, *at_ms, false);
+                let (_, _, upd) = self.release_locked(&mut st, token, *at_ms, None);
                 drop(st);
                 if let Some((sale, user, qty, key)) = upd {
                     self.user_release(&sale, user, qty, &key, true);
                 }
             }
-            Event::Committed { token, at_ms } => {
+            Event::Committed { token, at_ms, .. } => {
                 let mut st = self.stripes[stripe_of(token)].lock();
                 let (_, upd) = self.commit_locked(&mut st, token, *at_ms, None);
                 drop(st);
@@ -242,6 +242,7 @@ impl Engine {
             Event::Extended {
                 token,
                 expires_at_ms,
+                ..
             } => {
                 let mut st = self.stripes[stripe_of(token)].lock();
                 if let Some(idx) = st.lookup(token) {

@@ -927,3 +927,59 @@ fn no_op_replies_wait_for_the_records_they_report() {
     assert_eq!(e.adjust("S", 0).unwrap().1, paused);
     assert_eq!(e.last_lsn(), sink.events.lock().len() as Lsn);
 }
+
+/// Each way a hold ends logs who held it and, for a release, why: the feed entry made
+/// from the record needs nothing else.
+#[test]
+fn finishes_log_the_holder_and_the_reason() {
+    let (e, c, sink) = engine(true);
+    e.create_sale("S", 20, Some(2), Some(100), None).unwrap();
+    let paid = token_of(&reserve(&e, "S", "ann", "r1", 2).unwrap());
+    let cancel = token_of(&reserve(&e, "S", "bob", "r2", 1).unwrap());
+    let admin = token_of(&reserve(&e, "S", "cat", "r3", 1).unwrap());
+    let late = token_of(&reserve(&e, "S", "dan", "r4", 3).unwrap());
+    e.commit(&paid).unwrap();
+    e.release(&cancel);
+    e.release_with(&admin, Some(ReleaseReason::Admin));
+    c.advance(100);
+    e.tick();
+    e.fence("S", None, None, None, None).unwrap();
+    let now = c.now_ms();
+    let (_, restored, _) = e
+        .restore("S", "eve", "r5", 1, now + 50, now, ResState::Released)
+        .unwrap();
+    let log = sink.events.lock().clone();
+    let released = |token: &str| {
+        log.iter().find_map(|ev| match ev {
+            Event::Released {
+                token: t,
+                user,
+                request_id,
+                qty,
+                reason,
+                ..
+            } if t == token => Some((user.clone(), request_id.clone(), *qty, *reason)),
+            _ => None,
+        })
+    };
+    let holder = |u: &str, r: &str, q: u32, why| Some((u.to_string(), r.to_string(), q, why));
+    assert_eq!(
+        released(&cancel),
+        holder("bob", "r2", 1, ReleaseReason::Cancel)
+    );
+    assert_eq!(
+        released(&admin),
+        holder("cat", "r3", 1, ReleaseReason::Admin)
+    );
+    assert_eq!(
+        released(&late),
+        holder("dan", "r4", 3, ReleaseReason::Expired)
+    );
+    assert_eq!(
+        released(&restored),
+        holder("eve", "r5", 1, ReleaseReason::Rebuild)
+    );
+    assert!(log.iter().any(|ev| matches!(ev,
+        Event::Committed { token, user, request_id, qty: 2, .. }
+            if **token == *paid && user == "ann" && request_id == "r1")));
+}

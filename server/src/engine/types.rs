@@ -58,6 +58,65 @@ pub enum PaymentCheck {
     LedgerVerified,
 }
 
+/// Why a hold's units went back to stock, as the feed reports it: an order service
+/// treats a buyer's cancel, an expiry and an operator's release differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseReason {
+    /// Logged before reasons were recorded: the log does not say.
+    Unknown,
+    /// The buyer or the checkout cancelled the hold before its deadline.
+    Cancel,
+    /// The hold expired: released by the sweeper or by the server's auto-release.
+    Expired,
+    /// An operator released it.
+    Admin,
+    /// A rebuild put back an order the ledger holds as cancelled.
+    Rebuild,
+}
+
+impl ReleaseReason {
+    pub const ALL: [ReleaseReason; 5] = [
+        ReleaseReason::Unknown,
+        ReleaseReason::Cancel,
+        ReleaseReason::Expired,
+        ReleaseReason::Admin,
+        ReleaseReason::Rebuild,
+    ];
+
+    /// The word on the wire (`RELEASE token REASON <word>`) and in the feed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReleaseReason::Unknown => "unknown",
+            ReleaseReason::Cancel => "cancel",
+            ReleaseReason::Expired => "expired",
+            ReleaseReason::Admin => "admin",
+            ReleaseReason::Rebuild => "rebuild",
+        }
+    }
+
+    /// The reasons a client may state; `unknown` is only ever read from an old log.
+    pub fn parse(word: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .filter(|r| *r != ReleaseReason::Unknown)
+            .find(|r| r.as_str().eq_ignore_ascii_case(word))
+    }
+
+    pub fn to_u8(self) -> u8 {
+        match self {
+            ReleaseReason::Unknown => 0,
+            ReleaseReason::Cancel => 1,
+            ReleaseReason::Expired => 2,
+            ReleaseReason::Admin => 3,
+            ReleaseReason::Rebuild => 4,
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.to_u8() == v)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResState {
     Reserved,

@@ -20,6 +20,10 @@ impl Entry {
     }
 }
 
+/// The entry format, the field `v` of every entry. 2: finishes and extensions repeat the
+/// reservation's `user`, `request_id` and `qty`, releases say why (`reason`).
+pub const ENTRY_VERSION: &str = "2";
+
 /// The sale a reservation token belongs to: tokens are `{sku}` + base32, so the sku of a
 /// RELEASE/COMMIT/EXTEND record (which carries only the token) is its hash tag.
 pub fn sku_of_token(token: &str) -> Option<&str> {
@@ -52,6 +56,26 @@ pub fn is_entry(ev: &Event) -> bool {
 
 /// The entry for the record at `lsn`. Field names are the README's contract.
 pub fn entry(lsn: Lsn, ev: &Event) -> Entry {
+    let mut e = Entry {
+        lsn,
+        fields: fields(ev),
+    };
+    e.fields.push(("v", ENTRY_VERSION.into()));
+    e
+}
+
+/// The buyer, request and quantity of a finish or extension. A record from a log written
+/// before they were recorded has none (quantity 0): the fields are left out rather than
+/// reported empty.
+fn holder(out: &mut Vec<(&'static str, String)>, user: &str, request_id: &str, qty: u32) {
+    if qty > 0 {
+        out.push(("user", user.into()));
+        out.push(("request_id", request_id.into()));
+        out.push(("qty", qty.to_string()));
+    }
+}
+
+fn fields(ev: &Event) -> Vec<(&'static str, String)> {
     let sku = sku_of(ev).unwrap_or_default().to_owned();
     let s = |v: &dyn ToString| v.to_string();
     let fields: Vec<(&'static str, String)> = match ev {
@@ -114,27 +138,56 @@ pub fn entry(lsn: Lsn, ev: &Event) -> Entry {
             ("expires_at_ms", s(expires_at_ms)),
             ("created_at_ms", s(created_at_ms)),
         ],
-        Event::Released { token, at_ms } => vec![
-            ("type", "released".into()),
-            ("token", token.clone()),
-            ("sku", sku),
-            ("at_ms", s(at_ms)),
-        ],
-        Event::Committed { token, at_ms } => vec![
-            ("type", "committed".into()),
-            ("token", token.clone()),
-            ("sku", sku),
-            ("at_ms", s(at_ms)),
-        ],
+        Event::Released {
+            token,
+            at_ms,
+            user,
+            request_id,
+            qty,
+            reason,
+        } => {
+            let mut f = vec![
+                ("type", "released".into()),
+                ("token", token.clone()),
+                ("sku", sku),
+            ];
+            holder(&mut f, user, request_id, *qty);
+            f.push(("reason", reason.as_str().into()));
+            f.push(("at_ms", s(at_ms)));
+            f
+        }
+        Event::Committed {
+            token,
+            at_ms,
+            user,
+            request_id,
+            qty,
+        } => {
+            let mut f = vec![
+                ("type", "committed".into()),
+                ("token", token.clone()),
+                ("sku", sku),
+            ];
+            holder(&mut f, user, request_id, *qty);
+            f.push(("at_ms", s(at_ms)));
+            f
+        }
         Event::Extended {
             token,
             expires_at_ms,
-        } => vec![
-            ("type", "extended".into()),
-            ("token", token.clone()),
-            ("sku", sku),
-            ("expires_at_ms", s(expires_at_ms)),
-        ],
+            user,
+            request_id,
+            qty,
+        } => {
+            let mut f = vec![
+                ("type", "extended".into()),
+                ("token", token.clone()),
+                ("sku", sku),
+            ];
+            holder(&mut f, user, request_id, *qty);
+            f.push(("expires_at_ms", s(expires_at_ms)));
+            f
+        }
         Event::Purged { token } => vec![
             ("type", "purged".into()),
             ("token", token.clone()),
@@ -143,12 +196,13 @@ pub fn entry(lsn: Lsn, ev: &Event) -> Entry {
         // Never an entry (see `is_entry`); described only so the match stays total.
         Event::Opaque { kind, .. } => vec![("type", format!("internal.{kind}"))],
     };
-    Entry { lsn, fields }
+    fields
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::types::ReleaseReason;
 
     #[test]
     fn feed_sku_of_token() {
@@ -158,17 +212,47 @@ mod tests {
         let ev = Event::Released {
             token: "{A.b:c}xyz".into(),
             at_ms: 5,
+            user: "u1".into(),
+            request_id: "r1".into(),
+            qty: 2,
+            reason: ReleaseReason::Expired,
         };
         let e = entry(9, &ev);
         assert_eq!(e.id(), "9-0");
+        let own = |v: &[(&'static str, &str)]| -> Vec<(&'static str, String)> {
+            v.iter().map(|(k, x)| (*k, x.to_string())).collect()
+        };
         assert_eq!(
             e.fields,
-            vec![
-                ("type", "released".to_owned()),
-                ("token", "{A.b:c}xyz".to_owned()),
-                ("sku", "A.b:c".to_owned()),
-                ("at_ms", "5".to_owned())
-            ]
+            own(&[
+                ("type", "released"),
+                ("token", "{A.b:c}xyz"),
+                ("sku", "A.b:c"),
+                ("user", "u1"),
+                ("request_id", "r1"),
+                ("qty", "2"),
+                ("reason", "expired"),
+                ("at_ms", "5"),
+                ("v", "2"),
+            ])
+        );
+        // A record of an older log has no buyer: the fields are left out.
+        let old = Event::Committed {
+            token: "{S}t".into(),
+            at_ms: 7,
+            user: String::new(),
+            request_id: String::new(),
+            qty: 0,
+        };
+        assert_eq!(
+            entry(3, &old).fields,
+            own(&[
+                ("type", "committed"),
+                ("token", "{S}t"),
+                ("sku", "S"),
+                ("at_ms", "7"),
+                ("v", "2"),
+            ])
         );
     }
 }

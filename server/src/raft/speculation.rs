@@ -320,7 +320,14 @@ mod tests {
     use super::*;
 
     fn released(token: &str) -> EventRef<'_> {
-        EventRef::Released { token, at_ms: 5 }
+        EventRef::Released {
+            token,
+            at_ms: 5,
+            user: "u",
+            request_id: "r",
+            qty: 1,
+            reason: crate::engine::ReleaseReason::Cancel,
+        }
     }
 
     #[test]

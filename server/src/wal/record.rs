@@ -10,7 +10,7 @@ use thiserror::Error;
 
 use super::codec::{put_i64s, put_str, put_u64, DecodeError, Reader};
 use crate::engine::event::{Event, EventRef};
-use crate::engine::types::{SaleParams, SaleState};
+use crate::engine::types::{ReleaseReason, SaleParams, SaleState};
 
 /// Bytes before the payload: length and CRC.
 pub const HEADER_LEN: usize = 8;
@@ -32,6 +32,12 @@ const K_COMMITTED: u8 = 6;
 const K_EXTENDED: u8 = 7;
 const K_PURGED: u8 = 8;
 const K_SALE_REBUILT: u8 = 9;
+/// Finishes and extensions that repeat the reservation's buyer, request and quantity
+/// (and a release's reason), so a feed entry stands on its own. Kinds 5, 6 and 7 are
+/// their older shapes, still read from logs written before (those fields empty).
+const K_RELEASED_FULL: u8 = 10;
+const K_COMMITTED_FULL: u8 = 11;
+const K_EXTENDED_FULL: u8 = 12;
 
 /// Kinds of records the engine does not interpret ([`Event::Opaque`]): the payload after
 /// the kind byte is the body, which the module that logs them decodes. Framing and CRC
@@ -49,7 +55,7 @@ pub const K_GROUP_CLAIMED: u8 = 70;
 pub const K_GROUP_CHECKPOINT: u8 = 71;
 
 fn known_kind(k: u8) -> bool {
-    (K_SALE_CREATED..=K_SALE_REBUILT).contains(&k) || OPAQUE_KINDS.contains(&k)
+    (K_SALE_CREATED..=K_EXTENDED_FULL).contains(&k) || OPAQUE_KINDS.contains(&k)
 }
 
 /// Why bytes are not a valid record.
@@ -139,23 +145,43 @@ pub fn encode_payload(event: &EventRef<'_>, out: &mut Vec<u8>) {
             put_u64(out, *expires_at_ms);
             put_u64(out, *created_at_ms);
         }
-        EventRef::Released { token, at_ms } => {
-            out.push(K_RELEASED);
+        EventRef::Released {
+            token,
+            at_ms,
+            user,
+            request_id,
+            qty,
+            reason,
+        } => {
+            out.push(K_RELEASED_FULL);
             put_str(out, token);
             put_u64(out, *at_ms);
+            put_holder(out, user, request_id, *qty);
+            out.push(reason.to_u8());
         }
-        EventRef::Committed { token, at_ms } => {
-            out.push(K_COMMITTED);
+        EventRef::Committed {
+            token,
+            at_ms,
+            user,
+            request_id,
+            qty,
+        } => {
+            out.push(K_COMMITTED_FULL);
             put_str(out, token);
             put_u64(out, *at_ms);
+            put_holder(out, user, request_id, *qty);
         }
         EventRef::Extended {
             token,
             expires_at_ms,
+            user,
+            request_id,
+            qty,
         } => {
-            out.push(K_EXTENDED);
+            out.push(K_EXTENDED_FULL);
             put_str(out, token);
             put_u64(out, *expires_at_ms);
+            put_holder(out, user, request_id, *qty);
         }
         EventRef::Purged { token } => {
             out.push(K_PURGED);
@@ -181,6 +207,27 @@ pub fn encode_payload(event: &EventRef<'_>, out: &mut Vec<u8>) {
             out.extend_from_slice(body);
         }
     }
+}
+
+fn put_holder(out: &mut Vec<u8>, user: &str, request_id: &str, qty: u32) {
+    put_str(out, user);
+    put_str(out, request_id);
+    put_u64(out, u64::from(qty));
+}
+
+/// Buyer, request and quantity of a full finish or extension.
+fn get_holder(r: &mut Reader<'_>) -> Result<(String, String, u32), DecodeError> {
+    Ok((r.string("user")?, r.string("request_id")?, r.u32("qty")?))
+}
+
+fn get_reason(r: &mut Reader<'_>) -> Result<ReleaseReason, DecodeError> {
+    let at = r.pos();
+    let v = r.u8("release reason")?;
+    ReleaseReason::from_u8(v).ok_or(DecodeError::OutOfRange {
+        at,
+        what: "release reason",
+        value: u64::from(v),
+    })
 }
 
 pub(crate) fn put_params(out: &mut Vec<u8>, p: &SaleParams) {
@@ -244,15 +291,62 @@ pub fn decode_payload(payload: &[u8]) -> Result<Event, DecodeError> {
         K_RELEASED => Event::Released {
             token: r.string("token")?,
             at_ms: r.u64("at_ms")?,
+            user: String::new(),
+            request_id: String::new(),
+            qty: 0,
+            reason: ReleaseReason::Unknown,
         },
         K_COMMITTED => Event::Committed {
             token: r.string("token")?,
             at_ms: r.u64("at_ms")?,
+            user: String::new(),
+            request_id: String::new(),
+            qty: 0,
         },
         K_EXTENDED => Event::Extended {
             token: r.string("token")?,
             expires_at_ms: r.u64("expires_at_ms")?,
+            user: String::new(),
+            request_id: String::new(),
+            qty: 0,
         },
+        K_RELEASED_FULL => {
+            let token = r.string("token")?;
+            let at_ms = r.u64("at_ms")?;
+            let (user, request_id, qty) = get_holder(&mut r)?;
+            Event::Released {
+                token,
+                at_ms,
+                user,
+                request_id,
+                qty,
+                reason: get_reason(&mut r)?,
+            }
+        }
+        K_COMMITTED_FULL => {
+            let token = r.string("token")?;
+            let at_ms = r.u64("at_ms")?;
+            let (user, request_id, qty) = get_holder(&mut r)?;
+            Event::Committed {
+                token,
+                at_ms,
+                user,
+                request_id,
+                qty,
+            }
+        }
+        K_EXTENDED_FULL => {
+            let token = r.string("token")?;
+            let expires_at_ms = r.u64("expires_at_ms")?;
+            let (user, request_id, qty) = get_holder(&mut r)?;
+            Event::Extended {
+                token,
+                expires_at_ms,
+                user,
+                request_id,
+                qty,
+            }
+        }
         K_PURGED => Event::Purged {
             token: r.string("token")?,
         },
@@ -397,14 +491,32 @@ pub(crate) mod tests {
             Event::Released {
                 token: "{SKU-1}t".into(),
                 at_ms: 5,
+                user: "u".into(),
+                request_id: "r".into(),
+                qty: 2,
+                reason: ReleaseReason::Expired,
+            },
+            Event::Released {
+                token: "{SKU-1}t".into(),
+                at_ms: 5,
+                user: String::new(),
+                request_id: String::new(),
+                qty: 0,
+                reason: ReleaseReason::Unknown,
             },
             Event::Committed {
                 token: "{SKU-1}t".into(),
                 at_ms: u64::MAX,
+                user: "u".into(),
+                request_id: "r".into(),
+                qty: u32::MAX,
             },
             Event::Extended {
                 token: "{SKU-1}t".into(),
                 expires_at_ms: 99,
+                user: "u".into(),
+                request_id: "r".into(),
+                qty: 1,
             },
             Event::Purged {
                 token: "{SKU-1}t".into(),
@@ -424,6 +536,62 @@ pub(crate) mod tests {
                 body: Vec::new(),
             },
         ]
+    }
+
+    /// Logs written before finishes carried their buyer still replay: kinds 5, 6 and 7
+    /// decode with the buyer's fields empty and the reason unknown.
+    #[test]
+    fn wal_record_old_finish_shapes_still_decode() {
+        let old = |kind: u8, tail: u64| {
+            let mut p = vec![RECORD_VERSION, kind];
+            put_str(&mut p, "{S}t");
+            put_u64(&mut p, tail);
+            decode_payload(&p).expect("an old record decodes")
+        };
+        assert_eq!(
+            old(K_RELEASED, 5),
+            Event::Released {
+                token: "{S}t".into(),
+                at_ms: 5,
+                user: String::new(),
+                request_id: String::new(),
+                qty: 0,
+                reason: ReleaseReason::Unknown,
+            }
+        );
+        assert!(matches!(
+            old(K_COMMITTED, 6),
+            Event::Committed {
+                qty: 0,
+                at_ms: 6,
+                ..
+            }
+        ));
+        assert!(matches!(
+            old(K_EXTENDED, 7),
+            Event::Extended {
+                qty: 0,
+                expires_at_ms: 7,
+                ..
+            }
+        ));
+        // A reason byte past the known ones is damage, not data.
+        let mut p = Vec::new();
+        encode_payload(
+            &EventRef::Released {
+                token: "{S}t",
+                at_ms: 1,
+                user: "u",
+                request_id: "r",
+                qty: 1,
+                reason: ReleaseReason::Admin,
+            },
+            &mut p,
+        );
+        if let Some(last) = p.last_mut() {
+            *last = 9;
+        }
+        assert!(decode_payload(&p).is_err());
     }
 
     #[test]
@@ -582,12 +750,34 @@ pub(crate) mod tests {
                     created_at_ms: n.3,
                 }
             ),
-            (s(), any::<u64>()).prop_map(|(token, at_ms)| Event::Released { token, at_ms }),
-            (s(), any::<u64>()).prop_map(|(token, at_ms)| Event::Committed { token, at_ms }),
-            (s(), any::<u64>()).prop_map(|(token, expires_at_ms)| Event::Extended {
-                token,
-                expires_at_ms
-            }),
+            (s(), any::<u64>(), s(), s(), any::<u32>(), 0u8..5).prop_map(
+                |(token, at_ms, user, request_id, qty, r)| Event::Released {
+                    token,
+                    at_ms,
+                    user,
+                    request_id,
+                    qty,
+                    reason: ReleaseReason::from_u8(r).unwrap_or(ReleaseReason::Unknown),
+                }
+            ),
+            (s(), any::<u64>(), s(), s(), any::<u32>()).prop_map(
+                |(token, at_ms, user, request_id, qty)| Event::Committed {
+                    token,
+                    at_ms,
+                    user,
+                    request_id,
+                    qty,
+                }
+            ),
+            (s(), any::<u64>(), s(), s(), any::<u32>()).prop_map(
+                |(token, expires_at_ms, user, request_id, qty)| Event::Extended {
+                    token,
+                    expires_at_ms,
+                    user,
+                    request_id,
+                    qty,
+                }
+            ),
             s().prop_map(|token| Event::Purged { token }),
             (
                 s(),

@@ -9,7 +9,7 @@ use super::record::{encode_record, HEADER_LEN};
 use super::segment::{self, SEGMENT_HEADER_LEN};
 use super::testutil::TempDir;
 use super::*;
-use crate::engine::types::ResState;
+use crate::engine::types::{ReleaseReason, ResState};
 
 fn opts(fsync: FsyncPolicy) -> WalOptions {
     WalOptions {
@@ -63,7 +63,7 @@ fn encoded_len(e: &Event) -> u64 {
 fn fold(mut s: Snapshot, e: &Event) -> Snapshot {
     match e {
         Event::Reserved { .. } => s.reservations.extend(e.reserved_view()),
-        Event::Released { token, at_ms } | Event::Committed { token, at_ms } => {
+        Event::Released { token, at_ms, .. } | Event::Committed { token, at_ms, .. } => {
             let state = if matches!(e, Event::Released { .. }) {
                 ResState::Released
             } else {
@@ -95,6 +95,10 @@ fn workload(i: u64) -> Event {
                 _ => unreachable!(),
             },
             at_ms: i,
+            user: format!("user{:06}", i - 1),
+            request_id: format!("req-{:08}", i - 1),
+            qty: 1,
+            reason: ReleaseReason::Cancel,
         },
         _ => Event::Committed {
             token: match reserved(i - 2) {
@@ -102,6 +106,9 @@ fn workload(i: u64) -> Event {
                 _ => unreachable!(),
             },
             at_ms: i,
+            user: format!("user{:06}", i - 2),
+            request_id: format!("req-{:08}", i - 2),
+            qty: 1,
         },
     }
 }
