@@ -18,6 +18,13 @@ fn raft_a_killed_leader_loses_no_acknowledged_reservation_and_is_replaced_quickl
     let g = Group::start(false);
     let l = g.leader(None, Duration::from_secs(10));
     create_sale(g.port(l), "KILL", 400);
+    // The group has one history id, begun by its first leader, on every member.
+    let history = history_of(g.port(l));
+    assert_eq!(history.len(), 32, "{history:?}");
+    converge_wal(&g, Duration::from_secs(10));
+    for p in g.ports() {
+        assert_eq!(history_of(p), history);
+    }
     let g = Arc::new(Mutex::new(g));
     let writers = storm(&g, "KILL", "a", 4, 40);
     std::thread::sleep(Duration::from_millis(600));
@@ -68,6 +75,8 @@ fn raft_a_killed_leader_loses_no_acknowledged_reservation_and_is_replaced_quickl
         acked.len()
     );
     check_all_present(&g, new, &acked, "KILL", 400);
+    // A new leader continues the history; it does not begin another.
+    assert_eq!(history_of(g.port(new)), history);
     assert!(
         first_ack < Duration::from_secs(5),
         "failover took {first_ack:?}"

@@ -48,8 +48,25 @@ async fn wiped_data_dir_fences_then_rebuilds_from_the_ledger() {
         Err(ClientError::NoSale)
     ));
 
-    // The sweeper notices the lost sale and fences it (fail closed).
+    // A wiped data dir is another history: the sweeper refuses it, changing nothing,
+    // until the operator binds the ledger to it.
     let sweeper = Sweeper::new(h.ledger.clone(), h.client.clone(), SweeperConfig::default());
+    let refused = sweeper.run_pass().await.expect_err("another history");
+    let new = h.client.history().await.unwrap().expect("a history id");
+    let msg = refused.to_string();
+    assert!(
+        msg.contains(&format!("stockgate-sweeper rebind --history {new}")),
+        "{msg}"
+    );
+    assert!(matches!(
+        h.client.sale_info(sku).await,
+        Err(ClientError::NoSale)
+    ));
+    stockgate_client::identity::rebind(&h.ledger, Some(new.clone()), &new)
+        .await
+        .unwrap();
+
+    // The sweeper notices the lost sale and fences it (fail closed).
     let r = sweeper.run_pass().await.unwrap();
     assert_eq!(r.lost_skus, vec![sku.to_string()]);
     assert!(matches!(

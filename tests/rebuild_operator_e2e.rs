@@ -117,6 +117,31 @@ async fn operator_rebuild_keeps_the_adjusted_allocation_and_every_paid_order() {
     h.server.restart().expect("restart");
     wait_for_server(&h.client).await;
 
+    // A wiped data dir is another history: every tool refuses it until the operator
+    // binds the ledger to it, naming the id the server reports.
+    let new = h.client.history().await.unwrap().expect("a history id");
+    let refused = cli!("run", "--once", "--sku", SKU);
+    assert!(!refused.success, "{refused:?}");
+    assert!(
+        refused
+            .stderr
+            .contains(&format!("stockgate-sweeper rebind --history {new}")),
+        "{refused:?}"
+    );
+    let wrong = cli!("rebind", "--history", "0123");
+    assert!(!wrong.success, "{wrong:?}");
+    assert!(
+        wrong
+            .stderr
+            .contains(&format!("reports history {new}, not 0123")),
+        "{wrong:?}"
+    );
+    let bound = cli!("rebind", "--history", &new).ok();
+    assert!(
+        bound.contains(&format!("ledger bound to history {new} (was ")),
+        "{bound}"
+    );
+
     // The sweeper notices (the ledger knows the sale, the server does not) and fences it.
     let out = cli!("run", "--once", "--sku", SKU).ok();
     assert!(

@@ -26,6 +26,8 @@ use crate::sweeper::explain_total;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdjustError {
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
     #[error("sale {0} is unknown to the ledger")]
     UnknownSale(String),
     #[error(
@@ -84,6 +86,7 @@ pub async fn adjust_sale<L: Ledger, G: ReservationGate>(
     id: &str,
     delta: i64,
 ) -> Result<AdjustReport, AdjustError> {
+    crate::identity::ensure_bound(ledger, gate.history().await?).await?;
     // 1. Ledger first: from here on the ledger's allocation includes it.
     let adj = match ledger.record_adjustment(sku, id, delta).await {
         Ok(a) => a,

@@ -366,6 +366,18 @@ impl StockgateClient {
         self.call(&cmd).await.map(|_| ())
     }
 
+    /// The server's history id (`INFO server`'s `stockgate_history`, see
+    /// [`crate::identity`]); `None` while it reports none.
+    pub async fn history(&self) -> Result<Option<String>, ClientError> {
+        let v = self.call(redis::cmd("INFO").arg("server")).await?;
+        let text = match &v {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            Value::VerbatimString { text, .. } => text.clone(),
+            _ => return Err(proto("INFO", &v)),
+        };
+        Ok(crate::identity::parse_info(&text))
+    }
+
     pub async fn sale_info(&self, sku: &str) -> Result<SaleInfo, ClientError> {
         let v = self.call(redis::cmd("SALE.INFO").arg(sku)).await?;
         parse_sale_info(&v).ok_or_else(|| proto("SALE.INFO", &v))

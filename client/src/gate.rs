@@ -74,6 +74,9 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
 
     fn sale_list(&self) -> impl Future<Output = Result<Vec<String>, ClientError>> + Send;
 
+    /// The server's history id ([`crate::identity`]); `None` while it reports none.
+    fn history(&self) -> impl Future<Output = Result<Option<String>, ClientError>> + Send;
+
     /// `SALE.ADJUST sku delta` → new total. Use [`crate::adjust::adjust_sale`], which
     /// writes the ledger first; this is its server step.
     fn adjust(
@@ -173,6 +176,9 @@ impl ReservationGate for StockgateClient {
     }
     async fn sale_list(&self) -> Result<Vec<String>, ClientError> {
         StockgateClient::sale_list(self).await
+    }
+    async fn history(&self) -> Result<Option<String>, ClientError> {
+        StockgateClient::history(self).await
     }
     async fn adjust(&self, sku: &str, delta: i64) -> Result<i64, ClientError> {
         self.sale_adjust(sku, delta).await
@@ -483,6 +489,19 @@ impl ReservationGate for EngineGate {
 
     async fn extend(&self, token: &str, ms: u64) -> Result<i64, ClientError> {
         self.settle(self.engine.extend(token, ms)).await.map(ms_i64)
+    }
+
+    async fn history(&self) -> Result<Option<String>, ClientError> {
+        // An embedded engine begins its history on first use, as a server does on its
+        // first start, durably before anyone binds to it.
+        let lsn = match self.engine.history() {
+            Some((_, lsn)) => lsn,
+            None => self
+                .engine
+                .begin_history(&stockgate_server::engine::new_history_id()),
+        };
+        self.durable(lsn).await?;
+        Ok(self.engine.history().map(|(id, _)| id.to_string()))
     }
 
     async fn sale_info(&self, sku: &str) -> Result<Option<SaleInfo>, ClientError> {

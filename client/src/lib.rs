@@ -20,6 +20,7 @@ pub mod client;
 pub mod gate;
 pub mod group;
 pub mod history;
+pub mod identity;
 pub mod ledger;
 pub mod materialize;
 pub mod metrics;

@@ -42,6 +42,9 @@ pub enum MaterializeError {
     /// would skip or invent orders. Only an operator can decide what to do.
     #[error("feed history mismatch: {0}")]
     History(String),
+    /// The server is not the one the ledger is bound to ([`crate::identity`]).
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
     #[error("feed error: {0}")]
     Feed(String),
     #[error("feed connection: {0}")]
@@ -449,6 +452,17 @@ impl FeedReader {
             .find(|e| e.lsn == lsn))
     }
 
+    /// The history id of the node read from (`INFO server`, see [`crate::identity`]).
+    pub async fn history(&self) -> Result<Option<String>, MaterializeError> {
+        let v = self.query(redis::cmd("INFO").arg("server")).await?;
+        let text = match &v {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            Value::VerbatimString { text, .. } => text.clone(),
+            _ => return Err(MaterializeError::Protocol(format!("INFO: {v:?}"))),
+        };
+        Ok(crate::identity::parse_info(&text))
+    }
+
     /// Checks that this feed holds the entry `(lsn, fingerprint)` a consumer's position
     /// names: the same entry there, or (when the entry itself is gone) a feed that
     /// reaches at least that far. `lsn` 0 or an unknown fingerprint names nothing.
@@ -724,6 +738,8 @@ impl Materializer {
             if checked.as_ref() == Some(&before) && before.is_some() {
                 return Ok(pos);
             }
+            let ledger = crate::ledger::postgres::PgLedger::from_pool(self.pool.clone());
+            crate::identity::ensure_bound(&ledger, self.reader.history().await?).await?;
             self.reader.check_history(pos, fp).await?;
             let after = self.reader.primary_addr();
             if after == before {

@@ -45,6 +45,8 @@ use crate::types::{ReservationInfo, ReservationState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RebuildError {
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
     #[error("sale {0} is unknown to the ledger: nothing to rebuild from")]
     UnknownSale(String),
     #[error("sale {0} is not fenced; fence it first (or pass --fence)")]
@@ -115,6 +117,7 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
     sku: &str,
     opts: &RebuildOptions,
 ) -> Result<RebuildReport, RebuildError> {
+    crate::identity::ensure_bound(ledger, gate.history().await?).await?;
     // Unconfirmed adjustments first, then the sale: every adjustment read here is included
     // in the allocation read after it, so once the server's total is that allocation they
     // are all applied there.

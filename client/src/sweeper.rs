@@ -46,6 +46,8 @@ pub enum SweepError {
     Ledger(#[from] LedgerError),
     #[error("server: {0}")]
     Gate(#[from] ClientError),
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
     /// A fault injected through the `fail` crate (feature `failpoints`), standing for a
     /// crash at that point.
     #[error("injected fault at {0}")]
@@ -273,6 +275,9 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
     /// One pass over every sale in scope.
     pub async fn run_pass(&self) -> Result<PassReport, SweepError> {
         let mut report = PassReport::default();
+        // Every pass: behind a Sentinel or a load balancer, the server answering may
+        // change between two passes.
+        crate::identity::ensure_bound(&self.ledger, self.gate.history().await?).await?;
         for sku in self.skus_in_scope().await? {
             match self.gate.sale_info(&sku).await? {
                 None => {

@@ -310,6 +310,8 @@ pub enum HarnessError {
     Testkit(#[from] TestkitError),
     #[error(transparent)]
     Client(#[from] crate::ClientError),
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
 }
 
 impl Harness {
@@ -365,6 +367,8 @@ impl Harness {
         limit: Option<u32>,
     ) -> Result<(), HarnessError> {
         use crate::Ledger as _;
+        // As `stockgate-sweeper create-sale` does: the ledger is bound to this server.
+        crate::identity::ensure_bound(&self.ledger, self.client.history().await?).await?;
         self.client
             .sale_create(sku, total, Some(shards), Some(ttl_ms), limit)
             .await?;

@@ -632,6 +632,14 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
             }));
             let _ = shared.repl.set(node);
         }
+        // A single node begins its history on its first start (a member's leader does, in
+        // the group's log), durably before any tool can read the id.
+        if spec.is_none() && engine.history().is_none() {
+            let lsn = engine.begin_history(&stockgate_server::engine::new_history_id());
+            stockgate_server::session::Durability::wait(durability.as_ref(), lsn)
+                .await
+                .map_err(|e| format!("writing the history id: {e}"))?;
+        }
         {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "listening on {addr}");

@@ -573,6 +573,18 @@ pub fn info_field(port: u16, name: &str) -> u64 {
 /// Every running member's WAL ends at the same LSN, within `within` (unlike
 /// [`Group::converge`], true also when feeds start at different places: a member that
 /// installed a snapshot has no entries before it).
+/// `INFO server`'s `stockgate_history` of the member on `port` (empty when none yet).
+pub fn history_of(port: u16) -> String {
+    let s: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut conn(port))
+        .expect("info");
+    s.lines()
+        .find_map(|l| l.strip_prefix("stockgate_history:"))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default()
+}
+
 pub fn converge_wal(g: &Group, within: Duration) -> u64 {
     let ports: Vec<u16> = g
         .members

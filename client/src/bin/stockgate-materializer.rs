@@ -105,7 +105,7 @@ async fn main() -> ExitCode {
             eprintln!("stockgate-materializer: {e}");
             ExitCode::from(2)
         }
-        Err(e @ MaterializeError::History(_)) => {
+        Err(e @ (MaterializeError::History(_) | MaterializeError::Identity(_))) => {
             eprintln!("stockgate-materializer: {e}");
             ExitCode::from(3)
         }

@@ -8,6 +8,7 @@
 //! stockgate-sweeper create-sale --sku SKU --total N [--shards N] [--ttl-ms MS] [--limit N]
 //! stockgate-sweeper adjust --sku SKU --delta N [--id ADJ-ID]
 //! stockgate-sweeper rebuild --sku SKU [--fence]
+//! stockgate-sweeper rebind --history ID
 //! ```
 
 use std::process::ExitCode;
@@ -100,6 +101,19 @@ enum Cmd {
     /// Rebuild a fenced (or lost) sale from the ledger: restore pending, paid and
     /// cancelled orders, set available = allocation − committed − pending, reopen.
     Rebuild(RebuildArgs),
+    /// Bind the ledger to the history the server reports now (`INFO server`'s
+    /// `stockgate_history`), replacing the one it was bound to. Every tool refuses a
+    /// server of another history; do this only when the ledger is to follow this
+    /// server from now on (a server rebuilt after it lost its data).
+    Rebind(RebindArgs),
+}
+
+#[derive(Args)]
+struct RebindArgs {
+    /// The history id the server reports, repeated here so a rebind is never pointed at
+    /// a server by accident.
+    #[arg(long)]
+    history: String,
 }
 
 #[derive(Args, Clone)]
@@ -176,6 +190,8 @@ enum CliError {
     Sweep(#[from] stockgate_client::sweeper::SweepError),
     #[error(transparent)]
     Adjust(#[from] stockgate_client::adjust::AdjustError),
+    #[error(transparent)]
+    Identity(#[from] stockgate_client::identity::IdentityError),
     #[error("invalid argument: {0}")]
     Arg(String),
 }
@@ -241,6 +257,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Some(Cmd::CreateSale(a)) => {
             ledger.migrate().await?;
             let client = StockgateClient::connect_target(&target).await?;
+            stockgate_client::identity::ensure_bound(&ledger, client.history().await?).await?;
             client
                 .sale_create(&a.sku, a.total, a.shards, a.ttl_ms, a.limit)
                 .await?;
@@ -292,6 +309,21 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 r.restored_released,
                 r.available
             );
+            Ok(())
+        }
+        Some(Cmd::Rebind(a)) => {
+            ledger.migrate().await?;
+            let client = StockgateClient::connect_target(&target).await?;
+            let old =
+                stockgate_client::identity::rebind(&ledger, client.history().await?, &a.history)
+                    .await?;
+            match old {
+                Some(old) if old != a.history => {
+                    println!("ledger bound to history {} (was {old})", a.history)
+                }
+                Some(_) => println!("ledger already bound to history {}", a.history),
+                None => println!("ledger bound to history {}", a.history),
+            }
             Ok(())
         }
         Some(Cmd::Run(args)) => sweep(&target, ledger, args).await,

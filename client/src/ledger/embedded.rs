@@ -23,6 +23,9 @@ use crate::types::{now_ms, ExpiredReservation};
 /// Milliseconds since the Unix epoch.
 pub type LedgerClock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
+/// The key of the server binding in the `meta` tree.
+const BINDING_KEY: &[u8] = b"server_history";
+
 #[derive(Clone)]
 pub struct SledLedger {
     db: sled::Db,
@@ -32,6 +35,8 @@ pub struct SledLedger {
     orders: sled::Tree,
     /// Key: token, 0x00, event id (big-endian) → JSON event. Ordered per token.
     events: sled::Tree,
+    /// Ledger-wide settings: the server binding (`BINDING_KEY`).
+    meta: sled::Tree,
     clock: LedgerClock,
     /// Flush to disk after every transition (before the caller acts on the server).
     durable: bool,
@@ -182,6 +187,7 @@ impl SledLedger {
             adjustments: db.open_tree("adjustments")?,
             orders: db.open_tree("orders")?,
             events: db.open_tree("events")?,
+            meta: db.open_tree("meta")?,
             db,
             clock,
             durable,
@@ -710,6 +716,29 @@ impl Ledger for SledLedger {
             super::postgres::add_totals(&mut t, o.status, 1, u64::from(o.qty));
         }
         Ok(t)
+    }
+
+    async fn bound_history(&self) -> Result<Option<String>, LedgerError> {
+        match self.meta.get(BINDING_KEY)? {
+            None => Ok(None),
+            Some(v) => String::from_utf8(v.to_vec())
+                .map(Some)
+                .map_err(|_| LedgerError::Corrupt("server binding is not UTF-8".into())),
+        }
+    }
+
+    async fn bind_history(
+        &self,
+        expected: Option<&str>,
+        id: &str,
+    ) -> Result<Option<String>, LedgerError> {
+        let old = expected.map(str::as_bytes);
+        // A failed swap leaves the binding someone else set: reported below.
+        let _ = self
+            .meta
+            .compare_and_swap(BINDING_KEY, old, Some(id.as_bytes()))?;
+        self.flush().await?;
+        self.bound_history().await
     }
 
     async fn live_pending_orders(&self, sku: &str) -> Result<Vec<Order>, LedgerError> {

@@ -478,6 +478,19 @@ pub trait Ledger: Clone + Send + Sync + 'static {
         &self,
         sku: &str,
     ) -> impl Future<Output = Result<Vec<Order>, LedgerError>> + Send;
+
+    /// The server history this ledger describes (`crate::identity`); `None` until a tool
+    /// first bound it.
+    fn bound_history(&self) -> impl Future<Output = Result<Option<String>, LedgerError>> + Send;
+
+    /// Binds the ledger to history `id` if it is bound to `expected` (`None`: not bound
+    /// yet), and returns the binding in place afterwards: two tools binding at once agree
+    /// on one.
+    fn bind_history(
+        &self,
+        expected: Option<&str>,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<String>, LedgerError>> + Send;
 }
 
 /// Decision for a `record_adjustment` that found the id already stored (shared by both

@@ -29,6 +29,7 @@ const ALLOCATION_SQL: &str = include_str!("../../../migrations/0002_allocation_a
 const FEED_POSITION_SQL: &str = include_str!("../../../migrations/0003_feed_position.sql");
 const FINGERPRINT_SQL: &str =
     include_str!("../../../migrations/0004_feed_position_fingerprint.sql");
+const BINDING_SQL: &str = include_str!("../../../migrations/0005_server_binding.sql");
 
 /// The migrator for `migrations/` (embedded copy).
 pub fn migrator() -> Migrator {
@@ -47,6 +48,7 @@ pub fn migrator() -> Migrator {
             m(2, "allocation adjustments", ALLOCATION_SQL),
             m(3, "feed position", FEED_POSITION_SQL),
             m(4, "feed position fingerprint", FINGERPRINT_SQL),
+            m(5, "server binding", BINDING_SQL),
         ]),
         ..Migrator::DEFAULT
     }
@@ -831,6 +833,35 @@ impl Ledger for PgLedger {
             add_totals(&mut t, status, n, units);
         }
         Ok(t)
+    }
+
+    async fn bound_history(&self) -> Result<Option<String>, LedgerError> {
+        Ok(
+            sqlx::query_scalar("SELECT history_id FROM server_binding WHERE singleton")
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn bind_history(
+        &self,
+        expected: Option<&str>,
+        id: &str,
+    ) -> Result<Option<String>, LedgerError> {
+        let q = match expected {
+            None => sqlx::query(
+                "INSERT INTO server_binding (history_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            )
+            .bind(id),
+            Some(old) => sqlx::query(
+                "UPDATE server_binding SET history_id = $1, bound_at = now() \
+                 WHERE singleton AND history_id = $2",
+            )
+            .bind(id)
+            .bind(old),
+        };
+        q.execute(&self.pool).await?;
+        self.bound_history().await
     }
 
     async fn live_pending_orders(&self, sku: &str) -> Result<Vec<Order>, LedgerError> {

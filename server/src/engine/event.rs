@@ -75,6 +75,8 @@ pub enum Event {
         committed: u64,
         shard_available: Vec<i64>,
     },
+    /// The first record of a history (`Engine::begin_history`): its random id.
+    HistoryBegun { id: String },
     /// A record another module writes into the same log (the order feed's consumer
     /// groups): `kind` is one of the WAL's opaque kinds, `body` its encoding. The engine
     /// gives it no meaning and skips it on replay, so it depends on nothing that logs
@@ -139,6 +141,9 @@ pub enum EventRef<'a> {
         total: u64,
         committed: u64,
         shard_available: &'a [i64],
+    },
+    HistoryBegun {
+        id: &'a str,
     },
     Opaque {
         kind: u8,
@@ -259,6 +264,7 @@ impl Event {
                 committed: *committed,
                 shard_available,
             },
+            Event::HistoryBegun { id } => EventRef::HistoryBegun { id },
             Event::Opaque { kind, body } => EventRef::Opaque { kind: *kind, body },
         }
     }
@@ -366,6 +372,7 @@ impl EventRef<'_> {
                 committed,
                 shard_available: shard_available.to_vec(),
             },
+            EventRef::HistoryBegun { id } => Event::HistoryBegun { id: id.into() },
             EventRef::Opaque { kind, body } => Event::Opaque {
                 kind,
                 body: body.to_vec(),

@@ -19,6 +19,7 @@ pub mod error;
 pub mod event;
 mod expired_summary;
 pub mod fasthash;
+mod history;
 pub mod ident;
 mod lifecycle;
 pub mod names;
@@ -40,6 +41,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::EngineError;
 pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
+pub use history::new_history_id;
 use sale::{fnv1a, split, Sale};
 use table::{Res, Stripe};
 pub use token::{Keyring, ReservationKey, TokenBuf, TokenKey};
@@ -134,6 +136,8 @@ pub struct Engine {
     sales: RwLock<HashMap<Arc<str>, Arc<Sale>, foldhash::fast::RandomState>>,
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     users: Box<[CachePadded<Mutex<UserStripe>>]>,
+    /// See `history`: set once, by the first record or a snapshot.
+    history: Mutex<Option<(Arc<str>, Lsn)>>,
 }
 
 fn stripe_of(token: &str) -> usize {
@@ -184,6 +188,7 @@ impl Engine {
             users: (0..USER_STRIPES)
                 .map(|_| CachePadded::new(Mutex::new(HashMap::new())))
                 .collect(),
+            history: Mutex::new(None),
         }
     }
 

@@ -21,6 +21,10 @@ impl Engine {
             raw.extend(st.iter().cloned());
             tombs_raw.extend(st.tombs.iter().map(|(k, t)| (*k, t.clone())));
         }
+        let history = self
+            .history()
+            .map(|(h, _)| h.to_string())
+            .unwrap_or_default();
         let r = cut();
         drop(guards);
         drop(sales_map);
@@ -31,6 +35,7 @@ impl Engine {
         tombs.sort_by_key(|t| t.key);
         (
             Snapshot {
+                history,
                 sales,
                 reservations,
                 tombs,
@@ -41,6 +46,7 @@ impl Engine {
 
     /// Loads a snapshot into an empty engine (recovery).
     pub fn load_snapshot(&self, snap: &Snapshot) {
+        self.adopt_history(&snap.history);
         {
             let mut sales = self.sales.write();
             for s in &snap.sales {
@@ -193,6 +199,7 @@ impl Engine {
     /// own log; one that does not fit the state is skipped (and trips a debug assertion).
     pub fn apply(&self, ev: &Event) {
         match ev {
+            Event::HistoryBegun { id } => self.adopt_history(id),
             Event::SaleCreated { sku, params, .. } => {
                 let sku: Arc<str> = sku.as_str().into();
                 self.sales

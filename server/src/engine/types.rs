@@ -199,6 +199,8 @@ pub struct TombView {
 /// loaded on recovery.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
+    /// The history id (`Engine::history`); empty in snapshots written before it existed.
+    pub history: String,
     pub sales: Vec<SaleView>,
     pub reservations: Vec<ReservationView>,
     pub tombs: Vec<TombView>,

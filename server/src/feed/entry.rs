@@ -44,14 +44,15 @@ pub fn sku_of(ev: &Event) -> Option<&str> {
         | Event::Committed { token, .. }
         | Event::Extended { token, .. }
         | Event::Purged { token } => sku_of_token(token),
-        Event::Opaque { .. } => None,
+        Event::Opaque { .. } | Event::HistoryBegun { .. } => None,
     }
 }
 
 /// Whether a record is an entry of the streams at all: consumer-group bookkeeping that
-/// the feed itself logs is not (reading it would log more of it, forever).
+/// the feed itself logs is not (reading it would log more of it, forever), nor is the
+/// history id (`INFO` reports it).
 pub fn is_entry(ev: &Event) -> bool {
-    !matches!(ev, Event::Opaque { .. })
+    !matches!(ev, Event::Opaque { .. } | Event::HistoryBegun { .. })
 }
 
 /// The entry for the record at `lsn`. Field names are the README's contract.
@@ -195,6 +196,7 @@ fn fields(ev: &Event) -> Vec<(&'static str, String)> {
         ],
         // Never an entry (see `is_entry`); described only so the match stays total.
         Event::Opaque { kind, .. } => vec![("type", format!("internal.{kind}"))],
+        Event::HistoryBegun { .. } => vec![("type", "internal.history".into())],
     };
     fields
 }

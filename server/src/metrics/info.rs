@@ -83,7 +83,10 @@ pub fn render(engine: &Engine, shared: &Shared, args: &[String]) -> String {
             o.push_str("\r\n");
         }
         match *s {
-            "server" => server(&mut o, shared),
+            "server" => {
+                server(&mut o, shared);
+                history(&mut o, engine, shared);
+            }
             "clients" => clients(&mut o, shared),
             "memory" => memory(&mut o, engine, shared),
             "persistence" => persistence(&mut o, shared),
@@ -191,6 +194,19 @@ fn clients(o: &mut String, sh: &Shared) {
         sh.stats.connected.load(Ordering::Relaxed),
         sh.config.max_clients
     );
+}
+
+/// `stockgate_history`: the id of the history this server's state belongs to, which the
+/// tools that write to a ledger compare with the one the ledger is bound to. Empty until
+/// the record that began it is durable (a Raft leader's is committed): a tool never binds
+/// a ledger to a history a failover could still undo.
+fn history(o: &mut String, engine: &Engine, sh: &Shared) {
+    let durable = sh.feed.get().map_or(0, |f| f.durable_lsn());
+    let id = match engine.history() {
+        Some((id, lsn)) if lsn <= durable => id,
+        _ => "".into(),
+    };
+    let _ = write!(o, "stockgate_history:{id}\r\n");
 }
 
 fn memory(o: &mut String, engine: &Engine, sh: &Shared) {

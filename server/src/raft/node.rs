@@ -152,6 +152,9 @@ pub type Publisher = Box<dyn Fn(&[u8], &[u8]) + Send + Sync>;
 pub struct RaftNode {
     pub id: NodeId,
     pub raft: Raft,
+    /// The member's engine, for the one record a leader writes of its own accord: the
+    /// history id of a group that has none yet.
+    engine: Arc<Engine>,
     pub spec: Arc<Speculation>,
     store: LogStore,
     dur: Arc<WalDurability>,
@@ -199,7 +202,7 @@ impl RaftNode {
             )
         })?;
         let sm = StateMachine::new(
-            engine,
+            engine.clone(),
             dur.clone(),
             spec.clone(),
             (applied, membership),
@@ -262,6 +265,7 @@ impl RaftNode {
             spec: spec.clone(),
             store,
             dur,
+            engine,
             cfg,
             quorum_at_ms: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -335,6 +339,11 @@ impl RaftNode {
                 let last = self.dur.wal.last_lsn();
                 self.spec.open(m.current_term, last);
                 tracing::info!("raft: leading term {} from LSN {last}", m.current_term);
+                // Everything committed is applied: a history begun by an earlier leader
+                // is known here, so the group gets one id.
+                if self.engine.history().is_none() {
+                    self.engine.begin_history(&crate::engine::new_history_id());
+                }
             }
             if self.no_votes.load(Ordering::Acquire)
                 && m.current_leader.is_some()

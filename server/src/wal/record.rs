@@ -38,6 +38,7 @@ const K_SALE_REBUILT: u8 = 9;
 const K_RELEASED_FULL: u8 = 10;
 const K_COMMITTED_FULL: u8 = 11;
 const K_EXTENDED_FULL: u8 = 12;
+const K_HISTORY_BEGUN: u8 = 13;
 
 /// Kinds of records the engine does not interpret ([`Event::Opaque`]): the payload after
 /// the kind byte is the body, which the module that logs them decodes. Framing and CRC
@@ -55,7 +56,7 @@ pub const K_GROUP_CLAIMED: u8 = 70;
 pub const K_GROUP_CHECKPOINT: u8 = 71;
 
 fn known_kind(k: u8) -> bool {
-    (K_SALE_CREATED..=K_EXTENDED_FULL).contains(&k) || OPAQUE_KINDS.contains(&k)
+    (K_SALE_CREATED..=K_HISTORY_BEGUN).contains(&k) || OPAQUE_KINDS.contains(&k)
 }
 
 /// Why bytes are not a valid record.
@@ -198,6 +199,10 @@ pub fn encode_payload(event: &EventRef<'_>, out: &mut Vec<u8>) {
             put_u64(out, *total);
             put_u64(out, *committed);
             put_i64s(out, shard_available);
+        }
+        EventRef::HistoryBegun { id } => {
+            out.push(K_HISTORY_BEGUN);
+            put_str(out, id);
         }
         EventRef::Opaque { kind, body } => {
             // A kind outside the range would decode as "unknown kind", i.e. corruption:
@@ -355,6 +360,9 @@ pub fn decode_payload(payload: &[u8]) -> Result<Event, DecodeError> {
             total: r.u64("total")?,
             committed: r.u64("committed")?,
             shard_available: r.i64s("shard_available")?,
+        },
+        K_HISTORY_BEGUN => Event::HistoryBegun {
+            id: r.string("history id")?,
         },
         k if OPAQUE_KINDS.contains(&k) => {
             let n = r.remaining();
@@ -520,6 +528,9 @@ pub(crate) mod tests {
             },
             Event::Purged {
                 token: "{SKU-1}t".into(),
+            },
+            Event::HistoryBegun {
+                id: "0123456789abcdef0123456789abcdef".into(),
             },
             Event::SaleRebuilt {
                 sku: "SKU-1".into(),

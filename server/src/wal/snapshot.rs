@@ -18,8 +18,9 @@ use super::{io_err, Lsn, WalError};
 use crate::engine::types::{ResState, ReservationView, SaleView, Snapshot, TombView};
 
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"SGSNAP\0\x01";
-/// Version 2 added tombstones of purged reservations; version 1 files (none) still load.
-pub const SNAPSHOT_VERSION: u8 = 2;
+/// Version 2 added tombstones of purged reservations, version 3 the history id at the
+/// end; older files still load (without them).
+pub const SNAPSHOT_VERSION: u8 = 3;
 const HEADER_LEN: usize = 8 + 8 + 4;
 
 /// What [`super::Wal::write_snapshot`] did.
@@ -74,6 +75,7 @@ pub fn encode_snapshot(snap: &Snapshot, lsn: Lsn) -> Vec<u8> {
         put_u64(&mut out, t.expires_at_ms);
         put_str(&mut out, &t.user);
     }
+    put_str(&mut out, &snap.history);
     let len = (out.len() - HEADER_LEN) as u64;
     let crc = crc32c::crc32c(&out[HEADER_LEN..]);
     out[8..16].copy_from_slice(&len.to_le_bytes());
@@ -133,7 +135,7 @@ const PREALLOC_CAP: usize = 1 << 16;
 
 fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
     let version = r.u8("version")?;
-    if version != SNAPSHOT_VERSION && version != 1 {
+    if !(1..=SNAPSHOT_VERSION).contains(&version) {
         return Err(DecodeError::Version(version));
     }
     let lsn = r.u64("lsn")?;
@@ -185,10 +187,16 @@ fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
             });
         }
     }
+    let history = if version >= 3 {
+        r.string("history id")?
+    } else {
+        String::new()
+    };
     r.finish()?;
     Ok((
         lsn,
         Snapshot {
+            history,
             sales,
             reservations,
             tombs,
@@ -251,6 +259,7 @@ pub(crate) mod tests {
 
     pub(crate) fn sample(n: usize) -> Snapshot {
         Snapshot {
+            history: "5f0c2d4e6a8b1c3d5f0c2d4e6a8b1c3d".into(),
             sales: vec![
                 SaleView {
                     sku: "SKU-0001".into(),
@@ -331,6 +340,23 @@ pub(crate) mod tests {
             decode_snapshot(&encode_snapshot(&Snapshot::default(), 0)),
             Ok((0, Snapshot::default()))
         );
+    }
+
+    /// A version 2 file (no history id) still loads, with the id empty: the first start
+    /// after an upgrade then begins a history.
+    #[test]
+    fn wal_snapshot_version_2_loads_without_history() {
+        let mut snap = sample(2);
+        snap.history.clear();
+        let mut bytes = encode_snapshot(&snap, 9);
+        // An empty string is one length byte: drop it and mark the file version 2.
+        bytes.pop();
+        bytes[HEADER_LEN] = 2;
+        let len = (bytes.len() - HEADER_LEN) as u64;
+        let crc = crc32c::crc32c(&bytes[HEADER_LEN..]);
+        bytes[8..16].copy_from_slice(&len.to_le_bytes());
+        bytes[16..20].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_snapshot(&bytes), Ok((9, snap)));
     }
 
     #[test]
