@@ -42,7 +42,7 @@ pub use error::EngineError;
 pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 use sale::{fnv1a, split, Sale};
 use table::{Res, Stripe};
-pub use token::{Keyring, ReservationKey, TokenBuf, TokenKey};
+pub use token::{Denied, Keyring, ReservationKey, TokenBuf, TokenKey};
 pub use types::*;
 
 const STRIPES: usize = 128;
