@@ -223,3 +223,75 @@ async fn idle_timeout_disconnects() {
     let info = as_str(&cmd(&mut good, &["INFO", "stats"]).await.unwrap());
     assert!(info.contains("idle_timeout_disconnects:1"), "{info}");
 }
+
+/// Sends `prefix`, reads its `answer`, then leaves an unfinished command one byte over
+/// `limit` (all of it written before the server may close, so no reset can eat the
+/// reply). Returns what the server sent afterwards and whether it closed the connection
+/// (end of file, not the read timeout).
+fn overflow_after(addr: &str, prefix: &[u8], answer: &[u8], limit: usize) -> (String, bool) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(prefix).unwrap();
+    let mut got = vec![0u8; answer.len()];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(got, answer, "{}", String::from_utf8_lossy(&got));
+    let mut half = b"*2\r\n$4\r\nECHO\r\n$1000000\r\n".to_vec();
+    half.resize(limit + 1, b'a');
+    for chunk in half.chunks(16 * 1024) {
+        s.write_all(chunk).unwrap();
+    }
+    let mut out = Vec::new();
+    let closed = s.read_to_end(&mut out).is_ok();
+    (String::from_utf8_lossy(&out).into_owned(), closed)
+}
+
+/// A connection in SUBSCRIBE or PSUBSCRIBE mode is held to `--max-query-buffer` and to
+/// the framing rules as any other: the same error, then the connection closes, counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_are_held_to_the_query_buffer_limit() {
+    const LIMIT: usize = 65536;
+    const CONFIRM: &[u8] = b"*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n";
+    let srv = Server::start(&["--max-query-buffer", &LIMIT.to_string()]);
+    let refused = "-ERR Protocol error: query buffer limit exceeded\r\n";
+    let normal = overflow_after(&srv.addr, b"PING\r\n", b"+PONG\r\n", LIMIT);
+    assert_eq!(normal, (refused.to_string(), true));
+    let sub = overflow_after(
+        &srv.addr,
+        b"*2\r\n$9\r\nSUBSCRIBE\r\n$2\r\nch\r\n",
+        CONFIRM,
+        LIMIT,
+    );
+    assert_eq!(sub, normal, "SUBSCRIBE mode");
+    let psub = overflow_after(
+        &srv.addr,
+        b"*2\r\n$10\r\nPSUBSCRIBE\r\n$2\r\nc*\r\n",
+        b"*3\r\n$10\r\npsubscribe\r\n$2\r\nc*\r\n:1\r\n",
+        LIMIT,
+    );
+    assert_eq!(psub, normal, "PSUBSCRIBE mode");
+
+    // Malformed framing: the normal connection's answer, also in subscriber mode.
+    let bad = b"*1\r\n$-2\r\n";
+    let normal = read_all(send(&srv.addr, bad));
+    assert!(normal.starts_with("-ERR Protocol error"), "{normal}");
+    let mut s = send(&srv.addr, b"*2\r\n$9\r\nSUBSCRIBE\r\n$2\r\nch\r\n");
+    let mut confirm = [0u8; CONFIRM.len()];
+    s.read_exact(&mut confirm).unwrap();
+    assert_eq!(&confirm, CONFIRM);
+    s.write_all(bad).unwrap();
+    assert_eq!(read_all(s), normal, "SUBSCRIBE mode");
+
+    let mut good = srv.conn().await;
+    let info = as_str(&cmd(&mut good, &["INFO", "stats"]).await.unwrap());
+    for want in [
+        "query_buffer_limit_disconnects:3\r\n",
+        "protocol_errors:2\r\n",
+    ] {
+        assert!(info.contains(want), "no {want:?} in {info}");
+    }
+    // The subscriptions went with their connections.
+    assert_eq!(
+        cmd(&mut good, &["PUBLISH", "ch", "x"]).await.unwrap(),
+        Value::Int(0)
+    );
+}

@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Server, TempDir};
+use stockgate_server::engine::Keyring;
 use stockgate_server::metrics::top::{Conn, Value};
 
 fn free_port() -> u16 {
@@ -95,8 +96,21 @@ struct Counts {
     tokens: Vec<String>,
 }
 
-/// 4 RESERVED, 2 REPLAY, 1 LIMIT, 3 SOLDOUT, 2 DENIED, 1 arity refusal, 1 unknown command,
-/// 1 COMMIT, 1 RELEASE (+1 no-op), on sale `OPS` of 4 units, limit 2 per user.
+/// A token signed with a secret the server does not hold under the waiting room's key id:
+/// what a waiting room and a server that disagree on the secret produce.
+fn bad_signature(s: &Server, sku: &str, user: &str) -> String {
+    let impostor = Keyring::parse(&format!(
+        "{} {}\n",
+        s.keyring().signing_kid(),
+        "cd".repeat(32)
+    ))
+    .expect("keyring");
+    impostor.mint(sku, user, common::now_ms() + 600_000)
+}
+
+/// 4 RESERVED, 2 REPLAY, 1 LIMIT, 3 SOLDOUT, 2 DENIED (a bad signature, an expired token),
+/// 1 arity refusal, 1 unknown command, 1 COMMIT, 1 RELEASE (+1 no-op), on sale `OPS` of 4
+/// units, limit 2 per user.
 fn workload(s: &Server, c: &mut Conn) -> Counts {
     let keys = s.keyring();
     let exp = common::now_ms() + 600_000;
@@ -132,9 +146,14 @@ fn workload(s: &Server, c: &mut Conn) -> Counts {
             Value::Arr(vec![Value::Str(b"SOLDOUT".to_vec())])
         );
     }
-    for u in ["u7", "u8"] {
-        assert!(
-            matches!(call(c, &["RESERVE", "OPS", u, "nope", "a"]), Value::Err(e) if e.starts_with("DENIED"))
+    let expired = keys.mint("OPS", "u8", common::now_ms() - 1000);
+    for (u, adm, why) in [
+        ("u7", bad_signature(s, "OPS", "u7"), "DENIED bad signature"),
+        ("u8", expired, "DENIED expired"),
+    ] {
+        assert_eq!(
+            call(c, &["RESERVE", "OPS", u, &adm, "a"]),
+            Value::Err(why.into())
         );
     }
     assert!(matches!(call(c, &["RESERVE", "OPS"]), Value::Err(_)));
@@ -175,6 +194,17 @@ fn info_latency_slowlog_and_prometheus_match_the_workload() {
         info_field(&info, "total_error_replies").as_deref(),
         Some("4")
     );
+    // The two denials under their own reasons; the others at zero.
+    for (k, v) in [
+        ("denied_bad_signature", "1"),
+        ("denied_expired", "1"),
+        ("denied_malformed", "0"),
+        ("denied_unknown_key", "0"),
+        ("denied_wrong_sku", "0"),
+        ("denied_wrong_user", "0"),
+    ] {
+        assert_eq!(info_field(&info, k).as_deref(), Some(v), "{k}");
+    }
     let sale = info_field(&info, "sale_OPS").expect("sale_OPS");
     for (k, v) in [
         ("total", 4),
@@ -245,20 +275,30 @@ fn info_latency_slowlog_and_prometheus_match_the_workload() {
         "stockgate_releases_total{sku=\"OPS\"} 1\n",
         "stockgate_sale_units{sku=\"OPS\",state=\"available\"} 1\n",
         "stockgate_errors_total{code=\"DENIED\"} 2\n",
+        "stockgate_denials_total{reason=\"bad_signature\"} 1\n",
+        "stockgate_denials_total{reason=\"expired\"} 1\n",
+        "stockgate_denials_total{reason=\"malformed\"} 0\n",
+        "# TYPE stockgate_denials_total counter\n",
         "# TYPE stockgate_command_duration_seconds histogram\n",
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }
     let json = wait_http(&format!("http://{maddr}/json"));
     assert!(json.contains("\"sku\":\"OPS\""), "{json}");
+    assert!(json.contains("\"bad_signature\":1,"), "{json}");
+    assert!(json.contains("\"expired\":1}"), "{json}");
 
     // CONFIG RESETSTAT resets, as Redis.
     assert_eq!(
         call(&mut c, &["CONFIG", "RESETSTAT"]),
         Value::Str(b"OK".to_vec())
     );
-    let info = bulk(call(&mut c, &["INFO", "commandstats"]));
+    let info = bulk(call(&mut c, &["INFO", "commandstats", "sales"]));
     assert!(info_field(&info, "cmdstat_reserve").is_none(), "{info}");
+    assert_eq!(
+        info_field(&info, "denied_bad_signature").as_deref(),
+        Some("0")
+    );
 }
 
 #[test]
@@ -373,6 +413,10 @@ fn status_page_renders_in_headless_chromium() {
         ("sale-OPS-denied", "2"),
         ("cmd-reserve-calls", "12"),
         ("err-DENIED", "2"),
+        // A bad signature is an outage: marked; an expired token is not.
+        ("denied-bad_signature\" class=\"bad", "1"),
+        ("denied-expired\" class=\"", "1"),
+        ("denied-malformed\" class=\"", "0"),
     ] {
         let want = format!("id=\"{id}\">{v}</td>");
         assert!(
@@ -411,6 +455,16 @@ fn sale_row(screen: &str) -> Vec<String> {
         .find(|l| l.trim_start().starts_with("OPS "))
         .map(|l| l.split_whitespace().map(str::to_string).collect())
         .unwrap_or_default()
+}
+
+/// A denial reason's total on top's `denied` line.
+fn denied(screen: &str, reason: &str) -> Option<i64> {
+    let line = screen
+        .lines()
+        .find(|l| l.trim_start().starts_with("denied "))?;
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == reason)?;
+    words.next()?.parse().ok()
 }
 
 /// Kills the private tmux server (and the `top` it runs) when dropped.
@@ -456,6 +510,9 @@ fn top_shows_the_figures_under_tmux() {
     assert_eq!(&row[..2], ["OPS", "OPEN"], "{screen}");
     assert_eq!(&row[3..7], ["1", "2", "1", "4"], "{screen}");
     assert!(screen.contains("DENIED"), "{screen}");
+    assert!(denied(&screen, "bad_signature") == Some(1), "{screen}");
+    assert!(denied(&screen, "expired") == Some(1), "{screen}");
+    assert!(denied(&screen, "malformed") == Some(0), "{screen}");
     assert!(screen.contains("sweeper lag"), "{screen}");
     assert!(screen.contains("fsync everysec"), "{screen}");
 
@@ -467,9 +524,17 @@ fn top_shows_the_figures_under_tmux() {
         Value::Arr(_)
     ));
     assert_eq!(call(&mut c, &["COMMIT", &n.tokens[2]]), Value::Int(1));
-    let screen = capture_until(&sock, |sc| sale_row(sc).get(3).is_some_and(|v| v == "0"));
+    let adm = bad_signature(&s, "OPS", "u10");
+    assert_eq!(
+        call(&mut c, &["RESERVE", "OPS", "u10", &adm, "a"]),
+        Value::Err("DENIED bad signature".into())
+    );
+    let screen = capture_until(&sock, |sc| {
+        sale_row(sc).get(3).is_some_and(|v| v == "0") && denied(sc, "bad_signature") == Some(2)
+    });
     let row = sale_row(&screen);
     assert_eq!(&row[3..7], ["0", "2", "2", "4"], "{screen}");
+    assert_eq!(denied(&screen, "expired"), Some(1), "{screen}");
 }
 
 fn read_stderr_of(extra: &[&str], dir: &Path) -> String {

@@ -18,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use crate::cmd::{Handback, Refusal};
 use crate::protocol::{parse_command_into, Limits};
 
 /// Messages a subscriber may have queued before further ones are dropped.
@@ -282,10 +283,20 @@ fn confirm(out: &mut BytesMut, proto: u8, what: &[u8], channel: Option<&[u8]>, c
     out.extend_from_slice(format!(":{count}\r\n").as_bytes());
 }
 
+/// How a subscriber loop ends.
+enum End {
+    /// Back to normal mode (last subscription gone, or RESET).
+    Resume,
+    Closed,
+    Refused(Refusal),
+}
+
 /// A connection in subscriber mode: sends the confirmations for `first` (channels, or
 /// patterns when `patterns`), then messages, and takes only (P)(UN)SUBSCRIBE, PING, QUIT
 /// and RESET. Hands the stream back when the last channel and pattern are unsubscribed
-/// (or on RESET), as Redis returns such a client to normal mode.
+/// (or on RESET), as Redis returns such a client to normal mode. Held to the framing
+/// `limits` and to `max_query_buffer` as a command connection is: a client breaking them
+/// is handed back as [`Handback::Refused`], for the connection to answer and close.
 #[allow(clippy::too_many_arguments)]
 pub async fn subscriber(
     hub: Hub,
@@ -295,8 +306,8 @@ pub async fn subscriber(
     mut stream: TcpStream,
     mut inbuf: BytesMut,
     (patterns, first): (bool, Vec<Bytes>),
-    limits: Limits,
-) -> Option<(TcpStream, BytesMut)> {
+    (limits, max_query_buffer): (Limits, usize),
+) -> Handback {
     let (tx, mut rx) = mpsc::channel::<Message>(QUEUE);
     let mut subs = Subs::default();
     let mut out = BytesMut::with_capacity(1024);
@@ -308,13 +319,13 @@ pub async fn subscriber(
     let back = loop {
         if !out.is_empty() {
             if stream.write_all(&out).await.is_err() {
-                break false;
+                break End::Closed;
             }
             out.clear();
         }
         tokio::select! {
             m = rx.recv() => {
-                let Some((pat, ch, msg)) = m else { break false };
+                let Some((pat, ch, msg)) = m else { break End::Closed };
                 match pat {
                     None => {
                         push_header(&mut out, proto, 3);
@@ -331,14 +342,14 @@ pub async fn subscriber(
             }
             r = stream.read_buf(&mut inbuf) => {
                 if !matches!(r, Ok(n) if n > 0) {
-                    break false;
+                    break End::Closed;
                 }
                 let mut leave = None;
                 loop {
                     match parse_command_into(&mut inbuf, &limits, &mut argv) {
                         Ok(true) => {}
                         Ok(false) => break,
-                        Err(_) => { leave = Some(false); break; }
+                        Err(e) => { leave = Some(End::Refused(Refusal::Protocol(e))); break; }
                     }
                     let Some(name) = argv.first().map(|a| a.to_ascii_lowercase()) else { continue };
                     match name.as_slice() {
@@ -352,7 +363,7 @@ pub async fn subscriber(
                             let pat = name.as_slice() == b"punsubscribe";
                             subs.remove(&hub, id, pat, &argv[1..], proto, &mut out);
                             if subs.count() == 0 {
-                                leave = Some(true);
+                                leave = Some(End::Resume);
                             }
                         }
                         b"ping" => {
@@ -362,11 +373,11 @@ pub async fn subscriber(
                         }
                         b"quit" => {
                             out.extend_from_slice(b"+OK\r\n");
-                            leave = Some(false);
+                            leave = Some(End::Closed);
                         }
                         b"reset" => {
                             out.extend_from_slice(b"+RESET\r\n");
-                            leave = Some(true);
+                            leave = Some(End::Resume);
                         }
                         other => {
                             let shown: String = String::from_utf8_lossy(other).chars().take(64).collect();
@@ -378,12 +389,17 @@ pub async fn subscriber(
                     }
                 }
                 argv.clear();
-                if let Some(b) = leave {
+                if leave.is_none() && inbuf.len() > max_query_buffer {
+                    leave = Some(End::Refused(Refusal::QueryBuffer));
+                }
+                if let Some(end) = leave {
+                    // What was answered before leaving goes out first, as on a command
+                    // connection.
                     if !out.is_empty() && stream.write_all(&out).await.is_err() {
-                        break false;
+                        break End::Closed;
                     }
                     out.clear();
-                    break b;
+                    break end;
                 }
             }
         }
@@ -395,7 +411,11 @@ pub async fn subscriber(
         hub.punsubscribe(p, id);
     }
     clients.set_kind(id, KIND_NORMAL);
-    back.then_some((stream, inbuf))
+    match back {
+        End::Resume => Handback::Resume(stream, inbuf),
+        End::Refused(why) => Handback::Refused(stream, why),
+        End::Closed => Handback::Closed,
+    }
 }
 
 /// One connection's channels and patterns (bounded together by [`MAX_CHANNELS`]).

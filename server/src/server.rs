@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::cmd::Ctx;
+use crate::cmd::{Ctx, Handback, Refusal};
 use crate::engine::{Engine, Lsn};
 use crate::protocol::{parse_frame, Frame, Reply};
 // The connection and server state moved to `session` (commands need it, and must not
@@ -265,8 +265,7 @@ async fn handle(
                 Ok(Frame::Array { len }) => (len, None),
                 Ok(Frame::Inline { len, args }) => (len, Some(args)),
                 Err(e) => {
-                    shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                    Reply::err(format!("ERR {e}")).encode(conn.proto, &mut out);
+                    refuse(shared, &addr, conn.proto, Refusal::Protocol(e), &mut out);
                     close = true;
                     break;
                 }
@@ -339,13 +338,7 @@ async fn handle(
             .net_input_bytes
             .fetch_add(read_bytes, Ordering::Relaxed);
         if !close && inbuf.len() > cfg.max_query_buffer {
-            shared
-                .stats
-                .qbuf_disconnects
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(client = %addr, "client dropped: unfinished command over --max-query-buffer ({} bytes)", cfg.max_query_buffer);
-            Reply::err("ERR Protocol error: query buffer limit exceeded")
-                .encode(conn.proto, &mut out);
+            refuse(shared, &addr, conn.proto, Refusal::QueryBuffer, &mut out);
             close = true;
         }
         // Counters of this batch are visible before its replies are.
@@ -357,42 +350,8 @@ async fn handle(
                 return;
             }
         }
-        if !out.is_empty() {
-            shared
-                .stats
-                .net_output_bytes
-                .fetch_add(out.len() as u64, Ordering::Relaxed);
-            // Try the write at once: the reply nearly always fits the socket buffer, and
-            // then no timer is armed (a timeout costs a clock read and a reference to the
-            // runtime's timer per batch). Only what did not fit waits, bounded.
-            let sent = match stream.try_write(&out) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
-                Err(_) => return,
-            };
-            let rest = &out[sent..];
-            let flushed = if rest.is_empty() {
-                Ok(Ok(()))
-            } else {
-                tokio::time::timeout(write_timeout, stream.write_all(rest)).await
-            };
-            match flushed {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return,
-                Err(_) => {
-                    shared
-                        .stats
-                        .obuf_disconnects
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(client = %addr, "client dropped: did not read its replies within the write timeout");
-                    return;
-                }
-            }
-            if out.capacity() > 1024 * 1024 {
-                out = BytesMut::with_capacity(16 * 1024);
-            } else {
-                out.clear();
-            }
+        if !write_replies(&mut stream, &mut out, shared, &addr, write_timeout).await {
+            return;
         }
         if close {
             let _ = stream.shutdown().await;
@@ -401,14 +360,90 @@ async fn handle(
         if let Some(t) = takeover {
             let rest = std::mem::take(&mut inbuf);
             match t(stream, rest).await {
-                Some((s, b)) => {
+                Handback::Resume(s, b) => {
                     stream = s;
                     inbuf = b;
                 }
-                None => return,
+                Handback::Refused(mut s, why) => {
+                    refuse(shared, &addr, conn.proto, why, &mut out);
+                    if write_replies(&mut s, &mut out, shared, &addr, write_timeout).await {
+                        let _ = s.shutdown().await;
+                    }
+                    return;
+                }
+                Handback::Closed => return,
             }
         }
     }
+}
+
+/// A client that broke a framing limit, in command or subscriber mode alike: counted,
+/// told why in `out`; the caller closes the connection once `out` is sent.
+fn refuse(shared: &Shared, addr: &SocketAddr, proto: u8, why: Refusal, out: &mut BytesMut) {
+    match why {
+        Refusal::Protocol(e) => {
+            shared.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            Reply::err(format!("ERR {e}")).encode(proto, out);
+        }
+        Refusal::QueryBuffer => {
+            shared
+                .stats
+                .qbuf_disconnects
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(client = %addr, "client dropped: unfinished command over --max-query-buffer ({} bytes)", shared.config.max_query_buffer);
+            Reply::err("ERR Protocol error: query buffer limit exceeded").encode(proto, out);
+        }
+    }
+}
+
+/// Writes a batch's replies and empties `out`. False if the connection must be dropped
+/// (a write error, or a client that does not read within `write_timeout`).
+async fn write_replies(
+    stream: &mut TcpStream,
+    out: &mut BytesMut,
+    shared: &Shared,
+    addr: &SocketAddr,
+    write_timeout: Duration,
+) -> bool {
+    if out.is_empty() {
+        return true;
+    }
+    shared
+        .stats
+        .net_output_bytes
+        .fetch_add(out.len() as u64, Ordering::Relaxed);
+    // Try the write at once: the reply nearly always fits the socket buffer, and then no
+    // timer is armed (a timeout costs a clock read and a reference to the runtime's timer
+    // per batch). Only what did not fit waits, bounded.
+    let sent = match stream.try_write(out) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+        Err(_) => return false,
+    };
+    let rest = &out[sent..];
+    let flushed = if rest.is_empty() {
+        Ok(Ok(()))
+    } else {
+        tokio::time::timeout(write_timeout, stream.write_all(rest)).await
+    };
+    match flushed {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return false,
+        Err(_) => {
+            shared
+                .stats
+                .obuf_disconnects
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(client = %addr, "client dropped: did not read its replies within the write timeout");
+            return false;
+        }
+    }
+    if out.capacity() > 1024 * 1024 {
+        *out = BytesMut::with_capacity(16 * 1024);
+    } else {
+        out.clear();
+    }
+    true
 }
 
 /// Before a connection blocks: wait for the batch's records, then send its replies.

@@ -99,7 +99,10 @@ pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]], patterns: bool) -> Outcome {
     let (id, proto, limits) = (
         ctx.conn.id,
         ctx.conn.proto,
-        ctx.shared.config.limits.clone(),
+        (
+            ctx.shared.config.limits.clone(),
+            ctx.shared.config.max_query_buffer,
+        ),
     );
     // The subscriber loop outlives the read buffer these arguments point into.
     let first = args.iter().map(|a| Bytes::copy_from_slice(a)).collect();

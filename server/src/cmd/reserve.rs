@@ -78,7 +78,10 @@ impl<'a> Reserve<'a> {
                 ctx.shared.stats.count_reserve(&reply);
                 Outcome::logged(reply, lsn)
             }
-            Err(e) => from_engine_error(&e).into(),
+            Err(e) => {
+                ctx.shared.metrics.count_reserve_error(self.sku, &e);
+                from_engine_error(&e).into()
+            }
         }
     }
 }

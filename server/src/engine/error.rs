@@ -3,6 +3,8 @@
 
 use thiserror::Error;
 
+use super::token::Denied;
+
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum EngineError {
     #[error("invalid {0}")]
@@ -14,7 +16,7 @@ pub enum EngineError {
     #[error("sale is paused")]
     Paused,
     #[error("admission denied: {0}")]
-    Denied(&'static str),
+    Denied(Denied),
     #[error("sale exists with different parameters")]
     Exists,
     #[error("no such reservation")]

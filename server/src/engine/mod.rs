@@ -44,7 +44,7 @@ pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 pub use history::new_history_id;
 use sale::{fnv1a, split, Sale};
 use table::{Res, Stripe};
-pub use token::{Keyring, ReservationKey, TokenBuf, TokenKey};
+pub use token::{Denied, Keyring, ReservationKey, TokenBuf, TokenKey};
 pub use types::*;
 
 const STRIPES: usize = 128;

@@ -19,7 +19,7 @@ impl Engine {
         let admission_expiry = self
             .keys
             .verify(req.admission, req.sku, req.user)
-            .map_err(|d| EngineError::Denied(d.as_str()))?;
+            .map_err(EngineError::Denied)?;
         // On the stack: a replay or a refusal never allocates it.
         let key = self.rkey.derive_key(req.sku, req.user, req.request_id);
         // The reply takes this buffer itself: no copy of the token on the heap.
@@ -62,7 +62,7 @@ impl Engine {
             ));
         }
         if now > admission_expiry {
-            return Err(EngineError::Denied("expired"));
+            return Err(EngineError::Denied(Denied::Expired));
         }
         match sale.state() {
             SaleState::Open => {}

@@ -207,7 +207,7 @@ fn decision_order() {
         request_id: "r",
         qty: 1,
     });
-    assert!(matches!(r, Err(EngineError::Denied(_))));
+    assert_eq!(r.map(|x| x.0), Err(EngineError::Denied(Denied::WrongUser)));
     // Expired admission: denied, but a replay of an existing reservation still answers.
     let adm = e.keyring().mint("S", "u", T0 + 100);
     let req = ReserveRequest {
@@ -232,7 +232,7 @@ fn decision_order() {
     };
     assert_eq!(
         e.reserve(&req2).map(|x| x.0),
-        Err(EngineError::Denied("expired"))
+        Err(EngineError::Denied(Denied::Expired))
     );
     // Paused: replay still answers, new requests are refused.
     e.set_paused("S", true).unwrap();

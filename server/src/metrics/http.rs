@@ -217,6 +217,13 @@ pub fn json(engine: &Engine, shared: &Shared) -> String {
         }
         let _ = write!(o, "{}:{n}", js(code));
     }
+    o.push_str("},\"denials\":{");
+    for (i, (why, n)) in m.denials().iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        let _ = write!(o, "\"{}\":{n}", why.reason());
+    }
     o.push_str("},\"history\":[");
     for (i, p) in m.history.lock().iter().enumerate() {
         if i > 0 {

@@ -343,6 +343,11 @@ fn sales(o: &mut String, engine: &Engine, sh: &Shared) {
         engine.key_fingerprint(),
         engine.config().auto_release as u8
     );
+    // Every reason, zeros included: an alert on `denied_bad_signature` needs the field
+    // before the first bad signature.
+    for (why, n) in sh.metrics.denials() {
+        let _ = write!(o, "denied_{}:{n}\r\n", why.reason());
+    }
     for r in view::sales(engine, sh, MAX_SALE_LINES) {
         let _ = write!(
             o,

@@ -1,5 +1,6 @@
 //! Operational metrics: per-command counters and latency histograms, error counts per
-//! error code, the slow log, and reserve outcomes per sale. `INFO`, `LATENCY HISTOGRAM`,
+//! error code, the slow log, reserve outcomes per sale and admission denials by reason
+//! (from the engine's typed refusal, never from the reply's text). `INFO`, `LATENCY HISTOGRAM`,
 //! `SLOWLOG`, the Prometheus/JSON endpoint and `stockgate top` all read these.
 //!
 //! Cost on the hot path: a connection records each command into its own [`Recorder`]
@@ -32,6 +33,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::cmd::table::{self, COMMANDS};
 use crate::cmd::{Ctx, Outcome};
+use crate::engine::{Denied, EngineError};
 use crate::protocol::Reply;
 
 pub use slowlog::{SlowEntry, SlowLog};
@@ -72,6 +74,9 @@ pub const SALE_EVENT_NAMES: [&str; SALE_EVENTS] = [
     "reserved", "replay", "soldout", "limit", "denied", "paused", "fenced", "release", "commit",
 ];
 
+/// Admission denials are counted per reason, one slot per [`Denied`] variant.
+pub const DENIAL_REASONS: usize = Denied::ALL.len();
+
 fn new_hist() -> Option<Histogram<u64>> {
     Histogram::new_with_bounds(HIST_MIN_NS, HIST_MAX_NS, HIST_SIGFIG).ok()
 }
@@ -105,26 +110,32 @@ struct Stripe {
     error_replies: u64,
 }
 
-/// One sale's outcome counters, one cache-line-padded row per stripe.
-pub struct SaleCounters {
-    rows: Box<[CachePadded<[AtomicU64; SALE_EVENTS]>]>,
+/// `N` counters, one cache-line-padded row per stripe: threads counting the same event
+/// never share a cache line.
+pub struct Striped<const N: usize> {
+    rows: Box<[CachePadded<[AtomicU64; N]>]>,
 }
 
-impl SaleCounters {
+/// One sale's outcome counters, indexed by [`SaleEvent`].
+pub type SaleCounters = Striped<SALE_EVENTS>;
+
+impl<const N: usize> Striped<N> {
     fn new() -> Self {
-        SaleCounters {
+        Striped {
             rows: (0..STRIPES)
                 .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))))
                 .collect(),
         }
     }
 
-    fn add(&self, ev: SaleEvent) {
-        self.rows[my_stripe()][ev as usize].fetch_add(1, Ordering::Relaxed);
+    fn add(&self, slot: usize) {
+        if let Some(c) = self.rows[my_stripe()].get(slot) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    pub fn totals(&self) -> [u64; SALE_EVENTS] {
-        let mut out = [0u64; SALE_EVENTS];
+    pub fn totals(&self) -> [u64; N] {
+        let mut out = [0u64; N];
         for row in self.rows.iter() {
             for (o, c) in out.iter_mut().zip(row.iter()) {
                 *o += c.load(Ordering::Relaxed);
@@ -180,6 +191,8 @@ pub struct Metrics {
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     sales: RwLock<HashMap<Arc<str>, Arc<SaleCounters>>>,
     other_sales: Arc<SaleCounters>,
+    /// Admission denials by reason, indexed by `Denied as usize`.
+    denials: Striped<DENIAL_REASONS>,
     pub slowlog: Mutex<SlowLog>,
     /// µs; negative disables the slow log, 0 logs every command (Redis semantics).
     pub slowlog_slower_than: AtomicI64,
@@ -213,6 +226,7 @@ impl Metrics {
                 .collect(),
             sales: RwLock::new(HashMap::new()),
             other_sales: Arc::new(SaleCounters::new()),
+            denials: Striped::new(),
             slowlog: Mutex::new(SlowLog::new(128)),
             slowlog_slower_than: AtomicI64::new(10_000),
             max_label_sales: AtomicUsize::new(50),
@@ -276,6 +290,28 @@ impl Metrics {
         self.other_sales.totals()
     }
 
+    /// A RESERVE the engine refused, from its typed error: a denial by its reason, and
+    /// the refusals a sale counts (denied, paused, fenced). Other errors (no such sale,
+    /// bad arguments) have no sale to count against.
+    pub fn count_reserve_error(&self, sku: &str, e: &EngineError) {
+        let ev = match e {
+            EngineError::Denied(why) => {
+                self.denials.add(*why as usize);
+                SaleEvent::Denied
+            }
+            EngineError::Paused => SaleEvent::Paused,
+            EngineError::Fenced => SaleEvent::Fenced,
+            _ => return,
+        };
+        self.sale_counters(sku.as_bytes()).add(ev as usize);
+    }
+
+    /// Admission denials by reason, in [`Denied::ALL`] order.
+    pub fn denials(&self) -> [(Denied, u64); DENIAL_REASONS] {
+        let t = self.denials.totals();
+        std::array::from_fn(|i| (Denied::ALL[i], t[i]))
+    }
+
     /// Every command's merged counters, in command-table order.
     pub fn commands(&self) -> Vec<CmdStats> {
         let mut out: Vec<CmdStats> = COMMANDS
@@ -327,7 +363,7 @@ impl Metrics {
         (v, total)
     }
 
-    /// `CONFIG RESETSTAT`: command, error and sale-outcome counters back to zero.
+    /// `CONFIG RESETSTAT`: command, error, denial and sale-outcome counters back to zero.
     pub fn reset(&self) {
         for s in self.stripes.iter() {
             let mut st = s.lock();
@@ -341,6 +377,7 @@ impl Metrics {
             c.reset();
         }
         self.other_sales.reset();
+        self.denials.reset();
         self.history.lock().clear();
     }
 
@@ -521,13 +558,8 @@ impl Recorder {
                         },
                         _ => return,
                     },
-                    Reply::Error(e) => match error_code(e) {
-                        "DENIED" => SaleEvent::Denied,
-                        "PAUSED" => SaleEvent::Paused,
-                        "FENCED" => SaleEvent::Fenced,
-                        // NOSALE and argument errors: no sale to count against.
-                        _ => return,
-                    },
+                    // Refusals are counted by the command from its typed error
+                    // (`Metrics::count_reserve_error`).
                     _ => return,
                 };
                 let Some(&sku) = argv.get(1) else { return };
@@ -547,10 +579,10 @@ impl Recorder {
             _ => return,
         };
         match &self.sale {
-            Some((k, c)) if k.as_ref() == sku => c.add(ev),
+            Some((k, c)) if k.as_ref() == sku => c.add(ev as usize),
             _ => {
                 let c = ctx.shared.metrics.sale_counters(sku);
-                c.add(ev);
+                c.add(ev as usize);
                 self.sale = Some((sku.into(), c));
             }
         }

@@ -233,6 +233,19 @@ pub fn render(engine: &Engine, shared: &Shared) -> String {
         );
     }
 
+    o.head(
+        "stockgate_denials_total",
+        "counter",
+        "RESERVE admission tokens refused, by reason (unknown_key, bad_signature: the waiting room and the server disagree on the admission keys; expired: a slow client).",
+    );
+    for (why, n) in m.denials() {
+        o.line(
+            "stockgate_denials_total",
+            &format!("reason=\"{}\"", why.reason()),
+            n,
+        );
+    }
+
     // Sales.
     let max = m.max_label_sales.load(Ordering::Relaxed);
     let all = view::sales(engine, shared, usize::MAX);

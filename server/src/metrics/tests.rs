@@ -473,3 +473,157 @@ fn transactions_count_as_redis_does() {
         (1, 1)
     );
 }
+
+/// Admission tokens refused for each reason a different number of times, so a reason
+/// counted under another shows: malformed 1, unknown_key 2, bad_signature 3, wrong_sku 1,
+/// wrong_user 1, expired 4 (12 in all).
+fn denial_workload(w: &mut World) {
+    assert_eq!(w.run(&["SALE.CREATE", "D", "10"]), Reply::ok());
+    assert_eq!(w.run(&["SALE.CREATE", "D2", "10"]), Reply::ok());
+    let now = w.engine.now_ms();
+    let foreign_secret = Keyring::parse(&format!("k1 {}\n", "cd".repeat(32))).unwrap();
+    let foreign_kid = Keyring::parse(&format!("k9 {}\n", "ab".repeat(32))).unwrap();
+    let mut tokens: Vec<(&str, String)> = vec![("u", "garbage".into())];
+    for _ in 0..2 {
+        tokens.push(("u", foreign_kid.mint("D", "u", now + 60_000)));
+    }
+    for _ in 0..3 {
+        tokens.push(("u", foreign_secret.mint("D", "u", now + 60_000)));
+    }
+    tokens.push(("u", w.engine.keyring().mint("D2", "u", now + 60_000)));
+    tokens.push(("u", w.engine.keyring().mint("D", "other", now + 60_000)));
+    for i in 0..4 {
+        tokens.push(("u", w.engine.keyring().mint("D", "u", now - 1 - i)));
+    }
+    for (i, (user, adm)) in tokens.iter().enumerate() {
+        let r = w.run(&["RESERVE", "D", user, adm, &format!("r{i}")]);
+        assert!(
+            matches!(&r, Reply::Error(e) if e.starts_with("DENIED ")),
+            "{i}: {r:?}"
+        );
+    }
+}
+
+const DENIALS_WANTED: [(&str, u64); 6] = [
+    ("malformed", 1),
+    ("unknown_key", 2),
+    ("bad_signature", 3),
+    ("wrong_sku", 1),
+    ("wrong_user", 1),
+    ("expired", 4),
+];
+
+#[test]
+fn denials_are_counted_by_reason_everywhere() {
+    let mut w = World::new();
+    denial_workload(&mut w);
+    // The store, from the engine's typed refusal.
+    let got: Vec<(&str, u64)> = w
+        .shared
+        .metrics
+        .denials()
+        .iter()
+        .map(|(d, n)| (d.reason(), *n))
+        .collect();
+    assert_eq!(got, DENIALS_WANTED);
+    // The totals that lump them together still count every one.
+    let (errors, _) = w.shared.metrics.errors();
+    assert_eq!(errors, vec![("DENIED".to_string(), 12)]);
+    assert_eq!(
+        w.shared.metrics.sale_totals("D")[SaleEvent::Denied as usize],
+        12
+    );
+
+    // INFO: `denied_<reason>` in the sales section (so in the default INFO too).
+    let sales = w.info("sales");
+    let default = match w.run(&["INFO"]) {
+        Reply::Bulk(b) => String::from_utf8(b).unwrap(),
+        r => panic!("{r:?}"),
+    };
+    for (reason, n) in DENIALS_WANTED {
+        let k = format!("denied_{reason}");
+        assert_eq!(field(&sales, &k), Some(n.to_string().as_str()), "{sales}");
+        assert_eq!(field(&default, &k), Some(n.to_string().as_str()));
+    }
+    assert_eq!(
+        sub_field(field(&sales, "sale_D").unwrap(), "reserve_denied"),
+        Some(12)
+    );
+
+    // Prometheus: one label value per reason; errors_total by code is kept.
+    let text = prom::render(&w.engine, &w.shared);
+    assert!(
+        text.contains("# TYPE stockgate_denials_total counter\n"),
+        "{text}"
+    );
+    for (reason, n) in DENIALS_WANTED {
+        let want = format!("stockgate_denials_total{{reason=\"{reason}\"}} {n}\n");
+        assert!(text.contains(&want), "no {want:?} in\n{text}");
+    }
+    assert!(text.contains("stockgate_errors_total{code=\"DENIED\"} 12\n"));
+
+    // JSON (the status page's feed).
+    let j = http::json(&w.engine, &w.shared);
+    assert!(
+        j.contains("\"denials\":{\"malformed\":1,\"unknown_key\":2,\"bad_signature\":3,\"wrong_sku\":1,\"wrong_user\":1,\"expired\":4}"),
+        "{j}"
+    );
+
+    // top: totals and rates over the poll, read off the rendered screen.
+    let i0 = top::Info::parse(&w.info("everything"));
+    let foreign = Keyring::parse(&format!("k1 {}\n", "cd".repeat(32))).unwrap();
+    let adm = foreign.mint("D", "u", w.engine.now_ms() + 60_000);
+    assert!(w.run(&["RESERVE", "D", "u", &adm, "late"]).is_error());
+    let i1 = top::Info::parse(&w.info("everything"));
+    let mut s = top::Screen::default();
+    s.update(Some((&i0, &[])), i1, &[], 1.0);
+    let lines = top::render_text(&s, 160, 30);
+    let line = lines
+        .iter()
+        .find(|l| l.starts_with("denied "))
+        .unwrap_or_else(|| panic!("{}", lines.join("\n")));
+    for want in [
+        "bad_signature 4 1.0/s",
+        "expired 4 0.0/s",
+        "unknown_key 2 0.0/s",
+    ] {
+        assert!(line.contains(want), "no {want:?} in {line:?}");
+    }
+
+    // CONFIG RESETSTAT zeroes them with the other counters.
+    assert_eq!(w.run(&["CONFIG", "RESETSTAT"]), Reply::ok());
+    assert!(w.shared.metrics.denials().iter().all(|(_, n)| *n == 0));
+}
+
+#[test]
+fn a_replay_is_no_denial_and_exec_counts_a_denial_once() {
+    let mut w = World::new();
+    w.run(&["SALE.CREATE", "R", "10"]);
+    let adm = w.admit("R", "u");
+    assert!(matches!(
+        w.run(&["RESERVE", "R", "u", &adm, "r1"]),
+        Reply::Array(_)
+    ));
+    // The admission has expired by now; the same request still replays.
+    w.clock.advance(120_000);
+    assert!(
+        matches!(w.run(&["RESERVE", "R", "u", &adm, "r1"]), Reply::Array(v) if v[0] == Reply::bulk("REPLAY"))
+    );
+    assert!(w.shared.metrics.denials().iter().all(|(_, n)| *n == 0));
+    assert_eq!(w.run(&["MULTI"]), Reply::ok());
+    w.run(&["RESERVE", "R", "u", &adm, "r2"]);
+    let Reply::Array(r) = w.run(&["EXEC"]) else {
+        panic!()
+    };
+    assert!(
+        matches!(&r[0], Reply::Error(e) if e == "DENIED expired"),
+        "{r:?}"
+    );
+    let d = w.shared.metrics.denials();
+    assert_eq!(d[Denied::Expired as usize], (Denied::Expired, 1));
+    assert_eq!(d.iter().map(|(_, n)| n).sum::<u64>(), 1);
+    assert_eq!(
+        w.shared.metrics.sale_totals("R")[SaleEvent::Denied as usize],
+        1
+    );
+}

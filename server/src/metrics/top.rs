@@ -14,6 +14,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 use ratatui::{Frame, Terminal};
 
+use crate::engine::Denied;
+
 /// A RESP reply, as far as `top` needs one.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
@@ -242,6 +244,8 @@ pub struct Screen {
     pub ops_per_sec: f64,
     pub errors_per_sec: f64,
     pub error_rates: Vec<(String, f64)>,
+    /// Per denial reason (INFO `denied_<reason>`): total and per second.
+    pub denials: Vec<(Denied, i64, f64)>,
 }
 
 impl Screen {
@@ -255,6 +259,15 @@ impl Screen {
         let dt = dt.max(0.001);
         self.rates.clear();
         self.error_rates.clear();
+        self.denials = Denied::ALL
+            .iter()
+            .map(|&why| {
+                let k = format!("denied_{}", why.reason());
+                let n = info.n(&k);
+                let r = prev.map_or(0.0, |(p, _)| (n - p.n(&k)).max(0) as f64 / dt);
+                (why, n, r)
+            })
+            .collect();
         if let Some((p, ph)) = prev {
             let rate = |a: i64, b: i64| (a - b).max(0) as f64 / dt;
             for s in &info.sales {
@@ -317,7 +330,7 @@ pub fn draw(f: &mut Frame, s: &Screen) {
         .unwrap_or(0);
     let expired: i64 = info.sales.iter().map(|x| x.n("expired_pending")).sum();
     let chunks = Layout::vertical([
-        Constraint::Length(4),
+        Constraint::Length(5),
         Constraint::Min(5),
         Constraint::Length(6),
     ])
@@ -360,6 +373,7 @@ pub fn draw(f: &mut Frame, s: &Screen) {
                 info.n("wal_durable_lsn")
             )),
         ]),
+        denials_line(&s.denials),
     ];
     f.render_widget(Paragraph::new(head), chunks[0]);
     let rows: Vec<Row> = info
@@ -447,6 +461,25 @@ pub fn draw(f: &mut Frame, s: &Screen) {
         ),
         chunks[2],
     );
+}
+
+/// `denied  malformed 0 0.0/s  ...  bad_signature 3 1.0/s  ...`: the reasons that mean
+/// the waiting room and the server disagree on the keys are red while they rise.
+fn denials_line(d: &[(Denied, i64, f64)]) -> Line<'static> {
+    let mut spans = vec![Span::raw("denied ")];
+    for &(why, n, r) in d {
+        let outage = matches!(why, Denied::UnknownKey | Denied::BadSignature);
+        let style = if outage && r > 0.0 {
+            Style::default().fg(Color::Red).add_modifier(Modifier::BOLD)
+        } else {
+            Style::default()
+        };
+        spans.push(Span::styled(
+            format!(" {} {n} {r:.1}/s ", why.reason()),
+            style,
+        ));
+    }
+    Line::from(spans)
 }
 
 /// One poll: INFO everything and the RESERVE histogram.
