@@ -55,6 +55,9 @@ pub enum MaterializeError {
     /// (`-READONLY`, `-NOREPLICAS`) that outlasted them, or an invalid configuration.
     #[error("feed primary: {0}")]
     Primary(#[source] ClientError),
+    /// Opening or migrating the ledger failed (unreachable, wrong schema, ...).
+    #[error(transparent)]
+    Ledger(#[from] crate::LedgerError),
 }
 
 /// One entry of the feed.
