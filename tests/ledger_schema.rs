@@ -292,7 +292,10 @@ async fn a_ledger_in_public_is_refused_then_moved_by_migrate_with_its_rows() {
     let l = PgLedger::connect(pg.url()).await.expect("connect");
     let e = l.migrate().await.expect_err("a ledger only in public");
     assert!(
-        matches!(e, LedgerError::Schema(SchemaError::InPublic { .. })),
+        matches!(
+            &e,
+            LedgerError::Schema(SchemaError::OldLayout { found_in, .. }) if found_in == "public"
+        ),
         "{e:?}"
     );
     let msg = e.to_string();
@@ -399,7 +402,7 @@ async fn two_moves_at_once_move_once() {
     old_public_ledger(pg.url()).await;
     let x = PgLedger::connect(pg.url()).await.unwrap();
     let y = PgLedger::connect(pg.url()).await.unwrap();
-    let (rx, ry) = tokio::join!(x.migrate_moving_public(), y.migrate_moving_public());
+    let (rx, ry) = tokio::join!(x.migrate_moving_old_layout(), y.migrate_moving_old_layout());
     let (rx, ry) = (rx.expect("first"), ry.expect("second"));
     assert_eq!(
         [rx.is_some(), ry.is_some()].iter().filter(|m| **m).count(),
@@ -427,7 +430,7 @@ async fn what_is_not_a_stockgate_ledger_in_public_is_left_alone() {
         sqlx::query(sql).execute(&a).await.expect(sql);
     }
     let l = PgLedger::connect(pg.url()).await.unwrap();
-    assert_eq!(l.migrate_moving_public().await.expect("migrate"), None);
+    assert_eq!(l.migrate_moving_old_layout().await.expect("migrate"), None);
     l.register_sale(&SaleRecord::new("MINE", 1)).await.unwrap();
     let theirs: i32 = sqlx::query_scalar("SELECT id FROM public.orders")
         .fetch_one(&a)
@@ -451,7 +454,7 @@ async fn a_move_into_a_schema_with_a_clashing_table_moves_nothing() {
         .await
         .unwrap();
     let l = ledger_in(pg.url(), "taken").await;
-    let e = l.migrate_moving_public().await.expect_err("clash");
+    let e = l.migrate_moving_old_layout().await.expect_err("clash");
     assert!(
         matches!(&e, LedgerError::Schema(SchemaError::Occupied { table, .. }) if table == "orders"),
         "{e:?}"
@@ -459,4 +462,62 @@ async fn a_move_into_a_schema_with_a_clashing_table_moves_nothing() {
     assert!(e.to_string().contains("already has a table orders"), "{e}");
     assert_eq!(tables(&a, "taken").await.len(), 1);
     assert_eq!(tables(&a, "public").await.len(), LEDGER_TABLES.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_in_the_users_own_schema_is_found_there_too() {
+    // With a schema named after the user, the default search_path ("$user", public) put
+    // the old ledger there, not in public.
+    let pg = TempPostgres::start().await.expect("postgres");
+    let a = admin(pg.url()).await;
+    let user: String = sqlx::query_scalar("SELECT current_user::text")
+        .fetch_one(&a)
+        .await
+        .unwrap();
+    sqlx::query(&format!("CREATE SCHEMA \"{user}\""))
+        .execute(&a)
+        .await
+        .unwrap();
+    let old = ledger_in(pg.url(), &user).await;
+    old.migrate().await.expect("old layout");
+    old.materialize(&new_order("USR", "a")).await.unwrap();
+    old.pool().close().await;
+
+    let e = PgLedger::connect(pg.url())
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .expect_err("refused");
+    assert!(
+        e.to_string()
+            .contains(&format!("the ledger is in schema {user}")),
+        "{e}"
+    );
+    let o = tool("stockgate-sweeper", pg.url(), &["migrate"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "moved the ledger from schema {user} to schema stockgate"
+        )),
+        "{err}"
+    );
+    assert!(tables(&a, &user).await.is_empty());
+
+    // An old-version tool started after the move makes a ledger there again: the tools
+    // keep using theirs and say so.
+    let stray = ledger_in(pg.url(), &user).await;
+    stray.migrate().await.unwrap();
+    let o = tool("stockgate-sweeper", pg.url(), &["migrate"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "schema {user} also holds a stockgate ledger; it is not used"
+        )),
+        "{err}"
+    );
+    let l = PgLedger::connect(pg.url()).await.unwrap();
+    assert_eq!(l.orders("USR", None).await.unwrap().len(), 1);
 }

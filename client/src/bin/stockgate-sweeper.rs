@@ -103,7 +103,8 @@ enum Cmd {
     /// Sweep every interval (the default).
     Run(RunArgs),
     /// Apply the ledger schema (migrations/) in --schema and exit. A ledger of an older
-    /// version found only in `public` is first moved into --schema (one transaction).
+    /// version (in `public`, where they kept it) is first moved into --schema (one
+    /// transaction).
     Migrate,
     /// Create a sale on the server and record it (allocation, key fingerprint) in the ledger.
     CreateSale(CreateSaleArgs),
@@ -254,10 +255,11 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     .await?;
     match cli.cmd {
         Some(Cmd::Migrate) => {
-            if let Some(m) = ledger.migrate_moving_public().await? {
+            if let Some(m) = ledger.migrate_moving_old_layout().await? {
                 info!(
-                    "moved the ledger from schema public to schema {}: {} tables ({}), {} \
+                    "moved the ledger from schema {} to schema {}: {} tables ({}), {} \
                      functions, {} orders",
+                    m.from,
                     m.schema,
                     m.tables.len(),
                     m.tables.join(", "),

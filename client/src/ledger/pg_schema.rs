@@ -5,11 +5,13 @@
 //! migrations (sqlx's `_sqlx_migrations` included) and every query stay unqualified and
 //! land there, and two ledgers in two schemas of one database cannot see each other.
 //!
-//! A ledger created before the schema option lives in `public`. It is recognised by
-//! `public._sqlx_migrations` holding our first migration (same checksum) beside our
-//! tables; `stockgate-sweeper migrate` moves it into the schema in one transaction
-//! ([`move_from_public`]), and every other start refuses it with that instruction
-//! ([`SchemaError::InPublic`]) instead of silently opening an empty ledger beside it.
+//! A ledger created before the schema option lives where the connection's default
+//! `search_path` put it: `public`, or a schema named after the user if one exists
+//! ([`old_layout_schema`]). It is recognised by a `_sqlx_migrations` there holding our
+//! first migration (same checksum) beside our tables; `stockgate-sweeper migrate` moves
+//! it into the schema in one transaction ([`move_old_ledger`]), and every other start
+//! refuses it with that instruction ([`SchemaError::OldLayout`]) instead of silently
+//! opening an empty ledger beside it.
 
 use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Row};
@@ -21,7 +23,7 @@ pub const DEFAULT_SCHEMA: &str = "stockgate";
 pub const SCHEMA_ENV: &str = "STOCKGATE_LEDGER_SCHEMA";
 
 /// Every table the migrations create, sqlx's bookkeeping included: what a move from
-/// `public` takes along. `tests/ledger_schema.rs` checks it against a freshly migrated
+/// the old layout takes along. `tests/ledger_schema.rs` checks it against a freshly migrated
 /// schema, so a migration that adds a table cannot be forgotten here.
 pub const LEDGER_TABLES: &[&str] = &[
     "_sqlx_migrations",
@@ -47,11 +49,12 @@ pub enum SchemaError {
     )]
     Invalid { name: String, why: &'static str },
     #[error(
-        "the ledger is in schema public (where it was kept before --schema), not in schema \
-         {schema}: stop every stockgate tool, then run `stockgate-sweeper migrate --schema \
-         {schema}` once to move it there (or pass --schema public to keep using it where it is)"
+        "the ledger is in schema {found_in} (where versions before --schema kept it), not in \
+         schema {schema}: stop every stockgate tool, then run `stockgate-sweeper migrate \
+         --schema {schema}` once to move it there (or pass --schema {found_in} to keep using \
+         it where it is)"
     )]
-    InPublic { schema: String },
+    OldLayout { found_in: String, schema: String },
     #[error(
         "cannot create schema {schema}: {source} (create it once as a role that may, e.g. \
          `CREATE SCHEMA {schema} AUTHORIZATION <ledger user>`, or grant this user CREATE on \
@@ -64,11 +67,19 @@ pub enum SchemaError {
     },
     #[error(
         "schema {schema} already has a table {table} but no stockgate ledger: the ledger in \
-         public cannot be moved there (rename or drop that table, or choose another --schema)"
+         {from} cannot be moved there (rename or drop that table, or choose another --schema)"
     )]
-    Occupied { schema: String, table: String },
-    #[error("moving the ledger from public to schema {schema} failed, nothing was moved: {source}{hint}")]
+    Occupied {
+        from: String,
+        schema: String,
+        table: String,
+    },
+    #[error(
+        "moving the ledger from schema {from} to schema {schema} failed, nothing was moved: \
+         {source}{hint}"
+    )]
     Move {
+        from: String,
         schema: String,
         #[source]
         source: sqlx::Error,
@@ -132,6 +143,11 @@ pub(crate) fn search_path_sql(schema: &str) -> String {
     format!("SET search_path TO {schema}")
 }
 
+/// `name` quoted for SQL (for names read from the catalog, which may need it).
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 async fn tables_in(conn: &mut PgConnection, schema: &str) -> Result<Vec<String>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT tablename::text FROM pg_catalog.pg_tables WHERE schemaname = $1 ORDER BY 1",
@@ -153,19 +169,48 @@ pub(crate) async fn has_ledger(conn: &mut PgConnection, schema: &str) -> Result<
     .await
 }
 
-/// Whether `public` holds a stockgate ledger of the layout before `--schema`: our tables,
+/// The schema versions before `--schema` created the ledger in: the first existing
+/// schema of the connection's default `search_path` (`"$user", public` unless the role or
+/// database says otherwise), i.e. `public`, or the user's own schema if there is one.
+/// Read inside a transaction that is rolled back, so this connection's own search_path
+/// is back in force whatever happens.
+pub(crate) async fn old_layout_schema(
+    conn: &mut PgConnection,
+) -> Result<Option<String>, sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    sqlx::query("SET LOCAL search_path TO DEFAULT")
+        .execute(&mut *tx)
+        .await?;
+    let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.rollback().await?;
+    Ok(schema)
+}
+
+/// Whether `schema` holds a stockgate ledger of the layout before `--schema`: our tables,
 /// and a `_sqlx_migrations` whose first migration is ours (same checksum), so another
 /// application's `orders` table or sqlx migrations are never taken for ours.
-pub(crate) async fn public_holds_ledger(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
-    let present = tables_in(conn, "public").await?;
+pub(crate) async fn holds_old_ledger(
+    conn: &mut PgConnection,
+    schema: &str,
+) -> Result<bool, sqlx::Error> {
+    let present = tables_in(conn, schema).await?;
     if !MARKER_TABLES.iter().all(|t| present.iter().any(|p| p == t)) {
         return Ok(false);
     }
-    let checksum: Option<Vec<u8>> = sqlx::query_scalar(
-        "SELECT checksum FROM public._sqlx_migrations WHERE version = 1 AND success",
-    )
+    let checksum: Option<Vec<u8>> = match sqlx::query_scalar(&format!(
+        "SELECT checksum FROM {}._sqlx_migrations WHERE version = 1 AND success",
+        quote_ident(schema)
+    ))
     .fetch_optional(&mut *conn)
-    .await?;
+    .await
+    {
+        Ok(c) => c,
+        // 42P01 undefined_table: a concurrent move took it away since the listing.
+        Err(sqlx::Error::Database(d)) if d.code().as_deref() == Some("42P01") => return Ok(false),
+        Err(e) => return Err(e),
+    };
     let ours = super::postgres::migrator();
     Ok(match (checksum, ours.migrations.first()) {
         (Some(c), Some(m)) => c == m.checksum.as_ref(),
@@ -200,9 +245,11 @@ pub(crate) async fn ensure_schema(
     Ok(())
 }
 
-/// What a move from `public` did.
+/// What a move from the old layout did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MovedLedger {
+    /// Where it was (normally `public`).
+    pub from: String,
     pub schema: String,
     /// The tables moved (their indexes, constraints, triggers and owned sequences go
     /// with them).
@@ -213,12 +260,13 @@ pub struct MovedLedger {
     pub orders: i64,
 }
 
-/// Move the ledger of the old layout from `public` into `schema`, in one transaction:
-/// either everything is moved or nothing. `Ok(None)` when there is nothing to move (the
-/// schema already has a ledger, e.g. a concurrent move finished first, or public holds
-/// none).
-pub(crate) async fn move_from_public(
+/// Move the ledger of the old layout from schema `from` into `schema`, in one
+/// transaction: either everything is moved or nothing. `Ok(None)` when there is nothing
+/// to move (the schema already has a ledger, e.g. a concurrent move finished first, or
+/// `from` holds none).
+pub(crate) async fn move_old_ledger(
     conn: &mut PgConnection,
+    from: &str,
     schema: &str,
 ) -> Result<Option<MovedLedger>, super::LedgerError> {
     let failed = |source: sqlx::Error| {
@@ -226,6 +274,7 @@ pub(crate) async fn move_from_public(
         let in_use = matches!(&source, sqlx::Error::Database(d)
             if d.code().as_deref() == Some("55P03"));
         SchemaError::Move {
+            from: from.to_string(),
             schema: schema.to_string(),
             source,
             hint: if in_use {
@@ -246,7 +295,7 @@ pub(crate) async fn move_from_public(
         .bind(MOVE_LOCK_KEY)
         .execute(&mut *tx)
         .await?;
-    if has_ledger(&mut tx, schema).await? || !public_holds_ledger(&mut tx).await? {
+    if has_ledger(&mut tx, schema).await? || !holds_old_ledger(&mut tx, from).await? {
         return Ok(None);
     }
     if !schema_exists(&mut tx, schema).await? {
@@ -259,14 +308,15 @@ pub(crate) async fn move_from_public(
             })?;
     }
     let here = tables_in(&mut tx, schema).await?;
-    let public = tables_in(&mut tx, "public").await?;
+    let there = tables_in(&mut tx, from).await?;
     let tables: Vec<String> = LEDGER_TABLES
         .iter()
-        .filter(|t| public.iter().any(|p| p == *t))
+        .filter(|t| there.iter().any(|p| p == *t))
         .map(|t| t.to_string())
         .collect();
     if let Some(clash) = tables.iter().find(|t| here.contains(t)) {
         return Err(SchemaError::Occupied {
+            from: from.to_string(),
             schema: schema.to_string(),
             table: clash.clone(),
         }
@@ -282,29 +332,31 @@ pub(crate) async fn move_from_public(
          JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace \
          JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid \
          JOIN pg_catalog.pg_namespace pn ON pn.oid = p.pronamespace \
-         WHERE NOT t.tgisinternal AND cn.nspname = 'public' AND pn.nspname = 'public' \
-           AND c.relname = ANY($1) \
+         WHERE NOT t.tgisinternal AND cn.nspname = $1 AND pn.nspname = $1 \
+           AND c.relname = ANY($2) \
          ORDER BY 1",
     )
+    .bind(from)
     .bind(&tables)
     .fetch_all(&mut *tx)
     .await?
     .iter()
     .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
     .collect::<Result<_, sqlx::Error>>()?;
-    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM public.orders")
+    let from_q = quote_ident(from);
+    let orders: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {from_q}.orders"))
         .fetch_one(&mut *tx)
         .await?;
     for t in &tables {
-        // Names from LEDGER_TABLES: plain, safe to splice in.
-        sqlx::query(&format!("ALTER TABLE public.{t} SET SCHEMA {schema}"))
+        // Table names from LEDGER_TABLES and `schema` are plain, safe to splice in.
+        sqlx::query(&format!("ALTER TABLE {from_q}.{t} SET SCHEMA {schema}"))
             .execute(&mut *tx)
             .await
             .map_err(failed)?;
     }
     for (_, signature) in &functions {
-        // `signature` is the catalog's own rendering (quoted and schema-qualified as
-        // needed, public not being on this connection's search_path).
+        // `signature` is the catalog's own rendering: quoted as needed, and qualified,
+        // `from` not being on this connection's search_path.
         sqlx::query(&format!("ALTER FUNCTION {signature} SET SCHEMA {schema}"))
             .execute(&mut *tx)
             .await
@@ -312,6 +364,7 @@ pub(crate) async fn move_from_public(
     }
     tx.commit().await.map_err(failed)?;
     Ok(Some(MovedLedger {
+        from: from.to_string(),
         schema: schema.to_string(),
         tables,
         functions: functions.into_iter().map(|(name, _)| name).collect(),

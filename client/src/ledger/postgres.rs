@@ -240,41 +240,46 @@ impl PgLedger {
     }
 
     /// Create the schema if needed and apply `migrations/` there (idempotent; concurrent
-    /// callers serialize on sqlx's lock). A ledger found only in `public` (the layout
-    /// before the schema option) is refused with [`SchemaError::InPublic`]: moving it is
-    /// the operator's decision, [`Self::migrate_moving_public`].
+    /// callers serialize on sqlx's lock). A ledger found only where versions before the
+    /// schema option kept it (normally `public`) is refused with
+    /// [`SchemaError::OldLayout`]: moving it is the operator's decision,
+    /// [`Self::migrate_moving_old_layout`].
     pub async fn migrate(&self) -> Result<(), LedgerError> {
         self.prepare(false).await.map(|_| ())
     }
 
-    /// [`Self::migrate`], but a ledger found only in `public` is first moved into the
-    /// schema (one transaction) and reported. What `stockgate-sweeper migrate` runs.
-    pub async fn migrate_moving_public(&self) -> Result<Option<MovedLedger>, LedgerError> {
+    /// [`Self::migrate`], but a ledger of the old layout is first moved into the schema
+    /// (one transaction) and reported. What `stockgate-sweeper migrate` runs.
+    pub async fn migrate_moving_old_layout(&self) -> Result<Option<MovedLedger>, LedgerError> {
         self.prepare(true).await
     }
 
-    async fn prepare(&self, move_public: bool) -> Result<Option<MovedLedger>, LedgerError> {
+    async fn prepare(&self, move_old: bool) -> Result<Option<MovedLedger>, LedgerError> {
         let schema = self.schema.as_str();
         let mut conn = self.pool.acquire().await?;
         let mut moved = None;
-        if schema != "public" {
+        if let Some(old) = pg_schema::old_layout_schema(&mut conn)
+            .await?
+            .filter(|old| old != schema)
+        {
             let here = pg_schema::has_ledger(&mut conn, schema).await?;
-            let in_public = pg_schema::public_holds_ledger(&mut conn).await?;
-            if in_public && here {
-                // Only an old-version tool started after the move would write there.
+            let there = pg_schema::holds_old_ledger(&mut conn, &old).await?;
+            if there && here {
+                // Only a tool of an older version started after the move writes there.
                 tracing::warn!(
-                    "schema public also holds a stockgate ledger; it is not used (this ledger \
+                    "schema {old} also holds a stockgate ledger; it is not used (this ledger \
                      is in schema {schema}). Check that no tool of an older version still \
                      runs against it, then drop it"
                 );
-            } else if in_public {
-                if !move_public {
-                    return Err(SchemaError::InPublic {
+            } else if there {
+                if !move_old {
+                    return Err(SchemaError::OldLayout {
+                        found_in: old,
                         schema: schema.to_string(),
                     }
                     .into());
                 }
-                moved = pg_schema::move_from_public(&mut conn, schema).await?;
+                moved = pg_schema::move_old_ledger(&mut conn, &old, schema).await?;
             }
         }
         pg_schema::ensure_schema(&mut conn, schema).await?;
