@@ -77,7 +77,8 @@ runuser -u postgres -- "$PG_BIN/initdb" -D "$TMP/pg" -U postgres --auth=trust -E
 runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$TMP/pg" -w -l "$TMP/pg/log" \
   -o "-p $PGPORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$TMP/pg" start >/dev/null
 DB=postgres://postgres@127.0.0.1:$PGPORT/postgres
-sql() { "$PG_BIN/psql" -qtAX "$DB" -c "$1"; }
+# The materializer keeps the ledger in schema stockgate (its default --schema).
+sql() { PGOPTIONS='-c search_path=stockgate' "$PG_BIN/psql" -qtAX "$DB" -c "$1"; }
 echo "postgres: $(sql 'SHOW fsync'), synchronous_commit=$(sql 'SHOW synchronous_commit')" >&2
 
 mkdir -p "$TMP/sg"

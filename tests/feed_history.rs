@@ -71,9 +71,11 @@ fn sale(port: u16, sku: &str) {
 }
 
 async fn orders(url: &str) -> Vec<String> {
-    let pool = sqlx::PgPool::connect(url).await.expect("ledger");
+    let ledger = stockgate_client::PgLedger::connect(url)
+        .await
+        .expect("ledger");
     sqlx::query("SELECT reservation_token FROM orders ORDER BY 1")
-        .fetch_all(&pool)
+        .fetch_all(ledger.pool())
         .await
         .expect("orders")
         .iter()

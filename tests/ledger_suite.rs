@@ -756,6 +756,7 @@ async fn postgres_upgrade_to_allocations_keeps_existing_sales() {
     let full = stockgate_client::ledger::postgres::migrator();
     let mut first = stockgate_client::ledger::postgres::migrator();
     first.migrations = std::borrow::Cow::Owned(full.migrations[..1].to_vec());
+    l.ensure_schema().await.expect("schema");
     first.run(l.pool()).await.expect("migration 0001 alone");
     sqlx::query("INSERT INTO sales (sku, initial_allocation) VALUES ('OLD', 77)")
         .execute(l.pool())

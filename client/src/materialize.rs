@@ -58,6 +58,9 @@ pub enum MaterializeError {
     /// (`-READONLY`, `-NOREPLICAS`) that outlasted them, or an invalid configuration.
     #[error("feed primary: {0}")]
     Primary(#[source] ClientError),
+    /// Opening or migrating the ledger failed (unreachable, wrong schema, ...).
+    #[error(transparent)]
+    Ledger(#[from] crate::LedgerError),
 }
 
 /// One entry of the feed.
@@ -679,13 +682,24 @@ pub struct BatchReport {
 
 pub struct Materializer {
     pool: PgPool,
+    /// The same pool as a ledger: the server binding (`crate::identity`).
+    ledger: crate::ledger::postgres::PgLedger,
     reader: FeedReader,
     cfg: MaterializerConfig,
 }
 
 impl Materializer {
-    pub fn new(pool: PgPool, reader: FeedReader, cfg: MaterializerConfig) -> Self {
-        Materializer { pool, reader, cfg }
+    pub fn new(
+        ledger: &crate::ledger::postgres::PgLedger,
+        reader: FeedReader,
+        cfg: MaterializerConfig,
+    ) -> Self {
+        Materializer {
+            pool: ledger.pool().clone(),
+            ledger: ledger.clone(),
+            reader,
+            cfg,
+        }
     }
 
     /// Keeps the feed from being compacted past `position` (see [`FeedReader::hold`]).
@@ -738,8 +752,7 @@ impl Materializer {
             if checked.as_ref() == Some(&before) && before.is_some() {
                 return Ok(pos);
             }
-            let ledger = crate::ledger::postgres::PgLedger::from_pool(self.pool.clone());
-            crate::identity::ensure_bound(&ledger, self.reader.history().await?).await?;
+            crate::identity::ensure_bound(&self.ledger, self.reader.history().await?).await?;
             self.reader.check_history(pos, fp).await?;
             let after = self.reader.primary_addr();
             if after == before {

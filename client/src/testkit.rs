@@ -327,6 +327,7 @@ impl Harness {
             crate::ledger::postgres::PgLedgerOptions {
                 max_connections: 32,
                 acquire_timeout: Duration::from_secs(3),
+                ..Default::default()
             },
         )
         .await?;

@@ -6,7 +6,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use stockgate_client::ledger::postgres::PgLedger;
+use stockgate_client::ledger::pg_schema;
+use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::materialize::{
     FeedReader, MaterializeError, Materializer, MaterializerConfig, ALL_EVENTS,
 };
@@ -43,6 +44,16 @@ struct Cli {
         default_value = "postgres://postgres@127.0.0.1:5432/postgres"
     )]
     database_url: String,
+    /// Postgres schema the ledger lives in (created if missing; a plain lowercase name).
+    /// A ledger of an older version found only in `public` is refused: move it with
+    /// `stockgate-sweeper migrate --schema <name>`.
+    #[arg(
+        long,
+        env = pg_schema::SCHEMA_ENV,
+        default_value = pg_schema::DEFAULT_SCHEMA,
+        value_parser = pg_schema::parse_schema
+    )]
+    schema: String,
     /// stockgate server (host:port or redis://user:pass@host:port; role sweeper or admin).
     /// Not with --sentinel.
     #[arg(
@@ -117,13 +128,15 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), MaterializeError> {
-    let ledger = PgLedger::connect(&cli.database_url)
-        .await
-        .map_err(|e| MaterializeError::Feed(format!("ledger: {e}")))?;
-    ledger
-        .migrate()
-        .await
-        .map_err(|e| MaterializeError::Feed(format!("migrate: {e}")))?;
+    let ledger = PgLedger::connect_with(
+        &cli.database_url,
+        PgLedgerOptions {
+            schema: cli.schema.clone(),
+            ..PgLedgerOptions::default()
+        },
+    )
+    .await?;
+    ledger.migrate().await?;
     let target = ServerTarget::from_flags(
         &cli.server,
         cli.sentinel.as_deref(),
@@ -135,7 +148,7 @@ async fn run(cli: Cli) -> Result<(), MaterializeError> {
     let reader = FeedReader::connect_target(&target, &cli.stream).await?;
     tracing::info!(server = %target, stream = %cli.stream, "reading the feed");
     let m = Materializer::new(
-        ledger.pool().clone(),
+        &ledger,
         reader,
         MaterializerConfig {
             consumer: cli.consumer,

@@ -2,7 +2,8 @@
 //! the rebuild of a fenced sale.
 //!
 //! ```text
-//! stockgate-sweeper [--database-url URL] [--server ADDR | --sentinel H:P,... --master-name N]
+//! stockgate-sweeper [--database-url URL] [--schema stockgate]
+//!                   [--server ADDR | --sentinel H:P,... --master-name N]
 //!                   [run] [--interval-secs 30] [--once]
 //! stockgate-sweeper migrate
 //! stockgate-sweeper create-sale --sku SKU --total N [--shards N] [--ttl-ms MS] [--limit N]
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use stockgate_client::adjust::{adjust_sale, AdjustResult};
+use stockgate_client::ledger::pg_schema;
 use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::ledger::{Ledger, SaleRecord};
 use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
@@ -44,6 +46,16 @@ struct Cli {
         default_value = "postgres://postgres@127.0.0.1:5432/postgres"
     )]
     database_url: String,
+    /// Postgres schema the ledger lives in (created if missing; a plain lowercase name).
+    /// A ledger of an older version found only in `public` is refused; `migrate` moves it.
+    #[arg(
+        long,
+        env = pg_schema::SCHEMA_ENV,
+        global = true,
+        default_value = pg_schema::DEFAULT_SCHEMA,
+        value_parser = pg_schema::parse_schema
+    )]
+    schema: String,
     /// stockgate server address (host:port or redis:// URL with credentials). Ignored
     /// with --sentinel.
     #[arg(
@@ -91,7 +103,9 @@ struct Cli {
 enum Cmd {
     /// Sweep every interval (the default).
     Run(RunArgs),
-    /// Apply the ledger schema (migrations/) and exit.
+    /// Apply the ledger schema (migrations/) in --schema and exit. A ledger of an older
+    /// version (in `public`, where they kept it) is first moved into --schema (one
+    /// transaction).
     Migrate,
     /// Create a sale on the server and record it (allocation, key fingerprint) in the ledger.
     CreateSale(CreateSaleArgs),
@@ -247,11 +261,29 @@ async fn migrate_with_retry(ledger: &PgLedger, once: bool) -> Result<(), CliErro
 
 async fn run(cli: Cli) -> Result<(), CliError> {
     let target = cli.target()?;
-    let ledger = PgLedger::connect_with(&cli.database_url, PgLedgerOptions::default()).await?;
+    let ledger = PgLedger::connect_with(
+        &cli.database_url,
+        PgLedgerOptions {
+            schema: cli.schema.clone(),
+            ..PgLedgerOptions::default()
+        },
+    )
+    .await?;
     match cli.cmd {
         Some(Cmd::Migrate) => {
-            ledger.migrate().await?;
-            info!("ledger schema up to date");
+            if let Some(m) = ledger.migrate_moving_old_layout().await? {
+                info!(
+                    "moved the ledger from schema {} to schema {}: {} tables ({}), {} \
+                     functions, {} orders",
+                    m.from,
+                    m.schema,
+                    m.tables.len(),
+                    m.tables.join(", "),
+                    m.functions.len(),
+                    m.orders
+                );
+            }
+            info!(schema = %ledger.schema(), "ledger schema up to date");
             Ok(())
         }
         Some(Cmd::CreateSale(a)) => {

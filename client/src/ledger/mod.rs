@@ -20,6 +20,7 @@
 //! Every transition writes one audit event in the same transaction.
 
 pub mod embedded;
+pub mod pg_schema;
 pub mod postgres;
 
 use std::future::Future;
@@ -322,31 +323,37 @@ pub enum LedgerError {
     Sled(#[from] sled::Error),
     #[error("corrupt ledger data: {0}")]
     Corrupt(String),
+    #[error(transparent)]
+    Schema(#[from] pg_schema::SchemaError),
 }
 
 impl LedgerError {
     /// The store is unreachable or overloaded: retry later, do nothing meanwhile.
     pub fn is_transient(&self) -> bool {
         match self {
-            LedgerError::Db(e) => {
-                matches!(
-                    e,
-                    sqlx::Error::Io(_)
-                        | sqlx::Error::PoolTimedOut
-                        | sqlx::Error::PoolClosed
-                        | sqlx::Error::WorkerCrashed
-                        | sqlx::Error::Tls(_)
-                        | sqlx::Error::Protocol(_)
-                ) || matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| {
-                    // 40001 serialization failure, 40P01 deadlock, 57P0x shutdown/cannot connect,
-                    // 08xxx connection exceptions, 53xxx insufficient resources.
-                    c == "40001" || c == "40P01" || c.starts_with("57P") || c.starts_with("08") || c.starts_with("53")
-                }))
-            }
+            LedgerError::Schema(s) => s.db_error().is_some_and(db_transient),
+            LedgerError::Db(e) => db_transient(e),
             LedgerError::Sled(_) => true,
             _ => false,
         }
     }
+}
+
+/// A database error that says "unreachable or overloaded", not "wrong".
+fn db_transient(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+    ) || matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| {
+        // 40001 serialization failure, 40P01 deadlock, 57P0x shutdown/cannot connect,
+        // 08xxx connection exceptions, 53xxx insufficient resources.
+        c == "40001" || c == "40P01" || c.starts_with("57P") || c.starts_with("08") || c.starts_with("53")
+    }))
 }
 
 /// The ledger interface. Methods are `Send` futures so one implementation can serve a

@@ -13,8 +13,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::Row;
+use sqlx::{Executor, Row};
 
+use super::pg_schema::{self, MovedLedger, SchemaError};
 use super::{
     adjustment_next, adjustment_retry, check_adjustment, commit_not_applied, materialize_existing,
     refund_allowed, verdict_from_status, Adjustment, AdjustmentOutcome, AdjustmentStatus, Ledger,
@@ -61,6 +62,8 @@ pub struct PgLedgerOptions {
     /// How long a call waits for a connection. Short, so a sweeper notices an
     /// unreachable database quickly and backs off instead of hanging.
     pub acquire_timeout: Duration,
+    /// The schema the ledger lives in (`pg_schema::validate_schema`); default `stockgate`.
+    pub schema: String,
 }
 
 impl Default for PgLedgerOptions {
@@ -68,6 +71,7 @@ impl Default for PgLedgerOptions {
         PgLedgerOptions {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(5),
+            schema: pg_schema::DEFAULT_SCHEMA.to_string(),
         }
     }
 }
@@ -75,6 +79,7 @@ impl Default for PgLedgerOptions {
 #[derive(Clone, Debug)]
 pub struct PgLedger {
     pool: PgPool,
+    schema: String,
 }
 
 const ORDER_COLS: &str = "reservation_token, sku, user_id, request_id, qty, status, \
@@ -181,31 +186,108 @@ fn to_i64(v: u64, what: &str) -> Result<i64, LedgerError> {
 }
 
 impl PgLedger {
+    /// The ledger in the default schema (`stockgate`).
     pub async fn connect(url: &str) -> Result<Self, LedgerError> {
         Self::connect_with(url, PgLedgerOptions::default()).await
     }
 
     pub async fn connect_with(url: &str, opts: PgLedgerOptions) -> Result<Self, LedgerError> {
+        pg_schema::validate_schema(&opts.schema)?;
+        // Every connection, including those opened after a reconnect, looks in the
+        // ledger's schema only, so unqualified names never reach another schema's tables.
+        let set_path = pg_schema::search_path_sql(&opts.schema);
         // connect_lazy: a sweeper must start (and back off) even while Postgres is down.
         let pool = PgPoolOptions::new()
             .max_connections(opts.max_connections)
             .acquire_timeout(opts.acquire_timeout)
+            .after_connect(move |conn, _meta| {
+                let set_path = set_path.clone();
+                Box::pin(async move {
+                    conn.execute(set_path.as_str()).await?;
+                    Ok(())
+                })
+            })
             .connect_lazy(url)?;
-        Ok(PgLedger { pool })
+        Ok(PgLedger {
+            pool,
+            schema: opts.schema,
+        })
     }
 
-    pub fn from_pool(pool: PgPool) -> Self {
-        PgLedger { pool }
+    /// A ledger over a pool the caller built. Its connections must already have
+    /// `search_path` set to `schema` alone (as [`Self::connect_with`] does), or the
+    /// queries would look elsewhere.
+    pub fn from_pool(pool: PgPool, schema: &str) -> Result<Self, LedgerError> {
+        pg_schema::validate_schema(schema)?;
+        Ok(PgLedger {
+            pool,
+            schema: schema.to_string(),
+        })
     }
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
 
-    /// Apply `migrations/` (idempotent; concurrent callers serialize on sqlx's lock).
+    /// The schema the ledger lives in.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// Create the ledger's schema if it does not exist yet (`migrate` does this first;
+    /// for callers that run a [`Migrator`] of their own).
+    pub async fn ensure_schema(&self) -> Result<(), LedgerError> {
+        let mut conn = self.pool.acquire().await?;
+        pg_schema::ensure_schema(&mut conn, &self.schema).await
+    }
+
+    /// Create the schema if needed and apply `migrations/` there (idempotent; concurrent
+    /// callers serialize on sqlx's lock). A ledger found only where versions before the
+    /// schema option kept it (normally `public`) is refused with
+    /// [`SchemaError::OldLayout`]: moving it is the operator's decision,
+    /// [`Self::migrate_moving_old_layout`].
     pub async fn migrate(&self) -> Result<(), LedgerError> {
+        self.prepare(false).await.map(|_| ())
+    }
+
+    /// [`Self::migrate`], but a ledger of the old layout is first moved into the schema
+    /// (one transaction) and reported. What `stockgate-sweeper migrate` runs.
+    pub async fn migrate_moving_old_layout(&self) -> Result<Option<MovedLedger>, LedgerError> {
+        self.prepare(true).await
+    }
+
+    async fn prepare(&self, move_old: bool) -> Result<Option<MovedLedger>, LedgerError> {
+        let schema = self.schema.as_str();
+        let mut conn = self.pool.acquire().await?;
+        let mut moved = None;
+        if let Some(old) = pg_schema::old_layout_schema(&mut conn)
+            .await?
+            .filter(|old| old != schema)
+        {
+            let here = pg_schema::has_ledger(&mut conn, schema).await?;
+            let there = pg_schema::holds_old_ledger(&mut conn, &old).await?;
+            if there && here {
+                // Only a tool of an older version started after the move writes there.
+                tracing::warn!(
+                    "schema {old} also holds a stockgate ledger; it is not used (this ledger \
+                     is in schema {schema}). Check that no tool of an older version still \
+                     runs against it, then drop it"
+                );
+            } else if there {
+                if !move_old {
+                    return Err(SchemaError::OldLayout {
+                        found_in: old,
+                        schema: schema.to_string(),
+                    }
+                    .into());
+                }
+                moved = pg_schema::move_old_ledger(&mut conn, &old, schema).await?;
+            }
+        }
+        pg_schema::ensure_schema(&mut conn, schema).await?;
+        drop(conn);
         migrator().run(&self.pool).await?;
-        Ok(())
+        Ok(moved)
     }
 
     async fn read_status(&self, token: &str) -> Result<Option<(OrderStatus, bool)>, LedgerError> {
