@@ -17,9 +17,17 @@ pub enum ValueError {
     #[error("out of range: must be between {min} and {max}")]
     OutOfRange { min: i128, max: i128 },
     #[error("not a number (must be between {min} and {max} {unit})")]
-    NotNumber { min: Num, max: Num, unit: &'static str },
+    NotNumber {
+        min: Num,
+        max: Num,
+        unit: &'static str,
+    },
     #[error("out of range: must be between {min} and {max} {unit}")]
-    NumberOutOfRange { min: Num, max: Num, unit: &'static str },
+    NumberOutOfRange {
+        min: Num,
+        max: Num,
+        unit: &'static str,
+    },
 }
 
 /// A decimal bound, printed without trailing zeros (`0.001`, `86400`).

@@ -87,8 +87,12 @@ struct Args {
     addr: Option<String>,
     /// With --addr: `USER:PASSWORD` every connection authenticates with. Prefer the
     /// environment variable or --auth-file: a command line can be read by other users.
-    #[arg(long, value_name = "USER:PASSWORD", env = "STOCKGATE_BENCH_AUTH",
-          hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "USER:PASSWORD",
+        env = "STOCKGATE_BENCH_AUTH",
+        hide_env_values = true
+    )]
     #[serde(skip)]
     auth: Option<Secret>,
     /// With --addr: a file whose first line is `USER:PASSWORD`, or a password alone (for
@@ -180,7 +184,10 @@ async fn remote(args: &Args) -> Result<Option<Remote>> {
                 .with_context(|| format!("--auth-file {}", path.display()))?;
             let first = text.lines().next().unwrap_or("").trim();
             if first.is_empty() {
-                bail!("--auth-file {}: the first line is empty (expected USER:PASSWORD)", path.display());
+                bail!(
+                    "--auth-file {}: the first line is empty (expected USER:PASSWORD)",
+                    path.display()
+                );
             }
             Some(parse_auth(first))
         }

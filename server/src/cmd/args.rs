@@ -138,7 +138,12 @@ impl<'a> Args<'a> {
 
     /// An integer argument in `min..=max`. The error names `field` and the range in
     /// words, and tells an integer out of range (`-1`, `10^30`) from a non-integer.
-    pub fn next_int_in(&mut self, field: &'static str, min: i128, max: i128) -> Result<i128, Reply> {
+    pub fn next_int_in(
+        &mut self,
+        field: &'static str,
+        min: i128,
+        max: i128,
+    ) -> Result<i128, Reply> {
         let b = self.next_bytes()?;
         int_in(b, field, min, max).map_err(|e| from_arg_error(&e))
     }
