@@ -137,7 +137,7 @@ async fn every_answer_waits_for_its_state(fsync: FsyncPolicy) {
         .await
         .expect("reserve");
     assert!(
-        matches!(out, ReserveOutcome::Limit { ref live_tokens } if live_tokens.len() == 1),
+        matches!(out, ReserveOutcome::Limit { ref live_tokens, .. } if live_tokens.len() == 1),
         "{out:?}"
     );
     e.assert_durable("RESERVE → LIMIT");

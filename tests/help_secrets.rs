@@ -22,6 +22,7 @@ const ENV: &[(&str, &str)] = &[
     ("STOCKGATE_NODE_PASSWORD", "node-SECRET-7f3a"),
     ("STOCKGATE_REQUIREPASS", "requirepass-SECRET-7f3a"),
     ("STOCKGATE_PRIMARY_PASSWORD", "primary-SECRET-7f3a"),
+    ("STOCKGATE_BENCH_AUTH", "ops:bench-SECRET-7f3a"),
 ];
 
 /// A binary next to this test's executable (`target/<profile>/<name>`).

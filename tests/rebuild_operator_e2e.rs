@@ -205,7 +205,7 @@ async fn operator_rebuild_keeps_the_adjusted_allocation_and_every_paid_order() {
             .await
             .unwrap();
         assert!(
-            matches!(&more, ReserveOutcome::Limit { live_tokens } if live_tokens.is_empty()),
+            matches!(&more, ReserveOutcome::Limit { live_tokens, .. } if live_tokens.is_empty()),
             "a buyer who paid their limit gets LIMIT: {more:?}"
         );
     }

@@ -21,8 +21,16 @@ pub enum CheckoutError {
     #[error("sold out")]
     SoldOut,
     /// Per-user limit reached; the user's live reservations, to resume or cancel one.
-    #[error("per-user limit reached ({} live reservations)", live_tokens.len())]
-    Limit { live_tokens: Vec<String> },
+    #[error(
+        "per-user limit of {limit} units reached: the user holds {held} units ({} reservations \
+         not yet paid)",
+        live_tokens.len()
+    )]
+    Limit {
+        live_tokens: Vec<String>,
+        limit: u32,
+        held: u64,
+    },
     /// The ledger already holds this reservation as cancelled (e.g. swept): the checkout
     /// cannot continue with it.
     #[error("reservation {token} is {status} in the ledger")]
@@ -115,8 +123,16 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
                 ..
             } => (token, expires_at_ms, true),
             ReserveOutcome::SoldOut => return Err(CheckoutError::SoldOut),
-            ReserveOutcome::Limit { live_tokens } => {
-                return Err(CheckoutError::Limit { live_tokens })
+            ReserveOutcome::Limit {
+                live_tokens,
+                limit,
+                held,
+            } => {
+                return Err(CheckoutError::Limit {
+                    live_tokens,
+                    limit,
+                    held,
+                })
             }
         };
         // Read the reservation back: a replay's qty and times are the original's, not this

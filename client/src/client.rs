@@ -239,7 +239,8 @@ impl StockgateClient {
         self.call(&redis::cmd("PING")).await.map(|_| ())
     }
 
-    /// `RESERVE sku user admission-token request-id [QTY n]`. Through Sentinel a lost
+    /// `RESERVE sku user admission-token request-id [QTY n] WITHLIMIT` (a LIMIT reply then
+    /// carries the limit and the units held). Through Sentinel a lost
     /// reply is retried with the same request id, so the retry answers `Replay` if the
     /// first send took effect on the node that is now the primary.
     pub async fn reserve(
@@ -255,6 +256,7 @@ impl StockgateClient {
         if qty != 1 {
             cmd.arg("QTY").arg(qty);
         }
+        cmd.arg("WITHLIMIT");
         let v = self.call(&cmd).await?;
         parse_reserve(&v).ok_or_else(|| proto("RESERVE", &v))
     }
@@ -582,9 +584,17 @@ fn parse_reserve(v: &Value) -> Option<ReserveOutcome> {
             })
         }
         "SOLDOUT" => Some(ReserveOutcome::SoldOut),
-        "LIMIT" => Some(ReserveOutcome::Limit {
-            live_tokens: a[1..].iter().filter_map(as_string).collect(),
-        }),
+        // `LIMIT limit held [token...]`: the WITHLIMIT shape `reserve` asks for.
+        "LIMIT" => {
+            let Value::Array(tokens) = a.get(3)? else {
+                return None;
+            };
+            Some(ReserveOutcome::Limit {
+                live_tokens: tokens.iter().filter_map(as_string).collect(),
+                limit: u32::try_from(as_int(a.get(1)?)?).ok()?,
+                held: u64::try_from(as_int(a.get(2)?)?).ok()?,
+            })
+        }
         _ => None,
     }
 }
@@ -665,11 +675,18 @@ mod tests {
                 shard: 2
             })
         );
-        let l = Value::Array(vec![bs("LIMIT"), bs("{A}x")]);
+        let l = Value::Array(vec![
+            bs("LIMIT"),
+            Value::Int(2),
+            Value::Int(2),
+            Value::Array(vec![bs("{A}x")]),
+        ]);
         assert_eq!(
             parse_reserve(&l),
             Some(ReserveOutcome::Limit {
-                live_tokens: vec!["{A}x".into()]
+                live_tokens: vec!["{A}x".into()],
+                limit: 2,
+                held: 2,
             })
         );
         let e = Value::Array(vec![

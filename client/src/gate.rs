@@ -427,8 +427,10 @@ impl ReservationGate for EngineGate {
                 shard,
             },
             EngineOutcome::SoldOut => ReserveOutcome::SoldOut,
-            EngineOutcome::Limit { live } => ReserveOutcome::Limit {
+            EngineOutcome::Limit { live, limit, held } => ReserveOutcome::Limit {
                 live_tokens: live.iter().map(|t| t.to_string()).collect(),
+                limit,
+                held,
             },
         })
     }

@@ -16,9 +16,14 @@ pub enum ReserveOutcome {
         shard: u16,
     },
     SoldOut,
-    /// Per-user limit; the user's reservations still `RESERVED` in this sale.
+    /// The per-user limit refused the request.
     Limit {
+        /// The user's reservations still `RESERVED` in this sale, to resume or cancel one.
         live_tokens: Vec<String>,
+        /// The sale's limit, in units per user.
+        limit: u32,
+        /// Units the user holds in this sale (`RESERVED` or `COMMITTED`).
+        held: u64,
     },
 }
 

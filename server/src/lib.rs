@@ -9,6 +9,7 @@
 //! - [`session`]: server and connection state shared by `server` and `cmd`.
 //! - [`raft`]: a replicated group: the log replicated with Raft (openraft).
 //! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
+pub mod cli;
 pub mod cmd;
 pub mod engine;
 pub mod feed;

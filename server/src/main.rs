@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use stockgate_server::engine::{EngineConfig, SystemClock};
+use stockgate_server::cli::{int_in, I64_MAX};
+use stockgate_server::engine::{EngineConfig, SystemClock, MAX_SHARDS, MAX_TTL_MS};
 use stockgate_server::keyfiles;
 use stockgate_server::persist::{recover_engine_with, WalDurability};
 use stockgate_server::protocol::Limits;
@@ -60,7 +61,7 @@ struct TopArgs {
     #[arg(long, num_args = 2, value_names = ["USER", "PASSWORD"])]
     auth: Option<Vec<String>>,
     /// Poll interval in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(100, 3_600_000), default_value_t = 1000)]
     interval_ms: u64,
     /// Print one screen as text (two polls one interval apart) and exit.
     #[arg(long)]
@@ -74,7 +75,7 @@ struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1")]
     bind: String,
     /// TCP port; 0 picks a free one (the first stdout line says which).
-    #[arg(long, default_value_t = 7379)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u16>(0, 65535), default_value_t = 7379)]
     port: u16,
     /// Where the WAL, snapshots, the admission secret and the reservation key live.
     #[arg(long, default_value = "./stockgate-data")]
@@ -103,13 +104,13 @@ struct ServeArgs {
     #[arg(long)]
     auto_release: bool,
     /// Default shard count of new sales.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u16>(1, MAX_SHARDS as i128), default_value_t = 16)]
     shards: u16,
     /// Default reservation TTL of new sales (10 min + 30 s grace).
-    #[arg(long, default_value_t = 630_000)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, MAX_TTL_MS as i128), default_value_t = 630_000)]
     ttl_ms: u64,
     /// How long finished reservations stay queryable before they are purged.
-    #[arg(long, default_value_t = 86_400_000)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(0, I64_MAX), default_value_t = 86_400_000)]
     retention_ms: u64,
     /// Users file: one `<user> <admin|checkout|sweeper> <password>` per line.
     #[arg(long)]
@@ -121,47 +122,47 @@ struct ServeArgs {
     #[arg(long)]
     allow_open: bool,
     /// Maximum simultaneous clients; more are refused with an error.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(1, 10_000_000), default_value_t = 10_000)]
     maxclients: usize,
     /// Largest bulk string argument, in bytes.
-    #[arg(long, default_value_t = 1024 * 1024)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(1, I64_MAX), default_value_t = 1024 * 1024)]
     max_bulk: usize,
     /// Most arguments in one command.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(1, I64_MAX), default_value_t = 1024)]
     max_args: usize,
     /// Bytes a client may leave in an unfinished command before it is disconnected.
-    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(1, I64_MAX), default_value_t = 8 * 1024 * 1024)]
     max_query_buffer: usize,
     /// Bytes of replies one pipelined batch may produce before the client is cut off.
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(1, I64_MAX), default_value_t = 64 * 1024 * 1024)]
     max_output_buffer: usize,
     /// Disconnect clients idle this long (ms); 0 = never.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(0, I64_MAX), default_value_t = 0)]
     idle_timeout_ms: u64,
     /// Disconnect clients that leave their replies unread this long (ms).
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(0, I64_MAX), default_value_t = 30_000)]
     write_timeout_ms: u64,
     /// WAL segment size in MiB before rolling to a new file.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, 1 << 20), default_value_t = 64)]
     segment_mib: u64,
     /// Write a snapshot (and delete the log it covers) after this many records. In a
     /// Raft group the same: a member's snapshot, after which its Raft log is compacted.
-    #[arg(long, default_value_t = 2_000_000)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, I64_MAX), default_value_t = 2_000_000)]
     snapshot_records: u64,
     /// Size the reservation table for this many reservations up front (0: grow on
     /// demand). Avoids rehashing a large table under sustained load.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(0, u32::MAX as i128), default_value_t = 0)]
     expected_reservations: usize,
     /// Event loops serving connections, each an OS thread with its own listener on the
     /// port (SO_REUSEPORT: the kernel spreads new connections over them) and its own FIFO
     /// run queue; 0 = one per two cores the process may use (its affinity mask, cgroup
     /// quota), rounded up: 1 on a 1- or 2-core machine (see README, "Per core").
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(0, 1024), default_value_t = 0)]
     threads: usize,
     /// Accept queue length of each listener (Redis's `tcp-backlog`, same default; the
     /// kernel caps it at net.core.somaxconn). Connections the kernel has completed but
     /// the server has not accepted yet wait here.
-    #[arg(long, default_value_t = 511, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    #[arg(long, default_value_t = 511, allow_negative_numbers = true, value_parser = int_in::<u32>(1, 65535))]
     tcp_backlog: u32,
     /// How much log already covered by snapshots stays on disk for the order feed
     /// (XREAD, and consumer groups lagging behind): `0` (none: the feed reaches back to
@@ -182,7 +183,7 @@ struct ServeArgs {
     min_replicas_ack: Option<usize>,
     /// Run as member N of a Raft-replicated group (README, "A replicated group"): writes
     /// are acknowledged once a majority has them durable; the leader is elected.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, I64_MAX))]
     raft_id: Option<u64>,
     /// Address this member listens on for its peers (Raft RPCs), e.g. 127.0.0.1:17379.
     #[arg(long, requires = "raft_id")]
@@ -203,14 +204,14 @@ struct ServeArgs {
     /// follower may take (longer ones are cut and sent again). With the election
     /// timeouts below: a dead leader is replaced within about the maximum election
     /// timeout plus one round trip.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, I64_MAX), default_value_t = 100)]
     raft_heartbeat_ms: u64,
     /// Shortest election timeout: a follower that hears no leader this long stands for
     /// election; a leader that heard no majority this long stops serving.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, I64_MAX), default_value_t = 300)]
     raft_election_min_ms: u64,
     /// Longest election timeout (each follower picks at random between the two).
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, I64_MAX), default_value_t = 600)]
     raft_election_max_ms: u64,
     /// This member's Raft log was lost: start empty (the old WAL is set aside), take
     /// everything from the group, and vote only once caught up. Remove the member on the
@@ -226,14 +227,14 @@ struct ServeArgs {
     #[arg(long)]
     metrics_allow_remote: bool,
     /// Sales exported with their own `sku` label; the rest are summed as sku="_other".
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(0, I64_MAX), default_value_t = 50)]
     metrics_max_sales: usize,
     /// Log commands taking at least this many microseconds in the slow log; -1 disables,
     /// 0 logs every command (as Redis).
-    #[arg(long, default_value_t = 10_000, allow_hyphen_values = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<i64>(-1, I64_MAX), default_value_t = 10_000, allow_hyphen_values = true)]
     slowlog_log_slower_than: i64,
     /// Entries kept in the slow log.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(0, I64_MAX), default_value_t = 128)]
     slowlog_max_len: usize,
     #[command(flatten)]
     log: stockgate_server::metrics::logging::LogArgs,
@@ -255,7 +256,7 @@ struct MintArgs {
     #[arg(long)]
     user: String,
     /// Validity from now.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, I64_MAX), default_value_t = 60_000)]
     ttl_ms: u64,
 }
 
@@ -272,9 +273,14 @@ fn main() -> ExitCode {
 fn mint(m: MintArgs) -> ExitCode {
     use stockgate_server::engine::ident;
     use stockgate_server::engine::token::{hex_decode, mint_admission_token};
-    if !ident::valid_sku(m.sku.as_bytes()) || !ident::valid_user(m.user.as_bytes()) {
-        eprintln!("stockgate: invalid sku or user (see PROTOCOL.md, Identifiers)");
-        return ExitCode::from(2);
+    for (field, ok) in [
+        ("sku", ident::valid_sku(m.sku.as_bytes())),
+        ("user", ident::valid_user(m.user.as_bytes())),
+    ] {
+        if !ok {
+            eprintln!("stockgate: --{field}: {}", ident::invalid_message(field));
+            return ExitCode::from(2);
+        }
     }
     let path = match (&m.secret_file, &m.data_dir) {
         (Some(p), _) => p.clone(),
@@ -305,11 +311,17 @@ fn mint(m: MintArgs) -> ExitCode {
         let mut p = l.split_whitespace();
         Some((p.next()?, p.next()?))
     }) else {
-        eprintln!("stockgate: no key {:?} in {}", m.kid, path.display());
+        match &m.kid {
+            Some(kid) => eprintln!("stockgate: no key with id {kid} in {}", path.display()),
+            None => eprintln!("stockgate: no key in {}", path.display()),
+        }
         return ExitCode::from(1);
     };
     let Some(secret) = hex_decode(hex) else {
-        eprintln!("stockgate: bad hex in {}", path.display());
+        eprintln!(
+            "stockgate: the secret of key {kid} in {} is not hex (expected `<kid> <hex secret>`)",
+            path.display()
+        );
         return ExitCode::from(1);
     };
     let now = std::time::SystemTime::now()

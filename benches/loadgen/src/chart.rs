@@ -21,6 +21,7 @@ fn color(kind: TargetKind) -> RGBColor {
         TargetKind::PgHotRow => RGBColor(30, 70, 200),
         TargetKind::PgRows16 => RGBColor(90, 160, 230),
         TargetKind::RedisGetDecr => RGBColor(120, 120, 120),
+        TargetKind::StockgateAtAddr => RGBColor(0, 140, 140),
     }
 }
 

@@ -1,6 +1,7 @@
 //! stockgate-bench: one command that runs the same reservation workloads against
 //! stockgate (three fsync modes), Redis running the baseline Lua scripts, and a Postgres
-//! row, starting and stopping every target itself on 127.0.0.1.
+//! row, starting and stopping every target itself on 127.0.0.1; or, with `--addr`, against
+//! a stockgate deployment that is already running (target `stockgate-at-addr`).
 //!
 //! `cargo run --release --bin stockgate-bench -- --help`; see benches/README.md.
 //! `stockgate-bench rbench --help`: a redis-benchmark-like fixed-count mode that can also
@@ -25,7 +26,8 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use targets::{Family, TargetKind, Tools};
+use stockgate_server::cli::{int_in, number_in, I64_MAX};
+use targets::{Auth, Family, Remote, TargetKind, Tools};
 use workload::{PointResult, PointSpec, Status, Workload};
 
 #[derive(Parser, Debug, Clone, Serialize)]
@@ -44,35 +46,63 @@ struct Args {
     #[arg(long, default_value = "storm,throughput", value_delimiter = ',')]
     workloads: Vec<String>,
     /// Storm: units on sale (U).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true, value_parser = int_in::<u64>(1, I64_MAX))]
     storm_units: u64,
     /// Storm: distinct buyers, one request each (N).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, allow_negative_numbers = true, value_parser = int_in::<u32>(1, u32::MAX as i128))]
     storm_buyers: u32,
     /// Storm: concurrent connections (C).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, allow_negative_numbers = true, value_parser = int_in::<usize>(1, 100_000))]
     storm_concurrency: usize,
     /// Storm: pipeline depth per connection (P).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = int_in::<usize>(1, 10_000))]
     storm_pipeline: usize,
     /// Throughput sweep: concurrent connections (C).
-    #[arg(long, default_value = "1,8,50,200,1000", value_delimiter = ',')]
+    #[arg(long, default_value = "1,8,50,200,1000", value_delimiter = ',',
+          allow_negative_numbers = true, value_parser = int_in::<usize>(1, 100_000))]
     concurrency: Vec<usize>,
     /// Throughput sweep: pipeline depths (P). Postgres runs P=1 only.
-    #[arg(long, default_value = "1,16", value_delimiter = ',')]
+    #[arg(long, default_value = "1,16", value_delimiter = ',',
+          allow_negative_numbers = true, value_parser = int_in::<usize>(1, 10_000))]
     pipeline: Vec<usize>,
     /// Throughput: measured seconds per point.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, allow_negative_numbers = true,
+          value_parser = number_in(0.05, 86_400.0, "seconds"))]
     duration: f64,
     /// Throughput: warm-up seconds per point (not measured).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true,
+          value_parser = number_in(0.0, 86_400.0, "seconds"))]
     warmup: f64,
     /// Throughput: distinct buyers the requests cycle through.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, allow_negative_numbers = true, value_parser = int_in::<u32>(1, u32::MAX as i128))]
     throughput_buyers: u32,
     /// Repeat everything this many times; tables, chart and ratios show the median.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = int_in::<usize>(1, 1000))]
     runs: usize,
+    /// Benchmark the stockgate deployment at HOST:PORT instead of starting targets (the
+    /// target `stockgate-at-addr` only; nothing is started or stopped). Needs
+    /// --secret-file, and --auth or --auth-file when the deployment has users: the user
+    /// must be allowed SALE.CREATE (role admin), each point creates its own sale.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["targets", "stockgate_bin"])]
+    addr: Option<String>,
+    /// With --addr: `USER:PASSWORD` every connection authenticates with. Prefer the
+    /// environment variable or --auth-file: a command line can be read by other users.
+    #[arg(
+        long,
+        value_name = "USER:PASSWORD",
+        env = "STOCKGATE_BENCH_AUTH",
+        hide_env_values = true
+    )]
+    #[serde(skip)]
+    auth: Option<Secret>,
+    /// With --addr: a file whose first line is `USER:PASSWORD`, or a password alone (for
+    /// the user `default`, as Redis's requirepass). Wins over --auth.
+    #[arg(long, requires = "addr")]
+    auth_file: Option<PathBuf>,
+    /// With --addr: the deployment's admission keys, the file the server takes as
+    /// --secret-file (`<kid> <hex secret>` per line; the first line signs).
+    #[arg(long, requires = "addr")]
+    secret_file: Option<PathBuf>,
     /// Directory for results.json, chart.svg and table.txt.
     #[arg(long, default_value = "benches/results")]
     out_dir: PathBuf,
@@ -87,13 +117,13 @@ struct Args {
     #[arg(long)]
     redis_server: Option<PathBuf>,
     /// Load-generator threads (default: the machine's core count).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(1, 1024))]
     client_threads: Option<usize>,
     /// Seconds a target may take to start.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, allow_negative_numbers = true, value_parser = int_in::<u64>(1, 86_400))]
     start_timeout: u64,
     /// Seconds a point may run past its planned length before it is abandoned.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = 120, allow_negative_numbers = true, value_parser = int_in::<u64>(1, 86_400))]
     point_timeout: u64,
     /// No progress bar.
     #[arg(long)]
@@ -102,6 +132,102 @@ struct Args {
     /// earlier (into --out-dir, which must differ from the file's directory to keep it).
     #[arg(long)]
     from_json: Option<PathBuf>,
+}
+
+/// A credential from the command line or the environment: `Debug` never shows it, and
+/// it is never serialised into results.json.
+#[derive(Clone)]
+struct Secret(String);
+
+impl From<String> for Secret {
+    fn from(s: String) -> Secret {
+        Secret(s)
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("(hidden)")
+    }
+}
+
+/// `USER:PASSWORD`, or a password alone for the user `default`.
+fn parse_auth(text: &str) -> Auth {
+    let text = text.trim_end_matches(['\r', '\n']);
+    match text.split_once(':') {
+        Some((user, password)) => Auth {
+            user: user.to_string(),
+            password: password.to_string(),
+        },
+        None => Auth {
+            user: "default".into(),
+            password: text.to_string(),
+        },
+    }
+}
+
+/// `--addr`, `--auth`/`--auth-file` and `--secret-file` as one [`Remote`]. No error
+/// quotes the credentials.
+async fn remote(args: &Args) -> Result<Option<Remote>> {
+    let Some(addr_text) = &args.addr else {
+        return Ok(None);
+    };
+    let addr = tokio::net::lookup_host(addr_text.as_str())
+        .await
+        .with_context(|| format!("--addr {addr_text}: not a reachable HOST:PORT"))?
+        .next()
+        .ok_or_else(|| anyhow!("--addr {addr_text}: the name has no address"))?;
+    let auth = match (&args.auth, &args.auth_file) {
+        (Some(s), None) => Some(parse_auth(&s.0)),
+        (_, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--auth-file {}", path.display()))?;
+            let first = text.lines().next().unwrap_or("").trim();
+            if first.is_empty() {
+                bail!(
+                    "--auth-file {}: the first line is empty (expected USER:PASSWORD)",
+                    path.display()
+                );
+            }
+            Some(parse_auth(first))
+        }
+        (None, None) => None,
+    };
+    let Some(secret_path) = &args.secret_file else {
+        bail!(
+            "--addr needs --secret-file: the deployment's admission keys (the file its \
+             server takes as --secret-file), to sign the buyers' admission tokens"
+        );
+    };
+    let text = std::fs::read_to_string(secret_path)
+        .with_context(|| format!("--secret-file {}", secret_path.display()))?;
+    let keyring = stockgate_server::engine::Keyring::parse(&text)
+        .map_err(|e| anyhow!("--secret-file {}: {e}", secret_path.display()))?;
+    Ok(Some(Remote {
+        addr,
+        auth,
+        keyring,
+    }))
+}
+
+/// The command line for results.json, with the value of `--auth` left out.
+fn recorded_command() -> Vec<String> {
+    let mut out = Vec::new();
+    let mut hide_next = false;
+    for a in std::env::args() {
+        if hide_next {
+            out.push("(hidden)".into());
+            hide_next = false;
+        } else if a == "--auth" {
+            out.push(a);
+            hide_next = true;
+        } else if a.starts_with("--auth=") {
+            out.push("--auth=(hidden)".into());
+        } else {
+            out.push(a);
+        }
+    }
+    out
 }
 
 #[derive(Serialize)]
@@ -276,7 +402,12 @@ async fn run(args: Args) -> Result<bool> {
     if let Some(path) = &args.from_json {
         return replot(path, &args);
     }
-    let kinds = parse_targets(&args.targets)?;
+    let remote = remote(&args).await?;
+    let kinds = if remote.is_some() {
+        vec![TargetKind::StockgateAtAddr]
+    } else {
+        parse_targets(&args.targets)?
+    };
     let load_start = loadavg();
     if let Some(one) = load_start
         .split_whitespace()
@@ -295,10 +426,11 @@ async fn run(args: Args) -> Result<bool> {
     if !do_storm && !do_tput {
         bail!("no workload selected (storm, throughput)");
     }
-    if args.runs == 0 {
-        bail!("--runs must be at least 1");
-    }
-    let needs = |f: Family| kinds.iter().any(|k| k.family() == f);
+    let needs = |f: Family| {
+        kinds
+            .iter()
+            .any(|&k| k.family() == f && k != TargetKind::StockgateAtAddr)
+    };
     let stockgate = if needs(Family::Stockgate) {
         find_stockgate(args.stockgate_bin.clone())?
     } else {
@@ -322,6 +454,7 @@ async fn run(args: Args) -> Result<bool> {
         stockgate: absolute(stockgate),
         redis_server: absolute(redis_server),
         start_timeout: Duration::from_secs(args.start_timeout),
+        remote,
     };
 
     let timeout = Duration::from_secs(args.point_timeout);
@@ -382,13 +515,18 @@ async fn run(args: Args) -> Result<bool> {
 
     let mut runs: Vec<Vec<PointResult>> = Vec::new();
     let mut sku_counter = 0u64;
+    let stamp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
     for run_no in 0..args.runs {
         let mut results = Vec::new();
         for &kind in &kinds {
             // Postgres: one cluster per target per run (initdb is slow), reset per point.
             // stockgate and Redis: a fresh process per point (fresh memory, empty logs).
+            // The deployment at --addr: one for every point, never started or stopped.
             let mut shared: Option<targets::Server> = None;
-            if kind.family() == Family::Postgres {
+            if kind.family() == Family::Postgres || kind == TargetKind::StockgateAtAddr {
                 pb.set_message(format!("starting {}", kind.name()));
                 match targets::start(kind, &tools, max_conns).await {
                     Ok(s) => shared = Some(s),
@@ -405,7 +543,11 @@ async fn run(args: Args) -> Result<bool> {
             }
             for p in points.iter().filter(|p| applies(kind, p)) {
                 sku_counter += 1;
-                let sku = format!("SKU-{run_no}-{sku_counter}");
+                // A deployment keeps the sales of earlier runs: a name of its own each time.
+                let sku = match &tools.remote {
+                    Some(_) => format!("bench-{stamp}-{run_no}-{sku_counter}"),
+                    None => format!("SKU-{run_no}-{sku_counter}"),
+                };
                 pb.set_message(format!(
                     "run {}/{} {} {} C={} P={}",
                     run_no + 1,
@@ -456,7 +598,7 @@ async fn run(args: Args) -> Result<bool> {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        command: std::env::args().collect(),
+        command: recorded_command(),
         machine: Machine {
             load_average_start: load_start,
             ..machine()

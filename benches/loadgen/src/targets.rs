@@ -15,7 +15,7 @@ use stockgate_client::pgtemp::{PgOptions, TempPostgres};
 
 use crate::proc::{free_port, ChildGuard, TempDir};
 use crate::resp::{encode, Reply, RespConn};
-use crate::token::{fnv1a, hex, mint_admission, ReservationKey};
+use crate::token::{fnv1a, hex, mint_admission, Keyring, ReservationKey};
 
 pub const RESERVE_LUA: &str = include_str!("../../lua/reserve.lua");
 pub const RELEASE_LUA: &str = include_str!("../../lua/release.lua");
@@ -41,6 +41,10 @@ pub enum TargetKind {
     PgRows16,
     /// Not a baseline: the broken check-then-act pattern, to show the oversell detector.
     RedisGetDecr,
+    /// A stockgate server (or group member) already running at `--addr`: nothing is
+    /// started or stopped, connections AUTH with `--auth`, admission tokens are signed
+    /// with the deployment's `--secret-file`.
+    StockgateAtAddr,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +77,7 @@ impl TargetKind {
             TargetKind::PgHotRow => "pg-hot-row",
             TargetKind::PgRows16 => "pg-16-rows",
             TargetKind::RedisGetDecr => "redis-get-decr",
+            TargetKind::StockgateAtAddr => "stockgate-at-addr",
         }
     }
 
@@ -98,6 +103,7 @@ impl TargetKind {
                 "BROKEN ON PURPOSE: GET the stock, then DECR in a second round trip \
                  (opt-in; must be reported OVERSOLD)"
             }
+            TargetKind::StockgateAtAddr => "the stockgate deployment at --addr (started elsewhere)",
         }
     }
 
@@ -122,7 +128,8 @@ impl TargetKind {
         match self {
             TargetKind::StockgateNo
             | TargetKind::StockgateEverysec
-            | TargetKind::StockgateAlways => Family::Stockgate,
+            | TargetKind::StockgateAlways
+            | TargetKind::StockgateAtAddr => Family::Stockgate,
             TargetKind::RedisLua
             | TargetKind::RedisLuaAof
             | TargetKind::RedisPerUser
@@ -151,6 +158,52 @@ pub struct Tools {
     pub stockgate: PathBuf,
     pub redis_server: PathBuf,
     pub start_timeout: Duration,
+    /// `--addr`: the deployment to benchmark instead of starting stockgate.
+    pub remote: Option<Remote>,
+}
+
+/// A running deployment given by `--addr`, `--auth` and `--secret-file`.
+#[derive(Clone)]
+pub struct Remote {
+    pub addr: SocketAddr,
+    pub auth: Option<Auth>,
+    pub keyring: Keyring,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("addr", &self.addr)
+            .field("auth", &self.auth)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `AUTH user password`. Its `Debug` shows the user only: the password is never printed.
+#[derive(Clone)]
+pub struct Auth {
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Auth({}, password hidden)", self.user)
+    }
+}
+
+/// Connect and, for a deployment with users, authenticate. The error names the user and
+/// the server's refusal, never the password.
+async fn resp_connect(addr: SocketAddr, auth: Option<&Auth>) -> Result<RespConn> {
+    let mut c = RespConn::connect(addr).await?;
+    if let Some(a) = auth {
+        match c.cmd(&["AUTH", &a.user, &a.password]).await? {
+            Reply::Simple(s) if s == "OK" => {}
+            Reply::Error(e) => bail!("{addr} refused AUTH as user {}: {e}", a.user),
+            other => bail!("{addr} answered AUTH with {other:?}"),
+        }
+    }
+    Ok(c)
 }
 
 /// A started target.
@@ -161,6 +214,8 @@ pub enum Server {
         secret: Vec<u8>,
         _dir: TempDir,
     },
+    /// Nothing of ours to stop: the deployment at `--addr`.
+    Remote(Remote),
     Redis {
         child: ChildGuard,
         addr: SocketAddr,
@@ -176,6 +231,16 @@ pub enum Server {
 }
 
 pub async fn start(kind: TargetKind, tools: &Tools, max_conns: usize) -> Result<Server> {
+    if kind == TargetKind::StockgateAtAddr {
+        let remote = tools
+            .remote
+            .clone()
+            .ok_or_else(|| anyhow!("the stockgate-at-addr target needs --addr"))?;
+        // Fail here, once, rather than in every point: unreachable, or AUTH refused.
+        let mut c = resp_connect(remote.addr, remote.auth.as_ref()).await?;
+        c.cmd(&["PING"]).await?.ok()?;
+        return Ok(Server::Remote(remote));
+    }
     match kind.family() {
         Family::Stockgate => start_stockgate(kind, tools).await,
         Family::Redis => start_redis(kind, tools).await,
@@ -315,6 +380,7 @@ impl Server {
             Server::Redis { mut child, .. } => {
                 child.stop(libc::SIGTERM, Duration::from_secs(15)).await
             }
+            Server::Remote(_) => Ok(()),
             Server::Postgres { pg, .. } => {
                 // Fast shutdown and removal happen on drop (blocking, bounded at 20 s).
                 drop(pg);
@@ -326,6 +392,8 @@ impl Server {
     pub fn check_alive(&mut self) -> Result<()> {
         match self {
             Server::Stockgate { child, .. } | Server::Redis { child, .. } => child.check_alive(),
+            // A deployment that went away fails the next point's connections instead.
+            Server::Remote(_) => Ok(()),
             Server::Postgres { pg, .. } => {
                 if pg.is_running() {
                     Ok(())
@@ -339,8 +407,18 @@ impl Server {
     fn resp_addr(&self) -> Result<SocketAddr> {
         match self {
             Server::Stockgate { addr, .. } | Server::Redis { addr, .. } => Ok(*addr),
+            Server::Remote(r) => Ok(r.addr),
             Server::Postgres { .. } => bail!("not a RESP target"),
         }
+    }
+
+    /// A RESP connection, authenticated where the target needs it.
+    async fn resp(&self) -> Result<RespConn> {
+        let auth = match self {
+            Server::Remote(r) => r.auth.as_ref(),
+            _ => None,
+        };
+        resp_connect(self.resp_addr()?, auth).await
     }
 }
 
@@ -406,14 +484,22 @@ pub async fn prepare(kind: TargetKind, server: &Server, sale: SaleSpec) -> Resul
         pg_opts: None,
     };
     match server {
-        Server::Stockgate { addr, secret, .. } => {
+        Server::Stockgate { .. } | Server::Remote(_) => {
             let expires = now.as_millis() as u64 + 3_600_000;
-            plan.admission = plan
-                .users
-                .iter()
-                .map(|u| mint_admission(secret, KID, &sale.sku, u, expires))
-                .collect();
-            let mut c = RespConn::connect(*addr).await?;
+            plan.admission = match server {
+                Server::Remote(r) => plan
+                    .users
+                    .iter()
+                    .map(|u| r.keyring.mint(&sale.sku, u, expires))
+                    .collect(),
+                Server::Stockgate { secret, .. } => plan
+                    .users
+                    .iter()
+                    .map(|u| mint_admission(secret, KID, &sale.sku, u, expires))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let mut c = server.resp().await?;
             let total = sale.units.to_string();
             // Storm: one unit per buyer, as a flash sale would set it. Throughput: buyers
             // come back with new request ids, so no per-user limit.
@@ -491,7 +577,7 @@ pub async fn connect(server: &Server, plan: &Plan) -> Result<Conn> {
                 .map_err(|_| anyhow!("connecting to postgres timed out"))??;
             Ok(Conn::Pg(Box::new(c)))
         }
-        None => Ok(Conn::Resp(RespConn::connect(server.resp_addr()?).await?)),
+        None => Ok(Conn::Resp(server.resp().await?)),
     }
 }
 
@@ -704,8 +790,8 @@ pub async fn audit(server: &Server, plan: &Plan, sample_token: Option<&str>) -> 
     let sku = &plan.sale.sku;
     let mut a = Audit::default();
     match server {
-        Server::Stockgate { addr, .. } => {
-            let mut c = RespConn::connect(*addr).await?;
+        Server::Stockgate { .. } | Server::Remote(_) => {
+            let mut c = server.resp().await?;
             let info = c.cmd(&["SALE.INFO", sku]).await?.ok()?;
             let field = |name: &str| -> Option<&Reply> {
                 match &info {

@@ -8,7 +8,7 @@
 pub use stockgate_server::engine::sale::fnv1a as fnv1a_bytes;
 pub use stockgate_server::engine::token::hex_encode as hex;
 pub use stockgate_server::engine::token::mint_admission_token as mint_admission;
-pub use stockgate_server::engine::ReservationKey;
+pub use stockgate_server::engine::{Keyring, ReservationKey};
 
 /// A stable small hash of a string (FNV-1a), for mapping users to rows.
 pub fn fnv1a(s: &str) -> u64 {

@@ -95,8 +95,9 @@ struct Cli {
     /// This consumer's name in `feed_position`.
     #[arg(long, default_value = "materializer")]
     consumer: String,
-    /// Entries per XREAD and per SQL transaction.
-    #[arg(long, default_value_t = 2000)]
+    /// Entries per XREAD and per SQL transaction (at most 10000).
+    #[arg(long, default_value_t = 2000, allow_negative_numbers = true,
+          value_parser = stockgate_server::cli::int_in::<usize>(1, 10_000))]
     batch: usize,
     /// Exit once the feed has nothing new (after one empty BLOCK).
     #[arg(long)]

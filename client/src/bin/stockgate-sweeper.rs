@@ -22,6 +22,8 @@ use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::ledger::{Ledger, SaleRecord};
 use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
 use stockgate_client::{ServerTarget, StockgateClient, Sweeper, SweeperConfig};
+use stockgate_server::cli::{int_in, number_in};
+use stockgate_server::engine::{MAX_SHARDS, MAX_TOTAL, MAX_TTL_MS};
 use tracing::{error, info, warn};
 
 // `hide_env_values` on every environment-backed value that can carry a credential (a
@@ -133,19 +135,22 @@ struct RebindArgs {
 #[derive(Args, Clone)]
 struct RunArgs {
     /// Seconds between passes.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, allow_negative_numbers = true,
+          value_parser = number_in(0.001, 86_400.0, "seconds"))]
     interval_secs: f64,
     /// Run one pass and exit (exit code 1 if it failed).
     #[arg(long)]
     once: bool,
-    /// EXPIRED batch size.
-    #[arg(long, default_value_t = 500)]
+    /// EXPIRED batch size (the server answers at most 10000 per call).
+    #[arg(long, default_value_t = 500, allow_negative_numbers = true,
+          value_parser = int_in::<usize>(1, 10_000))]
     batch: usize,
     /// Only sweep these SKUs (repeatable). Default: every sale known to server or ledger.
     #[arg(long)]
     sku: Vec<String>,
     /// Longest backoff after failures, in seconds.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, allow_negative_numbers = true,
+          value_parser = number_in(0.001, 86_400.0, "seconds"))]
     max_backoff_secs: f64,
     /// Serve the sweeper's Prometheus metrics here (loopback), e.g. 127.0.0.1:9380.
     #[arg(long)]
@@ -160,13 +165,17 @@ struct RunArgs {
 struct CreateSaleArgs {
     #[arg(long)]
     sku: String,
-    #[arg(long)]
+    /// Units on sale.
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(0, MAX_TOTAL as i128))]
     total: u64,
-    #[arg(long)]
+    /// Shard count (default: the server's --shards).
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u16>(1, MAX_SHARDS as i128))]
     shards: Option<u16>,
-    #[arg(long)]
+    /// Reservation TTL in ms (default: the server's --ttl-ms).
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, MAX_TTL_MS as i128))]
     ttl_ms: Option<u64>,
-    #[arg(long)]
+    /// Units per user; 0 = no limit.
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u32>(0, u32::MAX as i128))]
     limit: Option<u32>,
 }
 
@@ -175,7 +184,8 @@ struct AdjustArgs {
     #[arg(long)]
     sku: String,
     /// Units to add (restock) or, negative, to withdraw (at most what is available).
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true,
+          value_parser = int_in::<i64>(-(MAX_TOTAL as i128), MAX_TOTAL as i128))]
     delta: i64,
     /// Idempotency key of this adjustment. Default: a new random id, printed, so that a
     /// failed run can be retried with it.

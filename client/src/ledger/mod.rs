@@ -316,15 +316,51 @@ pub enum LedgerError {
     #[error("invalid argument: {0}")]
     Invalid(String),
     #[error("database error: {0}")]
-    Db(#[from] sqlx::Error),
-    #[error("migration error: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Db(sqlx::Error),
+    /// Postgres refused the connection's credentials (SQLSTATE class 28). `detail` is
+    /// the server's message, which names the user, never the password.
+    #[error(
+        "the database refused the login: {detail}; check the user and password of \
+         --database-url (DATABASE_URL)"
+    )]
+    LoginRefused { detail: String },
+    #[error("applying the ledger schema failed: {0}")]
+    Migrate(sqlx::migrate::MigrateError),
     #[error("embedded store error: {0}")]
     Sled(#[from] sled::Error),
     #[error("corrupt ledger data: {0}")]
     Corrupt(String),
     #[error(transparent)]
     Schema(#[from] pg_schema::SchemaError),
+}
+
+/// SQLSTATE class 28: invalid authorization (28000) and invalid password (28P01).
+fn login_refused(e: &sqlx::Error) -> Option<LedgerError> {
+    match e {
+        sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("28")) => {
+            Some(LedgerError::LoginRefused {
+                detail: d.message().to_string(),
+            })
+        }
+        _ => None,
+    }
+}
+
+impl From<sqlx::Error> for LedgerError {
+    fn from(e: sqlx::Error) -> Self {
+        login_refused(&e).unwrap_or(LedgerError::Db(e))
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for LedgerError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        match &e {
+            sqlx::migrate::MigrateError::Execute(inner) => {
+                login_refused(inner).unwrap_or(LedgerError::Migrate(e))
+            }
+            _ => LedgerError::Migrate(e),
+        }
+    }
 }
 
 impl LedgerError {

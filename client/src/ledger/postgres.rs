@@ -153,7 +153,7 @@ fn check_violation(e: sqlx::Error, what: impl FnOnce() -> String) -> LedgerError
         sqlx::Error::Database(d) if d.code().as_deref() == Some("23514") => {
             LedgerError::Conflict(what())
         }
-        _ => LedgerError::Db(e),
+        _ => e.into(),
     }
 }
 

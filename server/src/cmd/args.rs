@@ -1,7 +1,71 @@
 //! Typed access to a command's arguments, with the Redis-style error for each misuse.
 
+use thiserror::Error;
+
 use crate::engine::ident;
+use crate::protocol::reply::from_arg_error;
 use crate::protocol::Reply;
+
+/// What is wrong with one argument. Each message names the argument and what it accepts,
+/// in words; `protocol::reply::from_arg_error` puts the `ERR` code in front.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ArgError {
+    /// Not digits at all (`two`, `1.5`, `10^30`, empty).
+    #[error("{field} is not an integer (must be between {min} and {max})")]
+    NotInteger {
+        field: &'static str,
+        min: i128,
+        max: i128,
+    },
+    /// An integer, but outside the accepted range (also one too long for any integer type).
+    #[error("{field} must be between {min} and {max}")]
+    OutOfRange {
+        field: &'static str,
+        min: i128,
+        max: i128,
+    },
+    /// Bytes that are not UTF-8 where text is expected.
+    #[error("invalid {field}: must be UTF-8 text")]
+    NotText { field: &'static str },
+    /// A malformed identifier; the message states the identifier's rule.
+    #[error("{}", crate::engine::ident::invalid_message(field))]
+    Invalid { field: &'static str },
+    /// A keyword argument that takes one of a few words.
+    #[error("{field} must be one of {accepted}")]
+    NotOneOf {
+        field: &'static str,
+        accepted: &'static str,
+    },
+}
+
+/// Parses `b` as an integer in `min..=max`, telling an integer out of range (`-1`,
+/// `10^30` written out) from something that is no integer.
+pub fn int_in(b: &[u8], field: &'static str, min: i128, max: i128) -> Result<i128, ArgError> {
+    let digits = b.strip_prefix(b"-").unwrap_or(b);
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(ArgError::NotInteger { field, min, max });
+    }
+    // Digits that do not parse are too many for an i128: out of range as well.
+    let v = std::str::from_utf8(b)
+        .ok()
+        .and_then(|s| s.parse::<i128>().ok());
+    match v {
+        Some(v) if (min..=max).contains(&v) => Ok(v),
+        _ => Err(ArgError::OutOfRange { field, min, max }),
+    }
+}
+
+/// [`int_in`] for an `i64` range, as a reply.
+pub fn i64_in(b: &[u8], field: &'static str, min: i64, max: i64) -> Result<i64, Reply> {
+    let v = int_in(b, field, min.into(), max.into()).map_err(|e| from_arg_error(&e))?;
+    i64::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
+}
+
+/// [`int_in`] for a `u64` range, as a reply.
+pub fn u64_in(b: &[u8], field: &'static str, min: u64, max: u64) -> Result<u64, Reply> {
+    let v = int_in(b, field, min.into(), max.into()).map_err(|e| from_arg_error(&e))?;
+    u64::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
+}
 
 pub struct Args<'a> {
     name: &'static str,
@@ -30,9 +94,9 @@ impl<'a> Args<'a> {
     }
 
     /// A text argument; `field` names it in the error for bytes that are not UTF-8.
-    pub fn next_str(&mut self, field: &str) -> Result<&'a str, Reply> {
+    pub fn next_str(&mut self, field: &'static str) -> Result<&'a str, Reply> {
         let b = self.next_bytes()?;
-        std::str::from_utf8(b).map_err(|_| Reply::err(format!("ERR invalid {field}")))
+        std::str::from_utf8(b).map_err(|_| from_arg_error(&ArgError::NotText { field }))
     }
 
     /// A sku (PROTOCOL.md, Identifiers), or `-ERR invalid sku`.
@@ -57,7 +121,11 @@ impl<'a> Args<'a> {
 
     /// The one place identifiers are checked, so every command refuses a bad one the same
     /// way and before it looks anything up.
-    fn next_ident(&mut self, field: &str, valid: fn(&[u8]) -> bool) -> Result<&'a str, Reply> {
+    fn next_ident(
+        &mut self,
+        field: &'static str,
+        valid: fn(&[u8]) -> bool,
+    ) -> Result<&'a str, Reply> {
         let b = self.next_bytes()?;
         if !valid(b) || !b.is_ascii() {
             return Err(invalid(field));
@@ -70,59 +138,38 @@ impl<'a> Args<'a> {
 
     /// An integer argument in `min..=max`. The error names `field` and the range in
     /// words, and tells an integer out of range (`-1`, `10^30`) from a non-integer.
-    pub fn next_int_in(&mut self, field: &str, min: i128, max: i128) -> Result<i128, Reply> {
+    pub fn next_int_in(
+        &mut self,
+        field: &'static str,
+        min: i128,
+        max: i128,
+    ) -> Result<i128, Reply> {
         let b = self.next_bytes()?;
-        let digits = b.strip_prefix(b"-").unwrap_or(b);
-        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return Err(Reply::err(format!(
-                "ERR {field} is not an integer (must be between {min} and {max})"
-            )));
-        }
-        // Digits that do not parse are too many for an i128: out of range as well.
-        let v = std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse::<i128>().ok());
-        match v {
-            Some(v) if (min..=max).contains(&v) => Ok(v),
-            _ => Err(out_of_range(field, min, max)),
-        }
+        int_in(b, field, min, max).map_err(|e| from_arg_error(&e))
     }
 
     /// [`Self::next_int_in`] for an unsigned field.
-    pub fn next_u64_in(&mut self, field: &str, min: u64, max: u64) -> Result<u64, Reply> {
+    pub fn next_u64_in(&mut self, field: &'static str, min: u64, max: u64) -> Result<u64, Reply> {
         let v = self.next_int_in(field, min.into(), max.into())?;
         u64::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
     }
 
     /// [`Self::next_int_in`] for a `u32` field.
-    pub fn next_u32_in(&mut self, field: &str, min: u32, max: u32) -> Result<u32, Reply> {
+    pub fn next_u32_in(&mut self, field: &'static str, min: u32, max: u32) -> Result<u32, Reply> {
         let v = self.next_int_in(field, min.into(), max.into())?;
         u32::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
     }
 
     /// [`Self::next_int_in`] for a `u16` field.
-    pub fn next_u16_in(&mut self, field: &str, min: u16, max: u16) -> Result<u16, Reply> {
+    pub fn next_u16_in(&mut self, field: &'static str, min: u16, max: u16) -> Result<u16, Reply> {
         let v = self.next_int_in(field, min.into(), max.into())?;
         u16::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
     }
 
     /// [`Self::next_int_in`] for a signed field.
-    pub fn next_i64_in(&mut self, field: &str, min: i64, max: i64) -> Result<i64, Reply> {
+    pub fn next_i64_in(&mut self, field: &'static str, min: i64, max: i64) -> Result<i64, Reply> {
         let v = self.next_int_in(field, min.into(), max.into())?;
         i64::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
-    }
-
-    pub fn next_u64(&mut self) -> Result<u64, Reply> {
-        let b = self.next_bytes()?;
-        parse_u64(b).ok_or_else(Reply::not_integer)
-    }
-
-    pub fn next_i64(&mut self) -> Result<i64, Reply> {
-        let b = self.next_bytes()?;
-        std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse::<i64>().ok())
-            .ok_or_else(Reply::not_integer)
     }
 
     /// The next argument upper-cased, for option names.
@@ -140,19 +187,12 @@ impl<'a> Args<'a> {
     }
 }
 
-fn invalid(field: &str) -> Reply {
-    Reply::err(format!("ERR {}", ident::invalid_message(field)))
+fn invalid(field: &'static str) -> Reply {
+    from_arg_error(&ArgError::Invalid { field })
 }
 
-fn out_of_range(field: &str, min: i128, max: i128) -> Reply {
-    Reply::err(format!("ERR {field} must be between {min} and {max}"))
-}
-
-pub fn parse_u64(b: &[u8]) -> Option<u64> {
-    if b.is_empty() || b.len() > 19 || !b.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(b).ok()?.parse().ok()
+fn out_of_range(field: &'static str, min: i128, max: i128) -> Reply {
+    from_arg_error(&ArgError::OutOfRange { field, min, max })
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Connection commands: `AUTH`, `HELLO`, `CLIENT`, `PING`, `SELECT`, `RESET`.
 
-use super::args::Args;
+use super::args::{int_in, ArgError, Args};
 use super::{Ctx, Outcome};
+use crate::protocol::reply::from_arg_error;
 use crate::protocol::Reply;
 
 /// `AUTH [user] password`
@@ -55,7 +56,7 @@ fn authenticate(ctx: &mut Ctx<'_>, user: &[u8], pass: &[u8]) -> Result<Reply, Re
 
 /// `HELLO [protover [AUTH user pass] [SETNAME name]]`
 pub struct Hello<'a> {
-    proto: Option<u64>,
+    proto: Option<u8>,
     auth: Option<(&'a [u8], &'a [u8])>,
     name: Option<&'a str>,
 }
@@ -71,10 +72,13 @@ impl<'a> Hello<'a> {
         if a.remaining() == 0 {
             return Ok(h);
         }
-        h.proto =
-            Some(a.next_u64().map_err(|_| {
-                Reply::err("ERR Protocol version is not an integer or out of range")
-            })?);
+        // An integer other than 2 or 3 is NOPROTO (clients fall back to RESP2 on it);
+        // anything else is no protocol version at all.
+        h.proto = Some(match int_in(a.next_bytes()?, "protocol version", 2, 3) {
+            Ok(v) => v as u8,
+            Err(ArgError::OutOfRange { .. }) => 0,
+            Err(e) => return Err(from_arg_error(&e)),
+        });
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
                 "AUTH" => {
@@ -92,8 +96,13 @@ impl<'a> Hello<'a> {
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let proto = match self.proto {
             None => ctx.conn.proto,
-            Some(p @ (2 | 3)) => p as u8,
-            Some(_) => return Reply::err("NOPROTO unsupported protocol version").into(),
+            Some(p @ (2 | 3)) => p,
+            Some(_) => {
+                return Reply::err(
+                    "NOPROTO unsupported protocol version: stockgate speaks RESP 2 and 3",
+                )
+                .into()
+            }
         };
         if let Some((u, p)) = self.auth {
             if let Err(e) = authenticate(ctx, u, p) {

@@ -8,7 +8,7 @@
 //! that record (and, as every reply that reports state, for everything logged before it
 //! was computed) to be durable.
 
-use super::args::{parse_u64, Args};
+use super::args::{i64_in, Args};
 use super::stream::{entry_reply, fe, feed, parse_count};
 use super::{Ctx, Outcome};
 use crate::engine::Lsn;
@@ -137,7 +137,7 @@ fn xgroup_inner(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Result<Outcome, Reply> {
                     "MKSTREAM" => {}
                     // Redis's internal counter: accepted, not kept (lag is computed).
                     "ENTRIESREAD" if a.remaining() > 0 => {
-                        a.next_i64()?;
+                        a.next_i64_in("entries-read", -1, i64::MAX)?;
                     }
                     _ => return Err(sub_err(&sub, "XGROUP")),
                 }
@@ -153,7 +153,7 @@ fn xgroup_inner(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Result<Outcome, Reply> {
                 if a.next_keyword()? != "ENTRIESREAD" {
                     return Err(sub_err(&sub, "XGROUP"));
                 }
-                a.next_i64()?;
+                a.next_i64_in("entries-read", -1, i64::MAX)?;
             }
             let g = lookup(&feed, &stream, gname, |s, g| FeedError::NoGroupForKey {
                 stream: s,
@@ -270,10 +270,7 @@ impl XReadGroup {
             match a.next_keyword()?.as_str() {
                 "COUNT" if a.remaining() > 0 => count = Some(parse_count(&mut a)?),
                 "BLOCK" if a.remaining() > 0 => {
-                    let ms = parse_u64(a.next_bytes()?).ok_or_else(|| {
-                        Reply::err("ERR timeout is not an integer or out of range")
-                    })?;
-                    block_ms = Some(ms);
+                    block_ms = Some(a.next_u64_in("timeout", 0, i64::MAX as u64)?);
                 }
                 "GROUP" if a.remaining() >= 2 => {
                     group = Some(a.next_bytes()?.to_vec());
@@ -614,13 +611,13 @@ pub fn xpending(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
             let mut min_idle = 0u64;
             if args[2].eq_ignore_ascii_case(b"IDLE") {
                 a.next_bytes()?;
-                min_idle = a.next_i64()?.max(0) as u64;
+                min_idle = a.next_i64_in("min-idle-time", i64::MIN, i64::MAX)?.max(0) as u64;
                 if n < 7 {
                     return Err(Reply::syntax());
                 }
             }
             let (sb, eb) = (a.next_bytes()?, a.next_bytes()?);
-            let count = a.next_i64()?.max(0) as usize;
+            let count = a.next_i64_in("count", i64::MIN, i64::MAX)?.max(0) as usize;
             let start = id::range_start(sb).map_err(fe)?;
             let end = id::range_end(eb).map_err(fe)?;
             let consumer = if a.remaining() > 0 {
@@ -768,12 +765,9 @@ fn claim(
     Ok((replies, dropped, examined_last, lsn))
 }
 
-fn min_idle_arg(b: &[u8], cmd: &str) -> Result<u64, Reply> {
-    std::str::from_utf8(b)
-        .ok()
-        .and_then(|s| s.parse::<i64>().ok())
-        .map(|v| v.max(0) as u64)
-        .ok_or_else(|| Reply::err(format!("ERR Invalid min-idle-time argument for {cmd}")))
+/// A negative min-idle-time counts as 0, as in Redis.
+fn min_idle_arg(b: &[u8]) -> Result<u64, Reply> {
+    Ok(i64_in(b, "min-idle-time", i64::MIN, i64::MAX)?.max(0) as u64)
 }
 
 /// `XCLAIM key group consumer min-idle-time id... [IDLE ms] [TIME ms] [RETRYCOUNT n]
@@ -785,7 +779,7 @@ pub fn xclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
         let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
         let gname = a.next_bytes()?;
         let cname = a.next_bytes()?;
-        let min_idle = min_idle_arg(a.next_bytes()?, "XCLAIM")?;
+        let min_idle = min_idle_arg(a.next_bytes()?)?;
         let mut ids = Vec::new();
         let mut rest: &[&[u8]] = &[];
         for (i, b) in args[4..].iter().enumerate() {
@@ -805,10 +799,16 @@ pub fn xclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
             let kw = o.next_keyword()?;
             match kw.as_str() {
                 "IDLE" if o.remaining() > 0 => {
-                    delivery = Some(now.saturating_sub(o.next_i64()?.max(0) as u64))
+                    delivery = Some(now.saturating_sub(
+                        o.next_i64_in("idle", i64::MIN, i64::MAX)?.max(0) as u64,
+                    ))
                 }
-                "TIME" if o.remaining() > 0 => delivery = Some(o.next_i64()?.max(0) as u64),
-                "RETRYCOUNT" if o.remaining() > 0 => retry = Some(o.next_i64()?.max(0) as u64),
+                "TIME" if o.remaining() > 0 => {
+                    delivery = Some(o.next_i64_in("time", i64::MIN, i64::MAX)?.max(0) as u64)
+                }
+                "RETRYCOUNT" if o.remaining() > 0 => {
+                    retry = Some(o.next_i64_in("retrycount", i64::MIN, i64::MAX)?.max(0) as u64)
+                }
                 "JUSTID" => justid = true,
                 "LASTID" if o.remaining() > 0 => {
                     lastid = Some(id::exact(o.next_bytes()?).map_err(fe)?.unwrap_or(0))
@@ -872,17 +872,13 @@ pub fn xautoclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
         let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
         let gname = a.next_bytes()?;
         let cname = a.next_bytes()?;
-        let min_idle = min_idle_arg(a.next_bytes()?, "XAUTOCLAIM")?;
+        let min_idle = min_idle_arg(a.next_bytes()?)?;
         let start = id::range_start(a.next_bytes()?).map_err(fe)?;
         let (mut count, mut justid) = (100usize, false);
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
                 "COUNT" if a.remaining() > 0 => {
-                    let n = a.next_i64()?;
-                    if n < 1 {
-                        return Err(Reply::err("ERR COUNT must be > 0"));
-                    }
-                    count = n as usize;
+                    count = a.next_u64_in("count", 1, i64::MAX as u64)? as usize;
                 }
                 "JUSTID" => justid = true,
                 _ => return Err(Reply::syntax()),

@@ -295,15 +295,11 @@ pub fn slowlog(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
         ("GET", 1 | 2) => {
             let count = match args.get(1) {
                 None => 10,
-                Some(a) => match std::str::from_utf8(a)
-                    .ok()
-                    .and_then(|s| s.parse::<i64>().ok())
-                {
-                    Some(-1) => usize::MAX,
-                    Some(n) if n >= 0 => n as usize,
-                    _ => {
-                        return Reply::err("ERR count should be greater than or equal to -1").into()
-                    }
+                // -1: every entry, as in Redis.
+                Some(a) => match super::args::i64_in(a, "count", -1, i64::MAX) {
+                    Ok(-1) => usize::MAX,
+                    Ok(n) => n as usize,
+                    Err(e) => return e.into(),
                 },
             };
             let entries = log.lock().get(count);

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::args::i64_in;
 use super::{Ctx, Outcome};
 use crate::protocol::Reply;
 use crate::session::Replication;
@@ -16,10 +17,6 @@ fn repl(ctx: &Ctx<'_>) -> Result<Arc<dyn Replication>, Reply> {
     ctx.shared.repl.get().cloned().ok_or_else(|| {
         Reply::err("ERR this server is not a member of a Raft group (start it with --raft-id; README, \"A replicated group\")")
     })
-}
-
-fn text(b: &[u8]) -> Option<&str> {
-    std::str::from_utf8(b).ok()
 }
 
 /// `REPLICAOF`/`SLAVEOF`, `REPLCONF`, `PSYNC`/`SYNC`: Redis's replication, which
@@ -53,15 +50,8 @@ pub struct Wait {
 
 impl Wait {
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
-        let n = text(args[0])
-            .and_then(|s| s.parse::<i64>().ok())
-            .ok_or_else(Reply::not_integer)?;
-        let t = text(args[1])
-            .and_then(|s| s.parse::<i64>().ok())
-            .ok_or_else(Reply::not_integer)?;
-        if t < 0 {
-            return Err(Reply::err("ERR timeout is negative"));
-        }
+        let n = i64_in(args[0], "numreplicas", 0, i64::MAX)?;
+        let t = i64_in(args[1], "timeout", 0, i64::MAX)?;
         let timeout = if t == 0 {
             Duration::from_secs(3600)
         } else {

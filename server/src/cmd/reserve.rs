@@ -1,4 +1,4 @@
-//! `RESERVE sku user admission-token request-id [QTY n]`
+//! `RESERVE sku user admission-token request-id [QTY n] [WITHLIMIT]`
 
 use super::args::Args;
 use super::{Ctx, Outcome};
@@ -12,6 +12,9 @@ pub struct Reserve<'a> {
     admission: &'a [u8],
     request_id: &'a str,
     qty: u32,
+    /// `WITHLIMIT`: a LIMIT reply also says the limit and the units the user holds. Asked
+    /// for, because clients read every element after `LIMIT` as a token.
+    with_limit: bool,
 }
 
 impl<'a> Reserve<'a> {
@@ -22,9 +25,11 @@ impl<'a> Reserve<'a> {
         let admission = a.next_bytes()?;
         let request_id = a.next_request_id()?;
         let mut qty = 1;
+        let mut with_limit = false;
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
                 "QTY" => qty = a.next_u32_in("qty", 1, MAX_QTY)?,
+                "WITHLIMIT" => with_limit = true,
                 _ => return Err(Reply::syntax()),
             }
         }
@@ -34,6 +39,7 @@ impl<'a> Reserve<'a> {
             admission,
             request_id,
             qty,
+            with_limit,
         })
     }
 
@@ -69,10 +75,20 @@ impl<'a> Reserve<'a> {
                         Reply::Int(shard as i64),
                     ]),
                     ReserveOutcome::SoldOut => Reply::Array(vec![Reply::StaticBulk("SOLDOUT")]),
-                    ReserveOutcome::Limit { live } => {
-                        let mut v = vec![Reply::StaticBulk("LIMIT")];
-                        v.extend(live.iter().map(|t| Reply::bulk(t.as_bytes())));
-                        Reply::Array(v)
+                    ReserveOutcome::Limit { live, limit, held } => {
+                        let tokens = live.iter().map(|t| Reply::bulk(t.as_bytes()));
+                        if self.with_limit {
+                            Reply::Array(vec![
+                                Reply::StaticBulk("LIMIT"),
+                                Reply::Int(limit.into()),
+                                Reply::Int(i64::try_from(held).unwrap_or(i64::MAX)),
+                                Reply::Array(tokens.collect()),
+                            ])
+                        } else {
+                            let mut v = vec![Reply::StaticBulk("LIMIT")];
+                            v.extend(tokens);
+                            Reply::Array(v)
+                        }
                     }
                 };
                 ctx.shared.stats.count_reserve(&reply);

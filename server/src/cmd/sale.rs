@@ -1,9 +1,9 @@
 //! `SALE.*`: sale administration, fencing and rebuild from the ledger.
 
-use super::args::Args;
+use super::args::{ArgError, Args};
 use super::{Ctx, Outcome};
 use crate::engine::{ResState, MAX_QTY, MAX_SHARDS, MAX_TOTAL, MAX_TTL_MS};
-use crate::protocol::reply::from_engine_error;
+use crate::protocol::reply::{from_arg_error, from_engine_error};
 use crate::protocol::Reply;
 
 /// Optional creation parameters shared by SALE.CREATE and SALE.FENCE.
@@ -202,7 +202,12 @@ impl<'a> Restore<'a> {
                         "RESERVED" => ResState::Reserved,
                         "COMMITTED" => ResState::Committed,
                         "RELEASED" => ResState::Released,
-                        _ => return Err(Reply::err("ERR invalid state")),
+                        _ => {
+                            return Err(from_arg_error(&ArgError::NotOneOf {
+                                field: "state",
+                                accepted: "RESERVED, COMMITTED or RELEASED",
+                            }))
+                        }
                     }
                 }
                 _ => return Err(Reply::syntax()),

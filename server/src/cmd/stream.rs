@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::args::{parse_u64, Args};
+use super::args::Args;
 use super::{Ctx, Outcome};
 use crate::engine::Lsn;
 use crate::feed::{id, Entry, Feed, FeedError, Stream};
@@ -61,8 +61,7 @@ pub(super) fn xread_reply(proto: u8, found: Vec<(String, Vec<Entry>)>) -> Reply 
 }
 
 pub(super) fn parse_count(a: &mut Args<'_>) -> Result<u64, Reply> {
-    let b = a.next_bytes()?;
-    parse_u64(b).ok_or_else(Reply::not_integer)
+    a.next_u64_in("count", 0, i64::MAX as u64)
 }
 
 /// `XREAD [COUNT n] [BLOCK ms] STREAMS key... id...`
@@ -84,11 +83,7 @@ impl XRead {
             match a.next_keyword()?.as_str() {
                 "COUNT" => count = Some(parse_count(&mut a)?),
                 "BLOCK" => {
-                    let b = a.next_bytes()?;
-                    let ms = parse_u64(b).ok_or_else(|| {
-                        Reply::err("ERR timeout is not an integer or out of range")
-                    })?;
-                    block_ms = Some(ms);
+                    block_ms = Some(a.next_u64_in("timeout", 0, i64::MAX as u64)?);
                 }
                 "STREAMS" => break,
                 _ => return Err(Reply::syntax()),

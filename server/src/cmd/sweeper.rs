@@ -56,13 +56,10 @@ impl<'a> Expired<'a> {
         let mut sku = None;
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
-                "COUNT" => count = a.next_u64()?,
+                "COUNT" => count = a.next_u64_in("count", 1, i64::MAX as u64)?,
                 "SKU" => sku = Some(a.next_sku()?),
                 _ => return Err(Reply::syntax()),
             }
-        }
-        if count == 0 {
-            return Err(Reply::err("ERR count must be positive"));
         }
         Ok(Expired {
             count: count.min(MAX_EXPIRED_PAGE),

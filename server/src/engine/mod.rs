@@ -106,9 +106,14 @@ pub enum ReserveOutcome {
         shard: u16,
     },
     SoldOut,
-    /// The user's reservations in this sale that are still RESERVED.
+    /// The per-user limit refused `qty` more units.
     Limit {
+        /// The user's reservations in this sale that are still RESERVED.
         live: Vec<Arc<str>>,
+        /// The sale's per-user limit, in units.
+        limit: u32,
+        /// Units the user holds in this sale (RESERVED or COMMITTED).
+        held: u64,
     },
 }
 

@@ -87,6 +87,8 @@ impl Engine {
                             .iter()
                             .map(|k| token::token_text(req.sku, k))
                             .collect(),
+                        limit,
+                        held: e.held,
                     },
                     0,
                 ));

@@ -244,7 +244,10 @@ fn decision_order() {
     e.set_paused("S", false).unwrap();
     // Limit 2: u holds 1; 2 more is over the limit and names the live reservation.
     match reserve(&e, "S", "u", "r4", 2).unwrap() {
-        ReserveOutcome::Limit { live } => assert_eq!(live.len(), 1),
+        ReserveOutcome::Limit { live, limit, held } => {
+            assert_eq!(live.len(), 1);
+            assert_eq!((limit, held), (2, 1), "the limit and what the user holds");
+        }
         o => panic!("{o:?}"),
     }
     assert!(matches!(
@@ -253,7 +256,7 @@ fn decision_order() {
     ));
     // Committed units still count against the limit.
     let live = match reserve(&e, "S", "u", "r6", 1).unwrap() {
-        ReserveOutcome::Limit { live } => live,
+        ReserveOutcome::Limit { live, .. } => live,
         o => panic!("{o:?}"),
     };
     assert_eq!(live.len(), 2);

@@ -3,6 +3,7 @@
 
 use bytes::{BufMut, BytesMut};
 
+use crate::cmd::args::ArgError;
 use crate::engine::{ident, EngineError};
 use crate::feed::FeedError;
 
@@ -56,10 +57,6 @@ impl Reply {
 
     pub fn syntax() -> Reply {
         Reply::err("ERR syntax error")
-    }
-
-    pub fn not_integer() -> Reply {
-        Reply::err("ERR value is not an integer or out of range")
     }
 
     pub fn arity(cmd: &str) -> Reply {
@@ -194,6 +191,12 @@ pub fn from_engine_error(e: &EngineError) -> Reply {
         EngineError::FingerprintMismatch { .. } => format!("ERR {e}"),
     };
     Reply::Error(s)
+}
+
+/// Every argument error's wire form: `ERR` and the message naming the argument and what
+/// it accepts.
+pub fn from_arg_error(e: &ArgError) -> Reply {
+    Reply::Error(format!("ERR {e}"))
 }
 
 /// Every feed error's wire form. `Trimmed` keeps the word `trimmed` for consumers to
