@@ -83,6 +83,21 @@ async fn orders(url: &str) -> Vec<String> {
         .collect()
 }
 
+/// Binds the ledger to the history of the node on `port`, as `stockgate-sweeper rebind`
+/// does: past the server binding, the feed's own check still stands.
+async fn rebind(url: &str, port: u16) {
+    let ledger = stockgate_client::PgLedger::connect(url)
+        .await
+        .expect("ledger");
+    let client = stockgate_client::StockgateClient::connect(&format!("127.0.0.1:{port}"))
+        .await
+        .expect("connect");
+    let id = client.history().await.expect("info").expect("a history id");
+    stockgate_client::identity::rebind(&ledger, Some(id.clone()), &id)
+        .await
+        .expect("rebind");
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -103,6 +118,12 @@ fn the_materializer_refuses_a_feed_from_another_history() {
     let b = Node::start(&keys, &[]);
     sale(b.port, "HIST");
     reserve_n(b.port, &keys, "HIST", "b", 8);
+    // The server binding refuses B first; bound to B by mistake, the position's
+    // fingerprint still does.
+    let o = drain(pg.url(), b.port);
+    assert_eq!(o.status.code(), Some(3), "another server: {}", stderr(&o));
+    assert!(stderr(&o).contains("describes server history"), "{}", stderr(&o));
+    rt.block_on(rebind(pg.url(), b.port));
     let o = drain(pg.url(), b.port);
     assert_eq!(o.status.code(), Some(3), "another history: {}", stderr(&o));
     let err = stderr(&o);
@@ -113,6 +134,7 @@ fn the_materializer_refuses_a_feed_from_another_history() {
     // A feed that ends before the position.
     let c = Node::start(&keys, &[]);
     sale(c.port, "HIST");
+    rt.block_on(rebind(pg.url(), c.port));
     let o = drain(pg.url(), c.port);
     assert_eq!(o.status.code(), Some(3), "a shorter feed: {}", stderr(&o));
     assert!(stderr(&o).contains("ends at"), "{}", stderr(&o));
@@ -123,6 +145,7 @@ fn the_materializer_refuses_a_feed_from_another_history() {
     have.sort();
     assert_eq!(have, want);
     let more = reserve_n(a.port, &keys, "HIST", "a2-", 2);
+    rt.block_on(rebind(pg.url(), a.port));
     let o = drain(pg.url(), a.port);
     assert!(o.status.success(), "drain of A again: {}", stderr(&o));
     assert_eq!(rt.block_on(orders(pg.url())).len(), 5 + more.len());

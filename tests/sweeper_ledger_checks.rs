@@ -301,6 +301,12 @@ async fn a_hold_no_payment_paid_for_is_never_committed() {
         .sale_create(sku, 10, Some(1), Some(ttl), None)
         .await
         .unwrap();
+    // ... and binds the ledger to the new history, so the tools talk to it again.
+    let id = h.client.history().await.unwrap();
+    let to = id.clone().expect("a history id");
+    stockgate_client::identity::rebind(&h.ledger, id, &to)
+        .await
+        .unwrap();
 
     // Retries of the paid requests take new holds under the same tokens.
     let retry = |i: usize| {
