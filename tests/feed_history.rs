@@ -122,7 +122,11 @@ fn the_materializer_refuses_a_feed_from_another_history() {
     // fingerprint still does.
     let o = drain(pg.url(), b.port);
     assert_eq!(o.status.code(), Some(3), "another server: {}", stderr(&o));
-    assert!(stderr(&o).contains("describes server history"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("describes server history"),
+        "{}",
+        stderr(&o)
+    );
     rt.block_on(rebind(pg.url(), b.port));
     let o = drain(pg.url(), b.port);
     assert_eq!(o.status.code(), Some(3), "another history: {}", stderr(&o));

@@ -23,7 +23,7 @@ impl<'a> Stock<'a> {
 
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match ctx.engine.stock(self.sku) {
-            Ok(n) => Reply::Int(n).into(),
+            Ok(n) => Outcome::logged(Reply::Int(n), ctx.engine.observed_lsn()),
             Err(e) => from_engine_error(&e).into(),
         }
     }

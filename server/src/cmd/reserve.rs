@@ -53,6 +53,12 @@ impl<'a> Reserve<'a> {
         };
         match ctx.engine.reserve(&req) {
             Ok((outcome, lsn)) => {
+                // A sellout is read from counters other loops' RESERVEs may have moved
+                // before logging: it waits for those records (`Engine::observed_lsn`).
+                let lsn = match outcome {
+                    ReserveOutcome::SoldOut => ctx.engine.observed_lsn(),
+                    _ => lsn,
+                };
                 let reply = match outcome {
                     ReserveOutcome::Reserved {
                         token,

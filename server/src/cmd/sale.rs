@@ -72,22 +72,24 @@ impl<'a> Info<'a> {
 
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match ctx.engine.sale_info(self.sku) {
-            Ok(v) => Reply::map([
-                ("total", Reply::Int(v.total as i64)),
-                ("available", Reply::Int(v.available)),
-                ("reserved", Reply::Int(v.reserved as i64)),
-                ("committed", Reply::Int(v.committed as i64)),
-                ("shards", Reply::Int(v.params.shards as i64)),
-                ("ttl_ms", Reply::Int(v.params.ttl_ms as i64)),
-                ("limit", Reply::Int(v.params.limit as i64)),
-                ("state", Reply::bulk(v.state.as_str())),
-                ("key_fingerprint", Reply::bulk(ctx.engine.key_fingerprint())),
-                (
-                    "shard_available",
-                    Reply::Array(v.shard_available.iter().map(|&x| Reply::Int(x)).collect()),
-                ),
-            ])
-            .into(),
+            Ok(v) => Outcome::logged(
+                Reply::map([
+                    ("total", Reply::Int(v.total as i64)),
+                    ("available", Reply::Int(v.available)),
+                    ("reserved", Reply::Int(v.reserved as i64)),
+                    ("committed", Reply::Int(v.committed as i64)),
+                    ("shards", Reply::Int(v.params.shards as i64)),
+                    ("ttl_ms", Reply::Int(v.params.ttl_ms as i64)),
+                    ("limit", Reply::Int(v.params.limit as i64)),
+                    ("state", Reply::bulk(v.state.as_str())),
+                    ("key_fingerprint", Reply::bulk(ctx.engine.key_fingerprint())),
+                    (
+                        "shard_available",
+                        Reply::Array(v.shard_available.iter().map(|&x| Reply::Int(x)).collect()),
+                    ),
+                ]),
+                ctx.engine.observed_lsn(),
+            ),
             Err(e) => from_engine_error(&e).into(),
         }
     }

@@ -986,3 +986,72 @@ fn finishes_log_the_holder_and_the_reason() {
         Event::Committed { token, user, request_id, qty: 2, .. }
             if **token == *paid && user == "ann" && request_id == "r1")));
 }
+
+/// A sink whose `record` waits at a gate: a RESERVE stands between taking its units and
+/// having a log position for as long as the test likes.
+#[derive(Default)]
+struct GatedSink {
+    open: Mutex<bool>,
+    cv: std::sync::Condvar,
+    gate: std::sync::Mutex<()>,
+    n: std::sync::atomic::AtomicU64,
+}
+
+impl EventSink for GatedSink {
+    fn record(&self, _event: &EventRef<'_>) -> Lsn {
+        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        while !*self.open.lock() {
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        self.n.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1
+    }
+
+    fn last_lsn(&self) -> Lsn {
+        self.n.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A reader on another thread that sees a RESERVE's units gone waits, through
+/// `observed_lsn`, for that RESERVE's record: its reply never reports a state a crash
+/// could still erase.
+#[test]
+fn observed_lsn_covers_units_taken_before_their_record() {
+    let sink = Arc::new(GatedSink::default());
+    *sink.open.lock() = true;
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = Arc::new(Engine::new(
+        EngineConfig::default(),
+        clock,
+        sink.clone(),
+        keys(),
+        rkey(),
+    ));
+    e.create_sale("S", 10, Some(1), None, None).unwrap();
+    let created = sink.last_lsn();
+    *sink.open.lock() = false;
+    let buyer = {
+        let e = e.clone();
+        std::thread::spawn(move || reserve(&e, "S", "u", "r", 1).unwrap())
+    };
+    // The units are gone while the record waits at the gate.
+    while e.stock("S").unwrap() == 10 {
+        std::thread::yield_now();
+    }
+    assert_eq!(e.last_lsn(), created, "no position yet for the RESERVE");
+    let reader = {
+        let e = e.clone();
+        std::thread::spawn(move || e.observed_lsn())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        !reader.is_finished(),
+        "observed_lsn returned before the record"
+    );
+    {
+        let _g = sink.gate.lock().unwrap_or_else(|p| p.into_inner());
+        *sink.open.lock() = true;
+        sink.cv.notify_all();
+    }
+    buyer.join().unwrap();
+    assert!(reader.join().unwrap() > created);
+}
