@@ -372,12 +372,7 @@ impl StockgateClient {
     /// [`crate::identity`]); `None` while it reports none.
     pub async fn history(&self) -> Result<Option<String>, ClientError> {
         let v = self.call(redis::cmd("INFO").arg("server")).await?;
-        let text = match &v {
-            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            Value::VerbatimString { text, .. } => text.clone(),
-            _ => return Err(proto("INFO", &v)),
-        };
-        Ok(crate::identity::parse_info(&text))
+        history_in_info(&v).ok_or_else(|| proto("INFO", &v))
     }
 
     pub async fn sale_info(&self, sku: &str) -> Result<SaleInfo, ClientError> {
@@ -509,6 +504,23 @@ fn push_sale_opts(cmd: &mut redis::Cmd, shards: Option<u16>, ttl: Option<u64>, l
     if let Some(l) = limit {
         cmd.arg("LIMIT").arg(l);
     }
+}
+
+/// The history id in an `INFO server` reply (`stockgate_history`, see
+/// [`crate::identity`]): `Some(None)` when the field is absent or empty, `None` when the
+/// reply is not INFO's text at all.
+pub fn history_in_info(v: &Value) -> Option<Option<String>> {
+    let text = match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b),
+        Value::VerbatimString { text, .. } => text.as_str().into(),
+        _ => return None,
+    };
+    Some(
+        text.lines()
+            .find_map(|l| l.trim_end().strip_prefix("stockgate_history:"))
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned),
+    )
 }
 
 fn proto(command: &'static str, v: &Value) -> ClientError {
@@ -657,6 +669,18 @@ mod tests {
 
     fn bs(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn history_in_info_finds_the_field() {
+        let info = bs("# Server\r\nredis_version:7.0.0\r\nstockgate_history:ab12\r\nrun_id:x\r\n");
+        assert_eq!(history_in_info(&info), Some(Some("ab12".to_owned())));
+        assert_eq!(
+            history_in_info(&bs("# Server\r\nstockgate_history:\r\n")),
+            Some(None)
+        );
+        assert_eq!(history_in_info(&bs("# Server\r\n")), Some(None));
+        assert_eq!(history_in_info(&Value::Int(1)), None);
     }
 
     #[test]

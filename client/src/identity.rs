@@ -33,14 +33,6 @@ pub enum IdentityError {
     Server(#[from] ClientError),
 }
 
-/// The id out of `INFO server`'s text: `None` when the field is absent or empty.
-pub fn parse_info(info: &str) -> Option<String> {
-    info.lines()
-        .find_map(|l| l.trim_end().strip_prefix("stockgate_history:"))
-        .filter(|id| !id.is_empty())
-        .map(str::to_owned)
-}
-
 /// Checks that `ledger` describes the server that reported `server`, binding it on first
 /// contact. Returns the history id.
 pub async fn ensure_bound(
@@ -99,14 +91,6 @@ pub async fn rebind(
 mod tests {
     use super::*;
     use crate::ledger::embedded::SledLedger;
-
-    #[test]
-    fn identity_parse_info_finds_the_field() {
-        let info = "# Server\r\nredis_version:7.0.0\r\nstockgate_history:ab12\r\nrun_id:x\r\n";
-        assert_eq!(parse_info(info).as_deref(), Some("ab12"));
-        assert_eq!(parse_info("# Server\r\nstockgate_history:\r\n"), None);
-        assert_eq!(parse_info("# Server\r\n"), None);
-    }
 
     #[tokio::test]
     async fn identity_binds_once_refuses_others_and_rebinds_deliberately() {

@@ -458,12 +458,8 @@ impl FeedReader {
     /// The history id of the node read from (`INFO server`, see [`crate::identity`]).
     pub async fn history(&self) -> Result<Option<String>, MaterializeError> {
         let v = self.query(redis::cmd("INFO").arg("server")).await?;
-        let text = match &v {
-            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            Value::VerbatimString { text, .. } => text.clone(),
-            _ => return Err(MaterializeError::Protocol(format!("INFO: {v:?}"))),
-        };
-        Ok(crate::identity::parse_info(&text))
+        crate::client::history_in_info(&v)
+            .ok_or_else(|| MaterializeError::Protocol(format!("INFO: {v:?}")))
     }
 
     /// Checks that this feed holds the entry `(lsn, fingerprint)` a consumer's position

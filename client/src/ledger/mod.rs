@@ -20,6 +20,7 @@
 //! Every transition writes one audit event in the same transaction.
 
 pub mod embedded;
+pub mod migrations;
 pub mod pg_schema;
 pub mod postgres;
 

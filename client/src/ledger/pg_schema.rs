@@ -212,7 +212,7 @@ pub(crate) async fn holds_old_ledger(
         Err(sqlx::Error::Database(d)) if d.code().as_deref() == Some("42P01") => return Ok(false),
         Err(e) => return Err(e),
     };
-    let ours = super::postgres::migrator();
+    let ours = super::migrations::migrator();
     Ok(match (checksum, ours.migrations.first()) {
         (Some(c), Some(m)) => c == m.checksum.as_ref(),
         _ => false,

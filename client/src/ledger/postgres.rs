@@ -6,12 +6,11 @@
 //! refund, extend) lock the row in a short transaction and decide in Rust.
 //! Expiry is judged by the database clock (`now()`), as DESIGN.md's rule states.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use sqlx::migrate::{Migration, MigrationType, Migrator};
+
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Executor, Row};
 
@@ -24,36 +23,7 @@ use super::{
 };
 use crate::types::ExpiredReservation;
 
-/// The schema, embedded so the tools do not depend on their working directory.
-const INIT_SQL: &str = include_str!("../../../migrations/0001_init.sql");
-const ALLOCATION_SQL: &str = include_str!("../../../migrations/0002_allocation_adjustments.sql");
-const FEED_POSITION_SQL: &str = include_str!("../../../migrations/0003_feed_position.sql");
-const FINGERPRINT_SQL: &str =
-    include_str!("../../../migrations/0004_feed_position_fingerprint.sql");
-const BINDING_SQL: &str = include_str!("../../../migrations/0005_server_binding.sql");
-
-/// The migrator for `migrations/` (embedded copy).
-pub fn migrator() -> Migrator {
-    let m = |version, name, sql| {
-        Migration::new(
-            version,
-            Cow::Borrowed(name),
-            MigrationType::Simple,
-            Cow::Borrowed(sql),
-            false,
-        )
-    };
-    Migrator {
-        migrations: Cow::Owned(vec![
-            m(1, "init", INIT_SQL),
-            m(2, "allocation adjustments", ALLOCATION_SQL),
-            m(3, "feed position", FEED_POSITION_SQL),
-            m(4, "feed position fingerprint", FINGERPRINT_SQL),
-            m(5, "server binding", BINDING_SQL),
-        ]),
-        ..Migrator::DEFAULT
-    }
-}
+pub use super::migrations::migrator;
 
 /// Pool settings.
 #[derive(Clone, Debug)]

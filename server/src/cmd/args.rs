@@ -1,42 +1,9 @@
 //! Typed access to a command's arguments, with the Redis-style error for each misuse.
 
-use thiserror::Error;
-
 use crate::engine::ident;
+pub use crate::protocol::arg_error::ArgError;
 use crate::protocol::reply::from_arg_error;
 use crate::protocol::Reply;
-
-/// What is wrong with one argument. Each message names the argument and what it accepts,
-/// in words; `protocol::reply::from_arg_error` puts the `ERR` code in front.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
-pub enum ArgError {
-    /// Not digits at all (`two`, `1.5`, `10^30`, empty).
-    #[error("{field} is not an integer (must be between {min} and {max})")]
-    NotInteger {
-        field: &'static str,
-        min: i128,
-        max: i128,
-    },
-    /// An integer, but outside the accepted range (also one too long for any integer type).
-    #[error("{field} must be between {min} and {max}")]
-    OutOfRange {
-        field: &'static str,
-        min: i128,
-        max: i128,
-    },
-    /// Bytes that are not UTF-8 where text is expected.
-    #[error("invalid {field}: must be UTF-8 text")]
-    NotText { field: &'static str },
-    /// A malformed identifier; the message states the identifier's rule.
-    #[error("{}", crate::engine::ident::invalid_message(field))]
-    Invalid { field: &'static str },
-    /// A keyword argument that takes one of a few words.
-    #[error("{field} must be one of {accepted}")]
-    NotOneOf {
-        field: &'static str,
-        accepted: &'static str,
-    },
-}
 
 /// Parses `b` as an integer in `min..=max`, telling an integer out of range (`-1`,
 /// `10^30` written out) from something that is no integer.

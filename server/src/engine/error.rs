@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-use super::token::Denied;
+use super::denied::Denied;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum EngineError {

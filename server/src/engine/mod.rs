@@ -15,6 +15,7 @@
 
 mod admin;
 pub mod clock;
+pub mod denied;
 pub mod error;
 pub mod event;
 mod expired_summary;

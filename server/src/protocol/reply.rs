@@ -3,7 +3,7 @@
 
 use bytes::{BufMut, BytesMut};
 
-use crate::cmd::args::ArgError;
+use super::arg_error::ArgError;
 use crate::engine::{ident, EngineError};
 use crate::feed::FeedError;
 

@@ -1,0 +1,37 @@
+//! The ledger's migrations (`migrations/`), embedded so the tools do not depend on their
+//! working directory. Used by the Postgres ledger and by the schema checks that recognise
+//! a ledger of ours.
+
+use std::borrow::Cow;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+
+const INIT_SQL: &str = include_str!("../../../migrations/0001_init.sql");
+const ALLOCATION_SQL: &str = include_str!("../../../migrations/0002_allocation_adjustments.sql");
+const FEED_POSITION_SQL: &str = include_str!("../../../migrations/0003_feed_position.sql");
+const FINGERPRINT_SQL: &str =
+    include_str!("../../../migrations/0004_feed_position_fingerprint.sql");
+const BINDING_SQL: &str = include_str!("../../../migrations/0005_server_binding.sql");
+
+/// The migrator for `migrations/` (embedded copy).
+pub fn migrator() -> Migrator {
+    let m = |version, name, sql| {
+        Migration::new(
+            version,
+            Cow::Borrowed(name),
+            MigrationType::Simple,
+            Cow::Borrowed(sql),
+            false,
+        )
+    };
+    Migrator {
+        migrations: Cow::Owned(vec![
+            m(1, "init", INIT_SQL),
+            m(2, "allocation adjustments", ALLOCATION_SQL),
+            m(3, "feed position", FEED_POSITION_SQL),
+            m(4, "feed position fingerprint", FINGERPRINT_SQL),
+            m(5, "server binding", BINDING_SQL),
+        ]),
+        ..Migrator::DEFAULT
+    }
+}
