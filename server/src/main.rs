@@ -613,6 +613,8 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         .thread_name("stockgate")
         .build()
         .map_err(|e| e.to_string())?;
+    // One loop runs one command at a time: no reply can observe a RESERVE half done.
+    engine.set_concurrent_callers(threads > 1);
     let (first, extra) = bind_listeners(&a.bind, a.port, threads, a.tcp_backlog as i32)?;
     let result = rt.block_on(async {
         first.set_nonblocking(true).map_err(|e| e.to_string())?;

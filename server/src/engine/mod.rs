@@ -144,6 +144,8 @@ pub struct Engine {
     users: Box<[CachePadded<Mutex<UserStripe>>]>,
     /// See `history`: set once, by the first record or a snapshot.
     history: Mutex<Option<(Arc<str>, Lsn)>>,
+    /// See [`Engine::set_concurrent_callers`].
+    concurrent: std::sync::atomic::AtomicBool,
 }
 
 fn stripe_of(token: &str) -> usize {
@@ -195,6 +197,7 @@ impl Engine {
                 .map(|_| CachePadded::new(Mutex::new(HashMap::new())))
                 .collect(),
             history: Mutex::new(None),
+            concurrent: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -266,12 +269,24 @@ impl Engine {
     /// record has a position, both under its stripe's lock; with several event loops a
     /// reader on another thread can see the units gone before [`Engine::last_lsn`]
     /// covers them. Passing through every stripe's lock once, after reading, waits for
-    /// each such record to be logged. About a microsecond: only for those replies.
+    /// each such record to be logged: 128 uncontended lock acquisitions, so only those
+    /// replies pay it, and only when calls can run at once (see
+    /// [`Engine::set_concurrent_callers`]).
     pub fn observed_lsn(&self) -> Lsn {
-        for s in self.stripes.iter() {
-            drop(s.lock());
+        if self.concurrent.load(std::sync::atomic::Ordering::Relaxed) {
+            for s in self.stripes.iter() {
+                drop(s.lock());
+            }
         }
         self.sink.last_lsn()
+    }
+
+    /// Whether calls may run on several threads at once (the default). A server with one
+    /// event loop says no: a reader then never runs while a RESERVE is between taking its
+    /// units and logging them, and [`Engine::observed_lsn`] is [`Engine::last_lsn`].
+    pub fn set_concurrent_callers(&self, concurrent: bool) {
+        self.concurrent
+            .store(concurrent, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Number of reservations held in memory (all states), for INFO.
