@@ -49,10 +49,9 @@ pub fn sku_of(ev: &Event) -> Option<&str> {
 }
 
 /// Whether a record is an entry of the streams at all: consumer-group bookkeeping that
-/// the feed itself logs is not (reading it would log more of it, forever), nor is the
-/// history id (`INFO` reports it).
+/// the feed itself logs is not (reading it would log more of it, forever).
 pub fn is_entry(ev: &Event) -> bool {
-    !matches!(ev, Event::Opaque { .. } | Event::HistoryBegun { .. })
+    !matches!(ev, Event::Opaque { .. })
 }
 
 /// The entry for the record at `lsn`. Field names are the README's contract.
@@ -196,7 +195,13 @@ fn fields(ev: &Event) -> Vec<(&'static str, String)> {
         ],
         // Never an entry (see `is_entry`); described only so the match stays total.
         Event::Opaque { kind, .. } => vec![("type", format!("internal.{kind}"))],
-        Event::HistoryBegun { .. } => vec![("type", "internal.history".into())],
+        // The first entry of every history: only in the all-events stream (it has no
+        // sale), with an empty `sku` so that every entry has one.
+        Event::HistoryBegun { id } => vec![
+            ("type", "history.begun".into()),
+            ("sku", sku),
+            ("history", id.clone()),
+        ],
     };
     fields
 }
