@@ -4,7 +4,7 @@
 #   scripts/wal-bench.sh            # builds the release binary if missing, prints a report
 #
 # 1. RESERVE throughput and p99 with redis-benchmark (50 clients, pipeline 1 and 16) under
-#    --fsync always / everysec / no; the baseline Lua reserve script (DESIGN.md, "The
+#    --fsync always / everysec / no; the baseline Lua reserve script (docs/design.md, "The
 #    baseline we measure against") on redis-server with appendonly yes and appendfsync
 #    everysec / always, same load.
 # 2. Recovery: a log of ~1,000,000 reservations, kill -9, time until `listening on`, with
@@ -155,7 +155,7 @@ if [ "${SKIP_THROUGHPUT:-0}" != 1 ]; then
     done
     # Automatic AOF rewrites are off (a fork + rewrite at 64 MB would land in the middle
     # of a run; stockgate's automatic snapshot, every 2M records, does not trigger either).
-    # REDIS_MODES=off adds a run without AOF, for calibration against DESIGN.md's numbers.
+    # REDIS_MODES=off adds a run without AOF, for calibration against docs/design.md's numbers.
     for fsync in ${REDIS_MODES:-everysec always}; do
         dir="$TMP/redis-$fsync"
         mkdir -p "$dir"

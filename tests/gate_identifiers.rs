@@ -1,4 +1,4 @@
-//! PROTOCOL.md "Identifiers", over the real binary: every command that takes a sku, user,
+//! docs/protocol.md "Identifiers", over the real binary: every command that takes a sku, user,
 //! request id or reservation token refuses a malformed one with `-ERR invalid <field>`,
 //! before anything else (no `-NOSALE`, no nil, no `:0`), and changes nothing.
 

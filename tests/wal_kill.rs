@@ -606,7 +606,7 @@ async fn verify(ctx: &Ctx, srv: &Server, rng: &mut StdRng, cycle: usize) {
     *lock(&ctx.model) = model;
 }
 
-/// SALE.INFO of every sale with the DESIGN.md invariants and the exact accounting against
+/// SALE.INFO of every sale with the docs/design.md invariants and the exact accounting against
 /// the reservations the model knows. Returns (available, reserved, committed) per sale.
 async fn sale_infos(c: &mut MultiplexedConnection, m: &Model) -> Vec<(i64, i64, i64)> {
     let mut out = Vec::new();

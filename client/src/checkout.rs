@@ -1,4 +1,4 @@
-//! The checkout flow as a library (DESIGN.md, lifecycle steps 1–3 and 5):
+//! The checkout flow as a library (docs/design.md, lifecycle steps 1–3 and 5):
 //! reserve on the server → materialize the PENDING order → commit on payment
 //! (ledger PENDING → COMMITTED first, then `COMMIT` on the server) or cancel.
 //!

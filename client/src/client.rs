@@ -1,4 +1,4 @@
-//! Typed async client for the stockgate protocol (PROTOCOL.md), over redis-rs.
+//! Typed async client for the stockgate protocol (docs/protocol.md), over redis-rs.
 //!
 //! Two transports, one API:
 //! - one address ([`StockgateClient::connect`]): a [`ConnectionManager`], one multiplexed

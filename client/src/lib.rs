@@ -2,7 +2,7 @@
 //! checkout flow, the sweeper and the rebuild of a fenced sale.
 //!
 //! - [`adjust`]: change a sale's allocation, ledger first, idempotent under retry.
-//! - [`client`]: typed async client for PROTOCOL.md.
+//! - [`client`]: typed async client for docs/protocol.md.
 //! - [`sentinel`]: the client's connection to the primary of a Sentinel-managed group.
 //! - [`gate`]: what the lifecycle needs from the server, over TCP or the embedded engine.
 //! - [`ledger`]: the judge — Postgres and sled backends of one interface.

@@ -1,4 +1,4 @@
-//! Fail closed, then rebuild from the ledger (DESIGN.md, "Durability"):
+//! Fail closed, then rebuild from the ledger (docs/design.md, "Durability"):
 //! a sale whose server state is unproven is FENCED (refuses RESERVE) until
 //! `available = allocation − committed − verified pending` is restored from the ledger.
 //!

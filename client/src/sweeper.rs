@@ -1,4 +1,4 @@
-//! The sweeper: heals the gap between the fast gate and the ledger (DESIGN.md, lifecycle
+//! The sweeper: heals the gap between the fast gate and the ledger (docs/design.md, lifecycle
 //! step 4). Every interval it takes `EXPIRED` batches and, for each reservation, asks the
 //! ledger first (the SQL-first rule) and only then acts on the server:
 //!

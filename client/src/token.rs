@@ -1,4 +1,4 @@
-//! Admission tokens (PROTOCOL.md, "Admission token"): minted by the waiting room, verified
+//! Admission tokens (docs/protocol.md, "Admission token"): minted by the waiting room, verified
 //! by the server.
 
 #[derive(Debug, thiserror::Error)]

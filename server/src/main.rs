@@ -1,4 +1,4 @@
-//! `stockgate`: the server binary and its token-minting helper. Flags: PROTOCOL.md.
+//! `stockgate`: the server binary and its token-minting helper. Flags: docs/protocol.md.
 
 use std::io::Write as _;
 use std::net::IpAddr;

@@ -16,7 +16,7 @@ const [port, dataDir] = [Number(process.argv[2]), process.argv[3]];
 const [kid, hexSecret] = fs.readFileSync(`${dataDir}/secret`, 'utf8').split(/\s+/);
 const secret = Buffer.from(hexSecret, 'hex');
 
-// PROTOCOL.md "Admission token".
+// docs/protocol.md "Admission token".
 function mint(sku, user, ttlMs = 60000) {
   const payload = Buffer.from(`v1|${kid}|${sku}|${user}|${Date.now() + ttlMs}`);
   const sig = crypto.createHmac('sha256', secret).update(payload).digest();

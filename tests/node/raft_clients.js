@@ -21,7 +21,7 @@ const [kid, hexSecret] = fs.readFileSync(secretFile, 'utf8').split(/\s+/);
 const secret = Buffer.from(hexSecret, 'hex');
 const sentinels = ports.split(',').map((p) => ({ host: '127.0.0.1', port: Number(p) }));
 
-// PROTOCOL.md "Admission token".
+// docs/protocol.md "Admission token".
 function mint(user, ttlMs = 600000) {
   const payload = Buffer.from(`v1|${kid}|${sku}|${user}|${Date.now() + ttlMs}`);
   const sig = crypto.createHmac('sha256', secret).update(payload).digest();

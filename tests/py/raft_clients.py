@@ -27,7 +27,7 @@ def b64(b):
 
 
 def mint(user, ttl_ms=600000):
-    """PROTOCOL.md "Admission token"."""
+    """docs/protocol.md "Admission token"."""
     exp = int(time.time() * 1000) + ttl_ms
     payload = f"v1|{kid}|{sku}|{user}|{exp}".encode()
     sig = hmac.new(secret, payload, hashlib.sha256).digest()

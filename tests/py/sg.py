@@ -1,5 +1,5 @@
 """Shared by the redis-py test scripts: the server's port and data dir from argv, and an
-admission-token minter (PROTOCOL.md's format, with the server's secret file)."""
+admission-token minter (docs/protocol.md's format, with the server's secret file)."""
 import base64, hashlib, hmac, sys, time
 
 port, data_dir = int(sys.argv[1]), sys.argv[2]

@@ -25,7 +25,7 @@ pub const RESERVE_PER_USER_LUA: &str = include_str!("../../lua/reserve_per_user.
 pub const PG_ROWS: u32 = 16;
 /// "Unlimited" stock for the throughput workload.
 pub const UNLIMITED: u64 = 1_000_000_000_000;
-/// Reservation TTL the Redis baseline records (DESIGN.md default: 630 s).
+/// Reservation TTL the Redis baseline records (docs/design.md default: 630 s).
 const TTL_SECS: u64 = 630;
 const KID: &str = "bench";
 

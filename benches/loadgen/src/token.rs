@@ -1,4 +1,4 @@
-//! Tokens the harness computes itself: admission tokens for stockgate (PROTOCOL.md,
+//! Tokens the harness computes itself: admission tokens for stockgate (docs/protocol.md,
 //! "Admission token") and reservation tokens for the Redis baseline, which has no server
 //! side derivation (the application computes them, so the harness does too).
 

@@ -1,4 +1,4 @@
-//! The ledger: the durable judge of every reservation's fate (DESIGN.md, "Ledger").
+//! The ledger: the durable judge of every reservation's fate (docs/design.md, "Ledger").
 //!
 //! One interface, two backends that pass the same test suite:
 //! - [`postgres::PgLedger`] (production; schema in `migrations/`),
@@ -489,7 +489,7 @@ pub trait Ledger: Clone + Send + Sync + 'static {
     /// REFUND_REQUIRED → REFUNDED.
     fn mark_refunded(&self, token: &str) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
-    /// The sweeper's SQL-first rule for a batch of expired reservations (DESIGN.md,
+    /// The sweeper's SQL-first rule for a batch of expired reservations (docs/design.md,
     /// lifecycle step 4). Verdicts are in input order. Everything the verdicts rely on is
     /// durable when this returns.
     fn reconcile_expired(

@@ -4,7 +4,7 @@
 //! a data-modifying CTE performs the conditional UPDATE/INSERT and appends the audit row,
 //! so transition and audit are atomic and cost one round trip. Rare transitions (cancel,
 //! refund, extend) lock the row in a short transaction and decide in Rust.
-//! Expiry is judged by the database clock (`now()`), as DESIGN.md's rule states.
+//! Expiry is judged by the database clock (`now()`), as docs/design.md's rule states.
 
 use std::collections::HashMap;
 use std::time::Duration;

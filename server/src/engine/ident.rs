@@ -1,4 +1,4 @@
-//! Identifier validation (PROTOCOL.md, Identifiers). Checked before anything changes.
+//! Identifier validation (docs/protocol.md, Identifiers). Checked before anything changes.
 
 use super::error::EngineError;
 

@@ -1,10 +1,10 @@
-//! The buyer path: RESERVE, deciding in PROTOCOL.md's order, and bounded stealing.
+//! The buyer path: RESERVE, deciding in docs/protocol.md's order, and bounded stealing.
 
 use super::wheel::Links;
 use super::*;
 
 impl Engine {
-    /// RESERVE, deciding in the order PROTOCOL.md lists.
+    /// RESERVE, deciding in the order docs/protocol.md lists.
     pub fn reserve(&self, req: &ReserveRequest<'_>) -> Result<(ReserveOutcome, Lsn), EngineError> {
         ident::check_sku(req.sku)?;
         ident::check_user(req.user)?;

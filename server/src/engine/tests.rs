@@ -1,5 +1,5 @@
 //! Engine tests: unit tests of each command and a model test that runs random operation
-//! sequences against a plain reference model, checking the DESIGN.md invariants after
+//! sequences against a plain reference model, checking the docs/design.md invariants after
 //! every step and that replaying the log (and loading a snapshot) reproduces the state.
 
 use super::*;

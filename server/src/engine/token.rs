@@ -1,5 +1,5 @@
 //! Admission tokens (issued by the waiting room, verified here) and reservation tokens
-//! (derived here, never chosen by a client). Formats: PROTOCOL.md.
+//! (derived here, never chosen by a client). Formats: docs/protocol.md.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -702,7 +702,7 @@ mod tests {
 
     #[test]
     fn stack_token_matches_the_spec() {
-        // PROTOCOL.md: "{" sku "}" + base32 of the first 128 bits of the HMAC.
+        // docs/protocol.md: "{" sku "}" + base32 of the first 128 bits of the HMAC.
         let key = [9u8; 32];
         let k = ReservationKey::from_bytes(&key);
         let long_sku = "S".repeat(80);
