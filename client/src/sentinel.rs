@@ -47,7 +47,7 @@ pub struct SentinelConfig {
     /// Connect + answer timeout of each Sentinel query and of the `ROLE` check.
     pub sentinel_timeout: Duration,
     /// Attempts per command, the first included. With the default backoff, 40 attempts
-    /// span about 19 s: several failovers of 2–3 s (README, "How it is shown").
+    /// span about 19 s: several failovers of 2–3 s.
     pub max_attempts: u32,
     /// Backoff before the second attempt, doubled each time up to `backoff_max`.
     pub backoff_min: Duration,

@@ -156,7 +156,7 @@ struct ServeArgs {
     /// Event loops serving connections, each an OS thread with its own listener on the
     /// port (SO_REUSEPORT: the kernel spreads new connections over them) and its own FIFO
     /// run queue; 0 = one per two cores the process may use (its affinity mask, cgroup
-    /// quota), rounded up: 1 on a 1- or 2-core machine (see README, "Per core").
+    /// quota), rounded up: 1 on a 1- or 2-core machine (see docs/benchmarks.md, "Per core").
     #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(0, 1024), default_value_t = 0)]
     threads: usize,
     /// Accept queue length of each listener (Redis's `tcp-backlog`, same default; the
@@ -181,7 +181,7 @@ struct ServeArgs {
     /// Removed with --replicaof (see there).
     #[arg(long, hide = true)]
     min_replicas_ack: Option<usize>,
-    /// Run as member N of a Raft-replicated group (README, "A replicated group"): writes
+    /// Run as member N of a Raft-replicated group (docs/replication.md): writes
     /// are acknowledged once a majority has them durable; the leader is elected.
     #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, I64_MAX))]
     raft_id: Option<u64>,
@@ -524,7 +524,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         ..ServerConfig::default()
     };
     if a.replicaof.is_some() || a.min_replicas_ack.is_some() {
-        return Err("--replicaof and --min-replicas-ack were removed: replication failed over by Redis Sentinel can lose acknowledged reservations. Run a Raft group instead (--raft-id, --raft-listen, --raft-peers; README, \"A replicated group (Raft)\"): Sentinel-aware clients list the members where they listed the Sentinels".into());
+        return Err("--replicaof and --min-replicas-ack were removed: replication failed over by Redis Sentinel can lose acknowledged reservations. Run a Raft group instead (--raft-id, --raft-listen, --raft-peers; docs/replication.md, \"Running a group\"): Sentinel-aware clients list the members where they listed the Sentinels".into());
     }
     let replicated: Arc<dyn stockgate_server::session::Durability> = match &spec {
         Some(spec) => Arc::new(raft::node::RaftDurability {
@@ -600,7 +600,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     // 1- or 2-core machine. `available_parallelism` honours the affinity mask (taskset)
     // and cgroup quotas. Why half: at one request per connection most of a request's
     // CPU is the kernel's TCP work, and the storm's tail on a 2-core machine was twice
-    // as long with a loop on every core as with one (README, "Per core"): the loops are
+    // as long with a loop on every core as with one (docs/benchmarks.md, "Per core"): the loops are
     // preempted by the kernel's network processing and by whatever else runs there.
     let threads = match a.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get().div_ceil(2)),

@@ -178,7 +178,7 @@ pub fn exec(ctx: &mut Ctx<'_>) -> Outcome {
 /// a client believe its `EXEC` is conditional when it is not.
 pub fn watch() -> Outcome {
     Reply::err(
-        "ERR WATCH is not supported by stockgate: transactions are not isolated (see the README)",
+        "ERR WATCH is not supported by stockgate: transactions are not isolated (docs/protocol.md, Transactions)",
     )
     .into()
 }

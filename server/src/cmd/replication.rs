@@ -15,7 +15,7 @@ use crate::session::Replication;
 
 fn repl(ctx: &Ctx<'_>) -> Result<Arc<dyn Replication>, Reply> {
     ctx.shared.repl.get().cloned().ok_or_else(|| {
-        Reply::err("ERR this server is not a member of a Raft group (start it with --raft-id; README, \"A replicated group\")")
+        Reply::err("ERR this server is not a member of a Raft group (start it with --raft-id; docs/replication.md)")
     })
 }
 

@@ -383,7 +383,7 @@ impl Hasher for TombHasher {
 mod tests {
     use super::*;
 
-    /// The record's size is the memory budget of a live reservation (README, "Memory per
+    /// The record's size is the memory budget of a live reservation (docs/benchmarks.md, "Memory per
     /// reservation"): a field added here costs a million times its size at a million held.
     #[test]
     fn record_stays_small() {

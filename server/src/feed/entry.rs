@@ -54,7 +54,7 @@ pub fn is_entry(ev: &Event) -> bool {
     !matches!(ev, Event::Opaque { .. })
 }
 
-/// The entry for the record at `lsn`. Field names are the README's contract.
+/// The entry for the record at `lsn`. Field names are the contract of docs/protocol.md (section 7) and docs/feed.md.
 pub fn entry(lsn: Lsn, ev: &Event) -> Entry {
     let mut e = Entry {
         lsn,

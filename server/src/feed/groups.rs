@@ -30,7 +30,7 @@ use crate::wal::record::{
     K_GROUP_DELIVERED, K_GROUP_DESTROYED, K_GROUP_SET_ID,
 };
 
-/// Limits of consumer groups, documented in the README.
+/// Limits of consumer groups, documented in docs/feed.md.
 #[derive(Clone, Copy, Debug)]
 pub struct GroupLimits {
     /// Groups over all streams.

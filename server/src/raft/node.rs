@@ -973,7 +973,7 @@ impl Replication for RaftNode {
     }
 
     /// Followers serve reads of their committed state, which may be behind the leader
-    /// by what is in flight (README, "Reads"); a leader without a majority serves none
+    /// by what is in flight (docs/replication.md, "Who takes writes, who answers reads"); a leader without a majority serves none
     /// (a newer leader may have changed the state), nor a deposed one.
     fn read_refusal(&self) -> Option<&'static str> {
         if self.spec.is_deposed() {
