@@ -35,7 +35,7 @@ fn raft_a_killed_leader_loses_no_acknowledged_reservation_and_is_replaced_quickl
         (Instant::now(), l)
     };
     // Failover time: the kill to the first acknowledged RESERVE on the new leader. The
-    // bound is loose (CI shares 2 cores among many tests); README reports the figure.
+    // bound is loose (CI shares 2 cores among many tests); docs/replication.md reports the figure.
     let (new, first_ack) = loop {
         let (port, new) = {
             let g = g.lock().expect("group");
