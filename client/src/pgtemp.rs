@@ -12,6 +12,9 @@
 //! Tests default to `fsync=off` (speed, the data is thrown away); benchmarks that compare
 //! against a durable SQL row must keep the default durability ([`PgOptions::durable`]).
 
+// Signals to the Postgres it started and the effective uid (libc kill, geteuid).
+#![allow(unsafe_code)]
+
 use std::fs::{self, File};
 use std::io::Read;
 use std::net::TcpListener;

@@ -4,6 +4,9 @@
 //! `cargo build -p stockgate-server --bin stockgate` when missing). The server is
 //! started with `--port 0`; its first stdout line `listening on <addr>` gives the address.
 
+// A SIGTERM to the server it started (libc kill).
+#![allow(unsafe_code)]
+
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

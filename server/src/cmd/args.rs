@@ -100,7 +100,9 @@ impl<'a> Args<'a> {
         // SAFETY: ASCII (checked just above, and implied by every identifier alphabet) is
         // UTF-8. `from_utf8` would check it again, byte by byte for these short strings:
         // three identifiers per RESERVE cost more than the rest of their parsing.
-        Ok(unsafe { std::str::from_utf8_unchecked(b) })
+        #[allow(unsafe_code)]
+        let text = unsafe { std::str::from_utf8_unchecked(b) };
+        Ok(text)
     }
 
     /// An integer argument in `min..=max`. The error names `field` and the range in

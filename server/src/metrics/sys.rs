@@ -1,5 +1,9 @@
 //! Process figures for INFO memory/cpu: bytes held by the allocator, RSS, CPU time.
 
+// The process facts INFO reports come from libc (mallinfo2, malloc_trim, sysconf,
+// getrusage); each call says why it is sound.
+#![allow(unsafe_code)]
+
 /// Bytes handed out by the allocator and not yet freed (glibc's `mallinfo2`: small
 /// allocations in use plus mmapped blocks). 0 where the allocator cannot tell.
 pub fn allocated_bytes() -> u64 {

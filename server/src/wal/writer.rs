@@ -569,6 +569,7 @@ fn lock_dir(dir: &Path) -> Result<File, WalError> {
         .open(&path)
         .map_err(super::io_err("open lock file", &path))?;
     // SAFETY: flock on a file descriptor we own and keep open; no memory is involved.
+    #[allow(unsafe_code)]
     let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
