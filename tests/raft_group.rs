@@ -25,6 +25,12 @@ fn raft_a_killed_leader_loses_no_acknowledged_reservation_and_is_replaced_quickl
     for p in g.ports() {
         assert_eq!(history_of(p), history);
     }
+    // INFO's replication section has its header, as Redis's (exporters split on it).
+    let rep: String = redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut conn(g.port(l)))
+        .expect("info");
+    assert!(rep.starts_with("# Replication\r\nrole:master"), "{rep}");
     let g = Arc::new(Mutex::new(g));
     let writers = storm(&g, "KILL", "a", 4, 40);
     std::thread::sleep(Duration::from_millis(600));

@@ -476,7 +476,7 @@ impl RaftNode {
         };
         let state = format!("{:?}", m.state).to_ascii_lowercase();
         let mut s = format!(
-            "role:{role}\r\nraft_node_id:{}\r\nraft_state:{state}\r\nraft_term:{}\r\nraft_leader_id:{}\r\nraft_last_log_index:{}\r\nraft_last_applied_index:{}\r\nraft_log_entries:{}\r\nraft_voters:{}\r\nraft_lease_held:{}\r\nraft_in_flight_records:{}\r\nraft_committed_lsn:{}\r\nraft_snapshot_index:{}\r\nraft_snapshot_lsn:{}\r\n",
+            "# Replication\r\nrole:{role}\r\nraft_node_id:{}\r\nraft_state:{state}\r\nraft_term:{}\r\nraft_leader_id:{}\r\nraft_last_log_index:{}\r\nraft_last_applied_index:{}\r\nraft_log_entries:{}\r\nraft_voters:{}\r\nraft_lease_held:{}\r\nraft_in_flight_records:{}\r\nraft_committed_lsn:{}\r\nraft_snapshot_index:{}\r\nraft_snapshot_lsn:{}\r\n",
             self.id,
             m.current_term,
             m.current_leader.map_or("-".into(), |l| l.to_string()),
