@@ -33,19 +33,57 @@ struct Kept {
     size: u64,
 }
 
+/// Segments read so far: those still needed (`kept`), those a snapshot makes redundant
+/// (`covered`: first, last, path), and the LSN the next segment must start at.
+#[derive(Default)]
+struct Scanned {
+    kept: Vec<Kept>,
+    covered: Vec<(Lsn, Lsn, PathBuf)>,
+    expected: Option<Lsn>,
+}
+
 pub(crate) fn recover(dir: &Path, opts: &WalOptions) -> Result<Resume, WalError> {
     let listing = segment::list_dir(dir)?;
     for t in &listing.temps {
         segment::remove_if_exists(t)?;
     }
-
     let mut rec = Recovery::default();
-    for (lsn, path) in listing.snapshots.iter().rev() {
+    newest_snapshot(&listing.snapshots, opts, &mut rec)?;
+    let snap_lsn = rec.snapshot_lsn;
+    let scanned = scan_segments(dir, &listing.segments, opts, &mut rec)?;
+    let log_end = scanned.expected.unwrap_or(0);
+    rec.last_lsn = snap_lsn.max(log_end.saturating_sub(1));
+    // Records between the snapshot and the log's end are all there (checked while
+    // scanning); if the log ends before the snapshot (crash after the snapshot, before the
+    // records it covers reached the disk), the snapshot alone is the state.
+    debug_assert_eq!(rec.last_lsn, snap_lsn + rec.events.len() as u64);
+    let (mut catalog, active, covered) = catalog_of(scanned, rec.last_lsn + 1, snap_lsn);
+    retire(dir, covered, &mut catalog, opts)?;
+    for (lsn, p) in &listing.snapshots {
+        if *lsn < snap_lsn {
+            segment::remove_if_exists(p)?;
+        }
+    }
+    Ok(Resume {
+        recovery: rec,
+        active,
+        catalog,
+    })
+}
+
+/// Loads the newest snapshot that reads back; under `repair`, damaged newer ones are set
+/// aside (`.snap.corrupt`) rather than stopping the start.
+fn newest_snapshot(
+    snapshots: &[(Lsn, PathBuf)],
+    opts: &WalOptions,
+    rec: &mut Recovery,
+) -> Result<(), WalError> {
+    for (lsn, path) in snapshots.iter().rev() {
         match snapshot::read(path, *lsn) {
             Ok(s) => {
                 rec.snapshot = Some(s);
                 rec.snapshot_lsn = *lsn;
-                break;
+                return Ok(());
             }
             Err(e @ WalError::Corrupt { .. }) if opts.repair => {
                 tracing::warn!("repair: setting aside {e}");
@@ -57,31 +95,42 @@ pub(crate) fn recover(dir: &Path, opts: &WalOptions) -> Result<Resume, WalError>
             Err(e) => return Err(e),
         }
     }
-    let snap_lsn = rec.snapshot_lsn;
+    Ok(())
+}
 
-    let segs = &listing.segments;
-    // (first, last, path) of segments the snapshot makes redundant.
-    let mut covered: Vec<(Lsn, Lsn, PathBuf)> = Vec::new();
-    let mut kept: Vec<Kept> = Vec::new();
-    let mut expected: Option<Lsn> = None;
+/// Why a segment starting at `first` does not continue the log, if it does not.
+fn gap(expected: Option<Lsn>, first: Lsn, snap_lsn: Lsn) -> Option<String> {
+    match expected {
+        _ if first == 0 => Some("segment named LSN 0: LSNs start at 1".to_owned()),
+        Some(n) if first != n => Some(format!(
+            "segment starts at LSN {first} but the previous one ends before LSN {n}: records are missing"
+        )),
+        None if first > snap_lsn + 1 => Some(format!(
+            "log starts at LSN {first} but the snapshot covers only up to LSN {snap_lsn}: records are missing"
+        )),
+        _ => None,
+    }
+}
+
+/// Reads every segment after the snapshot into `rec.events`, in order, stopping at the
+/// first bad record: a torn tail is cut, anything else is corruption (or, under
+/// `repair`, the point the log is cut at).
+fn scan_segments(
+    dir: &Path,
+    segs: &[(Lsn, PathBuf)],
+    opts: &WalOptions,
+    rec: &mut Recovery,
+) -> Result<Scanned, WalError> {
+    let snap_lsn = rec.snapshot_lsn;
+    let mut out = Scanned::default();
     for (i, (first, path)) in segs.iter().enumerate() {
         let first = *first;
         let is_last = i + 1 == segs.len();
         if !is_last && segs[i + 1].0 <= snap_lsn + 1 {
-            covered.push((first, segs[i + 1].0 - 1, path.clone()));
+            out.covered.push((first, segs[i + 1].0 - 1, path.clone()));
             continue;
         }
-        let gap = match expected {
-            _ if first == 0 => Some("segment named LSN 0: LSNs start at 1".to_owned()),
-            Some(n) if first != n => Some(format!(
-                "segment starts at LSN {first} but the previous one ends before LSN {n}: records are missing"
-            )),
-            None if first > snap_lsn + 1 => Some(format!(
-                "log starts at LSN {first} but the snapshot covers only up to LSN {snap_lsn}: records are missing"
-            )),
-            _ => None,
-        };
-        if let Some(reason) = gap {
+        if let Some(reason) = gap(out.expected, first, snap_lsn) {
             if !opts.repair {
                 return Err(WalError::Corrupt {
                     file: path.clone(),
@@ -95,69 +144,89 @@ pub(crate) fn recover(dir: &Path, opts: &WalOptions) -> Result<Resume, WalError>
         let scan = scan_segment(path, first, snap_lsn, is_last)?;
         rec.events.extend(scan.events);
         let end = first + scan.records;
-        if let Some(bad) = scan.bad {
-            if bad.torn {
-                tracing::warn!(
-                    "cutting torn WAL tail: {} from offset {} ({} bytes): {}",
-                    path.display(),
-                    bad.offset,
-                    scan.file_len - bad.offset,
-                    bad.reason
-                );
-                segment::cut(dir, path, bad.offset)?;
-                rec.truncated_tail = Some(Truncation {
-                    file: path.clone(),
-                    offset: bad.offset,
-                    bytes_dropped: scan.file_len - bad.offset,
-                    reason: bad.reason,
-                    repaired: false,
-                    deleted_segments: Vec::new(),
-                });
-            } else if opts.repair {
-                let dropped_here = scan.file_len - bad.offset;
-                rec.truncated_tail = Some(repair_from(
-                    dir,
-                    segs,
-                    i,
-                    bad.offset,
-                    dropped_here,
-                    bad.reason,
-                )?);
-            } else {
-                return Err(WalError::Corrupt {
-                    file: path.clone(),
-                    offset: bad.offset,
-                    reason: bad.reason,
-                });
-            }
-            if bad.offset > 0 {
-                kept.push(Kept {
-                    first,
-                    end,
-                    path: path.clone(),
-                    size: bad.offset,
-                });
-            }
-            expected = Some(end);
+        let mut size = scan.file_len;
+        let bad = scan.bad;
+        if let Some(bad) = &bad {
+            rec.truncated_tail = Some(bad_record(dir, segs, i, bad, scan.file_len, opts)?);
+            size = bad.offset;
+        }
+        if size > 0 || bad.is_none() {
+            out.kept.push(Kept {
+                first,
+                end,
+                path: path.clone(),
+                size,
+            });
+        }
+        out.expected = Some(end);
+        if bad.is_some() {
             break;
         }
-        kept.push(Kept {
-            first,
-            end,
-            path: path.clone(),
-            size: scan.file_len,
-        });
-        expected = Some(end);
     }
+    Ok(out)
+}
 
-    let log_end = expected.unwrap_or(0);
-    rec.last_lsn = snap_lsn.max(log_end.saturating_sub(1));
-    // Records between the snapshot and the log's end are all there (checked above); if
-    // the log ends before the snapshot (crash after the snapshot, before the records it
-    // covers reached the disk), the snapshot alone is the state.
-    debug_assert_eq!(rec.last_lsn, snap_lsn + rec.events.len() as u64);
-    let next = rec.last_lsn + 1;
+/// What a bad record in `segs[i]` at `bad.offset` does: a torn tail is cut; anything else
+/// is corruption, or under `repair` the point the log is cut at.
+fn bad_record(
+    dir: &Path,
+    segs: &[(Lsn, PathBuf)],
+    i: usize,
+    bad: &segment::BadRecord,
+    file_len: u64,
+    opts: &WalOptions,
+) -> Result<Truncation, WalError> {
+    let path = &segs[i].1;
+    if bad.torn {
+        tracing::warn!(
+            "cutting torn WAL tail: {} from offset {} ({} bytes): {}",
+            path.display(),
+            bad.offset,
+            file_len - bad.offset,
+            bad.reason
+        );
+        segment::cut(dir, path, bad.offset)?;
+        return Ok(Truncation {
+            file: path.clone(),
+            offset: bad.offset,
+            bytes_dropped: file_len - bad.offset,
+            reason: bad.reason.clone(),
+            repaired: false,
+            deleted_segments: Vec::new(),
+        });
+    }
+    if opts.repair {
+        return repair_from(
+            dir,
+            segs,
+            i,
+            bad.offset,
+            file_len - bad.offset,
+            bad.reason.clone(),
+        );
+    }
+    Err(WalError::Corrupt {
+        file: path.clone(),
+        offset: bad.offset,
+        reason: bad.reason.clone(),
+    })
+}
 
+/// The catalog of the segments kept, the segment new records go on in (the last one, if
+/// it ends where the log does) and every segment the snapshot covers.
+#[allow(clippy::type_complexity)]
+fn catalog_of(
+    scanned: Scanned,
+    next: Lsn,
+    snap_lsn: Lsn,
+) -> (
+    Catalog,
+    Option<(PathBuf, Lsn, u64)>,
+    Vec<(Lsn, Lsn, PathBuf)>,
+) {
+    let Scanned {
+        kept, mut covered, ..
+    } = scanned;
     let mut catalog = Catalog::new();
     let mut active = None;
     let n_kept = kept.len();
@@ -171,31 +240,32 @@ pub(crate) fn recover(dir: &Path, opts: &WalOptions) -> Result<Resume, WalError>
             catalog.insert(k.first, Some(k.end - 1));
         }
     }
-    if !covered.is_empty() {
-        // The feed's retention keeps the newest of them (not replayed, only read by the
-        // feed); the catalog lists them so readers and the next snapshot see them.
-        let n = covered.len();
-        let doomed = segment::past_feed_retention(covered.clone(), |c| &c.2, &opts.feed_retention);
-        for (first, last, _) in &covered[doomed.len()..n] {
-            catalog.insert(*first, Some(*last));
-        }
-        for (_, _, p) in &doomed {
-            segment::remove_if_exists(p)?;
-        }
-        if !doomed.is_empty() {
-            segment::sync_dir(dir)?;
-        }
+    (catalog, active, covered)
+}
+
+/// Deletes the covered segments past the feed's retention; the feed keeps the newest of
+/// them (not replayed, only read by the feed), so the catalog lists those.
+fn retire(
+    dir: &Path,
+    covered: Vec<(Lsn, Lsn, PathBuf)>,
+    catalog: &mut Catalog,
+    opts: &WalOptions,
+) -> Result<(), WalError> {
+    if covered.is_empty() {
+        return Ok(());
     }
-    for (lsn, p) in &listing.snapshots {
-        if *lsn < snap_lsn {
-            segment::remove_if_exists(p)?;
-        }
+    let n = covered.len();
+    let doomed = segment::past_feed_retention(covered.clone(), |c| &c.2, &opts.feed_retention);
+    for (first, last, _) in &covered[doomed.len()..n] {
+        catalog.insert(*first, Some(*last));
     }
-    Ok(Resume {
-        recovery: rec,
-        active,
-        catalog,
-    })
+    for (_, _, p) in &doomed {
+        segment::remove_if_exists(p)?;
+    }
+    if !doomed.is_empty() {
+        segment::sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Repair: cut segment `segs[i]` at `offset` and delete every later segment.
