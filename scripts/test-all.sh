@@ -34,3 +34,11 @@ cargo clippy --workspace --all-targets -- -D warnings
 # End-to-end tests start the real binaries: build them first.
 cargo build --workspace --bins --tests
 cargo test --workspace --no-fail-fast -- --test-threads="${TEST_THREADS:-2}"
+# Every fuzz target for a bounded time, FUZZ_SECONDS each (0 skips), from its committed
+# seeds: libFuzzer through cargo-fuzz (installed if missing) on the stable toolchain
+# (scripts/fuzz.sh says how). A crash, a failed assertion or a timeout fails the run; the
+# reproducer is in fuzz/artifacts/TARGET/.
+fuzz_seconds=${FUZZ_SECONDS:-20}
+if [ "$fuzz_seconds" -gt 0 ]; then
+  scripts/fuzz.sh all "$fuzz_seconds"
+fi

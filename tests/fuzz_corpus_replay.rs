@@ -13,7 +13,13 @@ mod bodies;
 
 use std::path::{Path, PathBuf};
 
-const TARGETS: [&str; 3] = ["resp_frame", "admission_token", "wal_record"];
+const TARGETS: [&str; 5] = [
+    "resp_frame",
+    "admission_token",
+    "wal_record",
+    "raft_frame",
+    "stream_commands",
+];
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
@@ -24,6 +30,8 @@ fn body(target: &str) -> fn(&[u8]) {
         "resp_frame" => bodies::resp_frame,
         "admission_token" => bodies::admission_token,
         "wal_record" => bodies::wal_record,
+        "raft_frame" => bodies::raft_frame,
+        "stream_commands" => bodies::stream_commands,
         other => panic!("fuzz/{other}: no fuzz target of that name"),
     }
 }

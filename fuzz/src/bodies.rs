@@ -3,7 +3,8 @@
 //! Shared by the cargo-fuzz binaries in `fuzz/fuzz_targets/` and by the deterministic test
 //! `tests/fuzz_corpus_replay.rs`, which includes this file with `#[path]` and replays every
 //! file of `fuzz/corpus/*/` and `fuzz/regressions/*/` through the same functions. So this
-//! file may only use `std`, `bytes` and `stockgate_server` (what both crates have).
+//! file may only use `std`, `bytes`, `openraft`, `serde` and `stockgate_server` (what
+//! both crates have).
 //!
 //! A body returns normally for every input; a panic (failed assertion included) is a
 //! finding.
@@ -15,8 +16,13 @@
 //! - [`admission_token`]: `token \n sku \n user \n keyring-text`, through
 //!   `Keyring::verify`, `Keyring::parse` and `ReservationKey::from_file_bytes`.
 //! - [`wal_record`]: the bytes as a WAL record, a record sequence, a bare payload, a
-//!   snapshot file and a bare snapshot payload; whatever decodes must re-encode to the
-//!   same bytes.
+//!   snapshot file and a bare snapshot payload; whatever decodes, `decode(encode(x)) ==
+//!   x`, and the encoder gives back the very bytes unless they are of an older format.
+//! - [`raft_frame`]: the bytes a Raft peer sends, as one frame body and as a stream of
+//!   length-prefixed frames, requests and replies.
+//! - [`stream_commands`]: the bytes one client sent, run against a real engine, WAL and
+//!   order feed after a fixed setup (entries in the streams, consumer groups); a restart
+//!   must rebuild the same state.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use bytes::{Bytes, BytesMut};
+use openraft::MessageSummary;
 use stockgate_server::cmd::{self, Ctx};
 use stockgate_server::engine::event::EventRef;
 use stockgate_server::engine::token::{self, Denied};
@@ -31,7 +38,11 @@ use stockgate_server::engine::{
     ident, Clock, Engine, EngineConfig, Event, EventSink, Keyring, Lsn, ManualClock, NullSink,
     ReleaseReason, ResState, ReservationKey, SaleState, Snapshot,
 };
+use stockgate_server::feed::groups::GroupRecord;
+use stockgate_server::feed::{Feed, FeedLimits};
+use stockgate_server::persist::{recover_engine, WalDurability};
 use stockgate_server::protocol::{parse_command, Limits, Parsed, ProtocolError, Reply};
+use stockgate_server::raft::network;
 use stockgate_server::server::{ConnState, Durability, Role, ServerConfig, Shared, Users};
 use stockgate_server::wal::record::{
     decode_payload, decode_record, encode_payload, encode_record, RecordError, MAX_PAYLOAD,
@@ -39,7 +50,10 @@ use stockgate_server::wal::record::{
 use stockgate_server::wal::segment::{
     parse_segment_name, parse_snapshot_name, segment_file_name, snapshot_file_name,
 };
-use stockgate_server::wal::snapshot::{decode_snapshot, encode_snapshot, SNAPSHOT_MAGIC};
+use stockgate_server::wal::snapshot::{
+    decode_snapshot, encode_snapshot, SNAPSHOT_MAGIC, SNAPSHOT_VERSION,
+};
+use stockgate_server::wal::{FsyncPolicy, WalOptions};
 
 // ----- fixed keys and time ---------------------------------------------------------------
 
@@ -281,42 +295,8 @@ impl Harness {
         o.close
     }
 
-    /// Stock conservation, checked after every command.
     fn check_invariants(&self, after: &str) {
-        for sku in self.engine.list_sales() {
-            let v = match self.engine.sale_info(&sku) {
-                Ok(v) => v,
-                Err(e) => panic!("after {after}: listed sale {sku:?} has no info: {e}"),
-            };
-            for (i, a) in v.shard_available.iter().enumerate() {
-                assert!(
-                    *a >= 0,
-                    "after {after}: shard {i} of {sku} is negative: {v:?}"
-                );
-            }
-            assert_eq!(
-                v.available,
-                v.shard_available.iter().sum::<i64>(),
-                "after {after}: available is not the sum of the shards: {v:?}"
-            );
-            assert_eq!(
-                v.shard_available.len(),
-                v.params.shards.max(1) as usize,
-                "after {after}: shard count: {v:?}"
-            );
-            if v.state != SaleState::Fenced {
-                assert_eq!(
-                    v.available as i128 + v.reserved as i128 + v.committed as i128,
-                    v.total as i128,
-                    "after {after}: available + reserved + committed != total: {v:?}"
-                );
-            }
-            assert_eq!(
-                self.engine.stock(&sku).ok(),
-                Some(v.available),
-                "after {after}: STOCK disagrees with SALE.INFO for {sku}"
-            );
-        }
+        check_stock(&self.engine, after);
     }
 
     fn snapshot(engine: &Engine) -> Snapshot {
@@ -400,6 +380,44 @@ impl Harness {
             Self::snapshot(&replayed),
             live,
             "recovery (snapshot + log replay) does not rebuild the live state"
+        );
+    }
+}
+
+/// Stock conservation, checked after every command.
+fn check_stock(engine: &Engine, after: &str) {
+    for sku in engine.list_sales() {
+        let v = match engine.sale_info(&sku) {
+            Ok(v) => v,
+            Err(e) => panic!("after {after}: listed sale {sku:?} has no info: {e}"),
+        };
+        for (i, a) in v.shard_available.iter().enumerate() {
+            assert!(
+                *a >= 0,
+                "after {after}: shard {i} of {sku} is negative: {v:?}"
+            );
+        }
+        assert_eq!(
+            v.available,
+            v.shard_available.iter().sum::<i64>(),
+            "after {after}: available is not the sum of the shards: {v:?}"
+        );
+        assert_eq!(
+            v.shard_available.len(),
+            v.params.shards.max(1) as usize,
+            "after {after}: shard count: {v:?}"
+        );
+        if v.state != SaleState::Fenced {
+            assert_eq!(
+                v.available as i128 + v.reserved as i128 + v.committed as i128,
+                v.total as i128,
+                "after {after}: available + reserved + committed != total: {v:?}"
+            );
+        }
+        assert_eq!(
+            engine.stock(&sku).ok(),
+            Some(v.available),
+            "after {after}: STOCK disagrees with SALE.INFO for {sku}"
         );
     }
 }
@@ -616,6 +634,9 @@ pub fn frame_record(payload: &[u8]) -> Vec<u8> {
     rec
 }
 
+/// Bytes of a snapshot file before its payload: magic, length, CRC.
+const SNAPSHOT_HEADER_LEN: usize = 20;
+
 /// `payload` framed as a snapshot file (magic, length, CRC, payload).
 pub fn frame_snapshot(payload: &[u8]) -> Vec<u8> {
     let mut f = SNAPSHOT_MAGIC.to_vec();
@@ -625,12 +646,50 @@ pub fn frame_snapshot(payload: &[u8]) -> Vec<u8> {
     f
 }
 
-fn check_snapshot(bytes: &[u8]) {
-    if let Ok((lsn, snap)) = decode_snapshot(bytes) {
+/// Record kinds the encoder no longer writes: releases, commits and extensions without
+/// buyer, request and quantity. They decode to the same events as the full kinds 10-12
+/// (those fields empty), which is what the encoder then writes.
+const OLDER_RECORD_KINDS: [u8; 3] = [5, 6, 7];
+
+/// What holds of every payload that decodes to `ev`: the encoder's bytes for it decode to
+/// the same event, and they are `payload` itself unless `payload` is of an older kind.
+fn check_payload_round_trip(payload: &[u8], ev: &Event) {
+    let mut again = Vec::new();
+    encode_payload(&ev.as_ref(), &mut again);
+    match decode_payload(&again) {
+        Ok(back) => assert_eq!(&back, ev, "decode(encode(event)) changed the event"),
+        Err(e) => panic!("an encoded event does not decode: {e}: {ev:?}"),
+    }
+    let older = payload
+        .get(1)
+        .is_some_and(|k| OLDER_RECORD_KINDS.contains(k));
+    if !older {
         assert_eq!(
-            encode_snapshot(&snap, lsn),
-            bytes,
-            "a decoded snapshot does not re-encode to its bytes"
+            again, payload,
+            "a payload of a current kind does not re-encode to its bytes"
+        );
+    }
+}
+
+/// A snapshot file that decodes: the encoder's file for its state decodes to the same
+/// LSN and state, and is the file itself when that is of the current version (an older
+/// version's state is written as the current one).
+fn check_snapshot(bytes: &[u8]) {
+    let Ok((lsn, snap)) = decode_snapshot(bytes) else {
+        return;
+    };
+    let again = encode_snapshot(&snap, lsn);
+    match decode_snapshot(&again) {
+        Ok((l, back)) => {
+            assert_eq!(l, lsn, "snapshot LSN round trip");
+            assert_eq!(back, snap, "decode(encode(snapshot)) changed the state");
+        }
+        Err(e) => panic!("an encoded snapshot does not decode: {e:?}"),
+    }
+    if bytes.get(SNAPSHOT_HEADER_LEN) == Some(&SNAPSHOT_VERSION) {
+        assert_eq!(
+            again, bytes,
+            "a snapshot of the current version does not re-encode to its bytes"
         );
     }
 }
@@ -643,15 +702,18 @@ pub fn wal_record(data: &[u8]) {
         match decode_record(&data[at..]) {
             Ok((ev, used)) => {
                 assert!(used > 8 && used <= data.len() - at, "record length {used}");
+                check_payload_round_trip(&data[at + 8..at + used], &ev);
                 let mut again = Vec::new();
                 if let Err(e) = encode_record(&ev, &mut again) {
                     panic!("a decoded event does not encode: {e}");
                 }
-                assert_eq!(
-                    again,
-                    &data[at..at + used],
-                    "a decoded record does not re-encode to its bytes"
-                );
+                match decode_record(&again) {
+                    Ok((back, n)) => {
+                        assert_eq!(back, ev, "record round trip changed the event");
+                        assert_eq!(n, again.len(), "record length");
+                    }
+                    Err(e) => panic!("an encoded record does not decode: {e}"),
+                }
                 at += used;
             }
             Err(_) => break,
@@ -661,12 +723,7 @@ pub fn wal_record(data: &[u8]) {
     // The payload decoder on its own (random bytes rarely pass a CRC)...
     let payload = decode_payload(data);
     if let Ok(ev) = &payload {
-        let mut again = Vec::new();
-        encode_payload(&ev.as_ref(), &mut again);
-        assert_eq!(
-            again, data,
-            "a decoded payload does not re-encode to its bytes"
-        );
+        check_payload_round_trip(data, ev);
     }
     // ...and framed with a correct CRC: the record decoder must agree with it.
     if (2..=MAX_PAYLOAD).contains(&data.len()) {
@@ -701,6 +758,372 @@ pub fn wal_record(data: &[u8]) {
         if let Some(lsn) = parse_snapshot_name(name) {
             assert_eq!(parse_snapshot_name(&snapshot_file_name(lsn)), Some(lsn));
         }
+    }
+}
+
+// ----- raft_frame ------------------------------------------------------------------------
+
+/// The output of a future that must not wait (a frame read from memory).
+fn ready<T>(fut: impl Future<Output = T>) -> T {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => panic!("reading a frame from memory waited"),
+    }
+}
+
+/// What the encoder writes for a message that decoded from `body`: it decodes again (with
+/// `decode`) to a message the encoder writes the same way, i.e. `decode(encode(x)) == x`.
+/// It need not be `body` itself: sets and maps decode from elements in any order (and
+/// repeated), and are written sorted.
+fn check_reencodes<T: serde::Serialize>(
+    body: &[u8],
+    msg: &T,
+    decode: impl Fn(&[u8]) -> std::io::Result<T>,
+) {
+    let again = match network::encode(msg) {
+        Ok(b) => b,
+        Err(e) => panic!("a decoded message does not encode: {e}"),
+    };
+    assert!(
+        again.len() <= body.len(),
+        "re-encoding made a message longer"
+    );
+    match decode(&again) {
+        Ok(back) => match network::encode(&back) {
+            Ok(b) => assert_eq!(b, again, "decode(encode(message)) changed the message"),
+            Err(e) => panic!("a decoded message does not encode: {e}"),
+        },
+        Err(e) => panic!("an encoded message does not decode: {e}"),
+    }
+}
+
+/// A request that decoded: it round-trips through the encoder, it formats (openraft logs
+/// it), and the WAL records inside its batches decode or are refused as a follower's
+/// apply would.
+fn check_request(body: &[u8], rpc: &network::Rpc) {
+    check_reencodes(body, rpc, network::decode_request);
+    let _ = format!("{rpc:?}");
+    if let network::Rpc::Append(r) = rpc {
+        let _ = r.summary();
+        for e in &r.entries {
+            let _ = e.to_string();
+            if let openraft::EntryPayload::Normal(b) = &e.payload {
+                assert!(
+                    b.well_formed(),
+                    "an append with a malformed batch decoded: {b:?}"
+                );
+                assert!(b.last_lsn() >= b.first_lsn);
+                let mut at = 0;
+                while at < b.records.len() {
+                    match decode_record(&b.records[at..]) {
+                        Ok((_, used)) => at += used,
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn check_reply(body: &[u8], reply: &network::RpcReply) {
+    check_reencodes(body, reply, network::decode_reply);
+    let _ = format!("{reply:?}");
+}
+
+/// The bytes as a stream of frames, as a connection reads them: requests (what a peer
+/// sends to this node's Raft port) or replies (what a peer this node called sends back).
+/// Reading stops where the connection would end: a frame that does not decode, a frame
+/// over the limit (of which no body byte is read), or the end of the bytes.
+fn read_frames(data: &[u8], replies: bool) {
+    let mut rest = data;
+    while !rest.is_empty() {
+        let before = rest.len();
+        let announced = rest
+            .get(..4)
+            .map(|h| u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize);
+        match ready(network::read_frame(&mut rest)) {
+            Ok(body) => {
+                let n = announced.expect("a frame was read without a length");
+                assert!(n <= network::MAX_FRAME, "a frame over the limit was read");
+                assert_eq!(body.len(), n, "frame body length");
+                assert_eq!(before - rest.len(), 4 + n, "bytes taken by a frame");
+                let ok = if replies {
+                    network::decode_reply(&body).map(|r| check_reply(&body, &r))
+                } else {
+                    network::decode_request(&body).map(|r| check_request(&body, &r))
+                };
+                if ok.is_err() {
+                    return;
+                }
+            }
+            Err(_) => {
+                if announced.is_some_and(|n| n > network::MAX_FRAME) {
+                    assert_eq!(
+                        before - rest.len(),
+                        4,
+                        "the body of a frame over the limit was read"
+                    );
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Fuzz target `raft_frame`: the bytes a Raft peer sends, as one frame body and as a
+/// stream of `[u32 length][bincode]` frames, of requests and of replies.
+pub fn raft_frame(data: &[u8]) {
+    if let Ok(rpc) = network::decode_request(data) {
+        check_request(data, &rpc);
+    }
+    if let Ok(reply) = network::decode_reply(data) {
+        check_reply(data, &reply);
+    }
+    read_frames(data, false);
+    read_frames(data, true);
+}
+
+// ----- stream_commands -------------------------------------------------------------------
+
+/// A data dir of its own per input, removed afterwards.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("stockgate-fuzz-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create the fuzz data dir");
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn wal_options() -> WalOptions {
+    WalOptions {
+        fsync: FsyncPolicy::No,
+        ..WalOptions::default()
+    }
+}
+
+/// An engine on a real WAL with the order feed over it, as `main` builds them (without
+/// the network), and one connection to it.
+struct FeedHarness {
+    engine: Arc<Engine>,
+    dur: Arc<WalDurability>,
+    feed: Arc<Feed>,
+    shared: Shared,
+    conn: ConnState,
+}
+
+impl FeedHarness {
+    /// Recovers whatever `dir` holds, as the server does at start.
+    fn open(dir: &std::path::Path) -> FeedHarness {
+        let (ring, rkey) = keys().clone();
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let (engine, dur, report) = match recover_engine(
+            dir,
+            wal_options(),
+            EngineConfig::default(),
+            clock,
+            ring,
+            rkey,
+        ) {
+            Ok(r) => r,
+            Err(e) => panic!("the fuzz data dir does not recover: {e}"),
+        };
+        let feed = Arc::new(Feed::new(dur.wal.clone(), FeedLimits::default()));
+        feed.load_state_file(report.snapshot_lsn);
+        feed.groups.recover(
+            report
+                .opaque
+                .iter()
+                .map(|(lsn, kind, body)| (*lsn, *kind, body.as_slice())),
+        );
+        let hook_feed = feed.clone();
+        dur.add_checkpoint_hook(Box::new(move |_| Ok(hook_feed.checkpoint_groups())));
+        let shared = Shared::new(ServerConfig::default(), Some(users()), dur.clone());
+        let _ = shared.feed.set(feed.clone());
+        let mut conn = ConnState::new(
+            1,
+            Some(Role::Admin),
+            "127.0.0.1:50000".into(),
+            "127.0.0.1:7379".into(),
+        );
+        conn.user_name = Some("admin".into());
+        FeedHarness {
+            engine,
+            dur,
+            feed,
+            shared,
+            conn,
+        }
+    }
+
+    /// Runs one command and waits, as the connection would, until what it logged is
+    /// durable (so the feed can read it). True when the connection closes after it.
+    fn run(&mut self, argv: &[&[u8]], out: &mut BytesMut) -> bool {
+        let mut ctx = Ctx {
+            engine: &self.engine,
+            conn: &mut self.conn,
+            shared: &self.shared,
+        };
+        // A blocking read's rest (`wait`) is dropped unpolled: its answer now is `reply`.
+        let o = cmd::dispatch(&mut ctx, argv);
+        let last = self.dur.wal.last_lsn();
+        assert!(
+            o.lsn <= last,
+            "reply waits for LSN {} past the last {last}",
+            o.lsn
+        );
+        if let Err(e) = self.dur.wal.wait_durable_blocking(last) {
+            panic!("the fuzz WAL failed: {e}");
+        }
+        out.clear();
+        o.reply.encode(self.conn.proto, out);
+        assert!(!out.is_empty(), "empty reply");
+        if tracing() {
+            let args: Vec<_> = argv.iter().map(|a| String::from_utf8_lossy(a)).collect();
+            eprintln!(
+                "> {args:?}\n< {}",
+                String::from_utf8_lossy(out).escape_debug()
+            );
+        }
+        check_stock(&self.engine, &String::from_utf8_lossy(argv[0]));
+        o.close
+    }
+
+    /// Every live group's state, sorted, apart from what is not logged each time it
+    /// changes: where its next `>` read starts examining the log (`scanned`, logged by
+    /// checkpoints) and when each consumer was last seen (a read that delivers nothing
+    /// logs nothing, as Redis propagates nothing for it). Those come second.
+    fn groups(&self) -> Vec<(String, Vec<u64>)> {
+        let mut g: Vec<(String, Vec<u64>)> = self
+            .feed
+            .groups
+            .state_records()
+            .into_iter()
+            .map(|r| match r {
+                GroupRecord::Checkpoint {
+                    stream,
+                    group,
+                    last,
+                    scanned,
+                    consumers,
+                    pending,
+                } => {
+                    let mut hints = vec![last.max(scanned)];
+                    let names: Vec<(String, u64)> = consumers
+                        .into_iter()
+                        .map(|(name, seen, active)| {
+                            hints.push(seen);
+                            (name, active)
+                        })
+                        .collect();
+                    (
+                        format!("{stream} {group} last {last} {names:?} {pending:?}"),
+                        hints,
+                    )
+                }
+                other => panic!("a group's state record is not a checkpoint: {other:?}"),
+            })
+            .collect();
+        g.sort();
+        g
+    }
+}
+
+/// What every stream input starts from: a feed with entries in two sale streams
+/// (reservations, a commit, a release, an extension, an adjustment) and a group on each
+/// stream, one entry delivered and not acknowledged.
+fn stream_setup() -> Vec<Vec<String>> {
+    let a = admission("SKU-1", "alice");
+    let b = admission("SKU-2", "bob");
+    let t1 = reservation_token("SKU-1", "alice", "req-1");
+    let t2 = reservation_token("SKU-1", "alice", "req-2");
+    let t3 = reservation_token("SKU-2", "bob", "req-3");
+    let c = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    vec![
+        c(&["SALE.CREATE", "SKU-1", "10", "SHARDS", "2", "LIMIT", "5"]),
+        c(&["SALE.CREATE", "SKU-2", "3"]),
+        c(&["RESERVE", "SKU-1", "alice", &a, "req-1"]),
+        c(&["RESERVE", "SKU-1", "alice", &a, "req-2", "QTY", "2"]),
+        c(&["RESERVE", "SKU-2", "bob", &b, "req-3"]),
+        c(&["COMMIT", &t1]),
+        c(&["RELEASE", &t2]),
+        c(&["EXTEND", &t3, "60000"]),
+        c(&["SALE.ADJUST", "SKU-2", "2"]),
+        c(&["XGROUP", "CREATE", "stockgate:events", "g1", "0"]),
+        c(&["XGROUP", "CREATE", "{SKU-1}:events", "g2", "$"]),
+        c(&[
+            "XREADGROUP",
+            "GROUP",
+            "g1",
+            "c1",
+            "COUNT",
+            "2",
+            "STREAMS",
+            "stockgate:events",
+            ">",
+        ]),
+    ]
+}
+
+/// Fuzz target `stream_commands`: the bytes are what one client sent after
+/// [`stream_setup`]; each command (stream, group and every other) runs against a real
+/// engine, WAL and order feed. No argv may panic, stock stays conserved after every
+/// command, and at the end a restart from the data dir rebuilds the same engine state
+/// and the same consumer groups.
+pub fn stream_commands(data: &[u8]) {
+    let dir = TempDir::new();
+    let mut h = FeedHarness::open(&dir.0);
+    let mut out = BytesMut::new();
+    for argv in stream_setup() {
+        let argv: Vec<&[u8]> = argv.iter().map(|a| a.as_bytes()).collect();
+        h.run(&argv, &mut out);
+    }
+    // A protocol error ends the connection, as it would the server's.
+    let limits = limits();
+    let mut buf = BytesMut::from(data);
+    while let Ok(Parsed::Command(argv)) = parse_command(&mut buf, &limits) {
+        if argv.is_empty() {
+            continue;
+        }
+        let argv: Vec<&[u8]> = argv.iter().map(|a| &a[..]).collect();
+        if h.run(&argv, &mut out) {
+            break;
+        }
+    }
+    let live = Harness::snapshot(&h.engine);
+    let groups = h.groups();
+    drop(h);
+    let back = FeedHarness::open(&dir.0);
+    assert_eq!(
+        Harness::snapshot(&back.engine),
+        live,
+        "a restart does not rebuild the engine state"
+    );
+    let recovered = back.groups();
+    assert_eq!(
+        recovered.iter().map(|g| &g.0).collect::<Vec<_>>(),
+        groups.iter().map(|g| &g.0).collect::<Vec<_>>(),
+        "a restart does not rebuild the consumer groups"
+    );
+    // A restart may scan again what the live group had examined, never skip past it, and
+    // may remember a consumer as seen earlier than the live group did, never later.
+    for ((name, after), (_, live)) in recovered.iter().zip(&groups) {
+        assert!(
+            after.iter().zip(live).all(|(a, l)| a <= l),
+            "after a restart {name} has hints {after:?}, the live group {live:?}"
+        );
     }
 }
 
@@ -1024,12 +1447,261 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     let file = encode_snapshot(&snap, 42);
     add("wal_record", "snapshot-payload", file[20..].to_vec());
     add("wal_record", "snapshot", file);
+    // What older versions wrote: a snapshot of versions 1 and 2, and records of the
+    // older finish and extension kinds.
+    for version in [1u8, 2] {
+        add(
+            "wal_record",
+            &format!("snapshot-v{version}"),
+            older_snapshot(&snap, version, 42),
+        );
+    }
+    let older: Vec<u8> = OLDER_RECORD_KINDS
+        .iter()
+        .flat_map(|&kind| {
+            let mut p = vec![1, kind];
+            varint(&mut p, t1.len() as u64);
+            p.extend_from_slice(t1.as_bytes());
+            varint(&mut p, START_MS);
+            frame_record(&p)
+        })
+        .collect();
+    add("wal_record", "records-older-kinds", older);
     add(
         "wal_record",
         "segment-name",
         segment_file_name(17).into_bytes(),
     );
+
+    // raft_frame: single bodies and framed streams of requests and of replies.
+    let (requests, replies) = raft_messages();
+    for (name, rpc) in &requests {
+        let body = network::encode(rpc).expect("sample request encodes");
+        add("raft_frame", &format!("request-{name}"), frame(&body));
+    }
+    for (name, reply) in &replies {
+        let body = network::encode(reply).expect("sample reply encodes");
+        add("raft_frame", &format!("reply-{name}"), frame(&body));
+    }
+    let body = network::encode(&requests[1].1).expect("sample request encodes");
+    add("raft_frame", "body-append", body);
+    let stream: Vec<u8> = requests
+        .iter()
+        .flat_map(|(_, r)| frame(&network::encode(r).expect("sample request encodes")))
+        .collect();
+    add("raft_frame", "requests-all", stream);
+    let mut over = ((network::MAX_FRAME + 1) as u32).to_le_bytes().to_vec();
+    over.extend_from_slice(b"the body of a frame over the limit");
+    add("raft_frame", "over-limit", over);
+
+    // stream_commands: after stream_setup's sales, entries and groups.
+    let s1 = "{SKU-1}:events";
+    let all = "stockgate:events";
+    add(
+        "stream_commands",
+        "reads",
+        pipeline(&[
+            &["XLEN", all],
+            &["XLEN", s1],
+            &["XRANGE", all, "-", "+", "COUNT", "3"],
+            &["XREVRANGE", s1, "+", "-"],
+            &["XRANGE", all, "(1-0", "5"],
+            &["XREAD", "COUNT", "2", "STREAMS", all, s1, "0", "0-0"],
+            &["XREAD", "BLOCK", "10", "STREAMS", all, "$"],
+            &["XINFO", "STREAM", all],
+            &["XINFO", "GROUPS", all],
+            &["XINFO", "CONSUMERS", all, "g1"],
+            &["XRANGE", "nosuch", "-", "+"],
+            &["XREAD", "STREAMS", all],
+        ]),
+    );
+    add(
+        "stream_commands",
+        "groups",
+        pipeline(&[
+            &["XREADGROUP", "GROUP", "g1", "c2", "STREAMS", all, ">"],
+            &["XREADGROUP", "GROUP", "g1", "c1", "STREAMS", all, "0"],
+            &["XPENDING", all, "g1"],
+            &["XPENDING", all, "g1", "-", "+", "10", "c1"],
+            &["XACK", all, "g1", "1-0", "2-0"],
+            &["XCLAIM", all, "g1", "c3", "0", "3-0", "JUSTID"],
+            &["XAUTOCLAIM", all, "g1", "c3", "0", "0-0", "COUNT", "5"],
+            &["XGROUP", "SETID", all, "g1", "$"],
+            &["XGROUP", "CREATECONSUMER", s1, "g2", "c9"],
+            &["XGROUP", "DELCONSUMER", s1, "g2", "c9"],
+            &[
+                "XREADGROUP",
+                "GROUP",
+                "g2",
+                "c1",
+                "NOACK",
+                "STREAMS",
+                s1,
+                ">",
+            ],
+            &["SAVE"],
+            &["XGROUP", "DESTROY", s1, "g2"],
+            &["XGROUP", "HELP"],
+        ]),
+    );
+    add(
+        "stream_commands",
+        "bad-args",
+        pipeline(&[
+            &["XRANGE", all, "+", "-", "COUNT", "-1"],
+            &["XREAD", "COUNT", "x", "STREAMS", all, "0"],
+            &["XREADGROUP", "GROUP", "nosuch", "c", "STREAMS", all, ">"],
+            &["XGROUP", "CREATE", all, "g1", "0"],
+            &["XGROUP", "CREATE", "{bad sku}:events", "g", "0"],
+            &[
+                "XACK",
+                all,
+                "g1",
+                "18446744073709551615-18446744073709551615",
+            ],
+            &["XPENDING", all, "g1", "IDLE", "-5", "-", "+", "1"],
+            &[
+                "XCLAIM",
+                all,
+                "g1",
+                "c",
+                "-1",
+                "1-0",
+                "IDLE",
+                "99999999999999999999",
+            ],
+            &["XINFO", "NOSUCH"],
+            &["XGROUP", "CREATE", all, "g3", "1-0", "ENTRIESREAD", "-7"],
+        ]),
+    );
     seeds
+}
+
+/// `[u32 length][body]`, as the Raft link frames a message.
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut f = (body.len() as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(body);
+    f
+}
+
+/// Samples with the names of their seed files.
+type Named<T> = Vec<(&'static str, T)>;
+
+/// One request of each kind and a few replies, as peers send them.
+fn raft_messages() -> (Named<network::Rpc>, Named<network::RpcReply>) {
+    use openraft::raft::{
+        AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest,
+        VoteResponse,
+    };
+    use openraft::{
+        CommittedLeaderId, EntryPayload, LogId, Membership, SnapshotMeta, StoredMembership, Vote,
+    };
+    use std::collections::{BTreeMap, BTreeSet};
+    use stockgate_server::raft::{Batch, Entry, NodeInfo};
+
+    let node = |port: u16| NodeInfo {
+        raft_addr: format!("127.0.0.1:{}", port + 10_000),
+        client_addr: format!("127.0.0.1:{port}"),
+    };
+    let vote = Vote::new_committed(3, 1);
+    let log_id = |index| LogId::new(CommittedLeaderId::new(3, 1), index);
+    let mut records = Vec::new();
+    for ev in sample_events().iter().take(4) {
+        encode_record(ev, &mut records).expect("sample event encodes");
+    }
+    let membership = Membership::new(
+        vec![BTreeSet::from([1, 2, 3])],
+        BTreeMap::from([(1, node(7379)), (2, node(7380)), (3, node(7381))]),
+    );
+    let entries = vec![
+        Entry {
+            log_id: log_id(5),
+            payload: EntryPayload::Blank,
+        },
+        Entry {
+            log_id: log_id(6),
+            payload: EntryPayload::Membership(membership.clone()),
+        },
+        Entry {
+            log_id: log_id(7),
+            payload: EntryPayload::Normal(Batch {
+                origin: 0x5eed,
+                first_lsn: 11,
+                count: 4,
+                records,
+            }),
+        },
+    ];
+    let requests = vec![
+        (
+            "vote",
+            network::Rpc::Vote(VoteRequest::new(Vote::new(4, 2), Some(log_id(7)))),
+        ),
+        (
+            "append",
+            network::Rpc::Append(AppendEntriesRequest {
+                vote,
+                prev_log_id: Some(log_id(4)),
+                entries,
+                leader_commit: Some(log_id(4)),
+            }),
+        ),
+        (
+            "snapshot",
+            network::Rpc::Snapshot(InstallSnapshotRequest {
+                vote,
+                meta: SnapshotMeta {
+                    last_log_id: Some(log_id(7)),
+                    last_membership: StoredMembership::new(Some(log_id(6)), membership),
+                    snapshot_id: "3-1-7-14".into(),
+                },
+                offset: 0,
+                data: b"snapshot bytes".to_vec(),
+                done: true,
+            }),
+        ),
+        ("elect", network::Rpc::Elect),
+    ];
+    let replies = vec![
+        (
+            "append",
+            network::RpcReply::Append(Ok(AppendEntriesResponse::Success)),
+        ),
+        (
+            "vote",
+            network::RpcReply::Vote(Ok(VoteResponse::new(vote, Some(log_id(7)), true))),
+        ),
+        ("elect", network::RpcReply::Elect(true)),
+    ];
+    (requests, replies)
+}
+
+/// LEB128, as the WAL codec writes integers.
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// `snap` as a snapshot file of an older `version`: version 2 has no history id, version
+/// 1 no tombstones either (both are dropped from the state first).
+fn older_snapshot(snap: &Snapshot, version: u8, lsn: Lsn) -> Vec<u8> {
+    let mut s = snap.clone();
+    s.history.clear();
+    if version < 2 {
+        s.tombs.clear();
+    }
+    let file = encode_snapshot(&s, lsn);
+    let mut payload = file[SNAPSHOT_HEADER_LEN..].to_vec();
+    // The empty history id is its one length byte, no tombstones the count byte 0.
+    payload.pop();
+    if version < 2 {
+        payload.pop();
+    }
+    payload[0] = version;
+    frame_snapshot(&payload)
 }
 
 fn sample_events() -> Vec<Event> {

@@ -67,8 +67,20 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Saturating: a batch read from a peer or the disk may be malformed (see
+    /// [`Batch::well_formed`]); its last LSN must still not overflow.
     pub fn last_lsn(&self) -> u64 {
-        self.first_lsn + u64::from(self.count) - 1
+        self.first_lsn
+            .saturating_add(u64::from(self.count))
+            .saturating_sub(1)
+    }
+
+    /// What every batch a leader writes is: at least one record, LSNs from 1, and the
+    /// LSN after the last one representable.
+    pub fn well_formed(&self) -> bool {
+        self.count > 0
+            && self.first_lsn > 0
+            && self.first_lsn.checked_add(u64::from(self.count)).is_some()
     }
 }
 

@@ -14,14 +14,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bincode::Options;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use openraft::EntryPayload;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
@@ -29,8 +31,13 @@ use super::{NodeId, NodeInfo, Raft, TypeConfig};
 /// Largest frame a peer may send (an append of `max_payload_entries` batches).
 pub const MAX_FRAME: usize = 256 << 20;
 
-#[derive(Serialize, Deserialize)]
-enum Rpc {
+/// What a frame's body buffer starts with before its bytes arrive: a peer that announces
+/// a large frame and sends little costs what it sent, not what it announced.
+const FRAME_PREALLOC: usize = 64 << 10;
+
+/// A request, as a peer sends it.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Rpc {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
@@ -38,8 +45,9 @@ enum Rpc {
     Elect,
 }
 
-#[derive(Serialize, Deserialize)]
-enum RpcReply {
+/// The answer to an [`Rpc`].
+#[derive(Debug, Serialize, Deserialize)]
+pub enum RpcReply {
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
@@ -88,7 +96,9 @@ async fn write_frame(s: &mut TcpStream, body: &[u8]) -> io::Result<()> {
     s.write_all(&out).await
 }
 
-async fn read_frame(s: &mut TcpStream) -> io::Result<Vec<u8>> {
+/// Reads one frame's body. A length over [`MAX_FRAME`] is an error before any of the body
+/// is read: the caller ends the connection.
+pub async fn read_frame<R: AsyncRead + Unpin>(s: &mut R) -> io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len).await?;
     let len = u32::from_le_bytes(len) as usize;
@@ -97,9 +107,54 @@ async fn read_frame(s: &mut TcpStream) -> io::Result<Vec<u8>> {
             "peer sent a frame of {len} bytes, over the limit"
         )));
     }
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).await?;
+    let mut body = Vec::with_capacity(len.min(FRAME_PREALLOC));
+    s.take(len as u64).read_to_end(&mut body).await?;
+    if body.len() < len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("frame of {len} bytes ended after {}", body.len()),
+        ));
+    }
     Ok(body)
+}
+
+/// The frame bodies' encoding: bincode's fixed-width integers (what `bincode::serialize`
+/// writes), bounded by the frame limit, and nothing after the message (trailing bytes are
+/// a peer speaking another format, not something to ignore).
+fn wire() -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_limit(MAX_FRAME as u64)
+        .reject_trailing_bytes()
+}
+
+/// A message as a frame body.
+pub fn encode<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
+    wire().serialize(msg).map_err(io::Error::other)
+}
+
+/// A request frame's body. A peer can send any bytes: what is not a well-formed request
+/// is an error (the connection ends), never a panic.
+pub fn decode_request(body: &[u8]) -> io::Result<Rpc> {
+    let rpc: Rpc = wire().deserialize(body).map_err(io::Error::other)?;
+    let batches_ok = match &rpc {
+        Rpc::Append(r) => r.entries.iter().all(|e| match &e.payload {
+            EntryPayload::Normal(b) => b.well_formed(),
+            _ => true,
+        }),
+        _ => true,
+    };
+    if !batches_ok {
+        return Err(io::Error::other(
+            "append with a batch of no records or past the last LSN",
+        ));
+    }
+    Ok(rpc)
+}
+
+/// A reply frame's body, read back from a peer this node called.
+pub fn decode_reply(body: &[u8]) -> io::Result<RpcReply> {
+    wire().deserialize(body).map_err(io::Error::other)
 }
 
 fn net_err<E: std::error::Error + 'static>(e: &E) -> NetworkError {
@@ -112,7 +167,7 @@ impl Peer {
     /// dropped half way (openraft drops replication futures it no longer needs) takes the
     /// connection with it, so no later call can read the reply meant for this one.
     async fn call(&mut self, rpc: &Rpc, ttl: Duration) -> io::Result<RpcReply> {
-        let body = bincode::serialize(rpc).map_err(io::Error::other)?;
+        let body = encode(rpc)?;
         let held = self.conn.take();
         let addr = self.addr.clone();
         let r = tokio::time::timeout(ttl, async move {
@@ -126,7 +181,7 @@ impl Peer {
             };
             write_frame(&mut s, &body).await?;
             let reply = read_frame(&mut s).await?;
-            let reply = bincode::deserialize::<RpcReply>(&reply).map_err(io::Error::other)?;
+            let reply = decode_reply(&reply)?;
             Ok((s, reply))
         })
         .await
@@ -243,7 +298,7 @@ async fn serve_peer(
     s.set_nodelay(true)?;
     loop {
         let body = read_frame(&mut s).await?;
-        let rpc: Rpc = bincode::deserialize(&body).map_err(io::Error::other)?;
+        let rpc = decode_request(&body)?;
         // A route that leads back here (a misconfigured --raft-route or --raft-peers):
         // openraft must never see its own requests as a peer's (a leader receiving its
         // own append-entries stops its core).
@@ -273,7 +328,7 @@ async fn serve_peer(
                 !no_votes.load(Ordering::Acquire) && raft.trigger().elect().await.is_ok(),
             ),
         };
-        let out = bincode::serialize(&reply).map_err(io::Error::other)?;
+        let out = encode(&reply)?;
         write_frame(&mut s, &out).await?;
     }
 }
