@@ -95,6 +95,19 @@ async fn every_tool_refuses_a_server_of_another_history() {
         .expect("stockgate-materializer");
     assert_eq!(mat.status.code(), Some(3), "{mat:?}");
     refused_naming(&mat, &mine, &theirs);
+    // The daemon too stops at once: a mismatch is no outage to wait out (`timeout`'s
+    // 124 would mean it kept retrying).
+    let daemon = Command::new("timeout")
+        .arg("20")
+        .arg(bin("stockgate-materializer"))
+        .arg("--database-url")
+        .arg(h.pg.url())
+        .arg("--server")
+        .arg(&other_addr)
+        .output()
+        .expect("stockgate-materializer");
+    assert_eq!(daemon.status.code(), Some(3), "{daemon:?}");
+    refused_naming(&daemon, &mine, &theirs);
 
     // The same server after a kill -9 keeps its history; the tools go on.
     h.server.kill();

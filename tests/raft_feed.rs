@@ -1,5 +1,4 @@
-//! The order feed and its consumer groups on a Raft group (the assertions of
-//! `tests/groups_ha.rs` and of `ha_replication`'s feed test, on the group):
+//! The order feed and its consumer groups on a Raft group:
 //!
 //! - the feed shows committed entries only: a RESERVE waiting on a leader cut from its
 //!   followers is in nobody's `XREAD` while it waits, and afterwards in every member's

@@ -1,4 +1,4 @@
-//! `tests/ha_feed.rs` on a Raft group: `stockgate-materializer --sentinel <members>
+//! The materializer on a Raft group: `stockgate-materializer --sentinel <members>
 //! --master-name stockgate` (a real Postgres) running while a writer reserves (and
 //! commits or releases some) through `StockgateClient::connect_sentinel` pointed at the
 //! members, and the leader is `kill -9`ed twice, each killed member restarted.

@@ -1,4 +1,4 @@
-//! `tests/ha_replication.rs`'s assertions that hold for a Raft group, on the group:
+//! What replication must guarantee, on a Raft group:
 //!
 //! - a follower converges on the leader's state (reservations, commits, releases),
 //!   serves reads, refuses writes (`-READONLY`), and after a `kill -9` catches up from

@@ -995,9 +995,15 @@ impl Materializer {
             }
             match r {
                 Ok(_) => backoff = Duration::from_millis(100),
-                Err(e @ (MaterializeError::Trimmed(_) | MaterializeError::History(_))) => {
-                    return Err(e)
-                }
+                // Another history or another server: only an operator can decide. A
+                // server that reports no history yet (a group electing) is retried.
+                Err(
+                    e @ (MaterializeError::Trimmed(_)
+                    | MaterializeError::History(_)
+                    | MaterializeError::Identity(crate::identity::IdentityError::Mismatch {
+                        ..
+                    })),
+                ) => return Err(e),
                 Err(e) => {
                     tracing::warn!("materializer: {e}; retrying in {backoff:?}");
                     tokio::select! {

@@ -112,7 +112,7 @@ struct ServeArgs {
     /// How long finished reservations stay queryable before they are purged.
     #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(0, I64_MAX), default_value_t = 86_400_000)]
     retention_ms: u64,
-    /// Users file: one `<user> <admin|checkout|sweeper> <password>` per line.
+    /// Users file: one `<user> <admin|checkout|sweeper|replication|sentinel> <password>` per line.
     #[arg(long)]
     users_file: Option<PathBuf>,
     /// Password of the `default` user (role admin), like Redis's requirepass.

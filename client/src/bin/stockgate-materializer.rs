@@ -117,7 +117,12 @@ async fn main() -> ExitCode {
             eprintln!("stockgate-materializer: {e}");
             ExitCode::from(2)
         }
-        Err(e @ (MaterializeError::History(_) | MaterializeError::Identity(_))) => {
+        Err(
+            e @ (MaterializeError::History(_)
+            | MaterializeError::Identity(stockgate_client::identity::IdentityError::Mismatch {
+                ..
+            })),
+        ) => {
             eprintln!("stockgate-materializer: {e}");
             ExitCode::from(3)
         }

@@ -34,9 +34,10 @@ use tracing::{error, info, warn};
     version,
     about = "Reconciles expired stockgate reservations with the Postgres ledger (ledger first), \
              applies the ledger schema, and rebuilds fenced sales from the ledger",
-    after_help = "Every command talks to one server (--server) or to the primary of a \
-                  Sentinel-managed group, e.g. --sentinel 127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381 \
-                  --master-name sg (run, run --once, create-sale, adjust and rebuild alike)."
+    after_help = "Every command talks to one server (--server) or to the leader of a Raft \
+                  group through its members' Sentinel interface, e.g. --sentinel \
+                  127.0.0.1:7381,127.0.0.1:7382,127.0.0.1:7383 --master-name stockgate \
+                  (run, run --once, create-sale, adjust, rebuild and rebind alike)."
 )]
 struct Cli {
     /// Postgres URL of the ledger.
@@ -68,10 +69,10 @@ struct Cli {
         default_value = "127.0.0.1:7379"
     )]
     server: String,
-    /// Redis Sentinel addresses (host:port[,host:port...], or redis:// URLs): talk to the
-    /// primary they name for --master-name instead of --server, and follow failovers
-    /// (commands refused with -READONLY/-NOREPLICAS, and idempotent ones whose reply was
-    /// lost, are retried on the new primary).
+    /// Sentinel addresses (host:port[,host:port...], or redis:// URLs): a Raft group's
+    /// members. Talk to the leader they name for --master-name instead of --server, and
+    /// follow failovers (commands refused with -READONLY, and idempotent ones whose reply
+    /// was lost, are retried on the new leader).
     #[arg(
         long,
         env = "STOCKGATE_SENTINELS",

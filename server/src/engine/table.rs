@@ -5,8 +5,8 @@
 //! the transition before it lets go of that lock: this is what makes "exactly once" and
 //! "log order matches transition order" hold for one reservation.
 //!
-//! Memory (the table is most of the server's): a reservation is one [`Res`] of about
-//! 104 bytes in the stripe's slab, named everywhere inside the stripe by its `u32` slab
+//! Memory (the table is most of the server's): a reservation is one [`Res`] of at most
+//! 96 bytes (`record_stays_small`) in the stripe's slab, named everywhere inside the stripe by its `u32` slab
 //! index, plus about 10 bytes of index. It is keyed by the 16 bytes its token encodes,
 //! not by the token's text (the `{sku}` tag is the sale's); its user is a 4-byte id
 //! interned in the sale; its request id is inline up to 24 bytes; the expiry wheel links
@@ -384,7 +384,7 @@ mod tests {
     use super::*;
 
     /// The record's size is the memory budget of a live reservation (docs/benchmarks.md, "Memory per
-    /// reservation"): a field added here costs a million times its size at a million held.
+    /// live reservation"): a field added here costs a million times its size at a million held.
     #[test]
     fn record_stays_small() {
         assert!(

@@ -959,7 +959,7 @@ impl Durability for RaftDurability {
     }
 
     fn save(&self, _engine: &Engine) -> Result<(), String> {
-        Err("SAVE is not available on a Raft group member: the Raft log is kept whole and recovery replays it".into())
+        Err("SAVE is not available on a Raft group member: it snapshots on its own every --snapshot-records records, at a point every member agrees on".into())
     }
 
     fn info(&self) -> String {
