@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Redis's own failover time in the setup tests/ha_sentinel.rs uses for stockgate, so the
-two compare: three redis-server 7 (one master, two replicas) and three redis-sentinel with
+"""Redis's own failover time, to compare with a stockgate Raft group's (docs/benchmarks.md): three redis-server 7 (one master, two replicas) and three redis-sentinel with
 down-after-milliseconds 1000, failover-timeout 6000, parallel-syncs 2; the master is
 kill -9ed ROUNDS times (restarted each time; Sentinel makes it a replica); measured: kill
 -> first write (SET) acknowledged by the new master, found by polling the Sentinels as the
