@@ -5,6 +5,7 @@
 pub mod args;
 pub mod buyer;
 pub mod conn;
+pub mod feed_reply;
 pub mod group;
 pub mod introspect;
 pub mod multi;
