@@ -1,7 +1,7 @@
 //! What metrics cost per command: the dispatcher alone vs the dispatcher through
-//! `metrics::dispatch_timed` (two clock reads, command lookup, per-sale outcome, and one
-//! stripe publish per batch of 1 or 16 commands, as unpipelined and pipelined clients
-//! produce). Same process, same engine, same command; the difference is the overhead.
+//! `cmd::dispatch_timed` (two clock reads, command lookup, and one stripe publish per
+//! batch of 1 or 16 commands, as unpipelined and pipelined clients produce). A sale's
+//! outcome is counted by the command itself, so both variants pay for it. Same process, same engine, same command; the difference is the overhead.
 //!
 //! `cargo bench --bench metrics` (add `-- --quick` for a fast pass).
 //!
@@ -16,11 +16,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, Criterion};
-use stockgate_server::cmd::{dispatch, Ctx};
+use stockgate_server::cmd::{dispatch, dispatch_timed, Ctx};
 use stockgate_server::engine::{
     Engine, EngineConfig, Keyring, NullSink, ReservationKey, SystemClock,
 };
-use stockgate_server::metrics::dispatch_timed;
 use stockgate_server::server::{ConnState, NoDurability, Role, ServerConfig, Shared};
 
 const SKU: &str = "HOT-SKU-1";
@@ -63,7 +62,6 @@ fn bench(c: &mut Criterion) {
     // `dispatch` takes the arguments as slices, as the server hands them out of its buffer.
     let reserve: Vec<&[u8]> = reserve_owned.iter().map(|b| &b[..]).collect();
     let ping: Vec<&[u8]> = ping_owned.iter().map(|b| &b[..]).collect();
-    let mut rec = shared.metrics.recorder();
     // The first RESERVE reserves; every later one is a REPLAY (constant engine work).
     {
         let mut ctx = Ctx {
@@ -94,8 +92,8 @@ fn bench(c: &mut Criterion) {
                     conn: &mut conn,
                     shared: &shared,
                 };
-                let o = dispatch_timed(&mut rec, &mut ctx, argv);
-                rec.flush(&shared.metrics);
+                let o = dispatch_timed(&mut ctx, argv);
+                conn.recorder.flush(&shared.metrics);
                 black_box(o)
             })
         });
@@ -107,10 +105,10 @@ fn bench(c: &mut Criterion) {
                     conn: &mut conn,
                     shared: &shared,
                 };
-                let o = dispatch_timed(&mut rec, &mut ctx, argv);
+                let o = dispatch_timed(&mut ctx, argv);
                 n += 1;
                 if n.is_multiple_of(16) {
-                    rec.flush(&shared.metrics);
+                    conn.recorder.flush(&shared.metrics);
                 }
                 black_box(o)
             })
@@ -125,7 +123,6 @@ fn fixed(variant: &str, iters: u64) {
     // `dispatch` takes the arguments as slices, as the server hands them out of its buffer.
     let reserve: Vec<&[u8]> = reserve_owned.iter().map(|b| &b[..]).collect();
     let ping: Vec<&[u8]> = ping_owned.iter().map(|b| &b[..]).collect();
-    let mut rec = shared.metrics.recorder();
     {
         let mut ctx = Ctx {
             engine: &engine,
@@ -147,13 +144,13 @@ fn fixed(variant: &str, iters: u64) {
                 black_box(dispatch(&mut ctx, argv));
             }
             "metrics_p1" => {
-                black_box(dispatch_timed(&mut rec, &mut ctx, argv));
-                rec.flush(&shared.metrics);
+                black_box(dispatch_timed(&mut ctx, argv));
+                conn.recorder.flush(&shared.metrics);
             }
             _ => {
-                black_box(dispatch_timed(&mut rec, &mut ctx, argv));
+                black_box(dispatch_timed(&mut ctx, argv));
                 if n.is_multiple_of(16) {
-                    rec.flush(&shared.metrics);
+                    conn.recorder.flush(&shared.metrics);
                 }
             }
         }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{Server, TempDir};
 use stockgate_server::engine::Keyring;
-use stockgate_server::metrics::top::{Conn, Value};
+use stockgate_server::report::top::{Conn, Value};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -245,7 +245,7 @@ fn info_latency_slowlog_and_prometheus_match_the_workload() {
     let Value::Arr(body) = &top[1] else { panic!() };
     assert_eq!(body[0], Value::Str(b"calls".to_vec()));
     assert_eq!(body[1], Value::Int(12));
-    let buckets = stockgate_server::metrics::top::histogram_of(&h, "reserve");
+    let buckets = stockgate_server::report::top::histogram_of(&h, "reserve");
     assert_eq!(buckets.last().map(|b| b.1), Some(12), "{buckets:?}");
 
     // SLOWLOG (threshold 0: everything): Redis's 6-element entries, newest first.

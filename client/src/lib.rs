@@ -4,6 +4,8 @@
 //! - [`adjust`]: change a sale's allocation, ledger first, idempotent under retry.
 //! - [`client`]: typed async client for docs/protocol.md.
 //! - [`sentinel`]: the client's connection to the primary of a Sentinel-managed group.
+//! - [`error`], [`conn_config`]: the error type and the connection settings both
+//!   transports share.
 //! - [`gate`]: what the lifecycle needs from the server, over TCP or the embedded engine.
 //! - [`ledger`]: the judge — Postgres and sled backends of one interface.
 //! - [`checkout`]: reserve → materialize → pay (ledger first) / cancel.
@@ -17,6 +19,8 @@
 pub mod adjust;
 pub mod checkout;
 pub mod client;
+pub mod conn_config;
+pub mod error;
 pub mod gate;
 pub mod group;
 pub mod history;
@@ -33,6 +37,7 @@ pub mod sweeper;
 pub mod testkit;
 pub mod token;
 pub mod types;
+mod value;
 
 pub use checkout::{Checkout, CheckoutError, Hold, PayOutcome};
 pub use client::{ClientConfig, ClientError, StockgateClient};

@@ -381,11 +381,11 @@ pub async fn serve(addr: Option<&str>) -> Result<Option<Arc<SweeperMetrics>>, St
     let m = Arc::new(SweeperMetrics::default());
     let _ = m.started.set(Instant::now());
     let mm = m.clone();
-    tokio::spawn(stockgate_server::metrics::http::serve_routes(
+    tokio::spawn(stockgate_server::report::http::serve_routes(
         listener,
         Arc::new(move |path: &str| match path {
             "/metrics" => Some((
-                stockgate_server::metrics::http::PROM_TYPE,
+                stockgate_server::report::http::PROM_TYPE,
                 mm.render().into_bytes(),
             )),
             "/healthz" => Some(("text/plain", b"ok\n".to_vec())),

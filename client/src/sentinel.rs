@@ -31,7 +31,9 @@ use redis::{
 };
 use tracing::{debug, info, warn};
 
-use crate::client::{as_string, ClientConfig, ClientError};
+use crate::conn_config::ClientConfig;
+use crate::error::ClientError;
+use crate::value::as_string;
 
 /// Where the Sentinels are, what they call the group, and how hard to try.
 #[derive(Clone, Debug)]

@@ -5,8 +5,11 @@
 //! - [`protocol`]: RESP framing and reply encoding. No stock logic.
 //! - [`cmd`]: one typed command per file, applied to the engine.
 //! - [`server`]: accept loop, connections, pipelining, limits.
-//! - [`metrics`]: INFO, LATENCY, SLOWLOG, the Prometheus/JSON endpoint, `stockgate top`.
+//! - [`metrics`]: the store commands record into: counters, latency histograms, slow log.
+//! - [`report`]: INFO, the Prometheus/JSON endpoint and `stockgate top`, read from
+//!   `metrics` and `session`.
 //! - [`session`]: server and connection state shared by `server` and `cmd`.
+//! - [`takeover`]: a connection handed from the command loop to a subscriber and back.
 //! - [`raft`]: a replicated group: the log replicated with Raft (openraft).
 //! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
 pub mod cli;
@@ -19,6 +22,8 @@ pub mod persist;
 pub mod protocol;
 pub mod pubsub;
 pub mod raft;
+pub mod report;
 pub mod server;
 pub mod session;
+pub mod takeover;
 pub mod wal;

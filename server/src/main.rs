@@ -342,13 +342,13 @@ fn top(t: TopArgs) -> ExitCode {
         .and_then(|a| Some((a.first()?.as_str(), a.get(1)?.as_str())));
     let interval = Duration::from_millis(t.interval_ms.max(100));
     let r = if t.once {
-        stockgate_server::metrics::top::once(&t.server, auth, interval).map(|lines| {
+        stockgate_server::report::top::once(&t.server, auth, interval).map(|lines| {
             for l in lines {
                 println!("{l}");
             }
         })
     } else {
-        stockgate_server::metrics::top::run(&t.server, auth, interval)
+        stockgate_server::report::top::run(&t.server, auth, interval)
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -662,7 +662,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         let snapshotter = spec
             .is_none()
             .then(|| spawn_snapshotter(engine.clone(), durability.clone(), a.snapshot_records));
-        let sampler = tokio::spawn(stockgate_server::metrics::http::sample_loop(
+        let sampler = tokio::spawn(stockgate_server::report::http::sample_loop(
             engine.clone(),
             shared.clone(),
         ));
@@ -674,7 +674,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
                 let local = l.local_addr().map_err(|e| e.to_string())?;
                 tracing::info!("metrics on http://{local}/metrics, status page http://{local}/");
                 eprintln!("stockgate: metrics on http://{local}/");
-                Some(tokio::spawn(stockgate_server::metrics::http::serve(
+                Some(tokio::spawn(stockgate_server::report::http::serve(
                     l,
                     engine.clone(),
                     shared.clone(),

@@ -22,8 +22,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use crate::cmd::{Handback, Refusal};
+use crate::protocol::Refusal;
 use crate::protocol::{parse_command_into, Limits};
+use crate::takeover::Handback;
 
 /// Messages a subscriber may have queued before further ones are dropped.
 const QUEUE: usize = 1024;

@@ -19,9 +19,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::cmd::{Ctx, Handback, Refusal};
+use crate::cmd::Ctx;
 use crate::engine::{Engine, Lsn};
-use crate::protocol::{parse_frame, Frame, Reply};
+use crate::protocol::{parse_frame, Frame, Refusal, Reply};
+use crate::takeover::Handback;
 // The connection and server state moved to `session` (commands need it, and must not
 // depend on the network layer); these paths stay for the binary and embedders.
 pub use crate::session::{
@@ -198,7 +199,6 @@ async fn handle(
     };
     let mut inbuf = BytesMut::with_capacity(16 * 1024);
     let mut out = BytesMut::with_capacity(16 * 1024);
-    let mut rec = shared.metrics.recorder();
     let idle = (cfg.idle_timeout_ms > 0).then(|| Duration::from_millis(cfg.idle_timeout_ms));
     let write_timeout = Duration::from_millis(cfg.write_timeout_ms.max(1));
     // Where the arguments of the command being run are in `inbuf`: one vector for the
@@ -284,7 +284,7 @@ async fn handle(
                     conn: &mut conn,
                     shared,
                 };
-                crate::metrics::dispatch_timed(&mut rec, &mut ctx, &argv)
+                crate::cmd::dispatch_timed(&mut ctx, &argv)
             });
             drop(argv);
             inbuf.advance(len);
@@ -342,7 +342,7 @@ async fn handle(
             close = true;
         }
         // Counters of this batch are visible before its replies are.
-        rec.flush(&shared.metrics);
+        conn.recorder.flush(&shared.metrics);
         if lsn > 0 {
             if let Err(e) = shared.durability.wait(lsn).await {
                 // Fail closed: the record may not be on disk, so no acknowledgement leaves.

@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,6 +14,7 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::engine::{Engine, Lsn};
+use crate::metrics::{Metrics, Recorder};
 use crate::protocol::{Limits, Reply};
 
 #[derive(Clone, Debug)]
@@ -260,25 +261,6 @@ pub struct Stats {
     pub qbuf_disconnects: AtomicU64,
     pub obuf_disconnects: AtomicU64,
     pub idle_disconnects: AtomicU64,
-    pub reserved: AtomicU64,
-    pub replay: AtomicU64,
-    pub soldout: AtomicU64,
-    pub limit: AtomicU64,
-}
-
-impl Stats {
-    pub fn count_reserve(&self, reply: &Reply) {
-        if let Reply::Array(items) = reply {
-            let c = match items.first().and_then(Reply::as_bulk) {
-                Some(b"RESERVED") => &self.reserved,
-                Some(b"REPLAY") => &self.replay,
-                Some(b"SOLDOUT") => &self.soldout,
-                Some(b"LIMIT") => &self.limit,
-                _ => return,
-            };
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-    }
 }
 
 pub struct Shared {
@@ -292,7 +274,7 @@ pub struct Shared {
     /// The order feed (XREAD...), set by the binary when it runs with a WAL.
     pub feed: std::sync::OnceLock<Arc<crate::feed::Feed>>,
     /// Command/latency/error/sale counters, the slow log (see `metrics`).
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: Metrics,
     /// Replication, set by the binary when it runs with a WAL.
     pub repl: std::sync::OnceLock<Arc<dyn Replication>>,
     /// PUBLISH/SUBSCRIBE channels (Sentinel's hello channel).
@@ -315,7 +297,7 @@ impl Shared {
             local_port: AtomicU16::new(0),
             durability,
             feed: std::sync::OnceLock::new(),
-            metrics: crate::metrics::Metrics::new(),
+            metrics: Metrics::new(),
             repl: std::sync::OnceLock::new(),
             pubsub: crate::pubsub::Hub::default(),
             clients: crate::pubsub::Clients::default(),
@@ -338,6 +320,9 @@ pub struct ConnState {
     pub multi: Option<MultiQueue>,
     /// `REPLCONF listening-port`: the port a replica serves clients on.
     pub repl_port: Option<u16>,
+    /// What this connection's commands recorded since the batch began; the connection
+    /// publishes it into `Shared::metrics` before the batch's replies leave.
+    pub recorder: Recorder,
 }
 
 /// A transaction being queued. The logic lives in `cmd::multi`; the queue lives here
@@ -366,6 +351,7 @@ impl ConnState {
             laddr,
             multi: None,
             repl_port: None,
+            recorder: Recorder::default(),
         }
     }
 

@@ -4,6 +4,7 @@ use super::args::Args;
 use super::{Ctx, Outcome};
 use crate::engine::types::{PaymentCheck, ReservationView};
 use crate::engine::MAX_TTL_MS;
+use crate::metrics::SaleEvent;
 use crate::protocol::reply::from_engine_error;
 use crate::protocol::Reply;
 use crate::session::Role;
@@ -124,7 +125,16 @@ impl<'a> Commit<'a> {
             .into();
         }
         match ctx.engine.commit_with(self.token, self.check) {
-            Ok((now, lsn)) => Outcome::logged(Reply::Int(now as i64), lsn),
+            Ok((now, lsn)) => {
+                if now {
+                    ctx.conn.recorder.count_finished(
+                        &ctx.shared.metrics,
+                        self.token,
+                        SaleEvent::Commit,
+                    );
+                }
+                Outcome::logged(Reply::Int(now as i64), lsn)
+            }
             Err(e) => from_engine_error(&e).into(),
         }
     }

@@ -9,7 +9,7 @@
 //! was computed) to be durable.
 
 use super::args::{i64_in, Args};
-use super::stream::{entry_reply, fe, feed, parse_count};
+use super::feed_reply::{entry_reply, feed, feed_error, parse_count};
 use super::{Ctx, Outcome};
 use crate::engine::Lsn;
 use crate::feed::groups::{now_ms, Group, GroupRecord, GroupRef};
@@ -81,11 +81,11 @@ fn lookup(
     std::str::from_utf8(group)
         .ok()
         .and_then(|g| feed.groups.get(stream, g))
-        .ok_or_else(|| fe(err(stream.name(), lossy(group))))
+        .ok_or_else(|| feed_error(err(stream.name(), lossy(group))))
 }
 
 fn gone() -> Reply {
-    fe(FeedError::GroupGone)
+    feed_error(FeedError::GroupGone)
 }
 
 /// The group id of XGROUP CREATE/SETID as "last delivered": `$` is the log's end now.
@@ -93,7 +93,7 @@ fn group_last(feed: &Feed, b: &[u8]) -> Result<Lsn, Reply> {
     if b == b"$" {
         return Ok(feed.readable_lsn());
     }
-    match id::read_after(b).map_err(fe)? {
+    match id::read_after(b).map_err(feed_error)? {
         Some(first) => Ok(first - 1),
         None => Ok(feed.readable_lsn()),
     }
@@ -126,7 +126,7 @@ fn xgroup_inner(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Result<Outcome, Reply> {
         return Err(sub_err(&sub, "XGROUP"));
     }
     let feed = feed(ctx)?;
-    let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+    let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
     let gname = a.next_bytes()?;
     match sub.as_str() {
         "CREATE" => {
@@ -143,8 +143,11 @@ fn xgroup_inner(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Result<Outcome, Reply> {
                 }
             }
             let last = group_last(&feed, idb)?;
-            let name = feed.groups.check_name("group", gname).map_err(fe)?;
-            let lsn = feed.groups.create(&stream, name, last).map_err(fe)?;
+            let name = feed.groups.check_name("group", gname).map_err(feed_error)?;
+            let lsn = feed
+                .groups
+                .create(&stream, name, last)
+                .map_err(feed_error)?;
             Ok(done(&feed, Reply::ok(), lsn))
         }
         "SETID" => {
@@ -189,7 +192,9 @@ fn xgroup_inner(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Result<Outcome, Reply> {
             let create = sub == "CREATECONSUMER";
             let max = feed.groups.limits.max_consumers;
             let consumer = if create {
-                feed.groups.check_name("consumer", cname).map_err(fe)?
+                feed.groups
+                    .check_name("consumer", cname)
+                    .map_err(feed_error)?
             } else {
                 lossy(cname)
             };
@@ -218,7 +223,7 @@ fn xgroup_inner(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Result<Outcome, Reply> {
                     Ok((exists.map_or(1, |p| p as i64), lsn))
                 })
                 .ok_or_else(gone)?
-                .map_err(fe)?;
+                .map_err(feed_error)?;
             Ok(done(&feed, Reply::Int(r.0), r.1))
         }
     }
@@ -292,7 +297,7 @@ impl XReadGroup {
         };
         let mut keys = Vec::with_capacity(n / 2);
         for _ in 0..n / 2 {
-            keys.push(Stream::parse(a.next_bytes()?).map_err(fe)?);
+            keys.push(Stream::parse(a.next_bytes()?).map_err(feed_error)?);
         }
         let mut streams = Vec::with_capacity(n / 2);
         for k in keys {
@@ -305,9 +310,9 @@ impl XReadGroup {
                         lossy(b), lossy(b)
                     )))
                 }
-                _ => match id::read_after(b).map_err(fe)? {
+                _ => match id::read_after(b).map_err(feed_error)? {
                     Some(first) => Some(first - 1),
-                    None => return Err(fe(FeedError::InvalidId)),
+                    None => return Err(feed_error(FeedError::InvalidId)),
                 },
             };
             streams.push((k, after));
@@ -331,7 +336,7 @@ impl XReadGroup {
         let consumer = feed
             .groups
             .check_name("consumer", &self.consumer)
-            .map_err(fe)?;
+            .map_err(feed_error)?;
         let mut targets = Vec::with_capacity(self.streams.len());
         for (stream, after) in self.streams {
             let g = lookup(&feed, &stream, &self.group, |s, g| FeedError::NoGroupRead {
@@ -344,7 +349,7 @@ impl XReadGroup {
         let proto = ctx.conn.proto;
         let durable = feed.readable_lsn();
         let (found, lsn) =
-            read_groups(&feed, &targets, &consumer, count, self.noack).map_err(fe)?;
+            read_groups(&feed, &targets, &consumer, count, self.noack).map_err(feed_error)?;
         let any_history = targets.iter().any(|t| t.2.is_some());
         if !found.is_empty() || any_history {
             return Ok(done(&feed, streams_reply(proto, found), lsn));
@@ -354,7 +359,7 @@ impl XReadGroup {
         };
         // Nothing new: the consumer's creation (if any) must still be durable before
         // the eventual answer; the deferred reply below waits for its own records.
-        let slot = feed.try_block().map_err(fe)?;
+        let slot = feed.try_block().map_err(feed_error)?;
         let deadline = feed.block_deadline(block_ms);
         let noack = self.noack;
         // The reply's records must be acknowledged as any reply's are: by the server's
@@ -373,7 +378,7 @@ impl XReadGroup {
                     // Timed out (or the log stopped, and then the wait for `owed` fails).
                     return match settle(owed).await {
                         Ok(()) => Reply::Nil,
-                        Err(e) => fe(e),
+                        Err(e) => feed_error(e),
                     };
                 };
                 seen = now;
@@ -383,11 +388,11 @@ impl XReadGroup {
                         if !found.is_empty() {
                             return match settle(owed.max(feed.last_lsn())).await {
                                 Ok(()) => streams_reply(proto, found),
-                                Err(e) => fe(e),
+                                Err(e) => feed_error(e),
                             };
                         }
                     }
-                    Err(e) => return fe(e),
+                    Err(e) => return feed_error(e),
                 }
             }
         });
@@ -557,12 +562,12 @@ fn history(
 pub fn xack(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     run((|| {
         let mut a = Args::new("xack", args);
-        let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+        let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
         let gname = a.next_bytes()?;
         let mut ids = Vec::with_capacity(a.remaining());
         while a.remaining() > 0 {
             // All ids are checked before anything changes (Redis: all or nothing).
-            if let Some(id) = id::exact(a.next_bytes()?).map_err(fe)? {
+            if let Some(id) = id::exact(a.next_bytes()?).map_err(feed_error)? {
                 ids.push(id);
             }
         }
@@ -604,7 +609,7 @@ pub fn xpending(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
             return Err(Reply::syntax());
         }
         let mut a = Args::new("xpending", args);
-        let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+        let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
         let gname = a.next_bytes()?;
         let mut range = None;
         if n >= 5 {
@@ -618,8 +623,8 @@ pub fn xpending(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
             }
             let (sb, eb) = (a.next_bytes()?, a.next_bytes()?);
             let count = a.next_i64_in("count", i64::MIN, i64::MAX)?.max(0) as usize;
-            let start = id::range_start(sb).map_err(fe)?;
-            let end = id::range_end(eb).map_err(fe)?;
+            let start = id::range_start(sb).map_err(feed_error)?;
+            let end = id::range_end(eb).map_err(feed_error)?;
             let consumer = if a.remaining() > 0 {
                 Some(lossy(a.next_bytes()?))
             } else {
@@ -776,7 +781,7 @@ fn min_idle_arg(b: &[u8]) -> Result<u64, Reply> {
 pub fn xclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     run((|| {
         let mut a = Args::new("xclaim", args);
-        let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+        let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
         let gname = a.next_bytes()?;
         let cname = a.next_bytes()?;
         let min_idle = min_idle_arg(a.next_bytes()?)?;
@@ -811,7 +816,7 @@ pub fn xclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
                 }
                 "JUSTID" => justid = true,
                 "LASTID" if o.remaining() > 0 => {
-                    lastid = Some(id::exact(o.next_bytes()?).map_err(fe)?.unwrap_or(0))
+                    lastid = Some(id::exact(o.next_bytes()?).map_err(feed_error)?.unwrap_or(0))
                 }
                 "FORCE" => {
                     return Err(Reply::err(
@@ -831,7 +836,10 @@ pub fn xclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
             stream: s,
             group: g,
         })?;
-        let consumer = feed.groups.check_name("consumer", cname).map_err(fe)?;
+        let consumer = feed
+            .groups
+            .check_name("consumer", cname)
+            .map_err(feed_error)?;
         let (replies, lsn) = feed
             .groups
             .with(&g, |g| -> Result<(Vec<Reply>, Lsn), FeedError> {
@@ -859,7 +867,7 @@ pub fn xclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
                 Ok((replies, lsn.max(l)))
             })
             .ok_or_else(gone)?
-            .map_err(fe)?;
+            .map_err(feed_error)?;
         Ok(done(&feed, Reply::Array(replies), lsn))
     })())
 }
@@ -869,11 +877,11 @@ pub fn xclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
 pub fn xautoclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     run((|| {
         let mut a = Args::new("xautoclaim", args);
-        let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+        let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
         let gname = a.next_bytes()?;
         let cname = a.next_bytes()?;
         let min_idle = min_idle_arg(a.next_bytes()?)?;
-        let start = id::range_start(a.next_bytes()?).map_err(fe)?;
+        let start = id::range_start(a.next_bytes()?).map_err(feed_error)?;
         let (mut count, mut justid) = (100usize, false);
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
@@ -890,7 +898,10 @@ pub fn xautoclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
             stream: s,
             group: g,
         })?;
-        let consumer = feed.groups.check_name("consumer", cname).map_err(fe)?;
+        let consumer = feed
+            .groups
+            .check_name("consumer", cname)
+            .map_err(feed_error)?;
         let (reply, lsn) = feed
             .groups
             .with(&g, |g| -> Result<(Reply, Lsn), FeedError> {
@@ -926,7 +937,7 @@ pub fn xautoclaim(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
                 ))
             })
             .ok_or_else(gone)?
-            .map_err(fe)?;
+            .map_err(feed_error)?;
         Ok(done(&feed, reply, lsn))
     })())
 }

@@ -124,7 +124,7 @@ pub fn config(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let sub = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
     if sub == "RESETSTAT" && args.len() == 1 {
         ctx.shared.metrics.reset();
-        crate::metrics::view::reset_server_stats(ctx.shared);
+        crate::report::view::reset_server_stats(ctx.shared);
         return Reply::ok().into();
     }
     if sub == "REWRITE" && args.len() == 1 {
@@ -204,16 +204,13 @@ pub fn save(ctx: &mut Ctx<'_>) -> Outcome {
     }
 }
 
-/// `INFO [section...]` in Redis 7's text format (see `metrics::info`).
+/// `INFO [section...]` in Redis 7's text format (see `report::info`).
 pub fn info(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let wanted: Vec<String> = args
         .iter()
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
-    Reply::bulk(crate::metrics::info::render(
-        ctx.engine, ctx.shared, &wanted,
-    ))
-    .into()
+    Reply::bulk(crate::report::info::render(ctx.engine, ctx.shared, &wanted)).into()
 }
 
 /// Redis 7's `LATENCY HISTOGRAM` body of one command: `calls` and the cumulative count

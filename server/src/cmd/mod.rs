@@ -5,6 +5,7 @@
 pub mod args;
 pub mod buyer;
 pub mod conn;
+pub mod feed_reply;
 pub mod group;
 pub mod introspect;
 pub mod multi;
@@ -14,10 +15,14 @@ pub mod sale;
 pub mod stream;
 pub mod sweeper;
 pub mod table;
+pub mod timed;
 
 use crate::engine::{Engine, Lsn};
 use crate::protocol::Reply;
 use crate::session::{ConnState, Shared};
+use crate::takeover::Takeover;
+
+pub use timed::dispatch_timed;
 
 /// Everything a command may touch.
 pub struct Ctx<'a> {
@@ -40,35 +45,6 @@ pub struct Outcome {
     /// stream goes to this function (`SUBSCRIBE`: a
     /// subscriber). If it hands the stream back, the connection takes commands again.
     pub takeover: Option<Takeover>,
-}
-
-/// See [`Outcome::takeover`].
-pub type Takeover = Box<
-    dyn FnOnce(
-            tokio::net::TcpStream,
-            bytes::BytesMut,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Handback> + Send>>
-        + Send,
->;
-
-/// How a [`Takeover`] ends.
-pub enum Handback {
-    /// The connection takes commands again, with what the client sent meanwhile.
-    Resume(tokio::net::TcpStream, bytes::BytesMut),
-    /// The client broke a framing limit. The connection answers and closes it as it does
-    /// for a command connection (one place: the server's connection loop).
-    Refused(tokio::net::TcpStream, Refusal),
-    /// The connection is over (the client left or quit, or a write failed).
-    Closed,
-}
-
-/// A framing limit a client broke; the connection closes after the error reply.
-#[derive(Debug)]
-pub enum Refusal {
-    /// Malformed RESP.
-    Protocol(crate::protocol::ProtocolError),
-    /// An unfinished command over `--max-query-buffer`.
-    QueryBuffer,
 }
 
 /// The rest of a blocking command, run by the connection. Bounded in time by the command.

@@ -53,6 +53,9 @@ impl<'a> Reserve<'a> {
         };
         match ctx.engine.reserve(&req) {
             Ok((outcome, lsn)) => {
+                ctx.conn
+                    .recorder
+                    .count_reserve(&ctx.shared.metrics, self.sku, &outcome);
                 // A sellout is read from counters other loops' RESERVEs may have moved
                 // before logging: it waits for those records (`Engine::observed_lsn`).
                 let lsn = match outcome {
@@ -97,7 +100,6 @@ impl<'a> Reserve<'a> {
                         }
                     }
                 };
-                ctx.shared.stats.count_reserve(&reply);
                 Outcome::logged(reply, lsn)
             }
             Err(e) => {

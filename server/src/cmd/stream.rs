@@ -2,36 +2,12 @@
 //! parse, read from `crate::feed`, and answer in exactly Redis's reply shapes, so stream
 //! clients (redis-py's `xread`/`xrange`...) parse them unmodified.
 
-use std::sync::Arc;
-
 use super::args::Args;
+use super::feed_reply::{entry_reply, feed, feed_error, parse_count};
 use super::{Ctx, Outcome};
 use crate::engine::Lsn;
 use crate::feed::{id, Entry, Feed, FeedError, Stream};
-use crate::protocol::reply::from_feed_error;
 use crate::protocol::Reply;
-
-pub(super) fn feed(ctx: &Ctx<'_>) -> Result<Arc<Feed>, Reply> {
-    ctx.shared
-        .feed
-        .get()
-        .cloned()
-        .ok_or_else(|| from_feed_error(&FeedError::NoLog))
-}
-
-pub(super) fn fe(e: FeedError) -> Reply {
-    from_feed_error(&e)
-}
-
-pub(super) fn entry_reply(e: Entry) -> Reply {
-    let mut kv = Vec::with_capacity(e.fields.len() * 2);
-    let id = e.id();
-    for (k, v) in e.fields {
-        kv.push(Reply::bulk(k));
-        kv.push(Reply::Bulk(v.into_bytes()));
-    }
-    Reply::Array(vec![Reply::Bulk(id.into_bytes()), Reply::Array(kv)])
-}
 
 pub(super) fn entries_reply(es: Vec<Entry>) -> Reply {
     Reply::Array(es.into_iter().map(entry_reply).collect())
@@ -58,10 +34,6 @@ pub(super) fn xread_reply(proto: u8, found: Vec<(String, Vec<Entry>)>) -> Reply 
                 .collect(),
         )
     }
-}
-
-pub(super) fn parse_count(a: &mut Args<'_>) -> Result<u64, Reply> {
-    a.next_u64_in("count", 0, i64::MAX as u64)
 }
 
 /// `XREAD [COUNT n] [BLOCK ms] STREAMS key... id...`
@@ -97,11 +69,11 @@ impl XRead {
         }
         let mut keys = Vec::with_capacity(n / 2);
         for _ in 0..n / 2 {
-            keys.push(Stream::parse(a.next_bytes()?).map_err(fe)?);
+            keys.push(Stream::parse(a.next_bytes()?).map_err(feed_error)?);
         }
         let mut streams = Vec::with_capacity(n / 2);
         for k in keys {
-            let after = id::read_after(a.next_bytes()?).map_err(fe)?;
+            let after = id::read_after(a.next_bytes()?).map_err(feed_error)?;
             // Stored as "the last LSN already seen": `read_after` gave the first to read.
             streams.push((k, after.map(|first| first - 1)));
         }
@@ -128,18 +100,18 @@ impl XRead {
             .into_iter()
             .map(|(s, after)| (s, after.unwrap_or(durable)))
             .collect();
-        let (found, exhausted) = poll(&feed, &mut cursors, count).map_err(fe)?;
+        let (found, exhausted) = poll(&feed, &mut cursors, count).map_err(feed_error)?;
         let proto = ctx.conn.proto;
         if !found.is_empty() {
             return Ok(xread_reply(proto, found).into());
         }
         let Some(block_ms) = self.block_ms else {
             if let Some(e) = exhausted {
-                return Err(fe(e));
+                return Err(feed_error(e));
             }
             return Ok(Reply::Nil.into());
         };
-        let slot = feed.try_block().map_err(fe)?;
+        let slot = feed.try_block().map_err(feed_error)?;
         let deadline = feed.block_deadline(block_ms);
         let wait = Box::pin(async move {
             let _slot = slot;
@@ -152,7 +124,7 @@ impl XRead {
                 match poll(&feed, &mut cursors, count) {
                     Ok((found, _)) if !found.is_empty() => return xread_reply(proto, found),
                     Ok(_) => {}
-                    Err(e) => return fe(e),
+                    Err(e) => return feed_error(e),
                 }
             }
         });
@@ -204,11 +176,11 @@ impl XRange {
     pub fn parse(args: &[&[u8]], rev: bool) -> Result<Self, Reply> {
         let name = if rev { "xrevrange" } else { "xrange" };
         let mut a = Args::new(name, args);
-        let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+        let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
         let (x, y) = (a.next_bytes()?, a.next_bytes()?);
         let (start, end) = if rev { (y, x) } else { (x, y) };
-        let from = id::range_start(start).map_err(fe)?;
-        let to = id::range_end(end).map_err(fe)?;
+        let from = id::range_start(start).map_err(feed_error)?;
+        let to = id::range_end(end).map_err(feed_error)?;
         let mut count = None;
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
@@ -241,12 +213,14 @@ impl XRange {
             return Reply::Array(Vec::new()).into();
         };
         match feed.scan(&self.stream, self.from, to, count, self.rev) {
-            Ok(s) if s.entries.is_empty() && s.budget_exhausted => fe(FeedError::ScanLimit {
-                stream: self.stream.name(),
-                from: self.from,
-                to: s.next - 1,
-            })
-            .into(),
+            Ok(s) if s.entries.is_empty() && s.budget_exhausted => {
+                feed_error(FeedError::ScanLimit {
+                    stream: self.stream.name(),
+                    from: self.from,
+                    to: s.next - 1,
+                })
+                .into()
+            }
             Ok(s) => {
                 let mut es = s.entries;
                 if self.rev {
@@ -254,7 +228,7 @@ impl XRange {
                 }
                 entries_reply(es).into()
             }
-            Err(e) => fe(e).into(),
+            Err(e) => feed_error(e).into(),
         }
     }
 }
@@ -267,13 +241,13 @@ pub struct XLen {
 impl XLen {
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xlen", args);
-        let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+        let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
         a.done()?;
         Ok(XLen { stream })
     }
 
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
-        let r = feed(ctx).and_then(|f| f.len(&self.stream).map_err(fe));
+        let r = feed(ctx).and_then(|f| f.len(&self.stream).map_err(feed_error));
         match r {
             Ok(n) => Reply::Int(n.min(i64::MAX as u64) as i64).into(),
             Err(r) => r.into(),
@@ -313,7 +287,7 @@ impl XInfo {
         let Some(sub) = shape else {
             return Err(super::group::xinfo_sub_err(&sub));
         };
-        let stream = Stream::parse(a.next_bytes()?).map_err(fe)?;
+        let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
         Ok(XInfo { stream, sub })
     }
 
@@ -332,15 +306,15 @@ impl XInfo {
             InfoSub::Stream => {}
         }
         let durable = feed.readable_lsn();
-        let len = feed.len(&self.stream).map_err(fe)?;
+        let len = feed.len(&self.stream).map_err(feed_error)?;
         let first = feed
             .scan(&self.stream, 1.max(feed.first_lsn()), durable, 1, false)
-            .map_err(fe)?
+            .map_err(feed_error)?
             .entries
             .pop();
         let last = feed
             .scan(&self.stream, 1, durable, 1, true)
-            .map_err(fe)?
+            .map_err(feed_error)?
             .entries
             .pop();
         // The all-events stream's last entry is the last durable record, unless that is

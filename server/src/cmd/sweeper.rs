@@ -3,6 +3,7 @@
 use super::args::Args;
 use super::{Ctx, Outcome};
 use crate::engine::ReleaseReason;
+use crate::metrics::SaleEvent;
 use crate::protocol::Reply;
 
 /// Largest page EXPIRED returns, whatever COUNT says: replies stay bounded.
@@ -39,6 +40,11 @@ impl<'a> Release<'a> {
 
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let (released, lsn) = ctx.engine.release_with(self.token, self.reason);
+        if released {
+            ctx.conn
+                .recorder
+                .count_finished(&ctx.shared.metrics, self.token, SaleEvent::Release);
+        }
         Outcome::logged(Reply::Int(released as i64), lsn)
     }
 }

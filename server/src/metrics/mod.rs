@@ -1,7 +1,8 @@
-//! Operational metrics: per-command counters and latency histograms, error counts per
-//! error code, the slow log, reserve outcomes per sale and admission denials by reason
-//! (from the engine's typed refusal, never from the reply's text). `INFO`, `LATENCY HISTOGRAM`,
-//! `SLOWLOG`, the Prometheus/JSON endpoint and `stockgate top` all read these.
+//! Operational metrics, as a store the commands record into: per-command counters and
+//! latency histograms, error counts per error code, the slow log, reserve outcomes per
+//! sale and admission denials by reason (from the engine's typed outcome or refusal, never
+//! from the reply's text). `INFO`, `LATENCY HISTOGRAM`, `SLOWLOG`, the Prometheus/JSON
+//! endpoint (`crate::report`) read these.
 //!
 //! Cost on the hot path: a connection records each command into its own [`Recorder`]
 //! (two clock reads, a table lookup, a push into a local vector) and publishes the batch
@@ -10,37 +11,32 @@
 //! outcome counters are striped per thread the same way, so two threads selling the same
 //! hot SKU never share a cache line.
 //!
-//! This module depends only on the engine's public views and the command table.
+//! The store knows no command: a command is a slot index and a name that the caller
+//! (`cmd::timed`) passes in. It depends only on the engine's public types.
 
-pub mod http;
-pub mod info;
 pub mod logging;
-pub mod prom;
 pub mod slowlog;
 pub mod sys;
-pub mod top;
-pub mod view;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use crossbeam::utils::CachePadded;
 use hdrhistogram::Histogram;
 use parking_lot::{Mutex, RwLock};
 
-use crate::cmd::table::{self, COMMANDS};
-use crate::cmd::{Ctx, Outcome};
-use crate::engine::{Denied, EngineError};
-use crate::protocol::Reply;
+use crate::engine::{Denied, EngineError, ReserveOutcome};
 
 pub use slowlog::{SlowEntry, SlowLog};
 
 /// Stripes for per-thread accumulation. More than the worker threads of any sane
 /// deployment; a collision only costs contention, never correctness.
 const STRIPES: usize = 16;
+/// Command slots a store keeps: more than the command table has; a slot beyond it is
+/// not counted (slots come from the table, never from a client).
+pub const MAX_COMMANDS: usize = 256;
 /// Distinct error codes tracked, as Redis's `ERROR_STATS_NUMBER`: a client inventing
 /// error codes cannot grow the table without bound.
 pub const MAX_ERROR_CODES: usize = 128;
@@ -95,6 +91,8 @@ fn my_stripe() -> usize {
 
 #[derive(Default)]
 struct CmdCell {
+    /// The command's name, set by its first sample ("" until then).
+    name: &'static str,
     calls: u64,
     nanos: u64,
     rejected: u64,
@@ -154,7 +152,7 @@ impl<const N: usize> Striped<N> {
 }
 
 /// Merged counters of one command.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct CmdStats {
     pub name: &'static str,
     pub calls: u64,
@@ -217,12 +215,7 @@ impl Metrics {
             .collect();
         Metrics {
             stripes: (0..STRIPES)
-                .map(|_| {
-                    CachePadded::new(Mutex::new(Stripe {
-                        cmds: (0..COMMANDS.len()).map(|_| CmdCell::default()).collect(),
-                        ..Stripe::default()
-                    }))
-                })
+                .map(|_| CachePadded::new(Mutex::new(Stripe::default())))
                 .collect(),
             sales: RwLock::new(HashMap::new()),
             other_sales: Arc::new(SaleCounters::new()),
@@ -243,18 +236,6 @@ impl Metrics {
         self.slowlog.lock().set_max_len(slowlog_max_len);
         self.max_label_sales
             .store(max_label_sales, Ordering::Relaxed);
-    }
-
-    /// A connection's private accumulator.
-    pub fn recorder(&self) -> Recorder {
-        Recorder {
-            samples: Vec::with_capacity(32),
-            errors: Vec::new(),
-            sale: None,
-            last_name: ([0; 24], usize::MAX),
-            last_cmd: 0,
-            last_end: None,
-        }
     }
 
     fn sale_counters(&self, sku: &[u8]) -> Arc<SaleCounters> {
@@ -290,6 +271,25 @@ impl Metrics {
         self.other_sales.totals()
     }
 
+    /// RESERVE outcomes summed over every sale (INFO stats' `reserve_*`).
+    pub fn reserve_totals(&self) -> [u64; SALE_EVENTS] {
+        let mut out = self.other_sales.totals();
+        for c in self.sales.read().values() {
+            for (o, n) in out.iter_mut().zip(c.totals()) {
+                *o += n;
+            }
+        }
+        out
+    }
+
+    /// A command that took `micros` goes to the slow log if it is over the threshold.
+    pub fn log_if_slow(&self, name: &str, argv: &[&[u8]], micros: u64, addr: &str, client: &str) {
+        let slower = self.slowlog_slower_than.load(Ordering::Relaxed);
+        if slower >= 0 && micros as i64 >= slower {
+            self.slowlog.lock().push(name, argv, micros, addr, client);
+        }
+    }
+
     /// A RESERVE the engine refused, from its typed error: a denial by its reason, and
     /// the refusals a sale counts (denied, paused, fenced). Other errors (no such sale,
     /// bad arguments) have no sale to count against.
@@ -312,22 +312,19 @@ impl Metrics {
         std::array::from_fn(|i| (Denied::ALL[i], t[i]))
     }
 
-    /// Every command's merged counters, in command-table order.
+    /// The merged counters of every command recorded since the start (or the last
+    /// reset), in slot order (the command table's).
     pub fn commands(&self) -> Vec<CmdStats> {
-        let mut out: Vec<CmdStats> = COMMANDS
-            .iter()
-            .map(|s| CmdStats {
-                name: s.name,
-                calls: 0,
-                nanos: 0,
-                rejected: 0,
-                failed: 0,
-                hist: None,
-            })
-            .collect();
+        let mut out: Vec<CmdStats> = Vec::new();
         for s in self.stripes.iter() {
             let st = s.lock();
+            if out.len() < st.cmds.len() {
+                out.resize_with(st.cmds.len(), CmdStats::default);
+            }
             for (o, c) in out.iter_mut().zip(st.cmds.iter()) {
+                if o.name.is_empty() {
+                    o.name = c.name;
+                }
                 o.calls += c.calls;
                 o.nanos += c.nanos;
                 o.rejected += c.rejected;
@@ -343,6 +340,7 @@ impl Metrics {
                 }
             }
         }
+        out.retain(|c| !c.name.is_empty());
         out
     }
 
@@ -391,17 +389,22 @@ impl Metrics {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
+/// How a command ended, as Redis's commandstats counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    /// Ran and answered.
     Ok,
+    /// Ran and answered an error (`failed_calls`).
     Failed,
+    /// Refused before running: arity, NOAUTH, NOPERM (`rejected_calls`, not a call).
     Rejected,
 }
 
 struct Sample {
     cmd: u16,
+    name: &'static str,
     nanos: u64,
-    kind: Kind,
+    kind: CallKind,
 }
 
 /// A connection's accumulator: commands of the current batch, published by
@@ -412,7 +415,7 @@ pub struct Recorder {
     /// The last sale this connection touched: a hot connection sells one SKU, so the
     /// shared map is consulted once, not per command.
     sale: Option<(Box<[u8]>, Arc<SaleCounters>)>,
-    /// The last command name as the client spelled it, and its index: a connection
+    /// The last command name as the client spelled it, and its slot: a connection
     /// mostly repeats one command, so an exact byte compare usually finds it.
     /// (A copy, not a `Bytes` clone, which would pin the whole read buffer.)
     last_name: ([u8; 24], usize),
@@ -422,16 +425,17 @@ pub struct Recorder {
     last_end: Option<Instant>,
 }
 
-/// Index of a command in [`COMMANDS`], without allocating.
-fn command_index(name: &[u8]) -> Option<usize> {
-    COMMANDS
-        .iter()
-        .position(|s| s.name.len() == name.len() && s.name.as_bytes().eq_ignore_ascii_case(name))
-}
-
-/// The error code of an error reply: its first word, as Redis's errorstats.
-pub fn error_code(e: &str) -> &str {
-    e.split(' ').next().unwrap_or(e)
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder {
+            samples: Vec::with_capacity(32),
+            errors: Vec::new(),
+            sale: None,
+            last_name: ([0; 24], usize::MAX),
+            last_cmd: 0,
+            last_end: None,
+        }
+    }
 }
 
 /// The `{sku}` hash tag a reservation token starts with.
@@ -441,147 +445,87 @@ fn token_sku(token: &[u8]) -> Option<&[u8]> {
     (end > 0).then(|| &rest[..end])
 }
 
-/// Runs one command through [`crate::cmd::dispatch`] and records it: the single hook of
-/// metrics into command execution.
-///
-/// Transactions as Redis counts them: a command queued after `MULTI` is not a call (a
-/// queue-time refusal still counts as rejected); `EXEC` is a call, and so is each command
-/// it runs, with its reply (so RESERVE outcomes inside a transaction are counted). The
-/// commands inside share `EXEC`'s time evenly: the dispatcher does not time them apart.
-pub fn dispatch_timed(rec: &mut Recorder, ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
-    let mut queuing = false;
-    let mut exec_queue: Option<Vec<Vec<Bytes>>> = None;
-    if let Some(q) = ctx.conn.multi.as_ref() {
-        let name = argv.first().map(|n| n.as_ref()).unwrap_or(b"");
-        if name.eq_ignore_ascii_case(b"exec") {
-            exec_queue = (!q.aborted).then(|| q.commands.clone());
-        } else if !command_index(name)
-            .is_some_and(|i| crate::cmd::multi::runs_at_once(&COMMANDS[i]))
-        {
-            queuing = true;
-        }
-    }
-    // One clock read per command: within a batch a command's time starts where the
-    // previous one's ended (so it includes its own parsing). A clock read costs 50-70 ns
-    // on this project's VMs, as much as everything else the hook does.
-    let t0 = rec.last_end.take().unwrap_or_else(Instant::now);
-    let o = crate::cmd::dispatch(ctx, argv);
-    let t1 = Instant::now();
-    rec.last_end = Some(t1);
-    let nanos = t1.saturating_duration_since(t0).as_nanos() as u64;
-    if queuing && !o.reply.is_error() {
-        return o;
-    }
-    rec.record(ctx, argv, &o.reply, nanos);
-    if let (Some(queue), Reply::Array(replies)) = (exec_queue, &o.reply) {
-        if queue.len() == replies.len() && !queue.is_empty() {
-            let each = nanos / queue.len() as u64;
-            for (a, r) in queue.iter().zip(replies) {
-                rec.record(ctx, &crate::cmd::multi::views(a), r, each);
-            }
-        }
-    }
-    o
+/// The error code of an error reply: its first word, as Redis's errorstats.
+pub fn error_code(e: &str) -> &str {
+    e.split(' ').next().unwrap_or(e)
 }
 
 impl Recorder {
-    fn record(&mut self, ctx: &Ctx<'_>, argv: &[&[u8]], reply: &Reply, nanos: u64) {
-        let Some(name) = argv.first() else { return };
+    /// When a command's time starts: within a batch, where the previous one's ended (so
+    /// it includes its own parsing); otherwise now. One clock read per command: a clock
+    /// read costs 50-70 ns on this project's VMs, as much as everything else recorded.
+    pub fn start(&mut self) -> Instant {
+        self.last_end.take().unwrap_or_else(Instant::now)
+    }
+
+    /// Ends the command started at `t0`: its time in nanoseconds.
+    pub fn stop(&mut self, t0: Instant) -> u64 {
+        let t1 = Instant::now();
+        self.last_end = Some(t1);
+        t1.saturating_duration_since(t0).as_nanos() as u64
+    }
+
+    /// The slot of the command `name`, remembered from the previous call when the client
+    /// spelled it the same way, else found by `find` (`None`: no such command).
+    pub fn slot(
+        &mut self,
+        name: &[u8],
+        find: impl FnOnce(&[u8]) -> Option<usize>,
+    ) -> Option<usize> {
         let (buf, len) = &self.last_name;
-        let idx = if *len == name.len() && buf[..*len] == name[..] {
-            Some(self.last_cmd)
-        } else {
-            let i = command_index(name);
-            if let (Some(i), Some(dst)) = (i, self.last_name.0.get_mut(..name.len())) {
-                dst.copy_from_slice(name);
-                self.last_name.1 = name.len();
-                self.last_cmd = i;
-            }
-            i
-        };
-        let err = match reply {
-            Reply::Error(e) => Some(e.as_str()),
-            _ => None,
-        };
-        if let Some(e) = err {
-            self.errors.push(error_code(e).into());
+        if *len == name.len() && buf[..*len] == name[..] {
+            return Some(self.last_cmd);
         }
-        let Some(idx) = idx else {
-            // Unknown command: an error reply, no command counters (as Redis).
-            return;
-        };
-        let spec = &COMMANDS[idx];
-        let kind = match err {
-            None => Kind::Ok,
-            Some(e) => {
-                let code = error_code(e);
-                if code == "NOAUTH" || code == "NOPERM" || !table::arity_ok(spec, argv.len()) {
-                    Kind::Rejected
-                } else {
-                    Kind::Failed
-                }
-            }
-        };
+        let i = find(name);
+        if let (Some(i), Some(dst)) = (i, self.last_name.0.get_mut(..name.len())) {
+            dst.copy_from_slice(name);
+            self.last_name.1 = name.len();
+            self.last_cmd = i;
+        }
+        i
+    }
+
+    /// An error reply, counted under its code.
+    pub fn error(&mut self, e: &str) {
+        self.errors.push(error_code(e).into());
+    }
+
+    /// One command of slot `cmd` that took `nanos`.
+    pub fn sample(&mut self, cmd: usize, name: &'static str, nanos: u64, kind: CallKind) {
+        let Ok(cmd) = u16::try_from(cmd) else { return };
         self.samples.push(Sample {
-            cmd: idx as u16,
+            cmd,
+            name,
             nanos,
             kind,
         });
-        self.count_sale(ctx, spec.name, argv, reply);
-        let m = &ctx.shared.metrics;
-        let slower = m.slowlog_slower_than.load(Ordering::Relaxed);
-        if slower >= 0 && !matches!(kind, Kind::Rejected) && (nanos / 1000) as i64 >= slower {
-            m.slowlog.lock().push(
-                spec.name,
-                argv,
-                nanos / 1000,
-                &ctx.conn.addr,
-                ctx.conn.name.as_deref().unwrap_or(""),
-            );
-        }
-        if spec.name.starts_with("sale.") {
-            logging::lifecycle(spec.name, argv, reply);
+    }
+
+    /// A RESERVE the engine answered, counted against its sale from the typed outcome.
+    pub fn count_reserve(&mut self, m: &Metrics, sku: &str, outcome: &ReserveOutcome) {
+        let ev = match outcome {
+            ReserveOutcome::Reserved { .. } => SaleEvent::Reserved,
+            ReserveOutcome::Replay { .. } => SaleEvent::Replay,
+            ReserveOutcome::SoldOut => SaleEvent::SoldOut,
+            ReserveOutcome::Limit { .. } => SaleEvent::Limit,
+        };
+        self.count_sale(m, sku.as_bytes(), ev);
+    }
+
+    /// A reservation that RELEASE or COMMIT finished (`ev`), counted against the sale
+    /// its token's `{sku}` hash tag names.
+    pub fn count_finished(&mut self, m: &Metrics, token: &str, ev: SaleEvent) {
+        if let Some(sku) = token_sku(token.as_bytes()) {
+            self.count_sale(m, sku, ev);
         }
     }
 
-    fn count_sale(&mut self, ctx: &Ctx<'_>, name: &str, argv: &[&[u8]], reply: &Reply) {
-        let (sku, ev) = match name {
-            "reserve" => {
-                let ev = match reply {
-                    Reply::Array(items) => match items.first().and_then(Reply::as_bulk) {
-                        Some(b) => match b {
-                            b"RESERVED" => SaleEvent::Reserved,
-                            b"REPLAY" => SaleEvent::Replay,
-                            b"SOLDOUT" => SaleEvent::SoldOut,
-                            b"LIMIT" => SaleEvent::Limit,
-                            _ => return,
-                        },
-                        _ => return,
-                    },
-                    // Refusals are counted by the command from its typed error
-                    // (`Metrics::count_reserve_error`).
-                    _ => return,
-                };
-                let Some(&sku) = argv.get(1) else { return };
-                (sku, ev)
-            }
-            "release" | "commit" if matches!(reply, Reply::Int(1)) => {
-                let Some(sku) = argv.get(1).and_then(|t| token_sku(t)) else {
-                    return;
-                };
-                let ev = if name == "release" {
-                    SaleEvent::Release
-                } else {
-                    SaleEvent::Commit
-                };
-                (sku, ev)
-            }
-            _ => return,
-        };
+    /// One `ev` of the sale `sku`.
+    pub fn count_sale(&mut self, m: &Metrics, sku: &[u8], ev: SaleEvent) {
         match &self.sale {
             Some((k, c)) if k.as_ref() == sku => c.add(ev as usize),
             _ => {
-                let c = ctx.shared.metrics.sale_counters(sku);
+                let c = m.sale_counters(sku);
                 c.add(ev as usize);
                 self.sale = Some((sku.into(), c));
             }
@@ -596,16 +540,24 @@ impl Recorder {
         }
         let mut st = m.stripes[my_stripe()].lock();
         for s in self.samples.drain(..) {
-            let Some(c) = st.cmds.get_mut(s.cmd as usize) else {
+            let slot = s.cmd as usize;
+            if slot >= MAX_COMMANDS {
+                continue;
+            }
+            if st.cmds.len() <= slot {
+                st.cmds.resize_with(slot + 1, CmdCell::default);
+            }
+            let Some(c) = st.cmds.get_mut(slot) else {
                 continue;
             };
+            c.name = s.name;
             match s.kind {
-                Kind::Rejected => {
+                CallKind::Rejected => {
                     c.rejected += 1;
                     continue;
                 }
-                Kind::Failed => c.failed += 1,
-                Kind::Ok => {}
+                CallKind::Failed => c.failed += 1,
+                CallKind::Ok => {}
             }
             c.calls += 1;
             c.nanos += s.nanos;
@@ -628,4 +580,32 @@ impl Recorder {
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_are_bounded() {
+        let m = Metrics::new();
+        let mut r = Recorder::default();
+        for i in 0..(MAX_ERROR_CODES + 50) {
+            r.error(&format!("E{i} something"));
+        }
+        r.flush(&m);
+        let (codes, total) = m.errors();
+        assert_eq!(codes.len(), MAX_ERROR_CODES);
+        assert_eq!(total, (MAX_ERROR_CODES + 50) as u64);
+    }
+
+    #[test]
+    fn commands_keep_slot_order_and_drop_unrecorded_slots() {
+        let m = Metrics::new();
+        let mut r = Recorder::default();
+        r.sample(7, "seven", 1_000, CallKind::Ok);
+        r.sample(2, "two", 1_000, CallKind::Rejected);
+        r.flush(&m);
+        let names: Vec<_> = m.commands().iter().map(|c| c.name).collect();
+        assert_eq!(names, ["two", "seven"]);
+        m.reset();
+        assert!(m.commands().is_empty());
+    }
+}

@@ -32,6 +32,15 @@ impl Default for Limits {
 #[error("Protocol error: {0}")]
 pub struct ProtocolError(pub String);
 
+/// A framing limit a client broke; the connection closes after the error reply.
+#[derive(Debug)]
+pub enum Refusal {
+    /// Malformed RESP.
+    Protocol(ProtocolError),
+    /// An unfinished command over `--max-query-buffer`.
+    QueryBuffer,
+}
+
 fn perr(s: impl Into<String>) -> ProtocolError {
     ProtocolError(s.into())
 }

@@ -5,6 +5,6 @@ pub mod frame;
 pub mod reply;
 
 pub use frame::{
-    parse_command, parse_command_into, parse_frame, Frame, Limits, Parsed, ProtocolError,
+    parse_command, parse_command_into, parse_frame, Frame, Limits, Parsed, ProtocolError, Refusal,
 };
 pub use reply::Reply;

@@ -7,9 +7,9 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use super::view::{self, SaleRow};
-use super::{sys, SaleEvent, OTHER_SALES, SALE_EVENTS, SALE_EVENT_NAMES};
 use crate::engine::Engine;
-use crate::server::Shared;
+use crate::metrics::{sys, SaleEvent, OTHER_SALES, SALE_EVENTS, SALE_EVENT_NAMES};
+use crate::session::Shared;
 
 /// Latency buckets (seconds): a RESERVE takes microseconds; a slow disk milliseconds.
 pub const BUCKETS: [f64; 14] = [

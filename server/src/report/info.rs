@@ -5,9 +5,10 @@
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
-use super::{sys, view, CmdStats, SaleEvent};
+use super::view;
 use crate::engine::Engine;
-use crate::server::Shared;
+use crate::metrics::{sys, CmdStats, SaleEvent};
+use crate::session::Shared;
 
 /// Sections in Redis's order (`sales` before `keyspace`, as a module section would be).
 const ALL: &[&str] = &[

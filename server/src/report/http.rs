@@ -12,9 +12,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use super::{prom, view, HistoryPoint, SaleEvent};
+use super::{prom, view};
 use crate::engine::Engine;
-use crate::server::Shared;
+use crate::metrics::{HistoryPoint, SaleEvent, SALE_EVENT_NAMES};
+use crate::session::Shared;
 
 const STATUS_PAGE: &str = include_str!("status.html");
 const MAX_REQUEST: usize = 8 * 1024;
@@ -174,7 +175,7 @@ pub fn json(engine: &Engine, shared: &Shared) -> String {
             r.reserved,
             r.committed
         );
-        for (j, name) in super::SALE_EVENT_NAMES.iter().enumerate() {
+        for (j, name) in SALE_EVENT_NAMES.iter().enumerate() {
             if j > 0 {
                 o.push(',');
             }

@@ -1,11 +1,11 @@
 //! What every reader (INFO, Prometheus, JSON) shows, gathered in one place from the
-//! engine's public views, the server's counters and [`super::Metrics`].
+//! engine's public views, the server's counters and [`crate::metrics::Metrics`].
 
 use std::sync::atomic::Ordering;
 
-use super::{SaleEvent, SALE_EVENTS};
 use crate::engine::Engine;
-use crate::server::Shared;
+use crate::metrics::{SaleEvent, SALE_EVENTS};
+use crate::session::Shared;
 
 /// One sale as operators see it.
 #[derive(Clone, Debug, Default)]
@@ -88,10 +88,13 @@ pub fn persistence_u64(fields: &[(String, String)], key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The server's own counters (`Stats`), named as INFO stats names them.
+/// The server's own counters (`Stats`) and the RESERVE outcomes of every sale, named as
+/// INFO stats names them.
 pub fn server_stats(shared: &Shared) -> Vec<(&'static str, u64)> {
     let st = &shared.stats;
     let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let reserve = shared.metrics.reserve_totals();
+    let outcome = |e: SaleEvent| reserve[e as usize];
     vec![
         ("total_connections_received", l(&st.connections)),
         ("total_commands_processed", l(&st.commands)),
@@ -102,16 +105,17 @@ pub fn server_stats(shared: &Shared) -> Vec<(&'static str, u64)> {
         ("query_buffer_limit_disconnects", l(&st.qbuf_disconnects)),
         ("output_buffer_limit_disconnects", l(&st.obuf_disconnects)),
         ("idle_timeout_disconnects", l(&st.idle_disconnects)),
-        ("reserve_reserved", l(&st.reserved)),
-        ("reserve_replay", l(&st.replay)),
-        ("reserve_soldout", l(&st.soldout)),
-        ("reserve_limit", l(&st.limit)),
+        ("reserve_reserved", outcome(SaleEvent::Reserved)),
+        ("reserve_replay", outcome(SaleEvent::Replay)),
+        ("reserve_soldout", outcome(SaleEvent::SoldOut)),
+        ("reserve_limit", outcome(SaleEvent::Limit)),
         ("total_net_input_bytes", l(&st.net_input_bytes)),
         ("total_net_output_bytes", l(&st.net_output_bytes)),
     ]
 }
 
-/// `CONFIG RESETSTAT` of the server's counters (not the gauges: connected clients).
+/// `CONFIG RESETSTAT` of the server's counters (not the gauges: connected clients). The
+/// RESERVE outcomes are the store's, reset with it.
 pub fn reset_server_stats(shared: &Shared) {
     let st = &shared.stats;
     for a in [
@@ -124,10 +128,6 @@ pub fn reset_server_stats(shared: &Shared) {
         &st.qbuf_disconnects,
         &st.obuf_disconnects,
         &st.idle_disconnects,
-        &st.reserved,
-        &st.replay,
-        &st.soldout,
-        &st.limit,
         &st.net_input_bytes,
         &st.net_output_bytes,
     ] {

@@ -1,0 +1,13 @@
+//! What the server reports of itself, rendered from the metrics store (`crate::metrics`)
+//! and the server's own state (`crate::session`): `INFO`, the Prometheus text, the status
+//! page and its JSON, and `stockgate top`, the terminal view of them. Above the store and
+//! the session, below the commands (`INFO` is one).
+
+pub mod http;
+pub mod info;
+pub mod prom;
+pub mod top;
+pub mod view;
+
+#[cfg(test)]
+mod tests;
