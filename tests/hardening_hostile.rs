@@ -295,3 +295,36 @@ async fn subscribers_are_held_to_the_query_buffer_limit() {
         Value::Int(0)
     );
 }
+
+/// Commands pipelined behind the last UNSUBSCRIBE (one packet) are answered at once, as
+/// Redis does: the bytes the subscriber mode hands back are not left waiting for more.
+#[test]
+fn commands_behind_the_last_unsubscribe_are_answered_without_more_input() {
+    let srv = Server::start(&[]);
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    s.write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$2\r\nch\r\n")
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = String::new();
+    while !got.contains(":1\r\n") {
+        let n = s.read(&mut buf).expect("the SUBSCRIBE confirmation");
+        assert!(n > 0, "closed: {got:?}");
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    s.write_all(b"*1\r\n$11\r\nUNSUBSCRIBE\r\n*1\r\n$4\r\nPING\r\n")
+        .unwrap();
+    let mut got = String::new();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !got.contains("+PONG\r\n") && Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.push_str(&String::from_utf8_lossy(&buf[..n])),
+        }
+    }
+    assert!(got.contains("unsubscribe"), "{got:?}");
+    assert!(
+        got.contains("+PONG\r\n"),
+        "PING behind UNSUBSCRIBE not answered: {got:?}"
+    );
+}

@@ -228,30 +228,37 @@ async fn handle(
             }
         })
     };
+    // Bytes handed back by a takeover (a subscriber's last UNSUBSCRIBE with more commands
+    // behind it in the same packet) are commands already read: run them before reading.
+    let mut handed_back = false;
     loop {
         if inbuf.capacity() - inbuf.len() < 4096 {
             inbuf.reserve(16 * 1024);
         }
-        let read = tokio::select! {
-            // Fixed order: shutdown first (an atomic load), so a client that never stops
-            // sending still lets the server stop; then the socket.
-            biased;
-            _ = shutting_down() => return,
-            r = stream.read_buf(&mut inbuf) => r,
-            _ = async {
-                match idle {
-                    Some(d) => tokio::time::sleep(d).await,
-                    None => std::future::pending::<()>().await,
+        let read_bytes = if std::mem::take(&mut handed_back) {
+            0
+        } else {
+            let read = tokio::select! {
+                // Fixed order: shutdown first (an atomic load), so a client that never stops
+                // sending still lets the server stop; then the socket.
+                biased;
+                _ = shutting_down() => return,
+                r = stream.read_buf(&mut inbuf) => r,
+                _ = async {
+                    match idle {
+                        Some(d) => tokio::time::sleep(d).await,
+                        None => std::future::pending::<()>().await,
+                    }
+                } => {
+                    shared.stats.idle_disconnects.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(client = %addr, "client dropped: idle timeout");
+                    return;
                 }
-            } => {
-                shared.stats.idle_disconnects.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(client = %addr, "client dropped: idle timeout");
-                return;
+            };
+            match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n as u64,
             }
-        };
-        let read_bytes = match read {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n as u64,
         };
         let mut lsn: Lsn = 0;
         let mut close = false;
@@ -363,6 +370,7 @@ async fn handle(
                 Handback::Resume(s, b) => {
                     stream = s;
                     inbuf = b;
+                    handed_back = !inbuf.is_empty();
                 }
                 Handback::Refused(mut s, why) => {
                     refuse(shared, &addr, conn.proto, why, &mut out);
