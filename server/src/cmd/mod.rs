@@ -3,17 +3,16 @@
 //! role in one place before any command runs.
 
 pub mod args;
-pub mod buyer;
 pub mod conn;
 pub mod feed_reply;
 pub mod group;
+pub mod hold;
 pub mod introspect;
 pub mod multi;
 pub mod replication;
 pub mod reserve;
 pub mod sale;
 pub mod stream;
-pub mod sweeper;
 pub mod table;
 pub mod timed;
 
@@ -122,12 +121,12 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
     let rest = &argv[1..];
     let r = match spec.name {
         "reserve" => reserve::Reserve::parse(rest).map(|c| c.apply(ctx)),
-        "stock" => buyer::Stock::parse(rest).map(|c| c.apply(ctx)),
-        "reservation" => buyer::Reservation::parse(rest).map(|c| c.apply(ctx)),
-        "extend" => buyer::Extend::parse(rest).map(|c| c.apply(ctx)),
-        "commit" => buyer::Commit::parse(rest).map(|c| c.apply(ctx)),
-        "release" => sweeper::Release::parse(rest).map(|c| c.apply(ctx)),
-        "expired" => sweeper::Expired::parse(rest).map(|c| c.apply(ctx)),
+        "stock" => hold::Stock::parse(rest).map(|c| c.apply(ctx)),
+        "reservation" => hold::Reservation::parse(rest).map(|c| c.apply(ctx)),
+        "extend" => hold::Extend::parse(rest).map(|c| c.apply(ctx)),
+        "commit" => hold::Commit::parse(rest).map(|c| c.apply(ctx)),
+        "release" => hold::Release::parse(rest).map(|c| c.apply(ctx)),
+        "expired" => hold::Expired::parse(rest).map(|c| c.apply(ctx)),
         "sale.create" => sale::Create::parse(rest).map(|c| c.apply(ctx)),
         "sale.info" => sale::Info::parse(rest).map(|c| c.apply(ctx)),
         "sale.list" => Ok(sale::list(ctx)),
