@@ -9,6 +9,7 @@ pub mod group;
 pub mod hold;
 pub mod introspect;
 pub mod multi;
+pub mod pubsub;
 pub mod replication;
 pub mod reserve;
 pub mod sale;
@@ -174,10 +175,10 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         }
         "role" => Ok(replication::role(ctx)),
         "wait" => replication::Wait::parse(rest).map(|c| c.apply(ctx)),
-        "publish" => Ok(replication::publish(ctx, rest)),
-        "subscribe" => Ok(replication::subscribe(ctx, rest, false)),
-        "psubscribe" => Ok(replication::subscribe(ctx, rest, true)),
-        "unsubscribe" | "punsubscribe" => Ok(replication::unsubscribe(rest, spec.name)),
+        "publish" => Ok(pubsub::publish(ctx, rest)),
+        "subscribe" => Ok(pubsub::subscribe(ctx, rest, false)),
+        "psubscribe" => Ok(pubsub::subscribe(ctx, rest, true)),
+        "unsubscribe" | "punsubscribe" => Ok(pubsub::unsubscribe(rest, spec.name)),
         "sentinel" => Ok(replication::sentinel(ctx, rest)),
         "raft.members" | "raft.add" | "raft.remove" => Ok(replication::raft(ctx, spec.name, rest)),
         "multi" => Ok(multi::multi(ctx)),

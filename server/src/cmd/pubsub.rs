@@ -1,0 +1,43 @@
+//! PUBLISH, SUBSCRIBE/PSUBSCRIBE and UNSUBSCRIBE outside subscriber mode: the
+//! connection is handed to `crate::pubsub`'s subscriber loop and back.
+
+use bytes::Bytes;
+
+use super::{Ctx, Outcome};
+use crate::protocol::Reply;
+
+pub fn publish(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
+    Reply::Int(ctx.shared.pubsub.publish(args[0], args[1]) as i64).into()
+}
+
+pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]], patterns: bool) -> Outcome {
+    let (hub, clients) = (ctx.shared.pubsub.clone(), ctx.shared.clients.clone());
+    let (id, proto, limits) = (
+        ctx.conn.id,
+        ctx.conn.proto,
+        (
+            ctx.shared.config.limits.clone(),
+            ctx.shared.config.max_query_buffer,
+        ),
+    );
+    // The subscriber loop outlives the read buffer these arguments point into.
+    let first = args.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+    Outcome::takeover(Box::new(move |stream, inbuf| {
+        Box::pin(crate::pubsub::subscriber(
+            hub,
+            clients,
+            id,
+            proto,
+            stream,
+            inbuf,
+            (patterns, first),
+            limits,
+        ))
+    }))
+}
+
+/// `(P)UNSUBSCRIBE` outside subscriber mode: nothing to leave (Redis's answer).
+pub fn unsubscribe(args: &[&[u8]], what: &str) -> Outcome {
+    let ch = args.first().map_or(Reply::Nil, |c| Reply::Bulk(c.to_vec()));
+    Reply::Array(vec![Reply::bulk(what), ch, Reply::Int(0)]).into()
+}
