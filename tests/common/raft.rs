@@ -558,12 +558,22 @@ pub fn check_all_present(g: &Group, leader: u64, acked: &[String], sku: &str, to
     assert!(reserved >= acked.len() as i64);
 }
 
-/// `INFO` field `name` of the member on `port` (a number).
+/// `INFO` field `name` of the member on `port` (a number). A member that installs a
+/// snapshot re-executes itself and drops its connections, possibly between the connect and
+/// the reply: an I/O error is retried on a new connection for a while.
 pub fn info_field(port: u16, name: &str) -> u64 {
-    let s: String = redis::cmd("INFO")
-        .arg("all")
-        .query(&mut conn(port))
-        .expect("info");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s: String = loop {
+        match redis::cmd("INFO").arg("all").query(&mut conn(port)) {
+            Ok(s) => break s,
+            Err(e)
+                if (e.is_io_error() || e.is_connection_dropped()) && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("INFO on {port}: {e}"),
+        }
+    };
     s.lines()
         .find_map(|l| l.strip_prefix(&format!("{name}:")))
         .and_then(|v| v.trim().parse().ok())
