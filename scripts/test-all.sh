@@ -5,7 +5,7 @@
 # start a throwaway cluster from its binaries), redis-py, the npm packages of tests/node,
 # and what the operations tests drive (tests/metrics_e2e.rs): prometheus-redis-exporter
 # (the real exporter scrapes stockgate), chromium (the status page, headless) and tmux
-# (`stockgate top` in a detached pane).
+# (`stockgate top` in a detached pane), and systemd-analyze (the units in deploy/systemd).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +16,8 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v prometheus-redis-exporter >/dev/null 2>&1 || need+=(prometheus-redis-exporter)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
+# systemd-analyze checks the units in deploy/systemd (tests/deploy_systemd.rs).
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
