@@ -18,6 +18,8 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 # systemd-analyze checks the units in deploy/systemd (tests/deploy_systemd.rs).
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# promtool checks and tests the rules in deploy/prometheus (tests/deploy_prometheus.rs).
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
