@@ -492,6 +492,11 @@ impl RaftNode {
                 .map_or(0, |l| l.index),
             snap.as_ref().map_or(0, |s| s.lsn),
         );
+        s.push_str(&format!(
+            "raft_group:{}\r\nraft_followers_caught_up:{}\r\n",
+            self.cfg.group_name,
+            followers_caught_up(&m, self.id),
+        ));
         match self.leader() {
             Some((id, n)) if id != self.id => {
                 let (h, p) = split_addr(&n.client_addr);
@@ -1065,4 +1070,27 @@ impl Replication for RaftNode {
     ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
         self.raft_command(sub, args)
     }
+}
+
+/// How far behind the leader's last log index a follower may be and still count as
+/// replicating (`raft_followers_caught_up`): a few batches of group commit.
+pub const CAUGHT_UP_ENTRIES: u64 = 1000;
+
+/// On a leader, the voters other than itself whose matched log index is within
+/// [`CAUGHT_UP_ENTRIES`] of its last one; 0 on any other member (only a leader knows).
+fn followers_caught_up(m: &openraft::RaftMetrics<NodeId, NodeInfo>, me: NodeId) -> usize {
+    if m.state != ServerState::Leader {
+        return 0;
+    }
+    let last = m.last_log_index.unwrap_or(0);
+    let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+    m.replication.as_ref().map_or(0, |r| {
+        r.iter()
+            .filter(|(id, matched)| {
+                **id != me
+                    && voters.contains(id)
+                    && matched.is_some_and(|l| l.index + CAUGHT_UP_ENTRIES >= last)
+            })
+            .count()
+    })
 }

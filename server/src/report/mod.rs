@@ -6,6 +6,7 @@
 pub mod http;
 pub mod info;
 pub mod prom;
+pub mod prom_raft;
 pub mod top;
 pub mod view;
 

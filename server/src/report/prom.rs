@@ -471,5 +471,8 @@ pub fn render(engine: &Engine, shared: &Shared) -> String {
         "Entries in the slow log.",
         m.slowlog.lock().len(),
     );
+    if let Some(repl) = shared.repl.get() {
+        o.0.push_str(&super::prom_raft::render(&repl.info()));
+    }
     o.0
 }
