@@ -6,6 +6,7 @@
 pub mod http;
 pub mod info;
 pub mod prom;
+#[cfg(feature = "tui")]
 pub mod top;
 pub mod view;
 

@@ -44,7 +44,7 @@ const K_HISTORY_BEGUN: u8 = 13;
 /// the kind byte is the body, which the module that logs them decodes. Framing and CRC
 /// are the same as every other record's; the log stays one sequence of records.
 pub const OPAQUE_KINDS: std::ops::RangeInclusive<u8> = 64..=127;
-/// The order feed's consumer-group records (`crate::feed::groups`): their numbers are
+/// The order feed's consumer-group records (`stockgate_server::feed::groups`): their numbers are
 /// allocated here, with every other kind, so no two modules ever share one.
 pub const K_GROUP_CREATED: u8 = 64;
 pub const K_GROUP_DESTROYED: u8 = 65;
@@ -691,7 +691,7 @@ pub(crate) mod tests {
         assert_eq!(buf.len(), 94, "bytes per typical Reserved record changed");
     }
 
-    /// `cargo test --release -p stockgate-server wal_record_measure -- --ignored --nocapture`
+    /// `cargo test --release -p stockgate-core wal_record_measure -- --ignored --nocapture`
     #[test]
     #[ignore]
     fn wal_record_measure_decode_one_million() {

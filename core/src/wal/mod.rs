@@ -18,7 +18,7 @@
 //!
 //! This module knows nothing of the engine's rules: events and snapshots are data.
 
-pub(crate) mod codec;
+pub mod codec;
 pub mod reader;
 pub mod record;
 mod recovery;

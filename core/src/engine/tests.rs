@@ -759,7 +759,7 @@ proptest! {
     }
 }
 
-/// `cargo test --release -p stockgate-server --lib bench_reserve_path -- --ignored --nocapture`
+/// `cargo test --release -p stockgate-core --lib bench_reserve_path -- --ignored --nocapture`
 #[test]
 #[ignore]
 fn bench_reserve_path() {

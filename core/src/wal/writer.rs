@@ -73,6 +73,8 @@ struct Shared {
     roll_requested: AtomicU64,
     progress: Mutex<Progress>,
     progress_cv: Condvar,
+    /// Wakes the async waiters ([`Wal::wait_durable`], `reader`'s `wait_durable_past`).
+    #[cfg(feature = "tokio")]
     notify: tokio::sync::Notify,
     catalog: Mutex<Catalog>,
     batches: AtomicU64,
@@ -96,6 +98,7 @@ impl Shared {
             p.closed |= closed;
         }
         self.progress_cv.notify_all();
+        #[cfg(feature = "tokio")]
         self.notify.notify_waiters();
     }
 
@@ -115,6 +118,7 @@ impl Shared {
             }
         }
         self.progress_cv.notify_all();
+        #[cfg(feature = "tokio")]
         self.notify.notify_waiters();
     }
 
@@ -216,6 +220,7 @@ impl Wal {
                 ..Progress::default()
             }),
             progress_cv: Condvar::new(),
+            #[cfg(feature = "tokio")]
             notify: tokio::sync::Notify::new(),
             catalog: Mutex::new(resume.catalog),
             batches: AtomicU64::new(0),
@@ -329,6 +334,7 @@ impl Wal {
     }
 
     /// Notified whenever a durable LSN is published, or on failure or close (`reader`).
+    #[cfg(feature = "tokio")]
     pub(super) fn durable_notify(&self) -> &tokio::sync::Notify {
         &self.shared.notify
     }
@@ -357,6 +363,7 @@ impl Wal {
 
     /// Resolves once the record at `lsn` is acknowledged under the fsync policy (at once
     /// for 0). Fails if the writer failed or the log closed before that.
+    #[cfg(feature = "tokio")]
     pub async fn wait_durable(&self, lsn: Lsn) -> Result<(), WalError> {
         if lsn <= self.durable_lsn() {
             return Ok(());

@@ -1,4 +1,4 @@
-//! Read access to the records on disk, for the order feed (`crate::feed`): iterate the
+//! Read access to the records on disk, for the order feed (`stockgate_server::feed`): iterate the
 //! records of the segments from a given LSN, and wait for new durable records.
 //!
 //! Self-contained: the writer's only involvement is the catalog it already keeps (which
@@ -123,6 +123,7 @@ impl Wal {
 
     /// Resolves once the durable LSN is past `after` (or the log failed or closed, which
     /// the caller sees as no new records). Cancel-safe; callers bound it with a timeout.
+    #[cfg(feature = "tokio")]
     pub async fn wait_durable_past(&self, after: Lsn) {
         loop {
             let notified = self.durable_notify().notified();
@@ -409,6 +410,7 @@ mod tests {
         assert_eq!(got, (first..=upto).collect::<Vec<_>>());
     }
 
+    #[cfg(feature = "tokio")]
     #[tokio::test]
     async fn wal_reader_wait_durable_past_wakes() {
         let d = TempDir::new("reader-wait");

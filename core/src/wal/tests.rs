@@ -228,6 +228,7 @@ fn wal_group_commit_no() {
     group_commit(FsyncPolicy::No);
 }
 
+#[cfg(feature = "tokio")]
 #[test]
 fn wal_async_wait_durable() {
     let t = TempDir::new("async");
@@ -266,6 +267,7 @@ fn wal_async_wait_durable() {
 /// a slow disk (each sync takes 1.2 s here) no wait may take as long as a sync. Before
 /// the sync ran outside the writer lock, every wait that began during a sync took until
 /// its end.
+#[cfg(feature = "tokio")]
 #[test]
 fn wal_everysec_waits_never_wait_for_the_periodic_sync() {
     let t = TempDir::new("slowsync");
@@ -764,10 +766,13 @@ fn wal_write_error_fails_closed() {
     assert!(wal.wait_durable_blocking(c).is_err());
     wal.wait_durable_blocking(a).unwrap();
     assert!(wal.flush_and_close().is_err());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    assert!(rt.block_on(wal.wait_durable(c)).is_err());
+    #[cfg(feature = "tokio")]
+    {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert!(rt.block_on(wal.wait_durable(c)).is_err());
+    }
 }
 
 #[test]
@@ -784,7 +789,7 @@ fn wal_directory_is_locked_while_open() {
 }
 
 /// Throughput of record + wait with concurrent writers under each policy:
-/// `cargo test --release -p stockgate-server wal_measure -- --ignored --nocapture`
+/// `cargo test --release -p stockgate-core wal_measure -- --ignored --nocapture`
 #[test]
 #[ignore]
 fn wal_measure_group_commit() {

@@ -202,7 +202,7 @@ impl Engine {
     }
 
     /// An empty engine with this one's settings, clock and keys, recording nowhere: what
-    /// a snapshot built from the log (a Raft member's, `crate::raft::snapshot`) replays
+    /// a snapshot built from the log (a Raft member's, `stockgate_server::raft::snapshot`) replays
     /// into, away from the live engine.
     pub fn empty_twin(&self) -> Engine {
         Engine::new(
