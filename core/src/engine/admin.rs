@@ -70,6 +70,7 @@ impl Engine {
         })
     }
 
+    /// A sale's parameters and counters, consistent across its shards.
     pub fn sale_info(&self, sku: &str) -> Result<SaleView, EngineError> {
         let sale = self.sale(sku)?;
         // Under the admin lock no ADJUST or REBUILD moves units between shards, so the
@@ -78,12 +79,14 @@ impl Engine {
         Ok(sale.view())
     }
 
+    /// The skus of every sale, sorted.
     pub fn list_sales(&self) -> Vec<String> {
         let mut v: Vec<String> = self.sales.read().keys().map(|k| k.to_string()).collect();
         v.sort();
         v
     }
 
+    /// Units of the sale still available to reserve, summed over its shards.
     pub fn stock(&self, sku: &str) -> Result<i64, EngineError> {
         Ok(self.sale(sku)?.available())
     }

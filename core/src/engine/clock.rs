@@ -5,6 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::types::Millis;
 
+/// Where the engine reads the time: injected so tests and replays control it.
 pub trait Clock: Send + Sync {
     /// Milliseconds since the Unix epoch. Must never go backwards for one clock.
     fn now_ms(&self) -> Millis;
@@ -18,6 +19,7 @@ pub struct SystemClock {
 }
 
 impl SystemClock {
+    /// A clock that starts at the system time.
     pub fn new() -> Self {
         Self::default()
     }
@@ -47,14 +49,17 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
+    /// A clock standing at `start_ms`.
     pub fn new(start_ms: Millis) -> Self {
         ManualClock {
             now: AtomicU64::new(start_ms),
         }
     }
+    /// Moves the clock `ms` forward.
     pub fn advance(&self, ms: u64) {
         self.now.fetch_add(ms, Ordering::SeqCst);
     }
+    /// Moves the clock to `ms`; never backwards (an earlier `ms` leaves it where it is).
     pub fn set(&self, ms: Millis) {
         self.now.fetch_max(ms, Ordering::SeqCst);
     }

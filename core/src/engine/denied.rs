@@ -6,10 +6,15 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Denied {
+    /// Not a token this server's format describes (fields, lengths, base64).
     Malformed = 0,
+    /// Signed with a key id the keyring does not hold (a retired or foreign key).
     UnknownKey,
+    /// The signature does not match the token's fields.
     BadSignature,
+    /// Issued for another sale.
     WrongSku,
+    /// Issued to another buyer.
     WrongUser,
     /// Past its expiry. Judged by RESERVE, never by `Keyring::verify`: a replay of an
     /// existing reservation is answered before expiry is looked at.
@@ -27,6 +32,7 @@ impl Denied {
         Denied::Expired,
     ];
 
+    /// The text that follows `-DENIED` on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
             Denied::Malformed => "malformed admission token",

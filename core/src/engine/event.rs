@@ -17,136 +17,238 @@ use super::types::{Millis, ReleaseReason, ResState, ReservationView, SaleParams,
 pub enum Event {
     /// `SALE.CREATE`: a new sale with `params.total` units spread over `params.shards`.
     SaleCreated {
+        /// The sale's sku.
         sku: String,
+        /// The sale's parameters, defaults filled in.
         params: SaleParams,
+        /// When it happened, by the engine's clock.
         at_ms: Millis,
     },
     /// `SALE.ADJUST`: per-shard deltas of available units (their sum is the change of
     /// `total`). Logged per shard so replay does not depend on the distribution rule.
-    SaleAdjusted { sku: String, shard_deltas: Vec<i64> },
+    SaleAdjusted {
+        /// The sale's sku.
+        sku: String,
+        /// The change of each shard's available units, by shard index.
+        shard_deltas: Vec<i64>,
+    },
     /// `SALE.PAUSE` / `SALE.RESUME` / fencing.
-    SaleStateSet { sku: String, state: SaleState },
+    SaleStateSet {
+        /// The sale's sku.
+        sku: String,
+        /// The state the sale enters.
+        state: SaleState,
+    },
     /// `RESERVE`: `qty` units taken from `shard`.
     Reserved {
+        /// The reservation's token (`{sku}` followed by its 26 base32 characters).
         token: String,
+        /// The sale's sku.
         sku: String,
+        /// The buyer.
         user: String,
+        /// The buyer's request id: a retry with the same id replays the hold.
         request_id: String,
+        /// Units held.
         qty: u32,
+        /// The shard the units came from and go back to.
         shard: u16,
+        /// The hold's deadline.
         expires_at_ms: Millis,
+        /// When the hold was taken.
         created_at_ms: Millis,
     },
     /// `RELEASE` (or auto-release on expiry): the units went back to their shard.
     /// Buyer, request and quantity are repeated from the reservation so that the feed
     /// entry stands on its own; replay needs only the token.
     Released {
+        /// The reservation's token (`{sku}` followed by its 26 base32 characters).
         token: String,
+        /// When it happened, by the engine's clock.
         at_ms: Millis,
+        /// The buyer.
         user: String,
+        /// The buyer's request id: a retry with the same id replays the hold.
         request_id: String,
+        /// Units held.
         qty: u32,
+        /// Why the units went back to stock.
         reason: ReleaseReason,
     },
     /// `COMMIT`: the units are sold for good.
     Committed {
+        /// The reservation's token (`{sku}` followed by its 26 base32 characters).
         token: String,
+        /// When it happened, by the engine's clock.
         at_ms: Millis,
+        /// The buyer.
         user: String,
+        /// The buyer's request id: a retry with the same id replays the hold.
         request_id: String,
+        /// Units held.
         qty: u32,
     },
     /// `EXTEND`: new deadline.
     Extended {
+        /// The reservation's token (`{sku}` followed by its 26 base32 characters).
         token: String,
+        /// The hold's deadline.
         expires_at_ms: Millis,
+        /// The buyer.
         user: String,
+        /// The buyer's request id: a retry with the same id replays the hold.
         request_id: String,
+        /// Units held.
         qty: u32,
     },
     /// Retention: a finished reservation is forgotten (its units are already accounted
     /// for in the sale's counters).
-    Purged { token: String },
+    Purged {
+        /// The reservation's token (`{sku}` followed by its 26 base32 characters).
+        token: String,
+    },
     /// Rebuild of a fenced sale from the ledger: the sale's counters are set outright.
     /// Pending reservations restored by the rebuild follow as `Reserved` events.
     SaleRebuilt {
+        /// The sale's sku.
         sku: String,
+        /// Units for sale in total, as the ledger counts them.
         total: u64,
+        /// Units sold, as the ledger counts them.
         committed: u64,
+        /// Each shard's available units after the rebuild.
         shard_available: Vec<i64>,
     },
     /// The first record of a history (`Engine::begin_history`): its random id.
-    HistoryBegun { id: String },
+    HistoryBegun {
+        /// The history's random id.
+        id: String,
+    },
     /// A record another module writes into the same log (the order feed's consumer
     /// groups): `kind` is one of the WAL's opaque kinds, `body` its encoding. The engine
     /// gives it no meaning and skips it on replay, so it depends on nothing that logs
     /// such records.
-    Opaque { kind: u8, body: Vec<u8> },
+    Opaque {
+        /// One of the log's opaque kinds (`wal::record::OPAQUE_KINDS`).
+        kind: u8,
+        /// The record's bytes, decoded by the module that logged it.
+        body: Vec<u8>,
+    },
 }
 
 /// A borrowed [`Event`]: what the engine hands to its sink on the hot path, so logging a
 /// RESERVE copies no strings (the WAL encodes straight from the engine's own data).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventRef<'a> {
+    /// [`Event::SaleCreated`], borrowed.
     SaleCreated {
+        /// The sale's sku.
         sku: &'a str,
+        /// The sale's parameters, defaults filled in.
         params: &'a SaleParams,
+        /// When it happened, by the engine's clock.
         at_ms: Millis,
     },
+    /// [`Event::SaleAdjusted`], borrowed.
     SaleAdjusted {
+        /// The sale's sku.
         sku: &'a str,
+        /// The change of each shard's available units, by shard index.
         shard_deltas: &'a [i64],
     },
+    /// [`Event::SaleStateSet`], borrowed.
     SaleStateSet {
+        /// The sale's sku.
         sku: &'a str,
+        /// The state the sale enters.
         state: SaleState,
     },
+    /// [`Event::Reserved`], borrowed.
     Reserved {
+        /// The reservation's token (`{sku}` followed by its 26 base32 characters).
         token: &'a str,
+        /// The sale's sku.
         sku: &'a str,
+        /// The buyer.
         user: &'a str,
+        /// The buyer's request id: a retry with the same id replays the hold.
         request_id: &'a str,
+        /// Units held.
         qty: u32,
+        /// The shard the units came from and go back to.
         shard: u16,
+        /// The hold's deadline.
         expires_at_ms: Millis,
+        /// When the hold was taken.
         created_at_ms: Millis,
     },
+    /// [`Event::Released`], borrowed.
     Released {
+        /// The reservation's token (`{sku}` followed by its 26 base32 characters).
         token: &'a str,
+        /// When it happened, by the engine's clock.
         at_ms: Millis,
+        /// The buyer.
         user: &'a str,
+        /// The buyer's request id: a retry with the same id replays the hold.
         request_id: &'a str,
+        /// Units held.
         qty: u32,
+        /// Why the units went back to stock.
         reason: ReleaseReason,
     },
+    /// [`Event::Committed`], borrowed.
     Committed {
+        /// The reservation's token (`{sku}` followed by its 26 base32 characters).
         token: &'a str,
+        /// When it happened, by the engine's clock.
         at_ms: Millis,
+        /// The buyer.
         user: &'a str,
+        /// The buyer's request id: a retry with the same id replays the hold.
         request_id: &'a str,
+        /// Units held.
         qty: u32,
     },
+    /// [`Event::Extended`], borrowed.
     Extended {
+        /// The reservation's token (`{sku}` followed by its 26 base32 characters).
         token: &'a str,
+        /// The hold's deadline.
         expires_at_ms: Millis,
+        /// The buyer.
         user: &'a str,
+        /// The buyer's request id: a retry with the same id replays the hold.
         request_id: &'a str,
+        /// Units held.
         qty: u32,
     },
+    /// [`Event::Purged`], borrowed.
     Purged {
+        /// The reservation's token (`{sku}` followed by its 26 base32 characters).
         token: &'a str,
     },
+    /// [`Event::SaleRebuilt`], borrowed.
     SaleRebuilt {
+        /// The sale's sku.
         sku: &'a str,
+        /// Units for sale in total, as the ledger counts them.
         total: u64,
+        /// Units sold, as the ledger counts them.
         committed: u64,
+        /// Each shard's available units after the rebuild.
         shard_available: &'a [i64],
     },
+    /// [`Event::HistoryBegun`], borrowed.
     HistoryBegun {
+        /// The history's random id.
         id: &'a str,
     },
+    /// [`Event::Opaque`], borrowed.
     Opaque {
+        /// One of the log's opaque kinds (`wal::record::OPAQUE_KINDS`).
         kind: u8,
+        /// The record's bytes, decoded by the module that logged it.
         body: &'a [u8],
     },
 }
@@ -181,6 +283,7 @@ impl Event {
         })
     }
 
+    /// The borrowed form, as the engine hands it to its sink.
     pub fn as_ref(&self) -> EventRef<'_> {
         match self {
             Event::SaleCreated { sku, params, at_ms } => EventRef::SaleCreated {
@@ -283,6 +386,7 @@ impl<'a> From<&EventRef<'a>> for EventRef<'a> {
 }
 
 impl EventRef<'_> {
+    /// The owned form, for a caller that keeps the event past the sink call.
     pub fn to_owned_event(&self) -> Event {
         match *self {
             EventRef::SaleCreated { sku, params, at_ms } => Event::SaleCreated {
@@ -388,6 +492,7 @@ pub type Lsn = u64;
 /// must never call back into the engine. The returned [`Lsn`] is what a caller waits on
 /// (through the WAL) before it may acknowledge the change to a client.
 pub trait EventSink: Send + Sync {
+    /// Logs `event` and returns its position; 0 if the sink keeps no log.
     fn record(&self, event: &EventRef<'_>) -> Lsn;
 
     /// The highest LSN handed out so far (0 if none). A reply computed after this call

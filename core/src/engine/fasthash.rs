@@ -7,6 +7,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 const K: u64 = 0x9e37_79b9_7f4a_7c15;
 
 #[derive(Default, Clone, Copy)]
+/// The hasher: a multiply-mix over 8-byte words, fast on token-sized keys.
 pub struct TokenHasher(u64);
 
 #[inline]
@@ -45,6 +46,7 @@ impl Hasher for TokenHasher {
     }
 }
 
+/// A map keyed by reservation token, hashed with [`TokenHasher`].
 pub type TokenMap<V> =
     std::collections::HashMap<std::sync::Arc<str>, V, BuildHasherDefault<TokenHasher>>;
 

@@ -2,8 +2,11 @@
 
 use super::error::EngineError;
 
+/// Longest sku, in bytes (the sku is part of every token of the sale).
 pub const MAX_SKU: usize = 64;
+/// Longest user id, in bytes.
 pub const MAX_USER: usize = 128;
+/// Longest request id, in bytes.
 pub const MAX_REQUEST_ID: usize = 128;
 
 fn sku_byte(b: u8) -> bool {
@@ -16,14 +19,18 @@ fn user_byte(b: u8) -> bool {
     (0x21..=0x7e).contains(&b) && !matches!(b, b'|' | b'{' | b'}')
 }
 
+/// Whether `s` is a sku: 1 to [`MAX_SKU`] bytes of `[A-Za-z0-9_.:-]`.
 pub fn valid_sku(s: &[u8]) -> bool {
     !s.is_empty() && s.len() <= MAX_SKU && s.iter().all(|&b| sku_byte(b))
 }
 
+/// Whether `s` is a user id: 1 to [`MAX_USER`] printable ASCII bytes without space, `|`
+/// or braces.
 pub fn valid_user(s: &[u8]) -> bool {
     !s.is_empty() && s.len() <= MAX_USER && s.iter().all(|&b| user_byte(b))
 }
 
+/// Whether `s` is a request id: the user id's bytes, 1 to [`MAX_REQUEST_ID`] of them.
 pub fn valid_request_id(s: &[u8]) -> bool {
     !s.is_empty() && s.len() <= MAX_REQUEST_ID && s.iter().all(|&b| user_byte(b))
 }
@@ -64,6 +71,7 @@ pub fn invalid_message(field: &str) -> String {
     }
 }
 
+/// [`valid_sku`] as the engine's error.
 pub fn check_sku(s: &str) -> Result<(), EngineError> {
     if valid_sku(s.as_bytes()) {
         Ok(())
@@ -72,6 +80,7 @@ pub fn check_sku(s: &str) -> Result<(), EngineError> {
     }
 }
 
+/// [`valid_user`] as the engine's error.
 pub fn check_user(s: &str) -> Result<(), EngineError> {
     if valid_user(s.as_bytes()) {
         Ok(())
@@ -80,6 +89,7 @@ pub fn check_user(s: &str) -> Result<(), EngineError> {
     }
 }
 
+/// [`valid_request_id`] as the engine's error.
 pub fn check_request_id(s: &str) -> Result<(), EngineError> {
     if valid_request_id(s.as_bytes()) {
         Ok(())

@@ -52,7 +52,9 @@ const STRIPES: usize = 128;
 const USER_STRIPES: usize = 64;
 /// Upper bound for TTLs and EXTEND: far inside the wheel's span, and far beyond any sale.
 pub const MAX_TTL_MS: u64 = 30 * 24 * 3600 * 1000;
+/// Most shards a sale may have.
 pub const MAX_SHARDS: u16 = 1024;
+/// Most units one RESERVE may take.
 pub const MAX_QTY: u32 = 1_000_000;
 /// Totals (about 1.1e12 units) stay far inside the 42-bit fields of a shard's packed
 /// counters (`sale::ShardCounts`).
@@ -61,8 +63,11 @@ pub const MAX_TOTAL: u64 = 1 << 40;
 pub const STEAL_PROBES: usize = 2;
 
 #[derive(Clone, Debug)]
+/// How an engine runs: defaults for sales that name none, retention, expiry.
 pub struct EngineConfig {
+    /// Shards of a sale created without `SHARDS`.
     pub default_shards: u16,
+    /// Hold time of a sale created without `TTL`.
     pub default_ttl_ms: u64,
     /// How long finished reservations stay queryable (idempotent retries) before purge.
     pub retention_ms: u64,
@@ -85,27 +90,42 @@ impl Default for EngineConfig {
     }
 }
 
+/// A RESERVE as the engine takes it: every field as the client sent it.
 pub struct ReserveRequest<'a> {
+    /// The sale to reserve from.
     pub sku: &'a str,
+    /// The buyer, as the admission token names them.
     pub user: &'a str,
     /// As the client sent it (not checked for UTF-8: see [`Keyring::verify`]).
     pub admission: &'a [u8],
+    /// The buyer's id for this request: a retry with the same id replays the hold.
     pub request_id: &'a str,
+    /// Units to hold.
     pub qty: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
+/// What a RESERVE did.
 pub enum ReserveOutcome {
+    /// A new hold: `qty` units taken from `shard` until `expires_at_ms`.
     Reserved {
+        /// Names the hold in COMMIT, RELEASE and EXTEND.
         token: TokenBuf,
+        /// The hold's deadline.
         expires_at_ms: Millis,
+        /// The shard the units came from.
         shard: u16,
     },
+    /// A retry of a request that already holds: the same token, no stock taken.
     Replay {
+        /// The existing hold's token.
         token: TokenBuf,
+        /// The existing hold's deadline.
         expires_at_ms: Millis,
+        /// The shard the existing hold took from.
         shard: u16,
     },
+    /// No shard probed had the units.
     SoldOut,
     /// The per-user limit refused `qty` more units.
     Limit {
@@ -132,6 +152,7 @@ type UserStripe = HashMap<Arc<str>, HashMap<Box<str>, UserEntry>>;
 /// after the stripe lock is dropped: (sale, user, qty, token key).
 type UserUpdate = (Arc<Sale>, names::UserId, u32, TokenKey);
 
+/// The reservation engine: sales, their shard counters, the reservations and their expiry.
 pub struct Engine {
     cfg: EngineConfig,
     clock: Arc<dyn Clock>,
@@ -169,6 +190,7 @@ pub struct WorldGuard<'a> {
 }
 
 impl Engine {
+    /// An engine with no sales, reading time from `clock` and logging to `sink`.
     pub fn new(
         cfg: EngineConfig,
         clock: Arc<dyn Clock>,
@@ -219,22 +241,27 @@ impl Engine {
         self.sink = sink;
     }
 
+    /// The configuration it was built with.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }
 
+    /// The time by the engine's clock.
     pub fn now_ms(&self) -> Millis {
         self.clock.now_ms()
     }
 
+    /// The reservation key's fingerprint, which the ledger binding compares.
     pub fn key_fingerprint(&self) -> &str {
         self.rkey.fingerprint()
     }
 
+    /// The keys admission tokens are verified with.
     pub fn keyring(&self) -> &Keyring {
         &self.keys
     }
 
+    /// The token RESERVE would hand out for this request (derived, not looked up).
     pub fn reservation_token(&self, sku: &str, user: &str, request_id: &str) -> String {
         self.rkey.derive(sku, user, request_id)
     }

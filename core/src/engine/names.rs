@@ -36,6 +36,7 @@ struct Stripe {
     index: HashTable<u32>,
 }
 
+/// A sale's interned user names: each name stored once, named by a 4-byte id.
 pub struct Names {
     /// Keyed (foldhash with a random seed): user ids come from clients, though only
     /// with an admission token the server signed.

@@ -25,20 +25,25 @@ use super::types::{SaleParams, SaleState, SaleView};
 /// [`MAX_TOTAL`]: super::MAX_TOTAL
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ShardCounts {
+    /// Units anyone may still reserve.
     pub available: i64,
+    /// Units held by live reservations.
     pub reserved: i64,
+    /// Units sold.
     pub committed: i64,
 }
 
 const FIELD_BITS: u32 = 42;
 
 impl ShardCounts {
+    /// The three counters as one word, for the atomic add.
     pub fn pack(self) -> i128 {
         (self.available as i128)
             .wrapping_add((self.reserved as i128) << FIELD_BITS)
             .wrapping_add((self.committed as i128) << (2 * FIELD_BITS))
     }
 
+    /// The three counters of a packed word.
     pub fn unpack(w: i128) -> ShardCounts {
         fn low(x: i128) -> i128 {
             (x << (128 - FIELD_BITS)) >> (128 - FIELD_BITS)
@@ -65,8 +70,11 @@ fn delta(a: i64, r: i64, c: i64) -> i128 {
     .pack()
 }
 
+/// One sale: its parameters, its sharded counters and its users.
 pub struct Sale {
+    /// The sale's sku.
     pub sku: Arc<str>,
+    /// What it was created with (`total` as created; the current total is [`Sale::total`]).
     pub params: SaleParams,
     total: AtomicU64,
     /// Each shard on its own cache line: buyers on different shards must not contend.
@@ -99,6 +107,7 @@ pub fn split(total: u64, n: u16) -> Vec<i64> {
 }
 
 impl Sale {
+    /// A sale with `params.total` units split over its shards, in state `state`.
     pub fn new(sku: Arc<str>, params: SaleParams, state: SaleState) -> Sale {
         let shards = split(params.total, params.shards)
             .into_iter()
@@ -115,22 +124,27 @@ impl Sale {
         }
     }
 
+    /// How many shards the sale's units are spread over.
     pub fn shard_count(&self) -> usize {
         self.shards.len()
     }
 
+    /// The shard a user's RESERVE tries first (stable across restarts: FNV-1a).
     pub fn home_shard(&self, user: &str) -> usize {
         (fnv1a(user.as_bytes()) % self.shards.len() as u64) as usize
     }
 
+    /// Open, paused or fenced.
     pub fn state(&self) -> SaleState {
         SaleState::from_u8(self.state.load(Ordering::Acquire)).unwrap_or(SaleState::Fenced)
     }
 
+    /// Opens, pauses or fences the sale.
     pub fn set_state(&self, s: SaleState) {
         self.state.store(s.to_u8(), Ordering::Release);
     }
 
+    /// One shard's counters.
     pub fn shard(&self, shard: usize) -> ShardCounts {
         ShardCounts::unpack(self.shards[shard].load(Ordering::Acquire))
     }
@@ -209,15 +223,18 @@ impl Sale {
         self.add(shard, delta(qty, 0, 0));
     }
 
+    /// Units for sale in total, after adjustments.
     pub fn total(&self) -> u64 {
         self.total.load(Ordering::Acquire)
     }
 
+    /// Adds `delta` (may be negative) to the total; returns the new total.
     pub fn add_total(&self, delta: i64) -> u64 {
         let prev = self.total.fetch_add(delta as u64, Ordering::AcqRel);
         prev.wrapping_add(delta as u64)
     }
 
+    /// Units available to reserve, summed over the shards.
     pub fn available(&self) -> i64 {
         (0..self.shards.len())
             .map(|i| self.shard(i).available)

@@ -32,15 +32,25 @@ use super::wheel::{Links, Timers, Wheel};
 /// and builds the owned views afterwards.
 #[derive(Clone)]
 pub struct Res {
+    /// The token's 128 bits (with the sale's sku it spells the token).
     pub key: TokenKey,
+    /// The sale the units were taken from.
     pub sale: Arc<Sale>,
+    /// The buyer's request id.
     pub request_id: CompactString,
+    /// The buyer, interned in the sale's names.
     pub user: UserId,
+    /// Units held.
     pub qty: u32,
+    /// The shard the units came from.
     pub shard: u16,
+    /// Reserved, committed or released.
     pub state: ResState,
+    /// The hold's deadline.
     pub expires_at: Millis,
+    /// When the hold was taken.
     pub created_at: Millis,
+    /// When it left `Reserved` (0 while reserved); drives retention.
     pub finished_at: Millis,
     /// Its place in the stripe's wheel: linked while it waits there, unlinked once it is
     /// in the expired set or finished. `expires_at` changes only while unlinked.
@@ -55,10 +65,12 @@ impl Res {
         token_buf(&self.sale.sku, &self.key)
     }
 
+    /// The token's text, shared.
     pub fn token_arc(&self) -> Arc<str> {
         self.token().as_str().into()
     }
 
+    /// The reservation as seen from outside.
     pub fn view(&self) -> ReservationView {
         ReservationView {
             token: self.token().as_str().to_string(),
@@ -78,15 +90,22 @@ impl Res {
 /// A purged finished reservation (see [`super::types::TombView`]).
 #[derive(Clone)]
 pub struct Tomb {
+    /// The sale the reservation belonged to.
     pub sale: Arc<Sale>,
+    /// How it finished.
     pub state: ResState,
+    /// Units it held.
     pub qty: u32,
+    /// The shard they came from.
     pub shard: u16,
+    /// Its deadline.
     pub expires_at: Millis,
+    /// The buyer, where a per-user limit still counts the units.
     pub user: Option<Arc<str>>,
 }
 
 impl Tomb {
+    /// The tombstone as seen from outside, under its key.
     pub fn view(&self, key: u128) -> TombView {
         TombView {
             sku: self.sale.sku.to_string(),
@@ -132,6 +151,7 @@ impl Timers for Slab<Res> {
     }
 }
 
+/// One lock's share of the reservations: records, index, wheel, expired set, tombstones.
 pub struct Stripe {
     slab: Slab<Res>,
     /// Slab indices by token key.
@@ -156,6 +176,7 @@ pub struct Stripe {
 }
 
 impl Stripe {
+    /// An empty stripe whose wheel starts at `now`, sized for `capacity` reservations.
     pub fn new(now: Millis, capacity: usize) -> Self {
         Stripe {
             slab: Slab::with_capacity(capacity),
@@ -194,10 +215,12 @@ impl Stripe {
         self.slab.len()
     }
 
+    /// Whether the stripe holds no reservation.
     pub fn is_empty(&self) -> bool {
         self.slab.is_empty()
     }
 
+    /// Every reservation held, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = &Res> {
         self.slab.iter().map(|(_, r)| r)
     }
@@ -231,10 +254,12 @@ impl Stripe {
         &self.slab[idx as usize]
     }
 
+    /// [`Stripe::get`], to change the reservation.
     pub fn get_mut(&mut self, idx: u32) -> &mut Res {
         &mut self.slab[idx as usize]
     }
 
+    /// The reservation a token names, if this stripe holds it.
     pub fn res(&self, token: &str) -> Option<&Res> {
         self.lookup(token).map(|i| self.get(i))
     }

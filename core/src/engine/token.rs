@@ -23,18 +23,25 @@ const SIG_B64_LEN: usize = 43;
 const MIN_SECRET_BYTES: usize = 32;
 
 #[derive(Debug, Error, PartialEq, Eq)]
+/// Why a secret file or a reservation key was refused.
 pub enum KeyError {
     #[error("line {0}: expected `<kid> <secret as hex>`")]
+    /// A line that is not `<kid> <hex secret>`.
     Syntax(usize),
     #[error("line {0}: secret is not valid hex")]
+    /// A secret that is not hex.
     Hex(usize),
     #[error("line {0}: secret must be at least 32 bytes")]
+    /// A secret under 32 bytes.
     Short(usize),
     #[error("line {0}: kid must be 1-64 bytes of [A-Za-z0-9_.:-]")]
+    /// A key id outside 1-64 bytes of `[A-Za-z0-9_.:-]`.
     Kid(usize),
     #[error("no keys")]
+    /// A file with no key.
     Empty,
     #[error("reservation key must be exactly 32 bytes (raw) or 64 hex characters")]
+    /// A reservation key that is neither 32 raw bytes nor 64 hex characters.
     ReservationKey,
 }
 
@@ -60,6 +67,7 @@ impl std::fmt::Debug for Keyring {
     }
 }
 
+/// The bytes a hex string spells (either case); `None` for anything else.
 pub fn hex_decode(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
     if !b.len().is_multiple_of(2) {
@@ -78,6 +86,7 @@ pub fn hex_decode(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Lower-case hex of `bytes`.
 pub fn hex_encode(bytes: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
@@ -135,6 +144,7 @@ impl Keyring {
         format!("k1 {}\n", hex_encode(&secret))
     }
 
+    /// The key id new tokens are signed with (the file's first key).
     pub fn signing_kid(&self) -> &str {
         &self.keys[0].kid
     }
@@ -355,7 +365,9 @@ const INLINE_TOKEN: usize = ident::MAX_SKU + 2 + TOKEN_B32_LEN;
 /// [`ReservationKey::derive_buf`]).
 #[derive(Clone, PartialEq, Eq)]
 pub enum TokenBuf {
+    /// Short tokens, on the stack: the bytes and their length.
     Inline([u8; INLINE_TOKEN], u8),
+    /// Tokens of long skus, on the heap.
     Heap(String),
 }
 
@@ -373,6 +385,7 @@ impl std::ops::Deref for TokenBuf {
 }
 
 impl TokenBuf {
+    /// The token's text.
     pub fn as_str(&self) -> &str {
         match self {
             // Built from a `&str` sku and ASCII base32 only, so always UTF-8; the
@@ -430,6 +443,7 @@ pub fn base32_lower(bytes: &[u8]) -> String {
 }
 
 impl ReservationKey {
+    /// The key from its 32 bytes.
     pub fn from_bytes(key: &[u8; 32]) -> Self {
         let digest = Sha256::digest(key);
         ReservationKey {

@@ -6,22 +6,29 @@ pub type Millis = u64;
 /// The creation parameters of a sale, with defaults filled in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SaleParams {
+    /// Units for sale.
     pub total: u64,
+    /// Shards the units are spread over.
     pub shards: u16,
+    /// How long a hold lasts before it expires.
     pub ttl_ms: u64,
     /// Units per user in this sale; 0 = no limit.
     pub limit: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Whether a sale takes reservations.
 pub enum SaleState {
+    /// Takes reservations.
     Open,
+    /// Takes none until resumed (holds already taken may still commit or be released).
     Paused,
     /// State unproven (e.g. the WAL was lost): refuses reservations until rebuilt.
     Fenced,
 }
 
 impl SaleState {
+    /// The word SALE.INFO shows.
     pub fn as_str(self) -> &'static str {
         match self {
             SaleState::Open => "OPEN",
@@ -29,6 +36,7 @@ impl SaleState {
             SaleState::Fenced => "FENCED",
         }
     }
+    /// The byte the log and snapshots store.
     pub fn to_u8(self) -> u8 {
         match self {
             SaleState::Open => 0,
@@ -36,6 +44,7 @@ impl SaleState {
             SaleState::Fenced => 2,
         }
     }
+    /// The state a stored byte names; `None` for a byte no version wrote.
     pub fn from_u8(v: u8) -> Option<Self> {
         match v {
             0 => Some(SaleState::Open),
@@ -75,6 +84,7 @@ pub enum ReleaseReason {
 }
 
 impl ReleaseReason {
+    /// Every reason, in the order of their bytes.
     pub const ALL: [ReleaseReason; 5] = [
         ReleaseReason::Unknown,
         ReleaseReason::Cancel,
@@ -102,6 +112,7 @@ impl ReleaseReason {
             .find(|r| r.as_str().eq_ignore_ascii_case(word))
     }
 
+    /// The byte the log stores.
     pub fn to_u8(self) -> u8 {
         match self {
             ReleaseReason::Unknown => 0,
@@ -112,19 +123,25 @@ impl ReleaseReason {
         }
     }
 
+    /// The reason a stored byte names; `None` for a byte no version wrote.
     pub fn from_u8(v: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|r| r.to_u8() == v)
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where a reservation is in its life.
 pub enum ResState {
+    /// Holding units until committed, released or expired.
     Reserved,
+    /// Sold.
     Committed,
+    /// The units went back to stock.
     Released,
 }
 
 impl ResState {
+    /// The word RESERVATION and the feed show.
     pub fn as_str(self) -> &'static str {
         match self {
             ResState::Reserved => "RESERVED",
@@ -132,6 +149,7 @@ impl ResState {
             ResState::Released => "RELEASED",
         }
     }
+    /// The byte the log and snapshots store.
     pub fn to_u8(self) -> u8 {
         match self {
             ResState::Reserved => 0,
@@ -139,6 +157,7 @@ impl ResState {
             ResState::Released => 2,
         }
     }
+    /// The state a stored byte names; `None` for a byte no version wrote.
     pub fn from_u8(v: u8) -> Option<Self> {
         match v {
             0 => Some(ResState::Reserved),
@@ -152,14 +171,23 @@ impl ResState {
 /// A reservation as seen from outside (RESERVATION, EXPIRED, snapshots).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReservationView {
+    /// Names the hold in COMMIT, RELEASE and EXTEND.
     pub token: String,
+    /// The sale's sku.
     pub sku: String,
+    /// The buyer.
     pub user: String,
+    /// The buyer's request id.
     pub request_id: String,
+    /// Units held.
     pub qty: u32,
+    /// The shard they came from.
     pub shard: u16,
+    /// Where it is in its life.
     pub state: ResState,
+    /// The hold's deadline.
     pub expires_at_ms: Millis,
+    /// When the hold was taken.
     pub created_at_ms: Millis,
     /// When it left `RESERVED` (0 while reserved); drives retention.
     pub finished_at_ms: Millis,
@@ -168,13 +196,21 @@ pub struct ReservationView {
 /// A sale's counters as seen from outside (SALE.INFO, snapshots).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SaleView {
+    /// The sale's sku.
     pub sku: String,
+    /// What it was created with.
     pub params: SaleParams,
+    /// Units for sale in total, after adjustments.
     pub total: u64,
+    /// Units anyone may still reserve.
     pub available: i64,
+    /// Units held by live reservations.
     pub reserved: u64,
+    /// Units sold.
     pub committed: u64,
+    /// Open, paused or fenced.
     pub state: SaleState,
+    /// Each shard's available units, by shard index.
     pub shard_available: Vec<i64>,
 }
 
@@ -184,11 +220,17 @@ pub struct SaleView {
 /// the token ([`super::table::tomb_key`]), not the token, to stay small.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TombView {
+    /// The sale's sku.
     pub sku: String,
+    /// The 128-bit hash of the token that names it.
     pub key: u128,
+    /// How it finished.
     pub state: ResState,
+    /// Units it held.
     pub qty: u32,
+    /// The shard they came from.
     pub shard: u16,
+    /// Its deadline.
     pub expires_at_ms: Millis,
     /// The buyer, kept only where a limit must still count the units (committed, in a
     /// sale with a per-user limit); empty otherwise.
@@ -201,7 +243,10 @@ pub struct TombView {
 pub struct Snapshot {
     /// The history id (`Engine::history`); empty in snapshots written before it existed.
     pub history: String,
+    /// Every sale.
     pub sales: Vec<SaleView>,
+    /// Every reservation still held, in any state.
     pub reservations: Vec<ReservationView>,
+    /// What retention left of purged reservations.
     pub tombs: Vec<TombView>,
 }

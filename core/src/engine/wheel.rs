@@ -40,6 +40,7 @@ impl Links {
         slot: 0,
     };
 
+    /// Whether the entry waits in a wheel.
     pub fn is_linked(&self) -> bool {
         self.level != UNLINKED
     }
@@ -57,7 +58,9 @@ impl Default for Links {
 pub trait Timers {
     /// The entry's deadline; it must not change while the entry is linked.
     fn deadline(&self, idx: u32) -> u64;
+    /// The entry's place in the wheel.
     fn links(&self, idx: u32) -> Links;
+    /// The entry's place in the wheel, to relink it.
     fn links_mut(&mut self, idx: u32) -> &mut Links;
 }
 
@@ -66,6 +69,8 @@ struct Level {
     heads: [u32; SLOTS],
 }
 
+/// A hierarchical timer wheel of reservation deadlines: scheduling and cancelling take
+/// constant time, and expired entries come out in deadline order.
 pub struct Wheel {
     elapsed: u64,
     levels: [Level; LEVELS],
@@ -99,14 +104,17 @@ impl Wheel {
         }
     }
 
+    /// Entries scheduled.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether no entry is scheduled.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The wheel's time: everything due up to here has been handed out.
     pub fn elapsed(&self) -> u64 {
         self.elapsed
     }

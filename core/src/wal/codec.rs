@@ -14,26 +14,50 @@ use thiserror::Error;
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum DecodeError {
     #[error("payload ends early at byte {at} while reading {what}")]
-    Eof { at: usize, what: &'static str },
-    #[error("malformed varint at byte {at}")]
-    BadVarint { at: usize },
-    #[error("{what} out of range at byte {at}: {value}")]
-    OutOfRange {
+    /// The payload ended inside a field.
+    Eof {
+        /// Where the field starts.
         at: usize,
+        /// The field.
         what: &'static str,
+    },
+    #[error("malformed varint at byte {at}")]
+    /// A varint longer than 64 bits.
+    BadVarint {
+        /// Where it starts.
+        at: usize,
+    },
+    #[error("{what} out of range at byte {at}: {value}")]
+    /// A value beyond what the field allows.
+    OutOfRange {
+        /// Where it starts.
+        at: usize,
+        /// The field.
+        what: &'static str,
+        /// The value read.
         value: u64,
     },
     #[error("{what} at byte {at} is not valid UTF-8")]
-    Utf8 { at: usize, what: &'static str },
+    /// A string that is not UTF-8.
+    Utf8 {
+        /// Where it starts.
+        at: usize,
+        /// The field.
+        what: &'static str,
+    },
     #[error("unsupported format version {0}")]
+    /// A record or snapshot of a format version this build does not read.
     Version(u8),
     #[error("unknown record kind {0}")]
+    /// A record kind this build does not know.
     Kind(u8),
     #[error("{0} unexpected trailing bytes")]
+    /// Bytes left over after a complete payload.
     Trailing(usize),
 }
 
-pub(crate) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
+/// Appends `v` as an LEB128 varint.
+pub fn put_u64(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -41,16 +65,19 @@ pub(crate) fn put_u64(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-pub(crate) fn put_i64(out: &mut Vec<u8>, v: i64) {
+/// Appends `v` zigzag-encoded, as a varint.
+pub fn put_i64(out: &mut Vec<u8>, v: i64) {
     put_u64(out, ((v << 1) ^ (v >> 63)) as u64);
 }
 
-pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
+/// Appends `s`: its length as a varint, then its bytes.
+pub fn put_str(out: &mut Vec<u8>, s: &str) {
     put_u64(out, s.len() as u64);
     out.extend_from_slice(s.as_bytes());
 }
 
-pub(crate) fn put_i64s(out: &mut Vec<u8>, vs: &[i64]) {
+/// Appends `vs`: its length as a varint, then each value as [`put_i64`] writes it.
+pub fn put_i64s(out: &mut Vec<u8>, vs: &[i64]) {
     put_u64(out, vs.len() as u64);
     for &v in vs {
         put_i64(out, v);
@@ -58,32 +85,37 @@ pub(crate) fn put_i64s(out: &mut Vec<u8>, vs: &[i64]) {
 }
 
 /// A cursor over an untrusted payload.
-pub(crate) struct Reader<'a> {
+pub struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(buf: &'a [u8]) -> Self {
+    /// A cursor at the start of `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
         Reader { buf, pos: 0 }
     }
 
-    pub(crate) fn pos(&self) -> usize {
+    /// Bytes consumed so far.
+    pub fn pos(&self) -> usize {
         self.pos
     }
 
-    pub(crate) fn remaining(&self) -> usize {
+    /// Bytes not consumed yet.
+    pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
-    pub(crate) fn finish(&self) -> Result<(), DecodeError> {
+    /// Fails unless every byte was consumed.
+    pub fn finish(&self) -> Result<(), DecodeError> {
         match self.remaining() {
             0 => Ok(()),
             n => Err(DecodeError::Trailing(n)),
         }
     }
 
-    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+    /// One byte; `what` names it in the error.
+    pub fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
         let b = *self
             .buf
             .get(self.pos)
@@ -92,7 +124,8 @@ impl<'a> Reader<'a> {
         Ok(b)
     }
 
-    pub(crate) fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+    /// The next `n` bytes, borrowed.
+    pub fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
         if n > self.remaining() {
             return Err(DecodeError::Eof { at: self.pos, what });
         }
@@ -101,7 +134,8 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
-    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+    /// A varint, as [`put_u64`] writes it.
+    pub fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
         let start = self.pos;
         let mut v: u64 = 0;
         // A u64 needs at most 10 groups; the 10th may only carry the top bit. Rejecting
@@ -123,18 +157,21 @@ impl<'a> Reader<'a> {
         Err(DecodeError::BadVarint { at: start })
     }
 
-    pub(crate) fn i64(&mut self, what: &'static str) -> Result<i64, DecodeError> {
+    /// A zigzag varint, as [`put_i64`] writes it.
+    pub fn i64(&mut self, what: &'static str) -> Result<i64, DecodeError> {
         let z = self.u64(what)?;
         Ok(((z >> 1) as i64) ^ -((z & 1) as i64))
     }
 
-    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+    /// A varint that must fit in 32 bits.
+    pub fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
         let at = self.pos;
         let v = self.u64(what)?;
         u32::try_from(v).map_err(|_| DecodeError::OutOfRange { at, what, value: v })
     }
 
-    pub(crate) fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+    /// A varint that must fit in 16 bits.
+    pub fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
         let at = self.pos;
         let v = self.u64(what)?;
         u16::try_from(v).map_err(|_| DecodeError::OutOfRange { at, what, value: v })
@@ -142,7 +179,7 @@ impl<'a> Reader<'a> {
 
     /// A count of items that each take at least one byte: anything above what remains is a
     /// lie, so the caller may safely reserve the returned number of slots.
-    pub(crate) fn count(&mut self, what: &'static str) -> Result<usize, DecodeError> {
+    pub fn count(&mut self, what: &'static str) -> Result<usize, DecodeError> {
         let at = self.pos;
         let v = self.u64(what)?;
         match usize::try_from(v) {
@@ -151,7 +188,8 @@ impl<'a> Reader<'a> {
         }
     }
 
-    pub(crate) fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
+    /// A string as [`put_str`] writes it; must be UTF-8.
+    pub fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
         let n = self.count(what)?;
         let at = self.pos;
         let b = self.bytes(n, what)?;
@@ -161,7 +199,8 @@ impl<'a> Reader<'a> {
         }
     }
 
-    pub(crate) fn i64s(&mut self, what: &'static str) -> Result<Vec<i64>, DecodeError> {
+    /// A list as [`put_i64s`] writes it.
+    pub fn i64s(&mut self, what: &'static str) -> Result<Vec<i64>, DecodeError> {
         let n = self.count(what)?;
         let mut v = Vec::with_capacity(n);
         for _ in 0..n {

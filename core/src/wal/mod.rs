@@ -63,6 +63,7 @@ pub enum FsyncPolicy {
 }
 
 impl FsyncPolicy {
+    /// The word `--appendfsync` takes and INFO shows.
     pub fn as_str(self) -> &'static str {
         match self {
             FsyncPolicy::Always => "always",
@@ -80,6 +81,7 @@ impl fmt::Display for FsyncPolicy {
 
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 #[error("invalid fsync policy '{0}' (expected always, everysec or no)")]
+/// A word that names no [`FsyncPolicy`].
 pub struct ParseFsyncPolicyError(pub String);
 
 impl FromStr for FsyncPolicy {
@@ -97,6 +99,7 @@ impl FromStr for FsyncPolicy {
 /// Options of [`Wal::open`]. Build with `WalOptions { fsync, ..WalOptions::default() }`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WalOptions {
+    /// When a record counts as durable.
     pub fsync: FsyncPolicy,
     /// A segment is closed and a new one started before it would grow past this size
     /// (a single record larger than that still gets written, alone in its segment).
@@ -131,6 +134,7 @@ pub struct FeedRetention {
 }
 
 impl FeedRetention {
+    /// Whether no redundant segment is kept.
     pub fn keeps_nothing(&self) -> bool {
         self.max_bytes.is_none() && self.max_age.is_none()
     }
@@ -161,6 +165,7 @@ pub struct WalStats {
     pub batches: u64,
     /// fdatasync calls since open.
     pub syncs: u64,
+    /// Bytes written to segments since open.
     pub bytes_written: u64,
     /// Segment files currently on disk.
     pub segments: usize,
@@ -192,6 +197,7 @@ pub struct Recovery {
 pub struct Truncation {
     /// The segment cut at `offset` (deleted altogether when `offset` is 0).
     pub file: PathBuf,
+    /// Bytes kept of that segment.
     pub offset: u64,
     /// Bytes dropped in total, including the segments listed in `deleted_segments`.
     pub bytes_dropped: u64,
@@ -228,37 +234,56 @@ impl fmt::Display for Truncation {
 }
 
 #[derive(Debug, Error)]
+/// Why the log could not open, write or read.
 pub enum WalError {
     #[error("{op} {}: {source}", path.display())]
+    /// A file-system call failed.
     Io {
+        /// What was being done.
         op: &'static str,
+        /// The file or directory it was done to.
         path: PathBuf,
         #[source]
+        /// What the system said.
         source: io::Error,
     },
     /// Damage that is not a torn tail: the server must not start on it (see
     /// [`WalOptions::repair`]).
     #[error("corrupt WAL: {} at offset {offset}: {reason}", file.display())]
     Corrupt {
+        /// The damaged file.
         file: PathBuf,
+        /// Where the damage starts.
         offset: u64,
+        /// What is wrong there.
         reason: String,
     },
     #[error("WAL directory {} is locked by another process", .0.display())]
+    /// Another process has the directory open (its `LOCK` is held).
     Locked(PathBuf),
     /// The writer hit an error: nothing after `durable` will ever be acknowledged.
     #[error("WAL failed (records after LSN {durable} are not durable): {reason}")]
-    Failed { durable: Lsn, reason: Arc<str> },
+    Failed {
+        /// The last LSN acknowledged before the failure.
+        durable: Lsn,
+        /// The writer's error.
+        reason: Arc<str>,
+    },
     #[error("WAL is closed")]
+    /// The log was closed: it acknowledges nothing more.
     Closed,
     #[error("LSN {lsn} was never assigned (last assigned {last})")]
-    NotAssigned { lsn: Lsn, last: Lsn },
+    /// A wait for a position the log never handed out (a caller's bug, not a disk's).
+    NotAssigned {
+        /// The position waited for.
+        lsn: Lsn,
+        /// The last one handed out.
+        last: Lsn,
+    },
 }
 
-pub(crate) fn io_err(
-    op: &'static str,
-    path: impl Into<PathBuf>,
-) -> impl FnOnce(io::Error) -> WalError {
+/// Maps an I/O error of `op` on `path` to [`WalError::Io`].
+pub fn io_err(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> WalError {
     let path = path.into();
     move |source| WalError::Io { op, path, source }
 }

@@ -24,24 +24,36 @@ const CHUNK: usize = 1 << 20;
 /// `segment` instead of scanning it from its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadPos {
+    /// The first LSN of the segment (its name).
     pub segment: Lsn,
+    /// The next record's LSN.
     pub lsn: Lsn,
+    /// The next record's byte offset in the segment.
     pub offset: u64,
 }
 
 #[derive(Debug, Error)]
+/// Why a read of the log failed.
 pub enum ReadError {
     /// The record was deleted (segments covered by a snapshot and past the feed's
     /// retention): the caller must resynchronise by other means.
     #[error("LSN {requested} is no longer in the log (it starts at LSN {first})")]
-    Trimmed { requested: Lsn, first: Lsn },
+    Trimmed {
+        /// The LSN asked for.
+        requested: Lsn,
+        /// The first LSN still on disk.
+        first: Lsn,
+    },
     #[error(transparent)]
+    /// The log itself failed.
     Wal(#[from] WalError),
 }
 
 /// What the visitor wants after a record.
 pub enum Visit {
+    /// Visit the next record.
     More,
+    /// Stop after this one.
     Stop,
 }
 

@@ -47,12 +47,19 @@ pub const OPAQUE_KINDS: std::ops::RangeInclusive<u8> = 64..=127;
 /// The order feed's consumer-group records (`stockgate_server::feed::groups`): their numbers are
 /// allocated here, with every other kind, so no two modules ever share one.
 pub const K_GROUP_CREATED: u8 = 64;
+/// A consumer group destroyed.
 pub const K_GROUP_DESTROYED: u8 = 65;
+/// A group's last-delivered id set.
 pub const K_GROUP_SET_ID: u8 = 66;
+/// A consumer created or deleted.
 pub const K_GROUP_CONSUMER: u8 = 67;
+/// Entries delivered to a consumer.
 pub const K_GROUP_DELIVERED: u8 = 68;
+/// Entries acknowledged.
 pub const K_GROUP_ACKED: u8 = 69;
+/// Pending entries claimed by another consumer.
 pub const K_GROUP_CLAIMED: u8 = 70;
+/// A snapshot's re-log of every group's state.
 pub const K_GROUP_CHECKPOINT: u8 = 71;
 
 fn known_kind(k: u8) -> bool {
@@ -63,16 +70,35 @@ fn known_kind(k: u8) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum RecordError {
     #[error("incomplete header: {have} of {HEADER_LEN} bytes")]
-    ShortHeader { have: usize },
+    /// Fewer bytes than a header.
+    ShortHeader {
+        /// Bytes there are.
+        have: usize,
+    },
     #[error("incomplete payload: {have} of {len} bytes")]
-    ShortPayload { len: usize, have: usize },
+    /// Fewer bytes than the header's length says.
+    ShortPayload {
+        /// The payload length the header gives.
+        len: usize,
+        /// Payload bytes there are.
+        have: usize,
+    },
     #[error("invalid payload length {0}")]
+    /// A length field beyond [`MAX_PAYLOAD`].
     BadLength(u32),
     #[error("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
-    Checksum { stored: u32, computed: u32 },
+    /// The payload's CRC32C does not match the header's.
+    Checksum {
+        /// The header's checksum.
+        stored: u32,
+        /// The payload's.
+        computed: u32,
+    },
     #[error("undecodable payload: {0}")]
+    /// The checksum held but the payload does not decode.
     Payload(#[from] DecodeError),
     #[error("event too large to log: {0} bytes")]
+    /// An event whose encoding exceeds [`MAX_PAYLOAD`].
     TooLarge(usize),
 }
 

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use super::record::{self, decode_record, RecordError};
 use super::{io_err, Event, Lsn, WalError};
 
+/// The first 8 bytes of every segment: format and version.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"SGWAL\0\0\x01";
+/// Bytes before a segment's first record: the magic and the segment's first LSN.
 pub const SEGMENT_HEADER_LEN: u64 = 16;
 
 /// Segments on disk: first LSN -> last LSN, `None` for the one being appended to. Shared
@@ -20,10 +22,12 @@ pub const SEGMENT_HEADER_LEN: u64 = 16;
 /// other.
 pub(crate) type Catalog = std::collections::BTreeMap<Lsn, Option<Lsn>>;
 
+/// The file name of the segment whose first record is `first`.
 pub fn segment_file_name(first: Lsn) -> String {
     format!("wal-{first:020}.log")
 }
 
+/// The file name of the snapshot covering the log up to `lsn`.
 pub fn snapshot_file_name(lsn: Lsn) -> String {
     format!("snapshot-{lsn:020}.snap")
 }
@@ -36,10 +40,12 @@ fn parse_numbered(name: &str, prefix: &str, suffix: &str) -> Option<Lsn> {
     digits.parse().ok()
 }
 
+/// The first LSN a segment's file name carries; `None` for any other name.
 pub fn parse_segment_name(name: &str) -> Option<Lsn> {
     parse_numbered(name, "wal-", ".log")
 }
 
+/// The LSN a snapshot's file name carries; `None` for any other name.
 pub fn parse_snapshot_name(name: &str) -> Option<Lsn> {
     parse_numbered(name, "snapshot-", ".snap")
 }
@@ -53,14 +59,17 @@ fn header(first: Lsn) -> [u8; SEGMENT_HEADER_LEN as usize] {
 
 /// The files of a WAL directory, each list sorted by LSN.
 #[derive(Debug, Default)]
-pub(crate) struct Listing {
+pub struct Listing {
+    /// Segments, by first LSN.
     pub segments: Vec<(Lsn, PathBuf)>,
+    /// Snapshots, by the LSN they cover.
     pub snapshots: Vec<(Lsn, PathBuf)>,
     /// Leftovers of interrupted snapshot writes.
     pub temps: Vec<PathBuf>,
 }
 
-pub(crate) fn list_dir(dir: &Path) -> Result<Listing, WalError> {
+/// The segments, snapshots and leftover temporary files in `dir`.
+pub fn list_dir(dir: &Path) -> Result<Listing, WalError> {
     let mut l = Listing::default();
     for entry in fs::read_dir(dir).map_err(io_err("read directory", dir))? {
         let entry = entry.map_err(io_err("read directory", dir))?;
@@ -80,7 +89,7 @@ pub(crate) fn list_dir(dir: &Path) -> Result<Listing, WalError> {
 }
 
 /// Makes creations, renames and deletions inside `dir` durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), WalError> {
+pub fn sync_dir(dir: &Path) -> Result<(), WalError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io_err("fsync directory", dir))
@@ -323,7 +332,8 @@ pub(crate) fn past_feed_retention<T>(
     doomed
 }
 
-pub(crate) fn remove_if_exists(path: &Path) -> Result<(), WalError> {
+/// Deletes `path`; a file already gone is not an error.
+pub fn remove_if_exists(path: &Path) -> Result<(), WalError> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("delete", path)(e)),
         _ => Ok(()),

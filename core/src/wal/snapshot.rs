@@ -17,6 +17,7 @@ use super::segment::{snapshot_file_name, sync_dir};
 use super::{io_err, Lsn, WalError};
 use crate::engine::types::{ResState, ReservationView, SaleView, Snapshot, TombView};
 
+/// The first 8 bytes of every snapshot file: format and version.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"SGSNAP\0\x01";
 /// Version 2 added tombstones of purged reservations, version 3 the history id at the
 /// end; older files still load (without them).
@@ -26,8 +27,11 @@ const HEADER_LEN: usize = 8 + 8 + 4;
 /// What [`super::Wal::write_snapshot`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotWritten {
+    /// The file written.
     pub path: PathBuf,
+    /// The LSN it covers: recovery replays the records after it.
     pub lsn: Lsn,
+    /// Its size.
     pub bytes: u64,
     /// Segments and older snapshots deleted because this snapshot covers them.
     pub removed: Vec<PathBuf>,
@@ -86,7 +90,9 @@ pub fn encode_snapshot(snap: &Snapshot, lsn: Lsn) -> Vec<u8> {
 /// Why snapshot bytes are invalid; `offset` is a position in the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotError {
+    /// Where in the file the damage starts.
     pub offset: u64,
+    /// What is wrong there.
     pub reason: String,
 }
 

@@ -339,6 +339,7 @@ impl Wal {
         &self.shared.notify
     }
 
+    #[cfg(feature = "tokio")]
     pub(super) fn is_closed(&self) -> bool {
         self.shared.progress.lock().closed
     }
@@ -348,6 +349,7 @@ impl Wal {
         &self.shared.dir
     }
 
+    /// What it was opened with.
     pub fn options(&self) -> &WalOptions {
         &self.shared.opts
     }

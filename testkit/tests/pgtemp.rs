@@ -1,4 +1,4 @@
-use stockgate_client::pgtemp::TempPostgres;
+use stockgate_testkit::pgtemp::TempPostgres;
 
 #[tokio::test]
 async fn starts_and_answers_select_1() {

@@ -1,4 +1,6 @@
-//! Test and benchmark helpers: run the real `stockgate` binary as a child process.
+//! Test and benchmark scaffolding for the workspace, never a dependency of a shipped
+//! crate: throwaway PostgreSQL clusters ([`pgtemp`]) and the real `stockgate` binary run
+//! as a child process ([`ServerProcess`], [`Harness`]).
 //!
 //! The binary is found at `$STOCKGATE_BIN`, else `<target>/debug/stockgate` (built with
 //! `cargo build -p stockgate-server --bin stockgate` when missing). The server is
@@ -7,6 +9,8 @@
 // A SIGTERM to the server it started (libc kill).
 #![allow(unsafe_code)]
 
+pub mod pgtemp;
+
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -14,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::token::mint_admission_token;
+use stockgate_client::token::mint_admission_token;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -37,7 +41,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestkitError {
     move |source| TestkitError::Io { what, source }
 }
 
-/// The workspace root (this crate lives in `<root>/client`).
+/// The workspace root (this crate lives in `<root>/testkit`).
 pub fn workspace_root() -> PathBuf {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     here.parent().unwrap_or(here).to_path_buf()
@@ -130,7 +134,7 @@ impl ServerKeys {
 
     /// An admission token valid for `ttl_ms`.
     pub fn admission(&self, sku: &str, user: &str, ttl_ms: i64) -> String {
-        let exp = crate::types::now_ms().saturating_add(ttl_ms);
+        let exp = stockgate_client::types::now_ms().saturating_add(ttl_ms);
         mint_admission_token(
             &self.secret,
             &self.kid,
@@ -296,11 +300,11 @@ impl Drop for ServerProcess {
 /// both sides.
 pub struct Harness {
     pub pg: crate::pgtemp::TempPostgres,
-    pub ledger: crate::PgLedger,
+    pub ledger: stockgate_client::PgLedger,
     pub keys: ServerKeys,
     pub data: TempDir,
     pub server: ServerProcess,
-    pub client: crate::StockgateClient,
+    pub client: stockgate_client::StockgateClient,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -308,13 +312,13 @@ pub enum HarnessError {
     #[error(transparent)]
     Pg(#[from] crate::pgtemp::PgTempError),
     #[error(transparent)]
-    Ledger(#[from] crate::LedgerError),
+    Ledger(#[from] stockgate_client::LedgerError),
     #[error(transparent)]
     Testkit(#[from] TestkitError),
     #[error(transparent)]
-    Client(#[from] crate::ClientError),
+    Client(#[from] stockgate_client::ClientError),
     #[error(transparent)]
-    Identity(#[from] crate::identity::IdentityError),
+    Identity(#[from] stockgate_client::identity::IdentityError),
 }
 
 impl Harness {
@@ -325,9 +329,9 @@ impl Harness {
     /// With explicit Postgres options (benchmarks keep fsync on).
     pub async fn start_with(opts: crate::pgtemp::PgOptions) -> Result<Self, HarnessError> {
         let pg = crate::pgtemp::TempPostgres::start_with(opts).await?;
-        let ledger = crate::PgLedger::connect_with(
+        let ledger = stockgate_client::PgLedger::connect_with(
             pg.url(),
-            crate::ledger::postgres::PgLedgerOptions {
+            stockgate_client::ledger::postgres::PgLedgerOptions {
                 max_connections: 32,
                 acquire_timeout: Duration::from_secs(3),
                 ..Default::default()
@@ -338,7 +342,7 @@ impl Harness {
         let keys = ServerKeys::generate()?;
         let data = TempDir::new("sgdata")?;
         let server = ServerProcess::start_with_keys(&data.path().join("d"), &keys)?;
-        let client = crate::StockgateClient::connect(server.addr()).await?;
+        let client = stockgate_client::StockgateClient::connect(server.addr()).await?;
         Ok(Harness {
             pg,
             ledger,
@@ -370,14 +374,15 @@ impl Harness {
         ttl_ms: u64,
         limit: Option<u32>,
     ) -> Result<(), HarnessError> {
-        use crate::Ledger as _;
+        use stockgate_client::Ledger as _;
         // As `stockgate-sweeper create-sale` does: the ledger is bound to this server.
-        crate::identity::ensure_bound(&self.ledger, self.client.history().await?).await?;
+        stockgate_client::identity::ensure_bound(&self.ledger, self.client.history().await?)
+            .await?;
         self.client
             .sale_create(sku, total, Some(shards), Some(ttl_ms), limit)
             .await?;
         let info = self.client.sale_info(sku).await?;
-        let mut rec = crate::ledger::SaleRecord::new(sku, total);
+        let mut rec = stockgate_client::ledger::SaleRecord::new(sku, total);
         rec.shards = Some(shards);
         rec.ttl_ms = Some(ttl_ms);
         rec.per_user_limit = limit;
@@ -394,8 +399,8 @@ impl Harness {
         prefix: &str,
         n: usize,
         materialize: bool,
-    ) -> Result<Vec<crate::Hold>, HarnessError> {
-        let checkout = crate::Checkout::new(self.ledger.clone(), self.client.clone());
+    ) -> Result<Vec<stockgate_client::Hold>, HarnessError> {
+        let checkout = stockgate_client::Checkout::new(self.ledger.clone(), self.client.clone());
         let mut out = Vec::with_capacity(n);
         let idx: Vec<usize> = (0..n).collect();
         for chunk in idx.chunks(100) {
@@ -412,13 +417,13 @@ impl Harness {
                         if materialize {
                             match checkout.start(sku, &user, &adm, &rid, 1).await {
                                 Ok(h) => return Ok(h),
-                                Err(crate::CheckoutError::SoldOut)
+                                Err(stockgate_client::CheckoutError::SoldOut)
                                     if client.stock(sku).await? > 0 =>
                                 {
                                     continue
                                 }
                                 Err(e) => {
-                                    return Err(crate::ClientError::Protocol {
+                                    return Err(stockgate_client::ClientError::Protocol {
                                         command: "checkout",
                                         reply: e.to_string(),
                                     })
@@ -426,12 +431,12 @@ impl Harness {
                             }
                         }
                         match client.reserve(sku, &user, &adm, &rid, 1).await? {
-                            crate::types::ReserveOutcome::Reserved {
+                            stockgate_client::types::ReserveOutcome::Reserved {
                                 token,
                                 expires_at_ms,
                                 ..
                             } => {
-                                return Ok(crate::Hold {
+                                return Ok(stockgate_client::Hold {
                                     token,
                                     sku: sku.to_string(),
                                     user: user.clone(),
@@ -442,20 +447,20 @@ impl Harness {
                                     already_committed: false,
                                 })
                             }
-                            crate::types::ReserveOutcome::SoldOut
+                            stockgate_client::types::ReserveOutcome::SoldOut
                                 if client.stock(sku).await? > 0 =>
                             {
                                 continue
                             }
                             other => {
-                                return Err(crate::ClientError::Protocol {
+                                return Err(stockgate_client::ClientError::Protocol {
                                     command: "RESERVE",
                                     reply: format!("{other:?}"),
                                 })
                             }
                         }
                     }
-                    Err(crate::ClientError::Protocol {
+                    Err(stockgate_client::ClientError::Protocol {
                         command: "RESERVE",
                         reply: "still sold out after retries".into(),
                     })
