@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, Criterion};
-use stockgate_server::cmd::{dispatch, dispatch_timed, Ctx};
-use stockgate_server::engine::{
+use stockgate_core::engine::{
     Engine, EngineConfig, Keyring, NullSink, ReservationKey, SystemClock,
 };
+use stockgate_server::cmd::{dispatch, dispatch_timed, Ctx};
 use stockgate_server::server::{ConnState, NoDurability, Role, ServerConfig, Shared};
 
 const SKU: &str = "HOT-SKU-1";

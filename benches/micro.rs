@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
-use stockgate_server::engine::{
+use stockgate_core::engine::{
     Engine, EngineConfig, Keyring, NullSink, ReservationKey, ReserveOutcome, ReserveRequest,
     SystemClock,
 };

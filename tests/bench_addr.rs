@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,7 +21,7 @@ fn bench_runs_against_a_server_it_did_not_start() {
     let srv = Server::start(&["--users-file", users.to_str().unwrap()]);
     let out_dir = dir.path().join("results");
 
-    let bench = PathBuf::from(env!("CARGO_BIN_EXE_stockgate-bench"));
+    let bench = common::bench_bin();
     let started = Instant::now();
     let mut child = Command::new(&bench)
         .args(["--addr", &srv.addr])
@@ -89,7 +88,7 @@ fn a_refused_login_names_the_user_only() {
     std::fs::write(&users, format!("ops admin {PASSWORD}\n")).unwrap();
     let srv = Server::start(&["--users-file", users.to_str().unwrap()]);
     let wrong = "wrong-SECRET-pw";
-    let out = Command::new(env!("CARGO_BIN_EXE_stockgate-bench"))
+    let out = Command::new(common::bench_bin())
         .args(["--addr", &srv.addr])
         .arg("--secret-file")
         .arg(srv.data_dir.join("secret"))

@@ -6,6 +6,8 @@
 //! the stockgate binary is built here in the test's own profile unless `STOCKGATE_BIN`
 //! names one.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -40,7 +42,7 @@ fn stockgate_bin(bench: &Path) -> PathBuf {
 
 #[test]
 fn harness_runs_every_target_in_a_tiny_configuration() {
-    let bench = PathBuf::from(env!("CARGO_BIN_EXE_stockgate-bench"));
+    let bench = common::bench_bin();
     let stockgate = stockgate_bin(&bench);
     assert!(stockgate.is_file(), "no stockgate binary at {stockgate:?}");
     let out = std::env::temp_dir().join(format!("stockgate-bench-test-{}", std::process::id()));
@@ -137,7 +139,7 @@ fn harness_runs_every_target_in_a_tiny_configuration() {
 /// in the table, in the JSON and in its exit code.
 #[test]
 fn harness_reports_an_overselling_target_loudly() {
-    let bench = PathBuf::from(env!("CARGO_BIN_EXE_stockgate-bench"));
+    let bench = common::bench_bin();
     let out = std::env::temp_dir().join(format!("stockgate-bench-oversell-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let output = Command::new(&bench)

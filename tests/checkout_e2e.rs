@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use stockgate_client::checkout::{CheckoutError, PayOutcome};
-use stockgate_client::testkit::Harness;
 use stockgate_client::types::now_ms;
 use stockgate_client::{Checkout, Ledger, Sweeper, SweeperConfig};
+use stockgate_testkit::Harness;
 
 const SKU: &str = "E2E";
 const UNITS: u64 = 1000;

@@ -158,7 +158,7 @@ fn free_port() -> u16 {
 async fn rules_and_dashboard_name_only_exported_metrics() {
     use common::raft::{create_sale, reserve, Group};
     use std::time::Duration;
-    use stockgate_client::testkit::{workspace_root, Harness};
+    use stockgate_testkit::{workspace_root, Harness};
 
     let dashboard = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/grafana/stockgate.json"),

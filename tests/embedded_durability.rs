@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stockgate_client::gate::EngineGate;
-use stockgate_client::testkit::TempDir;
 use stockgate_client::types::{ReservationState, ReserveOutcome};
 use stockgate_client::{ClientError, ReservationGate};
 use stockgate_server::engine::{Engine, EngineConfig, Keyring, ReservationKey, SystemClock};
 use stockgate_server::persist::{recover_engine, WalDurability};
 use stockgate_server::wal::{FsyncPolicy, WalOptions};
+use stockgate_testkit::TempDir;
 
 /// How long the WAL writer sleeps before writing each batch.
 const WRITE_DELAY_MS: u64 = 150;

@@ -454,7 +454,7 @@ fn mint_token_and_bench_name_what_is_missing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweeper_migrate_says_the_database_refused_the_login() {
     use sqlx::Connection;
-    use stockgate_client::pgtemp::{PgOptions, TempPostgres};
+    use stockgate_testkit::pgtemp::{PgOptions, TempPostgres};
     if std::env::var("STOCKGATE_TEST_DATABASE_URL").is_ok_and(|u| !u.trim().is_empty()) {
         eprintln!("skipped: an external Postgres's pg_hba.conf is not ours to change");
         return;

@@ -17,7 +17,7 @@ use common::ha::{Keys, Node};
 use common::raft::{converge_wal, create_sale, reserve, state_of, Group};
 use common::{now_ms, server_bin};
 use sqlx::Row;
-use stockgate_client::pgtemp::TempPostgres;
+use stockgate_testkit::pgtemp::TempPostgres;
 
 fn materializer_bin() -> PathBuf {
     server_bin().with_file_name("stockgate-materializer")

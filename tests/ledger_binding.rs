@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::Command;
 
 use operator::{sweeper_bin, sweeper_cli, wait_for_server};
-use stockgate_client::testkit::Harness;
 use stockgate_client::{Ledger, StockgateClient};
+use stockgate_testkit::Harness;
 
 /// A binary of the workspace, next to this test's executable.
 fn bin(name: &str) -> std::path::PathBuf {

@@ -11,9 +11,9 @@ use sqlx::Row;
 use stockgate_client::ledger::pg_schema::{SchemaError, LEDGER_TABLES, SCHEMA_ENV};
 use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::ledger::{LedgerCommit, Materialized, NewOrder, SaleRecord};
-use stockgate_client::pgtemp::TempPostgres;
 use stockgate_client::types::now_ms;
 use stockgate_client::{Ledger, LedgerError, OrderStatus};
+use stockgate_testkit::pgtemp::TempPostgres;
 
 async fn ledger_in(url: &str, schema: &str) -> PgLedger {
     PgLedger::connect_with(

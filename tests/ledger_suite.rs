@@ -10,9 +10,9 @@ use stockgate_client::ledger::{
     AdjustmentOutcome, AdjustmentStatus, LedgerCommit, Materialized, NewOrder, ReleaseReason,
     SaleRecord, SweepVerdict,
 };
-use stockgate_client::pgtemp::TempPostgres;
 use stockgate_client::types::{now_ms, ExpiredReservation};
 use stockgate_client::{Ledger, LedgerError, OrderStatus, PgLedger, SledLedger};
+use stockgate_testkit::pgtemp::TempPostgres;
 
 const SKU: &str = "SUITE";
 
@@ -729,7 +729,7 @@ async fn postgres_ledger_passes_the_suite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sled_ledger_passes_the_suite() {
-    let dir = stockgate_client::testkit::TempDir::new("sgsled").expect("tempdir");
+    let dir = stockgate_testkit::TempDir::new("sgsled").expect("tempdir");
     let l = SledLedger::open(dir.path().join("ledger")).expect("open");
     run_suite(l.clone()).await;
     // Reopening keeps everything (the embedded ledger is durable).

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use sqlx::Row;
-use stockgate_client::testkit::{workspace_root, Harness};
 use stockgate_client::types::ReserveOutcome;
+use stockgate_testkit::{workspace_root, Harness};
 
 fn materializer(h: &Harness, extra: &[&str]) -> Command {
     let mut c = Command::new(workspace_root().join("target/debug/stockgate-materializer"));

@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use stockgate_client::testkit::{workspace_root, Harness};
+use stockgate_testkit::{workspace_root, Harness};
 
 fn curl(url: &str) -> String {
     Command::new("curl")

@@ -32,9 +32,9 @@ use common::{now_ms, TempDir};
 use sqlx::Row;
 use stockgate_client::group::GroupReader;
 use stockgate_client::materialize::{FeedReader, ALL_EVENTS};
-use stockgate_client::pgtemp::TempPostgres;
 use stockgate_client::types::ReserveOutcome;
 use stockgate_client::{PgLedger, SentinelConfig, StockgateClient};
+use stockgate_testkit::pgtemp::TempPostgres;
 
 const SKU: &str = "RAFT-FEED";
 const KILLS: usize = 2;

@@ -18,10 +18,10 @@ use common::ha::{free_port, wait_for};
 use common::raft::{sale_info, state_of, Group};
 use common::{now_ms, TempDir};
 use operator::sweeper_bin;
-use stockgate_client::pgtemp::TempPostgres;
 use stockgate_client::sentinel::SentinelConfig;
 use stockgate_client::{Checkout, Hold, Ledger, OrderStatus, PgLedger, StockgateClient};
 use stockgate_server::engine::Keyring;
+use stockgate_testkit::pgtemp::TempPostgres;
 
 const SKU: &str = "RAFT-SWEEP";
 const TOTAL: i64 = 300;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use stockgate_client::checkout::PayOutcome;
 use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
-use stockgate_client::testkit::Harness;
 use stockgate_client::{Checkout, ClientError, Ledger, OrderStatus, Sweeper, SweeperConfig};
+use stockgate_testkit::Harness;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wiped_data_dir_fences_then_rebuilds_from_the_ledger() {

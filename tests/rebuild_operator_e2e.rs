@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use operator::{sweeper_cli, wait_for_server};
 use stockgate_client::checkout::{CheckoutError, PayOutcome};
-use stockgate_client::testkit::Harness;
 use stockgate_client::types::ReserveOutcome;
 use stockgate_client::{Checkout, Ledger, OrderStatus, Sweeper, SweeperConfig};
+use stockgate_testkit::Harness;
 
 const SKU: &str = "OPS";
 const TTL_MS: u64 = 120_000;

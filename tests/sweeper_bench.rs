@@ -7,10 +7,10 @@
 use std::time::{Duration, Instant};
 
 use stockgate_client::ledger::NewOrder;
-use stockgate_client::pgtemp::PgOptions;
-use stockgate_client::testkit::Harness;
 use stockgate_client::types::now_ms;
 use stockgate_client::{Ledger, PassReport, StockgateClient, Sweeper, SweeperConfig};
+use stockgate_testkit::pgtemp::PgOptions;
+use stockgate_testkit::Harness;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use stockgate_client::sweeper::SweepError;
-use stockgate_client::testkit::Harness;
 use stockgate_client::{Ledger, OrderStatus, StockgateClient, Sweeper, SweeperConfig};
+use stockgate_testkit::Harness;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crash_between_ledger_and_release_is_recovered_exactly_once() {

@@ -15,11 +15,11 @@ use std::time::Duration;
 use operator::{copy_dir, sweeper_cli, wait_for_server};
 use stockgate_client::checkout::PayOutcome;
 use stockgate_client::ledger::AdjustmentStatus;
-use stockgate_client::testkit::{Harness, ServerProcess};
 use stockgate_client::types::ReserveOutcome;
 use stockgate_client::{
     Checkout, ClientError, Ledger, PassReport, StockgateClient, Sweeper, SweeperConfig,
 };
+use stockgate_testkit::{Harness, ServerProcess};
 
 fn cfg(sku: &str) -> SweeperConfig {
     SweeperConfig {

@@ -18,7 +18,7 @@ use stockgate_client::types::now_ms;
 use stockgate_client::{
     Checkout, EngineGate, Ledger, ReservationGate, SledLedger, Sweeper, SweeperConfig,
 };
-use stockgate_server::engine::{
+use stockgate_core::engine::{
     Engine, EngineConfig, Keyring, NullSink, ReservationKey, SystemClock,
 };
 use tokio::sync::Semaphore;

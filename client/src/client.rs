@@ -166,7 +166,7 @@ impl StockgateClient {
     pub async fn release_as(
         &self,
         token: &str,
-        reason: Option<stockgate_server::engine::ReleaseReason>,
+        reason: Option<stockgate_core::engine::ReleaseReason>,
     ) -> Result<bool, ClientError> {
         let mut cmd = redis::cmd("RELEASE");
         cmd.arg(token);

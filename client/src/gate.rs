@@ -9,9 +9,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::future::join_all;
-use stockgate_server::engine::error::EngineError;
-use stockgate_server::engine::types::{PaymentCheck, ResState, ReservationView, SaleView};
-use stockgate_server::engine::{
+use stockgate_core::engine::error::EngineError;
+use stockgate_core::engine::types::{PaymentCheck, ResState, ReservationView, SaleView};
+use stockgate_core::engine::{
     Engine, Lsn, ReleaseReason, ReserveOutcome as EngineOutcome, ReserveRequest,
 };
 use stockgate_server::server::Durability;
@@ -500,7 +500,7 @@ impl ReservationGate for EngineGate {
             Some((_, lsn)) => lsn,
             None => self
                 .engine
-                .begin_history(&stockgate_server::engine::new_history_id()),
+                .begin_history(&stockgate_core::engine::new_history_id()),
         };
         self.durable(lsn).await?;
         Ok(self.engine.history().map(|(id, _)| id.to_string()))

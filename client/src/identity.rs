@@ -1,5 +1,5 @@
 //! A ledger describes one server history: the id a server reports as `INFO`'s
-//! `stockgate_history` (`stockgate_server::engine` logs it once, as the first record of a
+//! `stockgate_history` (`stockgate_core::engine` logs it once, as the first record of a
 //! data dir or of a Raft group). The first tool that talks to a server binds the ledger to
 //! it; from then on the sweeper, the materializer, the rebuild and `adjust` refuse a
 //! server that reports another id, before they change anything: another group, a wiped

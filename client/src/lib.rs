@@ -13,9 +13,6 @@
 //! - [`rebuild`]: fail closed and rebuild a fenced sale from the ledger.
 //! - [`materialize`]: the order feed written into the ledger exactly once.
 //! - [`metrics`]: the sweeper's Prometheus endpoint.
-//!
-//! With the `testkit` feature (tests and the benchmark harness only; not part of the
-//! library's API): `pgtemp` and `testkit`, throwaway Postgres and server processes.
 pub mod adjust;
 pub mod checkout;
 pub mod client;
@@ -28,13 +25,9 @@ pub mod identity;
 pub mod ledger;
 pub mod materialize;
 pub mod metrics;
-#[cfg(feature = "testkit")]
-pub mod pgtemp;
 pub mod rebuild;
 pub mod sentinel;
 pub mod sweeper;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 pub mod token;
 pub mod types;
 mod value;

@@ -35,7 +35,7 @@
 use std::collections::HashMap;
 
 use futures::future::join_all;
-use stockgate_server::engine::ReleaseReason;
+use stockgate_core::engine::ReleaseReason;
 use tracing::{error, info, warn};
 
 use crate::client::ClientError;

@@ -426,6 +426,7 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
 
             // A crash here (after the ledger, before the server) is what the recovery
             // branches exist for; the fault tests inject it.
+            #[cfg(feature = "failpoints")]
             fail::fail_point!("sweeper::after_ledger", |_| Err(SweepError::Injected(
                 "sweeper::after_ledger"
             )));

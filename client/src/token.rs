@@ -14,7 +14,7 @@ pub enum TokenError {
 /// `base64url(payload) "." base64url(HMAC-SHA256(secret, payload))` with
 /// `payload = "v1|" kid "|" sku "|" user "|" expires_at_ms`: the server crate's own minting,
 /// so the client and the server can never disagree on the format.
-pub use stockgate_server::engine::token::mint_admission_token;
+pub use stockgate_core::engine::token::mint_admission_token;
 
 /// Decode a hex secret (whitespace trimmed), at least 32 bytes.
 pub fn parse_secret_hex(hex: &str) -> Result<Vec<u8>, TokenError> {

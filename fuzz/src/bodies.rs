@@ -31,29 +31,29 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use bytes::{Bytes, BytesMut};
 use openraft::MessageSummary;
-use stockgate_server::cmd::{self, Ctx};
-use stockgate_server::engine::event::EventRef;
-use stockgate_server::engine::token::{self, Denied};
-use stockgate_server::engine::{
+use stockgate_core::engine::event::EventRef;
+use stockgate_core::engine::token::{self, Denied};
+use stockgate_core::engine::{
     ident, Clock, Engine, EngineConfig, Event, EventSink, Keyring, Lsn, ManualClock, NullSink,
     ReleaseReason, ResState, ReservationKey, SaleState, Snapshot,
 };
+use stockgate_core::wal::record::{
+    decode_payload, decode_record, encode_payload, encode_record, RecordError, MAX_PAYLOAD,
+};
+use stockgate_core::wal::segment::{
+    parse_segment_name, parse_snapshot_name, segment_file_name, snapshot_file_name,
+};
+use stockgate_core::wal::snapshot::{
+    decode_snapshot, encode_snapshot, SNAPSHOT_MAGIC, SNAPSHOT_VERSION,
+};
+use stockgate_core::wal::{FsyncPolicy, WalOptions};
+use stockgate_server::cmd::{self, Ctx};
 use stockgate_server::feed::groups::GroupRecord;
 use stockgate_server::feed::{Feed, FeedLimits};
 use stockgate_server::persist::{recover_engine, WalDurability};
 use stockgate_server::protocol::{parse_command, Limits, Parsed, ProtocolError, Reply};
 use stockgate_server::raft::network;
 use stockgate_server::server::{ConnState, Durability, Role, ServerConfig, Shared, Users};
-use stockgate_server::wal::record::{
-    decode_payload, decode_record, encode_payload, encode_record, RecordError, MAX_PAYLOAD,
-};
-use stockgate_server::wal::segment::{
-    parse_segment_name, parse_snapshot_name, segment_file_name, snapshot_file_name,
-};
-use stockgate_server::wal::snapshot::{
-    decode_snapshot, encode_snapshot, SNAPSHOT_MAGIC, SNAPSHOT_VERSION,
-};
-use stockgate_server::wal::{FsyncPolicy, WalOptions};
 
 // ----- fixed keys and time ---------------------------------------------------------------
 
@@ -1705,7 +1705,7 @@ fn older_snapshot(snap: &Snapshot, version: u8, lsn: Lsn) -> Vec<u8> {
 }
 
 fn sample_events() -> Vec<Event> {
-    use stockgate_server::engine::SaleParams;
+    use stockgate_core::engine::SaleParams;
     let token = reservation_token("SKU-1", "alice", "req-1");
     vec![
         Event::SaleCreated {
@@ -1767,7 +1767,7 @@ fn sample_events() -> Vec<Event> {
         },
         // A consumer-group record of the order feed (opaque to the engine).
         Event::Opaque {
-            kind: stockgate_server::wal::record::K_GROUP_ACKED,
+            kind: stockgate_core::wal::record::K_GROUP_ACKED,
             body: vec![3, 1, 2, 3],
         },
     ]

@@ -1,7 +1,8 @@
-//! stockgate server library: the embeddable reservation engine, its write-ahead log and
-//! the RESP server that exposes it.
+//! stockgate server library: the RESP server around the reservation engine and its
+//! write-ahead log.
 //!
-//! - [`engine`]: sales, shard counters, reservations, expiry wheel, tokens. No I/O.
+//! - [`engine`], [`wal`]: the engine and the log, from `stockgate-core`, re-exported so
+//!   the server's modules and its users name them as part of the server.
 //! - [`protocol`]: RESP framing and reply encoding. No stock logic.
 //! - [`cmd`]: one typed command per file, applied to the engine.
 //! - [`server`]: accept loop, connections, pipelining, limits.
@@ -12,9 +13,10 @@
 //! - [`takeover`]: a connection handed from the command loop to a subscriber and back.
 //! - [`raft`]: a replicated group: the log replicated with Raft (openraft).
 //! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
+pub use stockgate_core::{engine, wal};
+
 pub mod cli;
 pub mod cmd;
-pub mod engine;
 pub mod feed;
 pub mod keyfiles;
 pub mod metrics;
@@ -26,4 +28,3 @@ pub mod report;
 pub mod server;
 pub mod session;
 pub mod takeover;
-pub mod wal;

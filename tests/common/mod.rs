@@ -32,6 +32,24 @@ pub fn server_bin() -> PathBuf {
     bin
 }
 
+/// The load generator next to this test's executable (`target/<profile>/stockgate-bench`):
+/// a binary of its own package (benches/loadgen), so cargo does not build it for this
+/// one's tests. Build it first: `cargo build --workspace --bins`.
+pub fn bench_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let bin = profile_dir.join("stockgate-bench");
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build --workspace --bins` before the tests",
+        bin.display()
+    );
+    bin
+}
+
 /// A temp directory removed on drop.
 pub struct TempDir(pub PathBuf);
 

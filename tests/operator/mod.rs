@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use stockgate_client::testkit::Harness;
 use stockgate_client::StockgateClient;
+use stockgate_testkit::Harness;
 
 /// The sweeper binary next to this test's executable (`target/<profile>/stockgate-sweeper`),
 /// or `$STOCKGATE_SWEEPER_BIN`. Build it first: `cargo build --workspace --bins` (the

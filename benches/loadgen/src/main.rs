@@ -201,7 +201,7 @@ async fn remote(args: &Args) -> Result<Option<Remote>> {
     };
     let text = std::fs::read_to_string(secret_path)
         .with_context(|| format!("--secret-file {}", secret_path.display()))?;
-    let keyring = stockgate_server::engine::Keyring::parse(&text)
+    let keyring = stockgate_core::engine::Keyring::parse(&text)
         .map_err(|e| anyhow!("--secret-file {}: {e}", secret_path.display()))?;
     Ok(Some(Remote {
         addr,

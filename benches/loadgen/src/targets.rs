@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
-use stockgate_client::pgtemp::{PgOptions, TempPostgres};
+use stockgate_testkit::pgtemp::{PgOptions, TempPostgres};
 
 use crate::proc::{free_port, ChildGuard, TempDir};
 use crate::resp::{encode, Reply, RespConn};
@@ -909,7 +909,7 @@ pub fn versions(tools: &Tools) -> Vec<(String, String)> {
             .map(|s| s.lines().next().unwrap_or("").to_string())
             .unwrap_or_else(|e| format!("unknown ({e})"))
     };
-    let pg_bin = std::env::var(stockgate_client::pgtemp::PG_BIN_ENV)
+    let pg_bin = std::env::var(stockgate_testkit::pgtemp::PG_BIN_ENV)
         .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_string());
     vec![
         ("stockgate".into(), probe(&tools.stockgate, &["--version"])),

@@ -22,8 +22,8 @@ use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::ledger::{Ledger, SaleRecord};
 use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
 use stockgate_client::{ServerTarget, StockgateClient, Sweeper, SweeperConfig};
+use stockgate_core::engine::{MAX_SHARDS, MAX_TOTAL, MAX_TTL_MS};
 use stockgate_server::cli::{int_in, number_in};
-use stockgate_server::engine::{MAX_SHARDS, MAX_TOTAL, MAX_TTL_MS};
 use tracing::{error, info, warn};
 
 // `hide_env_values` on every environment-backed value that can carry a credential (a

@@ -1,0 +1,1057 @@
+//! Engine tests: unit tests of each command and a model test that runs random operation
+//! sequences against a plain reference model, checking the docs/design.md invariants after
+//! every step and that replaying the log (and loading a snapshot) reproduces the state.
+
+use super::*;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+#[derive(Default)]
+pub struct RecordingSink {
+    pub events: Mutex<Vec<Event>>,
+}
+
+impl EventSink for RecordingSink {
+    fn record(&self, event: &EventRef<'_>) -> Lsn {
+        let mut e = self.events.lock();
+        e.push(event.to_owned_event());
+        e.len() as Lsn
+    }
+
+    fn last_lsn(&self) -> Lsn {
+        self.events.lock().len() as Lsn
+    }
+}
+
+const T0: u64 = 1_700_000_000_000;
+
+fn keys() -> Keyring {
+    Keyring::parse(&format!("k1 {}\n", "ab".repeat(32))).unwrap()
+}
+
+fn rkey() -> ReservationKey {
+    ReservationKey::from_bytes(&[9u8; 32])
+}
+
+fn engine(auto_release: bool) -> (Engine, Arc<ManualClock>, Arc<RecordingSink>) {
+    engine_with(auto_release, 50_000)
+}
+
+fn engine_with(
+    auto_release: bool,
+    retention_ms: u64,
+) -> (Engine, Arc<ManualClock>, Arc<RecordingSink>) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let sink = Arc::new(RecordingSink::default());
+    let cfg = EngineConfig {
+        auto_release,
+        retention_ms,
+        ..EngineConfig::default()
+    };
+    (
+        Engine::new(cfg, clock.clone(), sink.clone(), keys(), rkey()),
+        clock,
+        sink,
+    )
+}
+
+fn admit(e: &Engine, sku: &str, user: &str) -> String {
+    e.keyring().mint(sku, user, e.now_ms() + 60_000)
+}
+
+fn reserve(
+    e: &Engine,
+    sku: &str,
+    user: &str,
+    rid: &str,
+    qty: u32,
+) -> Result<ReserveOutcome, EngineError> {
+    let adm = admit(e, sku, user);
+    e.reserve(&ReserveRequest {
+        sku,
+        user,
+        admission: adm.as_bytes(),
+        request_id: rid,
+        qty,
+    })
+    .map(|x| x.0)
+}
+
+fn token_of(o: &ReserveOutcome) -> Arc<str> {
+    match o {
+        ReserveOutcome::Reserved { token, .. } | ReserveOutcome::Replay { token, .. } => {
+            token.as_str().into()
+        }
+        other => panic!("no token in {other:?}"),
+    }
+}
+
+fn check_invariants(e: &Engine) {
+    for sku in e.list_sales() {
+        let v = e.sale_info(&sku).unwrap();
+        if v.state == SaleState::Fenced {
+            continue;
+        }
+        assert!(v.shard_available.iter().all(|&a| a >= 0), "{v:?}");
+        assert_eq!(
+            v.available + v.reserved as i64 + v.committed as i64,
+            v.total as i64,
+            "{v:?}"
+        );
+    }
+}
+
+#[test]
+fn reserve_replay_release_commit() {
+    let (e, _c, _s) = engine(false);
+    e.create_sale("SKU", 3, Some(1), Some(1000), None).unwrap();
+    let a = reserve(&e, "SKU", "alice", "r1", 1).unwrap();
+    assert!(matches!(a, ReserveOutcome::Reserved { .. }));
+    let t = token_of(&a);
+    assert!(matches!(
+        reserve(&e, "SKU", "alice", "r1", 1).unwrap(),
+        ReserveOutcome::Replay { .. }
+    ));
+    assert_eq!(e.stock("SKU").unwrap(), 2);
+    assert!(e.release(&t).0);
+    assert!(!e.release(&t).0);
+    assert_eq!(e.commit(&t), Err(EngineError::Released));
+    assert_eq!(e.stock("SKU").unwrap(), 3);
+    // The same request id stays a replay even after release: it never takes stock twice.
+    assert!(matches!(
+        reserve(&e, "SKU", "alice", "r1", 1).unwrap(),
+        ReserveOutcome::Replay { .. }
+    ));
+    let b = token_of(&reserve(&e, "SKU", "bob", "r1", 2).unwrap());
+    assert!(e.commit(&b).unwrap().0);
+    assert!(!e.commit(&b).unwrap().0);
+    assert!(!e.release(&b).0);
+    assert_eq!(
+        reserve(&e, "SKU", "carol", "r", 2).unwrap(),
+        ReserveOutcome::SoldOut
+    );
+    let v = e.sale_info("SKU").unwrap();
+    assert_eq!((v.available, v.reserved, v.committed), (1, 0, 2));
+    assert_eq!(e.commit("{SKU}nope"), Err(EngineError::NoReservation));
+    check_invariants(&e);
+}
+
+#[test]
+fn commit_past_expiry_needs_the_ledger_verified_form() {
+    let (e, c, sink) = engine(false);
+    e.create_sale("S", 3, Some(1), Some(1000), None).unwrap();
+    let on_time = token_of(&reserve(&e, "S", "alice", "r1", 1).unwrap());
+    let late = token_of(&reserve(&e, "S", "bob", "r1", 1).unwrap());
+    let raced = token_of(&reserve(&e, "S", "carol", "r1", 1).unwrap());
+    let deadline = e.reservation(&late).unwrap().0.expires_at_ms;
+
+    // At the deadline itself a payment is still in time (the ledger's `>=`).
+    c.set(deadline);
+    assert!(e.commit(&on_time).unwrap().0);
+
+    // One millisecond later a plain COMMIT sells nothing and logs nothing.
+    c.advance(1);
+    let logged = sink.events.lock().len();
+    assert_eq!(
+        e.commit(&late),
+        Err(EngineError::LateCommit {
+            expires_at_ms: deadline
+        })
+    );
+    assert_eq!(sink.events.lock().len(), logged);
+    assert_eq!(e.reservation(&late).unwrap().0.state, ResState::Reserved);
+    let v = e.sale_info("S").unwrap();
+    assert_eq!((v.available, v.reserved, v.committed), (0, 2, 1));
+    // The sweeper gives it back as usual.
+    assert!(e.release(&late).0);
+
+    // The boundary race: the ledger accepted carol's payment before the deadline, the
+    // COMMIT arrives after it. The verified form commits.
+    assert!(
+        e.commit_with(&raced, PaymentCheck::LedgerVerified)
+            .unwrap()
+            .0
+    );
+    assert!(
+        !e.commit_with(&raced, PaymentCheck::LedgerVerified)
+            .unwrap()
+            .0
+    );
+    // Already committed stays `:0` for the plain form too, late or not.
+    assert!(!e.commit(&raced).unwrap().0);
+    let v = e.sale_info("S").unwrap();
+    assert_eq!((v.available, v.reserved, v.committed), (1, 0, 2));
+    check_invariants(&e);
+    let events = sink.events.lock().clone();
+    assert_eq!(dump(&replayed(&events, c.clone())), dump(&e));
+}
+
+#[test]
+fn decision_order() {
+    let (e, c, _s) = engine(false);
+    assert_eq!(reserve(&e, "NOPE", "u", "r", 1), Err(EngineError::NoSale));
+    assert_eq!(
+        reserve(&e, "bad sku", "u", "r", 1),
+        Err(EngineError::Invalid("sku"))
+    );
+    assert_eq!(
+        reserve(&e, "S", "u|x", "r", 1),
+        Err(EngineError::Invalid("user"))
+    );
+    e.create_sale("S", 10, Some(1), None, Some(2)).unwrap();
+    let other = e.keyring().mint("S", "mallory", T0 + 100);
+    let r = e.reserve(&ReserveRequest {
+        sku: "S",
+        user: "u",
+        admission: other.as_bytes(),
+        request_id: "r",
+        qty: 1,
+    });
+    assert_eq!(r.map(|x| x.0), Err(EngineError::Denied(Denied::WrongUser)));
+    // Expired admission: denied, but a replay of an existing reservation still answers.
+    let adm = e.keyring().mint("S", "u", T0 + 100);
+    let req = ReserveRequest {
+        sku: "S",
+        user: "u",
+        admission: adm.as_bytes(),
+        request_id: "r",
+        qty: 1,
+    };
+    assert!(matches!(
+        e.reserve(&req).unwrap().0,
+        ReserveOutcome::Reserved { .. }
+    ));
+    c.advance(1000);
+    assert!(matches!(
+        e.reserve(&req).unwrap().0,
+        ReserveOutcome::Replay { .. }
+    ));
+    let req2 = ReserveRequest {
+        request_id: "r2",
+        ..req
+    };
+    assert_eq!(
+        e.reserve(&req2).map(|x| x.0),
+        Err(EngineError::Denied(Denied::Expired))
+    );
+    // Paused: replay still answers, new requests are refused.
+    e.set_paused("S", true).unwrap();
+    assert!(matches!(
+        reserve(&e, "S", "u", "r", 1).unwrap(),
+        ReserveOutcome::Replay { .. }
+    ));
+    assert_eq!(reserve(&e, "S", "u", "r3", 1), Err(EngineError::Paused));
+    e.set_paused("S", false).unwrap();
+    // Limit 2: u holds 1; 2 more is over the limit and names the live reservation.
+    match reserve(&e, "S", "u", "r4", 2).unwrap() {
+        ReserveOutcome::Limit { live, limit, held } => {
+            assert_eq!(live.len(), 1);
+            assert_eq!((limit, held), (2, 1), "the limit and what the user holds");
+        }
+        o => panic!("{o:?}"),
+    }
+    assert!(matches!(
+        reserve(&e, "S", "u", "r5", 1).unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    // Committed units still count against the limit.
+    let live = match reserve(&e, "S", "u", "r6", 1).unwrap() {
+        ReserveOutcome::Limit { live, .. } => live,
+        o => panic!("{o:?}"),
+    };
+    assert_eq!(live.len(), 2);
+    e.commit(&live[0]).unwrap();
+    e.release(&live[1]);
+    assert!(matches!(
+        reserve(&e, "S", "u", "r7", 1).unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    assert!(matches!(
+        reserve(&e, "S", "u", "r8", 1).unwrap(),
+        ReserveOutcome::Limit { .. }
+    ));
+    check_invariants(&e);
+}
+
+#[test]
+fn create_is_idempotent_and_checks_params() {
+    let (e, _c, _s) = engine(false);
+    e.create_sale("S", 10, None, None, None).unwrap();
+    // The same creation again: +OK, waiting for the creation record (LSN 1), never
+    // before it (a crash would otherwise erase an acknowledged sale).
+    assert_eq!(
+        e.create_sale("S", 10, Some(16), Some(630_000), Some(0)),
+        Ok(1)
+    );
+    assert_eq!(
+        e.create_sale("S", 11, None, None, None),
+        Err(EngineError::Exists)
+    );
+    // ADJUST does not change what "the same creation parameters" means.
+    e.adjust("S", 5).unwrap();
+    assert_eq!(e.create_sale("S", 10, None, None, None), Ok(2));
+    assert!(e.create_sale("T", 1, Some(0), None, None).is_err());
+}
+
+#[test]
+fn adjust_withdraws_at_most_available() {
+    let (e, _c, _s) = engine(false);
+    e.create_sale("S", 10, Some(4), None, None).unwrap();
+    reserve(&e, "S", "u", "r", 3).unwrap();
+    assert_eq!(e.adjust("S", -8), Err(EngineError::NotEnoughAvailable));
+    assert_eq!(e.stock("S").unwrap(), 7);
+    assert_eq!(e.adjust("S", -7).unwrap().0, 3);
+    assert_eq!(e.stock("S").unwrap(), 0);
+    assert_eq!(e.adjust("S", 4).unwrap().0, 7);
+    check_invariants(&e);
+}
+
+#[test]
+fn expiry_extend_and_expired_listing() {
+    let (e, c, _s) = engine(false);
+    e.create_sale("S", 100, Some(4), Some(1000), None).unwrap();
+    let a = token_of(&reserve(&e, "S", "a", "r", 1).unwrap());
+    c.advance(10);
+    let b = token_of(&reserve(&e, "S", "b", "r", 1).unwrap());
+    assert!(e.expired(10, None).is_empty());
+    c.advance(995);
+    let ex = e.expired(10, None);
+    assert_eq!(ex.len(), 1);
+    assert_eq!(&*ex[0].token, &*a);
+    // Reading changed nothing; expired reservations can't be extended, live ones can.
+    assert_eq!(e.expired(10, None).len(), 1);
+    assert_eq!(e.extend(&a, 1000), Err(EngineError::Expired));
+    let (new, _) = e.extend(&b, 5000).unwrap();
+    assert_eq!(new, e.now_ms() + 5000);
+    c.advance(10);
+    assert_eq!(e.expired(10, None).len(), 1);
+    assert_eq!(e.expired(10, Some("OTHER")).len(), 0);
+    // Commit of an expired reservation needs the ledger's word (the sweeper's cleanup).
+    assert!(matches!(e.commit(&a), Err(EngineError::LateCommit { .. })));
+    assert!(e.commit_with(&a, PaymentCheck::LedgerVerified).unwrap().0);
+    assert!(e.expired(10, None).is_empty());
+    c.advance(5000);
+    assert_eq!(e.expired(10, None).len(), 1);
+    assert_eq!(e.extend(&a, 10), Err(EngineError::NoReservation));
+}
+
+#[test]
+fn auto_release_and_retention() {
+    let (e, c, _s) = engine(true);
+    e.create_sale("S", 2, Some(1), Some(100), None).unwrap();
+    let a = token_of(&reserve(&e, "S", "a", "r", 2).unwrap());
+    assert_eq!(
+        reserve(&e, "S", "b", "r", 1).unwrap(),
+        ReserveOutcome::SoldOut
+    );
+    c.advance(100);
+    e.tick();
+    assert_eq!(e.stock("S").unwrap(), 2);
+    assert_eq!(e.reservation(&a).unwrap().0.state, ResState::Released);
+    c.advance(50_000);
+    e.tick();
+    assert!(e.reservation(&a).is_none(), "purged after retention");
+    check_invariants(&e);
+}
+
+#[test]
+fn release_races_exactly_once() {
+    let (e, _c, _s) = engine(false);
+    let e = Arc::new(e);
+    e.create_sale("S", 100, Some(4), None, None).unwrap();
+    let toks: Vec<Arc<str>> = (0..100)
+        .map(|i| token_of(&reserve(&e, "S", &format!("u{i}"), "r", 1).unwrap()))
+        .collect();
+    let wins = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let hs: Vec<_> = (0..8)
+        .map(|_| {
+            let (e, toks, wins) = (e.clone(), toks.clone(), wins.clone());
+            std::thread::spawn(move || {
+                for t in toks.iter() {
+                    if e.release(t).0 {
+                        wins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(wins.load(std::sync::atomic::Ordering::Relaxed), 100);
+    assert_eq!(e.stock("S").unwrap(), 100);
+    check_invariants(&e);
+}
+
+#[test]
+fn concurrent_storm_never_oversells() {
+    let (e, _c, _s) = engine(false);
+    let e = Arc::new(e);
+    e.create_sale("S", 1000, Some(16), None, None).unwrap();
+    let hs: Vec<_> = (0..4)
+        .map(|t| {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                for i in 0..2500 {
+                    let u = format!("u{t}-{i}");
+                    if let Ok(ReserveOutcome::Reserved { token, .. }) = reserve(&e, "S", &u, "r", 1)
+                    {
+                        got.push(Arc::<str>::from(token.as_str()));
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    let mut all: Vec<Arc<str>> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "no token twice");
+    // Bounded stealing may leave a few units unsold under a storm; never more than total.
+    assert!(n <= 1000);
+    assert_eq!(e.stock("S").unwrap(), 1000 - n as i64);
+    check_invariants(&e);
+}
+
+#[test]
+fn fence_restore_rebuild() {
+    let (e, c, _s) = engine(false);
+    e.create_sale("S", 10, Some(2), Some(1000), None).unwrap();
+    let t = token_of(&reserve(&e, "S", "a", "r", 1).unwrap());
+    e.fence("S", None, None, None, None).unwrap();
+    assert_eq!(reserve(&e, "S", "b", "r", 1), Err(EngineError::Fenced));
+    let (new, tok, _) = e
+        .restore(
+            "S",
+            "b",
+            "rb",
+            2,
+            c.now_ms() + 500,
+            c.now_ms(),
+            ResState::Reserved,
+        )
+        .unwrap();
+    assert!(new);
+    assert!(
+        !e.restore("S", "b", "rb", 2, 0, 0, ResState::Reserved)
+            .unwrap()
+            .0
+    );
+    assert!(matches!(
+        e.rebuild("S", 10, 3, "0000"),
+        Err(EngineError::FingerprintMismatch { .. })
+    ));
+    let fp = e.key_fingerprint().to_string();
+    // total 10 − committed 3 − reserved (1 + 2) = 4
+    assert_eq!(e.rebuild("S", 10, 3, &fp).unwrap().0, 4);
+    check_invariants(&e);
+    assert!(e.commit(&tok).unwrap().0);
+    assert!(e.release(&t).0);
+    check_invariants(&e);
+    // A sale this server never heard of is created fenced.
+    e.fence("LOST", Some(5), None, None, None).unwrap();
+    assert_eq!(e.sale_info("LOST").unwrap().state, SaleState::Fenced);
+    assert_eq!(e.stock("LOST").unwrap(), 0);
+    assert_eq!(e.rebuild("LOST", 5, 1, &fp).unwrap().0, 4);
+    assert_eq!(
+        e.restore("LOST", "x", "y", 1, 0, 0, ResState::Reserved),
+        Err(EngineError::NotFenced)
+    );
+}
+
+/// A comparable dump of everything observable.
+fn dump(e: &Engine) -> (Vec<SaleView>, Vec<ReservationView>, Vec<TombView>) {
+    let (s, _) = e.snapshot_with(|| ());
+    let mut r = s.reservations;
+    r.sort_by(|a, b| a.token.cmp(&b.token));
+    (s.sales, r, s.tombs)
+}
+
+fn replayed(events: &[Event], clock: Arc<ManualClock>) -> Engine {
+    let e = Engine::new(
+        EngineConfig {
+            retention_ms: 50_000,
+            ..EngineConfig::default()
+        },
+        clock,
+        Arc::new(NullSink),
+        keys(),
+        rkey(),
+    );
+    for ev in events {
+        e.apply(ev);
+    }
+    e
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Create {
+        sale: u8,
+        total: u16,
+        shards: u8,
+        limit: u8,
+    },
+    Reserve {
+        sale: u8,
+        user: u8,
+        req: u8,
+        qty: u8,
+    },
+    Release {
+        pick: u16,
+    },
+    Commit {
+        pick: u16,
+        verified: bool,
+    },
+    Extend {
+        pick: u16,
+        ms: u16,
+    },
+    Advance {
+        ms: u16,
+    },
+    Adjust {
+        sale: u8,
+        delta: i64,
+    },
+    Tick,
+    Expired,
+    Fence {
+        sale: u8,
+    },
+    Rebuild {
+        sale: u8,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => (0u8..3, 0u16..40, 1u8..5, 0u8..4).prop_map(|(sale, total, shards, limit)| Op::Create { sale, total, shards, limit }),
+        6 => (0u8..3, 0u8..12, 0u8..6, 1u8..4).prop_map(|(sale, user, req, qty)| Op::Reserve { sale, user, req, qty }),
+        2 => any::<u16>().prop_map(|pick| Op::Release { pick }),
+        2 => any::<(u16, bool)>().prop_map(|(pick, verified)| Op::Commit { pick, verified }),
+        1 => any::<(u16, u16)>().prop_map(|(pick, ms)| Op::Extend { pick, ms: ms % 3000 + 1 }),
+        2 => (0u16..2000).prop_map(|ms| Op::Advance { ms }),
+        1 => (0u8..3, -10i64..10).prop_map(|(sale, delta)| Op::Adjust { sale, delta }),
+        // Extremes: every one is refused (out of range) or fits; none may wrap.
+        1 => (0u8..3, prop::sample::select(vec![
+            i64::MIN, i64::MIN + 1, i64::MAX, -(MAX_TOTAL as i64), MAX_TOTAL as i64,
+            -(MAX_TOTAL as i64) - 1, MAX_TOTAL as i64 + 1,
+        ])).prop_map(|(sale, delta)| Op::Adjust { sale, delta }),
+        1 => Just(Op::Tick),
+        1 => Just(Op::Expired),
+        1 => (0u8..3).prop_map(|sale| Op::Fence { sale }),
+        1 => (0u8..3).prop_map(|sale| Op::Rebuild { sale }),
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct MRes {
+    sku: String,
+    user: String,
+    qty: u32,
+    state: ResState,
+    expires: u64,
+}
+
+#[derive(Clone, Debug)]
+struct MSale {
+    total: i64,
+    shards: u8,
+    limit: u32,
+    fenced: bool,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #[allow(clippy::map_entry)]
+
+    #[test]
+    fn model(ops in proptest::collection::vec(op(), 1..120), auto in any::<bool>(), crash_at in any::<proptest::sample::Index>()) {
+        // A short retention, so purges (and retries of purged requests) happen often.
+        let (e, clock, sink) = engine_with(auto, 3_000);
+        let mut sales: BTreeMap<String, MSale> = BTreeMap::new();
+        let mut res: BTreeMap<String, MRes> = BTreeMap::new();
+        let mut tokens: Vec<String> = Vec::new();
+        let sku = |i: u8| format!("SKU{i}");
+        for op in ops {
+            let now = clock.now_ms();
+            match op {
+                Op::Create { sale, total, shards, limit } => {
+                    let r = e.create_sale(&sku(sale), total as u64, Some(shards as u16), Some(1000), Some(limit as u32));
+                    if sales.contains_key(&sku(sale)) {
+                        prop_assert!(r.is_ok() || r == Err(EngineError::Exists));
+                    } else {
+                        prop_assert!(r.is_ok());
+                        sales.insert(sku(sale), MSale { total: total as i64, shards, limit: limit as u32, fenced: false });
+                    }
+                }
+                Op::Reserve { sale, user, req, qty } => {
+                    let (s, u, rq) = (sku(sale), format!("user{user}"), format!("req{req}"));
+                    let r = reserve(&e, &s, &u, &rq, qty as u32);
+                    let Some(ms) = sales.get(&s) else {
+                        prop_assert_eq!(r, Err(EngineError::NoSale));
+                        continue;
+                    };
+                    if ms.fenced {
+                        prop_assert_eq!(r, Err(EngineError::Fenced));
+                        continue;
+                    }
+                    let tok = e.reservation_token(&s, &u, &rq);
+                    let r = r.unwrap();
+                    if res.contains_key(&tok) {
+                        prop_assert!(matches!(r, ReserveOutcome::Replay { .. }), "{:?}", r);
+                        continue;
+                    }
+                    let held: u32 = res.values().filter(|x| x.sku == s && x.user == u && x.state != ResState::Released).map(|x| x.qty).sum();
+                    if ms.limit > 0 && held + qty as u32 > ms.limit {
+                        prop_assert!(matches!(r, ReserveOutcome::Limit { .. }), "{:?}", r);
+                        continue;
+                    }
+                    let info = e.sale_info(&s).unwrap();
+                    match r {
+                        ReserveOutcome::Reserved { token, expires_at_ms, .. } => {
+                            prop_assert_eq!(&*token, tok.as_str());
+                            prop_assert_eq!(expires_at_ms, now + 1000);
+                            res.insert(tok.clone(), MRes { sku: s.clone(), user: u, qty: qty as u32, state: ResState::Reserved, expires: expires_at_ms });
+                            tokens.push(tok);
+                        }
+                        ReserveOutcome::SoldOut => {
+                            // With one shard sold-out is exact; with more, stealing is bounded.
+                            if ms.shards == 1 {
+                                prop_assert!(info.available < qty as i64);
+                            }
+                        }
+                        other => prop_assert!(false, "unexpected {:?}", other),
+                    }
+                }
+                Op::Release { pick } if !tokens.is_empty() => {
+                    let t = &tokens[pick as usize % tokens.len()];
+                    let m = res.get_mut(t).unwrap();
+                    let (did, _) = e.release(t);
+                    prop_assert_eq!(did, m.state == ResState::Reserved);
+                    if did { m.state = ResState::Released; }
+                }
+                Op::Commit { pick, verified } if !tokens.is_empty() => {
+                    let t = &tokens[pick as usize % tokens.len()];
+                    let m = res.get_mut(t).unwrap();
+                    let check = if verified { PaymentCheck::LedgerVerified } else { PaymentCheck::Unverified };
+                    let r = e.commit_with(t, check).map(|x| x.0);
+                    let fenced = sales.get(&m.sku).is_some_and(|s| s.fenced);
+                    match m.state {
+                        ResState::Reserved if !verified && now > m.expires => {
+                            prop_assert_eq!(r, Err(EngineError::LateCommit { expires_at_ms: m.expires }))
+                        }
+                        ResState::Reserved if fenced => prop_assert_eq!(r, Err(EngineError::Fenced)),
+                        ResState::Reserved => { prop_assert_eq!(r, Ok(true)); m.state = ResState::Committed; }
+                        ResState::Committed => prop_assert_eq!(r, Ok(false)),
+                        ResState::Released => prop_assert_eq!(r, Err(EngineError::Released)),
+                    }
+                }
+                Op::Extend { pick, ms } if !tokens.is_empty() => {
+                    let t = &tokens[pick as usize % tokens.len()];
+                    let m = res.get_mut(t).unwrap();
+                    let r = e.extend(t, ms as u64).map(|x| x.0);
+                    if m.state != ResState::Reserved {
+                        prop_assert_eq!(r, Err(EngineError::NoReservation));
+                    } else if m.expires <= now {
+                        prop_assert_eq!(r, Err(EngineError::Expired));
+                    } else {
+                        prop_assert_eq!(r, Ok(now + ms as u64));
+                        m.expires = now + ms as u64;
+                    }
+                }
+                Op::Advance { ms } => clock.advance(ms as u64),
+                Op::Adjust { sale, delta } => {
+                    let s = sku(sale);
+                    let r = e.adjust(&s, delta);
+                    if let Some(ms) = sales.get_mut(&s) {
+                        let out_of_range = delta.unsigned_abs() > MAX_TOTAL
+                            || (delta > 0 && ms.total as u64 + delta as u64 > MAX_TOTAL);
+                        if delta.unsigned_abs() > MAX_TOTAL {
+                            prop_assert!(matches!(r, Err(EngineError::Argument(_))), "{:?}", r);
+                        } else if ms.fenced {
+                            prop_assert_eq!(r.map(|x| x.0), Err(EngineError::Fenced));
+                        } else if out_of_range {
+                            prop_assert!(matches!(r, Err(EngineError::Argument(_))), "{:?}", r);
+                        } else if let Ok((total, _)) = r {
+                            ms.total += delta;
+                            prop_assert_eq!(total as i64, ms.total);
+                        } else {
+                            prop_assert_eq!(r.map(|x| x.0), Err(EngineError::NotEnoughAvailable));
+                            prop_assert!(e.stock(&s).unwrap() < -delta);
+                        }
+                    }
+                }
+                Op::Tick => {
+                    e.tick();
+                    if auto {
+                        for m in res.values_mut() {
+                            if m.state == ResState::Reserved && m.expires <= now {
+                                m.state = ResState::Released;
+                            }
+                        }
+                    }
+                }
+                Op::Expired => {
+                    let got: Vec<String> = e.expired(1000, None).into_iter().map(|r| r.token).collect();
+                    let mut want: Vec<(u64, String)> = res.iter()
+                        .filter(|(_, m)| m.state == ResState::Reserved && m.expires <= now)
+                        .map(|(t, m)| (m.expires, t.clone())).collect();
+                    want.sort();
+                    let want: Vec<String> = want.into_iter().map(|x| x.1).collect();
+                    prop_assert_eq!(got, want);
+                }
+                Op::Fence { sale } => {
+                    let s = sku(sale);
+                    if let Some(ms) = sales.get_mut(&s) {
+                        e.fence(&s, None, None, None, None).unwrap();
+                        ms.fenced = true;
+                    }
+                }
+                Op::Rebuild { sale } => {
+                    let s = sku(sale);
+                    if let Some(ms) = sales.get_mut(&s) {
+                        if ms.fenced {
+                            let committed: u32 = res.values().filter(|m| m.sku == s && m.state == ResState::Committed).map(|m| m.qty).sum();
+                            let fp = e.key_fingerprint().to_string();
+                            let r = e.rebuild(&s, ms.total as u64, committed as u64, &fp);
+                            prop_assert!(r.is_ok(), "{:?}", r);
+                            ms.fenced = false;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            // Invariants after every step.
+            check_invariants(&e);
+            for (s, ms) in &sales {
+                let v = e.sale_info(s).unwrap();
+                prop_assert_eq!(v.state == SaleState::Fenced, ms.fenced);
+                if ms.fenced { continue; }
+                prop_assert_eq!(v.total as i64, ms.total);
+                let reserved: u32 = res.values().filter(|m| &m.sku == s && m.state == ResState::Reserved).map(|m| m.qty).sum();
+                let committed: u32 = res.values().filter(|m| &m.sku == s && m.state == ResState::Committed).map(|m| m.qty).sum();
+                prop_assert_eq!(v.reserved, reserved as u64);
+                prop_assert_eq!(v.committed, committed as u64);
+            }
+        }
+        // Recovery: replaying the log reproduces the state; so does snapshot + nothing.
+        let events = sink.events.lock().clone();
+        // A crash after any record: the state rebuilt from that prefix of the log keeps
+        // every invariant (the log never holds a transition before its cause).
+        if !events.is_empty() {
+            let cut = crash_at.index(events.len() + 1);
+            let crashed = replayed(&events[..cut], clock.clone());
+            check_invariants(&crashed);
+        }
+        let again = replayed(&events, clock.clone());
+        prop_assert_eq!(dump(&again), dump(&e));
+        let (snap, _) = e.snapshot_with(|| ());
+        let from_snap = replayed(&[], clock.clone());
+        from_snap.load_snapshot(&snap);
+        prop_assert_eq!(dump(&from_snap), dump(&e));
+        prop_assert_eq!(e.expired(1000, None), from_snap.expired(1000, None));
+    }
+}
+
+/// `cargo test --release -p stockgate-core --lib bench_reserve_path -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_reserve_path() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = Engine::new(
+        EngineConfig::default(),
+        clock,
+        Arc::new(NullSink),
+        keys(),
+        rkey(),
+    );
+    e.create_sale("BIG", 1 << 40, Some(16), None, None).unwrap();
+    let adm = e.keyring().mint("BIG", "u1", T0 + 3_600_000);
+    let n = 1_000_000;
+    let ids: Vec<String> = (0..n).map(|i| format!("req{i}")).collect();
+    let t = std::time::Instant::now();
+    for id in &ids {
+        let r = e.reserve(&ReserveRequest {
+            sku: "BIG",
+            user: "u1",
+            admission: adm.as_bytes(),
+            request_id: id,
+            qty: 1,
+        });
+        assert!(r.is_ok());
+    }
+    let el = t.elapsed();
+    println!("reserve: {:.0} ns/op", el.as_nanos() as f64 / n as f64);
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(e.keyring().verify(&adm, "BIG", "u1").unwrap());
+    }
+    println!(
+        "verify admission: {:.0} ns/op",
+        t.elapsed().as_nanos() as f64 / n as f64
+    );
+    let t = std::time::Instant::now();
+    for id in &ids[..n / 10] {
+        std::hint::black_box(e.reservation_token("BIG", "u1", id));
+    }
+    println!(
+        "derive token: {:.0} ns/op",
+        t.elapsed().as_nanos() as f64 / (n / 10) as f64
+    );
+}
+
+#[test]
+fn a_purged_request_replays_and_keeps_its_limit_across_restarts() {
+    let (e, c, sink) = engine_with(false, 1_000);
+    e.create_sale("S", 10, Some(1), Some(100_000), Some(1))
+        .unwrap();
+    let paid = reserve(&e, "S", "alice", "order-1", 1).unwrap();
+    let t = token_of(&paid);
+    assert!(e.commit(&t).unwrap().0);
+    let gone = reserve(&e, "S", "bob", "order-2", 1).unwrap();
+    assert!(e.release(&token_of(&gone)).0);
+    c.advance(5_000);
+    e.tick();
+    assert!(e.reservation(&t).is_none(), "retention purged the record");
+    let check = |e: &Engine| {
+        // The paid request replays (same token), takes nothing; the limit still counts
+        // the paid unit; the released request replays too.
+        let again = reserve(e, "S", "alice", "order-1", 1).unwrap();
+        assert!(matches!(again, ReserveOutcome::Replay { .. }), "{again:?}");
+        assert_eq!(token_of(&again), t);
+        assert!(matches!(
+            reserve(e, "S", "alice", "order-3", 1).unwrap(),
+            ReserveOutcome::Limit { .. }
+        ));
+        assert!(matches!(
+            reserve(e, "S", "bob", "order-2", 1).unwrap(),
+            ReserveOutcome::Replay { .. }
+        ));
+        let v = e.sale_info("S").unwrap();
+        assert_eq!((v.available, v.committed, v.reserved), (9, 1, 0));
+    };
+    check(&e);
+    // After a restart by replay of the log, and from a snapshot.
+    let events = sink.events.lock().clone();
+    check(&replayed(&events, c.clone()));
+    let (snap, _) = e.snapshot_with(|| ());
+    assert_eq!(snap.tombs.len(), 2);
+    let from_snap = replayed(&[], c.clone());
+    from_snap.load_snapshot(&snap);
+    check(&from_snap);
+}
+
+#[test]
+fn restore_puts_back_paid_and_cancelled_orders() {
+    let (e, c, sink) = engine(false);
+    e.create_sale("S", 10, Some(2), Some(100_000), Some(2))
+        .unwrap();
+    e.fence("S", None, None, None, None).unwrap();
+    let now = c.now_ms();
+    let (new, paid, _) = e
+        .restore("S", "alice", "o1", 2, now + 50, now, ResState::Committed)
+        .unwrap();
+    assert!(new);
+    let (_, cancelled, _) = e
+        .restore("S", "bob", "o2", 1, now + 50, now, ResState::Released)
+        .unwrap();
+    let (_, pending, _) = e
+        .restore("S", "carol", "o3", 1, now + 50, now, ResState::Reserved)
+        .unwrap();
+    // Restoring again changes nothing.
+    assert!(
+        !e.restore("S", "alice", "o1", 2, now + 50, now, ResState::Committed)
+            .unwrap()
+            .0
+    );
+    let fp = e.key_fingerprint().to_string();
+    assert_eq!(e.rebuild("S", 10, 2, &fp).unwrap().0, 7);
+    let check = |e: &Engine| {
+        assert_eq!(e.reservation(&paid).unwrap().0.state, ResState::Committed);
+        assert_eq!(
+            e.reservation(&cancelled).unwrap().0.state,
+            ResState::Released
+        );
+        assert_eq!(e.reservation(&pending).unwrap().0.state, ResState::Reserved);
+        for (user, rid) in [("alice", "o1"), ("bob", "o2"), ("carol", "o3")] {
+            assert!(matches!(
+                reserve(e, "S", user, rid, 1).unwrap(),
+                ReserveOutcome::Replay { .. }
+            ));
+        }
+        // alice paid for 2 with a limit of 2: a new request hits the limit.
+        assert!(matches!(
+            reserve(e, "S", "alice", "o9", 1).unwrap(),
+            ReserveOutcome::Limit { .. }
+        ));
+        // The paid hold is never committed again, nor released into stock.
+        assert_eq!(
+            e.commit(&paid),
+            Ok((false, e.reservation(&paid).unwrap().1))
+        );
+        check_invariants(e);
+    };
+    check(&e);
+    assert!(!e.release(&paid).0);
+    let v = e.sale_info("S").unwrap();
+    assert_eq!((v.available, v.reserved, v.committed), (7, 1, 2));
+    let events = sink.events.lock().clone();
+    let again = replayed(&events, c.clone());
+    assert_eq!(dump(&again), dump(&e));
+}
+
+#[test]
+fn adjust_refuses_deltas_beyond_any_total() {
+    let (e, _c, _s) = engine(false);
+    e.create_sale("S", 100, Some(4), None, None).unwrap();
+    for d in [i64::MIN, i64::MIN + 1, i64::MAX, MAX_TOTAL as i64 + 1] {
+        assert!(
+            matches!(e.adjust("S", d), Err(EngineError::Argument(_))),
+            "{d}"
+        );
+    }
+    assert_eq!(e.sale_info("S").unwrap().total, 100);
+    check_invariants(&e);
+}
+
+#[test]
+fn no_op_replies_wait_for_the_records_they_report() {
+    let (e, _c, sink) = engine(false);
+    let created = e.create_sale("S", 10, None, None, None).unwrap();
+    assert_eq!(e.create_sale("S", 10, None, None, None).unwrap(), created);
+    let paused = e.set_paused("S", true).unwrap();
+    assert_eq!(e.set_paused("S", true).unwrap(), paused);
+    assert_eq!(e.adjust("S", 0).unwrap().1, paused);
+    assert_eq!(e.last_lsn(), sink.events.lock().len() as Lsn);
+}
+
+/// Each way a hold ends logs who held it and, for a release, why: the feed entry made
+/// from the record needs nothing else.
+#[test]
+fn finishes_log_the_holder_and_the_reason() {
+    let (e, c, sink) = engine(true);
+    e.create_sale("S", 20, Some(2), Some(100), None).unwrap();
+    let paid = token_of(&reserve(&e, "S", "ann", "r1", 2).unwrap());
+    let cancel = token_of(&reserve(&e, "S", "bob", "r2", 1).unwrap());
+    let admin = token_of(&reserve(&e, "S", "cat", "r3", 1).unwrap());
+    let late = token_of(&reserve(&e, "S", "dan", "r4", 3).unwrap());
+    e.commit(&paid).unwrap();
+    e.release(&cancel);
+    e.release_with(&admin, Some(ReleaseReason::Admin));
+    c.advance(100);
+    e.tick();
+    e.fence("S", None, None, None, None).unwrap();
+    let now = c.now_ms();
+    let (_, restored, _) = e
+        .restore("S", "eve", "r5", 1, now + 50, now, ResState::Released)
+        .unwrap();
+    let log = sink.events.lock().clone();
+    let released = |token: &str| {
+        log.iter().find_map(|ev| match ev {
+            Event::Released {
+                token: t,
+                user,
+                request_id,
+                qty,
+                reason,
+                ..
+            } if t == token => Some((user.clone(), request_id.clone(), *qty, *reason)),
+            _ => None,
+        })
+    };
+    let holder = |u: &str, r: &str, q: u32, why| Some((u.to_string(), r.to_string(), q, why));
+    assert_eq!(
+        released(&cancel),
+        holder("bob", "r2", 1, ReleaseReason::Cancel)
+    );
+    assert_eq!(
+        released(&admin),
+        holder("cat", "r3", 1, ReleaseReason::Admin)
+    );
+    assert_eq!(
+        released(&late),
+        holder("dan", "r4", 3, ReleaseReason::Expired)
+    );
+    assert_eq!(
+        released(&restored),
+        holder("eve", "r5", 1, ReleaseReason::Rebuild)
+    );
+    assert!(log.iter().any(|ev| matches!(ev,
+        Event::Committed { token, user, request_id, qty: 2, .. }
+            if **token == *paid && user == "ann" && request_id == "r1")));
+}
+
+/// A sink whose `record` waits at a gate: a RESERVE stands between taking its units and
+/// having a log position for as long as the test likes.
+#[derive(Default)]
+struct GatedSink {
+    open: Mutex<bool>,
+    cv: std::sync::Condvar,
+    gate: std::sync::Mutex<()>,
+    n: std::sync::atomic::AtomicU64,
+}
+
+impl EventSink for GatedSink {
+    fn record(&self, _event: &EventRef<'_>) -> Lsn {
+        let mut g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        while !*self.open.lock() {
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        self.n.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1
+    }
+
+    fn last_lsn(&self) -> Lsn {
+        self.n.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A reader on another thread that sees a RESERVE's units gone waits, through
+/// `observed_lsn`, for that RESERVE's record: its reply never reports a state a crash
+/// could still erase.
+#[test]
+fn observed_lsn_covers_units_taken_before_their_record() {
+    let sink = Arc::new(GatedSink::default());
+    *sink.open.lock() = true;
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = Arc::new(Engine::new(
+        EngineConfig::default(),
+        clock,
+        sink.clone(),
+        keys(),
+        rkey(),
+    ));
+    e.create_sale("S", 10, Some(1), None, None).unwrap();
+    let created = sink.last_lsn();
+    *sink.open.lock() = false;
+    let buyer = {
+        let e = e.clone();
+        std::thread::spawn(move || reserve(&e, "S", "u", "r", 1).unwrap())
+    };
+    // The units are gone while the record waits at the gate.
+    while e.stock("S").unwrap() == 10 {
+        std::thread::yield_now();
+    }
+    assert_eq!(e.last_lsn(), created, "no position yet for the RESERVE");
+    let reader = {
+        let e = e.clone();
+        std::thread::spawn(move || e.observed_lsn())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        !reader.is_finished(),
+        "observed_lsn returned before the record"
+    );
+    {
+        let _g = sink.gate.lock().unwrap_or_else(|p| p.into_inner());
+        *sink.open.lock() = true;
+        sink.cv.notify_all();
+    }
+    buyer.join().unwrap();
+    assert!(reader.join().unwrap() > created);
+}
