@@ -245,3 +245,32 @@ fn admit(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Result<&'static command_table::Sp
     }
     Ok(spec)
 }
+
+/// What the parsers' tests beside each command share.
+#[cfg(test)]
+pub(crate) mod parse_tests {
+    use crate::protocol::Reply;
+
+    /// A command's arguments (after its name) as the dispatcher hands them over.
+    pub fn argv<'a>(words: &[&'a str]) -> Vec<&'a [u8]> {
+        words.iter().map(|w| w.as_bytes()).collect()
+    }
+
+    /// The error text a refused parse answers; panics if it parsed.
+    pub fn error_text<T>(r: Result<T, Reply>) -> String {
+        match r {
+            Err(Reply::Error(e)) => e,
+            Err(other) => panic!("not an error reply: {other:?}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    pub const SYNTAX: &str = "ERR syntax error";
+    pub const BAD_ID: &str = "ERR Invalid stream ID specified as stream command argument";
+    pub const UNKNOWN_STREAM: &str =
+        "ERR unknown stream 'orders': the streams are 'stockgate:events' and '{<sku>}:events'";
+
+    pub fn arity(cmd: &str) -> String {
+        format!("ERR wrong number of arguments for '{cmd}' command")
+    }
+}

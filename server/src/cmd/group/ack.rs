@@ -71,3 +71,25 @@ impl XAck {
         Ok(done(&feed, Reply::Int(n), lsn))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, arity, error_text, BAD_ID, UNKNOWN_STREAM};
+
+    #[test]
+    fn xack_keeps_entry_ids_and_refuses_a_bad_one() {
+        let ack = XAck::parse(&argv(&["stockgate:events", "g", "5-0", "6", "7-1", "5"])).unwrap();
+        // 7-1 has a sequence number: no entry of the feed has that id.
+        assert_eq!(ack.ids, vec![5, 6, 5]);
+        assert_eq!(ack.group, b"g");
+        assert!(XAck::parse(&argv(&["stockgate:events", "g"]))
+            .unwrap()
+            .ids
+            .is_empty());
+        let err = |w: &[&str]| error_text(XAck::parse(&argv(w)));
+        assert_eq!(err(&["stockgate:events", "g", "5", "nope"]), BAD_ID);
+        assert_eq!(err(&["orders", "g", "5"]), UNKNOWN_STREAM);
+        assert_eq!(err(&["stockgate:events"]), arity("xack"));
+    }
+}

@@ -336,3 +336,120 @@ impl Claim<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, arity, error_text, BAD_ID, SYNTAX};
+
+    #[test]
+    fn xclaim_parses_ids_then_options_in_any_order() {
+        let words = [
+            "stockgate:events",
+            "g",
+            "c",
+            "-5",
+            "3",
+            "4-0",
+            "4-2",
+            "JUSTID",
+            "RETRYCOUNT",
+            "2",
+            "IDLE",
+            "100",
+            "LASTID",
+            "9",
+        ];
+        let c = XClaim::parse(&argv(&words)).unwrap();
+        assert_eq!(c.min_idle, 0, "a negative min-idle-time counts as 0");
+        assert_eq!(c.ids, vec![3, 4]);
+        assert_eq!(c.delivered_at, Some(DeliveredAt::IdleFor(100)));
+        assert_eq!((c.retry, c.justid, c.last_id), (Some(2), true, Some(9)));
+        let words = [
+            "stockgate:events",
+            "g",
+            "c",
+            "10",
+            "3",
+            "TIME",
+            "77",
+            "lastid",
+            "8-1",
+        ];
+        let c = XClaim::parse(&argv(&words)).unwrap();
+        assert_eq!(c.delivered_at, Some(DeliveredAt::At(77)));
+        assert_eq!(
+            c.last_id,
+            Some(0),
+            "an id with a sequence number is no entry"
+        );
+        assert_eq!(DeliveredAt::IdleFor(100).ms(1_000), 900);
+        assert_eq!(DeliveredAt::IdleFor(2_000).ms(1_000), 0);
+    }
+
+    #[test]
+    fn xclaim_refusals_in_words() {
+        let err = |w: &[&str]| error_text(XClaim::parse(&argv(w)));
+        assert_eq!(
+            err(&["stockgate:events", "g", "c", "0", "1", "FORCE"]),
+            "ERR XCLAIM FORCE is not supported by stockgate's feed: only delivered entries can be pending"
+        );
+        assert_eq!(
+            err(&["stockgate:events", "g", "c", "0", "1", "SOON"]),
+            "ERR Unrecognized XCLAIM option 'SOON'"
+        );
+        // An option without its value is no option.
+        assert_eq!(
+            err(&["stockgate:events", "g", "c", "0", "1", "IDLE"]),
+            "ERR Unrecognized XCLAIM option 'IDLE'"
+        );
+        assert_eq!(
+            err(&["stockgate:events", "g", "c", "0", "1", "LASTID", "x"]),
+            BAD_ID
+        );
+        assert_eq!(
+            err(&["stockgate:events", "g", "c", "idle", "1"]),
+            "ERR min-idle-time is not an integer (must be between -9223372036854775808 and 9223372036854775807)"
+        );
+        assert_eq!(err(&["stockgate:events", "g", "c"]), arity("xclaim"));
+    }
+
+    #[test]
+    fn xautoclaim_parses_and_refuses_in_words() {
+        let words = [
+            "stockgate:events",
+            "g",
+            "c",
+            "60000",
+            "(5",
+            "JUSTID",
+            "COUNT",
+            "7",
+        ];
+        let c = XAutoClaim::parse(&argv(&words)).unwrap();
+        assert_eq!(
+            (c.min_idle, c.start, c.count, c.justid),
+            (60_000, 6, 7, true)
+        );
+        let c = XAutoClaim::parse(&argv(&["stockgate:events", "g", "c", "0", "-"])).unwrap();
+        assert_eq!((c.start, c.count, c.justid), (1, 100, false));
+        let err = |w: &[&str]| error_text(XAutoClaim::parse(&argv(w)));
+        assert_eq!(
+            err(&["stockgate:events", "g", "c", "0", "-", "COUNT", "0"]),
+            "ERR count must be between 1 and 9223372036854775807"
+        );
+        assert_eq!(
+            err(&["stockgate:events", "g", "c", "0", "-", "COUNT"]),
+            SYNTAX
+        );
+        assert_eq!(
+            err(&["stockgate:events", "g", "c", "0", "-", "FAST"]),
+            SYNTAX
+        );
+        assert_eq!(err(&["stockgate:events", "g", "c", "0", "x"]), BAD_ID);
+        assert_eq!(
+            err(&["stockgate:events", "g", "c", "0"]),
+            arity("xautoclaim")
+        );
+    }
+}

@@ -153,3 +153,74 @@ fn listing(g: &Group, range: &PendingRange, now: u64) -> Reply {
     }
     Reply::Array(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, error_text, BAD_ID, SYNTAX};
+
+    fn range(words: &[&str]) -> PendingRange {
+        match XPending::parse(&argv(words)).unwrap().range {
+            Some(r) => r,
+            None => panic!("no range for {words:?}"),
+        }
+    }
+
+    #[test]
+    fn xpending_forms_parse() {
+        let summary = XPending::parse(&argv(&["stockgate:events", "g"])).unwrap();
+        assert_eq!(summary.range, None);
+        assert_eq!(
+            range(&["stockgate:events", "g", "-", "+", "10"]),
+            PendingRange {
+                min_idle: 0,
+                start: 1,
+                end: Some(u64::MAX),
+                count: 10,
+                consumer: None,
+            }
+        );
+        assert_eq!(
+            range(&[
+                "stockgate:events",
+                "g",
+                "idle",
+                "500",
+                "(5",
+                "(9-0",
+                "-3",
+                "c1"
+            ]),
+            PendingRange {
+                min_idle: 500,
+                start: 6,
+                end: Some(8),
+                count: 0,
+                consumer: Some("c1".into()),
+            }
+        );
+        // A negative idle time counts as 0, as in Redis; an empty range is no error.
+        let r = range(&["stockgate:events", "g", "IDLE", "-5", "5", "(0-0", "1"]);
+        assert_eq!((r.min_idle, r.end), (0, None));
+    }
+
+    #[test]
+    fn xpending_refusals_in_words() {
+        let err = |w: &[&str]| error_text(XPending::parse(&argv(w)));
+        assert_eq!(err(&["stockgate:events", "g", "-"]), SYNTAX);
+        assert_eq!(err(&["stockgate:events", "g", "-", "+"]), SYNTAX);
+        assert_eq!(
+            err(&["stockgate:events", "g", "IDLE", "5", "-", "+"]),
+            SYNTAX
+        );
+        assert_eq!(err(&["stockgate:events", "g", "x", "+", "1"]), BAD_ID);
+        assert_eq!(
+            err(&["stockgate:events", "g", "-", "+", "ten"]),
+            "ERR count is not an integer (must be between -9223372036854775808 and 9223372036854775807)"
+        );
+        assert_eq!(
+            err(&["stockgate:events", "g", "IDLE", "1e3", "-", "+", "1"]),
+            "ERR min-idle-time is not an integer (must be between -9223372036854775808 and 9223372036854775807)"
+        );
+    }
+}

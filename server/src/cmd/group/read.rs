@@ -348,3 +348,77 @@ fn streams_reply(proto: u8, found: StreamReplies) -> Reply {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, error_text, BAD_ID, SYNTAX, UNKNOWN_STREAM};
+
+    fn parse(words: &[&str]) -> Result<XReadGroup, Reply> {
+        XReadGroup::parse(&argv(words))
+    }
+
+    #[test]
+    fn xreadgroup_parses_options_in_any_order() {
+        let want = XReadGroup {
+            group: b"g".to_vec(),
+            consumer: b"c".to_vec(),
+            count: Some(10),
+            block_ms: Some(0),
+            noack: true,
+            streams: vec![(Stream::All, None), (Stream::Sale("S".into()), Some(41))],
+        };
+        let tail = ["STREAMS", "stockgate:events", "{S}:events", ">", "41-7"];
+        for head in [
+            &["GROUP", "g", "c", "COUNT", "10", "BLOCK", "0", "NOACK"][..],
+            &["noack", "block", "0", "count", "10", "group", "g", "c"],
+        ] {
+            let words: Vec<&str> = head.iter().chain(tail.iter()).copied().collect();
+            assert_eq!(parse(&words).unwrap(), want, "{words:?}");
+        }
+        let plain = parse(&["GROUP", "g", "c", "STREAMS", "stockgate:events", "0"]).unwrap();
+        assert_eq!(plain.streams, vec![(Stream::All, Some(0))]);
+        assert_eq!(
+            (plain.count, plain.block_ms, plain.noack),
+            (None, None, false)
+        );
+    }
+
+    #[test]
+    fn xreadgroup_refusals_in_words() {
+        let meaningless = |id: &str| {
+            format!(
+                "ERR The {id} ID is meaningless in the context of XREADGROUP: you want to read the history of this consumer by specifying a proper ID, or use the > ID to get new messages. The {id} ID would just return an empty result set."
+            )
+        };
+        for (words, want) in [
+            (&["GROUP", "g", "c"][..], SYNTAX.to_owned()),
+            (&["GROUP", "g", "c", "STREAMS"], SYNTAX.to_owned()),
+            (&["GROUP", "g", "STREAMS", "stockgate:events", ">"], SYNTAX.to_owned()),
+            (&["FAST", "STREAMS", "stockgate:events", ">"], SYNTAX.to_owned()),
+            (
+                &["STREAMS", "stockgate:events", ">"],
+                "ERR Missing GROUP option for XREADGROUP".to_owned(),
+            ),
+            (
+                &["GROUP", "g", "c", "STREAMS", "stockgate:events", "{S}:events", ">"],
+                "ERR Unbalanced 'xreadgroup' list of streams: for each stream key an ID or '>' must be specified.".to_owned(),
+            ),
+            (
+                &["GROUP", "g", "c", "COUNT", "-1", "STREAMS", "stockgate:events", ">"],
+                "ERR count must be between 0 and 9223372036854775807".to_owned(),
+            ),
+            (
+                &["GROUP", "g", "c", "BLOCK", "soon", "STREAMS", "stockgate:events", ">"],
+                "ERR timeout is not an integer (must be between 0 and 9223372036854775807)"
+                    .to_owned(),
+            ),
+            (&["GROUP", "g", "c", "STREAMS", "orders", ">"], UNKNOWN_STREAM.to_owned()),
+            (&["GROUP", "g", "c", "STREAMS", "stockgate:events", "$"], meaningless("$")),
+            (&["GROUP", "g", "c", "STREAMS", "stockgate:events", "+"], meaningless("+")),
+            (&["GROUP", "g", "c", "STREAMS", "stockgate:events", "x-1"], BAD_ID.to_owned()),
+        ] {
+            assert_eq!(error_text(parse(words)), want, "{words:?}");
+        }
+    }
+}

@@ -219,3 +219,115 @@ fn change_consumer(
         .map_err(feed_error)?;
     Ok(done(feed, Reply::Int(n), lsn))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, error_text, UNKNOWN_STREAM};
+
+    fn parse(words: &[&str]) -> Result<XGroup, Reply> {
+        XGroup::parse(&argv(words))
+    }
+
+    fn sub_error(sub: &str) -> String {
+        format!("ERR unknown subcommand or wrong number of arguments for '{sub}'. Try XGROUP HELP.")
+    }
+
+    #[test]
+    fn xgroup_forms_parse_with_options_in_any_order() {
+        let create = |words: &[&str]| parse(words).unwrap();
+        let want = XGroup::Create {
+            stream: Stream::All,
+            group: b"g".to_vec(),
+            id: b"$".to_vec(),
+        };
+        assert_eq!(create(&["create", "stockgate:events", "g", "$"]), want);
+        assert_eq!(
+            create(&[
+                "CREATE",
+                "stockgate:events",
+                "g",
+                "$",
+                "MKSTREAM",
+                "ENTRIESREAD",
+                "3"
+            ]),
+            want
+        );
+        assert_eq!(
+            create(&[
+                "CREATE",
+                "stockgate:events",
+                "g",
+                "$",
+                "entriesread",
+                "-1",
+                "mkstream"
+            ]),
+            want
+        );
+        assert_eq!(
+            create(&["SETID", "{S-1}:events", "g", "0", "ENTRIESREAD", "7"]),
+            XGroup::SetId {
+                stream: Stream::Sale("S-1".into()),
+                group: b"g".to_vec(),
+                id: b"0".to_vec(),
+            }
+        );
+        assert_eq!(
+            create(&["DESTROY", "stockgate:events", "g"]),
+            XGroup::Destroy {
+                stream: Stream::All,
+                group: b"g".to_vec(),
+            }
+        );
+        assert_eq!(
+            create(&["DELCONSUMER", "stockgate:events", "g", "c"]),
+            XGroup::Consumer {
+                stream: Stream::All,
+                group: b"g".to_vec(),
+                consumer: b"c".to_vec(),
+                create: false,
+            }
+        );
+        assert_eq!(create(&["help"]), XGroup::Help);
+    }
+
+    #[test]
+    fn xgroup_refusals_in_words() {
+        for (words, want) in [
+            (&["HELP", "x"][..], sub_error("HELP")),
+            (&["NOPE", "stockgate:events", "g"], sub_error("NOPE")),
+            (&["CREATE", "stockgate:events", "g"], sub_error("CREATE")),
+            (
+                &["SETID", "stockgate:events", "g", "0", "X"],
+                sub_error("SETID"),
+            ),
+            (
+                &["SETID", "stockgate:events", "g", "0", "X", "1"],
+                sub_error("SETID"),
+            ),
+            (&["DESTROY", "stockgate:events"], sub_error("DESTROY")),
+            (
+                &["CREATECONSUMER", "stockgate:events", "g"],
+                sub_error("CREATECONSUMER"),
+            ),
+            (
+                &["CREATE", "stockgate:events", "g", "$", "BOGUS"],
+                sub_error("CREATE"),
+            ),
+            (&["CREATE", "orders", "g", "$"], UNKNOWN_STREAM.to_owned()),
+            (
+                &["CREATE", "stockgate:events", "g", "$", "ENTRIESREAD", "-2"],
+                "ERR entries-read must be between -1 and 9223372036854775807".to_owned(),
+            ),
+            (
+                &["SETID", "stockgate:events", "g", "$", "ENTRIESREAD", "many"],
+                "ERR entries-read is not an integer (must be between -1 and 9223372036854775807)"
+                    .to_owned(),
+            ),
+        ] {
+            assert_eq!(error_text(parse(words)), want, "{words:?}");
+        }
+    }
+}
