@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use stockgate_server::cli::{int_in, I64_MAX};
 use stockgate_server::engine::{EngineConfig, SystemClock, MAX_SHARDS, MAX_TTL_MS};
+use stockgate_server::feed::{Feed, FeedLimits};
 use stockgate_server::keyfiles;
 use stockgate_server::persist::{recover_engine_with, WalDurability};
 use stockgate_server::protocol::Limits;
@@ -390,17 +391,84 @@ fn users_from(a: &ServeArgs) -> Result<Option<Users>, String> {
 
 fn run_inner(a: ServeArgs) -> Result<(), String> {
     let users = users_from(&a)?;
-    if users.is_none() {
-        if !is_loopback(&a.bind) && !a.allow_open {
-            return Err(format!(
-                "refusing to serve without passwords on non-loopback address {} (configure --users-file/--requirepass or pass --allow-open)",
-                a.bind
-            ));
-        }
-        tracing::warn!("no users configured: every client is admin (open mode)");
-    }
+    check_open_mode(&a, users.is_some())?;
     std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
-    let (keys, secret_path, created) =
+    let keys = load_keys(&a)?;
+    let cfg = engine_config(&a)?;
+    let raft_cfg = raft_config(&a)?;
+    let prepared = match &raft_cfg {
+        Some(c) => Some(raft::node::prepare(&a.data_dir, c)?),
+        None => None,
+    };
+    let recovered = recover(&a, cfg, keys, raft_cfg.is_some())?;
+    if a.replicaof.is_some() || a.min_replicas_ack.is_some() {
+        return Err("--replicaof and --min-replicas-ack were removed: replication failed over by Redis Sentinel can lose acknowledged reservations. Run a Raft group instead (--raft-id, --raft-listen, --raft-peers; docs/replication.md, \"Running a group\"): Sentinel-aware clients list the members where they listed the Sentinels".into());
+    }
+    let replicated: Arc<dyn stockgate_server::session::Durability> = match &recovered.speculation {
+        Some(spec) => Arc::new(raft::node::RaftDurability {
+            local: recovered.durability.clone(),
+            spec: spec.clone(),
+        }),
+        None => recovered.durability.clone(),
+    };
+    let shared = Arc::new(Shared::new(server_config(&a), users, replicated));
+    let feed = open_feed(&recovered);
+    let _ = shared.feed.set(feed);
+    shared.metrics.configure(
+        a.slowlog_log_slower_than,
+        a.slowlog_max_len,
+        a.metrics_max_sales,
+    );
+    check_metrics_addr(&a)?;
+    let threads = event_loops(a.threads);
+    // Every worker is a current-thread runtime (`server::serve` says why): this one runs
+    // the first, plus the background tasks; the others get a thread each.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("stockgate")
+        .build()
+        .map_err(|e| e.to_string())?;
+    // One loop runs one command at a time: no reply can observe a RESERVE half done.
+    recovered.engine.set_concurrent_callers(threads > 1);
+    let (first, extra) = bind_listeners(&a.bind, a.port, threads, a.tcp_backlog as i32)?;
+    let raft = raft_cfg.zip(prepared);
+    let result = rt.block_on(serve_until_shutdown(
+        &a, &recovered, shared, raft, first, extra,
+    ));
+    // Everything acknowledged is already written; this makes the tail durable too.
+    match recovered.durability.wal.flush_and_close() {
+        Ok(lsn) => tracing::info!("WAL flushed and closed at lsn {lsn}"),
+        Err(e) => tracing::error!("WAL close failed: {e}"),
+    }
+    rt.shutdown_timeout(Duration::from_secs(2));
+    result
+}
+
+/// Without passwords every client is admin: allowed on loopback, elsewhere only when
+/// asked for with `--allow-open`.
+fn check_open_mode(a: &ServeArgs, has_users: bool) -> Result<(), String> {
+    if has_users {
+        return Ok(());
+    }
+    if !is_loopback(&a.bind) && !a.allow_open {
+        return Err(format!(
+            "refusing to serve without passwords on non-loopback address {} (configure --users-file/--requirepass or pass --allow-open)",
+            a.bind
+        ));
+    }
+    tracing::warn!("no users configured: every client is admin (open mode)");
+    Ok(())
+}
+
+/// The admission keyring and the reservation key, created in the data dir on first start.
+struct Keys {
+    admission: stockgate_server::engine::Keyring,
+    reservation: stockgate_server::engine::ReservationKey,
+    reservation_path: PathBuf,
+}
+
+fn load_keys(a: &ServeArgs) -> Result<Keys, String> {
+    let (admission, secret_path, created) =
         keyfiles::load_or_create_secret(&a.data_dir, a.secret_file.as_deref())
             .map_err(|e| e.to_string())?;
     if created {
@@ -411,72 +479,96 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     } else {
         eprintln!("stockgate: admission secret {}", secret_path.display());
     }
-    let (rkey, rkey_path, rcreated) = keyfiles::load_or_create_reservation_key(
-        &a.data_dir,
-        a.reservation_key_file.as_deref(),
-        a.create_keys,
-    )
-    .map_err(|e| e.to_string())?;
-    if rcreated {
+    let (reservation, reservation_path, reservation_created) =
+        keyfiles::load_or_create_reservation_key(
+            &a.data_dir,
+            a.reservation_key_file.as_deref(),
+            a.create_keys,
+        )
+        .map_err(|e| e.to_string())?;
+    if reservation_created {
         eprintln!(
             "stockgate: created reservation key {} (fingerprint {})",
-            rkey_path.display(),
-            rkey.fingerprint()
+            reservation_path.display(),
+            reservation.fingerprint()
         );
     }
-    let cfg = EngineConfig {
+    Ok(Keys {
+        admission,
+        reservation,
+        reservation_path,
+    })
+}
+
+fn engine_config(a: &ServeArgs) -> Result<EngineConfig, String> {
+    if a.shards == 0 || a.shards > MAX_SHARDS {
+        return Err("--shards must be between 1 and 1024".into());
+    }
+    if a.ttl_ms == 0 || a.ttl_ms > MAX_TTL_MS {
+        return Err("--ttl-ms must be between 1 and 2592000000".into());
+    }
+    Ok(EngineConfig {
         default_shards: a.shards,
         default_ttl_ms: a.ttl_ms,
         retention_ms: a.retention_ms,
         auto_release: a.auto_release,
         expected_reservations: a.expected_reservations,
+    })
+}
+
+fn wal_options(a: &ServeArgs) -> WalOptions {
+    let env_ms = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
     };
-    if a.shards == 0 || a.shards > stockgate_server::engine::MAX_SHARDS {
-        return Err("--shards must be between 1 and 1024".into());
-    }
-    if a.ttl_ms == 0 || a.ttl_ms > stockgate_server::engine::MAX_TTL_MS {
-        return Err("--ttl-ms must be between 1 and 2592000000".into());
-    }
-    let opts = WalOptions {
+    WalOptions {
         fsync: a.fsync,
         segment_bytes: a.segment_mib.max(1) << 20,
         repair: a.repair,
         // Test-only fault injection (see WalOptions); unset in production.
-        fault_write_delay_ms: std::env::var("STOCKGATE_FAULT_WAL_DELAY_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
-        fault_sync_delay_ms: std::env::var("STOCKGATE_FAULT_FSYNC_DELAY_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
+        fault_write_delay_ms: env_ms("STOCKGATE_FAULT_WAL_DELAY_MS"),
+        fault_sync_delay_ms: env_ms("STOCKGATE_FAULT_FSYNC_DELAY_MS"),
         feed_retention: a.feed_retention,
         ..WalOptions::default()
-    };
-    let raft_cfg = raft_config(&a)?;
-    let prepared = match &raft_cfg {
-        Some(c) => Some(raft::node::prepare(&a.data_dir, c)?),
-        None => None,
-    };
-    let mut spec: Option<Arc<raft::speculation::Speculation>> = None;
+    }
+}
+
+/// The engine rebuilt from the data dir, its log, and (a Raft member) the speculation
+/// its records go through instead of the WAL.
+struct Recovered {
+    engine: Arc<stockgate_server::engine::Engine>,
+    durability: Arc<WalDurability>,
+    report: stockgate_server::persist::RecoveryReport,
+    speculation: Option<Arc<raft::speculation::Speculation>>,
+}
+
+fn recover(
+    a: &ServeArgs,
+    cfg: EngineConfig,
+    keys: Keys,
+    raft_member: bool,
+) -> Result<Recovered, String> {
+    let mut speculation: Option<Arc<raft::speculation::Speculation>> = None;
     let (engine, durability, report) = recover_engine_with(
         &a.data_dir,
-        opts,
+        wal_options(a),
         cfg,
         Arc::new(SystemClock::new()),
-        keys,
-        rkey,
-        |wal| match &raft_cfg {
-            // A member's engine writes into the leader's batches, not the WAL.
-            Some(_) => {
-                let s = Arc::new(raft::speculation::Speculation::new(
-                    rand::random::<u64>(),
-                    wal.last_lsn(),
-                ));
-                spec = Some(s.clone());
-                s
+        keys.admission,
+        keys.reservation,
+        |wal| {
+            if !raft_member {
+                return wal.clone();
             }
-            None => wal.clone(),
+            // A member's engine writes into the leader's batches, not the WAL.
+            let s = Arc::new(raft::speculation::Speculation::new(
+                rand::random::<u64>(),
+                wal.last_lsn(),
+            ));
+            speculation = Some(s.clone());
+            s
         },
     )
     .map_err(|e| {
@@ -486,7 +578,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         format!(
             "reservation {token} in {} was not made with reservation key {} (fingerprint {}); start with the key that wrote this data dir. Refusing to start",
             a.data_dir.display(),
-            rkey_path.display(),
+            keys.reservation_path.display(),
             engine.key_fingerprint()
         )
     })?;
@@ -501,7 +593,16 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         report.events_replayed,
         report.millis
     );
-    let config = ServerConfig {
+    Ok(Recovered {
+        engine,
+        durability,
+        report,
+        speculation,
+    })
+}
+
+fn server_config(a: &ServeArgs) -> ServerConfig {
+    ServerConfig {
         bind: a.bind.clone(),
         port: a.port,
         data_dir: a.data_dir.display().to_string(),
@@ -522,34 +623,21 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         idle_timeout_ms: a.idle_timeout_ms,
         write_timeout_ms: a.write_timeout_ms,
         ..ServerConfig::default()
-    };
-    if a.replicaof.is_some() || a.min_replicas_ack.is_some() {
-        return Err("--replicaof and --min-replicas-ack were removed: replication failed over by Redis Sentinel can lose acknowledged reservations. Run a Raft group instead (--raft-id, --raft-listen, --raft-peers; docs/replication.md, \"Running a group\"): Sentinel-aware clients list the members where they listed the Sentinels".into());
     }
-    let replicated: Arc<dyn stockgate_server::session::Durability> = match &spec {
-        Some(spec) => Arc::new(raft::node::RaftDurability {
-            local: durability.clone(),
-            spec: spec.clone(),
-        }),
-        None => durability.clone(),
-    };
-    let shared = Arc::new(Shared::new(config, users, replicated));
-    let feed = Arc::new(match &spec {
-        Some(spec) => stockgate_server::feed::Feed::with_group_sink(
-            durability.wal.clone(),
-            spec.clone(),
-            stockgate_server::feed::FeedLimits::default(),
-        ),
-        None => stockgate_server::feed::Feed::new(
-            durability.wal.clone(),
-            stockgate_server::feed::FeedLimits::default(),
-        ),
+}
+
+/// The order feed over the WAL, its consumer groups rebuilt and kept in the log.
+fn open_feed(r: &Recovered) -> Arc<Feed> {
+    let wal = r.durability.wal.clone();
+    let feed = Arc::new(match &r.speculation {
+        Some(spec) => Feed::with_group_sink(wal, spec.clone(), FeedLimits::default()),
+        None => Feed::new(wal, FeedLimits::default()),
     });
     // Consumer groups keep their state in the log: rebuilt from the group records after
     // the snapshot, re-logged (checkpoint) by every snapshot before it deletes them.
-    let (state, state_bad) = feed.load_state_file(report.snapshot_lsn);
+    let (state, state_bad) = feed.load_state_file(r.report.snapshot_lsn);
     let (applied, bad) = feed.groups.recover(
-        report
+        r.report
             .opaque
             .iter()
             .map(|(lsn, kind, body)| (*lsn, *kind, body.as_slice())),
@@ -570,137 +658,155 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     // each snapshot logs a checkpoint of them first. A Raft member logs nothing of its own
     // (its records are the leader's): its snapshots (`raft::snapshot`) store the groups'
     // state beside themselves, and `SAVE` is refused.
-    if spec.is_none() {
+    if r.speculation.is_none() {
         let hook_feed = feed.clone();
-        durability.add_checkpoint_hook(Box::new(move |_upto| Ok(hook_feed.checkpoint_groups())));
+        r.durability
+            .add_checkpoint_hook(Box::new(move |_upto| Ok(hook_feed.checkpoint_groups())));
     }
     // A member applies its leader's group records as they are committed.
     let replay_feed = feed.clone();
-    durability.add_replay_hook(Box::new(move |lsn, kind, body| {
-        replay_feed
-            .groups
-            .recover(std::iter::once((lsn, kind, body)));
-    }));
-    let _ = shared.feed.set(feed);
-    shared.metrics.configure(
-        a.slowlog_log_slower_than,
-        a.slowlog_max_len,
-        a.metrics_max_sales,
-    );
-    if let Some(m) = &a.metrics_addr {
-        let host = m.rsplit_once(':').map_or(m.as_str(), |(h, _)| h);
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        if !is_loopback(host) && !a.metrics_allow_remote {
-            return Err(format!(
-                "refusing --metrics-addr {m}: not loopback (the endpoint has no authentication; pass --metrics-allow-remote)"
-            ));
-        }
+    r.durability
+        .add_replay_hook(Box::new(move |lsn, kind, body| {
+            replay_feed
+                .groups
+                .recover(std::iter::once((lsn, kind, body)));
+        }));
+    feed
+}
+
+/// The metrics endpoint has no authentication: loopback only, unless asked for.
+fn check_metrics_addr(a: &ServeArgs) -> Result<(), String> {
+    let Some(m) = &a.metrics_addr else {
+        return Ok(());
+    };
+    let host = m.rsplit_once(':').map_or(m.as_str(), |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if !is_loopback(host) && !a.metrics_allow_remote {
+        return Err(format!(
+            "refusing --metrics-addr {m}: not loopback (the endpoint has no authentication; pass --metrics-allow-remote)"
+        ));
     }
-    // 0: one event loop per two cores this process may run on (rounded up), so one on a
-    // 1- or 2-core machine. `available_parallelism` honours the affinity mask (taskset)
-    // and cgroup quotas. Why half: at one request per connection most of a request's
-    // CPU is the kernel's TCP work, and the storm's tail on a 2-core machine was twice
-    // as long with a loop on every core as with one (docs/benchmarks.md, "Per core"): the loops are
-    // preempted by the kernel's network processing and by whatever else runs there.
-    let threads = match a.threads {
+    Ok(())
+}
+
+/// `--threads`, where 0 is one event loop per two cores this process may run on (rounded
+/// up), so one on a 1- or 2-core machine. `available_parallelism` honours the affinity
+/// mask (taskset) and cgroup quotas. Why half: at one request per connection most of a
+/// request's CPU is the kernel's TCP work, and the storm's tail on a 2-core machine was
+/// twice as long with a loop on every core as with one (docs/benchmarks.md, "Per core"):
+/// the loops are preempted by the kernel's network processing and by whatever else runs
+/// there.
+fn event_loops(threads: usize) -> usize {
+    match threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get().div_ceil(2)),
         n => n,
-    };
-    // Every worker is a current-thread runtime (`server::serve` says why): this one runs
-    // the first, plus the background tasks; the others get a thread each.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .thread_name("stockgate")
-        .build()
-        .map_err(|e| e.to_string())?;
-    // One loop runs one command at a time: no reply can observe a RESERVE half done.
-    engine.set_concurrent_callers(threads > 1);
-    let (first, extra) = bind_listeners(&a.bind, a.port, threads, a.tcp_backlog as i32)?;
-    let result = rt.block_on(async {
-        first.set_nonblocking(true).map_err(|e| e.to_string())?;
-        let listener = tokio::net::TcpListener::from_std(first).map_err(|e| e.to_string())?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        if let (Some(cfg), Some(prepared), Some(spec)) = (raft_cfg.clone(), prepared, spec.clone())
-        {
-            let argv = cfg.restart_argv.clone();
-            spec.set_depose_hook(RaftNode::restart_hook(
-                argv,
-                addr.port(),
-                durability.clone(),
-            ));
-            // Consumer groups hold snapshots back: nothing they may still read is covered.
-            let feed = shared.feed.get().cloned();
-            let hold = Box::new(move || feed.as_ref().and_then(|f| f.groups.oldest_needed()));
-            let node = RaftNode::start(
-                cfg,
-                prepared,
-                engine.clone(),
-                durability.clone(),
-                spec,
-                hold,
-            )
-            .await?;
-            let hub = shared.clone();
-            node.set_publisher(Box::new(move |ch, msg| {
-                hub.pubsub.publish(ch, msg);
-            }));
-            let _ = shared.repl.set(node);
-        }
-        // A single node begins its history on its first start (a member's leader does, in
-        // the group's log), durably before any tool can read the id.
-        if spec.is_none() && engine.history().is_none() {
-            let lsn = engine.begin_history(&stockgate_server::engine::new_history_id());
-            stockgate_server::session::Durability::wait(durability.as_ref(), lsn)
-                .await
-                .map_err(|e| format!("writing the history id: {e}"))?;
-        }
-        {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "listening on {addr}");
-            let _ = out.flush();
-        }
-        let snapshotter = spec
-            .is_none()
-            .then(|| spawn_snapshotter(engine.clone(), durability.clone(), a.snapshot_records));
-        let sampler = tokio::spawn(stockgate_server::report::http::sample_loop(
-            engine.clone(),
-            shared.clone(),
-        ));
-        let metrics_http = match &a.metrics_addr {
-            Some(m) => {
-                let l = tokio::net::TcpListener::bind(m.as_str())
-                    .await
-                    .map_err(|e| format!("bind --metrics-addr {m}: {e}"))?;
-                let local = l.local_addr().map_err(|e| e.to_string())?;
-                tracing::info!("metrics on http://{local}/metrics, status page http://{local}/");
-                eprintln!("stockgate: metrics on http://{local}/");
-                Some(tokio::spawn(stockgate_server::report::http::serve(
-                    l,
-                    engine.clone(),
-                    shared.clone(),
-                )))
-            }
-            None => None,
-        };
-        let r = serve(listener, extra, engine.clone(), shared, shutdown_signal())
-            .await
-            .map_err(|e| e.to_string());
-        if let Some(s) = snapshotter {
-            s.abort();
-        }
-        sampler.abort();
-        if let Some(h) = metrics_http {
-            h.abort();
-        }
-        r
-    });
-    // Everything acknowledged is already written; this makes the tail durable too.
-    match durability.wal.flush_and_close() {
-        Ok(lsn) => tracing::info!("WAL flushed and closed at lsn {lsn}"),
-        Err(e) => tracing::error!("WAL close failed: {e}"),
     }
-    rt.shutdown_timeout(Duration::from_secs(2));
+}
+
+/// Everything on the runtime: the Raft member (if any), the history's first record,
+/// the background tasks, and the server until a shutdown signal.
+async fn serve_until_shutdown(
+    a: &ServeArgs,
+    r: &Recovered,
+    shared: Arc<Shared>,
+    raft: Option<(RaftNodeConfig, raft::node::Prepared)>,
+    first: std::net::TcpListener,
+    extra: Vec<std::net::TcpListener>,
+) -> Result<(), String> {
+    let engine = &r.engine;
+    first.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::from_std(first).map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    if let (Some((cfg, prepared)), Some(spec)) = (raft, r.speculation.clone()) {
+        start_raft_member(r, &shared, cfg, prepared, spec, addr.port()).await?;
+    }
+    // A single node begins its history on its first start (a member's leader does, in
+    // the group's log), durably before any tool can read the id.
+    if r.speculation.is_none() && engine.history().is_none() {
+        let lsn = engine.begin_history(&stockgate_server::engine::new_history_id());
+        stockgate_server::session::Durability::wait(r.durability.as_ref(), lsn)
+            .await
+            .map_err(|e| format!("writing the history id: {e}"))?;
+    }
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "listening on {addr}");
+        let _ = out.flush();
+    }
+    let snapshotter = r
+        .speculation
+        .is_none()
+        .then(|| spawn_snapshotter(engine.clone(), r.durability.clone(), a.snapshot_records));
+    let sampler = tokio::spawn(stockgate_server::report::http::sample_loop(
+        engine.clone(),
+        shared.clone(),
+    ));
+    let metrics_http = match &a.metrics_addr {
+        Some(m) => Some(spawn_metrics_http(m, engine, &shared).await?),
+        None => None,
+    };
+    let result = serve(listener, extra, engine.clone(), shared, shutdown_signal())
+        .await
+        .map_err(|e| e.to_string());
+    if let Some(s) = snapshotter {
+        s.abort();
+    }
+    sampler.abort();
+    if let Some(h) = metrics_http {
+        h.abort();
+    }
     result
+}
+
+/// Starts this process's Raft member, which re-executes itself when deposed, holds
+/// snapshots back for the consumer groups, and publishes what its log says.
+async fn start_raft_member(
+    r: &Recovered,
+    shared: &Arc<Shared>,
+    cfg: RaftNodeConfig,
+    prepared: raft::node::Prepared,
+    spec: Arc<raft::speculation::Speculation>,
+    port: u16,
+) -> Result<(), String> {
+    let argv = cfg.restart_argv.clone();
+    spec.set_depose_hook(RaftNode::restart_hook(argv, port, r.durability.clone()));
+    // Consumer groups hold snapshots back: nothing they may still read is covered.
+    let feed = shared.feed.get().cloned();
+    let hold = Box::new(move || feed.as_ref().and_then(|f| f.groups.oldest_needed()));
+    let node = RaftNode::start(
+        cfg,
+        prepared,
+        r.engine.clone(),
+        r.durability.clone(),
+        spec,
+        hold,
+    )
+    .await?;
+    let hub = shared.clone();
+    node.set_publisher(Box::new(move |ch, msg| {
+        hub.pubsub.publish(ch, msg);
+    }));
+    let _ = shared.repl.set(node);
+    Ok(())
+}
+
+/// Binds `--metrics-addr` and serves the metrics and the status page there.
+async fn spawn_metrics_http(
+    addr: &str,
+    engine: &Arc<stockgate_server::engine::Engine>,
+    shared: &Arc<Shared>,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("bind --metrics-addr {addr}: {e}"))?;
+    let local = l.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!("metrics on http://{local}/metrics, status page http://{local}/");
+    eprintln!("stockgate: metrics on http://{local}/");
+    Ok(tokio::spawn(stockgate_server::report::http::serve(
+        l,
+        engine.clone(),
+        shared.clone(),
+    )))
 }
 
 /// The listening sockets of `threads` event loops on one address. One loop: a plain

@@ -130,7 +130,7 @@ pub trait Replication: Send + Sync {
     }
 }
 
-/// Role bits, as the command table (`cmd::table`) stores who may run a command.
+/// Role bits, as the command table (`cmd::command_table`) stores who may run a command.
 pub const CHECKOUT: u8 = 1;
 pub const SWEEPER: u8 = 2;
 pub const ADMIN: u8 = 4;

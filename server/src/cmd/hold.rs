@@ -227,3 +227,69 @@ impl<'a> Expired<'a> {
         .into()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, arity, error_text, SYNTAX};
+
+    /// A token of the right shape: `{sku}` and 26 base32 characters.
+    const TOKEN: &str = "{S}abcdefghijklmnopqrstuvwxyz";
+
+    #[test]
+    fn holds_parse_their_token_and_options() {
+        assert_eq!(Stock::parse(&argv(&["S"])).unwrap().sku, "S");
+        assert_eq!(Reservation::parse(&argv(&[TOKEN])).unwrap().token, TOKEN);
+        let argv_e = argv(&[TOKEN, "5000"]);
+        let e = Extend::parse(&argv_e).unwrap();
+        assert_eq!((e.token, e.ms), (TOKEN, 5000));
+        let argv_c = argv(&[TOKEN, "verified"]);
+        let c = Commit::parse(&argv_c).unwrap();
+        assert_eq!(c.check, PaymentCheck::LedgerVerified);
+        assert_eq!(
+            Commit::parse(&argv(&[TOKEN])).unwrap().check,
+            PaymentCheck::Unverified
+        );
+        let argv_r = argv(&[TOKEN, "REASON", "cancel"]);
+        let r = Release::parse(&argv_r).unwrap();
+        assert_eq!(r.reason, ReleaseReason::parse("CANCEL"));
+        assert!(r.reason.is_some());
+        for words in [&["COUNT", "5", "SKU", "S"][..], &["sku", "S", "count", "5"]] {
+            let argv_x = argv(words);
+            let x = Expired::parse(&argv_x).unwrap();
+            assert_eq!((x.count, x.sku), (5, Some("S")), "{words:?}");
+        }
+        let argv_page = argv(&["COUNT", "99999999"]);
+        let page = Expired::parse(&argv_page).unwrap();
+        assert_eq!(
+            page.count, MAX_EXPIRED_PAGE,
+            "a page is capped, not refused"
+        );
+    }
+
+    #[test]
+    fn holds_refuse_in_words() {
+        assert_eq!(error_text(Stock::parse(&argv(&[]))), arity("stock"));
+        assert_eq!(error_text(Stock::parse(&argv(&["S", "x"]))), SYNTAX);
+        assert_eq!(
+            error_text(Extend::parse(&argv(&[TOKEN, "0"]))),
+            "ERR ms must be between 1 and 2592000000"
+        );
+        assert_eq!(error_text(Commit::parse(&argv(&[TOKEN, "PAID"]))), SYNTAX);
+        assert_eq!(
+            error_text(Release::parse(&argv(&[TOKEN, "REASON", "bored"]))),
+            "ERR release reason must be one of cancel, expired, admin, rebuild"
+        );
+        assert_eq!(
+            error_text(Release::parse(&argv(&[TOKEN, "REASON"]))),
+            arity("release")
+        );
+        assert_eq!(
+            error_text(Expired::parse(&argv(&["COUNT", "0"]))),
+            "ERR count must be between 1 and 9223372036854775807"
+        );
+        assert!(
+            error_text(Reservation::parse(&argv(&["{S}short"]))).starts_with("ERR invalid token")
+        );
+    }
+}

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::table::{Spec, COMMANDS};
+use super::command_table::{Spec, COMMANDS};
 use super::{Ctx, Outcome};
 use crate::protocol::Reply;
 

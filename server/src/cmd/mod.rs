@@ -3,6 +3,7 @@
 //! role in one place before any command runs.
 
 pub mod args;
+pub mod command_table;
 pub mod conn;
 pub mod feed_reply;
 pub mod group;
@@ -14,7 +15,6 @@ pub mod replication;
 pub mod reserve;
 pub mod sale;
 pub mod stream;
-pub mod table;
 pub mod timed;
 
 use crate::engine::{Engine, Lsn};
@@ -164,12 +164,12 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "xrevrange" => stream::XRange::parse(rest, true).map(|c| c.apply(ctx)),
         "xlen" => stream::XLen::parse(rest).map(|c| c.apply(ctx)),
         "xinfo" => stream::XInfo::parse(rest).map(|c| c.apply(ctx)),
-        "xgroup" => Ok(group::xgroup(ctx, rest)),
+        "xgroup" => group::XGroup::parse(rest).map(|c| c.apply(ctx)),
         "xreadgroup" => group::XReadGroup::parse(rest).map(|c| c.apply(ctx)),
-        "xack" => Ok(group::xack(ctx, rest)),
-        "xpending" => Ok(group::xpending(ctx, rest)),
-        "xclaim" => Ok(group::xclaim(ctx, rest)),
-        "xautoclaim" => Ok(group::xautoclaim(ctx, rest)),
+        "xack" => group::XAck::parse(rest).map(|c| c.apply(ctx)),
+        "xpending" => group::XPending::parse(rest).map(|c| c.apply(ctx)),
+        "xclaim" => group::XClaim::parse(rest).map(|c| c.apply(ctx)),
+        "xautoclaim" => group::XAutoClaim::parse(rest).map(|c| c.apply(ctx)),
         "replicaof" | "slaveof" | "replconf" | "psync" | "sync" => {
             Ok(replication::not_served(spec.name))
         }
@@ -202,17 +202,17 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
 /// The command-table entry for a name in any case. Lowercased into a stack buffer: it
 /// runs for every command, and no command name is longer than the buffer (a longer one
 /// is unknown anyway).
-fn lookup_name(name: &[u8]) -> Option<&'static table::Spec> {
+fn lookup_name(name: &[u8]) -> Option<&'static command_table::Spec> {
     let mut buf = [0u8; 32];
     let lower = buf.get_mut(..name.len())?;
     lower.copy_from_slice(name);
     lower.make_ascii_lowercase();
-    table::lookup(std::str::from_utf8(lower).ok()?)
+    command_table::lookup(std::str::from_utf8(lower).ok()?)
 }
 
 /// The checks every command gets before it runs or is queued: known name, arity, auth and
 /// role. One place, so a queued command is refused exactly as a direct one would be.
-fn admit(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Result<&'static table::Spec, Reply> {
+fn admit(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Result<&'static command_table::Spec, Reply> {
     let Some(name) = argv.first() else {
         return Err(Reply::err("ERR empty command"));
     };
@@ -220,7 +220,7 @@ fn admit(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Result<&'static table::Spec, Repl
         let shown: String = String::from_utf8_lossy(name).chars().take(128).collect();
         return Err(Reply::err(format!("ERR unknown command '{shown}'")));
     };
-    if !table::arity_ok(spec, argv.len()) {
+    if !command_table::arity_ok(spec, argv.len()) {
         return Err(Reply::arity(spec.name));
     }
     if let Some(users) = ctx.shared.users.as_ref() {
@@ -244,4 +244,33 @@ fn admit(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Result<&'static table::Spec, Repl
         }
     }
     Ok(spec)
+}
+
+/// What the parsers' tests beside each command share.
+#[cfg(test)]
+pub(crate) mod parse_tests {
+    use crate::protocol::Reply;
+
+    /// A command's arguments (after its name) as the dispatcher hands them over.
+    pub fn argv<'a>(words: &[&'a str]) -> Vec<&'a [u8]> {
+        words.iter().map(|w| w.as_bytes()).collect()
+    }
+
+    /// The error text a refused parse answers; panics if it parsed.
+    pub fn error_text<T>(r: Result<T, Reply>) -> String {
+        match r {
+            Err(Reply::Error(e)) => e,
+            Err(other) => panic!("not an error reply: {other:?}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    pub const SYNTAX: &str = "ERR syntax error";
+    pub const BAD_ID: &str = "ERR Invalid stream ID specified as stream command argument";
+    pub const UNKNOWN_STREAM: &str =
+        "ERR unknown stream 'orders': the streams are 'stockgate:events' and '{<sku>}:events'";
+
+    pub fn arity(cmd: &str) -> String {
+        format!("ERR wrong number of arguments for '{cmd}' command")
+    }
 }

@@ -18,7 +18,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::table::Spec;
+use super::command_table::Spec;
 use super::{dispatch, Ctx, Outcome};
 use crate::protocol::Reply;
 use crate::session::MultiQueue;

@@ -109,3 +109,42 @@ impl<'a> Reserve<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, arity, error_text, SYNTAX};
+
+    #[test]
+    fn reserve_parses_options_in_any_order() {
+        for words in [
+            &["S", "alice", "adm", "r1", "QTY", "3", "WITHLIMIT"][..],
+            &["S", "alice", "adm", "r1", "withlimit", "qty", "3"],
+        ] {
+            let argv_r = argv(words);
+            let r = Reserve::parse(&argv_r).unwrap();
+            assert_eq!(
+                (r.sku, r.user, r.admission, r.request_id),
+                ("S", "alice", &b"adm"[..], "r1")
+            );
+            assert_eq!((r.qty, r.with_limit), (3, true), "{words:?}");
+        }
+        let argv_r = argv(&["S", "alice", "adm", "r1"]);
+        let r = Reserve::parse(&argv_r).unwrap();
+        assert_eq!((r.qty, r.with_limit), (1, false));
+    }
+
+    #[test]
+    fn reserve_refuses_in_words() {
+        let err = |w: &[&str]| error_text(Reserve::parse(&argv(w)));
+        assert_eq!(err(&["S", "alice", "adm"]), arity("reserve"));
+        assert_eq!(err(&["S", "alice", "adm", "r1", "QTY"]), arity("reserve"));
+        assert_eq!(err(&["S", "alice", "adm", "r1", "FAST"]), SYNTAX);
+        assert_eq!(
+            err(&["S", "alice", "adm", "r1", "QTY", "0"]),
+            "ERR qty must be between 1 and 1000000"
+        );
+        assert!(err(&["S", "al ice", "adm", "r1"]).starts_with("ERR invalid user"));
+        assert!(err(&["S", "alice", "adm", ""]).starts_with("ERR invalid request-id"));
+    }
+}

@@ -266,3 +266,107 @@ impl<'a> Rebuild<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, arity, error_text, SYNTAX};
+
+    #[test]
+    fn sale_create_and_fence_take_options_in_any_order() {
+        for words in [
+            &["S", "10", "SHARDS", "4", "TTL", "5000", "LIMIT", "2"][..],
+            &["S", "10", "limit", "2", "ttl", "5000", "shards", "4"],
+        ] {
+            let argv_c = argv(words);
+            let c = Create::parse(&argv_c).unwrap();
+            assert_eq!((c.sku, c.total), ("S", 10));
+            let o = c.opts;
+            assert_eq!(
+                (o.total, o.shards, o.ttl, o.limit),
+                (None, Some(4), Some(5000), Some(2))
+            );
+        }
+        let argv_f = argv(&["S", "TTL", "9", "TOTAL", "7"]);
+        let f = Fence::parse(&argv_f).unwrap();
+        assert_eq!((f.opts.total, f.opts.ttl), (Some(7), Some(9)));
+        // TOTAL is FENCE's only: SALE.CREATE takes it positionally.
+        assert_eq!(
+            error_text(Create::parse(&argv(&["S", "1", "TOTAL", "2"]))),
+            SYNTAX
+        );
+        assert_eq!(
+            error_text(Create::parse(&argv(&["S", "1", "SHARDS"]))),
+            arity("sale.create")
+        );
+        assert_eq!(
+            error_text(Create::parse(&argv(&["S"]))),
+            arity("sale.create")
+        );
+        assert_eq!(
+            error_text(Create::parse(&argv(&["S", "ten"]))),
+            "ERR total is not an integer (must be between 0 and 1099511627776)"
+        );
+    }
+
+    #[test]
+    fn sale_admin_commands_parse_and_refuse_in_words() {
+        assert_eq!(Info::parse(&argv(&["S"])).unwrap().sku, "S");
+        assert_eq!(error_text(Info::parse(&argv(&["S", "x"]))), SYNTAX);
+        let argv_p = argv(&["S"]);
+        let p = PauseResume::parse(&argv_p, true).unwrap();
+        assert_eq!((p.sku, p.pause), ("S", true));
+        assert_eq!(
+            error_text(PauseResume::parse(&argv(&[]), false)),
+            arity("sale.resume")
+        );
+        let argv_a = argv(&["S", "-3"]);
+        let a = Adjust::parse(&argv_a).unwrap();
+        assert_eq!((a.sku, a.delta), ("S", -3));
+        assert_eq!(error_text(Adjust::parse(&argv(&["S", "1", "2"]))), SYNTAX);
+        let argv_r = argv(&["S", "10", "4", "ab12"]);
+        let r = Rebuild::parse(&argv_r).unwrap();
+        assert_eq!((r.total, r.committed, r.fingerprint), (10, 4, "ab12"));
+        assert_eq!(
+            error_text(Rebuild::parse(&argv(&["S", "10", "-4", "ab12"]))),
+            "ERR committed must be between 0 and 1099511627776"
+        );
+    }
+
+    #[test]
+    fn sale_restore_parses_its_state() {
+        let words = [
+            "S",
+            "alice",
+            "r1",
+            "2",
+            "2000",
+            "1000",
+            "state",
+            "committed",
+        ];
+        let argv_r = argv(&words);
+        let r = Restore::parse(&argv_r).unwrap();
+        assert_eq!(
+            (r.sku, r.user, r.request_id, r.qty),
+            ("S", "alice", "r1", 2)
+        );
+        assert_eq!((r.expires_at, r.created_at), (2000, 1000));
+        assert!(matches!(r.state, ResState::Committed));
+        let argv_r = argv(&words[..6]);
+        let r = Restore::parse(&argv_r).unwrap();
+        assert!(matches!(r.state, ResState::Reserved));
+        let mut bad = words;
+        bad[7] = "LOST";
+        assert_eq!(
+            error_text(Restore::parse(&argv(&bad))),
+            "ERR state must be one of RESERVED, COMMITTED or RELEASED"
+        );
+        bad[6] = "COLOR";
+        assert_eq!(error_text(Restore::parse(&argv(&bad))), SYNTAX);
+        assert_eq!(
+            error_text(Restore::parse(&argv(&["S", "alice", "r1", "0", "1", "1"]))),
+            "ERR qty must be between 1 and 1000000"
+        );
+    }
+}

@@ -346,3 +346,119 @@ impl XInfo {
         ]))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, arity, error_text, BAD_ID, SYNTAX, UNKNOWN_STREAM};
+
+    #[test]
+    fn xread_parses_options_in_any_order() {
+        for words in [
+            &[
+                "COUNT",
+                "5",
+                "BLOCK",
+                "100",
+                "STREAMS",
+                "stockgate:events",
+                "{S}:events",
+                "$",
+                "9-3",
+            ][..],
+            &[
+                "block",
+                "100",
+                "count",
+                "5",
+                "streams",
+                "stockgate:events",
+                "{S}:events",
+                "$",
+                "9",
+            ],
+        ] {
+            let r = XRead::parse(&argv(words)).unwrap();
+            assert_eq!((r.count, r.block_ms), (Some(5), Some(100)), "{words:?}");
+            // `$` is resolved when the command runs; `9-3` means "after entry 9".
+            assert_eq!(
+                r.streams,
+                vec![(Stream::All, None), (Stream::Sale("S".into()), Some(9))]
+            );
+        }
+    }
+
+    #[test]
+    fn xread_refusals_in_words() {
+        let err = |w: &[&str]| error_text(XRead::parse(&argv(w)));
+        let unbalanced = "ERR Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.";
+        assert_eq!(err(&["STREAMS"]), unbalanced);
+        assert_eq!(err(&["STREAMS", "stockgate:events"]), unbalanced);
+        assert_eq!(err(&["COUNT", "1"]), SYNTAX);
+        assert_eq!(err(&["SOON", "STREAMS", "stockgate:events", "0"]), SYNTAX);
+        assert_eq!(
+            err(&["COUNT", "-1", "STREAMS", "stockgate:events", "0"]),
+            "ERR count must be between 0 and 9223372036854775807"
+        );
+        assert_eq!(err(&["STREAMS", "orders", "0"]), UNKNOWN_STREAM);
+        assert_eq!(err(&["STREAMS", "stockgate:events", ">"]), BAD_ID);
+        assert_eq!(err(&["COUNT"]), arity("xread"));
+    }
+
+    #[test]
+    fn xrange_and_xrevrange_parse_their_bounds() {
+        let r =
+            XRange::parse(&argv(&["stockgate:events", "(5", "9", "COUNT", "2"]), false).unwrap();
+        assert_eq!((r.from, r.to, r.count, r.rev), (6, Some(9), Some(2), false));
+        // XREVRANGE takes the end first.
+        let r = XRange::parse(&argv(&["{S}:events", "+", "-"]), true).unwrap();
+        assert_eq!(
+            (r.from, r.to, r.count, r.rev),
+            (1, Some(u64::MAX), None, true)
+        );
+        let r = XRange::parse(&argv(&["stockgate:events", "-", "(0-0"]), false).unwrap();
+        assert_eq!(r.to, None, "an empty range");
+        let err = |w: &[&str], rev| error_text(XRange::parse(&argv(w), rev));
+        assert_eq!(err(&["stockgate:events", "-"], false), arity("xrange"));
+        assert_eq!(err(&["stockgate:events", "+"], true), arity("xrevrange"));
+        assert_eq!(
+            err(&["stockgate:events", "-", "+", "LIMIT", "1"], false),
+            SYNTAX
+        );
+        assert_eq!(err(&["stockgate:events", "-", "x"], false), BAD_ID);
+        assert_eq!(err(&["orders", "-", "+"], false), UNKNOWN_STREAM);
+    }
+
+    #[test]
+    fn xlen_and_xinfo_parse() {
+        assert_eq!(
+            XLen::parse(&argv(&["{S}:events"])).unwrap().stream,
+            Stream::Sale("S".into())
+        );
+        assert_eq!(
+            error_text(XLen::parse(&argv(&["stockgate:events", "x"]))),
+            SYNTAX
+        );
+        assert_eq!(error_text(XLen::parse(&argv(&["orders"]))), UNKNOWN_STREAM);
+        let info = XInfo::parse(&argv(&["consumers", "stockgate:events", "g"])).unwrap();
+        assert!(matches!(info.sub, InfoSub::Consumers(ref g) if g == b"g"));
+        assert!(matches!(
+            XInfo::parse(&argv(&["help"])).unwrap().sub,
+            InfoSub::Help
+        ));
+        assert!(matches!(
+            XInfo::parse(&argv(&["GROUPS", "stockgate:events"]))
+                .unwrap()
+                .sub,
+            InfoSub::Groups
+        ));
+        assert_eq!(
+            error_text(XInfo::parse(&argv(&["GROUPS", "stockgate:events", "g"]))),
+            "ERR unknown subcommand or wrong number of arguments for 'GROUPS'. Try XINFO HELP."
+        );
+        assert_eq!(
+            error_text(XInfo::parse(&argv(&["STREAM", "orders"]))),
+            UNKNOWN_STREAM
+        );
+    }
+}

@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 
-use super::table::{self, COMMANDS};
+use super::command_table::{self, COMMANDS};
 use super::{dispatch, multi, Ctx, Outcome};
 use crate::metrics::{error_code, logging, CallKind};
 use crate::protocol::Reply;
@@ -75,7 +75,7 @@ fn record(ctx: &mut Ctx<'_>, argv: &[&[u8]], reply: &Reply, nanos: u64) {
         None => CallKind::Ok,
         Some(e) => {
             let code = error_code(e);
-            if code == "NOAUTH" || code == "NOPERM" || !table::arity_ok(spec, argv.len()) {
+            if code == "NOAUTH" || code == "NOPERM" || !command_table::arity_ok(spec, argv.len()) {
                 CallKind::Rejected
             } else {
                 CallKind::Failed

@@ -310,7 +310,7 @@ pub static COMMANDS: &[Spec] = &[
         "stream",
         "XINFO STREAM|GROUPS|CONSUMERS: an order feed stream, its groups, their consumers",
     ),
-    // Consumer groups (cmd/group.rs): their state is in the log, so these write.
+    // Consumer groups (cmd/group/): their state is in the log, so these write.
     spec(
         "xgroup",
         -2,

@@ -1,0 +1,303 @@
+//! The registry of every consumer group, and the logging of their records: creation and
+//! destruction, changes under the group's lock, checkpoints before a snapshot deletes
+//! anything, and recovery from the records after the snapshot.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{Group, GroupLimits, GroupRecord};
+use crate::engine::event::{EventRef, Lsn};
+use crate::feed::{FeedError, Stream};
+
+/// What INFO shows of a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupSummary {
+    pub stream: String,
+    pub group: String,
+    pub consumers: usize,
+    pub pending: usize,
+    pub last: Lsn,
+    /// Log records (not the group machinery's own) after the last-delivered id: the
+    /// entries still to deliver for the all-events stream, an upper bound for a sale's.
+    pub lag: u64,
+    /// Whether the group's next `>` read would hit a trimmed position.
+    pub trimmed: bool,
+}
+
+type Key = (String, String);
+
+/// The registry of every group, and the logging of their records.
+pub struct Groups {
+    /// Where group records are logged: the WAL, or a Raft member's leader batches.
+    sink: Arc<dyn crate::engine::EventSink>,
+    map: Mutex<BTreeMap<Key, GroupRef>>,
+    /// LSNs of recent group records, so the lag of the all-events stream does not count
+    /// them (they are not entries). Bounded: past it, lag counts a few records high.
+    own_lsns: Mutex<BTreeSet<Lsn>>,
+    pub limits: GroupLimits,
+}
+
+const OWN_LSNS: usize = 100_000;
+
+/// A group's handle and its lock, for one command.
+pub type GroupRef = Arc<Mutex<Group>>;
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Groups {
+    pub fn new(sink: Arc<dyn crate::engine::EventSink>, limits: GroupLimits) -> Groups {
+        Groups {
+            sink,
+            map: Mutex::new(BTreeMap::new()),
+            own_lsns: Mutex::new(BTreeSet::new()),
+            limits,
+        }
+    }
+
+    /// Logs `rec` (call with the group's lock held, after applying it) and returns its
+    /// LSN: what the reply must wait for.
+    pub fn log(&self, rec: &GroupRecord) -> Lsn {
+        let (kind, body) = rec.encode();
+        let lsn = self.sink.record(&EventRef::Opaque { kind, body: &body });
+        let mut own = self.own_lsns.lock();
+        own.insert(lsn);
+        while own.len() > OWN_LSNS {
+            own.pop_first();
+        }
+        lsn
+    }
+
+    pub fn check_name(&self, what: &str, name: &[u8]) -> Result<String, FeedError> {
+        if name.is_empty() || name.len() > self.limits.max_name {
+            return Err(FeedError::BadName(format!(
+                "{what} name must be 1 to {} bytes",
+                self.limits.max_name
+            )));
+        }
+        String::from_utf8(name.to_vec())
+            .map_err(|_| FeedError::BadName(format!("{what} name must be UTF-8")))
+    }
+
+    pub fn get(&self, stream: &Stream, group: &str) -> Option<GroupRef> {
+        self.map
+            .lock()
+            .get(&(stream.name(), group.to_owned()))
+            .cloned()
+    }
+
+    /// The groups of one stream, by name.
+    pub fn of_stream(&self, stream: &Stream) -> Vec<GroupRef> {
+        let name = stream.name();
+        self.map
+            .lock()
+            .iter()
+            .filter(|((s, _), _)| *s == name)
+            .map(|(_, g)| g.clone())
+            .collect()
+    }
+
+    pub fn count(&self) -> usize {
+        self.map.lock().len()
+    }
+
+    /// `XGROUP CREATE`: `Ok(lsn)` or `BUSYGROUP`.
+    pub fn create(&self, stream: &Stream, group: String, last: Lsn) -> Result<Lsn, FeedError> {
+        let mut map = self.map.lock();
+        let key = (stream.name(), group.clone());
+        if map.contains_key(&key) {
+            return Err(FeedError::BusyGroup);
+        }
+        if map.len() >= self.limits.max_groups {
+            return Err(FeedError::GroupLimit(format!(
+                "too many consumer groups (max {})",
+                self.limits.max_groups
+            )));
+        }
+        let rec = GroupRecord::Created {
+            stream: key.0.clone(),
+            group: group.clone(),
+            last,
+        };
+        // Logged under the registry lock: no record of this group can precede it.
+        let lsn = self.log(&rec);
+        map.insert(
+            key,
+            Arc::new(Mutex::new(Group::new(stream.clone(), group, last))),
+        );
+        Ok(lsn)
+    }
+
+    /// `XGROUP DESTROY`: `Some(lsn)` if it existed.
+    pub fn destroy(&self, stream: &Stream, group: &str) -> Option<Lsn> {
+        let mut map = self.map.lock();
+        let g = map.remove(&(stream.name(), group.to_owned()))?;
+        let mut g = g.lock();
+        g.mark_destroyed();
+        Some(self.log(&GroupRecord::Destroyed {
+            stream: stream.name(),
+            group: group.to_owned(),
+        }))
+    }
+
+    /// Runs `f` on a live group under its lock: a group destroyed meanwhile is `None`.
+    pub fn with<T>(&self, g: &GroupRef, f: impl FnOnce(&mut Group) -> T) -> Option<T> {
+        let mut g = g.lock();
+        if g.is_destroyed() {
+            return None;
+        }
+        Some(f(&mut g))
+    }
+
+    /// Applies and logs a change of a live group (lock held throughout).
+    pub fn change(&self, g: &mut Group, rec: GroupRecord) -> Lsn {
+        g.apply(&rec);
+        self.log(&rec)
+    }
+
+    /// Logs a checkpoint of every group; returns the last LSN logged (0: none). Run after
+    /// a snapshot's roll, before the snapshot deletes anything. `prepare` runs first on
+    /// each group under its lock (the feed moves `scanned` past records without entries).
+    pub fn checkpoint(&self, prepare: impl Fn(&mut Group)) -> Lsn {
+        let all: Vec<GroupRef> = self.map.lock().values().cloned().collect();
+        let mut last = 0;
+        for g in all {
+            let mut g = g.lock();
+            if g.is_destroyed() {
+                continue;
+            }
+            prepare(&mut g);
+            last = last.max(self.log(&g.checkpoint_record()));
+        }
+        last
+    }
+
+    /// The oldest log position a live group may still read: its oldest pending entry,
+    /// or the one after its last-delivered id (both replicated, so every member computes
+    /// the same). None without groups. A Raft member's snapshots keep what is at or after
+    /// it (`crate::raft::snapshot`), so no group finds its entries trimmed.
+    pub fn oldest_needed(&self) -> Option<Lsn> {
+        let all: Vec<GroupRef> = self.map.lock().values().cloned().collect();
+        all.iter()
+            .filter_map(|g| {
+                let g = g.lock();
+                let first_pending = g.pending.keys().next().copied().unwrap_or(Lsn::MAX);
+                (!g.is_destroyed()).then(|| first_pending.min(g.last.saturating_add(1)))
+            })
+            .min()
+    }
+
+    /// A checkpoint record of every live group, logged nowhere: what a replica stores
+    /// beside its snapshot (a replica must not log anything of its own).
+    pub fn state_records(&self) -> Vec<GroupRecord> {
+        let all: Vec<GroupRef> = self.map.lock().values().cloned().collect();
+        all.iter()
+            .filter_map(|g| {
+                let g = g.lock();
+                (!g.is_destroyed()).then(|| g.checkpoint_record())
+            })
+            .collect()
+    }
+
+    /// Rebuilds the groups from the group records found after the snapshot, in log
+    /// order. Returns how many records were applied and how many could not be decoded
+    /// (skipped: the order feed's bookkeeping never stops the server from selling).
+    pub fn recover<'a>(
+        &self,
+        records: impl IntoIterator<Item = (Lsn, u8, &'a [u8])>,
+    ) -> (usize, usize) {
+        let (mut applied, mut bad) = (0, 0);
+        let mut map = self.map.lock();
+        for (lsn, kind, body) in records {
+            let rec = match GroupRecord::decode(kind, body) {
+                None => continue,
+                Some(Ok(r)) => r,
+                Some(Err(e)) => {
+                    tracing::warn!("consumer-group record at lsn {lsn} skipped: {e}");
+                    bad += 1;
+                    continue;
+                }
+            };
+            self.own_lsns.lock().insert(lsn);
+            let (stream_name, group_name) = rec.key();
+            let Ok(stream) = Stream::parse(stream_name.as_bytes()) else {
+                bad += 1;
+                continue;
+            };
+            let key = (stream_name.to_owned(), group_name.to_owned());
+            replay(&mut map, key, stream, &rec);
+            applied += 1;
+        }
+        (applied, bad)
+    }
+
+    /// Group records in `(after, upto]` that this process knows of (logged or
+    /// recovered; the most recent [`OWN_LSNS`] of them).
+    pub fn own_between(&self, after: Lsn, upto: Lsn) -> u64 {
+        if after >= upto {
+            return 0;
+        }
+        self.own_lsns.lock().range(after + 1..=upto).count() as u64
+    }
+
+    /// Every group, for INFO and the metrics endpoint.
+    pub fn summaries(&self, durable: Lsn, first: Lsn) -> Vec<GroupSummary> {
+        let all: Vec<GroupRef> = self.map.lock().values().cloned().collect();
+        let mut out = Vec::with_capacity(all.len());
+        for g in all {
+            let g = g.lock();
+            let from = g.last.max(g.scanned);
+            let records = durable.saturating_sub(from);
+            out.push(GroupSummary {
+                stream: g.stream.name(),
+                group: g.name.clone(),
+                consumers: g.consumers.len(),
+                pending: g.pending.len(),
+                last: g.last,
+                lag: records.saturating_sub(self.own_between(from, durable)),
+                trimmed: g.next_unread() < first && g.last < durable,
+            });
+        }
+        out
+    }
+
+    /// The lag of one group (see [`GroupSummary::lag`]).
+    pub fn lag(&self, g: &Group, durable: Lsn) -> u64 {
+        let from = g.last.max(g.scanned);
+        durable
+            .saturating_sub(from)
+            .saturating_sub(self.own_between(from, durable))
+    }
+}
+
+/// One recovered record's change to the registry: creation and destruction here, a
+/// checkpoint (which may meet a group whose creation was deleted) or any other change
+/// through the group's [`Group::apply`].
+fn replay(map: &mut BTreeMap<Key, GroupRef>, key: Key, stream: Stream, rec: &GroupRecord) {
+    match rec {
+        GroupRecord::Created { last, .. } => {
+            let group = Group::new(stream, key.1.clone(), *last);
+            map.insert(key, Arc::new(Mutex::new(group)));
+        }
+        GroupRecord::Destroyed { .. } => {
+            map.remove(&key);
+        }
+        GroupRecord::Checkpoint { .. } => {
+            let name = key.1.clone();
+            let g = map
+                .entry(key)
+                .or_insert_with(|| Arc::new(Mutex::new(Group::new(stream, name, 0))));
+            g.lock().apply(rec);
+        }
+        _ => {
+            if let Some(g) = map.get(&key) {
+                g.lock().apply(rec);
+            }
+        }
+    }
+}
