@@ -67,6 +67,8 @@ fn pytest(args: &[&str], envs: &[(&str, String)], out: &Path) -> KillOnDrop {
     let err = log.try_clone().expect("pytest log");
     let child = Command::new("python3")
         .args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"])
+        // A hung test prints every thread's stack before this harness gives up on it.
+        .args(["-o", "faulthandler_timeout=100"])
         .args(args)
         .current_dir(repo())
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
@@ -104,7 +106,14 @@ fn finish(mut p: KillOnDrop, out: &Path, mut tick: impl FnMut()) -> String {
         .rev()
         .find(|l| l.contains(" passed"))
         .unwrap_or_else(|| panic!("no pytest summary line:\n{text}"));
-    for word in ["skipped", "xfailed", "xpassed", "failed", "error", "deselected"] {
+    for word in [
+        "skipped",
+        "xfailed",
+        "xpassed",
+        "failed",
+        "error",
+        "deselected",
+    ] {
         assert!(
             !summary.contains(word),
             "pytest summary `{summary}`: nothing may be {word} when the environment is given"

@@ -39,19 +39,32 @@ WAVE1 = 3_000
 WAVE2 = 300
 CONNECTIONS = 128
 
+# The holds' numbers in the order they are acknowledged. The spec lets any order number
+# them (only the counts by k % 10 matter); this one acknowledges the paid fates (0-6)
+# first and the cancelled ones (7) last. A cancel gives units back, so it waits until every
+# wave-1 buyer has its answer (see `fate`); the holds acknowledged last are the ones with
+# the most of their 1.5 s left by then, before the sweeper could cancel them first.
+NUMBERING = sorted(range(TOTAL), key=lambda k: ({8: 1, 9: 2, 7: 3}.get(k % 10, 0), k))
 
-async def reserve_until_decided(
-    co: AsyncCheckout, sku: str, user: str, admission: str, request_id: str
-) -> stockgate.StartOutcome:
-    """A buyer: reserve and record. A SOLDOUT while STOCK is still positive is units on
-    shards no probe reached (docs/protocol.md, RESERVE): the buyer asks again, with the
-    same request id, until it gets a hold or the sale is really empty."""
-    while True:
-        out = await co.reserve_and_record(sku, user, admission, request_id)
-        if not isinstance(out, SoldOut):
-            return out
-        if await co.client.stock(sku) == 0:
-            return out
+
+class Stock:
+    """What a buyer knows of the sale's stock. A SOLDOUT while STOCK is still positive is
+    units on shards no probe reached (docs/protocol.md, RESERVE): the buyer asks again,
+    with the same request id, until it gets a hold or the sale is empty. While nothing goes
+    back to stock (wave 1 before its cancels, wave 2), an empty sale stays empty, so one
+    STOCK of 0 settles every later SOLDOUT."""
+
+    def __init__(self) -> None:
+        self.empty = False
+
+    async def buy(self, co: AsyncCheckout, sku: str, user: str, admission: str, request_id: str) -> stockgate.StartOutcome:
+        while True:
+            out = await co.reserve_and_record(sku, user, admission, request_id)
+            if not isinstance(out, SoldOut) or self.empty:
+                return out
+            if await co.client.stock(sku) == 0:
+                self.empty = True
+                return out
 
 
 def test_cross_language_checkout_scenario(
@@ -62,7 +75,7 @@ def test_cross_language_checkout_scenario(
     sweeper_running: bool,
     sku: str,
 ) -> None:
-    asyncio.run(_scenario(addr, keyring, database_url, schema, f"SCEN-python-{sku[-8:]}"))
+    asyncio.run(asyncio.wait_for(_scenario(addr, keyring, database_url, schema, f"SCEN-python-{sku[-8:]}"), 90))
 
 
 async def _scenario(addr: str, keyring: stockgate.Keyring, database_url: str, schema: str, sku: str) -> None:
@@ -77,9 +90,21 @@ async def _scenario(addr: str, keyring: stockgate.Keyring, database_url: str, sc
         holds: List[Hold] = []
         outcomes: Dict[int, object] = {}
         soldout: List[str] = []
-        cancels: List[Hold] = []
         late: List[Hold] = []
-        wave1_done = asyncio.Event()
+        cancelled: List[bool] = []
+        decided = 0
+        # Cancelled units go back to stock at once: a cancel while wave-1 buyers are still
+        # reserving would let one of them take the units, and wave 1 must end with exactly
+        # 1,000 holds. So the cancels wait until every wave-1 buyer has its answer (well
+        # within the holds' 1.5 s), the payments do not wait.
+        reserving_over = asyncio.Event()
+        stock1 = Stock()
+        first_cancel_hold_ms: List[int] = []
+        cancel_tasks: List["asyncio.Future[None]"] = []
+
+        async def cancel_when_reserving_is_over(h: Hold) -> None:
+            await reserving_over.wait()
+            cancelled.append(await co.cancel(h.token))
 
         async def fate(k: int, h: Hold) -> None:
             f = k % 10
@@ -90,19 +115,22 @@ async def _scenario(addr: str, keyring: stockgate.Keyring, database_url: str, sc
                 second = await co.pay(h.token, f"pay-{h.token}", money_moved=True)
                 outcomes[k] = (first, second)
             elif f == 7:
-                # Cancelled units go back to stock at once: cancelling while wave 1 is still
-                # reserving would let a wave-1 buyer take them, and wave 1 must end with
-                # exactly 1,000 holds. Cancel as soon as wave 1 is over (well within the TTL).
-                cancels.append(h)
+                # On a task of its own: the worker goes on to its next buyer.
+                first_cancel_hold_ms.append(h.created_at_ms)
+                cancel_tasks.append(asyncio.ensure_future(cancel_when_reserving_is_over(h)))
             elif f == 8:
                 late.append(h)
 
         async def buyer(i: int) -> None:
+            nonlocal decided
             user = f"u{i}"
-            out = await reserve_until_decided(co, sku, user, keyring.mint(sku, user), "r1")
+            out = await stock1.buy(co, sku, user, keyring.mint(sku, user), "r1")
+            decided += 1
+            if decided == WAVE1:
+                reserving_over.set()
             if isinstance(out, Hold):
                 assert not out.replay and not out.already_committed, out
-                k = len(holds)
+                k = NUMBERING[len(holds)]
                 holds.append(out)
                 await fate(k, out)
             elif isinstance(out, SoldOut):
@@ -123,16 +151,20 @@ async def _scenario(addr: str, keyring: stockgate.Keyring, database_url: str, sc
                 await buyer(i)
 
         started = time.monotonic()
-        # One worker per connection: every buyer's steps follow each other closely, so
-        # the holds paid "at once" are paid well within their 1.5 s.
+        # One worker per connection: each buyer's steps follow each other closely, so the
+        # holds paid "at once" are paid well within their 1.5 s.
         workers = [asyncio.ensure_future(worker()) for _ in range(CONNECTIONS)]
         connected = 0
+        reserving_s = 0.0
+        cancel_margin_ms = 0
         while not all(w.done() for w in workers):
             await asyncio.sleep(0.05)
             connected = max(connected, await connected_clients(monitor) - 1)
+            if reserving_over.is_set() and not reserving_s:
+                reserving_s = time.monotonic() - started
+                cancel_margin_ms = min(first_cancel_hold_ms) + TTL_MS - stockgate.now_ms()
         await asyncio.gather(*workers)
-        wave1_done.set()
-        cancelled = await asyncio.gather(*(co.cancel(h.token) for h in cancels))
+        await asyncio.gather(*cancel_tasks)
         wave1_s = time.monotonic() - started
 
         assert len(holds) == TOTAL, f"{len(holds)} holds, {len(soldout)} sold out"
@@ -169,10 +201,11 @@ async def _scenario(addr: str, keyring: stockgate.Keyring, database_url: str, sc
         # Wave 2: 300 new buyers reserve and pay, all sold; one more is sold out.
         async def buyer2(i: int) -> object:
             user = f"w{i}"
-            out = await reserve_until_decided(co, sku, user, keyring.mint(sku, user), "r1")
+            out = await stock2.buy(co, sku, user, keyring.mint(sku, user), "r1")
             assert isinstance(out, Hold), (user, out)
             return await co.pay(out.token, f"pay-{out.token}", money_moved=True)
 
+        stock2 = Stock()
         paid2 = await asyncio.gather(*(buyer2(i) for i in range(WAVE2)))
         assert all(p == Committed(server_confirmed=True) for p in paid2), paid2
         last = await co.reserve_and_record(sku, "w300", keyring.mint(sku, "w300"), "r1")
@@ -197,7 +230,8 @@ async def _scenario(addr: str, keyring: stockgate.Keyring, database_url: str, sc
         }, counts
         assert by_status["COMMITTED"][1] == info.committed, "units sold = units committed in the ledger"
         assert sum(d for _, _, d in by_status.values()) == 1_300, "no token twice"
-        print(f"scenario {sku}: wave 1 (with payments) in {wave1_s:.2f} s, {connected} connections, "
+        print(f"scenario {sku}: wave 1 answered in {reserving_s:.2f} s (the first cancelled hold had "
+              f"{cancel_margin_ms} ms left), done with its payments in {wave1_s:.2f} s; {connected} connections, "
               f"{client.retries} retries")
     finally:
         await co.close()

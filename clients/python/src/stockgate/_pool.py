@@ -1,5 +1,6 @@
 """Small Postgres connection pools for the checkout (autocommit connections: every ledger
-function is one statement and its own transaction).
+function is one statement and its own transaction; no server-side prepared statements, so
+a pooler in transaction mode in front of the ledger works too).
 
 Anything with a ``connection()`` context manager that yields a psycopg connection works in
 their place, e.g. ``psycopg_pool.ConnectionPool`` / ``AsyncConnectionPool``."""
@@ -33,7 +34,7 @@ class SyncPool:
         self._idle: "queue.LifoQueue[psycopg.Connection[Any]]" = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(max_size)
         self._lock = threading.Lock()
-        self._all: List["psycopg.Connection[Any]"] = []
+        self._closed = False
 
     @contextlib.contextmanager
     def connection(self) -> Iterator["psycopg.Connection[Any]"]:
@@ -46,28 +47,32 @@ class SyncPool:
             if conn is None or not _healthy(conn):
                 if conn is not None:
                     self._forget(conn)
-                conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=int(self._timeout))
-                with self._lock:
-                    self._all.append(conn)
+                conn = psycopg.connect(
+                    self._conninfo, autocommit=True, connect_timeout=int(self._timeout), prepare_threshold=None
+                )
             try:
                 yield conn
             finally:
-                if _healthy(conn):
+                with self._lock:
+                    keep = _healthy(conn) and not self._closed
+                if keep:
                     self._idle.put(conn)
                 else:
-                    self._forget(conn)
+                    conn.close()
 
     def _forget(self, conn: "psycopg.Connection[Any]") -> None:
         conn.close()
-        with self._lock:
-            if conn in self._all:
-                self._all.remove(conn)
 
     def close(self) -> None:
+        """Closes the idle connections now and the others as they come back: a connection
+        is never closed under a statement that is still running on it."""
         with self._lock:
-            for c in self._all:
-                c.close()
-            self._all.clear()
+            self._closed = True
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
 
 
 class AsyncPool:
@@ -79,7 +84,7 @@ class AsyncPool:
         self._timeout = connect_timeout
         self._idle: List["psycopg.AsyncConnection[Any]"] = []
         self._slots: Optional[asyncio.Semaphore] = None
-        self._all: List["psycopg.AsyncConnection[Any]"] = []
+        self._closed = False
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator["psycopg.AsyncConnection[Any]"]:
@@ -91,24 +96,21 @@ class AsyncPool:
                 if conn is not None:
                     await self._forget(conn)
                 conn = await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True, connect_timeout=int(self._timeout)
+                    self._conninfo, autocommit=True, connect_timeout=int(self._timeout), prepare_threshold=None
                 )
-                self._all.append(conn)
             try:
                 yield conn
             finally:
-                if _healthy(conn):
+                if _healthy(conn) and not self._closed:
                     self._idle.append(conn)
                 else:
-                    await self._forget(conn)
+                    await conn.close()
 
     async def _forget(self, conn: "psycopg.AsyncConnection[Any]") -> None:
         await conn.close()
-        if conn in self._all:
-            self._all.remove(conn)
 
     async def close(self) -> None:
-        for c in self._all:
-            await c.close()
-        self._all.clear()
-        self._idle.clear()
+        """Closes the idle connections now and the others as they come back."""
+        self._closed = True
+        while self._idle:
+            await self._idle.pop().close()
