@@ -29,6 +29,9 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 python3 -c "import redis" >/dev/null 2>&1 || python3 -m pip install -q redis
+# The Python package under test (tests/python_package.rs runs its pytest suite), installed
+# from this checkout every run so the tests see the current source, with its test needs.
+python3 -m pip install -q ./clients/python "psycopg[binary]" pytest
 # ioredis and node-redis (tests/node_clients.rs), pinned by tests/node/package-lock.json.
 [ -d tests/node/node_modules ] || npm ci --prefix tests/node --no-audit --no-fund
 

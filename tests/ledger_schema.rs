@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use sqlx::Row;
-use stockgate_client::ledger::pg_schema::{SchemaError, LEDGER_TABLES, SCHEMA_ENV};
+use stockgate_client::ledger::pg_schema::{
+    SchemaError, LEDGER_FUNCTIONS, LEDGER_TABLES, SCHEMA_ENV,
+};
 use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::ledger::{LedgerCommit, Materialized, NewOrder, SaleRecord};
 use stockgate_client::types::now_ms;
@@ -118,8 +120,8 @@ async fn the_default_schema_is_stockgate_and_holds_everything() {
     let want: BTreeSet<String> = LEDGER_TABLES.iter().map(|t| t.to_string()).collect();
     assert_eq!(tables(&a, "stockgate").await, want);
     assert!(tables(&a, "public").await.is_empty(), "nothing in public");
-    // The functions too, and each is a trigger function of a ledger table (what the
-    // move finds through the triggers).
+    // The functions too: the trigger functions of the ledger's tables (what the move
+    // finds through the triggers) and the ledger's rule functions (LEDGER_FUNCTIONS).
     let fns = functions(&a, "stockgate").await;
     assert!(!fns.is_empty());
     assert!(functions(&a, "public").await.is_empty());
@@ -134,7 +136,9 @@ async fn the_default_schema_is_stockgate_and_holds_everything() {
     .iter()
     .map(|r| r.get::<String, _>(0))
     .collect();
-    assert_eq!(fns, trigger_fns);
+    let mut want_fns = trigger_fns;
+    want_fns.extend(LEDGER_FUNCTIONS.iter().map(|f| f.to_string()));
+    assert_eq!(fns, want_fns);
     let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM stockgate._sqlx_migrations")
         .fetch_one(&a)
         .await

@@ -12,6 +12,7 @@ const FEED_POSITION_SQL: &str = include_str!("../../../migrations/0003_feed_posi
 const FINGERPRINT_SQL: &str =
     include_str!("../../../migrations/0004_feed_position_fingerprint.sql");
 const BINDING_SQL: &str = include_str!("../../../migrations/0005_server_binding.sql");
+const FUNCTIONS_SQL: &str = include_str!("../../../migrations/0006_ledger_functions.sql");
 
 /// The migrator for `migrations/` (embedded copy).
 pub fn migrator() -> Migrator {
@@ -31,6 +32,7 @@ pub fn migrator() -> Migrator {
             m(3, "feed position", FEED_POSITION_SQL),
             m(4, "feed position fingerprint", FINGERPRINT_SQL),
             m(5, "server binding", BINDING_SQL),
+            m(6, "ledger functions", FUNCTIONS_SQL),
         ]),
         ..Migrator::DEFAULT
     }

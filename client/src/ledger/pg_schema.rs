@@ -35,6 +35,26 @@ pub const LEDGER_TABLES: &[&str] = &[
     "server_binding",
 ];
 
+/// The functions of `migrations/0006_ledger_functions.sql` (the ledger's rules, and their
+/// helpers): what a move from the old layout takes along besides the trigger functions.
+/// `tests/ledger_schema.rs` checks it against a freshly migrated schema.
+pub const LEDGER_FUNCTIONS: &[&str] = &[
+    "stockgate_ms_to_ts",
+    "stockgate_check_ms",
+    "stockgate_check_token",
+    "stockgate_refuse",
+    "stockgate_not_found",
+    "materialize_order",
+    "pay_order",
+    "cancel_order",
+    "extend_order",
+    "mark_refund_required",
+    "mark_refunded",
+    "order_is_hold",
+    "sweep_cancel_expired",
+    "sweep_tombstone",
+];
+
 /// The tables whose presence (with our migration rows) marks a ledger of the old layout.
 const MARKER_TABLES: &[&str] = &["_sqlx_migrations", "sales", "orders", "order_events"];
 
@@ -255,7 +275,7 @@ pub struct MovedLedger {
     /// The tables moved (their indexes, constraints, triggers and owned sequences go
     /// with them).
     pub tables: Vec<String>,
-    /// The trigger functions moved.
+    /// The functions moved (trigger functions and the ledger's rule functions).
     pub functions: Vec<String>,
     /// Orders in the moved ledger.
     pub orders: i64,
@@ -324,25 +344,33 @@ pub(crate) async fn move_old_ledger(
         .into());
     }
     // The functions our tables' triggers call (found through the triggers, so whatever
-    // a migration names them they go along). Triggers refer to them by oid, so they
-    // keep working wherever the functions are.
-    let functions: Vec<(String, String)> = sqlx::query(
-        "SELECT DISTINCT p.proname::text, p.oid::regprocedure::text \
-         FROM pg_catalog.pg_trigger t \
-         JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
-         JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace \
-         JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid \
+    // a migration names them they go along; triggers refer to them by oid, so they keep
+    // working wherever the functions are), and the ledger's rule functions by name.
+    // `pinned`: created with `SET search_path FROM CURRENT`, so pinned to `from`; they
+    // are re-pinned to `schema`, or their bodies would look for the tables where they
+    // no longer are.
+    let functions: Vec<(String, String, bool)> = sqlx::query(
+        "SELECT DISTINCT p.proname::text, p.oid::regprocedure::text, \
+                p.proconfig IS NOT NULL AND EXISTS ( \
+                    SELECT 1 FROM unnest(p.proconfig) AS c(s) WHERE c.s LIKE 'search_path=%') \
+         FROM pg_catalog.pg_proc p \
          JOIN pg_catalog.pg_namespace pn ON pn.oid = p.pronamespace \
-         WHERE NOT t.tgisinternal AND cn.nspname = $1 AND pn.nspname = $1 \
-           AND c.relname = ANY($2) \
+         WHERE pn.nspname = $1 AND ( \
+             p.proname = ANY($3) OR EXISTS ( \
+                 SELECT 1 FROM pg_catalog.pg_trigger t \
+                 JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
+                 JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace \
+                 WHERE t.tgfoid = p.oid AND NOT t.tgisinternal AND cn.nspname = $1 \
+                   AND c.relname = ANY($2))) \
          ORDER BY 1",
     )
     .bind(from)
     .bind(&tables)
+    .bind(LEDGER_FUNCTIONS)
     .fetch_all(&mut *tx)
     .await?
     .iter()
-    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
     .collect::<Result<_, sqlx::Error>>()?;
     let from_q = quote_ident(from);
     let orders: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {from_q}.orders"))
@@ -355,9 +383,17 @@ pub(crate) async fn move_old_ledger(
             .await
             .map_err(failed)?;
     }
-    for (_, signature) in &functions {
+    for (_, signature, pinned) in &functions {
         // `signature` is the catalog's own rendering: quoted as needed, and qualified,
         // `from` not being on this connection's search_path.
+        if *pinned {
+            sqlx::query(&format!(
+                "ALTER FUNCTION {signature} SET search_path TO {schema}"
+            ))
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+        }
         sqlx::query(&format!("ALTER FUNCTION {signature} SET SCHEMA {schema}"))
             .execute(&mut *tx)
             .await
@@ -368,7 +404,7 @@ pub(crate) async fn move_old_ledger(
         from: from.to_string(),
         schema: schema.to_string(),
         tables,
-        functions: functions.into_iter().map(|(name, _)| name).collect(),
+        functions: functions.into_iter().map(|(name, _, _)| name).collect(),
         orders,
     }))
 }

@@ -1,0 +1,204 @@
+"""What the sync and async clients share: how a redis-py error maps to this package's
+errors (or to "retry"), the retry policy, and each command's arguments and reply parser."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
+from urllib.parse import urlparse
+
+import redis.exceptions as rex
+
+from . import _parse
+from .errors import (
+    CommandError,
+    NoAuth,
+    NoPerm,
+    StockgateError,
+    WrongPass,
+    ExecAbort,
+    _BY_CODE,
+    server_error,
+)
+from .results import Reservation, ReserveOutcome, SaleInfo
+
+log = logging.getLogger("stockgate")
+
+T = TypeVar("T")
+
+RELEASE_REASONS = ("cancel", "expired", "admin", "rebuild")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a call that is safe to repeat keeps trying.
+
+    Every command of the clients is safe to resend (docs/protocol.md, section 10: RESERVE
+    with the same request id, COMMIT, RELEASE, EXTEND, the reads, SALE.CREATE with the same
+    parameters). A call is sent again after a connection error, a timeout, ``-READONLY`` or
+    ``-LOADING`` (a member that is not, or not yet, the writable leader: it did not run
+    the command), with the same arguments, until ``deadline`` seconds have passed since the
+    call began; then :class:`~stockgate.errors.Unavailable` is raised. The pause between
+    attempts starts at ``backoff_min`` and doubles up to ``backoff_max``, with jitter so
+    that many callers failing together do not come back together.
+    """
+
+    deadline: float = 30.0
+    backoff_min: float = 0.05
+    backoff_max: float = 0.5
+
+    def backoff(self, attempt: int) -> float:
+        base = min(self.backoff_max, self.backoff_min * (2 ** min(attempt - 1, 16)))
+        return base * (0.5 + random.random() / 2)
+
+
+def _status_code(e: BaseException) -> Optional[str]:
+    code = getattr(e, "status_code", None)
+    return code if isinstance(code, str) and code else None
+
+
+def translate(e: BaseException) -> Optional[StockgateError]:
+    """The error to raise for a redis-py exception, or None when the call is to be sent
+    again (the connection broke, it timed out, or the member refused before running it)."""
+    code = _status_code(e)
+    # redis-py raises these as ConnectionError subclasses: they are not transient.
+    if isinstance(e, rex.AuthenticationError):
+        if code == "NOAUTH" or "NOAUTH" in str(e) or "Authentication required" in str(e):
+            return NoAuth(str(e))
+        return WrongPass(str(e))
+    if isinstance(e, rex.NoPermissionError):
+        return NoPerm(str(e))
+    if isinstance(e, (rex.ReadOnlyError, rex.BusyLoadingError)):
+        return None
+    if isinstance(e, (rex.ConnectionError, rex.TimeoutError)):
+        return None
+    if isinstance(e, rex.ExecAbortError):
+        return ExecAbort(str(e))
+    if isinstance(e, rex.ResponseError):
+        msg = str(e)
+        if code is not None:
+            # redis-py took the code off the message.
+            return CommandError(msg) if code == "ERR" else server_error(code, msg)
+        word, _, rest = msg.partition(" ")
+        if word in _BY_CODE and word != "ERR":
+            return server_error(word, rest)
+        if hasattr(e, "status_code") and word.isupper() and word.isalpha():
+            # This redis-py names the codes it strips; any other first word is the code.
+            return server_error(word, rest)
+        return CommandError(msg)
+    if isinstance(e, rex.RedisError):
+        return StockgateError(str(e), "CLIENT")
+    return None
+
+
+def parse_address(addr: Union[str, Tuple[str, int]]) -> Tuple[str, int]:
+    """``host:port``, ``redis://host:port`` or ``(host, port)``."""
+    if isinstance(addr, tuple):
+        return addr[0], int(addr[1])
+    if "://" in addr:
+        u = urlparse(addr)
+        return u.hostname or "127.0.0.1", u.port or 7379
+    host, sep, port = addr.rpartition(":")
+    if not sep:
+        return addr, 7379
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@dataclass(frozen=True)
+class Command(Generic[T]):
+    """One command: its arguments, how its reply becomes a result, and which error
+    replies are results rather than errors (RESERVE's ``-DENIED``)."""
+
+    args: Tuple[Any, ...]
+    parse: Callable[[Any], T]
+    on_error: Optional[Callable[[StockgateError], Optional[T]]] = None
+
+
+def _denied_is_a_result(err: StockgateError) -> Optional[ReserveOutcome]:
+    if err.code == "DENIED":
+        return _parse.parse_denied(err.detail)
+    return None
+
+
+def reserve_cmd(sku: str, user: str, admission: str, request_id: str, qty: int = 1) -> Command[ReserveOutcome]:
+    return Command(
+        ("RESERVE", sku, user, admission, request_id, "QTY", int(qty), "WITHLIMIT"),
+        _parse.parse_reserve,
+        _denied_is_a_result,
+    )
+
+
+def _bool01(v: Any) -> bool:
+    n = _parse.parse_int(v)
+    if n not in (0, 1):
+        raise _parse.ProtocolMismatch(f"expected :0 or :1, got {v!r}")
+    return n == 1
+
+
+def commit_cmd(token: str, verified: bool = False) -> Command[bool]:
+    args: Tuple[Any, ...] = ("COMMIT", token, "VERIFIED") if verified else ("COMMIT", token)
+    return Command(args, _bool01)
+
+
+def release_cmd(token: str, reason: Optional[str] = None) -> Command[bool]:
+    if reason is not None and reason not in RELEASE_REASONS:
+        raise ValueError(f"release reason must be one of {', '.join(RELEASE_REASONS)}")
+    args: Tuple[Any, ...] = ("RELEASE", token) if reason is None else ("RELEASE", token, "REASON", reason)
+    return Command(args, _bool01)
+
+
+def extend_cmd(token: str, ms: int) -> Command[int]:
+    return Command(("EXTEND", token, int(ms)), _parse.parse_int)
+
+
+def reservation_cmd(token: str) -> Command[Optional[Reservation]]:
+    return Command(("RESERVATION", token), _parse.parse_reservation)
+
+
+def stock_cmd(sku: str) -> Command[int]:
+    return Command(("STOCK", sku), _parse.parse_int)
+
+
+def sale_info_cmd(sku: str) -> Command[SaleInfo]:
+    return Command(("SALE.INFO", sku), _parse.parse_sale_info)
+
+
+def _ok(v: Any) -> None:
+    if v is True or _parse.text(v) == "OK":
+        return None
+    raise _parse.ProtocolMismatch(f"expected +OK, got {v!r}")
+
+
+def sale_create_cmd(
+    sku: str,
+    total: int,
+    shards: Optional[int] = None,
+    ttl_ms: Optional[int] = None,
+    limit: Optional[int] = None,
+) -> Command[None]:
+    args: List[Any] = ["SALE.CREATE", sku, int(total)]
+    if shards is not None:
+        args += ["SHARDS", int(shards)]
+    if ttl_ms is not None:
+        args += ["TTL", int(ttl_ms)]
+    if limit is not None:
+        args += ["LIMIT", int(limit)]
+    return Command(tuple(args), _ok)
+
+
+def sale_list_cmd() -> Command[List[str]]:
+    def parse(v: Any) -> List[str]:
+        if not isinstance(v, (list, tuple)):
+            raise _parse.ProtocolMismatch(f"unexpected SALE.LIST reply {v!r}")
+        return [_parse.text(x) for x in v]
+
+    return Command(("SALE.LIST",), parse)
+
+
+def sentinel_addresses(sentinels: Sequence[Union[str, Tuple[str, int]]]) -> List[Tuple[str, int]]:
+    out = [parse_address(s) for s in sentinels]
+    if not out:
+        raise ValueError("no Sentinel address given")
+    return out

@@ -1,0 +1,149 @@
+"""Reply parsing: redis-py values (RESP2 lists or RESP3 maps, bytes or decoded strings)
+into the typed results of :mod:`stockgate.results`. Anything of another shape is a
+:class:`ProtocolMismatch`, never a guess."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from .errors import StockgateError
+from .results import (
+    DENIED_REASONS,
+    Denied,
+    Limit,
+    Replay,
+    Reservation,
+    ReservationState,
+    Reserved,
+    ReserveOutcome,
+    SaleInfo,
+    SaleState,
+    SoldOut,
+)
+
+__all__ = [
+    "ProtocolMismatch",
+    "text",
+    "parse_reserve",
+    "parse_reservation",
+    "parse_sale_info",
+    "parse_int",
+    "parse_denied",
+]
+
+
+class ProtocolMismatch(StockgateError):
+    """A reply whose shape docs/protocol.md does not describe (another server, or a
+    client setting that changes replies)."""
+
+    code = "PROTOCOL"
+
+
+def text(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, str):
+        return v
+    raise ProtocolMismatch(f"expected a string, got {v!r}")
+
+
+def parse_int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ProtocolMismatch(f"expected an integer, got {v!r}")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, (bytes, str)):
+        try:
+            return int(v)
+        except ValueError:
+            pass
+    raise ProtocolMismatch(f"expected an integer, got {v!r}")
+
+
+def parse_denied(message: str) -> Denied:
+    """``-DENIED <text>`` (the text after the code)."""
+    t = message.strip()
+    return Denied(DENIED_REASONS.get(t, t), t)
+
+
+def parse_reserve(v: Any) -> ReserveOutcome:
+    """RESERVE's array replies (sent with WITHLIMIT)."""
+    if not isinstance(v, (list, tuple)) or not v:
+        raise ProtocolMismatch(f"unexpected RESERVE reply {v!r}")
+    word = text(v[0])
+    if word in ("RESERVED", "REPLAY") and len(v) == 4:
+        token, exp, shard = text(v[1]), parse_int(v[2]), parse_int(v[3])
+        return Reserved(token, exp, shard) if word == "RESERVED" else Replay(token, exp, shard)
+    if word == "SOLDOUT" and len(v) == 1:
+        return SoldOut()
+    if word == "LIMIT":
+        if len(v) == 4 and isinstance(v[3], (list, tuple)):
+            return Limit(tuple(text(t) for t in v[3]), parse_int(v[1]), parse_int(v[2]))
+        # Without WITHLIMIT: [LIMIT, token...]; the figures are unknown.
+        if all(isinstance(t, (bytes, str)) for t in v[1:]):
+            return Limit(tuple(text(t) for t in v[1:]), -1, -1)
+    raise ProtocolMismatch(f"unexpected RESERVE reply {v!r}")
+
+
+def _as_map(v: Any, what: str) -> Dict[str, Any]:
+    if isinstance(v, dict):
+        return {text(k): val for k, val in v.items()}
+    if isinstance(v, (list, tuple)) and len(v) % 2 == 0:
+        return {text(v[i]): v[i + 1] for i in range(0, len(v), 2)}
+    raise ProtocolMismatch(f"unexpected {what} reply {v!r}")
+
+
+def _field(m: Dict[str, Any], name: str, what: str) -> Any:
+    if name not in m:
+        raise ProtocolMismatch(f"{what} reply without `{name}`: {m!r}")
+    return m[name]
+
+
+def parse_reservation(v: Any) -> Optional[Reservation]:
+    """The RESERVATION map, or None for nil (unknown or purged)."""
+    if v is None:
+        return None
+    m = _as_map(v, "RESERVATION")
+    f = lambda n: _field(m, n, "RESERVATION")  # noqa: E731
+    state = text(f("state"))
+    try:
+        st = ReservationState(state)
+    except ValueError:
+        raise ProtocolMismatch(f"unknown reservation state {state!r}") from None
+    return Reservation(
+        token=text(f("token")),
+        sku=text(f("sku")),
+        user=text(f("user")),
+        request_id=text(f("request_id")),
+        qty=parse_int(f("qty")),
+        shard=parse_int(f("shard")),
+        state=st,
+        expires_at_ms=parse_int(f("expires_at_ms")),
+        created_at_ms=parse_int(f("created_at_ms")),
+    )
+
+
+def parse_sale_info(v: Any) -> SaleInfo:
+    m = _as_map(v, "SALE.INFO")
+    f = lambda n: _field(m, n, "SALE.INFO")  # noqa: E731
+    state = text(f("state"))
+    try:
+        st = SaleState(state)
+    except ValueError:
+        raise ProtocolMismatch(f"unknown sale state {state!r}") from None
+    per_shard: List[int] = []
+    raw = m.get("shard_available")
+    if isinstance(raw, (list, tuple)):
+        per_shard = [parse_int(x) for x in raw]
+    return SaleInfo(
+        total=parse_int(f("total")),
+        available=parse_int(f("available")),
+        reserved=parse_int(f("reserved")),
+        committed=parse_int(f("committed")),
+        shards=parse_int(f("shards")),
+        ttl_ms=parse_int(f("ttl_ms")),
+        limit=parse_int(f("limit")),
+        state=st,
+        key_fingerprint=text(f("key_fingerprint")),
+        shard_available=tuple(per_shard),
+    )

@@ -1,0 +1,197 @@
+"""Typed results, one class per reply shape of docs/protocol.md."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional, Tuple, Union
+
+__all__ = [
+    "ReservationState",
+    "SaleState",
+    "OrderStatus",
+    "Reserved",
+    "Replay",
+    "SoldOut",
+    "Limit",
+    "Denied",
+    "ReserveOutcome",
+    "Reservation",
+    "SaleInfo",
+    "Hold",
+    "Committed",
+    "AlreadyCommitted",
+    "Refused",
+    "RefundRequired",
+    "PayOutcome",
+    "DENIED_REASONS",
+]
+
+
+class ReservationState(str, enum.Enum):
+    RESERVED = "RESERVED"
+    COMMITTED = "COMMITTED"
+    RELEASED = "RELEASED"
+
+
+class SaleState(str, enum.Enum):
+    OPEN = "OPEN"
+    PAUSED = "PAUSED"
+    FENCED = "FENCED"
+
+
+class OrderStatus(str, enum.Enum):
+    """An order's status in the ledger (``orders.status``)."""
+
+    PENDING = "PENDING"
+    COMMITTED = "COMMITTED"
+    CANCELLED = "CANCELLED"
+    CANCELLED_BY_SWEEPER = "CANCELLED_BY_SWEEPER"
+    REFUND_REQUIRED = "REFUND_REQUIRED"
+    REFUNDED = "REFUNDED"
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """``[RESERVED, token, expires_at_ms, shard]``: a new hold; ``qty`` units taken."""
+
+    token: str
+    expires_at_ms: int
+    shard: int
+
+
+@dataclass(frozen=True)
+class Replay:
+    """``[REPLAY, token, expires_at_ms, shard]``: this (sku, user, request id) was seen
+    before; nothing taken. Also what a retry after a lost reply gets when the first send
+    took effect."""
+
+    token: str
+    expires_at_ms: int
+    shard: int
+
+
+@dataclass(frozen=True)
+class SoldOut:
+    """``[SOLDOUT]``: no shard probed had the units. Not remembered: a retry with the same
+    request id may succeed (other shards are probed)."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """``[LIMIT, limit, held, [token...]]`` (RESERVE ... WITHLIMIT): the per-user limit is
+    reached. ``live_tokens`` are the user's holds still RESERVED, to resume or cancel one;
+    ``held`` counts units RESERVED or COMMITTED."""
+
+    live_tokens: Tuple[str, ...]
+    limit: int
+    held: int
+
+
+#: Wire text after ``-DENIED`` → the reason's name in INFO and Prometheus.
+DENIED_REASONS = {
+    "malformed admission token": "malformed",
+    "unknown key id": "unknown_key",
+    "bad signature": "bad_signature",
+    "token bound to another sku": "wrong_sku",
+    "token bound to another user": "wrong_user",
+    "expired": "expired",
+}
+
+
+@dataclass(frozen=True)
+class Denied:
+    """``-DENIED <text>``: the admission token was refused. ``reason`` is one of
+    ``malformed unknown_key bad_signature wrong_sku wrong_user expired`` (``text`` when the
+    server says something this package does not know). ``expired`` means: get a new token
+    from the waiting room; the others mean the keys disagree or the token is forged."""
+
+    reason: str
+    text: str = ""
+
+
+ReserveOutcome = Union[Reserved, Replay, SoldOut, Limit, Denied]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The ``RESERVATION token`` map."""
+
+    token: str
+    sku: str
+    user: str
+    request_id: str
+    qty: int
+    shard: int
+    state: ReservationState
+    expires_at_ms: int
+    created_at_ms: int
+
+
+@dataclass(frozen=True)
+class SaleInfo:
+    """The ``SALE.INFO sku`` map. ``available + reserved + committed == total``."""
+
+    total: int
+    available: int
+    reserved: int
+    committed: int
+    shards: int
+    ttl_ms: int
+    limit: int
+    state: SaleState
+    key_fingerprint: str
+    shard_available: Tuple[int, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A reservation recorded in the ledger as a PENDING order: the buyer may pay for it.
+
+    ``replay``: a retry of an earlier RESERVE (same request id), nothing new was taken.
+    ``already_committed``: already paid (a retry after the payment).
+    """
+
+    token: str
+    sku: str
+    user: str
+    request_id: str
+    qty: int
+    expires_at_ms: int
+    created_at_ms: int
+    replay: bool = False
+    already_committed: bool = False
+
+
+@dataclass(frozen=True)
+class Committed:
+    """Sold. ``server_confirmed`` is False when the ledger committed but the server could
+    not be told yet (unreachable, fenced, or the hold's deadline passed and this
+    connection's role may not send ``COMMIT ... VERIFIED``): the sweeper finishes it."""
+
+    server_confirmed: bool = True
+
+
+@dataclass(frozen=True)
+class AlreadyCommitted:
+    """The same token was paid before (the token is the payment's idempotency key)."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Refused, no money moved: do not capture. ``status`` is the order's status, None
+    when the ledger has no order for the token."""
+
+    status: Optional[OrderStatus]
+
+
+@dataclass(frozen=True)
+class RefundRequired:
+    """Money moved for a hold that was no longer this payment's to sell: the order is
+    REFUND_REQUIRED. ``previous`` is the status it had."""
+
+    previous: OrderStatus
+
+
+PayOutcome = Union[Committed, AlreadyCommitted, Refused, RefundRequired]
+

@@ -1,0 +1,235 @@
+//! The Python package `clients/python` (`stockgate` on redis-py and psycopg 3), tested
+//! through its own pytest suite against the real parts: this harness starts them, runs
+//! `python3 -m pytest clients/python/tests` with the environment the shared ledger spec
+//! names, and fails on any failed or skipped test.
+//!
+//! - single server: a `stockgate` server (open mode), a throwaway Postgres with the ledger
+//!   migrated in schema `stockgate` (`stockgate-sweeper migrate`), and a
+//!   `stockgate-sweeper run --interval-secs 1` process for that ledger and server; every
+//!   test but the failover one (parsing, minting, errors, retries after a lost reply, the
+//!   checkout branches, the cross-language scenario);
+//! - failover: a 3-member Raft group; the package test writes the signal file once its
+//!   sale is in flight, this harness `kill -9`s the leader, waits for a new one, restarts
+//!   the killed member and writes `<signal>.done`.
+//!
+//! The package must be installed for `python3` (`scripts/test-all.sh` does it:
+//! `python3 -m pip install ./clients/python`), so the run tests what `pip install` gives.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::raft::Group;
+use common::{Server, TempDir};
+use stockgate_client::pgtemp::TempPostgres;
+
+/// One at a time: the scenario's 1.5 s holds and a Raft group's elections both want the
+/// two cores.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The longest a pytest run may take.
+const PYTEST_LIMIT: Duration = Duration::from_secs(110);
+
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let b = dir.join(name);
+    assert!(
+        b.exists(),
+        "{} missing: run `cargo build --workspace --bins` before the tests",
+        b.display()
+    );
+    b
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `python3 -m pytest <args>` from the repository root with `envs`, output to a file.
+fn pytest(args: &[&str], envs: &[(&str, String)], out: &Path) -> KillOnDrop {
+    let log = std::fs::File::create(out).expect("pytest log");
+    let err = log.try_clone().expect("pytest log");
+    let child = Command::new("python3")
+        .args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"])
+        // A hung test prints every thread's stack before this harness gives up on it.
+        .args(["-o", "faulthandler_timeout=100"])
+        .args(args)
+        .current_dir(repo())
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .expect("python3 -m pytest (is python3 on PATH?)");
+    KillOnDrop(child)
+}
+
+/// Waits for pytest (calling `tick` meanwhile), then asserts it passed with no test
+/// skipped, and returns its output.
+fn finish(mut p: KillOnDrop, out: &Path, mut tick: impl FnMut()) -> String {
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = p.0.try_wait().expect("wait pytest") {
+            break st;
+        }
+        if t.elapsed() > PYTEST_LIMIT {
+            let _ = p.0.kill();
+            let text = std::fs::read_to_string(out).unwrap_or_default();
+            panic!("pytest still running after {PYTEST_LIMIT:?}:\n{text}");
+        }
+        tick();
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(out).expect("pytest output");
+    println!("{text}");
+    assert!(status.success(), "pytest failed ({status}):\n{text}");
+    let summary = text
+        .lines()
+        .rev()
+        .find(|l| l.contains(" passed"))
+        .unwrap_or_else(|| panic!("no pytest summary line:\n{text}"));
+    for word in [
+        "skipped",
+        "xfailed",
+        "xpassed",
+        "failed",
+        "error",
+        "deselected",
+    ] {
+        assert!(
+            !summary.contains(word),
+            "pytest summary `{summary}`: nothing may be {word} when the environment is given"
+        );
+    }
+    text
+}
+
+fn number_passed(text: &str) -> usize {
+    text.lines()
+        .rev()
+        .find_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words
+                .windows(2)
+                .find(|w| w[1].trim_end_matches(',') == "passed")
+                .and_then(|w| w[0].trim_start_matches('=').parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn python_package_against_a_server_a_ledger_and_the_sweeper() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = common::runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let url = pg.url().to_string();
+    let migrate = Command::new(bin("stockgate-sweeper"))
+        .args(["--database-url", &url, "migrate"])
+        .env("STOCKGATE_LOG", "warn")
+        .output()
+        .expect("stockgate-sweeper migrate");
+    assert!(
+        migrate.status.success(),
+        "migrate: {}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let server = Server::start(&[]);
+    let sweeper = KillOnDrop(
+        Command::new(bin("stockgate-sweeper"))
+            .args(["--database-url", &url, "--server", &server.addr])
+            .args(["run", "--interval-secs", "1"])
+            .env("STOCKGATE_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("stockgate-sweeper run"),
+    );
+    let dir = TempDir::new("pytest");
+    let out = dir.path().join("pytest.log");
+    let envs = [
+        ("STOCKGATE_ADDR", server.addr.clone()),
+        (
+            "STOCKGATE_SECRET_FILE",
+            server.data_dir.join("secret").display().to_string(),
+        ),
+        ("STOCKGATE_DATABASE_URL", url.clone()),
+        ("STOCKGATE_LEDGER_SCHEMA", "stockgate".to_string()),
+        ("STOCKGATE_SWEEPER_RUNNING", "1".to_string()),
+    ];
+    let p = pytest(
+        &[
+            "clients/python/tests",
+            "--ignore=clients/python/tests/test_failover.py",
+        ],
+        &envs,
+        &out,
+    );
+    let mut sweeper = sweeper;
+    let text = finish(p, &out, || {
+        if let Ok(Some(st)) = sweeper.0.try_wait() {
+            panic!("the sweeper exited during the tests: {st}");
+        }
+    });
+    assert!(
+        text.lines().any(|l| l.starts_with("PASSED")
+            && l.contains("test_scenario.py::test_cross_language_checkout_scenario")),
+        "the scenario did not pass:\n{text}"
+    );
+    assert!(number_passed(&text) >= 20, "too few tests ran:\n{text}");
+}
+
+#[test]
+fn python_package_follows_a_leader_kill() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = Group::start(false);
+    let first = g.leader(None, Duration::from_secs(10));
+    let addrs = [1u64, 2, 3]
+        .iter()
+        .map(|i| format!("127.0.0.1:{}", g.port(*i)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let dir = TempDir::new("pytest-failover");
+    let signal = dir.path().join("failover.signal");
+    let out = dir.path().join("pytest.log");
+    let envs = [
+        ("STOCKGATE_GROUP_ADDRS", addrs),
+        ("STOCKGATE_FAILOVER_SIGNAL", signal.display().to_string()),
+        (
+            "STOCKGATE_SECRET_FILE",
+            g.keys.secret_path().display().to_string(),
+        ),
+    ];
+    let p = pytest(&["clients/python/tests/test_failover.py"], &envs, &out);
+    let mut killed: Option<(u64, u64)> = None;
+    let done = PathBuf::from(format!("{}.done", signal.display()));
+    finish(p, &out, || {
+        if killed.is_none() && signal.exists() {
+            let old = g.leader(None, Duration::from_secs(10));
+            g.member(old).kill9();
+            let new = g.leader(Some(old), Duration::from_secs(30));
+            g.member(old).spawn();
+            killed = Some((old, new));
+            std::fs::write(&done, b"").expect("write the done file");
+        }
+    });
+    let (old, new) = killed.expect("the package test never wrote the signal file");
+    assert_ne!(old, new);
+    println!("leader {first} at the start; killed {old}, {new} took over");
+}
