@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::raft::Group;
 use common::{Server, TempDir};
-use stockgate_client::pgtemp::TempPostgres;
+use stockgate_testkit::pgtemp::TempPostgres;
 
 /// One at a time: the scenario's 1.5 s holds and a Raft group's elections both want the
 /// two cores.
