@@ -1,0 +1,295 @@
+// The server's buyer and checkout commands over ioredis, with typed results and errors, one
+// address or Sentinel discovery (a Raft group's members answer the Sentinel commands,
+// docs/replication.md), and retries.
+//
+// Retries. Every command this class sends is safe to resend (docs/protocol.md section 10):
+// RESERVE with the same request id answers REPLAY if the first send took effect and never
+// takes stock twice; COMMIT, RELEASE and EXTEND act per token; the rest are reads. So after a
+// lost reply (connection closed, command timeout) or a refusal that says the command did not
+// run (`-READONLY`, `-LOADING`, `-NOREPLICAS`: a follower, a leader catching up, a failover),
+// the same command with the same arguments is sent again, with backoff, until it gets an
+// answer or the call's deadline passes (then `Unavailable`, the last failure as its `cause`).
+// A raw `call(..., { idempotent: false })` is resent only after refusals.
+
+import { Redis } from 'ioredis';
+
+import {
+  AdmissionDenied,
+  StockgateError,
+  Unavailable,
+  errorFromReply,
+} from './errors.js';
+import {
+  deniedFrom,
+  parseCommit,
+  parseInteger,
+  parseRelease,
+  parseReservation,
+  parseReserve,
+  parseSaleInfo,
+} from './replies.js';
+
+/** Refusals before the command ran: resent whatever the command. */
+const REFUSAL_CODES = new Set(['READONLY', 'LOADING', 'NOREPLICAS']);
+const RELEASE_REASONS = new Set(['cancel', 'expired', 'admin', 'rebuild']);
+
+/** A call whose reply was lost and which may not be resent: it may or may not have run. */
+export class OutcomeUnknown extends StockgateError {}
+
+function isReplyError(e) {
+  return e !== null && typeof e === 'object' && e.name === 'ReplyError';
+}
+
+function hostPort(s, what) {
+  if (typeof s === 'object' && s !== null) return { host: String(s.host), port: Number(s.port) };
+  const str = String(s);
+  const i = str.lastIndexOf(':');
+  const port = Number(str.slice(i + 1));
+  if (i <= 0 || !Number.isInteger(port) || port <= 0 || port > 65535) {
+    throw new TypeError(`${what}: expected host:port, got ${JSON.stringify(s)}`);
+  }
+  return { host: str.slice(0, i), port };
+}
+
+const sleep = (ms) => new Promise((ok) => setTimeout(ok, ms));
+
+export class Stockgate {
+  /**
+   * @param {object} opts see index.d.ts `StockgateOptions`
+   */
+  constructor(opts = {}) {
+    const {
+      addr,
+      sentinels,
+      name = 'stockgate',
+      username,
+      password,
+      connections = 1,
+      deadlineMs = 30000,
+      commandTimeoutMs = 5000,
+      backoffMinMs = 50,
+      backoffMaxMs = 500,
+      redisOptions = {},
+      onError,
+    } = opts;
+    if ((addr === undefined) === (sentinels === undefined)) {
+      throw new TypeError('give exactly one of `addr` and `sentinels`');
+    }
+    if (!Number.isInteger(connections) || connections < 1) {
+      throw new TypeError('connections must be a positive integer');
+    }
+    this.deadlineMs = deadlineMs;
+    this.backoffMinMs = backoffMinMs;
+    this.backoffMaxMs = backoffMaxMs;
+    /** Commands sent again after a lost reply or a refusal, since this client was made. */
+    this.retries = 0;
+    this.onError = onError;
+    const base = {
+      username,
+      password,
+      commandTimeout: commandTimeoutMs,
+      // Reconnect quickly: a failover takes about a second.
+      retryStrategy: (times) => Math.min(times * 50, 500),
+      maxRetriesPerRequest: 20,
+      ...redisOptions,
+    };
+    let options;
+    if (sentinels !== undefined) {
+      const list = (Array.isArray(sentinels) ? sentinels : String(sentinels).split(','))
+        .map((s) => (typeof s === 'string' ? s.trim() : s))
+        .filter((s) => s !== '')
+        .map((s) => hostPort(s, 'sentinels'));
+      if (list.length === 0) throw new TypeError('sentinels: no address');
+      options = {
+        sentinels: list,
+        name,
+        sentinelUsername: username,
+        sentinelPassword: password,
+        sentinelRetryStrategy: (times) => Math.min(times * 50, 500),
+        // A follower answers writes -READONLY: drop the connection so the next attempt asks
+        // the sentinels again, and let the retry loop resend the command.
+        reconnectOnError: (err) => (String(err.message).startsWith('READONLY') ? 1 : false),
+        ...base,
+      };
+      this.target = `Sentinel ${list.map((s) => `${s.host}:${s.port}`).join(',')} (${name})`;
+    } else {
+      const hp = hostPort(addr, 'addr');
+      options = { ...hp, ...base };
+      this.target = `${hp.host}:${hp.port}`;
+    }
+    /** @type {Redis[]} */
+    this.conns = [];
+    for (let i = 0; i < connections; i++) {
+      const r = new Redis(options);
+      // Connection errors show up in the calls (and are retried there); without a listener
+      // ioredis would print each one.
+      r.on('error', (e) => this.onError?.(e));
+      this.conns.push(r);
+    }
+    this.next = 0;
+  }
+
+  /** Waits until every connection is ready (or the deadline passes). */
+  async ready() {
+    await Promise.all(this.conns.map(() => this.#run(['PING'])));
+  }
+
+  #pick() {
+    const n = this.conns.length;
+    for (let i = 0; i < n; i++) {
+      const c = this.conns[(this.next + i) % n];
+      if (c.status === 'ready') {
+        this.next = (this.next + i + 1) % n;
+        return c;
+      }
+    }
+    const c = this.conns[this.next];
+    this.next = (this.next + 1) % n;
+    return c;
+  }
+
+  /**
+   * Sends one command with the retry rules above; resolves to the raw reply, rejects with a
+   * typed `StockgateError`.
+   */
+  async #run(args, { idempotent = true, deadlineMs } = {}) {
+    const deadline = Date.now() + (deadlineMs ?? this.deadlineMs);
+    for (let attempt = 1; ; attempt++) {
+      let last;
+      try {
+        // The deadline bounds each attempt too: a connect that hangs or a reply slower than
+        // the time left ends the call at its deadline, not at the command timeout.
+        const left = deadline - Date.now();
+        let timer;
+        const timeout = new Promise((_, no) => {
+          timer = setTimeout(() => no(new Error(`no reply within the ${left} ms left`)), Math.max(left, 1));
+        });
+        try {
+          return await Promise.race([this.#pick().call(...args.map(String)), timeout]);
+        } finally {
+          clearTimeout(timer);
+        }
+      } catch (e) {
+        if (isReplyError(e)) {
+          const typed = errorFromReply(e.message, e);
+          if (!REFUSAL_CODES.has(typed.code)) throw typed;
+          last = typed;
+        } else if (!idempotent) {
+          throw new OutcomeUnknown(
+            'OUTCOME_UNKNOWN',
+            `${args[0]}: the reply was lost (${e.message}); it may or may not have run`,
+            { cause: e },
+          );
+        } else {
+          last = e;
+        }
+      }
+      const wait = Math.min(this.backoffMinMs * 2 ** Math.min(attempt - 1, 16), this.backoffMaxMs);
+      if (Date.now() + wait > deadline) {
+        throw new Unavailable(
+          'UNAVAILABLE',
+          `${args[0]} to ${this.target}: still failing after ${attempt} attempts: ${last.message}`,
+          { cause: last },
+        );
+      }
+      this.retries++;
+      await sleep(wait);
+    }
+  }
+
+  /**
+   * A raw command, with the retry rules (resent after a lost reply only when `idempotent`).
+   * Server errors reject as typed `StockgateError`s.
+   */
+  call(args, opts = {}) {
+    return this.#run(args, opts);
+  }
+
+  /**
+   * RESERVE sku user admission-token request-id [QTY n] [WITHLIMIT].
+   * @returns {Promise<import('./replies.js').Reserved | import('./replies.js').Replay |
+   *   import('./replies.js').SoldOut | import('./replies.js').Limit | import('./replies.js').Denied>}
+   */
+  async reserve(sku, user, admission, requestId, opts = {}) {
+    const args = ['RESERVE', sku, user, admission, requestId];
+    if (opts.qty !== undefined) args.push('QTY', opts.qty);
+    if (opts.withLimit) args.push('WITHLIMIT');
+    try {
+      return parseReserve(await this.#run(args));
+    } catch (e) {
+      if (e instanceof AdmissionDenied) return deniedFrom(e.detail, e.message);
+      throw e;
+    }
+  }
+
+  /**
+   * COMMIT token [VERIFIED]: 'committed' (by this call) or 'already_committed'.
+   * Rejects with `Expired`, `Released`, `NoReservation`, `Fenced`, `NoPerm`.
+   */
+  async commit(token, opts = {}) {
+    const args = ['COMMIT', token];
+    if (opts.verified) args.push('VERIFIED');
+    return parseCommit(await this.#run(args));
+  }
+
+  /** RELEASE token [REASON r]: true if this call returned the units to stock. */
+  async release(token, opts = {}) {
+    const args = ['RELEASE', token];
+    if (opts.reason !== undefined) {
+      if (!RELEASE_REASONS.has(opts.reason)) {
+        throw new TypeError('release reason must be one of cancel, expired, admin, rebuild');
+      }
+      args.push('REASON', opts.reason);
+    }
+    return parseRelease(await this.#run(args));
+  }
+
+  /** EXTEND token ms: the new expires_at_ms. Rejects with `NoReservation`, `Expired`. */
+  async extend(token, ms) {
+    return parseInteger(await this.#run(['EXTEND', token, ms]), 'EXTEND');
+  }
+
+  /** RESERVATION token: the reservation, or null (unknown or purged). */
+  async reservation(token) {
+    return parseReservation(await this.#run(['RESERVATION', token]));
+  }
+
+  /** STOCK sku: units available now. Rejects with `NoSale`. */
+  async stock(sku) {
+    return parseInteger(await this.#run(['STOCK', sku]), 'STOCK');
+  }
+
+  /** SALE.INFO sku. Rejects with `NoSale`. */
+  async saleInfo(sku) {
+    return parseSaleInfo(await this.#run(['SALE.INFO', sku]));
+  }
+
+  /**
+   * SALE.CREATE sku total [SHARDS n] [TTL ms] [LIMIT n] (admin). The same parameters again
+   * answer OK, so it is resent like the others; different ones reject with `Exists`.
+   */
+  async createSale(sku, total, opts = {}) {
+    const args = ['SALE.CREATE', sku, total];
+    if (opts.shards !== undefined) args.push('SHARDS', opts.shards);
+    if (opts.ttlMs !== undefined) args.push('TTL', opts.ttlMs);
+    if (opts.limit !== undefined) args.push('LIMIT', opts.limit);
+    await this.#run(args);
+  }
+
+  /** Closes every connection. */
+  async close() {
+    await Promise.all(
+      this.conns.map(async (c) => {
+        if (c.status !== 'ready') {
+          c.disconnect();
+          return;
+        }
+        try {
+          await c.quit();
+        } catch {
+          c.disconnect();
+        }
+      }),
+    );
+  }
+}

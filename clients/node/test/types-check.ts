@@ -1,0 +1,109 @@
+// Compiled by `tsc --noEmit -p test/tsconfig.json` (types.test.js): the shipped index.d.ts
+// type-checks, and an application using the package the documented way type-checks too,
+// with the discriminated unions narrowing as they should. `@ts-expect-error` lines are
+// mistakes the types must catch (tsc fails if one of them compiles).
+
+import {
+  AdmissionMinter,
+  Checkout,
+  Expired,
+  OrderRefused,
+  Stockgate,
+  StockgateError,
+  Unavailable,
+  type PayResult,
+  type Reservation,
+  type ReserveAndRecordResult,
+  type ReserveResult,
+  type SaleInfo,
+} from 'stockgate';
+
+function never(x: never): never {
+  throw new Error(`unexpected ${String(x)}`);
+}
+
+export function describeReserve(r: ReserveResult): string {
+  switch (r.kind) {
+    case 'reserved':
+    case 'replay':
+      return `${r.token} until ${r.expiresAtMs} on shard ${r.shard}`;
+    case 'soldout':
+      // @ts-expect-error a SOLDOUT has no token
+      return r.token;
+    case 'limit':
+      return `${r.liveTokens.length} live, limit ${r.limit ?? '?'} held ${r.held ?? '?'}`;
+    case 'denied':
+      return r.reason === 'expired' ? 'get a new admission token' : r.message;
+    default:
+      return never(r);
+  }
+}
+
+export function describePay(p: PayResult): string {
+  switch (p.kind) {
+    case 'committed':
+      return p.serverConfirmed ? 'sold' : 'sold (server told later)';
+    case 'already_committed':
+      return 'paid before';
+    case 'refused':
+      return `refused (${p.status ?? 'no order'})`;
+    case 'refund_required':
+      return `refund (was ${p.previous})`;
+    default:
+      return never(p);
+  }
+}
+
+export function describeReservation(r: Reservation | null): string {
+  if (r === null) return 'unknown';
+  switch (r.state) {
+    case 'RESERVED':
+    case 'COMMITTED':
+    case 'RELEASED':
+      return `${r.sku}/${r.user}/${r.requestId}: ${r.qty} ${r.state} ${r.createdAtMs}`;
+    default:
+      return never(r);
+  }
+}
+
+export function left(s: SaleInfo): number {
+  if (s.state === 'FENCED') return 0;
+  // @ts-expect-error not a sale state
+  if (s.state === 'CLOSED') return -1;
+  return s.available;
+}
+
+export async function checkoutFlow(): Promise<void> {
+  const sg = new Stockgate({ sentinels: '127.0.0.1:7001,127.0.0.1:7002', name: 'stockgate' });
+  const one = new Stockgate({ addr: { host: '127.0.0.1', port: 7379 }, connections: 4 });
+  // @ts-expect-error exactly one of addr and sentinels
+  new Stockgate({ addr: '127.0.0.1:7379', sentinels: ['127.0.0.1:7001'] });
+  const minter = AdmissionMinter.fromFile('/etc/stockgate/secret', { ttlMs: 30000 });
+  const co = new Checkout({ stockgate: sg, databaseUrl: 'postgres://localhost/shop' });
+  const r: ReserveAndRecordResult = await co.reserveAndRecord({
+    sku: 'FLASH',
+    user: 'alice',
+    admission: minter.mint('FLASH', 'alice'),
+    requestId: 'order-17',
+  });
+  if (r.kind !== 'hold') return;
+  const t: string = r.token;
+  // @ts-expect-error moneyMoved is required
+  await co.pay(t, 'pay-1', {});
+  const p = await co.pay(t, 'pay-1', { moneyMoved: true });
+  describePay(p);
+  try {
+    await co.cancel(t);
+  } catch (e) {
+    if (e instanceof OrderRefused) console.log(e.status, e.code);
+    else if (e instanceof Unavailable || e instanceof Expired) console.log(e.cause);
+    else if (e instanceof StockgateError) console.log(e.code, e.detail);
+  }
+  const c: 'committed' | 'already_committed' = await one.commit(t, { verified: true });
+  // @ts-expect-error not a release reason
+  await one.release(t, { reason: 'bored' });
+  const n: number = await one.stock('FLASH');
+  console.log(c, n, await one.extend(t, 60000));
+  await co.close();
+  await sg.close();
+}
