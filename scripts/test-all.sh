@@ -34,6 +34,8 @@ python3 -c "import redis" >/dev/null 2>&1 || python3 -m pip install -q redis
 python3 -m pip install -q ./clients/python "psycopg[binary]" pytest
 # ioredis and node-redis (tests/node_clients.rs), pinned by tests/node/package-lock.json.
 [ -d tests/node/node_modules ] || npm ci --prefix tests/node --no-audit --no-fund
+# The Node package under test (tests/node_package.rs), pinned by its package-lock.json.
+[ -d clients/node/node_modules ] || npm ci --prefix clients/node --no-audit --no-fund
 
 # Formatting and lints are part of the tests: a warning fails the run.
 cargo fmt --all --check
