@@ -6,6 +6,7 @@
 pub mod http;
 pub mod info;
 pub mod prom;
+pub mod prom_label;
 pub mod prom_raft;
 #[cfg(feature = "tui")]
 pub mod top;

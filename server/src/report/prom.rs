@@ -21,19 +21,7 @@ pub const BUCKETS: [f64; 14] = [
     0.05, 0.1, 1.0,
 ];
 
-/// Escapes a label value (backslash, quote, newline).
-pub fn label(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
-}
+pub use super::prom_label::label;
 
 /// Sales with their own label, plus the sum of the rest (if any).
 fn labelled_sales(rows: Vec<SaleRow>, max: usize) -> Vec<SaleRow> {

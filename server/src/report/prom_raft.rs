@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use super::prom::label;
+use super::prom_label::label;
 
 /// One family: its name, help, and the INFO field (or computation) it reads.
 struct Family {
