@@ -7,10 +7,10 @@
 use std::collections::HashSet;
 
 use stockgate_client::ledger::{
-    AdjustmentOutcome, AdjustmentStatus, LedgerCommit, Materialized, NewOrder, ReleaseReason,
-    SaleRecord, SweepVerdict,
+    AdjustmentOutcome, AdjustmentStatus, LedgerCommit, LedgerPay, Materialized, NewOrder,
+    PayVerdict, ReleaseReason, SaleRecord, SweepVerdict,
 };
-use stockgate_client::types::{now_ms, ExpiredReservation};
+use stockgate_client::types::{now_ms, ExpiredReservation, ReservationInfo, ReservationState};
 use stockgate_client::{Ledger, LedgerError, OrderStatus, PgLedger, SledLedger};
 use stockgate_testkit::pgtemp::TempPostgres;
 
@@ -328,6 +328,143 @@ async fn case_late_payment<L: Ledger>(l: &L) {
         l.extend(&e.token, now_ms() + 1).await,
         Err(LedgerError::Refused { .. })
     ));
+}
+
+fn paid(verdict: PayVerdict, previous: Option<OrderStatus>) -> LedgerPay {
+    LedgerPay { verdict, previous }
+}
+
+/// The payment step with the expiry guard and the refund branch (`pay_order` in
+/// Postgres, its Rust copy in the embedded ledger): the same answers from both.
+async fn case_pay<L: Ledger>(l: &L) {
+    use OrderStatus::*;
+    use PayVerdict as V;
+    let o = order("pay-ok", 60_000);
+    l.materialize(&o).await.unwrap();
+    assert_eq!(
+        l.pay(&o.token, "psp-ok", true).await.unwrap(),
+        paid(V::Committed, Some(Pending))
+    );
+    for (r, moved) in [("psp-ok", true), ("psp-ok", false), ("psp-2", true)] {
+        assert_eq!(
+            l.pay(&o.token, r, moved).await.unwrap(),
+            paid(V::AlreadyCommitted, Some(Committed)),
+            "{r} {moved}"
+        );
+    }
+    let got = l.order(&o.token).await.unwrap().unwrap();
+    assert_eq!(got.payment_ref.as_deref(), Some("psp-ok"));
+    assert_audit_matches(l, &o.token, 2).await;
+
+    // Late: refused without money, REFUND_REQUIRED with money, never COMMITTED.
+    let late = order("pay-late", -1_000);
+    l.materialize(&late).await.unwrap();
+    assert_eq!(
+        l.pay(&late.token, "cap", false).await.unwrap(),
+        paid(V::Refused, Some(Pending))
+    );
+    assert_eq!(status(l, &late.token).await, Pending);
+    assert_audit_matches(l, &late.token, 1).await;
+    assert_eq!(
+        l.pay(&late.token, "cap", true).await.unwrap(),
+        paid(V::RefundRequired, Some(Pending))
+    );
+    assert_eq!(
+        l.pay(&late.token, "cap", true).await.unwrap(),
+        paid(V::RefundRequired, Some(RefundRequired))
+    );
+    assert_eq!(
+        l.pay(&late.token, "cap", false).await.unwrap(),
+        paid(V::Refused, Some(RefundRequired))
+    );
+    let got = l.order(&late.token).await.unwrap().unwrap();
+    assert_eq!(
+        (got.status, got.payment_ref.as_deref()),
+        (RefundRequired, Some("cap"))
+    );
+    let evs = l.events(&late.token).await.unwrap();
+    assert_eq!(evs.len(), 2);
+    assert_eq!(evs[1].actor, "payment");
+    assert_eq!(
+        evs[1].detail.as_deref(),
+        Some("payment after the reservation ended")
+    );
+    // Refunded: the same payment again changes nothing, another one is refused.
+    l.mark_refunded(&late.token).await.unwrap();
+    assert_eq!(
+        l.pay(&late.token, "cap", true).await.unwrap(),
+        paid(V::RefundRequired, Some(Refunded))
+    );
+    assert!(matches!(
+        l.pay(&late.token, "cap-2", true).await,
+        Err(LedgerError::Refused {
+            status: Refunded,
+            ..
+        })
+    ));
+    assert_eq!(status(l, &late.token).await, Refunded);
+    assert_audit_matches(l, &late.token, 3).await;
+
+    // Cancelled by the buyer, then by the sweeper.
+    let c = order("pay-cancelled", 60_000);
+    l.materialize(&c).await.unwrap();
+    l.cancel(&c.token).await.unwrap();
+    assert_eq!(
+        l.pay(&c.token, "cap-c", true).await.unwrap(),
+        paid(V::RefundRequired, Some(Cancelled))
+    );
+    let s = order("pay-swept", -1_000);
+    l.materialize(&s).await.unwrap();
+    l.reconcile_expired(&[expired_item(&s)]).await.unwrap();
+    assert_eq!(
+        l.pay(&s.token, "cap-s", false).await.unwrap(),
+        paid(V::Refused, Some(CancelledBySweeper))
+    );
+    assert_eq!(
+        l.pay(&s.token, "cap-s", true).await.unwrap(),
+        paid(V::RefundRequired, Some(CancelledBySweeper))
+    );
+    assert_eq!(
+        l.pay("{SUITE}pay-nothing", "x", true).await.unwrap(),
+        paid(V::NotFound, None)
+    );
+    assert!(l.order("{SUITE}pay-nothing").await.unwrap().is_none());
+    for t in [&c.token, &s.token] {
+        assert_audit_matches(l, t, 3).await;
+    }
+}
+
+/// The same-hold check (`order_is_hold` / `Order::same_hold`).
+async fn case_is_hold<L: Ledger>(l: &L) {
+    let o = order("hold", 60_000);
+    l.materialize(&o).await.unwrap();
+    let server = |created_at_ms: i64, expires_at_ms: i64| ReservationInfo {
+        token: o.token.clone(),
+        sku: o.sku.clone(),
+        user: o.user.clone(),
+        request_id: o.request_id.clone(),
+        qty: o.qty,
+        shard: 0,
+        state: ReservationState::Reserved,
+        created_at_ms,
+        expires_at_ms,
+    };
+    let (c, e) = (o.created_at_ms, o.expires_at_ms);
+    assert!(l.is_hold(&o.token, &server(c, e)).await.unwrap());
+    assert!(l.is_hold(&o.token, &server(c, e + 5_000)).await.unwrap());
+    assert!(l.is_hold(&o.token, &server(c + 7, e)).await.unwrap());
+    // A later hold of the same token: created later, with a new deadline.
+    assert!(!l
+        .is_hold(&o.token, &server(c + 60_000, e + 60_000))
+        .await
+        .unwrap());
+    let mut other = server(c, e);
+    other.qty = 2;
+    assert!(!l.is_hold(&o.token, &other).await.unwrap());
+    other = server(c, e);
+    other.user = "someone-else".into();
+    assert!(!l.is_hold(&o.token, &other).await.unwrap());
+    assert!(!l.is_hold("{SUITE}no-hold", &server(c, e)).await.unwrap());
 }
 
 async fn case_refund_keeps_payment_ref<L: Ledger>(l: &L) {
@@ -678,6 +815,8 @@ async fn run_suite<L: Ledger>(l: L) {
     case!(case_sales);
     case!(case_adjustments);
     case!(case_materialize_commit);
+    case!(case_pay);
+    case!(case_is_hold);
     case!(case_refund_keeps_payment_ref);
     case!(case_live_pending);
     case!(case_late_payment);

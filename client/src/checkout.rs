@@ -13,7 +13,7 @@ use tracing::{error, warn};
 
 use crate::client::ClientError;
 use crate::gate::ReservationGate;
-use crate::ledger::{Ledger, LedgerCommit, LedgerError, Materialized, NewOrder, OrderStatus};
+use crate::ledger::{Ledger, LedgerError, Materialized, NewOrder, OrderStatus, PayVerdict};
 use crate::types::{now_ms, CommitOk, ReservationState, ReserveOutcome};
 
 #[derive(Debug, thiserror::Error)]
@@ -137,7 +137,7 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
         };
         // Read the reservation back: a replay's qty and times are the original's, not this
         // request's; and the server's exact creation time is what identifies this hold
-        // later (see `Order::same_hold`), so the ledger records the server's, not ours.
+        // later (see `Ledger::is_hold`), so the ledger records the server's, not ours.
         let (qty, created_at_ms, expires_at_ms) = match self.gate.reservation(&token).await {
             Ok(Some(r)) => (r.qty, r.created_at_ms, r.expires_at_ms),
             Ok(None) => (qty, now_ms(), expires_at_ms),
@@ -195,36 +195,44 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
     /// capture webhook, a one-step charge); false for authorize-then-capture, where a
     /// refusal simply means "do not capture".
     ///
-    /// Ledger first: PENDING → COMMITTED only while the reservation is unexpired; then
+    /// Ledger first, in one call of the ledger's payment step ([`Ledger::pay`],
+    /// `pay_order`): PENDING → COMMITTED only while the reservation is unexpired; then
     /// `COMMIT` on the server. A late or cancelled reservation is refused; if money
-    /// moved, the order becomes REFUND_REQUIRED — never a sale beyond stock.
+    /// moved, the ledger marks the order REFUND_REQUIRED in the same step — never a sale
+    /// beyond stock.
     pub async fn pay(
         &self,
         token: &str,
         payment_ref: &str,
         money_moved: bool,
     ) -> Result<PayOutcome, CheckoutError> {
-        let fresh = match self.ledger.commit(token, payment_ref).await {
-            Ok(LedgerCommit::Committed) => true,
-            Ok(LedgerCommit::AlreadyCommitted) => false,
-            Err(LedgerError::Expired { .. }) => {
-                return self
-                    .refuse(token, payment_ref, money_moved, Some(OrderStatus::Pending))
-                    .await
+        let paid = match self.ledger.pay(token, payment_ref, money_moved).await {
+            Ok(p) => p,
+            Err(LedgerError::Refused { token, status }) => {
+                return Err(CheckoutError::Refused { token, status })
             }
-            Err(LedgerError::Refused { status, .. }) => {
-                return self
-                    .refuse(token, payment_ref, money_moved, Some(status))
-                    .await
+            Err(e) => return Err(e.into()),
+        };
+        let fresh = match (paid.verdict, paid.previous) {
+            (PayVerdict::Committed, _) => true,
+            (PayVerdict::AlreadyCommitted, _) => false,
+            (PayVerdict::Refused, status) => return Ok(PayOutcome::Refused { status }),
+            (PayVerdict::RefundRequired, Some(previous)) => {
+                return Ok(PayOutcome::RefundRequired { previous })
             }
-            Err(LedgerError::NotFound(_)) => {
+            (PayVerdict::RefundRequired, None) => {
+                return Err(LedgerError::Corrupt(format!(
+                    "pay_order marked {token} REFUND_REQUIRED without a previous status"
+                ))
+                .into())
+            }
+            (PayVerdict::NotFound, _) => {
                 if money_moved {
                     // No order to attach the compensation to: the caller must handle it.
                     error!(token = %token, "money moved for a reservation the ledger never saw");
                 }
                 return Ok(PayOutcome::Refused { status: None });
             }
-            Err(e) => return Err(e.into()),
         };
         if !fresh && !self.server_holds_this_payment(token).await? {
             // A retry of a payment the ledger already has, and the server's hold for this
@@ -308,47 +316,23 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
     /// hold that is not is released (nobody paid for it); an unknown token (purged after
     /// retention) has nothing to finish.
     async fn server_holds_this_payment(&self, token: &str) -> Result<bool, CheckoutError> {
-        let Some(order) = self.ledger.order(token).await? else {
-            return Ok(false);
-        };
         let Some(r) = self.gate.reservation(token).await? else {
             return Ok(false);
         };
-        if order.same_hold(&r) {
+        if self.ledger.is_hold(token, &r).await? {
             return Ok(true);
         }
         error!(
             token = %token,
             state = r.state.as_str(),
             server_created_at_ms = r.created_at_ms,
-            ledger_created_at_ms = ?order.reservation_created_at_ms,
+            server_expires_at_ms = r.expires_at_ms,
             "paid order, but the server's hold for its token is another one: not committing it"
         );
         if r.state == ReservationState::Reserved {
             self.gate.release(token, None).await?;
         }
         Ok(false)
-    }
-
-    async fn refuse(
-        &self,
-        token: &str,
-        payment_ref: &str,
-        money_moved: bool,
-        status: Option<OrderStatus>,
-    ) -> Result<PayOutcome, CheckoutError> {
-        if !money_moved {
-            return Ok(PayOutcome::Refused { status });
-        }
-        let previous = self
-            .ledger
-            .mark_refund_required(
-                token,
-                Some(payment_ref),
-                "payment after the reservation ended",
-            )
-            .await?;
-        Ok(PayOutcome::RefundRequired { previous })
     }
 
     /// Buyer abandons: ledger PENDING → CANCELLED first, then `RELEASE`, so the units are

@@ -203,7 +203,7 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
             let Some(r) = reserved_now.get(&o.token) else {
                 continue;
             };
-            if o.same_hold(r) {
+            if ledger.is_hold(&o.token, r).await? {
                 continue;
             }
             error!(

@@ -20,7 +20,7 @@
 //!   undersells: it is reported as loudly, and not fenced.
 //!
 //! For a COMMITTED order, the server's hold is committed only if it is the hold the
-//! payment paid for ([`crate::ledger::Order::same_hold`]); another hold under the same
+//! payment paid for ([`crate::ledger::Ledger::is_hold`]); another hold under the same
 //! token (a retry after the paid one was purged or lost) is released instead.
 //!
 //! `RELEASE` is exactly-once on the server, so any number of sweepers may run at once.
@@ -526,9 +526,6 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
     ) -> Result<Vec<String>, SweepError> {
         let mut out = Vec::with_capacity(tokens.len());
         for token in tokens {
-            let Some(order) = self.ledger.order(&token).await? else {
-                continue;
-            };
             let r = match self.gate.reservation(&token).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -536,14 +533,19 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                     continue;
                 }
             };
+            let foreign = match &r {
+                Some(r) if r.state == ReservationState::Reserved => {
+                    !self.ledger.is_hold(&token, r).await?
+                }
+                _ => false,
+            };
             match r {
-                Some(r) if r.state == ReservationState::Reserved && !order.same_hold(&r) => {
+                Some(r) if foreign => {
                     error!(
                         token = %token,
-                        ledger_qty = order.qty,
                         server_qty = r.qty,
-                        ledger_created_at_ms = ?order.reservation_created_at_ms,
                         server_created_at_ms = r.created_at_ms,
+                        server_expires_at_ms = r.expires_at_ms,
                         "ledger COMMITTED, but the server's hold for this token is not the one the payment paid for: releasing it, not committing it"
                     );
                     match self.gate.release(&token, None).await {

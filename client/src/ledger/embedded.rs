@@ -13,12 +13,12 @@ use sled::transaction::{
 };
 
 use super::{
-    adjustment_next, adjustment_retry, check_adjustment, commit_not_applied, materialize_existing,
+    adjustment_next, adjustment_retry, check_adjustment, materialize_existing, pay_decision,
     refund_allowed, verdict_from_status, Adjustment, AdjustmentOutcome, AdjustmentStatus, Ledger,
-    LedgerCommit, LedgerError, Materialized, NewOrder, Order, OrderEvent, OrderStatus,
-    ReleaseReason, SaleRecord, SkuTotals, SweepVerdict,
+    LedgerError, LedgerPay, Materialized, NewOrder, Order, OrderEvent, OrderStatus, ReleaseReason,
+    SaleRecord, SkuTotals, SweepVerdict,
 };
-use crate::types::{now_ms, ExpiredReservation};
+use crate::types::{now_ms, ExpiredReservation, ReservationInfo};
 
 /// Milliseconds since the Unix epoch.
 pub type LedgerClock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -550,26 +550,59 @@ impl Ledger for SledLedger {
         self.flush().await
     }
 
-    async fn commit(&self, token: &str, payment_ref: &str) -> Result<LedgerCommit, LedgerError> {
-        let out = self.transition(token, "payment", Some(payment_ref), |cur, now| {
-            match cur {
-                // Same rule as SQL: unexpired PENDING only (`expires >= now`).
-                Some(c) if c.status == OrderStatus::Pending && c.expires_at_ms >= now => {
-                    let mut next = Self::moved(c, OrderStatus::Committed, now);
-                    next.payment_ref = Some(payment_ref.to_string());
-                    Ok((Some(next), LedgerCommit::Committed))
+    async fn pay(
+        &self,
+        token: &str,
+        payment_ref: &str,
+        money_moved: bool,
+    ) -> Result<LedgerPay, LedgerError> {
+        // The detail of the audit row depends on the edge, so the transition is written
+        // here rather than through `transition`'s single detail.
+        let now = (self.clock)();
+        let g = self.tx_guard();
+        let out = (&self.orders, &self.events)
+            .transaction(|(orders, events)| {
+                let cur = tx_get(orders, token)?;
+                // Same rule as `pay_order`: PENDING within its deadline (`expires >= now`).
+                let seen = cur
+                    .as_ref()
+                    .map(|c| (c.status, c.expires_at_ms >= now, c.payment_ref.as_deref()));
+                let (to, answer) = match pay_decision(token, seen, payment_ref, money_moved) {
+                    Ok(x) => x,
+                    Err(e) => return abort(e),
+                };
+                if let (Some(to), Some(c)) = (to, cur.as_ref()) {
+                    let mut next = Self::moved(c, to, now);
+                    let detail = if to == OrderStatus::Committed {
+                        next.payment_ref = Some(payment_ref.to_string());
+                        payment_ref
+                    } else {
+                        if !payment_ref.is_empty() {
+                            next.payment_ref = Some(payment_ref.to_string());
+                        }
+                        "payment after the reservation ended"
+                    };
+                    tx_put(
+                        orders,
+                        events,
+                        &next,
+                        Some(c.status),
+                        "payment",
+                        Some(detail),
+                    )?;
                 }
-                Some(c) => Ok((
-                    None,
-                    commit_not_applied(token, Some((c.status, c.expires_at_ms < now)))?,
-                )),
-                None => Ok((None, commit_not_applied(token, None)?)),
-            }
-        })?;
-        if out == LedgerCommit::Committed {
+                Ok((to.is_some(), answer))
+            })
+            .map_err(from_tx)?;
+        drop(g);
+        if out.0 {
             self.flush().await?;
         }
-        Ok(out)
+        Ok(out.1)
+    }
+
+    async fn is_hold(&self, token: &str, r: &ReservationInfo) -> Result<bool, LedgerError> {
+        Ok(self.order(token).await?.is_some_and(|o| o.same_hold(r)))
     }
 
     async fn cancel(&self, token: &str) -> Result<(), LedgerError> {

@@ -256,6 +256,55 @@ pub enum Materialized {
     AlreadyCommitted,
 }
 
+/// The ledger's answer to a payment (`pay_order`, docs/ledger.md "The ledger's functions").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PayVerdict {
+    /// PENDING within its deadline → COMMITTED: send `COMMIT` to the server.
+    Committed,
+    /// Paid before (the token is the payment idempotency key): check the server's hold is
+    /// this order's ([`Ledger::is_hold`]) before sending `COMMIT`.
+    AlreadyCommitted,
+    /// Late, cancelled or being refunded, and no money moved: do not capture. Nothing
+    /// changed.
+    Refused,
+    /// Late, cancelled or being refunded, and money moved: the order is REFUND_REQUIRED.
+    RefundRequired,
+    /// No order for the token: nothing to attach a refund to.
+    NotFound,
+}
+
+impl PayVerdict {
+    /// The outcome string `pay_order` returns.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PayVerdict::Committed => "COMMITTED",
+            PayVerdict::AlreadyCommitted => "ALREADY_COMMITTED",
+            PayVerdict::Refused => "REFUSED",
+            PayVerdict::RefundRequired => "REFUND_REQUIRED",
+            PayVerdict::NotFound => "NOT_FOUND",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            PayVerdict::Committed,
+            PayVerdict::AlreadyCommitted,
+            PayVerdict::Refused,
+            PayVerdict::RefundRequired,
+            PayVerdict::NotFound,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
+    }
+}
+
+/// What [`Ledger::pay`] decided, and the status the order had before (None: no order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LedgerPay {
+    pub verdict: PayVerdict,
+    pub previous: Option<OrderStatus>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LedgerCommit {
     Committed,
@@ -459,14 +508,42 @@ pub trait Ledger: Clone + Send + Sync + 'static {
         expires_at_ms: i64,
     ) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
-    /// PENDING → COMMITTED, only while the reservation has not expired. Refused
-    /// otherwise: [`LedgerError::Expired`] (still PENDING but past its deadline) or
-    /// [`LedgerError::Refused`].
+    /// The ledger step of a payment, with the expiry guard and the refund branch in one
+    /// place (`pay_order`): PENDING within its deadline (`expires >= now`, the exact
+    /// complement of the sweeper's `< now`) → COMMITTED with `payment_ref`; COMMITTED
+    /// → already committed; otherwise (late, cancelled, being refunded) refused, and if
+    /// `money_moved` the order becomes REFUND_REQUIRED. Only an order already REFUNDED
+    /// that gets another payment (another non-empty `payment_ref`) is an error,
+    /// [`LedgerError::Refused`]: its refund cannot be reopened.
+    fn pay(
+        &self,
+        token: &str,
+        payment_ref: &str,
+        money_moved: bool,
+    ) -> impl Future<Output = Result<LedgerPay, LedgerError>> + Send;
+
+    /// [`Ledger::pay`] for a payment where no money moved yet, as a commit: refused
+    /// payments are errors, [`LedgerError::Expired`] (still PENDING but past its
+    /// deadline), [`LedgerError::Refused`] or [`LedgerError::NotFound`].
     fn commit(
         &self,
         token: &str,
         payment_ref: &str,
-    ) -> impl Future<Output = Result<LedgerCommit, LedgerError>> + Send;
+    ) -> impl Future<Output = Result<LedgerCommit, LedgerError>> + Send {
+        async move {
+            let p = self.pay(token, payment_ref, false).await?;
+            commit_from_pay(token, p)
+        }
+    }
+
+    /// Whether the server's reservation `r` for `token` is the hold this order was
+    /// materialized from, the one its payment paid for ([`Order::same_hold`];
+    /// `order_is_hold`). False when there is no order.
+    fn is_hold(
+        &self,
+        token: &str,
+        r: &ReservationInfo,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
 
     /// Buyer abandons: PENDING → CANCELLED (Ok also if already CANCELLED).
     fn cancel(&self, token: &str) -> impl Future<Output = Result<(), LedgerError>> + Send;
@@ -615,22 +692,68 @@ pub(crate) fn materialize_existing(
     }
 }
 
-/// Decision for a commit that did not apply (shared by both backends).
-pub(crate) fn commit_not_applied(
-    token: &str,
-    existing: Option<(OrderStatus, bool)>,
-) -> Result<LedgerCommit, LedgerError> {
-    match existing {
-        None => Err(LedgerError::NotFound(token.to_string())),
-        Some((OrderStatus::Committed, _)) => Ok(LedgerCommit::AlreadyCommitted),
-        Some((OrderStatus::Pending, true)) => Err(LedgerError::Expired {
+/// A payment's verdict as the result of a commit (no money moved).
+fn commit_from_pay(token: &str, p: LedgerPay) -> Result<LedgerCommit, LedgerError> {
+    match (p.verdict, p.previous) {
+        (PayVerdict::Committed, _) => Ok(LedgerCommit::Committed),
+        (PayVerdict::AlreadyCommitted, _) => Ok(LedgerCommit::AlreadyCommitted),
+        (PayVerdict::NotFound, _) | (_, None) => Err(LedgerError::NotFound(token.to_string())),
+        (_, Some(OrderStatus::Pending)) => Err(LedgerError::Expired {
             token: token.to_string(),
         }),
-        Some((status, _)) => Err(LedgerError::Refused {
+        (_, Some(status)) => Err(LedgerError::Refused {
             token: token.to_string(),
             status,
         }),
     }
+}
+
+/// The embedded ledger's copy of `pay_order`'s decision (the SQL function is the
+/// Postgres ledger's): from the order's status, whether its deadline is still ahead
+/// (`expires >= now`), and the payment. Returns the status to move to (None: no change)
+/// and the answer.
+pub(crate) fn pay_decision(
+    token: &str,
+    order: Option<(OrderStatus, bool, Option<&str>)>,
+    payment_ref: &str,
+    money_moved: bool,
+) -> Result<(Option<OrderStatus>, LedgerPay), LedgerError> {
+    let Some((status, live, stored_ref)) = order else {
+        return Ok((
+            None,
+            LedgerPay {
+                verdict: PayVerdict::NotFound,
+                previous: None,
+            },
+        ));
+    };
+    let answer = |verdict| LedgerPay {
+        verdict,
+        previous: Some(status),
+    };
+    Ok(match status {
+        OrderStatus::Pending if live => {
+            (Some(OrderStatus::Committed), answer(PayVerdict::Committed))
+        }
+        OrderStatus::Committed => (None, answer(PayVerdict::AlreadyCommitted)),
+        _ if !money_moved => (None, answer(PayVerdict::Refused)),
+        OrderStatus::Refunded => {
+            // The refund is done and cannot be reopened; the same payment again is a
+            // retry, another one needs a refund of its own.
+            if !payment_ref.is_empty() && Some(payment_ref) != stored_ref {
+                return Err(LedgerError::Refused {
+                    token: token.to_string(),
+                    status,
+                });
+            }
+            (None, answer(PayVerdict::RefundRequired))
+        }
+        OrderStatus::RefundRequired => (None, answer(PayVerdict::RefundRequired)),
+        _ => (
+            Some(OrderStatus::RefundRequired),
+            answer(PayVerdict::RefundRequired),
+        ),
+    })
 }
 
 /// The sweeper's verdict from an order's current status, once the conditional

@@ -1,27 +1,28 @@
 //! Postgres ledger (sqlx runtime query API; schema in `migrations/`).
 //!
-//! The hot transitions (materialize, commit, the sweeper's batch) are single statements:
-//! a data-modifying CTE performs the conditional UPDATE/INSERT and appends the audit row,
-//! so transition and audit are atomic and cost one round trip. Rare transitions (cancel,
-//! refund, extend) lock the row in a short transaction and decide in Rust.
-//! Expiry is judged by the database clock (`now()`), as docs/design.md's rule states.
+//! Every order transition is a call of the ledger's own function
+//! (`migrations/0006_ledger_functions.sql`: `materialize_order`, `pay_order`,
+//! `cancel_order`, ...), the same one a checkout in another language calls: each takes
+//! its row lock, decides, and appends the audit row in one statement, so there is one copy
+//! of each rule and it costs one round trip. Here the functions' SQLSTATEs (SG001..SG004)
+//! become [`LedgerError`]s. Expiry is judged by the database clock (`now()`), as
+//! docs/design.md's rule states.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Executor, Row};
 
 use super::pg_schema::{self, MovedLedger, SchemaError};
 use super::{
-    adjustment_next, adjustment_retry, check_adjustment, commit_not_applied, materialize_existing,
-    refund_allowed, verdict_from_status, Adjustment, AdjustmentOutcome, AdjustmentStatus, Ledger,
-    LedgerCommit, LedgerError, Materialized, NewOrder, Order, OrderEvent, OrderStatus,
-    ReleaseReason, SaleRecord, SkuTotals, SweepVerdict,
+    adjustment_next, adjustment_retry, check_adjustment, Adjustment, AdjustmentOutcome,
+    AdjustmentStatus, Ledger, LedgerError, LedgerPay, Materialized, NewOrder, Order, OrderEvent,
+    OrderStatus, PayVerdict, ReleaseReason, SaleRecord, SkuTotals, SweepVerdict,
 };
-use crate::types::ExpiredReservation;
+use crate::types::{ExpiredReservation, ReservationInfo};
 
 pub use super::migrations::migrator;
 
@@ -54,12 +55,6 @@ pub struct PgLedger {
 
 const ORDER_COLS: &str = "reservation_token, sku, user_id, request_id, qty, status, \
      reservation_expires_at, reservation_created_at, payment_ref, created_at, updated_at";
-
-fn ts(ms: i64) -> Result<DateTime<Utc>, LedgerError> {
-    Utc.timestamp_millis_opt(ms)
-        .single()
-        .ok_or_else(|| LedgerError::Conflict(format!("timestamp {ms} ms out of range")))
-}
 
 fn status_of(s: &str) -> Result<OrderStatus, LedgerError> {
     OrderStatus::parse(s).ok_or_else(|| LedgerError::Corrupt(format!("unknown status `{s}`")))
@@ -115,6 +110,44 @@ fn adjustment_from_row(r: &PgRow) -> Result<Adjustment, LedgerError> {
             .try_get::<DateTime<Utc>, _>("updated_at")?
             .timestamp_millis(),
     })
+}
+
+/// A ledger function's error as a [`LedgerError`]: its SQLSTATEs (SG001 refused, SG002
+/// conflict, SG003 not found, SG004 invalid argument) carry the meaning, the message the
+/// words. SG001's message is `order <token> is <STATUS>: <what>`, whence the status.
+fn fn_error(e: sqlx::Error, token: &str) -> LedgerError {
+    let sqlx::Error::Database(d) = &e else {
+        return e.into();
+    };
+    let msg = d.message().to_string();
+    match d.code().as_deref() {
+        Some("SG001") => {
+            let status = msg
+                .strip_prefix(&format!("order {token} is "))
+                .and_then(|rest| rest.split(':').next())
+                .and_then(OrderStatus::parse);
+            match status {
+                Some(status) => LedgerError::Refused {
+                    token: token.to_string(),
+                    status,
+                },
+                None => LedgerError::Conflict(msg),
+            }
+        }
+        Some("SG002") => LedgerError::Conflict(msg),
+        Some("SG003") => LedgerError::NotFound(token.to_string()),
+        Some("SG004") => LedgerError::Invalid(msg),
+        _ => e.into(),
+    }
+}
+
+/// A text outcome a ledger function returned that this code does not know.
+fn unknown_outcome(function: &str, got: &str) -> LedgerError {
+    LedgerError::Corrupt(format!("{function} returned `{got}`"))
+}
+
+fn qty_i32(qty: u32) -> Result<i32, LedgerError> {
+    i32::try_from(qty).map_err(|_| LedgerError::Invalid(format!("qty {qty} too large")))
 }
 
 /// A CHECK violation (23514) as the conflict it stands for; anything else as a DB error.
@@ -260,57 +293,42 @@ impl PgLedger {
         Ok(moved)
     }
 
-    async fn read_status(&self, token: &str) -> Result<Option<(OrderStatus, bool)>, LedgerError> {
-        let row = sqlx::query(
-            "SELECT status, reservation_expires_at < now() AS expired \
-             FROM orders WHERE reservation_token = $1",
-        )
-        .bind(token)
-        .fetch_optional(&self.pool)
-        .await?;
-        match row {
-            None => Ok(None),
-            Some(r) => Ok(Some((
-                status_of(r.try_get::<&str, _>("status")?)?,
-                r.try_get("expired")?,
-            ))),
+    /// One round of the sweep's ledger step (`sweep_cancel_expired`): verdicts by token,
+    /// `None` for a token without an order (it needs a tombstone).
+    async fn sweep_cancel(
+        &self,
+        tokens: &[String],
+    ) -> Result<HashMap<String, Option<SweepVerdict>>, LedgerError> {
+        let rows = sqlx::query("SELECT token, verdict FROM sweep_cancel_expired($1)")
+            .bind(tokens)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            let token: String = r.try_get(0)?;
+            let verdict: String = r.try_get(1)?;
+            let v = match verdict.as_str() {
+                "CANCELLED_NOW" => Some(SweepVerdict::Release(ReleaseReason::CancelledNow)),
+                "ALREADY_CANCELLED_BY_SWEEPER" => Some(SweepVerdict::Release(
+                    ReleaseReason::AlreadyCancelledBySweeper,
+                )),
+                "CANCELLED_BY_BUYER" => {
+                    Some(SweepVerdict::Release(ReleaseReason::CancelledByBuyer))
+                }
+                "REFUND" => Some(SweepVerdict::Release(ReleaseReason::Refund)),
+                "COMMIT_CLEANUP" => Some(SweepVerdict::CommitCleanup),
+                "SKIP" => Some(SweepVerdict::Skip),
+                "MISSING" => None,
+                other => return Err(unknown_outcome("sweep_cancel_expired", other)),
+            };
+            out.insert(token, v);
         }
+        Ok(out)
     }
 
-    /// Step 1 of the sweep: PENDING → CANCELLED_BY_SWEEPER for the expired ones.
-    /// Rows another transaction holds are skipped (SKIP LOCKED) instead of waited for:
-    /// the holder is deciding their fate (a commit, another sweeper); a later pass sees
-    /// the result. Locks are taken in token order, so concurrent sweepers never deadlock.
-    async fn sweep_cancel(&self, tokens: &[String]) -> Result<Vec<String>, LedgerError> {
-        let rows = sqlx::query(
-            "WITH claim AS ( \
-                 SELECT id FROM orders \
-                 WHERE reservation_token = ANY($1) AND status = 'PENDING' \
-                   AND reservation_expires_at < now() \
-                 ORDER BY reservation_token \
-                 FOR UPDATE SKIP LOCKED \
-             ), upd AS ( \
-                 UPDATE orders o SET status = 'CANCELLED_BY_SWEEPER', cancelled_at = now(), \
-                        updated_at = now() \
-                 FROM claim WHERE o.id = claim.id \
-                 RETURNING o.reservation_token \
-             ), ev AS ( \
-                 INSERT INTO order_events (reservation_token, from_status, to_status, actor, detail) \
-                 SELECT reservation_token, 'PENDING', 'CANCELLED_BY_SWEEPER', 'sweeper', 'expired' \
-                 FROM upd \
-             ) \
-             SELECT reservation_token FROM upd",
-        )
-        .bind(tokens)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| r.try_get::<String, _>(0).map_err(LedgerError::from))
-            .collect()
-    }
-
-    /// Step 3 of the sweep: tombstones for tokens with no order at all. Returns the tokens
-    /// whose tombstone this call inserted (a conflict means a materialize got there first).
+    /// The sweep's tombstones (`sweep_tombstone`) for reservations with no order. Returns
+    /// the tokens whose tombstone this call wrote (the others found an order that a
+    /// materialize wrote first).
     async fn sweep_tombstone(
         &self,
         items: &[&ExpiredReservation],
@@ -320,112 +338,26 @@ impl PgLedger {
         let users: Vec<String> = items.iter().map(|i| i.user.clone()).collect();
         let qtys: Vec<i32> = items
             .iter()
-            .map(|i| i32::try_from(i.qty).unwrap_or(i32::MAX))
-            .collect();
-        let exp: Vec<DateTime<Utc>> = items
-            .iter()
-            .map(|i| ts(i.expires_at_ms))
+            .map(|i| qty_i32(i.qty))
             .collect::<Result<_, _>>()?;
-        let rows = sqlx::query(
-            "WITH ins AS ( \
-                 INSERT INTO orders (reservation_token, sku, user_id, qty, status, \
-                                     reservation_expires_at, cancelled_at) \
-                 SELECT t, s, u, q, 'CANCELLED_BY_SWEEPER', e, now() \
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[]) \
-                      AS x(t, s, u, q, e) \
-                 ORDER BY t \
-                 ON CONFLICT (reservation_token) DO NOTHING \
-                 RETURNING reservation_token \
-             ), ev AS ( \
-                 INSERT INTO order_events (reservation_token, from_status, to_status, actor, detail) \
-                 SELECT reservation_token, NULL, 'CANCELLED_BY_SWEEPER', 'sweeper', 'tombstone' \
-                 FROM ins \
-             ) \
-             SELECT reservation_token FROM ins",
-        )
-        .bind(&tokens)
-        .bind(&skus)
-        .bind(&users)
-        .bind(&qtys)
-        .bind(&exp)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| r.try_get::<String, _>(0).map_err(LedgerError::from))
-            .collect()
-    }
-
-    async fn read_statuses(
-        &self,
-        tokens: &[String],
-    ) -> Result<HashMap<String, OrderStatus>, LedgerError> {
-        let rows = sqlx::query(
-            "SELECT reservation_token, status FROM orders WHERE reservation_token = ANY($1)",
-        )
-        .bind(tokens)
-        .fetch_all(&self.pool)
-        .await?;
-        let mut out = HashMap::with_capacity(rows.len());
+        let exp: Vec<i64> = items.iter().map(|i| i.expires_at_ms).collect();
+        let rows = sqlx::query("SELECT token, verdict FROM sweep_tombstone($1, $2, $3, $4, $5)")
+            .bind(&tokens)
+            .bind(&skus)
+            .bind(&users)
+            .bind(&qtys)
+            .bind(&exp)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
-            out.insert(
-                r.try_get::<String, _>(0)?,
-                status_of(r.try_get::<&str, _>(1)?)?,
-            );
+            let verdict: String = r.try_get(1)?;
+            match verdict.as_str() {
+                "TOMBSTONED" => out.push(r.try_get(0)?),
+                "EXISTS" => {}
+                other => return Err(unknown_outcome("sweep_tombstone", other)),
+            }
         }
-        Ok(out)
-    }
-
-    /// A locked read-decide-write transition for the rare paths. `decide` gets the
-    /// current status and whether the reservation expired, and returns the new status
-    /// (None = nothing to do) or an error.
-    async fn locked_transition<T>(
-        &self,
-        token: &str,
-        actor: &str,
-        detail: Option<&str>,
-        payment_ref: Option<&str>,
-        decide: impl FnOnce(OrderStatus, bool) -> Result<(Option<OrderStatus>, T), LedgerError>,
-    ) -> Result<T, LedgerError> {
-        let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(
-            "SELECT status, reservation_expires_at < now() AS expired FROM orders \
-             WHERE reservation_token = $1 FOR UPDATE",
-        )
-        .bind(token)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            return Err(LedgerError::NotFound(token.to_string()));
-        };
-        let from = status_of(row.try_get::<&str, _>("status")?)?;
-        let expired: bool = row.try_get("expired")?;
-        let (to, out) = decide(from, expired)?;
-        if let Some(to) = to {
-            sqlx::query(
-                "UPDATE orders SET status = $2, updated_at = now(), \
-                     payment_ref = COALESCE(NULLIF($3, ''), payment_ref), \
-                     cancelled_at = CASE WHEN $2 IN ('CANCELLED', 'CANCELLED_BY_SWEEPER') \
-                                         THEN now() ELSE cancelled_at END \
-                 WHERE reservation_token = $1",
-            )
-            .bind(token)
-            .bind(to.as_str())
-            .bind(payment_ref)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO order_events (reservation_token, from_status, to_status, actor, detail) \
-                 VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(token)
-            .bind(from.as_str())
-            .bind(to.as_str())
-            .bind(actor)
-            .bind(detail)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
         Ok(out)
     }
 }
@@ -605,112 +537,84 @@ impl Ledger for PgLedger {
     }
 
     async fn materialize(&self, o: &NewOrder) -> Result<Materialized, LedgerError> {
-        let qty = i32::try_from(o.qty)
-            .map_err(|_| LedgerError::Conflict(format!("qty {} too large", o.qty)))?;
-        // ON CONFLICT DO NOTHING: a retry, or a row the sweeper tombstoned first, wins.
-        let row = sqlx::query(
-            "WITH ins AS ( \
-                 INSERT INTO orders (reservation_token, sku, user_id, request_id, qty, status, \
-                                     reservation_expires_at, reservation_created_at) \
-                 VALUES ($1, $2, $3, $4, $5, 'PENDING', $6, $7) \
-                 ON CONFLICT (reservation_token) DO NOTHING \
-                 RETURNING reservation_token \
-             ), ev AS ( \
-                 INSERT INTO order_events (reservation_token, from_status, to_status, actor) \
-                 SELECT reservation_token, NULL, 'PENDING', 'checkout' FROM ins \
-             ) \
-             SELECT count(*) FROM ins",
-        )
-        .bind(&o.token)
-        .bind(&o.sku)
-        .bind(&o.user)
-        .bind(&o.request_id)
-        .bind(qty)
-        .bind(ts(o.expires_at_ms)?)
-        .bind(ts(o.created_at_ms)?)
-        .fetch_one(&self.pool)
-        .await?;
-        let inserted: i64 = row.try_get(0)?;
-        if inserted == 1 {
-            return Ok(Materialized::Created);
-        }
-        match self.order(&o.token).await? {
-            Some(existing) => materialize_existing(&existing, o),
-            // Cannot happen (rows are never deleted), but do not guess.
-            None => Err(LedgerError::Conflict(format!(
-                "order {} vanished during materialize",
-                o.token
-            ))),
+        let out: String =
+            sqlx::query_scalar("SELECT materialize_order($1, $2, $3, $4, $5, $6, $7)")
+                .bind(&o.token)
+                .bind(&o.sku)
+                .bind(&o.user)
+                .bind(&o.request_id)
+                .bind(qty_i32(o.qty)?)
+                .bind(o.expires_at_ms)
+                .bind(o.created_at_ms)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| fn_error(e, &o.token))?;
+        match out.as_str() {
+            "CREATED" => Ok(Materialized::Created),
+            "ALREADY_PENDING" => Ok(Materialized::AlreadyPending),
+            "ALREADY_COMMITTED" => Ok(Materialized::AlreadyCommitted),
+            other => Err(unknown_outcome("materialize_order", other)),
         }
     }
 
     async fn extend(&self, token: &str, expires_at_ms: i64) -> Result<(), LedgerError> {
-        let at = ts(expires_at_ms)?;
-        let n = sqlx::query(
-            "UPDATE orders SET reservation_expires_at = $2, updated_at = now() \
-             WHERE reservation_token = $1 AND status = 'PENDING'",
-        )
-        .bind(token)
-        .bind(at)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        if n == 1 {
-            return Ok(());
-        }
-        match self.read_status(token).await? {
-            None => Err(LedgerError::NotFound(token.to_string())),
-            Some((status, _)) => Err(LedgerError::Refused {
-                token: token.to_string(),
-                status,
-            }),
+        let out: String = sqlx::query_scalar("SELECT extend_order($1, $2)")
+            .bind(token)
+            .bind(expires_at_ms)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| fn_error(e, token))?;
+        match out.as_str() {
+            "EXTENDED" => Ok(()),
+            other => Err(unknown_outcome("extend_order", other)),
         }
     }
 
-    async fn commit(&self, token: &str, payment_ref: &str) -> Result<LedgerCommit, LedgerError> {
-        // `>= now()` is the exact complement of the sweeper's `< now()`: at any instant a
-        // PENDING order can be committed or swept, never both; the row lock orders racers.
-        let row = sqlx::query(
-            "WITH upd AS ( \
-                 UPDATE orders SET status = 'COMMITTED', payment_ref = $2, \
-                        committed_at = now(), updated_at = now() \
-                 WHERE reservation_token = $1 AND status = 'PENDING' \
-                   AND reservation_expires_at >= now() \
-                 RETURNING reservation_token \
-             ), ev AS ( \
-                 INSERT INTO order_events (reservation_token, from_status, to_status, actor, detail) \
-                 SELECT reservation_token, 'PENDING', 'COMMITTED', 'payment', $2 FROM upd \
-             ) \
-             SELECT count(*) FROM upd",
-        )
-        .bind(token)
-        .bind(payment_ref)
-        .fetch_one(&self.pool)
-        .await?;
-        let n: i64 = row.try_get(0)?;
-        if n == 1 {
-            return Ok(LedgerCommit::Committed);
-        }
-        let cur = self.read_status(token).await?;
-        commit_not_applied(token, cur)
+    async fn pay(
+        &self,
+        token: &str,
+        payment_ref: &str,
+        money_moved: bool,
+    ) -> Result<LedgerPay, LedgerError> {
+        let row = sqlx::query("SELECT outcome, previous_status FROM pay_order($1, $2, $3)")
+            .bind(token)
+            .bind(payment_ref)
+            .bind(money_moved)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| fn_error(e, token))?;
+        let outcome: String = row.try_get(0)?;
+        let previous: Option<String> = row.try_get(1)?;
+        Ok(LedgerPay {
+            verdict: PayVerdict::parse(&outcome)
+                .ok_or_else(|| unknown_outcome("pay_order", &outcome))?,
+            previous: previous.as_deref().map(status_of).transpose()?,
+        })
+    }
+
+    async fn is_hold(&self, token: &str, r: &ReservationInfo) -> Result<bool, LedgerError> {
+        sqlx::query_scalar("SELECT order_is_hold($1, $2, $3, $4, $5, $6)")
+            .bind(token)
+            .bind(&r.sku)
+            .bind(&r.user)
+            .bind(qty_i32(r.qty)?)
+            .bind(r.created_at_ms)
+            .bind(r.expires_at_ms)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| fn_error(e, token))
     }
 
     async fn cancel(&self, token: &str) -> Result<(), LedgerError> {
-        self.locked_transition(
-            token,
-            "checkout",
-            Some("buyer cancelled"),
-            None,
-            |from, _| match from {
-                OrderStatus::Pending => Ok((Some(OrderStatus::Cancelled), ())),
-                OrderStatus::Cancelled => Ok((None, ())),
-                status => Err(LedgerError::Refused {
-                    token: token.to_string(),
-                    status,
-                }),
-            },
-        )
-        .await
+        let out: String = sqlx::query_scalar("SELECT cancel_order($1)")
+            .bind(token)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| fn_error(e, token))?;
+        match out.as_str() {
+            "CANCELLED" | "ALREADY_CANCELLED" => Ok(()),
+            other => Err(unknown_outcome("cancel_order", other)),
+        }
     }
 
     async fn mark_refund_required(
@@ -719,45 +623,26 @@ impl Ledger for PgLedger {
         payment_ref: Option<&str>,
         reason: &str,
     ) -> Result<OrderStatus, LedgerError> {
-        // An empty reference is "unknown", never a value that may replace the stored one.
-        let payment_ref = payment_ref.filter(|r| !r.is_empty());
-        self.locked_transition(
-            token,
-            "payment",
-            Some(reason),
-            payment_ref,
-            |from, expired| {
-                if from == OrderStatus::RefundRequired {
-                    Ok((None, from))
-                } else if refund_allowed(from, expired) {
-                    Ok((Some(OrderStatus::RefundRequired), from))
-                } else {
-                    Err(LedgerError::Refused {
-                        token: token.to_string(),
-                        status: from,
-                    })
-                }
-            },
-        )
-        .await
+        let previous: String = sqlx::query_scalar("SELECT mark_refund_required($1, $2, $3)")
+            .bind(token)
+            .bind(payment_ref)
+            .bind(reason)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| fn_error(e, token))?;
+        status_of(&previous)
     }
 
     async fn mark_refunded(&self, token: &str) -> Result<(), LedgerError> {
-        self.locked_transition(
-            token,
-            "payment",
-            Some("refunded"),
-            None,
-            |from, _| match from {
-                OrderStatus::RefundRequired => Ok((Some(OrderStatus::Refunded), ())),
-                OrderStatus::Refunded => Ok((None, ())),
-                status => Err(LedgerError::Refused {
-                    token: token.to_string(),
-                    status,
-                }),
-            },
-        )
-        .await
+        let out: String = sqlx::query_scalar("SELECT mark_refunded($1)")
+            .bind(token)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| fn_error(e, token))?;
+        match out.as_str() {
+            "REFUNDED" | "ALREADY_REFUNDED" => Ok(()),
+            other => Err(unknown_outcome("mark_refunded", other)),
+        }
     }
 
     async fn reconcile_expired(
@@ -774,27 +659,15 @@ impl Ledger for PgLedger {
                 break;
             }
             let tokens: Vec<String> = todo.iter().map(|i| i.token.clone()).collect();
-            for t in self.sweep_cancel(&tokens).await? {
-                verdicts.insert(t, SweepVerdict::Release(ReleaseReason::CancelledNow));
-            }
-            let rest: Vec<String> = tokens
-                .into_iter()
-                .filter(|t| !verdicts.contains_key(t))
-                .collect();
-            if rest.is_empty() {
-                break;
-            }
-            let statuses = self.read_statuses(&rest).await?;
+            let judged = self.sweep_cancel(&tokens).await?;
             let mut missing = Vec::new();
             for item in &todo {
-                if verdicts.contains_key(&item.token) {
-                    continue;
-                }
-                match statuses.get(&item.token) {
-                    Some(s) => {
-                        verdicts.insert(item.token.clone(), verdict_from_status(*s));
+                match judged.get(&item.token) {
+                    Some(Some(v)) => {
+                        verdicts.insert(item.token.clone(), *v);
                     }
-                    None => missing.push(*item),
+                    Some(None) => missing.push(*item),
+                    None => {}
                 }
             }
             if missing.is_empty() {
