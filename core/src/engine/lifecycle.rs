@@ -42,7 +42,7 @@ impl Engine {
             return (false, 0, None);
         };
         let r = st.get(idx);
-        if r.state != ResState::Reserved {
+        if r.state != ReservationState::Reserved {
             return (false, st.last_lsn(), None);
         }
         let derived = if r.expires_at <= now {
@@ -69,10 +69,10 @@ impl Engine {
     ) -> (Lsn, Option<UserUpdate>) {
         st.unschedule(idx);
         let r = st.get_mut(idx);
-        debug_assert_eq!(r.state, ResState::Reserved);
+        debug_assert_eq!(r.state, ReservationState::Reserved);
         r.state = match how {
-            Finish::Commit => ResState::Committed,
-            Finish::Release(_) => ResState::Released,
+            Finish::Commit => ReservationState::Committed,
+            Finish::Release(_) => ReservationState::Released,
         };
         r.finished_at = now;
         // Logged before the units move: a RELEASE's units become visible to other
@@ -171,17 +171,17 @@ impl Engine {
         let Some(idx) = st.lookup(token) else {
             // Purged by retention: the tombstone still knows how it ended.
             let out = match st.tombs.get(&table::tomb_key(token)).map(|t| t.state) {
-                Some(ResState::Committed) => Ok((false, 0)),
-                Some(ResState::Released) => Err(EngineError::Released),
+                Some(ReservationState::Committed) => Ok((false, 0)),
+                Some(ReservationState::Released) => Err(EngineError::Released),
                 _ => Err(EngineError::NoReservation),
             };
             return (out, None);
         };
         let r = st.get(idx);
         match r.state {
-            ResState::Committed => return (Ok((false, st.last_lsn())), None),
-            ResState::Released => return (Err(EngineError::Released), None),
-            ResState::Reserved => {}
+            ReservationState::Committed => return (Ok((false, st.last_lsn())), None),
+            ReservationState::Released => return (Err(EngineError::Released), None),
+            ReservationState::Reserved => {}
         }
         // Late is `now > expires_at`, the complement of the ledger's payment guard
         // (`reservation_expires_at >= now()`). Checked before the fence: retrying after a
@@ -211,7 +211,7 @@ impl Engine {
             return Err(EngineError::NoReservation);
         };
         let r = st.get(idx);
-        if r.state != ResState::Reserved {
+        if r.state != ReservationState::Reserved {
             return Err(EngineError::NoReservation);
         }
         if r.expires_at <= now {
@@ -275,7 +275,7 @@ impl Engine {
             if self.cfg.auto_release {
                 let due: Vec<u32> = st.expired.iter().map(|&(_, i)| i).collect();
                 for idx in due {
-                    debug_assert_eq!(st.get(idx).state, ResState::Reserved);
+                    debug_assert_eq!(st.get(idx).state, ReservationState::Reserved);
                     let how = Finish::Release(ReleaseReason::Expired);
                     let (lsn, upd) = self.finish_locked(&mut st, idx, now, how, true);
                     last = last.max(lsn);

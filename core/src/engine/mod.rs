@@ -158,7 +158,7 @@ pub struct Engine {
     clock: Arc<dyn Clock>,
     sink: Arc<dyn EventSink>,
     keys: Keyring,
-    rkey: ReservationKey,
+    reservation_key: ReservationKey,
     /// By sku; a keyed fast hash (see `foldhash` in Cargo.toml), looked up per RESERVE.
     sales: RwLock<HashMap<Arc<str>, Arc<Sale>, foldhash::fast::RandomState>>,
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
@@ -196,7 +196,7 @@ impl Engine {
         clock: Arc<dyn Clock>,
         sink: Arc<dyn EventSink>,
         keys: Keyring,
-        rkey: ReservationKey,
+        reservation_key: ReservationKey,
     ) -> Engine {
         let now = clock.now_ms();
         let stripes = (0..STRIPES)
@@ -212,7 +212,7 @@ impl Engine {
             clock,
             sink,
             keys,
-            rkey,
+            reservation_key,
             sales: RwLock::new(HashMap::default()),
             stripes,
             users: (0..USER_STRIPES)
@@ -232,7 +232,7 @@ impl Engine {
             self.clock.clone(),
             Arc::new(NullSink),
             self.keys.clone(),
-            self.rkey.clone(),
+            self.reservation_key.clone(),
         )
     }
 
@@ -253,7 +253,7 @@ impl Engine {
 
     /// The reservation key's fingerprint, which the ledger binding compares.
     pub fn key_fingerprint(&self) -> &str {
-        self.rkey.fingerprint()
+        self.reservation_key.fingerprint()
     }
 
     /// The keys admission tokens are verified with.
@@ -263,7 +263,7 @@ impl Engine {
 
     /// The token RESERVE would hand out for this request (derived, not looked up).
     pub fn reservation_token(&self, sku: &str, user: &str, request_id: &str) -> String {
-        self.rkey.derive(sku, user, request_id)
+        self.reservation_key.derive(sku, user, request_id)
     }
 
     fn sale(&self, sku: &str) -> Result<Arc<Sale>, EngineError> {

@@ -65,7 +65,7 @@ impl Engine {
         qty: u32,
         expires_at: Millis,
         created_at: Millis,
-        state: ResState,
+        state: ReservationState,
     ) -> Result<(bool, Arc<str>, Lsn), EngineError> {
         ident::check_sku(sku)?;
         ident::check_user(user)?;
@@ -74,7 +74,7 @@ impl Engine {
             return Err(EngineError::Argument("qty must be between 1 and 1000000"));
         }
         let sale = self.sale(sku)?;
-        let key = self.rkey.derive_key(sku, user, request_id);
+        let key = self.reservation_key.derive_key(sku, user, request_id);
         let token = token::token_text(sku, &key);
         let mut users = (sale.params.limit > 0).then(|| self.user_stripe(sku, user).lock());
         let mut st = self.stripes[stripe_of(&token)].lock();
@@ -103,7 +103,7 @@ impl Engine {
             user: user_id,
             qty,
             shard,
-            state: ResState::Reserved,
+            state: ReservationState::Reserved,
             expires_at,
             created_at,
             finished_at: 0,
@@ -124,11 +124,11 @@ impl Engine {
             created_at_ms: created_at,
         });
         st.logged(lsn);
-        if state != ResState::Reserved {
+        if state != ReservationState::Reserved {
             // The user entry is updated below from the final state, not through
             // `user_release` (which would take the user stripe this call holds).
             let how = match state {
-                ResState::Committed => lifecycle::Finish::Commit,
+                ReservationState::Committed => lifecycle::Finish::Commit,
                 _ => lifecycle::Finish::Release(ReleaseReason::Rebuild),
             };
             let (l, _) = self.finish_locked(&mut st, idx, now, how, true);
@@ -141,12 +141,12 @@ impl Engine {
                 .entry(user.into())
                 .or_default();
             match state {
-                ResState::Reserved => {
+                ReservationState::Reserved => {
                     e.held += qty as u64;
                     e.live.push(key);
                 }
-                ResState::Committed => e.held += qty as u64,
-                ResState::Released => {}
+                ReservationState::Committed => e.held += qty as u64,
+                ReservationState::Released => {}
             }
         }
         Ok((true, token, lsn))
@@ -161,9 +161,9 @@ impl Engine {
         committed: u64,
         fingerprint: &str,
     ) -> Result<(i64, Lsn), EngineError> {
-        if fingerprint != self.rkey.fingerprint() {
+        if fingerprint != self.reservation_key.fingerprint() {
             return Err(EngineError::FingerprintMismatch {
-                server: self.rkey.fingerprint().to_string(),
+                server: self.reservation_key.fingerprint().to_string(),
                 ledger: fingerprint.to_string(),
             });
         }
@@ -210,7 +210,7 @@ pub(super) fn reserved_units(world: &WorldGuard<'_>, sale: &Arc<Sale>) -> Vec<u6
         ._stripes
         .iter()
         .flat_map(|st| st.iter())
-        .filter(|r| Arc::ptr_eq(&r.sale, sale) && r.state == ResState::Reserved);
+        .filter(|r| Arc::ptr_eq(&r.sale, sale) && r.state == ReservationState::Reserved);
     for r in held {
         per_shard[r.shard as usize % n] += u64::from(r.qty);
     }

@@ -66,7 +66,7 @@ impl Engine {
         let mut finished: Vec<&ReservationView> = Vec::new();
         for r in &snap.reservations {
             self.insert_restored(r, false);
-            if r.state != ResState::Reserved {
+            if r.state != ReservationState::Reserved {
                 finished.push(r);
             }
         }
@@ -120,7 +120,7 @@ impl Engine {
             return;
         };
         let shard = r.shard as usize % sale.shard_count();
-        if r.state == ResState::Reserved {
+        if r.state == ReservationState::Reserved {
             // A logged RESERVE on a fenced sale (SALE.RESTORE) took no stock.
             if take && sale.state() != SaleState::Fenced {
                 sale.reserve_unchecked(shard, r.qty);
@@ -130,7 +130,7 @@ impl Engine {
             st.schedule(idx);
         }
         drop(st);
-        if sale.params.limit > 0 && r.state != ResState::Released {
+        if sale.params.limit > 0 && r.state != ReservationState::Released {
             let mut us = self.user_stripe(&r.sku, &r.user).lock();
             let e = us
                 .entry(sale.sku.clone())
@@ -138,7 +138,7 @@ impl Engine {
                 .entry(r.user.as_str().into())
                 .or_default();
             e.held += r.qty as u64;
-            if r.state == ResState::Reserved {
+            if r.state == ReservationState::Reserved {
                 e.live.push(key);
             }
         }
@@ -158,7 +158,11 @@ impl Engine {
                 }
                 seen += 1;
                 let user = r.sale.users.name(r.user);
-                if self.rkey.derive_key(&r.sale.sku, &user, &r.request_id) != r.key {
+                if self
+                    .reservation_key
+                    .derive_key(&r.sale.sku, &user, &r.request_id)
+                    != r.key
+                {
                     return Err(r.token().as_str().to_string());
                 }
             }
@@ -253,7 +257,7 @@ impl Engine {
             } => {
                 let mut st = self.stripes[stripe_of(token)].lock();
                 if let Some(idx) = st.lookup(token) {
-                    if st.get(idx).state == ResState::Reserved {
+                    if st.get(idx).state == ReservationState::Reserved {
                         st.reschedule(idx, *expires_at_ms);
                     } else {
                         debug_assert!(false, "EXTEND of a finished reservation in the log");

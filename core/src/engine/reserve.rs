@@ -21,7 +21,9 @@ impl Engine {
             .verify(req.admission, req.sku, req.user)
             .map_err(EngineError::Denied)?;
         // On the stack: a replay or a refusal never allocates it.
-        let key = self.rkey.derive_key(req.sku, req.user, req.request_id);
+        let key = self
+            .reservation_key
+            .derive_key(req.sku, req.user, req.request_id);
         // The reply takes this buffer itself: no copy of the token on the heap.
         let token = token::token_buf(req.sku, &key);
         // Checked for UTF-8 once, here (`as_str` checks on every call).
@@ -112,7 +114,7 @@ impl Engine {
             user,
             qty: req.qty,
             shard,
-            state: ResState::Reserved,
+            state: ReservationState::Reserved,
             expires_at,
             created_at: now,
             finished_at: 0,

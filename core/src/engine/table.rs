@@ -24,7 +24,7 @@ use super::event::Lsn;
 use super::names::UserId;
 use super::sale::Sale;
 use super::token::{decode_token, token_buf, TokenBuf, TokenKey};
-use super::types::{Millis, ResState, ReservationView, TombView};
+use super::types::{Millis, ReservationState, ReservationView, TombView};
 use super::wheel::{Links, Timers, Wheel};
 
 /// One reservation. `Clone` is cheap (a reference count and a copy; an allocation only
@@ -45,7 +45,7 @@ pub struct Res {
     /// The shard the units came from.
     pub shard: u16,
     /// Reserved, committed or released.
-    pub state: ResState,
+    pub state: ReservationState,
     /// The hold's deadline.
     pub expires_at: Millis,
     /// When the hold was taken.
@@ -93,7 +93,7 @@ pub struct Tomb {
     /// The sale the reservation belonged to.
     pub sale: Arc<Sale>,
     /// How it finished.
-    pub state: ResState,
+    pub state: ReservationState,
     /// Units it held.
     pub qty: u32,
     /// The shard they came from.
@@ -342,7 +342,7 @@ impl Stripe {
 
     fn purge_at(&mut self, idx: u32) -> Option<TokenBuf> {
         let r = self.slab.get(idx as usize)?;
-        if r.state == ResState::Reserved {
+        if r.state == ReservationState::Reserved {
             return None;
         }
         // Finished: out of the wheel and the expired set since it left RESERVED.
@@ -355,7 +355,7 @@ impl Stripe {
         }
         let r = self.slab.remove(idx as usize);
         let token = r.token();
-        let keep_user = r.state == ResState::Committed && r.sale.params.limit > 0;
+        let keep_user = r.state == ReservationState::Committed && r.sale.params.limit > 0;
         self.tombs.insert(
             tomb_key(token.as_str()),
             Tomb {
@@ -379,7 +379,7 @@ impl Stripe {
         self.wheel.poll(&mut self.slab, now, &mut fired);
         for idx in fired {
             let r = &self.slab[idx as usize];
-            debug_assert_eq!(r.state, ResState::Reserved);
+            debug_assert_eq!(r.state, ReservationState::Reserved);
             debug_assert!(r.expires_at <= now);
             self.expired.insert((r.expires_at, idx));
         }

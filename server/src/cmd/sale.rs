@@ -2,7 +2,7 @@
 
 use super::args::{ArgError, Args};
 use super::{Ctx, Outcome};
-use crate::engine::{ResState, MAX_QTY, MAX_SHARDS, MAX_TOTAL, MAX_TTL_MS};
+use crate::engine::{ReservationState, MAX_QTY, MAX_SHARDS, MAX_TOTAL, MAX_TTL_MS};
 use crate::protocol::reply::{from_arg_error, from_engine_error};
 use crate::protocol::Reply;
 
@@ -182,7 +182,7 @@ pub struct Restore<'a> {
     qty: u32,
     expires_at: u64,
     created_at: u64,
-    state: ResState,
+    state: ReservationState,
 }
 
 impl<'a> Restore<'a> {
@@ -195,15 +195,15 @@ impl<'a> Restore<'a> {
             qty: a.next_u32_in("qty", 1, MAX_QTY)?,
             expires_at: a.next_u64_in("expires_at_ms", 0, u64::MAX)?,
             created_at: a.next_u64_in("created_at_ms", 0, u64::MAX)?,
-            state: ResState::Reserved,
+            state: ReservationState::Reserved,
         };
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
                 "STATE" => {
                     r.state = match a.next_keyword()?.as_str() {
-                        "RESERVED" => ResState::Reserved,
-                        "COMMITTED" => ResState::Committed,
-                        "RELEASED" => ResState::Released,
+                        "RESERVED" => ReservationState::Reserved,
+                        "COMMITTED" => ReservationState::Committed,
+                        "RELEASED" => ReservationState::Released,
                         _ => {
                             return Err(from_arg_error(&ArgError::NotOneOf {
                                 field: "state",
@@ -352,10 +352,10 @@ mod tests {
             ("S", "alice", "r1", 2)
         );
         assert_eq!((r.expires_at, r.created_at), (2000, 1000));
-        assert!(matches!(r.state, ResState::Committed));
+        assert!(matches!(r.state, ReservationState::Committed));
         let argv_r = argv(&words[..6]);
         let r = Restore::parse(&argv_r).unwrap();
-        assert!(matches!(r.state, ResState::Reserved));
+        assert!(matches!(r.state, ReservationState::Reserved));
         let mut bad = words;
         bad[7] = "LOST";
         assert_eq!(

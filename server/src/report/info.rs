@@ -254,8 +254,8 @@ fn persistence(o: &mut String, sh: &Shared) {
 }
 
 fn stats(o: &mut String, sh: &Shared, error_replies: u64) {
-    let st = view::server_stats(sh);
-    let get = |k: &str| st.iter().find(|(n, _)| *n == k).map_or(0, |(_, v)| *v);
+    let stats = view::server_stats(sh);
+    let get = |k: &str| stats.iter().find(|(n, _)| *n == k).map_or(0, |(_, v)| *v);
     let ops = {
         let h = sh.metrics.history.lock();
         let n = h.len();
@@ -274,7 +274,7 @@ fn stats(o: &mut String, sh: &Shared, error_replies: u64) {
         get("total_commands_processed"),
         get("rejected_connections"),
     );
-    for (k, v) in st.iter().skip(3) {
+    for (k, v) in stats.iter().skip(3) {
         let _ = write!(o, "{k}:{v}\r\n");
     }
     let _ = write!(o, "slowlog_len:{}\r\n", sh.metrics.slowlog.lock().len());
