@@ -54,12 +54,12 @@ fn abort(q: &mut MultiQueue) {
     q.bytes = 0;
 }
 
-/// Queues `argv` (already checked by the dispatcher) in the open transaction.
 /// A queued command's arguments as the borrowed views `dispatch` takes.
 pub fn views(argv: &[Bytes]) -> smallvec::SmallVec<[&[u8]; 8]> {
     argv.iter().map(|a| &a[..]).collect()
 }
 
+/// Queues `argv` (already checked by the dispatcher) in the open transaction.
 pub fn queue(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[&[u8]]) -> Outcome {
     let max_cmds = ctx.shared.config.limits.max_args;
     let max_bytes = ctx.shared.config.max_query_buffer;
