@@ -44,7 +44,7 @@ pub use error::EngineError;
 pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 pub use history::new_history_id;
 use sale::{fnv1a, split, Sale};
-use table::{Res, Stripe};
+use table::{Reservation, Stripe};
 pub use token::{Denied, Keyring, ReservationKey, TokenBuf, TokenKey};
 pub use types::*;
 
