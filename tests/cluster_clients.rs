@@ -37,7 +37,12 @@ fn all_fields(out: &str, name: &str) -> Vec<u64> {
 
 fn ensure_node_packages() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node");
-    let have = |p: &str| std::path::Path::new(dir).join("node_modules").join(p).exists();
+    let have = |p: &str| {
+        std::path::Path::new(dir)
+            .join("node_modules")
+            .join(p)
+            .exists()
+    };
     if have("ioredis") && have("redis") {
         return;
     }
@@ -62,9 +67,7 @@ fn show(o: &Output) -> String {
 fn sale_info(cl: &Cluster, sku: &str) -> HashMap<String, i64> {
     let mut c = cl.nodes[cl.owner(sku)].conn();
     let v: Value = redis::cmd("SALE.INFO").arg(sku).query(&mut c).unwrap();
-    let Value::Array(a) = v else {
-        panic!("{v:?}")
-    };
+    let Value::Array(a) = v else { panic!("{v:?}") };
     a.chunks(2)
         .filter_map(|kv| match (&kv[0], &kv[1]) {
             (Value::BulkString(k), Value::Int(i)) => {
@@ -127,7 +130,10 @@ fn run_node(which: &str) -> (Cluster, Vec<String>, String) {
     let skus = skus(&cl, &which.to_uppercase());
     let ports: Vec<String> = cl.ports().iter().map(u16::to_string).collect();
     let o = Command::new("node")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/cluster.js"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/node/cluster.js"
+        ))
         .arg(which)
         .arg(ports.join(","))
         .arg(cl.keys.secret_path())

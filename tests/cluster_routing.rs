@@ -22,6 +22,7 @@ fn text(v: &Value) -> String {
     match v {
         Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
         Value::SimpleString(s) => s.clone(),
+        Value::Okay => "OK".into(),
         Value::VerbatimString { text, .. } => text.clone(),
         other => panic!("not a string: {other:?}"),
     }
@@ -76,8 +77,7 @@ fn run(c: &mut redis::Connection, args: &[&str]) -> Value {
     for a in &args[1..] {
         cmd.arg(*a);
     }
-    cmd.query(c)
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    cmd.query(c).unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
 
 #[test]
@@ -124,7 +124,11 @@ fn cluster_commands_answer_in_redis_shapes() {
         assert_eq!(text(&n[0]), "127.0.0.1");
         assert_eq!(int(&n[1]), i64::from(ports[i]));
         assert_eq!(text(&n[2]), node_id(i));
-        assert!(items(&n[3]).is_empty(), "no networking metadata: {:?}", n[3]);
+        assert!(
+            items(&n[3]).is_empty(),
+            "no networking metadata: {:?}",
+            n[3]
+        );
     }
 
     // CLUSTER SHARDS: per group, its slots and its nodes as maps.
@@ -178,7 +182,10 @@ fn cluster_commands_answer_in_redis_shapes() {
     assert_eq!(text(&run(&mut c, &["CLUSTER", "MYID"])), node_id(1));
     assert_eq!(int(&run(&mut c, &["CLUSTER", "KEYSLOT", "foo"])), 12182);
     assert_eq!(
-        int(&run(&mut c, &["CLUSTER", "KEYSLOT", "{user1000}.following"])),
+        int(&run(
+            &mut c,
+            &["CLUSTER", "KEYSLOT", "{user1000}.following"]
+        )),
         3443
     );
     for flag in ["READONLY", "READWRITE", "ASKING"] {
@@ -275,7 +282,10 @@ fn a_transaction_over_two_slots_gets_crossslot_and_runs_nothing() {
         "CROSSSLOT Keys in request don't hash to the same slot"
     );
     assert_eq!(error_of(&mut c, &["EXEC"]), "ERR EXEC without MULTI");
-    assert!(items(&run(&mut c, &["SALE.LIST"])).is_empty(), "nothing ran");
+    assert!(
+        items(&run(&mut c, &["SALE.LIST"])).is_empty(),
+        "nothing ran"
+    );
 
     // One slot: runs.
     run(&mut c, &["MULTI"]);
@@ -298,8 +308,8 @@ fn a_transaction_over_two_slots_gets_crossslot_and_runs_nothing() {
 }
 
 /// A real `redis-server --cluster-enabled yes` on a free port (scripts/test-all.sh
-/// installs redis-server), killed on drop.
-struct RealRedis(Child, common::TempDir);
+/// installs redis-server), killed on drop; its directory lives as long.
+struct RealRedis(Child, #[allow(dead_code)] common::TempDir);
 
 impl Drop for RealRedis {
     fn drop(&mut self) {
@@ -314,7 +324,14 @@ fn cluster_keyslot_agrees_with_redis_for_many_keys() {
     let port = common::ha::free_port();
     let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--cluster-enabled", "yes", "--save", "", "--appendonly", "no"])
+        .args([
+            "--cluster-enabled",
+            "yes",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
         .arg("--cluster-config-file")
         .arg(dir.path().join("nodes.conf"))
         .arg("--dir")
@@ -428,7 +445,10 @@ fn redis_rs_cluster_client_reserves_and_commits_on_every_group_without_redirecti
     assert_eq!(cl.moved(), 0);
     // Every sale is on its own group, with its own counters.
     for sku in &skus {
-        let info = fields(&run(&mut cl.nodes[cl.owner(sku)].conn(), &["SALE.INFO", sku]));
+        let info = fields(&run(
+            &mut cl.nodes[cl.owner(sku)].conn(),
+            &["SALE.INFO", sku],
+        ));
         assert_eq!(int(&info["reserved"]), (USERS / 2) as i64, "{sku}");
         assert_eq!(int(&info["committed"]), USERS.div_ceil(2) as i64, "{sku}");
         for (i, n) in cl.nodes.iter().enumerate() {

@@ -409,7 +409,10 @@ fn cluster_from(a: &ServeArgs) -> Result<Option<stockgate_server::cluster::Clust
         )
         .map(Some)
         .map_err(|e| e.to_string()),
-        ("yes", None) => Err("--cluster-enabled yes needs --cluster-config FILE (the slot map, docs/cluster.md)".into()),
+        ("yes", None) => Err(
+            "--cluster-enabled yes needs --cluster-config FILE (the slot map, docs/cluster.md)"
+                .into(),
+        ),
         (_, Some(_)) => Err("--cluster-config is only read with --cluster-enabled yes".into()),
         _ => Ok(None),
     }

@@ -80,7 +80,10 @@ fn parse_ranges(s: &str, line: usize) -> Result<Vec<(u16, u16)>, MapError> {
             }
         };
         if a > b {
-            return Err(line_err(line, format!("range '{part}' ends before it starts")));
+            return Err(line_err(
+                line,
+                format!("range '{part}' ends before it starts"),
+            ));
         }
         out.push((a, b));
     }
@@ -137,12 +140,22 @@ impl SlotMap {
                     });
                 }
                 ["group", ..] => {
-                    return Err(line_err(line, "a group line is: group <name> <slot ranges>"))
+                    return Err(line_err(
+                        line,
+                        "a group line is: group <name> <slot ranges>",
+                    ))
                 }
                 ["node", rest @ ..] => {
                     let node = parse_node(rest, line)?;
-                    if groups.iter().flat_map(|g| &g.nodes).any(|n| n.id == node.id) {
-                        return Err(line_err(line, format!("node id '{}' is used twice", node.id)));
+                    if groups
+                        .iter()
+                        .flat_map(|g| &g.nodes)
+                        .any(|n| n.id == node.id)
+                    {
+                        return Err(line_err(
+                            line,
+                            format!("node id '{}' is used twice", node.id),
+                        ));
                     }
                     let Some(g) = groups.last_mut() else {
                         return Err(line_err(line, "a node line must follow its group line"));
@@ -201,16 +214,18 @@ impl SlotMap {
 
     /// (group index, node index) of the node with this id.
     pub fn find(&self, id: &str) -> Option<(usize, usize)> {
-        self.groups.iter().enumerate().find_map(|(gi, g)| {
-            g.nodes.iter().position(|n| n.id == id).map(|ni| (gi, ni))
-        })
+        self.groups
+            .iter()
+            .enumerate()
+            .find_map(|(gi, g)| g.nodes.iter().position(|n| n.id == id).map(|ni| (gi, ni)))
     }
 
     /// Every node, in file order, with its group index.
     pub fn nodes(&self) -> impl Iterator<Item = (usize, usize, &Node)> {
-        self.groups.iter().enumerate().flat_map(|(gi, g)| {
-            g.nodes.iter().enumerate().map(move |(ni, n)| (gi, ni, n))
-        })
+        self.groups
+            .iter()
+            .enumerate()
+            .flat_map(|(gi, g)| g.nodes.iter().enumerate().map(move |(ni, n)| (gi, ni, n)))
     }
 }
 
@@ -316,7 +331,15 @@ mod tests {
 
     #[test]
     fn never_panics_on_junk() {
-        for junk in ["group", "node", "group a -", "group a 1-", "group a ,", "node a b c", "group a 0\nnode 0000000000000000000000000000000000000001 :99999"] {
+        for junk in [
+            "group",
+            "node",
+            "group a -",
+            "group a 1-",
+            "group a ,",
+            "node a b c",
+            "group a 0\nnode 0000000000000000000000000000000000000001 :99999",
+        ] {
             let _ = SlotMap::parse(junk);
         }
     }

@@ -20,7 +20,9 @@ pub enum ClusterError {
     Map { path: String, err: MapError },
     #[error("cluster map {path} has no node with id {id}")]
     UnknownId { path: String, id: String },
-    #[error("cluster map {path} has no node with port {port}: name this node with --cluster-node <id>")]
+    #[error(
+        "cluster map {path} has no node with port {port}: name this node with --cluster-node <id>"
+    )]
     NotListed { path: String, port: u16 },
     #[error("cluster map {path} has more than one node with port {port}: name this node with --cluster-node <id>")]
     Ambiguous { path: String, port: u16 },
@@ -63,7 +65,12 @@ impl Cluster {
         Self::place(map, path, id, port)
     }
 
-    fn place(map: SlotMap, path: &str, id: Option<&str>, port: u16) -> Result<Cluster, ClusterError> {
+    fn place(
+        map: SlotMap,
+        path: &str,
+        id: Option<&str>,
+        port: u16,
+    ) -> Result<Cluster, ClusterError> {
         let (my_group, my_node) = match id {
             Some(id) => map.find(id).ok_or_else(|| ClusterError::UnknownId {
                 path: path.into(),

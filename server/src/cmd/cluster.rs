@@ -86,11 +86,9 @@ pub fn cluster(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
         ("myid", 0) => Reply::bulk(&c.myself().id),
         ("keyslot", 1) => Reply::Int(i64::from(key_slot(rest[0]))),
         ("help", 0) => help(),
-        ("slots" | "shards" | "nodes" | "info" | "myid" | "keyslot" | "help", _) => {
-            Reply::err(format!(
-                "ERR wrong number of arguments for 'cluster|{sub}' command"
-            ))
-        }
+        ("slots" | "shards" | "nodes" | "info" | "myid" | "keyslot" | "help", _) => Reply::err(
+            format!("ERR wrong number of arguments for 'cluster|{sub}' command"),
+        ),
         _ => {
             let shown: String = String::from_utf8_lossy(args[0]).chars().take(128).collect();
             Reply::err(format!(
@@ -102,7 +100,7 @@ pub fn cluster(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
 }
 
 fn help() -> Reply {
-    let lines = [
+    const LINES: &[&str] = &[
         "CLUSTER <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
         "INFO",
         "    Return information about the cluster.",
@@ -121,7 +119,7 @@ fn help() -> Reply {
         "HELP",
         "    Print this help.",
     ];
-    Reply::Array(lines.iter().map(|l| Reply::Simple(l)).collect())
+    Reply::Array(LINES.iter().map(|l| Reply::Simple(l)).collect())
 }
 
 /// One node as `CLUSTER SLOTS` lists it (Redis 7): ip, port, id, networking metadata.
@@ -187,7 +185,10 @@ fn shards(c: &Cluster) -> Reply {
                 ])
             })
             .collect();
-        Reply::map([("slots", Reply::Array(slots)), ("nodes", Reply::Array(nodes))])
+        Reply::map([
+            ("slots", Reply::Array(slots)),
+            ("nodes", Reply::Array(nodes)),
+        ])
     };
     Reply::Array(c.map.groups.iter().map(shard).collect())
 }
@@ -219,7 +220,11 @@ fn nodes(c: &Cluster) -> String {
             (false, false) => "slave",
         };
         let master = if ni == 0 { "-" } else { g.nodes[0].id.as_str() };
-        let slots = if ni == 0 { ranges_text(g) } else { String::new() };
+        let slots = if ni == 0 {
+            ranges_text(g)
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
             "{} {}:{}@0 {flags} {master} 0 0 {} connected{slots}\n",
             n.id,
@@ -234,7 +239,11 @@ fn nodes(c: &Cluster) -> String {
 /// `CLUSTER INFO`: Redis's fields. The state is `ok` when every slot has an owner.
 fn info(c: &Cluster) -> String {
     let assigned = c.map.assigned();
-    let state = if assigned == usize::from(SLOTS) { "ok" } else { "fail" };
+    let state = if assigned == usize::from(SLOTS) {
+        "ok"
+    } else {
+        "fail"
+    };
     let groups = c.map.groups.len();
     format!(
         "cluster_state:{state}\r\ncluster_slots_assigned:{assigned}\r\ncluster_slots_ok:{assigned}\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:{}\r\ncluster_size:{groups}\r\ncluster_current_epoch:{groups}\r\ncluster_my_epoch:{}\r\ncluster_stats_messages_sent:0\r\ncluster_stats_messages_received:0\r\ntotal_cluster_links_buffer_limit_exceeded:0\r\n",
