@@ -399,6 +399,7 @@ run_target() { # name
         # The map names the node's port, so the port is chosen before it starts.
         local cport
         cport=$(free_port)
+        mkdir -p "$dir"
         printf 'group all 0-16383\nnode %s 127.0.0.1:%s\n' \
           0000000000000000000000000000000000000001 "$cport" >"$dir/cluster.map"
         SG_PORT=$cport start_sg "$dir" "$threads" "$bin" "$fsync" \
