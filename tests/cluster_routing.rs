@@ -460,3 +460,113 @@ fn redis_rs_cluster_client_reserves_and_commits_on_every_group_without_redirecti
     assert_eq!(committed, skus.len() * USERS.div_ceil(2));
     assert_eq!(cl.moved(), 12 * 2, "only the checks above were redirected");
 }
+
+/// Runs the server with these flags on a fresh data dir; it must refuse to start. Its
+/// stderr.
+fn refused_start(flags: &[&str]) -> String {
+    let dir = common::TempDir::new("cluster-refused");
+    let out = Command::new(common::server_bin())
+        .args(["--port", "0", "--data-dir"])
+        .arg(dir.path())
+        .args(flags)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run stockgate");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{flags:?} started: {stderr}");
+    stderr
+}
+
+#[test]
+fn a_bad_map_or_missing_flags_stop_the_server_at_startup_in_words() {
+    let dir = common::TempDir::new("cluster-maps");
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let e = refused_start(&["--cluster-enabled", "yes"]);
+    assert!(
+        e.contains("--cluster-enabled yes needs --cluster-config FILE"),
+        "{e}"
+    );
+    let good = write(
+        "good.map",
+        &format!("group a 0-16383\nnode {} 127.0.0.1:1\n", node_id(0)),
+    );
+    let e = refused_start(&["--cluster-config", &good]);
+    assert!(
+        e.contains("--cluster-config is only read with --cluster-enabled yes"),
+        "{e}"
+    );
+    // Port 0 is not in the map, and no --cluster-node names this node.
+    let e = refused_start(&["--cluster-enabled", "yes", "--cluster-config", &good]);
+    assert!(e.contains("has no node with port 0"), "{e}");
+    let e = refused_start(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config",
+        &good,
+        "--cluster-node",
+        &node_id(7),
+    ]);
+    assert!(
+        e.contains(&format!("has no node with id {}", node_id(7))),
+        "{e}"
+    );
+    let bad = write("bad.map", "group a 0-16384\n");
+    let e = refused_start(&["--cluster-enabled", "yes", "--cluster-config", &bad]);
+    assert!(
+        e.contains("line 1: '16384' is not a slot: slots are whole numbers from 0 to 16383"),
+        "{e}"
+    );
+    let e = refused_start(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config",
+        "/nonexistent/map",
+    ]);
+    assert!(
+        e.contains("cannot read the cluster map /nonexistent/map"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_node_named_by_id_serves_its_slots() {
+    // `--cluster-node` picks the node whatever port the map gives it: here the map's
+    // port is another, so redirections to this node name the map's address.
+    let dir = common::TempDir::new("cluster-id");
+    let map = dir.path().join("m");
+    std::fs::write(
+        &map,
+        format!(
+            "group a 0-100\nnode {} 127.0.0.1:1\ngroup b 101-16383\nnode {} 127.0.0.1:2\n",
+            node_id(0),
+            node_id(1)
+        ),
+    )
+    .unwrap();
+    let m = map.display().to_string();
+    let id = node_id(1);
+    let srv = Server::start(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config",
+        &m,
+        "--cluster-node",
+        &id,
+    ]);
+    let mut c = srv.client().get_connection().unwrap();
+    assert_eq!(text(&run(&mut c, &["CLUSTER", "MYID"])), id);
+    // "hello" hashes to slot 866, group b's: served here. Slot 0 is group a's.
+    assert_eq!(text(&run(&mut c, &["SALE.CREATE", "hello", "3"])), "OK");
+    let zero = (0..)
+        .map(|i| format!("Z{i}"))
+        .find(|k| key_slot(k.as_bytes()) <= 100)
+        .unwrap();
+    assert_eq!(
+        error_of(&mut c, &["STOCK", &zero]),
+        format!("MOVED {} 127.0.0.1:1", key_slot(zero.as_bytes()))
+    );
+}
