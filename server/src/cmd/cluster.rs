@@ -251,3 +251,49 @@ fn info(c: &Cluster) -> String {
         c.my_group + 1
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::command_table::{lookup, COMMANDS};
+
+    fn v(words: &[&'static str]) -> Vec<&'static [u8]> {
+        words.iter().map(|w| w.as_bytes()).collect()
+    }
+
+    #[test]
+    fn every_keyed_stock_command_routes_on_its_first_argument() {
+        for s in COMMANDS.iter().filter(|s| s.group == "stockgate") {
+            let argv = v(&[s.name, "SKU-1", "x", "y", "z", "w", "v"]);
+            let key = routed_key(s, &argv);
+            if matches!(s.name, "expired" | "sale.list") {
+                assert_eq!(key, None, "{}", s.name);
+            } else {
+                assert_eq!(key, Some(&b"SKU-1"[..]), "{}", s.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_sale_stream_is_routed_and_the_node_stream_is_not() {
+        let xlen = lookup("xlen").unwrap();
+        assert_eq!(routed_key(xlen, &v(&["xlen", "stockgate:events"])), None);
+        assert_eq!(
+            routed_key(xlen, &v(&["xlen", "{S}:events"])),
+            Some(&b"{S}:events"[..])
+        );
+        let xgroup = lookup("xgroup").unwrap();
+        let create = v(&["xgroup", "CREATE", "{S}:events", "g", "0"]);
+        assert_eq!(routed_key(xgroup, &create), Some(&b"{S}:events"[..]));
+        assert_eq!(routed_key(xgroup, &v(&["xgroup", "HELP"])), None);
+        let xread = lookup("xread").unwrap();
+        assert_eq!(
+            routed_key(xread, &v(&["xread", "STREAMS", "{S}:events", "0"])),
+            None
+        );
+        for name in ["ping", "info", "save", "cluster", "multi"] {
+            let s = lookup(name).unwrap();
+            assert_eq!(routed_key(s, &v(&[name, "x", "y"])), None, "{name}");
+        }
+    }
+}
