@@ -3,8 +3,8 @@
 //! another group owns gets exactly Redis's `-MOVED`; a transaction over two slots gets
 //! `-CROSSSLOT`; `CLUSTER KEYSLOT` agrees with a real `redis-server --cluster-enabled
 //! yes`; and redis-rs's cluster client reserves and commits across many sales on all
-//! three groups with no redirection at all. The other three cluster clients:
-//! `tests/cluster_clients.rs`.
+//! three groups with no redirection at all; redis-cli `-c` follows `-MOVED`. The other
+//! three cluster clients: `tests/cluster_clients.rs`.
 
 mod common;
 
@@ -569,4 +569,35 @@ fn a_node_named_by_id_serves_its_slots() {
         error_of(&mut c, &["STOCK", &zero]),
         format!("MOVED {} 127.0.0.1:1", key_slot(zero.as_bytes()))
     );
+}
+
+#[test]
+fn redis_cli_follows_moved_and_its_cluster_check_accepts_the_map() {
+    let cl = Cluster::start(&THREE);
+    let skus = cl.skus("CLI", 1);
+    let p0 = cl.ports()[0].to_string();
+    let cli = |args: &[&str]| {
+        let o = Command::new("redis-cli")
+            .args(args)
+            .output()
+            .expect("redis-cli must be installed (scripts/test-all.sh installs it)");
+        assert!(o.status.success(), "redis-cli {args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    for group in &skus[1..] {
+        let sku = &group[0];
+        assert!(cli(&["-p", &p0, "SALE.CREATE", sku, "5"]).starts_with("MOVED "));
+        // `-c`: cluster mode, follows the redirection to the owner.
+        assert_eq!(
+            cli(&["-c", "-p", &p0, "SALE.CREATE", sku, "5"]).trim(),
+            "OK"
+        );
+        assert_eq!(cli(&["-c", "-p", &p0, "STOCK", sku]).trim(), "5");
+    }
+    let check = cli(&["--cluster", "check", &format!("127.0.0.1:{p0}")]);
+    assert!(
+        check.contains("[OK] All nodes agree about slots configuration."),
+        "{check}"
+    );
+    assert!(check.contains("[OK] All 16384 slots covered."), "{check}");
 }
