@@ -104,6 +104,11 @@ pub trait Replication: Send + Sync {
         None
     }
     fn is_replica(&self) -> bool;
+    /// The client address (`host:port`) of the group's leader when it is another member
+    /// (cluster mode sends what this member refuses there, as `-MOVED`).
+    fn other_leader_addr(&self) -> Option<String> {
+        None
+    }
     /// INFO's `# Replication` section.
     fn info(&self) -> String;
     fn role_reply(&self) -> Reply;

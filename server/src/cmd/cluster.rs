@@ -44,6 +44,10 @@ pub fn check(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[&[u8]]) -> Option<Reply> {
     let slot = key_slot(routed_key(spec, argv)?);
     match c.route(slot) {
         Route::Here => {
+            if let Some(leader) = leader_elsewhere(ctx, spec) {
+                c.moved.fetch_add(1, Ordering::Relaxed);
+                return Some(Reply::err(format!("MOVED {slot} {leader}")));
+            }
             if let Some(q) = ctx.conn.multi.as_mut() {
                 match q.slot {
                     None => q.slot = Some(slot),
@@ -59,6 +63,23 @@ pub fn check(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[&[u8]]) -> Option<Reply> {
         }
         Route::Unowned => Some(Reply::err(DOWN)),
     }
+}
+
+/// A member of a Raft group that would refuse this command (a follower, for a write)
+/// sends it to the group's leader, as a Redis replica sends a write to its primary: a
+/// client told a stale leader pays one redirection, and the write runs only where Raft
+/// lets it. A leader that refuses (no majority) answers its own refusal.
+fn leader_elsewhere(ctx: &Ctx<'_>, spec: &Spec) -> Option<String> {
+    let repl = ctx.shared.repl.get()?;
+    let refused = if spec.flags.contains(&"write") {
+        repl.write_refusal()
+    } else if spec.group == "stockgate" {
+        repl.read_refusal()
+    } else {
+        None
+    };
+    refused?;
+    repl.other_leader_addr()
 }
 
 /// `READONLY`, `READWRITE`, `ASKING`: accepted in cluster mode (reads of a group go to
