@@ -12,10 +12,12 @@
 //! - [`session`]: server and connection state shared by `server` and `cmd`.
 //! - [`takeover`]: a connection handed from the command loop to a subscriber and back.
 //! - [`raft`]: a replicated group: the log replicated with Raft (openraft).
+//! - [`cluster`]: Redis Cluster routing: hash slots, the slot map, this node's place.
 //! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
 pub use stockgate_core::{engine, wal};
 
 pub mod cli;
+pub mod cluster;
 pub mod cmd;
 pub mod feed;
 pub mod keyfiles;

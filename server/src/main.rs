@@ -237,6 +237,16 @@ struct ServeArgs {
     /// Entries kept in the slow log.
     #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(0, I64_MAX), default_value_t = 128)]
     slowlog_max_len: usize,
+    /// Redis Cluster routing (docs/cluster.md): `yes` needs --cluster-config; keys of
+    /// slots other groups own are answered `-MOVED`.
+    #[arg(long, default_value = "no", value_parser = ["yes", "no"])]
+    cluster_enabled: String,
+    /// The slot map: groups, their slot ranges and their nodes (docs/cluster.md).
+    #[arg(long, value_name = "FILE")]
+    cluster_config: Option<PathBuf>,
+    /// This node's id in the map. Default: the only node listed with --port.
+    #[arg(long, value_name = "ID")]
+    cluster_node: Option<String>,
     #[command(flatten)]
     log: stockgate_server::metrics::logging::LogArgs,
 }
@@ -389,8 +399,28 @@ fn users_from(a: &ServeArgs) -> Result<Option<Users>, String> {
     Ok((!users.is_empty()).then_some(users))
 }
 
+/// The slot map and this node's place in it, when cluster mode is on.
+fn cluster_from(a: &ServeArgs) -> Result<Option<stockgate_server::cluster::Cluster>, String> {
+    match (a.cluster_enabled.as_str(), &a.cluster_config) {
+        ("yes", Some(path)) => stockgate_server::cluster::Cluster::load(
+            &path.display().to_string(),
+            a.cluster_node.as_deref(),
+            a.port,
+        )
+        .map(Some)
+        .map_err(|e| e.to_string()),
+        ("yes", None) => Err(
+            "--cluster-enabled yes needs --cluster-config FILE (the slot map, docs/cluster.md)"
+                .into(),
+        ),
+        (_, Some(_)) => Err("--cluster-config is only read with --cluster-enabled yes".into()),
+        _ => Ok(None),
+    }
+}
+
 fn run_inner(a: ServeArgs) -> Result<(), String> {
     let users = users_from(&a)?;
+    let cluster = cluster_from(&a)?;
     check_open_mode(&a, users.is_some())?;
     std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
     let keys = load_keys(&a)?;
@@ -414,6 +444,9 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     let shared = Arc::new(Shared::new(server_config(&a), users, replicated));
     let feed = open_feed(&recovered);
     let _ = shared.feed.set(feed);
+    if let Some(c) = cluster {
+        let _ = shared.cluster.set(Arc::new(c));
+    }
     shared.metrics.configure(
         a.slowlog_log_slower_than,
         a.slowlog_max_len,

@@ -104,6 +104,11 @@ pub trait Replication: Send + Sync {
         None
     }
     fn is_replica(&self) -> bool;
+    /// The client address (`host:port`) of the group's leader when it is another member
+    /// (cluster mode sends what this member refuses there, as `-MOVED`).
+    fn other_leader_addr(&self) -> Option<String> {
+        None
+    }
     /// INFO's `# Replication` section.
     fn info(&self) -> String;
     fn role_reply(&self) -> Reply;
@@ -281,6 +286,8 @@ pub struct Shared {
     pub pubsub: crate::pubsub::Hub,
     /// Live connections, for CLIENT KILL.
     pub clients: crate::pubsub::Clients,
+    /// Cluster mode (`--cluster-enabled yes`): the slot map and this node's place in it.
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
 }
 
 impl Shared {
@@ -301,6 +308,7 @@ impl Shared {
             repl: std::sync::OnceLock::new(),
             pubsub: crate::pubsub::Hub::default(),
             clients: crate::pubsub::Clients::default(),
+            cluster: std::sync::OnceLock::new(),
         }
     }
 }
@@ -334,6 +342,10 @@ pub struct MultiQueue {
     pub bytes: usize,
     /// A command was refused while queuing: `EXEC` must run nothing (`-EXECABORT`).
     pub aborted: bool,
+    /// In cluster mode, the slot of the first queued command with a key, and whether a
+    /// later one had another slot (`EXEC` then answers `-CROSSSLOT`).
+    pub slot: Option<u16>,
+    pub cross_slot: bool,
 }
 
 impl ConnState {

@@ -517,6 +517,44 @@ pub static COMMANDS: &[Spec] = &[
         "pubsub",
         "Stop listening to patterns",
     ),
+    // Cluster mode (cmd/cluster.rs): what Redis Cluster clients ask on connect and send
+    // around redirections. Open to every role: a checkout client routes with them.
+    spec(
+        "cluster",
+        -2,
+        &["loading", "stale"],
+        0,
+        OPEN,
+        "cluster",
+        "CLUSTER SLOTS|SHARDS|NODES|INFO|MYID|KEYSLOT|HELP: the slot map",
+    ),
+    spec(
+        "readonly",
+        1,
+        &["loading", "stale", "fast"],
+        0,
+        OPEN,
+        "cluster",
+        "Accepted in cluster mode: reads are served by each group's leader",
+    ),
+    spec(
+        "readwrite",
+        1,
+        &["loading", "stale", "fast"],
+        0,
+        OPEN,
+        "cluster",
+        "Accepted in cluster mode",
+    ),
+    spec(
+        "asking",
+        1,
+        &["fast"],
+        0,
+        OPEN,
+        "cluster",
+        "Accepted in cluster mode: no slot is ever migrating",
+    ),
     // Transactions (cmd/multi.rs). Open to every role: each queued command is checked
     // against the role when it is queued and again when EXEC runs it.
     spec(

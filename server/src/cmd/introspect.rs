@@ -44,7 +44,8 @@ fn info_entry(s: &Spec) -> Reply {
         vec![]
     };
     let category: &'static str = match s.group {
-        "connection" => "@connection",
+        // READONLY, READWRITE and ASKING are Redis's `@connection` commands too.
+        "connection" | "cluster" => "@connection",
         "server" => "@admin",
         "transactions" => "@transaction",
         _ => "@stockgate",
