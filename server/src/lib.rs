@@ -17,8 +17,10 @@ pub use stockgate_core::{engine, wal};
 
 pub mod cli;
 pub mod cmd;
+pub mod config_file;
 pub mod feed;
 pub mod keyfiles;
+pub mod live;
 pub mod metrics;
 pub mod persist;
 pub mod protocol;
@@ -28,3 +30,4 @@ pub mod report;
 pub mod server;
 pub mod session;
 pub mod takeover;
+pub mod users;
