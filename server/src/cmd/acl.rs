@@ -57,13 +57,7 @@ impl Acl {
             .into();
         }
         match self {
-            Acl::WhoAmI => Reply::bulk(
-                ctx.conn
-                    .user_name
-                    .as_deref()
-                    .unwrap_or("default")
-                    .to_string(),
-            ),
+            Acl::WhoAmI => Reply::bulk(ctx.conn.user_name.as_deref().unwrap_or("default")),
             Acl::List => list(ctx),
             Acl::Users => users(ctx),
             Acl::Load => load(ctx),
