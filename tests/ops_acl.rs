@@ -252,3 +252,23 @@ async fn without_users_whoami_is_default_and_load_says_why() {
     let e = error_text(cmd(&mut c, &["ACL", "LOAD"]).await);
     assert!(e.contains("without --users-file"), "{e}");
 }
+
+/// redis-py, as a checkout service would connect: hashed users log in, wrong passwords
+/// raise, ACL LIST shows no password.
+#[test]
+fn redis_py_logs_in_with_hashed_passwords() {
+    let s = setup();
+    let script = format!("{}/tests/py/acl.py", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(s.srv.port.to_string())
+        .args(["boss:boss-pw", "shop:shop-pw", "plain:plain-pw"])
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("redis-py acl ok"),
+        "acl.py failed (needs `pip install redis`):\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
