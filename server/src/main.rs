@@ -295,27 +295,48 @@ fn serve_command() -> clap::Command {
 /// command line wins over the file because it comes later.
 fn parse_cli() -> Result<Cli, String> {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let cli = Cli::parse_from(&argv);
-    let (serve, subcommand) = match &cli.cmd {
-        Some(Cmd::Serve(s)) => (s.as_ref(), true),
-        None => (&cli.serve, false),
-        Some(_) => return Ok(cli),
+    let config = match Cli::try_parse_from(&argv) {
+        Ok(cli) => match &cli.cmd {
+            Some(Cmd::Serve(s)) => s.config.clone(),
+            None => cli.serve.config.clone(),
+            Some(_) => None,
+        }
+        .map_or(Ok(cli), Err),
+        // The command line may be complete only with the file (`--raft-listen` given,
+        // `raft-id` in the file): look for `--config` and parse again with the file.
+        Err(e) => Err(config_flag(&argv).ok_or(e).unwrap_or_else(|e| e.exit())),
     };
-    let Some(path) = &serve.config else {
-        return Ok(cli);
+    let path = match config {
+        Ok(cli) => return Ok(cli),
+        Err(path) => path,
     };
-    let directives = config_file::read(path).map_err(|e| e.to_string())?;
+    let directives = config_file::read(&path).map_err(|e| e.to_string())?;
     let from_file =
         config_file::to_args(&directives, &serve_command()).map_err(|e| e.to_string())?;
-    let at = match subcommand {
-        true => argv.iter().position(|a| a == "serve").map_or(1, |i| i + 1),
-        false => 1,
-    }
-    .min(argv.len());
+    let at = argv
+        .iter()
+        .position(|a| a == "serve")
+        .map_or(1, |i| i + 1)
+        .min(argv.len());
     let mut full = argv[..at].to_vec();
     full.extend(from_file);
     full.extend_from_slice(&argv[at..]);
     Ok(Cli::parse_from(full))
+}
+
+/// The value of `--config FILE` or `--config=FILE` on a raw command line.
+fn config_flag(argv: &[std::ffi::OsString]) -> Option<PathBuf> {
+    let mut it = argv.iter().skip(1);
+    while let Some(a) = it.next() {
+        let a = a.to_str()?;
+        if a == "--config" {
+            return it.next().map(PathBuf::from);
+        }
+        if let Some(v) = a.strip_prefix("--config=") {
+            return Some(PathBuf::from(v));
+        }
+    }
+    None
 }
 
 fn mint(m: MintArgs) -> ExitCode {
