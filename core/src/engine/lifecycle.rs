@@ -267,6 +267,7 @@ impl Engine {
     /// retention purge. Returns the last log position it wrote.
     pub fn tick(&self) -> Lsn {
         let now = self.clock.now_ms();
+        let retention = self.retention_ms();
         let mut last = 0;
         let mut user_updates = Vec::new();
         for s in self.stripes.iter() {
@@ -283,7 +284,7 @@ impl Engine {
                 }
             }
             while let Some((at, _)) = stripe.finished.front() {
-                if at.saturating_add(self.cfg.retention_ms) > now {
+                if at.saturating_add(retention) > now {
                     break;
                 }
                 let Some((_, key)) = stripe.finished.pop_front() else {

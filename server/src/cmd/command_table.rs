@@ -227,7 +227,16 @@ pub static COMMANDS: &[Spec] = &[
         0,
         ADMIN | SENTINEL,
         "server",
-        "Read configuration",
+        "Configuration: GET, SET (live settings), REWRITE (into the config file), RESETSTAT",
+    ),
+    spec(
+        "acl",
+        -2,
+        &["admin", "noscript", "loading", "stale"],
+        0,
+        OPEN,
+        "server",
+        "Users: WHOAMI (any user), LIST, USERS, LOAD (admin: read the users file again)",
     ),
     spec("time", 1, C, 0, ADMIN, "server", "Server time"),
     spec(

@@ -2,9 +2,11 @@
 //! function (one file per command or family). The dispatcher here checks arity, auth and
 //! role in one place before any command runs.
 
+pub mod acl;
 pub mod args;
 pub mod cluster;
 pub mod command_table;
+pub mod config;
 pub mod conn;
 pub mod feed_reply;
 pub mod group;
@@ -160,7 +162,8 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "select" => Ok(conn::select(rest)),
         "command" => Ok(introspect::command(rest)),
         "info" => Ok(introspect::info(ctx, rest)),
-        "config" => Ok(introspect::config(ctx, rest)),
+        "config" => Ok(config::config(ctx, rest)),
+        "acl" => acl::Acl::parse(rest).map(|c| c.apply(ctx)),
         "latency" => Ok(introspect::latency(ctx, rest)),
         "slowlog" => Ok(introspect::slowlog(ctx, rest)),
         "time" => Ok(introspect::time()),

@@ -19,7 +19,7 @@ pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]], patterns: bool) -> Outcome {
         ctx.conn.proto,
         (
             ctx.shared.config.limits.clone(),
-            ctx.shared.config.max_query_buffer,
+            ctx.shared.live.max_query_buffer(),
         ),
     );
     // The subscriber loop outlives the read buffer these arguments point into.

@@ -196,7 +196,7 @@ fn clients(o: &mut String, sh: &Shared) {
         o,
         "# Clients\r\nconnected_clients:{}\r\ncluster_connections:0\r\nmaxclients:{}\r\nclient_recent_max_input_buffer:0\r\nclient_recent_max_output_buffer:0\r\nblocked_clients:0\r\ntracking_clients:0\r\nclients_in_timeout_table:0\r\n",
         sh.stats.connected.load(Ordering::Relaxed),
-        sh.config.max_clients
+        sh.live.max_clients()
     );
 }
 
