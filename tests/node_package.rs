@@ -9,7 +9,9 @@
 //!   denials and retries while its connections are killed (`server.test.js`), the
 //!   checkout's branches and the mistakes the ledger refuses (`checkout.test.js`), the
 //!   whole sale (`scenario.test.js`), and the TypeScript types checked by `tsc --noEmit`
-//!   (`types.test.js`);
+//!   (`types.test.js`); a second server started with a users file, where the checkout
+//!   role's first payment meets `-NOPERM` for `COMMIT ... VERIFIED` and falls back to the
+//!   plain `COMMIT`;
 //! - failover: a 3-member Raft group; `failover.test.js` writes the signal file once its
 //!   sale is in flight, this harness `kill -9`s the leader, waits for a new one, restarts
 //!   the killed member and writes `<signal>.done`.
@@ -35,6 +37,12 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// The longest a `node --test` run may take (the type check alone takes ~20 s on two
 /// loaded cores, the scenario ~15 s).
 const LIMIT: Duration = Duration::from_secs(200);
+
+/// The users of the second server (`--users-file`): an admin and a checkout role.
+const USERS: &str = "\
+boss admin s3cret-admin
+shop checkout s3cret-shop
+";
 
 fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test exe path");
@@ -163,6 +171,10 @@ fn node_package_against_a_server_a_ledger_and_the_sweeper() {
     );
     let dir = TempDir::new("node-package");
     let out = dir.path().join("node.log");
+    // A second server with users, for the checkout role's plain-COMMIT fallback.
+    let users = dir.path().join("users");
+    std::fs::write(&users, USERS).expect("users file");
+    let auth = Server::start(&["--users-file", &users.display().to_string()]);
     let envs = [
         ("STOCKGATE_ADDR", server.addr.clone()),
         (
@@ -172,6 +184,13 @@ fn node_package_against_a_server_a_ledger_and_the_sweeper() {
         ("STOCKGATE_DATABASE_URL", url.clone()),
         ("STOCKGATE_LEDGER_SCHEMA", "stockgate".to_string()),
         ("STOCKGATE_SWEEPER_RUNNING", "1".to_string()),
+        ("STOCKGATE_AUTH_ADDR", auth.addr.clone()),
+        (
+            "STOCKGATE_AUTH_SECRET_FILE",
+            auth.data_dir.join("secret").display().to_string(),
+        ),
+        ("STOCKGATE_AUTH_ADMIN", "boss:s3cret-admin".to_string()),
+        ("STOCKGATE_AUTH_CHECKOUT", "shop:s3cret-shop".to_string()),
     ];
     let p = node_test(
         &[

@@ -363,3 +363,59 @@ describe('ledger errors (local)', () => {
     assert.equal(ledgerErrorFrom({ code: '23505', message: 'x' }), null);
   });
 });
+
+// A server with users (STOCKGATE_AUTH_ADDR; `user:password` of an admin and a checkout role
+// in STOCKGATE_AUTH_ADMIN / STOCKGATE_AUTH_CHECKOUT): the checkout role may not say
+// `COMMIT ... VERIFIED`, so its first payment meets -NOPERM and the checkout falls back to
+// the plain COMMIT, for that payment and every later one.
+const authSkip = needs(
+  'STOCKGATE_AUTH_ADDR',
+  'STOCKGATE_AUTH_SECRET_FILE',
+  'STOCKGATE_AUTH_ADMIN',
+  'STOCKGATE_AUTH_CHECKOUT',
+  'STOCKGATE_DATABASE_URL',
+);
+
+describe('the checkout on a role that may not send COMMIT VERIFIED', { skip: authSkip }, () => {
+  const as = (pair) => {
+    const i = pair.indexOf(':');
+    return new Stockgate({ addr: process.env.STOCKGATE_AUTH_ADDR, username: pair.slice(0, i), password: pair.slice(i + 1) });
+  };
+
+  it('NOPERM once, then plain COMMIT: the payments are sold and confirmed', async () => {
+    const admin = as(process.env.STOCKGATE_AUTH_ADMIN);
+    const shop = as(process.env.STOCKGATE_AUTH_CHECKOUT);
+    const adminCo = new Checkout({ stockgate: admin, databaseUrl: env.databaseUrl, schema: env.schema, poolSize: 2 });
+    const co = new Checkout({ stockgate: shop, databaseUrl: env.databaseUrl, schema: env.schema, poolSize: 2 });
+    const minter = AdmissionMinter.fromFile(process.env.STOCKGATE_AUTH_SECRET_FILE);
+    const sku = `NODE-AUTH-${runId}`;
+    try {
+      await admin.createSale(sku, 5, { shards: 1, ttlMs: 60000 });
+      const start = async (c, user) => {
+        const h = await c.reserveAndRecord({ sku, user, admission: minter.mint(sku, user), requestId: 'r1' });
+        assert.ok(h instanceof Hold, JSON.stringify(h));
+        return h;
+      };
+      const h1 = await start(co, 'ivy');
+      assert.equal(co.plainCommitOnly, false);
+      assert.deepEqual(await co.pay(h1.token, 'p1', { moneyMoved: true }), { kind: 'committed', serverConfirmed: true });
+      assert.equal(co.plainCommitOnly, true, 'the checkout role met NOPERM for VERIFIED');
+      assert.equal((await shop.reservation(h1.token)).state, 'COMMITTED');
+      const h2 = await start(co, 'jon');
+      assert.deepEqual(await co.pay(h2.token, 'p2', { moneyMoved: true }), { kind: 'committed', serverConfirmed: true });
+      // The admin role may say VERIFIED: no fallback.
+      const h3 = await start(adminCo, 'kim');
+      assert.deepEqual(await adminCo.pay(h3.token, 'p3', { moneyMoved: true }), {
+        kind: 'committed',
+        serverConfirmed: true,
+      });
+      assert.equal(adminCo.plainCommitOnly, false);
+      assert.equal((await admin.saleInfo(sku)).committed, 3);
+    } finally {
+      await co.close();
+      await adminCo.close();
+      await shop.close();
+      await admin.close();
+    }
+  });
+});
