@@ -201,7 +201,7 @@ async fn reserve(
     qty: u32,
 ) -> Result<Hold, CheckoutError> {
     loop {
-        let adm = keys.mint(sku, user, now_ms() + 600_000);
+        let adm = keys.mint(sku, user, u64::try_from(now_ms()).unwrap_or(0) + 600_000);
         match co.start(sku, user, &adm, &format!("req-{user}"), qty).await {
             Err(CheckoutError::SoldOut) if co.gate().stock(sku).await.expect("STOCK") > 0 => {}
             other => return other,

@@ -113,7 +113,8 @@ export class Checkout {
    * tombstoned by the sweeper): do not take the payment.
    */
   async reserveAndRecord({ sku, user, admission, requestId, qty = 1 }) {
-    const r = await this.sg.reserve(sku, user, admission, requestId, { qty });
+    // WITHLIMIT: a Limit names the per-user limit and what the user holds, as in Python.
+    const r = await this.sg.reserve(sku, user, admission, requestId, { qty, withLimit: true });
     if (r.kind !== 'reserved' && r.kind !== 'replay') return r;
     const replay = r.kind === 'replay';
     let back;
