@@ -20,6 +20,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -90,7 +91,10 @@ fn expected(s: &Scenario) -> Value {
             .iter()
             .filter(|b| actions.contains(&b.action.as_str()))
             .collect();
-        (b.len() as u64, b.iter().map(|b| u64::from(b.qty)).sum::<u64>())
+        (
+            b.len() as u64,
+            b.iter().map(|b| u64::from(b.qty)).sum::<u64>(),
+        )
     };
     let (paid, paid_units) = of(&["pay", "pay_twice"]);
     let (twice, _) = of(&["pay_twice"]);
@@ -194,16 +198,19 @@ type Co = Checkout<PgLedger, StockgateClient>;
 /// Reserve and record; a SOLDOUT while STOCK is still positive (units on shards no probe
 /// reached) is asked again with the same request id.
 async fn reserve(
-    co: &Co,
-    keys: &Keyring,
-    sku: &str,
-    user: &str,
+    co: Co,
+    keys: Arc<Keyring>,
+    sku: String,
+    user: String,
     qty: u32,
 ) -> Result<Hold, CheckoutError> {
     loop {
-        let adm = keys.mint(sku, user, u64::try_from(now_ms()).unwrap_or(0) + 600_000);
-        match co.start(sku, user, &adm, &format!("req-{user}"), qty).await {
-            Err(CheckoutError::SoldOut) if co.gate().stock(sku).await.expect("STOCK") > 0 => {}
+        let adm = keys.mint(&sku, &user, u64::try_from(now_ms()).unwrap_or(0) + 600_000);
+        match co
+            .start(&sku, &user, &adm, &format!("req-{user}"), qty)
+            .await
+        {
+            Err(CheckoutError::SoldOut) if co.gate().stock(&sku).await.expect("STOCK") > 0 => {}
             other => return other,
         }
     }
@@ -218,9 +225,9 @@ fn outcome_name(p: &PayOutcome) -> &'static str {
     }
 }
 
-async fn act(co: &Co, b: &Buyer, h: &Hold) -> Vec<&'static str> {
+async fn act(co: Co, b: Buyer, h: Hold) -> Vec<&'static str> {
     let pay = |money: bool, prefix: &'static str| {
-        let token = h.token.clone();
+        let (co, token) = (co.clone(), h.token.clone());
         let r = format!("{prefix}-{}", b.user);
         async move { co.pay(&token, &r, money).await.expect("pay") }
     };
@@ -236,7 +243,7 @@ async fn act(co: &Co, b: &Buyer, h: &Hold) -> Vec<&'static str> {
 }
 
 /// The scenario through the Rust checkout (the steps of tests/scenario/run_python.py).
-async fn run_rust(env: &Env, keys: &Keyring, s: &Scenario, sku: &str) -> Value {
+async fn run_rust(env: &Env, s: &Scenario, sku: &str) -> Value {
     let client = StockgateClient::connect(&env.addr).await.expect("connect");
     let ledger = PgLedger::connect_with(&env.url, PgLedgerOptions::default())
         .await
@@ -247,25 +254,39 @@ async fn run_rust(env: &Env, keys: &Keyring, s: &Scenario, sku: &str) -> Value {
         .await
         .expect("SALE.CREATE");
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let holds: Vec<Hold> = futures_join(
-        s.buyers
-            .iter()
-            .map(|b| reserve(&co, keys, sku, &b.user, b.qty)),
-    )
-    .await
-    .into_iter()
-    .zip(&s.buyers)
-    .map(|(h, b)| h.unwrap_or_else(|e| panic!("{}: {e}", b.user)))
-    .collect();
+    let started = now_ms();
+    let keys = Arc::new(
+        Keyring::parse(&std::fs::read_to_string(&env.secret).expect("secret")).expect("keyring"),
+    );
+    let reserving = s.buyers.iter().map(|b| {
+        reserve(
+            co.clone(),
+            keys.clone(),
+            sku.to_string(),
+            b.user.clone(),
+            b.qty,
+        )
+    });
+    let holds: Vec<Hold> = spawn_all(reserving)
+        .await
+        .into_iter()
+        .zip(&s.buyers)
+        .map(|(h, b)| h.unwrap_or_else(|e| panic!("{}: {e}", b.user)))
+        .collect();
     *counts.entry("hold").or_default() += holds.len() as u64;
+    println!("rust: {} holds in {} ms", holds.len(), now_ms() - started);
     for user in &s.sold_out {
-        match reserve(&co, keys, sku, user, 1).await {
+        match reserve(co.clone(), keys.clone(), sku.to_string(), user.clone(), 1).await {
             Err(CheckoutError::SoldOut) => *counts.entry("sold_out").or_default() += 1,
             other => panic!("{user}: {other:?}"),
         }
     }
-    let acts = futures_join(s.buyers.iter().zip(&holds).map(|(b, h)| act(&co, b, h))).await;
-    for name in acts.into_iter().flatten() {
+    let acting = s
+        .buyers
+        .iter()
+        .zip(&holds)
+        .map(|(b, h)| act(co.clone(), b.clone(), h.clone()));
+    for name in spawn_all(acting).await.into_iter().flatten() {
         *counts.entry(name).or_default() += 1;
     }
     let deadline = holds.iter().map(|h| h.expires_at_ms).max().unwrap_or(0);
@@ -276,17 +297,13 @@ async fn run_rust(env: &Env, keys: &Keyring, s: &Scenario, sku: &str) -> Value {
         .buyers
         .iter()
         .zip(&holds)
-        .filter(|(b, _)| b.action == "pay_late" || b.action == "authorize_late");
-    let outs = futures_join(late.map(|(b, h)| {
-        let co = &co;
-        async move {
-            let r = format!("late-{}", b.user);
-            co.pay(&h.token, &r, b.action == "pay_late")
-                .await
-                .expect("late pay")
-        }
-    }))
-    .await;
+        .filter(|(b, _)| b.action == "pay_late" || b.action == "authorize_late")
+        .map(|(b, h)| {
+            let (co, token) = (co.clone(), h.token.clone());
+            let (r, money) = (format!("late-{}", b.user), b.action == "pay_late");
+            async move { co.pay(&token, &r, money).await.expect("late pay") }
+        });
+    let outs = spawn_all(late).await;
     for o in &outs {
         *counts.entry(outcome_name(o)).or_default() += 1;
     }
@@ -324,31 +341,18 @@ async fn run_rust(env: &Env, keys: &Keyring, s: &Scenario, sku: &str) -> Value {
     })
 }
 
-/// Runs the futures concurrently on this task, results in input order.
-async fn futures_join<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut set = Vec::new();
-    for f in futs {
-        set.push(Box::pin(f));
+/// Runs the futures as tasks (on the runtime's threads); results in input order.
+async fn spawn_all<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.expect("a scenario task panicked"));
     }
-    let mut out: Vec<Option<F::Output>> = (0..set.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in set.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
+    out
 }
 
 #[test]
@@ -389,12 +393,7 @@ fn the_same_scenario_through_rust_python_and_node_gives_the_same_ledger() {
         url,
     };
     let run = format!("{:x}", now_ms());
-    let rust = rt.block_on(run_rust(
-        &env,
-        &server.keyring(),
-        &spec,
-        &format!("SCN-RUST-{run}"),
-    ));
+    let rust = rt.block_on(run_rust(&env, &spec, &format!("SCN-RUST-{run}")));
     println!("rust: {rust}");
     let python = run_runner(
         "python3",

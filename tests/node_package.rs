@@ -209,8 +209,8 @@ fn node_package_against_a_server_a_ledger_and_the_sweeper() {
         }
     });
     assert!(
-        text.lines().any(|l| l.starts_with("ok ")
-            && l.contains("the whole sale through the package")),
+        text.lines()
+            .any(|l| l.starts_with("ok ") && l.contains("the whole sale through the package")),
         "the scenario did not pass:\n{text}"
     );
 }
