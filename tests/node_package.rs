@@ -2,16 +2,16 @@
 //! `node --test` suite against the real parts; this harness starts them and fails on any
 //! failed or skipped test.
 //!
-//! - single server: a `stockgate` server (open mode), a throwaway Postgres with the ledger
-//!   migrated in schema `stockgate` (`stockgate-sweeper migrate`), and a
-//!   `stockgate-sweeper run --interval-secs 1` process for that ledger and server: reply
-//!   parsing, errors per code and minting (`unit.test.js`), the commands, typed errors,
-//!   denials and retries while its connections are killed (`server.test.js`), the
-//!   checkout's branches and the mistakes the ledger refuses (`checkout.test.js`), the
-//!   whole sale (`scenario.test.js`), and the TypeScript types checked by `tsc --noEmit`
-//!   (`types.test.js`); a second server started with a users file, where the checkout
-//!   role's first payment meets `-NOPERM` for `COMMIT ... VERIFIED` and falls back to the
-//!   plain `COMMIT`;
+//! - a server (open mode) that no sweeper watches: reply parsing, errors per code and
+//!   minting (`unit.test.js`), the commands, typed errors, denials and retries while its
+//!   connections are killed (`server.test.js`), and the TypeScript types checked by
+//!   `tsc --noEmit` (`types.test.js`);
+//! - a server, a throwaway Postgres with the ledger migrated in schema `stockgate`
+//!   (`stockgate-sweeper migrate`) and a `stockgate-sweeper run --interval-secs 1` process
+//!   for that ledger and server: the checkout's branches and the mistakes the ledger
+//!   refuses (`checkout.test.js`) and the whole sale (`scenario.test.js`); plus a second
+//!   server started with a users file, where the checkout role's first payment meets
+//!   `-NOPERM` for `COMMIT ... VERIFIED` and falls back to the plain `COMMIT`;
 //! - failover: a 3-member Raft group; `failover.test.js` writes the signal file once its
 //!   sale is in flight, this harness `kill -9`s the leader, waits for a new one, restarts
 //!   the killed member and writes `<signal>.done`.
@@ -154,7 +154,34 @@ fn migrated_ledger(pg: &TempPostgres) -> String {
 }
 
 #[test]
-fn node_package_against_a_server_a_ledger_and_the_sweeper() {
+fn node_package_against_a_server() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // No sweeper watches this server: server.test.js lets holds expire on purpose and
+    // then commits them.
+    let server = Server::start(&[]);
+    let dir = TempDir::new("node-package");
+    let out = dir.path().join("node.log");
+    let envs = [
+        ("STOCKGATE_ADDR", server.addr.clone()),
+        (
+            "STOCKGATE_SECRET_FILE",
+            server.data_dir.join("secret").display().to_string(),
+        ),
+    ];
+    let p = node_test(
+        &[
+            "test/unit.test.js",
+            "test/server.test.js",
+            "test/types.test.js",
+        ],
+        &envs,
+        &out,
+    );
+    finish(p, &out, 40, || {});
+}
+
+#[test]
+fn node_package_checkout_against_a_ledger_and_the_sweeper() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let rt = common::runtime();
     let pg = rt.block_on(TempPostgres::start()).expect("postgres");
@@ -169,7 +196,7 @@ fn node_package_against_a_server_a_ledger_and_the_sweeper() {
             .spawn()
             .expect("stockgate-sweeper run"),
     );
-    let dir = TempDir::new("node-package");
+    let dir = TempDir::new("node-checkout");
     let out = dir.path().join("node.log");
     // A second server with users, for the checkout role's plain-COMMIT fallback.
     let users = dir.path().join("users");
@@ -193,17 +220,11 @@ fn node_package_against_a_server_a_ledger_and_the_sweeper() {
         ("STOCKGATE_AUTH_CHECKOUT", "shop:s3cret-shop".to_string()),
     ];
     let p = node_test(
-        &[
-            "test/unit.test.js",
-            "test/server.test.js",
-            "test/checkout.test.js",
-            "test/scenario.test.js",
-            "test/types.test.js",
-        ],
+        &["test/checkout.test.js", "test/scenario.test.js"],
         &envs,
         &out,
     );
-    let text = finish(p, &out, 55, || {
+    let text = finish(p, &out, 17, || {
         if let Ok(Some(st)) = sweeper.0.try_wait() {
             panic!("the sweeper exited during the tests: {st}");
         }

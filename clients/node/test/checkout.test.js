@@ -4,6 +4,7 @@
 // through the package or through raw calls of the functions.
 
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { after, before, describe, it } from 'node:test';
 
 import {
@@ -16,6 +17,7 @@ import {
   OrderRefused,
   SoldOut,
   Stockgate,
+  Unavailable,
   ledgerErrorFrom,
 } from '../src/index.js';
 import { connectionLost } from '../src/checkout.js';
@@ -250,6 +252,63 @@ describe('the checkout over the ledger', { skip }, () => {
     assert.deepEqual(await co.pay(holds[2].token, 'p2', { moneyMoved: false }), { kind: 'committed', serverConfirmed: true });
     const info = await sg.saleInfo(sku);
     assert.deepEqual([info.committed, info.reserved, info.available], [2, 0, 1]);
+  });
+});
+
+// A ledger statement whose connection failed is sent again on a new connection: the
+// checkout's Postgres is reached through a TCP proxy that refuses connections at first and
+// forwards them after a while.
+describe('the checkout after the ledger was unreachable', { skip }, () => {
+  it('a payment sent while the ledger refuses connections is answered once it is back', async () => {
+    const target = new URL(env.databaseUrl);
+    const sockets = new Set();
+    const proxy = net.createServer((c) => {
+      sockets.add(c);
+      const up = net.connect(Number(target.port || 5432), target.hostname);
+      sockets.add(up);
+      c.pipe(up).pipe(c);
+      c.on('error', () => up.destroy());
+      up.on('error', () => c.destroy());
+    });
+    // A free port, closed again: nothing listens there until the proxy starts.
+    const port = await new Promise((ok) => {
+      const probe = net.createServer().listen(0, '127.0.0.1', () => {
+        const p = probe.address().port;
+        probe.close(() => ok(p));
+      });
+    });
+    const url = new URL(env.databaseUrl);
+    url.host = `127.0.0.1:${port}`;
+    const sg = new Stockgate({ addr: env.addr, deadlineMs: 10000 });
+    const co = new Checkout({ stockgate: sg, databaseUrl: url.toString(), schema: env.schema, poolSize: 1 });
+    try {
+      const t = Date.now();
+      const paying = co.pay(`{NODE-PROXY-${runId}}${'z'.repeat(26)}`, 'p', { moneyMoved: false });
+      await sleep(400);
+      await new Promise((ok) => proxy.listen(port, '127.0.0.1', ok));
+      assert.deepEqual(await paying, { kind: 'refused', status: null });
+      assert.ok(Date.now() - t >= 400, 'answered only once the ledger was reachable');
+    } finally {
+      await co.close();
+      await sg.close();
+      for (const s of sockets) s.destroy();
+      await new Promise((ok) => proxy.close(ok));
+    }
+  });
+
+  it('a ledger that stays unreachable ends the call at the deadline as Unavailable', async () => {
+    const url = new URL(env.databaseUrl);
+    url.host = '127.0.0.1:1';
+    const sg = new Stockgate({ addr: env.addr, deadlineMs: 600 });
+    const co = new Checkout({ stockgate: sg, databaseUrl: url.toString(), schema: env.schema, poolSize: 1 });
+    try {
+      const t = Date.now();
+      await assert.rejects(co.cancel('{X}abc'), (e) => e instanceof Unavailable && e.code === 'UNAVAILABLE');
+      assert.ok(Date.now() - t < 3000);
+    } finally {
+      await co.close();
+      await sg.close();
+    }
   });
 });
 
