@@ -470,6 +470,27 @@ describe('the checkout on a role that may not send COMMIT VERIFIED', { skip: aut
       });
       assert.equal(adminCo.plainCommitOnly, false);
       assert.equal((await admin.saleInfo(sku)).committed, 3);
+
+      // The ledger took the payment in time but the server's deadline has passed: the
+      // plain COMMIT meets -EXPIRED, the sale stands (the sweeper, which may say VERIFIED,
+      // commits it on the server) and the caller is told the server is not confirmed yet.
+      const late = `${sku}-L`;
+      await admin.createSale(late, 2, { shards: 1, ttlMs: 300 });
+      const h4 = await co.reserveAndRecord({ sku: late, user: 'lee', admission: minter.mint(late, 'lee'), requestId: 'r1' });
+      assert.ok(h4 instanceof Hold);
+      const db = pgPool(1);
+      try {
+        await db.query(
+          `UPDATE "${env.schema}".orders SET reservation_expires_at = now() + interval '1 minute'
+            WHERE reservation_token = $1`,
+          [h4.token],
+        );
+      } finally {
+        await db.end();
+      }
+      while (Date.now() <= h4.expiresAtMs + 20) await sleep(20);
+      assert.deepEqual(await co.pay(h4.token, 'p4', { moneyMoved: true }), { kind: 'committed', serverConfirmed: false });
+      assert.equal((await shop.reservation(h4.token)).state, 'RESERVED', 'left to the sweeper');
     } finally {
       await co.close();
       await adminCo.close();
