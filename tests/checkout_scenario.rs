@@ -1,4 +1,11 @@
-//! The same checkout scenario through Rust, Python and Node gives the same ledger outcome.
+//! The checkout scenarios through the Rust checkout (`stockgate_client::Checkout` over
+//! `PgLedger`), against a real server, a real Postgres ledger and a real
+//! `stockgate-sweeper run` process:
+//!
+//! - `the_whole_sale_through_the_rust_checkout`: the package tests' sale (3,000 buyers for
+//!   1,000 units over 128 connections, 1.5 s holds, paid / paid twice / cancelled / paid
+//!   late / abandoned, then a second wave), with the exact ledger figures;
+//! - `the_same_scenario_through_rust_python_and_node_gives_the_same_ledger`: below.
 //!
 //! One scenario definition, `tests/scenario/checkout.json`: fixed buyers with fixed
 //! quantities and fixed actions (pay, pay twice, cancel, pay late with money moved,
@@ -27,7 +34,7 @@ use serde_json::{json, Value};
 use stockgate_client::checkout::{CheckoutError, Hold, PayOutcome};
 use stockgate_client::ledger::postgres::PgLedgerOptions;
 use stockgate_client::types::now_ms;
-use stockgate_client::{Checkout, PgLedger, StockgateClient};
+use stockgate_client::{Checkout, OrderStatus, PgLedger, StockgateClient};
 use stockgate_server::engine::Keyring;
 use stockgate_testkit::pgtemp::TempPostgres;
 
@@ -415,4 +422,302 @@ fn the_same_scenario_through_rust_python_and_node_gives_the_same_ledger() {
     assert_eq!(python, rust, "Python's outcome differs from Rust's");
     assert_eq!(node, rust, "Node's outcome differs from Rust's");
     println!("all three: {want}");
+}
+
+// --- The whole sale through the Rust checkout, with the package tests' figures ----------
+//
+// The scenario of clients/python/tests/test_scenario.py and clients/node/test/scenario.test.js:
+// 3,000 buyers for 1,000 units through 128 connections, 1.5 s holds; hold k's fate by
+// k % 10: 0-5 pay at once, 6 pay twice, 7 cancel, 8 pay after the TTL with money moved,
+// 9 abandon; the sweeper gives the abandoned units back; a second wave of 300 buys them.
+
+const SALE_TOTAL: u64 = 1_000;
+const SALE_TTL_MS: u64 = 1_500;
+const WAVE1: usize = 3_000;
+const WAVE2: usize = 300;
+const CONNECTIONS: usize = 128;
+
+/// The fate of the hold acknowledged `n`-th: the paid fates (0-6) first, the cancelled
+/// ones (7) last, so the cancels, which wait for the end of wave 1, have the most of their
+/// 1.5 s left.
+fn numbering() -> Vec<usize> {
+    let rank = |k: &usize| match k % 10 {
+        8 => 1,
+        9 => 2,
+        7 => 3,
+        _ => 0,
+    };
+    let mut v: Vec<usize> = (0..SALE_TOTAL as usize).collect();
+    v.sort_by_key(|k| (rank(k), *k));
+    v
+}
+
+#[derive(Default)]
+struct Wave1 {
+    holds: Vec<Hold>,
+    paid: Vec<(usize, Vec<PayOutcome>)>,
+    late: Vec<Hold>,
+    to_cancel: Vec<String>,
+    sold_out: usize,
+}
+
+/// Reserve and record until a hold, or until the sale is empty (`empty` settles it for
+/// every later buyer while nothing goes back to stock).
+async fn buy(
+    co: &Co,
+    keys: &Keyring,
+    sku: &str,
+    user: &str,
+    empty: &std::sync::atomic::AtomicBool,
+) -> Option<Hold> {
+    use std::sync::atomic::Ordering::SeqCst;
+    loop {
+        let adm = keys.mint(sku, user, u64::try_from(now_ms()).unwrap_or(0) + 600_000);
+        match co.start(sku, user, &adm, "r1", 1).await {
+            Ok(h) => return Some(h),
+            Err(CheckoutError::SoldOut) if empty.load(SeqCst) => return None,
+            Err(CheckoutError::SoldOut) => {
+                if co.gate().stock(sku).await.expect("STOCK") == 0 {
+                    empty.store(true, SeqCst);
+                    return None;
+                }
+            }
+            Err(e) => panic!("{user}: {e}"),
+        }
+    }
+}
+
+async fn pay_in_time(co: &Co, h: &Hold, times: usize) -> Vec<PayOutcome> {
+    let mut out = Vec::new();
+    for _ in 0..times {
+        let ref_ = format!("pay-{}", h.token);
+        out.push(co.pay(&h.token, &ref_, true).await.expect("pay"));
+    }
+    out
+}
+
+/// Wave 1 on `workers` checkouts (one connection each), one buyer at a time per worker.
+async fn wave1(workers: Vec<Co>, keys: Arc<Keyring>, sku: String) -> Wave1 {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    let next = Arc::new(AtomicUsize::new(0));
+    let empty = Arc::new(AtomicBool::new(false));
+    let state = Arc::new(std::sync::Mutex::new(Wave1::default()));
+    let fates = Arc::new(numbering());
+    let tasks = workers.into_iter().map(|co| {
+        let (next, empty, state, fates) =
+            (next.clone(), empty.clone(), state.clone(), fates.clone());
+        let (keys, sku) = (keys.clone(), sku.clone());
+        async move {
+            loop {
+                let i = next.fetch_add(1, SeqCst);
+                if i >= WAVE1 {
+                    return;
+                }
+                let Some(h) = buy(&co, &keys, &sku, &format!("u{i}"), &empty).await else {
+                    state.lock().expect("state").sold_out += 1;
+                    continue;
+                };
+                assert!(!h.replay && !h.already_committed, "{h:?}");
+                let k = {
+                    let mut st = state.lock().expect("state");
+                    st.holds.push(h.clone());
+                    fates[st.holds.len() - 1]
+                };
+                let paid = match k % 10 {
+                    0..=5 => pay_in_time(&co, &h, 1).await,
+                    6 => pay_in_time(&co, &h, 2).await,
+                    7 => {
+                        state.lock().expect("state").to_cancel.push(h.token.clone());
+                        continue;
+                    }
+                    8 => {
+                        state.lock().expect("state").late.push(h);
+                        continue;
+                    }
+                    _ => continue,
+                };
+                state.lock().expect("state").paid.push((k, paid));
+            }
+        }
+    });
+    spawn_all(tasks).await;
+    let mut st = state.lock().expect("state");
+    std::mem::take(&mut *st)
+}
+
+#[test]
+fn the_whole_sale_through_the_rust_checkout() {
+    let rt = common::runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let url = pg.url().to_string();
+    let migrate = Command::new(bin("stockgate-sweeper"))
+        .args(["--database-url", &url, "migrate"])
+        .env("STOCKGATE_LOG", "warn")
+        .output()
+        .expect("stockgate-sweeper migrate");
+    assert!(
+        migrate.status.success(),
+        "migrate: {}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let server = Server::start(&[]);
+    let mut sweeper = KillOnDrop(
+        Command::new(bin("stockgate-sweeper"))
+            .args(["--database-url", &url, "--server", &server.addr])
+            .args(["run", "--interval-secs", "1"])
+            .env("STOCKGATE_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("stockgate-sweeper run"),
+    );
+    let keys = Arc::new(server.keyring());
+    rt.block_on(whole_sale(&server.addr, &url, keys));
+    assert!(
+        sweeper.0.try_wait().expect("sweeper").is_none(),
+        "the sweeper exited during the sale"
+    );
+}
+
+async fn whole_sale(addr: &str, url: &str, keys: Arc<Keyring>) {
+    let sku = "SCEN-rust";
+    let ledger = PgLedger::connect_with(
+        url,
+        PgLedgerOptions {
+            max_connections: 24,
+            ..PgLedgerOptions::default()
+        },
+    )
+    .await
+    .expect("ledger");
+    let mut workers = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let c = StockgateClient::connect(addr).await.expect("connect");
+        workers.push(Checkout::new(ledger.clone(), c));
+    }
+    let co = workers[0].clone();
+    co.gate()
+        .sale_create(sku, SALE_TOTAL, None, Some(SALE_TTL_MS), None)
+        .await
+        .expect("SALE.CREATE");
+    let started = Instant::now();
+    let w = wave1(workers, keys.clone(), sku.to_string()).await;
+    let wave1_ms = started.elapsed().as_millis();
+    // Cancelled units go back at once: the cancels wait until every wave-1 buyer has its
+    // answer, so wave 1 ends with exactly 1,000 holds.
+    let cancels = w.to_cancel.iter().map(|t| {
+        let (co, t) = (co.clone(), t.clone());
+        async move { (co.cancel(&t).await.expect("cancel"), t) }
+    });
+    for (gave_back, t) in spawn_all(cancels).await {
+        assert!(gave_back, "the cancel of {t} gave nothing back");
+    }
+    assert_eq!(
+        w.holds.len(),
+        SALE_TOTAL as usize,
+        "{} sold out",
+        w.sold_out
+    );
+    assert_eq!(w.sold_out, WAVE1 - SALE_TOTAL as usize);
+    let tokens: std::collections::HashSet<&str> =
+        w.holds.iter().map(|h| h.token.as_str()).collect();
+    assert_eq!(tokens.len(), w.holds.len(), "a token handed out twice");
+    assert_eq!(
+        (w.to_cancel.len(), w.late.len(), w.paid.len()),
+        (100, 100, 700)
+    );
+    let ok = PayOutcome::Committed {
+        server_confirmed: true,
+    };
+    for (k, outs) in &w.paid {
+        let want = if k % 10 == 6 {
+            vec![ok.clone(), PayOutcome::AlreadyCommitted]
+        } else {
+            vec![ok.clone()]
+        };
+        assert_eq!(outs, &want, "hold {k}");
+    }
+
+    // Fate 8: the payment arrives after the TTL, with the money moved.
+    let deadline = w.late.iter().map(|h| h.expires_at_ms).max().unwrap_or(0);
+    while now_ms() <= deadline + 20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for h in &w.late {
+        match co
+            .pay(&h.token, &format!("late-{}", h.token), true)
+            .await
+            .expect("late pay")
+        {
+            PayOutcome::RefundRequired { previous } => assert!(
+                matches!(
+                    previous,
+                    OrderStatus::Pending | OrderStatus::CancelledBySweeper
+                ),
+                "{previous:?}"
+            ),
+            other => panic!("late payment of {}: {other:?}", h.token),
+        }
+    }
+
+    // The sweeper gives the abandoned holds' units back.
+    let t = Instant::now();
+    while co.gate().sale_info(sku).await.expect("SALE.INFO").available != 300 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the abandoned units did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Wave 2: 300 new buyers reserve and pay, all sold; one more is sold out.
+    let empty = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wave2 = (0..WAVE2).map(|i| {
+        let (co, keys, empty) = (co.clone(), keys.clone(), empty.clone());
+        async move {
+            let h = buy(&co, &keys, sku, &format!("w{i}"), &empty)
+                .await
+                .expect("a wave-2 hold");
+            pay_in_time(&co, &h, 1).await
+        }
+    });
+    for outs in spawn_all(wave2).await {
+        assert_eq!(outs, vec![ok.clone()]);
+    }
+    let no = std::sync::atomic::AtomicBool::new(false);
+    assert!(
+        buy(&co, &keys, sku, "w300", &no).await.is_none(),
+        "w300 got a hold"
+    );
+
+    let info = co.gate().sale_info(sku).await.expect("SALE.INFO");
+    assert_eq!(
+        (info.committed, info.reserved, info.available),
+        (1_000, 0, 0),
+        "{info:?}"
+    );
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT status, count(*), sum(qty)::bigint FROM stockgate.orders WHERE sku = $1 GROUP BY status",
+    )
+    .bind(sku)
+    .fetch_all(ledger.pool())
+    .await
+    .expect("orders");
+    let by: BTreeMap<String, (i64, i64)> = rows.into_iter().map(|(s, n, u)| (s, (n, u))).collect();
+    let want: BTreeMap<String, (i64, i64)> = [
+        ("COMMITTED", (1_000, 1_000)),
+        ("CANCELLED", (100, 100)),
+        ("REFUND_REQUIRED", (100, 100)),
+        ("CANCELLED_BY_SWEEPER", (100, 100)),
+    ]
+    .into_iter()
+    .map(|(s, v)| (s.to_string(), v))
+    .collect();
+    assert_eq!(by, want);
+    assert_eq!(
+        by["COMMITTED"].1, info.committed,
+        "units sold = units committed in the ledger"
+    );
+    println!(
+        "rust scenario: wave 1 with its payments in {wave1_ms} ms over {CONNECTIONS} connections"
+    );
 }
