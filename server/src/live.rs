@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::session::ServerConfig;
 
+/// The settings `CONFIG SET` may change, read where each limit is applied.
 pub struct LiveSettings {
     /// `maxclients`: more connections are refused at accept.
     pub max_clients: AtomicUsize,
@@ -36,22 +37,27 @@ impl LiveSettings {
         }
     }
 
+    /// Connections beyond this are refused at accept.
     pub fn max_clients(&self) -> usize {
         self.max_clients.load(Ordering::Relaxed)
     }
 
+    /// Bytes a connection may have unparsed before it is closed.
     pub fn max_query_buffer(&self) -> usize {
         self.max_query_buffer.load(Ordering::Relaxed)
     }
 
+    /// Bytes of replies a connection may leave unread before it is closed.
     pub fn max_output_buffer(&self) -> usize {
         self.max_output_buffer.load(Ordering::Relaxed)
     }
 
+    /// Milliseconds a connection may send nothing before it is closed; 0 = never.
     pub fn idle_timeout_ms(&self) -> u64 {
         self.idle_timeout_ms.load(Ordering::Relaxed)
     }
 
+    /// Milliseconds a reply may wait for the client to read it before it is closed.
     pub fn write_timeout_ms(&self) -> u64 {
         self.write_timeout_ms.load(Ordering::Relaxed)
     }

@@ -13,8 +13,11 @@ use parking_lot::RwLock;
 use sha2::{Digest, Sha256};
 
 /// Role bits, as the command table (`cmd::command_table`) stores who may run a command.
+/// The checkout service: RESERVE, COMMIT, RELEASE, EXTEND and the reads a buyer needs.
 pub const CHECKOUT: u8 = 1;
+/// The sweeper: EXPIRED and the releases and commits that heal abandoned holds.
 pub const SWEEPER: u8 = 2;
+/// An operator: every command, sales and server settings included.
 pub const ADMIN: u8 = 4;
 /// Monitoring of replication (INFO, ROLE); users files from the Redis-style replication
 /// that name it still load.
@@ -23,16 +26,23 @@ pub const REPLICATION: u8 = 8;
 /// REWRITE, CLIENT KILL, PUBLISH/SUBSCRIBE, MULTI/EXEC).
 pub const SENTINEL: u8 = 16;
 
+/// What a user may do: each role is one bit of the command table's `roles`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
+    /// [`ADMIN`].
     Admin,
+    /// [`CHECKOUT`].
     Checkout,
+    /// [`SWEEPER`].
     Sweeper,
+    /// [`REPLICATION`].
     Replication,
+    /// [`SENTINEL`].
     Sentinel,
 }
 
 impl Role {
+    /// The role's bit, as the command table tests it.
     pub fn bit(self) -> u8 {
         match self {
             Role::Admin => ADMIN,
@@ -43,6 +53,7 @@ impl Role {
         }
     }
 
+    /// The role a users file names (`admin`, `checkout`, ...); `None` for another word.
     pub fn parse(s: &str) -> Option<Role> {
         match s {
             "admin" => Some(Role::Admin),
@@ -54,6 +65,7 @@ impl Role {
         }
     }
 
+    /// The word the users file and `ACL LIST` use.
     pub fn name(self) -> &'static str {
         match self {
             Role::Admin => "admin",
@@ -66,6 +78,8 @@ impl Role {
 }
 
 /// Why a users file was refused.
+// Each variant's `#[error]` text is its documentation.
+#[allow(missing_docs)]
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum UsersError {
     #[error("users file line {line}: expected `<user> <role> <password>`")]
@@ -85,8 +99,11 @@ pub enum UsersError {
 /// One user: the name, the SHA-256 of the password, the role.
 #[derive(Clone, Debug)]
 pub struct User {
+    /// The name AUTH gives.
     pub name: String,
+    /// SHA-256 of the password: the password itself is never kept.
     pub digest: [u8; 32],
+    /// What the user may run.
     pub role: Role,
 }
 
@@ -183,18 +200,22 @@ impl Users {
         });
     }
 
+    /// No users: the server then asks for no password.
     pub fn empty() -> Users {
         Users::default()
     }
 
+    /// True when no user is configured.
     pub fn is_empty(&self) -> bool {
         self.users.is_empty()
     }
 
+    /// The users in file order (`ACL LIST`, `ACL USERS`).
     pub fn iter(&self) -> impl Iterator<Item = &User> {
         self.users.iter()
     }
 
+    /// The role of `user` if `pass` is its password, comparing in constant time.
     pub fn check(&self, user: &[u8], pass: &[u8]) -> Option<Role> {
         let d = digest(pass);
         let mut found = None;
@@ -258,10 +279,12 @@ impl UserDb {
         })
     }
 
+    /// The users as loaded last; an `ACL LOAD` after this does not change them.
     pub fn snapshot(&self) -> Arc<Users> {
         self.current.read().clone()
     }
 
+    /// [`Users::check`] against the users loaded last.
     pub fn check(&self, user: &[u8], pass: &[u8]) -> Option<Role> {
         self.snapshot().check(user, pass)
     }

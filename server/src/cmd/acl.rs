@@ -6,15 +6,22 @@ use super::{Ctx, Outcome};
 use crate::protocol::Reply;
 use crate::users::{Role, User};
 
+/// One `ACL` subcommand.
 pub enum Acl {
+    /// The connection's user (`default` without users).
     WhoAmI,
+    /// Every user in Redis's ACL line shape, hashes only.
     List,
+    /// The user names.
     Users,
+    /// Reads the users file again; a bad file changes nothing.
     Load,
+    /// The subcommands, one line each.
     Help,
 }
 
 impl Acl {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Acl, Reply> {
         let sub = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
         match (sub.as_str(), args.len()) {
@@ -46,6 +53,7 @@ impl Acl {
         }
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let admin_only = matches!(self, Acl::List | Acl::Users | Acl::Load);
         if admin_only && ctx.conn.role != Some(Role::Admin) {

@@ -4,20 +4,30 @@
 /// Role bits (defined beside `Role`). `OPEN` commands (connection commands and INFO) are
 /// allowed to every role.
 pub use crate::session::{ADMIN, CHECKOUT, REPLICATION, SENTINEL, SWEEPER};
+/// Every role, and a connection before AUTH where no password is set.
 pub const OPEN: u8 = 0xff;
 
+/// One command's entry: how it is checked, routed and described.
 pub struct Spec {
+    /// Lower case, as looked up.
     pub name: &'static str,
     /// Redis convention: exact count including the name, or -N for "at least N".
     pub arity: i64,
+    /// Redis's command flags (`write`, `readonly`, `fast`, ...) as COMMAND shows them.
     pub flags: &'static [&'static str],
+    /// Position of the first key (the sku) in argv; 0 for none.
     pub first_key: i64,
+    /// Position of the last key; negative counts from the end.
     pub last_key: i64,
+    /// Distance between keys; 0 without keys.
     pub step: i64,
+    /// The role bits that may run it.
     pub roles: u8,
     /// May run before AUTH when passwords are configured.
     pub no_auth: bool,
+    /// COMMAND DOCS's group (`stock`, `server`, `connection`, ...).
     pub group: &'static str,
+    /// One line for COMMAND DOCS and HELP.
     pub summary: &'static str,
 }
 
@@ -49,6 +59,7 @@ const R: &[&str] = &["readonly", "fast"];
 const C: &[&str] = &["fast", "stale", "loading"];
 const TX: &[&str] = &["noscript", "loading", "stale", "fast", "allow_busy"];
 
+/// Every command the server knows, in COMMAND LIST's order.
 pub static COMMANDS: &[Spec] = &[
     // Buyer path. Tokens carry the `{sku}` hash tag, so they route like the sku.
     spec(
@@ -613,10 +624,12 @@ pub static COMMANDS: &[Spec] = &[
     ),
 ];
 
+/// The entry for a lower-cased command name.
 pub fn lookup(name_lower: &str) -> Option<&'static Spec> {
     COMMANDS.iter().find(|s| s.name == name_lower)
 }
 
+/// Whether `argc` arguments (the name included) fit the command's arity.
 pub fn arity_ok(spec: &Spec, argc: usize) -> bool {
     let argc = argc as i64;
     if spec.arity >= 0 {

@@ -12,6 +12,7 @@ pub struct Auth<'a> {
 }
 
 impl<'a> Auth<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         match args {
             [pass] => Ok(Auth {
@@ -23,6 +24,7 @@ impl<'a> Auth<'a> {
         }
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         authenticate(ctx, self.user, self.pass)
             .unwrap_or_else(|e| e)
@@ -62,6 +64,7 @@ pub struct Hello<'a> {
 }
 
 impl<'a> Hello<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("hello", args);
         let mut h = Hello {
@@ -93,6 +96,7 @@ impl<'a> Hello<'a> {
         Ok(h)
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let proto = match self.proto {
             None => ctx.conn.proto,
@@ -140,6 +144,7 @@ fn set_name(ctx: &mut Ctx<'_>, name: &str) -> Result<(), Reply> {
     Ok(())
 }
 
+/// `PING [message]`: PONG, or the message; in subscriber mode Redis's array shape.
 pub fn ping(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let _ = ctx;
     match args {
@@ -191,6 +196,7 @@ fn client_kill(ctx: &mut Ctx<'_>, filters: &[&[u8]]) -> Outcome {
     Reply::Int(n as i64).into()
 }
 
+/// `SELECT 0` only: there is one database.
 pub fn select(args: &[&[u8]]) -> Outcome {
     if args[0] == b"0" {
         Reply::ok().into()
@@ -199,6 +205,7 @@ pub fn select(args: &[&[u8]]) -> Outcome {
     }
 }
 
+/// `RESET`: the connection back to its state after connecting (RESP2, no user, no name).
 pub fn reset(ctx: &mut Ctx<'_>) -> Outcome {
     // As Redis: RESET also discards an open transaction.
     ctx.conn.multi = None;

@@ -118,6 +118,7 @@ pub fn glob(pattern: &[u8], s: &[u8]) -> bool {
     crate::pubsub::glob_match(&pattern.to_ascii_lowercase(), &s.to_ascii_lowercase())
 }
 
+/// `TIME`: seconds and microseconds of the server's clock, as Redis answers.
 pub fn time() -> Outcome {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -129,6 +130,7 @@ pub fn time() -> Outcome {
     .into()
 }
 
+/// `SAVE`: writes a snapshot of the engine now and trims the log behind it.
 pub fn save(ctx: &mut Ctx<'_>) -> Outcome {
     match ctx.shared.durability.save(ctx.engine) {
         Ok(()) => Reply::ok().into(),

@@ -29,16 +29,22 @@ pub use timed::dispatch_timed;
 
 /// Everything a command may touch.
 pub struct Ctx<'a> {
+    /// The reservation engine: sales, holds, stock.
     pub engine: &'a Engine,
+    /// This connection's state (user, protocol, transaction, name).
     pub conn: &'a mut ConnState,
+    /// What every connection shares: settings, users, stats, replication.
     pub shared: &'a Shared,
 }
 
 /// What running a command produced: the reply, the log position that must be durable
 /// before the reply is sent, and whether to close the connection after it.
 pub struct Outcome {
+    /// The answer.
     pub reply: Reply,
+    /// The log position to wait for before sending it; 0 for nothing.
     pub lsn: Lsn,
+    /// Close the connection once the reply is sent (`QUIT`, a fatal refusal).
     pub close: bool,
     /// A blocking command (`XREAD BLOCK`) that found nothing yet: the connection sends
     /// what it has answered so far, then awaits this for the reply. Where a connection
@@ -84,6 +90,7 @@ impl Outcome {
         }
     }
 
+    /// A reply that may leave only once `lsn` is durable.
     pub fn logged(reply: Reply, lsn: Lsn) -> Self {
         Outcome {
             reply,
