@@ -13,6 +13,7 @@
 //! - [`takeover`]: a connection handed from the command loop to a subscriber and back.
 //! - [`raft`]: a replicated group: the log replicated with Raft (openraft).
 //! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
+//! - [`tls`]: TLS on the RESP port: the certificate files, their reload, the flags.
 pub use stockgate_core::{engine, wal};
 
 pub mod cli;
@@ -28,3 +29,4 @@ pub mod report;
 pub mod server;
 pub mod session;
 pub mod takeover;
+pub mod tls;

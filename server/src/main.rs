@@ -15,7 +15,7 @@ use stockgate_server::keyfiles;
 use stockgate_server::persist::{recover_engine_with, WalDurability};
 use stockgate_server::protocol::Limits;
 use stockgate_server::raft::{self, RaftNode, RaftNodeConfig};
-use stockgate_server::server::{serve, Role, ServerConfig, Shared, Users};
+use stockgate_server::server::{serve, Ports, Role, ServerConfig, Shared, Users};
 use stockgate_server::wal::{FsyncPolicy, WalOptions};
 
 #[derive(Parser)]
@@ -239,6 +239,10 @@ struct ServeArgs {
     slowlog_max_len: usize,
     #[command(flatten)]
     log: stockgate_server::metrics::logging::LogArgs,
+    // ---- TLS: --tls-port, --tls-cert-file, ... (server/src/tls/args.rs) ----
+    #[command(flatten)]
+    tls: stockgate_server::tls::args::TlsArgs,
+    // ---- end TLS ----
 }
 
 #[derive(Args)]
@@ -392,6 +396,7 @@ fn users_from(a: &ServeArgs) -> Result<Option<Users>, String> {
 fn run_inner(a: ServeArgs) -> Result<(), String> {
     let users = users_from(&a)?;
     check_open_mode(&a, users.is_some())?;
+    let tls = tls_from(&a)?;
     std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
     let keys = load_keys(&a)?;
     let cfg = engine_config(&a)?;
@@ -420,6 +425,9 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         a.metrics_max_sales,
     );
     check_metrics_addr(&a)?;
+    if let Some((_, t)) = &tls {
+        let _ = shared.tls.set(t.clone());
+    }
     let threads = event_loops(a.threads);
     // Every worker is a current-thread runtime (`server::serve` says why): this one runs
     // the first, plus the background tasks; the others get a thread each.
@@ -430,7 +438,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     // One loop runs one command at a time: no reply can observe a RESERVE half done.
     recovered.engine.set_concurrent_callers(threads > 1);
-    let (first, extra) = bind_listeners(&a.bind, a.port, threads, a.tcp_backlog as i32)?;
+    let (first, extra) = bind_ports(&a, tls.as_ref().map(|t| t.0), threads)?;
     let raft = raft_cfg.zip(prepared);
     let result = rt.block_on(serve_until_shutdown(
         &a, &recovered, shared, raft, first, extra,
@@ -710,13 +718,23 @@ async fn serve_until_shutdown(
     r: &Recovered,
     shared: Arc<Shared>,
     raft: Option<(RaftNodeConfig, raft::node::Prepared)>,
-    first: std::net::TcpListener,
-    extra: Vec<std::net::TcpListener>,
+    first: Ports<std::net::TcpListener>,
+    extra: Vec<Ports<std::net::TcpListener>>,
 ) -> Result<(), String> {
     let engine = &r.engine;
-    first.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::from_std(first).map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let to_tokio = |l: std::net::TcpListener| {
+        l.set_nonblocking(true).map_err(|e| e.to_string())?;
+        tokio::net::TcpListener::from_std(l).map_err(|e| e.to_string())
+    };
+    let listener = Ports {
+        plain: to_tokio(first.plain)?,
+        tls: first.tls.map(to_tokio).transpose()?,
+    };
+    let addr = listener.plain.local_addr().map_err(|e| e.to_string())?;
+    let tls_addr = match &listener.tls {
+        Some(l) => Some(l.local_addr().map_err(|e| e.to_string())?),
+        None => None,
+    };
     if let (Some((cfg, prepared)), Some(spec)) = (raft, r.speculation.clone()) {
         start_raft_member(r, &shared, cfg, prepared, spec, addr.port()).await?;
     }
@@ -731,8 +749,14 @@ async fn serve_until_shutdown(
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "listening on {addr}");
+        if let Some(t) = tls_addr {
+            let _ = writeln!(out, "listening on {t} (tls)");
+        }
         let _ = out.flush();
     }
+    let tls_watch = shared.tls.get().map(|t| {
+        tokio::spawn(t.clone().watch(stockgate_server::tls::RELOAD_CHECK))
+    });
     let snapshotter = r
         .speculation
         .is_none()
@@ -752,6 +776,9 @@ async fn serve_until_shutdown(
         s.abort();
     }
     sampler.abort();
+    if let Some(w) = tls_watch {
+        w.abort();
+    }
     if let Some(h) = metrics_http {
         h.abort();
     }
@@ -808,6 +835,51 @@ async fn spawn_metrics_http(
         shared.clone(),
     )))
 }
+
+// ---- TLS ----
+
+/// The TLS port and its loaded certificate, when `--tls-port` is given; a file that is
+/// missing or does not parse stops the start, named.
+fn tls_from(
+    a: &ServeArgs,
+) -> Result<Option<(u16, Arc<stockgate_server::tls::Tls>)>, String> {
+    let Some((port, files)) = a.tls.files()? else {
+        return Ok(None);
+    };
+    let tls = stockgate_server::tls::Tls::load(files).map_err(|e| e.to_string())?;
+    Ok(Some((port, Arc::new(tls))))
+}
+
+/// The plain port's listeners and, with TLS, the TLS port's, one of each per event loop.
+fn bind_ports(
+    a: &ServeArgs,
+    tls_port: Option<u16>,
+    threads: usize,
+) -> Result<(Ports<std::net::TcpListener>, Vec<Ports<std::net::TcpListener>>), String> {
+    let backlog = a.tcp_backlog as i32;
+    let (plain, plain_extra) = bind_listeners(&a.bind, a.port, threads, backlog)?;
+    let Some(port) = tls_port else {
+        let extra = plain_extra.into_iter().map(|plain| Ports { plain, tls: None });
+        return Ok((Ports { plain, tls: None }, extra.collect()));
+    };
+    let (tls, tls_extra) = bind_listeners(&a.bind, port, threads, backlog)?;
+    let extra = plain_extra
+        .into_iter()
+        .zip(tls_extra)
+        .map(|(plain, tls)| Ports {
+            plain,
+            tls: Some(tls),
+        });
+    Ok((
+        Ports {
+            plain,
+            tls: Some(tls),
+        },
+        extra.collect(),
+    ))
+}
+
+// ---- end TLS ----
 
 /// The listening sockets of `threads` event loops on one address. One loop: a plain
 /// socket. More: `SO_REUSEPORT` on each, so the kernel spreads connections over them.
