@@ -62,8 +62,21 @@ fn make_pki(dir: &Path, name: &str) {
         openssl(
             dir,
             &[
-                "x509", "-req", "-in", &csr, "-CA", &ca, "-CAkey", &ca_key, "-CAcreateserial",
-                "-days", "2", "-extfile", &ext, "-out", &pem,
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                &ca,
+                "-CAkey",
+                &ca_key,
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+                "-out",
+                &pem,
             ],
         );
     }
@@ -167,8 +180,15 @@ struct Client<'a> {
 
 fn redis_cli_tls(port: u16, c: Client<'_>, argv: &[String]) -> String {
     let mut cmd = Command::new("redis-cli");
-    cmd.args(["--tls", "-h", "127.0.0.1", "-p", &port.to_string(), "--cacert"])
-        .arg(c.ca);
+    cmd.args([
+        "--tls",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "--cacert",
+    ])
+    .arg(c.ca);
     if let Some((cert, key)) = c.cert {
         cmd.arg("--cert").arg(cert).arg("--key").arg(key);
     }
@@ -249,7 +269,10 @@ fn start(flags: &[String]) -> TlsServer {
 fn client_certificates_required_refuse_a_client_without_one() {
     let (_d, p) = pki();
     let mut flags = server_flags(&p, "a");
-    flags.extend(["--tls-ca-cert-file".into(), p.join("a-ca.pem").display().to_string()]);
+    flags.extend([
+        "--tls-ca-cert-file".into(),
+        p.join("a-ca.pem").display().to_string(),
+    ]);
     let srv = start(&flags);
     let ca = p.join("a-ca.pem");
     let (cert, key) = (p.join("a-client.pem"), p.join("a-client.key"));
@@ -257,7 +280,10 @@ fn client_certificates_required_refuse_a_client_without_one() {
         ca: &ca,
         cert: Some((&cert, &key)),
     };
-    let without = Client { ca: &ca, cert: None };
+    let without = Client {
+        ca: &ca,
+        cert: None,
+    };
     let (bcert, bkey) = (p.join("b-client.pem"), p.join("b-client.key"));
     let other_ca = Client {
         ca: &ca,
@@ -267,9 +293,15 @@ fn client_certificates_required_refuse_a_client_without_one() {
         let argv = srv.reserve_argv("TLSREQ", &format!("u{i}"), "r1");
         let before = srv.info_field("tls_handshake_failures");
         let out = client(srv.tls, without, &argv);
-        assert!(!out.contains("RESERVED"), "{name} without a certificate: {out}");
+        assert!(
+            !out.contains("RESERVED"),
+            "{name} without a certificate: {out}"
+        );
         let out = client(srv.tls, other_ca, &argv);
-        assert!(!out.contains("RESERVED"), "{name} with another CA's certificate: {out}");
+        assert!(
+            !out.contains("RESERVED"),
+            "{name} with another CA's certificate: {out}"
+        );
         let failures = srv.info_field("tls_handshake_failures");
         assert!(failures >= before + 2, "{name}: {before} -> {failures}");
         let out = client(srv.tls, with, &argv);
@@ -293,7 +325,14 @@ fn client_certificates_not_asked_for_or_optional() {
     let srv = start(&flags);
     for (i, (name, client)) in CLIENTS.iter().enumerate() {
         let argv = srv.reserve_argv("TLSNO", &format!("u{i}"), "r1");
-        let out = client(srv.tls, Client { ca: &ca, cert: None }, &argv);
+        let out = client(
+            srv.tls,
+            Client {
+                ca: &ca,
+                cert: None,
+            },
+            &argv,
+        );
         assert!(out.contains("RESERVED"), "{name}: {out}");
     }
     drop(srv);
@@ -313,8 +352,18 @@ fn client_certificates_not_asked_for_or_optional() {
             cert: Some((&bcert, &bkey)),
         };
         let out = client(srv.tls, bad, &argv);
-        assert!(!out.contains("RESERVED"), "{name} with another CA's cert: {out}");
-        let out = client(srv.tls, Client { ca: &ca, cert: None }, &argv);
+        assert!(
+            !out.contains("RESERVED"),
+            "{name} with another CA's cert: {out}"
+        );
+        let out = client(
+            srv.tls,
+            Client {
+                ca: &ca,
+                cert: None,
+            },
+            &argv,
+        );
         assert!(out.contains("RESERVED"), "{name} without a cert: {out}");
         let good = Client {
             ca: &ca,
@@ -353,7 +402,14 @@ fn a_plain_client_on_the_tls_port_fails_and_the_server_keeps_serving() {
     assert_eq!(srv.plain_cli(&["PING"]), "PONG");
     let ca = p.join("a-ca.pem");
     let argv = vec!["PING".to_string()];
-    let out = redis_cli_tls(srv.tls, Client { ca: &ca, cert: None }, &argv);
+    let out = redis_cli_tls(
+        srv.tls,
+        Client {
+            ca: &ca,
+            cert: None,
+        },
+        &argv,
+    );
     assert!(out.contains("PONG"), "{out}");
     assert_eq!(srv.info_field("tls_connected_clients"), 0);
 }
@@ -417,7 +473,10 @@ fn a_replaced_certificate_serves_new_connections_and_open_ones_keep_going() {
     replace(&p.join("b-server.pem"), &cert);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !redis_cli_tls(srv.tls, trusts_b, &ping).contains("PONG") {
-        assert!(Instant::now() < deadline, "the new certificate never served");
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate never served"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(!redis_cli_tls(srv.tls, trusts_a, &ping).contains("PONG"));
@@ -429,17 +488,70 @@ fn a_replaced_certificate_serves_new_connections_and_open_ones_keep_going() {
     held.stdin.take().unwrap().write_all(b"\n").unwrap();
     let mut second = String::new();
     held_out.read_line(&mut second).unwrap();
-    assert_eq!(second.trim(), "True", "held connection after reload: {second}");
+    assert_eq!(
+        second.trim(),
+        "True",
+        "held connection after reload: {second}"
+    );
     assert!(held.wait().unwrap().success());
 
     // A broken replacement is refused and the last good certificate keeps serving.
     std::fs::write(&cert, "not a certificate\n").unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while srv.info_field("tls_cert_reload_failures") == 0 {
-        assert!(Instant::now() < deadline, "the broken file was never looked at");
+        assert!(
+            Instant::now() < deadline,
+            "the broken file was never looked at"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(redis_cli_tls(srv.tls, trusts_b, &ping).contains("PONG"));
+}
+
+#[test]
+fn the_metrics_endpoint_over_https() {
+    let (_d, p) = pki();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut flags = server_flags(&p, "a");
+    flags.extend(
+        [
+            "--tls-ca-cert-file",
+            p.join("a-ca.pem").to_str().unwrap(),
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-tls",
+            "yes",
+        ]
+        .map(String::from),
+    );
+    let _srv = start(&flags);
+    let url = format!("https://127.0.0.1:{port}/metrics");
+    let curl = |extra: &[&str]| {
+        let out = run(Command::new("curl")
+            .args(["-sS", "--max-time", "10", "--cacert"])
+            .arg(p.join("a-ca.pem"))
+            .args(extra)
+            .arg(&url));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The RESP port's client-certificate rule holds here too.
+    assert!(
+        !curl(&[]).contains("stockgate_"),
+        "served without a client certificate"
+    );
+    let cert = p.join("a-client.pem").display().to_string();
+    let key = p.join("a-client.key").display().to_string();
+    let body = curl(&["--cert", &cert, "--key", &key]);
+    assert!(body.contains("stockgate_"), "{body}");
+    // Plain HTTP on the HTTPS port gets nothing.
+    let out = run(Command::new("curl")
+        .args(["-sS", "--max-time", "5"])
+        .arg(format!("http://127.0.0.1:{port}/metrics")));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("stockgate_"));
 }
 
 fn start_error(flags: &[&str]) -> String {
@@ -458,25 +570,53 @@ fn start_up_errors_name_the_file() {
     let s = |n: &str| p.join(n).display().to_string();
     let missing = s("missing.pem");
     let err = start_error(&[
-        "--tls-port", "0", "--tls-cert-file", &missing, "--tls-key-file", &s("a-server.key"),
-        "--tls-auth-clients", "no",
+        "--tls-port",
+        "0",
+        "--tls-cert-file",
+        &missing,
+        "--tls-key-file",
+        &s("a-server.key"),
+        "--tls-auth-clients",
+        "no",
     ]);
     assert!(err.contains(&format!("--tls-cert-file {missing}")), "{err}");
     assert!(err.contains("No such file"), "{err}");
     let garbage = s("a-server.ext");
     let err = start_error(&[
-        "--tls-port", "0", "--tls-cert-file", &s("a-server.pem"), "--tls-key-file", &garbage,
-        "--tls-auth-clients", "no",
+        "--tls-port",
+        "0",
+        "--tls-cert-file",
+        &s("a-server.pem"),
+        "--tls-key-file",
+        &garbage,
+        "--tls-auth-clients",
+        "no",
     ]);
-    assert!(err.contains(&format!("--tls-key-file {garbage}: no private key")), "{err}");
+    assert!(
+        err.contains(&format!("--tls-key-file {garbage}: no private key")),
+        "{err}"
+    );
     let err = start_error(&[
-        "--tls-port", "0", "--tls-cert-file", &s("a-server.pem"), "--tls-key-file",
-        &s("b-server.key"), "--tls-auth-clients", "no",
+        "--tls-port",
+        "0",
+        "--tls-cert-file",
+        &s("a-server.pem"),
+        "--tls-key-file",
+        &s("b-server.key"),
+        "--tls-auth-clients",
+        "no",
     ]);
-    assert!(err.contains("not a certificate and its private key"), "{err}");
+    assert!(
+        err.contains("not a certificate and its private key"),
+        "{err}"
+    );
     assert!(err.contains(&s("b-server.key")), "{err}");
     let err = start_error(&[
-        "--tls-port", "0", "--tls-cert-file", &s("a-server.pem"), "--tls-key-file",
+        "--tls-port",
+        "0",
+        "--tls-cert-file",
+        &s("a-server.pem"),
+        "--tls-key-file",
         &s("a-server.key"),
     ]);
     assert!(err.contains("needs --tls-ca-cert-file"), "{err}");
@@ -484,4 +624,6 @@ fn start_up_errors_name_the_file() {
     assert!(err.contains("need --tls-port"), "{err}");
     let err = start_error(&["--tls-port", "0"]);
     assert!(err.contains("--tls-port needs --tls-cert-file"), "{err}");
+    let err = start_error(&["--metrics-tls", "yes"]);
+    assert!(err.contains("--metrics-tls yes needs --tls-port"), "{err}");
 }

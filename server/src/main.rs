@@ -754,9 +754,10 @@ async fn serve_until_shutdown(
         }
         let _ = out.flush();
     }
-    let tls_watch = shared.tls.get().map(|t| {
-        tokio::spawn(t.clone().watch(stockgate_server::tls::RELOAD_CHECK))
-    });
+    let tls_watch = shared
+        .tls
+        .get()
+        .map(|t| tokio::spawn(t.clone().watch(stockgate_server::tls::RELOAD_CHECK)));
     let snapshotter = r
         .speculation
         .is_none()
@@ -766,7 +767,7 @@ async fn serve_until_shutdown(
         shared.clone(),
     ));
     let metrics_http = match &a.metrics_addr {
-        Some(m) => Some(spawn_metrics_http(m, engine, &shared).await?),
+        Some(m) => Some(spawn_metrics_http(m, engine, &shared, a.tls.metrics_tls()?).await?),
         None => None,
     };
     let result = serve(listener, extra, engine.clone(), shared, shutdown_signal())
@@ -822,17 +823,25 @@ async fn spawn_metrics_http(
     addr: &str,
     engine: &Arc<stockgate_server::engine::Engine>,
     shared: &Arc<Shared>,
+    https: bool,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let l = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("bind --metrics-addr {addr}: {e}"))?;
     let local = l.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!("metrics on http://{local}/metrics, status page http://{local}/");
-    eprintln!("stockgate: metrics on http://{local}/");
+    let scheme = if https { "https" } else { "http" };
+    tracing::info!("metrics on {scheme}://{local}/metrics, status page {scheme}://{local}/");
+    eprintln!("stockgate: metrics on {scheme}://{local}/");
+    let tls = if https {
+        shared.tls.get().cloned()
+    } else {
+        None
+    };
     Ok(tokio::spawn(stockgate_server::report::http::serve(
         l,
         engine.clone(),
         shared.clone(),
+        tls,
     )))
 }
 
@@ -840,9 +849,8 @@ async fn spawn_metrics_http(
 
 /// The TLS port and its loaded certificate, when `--tls-port` is given; a file that is
 /// missing or does not parse stops the start, named.
-fn tls_from(
-    a: &ServeArgs,
-) -> Result<Option<(u16, Arc<stockgate_server::tls::Tls>)>, String> {
+fn tls_from(a: &ServeArgs) -> Result<Option<(u16, Arc<stockgate_server::tls::Tls>)>, String> {
+    a.tls.metrics_tls()?;
     let Some((port, files)) = a.tls.files()? else {
         return Ok(None);
     };
@@ -855,11 +863,19 @@ fn bind_ports(
     a: &ServeArgs,
     tls_port: Option<u16>,
     threads: usize,
-) -> Result<(Ports<std::net::TcpListener>, Vec<Ports<std::net::TcpListener>>), String> {
+) -> Result<
+    (
+        Ports<std::net::TcpListener>,
+        Vec<Ports<std::net::TcpListener>>,
+    ),
+    String,
+> {
     let backlog = a.tcp_backlog as i32;
     let (plain, plain_extra) = bind_listeners(&a.bind, a.port, threads, backlog)?;
     let Some(port) = tls_port else {
-        let extra = plain_extra.into_iter().map(|plain| Ports { plain, tls: None });
+        let extra = plain_extra
+            .into_iter()
+            .map(|plain| Ports { plain, tls: None });
         return Ok((Ports { plain, tls: None }, extra.collect()));
     };
     let (tls, tls_extra) = bind_listeners(&a.bind, port, threads, backlog)?;

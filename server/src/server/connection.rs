@@ -279,7 +279,11 @@ impl<'a, S: Io> Connection<'a, S> {
         // place.
         let argv: smallvec::SmallVec<[&[u8]; 8]> = match &inline {
             Some(words) => words.iter().map(|w| &w[..]).collect(),
-            None => self.ranges.iter().map(|&(a, b)| &self.inbuf[a..b]).collect(),
+            None => self
+                .ranges
+                .iter()
+                .map(|&(a, b)| &self.inbuf[a..b])
+                .collect(),
         };
         let outcome = (!argv.is_empty()).then(|| {
             let mut ctx = Ctx {
@@ -430,7 +434,10 @@ fn refuse(shared: &Shared, addr: &SocketAddr, proto: u8, why: Refusal, out: &mut
 /// timer is armed (a timeout costs a clock read and a reference to the runtime's timer
 /// per batch). Polled with a waker that does nothing: a stream that is not ready is
 /// polled again, with the task's own waker, by the bounded wait that follows.
-fn try_send_now<S: AsyncWrite + Unpin>(stream: &mut S, buf: &[u8]) -> std::io::Result<(usize, bool)> {
+fn try_send_now<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &[u8],
+) -> std::io::Result<(usize, bool)> {
     let mut cx = Context::from_waker(Waker::noop());
     let sent = match Pin::new(&mut *stream).poll_write(&mut cx, buf) {
         Poll::Ready(r) => r?,
@@ -438,7 +445,10 @@ fn try_send_now<S: AsyncWrite + Unpin>(stream: &mut S, buf: &[u8]) -> std::io::R
     };
     // TLS holds encrypted bytes back until flushed; TCP's flush does nothing.
     let flushed = sent == buf.len()
-        && matches!(Pin::new(&mut *stream).poll_flush(&mut cx), Poll::Ready(Ok(())));
+        && matches!(
+            Pin::new(&mut *stream).poll_flush(&mut cx),
+            Poll::Ready(Ok(()))
+        );
     Ok((sent, flushed))
 }
 

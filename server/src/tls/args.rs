@@ -31,9 +31,25 @@ pub struct TlsArgs {
     /// none is asked for.
     #[arg(long, value_name = "yes|no|optional", default_value = "yes")]
     pub tls_auth_clients: String,
+    /// yes: serve --metrics-addr over HTTPS with the TLS port's certificate and its
+    /// client-certificate rule (--tls-auth-clients). Needs --tls-port.
+    #[arg(long, value_name = "yes|no", default_value = "no")]
+    pub metrics_tls: String,
 }
 
 impl TlsArgs {
+    /// `--metrics-tls`: whether the metrics endpoint serves HTTPS.
+    pub fn metrics_tls(&self) -> Result<bool, String> {
+        match self.metrics_tls.to_ascii_lowercase().as_str() {
+            "no" => Ok(false),
+            "yes" if self.tls_port.is_some() => Ok(true),
+            "yes" => {
+                Err("--metrics-tls yes needs --tls-port (it serves that port's certificate)".into())
+            }
+            other => Err(format!("--metrics-tls {other}: must be yes or no")),
+        }
+    }
+
     /// The files to serve TLS with, when `--tls-port` is given; the other flags without
     /// it are refused, so a forgotten port is not a silently plain server.
     pub fn files(&self) -> Result<Option<(u16, TlsFiles)>, String> {

@@ -281,13 +281,11 @@ fn build(f: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
         Some(v) => b.with_client_cert_verifier(v),
         None => b.with_no_client_auth(),
     };
-    let cfg = b
-        .with_single_cert(certs, key)
-        .map_err(|e| TlsError::Pair {
-            cert: f.cert.clone(),
-            key: f.key.clone(),
-            why: format!("not a certificate and its private key ({e})"),
-        })?;
+    let cfg = b.with_single_cert(certs, key).map_err(|e| TlsError::Pair {
+        cert: f.cert.clone(),
+        key: f.key.clone(),
+        why: format!("not a certificate and its private key ({e})"),
+    })?;
     Ok(TlsAcceptor::from(Arc::new(cfg)))
 }
 
