@@ -378,7 +378,8 @@ fn client_certificates_not_asked_for_or_optional() {
 fn a_plain_client_on_the_tls_port_fails_and_the_server_keeps_serving() {
     let (_d, p) = pki();
     let mut flags = server_flags(&p, "a");
-    flags.extend(["--tls-auth-clients".into(), "no".into()]);
+    // Two event loops: each has its own TLS listener on the port (SO_REUSEPORT).
+    flags.extend(["--tls-auth-clients", "no", "--threads", "2"].map(String::from));
     let srv = start(&flags);
     for _ in 0..3 {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", srv.tls)).unwrap();
