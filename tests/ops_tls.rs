@@ -43,7 +43,12 @@ fn make_pki(dir: &Path, name: &str) {
     req.extend(ec);
     req.extend(["-keyout", &ca_key, "-out", &ca, "-subj", &subj]);
     openssl(dir, &req);
-    for (who, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+    // A member's certificate is also its client certificate towards its peers
+    // (--tls-replication): both usages.
+    for (who, usage) in [
+        ("server", "serverAuth,clientAuth"),
+        ("client", "clientAuth"),
+    ] {
         let ext = format!("{name}-{who}.ext");
         std::fs::write(
             dir.join(&ext),
@@ -635,4 +640,121 @@ fn start_up_errors_name_the_file() {
     assert!(err.contains("--tls-port needs --tls-cert-file"), "{err}");
     let err = start_error(&["--metrics-tls", "yes"]);
     assert!(err.contains("--metrics-tls yes needs --tls-port"), "{err}");
+}
+
+/// A free port on loopback (bound and released; the server binds it moments later).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_raft_group_replicates_over_tls() {
+    let (_d, p) = pki();
+    let dir = TempDir::new("tls-raft");
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, format!("k1 {}\n", "ab".repeat(32))).unwrap();
+    let key = dir.path().join("reservation.key");
+    let ports: Vec<(u16, u16, u16)> = (0..3)
+        .map(|_| (free_port(), free_port(), free_port()))
+        .collect();
+    let peers = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (c, r, _))| format!("{}=127.0.0.1:{c}/127.0.0.1:{r}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members = Vec::new();
+    for (i, (c, r, t)) in ports.iter().enumerate() {
+        let mut child = Command::new(server_bin())
+            .args(["--port", &c.to_string(), "--tls-port", &t.to_string()])
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("n{i}")))
+            .arg("--secret-file")
+            .arg(&secret)
+            .arg("--reservation-key-file")
+            .arg(&key)
+            .args(["--create-keys", "--raft-id", &(i + 1).to_string()])
+            .args([
+                "--raft-listen",
+                &format!("127.0.0.1:{r}"),
+                "--raft-peers",
+                &peers,
+            ])
+            .args(server_flags(&p, "a"))
+            .arg("--tls-ca-cert-file")
+            .arg(p.join("a-ca.pem"))
+            .args(["--tls-auth-clients", "no", "--tls-replication", "yes"])
+            .env("STOCKGATE_LOG", "warn,openraft=error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn member");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("listening on"), "member {i}: {line:?}");
+        members.push(KillOnDrop(child));
+    }
+    // A leader is elected over the TLS links.
+    let cli = |port: u16, args: &[&str]| {
+        let out = run(Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        if let Some(l) = ports
+            .iter()
+            .find(|(c, _, _)| cli(*c, &["ROLE"]).lines().next() == Some("master"))
+        {
+            break *l;
+        }
+        assert!(Instant::now() < deadline, "no leader over TLS links");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(cli(leader.0, &["SALE.CREATE", "TLSRAFT", "10"]), "OK");
+    let out = run(Command::new(server_bin())
+        .args(["mint-token", "--secret-file"])
+        .arg(&secret)
+        .args(["--sku", "TLSRAFT", "--user", "alice"]));
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // A reply leaves once a majority has the record: RESERVED means a follower took it
+    // over a TLS link.
+    let argv: Vec<String> = ["RESERVE", "TLSRAFT", "alice", &token, "r1"]
+        .map(String::from)
+        .to_vec();
+    let ca = p.join("a-ca.pem");
+    let out = redis_cli_tls(
+        leader.2,
+        Client {
+            ca: &ca,
+            cert: None,
+        },
+        &argv,
+    );
+    assert!(out.contains("RESERVED"), "{out}");
+    // The Raft port speaks nothing but TLS: plain bytes get the connection closed.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", leader.1)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&[8, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert!(got.len() < 64, "a plain frame got an answer: {got:?}");
+    drop(members);
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -400,7 +400,8 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
     let keys = load_keys(&a)?;
     let cfg = engine_config(&a)?;
-    let raft_cfg = raft_config(&a)?;
+    let mut raft_cfg = raft_config(&a)?;
+    replication_tls(&a, tls.as_ref(), raft_cfg.as_mut())?;
     let prepared = match &raft_cfg {
         Some(c) => Some(raft::node::prepare(&a.data_dir, c)?),
         None => None,
@@ -858,6 +859,24 @@ fn tls_from(a: &ServeArgs) -> Result<Option<(u16, Arc<stockgate_server::tls::Tls
     Ok(Some((port, Arc::new(tls))))
 }
 
+/// `--tls-replication yes`: the Raft member's links over TLS with the loaded files.
+fn replication_tls(
+    a: &ServeArgs,
+    tls: Option<&(u16, Arc<stockgate_server::tls::Tls>)>,
+    raft: Option<&mut RaftNodeConfig>,
+) -> Result<(), String> {
+    if !a.tls.replication_tls()? {
+        return Ok(());
+    }
+    let (Some((_, t)), Some(cfg)) = (tls, raft) else {
+        return Err(
+            "--tls-replication yes needs --raft-id (it secures a Raft member's links)".into(),
+        );
+    };
+    cfg.tls = Some(t.clone());
+    Ok(())
+}
+
 /// The plain port's listeners and, with TLS, the TLS port's, one of each per event loop.
 fn bind_ports(
     a: &ServeArgs,
@@ -1036,5 +1055,6 @@ fn raft_config(a: &ServeArgs) -> Result<Option<RaftNodeConfig>, String> {
         restart_argv: std::env::args_os().collect(),
         data_dir: a.data_dir.clone(),
         snapshot_records: a.snapshot_records.max(1),
+        tls: None,
     }))
 }

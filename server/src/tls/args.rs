@@ -35,9 +35,27 @@ pub struct TlsArgs {
     /// client-certificate rule (--tls-auth-clients). Needs --tls-port.
     #[arg(long, value_name = "yes|no", default_value = "no")]
     pub metrics_tls: String,
+    /// yes: a Raft member's links to its peers (--raft-listen and its calls) over TLS,
+    /// both ends presenting --tls-cert-file and checked against --tls-ca-cert-file (as
+    /// Redis's tls-replication). Needs --tls-port and --tls-ca-cert-file.
+    #[arg(long, value_name = "yes|no", default_value = "no")]
+    pub tls_replication: String,
 }
 
 impl TlsArgs {
+    /// `--tls-replication`: whether the Raft links are TLS.
+    pub fn replication_tls(&self) -> Result<bool, String> {
+        match self.tls_replication.to_ascii_lowercase().as_str() {
+            "no" => Ok(false),
+            "yes" if self.tls_port.is_none() => {
+                Err("--tls-replication yes needs --tls-port (and its certificate files)".into())
+            }
+            "yes" if self.tls_ca_cert_file.is_none() => Err("--tls-replication yes needs --tls-ca-cert-file (the CA the members' certificates are checked against)".into()),
+            "yes" => Ok(true),
+            other => Err(format!("--tls-replication {other}: must be yes or no")),
+        }
+    }
+
     /// `--metrics-tls`: whether the metrics endpoint serves HTTPS.
     pub fn metrics_tls(&self) -> Result<bool, String> {
         match self.metrics_tls.to_ascii_lowercase().as_str() {

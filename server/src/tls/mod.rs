@@ -22,7 +22,7 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// How often the files are checked for a change.
 pub const RELOAD_CHECK: Duration = Duration::from_secs(1);
@@ -88,12 +88,30 @@ pub enum TlsError {
 /// the counters INFO reports.
 pub struct Tls {
     files: TlsFiles,
-    current: RwLock<TlsAcceptor>,
+    current: RwLock<Current>,
     stamps: Mutex<Seen>,
     /// Configurations loaded after the first.
     pub reloads: AtomicU64,
     /// Changed files that did not load (the previous configuration kept serving).
     pub reload_failures: AtomicU64,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The configurations built from one set of files.
+#[derive(Clone)]
+struct Current {
+    /// The RESP port's (and the metrics endpoint's): `--tls-auth-clients` applies.
+    clients: TlsAcceptor,
+    /// The Raft port's, both ends (`--tls-replication`): a peer always presents the
+    /// server's certificate and must be signed by the CA. Only with a CA file.
+    peers: Option<(TlsAcceptor, TlsConnector)>,
 }
 
 /// What tells that a file changed: its modification time and size (None: unreadable).
@@ -110,10 +128,10 @@ impl Tls {
     /// Loads the files; an error names the file and what is wrong with it.
     pub fn load(files: TlsFiles) -> Result<Tls, TlsError> {
         let stamps = stamps(&files);
-        let acceptor = build(&files)?;
+        let current = build(&files)?;
         Ok(Tls {
             files,
-            current: RwLock::new(acceptor),
+            current: RwLock::new(current),
             stamps: Mutex::new(Seen {
                 loaded: stamps,
                 pending: None,
@@ -125,7 +143,13 @@ impl Tls {
 
     /// The configuration a new connection shakes hands with.
     pub fn acceptor(&self) -> TlsAcceptor {
-        self.current.read().clone()
+        self.current.read().clients.clone()
+    }
+
+    /// What the Raft port accepts peers with and calls them with (`--tls-replication`);
+    /// None without a CA file.
+    pub fn peers(&self) -> Option<(TlsAcceptor, TlsConnector)> {
+        self.current.read().peers.clone()
     }
 
     pub fn files(&self) -> &TlsFiles {
@@ -242,16 +266,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The client-certificate check `tls-auth-clients` asks for.
-fn client_verifier(
-    f: &TlsFiles,
-) -> Result<Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>, TlsError> {
-    let ca = match (&f.ca, f.auth_clients) {
-        (_, AuthClients::No) => return Ok(None),
-        (None, AuthClients::Yes) => return Err(TlsError::NoCa("yes (the default)")),
-        (None, AuthClients::Optional) => return Err(TlsError::NoCa("optional")),
-        (Some(ca), _) => ca,
-    };
+fn read_roots(ca: &Path) -> Result<Arc<RootCertStore>, TlsError> {
     let flag = "--tls-ca-cert-file";
     let mut roots = RootCertStore::empty();
     for c in read_certs(flag, ca)? {
@@ -259,8 +274,23 @@ fn client_verifier(
             .add(c)
             .map_err(|e| file_err(flag, ca, format!("not a usable CA certificate ({e})")))?;
     }
-    let b = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
-    let b = if f.auth_clients == AuthClients::Optional {
+    Ok(Arc::new(roots))
+}
+
+/// The client-certificate check `tls-auth-clients` asks for.
+fn client_verifier(
+    f: &TlsFiles,
+    auth: AuthClients,
+) -> Result<Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>, TlsError> {
+    let flag = "--tls-ca-cert-file";
+    let ca = match (&f.ca, auth) {
+        (_, AuthClients::No) => return Ok(None),
+        (None, AuthClients::Yes) => return Err(TlsError::NoCa("yes (the default)")),
+        (None, AuthClients::Optional) => return Err(TlsError::NoCa("optional")),
+        (Some(ca), _) => ca,
+    };
+    let b = WebPkiClientVerifier::builder_with_provider(read_roots(ca)?, provider());
+    let b = if auth == AuthClients::Optional {
         b.allow_unauthenticated()
     } else {
         b
@@ -270,10 +300,27 @@ fn client_verifier(
         .map_err(|e| file_err(flag, ca, format!("cannot verify clients with it ({e})")))
 }
 
-fn build(f: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
+fn build(f: &TlsFiles) -> Result<Current, TlsError> {
+    let clients = acceptor(f, f.auth_clients)?;
+    let peers = match &f.ca {
+        Some(ca) => Some((acceptor(f, AuthClients::Yes)?, connector(f, ca)?)),
+        None => None,
+    };
+    Ok(Current { clients, peers })
+}
+
+fn pair_err(f: &TlsFiles, e: rustls::Error) -> TlsError {
+    TlsError::Pair {
+        cert: f.cert.clone(),
+        key: f.key.clone(),
+        why: format!("not a certificate and its private key ({e})"),
+    }
+}
+
+fn acceptor(f: &TlsFiles, auth: AuthClients) -> Result<TlsAcceptor, TlsError> {
     let certs = read_certs("--tls-cert-file", &f.cert)?;
     let key = read_key(&f.key)?;
-    let verifier = client_verifier(f)?;
+    let verifier = client_verifier(f, auth)?;
     let b = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -281,12 +328,21 @@ fn build(f: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
         Some(v) => b.with_client_cert_verifier(v),
         None => b.with_no_client_auth(),
     };
-    let cfg = b.with_single_cert(certs, key).map_err(|e| TlsError::Pair {
-        cert: f.cert.clone(),
-        key: f.key.clone(),
-        why: format!("not a certificate and its private key ({e})"),
-    })?;
+    let cfg = b.with_single_cert(certs, key).map_err(|e| pair_err(f, e))?;
     Ok(TlsAcceptor::from(Arc::new(cfg)))
+}
+
+/// A member calling its peers: trusts the CA, presents the server's own certificate.
+fn connector(f: &TlsFiles, ca: &Path) -> Result<TlsConnector, TlsError> {
+    let certs = read_certs("--tls-cert-file", &f.cert)?;
+    let key = read_key(&f.key)?;
+    let cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(read_roots(ca)?)
+        .with_client_auth_cert(certs, key)
+        .map_err(|e| pair_err(f, e))?;
+    Ok(TlsConnector::from(Arc::new(cfg)))
 }
 
 #[cfg(test)]
