@@ -67,14 +67,14 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let rkey = ReservationKey::from_bytes(&rand::random());
+    let reservation_key = ReservationKey::from_bytes(&rand::random());
     let engine = Arc::new(Engine::new(
         EngineConfig::default(),
         Arc::new(SystemClock::new()),
         // No WAL: the ledger is this deployment's durable record.
         Arc::new(NullSink),
         keyring.clone(),
-        rkey,
+        reservation_key,
     ));
     if let Err(e) = engine.create_sale(SKU, units, Some(16), Some(ttl_ms), Some(1)) {
         eprintln!("create sale: {e}");

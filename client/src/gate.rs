@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use stockgate_core::engine::error::EngineError;
-use stockgate_core::engine::types::{PaymentCheck, ResState, ReservationView, SaleView};
+use stockgate_core::engine::types::{
+    PaymentCheck, ReservationState as EngineState, ReservationView, SaleView,
+};
 use stockgate_core::engine::{
     Engine, Lsn, ReleaseReason, ReserveOutcome as EngineOutcome, ReserveRequest,
 };
@@ -342,19 +344,19 @@ fn ms_u64(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
-fn state_of(s: ResState) -> ReservationState {
+fn state_of(s: EngineState) -> ReservationState {
     match s {
-        ResState::Reserved => ReservationState::Reserved,
-        ResState::Committed => ReservationState::Committed,
-        ResState::Released => ReservationState::Released,
+        EngineState::Reserved => ReservationState::Reserved,
+        EngineState::Committed => ReservationState::Committed,
+        EngineState::Released => ReservationState::Released,
     }
 }
 
-fn res_state_of(s: ReservationState) -> ResState {
+fn engine_state_of(s: ReservationState) -> EngineState {
     match s {
-        ReservationState::Reserved => ResState::Reserved,
-        ReservationState::Committed => ResState::Committed,
-        ReservationState::Released => ResState::Released,
+        ReservationState::Reserved => EngineState::Reserved,
+        ReservationState::Committed => EngineState::Committed,
+        ReservationState::Released => EngineState::Released,
     }
 }
 
@@ -559,7 +561,7 @@ impl ReservationGate for EngineGate {
                 qty,
                 ms_u64(expires_at_ms),
                 ms_u64(created_at_ms),
-                res_state_of(state),
+                engine_state_of(state),
             )
             .map(|(n, t, lsn)| ((n, t.to_string()), lsn));
         self.settle(r).await

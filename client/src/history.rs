@@ -793,13 +793,13 @@ pub fn check(records: &[Record]) -> Report {
             );
         }
         let (mut held, mut sold, mut acked_live) = (0i64, 0i64, 0i64);
-        for (tok, (fsku, st)) in &finals {
+        for (tok, (fsku, final_state)) in &finals {
             if *fsku != sku {
                 continue;
             }
             let f = facts.get(tok);
             let qty = f.map(|f| f.qty).filter(|q| *q > 0).unwrap_or(1);
-            match *st {
+            match *final_state {
                 Some("RESERVED") => held += qty,
                 Some("COMMITTED") => sold += qty,
                 _ => continue,
@@ -841,10 +841,10 @@ pub fn check(records: &[Record]) -> Report {
             );
         }
     }
-    for (_, st) in finals.values() {
+    for (_, final_state) in finals.values() {
         *stats
             .final_states
-            .entry(st.unwrap_or("nil").to_owned())
+            .entry(final_state.unwrap_or("nil").to_owned())
             .or_default() += 1;
     }
     Report { violations, stats }

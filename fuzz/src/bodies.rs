@@ -35,7 +35,7 @@ use stockgate_core::engine::event::EventRef;
 use stockgate_core::engine::token::{self, Denied};
 use stockgate_core::engine::{
     ident, Clock, Engine, EngineConfig, Event, EventSink, Keyring, Lsn, ManualClock, NullSink,
-    ReleaseReason, ResState, ReservationKey, SaleState, Snapshot,
+    ReleaseReason, ReservationKey, ReservationState, SaleState, Snapshot,
 };
 use stockgate_core::wal::record::{
     decode_payload, decode_record, encode_payload, encode_record, RecordError, MAX_PAYLOAD,
@@ -311,7 +311,7 @@ impl Harness {
             let pending: u64 = live
                 .reservations
                 .iter()
-                .filter(|r| r.sku == s.sku && r.state == ResState::Reserved)
+                .filter(|r| r.sku == s.sku && r.state == ReservationState::Reserved)
                 .map(|r| u64::from(r.qty))
                 .sum();
             assert_eq!(
@@ -333,7 +333,7 @@ impl Harness {
                 "reservation token not derived from its request"
             );
             assert_eq!(
-                r.state == ResState::Reserved,
+                r.state == ReservationState::Reserved,
                 r.finished_at_ms == 0,
                 "finished_at of {r:?}"
             );

@@ -12,14 +12,18 @@
 //! - [`session`]: server and connection state shared by `server` and `cmd`.
 //! - [`takeover`]: a connection handed from the command loop to a subscriber and back.
 //! - [`raft`]: a replicated group: the log replicated with Raft (openraft).
+//! - [`cluster`]: Redis Cluster routing: hash slots, the slot map, this node's place.
 //! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
 //! - [`tls`]: TLS on the RESP port: the certificate files, their reload, the flags.
 pub use stockgate_core::{engine, wal};
 
 pub mod cli;
+pub mod cluster;
 pub mod cmd;
+pub mod config_file;
 pub mod feed;
 pub mod keyfiles;
+pub mod live;
 pub mod metrics;
 pub mod persist;
 pub mod protocol;
@@ -30,3 +34,4 @@ pub mod server;
 pub mod session;
 pub mod takeover;
 pub mod tls;
+pub mod users;

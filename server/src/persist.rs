@@ -162,9 +162,11 @@ pub fn recover_engine(
     cfg: EngineConfig,
     clock: Arc<dyn Clock>,
     keys: Keyring,
-    rkey: ReservationKey,
+    reservation_key: ReservationKey,
 ) -> Result<(Arc<Engine>, Arc<WalDurability>, RecoveryReport), WalError> {
-    recover_engine_with(data_dir, opts, cfg, clock, keys, rkey, |wal| wal.clone())
+    recover_engine_with(data_dir, opts, cfg, clock, keys, reservation_key, |wal| {
+        wal.clone()
+    })
 }
 
 /// [`recover_engine`] with the engine's records going to the sink `make_sink` builds
@@ -175,7 +177,7 @@ pub fn recover_engine_with(
     cfg: EngineConfig,
     clock: Arc<dyn Clock>,
     keys: Keyring,
-    rkey: ReservationKey,
+    reservation_key: ReservationKey,
     make_sink: impl FnOnce(&Arc<Wal>) -> Arc<dyn crate::engine::EventSink>,
 ) -> Result<(Arc<Engine>, Arc<WalDurability>, RecoveryReport), WalError> {
     let t = Instant::now();
@@ -188,7 +190,7 @@ pub fn recover_engine_with(
         truncated_tail,
         ..
     } = rec;
-    let mut engine = Engine::new(cfg, clock, Arc::new(NullSink), keys, rkey);
+    let mut engine = Engine::new(cfg, clock, Arc::new(NullSink), keys, reservation_key);
     let reservations_in_snapshot = snapshot.as_ref().map_or(0, |s| s.reservations.len());
     if let Some(s) = &snapshot {
         engine.load_snapshot(s);

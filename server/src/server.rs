@@ -178,9 +178,10 @@ fn admit(shared: &Shared, stream: TcpStream, addr: SocketAddr, tls: bool) -> Opt
     if tls {
         st.tls_connections.fetch_add(1, Ordering::Relaxed);
     }
-    if st.connected.load(Ordering::Relaxed) as usize >= shared.config.max_clients {
+    let max_clients = shared.live.max_clients();
+    if st.connected.load(Ordering::Relaxed) as usize >= max_clients {
         st.rejected.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(client = %addr, "client refused: max number of clients ({}) reached", shared.config.max_clients);
+        tracing::warn!(client = %addr, "client refused: max number of clients ({max_clients}) reached");
         if !tls {
             tokio::spawn(async move {
                 let mut s = stream;

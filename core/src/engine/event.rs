@@ -9,7 +9,9 @@
 //! Replaying the same events into an empty engine (see `Engine::apply`) reproduces the
 //! state exactly; the WAL stores nothing else.
 
-use super::types::{Millis, ReleaseReason, ResState, ReservationView, SaleParams, SaleState};
+use super::types::{
+    Millis, ReleaseReason, ReservationState, ReservationView, SaleParams, SaleState,
+};
 
 /// One state change. Field order and meaning are part of the WAL format: change them
 /// only together with the record version in `wal::record`.
@@ -276,7 +278,7 @@ impl Event {
             request_id: request_id.clone(),
             qty: *qty,
             shard: *shard,
-            state: ResState::Reserved,
+            state: ReservationState::Reserved,
             expires_at_ms: *expires_at_ms,
             created_at_ms: *created_at_ms,
             finished_at_ms: 0,

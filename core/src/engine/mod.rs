@@ -44,7 +44,7 @@ pub use error::EngineError;
 pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 pub use history::new_history_id;
 use sale::{fnv1a, split, Sale};
-use table::{Res, Stripe};
+use table::{Reservation, Stripe};
 pub use token::{Denied, Keyring, ReservationKey, TokenBuf, TokenKey};
 pub use types::*;
 
@@ -158,7 +158,7 @@ pub struct Engine {
     clock: Arc<dyn Clock>,
     sink: Arc<dyn EventSink>,
     keys: Keyring,
-    rkey: ReservationKey,
+    reservation_key: ReservationKey,
     /// By sku; a keyed fast hash (see `foldhash` in Cargo.toml), looked up per RESERVE.
     sales: RwLock<HashMap<Arc<str>, Arc<Sale>, foldhash::fast::RandomState>>,
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
@@ -167,6 +167,8 @@ pub struct Engine {
     history: Mutex<Option<(Arc<str>, Lsn)>>,
     /// See [`Engine::set_concurrent_callers`].
     concurrent: std::sync::atomic::AtomicBool,
+    /// `cfg.retention_ms`, changeable while running ([`Engine::set_retention_ms`]).
+    retention_ms: std::sync::atomic::AtomicU64,
 }
 
 fn stripe_of(token: &str) -> usize {
@@ -196,7 +198,7 @@ impl Engine {
         clock: Arc<dyn Clock>,
         sink: Arc<dyn EventSink>,
         keys: Keyring,
-        rkey: ReservationKey,
+        reservation_key: ReservationKey,
     ) -> Engine {
         let now = clock.now_ms();
         let stripes = (0..STRIPES)
@@ -208,11 +210,12 @@ impl Engine {
             })
             .collect();
         Engine {
+            retention_ms: std::sync::atomic::AtomicU64::new(cfg.retention_ms),
             cfg,
             clock,
             sink,
             keys,
-            rkey,
+            reservation_key,
             sales: RwLock::new(HashMap::default()),
             stripes,
             users: (0..USER_STRIPES)
@@ -228,11 +231,14 @@ impl Engine {
     /// into, away from the live engine.
     pub fn empty_twin(&self) -> Engine {
         Engine::new(
-            self.cfg.clone(),
+            EngineConfig {
+                retention_ms: self.retention_ms(),
+                ..self.cfg.clone()
+            },
             self.clock.clone(),
             Arc::new(NullSink),
             self.keys.clone(),
-            self.rkey.clone(),
+            self.reservation_key.clone(),
         )
     }
 
@@ -241,9 +247,22 @@ impl Engine {
         self.sink = sink;
     }
 
-    /// The configuration it was built with.
+    /// The configuration it was built with (the retention may have changed since:
+    /// [`Engine::retention_ms`]).
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// How long finished reservations stay queryable before they are purged.
+    pub fn retention_ms(&self) -> u64 {
+        self.retention_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Changes the retention from the next purge on (`CONFIG SET retention-ms`). Purges
+    /// are logged records, so replay and replicas follow whatever the purger decided.
+    pub fn set_retention_ms(&self, ms: u64) {
+        self.retention_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The time by the engine's clock.
@@ -253,7 +272,7 @@ impl Engine {
 
     /// The reservation key's fingerprint, which the ledger binding compares.
     pub fn key_fingerprint(&self) -> &str {
-        self.rkey.fingerprint()
+        self.reservation_key.fingerprint()
     }
 
     /// The keys admission tokens are verified with.
@@ -263,7 +282,7 @@ impl Engine {
 
     /// The token RESERVE would hand out for this request (derived, not looked up).
     pub fn reservation_token(&self, sku: &str, user: &str, request_id: &str) -> String {
-        self.rkey.derive(sku, user, request_id)
+        self.reservation_key.derive(sku, user, request_id)
     }
 
     fn sale(&self, sku: &str) -> Result<Arc<Sale>, EngineError> {

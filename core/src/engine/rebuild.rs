@@ -65,7 +65,7 @@ impl Engine {
         qty: u32,
         expires_at: Millis,
         created_at: Millis,
-        state: ResState,
+        state: ReservationState,
     ) -> Result<(bool, Arc<str>, Lsn), EngineError> {
         ident::check_sku(sku)?;
         ident::check_user(user)?;
@@ -74,20 +74,20 @@ impl Engine {
             return Err(EngineError::Argument("qty must be between 1 and 1000000"));
         }
         let sale = self.sale(sku)?;
-        let key = self.rkey.derive_key(sku, user, request_id);
+        let key = self.reservation_key.derive_key(sku, user, request_id);
         let token = token::token_text(sku, &key);
         let mut users = (sale.params.limit > 0).then(|| self.user_stripe(sku, user).lock());
-        let mut st = self.stripes[stripe_of(&token)].lock();
+        let mut stripe = self.stripes[stripe_of(&token)].lock();
         if sale.state() != SaleState::Fenced {
             return Err(EngineError::NotFenced);
         }
-        if st.find(sku, &key).is_some() {
-            return Ok((false, token, st.last_lsn()));
+        if stripe.find(sku, &key).is_some() {
+            return Ok((false, token, stripe.last_lsn()));
         }
-        if st.tombs.contains_key(&table::tomb_key(&token)) {
+        if stripe.tombs.contains_key(&table::tomb_key(&token)) {
             return Ok((false, token, 0));
         }
-        if !st.has_room() {
+        if !stripe.has_room() {
             return Err(EngineError::Argument("reservation table full"));
         }
         let Some(user_id) = sale.users.intern(user) else {
@@ -96,14 +96,14 @@ impl Engine {
         let now = self.clock.now_ms();
         let expires_at = expires_at.min(now + MAX_TTL_MS);
         let shard = sale.home_shard(user) as u16;
-        let Some(idx) = st.insert(Res {
+        let Some(idx) = stripe.insert(Reservation {
             key,
             sale: sale.clone(),
             request_id: request_id.into(),
             user: user_id,
             qty,
             shard,
-            state: ResState::Reserved,
+            state: ReservationState::Reserved,
             expires_at,
             created_at,
             finished_at: 0,
@@ -112,7 +112,7 @@ impl Engine {
             return Err(EngineError::Argument("reservation table full"));
         };
         sale.add_reserved(shard as usize, qty);
-        st.schedule(idx);
+        stripe.schedule(idx);
         let mut lsn = self.sink.record(&EventRef::Reserved {
             token: &token,
             sku,
@@ -123,15 +123,15 @@ impl Engine {
             expires_at_ms: expires_at,
             created_at_ms: created_at,
         });
-        st.logged(lsn);
-        if state != ResState::Reserved {
+        stripe.logged(lsn);
+        if state != ReservationState::Reserved {
             // The user entry is updated below from the final state, not through
             // `user_release` (which would take the user stripe this call holds).
             let how = match state {
-                ResState::Committed => lifecycle::Finish::Commit,
+                ReservationState::Committed => lifecycle::Finish::Commit,
                 _ => lifecycle::Finish::Release(ReleaseReason::Rebuild),
             };
-            let (l, _) = self.finish_locked(&mut st, idx, now, how, true);
+            let (l, _) = self.finish_locked(&mut stripe, idx, now, how, true);
             lsn = l;
         }
         if let Some(us) = users.as_mut() {
@@ -141,12 +141,12 @@ impl Engine {
                 .entry(user.into())
                 .or_default();
             match state {
-                ResState::Reserved => {
+                ReservationState::Reserved => {
                     e.held += qty as u64;
                     e.live.push(key);
                 }
-                ResState::Committed => e.held += qty as u64,
-                ResState::Released => {}
+                ReservationState::Committed => e.held += qty as u64,
+                ReservationState::Released => {}
             }
         }
         Ok((true, token, lsn))
@@ -161,9 +161,9 @@ impl Engine {
         committed: u64,
         fingerprint: &str,
     ) -> Result<(i64, Lsn), EngineError> {
-        if fingerprint != self.rkey.fingerprint() {
+        if fingerprint != self.reservation_key.fingerprint() {
             return Err(EngineError::FingerprintMismatch {
-                server: self.rkey.fingerprint().to_string(),
+                server: self.reservation_key.fingerprint().to_string(),
                 ledger: fingerprint.to_string(),
             });
         }
@@ -209,8 +209,8 @@ pub(super) fn reserved_units(world: &WorldGuard<'_>, sale: &Arc<Sale>) -> Vec<u6
     let held = world
         ._stripes
         .iter()
-        .flat_map(|st| st.iter())
-        .filter(|r| Arc::ptr_eq(&r.sale, sale) && r.state == ResState::Reserved);
+        .flat_map(|stripe| stripe.iter())
+        .filter(|r| Arc::ptr_eq(&r.sale, sale) && r.state == ReservationState::Reserved);
     for r in held {
         per_shard[r.shard as usize % n] += u64::from(r.qty);
     }

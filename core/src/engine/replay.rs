@@ -14,12 +14,12 @@ impl Engine {
         sales.sort_by(|a, b| a.sku.cmp(&b.sku));
         // Under the stopped world only reference counts are bumped; the owned views are
         // built after the world resumes, so the pause stays short for large tables.
-        let total: usize = world._stripes.iter().map(|st| st.len()).sum();
-        let mut raw: Vec<Res> = Vec::with_capacity(total);
+        let total: usize = world._stripes.iter().map(|stripe| stripe.len()).sum();
+        let mut raw: Vec<Reservation> = Vec::with_capacity(total);
         let mut tombs_raw: Vec<(u128, table::Tomb)> = Vec::new();
-        for st in world._stripes.iter() {
-            raw.extend(st.iter().cloned());
-            tombs_raw.extend(st.tombs.iter().map(|(k, t)| (*k, t.clone())));
+        for stripe in world._stripes.iter() {
+            raw.extend(stripe.iter().cloned());
+            tombs_raw.extend(stripe.tombs.iter().map(|(k, t)| (*k, t.clone())));
         }
         let history = self
             .history()
@@ -30,7 +30,7 @@ impl Engine {
         drop(sales_map);
         drop(world);
         // User ids stay valid after the locks are gone: a sale never frees a name.
-        let reservations = raw.iter().map(Res::view).collect();
+        let reservations = raw.iter().map(Reservation::view).collect();
         let mut tombs: Vec<TombView> = tombs_raw.iter().map(|(k, t)| t.view(*k)).collect();
         tombs.sort_by_key(|t| t.key);
         (
@@ -66,7 +66,7 @@ impl Engine {
         let mut finished: Vec<&ReservationView> = Vec::new();
         for r in &snap.reservations {
             self.insert_restored(r, false);
-            if r.state != ResState::Reserved {
+            if r.state != ReservationState::Reserved {
                 finished.push(r);
             }
         }
@@ -102,8 +102,8 @@ impl Engine {
             debug_assert!(false, "user table full");
             return;
         };
-        let mut st = self.stripes[stripe_of(&r.token)].lock();
-        let Some(idx) = st.insert(Res {
+        let mut stripe = self.stripes[stripe_of(&r.token)].lock();
+        let Some(idx) = stripe.insert(Reservation {
             key,
             sale: sale.clone(),
             request_id: r.request_id.as_str().into(),
@@ -120,17 +120,17 @@ impl Engine {
             return;
         };
         let shard = r.shard as usize % sale.shard_count();
-        if r.state == ResState::Reserved {
+        if r.state == ReservationState::Reserved {
             // A logged RESERVE on a fenced sale (SALE.RESTORE) took no stock.
             if take && sale.state() != SaleState::Fenced {
                 sale.reserve_unchecked(shard, r.qty);
             } else {
                 sale.add_reserved(shard, r.qty);
             }
-            st.schedule(idx);
+            stripe.schedule(idx);
         }
-        drop(st);
-        if sale.params.limit > 0 && r.state != ResState::Released {
+        drop(stripe);
+        if sale.params.limit > 0 && r.state != ReservationState::Released {
             let mut us = self.user_stripe(&r.sku, &r.user).lock();
             let e = us
                 .entry(sale.sku.clone())
@@ -138,7 +138,7 @@ impl Engine {
                 .entry(r.user.as_str().into())
                 .or_default();
             e.held += r.qty as u64;
-            if r.state == ResState::Reserved {
+            if r.state == ReservationState::Reserved {
                 e.live.push(key);
             }
         }
@@ -151,14 +151,18 @@ impl Engine {
     pub fn check_reservation_key(&self, sample: usize) -> Result<(), String> {
         let mut seen = 0;
         for s in self.stripes.iter() {
-            let st = s.lock();
-            for r in st.iter() {
+            let stripe = s.lock();
+            for r in stripe.iter() {
                 if seen >= sample {
                     return Ok(());
                 }
                 seen += 1;
                 let user = r.sale.users.name(r.user);
-                if self.rkey.derive_key(&r.sale.sku, &user, &r.request_id) != r.key {
+                if self
+                    .reservation_key
+                    .derive_key(&r.sale.sku, &user, &r.request_id)
+                    != r.key
+                {
                     return Err(r.token().as_str().to_string());
                 }
             }
@@ -231,17 +235,17 @@ impl Engine {
                 }
             }
             Event::Released { token, at_ms, .. } => {
-                let mut st = self.stripes[stripe_of(token)].lock();
-                let (_, _, upd) = self.release_locked(&mut st, token, *at_ms, None);
-                drop(st);
+                let mut stripe = self.stripes[stripe_of(token)].lock();
+                let (_, _, upd) = self.release_locked(&mut stripe, token, *at_ms, None);
+                drop(stripe);
                 if let Some((sale, user, qty, key)) = upd {
                     self.user_release(&sale, user, qty, &key, true);
                 }
             }
             Event::Committed { token, at_ms, .. } => {
-                let mut st = self.stripes[stripe_of(token)].lock();
-                let (_, upd) = self.commit_locked(&mut st, token, *at_ms, None);
-                drop(st);
+                let mut stripe = self.stripes[stripe_of(token)].lock();
+                let (_, upd) = self.commit_locked(&mut stripe, token, *at_ms, None);
+                drop(stripe);
                 if let Some((sale, user, qty, key)) = upd {
                     self.user_release(&sale, user, qty, &key, false);
                 }
@@ -251,18 +255,18 @@ impl Engine {
                 expires_at_ms,
                 ..
             } => {
-                let mut st = self.stripes[stripe_of(token)].lock();
-                if let Some(idx) = st.lookup(token) {
-                    if st.get(idx).state == ResState::Reserved {
-                        st.reschedule(idx, *expires_at_ms);
+                let mut stripe = self.stripes[stripe_of(token)].lock();
+                if let Some(idx) = stripe.lookup(token) {
+                    if stripe.get(idx).state == ReservationState::Reserved {
+                        stripe.reschedule(idx, *expires_at_ms);
                     } else {
                         debug_assert!(false, "EXTEND of a finished reservation in the log");
                     }
                 }
             }
             Event::Purged { token } => {
-                let mut st = self.stripes[stripe_of(token)].lock();
-                st.purge(token);
+                let mut stripe = self.stripes[stripe_of(token)].lock();
+                stripe.purge(token);
             }
             Event::SaleRebuilt {
                 sku,

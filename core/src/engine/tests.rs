@@ -29,7 +29,7 @@ fn keys() -> Keyring {
     Keyring::parse(&format!("k1 {}\n", "ab".repeat(32))).unwrap()
 }
 
-fn rkey() -> ReservationKey {
+fn reservation_key() -> ReservationKey {
     ReservationKey::from_bytes(&[9u8; 32])
 }
 
@@ -49,7 +49,7 @@ fn engine_with(
         ..EngineConfig::default()
     };
     (
-        Engine::new(cfg, clock.clone(), sink.clone(), keys(), rkey()),
+        Engine::new(cfg, clock.clone(), sink.clone(), keys(), reservation_key()),
         clock,
         sink,
     )
@@ -159,7 +159,10 @@ fn commit_past_expiry_needs_the_ledger_verified_form() {
         })
     );
     assert_eq!(sink.events.lock().len(), logged);
-    assert_eq!(e.reservation(&late).unwrap().0.state, ResState::Reserved);
+    assert_eq!(
+        e.reservation(&late).unwrap().0.state,
+        ReservationState::Reserved
+    );
     let v = e.sale_info("S").unwrap();
     assert_eq!((v.available, v.reserved, v.committed), (0, 2, 1));
     // The sweeper gives it back as usual.
@@ -347,7 +350,10 @@ fn auto_release_and_retention() {
     c.advance(100);
     e.tick();
     assert_eq!(e.stock("S").unwrap(), 2);
-    assert_eq!(e.reservation(&a).unwrap().0.state, ResState::Released);
+    assert_eq!(
+        e.reservation(&a).unwrap().0.state,
+        ReservationState::Released
+    );
     c.advance(50_000);
     e.tick();
     assert!(e.reservation(&a).is_none(), "purged after retention");
@@ -430,12 +436,12 @@ fn fence_restore_rebuild() {
             2,
             c.now_ms() + 500,
             c.now_ms(),
-            ResState::Reserved,
+            ReservationState::Reserved,
         )
         .unwrap();
     assert!(new);
     assert!(
-        !e.restore("S", "b", "rb", 2, 0, 0, ResState::Reserved)
+        !e.restore("S", "b", "rb", 2, 0, 0, ReservationState::Reserved)
             .unwrap()
             .0
     );
@@ -456,7 +462,7 @@ fn fence_restore_rebuild() {
     assert_eq!(e.stock("LOST").unwrap(), 0);
     assert_eq!(e.rebuild("LOST", 5, 1, &fp).unwrap().0, 4);
     assert_eq!(
-        e.restore("LOST", "x", "y", 1, 0, 0, ResState::Reserved),
+        e.restore("LOST", "x", "y", 1, 0, 0, ReservationState::Reserved),
         Err(EngineError::NotFenced)
     );
 }
@@ -478,7 +484,7 @@ fn replayed(events: &[Event], clock: Arc<ManualClock>) -> Engine {
         clock,
         Arc::new(NullSink),
         keys(),
-        rkey(),
+        reservation_key(),
     );
     for ev in events {
         e.apply(ev);
@@ -554,7 +560,7 @@ struct MRes {
     sku: String,
     user: String,
     qty: u32,
-    state: ResState,
+    state: ReservationState,
     expires: u64,
 }
 
@@ -607,7 +613,7 @@ proptest! {
                         prop_assert!(matches!(r, ReserveOutcome::Replay { .. }), "{:?}", r);
                         continue;
                     }
-                    let held: u32 = res.values().filter(|x| x.sku == s && x.user == u && x.state != ResState::Released).map(|x| x.qty).sum();
+                    let held: u32 = res.values().filter(|x| x.sku == s && x.user == u && x.state != ReservationState::Released).map(|x| x.qty).sum();
                     if ms.limit > 0 && held + qty as u32 > ms.limit {
                         prop_assert!(matches!(r, ReserveOutcome::Limit { .. }), "{:?}", r);
                         continue;
@@ -617,7 +623,7 @@ proptest! {
                         ReserveOutcome::Reserved { token, expires_at_ms, .. } => {
                             prop_assert_eq!(&*token, tok.as_str());
                             prop_assert_eq!(expires_at_ms, now + 1000);
-                            res.insert(tok.clone(), MRes { sku: s.clone(), user: u, qty: qty as u32, state: ResState::Reserved, expires: expires_at_ms });
+                            res.insert(tok.clone(), MRes { sku: s.clone(), user: u, qty: qty as u32, state: ReservationState::Reserved, expires: expires_at_ms });
                             tokens.push(tok);
                         }
                         ReserveOutcome::SoldOut => {
@@ -633,8 +639,8 @@ proptest! {
                     let t = &tokens[pick as usize % tokens.len()];
                     let m = res.get_mut(t).unwrap();
                     let (did, _) = e.release(t);
-                    prop_assert_eq!(did, m.state == ResState::Reserved);
-                    if did { m.state = ResState::Released; }
+                    prop_assert_eq!(did, m.state == ReservationState::Reserved);
+                    if did { m.state = ReservationState::Released; }
                 }
                 Op::Commit { pick, verified } if !tokens.is_empty() => {
                     let t = &tokens[pick as usize % tokens.len()];
@@ -643,20 +649,20 @@ proptest! {
                     let r = e.commit_with(t, check).map(|x| x.0);
                     let fenced = sales.get(&m.sku).is_some_and(|s| s.fenced);
                     match m.state {
-                        ResState::Reserved if !verified && now > m.expires => {
+                        ReservationState::Reserved if !verified && now > m.expires => {
                             prop_assert_eq!(r, Err(EngineError::LateCommit { expires_at_ms: m.expires }))
                         }
-                        ResState::Reserved if fenced => prop_assert_eq!(r, Err(EngineError::Fenced)),
-                        ResState::Reserved => { prop_assert_eq!(r, Ok(true)); m.state = ResState::Committed; }
-                        ResState::Committed => prop_assert_eq!(r, Ok(false)),
-                        ResState::Released => prop_assert_eq!(r, Err(EngineError::Released)),
+                        ReservationState::Reserved if fenced => prop_assert_eq!(r, Err(EngineError::Fenced)),
+                        ReservationState::Reserved => { prop_assert_eq!(r, Ok(true)); m.state = ReservationState::Committed; }
+                        ReservationState::Committed => prop_assert_eq!(r, Ok(false)),
+                        ReservationState::Released => prop_assert_eq!(r, Err(EngineError::Released)),
                     }
                 }
                 Op::Extend { pick, ms } if !tokens.is_empty() => {
                     let t = &tokens[pick as usize % tokens.len()];
                     let m = res.get_mut(t).unwrap();
                     let r = e.extend(t, ms as u64).map(|x| x.0);
-                    if m.state != ResState::Reserved {
+                    if m.state != ReservationState::Reserved {
                         prop_assert_eq!(r, Err(EngineError::NoReservation));
                     } else if m.expires <= now {
                         prop_assert_eq!(r, Err(EngineError::Expired));
@@ -691,8 +697,8 @@ proptest! {
                     e.tick();
                     if auto {
                         for m in res.values_mut() {
-                            if m.state == ResState::Reserved && m.expires <= now {
-                                m.state = ResState::Released;
+                            if m.state == ReservationState::Reserved && m.expires <= now {
+                                m.state = ReservationState::Released;
                             }
                         }
                     }
@@ -700,7 +706,7 @@ proptest! {
                 Op::Expired => {
                     let got: Vec<String> = e.expired(1000, None).into_iter().map(|r| r.token).collect();
                     let mut want: Vec<(u64, String)> = res.iter()
-                        .filter(|(_, m)| m.state == ResState::Reserved && m.expires <= now)
+                        .filter(|(_, m)| m.state == ReservationState::Reserved && m.expires <= now)
                         .map(|(t, m)| (m.expires, t.clone())).collect();
                     want.sort();
                     let want: Vec<String> = want.into_iter().map(|x| x.1).collect();
@@ -717,7 +723,7 @@ proptest! {
                     let s = sku(sale);
                     if let Some(ms) = sales.get_mut(&s) {
                         if ms.fenced {
-                            let committed: u32 = res.values().filter(|m| m.sku == s && m.state == ResState::Committed).map(|m| m.qty).sum();
+                            let committed: u32 = res.values().filter(|m| m.sku == s && m.state == ReservationState::Committed).map(|m| m.qty).sum();
                             let fp = e.key_fingerprint().to_string();
                             let r = e.rebuild(&s, ms.total as u64, committed as u64, &fp);
                             prop_assert!(r.is_ok(), "{:?}", r);
@@ -734,8 +740,8 @@ proptest! {
                 prop_assert_eq!(v.state == SaleState::Fenced, ms.fenced);
                 if ms.fenced { continue; }
                 prop_assert_eq!(v.total as i64, ms.total);
-                let reserved: u32 = res.values().filter(|m| &m.sku == s && m.state == ResState::Reserved).map(|m| m.qty).sum();
-                let committed: u32 = res.values().filter(|m| &m.sku == s && m.state == ResState::Committed).map(|m| m.qty).sum();
+                let reserved: u32 = res.values().filter(|m| &m.sku == s && m.state == ReservationState::Reserved).map(|m| m.qty).sum();
+                let committed: u32 = res.values().filter(|m| &m.sku == s && m.state == ReservationState::Committed).map(|m| m.qty).sum();
                 prop_assert_eq!(v.reserved, reserved as u64);
                 prop_assert_eq!(v.committed, committed as u64);
             }
@@ -769,7 +775,7 @@ fn bench_reserve_path() {
         clock,
         Arc::new(NullSink),
         keys(),
-        rkey(),
+        reservation_key(),
     );
     e.create_sale("BIG", 1 << 40, Some(16), None, None).unwrap();
     let adm = e.keyring().mint("BIG", "u1", T0 + 3_600_000);
@@ -855,30 +861,68 @@ fn restore_puts_back_paid_and_cancelled_orders() {
     e.fence("S", None, None, None, None).unwrap();
     let now = c.now_ms();
     let (new, paid, _) = e
-        .restore("S", "alice", "o1", 2, now + 50, now, ResState::Committed)
+        .restore(
+            "S",
+            "alice",
+            "o1",
+            2,
+            now + 50,
+            now,
+            ReservationState::Committed,
+        )
         .unwrap();
     assert!(new);
     let (_, cancelled, _) = e
-        .restore("S", "bob", "o2", 1, now + 50, now, ResState::Released)
+        .restore(
+            "S",
+            "bob",
+            "o2",
+            1,
+            now + 50,
+            now,
+            ReservationState::Released,
+        )
         .unwrap();
     let (_, pending, _) = e
-        .restore("S", "carol", "o3", 1, now + 50, now, ResState::Reserved)
+        .restore(
+            "S",
+            "carol",
+            "o3",
+            1,
+            now + 50,
+            now,
+            ReservationState::Reserved,
+        )
         .unwrap();
     // Restoring again changes nothing.
     assert!(
-        !e.restore("S", "alice", "o1", 2, now + 50, now, ResState::Committed)
-            .unwrap()
-            .0
+        !e.restore(
+            "S",
+            "alice",
+            "o1",
+            2,
+            now + 50,
+            now,
+            ReservationState::Committed
+        )
+        .unwrap()
+        .0
     );
     let fp = e.key_fingerprint().to_string();
     assert_eq!(e.rebuild("S", 10, 2, &fp).unwrap().0, 7);
     let check = |e: &Engine| {
-        assert_eq!(e.reservation(&paid).unwrap().0.state, ResState::Committed);
+        assert_eq!(
+            e.reservation(&paid).unwrap().0.state,
+            ReservationState::Committed
+        );
         assert_eq!(
             e.reservation(&cancelled).unwrap().0.state,
-            ResState::Released
+            ReservationState::Released
         );
-        assert_eq!(e.reservation(&pending).unwrap().0.state, ResState::Reserved);
+        assert_eq!(
+            e.reservation(&pending).unwrap().0.state,
+            ReservationState::Reserved
+        );
         for (user, rid) in [("alice", "o1"), ("bob", "o2"), ("carol", "o3")] {
             assert!(matches!(
                 reserve(e, "S", user, rid, 1).unwrap(),
@@ -949,7 +993,15 @@ fn finishes_log_the_holder_and_the_reason() {
     e.fence("S", None, None, None, None).unwrap();
     let now = c.now_ms();
     let (_, restored, _) = e
-        .restore("S", "eve", "r5", 1, now + 50, now, ResState::Released)
+        .restore(
+            "S",
+            "eve",
+            "r5",
+            1,
+            now + 50,
+            now,
+            ReservationState::Released,
+        )
         .unwrap();
     let log = sink.events.lock().clone();
     let released = |token: &str| {
@@ -1024,7 +1076,7 @@ fn observed_lsn_covers_units_taken_before_their_record() {
         clock,
         sink.clone(),
         keys(),
-        rkey(),
+        reservation_key(),
     ));
     e.create_sale("S", 10, Some(1), None, None).unwrap();
     let created = sink.last_lsn();

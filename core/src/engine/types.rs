@@ -131,7 +131,7 @@ impl ReleaseReason {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 /// Where a reservation is in its life.
-pub enum ResState {
+pub enum ReservationState {
     /// Holding units until committed, released or expired.
     Reserved,
     /// Sold.
@@ -140,29 +140,29 @@ pub enum ResState {
     Released,
 }
 
-impl ResState {
+impl ReservationState {
     /// The word RESERVATION and the feed show.
     pub fn as_str(self) -> &'static str {
         match self {
-            ResState::Reserved => "RESERVED",
-            ResState::Committed => "COMMITTED",
-            ResState::Released => "RELEASED",
+            ReservationState::Reserved => "RESERVED",
+            ReservationState::Committed => "COMMITTED",
+            ReservationState::Released => "RELEASED",
         }
     }
     /// The byte the log and snapshots store.
     pub fn to_u8(self) -> u8 {
         match self {
-            ResState::Reserved => 0,
-            ResState::Committed => 1,
-            ResState::Released => 2,
+            ReservationState::Reserved => 0,
+            ReservationState::Committed => 1,
+            ReservationState::Released => 2,
         }
     }
     /// The state a stored byte names; `None` for a byte no version wrote.
     pub fn from_u8(v: u8) -> Option<Self> {
         match v {
-            0 => Some(ResState::Reserved),
-            1 => Some(ResState::Committed),
-            2 => Some(ResState::Released),
+            0 => Some(ReservationState::Reserved),
+            1 => Some(ReservationState::Committed),
+            2 => Some(ReservationState::Released),
             _ => None,
         }
     }
@@ -184,7 +184,7 @@ pub struct ReservationView {
     /// The shard they came from.
     pub shard: u16,
     /// Where it is in its life.
-    pub state: ResState,
+    pub state: ReservationState,
     /// The hold's deadline.
     pub expires_at_ms: Millis,
     /// When the hold was taken.
@@ -225,7 +225,7 @@ pub struct TombView {
     /// The 128-bit hash of the token that names it.
     pub key: u128,
     /// How it finished.
-    pub state: ResState,
+    pub state: ReservationState,
     /// Units it held.
     pub qty: u32,
     /// The shard they came from.

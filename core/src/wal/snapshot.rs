@@ -15,7 +15,7 @@ use super::codec::{put_i64, put_i64s, put_str, put_u64, DecodeError, Reader};
 use super::record::{get_params, get_sale_state, put_params};
 use super::segment::{snapshot_file_name, sync_dir};
 use super::{io_err, Lsn, WalError};
-use crate::engine::types::{ResState, ReservationView, SaleView, Snapshot, TombView};
+use crate::engine::types::{ReservationState, ReservationView, SaleView, Snapshot, TombView};
 
 /// The first 8 bytes of every snapshot file: format and version.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"SGSNAP\0\x01";
@@ -210,10 +210,10 @@ fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
     ))
 }
 
-fn get_res_state(r: &mut Reader<'_>) -> Result<ResState, DecodeError> {
+fn get_res_state(r: &mut Reader<'_>) -> Result<ReservationState, DecodeError> {
     let at = r.pos();
     let v = r.u8("reservation state")?;
-    ResState::from_u8(v).ok_or(DecodeError::OutOfRange {
+    ReservationState::from_u8(v).ok_or(DecodeError::OutOfRange {
         at,
         what: "reservation state",
         value: u64::from(v),
@@ -306,7 +306,11 @@ pub(crate) mod tests {
                     request_id: format!("req{i}"),
                     qty: 1,
                     shard: 3,
-                    state: [ResState::Reserved, ResState::Committed, ResState::Released][i % 3],
+                    state: [
+                        ReservationState::Reserved,
+                        ReservationState::Committed,
+                        ReservationState::Released,
+                    ][i % 3],
                     expires_at_ms: 1_764_500_630_000 + i as u64,
                     created_at_ms: 1_764_500_000_000,
                     finished_at_ms: if i % 3 == 0 { 0 } else { 1_764_500_100_000 },
@@ -316,7 +320,7 @@ pub(crate) mod tests {
                 TombView {
                     sku: "SKU-0001".into(),
                     key: u128::MAX - 7,
-                    state: ResState::Committed,
+                    state: ReservationState::Committed,
                     qty: 2,
                     shard: 1,
                     expires_at_ms: 1_764_500_630_000,
@@ -325,7 +329,7 @@ pub(crate) mod tests {
                 TombView {
                     sku: "SKU-0002".into(),
                     key: 1,
-                    state: ResState::Released,
+                    state: ReservationState::Released,
                     qty: 1,
                     shard: 0,
                     expires_at_ms: 0,

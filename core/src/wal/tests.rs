@@ -9,7 +9,7 @@ use super::record::{encode_record, HEADER_LEN};
 use super::segment::{self, SEGMENT_HEADER_LEN};
 use super::testutil::TempDir;
 use super::*;
-use crate::engine::types::{ReleaseReason, ResState};
+use crate::engine::types::{ReleaseReason, ReservationState};
 
 fn opts(fsync: FsyncPolicy) -> WalOptions {
     WalOptions {
@@ -65,9 +65,9 @@ fn fold(mut s: Snapshot, e: &Event) -> Snapshot {
         Event::Reserved { .. } => s.reservations.extend(e.reserved_view()),
         Event::Released { token, at_ms, .. } | Event::Committed { token, at_ms, .. } => {
             let state = if matches!(e, Event::Released { .. }) {
-                ResState::Released
+                ReservationState::Released
             } else {
-                ResState::Committed
+                ReservationState::Committed
             };
             for r in s.reservations.iter_mut().filter(|r| &r.token == token) {
                 r.state = state;
@@ -196,13 +196,13 @@ fn group_commit(policy: FsyncPolicy) {
     let lsns: Vec<Lsn> = all.iter().map(|(l, _)| *l).collect();
     assert_eq!(lsns, (1..=THREADS * PER).collect::<Vec<_>>());
     assert_eq!(wal.durable_lsn(), THREADS * PER);
-    let st = wal.stats();
-    assert_eq!(st.last_lsn, THREADS * PER);
+    let stats = wal.stats();
+    assert_eq!(stats.last_lsn, THREADS * PER);
     // Group commit: concurrent records share batches (and, under `always`, syncs).
-    assert!(st.batches < THREADS * PER, "{st:?}");
+    assert!(stats.batches < THREADS * PER, "{stats:?}");
     if policy == FsyncPolicy::Always {
-        assert!(st.syncs <= st.batches, "{st:?}");
-        assert!(st.syncs > 0, "{st:?}");
+        assert!(stats.syncs <= stats.batches, "{stats:?}");
+        assert!(stats.syncs > 0, "{stats:?}");
     }
     wal.flush_and_close().unwrap();
     drop(wal);
@@ -818,13 +818,13 @@ fn wal_measure_group_commit() {
             h.join().unwrap();
         }
         let took = start.elapsed();
-        let st = wal.stats();
+        let stats = wal.stats();
         println!(
             "wal {policy}: {threads} threads x {per} record+wait: {:.0} records/s, {} batches ({:.1} records/batch), {} fdatasync",
             (threads * per) as f64 / took.as_secs_f64(),
-            st.batches,
-            (threads * per) as f64 / st.batches as f64,
-            st.syncs
+            stats.batches,
+            (threads * per) as f64 / stats.batches as f64,
+            stats.syncs
         );
     }
 }

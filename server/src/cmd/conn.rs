@@ -280,3 +280,45 @@ pub fn client(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, error_text, SYNTAX};
+
+    #[test]
+    fn auth_takes_a_password_or_a_user_and_a_password() {
+        let one = argv(&["pw"]);
+        let a = Auth::parse(&one).unwrap();
+        assert_eq!((a.user, a.pass), (&b"default"[..], &b"pw"[..]));
+        let two = argv(&["u", "pw"]);
+        let a = Auth::parse(&two).unwrap();
+        assert_eq!((a.user, a.pass), (&b"u"[..], &b"pw"[..]));
+        assert_eq!(error_text(Auth::parse(&argv(&[]))), SYNTAX);
+        assert_eq!(error_text(Auth::parse(&argv(&["a", "b", "c"]))), SYNTAX);
+    }
+
+    #[test]
+    fn hello_reads_its_options_in_any_order() {
+        let none = argv(&[]);
+        let h = Hello::parse(&none).unwrap();
+        assert_eq!((h.proto, h.auth, h.name), (None, None, None));
+        let words = argv(&["3", "SETNAME", "cart", "auth", "u", "pw"]);
+        let h = Hello::parse(&words).unwrap();
+        assert_eq!(h.proto, Some(3));
+        assert_eq!(h.auth, Some((&b"u"[..], &b"pw"[..])));
+        assert_eq!(h.name, Some("cart"));
+    }
+
+    #[test]
+    fn hello_marks_an_unknown_version_noproto_and_refuses_the_rest() {
+        // An integer out of 2..=3 parses (the reply is NOPROTO, which clients fall back on).
+        let four = argv(&["4"]);
+        assert_eq!(Hello::parse(&four).unwrap().proto, Some(0));
+        let not_a_number = error_text(Hello::parse(&argv(&["three"])));
+        assert!(not_a_number.contains("protocol version"), "{not_a_number}");
+        assert_eq!(error_text(Hello::parse(&argv(&["3", "FAST"]))), SYNTAX);
+        let half_auth = error_text(Hello::parse(&argv(&["3", "AUTH", "u"])));
+        assert!(half_auth.starts_with("ERR"), "{half_auth}");
+    }
+}

@@ -27,6 +27,7 @@ pub fn not_served(name: &str) -> Outcome {
     .into()
 }
 
+/// `ROLE`: master or replica and its peers, in Redis's shape, from the replication in use.
 pub fn role(ctx: &mut Ctx<'_>) -> Outcome {
     match ctx.shared.repl.get() {
         Some(r) => r.role_reply().into(),
@@ -47,9 +48,13 @@ pub struct Wait {
 }
 
 impl Wait {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
-        let n = i64_in(args[0], "numreplicas", 0, i64::MAX)?;
-        let t = i64_in(args[1], "timeout", 0, i64::MAX)?;
+        let [n, t] = args else {
+            return Err(Reply::arity("wait"));
+        };
+        let n = i64_in(n, "numreplicas", 0, i64::MAX)?;
+        let t = i64_in(t, "timeout", 0, i64::MAX)?;
         let timeout = if t == 0 {
             Duration::from_secs(3600)
         } else {
@@ -61,6 +66,7 @@ impl Wait {
         })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let r = match repl(ctx) {
             Ok(r) => r,
@@ -113,5 +119,32 @@ pub fn raft(ctx: &mut Ctx<'_>, name: &str, args: &[&[u8]]) -> Outcome {
     match r.raft(name, args) {
         Ok(fut) => Outcome::deferred(Reply::err("ERR RAFT commands cannot run inside MULTI"), fut),
         Err(e) => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::parse_tests::{argv, arity, error_text};
+
+    #[test]
+    fn wait_parses_a_count_and_a_timeout_where_zero_means_an_hour() {
+        let w = Wait::parse(&argv(&["1", "250"])).unwrap();
+        assert_eq!((w.n, w.timeout), (1, Duration::from_millis(250)));
+        let w = Wait::parse(&argv(&["0", "0"])).unwrap();
+        assert_eq!((w.n, w.timeout), (0, Duration::from_secs(3600)));
+    }
+
+    #[test]
+    fn wait_refuses_in_words() {
+        assert_eq!(error_text(Wait::parse(&argv(&["1"]))), arity("wait"));
+        assert_eq!(
+            error_text(Wait::parse(&argv(&["1", "2", "3"]))),
+            arity("wait")
+        );
+        let negative = error_text(Wait::parse(&argv(&["-1", "0"])));
+        assert!(negative.contains("numreplicas"), "{negative}");
+        let word = error_text(Wait::parse(&argv(&["1", "soon"])));
+        assert!(word.contains("timeout"), "{word}");
     }
 }

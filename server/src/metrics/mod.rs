@@ -317,11 +317,11 @@ impl Metrics {
     pub fn commands(&self) -> Vec<CmdStats> {
         let mut out: Vec<CmdStats> = Vec::new();
         for s in self.stripes.iter() {
-            let st = s.lock();
-            if out.len() < st.cmds.len() {
-                out.resize_with(st.cmds.len(), CmdStats::default);
+            let stripe = s.lock();
+            if out.len() < stripe.cmds.len() {
+                out.resize_with(stripe.cmds.len(), CmdStats::default);
             }
-            for (o, c) in out.iter_mut().zip(st.cmds.iter()) {
+            for (o, c) in out.iter_mut().zip(stripe.cmds.iter()) {
                 if o.name.is_empty() {
                     o.name = c.name;
                 }
@@ -350,9 +350,9 @@ impl Metrics {
         let mut m: HashMap<String, u64> = HashMap::new();
         let mut total = 0;
         for s in self.stripes.iter() {
-            let st = s.lock();
-            total += st.error_replies;
-            for (k, v) in &st.errors {
+            let stripe = s.lock();
+            total += stripe.error_replies;
+            for (k, v) in &stripe.errors {
                 *m.entry(k.to_string()).or_default() += v;
             }
         }
@@ -364,12 +364,12 @@ impl Metrics {
     /// `CONFIG RESETSTAT`: command, error, denial and sale-outcome counters back to zero.
     pub fn reset(&self) {
         for s in self.stripes.iter() {
-            let mut st = s.lock();
-            for c in st.cmds.iter_mut() {
+            let mut stripe = s.lock();
+            for c in stripe.cmds.iter_mut() {
                 *c = CmdCell::default();
             }
-            st.errors.clear();
-            st.error_replies = 0;
+            stripe.errors.clear();
+            stripe.error_replies = 0;
         }
         for c in self.sales.read().values() {
             c.reset();
@@ -538,16 +538,16 @@ impl Recorder {
         if self.samples.is_empty() && self.errors.is_empty() {
             return;
         }
-        let mut st = m.stripes[my_stripe()].lock();
+        let mut stripe = m.stripes[my_stripe()].lock();
         for s in self.samples.drain(..) {
             let slot = s.cmd as usize;
             if slot >= MAX_COMMANDS {
                 continue;
             }
-            if st.cmds.len() <= slot {
-                st.cmds.resize_with(slot + 1, CmdCell::default);
+            if stripe.cmds.len() <= slot {
+                stripe.cmds.resize_with(slot + 1, CmdCell::default);
             }
-            let Some(c) = st.cmds.get_mut(slot) else {
+            let Some(c) = stripe.cmds.get_mut(slot) else {
                 continue;
             };
             c.name = s.name;
@@ -569,11 +569,11 @@ impl Recorder {
             }
         }
         for code in self.errors.drain(..) {
-            st.error_replies += 1;
-            if let Some(n) = st.errors.get_mut(&code) {
+            stripe.error_replies += 1;
+            if let Some(n) = stripe.errors.get_mut(&code) {
                 *n += 1;
-            } else if st.errors.len() < MAX_ERROR_CODES {
-                st.errors.insert(code, 1);
+            } else if stripe.errors.len() < MAX_ERROR_CODES {
+                stripe.errors.insert(code, 1);
             }
         }
     }

@@ -185,6 +185,10 @@ pub fn parse_frame(
         ranges.push((start, stop));
         pos = stop + 2;
     }
+    debug_assert!(pos <= buf.len() && ranges.len() == n);
+    debug_assert!(ranges
+        .windows(2)
+        .all(|w| w[0].0 <= w[0].1 && w[0].1 + 2 < w[1].0));
     Ok(Frame::Array { len: pos })
 }
 
@@ -203,6 +207,11 @@ pub fn parse_command_into(
     match parse_frame(buf, limits, &mut ranges)? {
         Frame::Incomplete => Ok(false),
         Frame::Array { len } => {
+            assert!(
+                len <= buf.len(),
+                "frame of {len} bytes in a buffer of {}",
+                buf.len()
+            );
             let frame = buf.split_to(len).freeze();
             argv.extend(ranges.iter().map(|&(a, b)| frame.slice(a..b)));
             Ok(true)

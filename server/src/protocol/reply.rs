@@ -92,11 +92,15 @@ impl Reply {
     pub fn encode(&self, proto: u8, out: &mut BytesMut) {
         match self {
             Reply::Simple(s) => {
+                // Fixed at compile time, so a line break here is a bug, not input.
+                debug_assert!(!s.contains(['\r', '\n']), "simple string {s:?}");
                 out.put_u8(b'+');
                 out.put_slice(s.as_bytes());
                 out.put_slice(b"\r\n");
             }
             Reply::Error(s) => {
+                // Clients split the code off the first word: an empty error has none.
+                debug_assert!(!s.is_empty(), "an error reply without a code");
                 out.put_u8(b'-');
                 // An error line must not break the framing.
                 for &b in s.as_bytes() {

@@ -557,6 +557,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
         let v = *vote;
+        // A vote never goes back: that is what keeps one leader per term.
+        let old = self.inner.lock().vote;
+        assert!(
+            old.is_none_or(|old| v >= old),
+            "vote {v} saved after {old:?}"
+        );
         let rx = self.change(Some((K_VOTE, &ser(vote))), |g| g.vote = Some(v))?;
         Self::synced(rx, |e| StorageIOError::write_vote(e).into()).await
     }
@@ -589,6 +595,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut bytes = Vec::new();
         let mut g = self.inner.lock();
         for e in entries {
+            // The log has no holes: each entry follows the last one kept (or the purge).
+            let next = g
+                .entries
+                .last_key_value()
+                .map(|(i, _)| i + 1)
+                .or(g.last_purged.map(|p| p.index + 1));
+            debug_assert!(
+                next.is_none_or(|n| n == e.log_id.index),
+                "entry {} appended where {next:?} was expected",
+                e.log_id
+            );
             encode(K_ENTRY, &ser(&e), &mut bytes);
             g.entries.insert(e.log_id.index, e);
         }
@@ -598,6 +615,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let from = log_id.index;
+        // Only an uncommitted suffix is ever cut: a committed entry is on a majority.
+        let committed = self.inner.lock().committed;
+        assert!(
+            committed.is_none_or(|c| from > c.index),
+            "truncating from {from}, committed is {committed:?}"
+        );
         let rx = self.change(Some((K_TRUNCATE, &ser(&from))), |g| {
             g.entries.split_off(&from);
         })?;

@@ -118,15 +118,15 @@ impl Speculation {
     /// This node now leads `term` and its WAL (every earlier entry applied) ends at
     /// `last_lsn`: records from here on are its own.
     pub fn open(&self, term: u64, last_lsn: Lsn) {
-        let mut st = self.state.lock();
-        assert!(!st.writable, "opened twice");
+        let mut state = self.state.lock();
+        assert!(!state.writable, "opened twice");
         assert!(
-            st.cur_count == 0 && st.ready.is_empty(),
+            state.cur_count == 0 && state.ready.is_empty(),
             "records queued while not leading"
         );
-        st.writable = true;
-        st.term = term;
-        st.next = last_lsn + 1;
+        state.writable = true;
+        state.term = term;
+        state.next = last_lsn + 1;
         self.assigned.store(last_lsn, Ordering::Release);
         self.committed.send_replace(last_lsn);
     }
@@ -134,13 +134,13 @@ impl Speculation {
     /// This node no longer leads. With records in flight it is deposed (they may or may
     /// not commit under the next leader; its engine holds them either way).
     pub fn close(&self, why: &str) {
-        let mut st = self.state.lock();
-        if !st.writable {
+        let mut state = self.state.lock();
+        if !state.writable {
             return;
         }
-        st.writable = false;
+        state.writable = false;
         let pending = self.assigned.load(Ordering::Acquire) > self.committed_lsn();
-        drop(st);
+        drop(state);
         if pending {
             self.depose(&format!(
                 "{why} with {} record(s) not yet committed",
@@ -177,35 +177,35 @@ impl Speculation {
     /// Another leader's batch ending at `last` is about to be applied here: allowed only
     /// while this node has nothing of its own in flight (else it is deposed).
     pub fn follow_to(&self, last: Lsn) -> Result<(), Deposed> {
-        let mut st = self.state.lock();
+        let mut state = self.state.lock();
         // Leading with nothing in flight: just stop (a record after this deposes).
-        if st.writable
-            && st.cur_count == 0
-            && st.ready.is_empty()
+        if state.writable
+            && state.cur_count == 0
+            && state.ready.is_empty()
             && self.assigned.load(Ordering::Acquire) <= self.committed_lsn()
         {
-            st.writable = false;
+            state.writable = false;
             tracing::warn!("raft: another leader's batch arrived; this node stops leading");
         }
-        let pending = st.writable
-            || st.cur_count > 0
-            || !st.ready.is_empty()
+        let pending = state.writable
+            || state.cur_count > 0
+            || !state.ready.is_empty()
             || self.assigned.load(Ordering::Acquire) > self.committed_lsn();
         if pending {
             let why = format!(
                 "a batch of another leader (LSN ..={last}) arrived while this node {} (assigned {}, committed {}, queued {})",
-                if st.writable { "was leading" } else { "had records in flight" },
+                if state.writable { "was leading" } else { "had records in flight" },
                 self.assigned.load(Ordering::Acquire),
                 self.committed_lsn(),
-                st.cur_count as usize + st.ready.len()
+                state.cur_count as usize + state.ready.len()
             );
-            drop(st);
+            drop(state);
             self.depose(&why);
             return Err(Deposed);
         }
-        st.next = last + 1;
+        state.next = last + 1;
         self.assigned.store(last, Ordering::Release);
-        drop(st);
+        drop(state);
         self.committed.send_replace(last);
         Ok(())
     }
@@ -255,23 +255,23 @@ impl Speculation {
     }
 
     fn take_batch(&self) -> Option<Batch> {
-        let mut st = self.state.lock();
-        if st.ready.is_empty() && st.cur_count > 0 {
-            self.close_batch(&mut st);
+        let mut state = self.state.lock();
+        if state.ready.is_empty() && state.cur_count > 0 {
+            self.close_batch(&mut state);
         }
-        st.ready.pop_front()
+        state.ready.pop_front()
     }
 
-    fn close_batch(&self, st: &mut Open) {
-        let records = std::mem::take(&mut st.cur);
+    fn close_batch(&self, state: &mut Open) {
+        let records = std::mem::take(&mut state.cur);
         let b = Batch {
             origin: self.origin,
-            first_lsn: st.cur_first,
-            count: st.cur_count,
+            first_lsn: state.cur_first,
+            count: state.cur_count,
             records,
         };
-        st.cur_count = 0;
-        st.ready.push_back(b);
+        state.cur_count = 0;
+        state.ready.push_back(b);
     }
 }
 
@@ -281,20 +281,20 @@ impl EventSink for Speculation {
             let mut scratch = cell.borrow_mut();
             scratch.clear();
             let encoded = encode_record(*event, &mut scratch);
-            let mut st = self.state.lock();
-            let lsn = st.next;
-            st.next += 1;
+            let mut state = self.state.lock();
+            let lsn = state.next;
+            state.next += 1;
             self.assigned.store(lsn, Ordering::Release);
-            if st.cur_count == 0 {
-                st.cur_first = lsn;
+            if state.cur_count == 0 {
+                state.cur_first = lsn;
             }
-            st.cur.extend_from_slice(&scratch);
-            st.cur_count += 1;
-            if st.cur.len() >= BATCH_BYTES {
-                self.close_batch(&mut st);
+            state.cur.extend_from_slice(&scratch);
+            state.cur_count += 1;
+            if state.cur.len() >= BATCH_BYTES {
+                self.close_batch(&mut state);
             }
-            let writable = st.writable;
-            drop(st);
+            let writable = state.writable;
+            drop(state);
             if let Err(e) = encoded {
                 self.depose(&format!("cannot encode the record at LSN {lsn}: {e}"));
             } else if !writable {

@@ -130,6 +130,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut out = Vec::new();
         for e in entries {
+            // openraft applies each committed entry once, in log order.
+            assert!(
+                self.applied.is_none_or(|a| e.log_id.index > a.index),
+                "entry {} applied after {:?}",
+                e.log_id,
+                self.applied
+            );
             match &e.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Membership(m) => {

@@ -91,45 +91,48 @@ pub fn persistence_u64(fields: &[(String, String)], key: &str) -> u64 {
 /// The server's own counters (`Stats`) and the RESERVE outcomes of every sale, named as
 /// INFO stats names them.
 pub fn server_stats(shared: &Shared) -> Vec<(&'static str, u64)> {
-    let st = &shared.stats;
+    let stats = &shared.stats;
     let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let reserve = shared.metrics.reserve_totals();
     let outcome = |e: SaleEvent| reserve[e as usize];
     vec![
-        ("total_connections_received", l(&st.connections)),
-        ("total_commands_processed", l(&st.commands)),
-        ("rejected_connections", l(&st.rejected)),
-        ("auth_failures", l(&st.auth_failures)),
-        ("noperm_refusals", l(&st.noperm)),
-        ("protocol_errors", l(&st.protocol_errors)),
-        ("query_buffer_limit_disconnects", l(&st.qbuf_disconnects)),
-        ("output_buffer_limit_disconnects", l(&st.obuf_disconnects)),
-        ("idle_timeout_disconnects", l(&st.idle_disconnects)),
+        ("total_connections_received", l(&stats.connections)),
+        ("total_commands_processed", l(&stats.commands)),
+        ("rejected_connections", l(&stats.rejected)),
+        ("auth_failures", l(&stats.auth_failures)),
+        ("noperm_refusals", l(&stats.noperm)),
+        ("protocol_errors", l(&stats.protocol_errors)),
+        ("query_buffer_limit_disconnects", l(&stats.qbuf_disconnects)),
+        (
+            "output_buffer_limit_disconnects",
+            l(&stats.obuf_disconnects),
+        ),
+        ("idle_timeout_disconnects", l(&stats.idle_disconnects)),
         ("reserve_reserved", outcome(SaleEvent::Reserved)),
         ("reserve_replay", outcome(SaleEvent::Replay)),
         ("reserve_soldout", outcome(SaleEvent::SoldOut)),
         ("reserve_limit", outcome(SaleEvent::Limit)),
-        ("total_net_input_bytes", l(&st.net_input_bytes)),
-        ("total_net_output_bytes", l(&st.net_output_bytes)),
+        ("total_net_input_bytes", l(&stats.net_input_bytes)),
+        ("total_net_output_bytes", l(&stats.net_output_bytes)),
     ]
 }
 
 /// `CONFIG RESETSTAT` of the server's counters (not the gauges: connected clients). The
 /// RESERVE outcomes are the store's, reset with it.
 pub fn reset_server_stats(shared: &Shared) {
-    let st = &shared.stats;
+    let stats = &shared.stats;
     for a in [
-        &st.connections,
-        &st.commands,
-        &st.rejected,
-        &st.auth_failures,
-        &st.noperm,
-        &st.protocol_errors,
-        &st.qbuf_disconnects,
-        &st.obuf_disconnects,
-        &st.idle_disconnects,
-        &st.net_input_bytes,
-        &st.net_output_bytes,
+        &stats.connections,
+        &stats.commands,
+        &stats.rejected,
+        &stats.auth_failures,
+        &stats.noperm,
+        &stats.protocol_errors,
+        &stats.qbuf_disconnects,
+        &stats.obuf_disconnects,
+        &stats.idle_disconnects,
+        &stats.net_input_bytes,
+        &stats.net_output_bytes,
     ] {
         a.store(0, Ordering::Relaxed);
     }

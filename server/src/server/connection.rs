@@ -133,7 +133,6 @@ impl<'a, S: Io> Connection<'a, S> {
         shared: &'a Shared,
         stop: watch::Receiver<bool>,
     ) -> Self {
-        let cfg = &shared.config;
         let role = if shared.users.is_some() {
             None
         } else {
@@ -154,8 +153,8 @@ impl<'a, S: Io> Connection<'a, S> {
             inbuf: BytesMut::with_capacity(16 * 1024),
             out: BytesMut::with_capacity(16 * 1024),
             ranges: Vec::with_capacity(8),
-            idle: (cfg.idle_timeout_ms > 0).then(|| Duration::from_millis(cfg.idle_timeout_ms)),
-            write_timeout: Duration::from_millis(cfg.write_timeout_ms.max(1)),
+            idle: None,
+            write_timeout: Duration::ZERO,
             stop,
         }
     }
@@ -170,6 +169,7 @@ impl<'a, S: Io> Connection<'a, S> {
             if self.inbuf.capacity() - self.inbuf.len() < 4096 {
                 self.inbuf.reserve(16 * 1024);
             }
+            self.read_settings();
             let read_bytes = if std::mem::take(&mut handed_back) {
                 0
             } else {
@@ -198,6 +198,14 @@ impl<'a, S: Io> Connection<'a, S> {
                 }
             }
         }
+    }
+
+    /// The timeouts, read at every batch: `CONFIG SET` reaches connections already open.
+    fn read_settings(&mut self) {
+        let live = &self.shared.live;
+        let idle_ms = live.idle_timeout_ms();
+        self.idle = (idle_ms > 0).then(|| Duration::from_millis(idle_ms));
+        self.write_timeout = Duration::from_millis(live.write_timeout_ms().max(1));
     }
 
     /// Reads what the socket has. None: the connection is over (the client left, the
@@ -330,7 +338,7 @@ impl<'a, S: Io> Connection<'a, S> {
         if o.close {
             return true;
         }
-        let max = self.shared.config.max_output_buffer;
+        let max = self.shared.live.max_output_buffer();
         if self.out.len() <= max {
             return false;
         }
@@ -354,7 +362,7 @@ impl<'a, S: Io> Connection<'a, S> {
         stats
             .net_input_bytes
             .fetch_add(read_bytes, Ordering::Relaxed);
-        if !b.close && self.inbuf.len() > self.shared.config.max_query_buffer {
+        if !b.close && self.inbuf.len() > self.shared.live.max_query_buffer() {
             let why = Refusal::QueryBuffer;
             refuse(self.shared, &self.addr, self.conn.proto, why, &mut self.out);
             b.close = true;
@@ -423,7 +431,7 @@ fn refuse(shared: &Shared, addr: &SocketAddr, proto: u8, why: Refusal, out: &mut
                 .stats
                 .qbuf_disconnects
                 .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(client = %addr, "client dropped: unfinished command over --max-query-buffer ({} bytes)", shared.config.max_query_buffer);
+            tracing::warn!(client = %addr, "client dropped: unfinished command over --max-query-buffer ({} bytes)", shared.live.max_query_buffer());
             Reply::err("ERR Protocol error: query buffer limit exceeded").encode(proto, out);
         }
     }
