@@ -23,6 +23,10 @@
 #                     each, all three on $SERVER_CPU), RESERVE sent to the leader (found
 #                     with SENTINEL get-master-addr-by-name, confirmed by ROLE): a reply
 #                     leaves once a majority has the record durable
+#   sg-tls            sg-t1 with --tls-port (a test CA made with openssl, no client
+#                     certificates), RESERVE over TLS: redis-benchmark --tls
+#   redis-tls         redis-per-user over TLS: redis-server --tls-port with the same
+#                     certificate, redis-benchmark --tls (Redis's own TLS, OpenSSL)
 #   sg-raft-lg        sg-raft driven by the load generator redis-wait uses (below) instead
 #                     of redis-benchmark: the like-for-like row against redis-wait, and
 #                     next to sg-raft a check of the two load generators against each other
@@ -89,6 +93,8 @@ if [[ ${#TARGETS[@]} -eq 0 ]]; then
   fi
   # Issue 18: the replicated group against the single node and Redis + WAIT 1, same run.
   TARGETS+=(sg-t1-always sg-raft sg-raft-lg redis-wait)
+  # TLS: stockgate's (rustls) and Redis's (OpenSSL), same certificate, same run.
+  TARGETS+=(sg-tls redis-tls)
 fi
 SKU=BENCH
 UNITS=1000000000000
@@ -151,6 +157,24 @@ cpu_sum() { # the CPU ticks of every server process of the target (SPIDS)
   echo "$sum"
 }
 
+# A CA and a server certificate for 127.0.0.1 (P-256), made once per run for the TLS
+# targets; both servers get the same files, clients verify against the CA.
+TLS_DIR=
+tls_certs() {
+  [[ -n $TLS_DIR ]] && return 0
+  command -v openssl >/dev/null || { echo "the TLS targets need openssl" >&2; exit 2; }
+  TLS_DIR=$TMP/tls; mkdir -p "$TLS_DIR"
+  local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  (cd "$TLS_DIR" &&
+    openssl req -x509 "${ec[@]}" -days 2 -keyout ca.key -out ca.pem -subj "/CN=bench CA" &&
+    openssl req -new "${ec[@]}" -keyout server.key -out server.csr -subj /CN=localhost &&
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >ext &&
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+      -extfile ext -out server.pem) >/dev/null 2>&1 || { echo "openssl failed" >&2; exit 1; }
+  # Redis reads its key as whoever runs it; keep the files readable.
+  chmod 644 "$TLS_DIR"/*
+}
+
 stock_left() { # the target's remaining stock (STOCK_CMD on PORT), or "-" for PING targets
   if [[ ${#STOCK_CMD[@]} -eq 0 ]]; then echo -; return 0; fi
   timeout 10 redis-cli -p "$PORT" "${STOCK_CMD[@]}" 2>/dev/null | head -n 1
@@ -165,8 +189,8 @@ point() { # port clients pipeline cmd...
   s0=$(stock_left)
   m0=$(cpu_ticks "$SPID"); t0=$(cpu_sum)
   if [[ $DRIVER == rb ]]; then
-    out=$(timeout 300 taskset -c "$LOAD_CPU" redis-benchmark -h 127.0.0.1 -p "$port" -c "$c" -n "$N" \
-          -P "$p" -r 1000000000 "$@" 2>"$TMP/lg.err" | tr '\r' '\n') || rc=$?
+    out=$(timeout 300 taskset -c "$LOAD_CPU" redis-benchmark -h 127.0.0.1 -p "$port" "${LOAD_TLS[@]}" \
+          -c "$c" -n "$N" -P "$p" -r 1000000000 "$@" 2>"$TMP/lg.err" | tr '\r' '\n') || rc=$?
     rps=$(echo "$out" | awk '/throughput summary:/ {print $3}' | tail -n 1)
     # "latency summary (msec):" header, names line, values line: avg min p50 p95 p99 max
     read -r p50 p99 < <(echo "$out" | awk '/latency summary/ {getline; getline; print $3, $5}' | tail -n 1)
@@ -336,8 +360,11 @@ declare -A RES FSYNC LOADGEN NOTE
 run_target() { # name
   local t=$1 dir=$TMP/$1 cmd=() pt c p
   TPIDS=() SPIDS=() STOCK_CMD=() DRIVER=rb WAIT_R='' REPL_PORTS=()
+  # The TLS targets send the load to LOAD_PORT with LOAD_TLS; setup and STOCK go to the
+  # plain PORT.
+  LOAD_PORT='' LOAD_TLS=()
   case $t in
-    redis-ping|redis-per-user|redis-seed|redis-wait)
+    redis-ping|redis-per-user|redis-seed|redis-wait|redis-tls)
       local tag="{${SKU}_SHARD_1}"
       FSYNC[$t]=none
       if [[ $t == redis-wait ]]; then
@@ -359,13 +386,20 @@ run_target() { # name
         REPL_PORTS=("$rport")
         # The primary's process is the one whose CPU is also shown alone: put it first.
         SPIDS=("${SPIDS[1]}" "${SPIDS[0]}")
+      elif [[ $t == redis-tls ]]; then
+        tls_certs
+        LOAD_PORT=$(free_port)
+        FSYNC[$t]="none, TLS"
+        start_redis "$dir" --tls-port "$LOAD_PORT" --tls-cert-file "$TLS_DIR/server.pem" \
+          --tls-key-file "$TLS_DIR/server.key" --tls-ca-cert-file "$TLS_DIR/ca.pem" --tls-auth-clients no
+        LOAD_TLS=(--tls --cacert "$TLS_DIR/ca.pem")
       else
         start_redis "$dir"
       fi
       timeout 10 redis-cli -p "$PORT" SET "$tag:stock" "$UNITS" >/dev/null
       case $t in
         redis-ping) cmd=(PING) ;;
-        redis-per-user|redis-wait)
+        redis-per-user|redis-wait|redis-tls)
           local sha
           sha=$(timeout 10 redis-cli -p "$PORT" SCRIPT LOAD "$(cat "$ROOT/benches/lua/reserve_per_user.lua")")
           STOCK_CMD=(GET "$tag:stock")
@@ -378,7 +412,7 @@ run_target() { # name
           cmd=(EVALSHA "$sha" 3 "$tag:stock" "$tag:expiry_index" "$tag:reservation:{$SKU}tok__rand_int__"
                "$SKU" bench-user 1 630 "$expiry" "{$SKU}tok__rand_int__") ;;
       esac ;;
-    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-t1-always|sg-raft|sg-raft-lg|sg-cluster)
+    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-t1-always|sg-raft|sg-raft-lg|sg-tls|sg-cluster)
       local threads=1 bin=$SG_BIN fsync=everysec keys
       [[ $t == *-t2 ]] && threads=2
       [[ $t == sg-t1-always ]] && fsync=always
@@ -395,6 +429,13 @@ run_target() { # name
         local mp
         for mp in "${RAFT_PORTS[@]}"; do [[ $mp == "$PORT" ]] || REPL_PORTS+=("$mp"); done
         keys=(--secret-file "$dir/secret")
+      elif [[ $t == sg-tls ]]; then
+        tls_certs
+        LOAD_PORT=$(free_port)
+        FSYNC[$t]="everysec, TLS"
+        start_sg "$dir" "$threads" "$bin" "$fsync" --tls-port "$LOAD_PORT" \
+          --tls-cert-file "$TLS_DIR/server.pem" --tls-key-file "$TLS_DIR/server.key" --tls-auth-clients no
+        LOAD_TLS=(--tls --cacert "$TLS_DIR/ca.pem")
       elif [[ $t == sg-cluster ]]; then
         # The map names the node's port, so the port is chosen before it starts.
         local cport
@@ -427,7 +468,7 @@ run_target() { # name
   LOADGEN[$t]=$DRIVER
   for pt in $POINTS; do
     c=${pt%%:*}; p=${pt##*:}
-    RES[$t,$pt]=$(point "$PORT" "$c" "$p" "${cmd[@]}")
+    RES[$t,$pt]=$(point "${LOAD_PORT:-$PORT}" "$c" "$p" "${cmd[@]}")
     [[ ${RES[$t,$pt]%% *} == 0 ]] && NOTE[$t]+="C=$c P=$p failed (the error is above the table); "
     echo "$t C=$c P=$p: ${RES[$t,$pt]}" >&2
   done

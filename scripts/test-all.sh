@@ -21,6 +21,8 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 # promtool checks and tests the rules in deploy/prometheus (tests/deploy_prometheus.rs).
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+# openssl (the command) makes the test CA and certificates of tests/ops_tls.rs.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"

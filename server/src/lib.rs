@@ -14,6 +14,7 @@
 //! - [`raft`]: a replicated group: the log replicated with Raft (openraft).
 //! - [`cluster`]: Redis Cluster routing: hash slots, the slot map, this node's place.
 //! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
+//! - [`tls`]: TLS on the RESP port: the certificate files, their reload, the flags.
 pub use stockgate_core::{engine, wal};
 
 pub mod cli;
@@ -32,4 +33,5 @@ pub mod report;
 pub mod server;
 pub mod session;
 pub mod takeover;
+pub mod tls;
 pub mod users;

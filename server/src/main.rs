@@ -16,7 +16,7 @@ use stockgate_server::keyfiles;
 use stockgate_server::persist::{recover_engine_with, WalDurability};
 use stockgate_server::protocol::Limits;
 use stockgate_server::raft::{self, RaftNode, RaftNodeConfig};
-use stockgate_server::server::{serve, ServerConfig, Shared};
+use stockgate_server::server::{serve, Ports, ServerConfig, Shared};
 use stockgate_server::users::{UserDb, UsersSource};
 use stockgate_server::wal::{FsyncPolicy, WalOptions};
 
@@ -257,6 +257,10 @@ struct ServeArgs {
     cluster_node: Option<String>,
     #[command(flatten)]
     log: stockgate_server::metrics::logging::LogArgs,
+    // ---- TLS: --tls-port, --tls-cert-file, ... (server/src/tls/args.rs) ----
+    #[command(flatten)]
+    tls: stockgate_server::tls::args::TlsArgs,
+    // ---- end TLS ----
 }
 
 #[derive(Args)]
@@ -486,10 +490,12 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     let users = users_from(&a)?;
     let cluster = cluster_from(&a)?;
     check_open_mode(&a, users.is_some())?;
+    let tls = tls_from(&a)?;
     std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
     let keys = load_keys(&a)?;
     let cfg = engine_config(&a)?;
-    let raft_cfg = raft_config(&a)?;
+    let mut raft_cfg = raft_config(&a)?;
+    replication_tls(&a, tls.as_ref(), raft_cfg.as_mut())?;
     let prepared = match &raft_cfg {
         Some(c) => Some(raft::node::prepare(&a.data_dir, c)?),
         None => None,
@@ -523,6 +529,9 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         a.metrics_max_sales,
     );
     check_metrics_addr(&a)?;
+    if let Some((_, t)) = &tls {
+        let _ = shared.tls.set(t.clone());
+    }
     let threads = event_loops(a.threads);
     // Every worker is a current-thread runtime (`server::serve` says why): this one runs
     // the first, plus the background tasks; the others get a thread each.
@@ -533,7 +542,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     // One loop runs one command at a time: no reply can observe a RESERVE half done.
     recovered.engine.set_concurrent_callers(threads > 1);
-    let (first, extra) = bind_listeners(&a.bind, a.port, threads, a.tcp_backlog as i32)?;
+    let (first, extra) = bind_ports(&a, tls.as_ref().map(|t| t.0), threads)?;
     let raft = raft_cfg.zip(prepared);
     let result = rt.block_on(serve_until_shutdown(
         &a, &recovered, shared, raft, first, extra,
@@ -813,13 +822,23 @@ async fn serve_until_shutdown(
     r: &Recovered,
     shared: Arc<Shared>,
     raft: Option<(RaftNodeConfig, raft::node::Prepared)>,
-    first: std::net::TcpListener,
-    extra: Vec<std::net::TcpListener>,
+    first: Ports<std::net::TcpListener>,
+    extra: Vec<Ports<std::net::TcpListener>>,
 ) -> Result<(), String> {
     let engine = &r.engine;
-    first.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let listener = tokio::net::TcpListener::from_std(first).map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let to_tokio = |l: std::net::TcpListener| {
+        l.set_nonblocking(true).map_err(|e| e.to_string())?;
+        tokio::net::TcpListener::from_std(l).map_err(|e| e.to_string())
+    };
+    let listener = Ports {
+        plain: to_tokio(first.plain)?,
+        tls: first.tls.map(to_tokio).transpose()?,
+    };
+    let addr = listener.plain.local_addr().map_err(|e| e.to_string())?;
+    let tls_addr = match &listener.tls {
+        Some(l) => Some(l.local_addr().map_err(|e| e.to_string())?),
+        None => None,
+    };
     if let (Some((cfg, prepared)), Some(spec)) = (raft, r.speculation.clone()) {
         start_raft_member(r, &shared, cfg, prepared, spec, addr.port()).await?;
     }
@@ -834,8 +853,15 @@ async fn serve_until_shutdown(
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "listening on {addr}");
+        if let Some(t) = tls_addr {
+            let _ = writeln!(out, "listening on {t} (tls)");
+        }
         let _ = out.flush();
     }
+    let tls_watch = shared
+        .tls
+        .get()
+        .map(|t| tokio::spawn(t.clone().watch(stockgate_server::tls::RELOAD_CHECK)));
     let snapshotter = r
         .speculation
         .is_none()
@@ -845,7 +871,7 @@ async fn serve_until_shutdown(
         shared.clone(),
     ));
     let metrics_http = match &a.metrics_addr {
-        Some(m) => Some(spawn_metrics_http(m, engine, &shared).await?),
+        Some(m) => Some(spawn_metrics_http(m, engine, &shared, a.tls.metrics_tls()?).await?),
         None => None,
     };
     let result = serve(listener, extra, engine.clone(), shared, shutdown_signal())
@@ -855,6 +881,9 @@ async fn serve_until_shutdown(
         s.abort();
     }
     sampler.abort();
+    if let Some(w) = tls_watch {
+        w.abort();
+    }
     if let Some(h) = metrics_http {
         h.abort();
     }
@@ -898,19 +927,97 @@ async fn spawn_metrics_http(
     addr: &str,
     engine: &Arc<stockgate_server::engine::Engine>,
     shared: &Arc<Shared>,
+    https: bool,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let l = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("bind --metrics-addr {addr}: {e}"))?;
     let local = l.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!("metrics on http://{local}/metrics, status page http://{local}/");
-    eprintln!("stockgate: metrics on http://{local}/");
+    let scheme = if https { "https" } else { "http" };
+    tracing::info!("metrics on {scheme}://{local}/metrics, status page {scheme}://{local}/");
+    eprintln!("stockgate: metrics on {scheme}://{local}/");
+    let tls = if https {
+        shared.tls.get().cloned()
+    } else {
+        None
+    };
     Ok(tokio::spawn(stockgate_server::report::http::serve(
         l,
         engine.clone(),
         shared.clone(),
+        tls,
     )))
 }
+
+// ---- TLS ----
+
+/// The TLS port and its loaded certificate, when `--tls-port` is given; a file that is
+/// missing or does not parse stops the start, named.
+fn tls_from(a: &ServeArgs) -> Result<Option<(u16, Arc<stockgate_server::tls::Tls>)>, String> {
+    a.tls.metrics_tls()?;
+    let Some((port, files)) = a.tls.files()? else {
+        return Ok(None);
+    };
+    let tls = stockgate_server::tls::Tls::load(files).map_err(|e| e.to_string())?;
+    Ok(Some((port, Arc::new(tls))))
+}
+
+/// `--tls-replication yes`: the Raft member's links over TLS with the loaded files.
+fn replication_tls(
+    a: &ServeArgs,
+    tls: Option<&(u16, Arc<stockgate_server::tls::Tls>)>,
+    raft: Option<&mut RaftNodeConfig>,
+) -> Result<(), String> {
+    if !a.tls.replication_tls()? {
+        return Ok(());
+    }
+    let (Some((_, t)), Some(cfg)) = (tls, raft) else {
+        return Err(
+            "--tls-replication yes needs --raft-id (it secures a Raft member's links)".into(),
+        );
+    };
+    cfg.tls = Some(t.clone());
+    Ok(())
+}
+
+/// The plain port's listeners and, with TLS, the TLS port's, one of each per event loop.
+fn bind_ports(
+    a: &ServeArgs,
+    tls_port: Option<u16>,
+    threads: usize,
+) -> Result<
+    (
+        Ports<std::net::TcpListener>,
+        Vec<Ports<std::net::TcpListener>>,
+    ),
+    String,
+> {
+    let backlog = a.tcp_backlog as i32;
+    let (plain, plain_extra) = bind_listeners(&a.bind, a.port, threads, backlog)?;
+    let Some(port) = tls_port else {
+        let extra = plain_extra
+            .into_iter()
+            .map(|plain| Ports { plain, tls: None });
+        return Ok((Ports { plain, tls: None }, extra.collect()));
+    };
+    let (tls, tls_extra) = bind_listeners(&a.bind, port, threads, backlog)?;
+    let extra = plain_extra
+        .into_iter()
+        .zip(tls_extra)
+        .map(|(plain, tls)| Ports {
+            plain,
+            tls: Some(tls),
+        });
+    Ok((
+        Ports {
+            plain,
+            tls: Some(tls),
+        },
+        extra.collect(),
+    ))
+}
+
+// ---- end TLS ----
 
 /// The listening sockets of `threads` event loops on one address. One loop: a plain
 /// socket. More: `SO_REUSEPORT` on each, so the kernel spreads connections over them.
@@ -1051,5 +1158,6 @@ fn raft_config(a: &ServeArgs) -> Result<Option<RaftNodeConfig>, String> {
         restart_argv: std::env::args_os().collect(),
         data_dir: a.data_dir.clone(),
         snapshot_records: a.snapshot_records.max(1),
+        tls: None,
     }))
 }

@@ -19,12 +19,11 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::protocol::Refusal;
 use crate::protocol::{parse_command_into, Limits};
-use crate::takeover::Handback;
+use crate::takeover::{Handback, Io};
 
 /// Messages a subscriber may have queued before further ones are dropped.
 const QUEUE: usize = 1024;
@@ -308,7 +307,7 @@ pub async fn subscriber(
     clients: Clients,
     id: u64,
     proto: u8,
-    mut stream: TcpStream,
+    stream: &mut dyn Io,
     mut inbuf: BytesMut,
     (patterns, first): (bool, Vec<Bytes>),
     (limits, max_query_buffer): (Limits, usize),
@@ -323,7 +322,7 @@ pub async fn subscriber(
     let mut argv: Vec<Bytes> = Vec::new();
     let back = loop {
         if !out.is_empty() {
-            if stream.write_all(&out).await.is_err() {
+            if send(stream, &out).await.is_err() {
                 break End::Closed;
             }
             out.clear();
@@ -400,7 +399,7 @@ pub async fn subscriber(
                 if let Some(end) = leave {
                     // What was answered before leaving goes out first, as on a command
                     // connection.
-                    if !out.is_empty() && stream.write_all(&out).await.is_err() {
+                    if !out.is_empty() && send(stream, &out).await.is_err() {
                         break End::Closed;
                     }
                     out.clear();
@@ -417,10 +416,16 @@ pub async fn subscriber(
     }
     clients.set_kind(id, KIND_NORMAL);
     match back {
-        End::Resume => Handback::Resume(stream, inbuf),
-        End::Refused(why) => Handback::Refused(stream, why),
+        End::Resume => Handback::Resume(inbuf),
+        End::Refused(why) => Handback::Refused(why),
         End::Closed => Handback::Closed,
     }
+}
+
+/// Writes and flushes (a TLS stream holds encrypted bytes back until flushed).
+async fn send(stream: &mut dyn Io, out: &[u8]) -> std::io::Result<()> {
+    stream.write_all(out).await?;
+    stream.flush().await
 }
 
 /// One connection's channels and patterns (bounded together by [`MAX_CHANNELS`]).

@@ -156,6 +156,11 @@ pub struct Stats {
     pub qbuf_disconnects: AtomicU64,
     pub obuf_disconnects: AtomicU64,
     pub idle_disconnects: AtomicU64,
+    /// Connections accepted on the TLS port, those connected after their handshake
+    /// now, and handshakes that failed or timed out (INFO's `tls_*` fields).
+    pub tls_connections: AtomicU64,
+    pub tls_connected: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
 }
 
 pub struct Shared {
@@ -183,6 +188,8 @@ pub struct Shared {
     pub pubsub: crate::pubsub::Hub,
     /// Live connections, for CLIENT KILL.
     pub clients: crate::pubsub::Clients,
+    /// TLS on the RESP port (`--tls-port`), set by the binary before it serves.
+    pub tls: std::sync::OnceLock<Arc<crate::tls::Tls>>,
     /// Cluster mode (`--cluster-enabled yes`): the slot map and this node's place in it.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
 }
@@ -218,6 +225,7 @@ impl Shared {
             repl: std::sync::OnceLock::new(),
             pubsub: crate::pubsub::Hub::default(),
             clients: crate::pubsub::Clients::default(),
+            tls: std::sync::OnceLock::new(),
             cluster: std::sync::OnceLock::new(),
         }
     }

@@ -24,7 +24,7 @@ pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]], patterns: bool) -> Outcome {
     );
     // The subscriber loop outlives the read buffer these arguments point into.
     let first = args.iter().map(|a| Bytes::copy_from_slice(a)).collect();
-    Outcome::takeover(Box::new(move |stream, inbuf| {
+    Outcome::takeover(crate::takeover::takeover(move |stream, inbuf| {
         Box::pin(crate::pubsub::subscriber(
             hub,
             clients,

@@ -6,7 +6,8 @@
 //! it again). A frame larger than [`MAX_FRAME`] ends the connection: a peer's bytes are
 //! bounded like a client's. Failures are reported as network errors rather than
 //! "unreachable": openraft backs off half a second from an unreachable peer, which would
-//! add that to every failover.
+//! add that to every failover. With `--tls-replication` every peer connection is TLS,
+//! both ends presenting the member's certificate, each checked against the CA.
 
 use std::collections::HashMap;
 use std::io;
@@ -23,8 +24,15 @@ use openraft::raft::{
 };
 use openraft::EntryPayload;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::takeover::Io;
+use crate::tls::Tls;
+
+/// A peer connection, TCP or TLS (openraft shares a peer's client between threads).
+trait PeerIo: Io + Sync {}
+impl<T: Io + Sync> PeerIo for T {}
 
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
@@ -60,6 +68,8 @@ pub enum RpcReply {
 #[derive(Clone, Default)]
 pub struct Network {
     pub routes: Arc<HashMap<NodeId, String>>,
+    /// `--tls-replication`: peers are called over TLS.
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -74,6 +84,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         Peer {
             target,
             addr,
+            tls: self.tls.clone(),
             conn: None,
         }
     }
@@ -82,10 +93,26 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct Peer {
     target: NodeId,
     addr: String,
-    conn: Option<TcpStream>,
+    tls: Option<Arc<Tls>>,
+    conn: Option<Box<dyn PeerIo>>,
 }
 
-async fn write_frame(s: &mut TcpStream, body: &[u8]) -> io::Result<()> {
+/// Opens a connection to a peer: TCP, and TLS on it with `--tls-replication` (the
+/// peer's name is the host of its address, an IP or a DNS name its certificate lists).
+async fn connect(addr: &str, tls: Option<&Tls>) -> io::Result<Box<dyn PeerIo>> {
+    let s = TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let Some((_, connector)) = tls.and_then(|t| t.peers()) else {
+        return Ok(Box::new(s));
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| io::Error::other(format!("peer address {addr}: {e}")))?;
+    Ok(Box::new(connector.connect(name, s).await?))
+}
+
+async fn write_frame<S: AsyncWrite + Unpin + ?Sized>(s: &mut S, body: &[u8]) -> io::Result<()> {
     let len = u32::try_from(body.len())
         .ok()
         .filter(|l| (*l as usize) <= MAX_FRAME)
@@ -93,7 +120,9 @@ async fn write_frame(s: &mut TcpStream, body: &[u8]) -> io::Result<()> {
     let mut out = Vec::with_capacity(4 + body.len());
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(body);
-    s.write_all(&out).await
+    s.write_all(&out).await?;
+    // TLS holds encrypted bytes back until flushed; TCP's flush does nothing.
+    s.flush().await
 }
 
 /// Reads one frame's body. A length over [`MAX_FRAME`] is an error before any of the body
@@ -170,14 +199,11 @@ impl Peer {
         let body = encode(rpc)?;
         let held = self.conn.take();
         let addr = self.addr.clone();
+        let tls = self.tls.clone();
         let r = tokio::time::timeout(ttl, async move {
             let mut s = match held {
                 Some(s) => s,
-                None => {
-                    let s = TcpStream::connect(&addr).await?;
-                    s.set_nodelay(true)?;
-                    s
-                }
+                None => connect(&addr, tls.as_deref()).await?,
             };
             write_frame(&mut s, &body).await?;
             let reply = read_frame(&mut s).await?;
@@ -270,7 +296,13 @@ pub async fn ask_to_elect(mut net: Network, target: NodeId, node: &NodeInfo) -> 
 /// Serves the peers' RPCs. `no_votes`: while set, vote requests are not answered (a node
 /// rejoining with an empty log must not vote before it has caught up: it may have
 /// voted in these terms before it lost its log).
-pub async fn serve(listener: TcpListener, raft: Raft, no_votes: Arc<AtomicBool>, me: NodeId) {
+pub async fn serve(
+    listener: TcpListener,
+    raft: Raft,
+    no_votes: Arc<AtomicBool>,
+    me: NodeId,
+    tls: Option<Arc<Tls>>,
+) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -281,8 +313,23 @@ pub async fn serve(listener: TcpListener, raft: Raft, no_votes: Arc<AtomicBool>,
             }
         };
         let (raft, no_votes) = (raft.clone(), no_votes.clone());
+        let acceptor = tls.as_ref().and_then(|t| t.peers()).map(|p| p.0);
         tokio::spawn(async move {
-            if let Err(e) = serve_peer(stream, raft, no_votes, me).await {
+            let _ = stream.set_nodelay(true);
+            let s: Box<dyn PeerIo> = match acceptor {
+                None => Box::new(stream),
+                Some(a) => {
+                    let hs = tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, a.accept(stream));
+                    match hs.await {
+                        Ok(Ok(s)) => Box::new(s),
+                        Ok(Err(e)) => {
+                            return tracing::warn!("raft: peer TLS handshake failed: {e}")
+                        }
+                        Err(_) => return tracing::warn!("raft: peer TLS handshake timed out"),
+                    }
+                }
+            };
+            if let Err(e) = serve_peer(s, raft, no_votes, me).await {
                 tracing::debug!("raft: peer connection ended: {e}");
             }
         });
@@ -290,12 +337,11 @@ pub async fn serve(listener: TcpListener, raft: Raft, no_votes: Arc<AtomicBool>,
 }
 
 async fn serve_peer(
-    mut s: TcpStream,
+    mut s: Box<dyn PeerIo>,
     raft: Raft,
     no_votes: Arc<AtomicBool>,
     me: NodeId,
 ) -> io::Result<()> {
-    s.set_nodelay(true)?;
     loop {
         let body = read_frame(&mut s).await?;
         let rpc = decode_request(&body)?;

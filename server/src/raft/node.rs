@@ -49,6 +49,8 @@ pub struct RaftNodeConfig {
     pub data_dir: PathBuf,
     /// `--snapshot-records`: a snapshot after this many records.
     pub snapshot_records: u64,
+    /// `--tls-replication`: the Raft port and the calls to peers over TLS.
+    pub tls: Option<Arc<crate::tls::Tls>>,
 }
 
 /// What `prepare` found on disk.
@@ -229,6 +231,7 @@ impl RaftNode {
         .map_err(|e| format!("raft settings: {e}"))?;
         let net = network::Network {
             routes: Arc::new(cfg.routes.clone()),
+            tls: cfg.tls.clone(),
         };
         let raft = Raft::new(cfg.id, Arc::new(config), net, store.clone(), sm)
             .await
@@ -245,6 +248,7 @@ impl RaftNode {
             raft.clone(),
             no_votes.clone(),
             cfg.id,
+            cfg.tls.clone(),
         ));
         if prepared.pristine && !prepared.rejoining && !cfg.bootstrap.is_empty() {
             if !cfg.bootstrap.contains_key(&cfg.id) {
@@ -670,6 +674,7 @@ impl RaftNode {
             spec: self.spec.clone(),
             net: network::Network {
                 routes: Arc::new(self.cfg.routes.clone()),
+                tls: self.cfg.tls.clone(),
             },
             id: self.id,
             epoch: self.epoch,

@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::{prom, view};
@@ -25,10 +25,18 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// A route's answer: content type and body; `None` is a 404.
 pub type Routed = Option<(&'static str, Vec<u8>)>;
 
-/// Serves the stockgate routes until the task is dropped.
-pub async fn serve(listener: TcpListener, engine: Arc<Engine>, shared: Arc<Shared>) {
-    serve_routes(
+/// Serves the stockgate routes until the task is dropped; over HTTPS with the RESP
+/// port's certificate (and its client-certificate rule) when `tls` is given
+/// (`--metrics-tls yes`).
+pub async fn serve(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    shared: Arc<Shared>,
+    tls: Option<Arc<crate::tls::Tls>>,
+) {
+    serve_routes_over(
         listener,
+        tls,
         Arc::new(move |path: &str| -> Routed {
             // Rendering takes each engine stripe lock briefly, as EXPIRED does.
             match path {
@@ -50,6 +58,14 @@ pub const PROM_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A bounded GET-only HTTP/1.1 server over `route` (also used by the sweeper binary).
 pub async fn serve_routes(listener: TcpListener, route: Arc<dyn Fn(&str) -> Routed + Send + Sync>) {
+    serve_routes_over(listener, None, route).await
+}
+
+type Route = Arc<dyn Fn(&str) -> Routed + Send + Sync>;
+
+/// [`serve_routes`], over TLS when `tls` is given (the handshake counts against the
+/// request's time limit).
+async fn serve_routes_over(listener: TcpListener, tls: Option<Arc<crate::tls::Tls>>, route: Route) {
     let permits = Arc::new(Semaphore::new(MAX_CONCURRENT));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -61,15 +77,22 @@ pub async fn serve_routes(listener: TcpListener, route: Arc<dyn Fn(&str) -> Rout
             continue;
         };
         let route = route.clone();
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(IO_TIMEOUT, handle(stream, route.as_ref())).await;
+            let _ = tokio::time::timeout(IO_TIMEOUT, async {
+                match acceptor {
+                    None => handle(stream, route.as_ref()).await,
+                    Some(a) => handle(a.accept(stream).await?, route.as_ref()).await,
+                }
+            })
+            .await;
             drop(permit);
         });
     }
 }
 
-async fn handle(
-    mut s: TcpStream,
+async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
     route: &(dyn Fn(&str) -> Routed + Send + Sync),
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
@@ -112,7 +135,12 @@ async fn handle(
     respond(&mut s, status, ctype, &body).await
 }
 
-async fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &[u8]) -> std::io::Result<()> {
+async fn respond<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    status: &str,
+    ctype: &str,
+    body: &[u8],
+) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
         body.len()

@@ -281,6 +281,18 @@ fn stats(o: &mut String, sh: &Shared, error_replies: u64) {
         let _ = write!(o, "{k}:{v}\r\n");
     }
     let _ = write!(o, "slowlog_len:{}\r\n", sh.metrics.slowlog.lock().len());
+    if let Some(tls) = sh.tls.get() {
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let _ = write!(
+            o,
+            "tls_connections_received:{}\r\ntls_connected_clients:{}\r\ntls_handshake_failures:{}\r\ntls_cert_reloads:{}\r\ntls_cert_reload_failures:{}\r\n",
+            n(&sh.stats.tls_connections),
+            n(&sh.stats.tls_connected),
+            n(&sh.stats.tls_handshake_failures),
+            n(&tls.reloads),
+            n(&tls.reload_failures),
+        );
+    }
 }
 
 /// `# Cluster`: Redis's `cluster_enabled`, and in cluster mode the redirections sent.
