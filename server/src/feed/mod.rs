@@ -89,7 +89,7 @@ pub enum FeedError {
         /// The group named.
         group: String,
     },
-    /// An `XGROUP`/`XACK`/`XPENDING`-style command named a group that does not exist.
+    /// `XACK`, `XPENDING`, `XCLAIM` or `XAUTOCLAIM` named a group that does not exist.
     #[error("NOGROUP No such key '{stream}' or consumer group '{group}'")]
     NoGroup {
         /// The stream named.
@@ -97,7 +97,8 @@ pub enum FeedError {
         /// The group named.
         group: String,
     },
-    /// `XGROUP SETID`, `CREATECONSUMER` or `DELCONSUMER` named a group that does not exist.
+    /// `XGROUP` or `XINFO` named a group that does not exist (Redis words it differently
+    /// there).
     #[error("NOGROUP No such consumer group '{group}' for key name '{stream}'")]
     NoGroupForKey {
         /// The stream named.
