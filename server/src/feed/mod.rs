@@ -524,7 +524,7 @@ impl Feed {
     /// group's scan position past records that hold no entry of its stream, so records
     /// about to be deleted that were only the groups' own (or, for a sale's stream, other
     /// sales') do not read as trimmed. A group with an entry ahead stops at it at once;
-    /// an idle one scans at most [`CHECKPOINT_SCANS`] budgets' worth of records.
+    /// an idle one scans at most `CHECKPOINT_SCANS` budgets' worth of records.
     pub fn checkpoint_groups(&self) -> Lsn {
         self.groups.checkpoint(|g| {
             let stream = g.stream.clone();

@@ -249,7 +249,7 @@ impl Groups {
     }
 
     /// Group records in `(after, upto]` that this process knows of (logged or
-    /// recovered; the most recent [`OWN_LSNS`] of them).
+    /// recovered; the most recent `OWN_LSNS` of them).
     pub fn own_between(&self, after: Lsn, upto: Lsn) -> u64 {
         if after >= upto {
             return 0;
