@@ -13,6 +13,8 @@
 #   redis-per-user    redis-server + benches/lua/reserve_per_user.lua (EVALSHA)
 #   redis-seed        redis-server + benches/lua/reserve.lua (EVALSHA)
 #   sg-t1             stockgate --fsync everysec --threads 1, RESERVE
+#   sg-cluster        sg-t1 in cluster mode (--cluster-enabled yes, one node owning all
+#                     16384 slots, docs/cluster.md): the cost of the slot check per request
 #   sg-t2             stockgate --fsync everysec --threads 2, RESERVE
 #   sg-ping           stockgate --fsync everysec --threads 1, PING
 #   sg-t1-always      stockgate --fsync always --threads 1, RESERVE: the single node to
@@ -81,9 +83,9 @@ read -r -a RAFT_EXTRA <<<"${RAFT_FLAGS:-}"
 if [[ ${#TARGETS[@]} -eq 0 ]]; then
   if [[ -n $BASE_BIN ]]; then
     # Interleaved, so slow drifts of the machine's load hit both builds alike.
-    TARGETS=(redis-ping redis-per-user redis-seed sg-t1 base-t1 sg-t2 base-t2 sg-ping base-ping)
+    TARGETS=(redis-ping redis-per-user redis-seed sg-t1 base-t1 sg-cluster sg-t2 base-t2 sg-ping base-ping)
   else
-    TARGETS=(redis-ping redis-per-user redis-seed sg-t1 sg-t2 sg-ping)
+    TARGETS=(redis-ping redis-per-user redis-seed sg-t1 sg-cluster sg-t2 sg-ping)
   fi
   # Issue 18: the replicated group against the single node and Redis + WAIT 1, same run.
   TARGETS+=(sg-t1-always sg-raft sg-raft-lg redis-wait)
@@ -238,7 +240,7 @@ start_redis() { # dir [extra redis-server args...] -> sets PID SPID PORT
 start_sg() { # dir threads bin fsync [extra flags...] -> sets PID SPID PORT
   mkdir -p "$1"
   local d=$1 th=$2 b=$3 fs=$4; shift 4
-  taskset -c "$SERVER_CPU" timeout 3600 "$b" --bind 127.0.0.1 --port 0 --data-dir "$d/data" \
+  taskset -c "$SERVER_CPU" timeout 3600 "$b" --bind 127.0.0.1 --port "${SG_PORT:-0}" --data-dir "$d/data" \
     --fsync "$fs" --threads "$th" "$@" >"$d/out" 2>"$d/err" &
   PID=$!; PIDS+=("$PID"); TPIDS+=("$PID")
   server_pid || exit 1
@@ -376,7 +378,7 @@ run_target() { # name
           cmd=(EVALSHA "$sha" 3 "$tag:stock" "$tag:expiry_index" "$tag:reservation:{$SKU}tok__rand_int__"
                "$SKU" bench-user 1 630 "$expiry" "{$SKU}tok__rand_int__") ;;
       esac ;;
-    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-t1-always|sg-raft|sg-raft-lg)
+    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-t1-always|sg-raft|sg-raft-lg|sg-cluster)
       local threads=1 bin=$SG_BIN fsync=everysec keys
       [[ $t == *-t2 ]] && threads=2
       [[ $t == sg-t1-always ]] && fsync=always
@@ -393,6 +395,15 @@ run_target() { # name
         local mp
         for mp in "${RAFT_PORTS[@]}"; do [[ $mp == "$PORT" ]] || REPL_PORTS+=("$mp"); done
         keys=(--secret-file "$dir/secret")
+      elif [[ $t == sg-cluster ]]; then
+        # The map names the node's port, so the port is chosen before it starts.
+        local cport
+        cport=$(free_port)
+        mkdir -p "$dir"
+        printf 'group all 0-16383\nnode %s 127.0.0.1:%s\n' \
+          0000000000000000000000000000000000000001 "$cport" >"$dir/cluster.map"
+        SG_PORT=$cport start_sg "$dir" "$threads" "$bin" "$fsync" \
+          --cluster-enabled yes --cluster-config "$dir/cluster.map"
       else
         start_sg "$dir" "$threads" "$bin" "$fsync"
       fi

@@ -29,12 +29,14 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 python3 -c "import redis" >/dev/null 2>&1 || python3 -m pip install -q redis
-# The Python package under test (tests/python_package.rs runs its pytest suite), installed
+# The Python package under test (tests/python_package.rs runs its pytest suite;
+# tests/checkout_scenario.rs runs tests/scenario/run_python.py with it), installed
 # from this checkout every run so the tests see the current source, with its test needs.
 python3 -m pip install -q ./clients/python "psycopg[binary]" pytest
 # ioredis and node-redis (tests/node_clients.rs), pinned by tests/node/package-lock.json.
 [ -d tests/node/node_modules ] || npm ci --prefix tests/node --no-audit --no-fund
-# The Node package under test (tests/node_package.rs), pinned by its package-lock.json.
+# The Node package under test (tests/node_package.rs; tests/checkout_scenario.rs runs
+# tests/scenario/run_node.mjs with it), pinned by its package-lock.json.
 [ -d clients/node/node_modules ] || npm ci --prefix clients/node --no-audit --no-fund
 
 # Formatting and lints are part of the tests: a warning fails the run.

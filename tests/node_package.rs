@@ -1,23 +1,81 @@
 //! The Node package `clients/node` (`stockgate` on ioredis and pg), tested through its own
-//! `node --test` suite against a real server (open mode): reply parsing, errors per code
-//! and minting (`unit.test.js`), the commands, typed errors, denials, and retries while
-//! its connections are killed (`server.test.js`), and its TypeScript types checked by
-//! `tsc --noEmit` (`types.test.js`). Fails on any failed or skipped test.
+//! `node --test` suite against the real parts; this harness starts them and fails on any
+//! failed or skipped test.
+//!
+//! - a server (open mode) that no sweeper watches: reply parsing, errors per code and
+//!   minting (`unit.test.js`), the commands, typed errors, denials and retries while its
+//!   connections are killed (`server.test.js`), and the TypeScript types checked by
+//!   `tsc --noEmit` (`types.test.js`);
+//! - a server, a throwaway Postgres with the ledger migrated in schema `stockgate`
+//!   (`stockgate-sweeper migrate`) and a `stockgate-sweeper run --interval-secs 1` process
+//!   for that ledger and server: the checkout's branches and the mistakes the ledger
+//!   refuses (`checkout.test.js`) and the whole sale (`scenario.test.js`); plus a second
+//!   server started with a users file, where the checkout role's first payment meets
+//!   `-NOPERM` for `COMMIT ... VERIFIED` and falls back to the plain `COMMIT`;
+//! - failover: a 3-member Raft group; `failover.test.js` writes the signal file once its
+//!   sale is in flight, this harness `kill -9`s the leader, waits for a new one, restarts
+//!   the killed member and writes `<signal>.done`.
 //!
 //! Its dependencies come from `clients/node/package-lock.json`
 //! (`npm ci --prefix clients/node`, which `scripts/test-all.sh` runs).
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::raft::Group;
+use common::{Server, TempDir};
+use stockgate_testkit::pgtemp::TempPostgres;
 
-/// The longest the package's tests may take (the type check alone takes ~20 s on two
-/// loaded cores).
-const LIMIT: Duration = Duration::from_secs(150);
+/// One at a time: the scenario's 1.5 s holds and a Raft group's elections both want the
+/// two cores.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The longest a `node --test` run may take (the type check alone takes ~20 s on two
+/// loaded cores, the scenario ~15 s).
+const LIMIT: Duration = Duration::from_secs(200);
+
+/// The users of the second server (`--users-file`): an admin and a checkout role.
+const USERS: &str = "\
+boss admin s3cret-admin
+shop checkout s3cret-shop
+";
+
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let b = dir.join(name);
+    assert!(
+        b.exists(),
+        "{} missing: run `cargo build --workspace --bins` before the tests",
+        b.display()
+    );
+    b
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn package_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/node");
+    assert!(
+        dir.join("node_modules/ioredis").exists() && dir.join("node_modules/pg").exists(),
+        "clients/node has no node_modules: run `npm ci --prefix clients/node`"
+    );
+    dir
+}
 
 /// `# <name> N` from node's test runner summary.
 fn summary(text: &str, name: &str) -> Option<u64> {
@@ -26,50 +84,44 @@ fn summary(text: &str, name: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-#[test]
-fn node_package_against_a_server() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/node");
-    assert!(
-        dir.join("node_modules/ioredis").exists(),
-        "clients/node has no node_modules: run `npm ci --prefix clients/node`"
-    );
-    let server = Server::start(&[]);
-    let mut child = Command::new("node")
-        .args([
-            "--test",
-            "--test-reporter=tap",
-            "test/unit.test.js",
-            "test/server.test.js",
-            "test/types.test.js",
-        ])
-        .current_dir(&dir)
-        .env("STOCKGATE_ADDR", &server.addr)
-        .env(
-            "STOCKGATE_SECRET_FILE",
-            server.data_dir.join("secret").display().to_string(),
-        )
+/// `node --test <files>` in the package with `envs`, output to `out`.
+fn node_test(files: &[&str], envs: &[(&str, String)], out: &Path) -> KillOnDrop {
+    let log = std::fs::File::create(out).expect("node log");
+    let err = log.try_clone().expect("node log");
+    let child = Command::new("node")
+        .args(["--test", "--test-reporter=tap"])
+        .args(files)
+        .current_dir(package_dir())
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(err))
         .spawn()
-        .expect("run node --test");
-    let deadline = Instant::now() + LIMIT;
-    while child.try_wait().ok().flatten().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            break;
+        .expect("run node --test (is node on PATH?)");
+    KillOnDrop(child)
+}
+
+/// Waits for the run (calling `tick` meanwhile), asserts it passed with nothing skipped
+/// and at least `min_pass` tests, and returns its output.
+fn finish(mut p: KillOnDrop, out: &Path, min_pass: u64, mut tick: impl FnMut()) -> String {
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = p.0.try_wait().expect("wait node") {
+            break st;
         }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let out = child.wait_with_output().expect("node output");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        if t.elapsed() > LIMIT {
+            let _ = p.0.kill();
+            let text = std::fs::read_to_string(out).unwrap_or_default();
+            panic!("node --test still running after {LIMIT:?}:\n{text}");
+        }
+        tick();
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(out).expect("node output");
+    println!("{text}");
     assert!(
-        out.status.success(),
-        "the Node package's tests failed:\n{text}"
+        status.success(),
+        "the Node package's tests failed ({status}):\n{text}"
     );
     assert_eq!(summary(&text, "fail"), Some(0), "{text}");
     assert_eq!(
@@ -77,8 +129,148 @@ fn node_package_against_a_server() {
         Some(0),
         "a test was skipped:\n{text}"
     );
+    assert_eq!(summary(&text, "todo"), Some(0), "a test is todo:\n{text}");
     assert!(
-        summary(&text, "pass").is_some_and(|n| n >= 40),
+        summary(&text, "pass").is_some_and(|n| n >= min_pass),
         "too few tests ran:\n{text}"
     );
+    text
+}
+
+/// A migrated throwaway ledger; its URL.
+fn migrated_ledger(pg: &TempPostgres) -> String {
+    let url = pg.url().to_string();
+    let migrate = Command::new(bin("stockgate-sweeper"))
+        .args(["--database-url", &url, "migrate"])
+        .env("STOCKGATE_LOG", "warn")
+        .output()
+        .expect("stockgate-sweeper migrate");
+    assert!(
+        migrate.status.success(),
+        "migrate: {}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    url
+}
+
+#[test]
+fn node_package_against_a_server() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // No sweeper watches this server: server.test.js lets holds expire on purpose and
+    // then commits them.
+    let server = Server::start(&[]);
+    let dir = TempDir::new("node-package");
+    let out = dir.path().join("node.log");
+    let envs = [
+        ("STOCKGATE_ADDR", server.addr.clone()),
+        (
+            "STOCKGATE_SECRET_FILE",
+            server.data_dir.join("secret").display().to_string(),
+        ),
+    ];
+    let p = node_test(
+        &[
+            "test/unit.test.js",
+            "test/server.test.js",
+            "test/types.test.js",
+        ],
+        &envs,
+        &out,
+    );
+    finish(p, &out, 40, || {});
+}
+
+#[test]
+fn node_package_checkout_against_a_ledger_and_the_sweeper() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = common::runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let url = migrated_ledger(&pg);
+    let server = Server::start(&[]);
+    let mut sweeper = KillOnDrop(
+        Command::new(bin("stockgate-sweeper"))
+            .args(["--database-url", &url, "--server", &server.addr])
+            .args(["run", "--interval-secs", "1"])
+            .env("STOCKGATE_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("stockgate-sweeper run"),
+    );
+    let dir = TempDir::new("node-checkout");
+    let out = dir.path().join("node.log");
+    // A second server with users, for the checkout role's plain-COMMIT fallback.
+    let users = dir.path().join("users");
+    std::fs::write(&users, USERS).expect("users file");
+    let auth = Server::start(&["--users-file", &users.display().to_string()]);
+    let envs = [
+        ("STOCKGATE_ADDR", server.addr.clone()),
+        (
+            "STOCKGATE_SECRET_FILE",
+            server.data_dir.join("secret").display().to_string(),
+        ),
+        ("STOCKGATE_DATABASE_URL", url.clone()),
+        ("STOCKGATE_LEDGER_SCHEMA", "stockgate".to_string()),
+        ("STOCKGATE_SWEEPER_RUNNING", "1".to_string()),
+        ("STOCKGATE_AUTH_ADDR", auth.addr.clone()),
+        (
+            "STOCKGATE_AUTH_SECRET_FILE",
+            auth.data_dir.join("secret").display().to_string(),
+        ),
+        ("STOCKGATE_AUTH_ADMIN", "boss:s3cret-admin".to_string()),
+        ("STOCKGATE_AUTH_CHECKOUT", "shop:s3cret-shop".to_string()),
+    ];
+    let p = node_test(
+        &["test/checkout.test.js", "test/scenario.test.js"],
+        &envs,
+        &out,
+    );
+    let text = finish(p, &out, 17, || {
+        if let Ok(Some(st)) = sweeper.0.try_wait() {
+            panic!("the sweeper exited during the tests: {st}");
+        }
+    });
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("ok ") && l.contains("the whole sale through the package")),
+        "the scenario did not pass:\n{text}"
+    );
+}
+
+#[test]
+fn node_package_follows_a_leader_kill() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = Group::start(false);
+    let first = g.leader(None, Duration::from_secs(10));
+    let addrs = [1u64, 2, 3]
+        .iter()
+        .map(|i| format!("127.0.0.1:{}", g.port(*i)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let dir = TempDir::new("node-failover");
+    let signal = dir.path().join("failover.signal");
+    let out = dir.path().join("node.log");
+    let envs = [
+        ("STOCKGATE_GROUP_ADDRS", addrs),
+        ("STOCKGATE_FAILOVER_SIGNAL", signal.display().to_string()),
+        (
+            "STOCKGATE_SECRET_FILE",
+            g.keys.secret_path().display().to_string(),
+        ),
+    ];
+    let p = node_test(&["test/failover.test.js"], &envs, &out);
+    let mut killed: Option<(u64, u64)> = None;
+    let done = PathBuf::from(format!("{}.done", signal.display()));
+    finish(p, &out, 1, || {
+        if killed.is_none() && signal.exists() {
+            let old = g.leader(None, Duration::from_secs(10));
+            g.member(old).kill9();
+            let new = g.leader(Some(old), Duration::from_secs(30));
+            g.member(old).spawn();
+            killed = Some((old, new));
+            std::fs::write(&done, b"").expect("write the done file");
+        }
+    });
+    let (old, new) = killed.expect("the package test never wrote the signal file");
+    assert_ne!(old, new);
+    println!("leader {first} at the start; killed {old}, {new} took over");
 }

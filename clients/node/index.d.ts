@@ -371,6 +371,8 @@ export interface CheckoutOptions {
 export declare class Checkout {
   constructor(opts: CheckoutOptions);
   readonly pool: Pool;
+  /** Set once the server refused `COMMIT ... VERIFIED` to this client's role (-NOPERM): from then on the plain COMMIT is sent. */
+  readonly plainCommitOnly: boolean;
   reserveAndRecord(args: {
     sku: string;
     user: string;

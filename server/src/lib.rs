@@ -12,13 +12,17 @@
 //! - [`session`]: server and connection state shared by `server` and `cmd`.
 //! - [`takeover`]: a connection handed from the command loop to a subscriber and back.
 //! - [`raft`]: a replicated group: the log replicated with Raft (openraft).
+//! - [`cluster`]: Redis Cluster routing: hash slots, the slot map, this node's place.
 //! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
 pub use stockgate_core::{engine, wal};
 
 pub mod cli;
+pub mod cluster;
 pub mod cmd;
+pub mod config_file;
 pub mod feed;
 pub mod keyfiles;
+pub mod live;
 pub mod metrics;
 pub mod persist;
 pub mod protocol;
@@ -28,3 +32,4 @@ pub mod report;
 pub mod server;
 pub mod session;
 pub mod takeover;
+pub mod users;

@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use stockgate_server::cli::{int_in, I64_MAX};
+use stockgate_server::config_file;
 use stockgate_server::engine::{EngineConfig, SystemClock, MAX_SHARDS, MAX_TTL_MS};
 use stockgate_server::feed::{Feed, FeedLimits};
 use stockgate_server::keyfiles;
 use stockgate_server::persist::{recover_engine_with, WalDurability};
 use stockgate_server::protocol::Limits;
 use stockgate_server::raft::{self, RaftNode, RaftNodeConfig};
-use stockgate_server::server::{serve, Role, ServerConfig, Shared, Users};
+use stockgate_server::server::{serve, ServerConfig, Shared};
+use stockgate_server::users::{UserDb, UsersSource};
 use stockgate_server::wal::{FsyncPolicy, WalOptions};
 
 #[derive(Parser)]
@@ -71,6 +73,12 @@ struct TopArgs {
 
 #[derive(Args, Clone)]
 struct ServeArgs {
+    /// A config file in redis.conf's syntax: `directive value` per line, where each
+    /// directive is one of these flags without its dashes (`port 7000`, `auto-release
+    /// yes`), `#` comments, `include other.conf`. Flags given here win over the file;
+    /// CONFIG REWRITE writes live settings back into it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Address to listen on. Without users configured, only loopback is allowed unless
     /// --allow-open is given.
     #[arg(long, default_value = "127.0.0.1")]
@@ -237,6 +245,16 @@ struct ServeArgs {
     /// Entries kept in the slow log.
     #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(0, I64_MAX), default_value_t = 128)]
     slowlog_max_len: usize,
+    /// Redis Cluster routing (docs/cluster.md): `yes` needs --cluster-config; keys of
+    /// slots other groups own are answered `-MOVED`.
+    #[arg(long, default_value = "no", value_parser = ["yes", "no"])]
+    cluster_enabled: String,
+    /// The slot map: groups, their slot ranges and their nodes (docs/cluster.md).
+    #[arg(long, value_name = "FILE")]
+    cluster_config: Option<PathBuf>,
+    /// This node's id in the map. Default: the only node listed with --port.
+    #[arg(long, value_name = "ID")]
+    cluster_node: Option<String>,
     #[command(flatten)]
     log: stockgate_server::metrics::logging::LogArgs,
 }
@@ -262,13 +280,73 @@ struct MintArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("stockgate: {e}");
+            return ExitCode::from(1);
+        }
+    };
     match cli.cmd {
         Some(Cmd::MintToken(m)) => mint(m),
         Some(Cmd::Top(t)) => top(t),
         Some(Cmd::Serve(s)) => run(*s),
         None => run(cli.serve),
     }
+}
+
+/// `stockgate serve`'s flags, as the config file and CONFIG SET check values with them.
+fn serve_command() -> clap::Command {
+    <ServeArgs as Args>::augment_args(clap::Command::new("serve"))
+}
+
+/// The command line, with `--config FILE`'s directives put in front of the flags given
+/// (as `--name=value`): every value is checked by its flag's parser, and a flag on the
+/// command line wins over the file because it comes later.
+fn parse_cli() -> Result<Cli, String> {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let config = match Cli::try_parse_from(&argv) {
+        Ok(cli) => match &cli.cmd {
+            Some(Cmd::Serve(s)) => s.config.clone(),
+            None => cli.serve.config.clone(),
+            Some(_) => None,
+        }
+        .map_or(Ok(cli), Err),
+        // The command line may be complete only with the file (`--raft-listen` given,
+        // `raft-id` in the file): look for `--config` and parse again with the file.
+        Err(e) => Err(config_flag(&argv).ok_or(e).unwrap_or_else(|e| e.exit())),
+    };
+    let path = match config {
+        Ok(cli) => return Ok(cli),
+        Err(path) => path,
+    };
+    let directives = config_file::read(&path).map_err(|e| e.to_string())?;
+    let from_file =
+        config_file::to_args(&directives, &serve_command()).map_err(|e| e.to_string())?;
+    let at = argv
+        .iter()
+        .position(|a| a == "serve")
+        .map_or(1, |i| i + 1)
+        .min(argv.len());
+    let mut full = argv[..at].to_vec();
+    full.extend(from_file);
+    full.extend_from_slice(&argv[at..]);
+    Ok(Cli::parse_from(full))
+}
+
+/// The value of `--config FILE` or `--config=FILE` on a raw command line.
+fn config_flag(argv: &[std::ffi::OsString]) -> Option<PathBuf> {
+    let mut it = argv.iter().skip(1);
+    while let Some(a) = it.next() {
+        let a = a.to_str()?;
+        if a == "--config" {
+            return it.next().map(PathBuf::from);
+        }
+        if let Some(v) = a.strip_prefix("--config=") {
+            return Some(PathBuf::from(v));
+        }
+    }
+    None
 }
 
 fn mint(m: MintArgs) -> ExitCode {
@@ -375,22 +453,38 @@ fn run(a: ServeArgs) -> ExitCode {
     }
 }
 
-fn users_from(a: &ServeArgs) -> Result<Option<Users>, String> {
-    let mut users = match &a.users_file {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            Users::parse(&text)?
-        }
-        None => Users::empty(),
-    };
-    if let Some(pw) = &a.requirepass {
-        users.add("default", pw, Role::Admin);
+/// The users of `--users-file` and `--requirepass`, which ACL LOAD reads again.
+fn users_from(a: &ServeArgs) -> Result<Option<UserDb>, String> {
+    let db = UserDb::from_source(UsersSource {
+        file: a.users_file.clone(),
+        requirepass: a.requirepass.clone(),
+    })
+    .map_err(|e| e.to_string())?;
+    Ok((!db.snapshot().is_empty()).then_some(db))
+}
+
+/// The slot map and this node's place in it, when cluster mode is on.
+fn cluster_from(a: &ServeArgs) -> Result<Option<stockgate_server::cluster::Cluster>, String> {
+    match (a.cluster_enabled.as_str(), &a.cluster_config) {
+        ("yes", Some(path)) => stockgate_server::cluster::Cluster::load(
+            &path.display().to_string(),
+            a.cluster_node.as_deref(),
+            a.port,
+        )
+        .map(Some)
+        .map_err(|e| e.to_string()),
+        ("yes", None) => Err(
+            "--cluster-enabled yes needs --cluster-config FILE (the slot map, docs/cluster.md)"
+                .into(),
+        ),
+        (_, Some(_)) => Err("--cluster-config is only read with --cluster-enabled yes".into()),
+        _ => Ok(None),
     }
-    Ok((!users.is_empty()).then_some(users))
 }
 
 fn run_inner(a: ServeArgs) -> Result<(), String> {
     let users = users_from(&a)?;
+    let cluster = cluster_from(&a)?;
     check_open_mode(&a, users.is_some())?;
     std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
     let keys = load_keys(&a)?;
@@ -411,9 +505,18 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
         }),
         None => recovered.durability.clone(),
     };
-    let shared = Arc::new(Shared::new(server_config(&a), users, replicated));
+    let mut shared = Shared::with_user_db(server_config(&a), users, replicated);
+    shared.flags = Some(serve_command());
+    shared.config_file = match &a.config {
+        Some(p) => Some(std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        None => None,
+    };
+    let shared = Arc::new(shared);
     let feed = open_feed(&recovered);
     let _ = shared.feed.set(feed);
+    if let Some(c) = cluster {
+        let _ = shared.cluster.set(Arc::new(c));
+    }
     shared.metrics.configure(
         a.slowlog_log_slower_than,
         a.slowlog_max_len,

@@ -140,9 +140,10 @@ async fn accept_loop(
                 };
                 let st = &shared.stats;
                 st.connections.fetch_add(1, Ordering::Relaxed);
-                if st.connected.load(Ordering::Relaxed) as usize >= shared.config.max_clients {
+                let max_clients = shared.live.max_clients();
+                if st.connected.load(Ordering::Relaxed) as usize >= max_clients {
                     st.rejected.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(client = %addr, "client refused: max number of clients ({}) reached", shared.config.max_clients);
+                    tracing::warn!(client = %addr, "client refused: max number of clients ({max_clients}) reached");
                     tokio::spawn(async move {
                         let mut s = stream;
                         let _ = tokio::time::timeout(Duration::from_secs(1), s.write_all(b"-ERR max number of clients reached\r\n")).await;
@@ -199,8 +200,6 @@ async fn handle(
     };
     let mut inbuf = BytesMut::with_capacity(16 * 1024);
     let mut out = BytesMut::with_capacity(16 * 1024);
-    let idle = (cfg.idle_timeout_ms > 0).then(|| Duration::from_millis(cfg.idle_timeout_ms));
-    let write_timeout = Duration::from_millis(cfg.write_timeout_ms.max(1));
     // Where the arguments of the command being run are in `inbuf`: one vector for the
     // connection's life, refilled in place by each parse.
     let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(8);
@@ -235,6 +234,10 @@ async fn handle(
         if inbuf.capacity() - inbuf.len() < 4096 {
             inbuf.reserve(16 * 1024);
         }
+        // Read at every batch: `CONFIG SET` reaches connections already open.
+        let idle_ms = shared.live.idle_timeout_ms();
+        let idle = (idle_ms > 0).then(|| Duration::from_millis(idle_ms));
+        let write_timeout = Duration::from_millis(shared.live.write_timeout_ms().max(1));
         let read_bytes = if std::mem::take(&mut handed_back) {
             0
         } else {
@@ -324,12 +327,13 @@ async fn handle(
                 close = true;
                 break;
             }
-            if out.len() > cfg.max_output_buffer {
+            let max_out = shared.live.max_output_buffer();
+            if out.len() > max_out {
                 shared
                     .stats
                     .obuf_disconnects
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(client = %addr, "client dropped: replies of one batch over --max-output-buffer ({} bytes)", cfg.max_output_buffer);
+                tracing::warn!(client = %addr, "client dropped: replies of one batch over --max-output-buffer ({max_out} bytes)");
                 out.clear();
                 Reply::err("ERR output buffer limit reached; closing connection")
                     .encode(conn.proto, &mut out);
@@ -344,7 +348,7 @@ async fn handle(
             .stats
             .net_input_bytes
             .fetch_add(read_bytes, Ordering::Relaxed);
-        if !close && inbuf.len() > cfg.max_query_buffer {
+        if !close && inbuf.len() > shared.live.max_query_buffer() {
             refuse(shared, &addr, conn.proto, Refusal::QueryBuffer, &mut out);
             close = true;
         }
@@ -398,7 +402,7 @@ fn refuse(shared: &Shared, addr: &SocketAddr, proto: u8, why: Refusal, out: &mut
                 .stats
                 .qbuf_disconnects
                 .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(client = %addr, "client dropped: unfinished command over --max-query-buffer ({} bytes)", shared.config.max_query_buffer);
+            tracing::warn!(client = %addr, "client dropped: unfinished command over --max-query-buffer ({} bytes)", shared.live.max_query_buffer());
             Reply::err("ERR Protocol error: query buffer limit exceeded").encode(proto, out);
         }
     }

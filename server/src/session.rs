@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 
 use crate::engine::{Engine, Lsn};
 use crate::metrics::{Metrics, Recorder};
@@ -29,6 +28,8 @@ pub struct ServerConfig {
     pub default_ttl_ms: u64,
     pub retention_ms: u64,
     pub limits: Limits,
+    /// The five limits below are the values at start: the running server reads
+    /// `Shared::live`, which `CONFIG SET` changes.
     pub max_clients: usize,
     /// Bytes a client may leave buffered in an unfinished command (slowloris guard).
     pub max_query_buffer: usize,
@@ -104,6 +105,11 @@ pub trait Replication: Send + Sync {
         None
     }
     fn is_replica(&self) -> bool;
+    /// The client address (`host:port`) of the group's leader when it is another member
+    /// (cluster mode sends what this member refuses there, as `-MOVED`).
+    fn other_leader_addr(&self) -> Option<String> {
+        None
+    }
     /// INFO's `# Replication` section.
     fn info(&self) -> String;
     fn role_reply(&self) -> Reply;
@@ -130,120 +136,9 @@ pub trait Replication: Send + Sync {
     }
 }
 
-/// Role bits, as the command table (`cmd::command_table`) stores who may run a command.
-pub const CHECKOUT: u8 = 1;
-pub const SWEEPER: u8 = 2;
-pub const ADMIN: u8 = 4;
-/// Monitoring of replication (INFO, ROLE); users files from the Redis-style replication
-/// that name it still load.
-pub const REPLICATION: u8 = 8;
-/// What Redis Sentinel and Sentinel-aware tools send (INFO, ROLE, SENTINEL, CONFIG
-/// REWRITE, CLIENT KILL, PUBLISH/SUBSCRIBE, MULTI/EXEC).
-pub const SENTINEL: u8 = 16;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    Admin,
-    Checkout,
-    Sweeper,
-    Replication,
-    Sentinel,
-}
-
-impl Role {
-    pub fn bit(self) -> u8 {
-        match self {
-            Role::Admin => ADMIN,
-            Role::Checkout => CHECKOUT,
-            Role::Sweeper => SWEEPER,
-            Role::Replication => REPLICATION,
-            Role::Sentinel => SENTINEL,
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Role> {
-        match s {
-            "admin" => Some(Role::Admin),
-            "checkout" => Some(Role::Checkout),
-            "sweeper" => Some(Role::Sweeper),
-            "replication" => Some(Role::Replication),
-            "sentinel" => Some(Role::Sentinel),
-            _ => None,
-        }
-    }
-}
-
-/// Configured users. Passwords are kept only as SHA-256 digests and compared in constant
-/// time, so neither a timing side channel nor a memory dump gives them away.
-pub struct Users {
-    users: Vec<(String, [u8; 32], Role)>,
-}
-
-fn digest(b: &[u8]) -> [u8; 32] {
-    Sha256::digest(b).into()
-}
-
-fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    let mut d = 0u8;
-    for i in 0..32 {
-        d |= a[i] ^ b[i];
-    }
-    d == 0
-}
-
-impl Users {
-    /// Users file: one `<user> <role> <password>` per line; `#` comments.
-    pub fn parse(text: &str) -> Result<Users, String> {
-        let mut users = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let mut p = line.splitn(3, char::is_whitespace);
-            let (Some(u), Some(r), Some(pw)) = (p.next(), p.next(), p.next()) else {
-                return Err(format!(
-                    "users file line {}: expected `<user> <role> <password>`",
-                    i + 1
-                ));
-            };
-            let role = Role::parse(r).ok_or_else(|| {
-                format!(
-                    "users file line {}: role must be admin, checkout, sweeper, replication or sentinel",
-                    i + 1
-                )
-            })?;
-            users.push((u.to_string(), digest(pw.trim().as_bytes()), role));
-        }
-        Ok(Users { users })
-    }
-
-    pub fn add(&mut self, user: &str, password: &str, role: Role) {
-        self.users
-            .push((user.to_string(), digest(password.as_bytes()), role));
-    }
-
-    pub fn empty() -> Users {
-        Users { users: Vec::new() }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.users.is_empty()
-    }
-
-    pub fn check(&self, user: &[u8], pass: &[u8]) -> Option<Role> {
-        let d = digest(pass);
-        let mut found = None;
-        // Look at every entry so the time taken does not say which user exists.
-        for (u, pw, role) in &self.users {
-            let ok = ct_eq(pw, &d);
-            if u.as_bytes() == user && ok && found.is_none() {
-                found = Some(*role);
-            }
-        }
-        found
-    }
-}
+pub use crate::users::{
+    Role, UserDb, Users, UsersSource, ADMIN, CHECKOUT, REPLICATION, SENTINEL, SWEEPER,
+};
 
 #[derive(Default)]
 pub struct Stats {
@@ -266,7 +161,14 @@ pub struct Stats {
 pub struct Shared {
     pub config: ServerConfig,
     /// `None`: no users configured, every connection is admin.
-    pub users: Option<Users>,
+    pub users: Option<UserDb>,
+    /// The settings `CONFIG SET` changes while the server runs.
+    pub live: crate::live::LiveSettings,
+    /// The config file the server was started with (`CONFIG REWRITE` writes it).
+    pub config_file: Option<std::path::PathBuf>,
+    /// The binary's `serve` flags: `CONFIG SET` checks a value with its flag's parser,
+    /// and tells a setting fixed at start from one that does not exist.
+    pub flags: Option<clap::Command>,
     pub stats: Stats,
     pub started: Instant,
     pub local_port: AtomicU16,
@@ -281,15 +183,30 @@ pub struct Shared {
     pub pubsub: crate::pubsub::Hub,
     /// Live connections, for CLIENT KILL.
     pub clients: crate::pubsub::Clients,
+    /// Cluster mode (`--cluster-enabled yes`): the slot map and this node's place in it.
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
 }
 
 impl Shared {
+    /// Users given once, not reloadable (tests, embedding).
     pub fn new(
         config: ServerConfig,
         users: Option<Users>,
         durability: Arc<dyn Durability>,
     ) -> Self {
+        Shared::with_user_db(config, users.map(UserDb::fixed), durability)
+    }
+
+    /// Users `ACL LOAD` can read again (the binary, from `--users-file`).
+    pub fn with_user_db(
+        config: ServerConfig,
+        users: Option<UserDb>,
+        durability: Arc<dyn Durability>,
+    ) -> Self {
         Shared {
+            live: crate::live::LiveSettings::new(&config),
+            config_file: None,
+            flags: None,
             config,
             users,
             stats: Stats::default(),
@@ -301,6 +218,7 @@ impl Shared {
             repl: std::sync::OnceLock::new(),
             pubsub: crate::pubsub::Hub::default(),
             clients: crate::pubsub::Clients::default(),
+            cluster: std::sync::OnceLock::new(),
         }
     }
 }
@@ -334,6 +252,10 @@ pub struct MultiQueue {
     pub bytes: usize,
     /// A command was refused while queuing: `EXEC` must run nothing (`-EXECABORT`).
     pub aborted: bool,
+    /// In cluster mode, the slot of the first queued command with a key, and whether a
+    /// later one had another slot (`EXEC` then answers `-CROSSSLOT`).
+    pub slot: Option<u16>,
+    pub cross_slot: bool,
 }
 
 impl ConnState {

@@ -75,11 +75,17 @@ impl Node {
 
     /// [`Node::start`] with environment variables (fault injection).
     pub fn start_env(keys: &Keys, extra: &[&str], env: &[(&str, &str)]) -> Node {
+        Node::start_on(keys, free_port(), extra, env)
+    }
+
+    /// [`Node::start_env`] on a given port (a cluster map names every node's port
+    /// before any starts).
+    pub fn start_on(keys: &Keys, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Node {
         let own = TempDir::new("node");
         let mut args = keys.flags();
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut n = Node {
-            port: free_port(),
+            port,
             dir: own.path().to_path_buf(),
             args,
             env: env

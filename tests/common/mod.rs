@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use stockgate_server::engine::Keyring;
 
+pub mod cluster;
 pub mod ha;
 pub mod raft;
 

@@ -33,6 +33,22 @@ export class Hold {
   }
 }
 
+/** Socket errors that mean "the connection failed", not "the statement failed". */
+const SOCKET_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'ENOTCONN']);
+
+/**
+ * Whether a pg error means the statement's outcome is unknown because the connection
+ * failed: SQLSTATE class 08 (connection exception), 57P01..03 (the server is shutting down
+ * or restarting), a socket error, or pg's own "Connection terminated".
+ * @param {any} e
+ */
+export function connectionLost(e) {
+  const code = e && typeof e.code === 'string' ? e.code : '';
+  if (code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03') return true;
+  if (SOCKET_CODES.has(code)) return true;
+  return /^Connection terminated/.test(String(e?.message ?? ''));
+}
+
 function quoteIdent(s) {
   return `"${String(s).replace(/"/g, '""')}"`;
 }
@@ -65,12 +81,27 @@ export class Checkout {
     this.plainCommitOnly = false;
   }
 
+  /**
+   * One ledger statement. After a lost connection its outcome is unknown, so it is sent
+   * again on another connection (every ledger function is safe to repeat) with the
+   * client's backoff, until the client's deadline (then `Unavailable`).
+   */
   async #sql(text, values) {
-    try {
-      const r = await this.pool.query(text, values);
-      return r.rows;
-    } catch (e) {
-      throw ledgerErrorFrom(e) ?? e;
+    const deadline = Date.now() + this.sg.deadlineMs;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const r = await this.pool.query(text, values);
+        return r.rows;
+      } catch (e) {
+        if (!connectionLost(e)) throw ledgerErrorFrom(e) ?? e;
+        const wait = Math.min(this.sg.backoffMinMs * 2 ** Math.min(attempt - 1, 16), this.sg.backoffMaxMs);
+        if (Date.now() + wait > deadline) {
+          throw new Unavailable('UNAVAILABLE', `ledger unreachable after ${attempt} attempts: ${e.message}`, {
+            cause: e,
+          });
+        }
+        await new Promise((ok) => setTimeout(ok, wait));
+      }
     }
   }
 
@@ -82,7 +113,8 @@ export class Checkout {
    * tombstoned by the sweeper): do not take the payment.
    */
   async reserveAndRecord({ sku, user, admission, requestId, qty = 1 }) {
-    const r = await this.sg.reserve(sku, user, admission, requestId, { qty });
+    // WITHLIMIT: a Limit names the per-user limit and what the user holds, as in Python.
+    const r = await this.sg.reserve(sku, user, admission, requestId, { qty, withLimit: true });
     if (r.kind !== 'reserved' && r.kind !== 'replay') return r;
     const replay = r.kind === 'replay';
     let back;

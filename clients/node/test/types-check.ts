@@ -99,6 +99,11 @@ export async function checkoutFlow(): Promise<void> {
     else if (e instanceof Unavailable || e instanceof Expired) console.log(e.cause);
     else if (e instanceof StockgateError) console.log(e.code, e.detail);
   }
+  const plain: boolean = co.plainCommitOnly;
+  // @ts-expect-error set by the checkout itself, after -NOPERM
+  co.plainCommitOnly = true;
+  const refunded: 'REFUNDED' | 'ALREADY_REFUNDED' = await co.markRefunded(t);
+  console.log(plain, refunded, await co.extend(t, 30000));
   const c: 'committed' | 'already_committed' = await one.commit(t, { verified: true });
   // @ts-expect-error not a release reason
   await one.release(t, { reason: 'bored' });

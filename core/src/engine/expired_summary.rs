@@ -16,10 +16,10 @@ impl Engine {
         let now = self.clock.now_ms();
         let mut m: HashMap<Arc<str>, (u64, u64, Millis)> = HashMap::new();
         for s in self.stripes.iter() {
-            let mut st = s.lock();
-            st.advance(now);
-            for &(at, idx) in st.expired.iter() {
-                let r = st.get(idx);
+            let mut stripe = s.lock();
+            stripe.advance(now);
+            for &(at, idx) in stripe.expired.iter() {
+                let r = stripe.get(idx);
                 let e = m.entry(r.sale.sku.clone()).or_insert((0, 0, at));
                 e.0 += 1;
                 e.1 += r.qty as u64;

@@ -28,13 +28,13 @@ impl Engine {
     pub fn begin_history(&self, id: &str) -> Lsn {
         // Under a stripe lock, so a snapshot (which stops the world) never covers the
         // record without the id.
-        let mut st = self.stripes[0].lock();
+        let mut stripe = self.stripes[0].lock();
         let mut h = self.history.lock();
         if let Some((_, lsn)) = &*h {
             return *lsn;
         }
         let lsn = self.sink.record(&EventRef::HistoryBegun { id });
-        st.logged(lsn);
+        stripe.logged(lsn);
         *h = Some((id.into(), lsn));
         lsn
     }

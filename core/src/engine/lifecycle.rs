@@ -20,9 +20,9 @@ impl Engine {
     /// derives it as [`Engine::release`] does.
     pub fn release_with(&self, token: &str, reason: Option<ReleaseReason>) -> (bool, Lsn) {
         let now = self.clock.now_ms();
-        let mut st = self.stripes[stripe_of(token)].lock();
-        let out = self.release_locked(&mut st, token, now, Some(reason));
-        drop(st);
+        let mut stripe = self.stripes[stripe_of(token)].lock();
+        let out = self.release_locked(&mut stripe, token, now, Some(reason));
+        drop(stripe);
         if let Some((sale, user, qty, key)) = out.2 {
             self.user_release(&sale, user, qty, &key, true);
         }
@@ -33,17 +33,17 @@ impl Engine {
     /// caller stated, if any.
     pub(super) fn release_locked(
         &self,
-        st: &mut Stripe,
+        stripe: &mut Stripe,
         token: &str,
         now: Millis,
         live: Option<Option<ReleaseReason>>,
     ) -> (bool, Lsn, Option<UserUpdate>) {
-        let Some(idx) = st.lookup(token) else {
+        let Some(idx) = stripe.lookup(token) else {
             return (false, 0, None);
         };
-        let r = st.get(idx);
+        let r = stripe.get(idx);
         if r.state != ReservationState::Reserved {
-            return (false, st.last_lsn(), None);
+            return (false, stripe.last_lsn(), None);
         }
         let derived = if r.expires_at <= now {
             ReleaseReason::Expired
@@ -52,7 +52,7 @@ impl Engine {
         };
         let reason = live.flatten().unwrap_or(derived);
         let how = Finish::Release(reason);
-        let (lsn, upd) = self.finish_locked(st, idx, now, how, live.is_some());
+        let (lsn, upd) = self.finish_locked(stripe, idx, now, how, live.is_some());
         (true, lsn, upd)
     }
 
@@ -61,14 +61,14 @@ impl Engine {
     /// caller has checked that `idx` is RESERVED.
     pub(super) fn finish_locked(
         &self,
-        st: &mut Stripe,
+        stripe: &mut Stripe,
         idx: u32,
         now: Millis,
         how: Finish,
         log: bool,
     ) -> (Lsn, Option<UserUpdate>) {
-        st.unschedule(idx);
-        let r = st.get_mut(idx);
+        stripe.unschedule(idx);
+        let r = stripe.get_mut(idx);
         debug_assert_eq!(r.state, ReservationState::Reserved);
         r.state = match how {
             Finish::Commit => ReservationState::Committed,
@@ -100,17 +100,17 @@ impl Engine {
                     reason,
                 },
             });
-            st.logged(lsn);
+            stripe.logged(lsn);
         }
-        let r = st.get(idx);
+        let r = stripe.get(idx);
         match how {
             Finish::Release(_) => r.sale.release(r.shard as usize, r.qty),
             Finish::Commit => r.sale.commit(r.shard as usize, r.qty),
         }
         let key = r.key;
         let upd = (r.sale.params.limit > 0).then(|| (r.sale.clone(), r.user, r.qty, key));
-        st.finished.push_back((now, key));
-        (st.last_lsn(), upd)
+        stripe.finished.push_back((now, key));
+        (stripe.last_lsn(), upd)
     }
 
     pub(super) fn user_release(
@@ -149,9 +149,9 @@ impl Engine {
         check: PaymentCheck,
     ) -> Result<(bool, Lsn), EngineError> {
         let now = self.clock.now_ms();
-        let mut st = self.stripes[stripe_of(token)].lock();
-        let (res, upd) = self.commit_locked(&mut st, token, now, Some(check));
-        drop(st);
+        let mut stripe = self.stripes[stripe_of(token)].lock();
+        let (res, upd) = self.commit_locked(&mut stripe, token, now, Some(check));
+        drop(stripe);
         if let Some((sale, user, qty, key)) = upd {
             self.user_release(&sale, user, qty, &key, false);
         }
@@ -162,24 +162,24 @@ impl Engine {
     /// clock says now. Live commits are checked and logged.
     pub(super) fn commit_locked(
         &self,
-        st: &mut Stripe,
+        stripe: &mut Stripe,
         token: &str,
         now: Millis,
         check: Option<PaymentCheck>,
     ) -> (Result<(bool, Lsn), EngineError>, Option<UserUpdate>) {
         let log = check.is_some();
-        let Some(idx) = st.lookup(token) else {
+        let Some(idx) = stripe.lookup(token) else {
             // Purged by retention: the tombstone still knows how it ended.
-            let out = match st.tombs.get(&table::tomb_key(token)).map(|t| t.state) {
+            let out = match stripe.tombs.get(&table::tomb_key(token)).map(|t| t.state) {
                 Some(ReservationState::Committed) => Ok((false, 0)),
                 Some(ReservationState::Released) => Err(EngineError::Released),
                 _ => Err(EngineError::NoReservation),
             };
             return (out, None);
         };
-        let r = st.get(idx);
+        let r = stripe.get(idx);
         match r.state {
-            ReservationState::Committed => return (Ok((false, st.last_lsn())), None),
+            ReservationState::Committed => return (Ok((false, stripe.last_lsn())), None),
             ReservationState::Released => return (Err(EngineError::Released), None),
             ReservationState::Reserved => {}
         }
@@ -196,7 +196,7 @@ impl Engine {
         if log && r.sale.state() == SaleState::Fenced {
             return (Err(EngineError::Fenced), None);
         }
-        let (lsn, upd) = self.finish_locked(st, idx, now, Finish::Commit, log);
+        let (lsn, upd) = self.finish_locked(stripe, idx, now, Finish::Commit, log);
         (Ok((true, lsn)), upd)
     }
 
@@ -205,12 +205,12 @@ impl Engine {
         if ms == 0 || ms > MAX_TTL_MS {
             return Err(EngineError::Argument("ms must be between 1 and 2592000000"));
         }
-        let mut st = self.stripes[stripe_of(token)].lock();
+        let mut stripe = self.stripes[stripe_of(token)].lock();
         let now = self.clock.now_ms();
-        let Some(idx) = st.lookup(token) else {
+        let Some(idx) = stripe.lookup(token) else {
             return Err(EngineError::NoReservation);
         };
-        let r = st.get(idx);
+        let r = stripe.get(idx);
         if r.state != ReservationState::Reserved {
             return Err(EngineError::NoReservation);
         }
@@ -218,8 +218,8 @@ impl Engine {
             return Err(EngineError::Expired);
         }
         let new = now + ms;
-        st.reschedule(idx, new);
-        let r = st.get(idx);
+        stripe.reschedule(idx, new);
+        let r = stripe.get(idx);
         let user = r.sale.users.name(r.user);
         let lsn = self.sink.record(&EventRef::Extended {
             token,
@@ -228,14 +228,14 @@ impl Engine {
             request_id: &r.request_id,
             qty: r.qty,
         });
-        st.logged(lsn);
+        stripe.logged(lsn);
         Ok((new, lsn))
     }
 
     /// RESERVATION: the current record and the log position that made it.
     pub fn reservation(&self, token: &str) -> Option<(ReservationView, Lsn)> {
-        let st = self.stripes[stripe_of(token)].lock();
-        st.res(token).map(|r| (r.view(), st.last_lsn()))
+        let stripe = self.stripes[stripe_of(token)].lock();
+        stripe.res(token).map(|r| (r.view(), stripe.last_lsn()))
     }
 
     /// EXPIRED: RESERVED reservations with `expires_at <= now`, oldest first, at most
@@ -244,14 +244,14 @@ impl Engine {
         let now = self.clock.now_ms();
         let mut all: Vec<ReservationView> = Vec::new();
         for s in self.stripes.iter() {
-            let mut st = s.lock();
-            st.advance(now);
+            let mut stripe = s.lock();
+            stripe.advance(now);
             let mut taken = 0;
-            for &(_, idx) in st.expired.iter() {
+            for &(_, idx) in stripe.expired.iter() {
                 if taken >= count {
                     break;
                 }
-                let r = st.get(idx);
+                let r = stripe.get(idx);
                 if sku.is_none_or(|k| *r.sale.sku == *k) {
                     all.push(r.view());
                     taken += 1;
@@ -267,32 +267,33 @@ impl Engine {
     /// retention purge. Returns the last log position it wrote.
     pub fn tick(&self) -> Lsn {
         let now = self.clock.now_ms();
+        let retention = self.retention_ms();
         let mut last = 0;
         let mut user_updates = Vec::new();
         for s in self.stripes.iter() {
-            let mut st = s.lock();
-            st.advance(now);
+            let mut stripe = s.lock();
+            stripe.advance(now);
             if self.cfg.auto_release {
-                let due: Vec<u32> = st.expired.iter().map(|&(_, i)| i).collect();
+                let due: Vec<u32> = stripe.expired.iter().map(|&(_, i)| i).collect();
                 for idx in due {
-                    debug_assert_eq!(st.get(idx).state, ReservationState::Reserved);
+                    debug_assert_eq!(stripe.get(idx).state, ReservationState::Reserved);
                     let how = Finish::Release(ReleaseReason::Expired);
-                    let (lsn, upd) = self.finish_locked(&mut st, idx, now, how, true);
+                    let (lsn, upd) = self.finish_locked(&mut stripe, idx, now, how, true);
                     last = last.max(lsn);
                     user_updates.extend(upd);
                 }
             }
-            while let Some((at, _)) = st.finished.front() {
-                if at.saturating_add(self.cfg.retention_ms) > now {
+            while let Some((at, _)) = stripe.finished.front() {
+                if at.saturating_add(retention) > now {
                     break;
                 }
-                let Some((_, key)) = st.finished.pop_front() else {
+                let Some((_, key)) = stripe.finished.pop_front() else {
                     break;
                 };
-                if let Some(t) = st.purge_key(&key) {
+                if let Some(t) = stripe.purge_key(&key) {
                     let token = t.as_str();
                     let lsn = self.sink.record(&EventRef::Purged { token });
-                    last = last.max(st.logged(lsn));
+                    last = last.max(stripe.logged(lsn));
                 }
             }
         }

@@ -44,7 +44,7 @@ pub use error::EngineError;
 pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 pub use history::new_history_id;
 use sale::{fnv1a, split, Sale};
-use table::{Res, Stripe};
+use table::{Reservation, Stripe};
 pub use token::{Denied, Keyring, ReservationKey, TokenBuf, TokenKey};
 pub use types::*;
 
@@ -167,6 +167,8 @@ pub struct Engine {
     history: Mutex<Option<(Arc<str>, Lsn)>>,
     /// See [`Engine::set_concurrent_callers`].
     concurrent: std::sync::atomic::AtomicBool,
+    /// `cfg.retention_ms`, changeable while running ([`Engine::set_retention_ms`]).
+    retention_ms: std::sync::atomic::AtomicU64,
 }
 
 fn stripe_of(token: &str) -> usize {
@@ -208,6 +210,7 @@ impl Engine {
             })
             .collect();
         Engine {
+            retention_ms: std::sync::atomic::AtomicU64::new(cfg.retention_ms),
             cfg,
             clock,
             sink,
@@ -228,7 +231,10 @@ impl Engine {
     /// into, away from the live engine.
     pub fn empty_twin(&self) -> Engine {
         Engine::new(
-            self.cfg.clone(),
+            EngineConfig {
+                retention_ms: self.retention_ms(),
+                ..self.cfg.clone()
+            },
             self.clock.clone(),
             Arc::new(NullSink),
             self.keys.clone(),
@@ -241,9 +247,22 @@ impl Engine {
         self.sink = sink;
     }
 
-    /// The configuration it was built with.
+    /// The configuration it was built with (the retention may have changed since:
+    /// [`Engine::retention_ms`]).
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// How long finished reservations stay queryable before they are purged.
+    pub fn retention_ms(&self) -> u64 {
+        self.retention_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Changes the retention from the next purge on (`CONFIG SET retention-ms`). Purges
+    /// are logged records, so replay and replicas follow whatever the purger decided.
+    pub fn set_retention_ms(&self, ms: u64) {
+        self.retention_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The time by the engine's clock.

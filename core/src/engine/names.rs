@@ -60,23 +60,23 @@ impl Names {
         let h = self.hasher.hash_one(name);
         let s = (h >> (64 - STRIPE_BITS)) as usize;
         let mut guard = self.stripes[s].lock();
-        let st = &mut *guard;
-        let found = st
-            .index
-            .find(h, |&i| st_name(&st.bytes, &st.starts, i) == Some(name));
+        let stripe = &mut *guard;
+        let found = stripe.index.find(h, |&i| {
+            st_name(&stripe.bytes, &stripe.starts, i) == Some(name)
+        });
         if let Some(&i) = found {
             return Some(UserId(i << STRIPE_BITS | s as u32));
         }
-        let i = st.starts.len();
-        let start = u32::try_from(st.bytes.len()).ok()?;
+        let i = stripe.starts.len();
+        let start = u32::try_from(stripe.bytes.len()).ok()?;
         if i >= MAX_PER_STRIPE || start.checked_add(name.len() as u32).is_none() {
             return None;
         }
-        st.starts.push(start);
-        st.bytes.push_str(name);
+        stripe.starts.push(start);
+        stripe.bytes.push_str(name);
         let hasher = &self.hasher;
-        let (bytes, starts) = (&st.bytes, &st.starts);
-        st.index.insert_unique(h, i as u32, |&j| {
+        let (bytes, starts) = (&stripe.bytes, &stripe.starts);
+        stripe.index.insert_unique(h, i as u32, |&j| {
             hasher.hash_one(st_name(bytes, starts, j).unwrap_or(""))
         });
         Some(UserId((i as u32) << STRIPE_BITS | s as u32))
@@ -85,8 +85,8 @@ impl Names {
     /// The name behind `id` (empty for an id this table never gave out).
     pub fn name(&self, id: UserId) -> String {
         let s = (id.0 as usize) & (STRIPES - 1);
-        let st = self.stripes[s].lock();
-        let n = st_name(&st.bytes, &st.starts, id.0 >> STRIPE_BITS);
+        let stripe = self.stripes[s].lock();
+        let n = st_name(&stripe.bytes, &stripe.starts, id.0 >> STRIPE_BITS);
         debug_assert!(n.is_some(), "unknown user id {id:?}");
         n.unwrap_or("").to_string()
     }

@@ -77,17 +77,17 @@ impl Engine {
         let key = self.reservation_key.derive_key(sku, user, request_id);
         let token = token::token_text(sku, &key);
         let mut users = (sale.params.limit > 0).then(|| self.user_stripe(sku, user).lock());
-        let mut st = self.stripes[stripe_of(&token)].lock();
+        let mut stripe = self.stripes[stripe_of(&token)].lock();
         if sale.state() != SaleState::Fenced {
             return Err(EngineError::NotFenced);
         }
-        if st.find(sku, &key).is_some() {
-            return Ok((false, token, st.last_lsn()));
+        if stripe.find(sku, &key).is_some() {
+            return Ok((false, token, stripe.last_lsn()));
         }
-        if st.tombs.contains_key(&table::tomb_key(&token)) {
+        if stripe.tombs.contains_key(&table::tomb_key(&token)) {
             return Ok((false, token, 0));
         }
-        if !st.has_room() {
+        if !stripe.has_room() {
             return Err(EngineError::Argument("reservation table full"));
         }
         let Some(user_id) = sale.users.intern(user) else {
@@ -96,7 +96,7 @@ impl Engine {
         let now = self.clock.now_ms();
         let expires_at = expires_at.min(now + MAX_TTL_MS);
         let shard = sale.home_shard(user) as u16;
-        let Some(idx) = st.insert(Res {
+        let Some(idx) = stripe.insert(Reservation {
             key,
             sale: sale.clone(),
             request_id: request_id.into(),
@@ -112,7 +112,7 @@ impl Engine {
             return Err(EngineError::Argument("reservation table full"));
         };
         sale.add_reserved(shard as usize, qty);
-        st.schedule(idx);
+        stripe.schedule(idx);
         let mut lsn = self.sink.record(&EventRef::Reserved {
             token: &token,
             sku,
@@ -123,7 +123,7 @@ impl Engine {
             expires_at_ms: expires_at,
             created_at_ms: created_at,
         });
-        st.logged(lsn);
+        stripe.logged(lsn);
         if state != ReservationState::Reserved {
             // The user entry is updated below from the final state, not through
             // `user_release` (which would take the user stripe this call holds).
@@ -131,7 +131,7 @@ impl Engine {
                 ReservationState::Committed => lifecycle::Finish::Commit,
                 _ => lifecycle::Finish::Release(ReleaseReason::Rebuild),
             };
-            let (l, _) = self.finish_locked(&mut st, idx, now, how, true);
+            let (l, _) = self.finish_locked(&mut stripe, idx, now, how, true);
             lsn = l;
         }
         if let Some(us) = users.as_mut() {
@@ -209,7 +209,7 @@ pub(super) fn reserved_units(world: &WorldGuard<'_>, sale: &Arc<Sale>) -> Vec<u6
     let held = world
         ._stripes
         .iter()
-        .flat_map(|st| st.iter())
+        .flat_map(|stripe| stripe.iter())
         .filter(|r| Arc::ptr_eq(&r.sale, sale) && r.state == ReservationState::Reserved);
     for r in held {
         per_shard[r.shard as usize % n] += u64::from(r.qty);

@@ -14,12 +14,12 @@ impl Engine {
         sales.sort_by(|a, b| a.sku.cmp(&b.sku));
         // Under the stopped world only reference counts are bumped; the owned views are
         // built after the world resumes, so the pause stays short for large tables.
-        let total: usize = world._stripes.iter().map(|st| st.len()).sum();
-        let mut raw: Vec<Res> = Vec::with_capacity(total);
+        let total: usize = world._stripes.iter().map(|stripe| stripe.len()).sum();
+        let mut raw: Vec<Reservation> = Vec::with_capacity(total);
         let mut tombs_raw: Vec<(u128, table::Tomb)> = Vec::new();
-        for st in world._stripes.iter() {
-            raw.extend(st.iter().cloned());
-            tombs_raw.extend(st.tombs.iter().map(|(k, t)| (*k, t.clone())));
+        for stripe in world._stripes.iter() {
+            raw.extend(stripe.iter().cloned());
+            tombs_raw.extend(stripe.tombs.iter().map(|(k, t)| (*k, t.clone())));
         }
         let history = self
             .history()
@@ -30,7 +30,7 @@ impl Engine {
         drop(sales_map);
         drop(world);
         // User ids stay valid after the locks are gone: a sale never frees a name.
-        let reservations = raw.iter().map(Res::view).collect();
+        let reservations = raw.iter().map(Reservation::view).collect();
         let mut tombs: Vec<TombView> = tombs_raw.iter().map(|(k, t)| t.view(*k)).collect();
         tombs.sort_by_key(|t| t.key);
         (
@@ -102,8 +102,8 @@ impl Engine {
             debug_assert!(false, "user table full");
             return;
         };
-        let mut st = self.stripes[stripe_of(&r.token)].lock();
-        let Some(idx) = st.insert(Res {
+        let mut stripe = self.stripes[stripe_of(&r.token)].lock();
+        let Some(idx) = stripe.insert(Reservation {
             key,
             sale: sale.clone(),
             request_id: r.request_id.as_str().into(),
@@ -127,9 +127,9 @@ impl Engine {
             } else {
                 sale.add_reserved(shard, r.qty);
             }
-            st.schedule(idx);
+            stripe.schedule(idx);
         }
-        drop(st);
+        drop(stripe);
         if sale.params.limit > 0 && r.state != ReservationState::Released {
             let mut us = self.user_stripe(&r.sku, &r.user).lock();
             let e = us
@@ -151,8 +151,8 @@ impl Engine {
     pub fn check_reservation_key(&self, sample: usize) -> Result<(), String> {
         let mut seen = 0;
         for s in self.stripes.iter() {
-            let st = s.lock();
-            for r in st.iter() {
+            let stripe = s.lock();
+            for r in stripe.iter() {
                 if seen >= sample {
                     return Ok(());
                 }
@@ -235,17 +235,17 @@ impl Engine {
                 }
             }
             Event::Released { token, at_ms, .. } => {
-                let mut st = self.stripes[stripe_of(token)].lock();
-                let (_, _, upd) = self.release_locked(&mut st, token, *at_ms, None);
-                drop(st);
+                let mut stripe = self.stripes[stripe_of(token)].lock();
+                let (_, _, upd) = self.release_locked(&mut stripe, token, *at_ms, None);
+                drop(stripe);
                 if let Some((sale, user, qty, key)) = upd {
                     self.user_release(&sale, user, qty, &key, true);
                 }
             }
             Event::Committed { token, at_ms, .. } => {
-                let mut st = self.stripes[stripe_of(token)].lock();
-                let (_, upd) = self.commit_locked(&mut st, token, *at_ms, None);
-                drop(st);
+                let mut stripe = self.stripes[stripe_of(token)].lock();
+                let (_, upd) = self.commit_locked(&mut stripe, token, *at_ms, None);
+                drop(stripe);
                 if let Some((sale, user, qty, key)) = upd {
                     self.user_release(&sale, user, qty, &key, false);
                 }
@@ -255,18 +255,18 @@ impl Engine {
                 expires_at_ms,
                 ..
             } => {
-                let mut st = self.stripes[stripe_of(token)].lock();
-                if let Some(idx) = st.lookup(token) {
-                    if st.get(idx).state == ReservationState::Reserved {
-                        st.reschedule(idx, *expires_at_ms);
+                let mut stripe = self.stripes[stripe_of(token)].lock();
+                if let Some(idx) = stripe.lookup(token) {
+                    if stripe.get(idx).state == ReservationState::Reserved {
+                        stripe.reschedule(idx, *expires_at_ms);
                     } else {
                         debug_assert!(false, "EXTEND of a finished reservation in the log");
                     }
                 }
             }
             Event::Purged { token } => {
-                let mut st = self.stripes[stripe_of(token)].lock();
-                st.purge(token);
+                let mut stripe = self.stripes[stripe_of(token)].lock();
+                stripe.purge(token);
             }
             Event::SaleRebuilt {
                 sku,

@@ -6,12 +6,7 @@ use super::*;
 impl Engine {
     /// RESERVE, deciding in the order docs/protocol.md lists.
     pub fn reserve(&self, req: &ReserveRequest<'_>) -> Result<(ReserveOutcome, Lsn), EngineError> {
-        ident::check_sku(req.sku)?;
-        ident::check_user(req.user)?;
-        ident::check_request_id(req.request_id)?;
-        if req.qty == 0 || req.qty > MAX_QTY {
-            return Err(EngineError::Argument("qty must be between 1 and 1000000"));
-        }
+        check_request(req)?;
         let sale = self.sale(req.sku)?;
         if sale.state() == SaleState::Fenced {
             return Err(EngineError::Fenced);
@@ -29,102 +24,32 @@ impl Engine {
         // Checked for UTF-8 once, here (`as_str` checks on every call).
         let token_str = token.as_str();
         let limit = sale.params.limit;
-        let mut users = if limit > 0 {
-            Some(self.user_stripe(req.sku, req.user).lock())
-        } else {
-            None
-        };
-        let mut st = self.stripes[stripe_of(token_str)].lock();
+        let mut users = (limit > 0).then(|| self.user_stripe(req.sku, req.user).lock());
+        let mut stripe = self.stripes[stripe_of(token_str)].lock();
         // Read the clock under the lock: expiry deadlines then never trail the wheel.
         let now = self.clock.now_ms();
-        if let Some(i) = st.find(req.sku, &key) {
-            let r = st.get(i);
-            return Ok((
-                ReserveOutcome::Replay {
-                    token,
-                    expires_at_ms: r.expires_at,
-                    shard: r.shard,
-                },
-                st.last_lsn(),
-            ));
+        if let Some((expires_at_ms, shard, lsn)) = earlier_answer(&stripe, req.sku, &key, token_str)
+        {
+            let replay = ReserveOutcome::Replay {
+                token,
+                expires_at_ms,
+                shard,
+            };
+            return Ok((replay, lsn));
         }
-        // The tomb key hashes the token's text twice: only when there are tombs.
-        let tomb = (!st.tombs.is_empty())
-            .then(|| st.tombs.get(&table::tomb_key(token_str)))
-            .flatten();
-        if let Some(t) = tomb {
-            // Finished and purged by retention: still the same request, never new stock.
-            return Ok((
-                ReserveOutcome::Replay {
-                    token,
-                    expires_at_ms: t.expires_at,
-                    shard: t.shard,
-                },
-                0,
-            ));
-        }
-        if now > admission_expiry {
-            return Err(EngineError::Denied(Denied::Expired));
-        }
-        match sale.state() {
-            SaleState::Open => {}
-            SaleState::Paused => return Err(EngineError::Paused),
-            SaleState::Fenced => return Err(EngineError::Fenced),
-        }
-        if !st.has_room() {
-            return Err(EngineError::Argument("reservation table full"));
-        }
+        check_new_hold(now, admission_expiry, &sale, &stripe)?;
         let mut entry = None;
         if let Some(us) = users.as_mut() {
-            let e = us
-                .entry(sale.sku.clone())
-                .or_default()
-                .entry(req.user.into())
-                .or_default();
-            if e.held + req.qty as u64 > limit as u64 {
-                return Ok((
-                    ReserveOutcome::Limit {
-                        live: e
-                            .live
-                            .iter()
-                            .map(|k| token::token_text(req.sku, k))
-                            .collect(),
-                        limit,
-                        held: e.held,
-                    },
-                    0,
-                ));
+            match user_entry_within_limit(us, &sale, req, limit) {
+                Ok(e) => entry = Some(e),
+                Err(refusal) => return Ok((refusal, 0)),
             }
-            entry = Some(e);
         }
         let Some(shard) = self.take_stock(&sale, req.user, req.qty) else {
             return Ok((ReserveOutcome::SoldOut, 0));
         };
-        // Interned only now: a refused buyer leaves nothing behind.
-        let Some(user) = sale.users.intern(req.user) else {
-            // Nothing is logged yet: putting the units back undoes the take entirely.
-            sale.release(shard as usize, req.qty);
-            return Err(EngineError::Argument("too many users in this sale"));
-        };
-        let expires_at = now + sale.params.ttl_ms;
-        let Some(idx) = st.insert(Res {
-            key,
-            sale: sale.clone(),
-            request_id: req.request_id.into(),
-            user,
-            qty: req.qty,
-            shard,
-            state: ReservationState::Reserved,
-            expires_at,
-            created_at: now,
-            finished_at: 0,
-            links: Links::NONE,
-        }) else {
-            // `has_room` was checked under this lock; kept safe all the same.
-            sale.release(shard as usize, req.qty);
-            return Err(EngineError::Argument("reservation table full"));
-        };
-        st.schedule(idx);
+        let (idx, expires_at) = insert_hold(&mut stripe, &sale, req, key, shard, now)?;
+        stripe.schedule(idx);
         let lsn = self.sink.record(&EventRef::Reserved {
             token: token_str,
             sku: req.sku,
@@ -135,19 +60,17 @@ impl Engine {
             expires_at_ms: expires_at,
             created_at_ms: now,
         });
-        st.logged(lsn);
+        stripe.logged(lsn);
         if let Some(e) = entry {
             e.held += req.qty as u64;
             e.live.push(key);
         }
-        Ok((
-            ReserveOutcome::Reserved {
-                token,
-                expires_at_ms: expires_at,
-                shard,
-            },
-            lsn,
-        ))
+        let reserved = ReserveOutcome::Reserved {
+            token,
+            expires_at_ms: expires_at,
+            shard,
+        };
+        Ok((reserved, lsn))
     }
 
     /// Home shard first, then at most [`STEAL_PROBES`] other shards picked at random (a
@@ -177,4 +100,127 @@ impl Engine {
         }
         None
     }
+}
+
+/// The arguments' shape, before any lock or key is touched.
+#[inline]
+fn check_request(req: &ReserveRequest<'_>) -> Result<(), EngineError> {
+    ident::check_sku(req.sku)?;
+    ident::check_user(req.user)?;
+    ident::check_request_id(req.request_id)?;
+    if req.qty == 0 || req.qty > MAX_QTY {
+        return Err(EngineError::Argument("qty must be between 1 and 1000000"));
+    }
+    Ok(())
+}
+
+/// The answer this request id already had, as `(expires_at_ms, shard, lsn)`: a live or
+/// finished reservation in the table, or its tombstone once retention purged it (LSN 0:
+/// nothing to wait for).
+#[inline]
+fn earlier_answer(
+    stripe: &Stripe,
+    sku: &str,
+    key: &TokenKey,
+    token: &str,
+) -> Option<(u64, u16, Lsn)> {
+    if let Some(i) = stripe.find(sku, key) {
+        let r = stripe.get(i);
+        return Some((r.expires_at, r.shard, stripe.last_lsn()));
+    }
+    // The tomb key hashes the token's text twice: only when there are tombs.
+    if stripe.tombs.is_empty() {
+        return None;
+    }
+    // Finished and purged by retention: still the same request, never new stock.
+    let t = stripe.tombs.get(&table::tomb_key(token))?;
+    Some((t.expires_at, t.shard, 0))
+}
+
+/// What a new hold needs beyond a valid admission: the admission not expired, the sale
+/// open, room in the table.
+#[inline]
+fn check_new_hold(
+    now: u64,
+    admission_expiry: u64,
+    sale: &Sale,
+    stripe: &Stripe,
+) -> Result<(), EngineError> {
+    if now > admission_expiry {
+        return Err(EngineError::Denied(Denied::Expired));
+    }
+    match sale.state() {
+        SaleState::Open => {}
+        SaleState::Paused => return Err(EngineError::Paused),
+        SaleState::Fenced => return Err(EngineError::Fenced),
+    }
+    if !stripe.has_room() {
+        return Err(EngineError::Argument("reservation table full"));
+    }
+    Ok(())
+}
+
+/// The user's entry in a limited sale, or the LIMIT answer when `qty` more would pass it.
+#[inline]
+fn user_entry_within_limit<'u>(
+    users: &'u mut UserStripe,
+    sale: &Sale,
+    req: &ReserveRequest<'_>,
+    limit: u32,
+) -> Result<&'u mut UserEntry, ReserveOutcome> {
+    let e = users
+        .entry(sale.sku.clone())
+        .or_default()
+        .entry(req.user.into())
+        .or_default();
+    if e.held + req.qty as u64 > limit as u64 {
+        return Err(ReserveOutcome::Limit {
+            live: e
+                .live
+                .iter()
+                .map(|k| token::token_text(req.sku, k))
+                .collect(),
+            limit,
+            held: e.held,
+        });
+    }
+    Ok(e)
+}
+
+/// Puts the hold into the table, stock already taken from `shard`; on a refusal the
+/// units go back (nothing is logged yet, so that undoes the take entirely). Gives the
+/// table index and the hold's deadline.
+#[inline]
+fn insert_hold(
+    stripe: &mut Stripe,
+    sale: &Arc<Sale>,
+    req: &ReserveRequest<'_>,
+    key: TokenKey,
+    shard: u16,
+    now: u64,
+) -> Result<(u32, u64), EngineError> {
+    // Interned only now: a refused buyer leaves nothing behind.
+    let Some(user) = sale.users.intern(req.user) else {
+        sale.release(shard as usize, req.qty);
+        return Err(EngineError::Argument("too many users in this sale"));
+    };
+    let expires_at = now + sale.params.ttl_ms;
+    let Some(idx) = stripe.insert(Reservation {
+        key,
+        sale: sale.clone(),
+        request_id: req.request_id.into(),
+        user,
+        qty: req.qty,
+        shard,
+        state: ReservationState::Reserved,
+        expires_at,
+        created_at: now,
+        finished_at: 0,
+        links: Links::NONE,
+    }) else {
+        // `has_room` was checked under this lock; kept safe all the same.
+        sale.release(shard as usize, req.qty);
+        return Err(EngineError::Argument("reservation table full"));
+    };
+    Ok((idx, expires_at))
 }

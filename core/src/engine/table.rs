@@ -5,7 +5,7 @@
 //! the transition before it lets go of that lock: this is what makes "exactly once" and
 //! "log order matches transition order" hold for one reservation.
 //!
-//! Memory (the table is most of the server's): a reservation is one [`Res`] of at most
+//! Memory (the table is most of the server's): a reservation is one [`Reservation`] of at most
 //! 96 bytes (`record_stays_small`) in the stripe's slab, named everywhere inside the stripe by its `u32` slab
 //! index, plus about 10 bytes of index. It is keyed by the 16 bytes its token encodes,
 //! not by the token's text (the `{sku}` tag is the sale's); its user is a 4-byte id
@@ -31,7 +31,7 @@ use super::wheel::{Links, Timers, Wheel};
 /// for request ids over 24 bytes) so a snapshot copies records under the stopped world
 /// and builds the owned views afterwards.
 #[derive(Clone)]
-pub struct Res {
+pub struct Reservation {
     /// The token's 128 bits (with the sale's sku it spells the token).
     pub key: TokenKey,
     /// The sale the units were taken from.
@@ -59,7 +59,7 @@ pub struct Res {
     // reservation; see there).
 }
 
-impl Res {
+impl Reservation {
     /// The token's text, on the stack.
     pub fn token(&self) -> TokenBuf {
         token_buf(&self.sale.sku, &self.key)
@@ -139,7 +139,7 @@ fn key_hash(key: &TokenKey) -> u64 {
 /// The wheel's entries are the slab's records. Indices come only from the stripe's own
 /// bookkeeping (index, wheel lists, expired set), all kept in step with the slab, so an
 /// index that is not in the slab is a bug: indexing panics rather than guess.
-impl Timers for Slab<Res> {
+impl Timers for Slab<Reservation> {
     fn deadline(&self, idx: u32) -> u64 {
         self[idx as usize].expires_at
     }
@@ -153,7 +153,7 @@ impl Timers for Slab<Res> {
 
 /// One lock's share of the reservations: records, index, wheel, expired set, tombstones.
 pub struct Stripe {
-    slab: Slab<Res>,
+    slab: Slab<Reservation>,
     /// Slab indices by token key.
     index: HashTable<u32>,
     /// Finished reservations purged by retention, kept compactly for as long as the
@@ -221,7 +221,7 @@ impl Stripe {
     }
 
     /// Every reservation held, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = &Res> {
+    pub fn iter(&self) -> impl Iterator<Item = &Reservation> {
         self.slab.iter().map(|(_, r)| r)
     }
 
@@ -250,23 +250,23 @@ impl Stripe {
     }
 
     /// `idx` must come from this stripe (`find`, `lookup`, `insert`, the expired set).
-    pub fn get(&self, idx: u32) -> &Res {
+    pub fn get(&self, idx: u32) -> &Reservation {
         &self.slab[idx as usize]
     }
 
     /// [`Stripe::get`], to change the reservation.
-    pub fn get_mut(&mut self, idx: u32) -> &mut Res {
+    pub fn get_mut(&mut self, idx: u32) -> &mut Reservation {
         &mut self.slab[idx as usize]
     }
 
     /// The reservation a token names, if this stripe holds it.
-    pub fn res(&self, token: &str) -> Option<&Res> {
+    pub fn res(&self, token: &str) -> Option<&Reservation> {
         self.lookup(token).map(|i| self.get(i))
     }
 
     /// Adds a reservation whose key is not in the stripe yet, unscheduled; `None` if the
     /// stripe is full (see [`Stripe::has_room`]).
-    pub fn insert(&mut self, res: Res) -> Option<u32> {
+    pub fn insert(&mut self, res: Reservation) -> Option<u32> {
         if !self.has_room() {
             return None;
         }
@@ -413,14 +413,14 @@ mod tests {
     #[test]
     fn record_stays_small() {
         assert!(
-            std::mem::size_of::<Res>() <= 96,
+            std::mem::size_of::<Reservation>() <= 96,
             "{}",
-            std::mem::size_of::<Res>()
+            std::mem::size_of::<Reservation>()
         );
         // A vacant slab entry costs nothing extra: the enum uses the record's niche.
         assert_eq!(
-            std::mem::size_of::<Option<Res>>(),
-            std::mem::size_of::<Res>()
+            std::mem::size_of::<Option<Reservation>>(),
+            std::mem::size_of::<Reservation>()
         );
     }
 }

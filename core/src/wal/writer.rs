@@ -105,10 +105,10 @@ impl Shared {
     fn fail(&self, reason: String) {
         tracing::error!(dir = %self.dir.display(), "WAL failed: {reason}");
         {
-            let mut st = self.state.lock();
-            st.stopped = true;
-            st.buf = Vec::new();
-            st.buf_records = 0;
+            let mut state = self.state.lock();
+            state.stopped = true;
+            state.buf = Vec::new();
+            state.buf_records = 0;
         }
         self.has_space.notify_all();
         {
@@ -263,30 +263,30 @@ impl Wal {
             scratch.clear();
             let encoded = encode_record(event, &mut scratch);
             let sh = &*self.shared;
-            let mut st = sh.state.lock();
-            while !st.stopped && !st.closing && st.buf.len() >= sh.opts.max_buffer_bytes {
-                sh.has_space.wait(&mut st);
+            let mut state = sh.state.lock();
+            while !state.stopped && !state.closing && state.buf.len() >= sh.opts.max_buffer_bytes {
+                sh.has_space.wait(&mut state);
             }
-            let lsn = st.next;
-            st.next += 1;
+            let lsn = state.next;
+            state.next += 1;
             // Published under the state lock, so it never runs ahead of `next`; read
             // without it by every reply (see `EventSink::last_lsn`).
             sh.assigned.store(lsn, Ordering::Release);
             if let Err(e) = encoded {
                 // Unloggable means unacknowledgeable; stopping is the only safe answer.
-                drop(st);
+                drop(state);
                 sh.fail(format!("cannot log event at LSN {lsn}: {e}"));
                 return lsn;
             }
-            if st.stopped || st.closing {
+            if state.stopped || state.closing {
                 return lsn;
             }
             // Under `everysec` and `no` the waiters write batches themselves and the
             // thread polls: no futex wake per batch on the hot path.
-            let wake = st.buf.is_empty() && sh.opts.fsync == FsyncPolicy::Always;
-            st.buf.extend_from_slice(&scratch);
-            st.buf_records += 1;
-            drop(st);
+            let wake = state.buf.is_empty() && sh.opts.fsync == FsyncPolicy::Always;
+            state.buf.extend_from_slice(&scratch);
+            state.buf_records += 1;
+            drop(state);
             if wake {
                 sh.has_work.notify_one();
             }
@@ -450,12 +450,12 @@ impl Wal {
     /// the records up to the returned LSN, which is what the snapshot then covers.
     pub fn roll(&self) -> Lsn {
         let sh = &*self.shared;
-        let mut st = sh.state.lock();
-        let point = st.next;
-        if st.rolls.last() != Some(&point) {
-            st.rolls.push(point);
+        let mut state = sh.state.lock();
+        let point = state.next;
+        if state.rolls.last() != Some(&point) {
+            state.rolls.push(point);
         }
-        drop(st);
+        drop(state);
         sh.roll_requested.fetch_max(point, Ordering::AcqRel);
         sh.has_work.notify_one();
         point - 1
@@ -530,8 +530,8 @@ impl Wal {
     /// on them fail with [`WalError::Closed`]. Idempotent.
     pub fn flush_and_close(&self) -> Result<Lsn, WalError> {
         {
-            let mut st = self.shared.state.lock();
-            st.closing = true;
+            let mut state = self.shared.state.lock();
+            state.closing = true;
         }
         self.shared.has_work.notify_one();
         self.shared.has_space.notify_all();
@@ -637,13 +637,13 @@ fn writer_thread(shared: Arc<Shared>, writer: Arc<Mutex<Writer>>) {
     let policy = shared.opts.fsync;
     loop {
         {
-            let mut st = shared.state.lock();
+            let mut state = shared.state.lock();
             if policy == FsyncPolicy::Always {
-                while st.buf.is_empty() && st.rolls.is_empty() && !st.closing {
-                    shared.has_work.wait(&mut st);
+                while state.buf.is_empty() && state.rolls.is_empty() && !state.closing {
+                    shared.has_work.wait(&mut state);
                 }
-            } else if st.rolls.is_empty() && !st.closing {
-                shared.has_work.wait_for(&mut st, POLL);
+            } else if state.rolls.is_empty() && !state.closing {
+                shared.has_work.wait_for(&mut state, POLL);
             }
         }
         let mut w = writer.lock();
@@ -758,18 +758,18 @@ impl Writer {
     /// Takes what is pending: records, roll requests, close. Never waits.
     fn take(&mut self) -> Batch {
         let sh = &*self.shared;
-        let mut st = sh.state.lock();
+        let mut state = sh.state.lock();
         self.batch.clear();
-        std::mem::swap(&mut st.buf, &mut self.batch);
+        std::mem::swap(&mut state.buf, &mut self.batch);
         let b = Batch {
-            first: st.buf_first,
-            records: st.buf_records,
-            rolls: std::mem::take(&mut st.rolls),
-            closing: st.closing,
+            first: state.buf_first,
+            records: state.buf_records,
+            rolls: std::mem::take(&mut state.rolls),
+            closing: state.closing,
         };
-        st.buf_first = st.next;
-        st.buf_records = 0;
-        drop(st);
+        state.buf_first = state.next;
+        state.buf_records = 0;
+        drop(state);
         sh.has_space.notify_all();
         b
     }

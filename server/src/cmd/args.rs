@@ -34,6 +34,8 @@ pub fn u64_in(b: &[u8], field: &'static str, min: u64, max: u64) -> Result<u64, 
     u64::try_from(v).map_err(|_| out_of_range(field, min.into(), max.into()))
 }
 
+/// A cursor over a command's arguments that turns a missing one into the arity error
+/// and a leftover one into a syntax error, so each parser reads its words in order.
 pub struct Args<'a> {
     name: &'static str,
     args: &'a [&'a [u8]],
@@ -46,14 +48,17 @@ impl<'a> Args<'a> {
         Args { name, args, pos: 0 }
     }
 
+    /// Arguments not read yet.
     pub fn remaining(&self) -> usize {
         self.args.len() - self.pos
     }
 
+    /// The `wrong number of arguments` error for this command.
     pub fn arity(&self) -> Reply {
         Reply::arity(self.name)
     }
 
+    /// The next argument as it came; the arity error when there is none.
     pub fn next_bytes(&mut self) -> Result<&'a [u8], Reply> {
         let a = self.args.get(self.pos).ok_or_else(|| self.arity())?;
         self.pos += 1;
@@ -142,11 +147,13 @@ impl<'a> Args<'a> {
     }
 
     /// The next argument upper-cased, for option names.
+    /// The next argument upper-cased, for matching option words case-insensitively.
     pub fn next_keyword(&mut self) -> Result<String, Reply> {
         let b = self.next_bytes()?;
         Ok(String::from_utf8_lossy(b).to_ascii_uppercase())
     }
 
+    /// The syntax error when arguments are left over.
     pub fn done(&self) -> Result<(), Reply> {
         if self.remaining() == 0 {
             Ok(())

@@ -227,7 +227,16 @@ pub static COMMANDS: &[Spec] = &[
         0,
         ADMIN | SENTINEL,
         "server",
-        "Read configuration",
+        "Configuration: GET, SET (live settings), REWRITE (into the config file), RESETSTAT",
+    ),
+    spec(
+        "acl",
+        -2,
+        &["admin", "noscript", "loading", "stale"],
+        0,
+        OPEN,
+        "server",
+        "Users: WHOAMI (any user), LIST, USERS, LOAD (admin: read the users file again)",
     ),
     spec("time", 1, C, 0, ADMIN, "server", "Server time"),
     spec(
@@ -516,6 +525,44 @@ pub static COMMANDS: &[Spec] = &[
         ADMIN | SENTINEL,
         "pubsub",
         "Stop listening to patterns",
+    ),
+    // Cluster mode (cmd/cluster.rs): what Redis Cluster clients ask on connect and send
+    // around redirections. Open to every role: a checkout client routes with them.
+    spec(
+        "cluster",
+        -2,
+        &["loading", "stale"],
+        0,
+        OPEN,
+        "cluster",
+        "CLUSTER SLOTS|SHARDS|NODES|INFO|MYID|KEYSLOT|HELP: the slot map",
+    ),
+    spec(
+        "readonly",
+        1,
+        &["loading", "stale", "fast"],
+        0,
+        OPEN,
+        "cluster",
+        "Accepted in cluster mode: reads are served by each group's leader",
+    ),
+    spec(
+        "readwrite",
+        1,
+        &["loading", "stale", "fast"],
+        0,
+        OPEN,
+        "cluster",
+        "Accepted in cluster mode",
+    ),
+    spec(
+        "asking",
+        1,
+        &["fast"],
+        0,
+        OPEN,
+        "cluster",
+        "Accepted in cluster mode: no slot is ever migrating",
     ),
     // Transactions (cmd/multi.rs). Open to every role: each queued command is checked
     // against the role when it is queued and again when EXEC runs it.

@@ -16,6 +16,7 @@ pub struct Stock<'a> {
 }
 
 impl<'a> Stock<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("stock", args);
         let sku = a.next_sku()?;
@@ -23,6 +24,7 @@ impl<'a> Stock<'a> {
         Ok(Stock { sku })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match ctx.engine.stock(self.sku) {
             Ok(n) => Outcome::logged(Reply::Int(n), ctx.engine.observed_lsn()),
@@ -31,6 +33,7 @@ impl<'a> Stock<'a> {
     }
 }
 
+/// The `RESERVATION` reply: a hold's state, units and deadlines as a map.
 pub fn reservation_reply(r: &ReservationView) -> Reply {
     Reply::map([
         ("token", Reply::bulk(&r.token)),
@@ -51,6 +54,7 @@ pub struct Reservation<'a> {
 }
 
 impl<'a> Reservation<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("reservation", args);
         let token = a.next_token()?;
@@ -58,6 +62,7 @@ impl<'a> Reservation<'a> {
         Ok(Reservation { token })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match ctx.engine.reservation(self.token) {
             // Report a state only once the change that made it is durable.
@@ -74,6 +79,7 @@ pub struct Extend<'a> {
 }
 
 impl<'a> Extend<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("extend", args);
         let token = a.next_token()?;
@@ -82,6 +88,7 @@ impl<'a> Extend<'a> {
         Ok(Extend { token, ms })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match ctx.engine.extend(self.token, self.ms) {
             Ok((at, lsn)) => Outcome::logged(Reply::Int(at as i64), lsn),
@@ -99,6 +106,7 @@ pub struct Commit<'a> {
 }
 
 impl<'a> Commit<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("commit", args);
         let token = a.next_token()?;
@@ -114,6 +122,7 @@ impl<'a> Commit<'a> {
         Ok(Commit { token, check })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         if self.check == PaymentCheck::LedgerVerified
             && !matches!(ctx.conn.role, Some(Role::Admin | Role::Sweeper))
@@ -152,6 +161,7 @@ pub struct Release<'a> {
 }
 
 impl<'a> Release<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("release", args);
         let token = a.next_token()?;
@@ -173,6 +183,7 @@ impl<'a> Release<'a> {
         Ok(Release { token, reason })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let (released, lsn) = ctx.engine.release_with(self.token, self.reason);
         if released {
@@ -191,6 +202,7 @@ pub struct Expired<'a> {
 }
 
 impl<'a> Expired<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("expired", args);
         let mut count = 100;
@@ -208,6 +220,7 @@ impl<'a> Expired<'a> {
         })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let list = ctx.engine.expired(self.count as usize, self.sku);
         Reply::Array(

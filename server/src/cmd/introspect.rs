@@ -1,7 +1,5 @@
-//! `COMMAND`, `INFO`, `CONFIG GET`, `TIME`, `SAVE`: what clients probe on connect and
+//! `COMMAND`, `INFO`, `TIME`, `SAVE`, `LATENCY`, `SLOWLOG`: what clients probe on connect and
 //! what operators read.
-
-use std::sync::atomic::Ordering;
 
 use super::command_table::{Spec, COMMANDS};
 use super::{Ctx, Outcome};
@@ -44,7 +42,8 @@ fn info_entry(s: &Spec) -> Reply {
         vec![]
     };
     let category: &'static str = match s.group {
-        "connection" => "@connection",
+        // READONLY, READWRITE and ASKING are Redis's `@connection` commands too.
+        "connection" | "cluster" => "@connection",
         "server" => "@admin",
         "transactions" => "@transaction",
         _ => "@stockgate",
@@ -117,73 +116,6 @@ pub fn command(args: &[&[u8]]) -> Outcome {
 /// Redis-style glob (`*`, `?`, no classes), case-insensitive, for CONFIG GET and INFO.
 pub fn glob(pattern: &[u8], s: &[u8]) -> bool {
     crate::pubsub::glob_match(&pattern.to_ascii_lowercase(), &s.to_ascii_lowercase())
-}
-
-/// `CONFIG GET pattern...` (read-only: configuration comes from the command line).
-pub fn config(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
-    let sub = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
-    if sub == "RESETSTAT" && args.len() == 1 {
-        ctx.shared.metrics.reset();
-        crate::report::view::reset_server_stats(ctx.shared);
-        return Reply::ok().into();
-    }
-    if sub == "REWRITE" && args.len() == 1 {
-        // Tools written for Redis send it after a change; the configuration comes from
-        // the command line and has nothing to rewrite.
-        return Reply::ok().into();
-    }
-    if sub != "GET" || args.len() < 2 {
-        return Reply::err(
-            "ERR only CONFIG GET, CONFIG REWRITE and CONFIG RESETSTAT are supported: configuration comes from the command line",
-        )
-        .into();
-    }
-    let c = &ctx.shared.config;
-    let pairs: Vec<(&str, String)> = vec![
-        ("bind", c.bind.clone()),
-        ("port", c.port.to_string()),
-        ("maxclients", c.max_clients.to_string()),
-        ("timeout", (c.idle_timeout_ms / 1000).to_string()),
-        ("databases", "1".into()),
-        ("save", String::new()),
-        ("appendonly", if c.durable { "yes" } else { "no" }.into()),
-        ("appendfsync", c.fsync.clone()),
-        ("proto-max-bulk-len", c.limits.max_bulk.to_string()),
-        ("client-query-buffer-limit", c.max_query_buffer.to_string()),
-        (
-            "client-output-buffer-limit",
-            c.max_output_buffer.to_string(),
-        ),
-        ("dir", c.data_dir.clone()),
-        (
-            "auto-release",
-            if c.auto_release { "yes" } else { "no" }.into(),
-        ),
-        ("shards", c.default_shards.to_string()),
-        ("ttl-ms", c.default_ttl_ms.to_string()),
-        ("retention-ms", c.retention_ms.to_string()),
-        (
-            "slowlog-log-slower-than",
-            ctx.shared
-                .metrics
-                .slowlog_slower_than
-                .load(Ordering::Relaxed)
-                .to_string(),
-        ),
-        (
-            "slowlog-max-len",
-            ctx.shared.metrics.slowlog.lock().max_len().to_string(),
-        ),
-        ("latency-tracking", "yes".into()),
-        ("latency-tracking-info-percentiles", "50 99 99.9".into()),
-    ];
-    let mut out = Vec::new();
-    for (k, v) in pairs {
-        if args[1..].iter().any(|p| glob(p, k.as_bytes())) {
-            out.push((Reply::bulk(k), Reply::bulk(v)));
-        }
-    }
-    Reply::Map(out).into()
 }
 
 pub fn time() -> Outcome {

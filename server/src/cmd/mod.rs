@@ -2,8 +2,11 @@
 //! function (one file per command or family). The dispatcher here checks arity, auth and
 //! role in one place before any command runs.
 
+pub mod acl;
 pub mod args;
+pub mod cluster;
 pub mod command_table;
+pub mod config;
 pub mod conn;
 pub mod feed_reply;
 pub mod group;
@@ -99,6 +102,11 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         // Inside MULTI a refusal also dooms the transaction (EXEC answers EXECABORT).
         Err(refusal) => return multi::refused(ctx, refusal),
     };
+    // Cluster mode: a key another group owns is redirected before anything runs (and
+    // before it is queued: inside MULTI the refusal dooms the transaction, as in Redis).
+    if let Some(refusal) = cluster::check(ctx, spec, argv) {
+        return multi::refused(ctx, refusal);
+    }
     if ctx.conn.in_multi() && !multi::runs_at_once(spec) {
         return multi::queue(ctx, spec, argv);
     }
@@ -154,7 +162,8 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "select" => Ok(conn::select(rest)),
         "command" => Ok(introspect::command(rest)),
         "info" => Ok(introspect::info(ctx, rest)),
-        "config" => Ok(introspect::config(ctx, rest)),
+        "config" => Ok(config::config(ctx, rest)),
+        "acl" => acl::Acl::parse(rest).map(|c| c.apply(ctx)),
         "latency" => Ok(introspect::latency(ctx, rest)),
         "slowlog" => Ok(introspect::slowlog(ctx, rest)),
         "time" => Ok(introspect::time()),
@@ -181,6 +190,8 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "unsubscribe" | "punsubscribe" => Ok(pubsub::unsubscribe(rest, spec.name)),
         "sentinel" => Ok(replication::sentinel(ctx, rest)),
         "raft.members" | "raft.add" | "raft.remove" => Ok(replication::raft(ctx, spec.name, rest)),
+        "cluster" => Ok(cluster::cluster(ctx, rest)),
+        "readonly" | "readwrite" | "asking" => Ok(cluster::connection_flag(ctx)),
         "multi" => Ok(multi::multi(ctx)),
         "exec" => Ok(multi::exec(ctx)),
         "discard" => Ok(multi::discard(ctx)),

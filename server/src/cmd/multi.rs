@@ -54,15 +54,15 @@ fn abort(q: &mut MultiQueue) {
     q.bytes = 0;
 }
 
-/// Queues `argv` (already checked by the dispatcher) in the open transaction.
 /// A queued command's arguments as the borrowed views `dispatch` takes.
 pub fn views(argv: &[Bytes]) -> smallvec::SmallVec<[&[u8]; 8]> {
     argv.iter().map(|a| &a[..]).collect()
 }
 
+/// Queues `argv` (already checked by the dispatcher) in the open transaction.
 pub fn queue(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[&[u8]]) -> Outcome {
     let max_cmds = ctx.shared.config.limits.max_args;
-    let max_bytes = ctx.shared.config.max_query_buffer;
+    let max_bytes = ctx.shared.live.max_query_buffer();
     let Some(q) = ctx.conn.multi.as_mut() else {
         return Reply::err("ERR no transaction open").into();
     };
@@ -124,7 +124,7 @@ pub fn exec(ctx: &mut Ctx<'_>) -> Outcome {
     if q.aborted {
         return Reply::err("EXECABORT Transaction discarded because of previous errors.").into();
     }
-    let max_out = ctx.shared.config.max_output_buffer;
+    let max_out = ctx.shared.live.max_output_buffer();
     let mut replies = Vec::with_capacity(q.commands.len());
     let mut lsn = 0;
     let mut close = false;

@@ -6,10 +6,12 @@ use bytes::Bytes;
 use super::{Ctx, Outcome};
 use crate::protocol::Reply;
 
+/// `PUBLISH channel message`: the number of subscribers that received it.
 pub fn publish(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     Reply::Int(ctx.shared.pubsub.publish(args[0], args[1]) as i64).into()
 }
 
+/// `SUBSCRIBE` / `PSUBSCRIBE` (`patterns`): hands the connection to the subscriber loop.
 pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]], patterns: bool) -> Outcome {
     let (hub, clients) = (ctx.shared.pubsub.clone(), ctx.shared.clients.clone());
     let (id, proto, limits) = (
@@ -17,7 +19,7 @@ pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]], patterns: bool) -> Outcome {
         ctx.conn.proto,
         (
             ctx.shared.config.limits.clone(),
-            ctx.shared.config.max_query_buffer,
+            ctx.shared.live.max_query_buffer(),
         ),
     );
     // The subscriber loop outlives the read buffer these arguments point into.

@@ -27,6 +27,7 @@ pub fn not_served(name: &str) -> Outcome {
     .into()
 }
 
+/// `ROLE`: master or replica and its peers, in Redis's shape, from the replication in use.
 pub fn role(ctx: &mut Ctx<'_>) -> Outcome {
     match ctx.shared.repl.get() {
         Some(r) => r.role_reply().into(),
@@ -47,6 +48,7 @@ pub struct Wait {
 }
 
 impl Wait {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let [n, t] = args else {
             return Err(Reply::arity("wait"));
@@ -64,6 +66,7 @@ impl Wait {
         })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let r = match repl(ctx) {
             Ok(r) => r,

@@ -6,6 +6,8 @@ use crate::engine::{ReserveOutcome, ReserveRequest, MAX_QTY};
 use crate::protocol::reply::from_engine_error;
 use crate::protocol::Reply;
 
+/// `RESERVE sku user admission-token request-id [QTY n] [WITHLIMIT]`: holds units for one buyer,
+/// idempotent per request id.
 pub struct Reserve<'a> {
     sku: &'a str,
     user: &'a str,
@@ -18,6 +20,7 @@ pub struct Reserve<'a> {
 }
 
 impl<'a> Reserve<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("reserve", args);
         let sku = a.next_sku()?;
@@ -43,6 +46,7 @@ impl<'a> Reserve<'a> {
         })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let req = ReserveRequest {
             sku: self.sku,

@@ -37,6 +37,7 @@ pub struct Create<'a> {
 }
 
 impl<'a> Create<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.create", args);
         let sku = a.next_sku()?;
@@ -45,6 +46,7 @@ impl<'a> Create<'a> {
         Ok(Create { sku, total, opts })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let o = self.opts;
         match ctx
@@ -63,6 +65,7 @@ pub struct Info<'a> {
 }
 
 impl<'a> Info<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.info", args);
         let sku = a.next_sku()?;
@@ -70,6 +73,7 @@ impl<'a> Info<'a> {
         Ok(Info { sku })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match ctx.engine.sale_info(self.sku) {
             Ok(v) => Outcome::logged(
@@ -107,6 +111,7 @@ pub struct PauseResume<'a> {
 }
 
 impl<'a> PauseResume<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]], pause: bool) -> Result<Self, Reply> {
         let name = if pause { "sale.pause" } else { "sale.resume" };
         let mut a = Args::new(name, args);
@@ -115,6 +120,7 @@ impl<'a> PauseResume<'a> {
         Ok(PauseResume { sku, pause })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match ctx.engine.set_paused(self.sku, self.pause) {
             Ok(lsn) => Outcome::logged(Reply::ok(), lsn),
@@ -130,6 +136,7 @@ pub struct Adjust<'a> {
 }
 
 impl<'a> Adjust<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.adjust", args);
         let sku = a.next_sku()?;
@@ -139,6 +146,7 @@ impl<'a> Adjust<'a> {
         Ok(Adjust { sku, delta })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match ctx.engine.adjust(self.sku, self.delta) {
             Ok((total, lsn)) => Outcome::logged(Reply::Int(total as i64), lsn),
@@ -154,6 +162,7 @@ pub struct Fence<'a> {
 }
 
 impl<'a> Fence<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.fence", args);
         let sku = a.next_sku()?;
@@ -161,6 +170,7 @@ impl<'a> Fence<'a> {
         Ok(Fence { sku, opts })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let o = self.opts;
         match ctx
@@ -186,6 +196,7 @@ pub struct Restore<'a> {
 }
 
 impl<'a> Restore<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.restore", args);
         let mut r = Restore {
@@ -218,6 +229,7 @@ impl<'a> Restore<'a> {
         Ok(r)
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match ctx.engine.restore(
             self.sku,
@@ -246,6 +258,7 @@ pub struct Rebuild<'a> {
 }
 
 impl<'a> Rebuild<'a> {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &'a [&'a [u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("sale.rebuild", args);
         Ok(Rebuild {
@@ -256,6 +269,7 @@ impl<'a> Rebuild<'a> {
         })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match ctx
             .engine

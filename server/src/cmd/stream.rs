@@ -44,6 +44,7 @@ pub struct XRead {
 }
 
 impl XRead {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xread", args);
         let mut count = None;
@@ -84,6 +85,7 @@ impl XRead {
         })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match self.run(ctx) {
             Ok(o) => o,
@@ -173,6 +175,7 @@ pub struct XRange {
 }
 
 impl XRange {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]], rev: bool) -> Result<Self, Reply> {
         let name = if rev { "xrevrange" } else { "xrange" };
         let mut a = Args::new(name, args);
@@ -197,6 +200,7 @@ impl XRange {
         })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let feed = match feed(ctx) {
             Ok(f) => f,
@@ -239,6 +243,7 @@ pub struct XLen {
 }
 
 impl XLen {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xlen", args);
         let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
@@ -246,6 +251,7 @@ impl XLen {
         Ok(XLen { stream })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         let r = feed(ctx).and_then(|f| f.len(&self.stream).map_err(feed_error));
         match r {
@@ -269,6 +275,7 @@ enum InfoSub {
 }
 
 impl XInfo {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xinfo", args);
         let sub = a.next_keyword()?;
@@ -291,6 +298,7 @@ impl XInfo {
         Ok(XInfo { stream, sub })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         match self.run(ctx) {
             Ok(r) | Err(r) => r.into(),

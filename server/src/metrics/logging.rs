@@ -44,23 +44,74 @@ pub const DEFAULT_FILTER: &str = "info,sqlx::postgres::notice=warn";
 
 /// Installs the global subscriber. `level` (a filter such as `info` or
 /// `stockgate=debug`) wins over the environment variable `env_var`, then `RUST_LOG`,
-/// then [`DEFAULT_FILTER`].
+/// then [`DEFAULT_FILTER`]. The filter can be replaced later ([`set_filter`]).
 pub fn init(format: LogFormat, level: Option<&str>, env_var: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = level
-        .and_then(|l| EnvFilter::try_new(l).ok())
-        .or_else(|| EnvFilter::try_from_env(env_var).ok())
-        .or_else(|| EnvFilter::try_from_default_env().ok())
-        .unwrap_or_else(|| EnvFilter::new(DEFAULT_FILTER));
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| EnvFilter::try_new(v).is_ok())
+    };
+    let text = level
+        .filter(|l| EnvFilter::try_new(l).is_ok())
+        .map(str::to_string)
+        .or_else(|| env(env_var))
+        .or_else(|| env("RUST_LOG"))
+        .unwrap_or_else(|| DEFAULT_FILTER.to_string());
+    let filter = EnvFilter::try_new(&text).unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let b = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);
-    let r = match format {
-        LogFormat::Text => b.with_ansi(std::io::stderr().is_terminal()).try_init(),
-        LogFormat::Json => b.json().with_ansi(false).try_init(),
+    // A subscriber already installed (tests, embedding) keeps working, and keeps its
+    // filter: `set_filter` then refuses.
+    let reload: Option<Reloader> = match format {
+        LogFormat::Text => {
+            let b = b
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_filter_reloading();
+            let h = b.reload_handle();
+            b.try_init()
+                .ok()
+                .map(|()| Box::new(move |f| h.reload(f).map_err(|e| e.to_string())) as Reloader)
+        }
+        LogFormat::Json => {
+            let b = b.json().with_ansi(false).with_filter_reloading();
+            let h = b.reload_handle();
+            b.try_init()
+                .ok()
+                .map(|()| Box::new(move |f| h.reload(f).map_err(|e| e.to_string())) as Reloader)
+        }
     };
-    // A subscriber already installed (tests, embedding) keeps working.
-    let _ = r;
+    if let Some(r) = reload {
+        let _ = RELOAD.set(r);
+        *CURRENT.lock() = text;
+    }
+}
+
+type Reloader =
+    Box<dyn Fn(tracing_subscriber::EnvFilter) -> Result<(), String> + Send + Sync + 'static>;
+
+/// Replaces the installed filter (`CONFIG SET log-level`).
+static RELOAD: std::sync::OnceLock<Reloader> = std::sync::OnceLock::new();
+/// The filter in force, as it was written.
+static CURRENT: parking_lot::Mutex<String> = parking_lot::Mutex::new(String::new());
+
+/// The log filter in force (`CONFIG GET log-level`).
+pub fn filter() -> String {
+    CURRENT.lock().clone()
+}
+
+/// Replaces the log filter of the subscriber `init` installed. Refused, in words, for a
+/// filter that does not parse or when `init` installed none.
+pub fn set_filter(text: &str) -> Result<(), String> {
+    let f = tracing_subscriber::EnvFilter::try_new(text)
+        .map_err(|e| format!("not a log filter (e.g. info, warn, stockgate_server=debug): {e}"))?;
+    let reload = RELOAD
+        .get()
+        .ok_or("this process's log subscriber was not installed by stockgate")?;
+    reload(f)?;
+    *CURRENT.lock() = text.to_string();
+    Ok(())
 }
 
 /// One info line per successful sale-administration command (never per request).

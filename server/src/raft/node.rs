@@ -991,6 +991,11 @@ impl Replication for RaftNode {
         self.refusal()
     }
 
+    fn other_leader_addr(&self) -> Option<String> {
+        let (id, n) = self.leader()?;
+        (id != self.id).then_some(n.client_addr)
+    }
+
     /// Followers serve reads of their committed state, which may be behind the leader
     /// by what is in flight (docs/replication.md, "Who takes writes, who answers reads"); a leader without a majority serves none
     /// (a newer leader may have changed the state), nor a deposed one.

@@ -22,6 +22,7 @@ const ALL: &[&str] = &[
     "commandstats",
     "errorstats",
     "latencystats",
+    "cluster",
     "sales",
     "feed",
     "keyspace",
@@ -36,6 +37,7 @@ const DEFAULT: &[&str] = &[
     "replication",
     "cpu",
     "errorstats",
+    "cluster",
     "sales",
     "feed",
     "keyspace",
@@ -96,6 +98,7 @@ pub fn render(engine: &Engine, shared: &Shared, args: &[String]) -> String {
             "stats" => stats(&mut o, shared, errors.1),
             "replication" => replication(&mut o, shared),
             "cpu" => cpu(&mut o),
+            "cluster" => cluster(&mut o, shared),
             "commandstats" => {
                 o.push_str("# Commandstats\r\n");
                 for c in cmds.iter().flatten() {
@@ -195,7 +198,7 @@ fn clients(o: &mut String, sh: &Shared) {
         o,
         "# Clients\r\nconnected_clients:{}\r\ncluster_connections:0\r\nmaxclients:{}\r\nclient_recent_max_input_buffer:0\r\nclient_recent_max_output_buffer:0\r\nblocked_clients:0\r\ntracking_clients:0\r\nclients_in_timeout_table:0\r\n",
         sh.stats.connected.load(Ordering::Relaxed),
-        sh.config.max_clients
+        sh.live.max_clients()
     );
 }
 
@@ -280,6 +283,21 @@ fn stats(o: &mut String, sh: &Shared, error_replies: u64) {
         let _ = write!(o, "{k}:{v}\r\n");
     }
     let _ = write!(o, "slowlog_len:{}\r\n", sh.metrics.slowlog.lock().len());
+}
+
+/// `# Cluster`: Redis's `cluster_enabled`, and in cluster mode the redirections sent.
+fn cluster(o: &mut String, sh: &Shared) {
+    match sh.cluster.get() {
+        None => o.push_str("# Cluster\r\ncluster_enabled:0\r\n"),
+        Some(c) => {
+            let _ = write!(
+                o,
+                "# Cluster\r\ncluster_enabled:1\r\ncluster_redirections_moved:{}\r\ncluster_crossslot_refusals:{}\r\n",
+                c.moved.load(Ordering::Relaxed),
+                c.crossslot.load(Ordering::Relaxed)
+            );
+        }
+    }
 }
 
 fn replication(o: &mut String, sh: &Shared) {

@@ -9,6 +9,8 @@ use crate::feed::groups::GroupRecord;
 use crate::feed::{id, Stream};
 use crate::protocol::Reply;
 
+/// `XACK stream group id...`: the consumer group has the entries; they leave its
+/// pending list.
 #[derive(Debug, PartialEq, Eq)]
 pub struct XAck {
     stream: Stream,
@@ -18,6 +20,7 @@ pub struct XAck {
 }
 
 impl XAck {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xack", args);
         let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
@@ -32,6 +35,7 @@ impl XAck {
         Ok(XAck { stream, group, ids })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         run(self.run(ctx))
     }

@@ -46,6 +46,7 @@ impl DeliveredAt {
 }
 
 impl XClaim {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xclaim", args);
         let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
@@ -118,6 +119,7 @@ impl XClaim {
         Ok(())
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         run(self.run(ctx))
     }
@@ -175,6 +177,7 @@ pub struct XAutoClaim {
 }
 
 impl XAutoClaim {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xautoclaim", args);
         let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
@@ -204,6 +207,7 @@ impl XAutoClaim {
         })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         run(self.run(ctx))
     }

@@ -67,10 +67,12 @@ pub fn xinfo_consumers(feed: &Feed, stream: &Stream, group: &[u8]) -> Result<Rep
     ))
 }
 
+/// `XINFO HELP`: the subcommands, one line each.
 pub fn xinfo_help() -> Reply {
     help(HELP_XINFO)
 }
 
+/// Redis's error for an unknown `XINFO` subcommand.
 pub fn xinfo_sub_err(sub: &str) -> Reply {
     subcommand_error(sub, "XINFO")
 }

@@ -10,6 +10,8 @@ use crate::feed::groups::{now_ms, Group};
 use crate::feed::{id, Stream};
 use crate::protocol::Reply;
 
+/// `XPENDING stream group [[IDLE ms] start end count [consumer]]`: the summary of a
+/// group's delivered but unacknowledged entries, or the entries themselves.
 #[derive(Debug, PartialEq, Eq)]
 pub struct XPending {
     stream: Stream,
@@ -30,6 +32,7 @@ struct PendingRange {
 }
 
 impl XPending {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let n = args.len();
         if n != 2 && !(5..=8).contains(&n) {
@@ -77,6 +80,7 @@ impl XPending {
         })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         run(self.run(ctx))
     }

@@ -23,6 +23,7 @@ pub struct XReadGroup {
 }
 
 impl XReadGroup {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xreadgroup", args);
         let (mut group, mut consumer) = (None, None);
@@ -74,6 +75,7 @@ impl XReadGroup {
         })
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         run(self.run(ctx))
     }

@@ -35,31 +35,48 @@ const HELP_XGROUP: &[&str] = &[
 /// check them; ids stay bytes because `$` is the log's end when the command runs.
 #[derive(Debug, PartialEq, Eq)]
 pub enum XGroup {
+    /// `HELP`: the subcommands, one line each.
     Help,
+    /// `CREATE`: a new group on `stream` that starts after `id`.
     Create {
+        /// The feed stream the group reads.
         stream: Stream,
+        /// The group's name.
         group: Vec<u8>,
+        /// The entry the group has seen up to (`$` for the end, `0` for the start).
         id: Vec<u8>,
     },
+    /// `SETID`: moves the group's last-delivered id.
     SetId {
+        /// The feed stream the group reads.
         stream: Stream,
+        /// The group's name.
         group: Vec<u8>,
+        /// The new last-delivered id.
         id: Vec<u8>,
     },
+    /// `DESTROY`: drops the group and its pending entries.
     Destroy {
+        /// The feed stream the group reads.
         stream: Stream,
+        /// The group's name.
         group: Vec<u8>,
     },
     /// `CREATECONSUMER` (`create`) or `DELCONSUMER`.
     Consumer {
+        /// The feed stream the group reads.
         stream: Stream,
+        /// The group's name.
         group: Vec<u8>,
+        /// The consumer's name.
         consumer: Vec<u8>,
+        /// True to create the consumer, false to delete it and its pending entries.
         create: bool,
     },
 }
 
 impl XGroup {
+    /// Reads the arguments after the command name; a refusal is the error reply to send.
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let mut a = Args::new("xgroup", args);
         let sub = a.next_keyword()?;
@@ -107,6 +124,7 @@ impl XGroup {
         Ok(parsed)
     }
 
+    /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
         if self == XGroup::Help {
             return help(HELP_XGROUP).into();

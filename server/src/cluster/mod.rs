@@ -1,0 +1,157 @@
+//! Redis Cluster routing (docs/cluster.md): the hash slot of a key ([`slot`]), the slot
+//! map of groups and their nodes ([`map`]), and this node's place in it. The commands
+//! (`CLUSTER …`, the `-MOVED` check) are in `cmd::cluster`; the engine knows nothing of
+//! slots.
+
+pub mod map;
+pub mod slot;
+
+use std::sync::atomic::AtomicU64;
+
+pub use map::{Group, MapError, Node, SlotMap};
+pub use slot::{key_slot, SLOTS};
+
+/// Why cluster mode could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cannot read the cluster map {path}: {err}")]
+    Read { path: String, err: std::io::Error },
+    #[error("cluster map {path}: {err}")]
+    Map { path: String, err: MapError },
+    #[error("cluster map {path} has no node with id {id}")]
+    UnknownId { path: String, id: String },
+    #[error(
+        "cluster map {path} has no node with port {port}: name this node with --cluster-node <id>"
+    )]
+    NotListed { path: String, port: u16 },
+    #[error("cluster map {path} has more than one node with port {port}: name this node with --cluster-node <id>")]
+    Ambiguous { path: String, port: u16 },
+}
+
+/// Where a command on a slot goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Route<'a> {
+    /// This node's group owns the slot.
+    Here,
+    /// Another group owns it: its leader.
+    Moved(&'a Node),
+    /// No group owns it.
+    Unowned,
+}
+
+/// The slot map and which of its nodes this server is.
+pub struct Cluster {
+    pub map: SlotMap,
+    pub my_group: usize,
+    pub my_node: usize,
+    /// `-MOVED` replies sent (INFO's `cluster_redirections_moved`).
+    pub moved: AtomicU64,
+    /// `-CROSSSLOT` replies sent (INFO's `cluster_crossslot_refusals`).
+    pub crossslot: AtomicU64,
+}
+
+impl Cluster {
+    /// Reads the map file and finds this node in it: by `id` when given, else the only
+    /// node listed with this server's port.
+    pub fn load(path: &str, id: Option<&str>, port: u16) -> Result<Cluster, ClusterError> {
+        let text = std::fs::read_to_string(path).map_err(|err| ClusterError::Read {
+            path: path.into(),
+            err,
+        })?;
+        let map = SlotMap::parse(&text).map_err(|err| ClusterError::Map {
+            path: path.into(),
+            err,
+        })?;
+        Self::place(map, path, id, port)
+    }
+
+    fn place(
+        map: SlotMap,
+        path: &str,
+        id: Option<&str>,
+        port: u16,
+    ) -> Result<Cluster, ClusterError> {
+        let (my_group, my_node) = match id {
+            Some(id) => map.find(id).ok_or_else(|| ClusterError::UnknownId {
+                path: path.into(),
+                id: id.into(),
+            })?,
+            None => {
+                let mut same_port = map.nodes().filter(|(_, _, n)| n.port == port);
+                let first = same_port.next();
+                if same_port.next().is_some() {
+                    return Err(ClusterError::Ambiguous {
+                        path: path.into(),
+                        port,
+                    });
+                }
+                let (gi, ni, _) = first.ok_or(ClusterError::NotListed {
+                    path: path.into(),
+                    port,
+                })?;
+                (gi, ni)
+            }
+        };
+        Ok(Cluster {
+            map,
+            my_group,
+            my_node,
+            moved: AtomicU64::new(0),
+            crossslot: AtomicU64::new(0),
+        })
+    }
+
+    pub fn myself(&self) -> &Node {
+        &self.map.groups[self.my_group].nodes[self.my_node]
+    }
+
+    /// Where a command on `slot` goes.
+    pub fn route(&self, slot: u16) -> Route<'_> {
+        match self.map.owner(slot) {
+            Some(g) if g == self.my_group => Route::Here,
+            Some(g) => Route::Moved(&self.map.groups[g].nodes[0]),
+            None => Route::Unowned,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map() -> SlotMap {
+        SlotMap::parse(&format!(
+            "group a 0-8191\nnode {:040x} 127.0.0.1:7001\ngroup b 8192-16000\nnode {:040x} 127.0.0.1:7002\nnode {:040x} 127.0.0.1:7003\n",
+            1, 2, 3
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn finds_itself_by_port_or_id() {
+        let c = Cluster::place(map(), "m", None, 7003).unwrap();
+        assert_eq!((c.my_group, c.my_node), (1, 1));
+        let c = Cluster::place(map(), "m", Some(&format!("{:040x}", 1)), 9).unwrap();
+        assert_eq!(c.myself().port, 7001);
+        assert!(matches!(
+            Cluster::place(map(), "m", None, 9),
+            Err(ClusterError::NotListed { .. })
+        ));
+        assert!(matches!(
+            Cluster::place(map(), "m", Some("nope"), 7001),
+            Err(ClusterError::UnknownId { .. })
+        ));
+    }
+
+    #[test]
+    fn routes_to_the_owning_groups_first_node() {
+        let c = Cluster::place(map(), "m", None, 7001).unwrap();
+        assert_eq!(c.route(0), Route::Here);
+        assert_eq!(c.route(8191), Route::Here);
+        match c.route(8192) {
+            Route::Moved(n) => assert_eq!(n.port, 7002),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(c.route(16001), Route::Unowned);
+    }
+}

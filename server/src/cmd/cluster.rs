@@ -1,0 +1,320 @@
+//! Cluster mode's commands and its routing check (docs/cluster.md): `CLUSTER SLOTS`,
+//! `SHARDS`, `NODES`, `INFO`, `MYID`, `KEYSLOT`, `HELP`; `READONLY`, `READWRITE`,
+//! `ASKING`; and the `-MOVED` / `-CROSSSLOT` / `-CLUSTERDOWN` refusals, in Redis's words
+//! and shapes so that Redis Cluster clients follow them unmodified.
+
+use std::sync::atomic::Ordering;
+
+use super::command_table::Spec;
+use super::{Ctx, Outcome};
+use crate::cluster::{key_slot, Cluster, Group, Node, Route, SLOTS};
+use crate::protocol::Reply;
+
+const DISABLED: &str = "ERR This instance has cluster support disabled";
+const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
+const DOWN: &str = "CLUSTERDOWN Hash slot not served";
+/// The node-wide order feed: every node has its own, so it is never redirected.
+const NODE_STREAM: &[u8] = b"stockgate:events";
+
+/// The key a command routes on: every keyed stockgate command has one key (the sku, a
+/// token `{sku}…`, or a sale's stream `{sku}:events`). Keyless commands and the
+/// node-wide stream run on whichever node receives them.
+fn routed_key<'a>(spec: &Spec, argv: &[&'a [u8]]) -> Option<&'a [u8]> {
+    if spec.first_key <= 0 || !matches!(spec.group, "stockgate" | "stream") {
+        return None;
+    }
+    let key = *argv.get(usize::try_from(spec.first_key).ok()?)?;
+    (key != NODE_STREAM).then_some(key)
+}
+
+/// The routing check every command gets after the dispatcher's other checks: `None` to
+/// run it here, or the refusal. Inside `MULTI` it also notes the queued command's slot,
+/// so that `EXEC` over several slots answers `-CROSSSLOT` as Redis does.
+pub fn check(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[&[u8]]) -> Option<Reply> {
+    let c = ctx.shared.cluster.get()?;
+    if spec.name == "exec" {
+        let q = ctx.conn.multi.as_ref()?;
+        if !q.cross_slot || q.aborted {
+            return None;
+        }
+        ctx.conn.multi = None;
+        c.crossslot.fetch_add(1, Ordering::Relaxed);
+        return Some(Reply::err(CROSSSLOT));
+    }
+    let slot = key_slot(routed_key(spec, argv)?);
+    match c.route(slot) {
+        Route::Here => {
+            if let Some(leader) = leader_elsewhere(ctx, spec) {
+                c.moved.fetch_add(1, Ordering::Relaxed);
+                return Some(Reply::err(format!("MOVED {slot} {leader}")));
+            }
+            if let Some(q) = ctx.conn.multi.as_mut() {
+                match q.slot {
+                    None => q.slot = Some(slot),
+                    Some(s) if s != slot => q.cross_slot = true,
+                    Some(_) => {}
+                }
+            }
+            None
+        }
+        Route::Moved(n) => {
+            c.moved.fetch_add(1, Ordering::Relaxed);
+            Some(Reply::err(format!("MOVED {slot} {}:{}", n.host, n.port)))
+        }
+        Route::Unowned => Some(Reply::err(DOWN)),
+    }
+}
+
+/// A member of a Raft group that would refuse this command (a follower, for a write)
+/// sends it to the group's leader, as a Redis replica sends a write to its primary: a
+/// client told a stale leader pays one redirection, and the write runs only where Raft
+/// lets it. A leader that refuses (no majority) answers its own refusal.
+fn leader_elsewhere(ctx: &Ctx<'_>, spec: &Spec) -> Option<String> {
+    let repl = ctx.shared.repl.get()?;
+    let refused = if spec.flags.contains(&"write") {
+        repl.write_refusal()
+    } else if spec.group == "stockgate" {
+        repl.read_refusal()
+    } else {
+        None
+    };
+    refused?;
+    repl.other_leader_addr()
+}
+
+/// `READONLY`, `READWRITE`, `ASKING`: accepted in cluster mode (reads of a group go to
+/// its leader, and no slot is ever migrating, so they change nothing), refused as
+/// Redis refuses them without it.
+pub fn connection_flag(ctx: &Ctx<'_>) -> Outcome {
+    match ctx.shared.cluster.get() {
+        Some(_) => Reply::ok().into(),
+        None => Reply::err(DISABLED).into(),
+    }
+}
+
+/// `CLUSTER <subcommand> [args]`
+pub fn cluster(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
+    let Some(c) = ctx.shared.cluster.get() else {
+        return Reply::err(DISABLED).into();
+    };
+    let sub = String::from_utf8_lossy(args[0]).to_ascii_lowercase();
+    let rest = &args[1..];
+    let reply = match (sub.as_str(), rest.len()) {
+        ("slots", 0) => slots(c),
+        ("shards", 0) => shards(c),
+        ("nodes", 0) => Reply::bulk(nodes(c)),
+        ("info", 0) => Reply::bulk(info(c)),
+        ("myid", 0) => Reply::bulk(&c.myself().id),
+        ("keyslot", 1) => Reply::Int(i64::from(key_slot(rest[0]))),
+        ("help", 0) => help(),
+        ("slots" | "shards" | "nodes" | "info" | "myid" | "keyslot" | "help", _) => Reply::err(
+            format!("ERR wrong number of arguments for 'cluster|{sub}' command"),
+        ),
+        _ => {
+            let shown: String = String::from_utf8_lossy(args[0]).chars().take(128).collect();
+            Reply::err(format!(
+                "ERR unknown subcommand '{shown}'. Try CLUSTER HELP."
+            ))
+        }
+    };
+    reply.into()
+}
+
+fn help() -> Reply {
+    const LINES: &[&str] = &[
+        "CLUSTER <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+        "INFO",
+        "    Return information about the cluster.",
+        "KEYSLOT <key>",
+        "    Return the hash slot for <key>.",
+        "MYID",
+        "    Return the node id.",
+        "NODES",
+        "    Return cluster configuration seen by node. Output format:",
+        "    <id> <ip:port@bus-port> <flags> <master> <pings> <pongs> <epoch> <link> <slot> ...",
+        "SHARDS",
+        "    Return information about slot range mappings and the nodes associated with them.",
+        "SLOTS",
+        "    Return information about slots range mappings. Each range is made of:",
+        "    start, end, master and replicas IP addresses, ports and ids",
+        "HELP",
+        "    Print this help.",
+    ];
+    Reply::Array(LINES.iter().map(|l| Reply::Simple(l)).collect())
+}
+
+/// One node as `CLUSTER SLOTS` lists it (Redis 7): ip, port, id, networking metadata.
+fn slots_node(n: &Node) -> Reply {
+    Reply::Array(vec![
+        Reply::bulk(&n.host),
+        Reply::Int(i64::from(n.port)),
+        Reply::bulk(&n.id),
+        Reply::Map(vec![]),
+    ])
+}
+
+/// `CLUSTER SLOTS`: one entry per owned range, in slot order, the leader first.
+fn slots(c: &Cluster) -> Reply {
+    let mut ranges: Vec<(u16, u16, &Group)> = c
+        .map
+        .groups
+        .iter()
+        .flat_map(|g| g.ranges.iter().map(move |&(a, b)| (a, b, g)))
+        .collect();
+    ranges.sort_unstable_by_key(|r| r.0);
+    Reply::Array(
+        ranges
+            .into_iter()
+            .map(|(a, b, g)| {
+                let mut e = vec![Reply::Int(i64::from(a)), Reply::Int(i64::from(b))];
+                e.extend(g.nodes.iter().map(slots_node));
+                Reply::Array(e)
+            })
+            .collect(),
+    )
+}
+
+fn role(ni: usize) -> &'static str {
+    if ni == 0 {
+        "master"
+    } else {
+        "replica"
+    }
+}
+
+/// `CLUSTER SHARDS` (Redis 7): per group, its slot ranges and its nodes.
+fn shards(c: &Cluster) -> Reply {
+    let shard = |g: &Group| {
+        let slots = g
+            .ranges
+            .iter()
+            .flat_map(|&(a, b)| [Reply::Int(i64::from(a)), Reply::Int(i64::from(b))])
+            .collect();
+        let nodes = g
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(ni, n)| {
+                Reply::map([
+                    ("id", Reply::bulk(&n.id)),
+                    ("port", Reply::Int(i64::from(n.port))),
+                    ("ip", Reply::bulk(&n.host)),
+                    ("endpoint", Reply::bulk(&n.host)),
+                    ("role", Reply::bulk(role(ni))),
+                    ("replication-offset", Reply::Int(0)),
+                    ("health", Reply::bulk("online")),
+                ])
+            })
+            .collect();
+        Reply::map([
+            ("slots", Reply::Array(slots)),
+            ("nodes", Reply::Array(nodes)),
+        ])
+    };
+    Reply::Array(c.map.groups.iter().map(shard).collect())
+}
+
+fn ranges_text(g: &Group) -> String {
+    g.ranges
+        .iter()
+        .map(|&(a, b)| {
+            if a == b {
+                format!(" {a}")
+            } else {
+                format!(" {a}-{b}")
+            }
+        })
+        .collect()
+}
+
+/// `CLUSTER NODES`: Redis's line format. No cluster bus runs, so the bus port is 0,
+/// and pings and pongs are 0; a group's epoch is its place in the map file.
+fn nodes(c: &Cluster) -> String {
+    let mut out = String::new();
+    for (gi, ni, n) in c.map.nodes() {
+        let g = &c.map.groups[gi];
+        let me = gi == c.my_group && ni == c.my_node;
+        let flags = match (me, ni == 0) {
+            (true, true) => "myself,master",
+            (true, false) => "myself,slave",
+            (false, true) => "master",
+            (false, false) => "slave",
+        };
+        let master = if ni == 0 { "-" } else { g.nodes[0].id.as_str() };
+        let slots = if ni == 0 {
+            ranges_text(g)
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "{} {}:{}@0 {flags} {master} 0 0 {} connected{slots}\n",
+            n.id,
+            n.host,
+            n.port,
+            gi + 1
+        ));
+    }
+    out
+}
+
+/// `CLUSTER INFO`: Redis's fields. The state is `ok` when every slot has an owner.
+fn info(c: &Cluster) -> String {
+    let assigned = c.map.assigned();
+    let state = if assigned == usize::from(SLOTS) {
+        "ok"
+    } else {
+        "fail"
+    };
+    let groups = c.map.groups.len();
+    format!(
+        "cluster_state:{state}\r\ncluster_slots_assigned:{assigned}\r\ncluster_slots_ok:{assigned}\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:{}\r\ncluster_size:{groups}\r\ncluster_current_epoch:{groups}\r\ncluster_my_epoch:{}\r\ncluster_stats_messages_sent:0\r\ncluster_stats_messages_received:0\r\ntotal_cluster_links_buffer_limit_exceeded:0\r\n",
+        c.map.nodes().count(),
+        c.my_group + 1
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::command_table::{lookup, COMMANDS};
+
+    fn v(words: &[&'static str]) -> Vec<&'static [u8]> {
+        words.iter().map(|w| w.as_bytes()).collect()
+    }
+
+    #[test]
+    fn every_keyed_stock_command_routes_on_its_first_argument() {
+        for s in COMMANDS.iter().filter(|s| s.group == "stockgate") {
+            let argv = v(&[s.name, "SKU-1", "x", "y", "z", "w", "v"]);
+            let key = routed_key(s, &argv);
+            if matches!(s.name, "expired" | "sale.list") {
+                assert_eq!(key, None, "{}", s.name);
+            } else {
+                assert_eq!(key, Some(&b"SKU-1"[..]), "{}", s.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_sale_stream_is_routed_and_the_node_stream_is_not() {
+        let xlen = lookup("xlen").unwrap();
+        assert_eq!(routed_key(xlen, &v(&["xlen", "stockgate:events"])), None);
+        assert_eq!(
+            routed_key(xlen, &v(&["xlen", "{S}:events"])),
+            Some(&b"{S}:events"[..])
+        );
+        let xgroup = lookup("xgroup").unwrap();
+        let create = v(&["xgroup", "CREATE", "{S}:events", "g", "0"]);
+        assert_eq!(routed_key(xgroup, &create), Some(&b"{S}:events"[..]));
+        assert_eq!(routed_key(xgroup, &v(&["xgroup", "HELP"])), None);
+        let xread = lookup("xread").unwrap();
+        assert_eq!(
+            routed_key(xread, &v(&["xread", "STREAMS", "{S}:events", "0"])),
+            None
+        );
+        for name in ["ping", "info", "save", "cluster", "multi"] {
+            let s = lookup(name).unwrap();
+            assert_eq!(routed_key(s, &v(&[name, "x", "y"])), None, "{name}");
+        }
+    }
+}

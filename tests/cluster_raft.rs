@@ -1,0 +1,137 @@
+//! Cluster mode with a Raft group as one of the groups (docs/cluster.md, "Groups of
+//! several members"): group `a` is three Raft members, group `b` one node. A follower
+//! of `a` answers what it would refuse (a write) with `-MOVED` to the leader Raft
+//! elected, so a client sent to a stale leader pays one redirection and the write runs
+//! only on the leader; reads a follower serves stay there. redis-rs's cluster client
+//! reserves on both groups through it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::node_id;
+use common::ha::{free_port, Node};
+use common::now_ms;
+use common::raft::{sale_info, Group};
+use redis::Value;
+use stockgate_server::cluster::key_slot;
+
+/// A sku whose slot is in `lo..=hi`.
+fn sku_in(prefix: &str, lo: u16, hi: u16) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|s| (lo..=hi).contains(&key_slot(s.as_bytes())))
+        .unwrap()
+}
+
+fn error_of(port: u16, args: &[&str]) -> String {
+    let mut c = common::raft::conn(port);
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    match cmd.query::<Value>(&mut c) {
+        Err(e) => format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or("")),
+        Ok(v) => panic!("{args:?} on {port} answered {v:?}"),
+    }
+}
+
+#[test]
+fn a_follower_redirects_writes_to_its_leader_and_clients_follow() {
+    let mut g = Group::start(false);
+    for m in &mut g.members {
+        m.kill9();
+    }
+    let single = free_port();
+    let dir = common::TempDir::new("cluster-raft");
+    let map = dir.path().join("cluster.map");
+    let mut text = String::from("group a 0-8191\n");
+    for (i, m) in g.members.iter().enumerate() {
+        text.push_str(&format!("node {} 127.0.0.1:{}\n", node_id(i), m.port));
+    }
+    text.push_str(&format!(
+        "group b 8192-16383\nnode {} 127.0.0.1:{single}\n",
+        node_id(9)
+    ));
+    std::fs::write(&map, text).unwrap();
+    let m = map.display().to_string();
+    let flags = ["--cluster-enabled", "yes", "--cluster-config", &m];
+    for member in &mut g.members {
+        member.args.extend(flags.iter().map(|s| s.to_string()));
+        member.spawn();
+    }
+    let b = Node::start_on(&g.keys, single, &flags, &[]);
+    let leader = g.leader(None, Duration::from_secs(20));
+    let lport = g.port(leader);
+    let sku_a = sku_in("RA", 0, 8191);
+    let sku_b = sku_in("RB", 8192, 16383);
+    let slot_a = key_slot(sku_a.as_bytes());
+
+    // A follower sends a write to the leader; the other group sends it to the map's
+    // first member of `a` (which forwards it again if that is a follower).
+    for f in g.members.iter().filter(|m| m.id != leader) {
+        assert_eq!(
+            error_of(f.port, &["SALE.CREATE", &sku_a, "1000"]),
+            format!("MOVED {slot_a} 127.0.0.1:{lport}")
+        );
+    }
+    assert_eq!(
+        error_of(b.port, &["SALE.CREATE", &sku_a, "1000"]),
+        format!("MOVED {slot_a} 127.0.0.1:{}", g.members[0].port)
+    );
+
+    // redis-rs's cluster client, given every node, creates and reserves on both groups.
+    let urls: Vec<String> = g
+        .members
+        .iter()
+        .map(|m| format!("redis://127.0.0.1:{}/", m.port))
+        .chain([format!("redis://127.0.0.1:{single}/")])
+        .collect();
+    let client = redis::cluster::ClusterClient::new(urls).unwrap();
+    let mut c = client.get_connection().unwrap();
+    let keyring = g.keys.keyring();
+    for sku in [&sku_a, &sku_b] {
+        let ok: String = redis::cmd("SALE.CREATE")
+            .arg(sku)
+            .arg(1000)
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(ok, "OK");
+        for u in 0..20 {
+            let user = format!("u{u}");
+            let adm = keyring.mint(sku, &user, now_ms() + 60_000);
+            let r: Vec<Value> = redis::cmd("RESERVE")
+                .arg(sku)
+                .arg(&user)
+                .arg(&adm)
+                .arg(format!("r{u}"))
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(
+                r[0],
+                Value::BulkString(b"RESERVED".to_vec()),
+                "{sku} {user}"
+            );
+        }
+    }
+    // Every write of `a` ran on its leader, once; `b`'s on `b`.
+    let (total, avail, reserved, _) = sale_info(lport, &sku_a);
+    assert_eq!((total, avail, reserved), (1000, 980, 20));
+    let (total, avail, reserved, _) = sale_info(b.port, &sku_b);
+    assert_eq!((total, avail, reserved), (1000, 980, 20));
+    // A follower serves the reads it may serve (its committed state) without redirecting.
+    let f = g.members.iter().find(|m| m.id != leader).unwrap();
+    let t = std::time::Instant::now();
+    loop {
+        let mut fc = common::raft::conn(f.port);
+        let n: Result<i64, _> = redis::cmd("STOCK").arg(&sku_a).query(&mut fc);
+        match n {
+            Ok(980) => break,
+            other => assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "follower STOCK: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
