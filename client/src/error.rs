@@ -10,8 +10,8 @@ pub enum ClientError {
     /// `-NOSALE`: the server holds no sale with this key.
     #[error("sale unknown (-NOSALE)")]
     NoSale,
-    /// `-FENCED`: the sale's counts are unproven (after a loss of state) and it refuses changes
-    /// until rebuilt from the ledger.
+    /// `-FENCED`: the sale's counts are unproven (a loss of state, or an operator's fence) and it
+    /// refuses changes until rebuilt from the ledger.
     #[error("sale fenced: state unproven, rebuild from the ledger first (-FENCED)")]
     Fenced,
     /// `-PAUSED`: the sale is paused and takes no reservations.
