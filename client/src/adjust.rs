@@ -24,41 +24,68 @@ use crate::gate::ReservationGate;
 use crate::ledger::{Adjustment, AdjustmentOutcome, AdjustmentStatus, Ledger, LedgerError};
 use crate::sweeper::explain_total;
 
+/// Why an adjustment did not complete; the message says what the operator can do.
 #[derive(Debug, thiserror::Error)]
 pub enum AdjustError {
+    /// The ledger and the server could not be shown to share one history (see
+    /// [`IdentityError`](crate::identity::IdentityError)).
     #[error(transparent)]
     Identity(#[from] crate::identity::IdentityError),
+    /// The ledger has no sale with this key.
     #[error("sale {0} is unknown to the ledger")]
     UnknownSale(String),
+    /// An adjustment with this id was refused by the server before; ids are not reused.
     #[error(
         "adjustment {id} was refused by the server earlier ({reason}); nothing changed; use a new id"
     )]
-    RefusedEarlier { id: String, reason: String },
+    RefusedEarlier {
+        /// The adjustment's id.
+        id: String,
+        /// The server's refusal, as recorded.
+        reason: String,
+    },
+    /// The server refused the adjustment (for example a withdrawal of more than is available); the
+    /// ledger moved its allocation back.
     #[error(
         "the server refused adjustment {id}: {reason}; the ledger's allocation was moved back"
     )]
-    Refused { id: String, reason: String },
+    Refused {
+        /// The adjustment's id.
+        id: String,
+        /// The server's refusal.
+        reason: String,
+    },
+    /// The sale is fenced or unknown on the server: the adjustment stays recorded and its rebuild
+    /// applies it.
     #[error(
         "sale {0} is fenced or unknown on the server; adjustment recorded in the ledger: \
          `stockgate-sweeper rebuild --sku {0}` applies it"
     )]
     NotOpen(String),
+    /// The server's total matches neither the ledger's allocation with nor without the unconfirmed
+    /// adjustments, so it was changed outside the ledger.
     #[error(
         "server total {server_total} of {sku} is not the ledger's allocation {allocation} \
          minus unconfirmed adjustments: someone changed it by hand; refusing to guess \
          (record the difference with an adjustment, or `rebuild --fence`)"
     )]
     Unexplained {
+        /// The sale.
         sku: String,
+        /// The server's total units.
         server_total: i64,
+        /// The ledger's allocation in units.
         allocation: u64,
     },
+    /// The ledger call failed.
     #[error("ledger: {0}")]
     Ledger(#[from] LedgerError),
+    /// The server call failed; the adjustment is recorded, so a retry with the same id finishes it.
     #[error("server: {0} (the adjustment is recorded; retry with the same id)")]
     Gate(#[from] ClientError),
 }
 
+/// How an adjustment reached the server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AdjustResult {
     /// `SALE.ADJUST` was sent by this call.
@@ -69,12 +96,16 @@ pub enum AdjustResult {
     AlreadyApplied,
 }
 
+/// What [`adjust_sale`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdjustReport {
+    /// The adjustment as the ledger holds it afterwards.
     pub adjustment: Adjustment,
+    /// How it reached the server.
     pub result: AdjustResult,
     /// The ledger's allocation and the server's total afterwards.
     pub allocation: u64,
+    /// The server's total afterwards.
     pub server_total: i64,
 }
 

@@ -16,8 +16,10 @@ use crate::gate::ReservationGate;
 use crate::ledger::{Ledger, LedgerError, Materialized, NewOrder, OrderStatus, PayVerdict};
 use crate::types::{now_ms, CommitOk, ReservationState, ReserveOutcome};
 
+/// Why a checkout step did not go through; each tells the shop what to show the buyer or retry.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckoutError {
+    /// No units left to reserve.
     #[error("sold out")]
     SoldOut,
     /// Per-user limit reached; the user's live reservations, to resume or cancel one.
@@ -27,16 +29,26 @@ pub enum CheckoutError {
         live_tokens.len()
     )]
     Limit {
+        /// Tokens of the user's reservations not yet paid.
         live_tokens: Vec<String>,
+        /// The sale's per-user limit in units.
         limit: u32,
+        /// Units the user holds now.
         held: u64,
     },
     /// The ledger already holds this reservation as cancelled (e.g. swept): the checkout
     /// cannot continue with it.
     #[error("reservation {token} is {status} in the ledger")]
-    Refused { token: String, status: OrderStatus },
+    Refused {
+        /// The reservation's token.
+        token: String,
+        /// Its status in the ledger.
+        status: OrderStatus,
+    },
+    /// The server call failed; [`ClientError::is_transient`] says whether a retry may help.
     #[error("server: {0}")]
     Gate(#[from] ClientError),
+    /// The ledger call failed.
     #[error("ledger: {0}")]
     Ledger(#[from] LedgerError),
 }
@@ -44,11 +56,17 @@ pub enum CheckoutError {
 /// A reservation that is materialized in the ledger: the buyer may pay for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hold {
+    /// The reservation's token, the key the payment and every later step use.
     pub token: String,
+    /// The sale.
     pub sku: String,
+    /// The buyer.
     pub user: String,
+    /// The shop's id for this reservation attempt; a retry with the same id gets the same hold.
     pub request_id: String,
+    /// Units held.
     pub qty: u32,
+    /// When the hold lapses unless paid, in ms since the Unix epoch.
     pub expires_at_ms: i64,
     /// A retry of an earlier RESERVE (same request id): nothing new was taken.
     pub replay: bool,
@@ -62,13 +80,22 @@ pub enum PayOutcome {
     /// Sold. `server_confirmed` is false when the ledger committed but the server could not
     /// be told yet (unreachable, fenced, or the hold's deadline passed and this gate's role
     /// may not send `COMMIT ... VERIFIED`): the sweeper's COMMITTED branch finishes it.
-    Committed { server_confirmed: bool },
+    Committed {
+        /// Whether the server has the commit too.
+        server_confirmed: bool,
+    },
     /// Same token paid before (payment idempotency).
     AlreadyCommitted,
     /// Refused and no money moved: the payment must not be captured.
-    Refused { status: Option<OrderStatus> },
+    Refused {
+        /// The order's status in the ledger, if it has one.
+        status: Option<OrderStatus>,
+    },
     /// Money moved for a reservation that was no longer ours to sell: to be refunded.
-    RefundRequired { previous: OrderStatus },
+    RefundRequired {
+        /// The status the order had when the payment arrived.
+        previous: OrderStatus,
+    },
 }
 
 /// The checkout service over a ledger and a gate.
@@ -81,6 +108,8 @@ pub struct Checkout<L: Ledger, G: ReservationGate> {
 }
 
 impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
+    /// A checkout over `ledger` (the record of orders) and `gate` (the server, or an embedded
+    /// engine).
     pub fn new(ledger: L, gate: G) -> Self {
         Checkout {
             ledger,
@@ -89,10 +118,12 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
         }
     }
 
+    /// The ledger, for reads the flow does not wrap (order lookups, reports).
     pub fn ledger(&self) -> &L {
         &self.ledger
     }
 
+    /// The gate, for calls the flow does not wrap.
     pub fn gate(&self) -> &G {
         &self.gate
     }

@@ -57,10 +57,14 @@ fn to_url(addr: &str) -> String {
 }
 
 impl StockgateClient {
+    /// Connects to `addr` (`host:port`, or a `redis://[user:pass@]host:port` URL for AUTH) with the
+    /// default settings.
     pub async fn connect(addr: &str) -> Result<Self, ClientError> {
         Self::connect_with(addr, ClientConfig::default()).await
     }
 
+    /// Connects to `addr` with these timeouts and retries; the connection reconnects by itself
+    /// after a failure.
     pub async fn connect_with(addr: &str, cfg: ClientConfig) -> Result<Self, ClientError> {
         let client = redis::Client::open(to_url(addr)).map_err(ClientError::Connection)?;
         let mcfg = ConnectionManagerConfig::new()
@@ -129,6 +133,7 @@ impl StockgateClient {
         }
     }
 
+    /// `PING`: succeeds when the server answers.
     pub async fn ping(&self) -> Result<(), ClientError> {
         self.call(&redis::cmd("PING")).await.map(|_| ())
     }
@@ -204,6 +209,7 @@ impl StockgateClient {
         }
     }
 
+    /// `STOCK sku`: units still free to reserve.
     pub async fn stock(&self, sku: &str) -> Result<i64, ClientError> {
         let v = self.call(redis::cmd("STOCK").arg(sku)).await?;
         as_int(&v).ok_or_else(|| proto("STOCK", &v))
@@ -269,11 +275,13 @@ impl StockgateClient {
         history_in_info(&v).ok_or_else(|| proto("INFO", &v))
     }
 
+    /// `SALE.INFO sku`: the sale's counters and state.
     pub async fn sale_info(&self, sku: &str) -> Result<SaleInfo, ClientError> {
         let v = self.call(redis::cmd("SALE.INFO").arg(sku)).await?;
         parse_sale_info(&v).ok_or_else(|| proto("SALE.INFO", &v))
     }
 
+    /// `SALE.LIST`: the keys of every sale the server holds.
     pub async fn sale_list(&self) -> Result<Vec<String>, ClientError> {
         let v = self.call(&redis::cmd("SALE.LIST")).await?;
         let Value::Array(items) = &v else {
@@ -285,12 +293,14 @@ impl StockgateClient {
             .collect()
     }
 
+    /// `SALE.PAUSE sku`: `RESERVE` on the sale answers `-PAUSED` until it is resumed.
     pub async fn sale_pause(&self, sku: &str) -> Result<(), ClientError> {
         self.call(redis::cmd("SALE.PAUSE").arg(sku))
             .await
             .map(|_| ())
     }
 
+    /// `SALE.RESUME sku`: accepts reservations again.
     pub async fn sale_resume(&self, sku: &str) -> Result<(), ClientError> {
         self.call(redis::cmd("SALE.RESUME").arg(sku))
             .await

@@ -3,26 +3,47 @@
 
 use redis::RedisError;
 
+/// Why a call to the server (or the embedded engine) failed, one variant per server error code;
+/// [`ClientError::is_transient`] says whether a retry may help.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// `-NOSALE`: the server holds no sale with this key.
     #[error("sale unknown (-NOSALE)")]
     NoSale,
+    /// `-FENCED`: the sale's counts are unproven (a loss of state, or an operator's fence) and it
+    /// refuses changes until rebuilt from the ledger.
     #[error("sale fenced: state unproven, rebuild from the ledger first (-FENCED)")]
     Fenced,
+    /// `-PAUSED`: the sale is paused and takes no reservations.
     #[error("sale paused (-PAUSED)")]
     Paused,
+    /// `-DENIED`: the admission token is malformed, signed with an unknown key or a bad
+    /// signature, bound to another sale or user, or expired; the text says which.
     #[error("admission denied: {0}")]
     Denied(String),
+    /// `-NORES`: the token names no reservation, or one that is no longer RESERVED.
     #[error("no such reservation, or no longer RESERVED (-NORES)")]
     NoReservation,
+    /// `-RELEASED`: the reservation was released and its units went back to stock.
     #[error("reservation released: its units went back to stock (-RELEASED)")]
     Released,
+    /// `-EXPIRED`: the reservation's deadline passed, so it can no longer be committed (unverified)
+    /// or extended.
     #[error("reservation expired (-EXPIRED)")]
     Expired,
+    /// `-EXISTS`: `SALE.CREATE` for a sale that exists with other parameters.
     #[error("sale exists with other parameters (-EXISTS)")]
     Exists,
+    /// Any other server error, by its code and text.
     #[error("server error -{code} {detail}")]
-    Server { code: String, detail: String },
+    Server {
+        /// The error code, the reply's first word.
+        code: String,
+        /// The rest of the error line.
+        detail: String,
+    },
+    /// The server could not be reached or the connection failed mid-call (I/O, timeout, unparsable
+    /// reply).
     #[error("connection error: {0}")]
     Connection(#[source] RedisError),
     /// `-READONLY`: the node is a replica, or a former primary fenced by a failover.
@@ -37,16 +58,25 @@ pub enum ClientError {
     Loading,
     /// No Sentinel named a node that answers `ROLE` as master.
     #[error("no primary for {master_name:?} found through Sentinel: {detail}")]
-    NoPrimary { master_name: String, detail: String },
+    NoPrimary {
+        /// The group's name as the Sentinels monitor it.
+        master_name: String,
+        /// What each Sentinel or node answered.
+        detail: String,
+    },
+    /// A configuration that cannot work (a bad address or option), found before any call.
     #[error("invalid client configuration: {0}")]
     Config(String),
     /// The embedded engine's log could not make the state this call reports durable: the
     /// outcome must not be acted on (it may not survive a crash).
     #[error("not durable: {0}")]
     NotDurable(String),
+    /// A reply of a shape the command never gives: a server of another kind or version.
     #[error("unexpected reply to {command}: {reply}")]
     Protocol {
+        /// The command sent.
         command: &'static str,
+        /// The reply received, printed.
         reply: String,
     },
 }

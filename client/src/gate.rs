@@ -26,6 +26,8 @@ use crate::types::{
 
 /// What the lifecycle needs from the server. Implementations are cheap to clone.
 pub trait ReservationGate: Clone + Send + Sync + 'static {
+    /// `RESERVE sku user admission request_id qty`: holds `qty` units for `user`; a repeated
+    /// `request_id` returns the first reservation instead of taking more.
     fn reserve(
         &self,
         sku: &str,
@@ -35,6 +37,8 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
         qty: u32,
     ) -> impl Future<Output = Result<ReserveOutcome, ClientError>> + Send;
 
+    /// `EXPIRED [COUNT count] [SKU sku]`: RESERVED holds past their deadline, for the sweeper to
+    /// release.
     fn expired(
         &self,
         count: usize,
@@ -60,11 +64,14 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
         token: &str,
     ) -> impl Future<Output = Result<CommitOk, ClientError>> + Send;
 
+    /// `RESERVATION token`; `Ok(None)` when the server does not know the token.
     fn reservation(
         &self,
         token: &str,
     ) -> impl Future<Output = Result<Option<ReservationInfo>, ClientError>> + Send;
 
+    /// `EXTEND token ms`: sets the hold's deadline to `ms` ms from now; the result is the new
+    /// deadline in ms since the Unix epoch.
     fn extend(&self, token: &str, ms: u64)
         -> impl Future<Output = Result<i64, ClientError>> + Send;
 
@@ -74,6 +81,7 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
         sku: &str,
     ) -> impl Future<Output = Result<Option<SaleInfo>, ClientError>> + Send;
 
+    /// `SALE.LIST`: the keys of every sale the server holds.
     fn sale_list(&self) -> impl Future<Output = Result<Vec<String>, ClientError>> + Send;
 
     /// The server's history id ([`crate::identity`]); `None` while it reports none.
@@ -260,6 +268,7 @@ impl EngineGate {
         }
     }
 
+    /// The engine behind this gate, for callers that also administer or inspect it directly.
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }

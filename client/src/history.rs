@@ -68,30 +68,44 @@ use serde::{Deserialize, Serialize};
 /// Errors reading or writing a history file.
 #[derive(Debug, thiserror::Error)]
 pub enum HistoryError {
+    /// The history file could not be opened or created.
     #[error("history file {path}: {source}")]
     Io {
+        /// The file.
         path: String,
+        /// What went wrong.
         source: std::io::Error,
     },
+    /// A line is not a valid record.
     #[error("history line {line}: {source}")]
     Parse {
+        /// The line's number, from 1.
         line: usize,
+        /// What went wrong.
         source: serde_json::Error,
     },
+    /// A record could not be encoded as JSON.
     #[error("history record: {0}")]
     Encode(serde_json::Error),
+    /// Writing to the history file failed.
     #[error("history writer: {0}")]
     Write(std::io::Error),
+    /// A thread panicked while it held the writer, so the file may hold a partial line.
     #[error("history writer lock poisoned (a recording thread panicked)")]
     Poisoned,
 }
 
+/// The operation an `invoke` record names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum OpKind {
+    /// `RESERVE sku user admission req qty`.
     Reserve,
+    /// `COMMIT token`.
     Commit,
+    /// `RELEASE token`.
     Release,
+    /// `RESERVATION token`: a read of one token's state.
     Read,
 }
 
@@ -106,6 +120,7 @@ impl fmt::Display for OpKind {
     }
 }
 
+/// How an operation completed, as the client saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
@@ -125,45 +140,75 @@ fn one() -> i64 {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Record {
+    /// A sale and its total units.
     Sale {
+        /// The sale's key.
         sku: String,
+        /// Units the sale has in all.
         total: i64,
     },
+    /// An operation the client sent.
     Invoke {
+        /// The operation's id, unique in the file; pairs an invocation with its completion.
         op_id: u64,
+        /// The client thread that ran it; one operation at a time per process.
         process: u64,
+        /// What was sent.
         op: OpKind,
+        /// The sale's key.
         sku: String,
+        /// The buyer (`RESERVE`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         user: Option<String>,
+        /// The request id (`RESERVE`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         req: Option<String>,
+        /// The reservation's token (`COMMIT`, `RELEASE`, `READ`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
+        /// Units asked for (`RESERVE`, default 1).
         #[serde(default = "one")]
         qty: i64,
+        /// Wall time, in ms since the Unix epoch.
         t_ms: u64,
     },
+    /// How an operation completed.
     Complete {
+        /// The operation's id, unique in the file; pairs an invocation with its completion.
         op_id: u64,
+        /// The client thread that ran it; one operation at a time per process.
         process: u64,
+        /// Success, certain failure, or unknown.
         result: Outcome,
+        /// The reply as the checker reads it (see the module doc).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reply: Option<String>,
+        /// The token a `RESERVE` was answered with.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
+        /// Wall time, in ms since the Unix epoch.
         t_ms: u64,
     },
+    /// A token's state on the final leader, after the run.
     FinalReservation {
+        /// The sale's key.
         sku: String,
+        /// The token.
         token: String,
+        /// Its state as `RESERVATION` answers it; `None` when the leader does not know the token.
         state: Option<String>,
     },
+    /// A sale's counters on the final leader, after the run.
     FinalSale {
+        /// The sale's key.
         sku: String,
+        /// Units the sale has in all.
         total: i64,
+        /// Units free to reserve.
         available: i64,
+        /// Units held by RESERVED reservations.
         reserved: i64,
+        /// Units sold.
         committed: i64,
     },
 }
@@ -206,6 +251,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// Creates (or truncates) the history file at `path`.
     pub fn create(path: &Path) -> Result<Recorder, HistoryError> {
         let f = std::fs::File::create(path).map_err(|source| HistoryError::Io {
             path: path.display().to_string(),
@@ -217,10 +263,12 @@ impl Recorder {
         })
     }
 
+    /// A fresh operation id, unique for this recorder.
     pub fn next_op_id(&self) -> u64 {
         self.next_op.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Writes one record as a JSON line; safe to call from many threads.
     pub fn append(&self, rec: &Record) -> Result<(), HistoryError> {
         let line = serde_json::to_string(rec).map_err(HistoryError::Encode)?;
         let mut out = self.out.lock().map_err(|_| HistoryError::Poisoned)?;
@@ -229,6 +277,7 @@ impl Recorder {
             .map_err(HistoryError::Write)
     }
 
+    /// Flushes buffered lines to the file; call before reading the file or at the end of a run.
     pub fn flush(&self) -> Result<(), HistoryError> {
         self.out
             .lock()
@@ -256,9 +305,12 @@ pub enum ViolationKind {
     Counters,
 }
 
+/// One broken rule the checker found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
+    /// The rule broken.
     pub kind: ViolationKind,
+    /// Which tokens, operations or counters broke it.
     pub detail: String,
 }
 
@@ -293,13 +345,17 @@ pub struct Stats {
     pub final_states: BTreeMap<String, u64>,
 }
 
+/// What [`check`] found.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
+    /// Every violation found; none means the history is possible.
     pub violations: Vec<Violation>,
+    /// What the history holds.
     pub stats: Stats,
 }
 
 impl Report {
+    /// Whether no violation was found.
     pub fn ok(&self) -> bool {
         self.violations.is_empty()
     }

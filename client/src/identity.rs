@@ -10,8 +10,11 @@
 use crate::client::ClientError;
 use crate::ledger::{Ledger, LedgerError};
 
+/// Why a tool refused to act on a server: the ledger could not be shown to describe that server's
+/// history.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
+    /// The ledger is bound to another history than the server reports.
     #[error(
         "this ledger describes server history {ledger}, but the server reports history {server} \
          (another group, a wiped data dir or a restored copy of another server); nothing was \
@@ -19,16 +22,30 @@ pub enum IdentityError {
          a server that lost its data), bind it deliberately: \
          `stockgate-sweeper rebind --history {server}`"
     )]
-    Mismatch { ledger: String, server: String },
+    Mismatch {
+        /// The history the ledger is bound to.
+        ledger: String,
+        /// The history the server reports.
+        server: String,
+    },
+    /// The server reports no history id yet, so nothing can be checked.
     #[error(
         "the server reports no history id yet (a group without a committed leader, or a server \
          version that does not report `stockgate_history`); nothing was changed"
     )]
     Unknown,
+    /// `rebind` named a history the server does not report.
     #[error("rebind: the server reports history {server}, not {asked}; nothing was changed")]
-    RebindTarget { asked: String, server: String },
+    RebindTarget {
+        /// The history the operator named.
+        asked: String,
+        /// The history the server reports.
+        server: String,
+    },
+    /// The ledger call failed.
     #[error("ledger: {0}")]
     Ledger(#[from] LedgerError),
+    /// The server call failed.
     #[error("server: {0}")]
     Server(#[from] ClientError),
 }

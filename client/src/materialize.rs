@@ -32,6 +32,8 @@ use crate::sentinel::{Retry, SentinelConfig, SentinelConn, ServerTarget};
 /// The all-events stream (`server/src/feed`).
 pub const ALL_EVENTS: &str = "stockgate:events";
 
+/// Why the materializer stopped or a batch was not written; a transient one is retried from the
+/// committed position.
 #[derive(Debug, thiserror::Error)]
 pub enum MaterializeError {
     /// The feed no longer has the position: resynchronise from the ledger.
@@ -45,12 +47,16 @@ pub enum MaterializeError {
     /// The server is not the one the ledger is bound to ([`crate::identity`]).
     #[error(transparent)]
     Identity(#[from] crate::identity::IdentityError),
+    /// The feed answered an error the materializer does not handle otherwise.
     #[error("feed error: {0}")]
     Feed(String),
+    /// The connection to the server failed.
     #[error("feed connection: {0}")]
     Connection(#[from] redis::RedisError),
+    /// The Postgres call failed; the batch's transaction rolled back.
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
+    /// A feed reply of a shape `XREAD` never gives.
     #[error("unexpected feed reply: {0}")]
     Protocol(String),
     /// Sentinel mode: no primary found within the configured attempts (no Sentinel
@@ -66,6 +72,7 @@ pub enum MaterializeError {
 /// One entry of the feed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FeedEvent {
+    /// The entry's log position (LSN), the first part of its stream id.
     pub lsn: u64,
     /// Field-value pairs in the entry's order. A vector, not a map: an entry has at most
     /// ten fields, a scan of them is as fast as a hash lookup, and the strings are the
@@ -97,9 +104,11 @@ impl FeedEvent {
         h as i64
     }
 
+    /// The entry's `type` field (`reserved`, `committed`, `released`, ...), empty when absent.
     pub fn kind(&self) -> &str {
         self.get("type").unwrap_or("")
     }
+    /// The value of field `k`, if the entry has it.
     pub fn get(&self, k: &str) -> Option<&str> {
         self.fields
             .iter()
@@ -644,13 +653,16 @@ pub async fn lag(
     }))
 }
 
+/// How a [`Materializer`] reads the feed.
 #[derive(Clone, Debug)]
 pub struct MaterializerConfig {
     /// Name of this consumer's row in `feed_position`.
     pub consumer: String,
+    /// The stream read, normally the all-events stream [`ALL_EVENTS`].
     pub stream: String,
     /// Entries per XREAD and per SQL transaction.
     pub batch: usize,
+    /// How long one `XREAD BLOCK` waits for new entries, in ms.
     pub block_ms: u64,
 }
 
@@ -668,14 +680,20 @@ impl Default for MaterializerConfig {
 /// What one batch did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BatchReport {
+    /// Feed entries the batch read.
     pub entries: usize,
+    /// PENDING orders written.
     pub created: u64,
+    /// Orders moved to COMMITTED.
     pub committed: u64,
+    /// Orders moved to CANCELLED (their units went back).
     pub cancelled: u64,
     /// Position after the batch.
     pub position: u64,
 }
 
+/// Writes the orders the feed describes into the Postgres ledger, exactly once per entry (see the
+/// module doc).
 pub struct Materializer {
     pool: PgPool,
     /// The same pool as a ledger: the server binding (`crate::identity`).
@@ -685,6 +703,7 @@ pub struct Materializer {
 }
 
 impl Materializer {
+    /// A materializer writing into `ledger`'s database what it reads with `reader`.
     pub fn new(
         ledger: &crate::ledger::postgres::PgLedger,
         reader: FeedReader,

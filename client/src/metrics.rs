@@ -26,30 +26,50 @@ use crate::materialize::{FeedReader, Lag, MaterializeError};
 use crate::sentinel::ServerTarget;
 use crate::sweeper::{PassReport, SweepError, Sweeper};
 
+/// Counters of the sweeper process, shared between the sweep loop and the `/metrics` endpoint;
+/// totals since start unless a field says otherwise.
 #[derive(Default)]
 pub struct SweeperMetrics {
+    /// Passes that completed.
     pub passes: AtomicU64,
+    /// Passes that stopped on an error.
     pub passes_failed: AtomicU64,
+    /// Expired reservations the passes examined.
     pub seen: AtomicU64,
+    /// `RELEASE`s that returned units to stock.
     pub released: AtomicU64,
+    /// `RELEASE`s that found the hold already released by someone else.
     pub release_noop: AtomicU64,
+    /// PENDING orders this sweeper cancelled because they expired.
     pub cancelled: AtomicU64,
+    /// Orders found already cancelled or refunded whose hold was still on the server, released now.
     pub recovered: AtomicU64,
+    /// COMMITTED orders whose hold was then committed on the server.
     pub commit_cleanup: AtomicU64,
+    /// Holds with no order in the ledger, tombstoned and released.
     pub tombstones: AtomicU64,
+    /// Holds left for a later pass (not yet expired by the ledger's clock, or busy).
     pub skipped: AtomicU64,
+    /// Sales the server held fenced at the last pass (a gauge).
     pub fenced_sales: AtomicU64,
+    /// Sales found missing on the server (lost state) and fenced.
     pub lost_sales: AtomicU64,
+    /// Failed passes whose error came from the ledger (Postgres or sled).
     pub ledger_errors: AtomicU64,
+    /// Failed passes whose error came from the server.
     pub server_errors: AtomicU64,
+    /// Failed passes with any other error.
     pub other_errors: AtomicU64,
     /// Age of the oldest reservation `EXPIRED` still lists after the last pass (ms).
     pub lag_ms: AtomicU64,
+    /// When the last pass ended, in ms since the Unix epoch (0: none yet).
     pub last_pass_unix_ms: AtomicU64,
+    /// How long the last pass took, in ms.
     pub last_pass_ms: AtomicU64,
     /// The materializer's lag at the last probe: (consumer, lag); `None` until a probe
     /// found its `feed_position` row (no materializer has run yet).
     pub materializer: std::sync::Mutex<Option<(String, Lag)>>,
+    /// Lag probes of the materializer that failed.
     pub materializer_probe_errors: AtomicU64,
     started: std::sync::OnceLock<Instant>,
 }
@@ -71,6 +91,8 @@ pub struct MaterializerProbe {
 const PROBE_SENTINEL_ATTEMPTS: u32 = 3;
 
 impl MaterializerProbe {
+    /// A probe of the materializer that reads `consumer`'s position on `stream` from the ledger in
+    /// `pool` and the feed's end from the server at `server`.
     pub fn new(pool: sqlx::PgPool, server: &str, stream: &str, consumer: &str) -> Self {
         MaterializerProbe::with_target(
             pool,
@@ -104,6 +126,7 @@ impl MaterializerProbe {
         }
     }
 
+    /// The materializer's lag now; `None` while no materializer has recorded a position.
     pub async fn probe(&self) -> Result<Option<Lag>, MaterializeError> {
         let mut slot = self.reader.lock().await;
         let reader = match slot.as_ref() {
@@ -118,6 +141,7 @@ impl MaterializerProbe {
         crate::materialize::lag(&self.pool, &reader, &self.consumer).await
     }
 
+    /// The consumer name whose position is probed (the metric's label).
     pub fn consumer(&self) -> &str {
         &self.consumer
     }
@@ -142,6 +166,7 @@ fn unix_ms() -> u64 {
 }
 
 impl SweeperMetrics {
+    /// Counts one completed pass that took `took`.
     pub fn record_pass(&self, r: &PassReport, took: Duration) {
         add(&self.passes, 1);
         add(&self.seen, r.seen);
@@ -163,6 +188,7 @@ impl SweeperMetrics {
             .store(took.as_millis() as u64, Ordering::Relaxed);
     }
 
+    /// Counts one failed pass by the side its error came from.
     pub fn record_error(&self, e: &SweepError) {
         add(&self.passes_failed, 1);
         match e {
@@ -173,6 +199,8 @@ impl SweeperMetrics {
         }
     }
 
+    /// Stores a probe's result for `consumer`; a failed probe bumps the error counter and keeps the
+    /// last lag.
     pub fn record_materializer(&self, consumer: &str, r: Result<Option<Lag>, MaterializeError>) {
         match r {
             Ok(Some(lag)) => {

@@ -43,36 +43,57 @@ use crate::gate::ReservationGate;
 use crate::ledger::{AdjustmentOutcome, Ledger, LedgerError, Order, OrderStatus};
 use crate::types::{ReservationInfo, ReservationState};
 
+/// Why a rebuild did not complete; the sale stays fenced, so nothing is sold on unproven counts.
 #[derive(Debug, thiserror::Error)]
 pub enum RebuildError {
+    /// The ledger and the server could not be shown to share one history (see
+    /// [`IdentityError`](crate::identity::IdentityError)).
     #[error(transparent)]
     Identity(#[from] crate::identity::IdentityError),
+    /// The ledger has no sale with this key.
     #[error("sale {0} is unknown to the ledger: nothing to rebuild from")]
     UnknownSale(String),
+    /// The sale is open and the options did not ask to fence it.
     #[error("sale {0} is not fenced; fence it first (or pass --fence)")]
     NotFenced(String),
+    /// The server derives reservation tokens with another key than the ledger's tokens were made
+    /// with, so they could not be matched.
     #[error("reservation key mismatch: ledger has {ledger}, server has {server}")]
-    FingerprintMismatch { ledger: String, server: String },
+    FingerprintMismatch {
+        /// The key fingerprint the ledger records.
+        ledger: String,
+        /// The key fingerprint the server reports.
+        server: String,
+    },
+    /// The server derived another token for a ledger order than the ledger holds.
     #[error("token mismatch for order {ledger_token}: server derived {server_token} (different reservation key?)")]
     TokenMismatch {
+        /// The token the ledger holds.
         ledger_token: String,
+        /// The token the server derived for the same request.
         server_token: String,
     },
+    /// A ledger order lacks the request id its token is derived from.
     #[error("order {0} has no request id: cannot re-derive its token")]
     NoRequestId(String),
+    /// Commits kept landing during every attempt (the count is given).
     #[error("commits kept racing the rebuild after {0} attempts; the sale stays fenced")]
     Unstable(u32),
+    /// The ledger call failed.
     #[error("ledger: {0}")]
     Ledger(#[from] LedgerError),
+    /// The server call failed.
     #[error("server: {0}")]
     Gate(#[from] ClientError),
 }
 
+/// How [`rebuild_sale`] proceeds.
 #[derive(Clone, Debug)]
 pub struct RebuildOptions {
     /// Fence a sale that is open (operator-initiated rebuild). Without it, only a fenced
     /// or lost sale is rebuilt.
     pub fence_if_open: bool,
+    /// Tries before giving up while commits keep racing the rebuild.
     pub max_attempts: u32,
 }
 
@@ -85,8 +106,10 @@ impl Default for RebuildOptions {
     }
 }
 
+/// What a rebuild restored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RebuildReport {
+    /// The sale.
     pub sku: String,
     /// The ledger's current allocation, which became the server's total.
     pub total: u64,
@@ -94,6 +117,7 @@ pub struct RebuildReport {
     pub committed_units: u64,
     /// Pending orders put back (or found already present).
     pub restored: u64,
+    /// Units held by the pending orders put back.
     pub restored_units: u64,
     /// Paid orders put back COMMITTED (or found already present).
     pub restored_committed: u64,
@@ -101,9 +125,11 @@ pub struct RebuildReport {
     pub restored_released: u64,
     /// Holds released because they were not the hold the ledger's payment paid for.
     pub foreign_holds_released: u64,
+    /// Units free to reserve after the rebuild.
     pub available: i64,
     /// The server did not know the sale (lost state) and it was created fenced.
     pub was_lost: bool,
+    /// Tries it took.
     pub attempts: u32,
 }
 

@@ -45,6 +45,7 @@ pub struct SentinelConfig {
     pub master_name: String,
     /// Credentials for the nodes the Sentinels name (AUTH), if the group has users.
     pub node_username: Option<String>,
+    /// The password for those nodes, with `node_username` (or alone, for `requirepass`).
     pub node_password: Option<String>,
     /// Connect + answer timeout of each Sentinel query and of the `ROLE` check.
     pub sentinel_timeout: Duration,
@@ -53,10 +54,13 @@ pub struct SentinelConfig {
     pub max_attempts: u32,
     /// Backoff before the second attempt, doubled each time up to `backoff_max`.
     pub backoff_min: Duration,
+    /// The longest backoff between attempts.
     pub backoff_max: Duration,
 }
 
 impl SentinelConfig {
+    /// A configuration for the group `master_name` monitored by `sentinels`, with the default
+    /// timeouts, attempts and backoff.
     pub fn new(sentinels: Vec<String>, master_name: impl Into<String>) -> Self {
         SentinelConfig {
             sentinels,
@@ -93,6 +97,7 @@ impl SentinelConfig {
 pub enum ServerTarget {
     /// `host:port` or `redis://user:pass@host:port`.
     Addr(String),
+    /// A group found through its Sentinels.
     Sentinel(SentinelConfig),
 }
 

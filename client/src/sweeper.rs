@@ -40,12 +40,17 @@ use crate::gate::ReservationGate;
 use crate::ledger::{Adjustment, Ledger, LedgerError, ReleaseReason, SaleRecord, SweepVerdict};
 use crate::types::{now_ms, CommitOk, ReservationState, SaleInfo};
 
+/// Why a sweeper pass stopped; the sweeper logs it, backs off and retries.
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
+    /// The ledger call failed: nothing was released, since the ledger decides first.
     #[error("ledger: {0}")]
     Ledger(#[from] LedgerError),
+    /// The server call failed; the next pass finds the work where this one left it.
     #[error("server: {0}")]
     Gate(#[from] ClientError),
+    /// The ledger and the server could not be shown to share one history (see
+    /// [`IdentityError`](crate::identity::IdentityError)).
     #[error(transparent)]
     Identity(#[from] crate::identity::IdentityError),
     /// A fault injected through the `fail` crate (feature `failpoints`), standing for a
@@ -94,19 +99,28 @@ impl Default for SweeperConfig {
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PassReport {
+    /// `EXPIRED` batches taken.
     pub batches: u64,
+    /// Expired reservations examined.
     pub seen: u64,
     /// `RELEASE` returned 1: units went back to stock because of this sweeper.
     pub released: u64,
     /// `RELEASE` returned 0: someone else (another sweeper) released it first.
     pub release_noop: u64,
+    /// PENDING orders this pass cancelled (CANCELLED_BY_SWEEPER) and released.
     pub cancelled_now: u64,
+    /// Orders an earlier sweep cancelled whose hold was still on the server, released now.
     pub recovered_cancelled_by_sweeper: u64,
+    /// Orders the buyer cancelled whose hold was still on the server, released now.
     pub recovered_cancelled_by_buyer: u64,
+    /// REFUND_REQUIRED orders whose hold was still on the server, released now.
     pub refund_released: u64,
+    /// Holds with no order in the ledger: tombstoned (so a late materialize is refused), then
+    /// released.
     pub tombstoned: u64,
     /// COMMITTED in the ledger → `COMMIT` on the server.
     pub commit_cleanup: u64,
+    /// Holds left for a later pass: still PENDING and not expired by the ledger's clock, or busy.
     pub skipped: u64,
     /// Sales skipped because the server holds them fenced.
     pub fenced_skus: Vec<String>,
@@ -219,10 +233,12 @@ impl SweeperHandle {
 }
 
 impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
+    /// A sweeper deciding with `ledger` and acting through `gate`.
     pub fn new(ledger: L, gate: G, cfg: SweeperConfig) -> Self {
         Sweeper { ledger, gate, cfg }
     }
 
+    /// The settings it runs with.
     pub fn config(&self) -> &SweeperConfig {
         &self.cfg
     }

@@ -1,14 +1,23 @@
 //! Admission tokens (docs/protocol.md, "Admission token"): minted by the waiting room, verified
 //! by the server.
 
+/// Why an admission secret could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
+    /// The secret is not hexadecimal text (what was read is shown).
     #[error("secret is not valid hex: {0}")]
     BadHex(String),
+    /// The secret decodes to fewer than 32 bytes (the length is shown).
     #[error("secret must be at least 32 bytes, got {0}")]
     TooShort(usize),
+    /// The secret file could not be read.
     #[error("secret file {path}: {why}")]
-    File { path: String, why: String },
+    File {
+        /// The secret file.
+        path: String,
+        /// What went wrong reading it.
+        why: String,
+    },
 }
 
 /// `base64url(payload) "." base64url(HMAC-SHA256(secret, payload))` with

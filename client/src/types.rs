@@ -5,16 +5,23 @@
 pub enum ReserveOutcome {
     /// New reservation: `qty` units taken.
     Reserved {
+        /// The reservation's token.
         token: String,
+        /// When the hold lapses unless committed, in ms since the Unix epoch.
         expires_at_ms: i64,
+        /// The shard of the sale the units came from.
         shard: u16,
     },
     /// This `(sku, user, request-id)` was seen before; nothing taken.
     Replay {
+        /// The reservation's token.
         token: String,
+        /// When the hold lapses unless committed, in ms since the Unix epoch.
         expires_at_ms: i64,
+        /// The shard of the sale the units came from.
         shard: u16,
     },
+    /// Too few units left for the request.
     SoldOut,
     /// The per-user limit refused the request.
     Limit {
@@ -42,29 +49,42 @@ impl ReserveOutcome {
 /// Successful `COMMIT`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CommitOk {
+    /// The reservation was RESERVED and is now sold.
     Committed,
+    /// The reservation was already committed; nothing changed (a retried commit).
     AlreadyCommitted,
 }
 
 /// One entry of `EXPIRED`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExpiredReservation {
+    /// The reservation's token.
     pub token: String,
+    /// The sale's key.
     pub sku: String,
+    /// The buyer's id.
     pub user: String,
+    /// Units held.
     pub qty: u32,
+    /// The shard of the sale the units came from.
     pub shard: u16,
+    /// When the hold lapses unless committed, in ms since the Unix epoch.
     pub expires_at_ms: i64,
 }
 
+/// Where a reservation is in its life: held, sold, or given back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReservationState {
+    /// Held: its units are taken from stock until it is committed, released or lapses.
     Reserved,
+    /// Sold: its units are gone for good.
     Committed,
+    /// Given back: its units returned to stock.
     Released,
 }
 
 impl ReservationState {
+    /// The state as the protocol spells it (`RESERVED`, `COMMITTED`, `RELEASED`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Reserved => "RESERVED",
@@ -73,6 +93,7 @@ impl ReservationState {
         }
     }
 
+    /// Parses the protocol's spelling; `None` for any other word.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "RESERVED" => Some(Self::Reserved),
@@ -86,34 +107,55 @@ impl ReservationState {
 /// Reply of `RESERVATION`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReservationInfo {
+    /// The reservation's token.
     pub token: String,
+    /// The sale's key.
     pub sku: String,
+    /// The buyer's id.
     pub user: String,
+    /// The caller's id for the reservation attempt; a retry with the same id gets the same
+    /// reservation.
     pub request_id: String,
+    /// Units held.
     pub qty: u32,
+    /// The shard of the sale the units came from.
     pub shard: u16,
+    /// Where the reservation is in its life.
     pub state: ReservationState,
+    /// When the hold lapses unless committed, in ms since the Unix epoch.
     pub expires_at_ms: i64,
+    /// When the reservation was made, in ms since the Unix epoch.
     pub created_at_ms: i64,
 }
 
 /// Reply of `SALE.INFO`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SaleInfo {
+    /// Units the sale has in all.
     pub total: i64,
+    /// Units free to reserve, summed over the shards.
     pub available: i64,
+    /// Units held by RESERVED reservations.
     pub reserved: i64,
+    /// Units sold.
     pub committed: i64,
+    /// How many shards the sale's stock is split into.
     pub shards: i64,
+    /// How long a new hold lasts before it lapses, in ms.
     pub ttl_ms: i64,
+    /// Most units one user may hold in the sale (0: no limit).
     pub limit: i64,
     /// `OPEN`, `PAUSED` or `FENCED`.
     pub state: String,
+    /// Fingerprint of the reservation key the server derives tokens with; a rebuild checks it
+    /// against the ledger's.
     pub key_fingerprint: String,
+    /// Units free to reserve in each shard, by shard index.
     pub shard_available: Vec<i64>,
 }
 
 impl SaleInfo {
+    /// Whether the sale is fenced: its counts are unproven and it refuses changes until rebuilt.
     pub fn is_fenced(&self) -> bool {
         self.state == "FENCED"
     }

@@ -7,6 +7,7 @@
 //! only when asked to, `--create-keys`), and the data dir remembers the fingerprint of
 //! the key its log was written with (`reservation.key.fingerprint`), so a missing or
 //! different key is refused at start with both names in the message.
+#![warn(missing_docs)]
 
 use std::fs;
 use std::io::Write;
@@ -14,34 +15,57 @@ use std::path::{Path, PathBuf};
 
 use crate::engine::token::{KeyError, Keyring, ReservationKey};
 
+/// Why the key files could not be loaded or created; each stops the server at start-up.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
+    /// Reading or writing a key file failed.
     #[error("{path}: {source}")]
     Io {
+        /// The key file.
         path: PathBuf,
+        /// What the system reported.
         source: std::io::Error,
     },
+    /// A key file's contents are not a valid key.
     #[error("{path}: {source}")]
-    Key { path: PathBuf, source: KeyError },
+    Key {
+        /// The key file.
+        path: PathBuf,
+        /// What is wrong with the key.
+        source: KeyError,
+    },
+    /// The reservation key file is gone while the data dir holds state written with a key.
     #[error(
         "reservation key {path} is missing, but the data dir {data_dir} already holds state written with reservation key fingerprint {expected}; restore that key file (a new key would give every retried request a new token and take stock twice). Refusing to start"
     )]
     MissingWithState {
+        /// The key file.
         path: PathBuf,
+        /// The data directory whose state the key must match.
         data_dir: PathBuf,
+        /// The fingerprint the state was written with.
         expected: String,
     },
+    /// A key file named on the command line does not exist and `--create-keys` was not given.
     #[error(
         "reservation key {path} does not exist; a key file named with --reservation-key-file is created only with --create-keys (and only for a data dir with no state)"
     )]
-    NamedMissing { path: PathBuf },
+    NamedMissing {
+        /// The key file.
+        path: PathBuf,
+    },
+    /// The reservation key is not the one the data dir's state was written with.
     #[error(
         "reservation key {path} has fingerprint {found}, but the data dir {data_dir} holds state written with fingerprint {expected}; start with the key that wrote it. Refusing to start"
     )]
     Mismatch {
+        /// The key file.
         path: PathBuf,
+        /// The data directory whose state the key must match.
         data_dir: PathBuf,
+        /// The fingerprint of the key file given.
         found: String,
+        /// The fingerprint the state was written with.
         expected: String,
     },
 }

@@ -1,6 +1,7 @@
 //! Glue between the engine and the WAL: recovery at start-up, waiting for
 //! acknowledgements, snapshots (on demand and periodic). The engine and the WAL know
 //! nothing of each other; this is the only place that holds both.
+#![warn(missing_docs)]
 
 use std::future::Future;
 use std::path::Path;
@@ -13,7 +14,10 @@ use crate::engine::{Clock, Engine, EngineConfig, Keyring, Lsn, NullSink, Reserva
 use crate::session::Durability;
 use crate::wal::{Event, Recovery, Wal, WalError, WalOptions};
 
+/// The WAL as the engine's durability: acknowledgements wait on it, snapshots are taken through it,
+/// and modules that keep state in the log (consumer groups) hook into its snapshots and replays.
 pub struct WalDurability {
+    /// The write-ahead log itself.
     pub wal: Arc<Wal>,
     snapshot_lsn: AtomicU64,
     snapshots: AtomicU64,
@@ -39,6 +43,7 @@ pub type CheckpointHook = Box<dyn Fn(Lsn) -> Result<Lsn, WalError> + Send + Sync
 pub type ReplayHook = Box<dyn Fn(Lsn, u8, &[u8]) + Send + Sync>;
 
 impl WalDurability {
+    /// Wraps an opened WAL whose newest snapshot covers up to `snapshot_lsn`.
     pub fn new(wal: Arc<Wal>, snapshot_lsn: Lsn) -> Self {
         WalDurability {
             wal,
@@ -52,10 +57,13 @@ impl WalDurability {
         }
     }
 
+    /// Adds a hook every snapshot runs to log a module's state before it deletes the segments
+    /// covering it (see [`CheckpointHook`]).
     pub fn add_checkpoint_hook(&self, hook: CheckpointHook) {
         self.checkpoints.lock().push(hook);
     }
 
+    /// Adds a hook that receives the opaque records a replica applies (see [`ReplayHook`]).
     pub fn add_replay_hook(&self, hook: ReplayHook) {
         self.replays.lock().push(hook);
     }
@@ -230,14 +238,22 @@ pub fn recover_engine_with(
     ))
 }
 
+/// What start-up recovery found and did, for the log line and `INFO persistence`.
 #[derive(Debug, Clone)]
 pub struct RecoveryReport {
+    /// The LSN the snapshot recovery started from covers (0: no snapshot).
     pub snapshot_lsn: Lsn,
+    /// Reservations the snapshot held.
     pub reservations_in_snapshot: usize,
+    /// Log records after the snapshot replayed into the engine.
     pub events_replayed: usize,
     /// The opaque records after the snapshot (LSN, kind, body), in log order.
     pub opaque: Vec<(Lsn, u8, Vec<u8>)>,
+    /// The last LSN in the log after recovery.
     pub last_lsn: Lsn,
+    /// Why the log's tail was cut (a torn or corrupt record), and where; `None` when the log was
+    /// whole.
     pub truncated: Option<String>,
+    /// How long recovery took, in ms.
     pub millis: u64,
 }

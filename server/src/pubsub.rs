@@ -6,7 +6,7 @@
 //! Channels and glob patterns (`PSUBSCRIBE`, Redis's `*`, `?`, `[...]`, `\`: node-redis's
 //! Sentinel client listens with one); each subscriber has a bounded queue, and a
 //! subscriber that does not keep up loses messages rather than slowing publishers.
-
+#![warn(missing_docs)]
 // CLIENT KILL reaches another connection through a duplicate of its socket (fcntl,
 // shutdown, close); each call says why it is sound.
 #![allow(unsafe_code)]
@@ -37,6 +37,8 @@ type Channels = HashMap<Bytes, Vec<(u64, mpsc::Sender<Message>)>>;
 /// Pattern subscriptions: (pattern, subscription id, its queue).
 type Patterns = Vec<(Bytes, u64, mpsc::Sender<Message>)>;
 
+/// The channel registry of `PUBLISH`/`SUBSCRIBE`/`PSUBSCRIBE`, shared by every connection; cloning
+/// shares it.
 #[derive(Clone, Default)]
 pub struct Hub {
     channels: Arc<Mutex<Channels>>,
@@ -169,7 +171,10 @@ fn class(pat: &[u8], at: usize, c: u8) -> Option<(bool, usize)> {
 
 /// What kind of connection a client is (CLIENT KILL TYPE).
 pub const KIND_NORMAL: u8 = 0;
+/// A connection in subscriber mode (after `SUBSCRIBE` or `PSUBSCRIBE`).
 pub const KIND_PUBSUB: u8 = 1;
+/// A replica's connection. stockgate serves no Redis replication, so nothing is marked so
+/// and `CLIENT KILL TYPE replica` matches no connection.
 pub const KIND_REPLICA: u8 = 2;
 
 struct Entry {
@@ -180,6 +185,7 @@ struct Entry {
     addr: String,
 }
 
+/// The registry of live connections `CLIENT KILL` finds its targets in; cloning shares it.
 #[derive(Clone, Default)]
 pub struct Clients {
     live: Arc<Mutex<HashMap<u64, Entry>>>,
@@ -190,6 +196,8 @@ pub struct Clients {
 pub struct Registered {
     clients: Clients,
     id: u64,
+    /// The connection's kind (`KIND_*`), shared with the registry so `CLIENT KILL TYPE` sees
+    /// changes.
     pub kind: Arc<AtomicU8>,
 }
 
@@ -208,12 +216,17 @@ impl Drop for Registered {
 
 /// Which connections `CLIENT KILL` picks.
 pub enum KillFilter {
+    /// Connections of one kind (`KIND_*`).
     Type(u8),
+    /// The connection with this client id.
     Id(u64),
+    /// The connection from this peer address (`ip:port`).
     Addr(String),
 }
 
 impl Clients {
+    /// Registers connection `id` on socket `fd` from `addr`, as a normal client; it stays
+    /// registered until the returned guard is dropped.
     pub fn register(&self, id: u64, fd: RawFd, addr: String) -> Registered {
         let kind = Arc::new(AtomicU8::new(KIND_NORMAL));
         // SAFETY: `fd` is the caller's open socket; dup only creates a new descriptor
@@ -234,6 +247,7 @@ impl Clients {
         }
     }
 
+    /// Records that connection `id` changed kind (`KIND_*`), for `CLIENT KILL TYPE`.
     pub fn set_kind(&self, id: u64, kind: u8) {
         if let Some(e) = self.live.lock().get(&id) {
             e.kind.store(kind, Ordering::Relaxed);

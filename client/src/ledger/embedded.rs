@@ -26,6 +26,7 @@ pub type LedgerClock = Arc<dyn Fn() -> i64 + Send + Sync>;
 /// The key of the server binding in the `meta` tree.
 const BINDING_KEY: &[u8] = b"server_history";
 
+/// The order ledger on sled, for a service that embeds the engine; cloning shares the database.
 #[derive(Clone)]
 pub struct SledLedger {
     db: sled::Db,
@@ -181,6 +182,8 @@ impl SledLedger {
         Self::from_db(db, Arc::new(now_ms), false)
     }
 
+    /// A ledger over an opened sled database. `clock` judges expiry (ms since the Unix epoch);
+    /// `durable` flushes to disk after each transition, which an in-memory database does not need.
     pub fn from_db(db: sled::Db, clock: LedgerClock, durable: bool) -> Result<Self, LedgerError> {
         Ok(SledLedger {
             sales: db.open_tree("sales")?,

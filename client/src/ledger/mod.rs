@@ -31,7 +31,9 @@ use crate::types::{ExpiredReservation, ReservationInfo};
 /// Status of an order. The strings are the values stored in SQL (CHECK constraint).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum OrderStatus {
+    /// Reserved on the server and written to the ledger, not yet paid.
     Pending,
+    /// Paid: the units are sold.
     Committed,
     /// Buyer abandoned explicitly (checkout app).
     Cancelled,
@@ -39,10 +41,12 @@ pub enum OrderStatus {
     CancelledBySweeper,
     /// Money moved for a reservation that was no longer ours to sell: refund it.
     RefundRequired,
+    /// The refund was made.
     Refunded,
 }
 
 impl OrderStatus {
+    /// Every status, in lifecycle order.
     pub const ALL: [OrderStatus; 6] = [
         OrderStatus::Pending,
         OrderStatus::Committed,
@@ -52,6 +56,7 @@ impl OrderStatus {
         OrderStatus::Refunded,
     ];
 
+    /// The status as stored in SQL.
     pub fn as_str(self) -> &'static str {
         match self {
             OrderStatus::Pending => "PENDING",
@@ -63,6 +68,7 @@ impl OrderStatus {
         }
     }
 
+    /// Parses the SQL spelling; `None` for any other word.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|x| x.as_str() == s)
     }
@@ -101,6 +107,7 @@ impl std::fmt::Display for OrderStatus {
 /// A sale as the ledger knows it: what a rebuild starts from.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SaleRecord {
+    /// The sale's key.
     pub sku: String,
     /// Units the sale was created with. Never changes (a repeated registration is compared
     /// against it).
@@ -108,8 +115,11 @@ pub struct SaleRecord {
     /// The current allocation: `initial_allocation` plus every adjustment recorded with
     /// [`Ledger::record_adjustment`] and not refused. The one truth a rebuild uses.
     pub allocation: u64,
+    /// Shards the sale is created with on a rebuild (`None`: the server's default).
     pub shards: Option<u16>,
+    /// Hold lifetime in ms a rebuilt sale gets (`None`: the server's default).
     pub ttl_ms: Option<u64>,
+    /// Per-user limit in units a rebuilt sale gets (`None`: the server's default).
     pub per_user_limit: Option<u32>,
     /// Fingerprint of the server's reservation key (`SALE.INFO` key_fingerprint). A rebuild
     /// into a server with another key is refused.
@@ -117,6 +127,7 @@ pub struct SaleRecord {
 }
 
 impl SaleRecord {
+    /// A sale of `initial_allocation` units with the server's defaults and no key fingerprint yet.
     pub fn new(sku: &str, initial_allocation: u64) -> Self {
         SaleRecord {
             sku: sku.to_string(),
@@ -142,6 +153,7 @@ pub enum AdjustmentStatus {
 }
 
 impl AdjustmentStatus {
+    /// The status as stored in the ledger.
     pub fn as_str(self) -> &'static str {
         match self {
             AdjustmentStatus::Recorded => "RECORDED",
@@ -150,6 +162,7 @@ impl AdjustmentStatus {
         }
     }
 
+    /// Parses the stored spelling; `None` for any other word.
     pub fn parse(s: &str) -> Option<Self> {
         [
             AdjustmentStatus::Recorded,
@@ -164,16 +177,23 @@ impl AdjustmentStatus {
 /// One allocation adjustment, keyed by its id (the operator's idempotency key).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Adjustment {
+    /// The operator's id for the adjustment: a retry with the same id changes nothing again.
     pub id: String,
+    /// The sale's key.
     pub sku: String,
+    /// Units added to the allocation (negative: withdrawn).
     pub delta: i64,
     /// The allocation right after it was recorded.
     pub allocation_after: u64,
+    /// The order's status.
     pub status: AdjustmentStatus,
     /// The server's total when it was confirmed there, if known.
     pub server_total: Option<i64>,
+    /// Why it ended as it did (the server's refusal), if anything was noted.
     pub detail: Option<String>,
+    /// When the reservation was made, in ms since the Unix epoch.
     pub created_at_ms: i64,
+    /// When the row last changed, in ms since the Unix epoch.
     pub updated_at_ms: i64,
 }
 
@@ -181,37 +201,63 @@ pub struct Adjustment {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AdjustmentOutcome {
     /// The server's total includes it (`server_total`, when known).
-    Applied { server_total: Option<i64> },
+    Applied {
+        /// The server's total units after it, if known.
+        server_total: Option<i64>,
+    },
     /// The server refused it: the allocation moves back by `-delta`.
-    Refused { reason: String },
+    Refused {
+        /// The server's refusal.
+        reason: String,
+    },
 }
 
 /// What materialize writes: a server reservation turning into a PENDING order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewOrder {
+    /// The reservation's token.
     pub token: String,
+    /// The sale's key.
     pub sku: String,
+    /// The buyer's id.
     pub user: String,
+    /// The caller's id for the reservation attempt; a retry with the same id gets the same
+    /// reservation.
     pub request_id: String,
+    /// Units held.
     pub qty: u32,
+    /// When the hold lapses unless committed, in ms since the Unix epoch.
     pub expires_at_ms: i64,
+    /// When the reservation was made, in ms since the Unix epoch.
     pub created_at_ms: i64,
 }
 
 /// An order row.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Order {
+    /// The reservation's token.
     pub token: String,
+    /// The sale's key.
     pub sku: String,
+    /// The buyer's id.
     pub user: String,
     /// None for sweeper tombstones (EXPIRED does not carry the request id).
     pub request_id: Option<String>,
+    /// Units held.
     pub qty: u32,
+    /// The order's status.
     pub status: OrderStatus,
+    /// When the hold lapses unless committed, in ms since the Unix epoch.
     pub expires_at_ms: i64,
+    /// When the server made the reservation, in ms since the Unix epoch (`None` when the order was
+    /// not materialized from the server's record); tells this hold from a later one under the same
+    /// token.
     pub reservation_created_at_ms: Option<i64>,
+    /// The payment's reference, once one was attached; a refund needs it.
     pub payment_ref: Option<String>,
+    /// When the reservation was made, in ms since the Unix epoch.
     pub created_at_ms: i64,
+    /// When the row last changed, in ms since the Unix epoch.
     pub updated_at_ms: i64,
 }
 
@@ -237,18 +283,26 @@ impl Order {
 /// One audit row: a transition, written in the same transaction as the transition.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OrderEvent {
+    /// The row's increasing id: the order of transitions.
     pub id: i64,
+    /// The reservation's token.
     pub token: String,
     /// None for the creation of the row.
     pub from: Option<OrderStatus>,
+    /// The status after the transition.
     pub to: OrderStatus,
+    /// Who made it (for example `checkout` or `sweeper`).
     pub actor: String,
+    /// Free-form context, if any (a payment reference, a reason).
     pub detail: Option<String>,
+    /// When the transition happened, in ms since the Unix epoch.
     pub at_ms: i64,
 }
 
+/// What [`Ledger::materialize`] did with a reservation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Materialized {
+    /// A new PENDING order was written.
     Created,
     /// Retry of a materialize that already happened.
     AlreadyPending,
@@ -285,6 +339,7 @@ impl PayVerdict {
         }
     }
 
+    /// Parses the outcome string; `None` for any other word.
     pub fn parse(s: &str) -> Option<Self> {
         [
             PayVerdict::Committed,
@@ -301,12 +356,16 @@ impl PayVerdict {
 /// What [`Ledger::pay`] decided, and the status the order had before (None: no order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LedgerPay {
+    /// What the payment may do.
     pub verdict: PayVerdict,
+    /// The order's status before the call (`None`: no order).
     pub previous: Option<OrderStatus>,
 }
 
+/// What [`Ledger::commit`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LedgerCommit {
+    /// PENDING → COMMITTED by this call.
     Committed,
     /// Same reservation token = same payment (the token is the payment idempotency key).
     AlreadyCommitted,
@@ -330,6 +389,7 @@ pub enum ReleaseReason {
 /// The ledger's verdict on one expired reservation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SweepVerdict {
+    /// Give the units back with `RELEASE`, for this reason.
     Release(ReleaseReason),
     /// COMMITTED in the ledger: `COMMIT` on the server (cleanup, no stock back).
     CommitCleanup,
@@ -341,30 +401,55 @@ pub enum SweepVerdict {
 /// Per-SKU sums over orders.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SkuTotals {
+    /// Orders PENDING.
     pub pending_orders: u64,
+    /// Units of PENDING orders.
     pub pending_units: u64,
+    /// Orders COMMITTED.
     pub committed_orders: u64,
+    /// Units of COMMITTED orders.
     pub committed_units: u64,
+    /// Orders CANCELLED by the buyer.
     pub cancelled_orders: u64,
+    /// Orders CANCELLED_BY_SWEEPER (expired, or tombstones).
     pub cancelled_by_sweeper_orders: u64,
+    /// Orders REFUND_REQUIRED.
     pub refund_required_orders: u64,
+    /// Orders REFUNDED.
     pub refunded_orders: u64,
 }
 
+/// Why a ledger call failed: a refused transition (the order's state forbids it) or a storage
+/// failure.
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
+    /// The order's status forbids the transition.
     #[error("order {token} is {status}: refused")]
-    Refused { token: String, status: OrderStatus },
+    Refused {
+        /// The order's token.
+        token: String,
+        /// Its status.
+        status: OrderStatus,
+    },
+    /// The payment came after the reservation's deadline.
     #[error("order {token}: its reservation expired, payment refused")]
-    Expired { token: String },
+    Expired {
+        /// The order's token.
+        token: String,
+    },
+    /// No order for this token.
     #[error("no order for reservation {0}")]
     NotFound(String),
+    /// The same id or token arrived with other details, or a move the state machine does not allow.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The ledger has no sale with this key.
     #[error("sale {0} unknown to the ledger")]
     UnknownSale(String),
+    /// An argument the ledger refuses (for example an adjustment of 0 units).
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A Postgres call failed.
     #[error("database error: {0}")]
     Db(sqlx::Error),
     /// Postgres refused the connection's credentials (SQLSTATE class 28). `detail` is
@@ -373,13 +458,20 @@ pub enum LedgerError {
         "the database refused the login: {detail}; check the user and password of \
          --database-url (DATABASE_URL)"
     )]
-    LoginRefused { detail: String },
+    LoginRefused {
+        /// Postgres's message.
+        detail: String,
+    },
+    /// Creating or upgrading the ledger's tables failed.
     #[error("applying the ledger schema failed: {0}")]
     Migrate(sqlx::migrate::MigrateError),
+    /// The sled store failed.
     #[error("embedded store error: {0}")]
     Sled(#[from] sled::Error),
+    /// Stored data the ledger cannot decode.
     #[error("corrupt ledger data: {0}")]
     Corrupt(String),
+    /// The ledger's Postgres schema could not be checked, created or moved into.
     #[error(transparent)]
     Schema(#[from] pg_schema::SchemaError),
 }
@@ -452,11 +544,13 @@ pub trait Ledger: Clone + Send + Sync + 'static {
         sale: &SaleRecord,
     ) -> impl Future<Output = Result<(), LedgerError>> + Send;
 
+    /// The sale with this key, if the ledger has it.
     fn sale(
         &self,
         sku: &str,
     ) -> impl Future<Output = Result<Option<SaleRecord>, LedgerError>> + Send;
 
+    /// Every sale the ledger knows.
     fn sales(&self) -> impl Future<Output = Result<Vec<SaleRecord>, LedgerError>> + Send;
 
     /// Record allocation adjustment `id` (ledger first: before `SALE.ADJUST`). The first
@@ -480,6 +574,7 @@ pub trait Ledger: Clone + Send + Sync + 'static {
         outcome: &AdjustmentOutcome,
     ) -> impl Future<Output = Result<Adjustment, LedgerError>> + Send;
 
+    /// The adjustment with this id, if recorded.
     fn adjustment(
         &self,
         id: &str,
@@ -574,6 +669,7 @@ pub trait Ledger: Clone + Send + Sync + 'static {
         batch: &[ExpiredReservation],
     ) -> impl Future<Output = Result<Vec<SweepVerdict>, LedgerError>> + Send;
 
+    /// The order for this token, if any.
     fn order(&self, token: &str)
         -> impl Future<Output = Result<Option<Order>, LedgerError>> + Send;
 
@@ -590,6 +686,7 @@ pub trait Ledger: Clone + Send + Sync + 'static {
         status: Option<OrderStatus>,
     ) -> impl Future<Output = Result<Vec<Order>, LedgerError>> + Send;
 
+    /// Sums over a sale's orders by status.
     fn totals(&self, sku: &str) -> impl Future<Output = Result<SkuTotals, LedgerError>> + Send;
 
     /// PENDING orders of a SKU whose reservation has not expired by the ledger's clock

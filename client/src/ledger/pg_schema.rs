@@ -7,9 +7,9 @@
 //!
 //! A ledger created before the schema option lives where the connection's default
 //! `search_path` put it: `public`, or a schema named after the user if one exists
-//! ([`old_layout_schema`]). It is recognised by a `_sqlx_migrations` there holding our
+//! (`old_layout_schema`). It is recognised by a `_sqlx_migrations` there holding our
 //! first migration (same checksum) beside our tables; `stockgate-sweeper migrate` moves
-//! it into the schema in one transaction ([`move_old_ledger`]), and every other start
+//! it into the schema in one transaction (`move_old_ledger`), and every other start
 //! refuses it with that instruction ([`SchemaError::OldLayout`]) instead of silently
 //! opening an empty ledger beside it.
 
@@ -62,48 +62,73 @@ const MARKER_TABLES: &[&str] = &["_sqlx_migrations", "sales", "orders", "order_e
 /// finds the ledger already moved. Any constant; it only has to be ours.
 const MOVE_LOCK_KEY: i64 = 0x7374_6f63_6b67_7465; // "stockgte"
 
+/// Why the ledger's Postgres schema could not be checked, created or moved into.
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
+    /// The schema name is not a plain identifier; `why` says which rule it breaks.
     #[error(
         "invalid ledger schema name `{name}`: {why} (a plain name such as `stockgate` or \
          `shop_ledger`)"
     )]
-    Invalid { name: String, why: &'static str },
+    Invalid {
+        /// The name given.
+        name: String,
+        /// The rule it breaks.
+        why: &'static str,
+    },
+    /// The ledger is in another schema than the one asked for; the message says how to move it.
     #[error(
         "the ledger is in schema {found_in} (where versions before --schema kept it), not in \
          schema {schema}: stop every stockgate tool, then run `stockgate-sweeper migrate \
          --schema {schema}` once to move it there (or pass --schema {found_in} to keep using \
          it where it is)"
     )]
-    OldLayout { found_in: String, schema: String },
+    OldLayout {
+        /// The schema the ledger was found in.
+        found_in: String,
+        /// The schema asked for.
+        schema: String,
+    },
+    /// Creating the schema was refused (usually a permission).
     #[error(
         "cannot create schema {schema}: {source} (create it once as a role that may, e.g. \
          `CREATE SCHEMA {schema} AUTHORIZATION <ledger user>`, or grant this user CREATE on \
          the database)"
     )]
     Create {
+        /// The schema.
         schema: String,
+        /// What Postgres answered.
         #[source]
         source: sqlx::Error,
     },
+    /// The target schema holds a table of the ledger's name that is not a ledger.
     #[error(
         "schema {schema} already has a table {table} but no stockgate ledger: the ledger in \
          {from} cannot be moved there (rename or drop that table, or choose another --schema)"
     )]
     Occupied {
+        /// The schema the ledger is in.
         from: String,
+        /// The schema asked for.
         schema: String,
+        /// The table in the way.
         table: String,
     },
+    /// Moving the ledger's tables failed; the transaction rolled back, so nothing moved.
     #[error(
         "moving the ledger from schema {from} to schema {schema} failed, nothing was moved: \
          {source}{hint}"
     )]
     Move {
+        /// The schema the ledger is in.
         from: String,
+        /// The schema asked for.
         schema: String,
+        /// What Postgres answered.
         #[source]
         source: sqlx::Error,
+        /// Advice appended to the message (a missing privilege, say), or empty.
         hint: &'static str,
     },
 }
@@ -271,6 +296,7 @@ pub(crate) async fn ensure_schema(
 pub struct MovedLedger {
     /// Where it was (normally `public`).
     pub from: String,
+    /// Where it is now.
     pub schema: String,
     /// The tables moved (their indexes, constraints, triggers and owned sequences go
     /// with them).

@@ -29,6 +29,7 @@ pub use super::migrations::migrator;
 /// Pool settings.
 #[derive(Clone, Debug)]
 pub struct PgLedgerOptions {
+    /// Most connections the pool opens to Postgres.
     pub max_connections: u32,
     /// How long a call waits for a connection. Short, so a sweeper notices an
     /// unreachable database quickly and backs off instead of hanging.
@@ -47,6 +48,7 @@ impl Default for PgLedgerOptions {
     }
 }
 
+/// The order ledger in Postgres; cloning shares the pool.
 #[derive(Clone, Debug)]
 pub struct PgLedger {
     pool: PgPool,
@@ -194,6 +196,9 @@ impl PgLedger {
         Self::connect_with(url, PgLedgerOptions::default()).await
     }
 
+    /// The ledger at `url` with these pool settings. Connections open lazily, so this succeeds
+    /// while the database is down and calls fail (and are retried by their callers) until it is
+    /// back.
     pub async fn connect_with(url: &str, opts: PgLedgerOptions) -> Result<Self, LedgerError> {
         pg_schema::validate_schema(&opts.schema)?;
         // Every connection, including those opened after a reconnect, looks in the
@@ -228,6 +233,8 @@ impl PgLedger {
         })
     }
 
+    /// The connection pool, for callers that run their own SQL next to the ledger's (tests,
+    /// migrations).
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -238,7 +245,7 @@ impl PgLedger {
     }
 
     /// Create the ledger's schema if it does not exist yet (`migrate` does this first;
-    /// for callers that run a [`Migrator`] of their own).
+    /// for callers that run a [`Migrator`](sqlx::migrate::Migrator) of their own).
     pub async fn ensure_schema(&self) -> Result<(), LedgerError> {
         let mut conn = self.pool.acquire().await?;
         pg_schema::ensure_schema(&mut conn, &self.schema).await

@@ -10,11 +10,15 @@ pub const SALE_SUFFIX: &str = ":events";
 /// One entry: id `<lsn>-0` and field-value pairs (all strings, as in Redis Streams).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
+    /// The log record's LSN, which is the entry id's first part.
     pub lsn: Lsn,
+    /// Field-value pairs in the order the entry lists them.
     pub fields: Vec<(&'static str, String)>,
 }
 
 impl Entry {
+    /// The stream entry id, `<lsn>-0`: the LSN stands where Redis puts milliseconds, so ids
+    /// increase with the log and the sequence part is always 0.
     pub fn id(&self) -> String {
         format!("{}-0", self.lsn)
     }
@@ -54,7 +58,8 @@ pub fn is_entry(ev: &Event) -> bool {
     !matches!(ev, Event::Opaque { .. })
 }
 
-/// The entry for the record at `lsn`. Field names are the contract of docs/protocol.md (section 7) and docs/feed.md.
+/// The entry for the record at `lsn`. Field names are the contract of docs/protocol.md (section 7)
+/// and docs/feed.md.
 pub fn entry(lsn: Lsn, ev: &Event) -> Entry {
     let mut e = Entry {
         lsn,

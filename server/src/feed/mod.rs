@@ -15,6 +15,7 @@
 //! Reads are bounded: at most [`FeedLimits::max_count`] entries per stream and
 //! [`FeedLimits::scan_budget`] records examined per call (a sale's stream is the
 //! all-events stream filtered, so a sparse sale costs a scan).
+#![warn(missing_docs)]
 
 pub mod entry;
 pub mod groups;
@@ -37,48 +38,96 @@ use crate::wal::record::{decode_record, encode_record};
 use crate::wal::{io_err, segment, Wal, WalError};
 pub use entry::{Entry, ALL_EVENTS, SALE_SUFFIX};
 
+/// Why a feed or consumer-group command failed; each becomes one RESP error (see
+/// [`FeedError::code`]).
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum FeedError {
+    /// A stream id that does not parse (Redis's own message, so clients recognise it).
     #[error("Invalid stream ID specified as stream command argument")]
     InvalidId,
+    /// A key that is neither the all-events stream nor a sale's stream.
     #[error("unknown stream '{0}': the streams are '{ALL_EVENTS}' and '{{<sku>}}{SALE_SUFFIX}'")]
     UnknownStream(String),
     /// The position was deleted from the log: the consumer must resynchronise from the
     /// ledger (its orders are there), then continue from `first`.
     #[error("feed position {requested}-0 was trimmed from the log (it now starts at {first}-0); resynchronise from the ledger, then read from there")]
-    Trimmed { requested: Lsn, first: Lsn },
+    Trimmed {
+        /// The position asked for.
+        requested: Lsn,
+        /// The oldest position the log still holds.
+        first: Lsn,
+    },
     /// A sale's stream is a filtered scan: this call examined its budget of records
     /// without finding one, so it says how far it got instead of answering "nothing".
     #[error(
         "feed scan limit: no entry of '{stream}' from {from}-0 to {to}-0; continue after {to}-0"
     )]
-    ScanLimit { stream: String, from: Lsn, to: Lsn },
+    ScanLimit {
+        /// The stream scanned.
+        stream: String,
+        /// The first LSN examined.
+        from: Lsn,
+        /// The last LSN examined; the next read continues after it.
+        to: Lsn,
+    },
+    /// Already [`FeedLimits::max_blocked`] clients wait in a blocking read.
     #[error("too many clients blocked on the feed (max {0})")]
     TooManyBlocked(usize),
+    /// This server runs without a WAL, so there is no log to serve.
     #[error("the order feed needs the write-ahead log (this server has no durability)")]
     NoLog,
+    /// Reading the log failed (the message says why).
     #[error("feed read failed: {0}")]
     Log(String),
     // Consumer groups. The NOGROUP/BUSYGROUP texts are Redis's, code included (see
     // `code`), so clients that match on them behave as with Redis.
+    /// `XREADGROUP` named a group that does not exist.
     #[error("NOGROUP No such key '{stream}' or consumer group '{group}' in XREADGROUP with GROUP option")]
-    NoGroupRead { stream: String, group: String },
+    NoGroupRead {
+        /// The stream named.
+        stream: String,
+        /// The group named.
+        group: String,
+    },
+    /// `XACK`, `XPENDING`, `XCLAIM` or `XAUTOCLAIM` named a group that does not exist.
     #[error("NOGROUP No such key '{stream}' or consumer group '{group}'")]
-    NoGroup { stream: String, group: String },
+    NoGroup {
+        /// The stream named.
+        stream: String,
+        /// The group named.
+        group: String,
+    },
+    /// `XGROUP` or `XINFO` named a group that does not exist (Redis words it differently
+    /// there).
     #[error("NOGROUP No such consumer group '{group}' for key name '{stream}'")]
-    NoGroupForKey { stream: String, group: String },
+    NoGroupForKey {
+        /// The stream named.
+        stream: String,
+        /// The group named.
+        group: String,
+    },
+    /// A blocked `XREADGROUP`'s group was destroyed while it waited.
     #[error("NOGROUP the consumer group this client was blocked on no longer exists")]
     GroupGone,
+    /// `XGROUP CREATE` for a group that already exists.
     #[error("BUSYGROUP Consumer Group name already exists")]
     BusyGroup,
+    /// A group or consumer name that is empty, too long or not UTF-8.
     #[error("invalid {0}")]
     BadName(String),
+    /// Creating the group or consumer would pass [`GroupLimits`](groups::GroupLimits).
     #[error("{0}")]
     GroupLimit(String),
     /// The group holds its bound of pending entries: a `>` read delivers nothing more
     /// until some are acknowledged (or claimed and acknowledged).
     #[error("consumer group '{group}' has {max} pending entries, its limit: XACK (or XAUTOCLAIM and XACK) some before reading new ones")]
-    PendingFull { group: String, max: usize },
+    PendingFull {
+        /// The group.
+        group: String,
+        /// Its bound of pending entries
+        /// ([`GroupLimits::max_pending`](groups::GroupLimits::max_pending)).
+        max: usize,
+    },
 }
 
 impl FeedError {
@@ -98,11 +147,14 @@ impl FeedError {
 /// A stream name, parsed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stream {
+    /// `stockgate:events`: every order event of every sale.
     All,
+    /// `{<sku>}:events`: the events of one sale.
     Sale(String),
 }
 
 impl Stream {
+    /// Parses a stream key; anything but the two stream forms is [`FeedError::UnknownStream`].
     pub fn parse(key: &[u8]) -> Result<Stream, FeedError> {
         if key == ALL_EVENTS.as_bytes() {
             return Ok(Stream::All);
@@ -121,6 +173,7 @@ impl Stream {
         Ok(Stream::Sale(String::from_utf8_lossy(sku).into_owned()))
     }
 
+    /// The stream's key, as clients name it.
     pub fn name(&self) -> String {
         match self {
             Stream::All => ALL_EVENTS.to_owned(),
@@ -136,6 +189,7 @@ impl Stream {
     }
 }
 
+/// Bounds on feed reads, so one call costs a bounded amount of memory and time.
 #[derive(Clone, Copy, Debug)]
 pub struct FeedLimits {
     /// Entries per stream when XREAD/XRANGE give no COUNT.
@@ -166,6 +220,7 @@ impl Default for FeedLimits {
 /// What one scan of a stream found.
 #[derive(Debug, Default)]
 pub struct Scan {
+    /// The entries found, in log order.
     pub entries: Vec<Entry>,
     /// The first LSN not examined: a continuation starts here.
     pub next: Lsn,
@@ -241,12 +296,15 @@ const CHECKPOINT_SCANS: usize = 10;
 /// rescan the segment from its start.
 const HINTS: usize = 256;
 
+/// The order feed: serves the WAL as streams (`XREAD`, `XRANGE`, consumer groups) and bounds how
+/// many clients may block on it.
 pub struct Feed {
     wal: Arc<Wal>,
     /// Consumer groups over this feed's streams, their state in the same log.
     pub groups: groups::Groups,
     hints: Mutex<VecDeque<ReadPos>>,
     blocked: AtomicUsize,
+    /// The bounds reads are held to.
     pub limits: FeedLimits,
 }
 
@@ -260,6 +318,7 @@ impl Drop for BlockSlot {
 }
 
 impl Feed {
+    /// A feed over `wal` whose consumer groups log straight to it.
     pub fn new(wal: Arc<Wal>, limits: FeedLimits) -> Feed {
         Feed::with_group_sink(wal.clone(), wal, limits)
     }
@@ -297,14 +356,18 @@ impl Feed {
         self.wal.last_lsn()
     }
 
+    /// The oldest LSN still on disk to read (older records were trimmed).
     pub fn first_lsn(&self) -> Lsn {
         self.wal.first_readable_lsn()
     }
 
+    /// How many clients are blocked in a feed read right now.
     pub fn blocked_clients(&self) -> usize {
         self.blocked.load(Ordering::Relaxed)
     }
 
+    /// Entries one read returns: the `COUNT` asked (0 or none: [`FeedLimits::default_count`]),
+    /// capped at [`FeedLimits::max_count`].
     pub fn count(&self, requested: Option<u64>) -> usize {
         match requested {
             None | Some(0) => self.limits.default_count,
@@ -312,6 +375,8 @@ impl Feed {
         }
     }
 
+    /// Takes a blocking-read slot, or [`FeedError::TooManyBlocked`] when all are taken; the slot
+    /// frees itself when dropped.
     pub fn try_block(self: &Arc<Self>) -> Result<BlockSlot, FeedError> {
         let n = self.blocked.fetch_add(1, Ordering::AcqRel);
         let slot = BlockSlot(self.clone());
@@ -459,7 +524,7 @@ impl Feed {
     /// group's scan position past records that hold no entry of its stream, so records
     /// about to be deleted that were only the groups' own (or, for a sale's stream, other
     /// sales') do not read as trimmed. A group with an entry ahead stops at it at once;
-    /// an idle one scans at most [`CHECKPOINT_SCANS`] budgets' worth of records.
+    /// an idle one scans at most `CHECKPOINT_SCANS` budgets' worth of records.
     pub fn checkpoint_groups(&self) -> Lsn {
         self.groups.checkpoint(|g| {
             let stream = g.stream.clone();

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use crate::wal::FeedRetention;
 
+/// Parses a `--feed-retention` value (syntax above) into the limits the WAL keeps feed segments by;
+/// the error is a message naming the bad part, for the command line.
 pub fn parse(spec: &str) -> Result<FeedRetention, String> {
     let mut r = FeedRetention::default();
     let spec = spec.trim();

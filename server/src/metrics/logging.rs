@@ -6,10 +6,13 @@ use std::io::IsTerminal as _;
 
 use crate::protocol::Reply;
 
+/// How log lines are written on stderr (`--log-format`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
+    /// Human-readable lines, coloured only when stderr is a terminal.
     #[default]
     Text,
+    /// One JSON object per line, for log shippers.
     Json,
 }
 

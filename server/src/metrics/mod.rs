@@ -13,6 +13,7 @@
 //!
 //! The store knows no command: a command is a slot index and a name that the caller
 //! (`cmd::timed`) passes in. It depends only on the engine's public types.
+#![warn(missing_docs)]
 
 pub mod logging;
 pub mod slowlog;
@@ -43,6 +44,7 @@ pub const MAX_ERROR_CODES: usize = 128;
 /// Sales whose outcomes are tracked individually; later ones are counted under
 /// [`OTHER_SALES`]. Bounds memory (≈ 2 KiB per tracked sale).
 pub const MAX_TRACKED_SALES: usize = 1024;
+/// The label sales beyond [`MAX_TRACKED_SALES`] are counted under.
 pub const OTHER_SALES: &str = "_other";
 /// Redis's histogram range and precision: 1 ns .. 1 s, two significant digits.
 const HIST_MIN_NS: u64 = 1;
@@ -55,17 +57,28 @@ pub const HISTORY_LEN: usize = 600;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]
 pub enum SaleEvent {
+    /// `RESERVE` took units.
     Reserved = 0,
+    /// `RESERVE` repeated an earlier request and got its reservation back without taking more.
     Replay,
+    /// `RESERVE` found too few units left.
     SoldOut,
+    /// `RESERVE` would pass the per-user limit.
     Limit,
+    /// `RESERVE` refused by admission (a missing, expired or wrong token).
     Denied,
+    /// `RESERVE` on a paused sale.
     Paused,
+    /// `RESERVE` on a fenced sale.
     Fenced,
+    /// A reservation released (cancelled, expired or by an operator).
     Release,
+    /// A reservation committed (sold).
     Commit,
 }
+/// How many [`SaleEvent`] slots there are.
 pub const SALE_EVENTS: usize = 9;
+/// The name of each [`SaleEvent`] slot, as `INFO` and the Prometheus labels show it.
 pub const SALE_EVENT_NAMES: [&str; SALE_EVENTS] = [
     "reserved", "replay", "soldout", "limit", "denied", "paused", "fenced", "release", "commit",
 ];
@@ -132,6 +145,7 @@ impl<const N: usize> Striped<N> {
         }
     }
 
+    /// Sums every stripe's row: the counters' values at about this moment.
     pub fn totals(&self) -> [u64; N] {
         let mut out = [0u64; N];
         for row in self.rows.iter() {
@@ -154,18 +168,26 @@ impl<const N: usize> Striped<N> {
 /// Merged counters of one command.
 #[derive(Clone, Default)]
 pub struct CmdStats {
+    /// The command's name, lower case.
     pub name: &'static str,
+    /// Calls that ran (`calls` in `INFO commandstats`).
     pub calls: u64,
+    /// Total time those calls took, in ns.
     pub nanos: u64,
+    /// Calls refused before running: arity, NOAUTH, NOPERM (`rejected_calls`).
     pub rejected: u64,
+    /// Calls that ran and answered an error (`failed_calls`).
     pub failed: u64,
+    /// Latency of the calls in ns, for the percentiles; `None` when the command was never called.
     pub hist: Option<Histogram<u64>>,
 }
 
 impl CmdStats {
+    /// Total time in µs (`usec` in `INFO commandstats`).
     pub fn usec(&self) -> u64 {
         self.nanos / 1000
     }
+    /// Mean time per call in µs (`usec_per_call`), 0 when never called.
     pub fn usec_per_call(&self) -> f64 {
         if self.calls == 0 {
             0.0
@@ -178,25 +200,35 @@ impl CmdStats {
 /// One point of the status page's rate chart.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HistoryPoint {
+    /// When the sample was taken, in ms since the Unix epoch.
     pub unix_ms: u64,
+    /// Commands run up to then (a running total; the chart plots differences).
     pub commands: u64,
+    /// Units reserved up to then.
     pub reserved: u64,
+    /// `RESERVE` calls that found the sale sold out, up to then.
     pub soldout: u64,
+    /// Error replies up to then.
     pub errors: u64,
 }
 
+/// The server's metrics store: commands, errors, sale outcomes and denials record into it, and
+/// `INFO`, Prometheus and the status page read from it.
 pub struct Metrics {
     stripes: Box<[CachePadded<Mutex<Stripe>>]>,
     sales: RwLock<HashMap<Arc<str>, Arc<SaleCounters>>>,
     other_sales: Arc<SaleCounters>,
     /// Admission denials by reason, indexed by `Denied as usize`.
     denials: Striped<DENIAL_REASONS>,
+    /// The slow log (`SLOWLOG`).
     pub slowlog: Mutex<SlowLog>,
     /// µs; negative disables the slow log, 0 logs every command (Redis semantics).
     pub slowlog_slower_than: AtomicI64,
     /// Sales shown with their own `sku` label on the Prometheus endpoint.
     pub max_label_sales: AtomicUsize,
+    /// The last [`HISTORY_LEN`] one-second samples for the status page's chart, oldest first.
     pub history: Mutex<VecDeque<HistoryPoint>>,
+    /// Highest allocated memory `INFO memory` has seen, in bytes (`used_memory_peak`).
     pub peak_memory: AtomicU64,
     /// `master_replid` of INFO replication: random per process, as Redis's.
     pub run_id: String,
@@ -209,6 +241,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// An empty store with a fresh random run id.
     pub fn new() -> Self {
         let run_id: String = (0..40)
             .map(|_| char::from(b"0123456789abcdef"[rand::random::<usize>() % 16]))

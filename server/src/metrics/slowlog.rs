@@ -9,16 +9,24 @@ use crate::protocol::Reply;
 const MAX_ARGC: usize = 32;
 const MAX_STRING: usize = 128;
 
+/// One slow command, as `SLOWLOG GET` lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlowEntry {
+    /// Increasing id, unique over the server's life (`SLOWLOG RESET` does not restart it).
     pub id: u64,
+    /// When the command ran, in seconds since the Unix epoch.
     pub unix_secs: u64,
+    /// How long it took, in µs.
     pub micros: u64,
+    /// Its arguments, at most 32 and each cut to 128 bytes as Redis does, credentials replaced.
     pub argv: Vec<Vec<u8>>,
+    /// The client's address (`ip:port`).
     pub addr: String,
+    /// The client's name (`CLIENT SETNAME`), empty when unset.
     pub name: String,
 }
 
+/// The ring of slow commands, newest first, at most `max_len` entries (`slowlog-max-len`).
 pub struct SlowLog {
     entries: VecDeque<SlowEntry>,
     max_len: usize,
@@ -37,6 +45,7 @@ fn redacted(cmd: &str, i: usize, argv: &[&[u8]]) -> bool {
 }
 
 impl SlowLog {
+    /// An empty slow log keeping at most `max_len` entries.
     pub fn new(max_len: usize) -> Self {
         SlowLog {
             entries: VecDeque::new(),
@@ -45,27 +54,34 @@ impl SlowLog {
         }
     }
 
+    /// Changes the bound (`CONFIG SET slowlog-max-len`), dropping the oldest entries beyond it.
     pub fn set_max_len(&mut self, n: usize) {
         self.max_len = n;
         self.entries.truncate(n);
     }
 
+    /// The most entries kept.
     pub fn max_len(&self) -> usize {
         self.max_len
     }
 
+    /// How many entries are held (`SLOWLOG LEN`).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// Whether no entry is held.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
+    /// Drops every entry (`SLOWLOG RESET`).
     pub fn reset(&mut self) {
         self.entries.clear();
     }
 
+    /// Records one command that took `micros` µs, from the client at `addr` named `name`;
+    /// credentials in `argv` are not kept.
     pub fn push(&mut self, cmd: &str, argv: &[&[u8]], micros: u64, addr: &str, name: &str) {
         if self.max_len == 0 {
             return;

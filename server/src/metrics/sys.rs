@@ -35,6 +35,7 @@ pub fn release_free_memory() {
     }
 }
 
+/// The allocator's name for `INFO memory`'s `mem_allocator` field, as Redis reports it.
 pub fn allocator_name() -> &'static str {
     if cfg!(all(target_os = "linux", target_env = "gnu")) {
         "libc"
@@ -58,6 +59,8 @@ pub fn rss_bytes() -> u64 {
     pages * page.max(1) as u64
 }
 
+/// Physical memory of the machine in bytes, from `/proc/meminfo` (0 where that is not readable);
+/// `INFO`'s `total_system_memory`.
 pub fn total_system_memory() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()

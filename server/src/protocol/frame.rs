@@ -7,6 +7,8 @@
 use bytes::{Bytes, BytesMut};
 use thiserror::Error;
 
+/// Bounds on what one request may announce, checked while its headers are read so an oversized
+/// request is refused before it is buffered. Sizes in bytes.
 #[derive(Clone, Debug)]
 pub struct Limits {
     /// Largest bulk string argument.
@@ -104,9 +106,17 @@ pub enum Frame {
     Incomplete,
     /// A RESP array of `len` bytes; its arguments are the byte ranges left in `ranges`
     /// (none for `*0` or `*-1`).
-    Array { len: usize },
+    Array {
+        /// Bytes the whole array takes in the buffer, headers included.
+        len: usize,
+    },
     /// An inline command line of `len` bytes and its words, unquoted (so owned).
-    Inline { len: usize, args: Vec<Vec<u8>> },
+    Inline {
+        /// Bytes the line takes in the buffer, its line ending included.
+        len: usize,
+        /// The line's words, quotes and escapes resolved.
+        args: Vec<Vec<u8>>,
+    },
 }
 
 /// Looks for one whole command at the front of `buf` without consuming anything: the

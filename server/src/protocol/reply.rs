@@ -7,17 +7,24 @@ use super::arg_error::ArgError;
 use crate::engine::{ident, EngineError};
 use crate::feed::FeedError;
 
+/// One reply to a client, built by the commands and encoded for the connection's protocol version
+/// by [`Reply::encode`].
 #[derive(Clone, Debug)]
 pub enum Reply {
+    /// A status line such as `+OK`; fixed at compile time, so it cannot hold a line break.
     Simple(&'static str),
     /// An error line without the leading `-`: `"ERR ..."`, `"NOSALE ..."`.
     Error(String),
+    /// An integer (`:`).
     Int(i64),
+    /// A binary-safe bulk string (`$`).
     Bulk(Vec<u8>),
     /// A bulk string fixed at compile time (the first word of a RESERVE reply, field
     /// names): the same bytes on the wire as [`Reply::Bulk`], without an allocation.
     StaticBulk(&'static str),
+    /// The null reply: RESP2's null bulk string, RESP3's `_`.
     Nil,
+    /// An array of replies (`*`).
     Array(Vec<Reply>),
     /// A map in RESP3, a flat field-value array in RESP2.
     Map(Vec<(Reply, Reply)>),
@@ -43,22 +50,28 @@ impl PartialEq for Reply {
 }
 
 impl Reply {
+    /// The `+OK` status.
     pub fn ok() -> Reply {
         Reply::Simple("OK")
     }
 
+    /// An error reply from its line without the leading `-` (the first word is the error code).
     pub fn err(s: impl Into<String>) -> Reply {
         Reply::Error(s.into())
     }
 
+    /// A bulk string copied from any bytes or text.
     pub fn bulk(s: impl AsRef<[u8]>) -> Reply {
         Reply::Bulk(s.as_ref().to_vec())
     }
 
+    /// Redis's `ERR syntax error`, for arguments that match no form of the command.
     pub fn syntax() -> Reply {
         Reply::err("ERR syntax error")
     }
 
+    /// Redis's wrong-number-of-arguments error for `cmd`, worded as Redis words it so clients
+    /// recognise it.
     pub fn arity(cmd: &str) -> Reply {
         Reply::err(format!(
             "ERR wrong number of arguments for '{}' command",
@@ -66,6 +79,7 @@ impl Reply {
         ))
     }
 
+    /// Whether this is an error reply (counted per error code, and never cached as a success).
     pub fn is_error(&self) -> bool {
         matches!(self, Reply::Error(_))
     }
@@ -89,6 +103,8 @@ impl Reply {
         )
     }
 
+    /// Appends the reply's wire form to `out`: RESP3 types when `proto` is 3, their RESP2
+    /// equivalents otherwise.
     pub fn encode(&self, proto: u8, out: &mut BytesMut) {
         match self {
             Reply::Simple(s) => {

@@ -59,7 +59,9 @@ struct Inner {
 /// it includes) and the WAL side (`lsn`: the last record it covers).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SnapMeta {
+    /// openraft's description of the snapshot: last log id included and membership.
     pub meta: openraft::SnapshotMeta<NodeId, NodeInfo>,
+    /// The LSN of the last WAL record the snapshot covers.
     pub lsn: u64,
 }
 
@@ -119,14 +121,26 @@ pub struct LogReader {
     inner: Arc<Mutex<Inner>>,
 }
 
+/// Why the Raft log file could not be opened at start-up.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
+    /// Reading or writing the file failed.
     #[error("raft log {path}: {source}")]
-    Io { path: String, source: io::Error },
+    Io {
+        /// The log file.
+        path: String,
+        /// What the system reported.
+        source: io::Error,
+    },
+    /// A record before the end of the file fails its check: damage, not a torn final
+    /// write, so the node refuses to start rather than drop acknowledged entries.
     #[error("raft log {path} is corrupt at byte {offset}: {why} (not at the end of the file, so not a torn write); refusing to start")]
     Corrupt {
+        /// The log file.
         path: String,
+        /// Byte offset of the bad record in the file.
         offset: u64,
+        /// What is wrong with it.
         why: String,
     },
 }
@@ -203,6 +217,7 @@ impl LogStore {
         })
     }
 
+    /// The log file's path, for messages.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -213,6 +228,7 @@ impl LogStore {
         g.entries.is_empty() && g.vote.is_none() && g.last_purged.is_none()
     }
 
+    /// The index of the last entry held (0 when none), for `INFO` and the metrics.
     pub fn last_index(&self) -> u64 {
         self.inner
             .lock()
@@ -223,6 +239,7 @@ impl LogStore {
             .unwrap_or(0)
     }
 
+    /// How many entries the log holds (not yet purged behind a snapshot).
     pub fn entry_count(&self) -> usize {
         self.inner.lock().entries.len()
     }

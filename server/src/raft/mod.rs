@@ -23,6 +23,7 @@
 //! - Only a leader whose own term's first entry is applied takes writes; followers answer
 //!   `-READONLY`, stock reads too (their state may be stale), and feed reads (committed,
 //!   possibly behind the leader).
+#![warn(missing_docs)]
 
 pub mod log_store;
 pub mod network;
@@ -38,13 +39,16 @@ use serde::{Deserialize, Serialize};
 
 pub use node::{RaftNode, RaftNodeConfig};
 
+/// A member's id in the group (`--raft-id`), unique and never reused.
 pub type NodeId = u64;
 
 /// What the group knows of a member: where peers reach its Raft port and where clients
 /// reach it (the address the Sentinel discovery commands hand out).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
+    /// Where peers reach this member's Raft port (`host:port`).
     pub raft_addr: String,
+    /// Where clients reach this member (`host:port`), as Sentinel discovery reports it.
     pub client_addr: String,
 }
 
@@ -61,8 +65,11 @@ pub struct Batch {
     /// The incarnation (process start) of the leader that wrote it: its own engine
     /// already holds these records, every other engine applies them.
     pub origin: u64,
+    /// The LSN of the batch's first record.
     pub first_lsn: u64,
+    /// How many records the batch holds.
     pub count: u32,
+    /// The records, encoded back to back as the WAL writes them.
     pub records: Vec<u8>,
 }
 
@@ -104,6 +111,8 @@ impl fmt::Display for Batch {
 }
 
 openraft::declare_raft_types!(
+    /// The types openraft is instantiated with: entries carry [`Batch`]es, nodes are
+    /// described by [`NodeInfo`], snapshots are byte buffers.
     pub TypeConfig:
         D = Batch,
         R = (),
@@ -114,9 +123,13 @@ openraft::declare_raft_types!(
         AsyncRuntime = openraft::TokioRuntime,
 );
 
+/// The Raft instance of a group member.
 pub type Raft = openraft::Raft<TypeConfig>;
+/// One entry of the Raft log.
 pub type Entry = openraft::Entry<TypeConfig>;
+/// A Raft log position: term, leader and index.
 pub type LogId = openraft::LogId<NodeId>;
+/// openraft's storage error, as the log store and state machine return it.
 pub type StorageError = openraft::StorageError<NodeId>;
 
 /// `ID=CLIENT_HOST:PORT/RAFT_HOST:PORT`, as `--raft-peers` takes it.

@@ -46,8 +46,11 @@ const FRAME_PREALLOC: usize = 64 << 10;
 /// A request, as a peer sends it.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Rpc {
+    /// openraft's log replication and heartbeat, from the leader.
     Append(AppendEntriesRequest<TypeConfig>),
+    /// A candidate asking for this member's vote.
     Vote(VoteRequest<NodeId>),
+    /// A chunk of a snapshot, sent to a member too far behind for the log.
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     /// Stand for election now (`SENTINEL FAILOVER` on the leader).
     Elect,
@@ -56,8 +59,11 @@ pub enum Rpc {
 /// The answer to an [`Rpc`].
 #[derive(Debug, Serialize, Deserialize)]
 pub enum RpcReply {
+    /// The follower's answer to an append.
     Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    /// The vote granted or refused.
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    /// The snapshot chunk's acknowledgement.
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     /// Whether the election was started.
     Elect(bool),
@@ -67,6 +73,8 @@ pub enum RpcReply {
 /// reached (`--raft-route ID=ADDR`: a proxy, a NAT), by node id.
 #[derive(Clone, Default)]
 pub struct Network {
+    /// Peer address overrides by node id: where to connect instead of the member's advertised
+    /// `raft_addr`.
     pub routes: Arc<HashMap<NodeId, String>>,
     /// `--tls-replication`: peers are called over TLS.
     pub tls: Option<Arc<Tls>>,
@@ -90,6 +98,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     }
 }
 
+/// One connection to a peer member, opened on first use and reopened after an error.
 pub struct Peer {
     target: NodeId,
     addr: String,

@@ -28,6 +28,7 @@ use crate::session::{Durability, Replication};
 /// Flags of a group member (`--raft-*`).
 #[derive(Clone, Debug)]
 pub struct RaftNodeConfig {
+    /// This member's id (`--raft-id`).
     pub id: NodeId,
     /// Where this node listens for its peers.
     pub listen: String,
@@ -38,14 +39,20 @@ pub struct RaftNodeConfig {
     pub routes: HashMap<NodeId, String>,
     /// The name Sentinel-aware clients ask for (`--group-name`).
     pub group_name: String,
+    /// How often the leader sends heartbeats, in ms (`--raft-heartbeat-ms`).
     pub heartbeat_ms: u64,
+    /// Shortest election timeout, in ms: how long a follower waits without hearing from a leader
+    /// before standing.
     pub election_min_ms: u64,
+    /// Longest election timeout, in ms; each timeout is drawn between the two so that candidates
+    /// rarely collide.
     pub election_max_ms: u64,
     /// `--rejoin-empty`: this data dir lost its Raft log; start empty, never vote before
     /// caught up.
     pub rejoin_empty: bool,
     /// The command line a deposed node re-executes.
     pub restart_argv: Vec<OsString>,
+    /// The data directory, holding the WAL, the Raft log and the snapshots.
     pub data_dir: PathBuf,
     /// `--snapshot-records`: a snapshot after this many records.
     pub snapshot_records: u64,
@@ -55,6 +62,7 @@ pub struct RaftNodeConfig {
 
 /// What `prepare` found on disk.
 pub struct Prepared {
+    /// The Raft log store opened from the data directory.
     pub store: LogStore,
     /// The log was lost and the operator asked to rejoin empty.
     pub rejoining: bool,
@@ -152,11 +160,15 @@ pub type Publisher = Box<dyn Fn(&[u8], &[u8]) + Send + Sync>;
 
 /// A running group member.
 pub struct RaftNode {
+    /// This member's id.
     pub id: NodeId,
+    /// The openraft handle: membership changes, metrics, client writes.
     pub raft: Raft,
     /// The member's engine, for the one record a leader writes of its own accord: the
     /// history id of a group that has none yet.
     engine: Arc<Engine>,
+    /// The leader's speculation: assigns LSNs to the engine's records and releases replies once
+    /// committed.
     pub spec: Arc<Speculation>,
     store: LogStore,
     dur: Arc<WalDurability>,
@@ -959,7 +971,9 @@ fn restart(argv: &[OsString], port: u16) -> ! {
 /// The durability of a group member's replies: committed by the group (see
 /// `Speculation::wait`).
 pub struct RaftDurability {
+    /// The member's own WAL, which applied batches are logged to.
     pub local: Arc<WalDurability>,
+    /// The group's commit point, which replies wait on.
     pub spec: Arc<Speculation>,
 }
 

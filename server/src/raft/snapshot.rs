@@ -56,6 +56,8 @@ pub struct Snapshots {
 }
 
 impl Snapshots {
+    /// Sets up snapshot building for one member. `hold` answers the oldest LSN a consumer group may
+    /// still read, so a snapshot never covers (and lets the WAL drop) records a group needs.
     pub fn new(
         dur: Arc<WalDurability>,
         engine: Arc<Engine>,

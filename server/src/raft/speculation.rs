@@ -46,8 +46,12 @@ struct Open {
     ready: VecDeque<Batch>,
 }
 
+/// Called once, with the reason, when this node is deposed, so the node can restart from its
+/// durable state.
 pub type DeposeHook = Box<dyn Fn(&str) + Send + Sync>;
 
+/// The engine's event sink on a group member: numbers the leader's records, batches them into Raft
+/// entries and lets replies go once their batch is committed (see the module doc).
 pub struct Speculation {
     origin: u64,
     state: Mutex<Open>,
@@ -84,26 +88,33 @@ impl Speculation {
         }
     }
 
+    /// The id of this process, carried in each batch so a member can tell its own batches from
+    /// another leader's.
     pub fn origin(&self) -> u64 {
         self.origin
     }
 
+    /// Sets what runs when this node is deposed; only the first hook set is kept.
     pub fn set_depose_hook(&self, hook: DeposeHook) {
         let _ = self.on_depose.set(hook);
     }
 
+    /// Whether the engine may write here: this node leads and is not deposed.
     pub fn writable(&self) -> bool {
         self.state.lock().writable && !self.is_deposed()
     }
 
+    /// The Raft term this node last opened for writing in (0 before it ever led).
     pub fn term(&self) -> u64 {
         self.state.lock().term
     }
 
+    /// Whether this node was deposed: its in-flight replies are never answered and it must restart.
     pub fn is_deposed(&self) -> bool {
         self.deposed.load(Ordering::Acquire)
     }
 
+    /// The last LSN known committed and applied in the group: replies for records up to it may go.
     pub fn committed_lsn(&self) -> Lsn {
         *self.committed.borrow()
     }

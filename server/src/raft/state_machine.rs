@@ -29,6 +29,8 @@ use crate::engine::Engine;
 use crate::persist::WalDurability;
 use crate::wal::record::decode_record;
 
+/// openraft's state machine for a group member: applies committed entries to the engine and the
+/// WAL, tracks the last applied log id and membership, and builds and installs snapshots.
 pub struct StateMachine {
     engine: Arc<Engine>,
     dur: Arc<WalDurability>,
@@ -41,6 +43,9 @@ pub struct StateMachine {
 }
 
 impl StateMachine {
+    /// Wraps the member's engine and WAL. The pairs are what recovery found: the last applied log
+    /// id with its membership, and the log store with the data directory snapshots are installed
+    /// into.
     pub fn new(
         engine: Arc<Engine>,
         dur: Arc<WalDurability>,

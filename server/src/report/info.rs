@@ -72,6 +72,8 @@ pub fn wanted(args: &[String]) -> Vec<&'static str> {
 /// Percentiles of latencystats (Redis's default `latency-tracking-info-percentiles`).
 const PERCENTILES: [(&str, f64); 3] = [("50", 50.0), ("99", 99.0), ("99.9", 99.9)];
 
+/// Renders the `INFO` reply: the sections named in `args` (Redis's section names, `all`,
+/// `everything`, `default` or none), in Redis's section order, as `key:value` lines.
 pub fn render(engine: &Engine, shared: &Shared, args: &[String]) -> String {
     let sections = wanted(args);
     let mut o = String::new();

@@ -3,8 +3,8 @@
 //! fixed buckets, and an `sku` label only for the first `--metrics-max-sales` sales (by
 //! name); the others are summed under `sku="_other"`.
 //!
-//! Every family is one row of [`FAMILIES`] (name, type, help, how to read its samples
-//! from a [`Sources`] gathered once per scrape), written in the table's order.
+//! Every family is one row of `FAMILIES` (name, type, help, how to read its samples
+//! from a `Sources` gathered once per scrape), written in the table's order.
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
@@ -619,7 +619,7 @@ fn wal_pending(s: &Sources<'_>) -> Samples {
         .into()
 }
 
-/// The exposition text: every family of [`FAMILIES`] that this server has.
+/// The exposition text: every family of `FAMILIES` that this server has.
 pub fn render(engine: &Engine, shared: &Shared) -> String {
     let sources = Sources::gather(engine, shared);
     let mut out = String::with_capacity(16 * 1024);

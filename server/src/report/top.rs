@@ -19,10 +19,15 @@ use crate::engine::Denied;
 /// A RESP reply, as far as `top` needs one.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
+    /// A bulk or simple string.
     Str(Vec<u8>),
+    /// An integer.
     Int(i64),
+    /// An error reply's text.
     Err(String),
+    /// A null reply.
     Nil,
+    /// An array.
     Arr(Vec<Value>),
 }
 
@@ -30,6 +35,8 @@ pub enum Value {
 const MAX_BULK: usize = 64 * 1024 * 1024;
 const MAX_DEPTH: usize = 8;
 
+/// Reads one reply from `r`. `depth` is how deeply nested this reply is (0 at the top); nesting
+/// past a small bound, unknown types and oversized bulks are errors rather than allocations.
 pub fn read_value(r: &mut impl BufRead, depth: usize) -> std::io::Result<Value> {
     let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
     if depth > MAX_DEPTH {
@@ -84,6 +91,8 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// Connects to `addr` (3 s timeout, 5 s per read or write) and, with `auth` as (user,
+    /// password), authenticates.
     pub fn open(addr: &str, auth: Option<(&str, &str)>) -> std::io::Result<Conn> {
         // Bounded: an unreachable host must not freeze the view for minutes.
         let sa = std::net::ToSocketAddrs::to_socket_addrs(addr)?
@@ -102,6 +111,7 @@ impl Conn {
         Ok(c)
     }
 
+    /// Sends one command and reads its reply.
     pub fn call(&mut self, args: &[&str]) -> std::io::Result<Value> {
         let mut req = format!("*{}\r\n", args.len()).into_bytes();
         for a in args {
@@ -117,12 +127,16 @@ impl Conn {
 /// One sale as INFO's `sales` section gives it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Sale {
+    /// The sale's key.
     pub sku: String,
+    /// The sale's state (`OPEN`, `PAUSED`, `FENCED`).
     pub state: String,
+    /// The sale's numeric fields by name (`total`, `available`, outcome counts).
     pub f: HashMap<String, i64>,
 }
 
 impl Sale {
+    /// A numeric field, 0 when absent.
     pub fn n(&self, k: &str) -> i64 {
         self.f.get(k).copied().unwrap_or(0)
     }
@@ -131,12 +145,16 @@ impl Sale {
 /// INFO text parsed: flat fields, sales, error counts.
 #[derive(Clone, Debug, Default)]
 pub struct Info {
+    /// The flat `key:value` fields.
     pub fields: HashMap<String, String>,
+    /// The sales of the `sales` section.
     pub sales: Vec<Sale>,
+    /// Error replies by error code, from `errorstats`.
     pub errors: HashMap<String, i64>,
 }
 
 impl Info {
+    /// Parses `INFO` text; lines that are not `key:value` are skipped.
     pub fn parse(text: &str) -> Info {
         let mut info = Info::default();
         for line in text.lines() {
@@ -175,6 +193,7 @@ impl Info {
         info
     }
 
+    /// A flat field as a number, 0 when absent or not a number.
     pub fn n(&self, k: &str) -> i64 {
         self.fields.get(k).and_then(|v| v.parse().ok()).unwrap_or(0)
     }
@@ -234,21 +253,31 @@ pub fn window_p99(before: &[(i64, i64)], after: &[(i64, i64)]) -> Option<i64> {
 /// What one screen shows, computed from two consecutive polls.
 #[derive(Clone, Debug, Default)]
 pub struct Screen {
+    /// The address polled.
     pub server: String,
+    /// A line about the connection's trouble (connect or poll failed), empty while polls succeed.
     pub status: String,
+    /// The latest poll's `INFO`.
     pub info: Info,
     /// Per sku: reserved/s, soldout/s.
     pub rates: HashMap<String, (f64, f64)>,
+    /// The reserve p99 over the last poll interval, in µs; `None` when no reserve ran in it.
     pub reserve_p99_us: Option<i64>,
+    /// The reserve p99 since the server started, as `INFO latencystats` gives it.
     pub reserve_p99_total_us: String,
+    /// Commands per second over the last poll interval.
     pub ops_per_sec: f64,
+    /// Error replies per second over the last poll interval.
     pub errors_per_sec: f64,
+    /// Error replies per second by error code.
     pub error_rates: Vec<(String, f64)>,
     /// Per denial reason (INFO `denied_<reason>`): total and per second.
     pub denials: Vec<(Denied, i64, f64)>,
 }
 
 impl Screen {
+    /// Recomputes the screen from a new poll (`info` and the reserve histogram `hist`), the
+    /// previous poll and `dt`, the seconds between them; rates need a previous poll.
     pub fn update(
         &mut self,
         prev: Option<(&Info, &[(i64, i64)])>,
@@ -320,6 +349,7 @@ pub fn bar(available: i64, reserved: i64, committed: i64, width: usize) -> Strin
     s
 }
 
+/// Draws one screen into the terminal frame.
 pub fn draw(f: &mut Frame, s: &Screen) {
     let info = &s.info;
     let lag_ms = info

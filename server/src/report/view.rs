@@ -10,22 +10,30 @@ use crate::session::Shared;
 /// One sale as operators see it.
 #[derive(Clone, Debug, Default)]
 pub struct SaleRow {
+    /// The sale's key, as clients name it.
     pub sku: String,
+    /// The sale's state as the protocol spells it: `OPEN`, `PAUSED` or `FENCED`.
     pub state: &'static str,
+    /// Units the sale was created with.
     pub total: u64,
+    /// Units still free to reserve, summed over the shards (signed, as the shard counters are).
     pub available: i64,
+    /// Units held by RESERVED reservations.
     pub reserved: u64,
+    /// Units committed (sold).
     pub committed: u64,
     /// Indexed by [`SaleEvent`].
     pub outcomes: [u64; SALE_EVENTS],
     /// RESERVED reservations past their deadline that no sweeper released yet.
     pub expired: u64,
+    /// Units held by those expired reservations.
     pub expired_units: u64,
     /// Age of the oldest of those (0 when none): how far the sweeper is behind.
     pub oldest_expired_age_ms: u64,
 }
 
 impl SaleRow {
+    /// The count of one outcome for this sale.
     pub fn get(&self, e: SaleEvent) -> u64 {
         self.outcomes[e as usize]
     }

@@ -11,67 +11,107 @@ use crate::wal::record::{
 /// One change of a group, as logged.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GroupRecord {
+    /// `XGROUP CREATE`: a new group on a stream.
     Created {
+        /// The stream's name.
         stream: String,
+        /// The group's name.
         group: String,
+        /// The last-delivered id the group starts from (`$`, `0` or an id).
         last: Lsn,
     },
+    /// `XGROUP DESTROY`: the group and its pending entries are gone.
     Destroyed {
+        /// The stream's name.
         stream: String,
+        /// The group's name.
         group: String,
     },
+    /// `XGROUP SETID`: the group's last-delivered id moves.
     SetId {
+        /// The stream's name.
         stream: String,
+        /// The group's name.
         group: String,
+        /// The new last-delivered id (`XGROUP SETID`).
         last: Lsn,
     },
     /// `XGROUP CREATECONSUMER` (`delete` false) or `DELCONSUMER` (true: its pending
     /// entries leave the group).
     Consumer {
+        /// The stream's name.
         stream: String,
+        /// The group's name.
         group: String,
+        /// The consumer's name.
         consumer: String,
+        /// When it happened, in ms since the Unix epoch (the consumer's last-seen time).
         at_ms: u64,
+        /// True for `DELCONSUMER`, false for `CREATECONSUMER`.
         delete: bool,
     },
     /// `XREADGROUP`: `new` entries are pending for `consumer` with one delivery (empty
     /// under NOACK), the group's last-delivered id becomes `last` (0: unchanged), and the
     /// `again` entries (a history read) count one more delivery.
     Delivered {
+        /// The stream's name.
         stream: String,
+        /// The group's name.
         group: String,
+        /// The consumer's name.
         consumer: String,
+        /// When it happened, in ms since the Unix epoch (the consumer's last-seen time).
         at_ms: u64,
+        /// The group's new last-delivered id (0: unchanged).
         last: Lsn,
+        /// Entries delivered for the first time, now pending for the consumer.
         new: Vec<Lsn>,
+        /// Pending entries delivered again by a history read.
         again: Vec<Lsn>,
     },
+    /// `XACK`: entries leave the pending list.
     Acked {
+        /// The stream's name.
         stream: String,
+        /// The group's name.
         group: String,
+        /// The acknowledged entries, leaving the pending list.
         ids: Vec<Lsn>,
     },
     /// `XCLAIM`/`XAUTOCLAIM`: `ids` now belong to `consumer`, delivered at `delivery_ms`;
     /// `bump` adds a delivery, `retry` (if set) overrides the count; `dropped` entries
     /// left the log (trimmed) and leave the pending list.
     Claimed {
+        /// The stream's name.
         stream: String,
+        /// The group's name.
         group: String,
+        /// The consumer's name.
         consumer: String,
+        /// When it happened, in ms since the Unix epoch (the consumer's last-seen time).
         at_ms: u64,
+        /// The delivery time the claimed entries get, in ms since the Unix epoch.
         delivery_ms: u64,
+        /// The entries that change owner.
         ids: Vec<Lsn>,
+        /// Whether each claimed entry counts one more delivery.
         bump: bool,
+        /// A delivery count that replaces the entries' own (`RETRYCOUNT`).
         retry: Option<u64>,
+        /// Entries found trimmed from the log, removed from the pending list.
         dropped: Vec<Lsn>,
     },
     /// A group's whole state: replaces what replay built so far. `scanned` is how far
     /// the log past `last` is known to hold no entry of the stream (the records a
     /// snapshot is about to delete may be only the groups' own).
     Checkpoint {
+        /// The stream's name.
         stream: String,
+        /// The group's name.
         group: String,
+        /// The group's last-delivered id.
         last: Lsn,
+        /// How far past `last` the log is known to hold no entry of the stream.
         scanned: Lsn,
         /// (name, seen_ms, active_ms or 0 for never)
         consumers: Vec<(String, u64, u64)>,
@@ -102,6 +142,7 @@ fn get_ids(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<Lsn>, DecodeErr
 }
 
 impl GroupRecord {
+    /// The (stream, group) the record changes: the key its group is found by at replay.
     pub fn key(&self) -> (&str, &str) {
         match self {
             GroupRecord::Created { stream, group, .. }

@@ -14,10 +14,15 @@ use crate::feed::{FeedError, Stream};
 /// What INFO shows of a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupSummary {
+    /// The stream's name.
     pub stream: String,
+    /// The group's name.
     pub group: String,
+    /// How many consumers it has.
     pub consumers: usize,
+    /// Entries delivered and not yet acknowledged.
     pub pending: usize,
+    /// The LSN of the last entry delivered to the group.
     pub last: Lsn,
     /// Log records (not the group machinery's own) after the last-delivered id: the
     /// entries still to deliver for the all-events stream, an upper bound for a sale's.
@@ -36,6 +41,7 @@ pub struct Groups {
     /// LSNs of recent group records, so the lag of the all-events stream does not count
     /// them (they are not entries). Bounded: past it, lag counts a few records high.
     own_lsns: Mutex<BTreeSet<Lsn>>,
+    /// Bounds on names, groups and pending entries, checked before any change is logged.
     pub limits: GroupLimits,
 }
 
@@ -44,6 +50,7 @@ const OWN_LSNS: usize = 100_000;
 /// A group's handle and its lock, for one command.
 pub type GroupRef = Arc<Mutex<Group>>;
 
+/// Wall-clock time in ms since the Unix epoch: the clock idle times and delivery times use.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -51,6 +58,7 @@ pub fn now_ms() -> u64 {
 }
 
 impl Groups {
+    /// An empty registry whose records go to `sink`.
     pub fn new(sink: Arc<dyn crate::engine::EventSink>, limits: GroupLimits) -> Groups {
         Groups {
             sink,
@@ -73,6 +81,8 @@ impl Groups {
         lsn
     }
 
+    /// Checks a group or consumer name (`what` says which, for the message) against the length
+    /// limit and UTF-8.
     pub fn check_name(&self, what: &str, name: &[u8]) -> Result<String, FeedError> {
         if name.is_empty() || name.len() > self.limits.max_name {
             return Err(FeedError::BadName(format!(
@@ -84,6 +94,7 @@ impl Groups {
             .map_err(|_| FeedError::BadName(format!("{what} name must be UTF-8")))
     }
 
+    /// The group `group` of `stream`, if it exists.
     pub fn get(&self, stream: &Stream, group: &str) -> Option<GroupRef> {
         self.map
             .lock()
@@ -102,6 +113,7 @@ impl Groups {
             .collect()
     }
 
+    /// How many groups there are, over all streams.
     pub fn count(&self) -> usize {
         self.map.lock().len()
     }
@@ -237,7 +249,7 @@ impl Groups {
     }
 
     /// Group records in `(after, upto]` that this process knows of (logged or
-    /// recovered; the most recent [`OWN_LSNS`] of them).
+    /// recovered; the most recent `OWN_LSNS` of them).
     pub fn own_between(&self, after: Lsn, upto: Lsn) -> u64 {
         if after >= upto {
             return 0;

@@ -10,24 +10,32 @@ use crate::feed::Stream;
 /// A pending entry: delivered to `consumer`, not acknowledged.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Nack {
+    /// The consumer that holds it.
     pub consumer: String,
+    /// When it was last delivered, in ms since the Unix epoch (`XPENDING`'s idle time counts from
+    /// it).
     pub delivery_ms: u64,
+    /// How many times it was delivered (`XPENDING`'s delivery count).
     pub count: u64,
 }
 
+/// One consumer of a group and the entries delivered to it and not acknowledged.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Consumer {
     /// Last time it read or claimed (also an empty read; not logged on its own).
     pub seen_ms: u64,
     /// Last time it was given an entry (0: never).
     pub active_ms: u64,
+    /// The LSNs of its pending entries.
     pub pending: BTreeSet<Lsn>,
 }
 
 /// One consumer group.
 #[derive(Debug)]
 pub struct Group {
+    /// The stream the group reads.
     pub stream: Stream,
+    /// The group's name, unique within its stream.
     pub name: String,
     /// The last-delivered id: `>` reads continue after it.
     pub last: Lsn,
@@ -35,7 +43,9 @@ pub struct Group {
     /// the stream (records of other sales, the groups' own records). Not logged: after a
     /// restart the scan just starts at `last` again.
     pub scanned: Lsn,
+    /// The group's consumers by name.
     pub consumers: BTreeMap<String, Consumer>,
+    /// Entries delivered and not acknowledged (the pending entries list), by LSN.
     pub pending: BTreeMap<Lsn, Nack>,
     /// Removed from the registry (a holder of an old handle must not log for it).
     destroyed: bool,
