@@ -778,6 +778,10 @@ async fn serve_until_shutdown(
         Some(m) => Some(spawn_metrics_http(m, engine, &shared).await?),
         None => None,
     };
+    let leaders = shared
+        .cluster
+        .get()
+        .map(|c| tokio::spawn(stockgate_server::cluster::leaders::watch(c.clone())));
     let result = serve(listener, extra, engine.clone(), shared, shutdown_signal())
         .await
         .map_err(|e| e.to_string());
@@ -785,6 +789,9 @@ async fn serve_until_shutdown(
         s.abort();
     }
     sampler.abort();
+    if let Some(l) = leaders {
+        l.abort();
+    }
     if let Some(h) = metrics_http {
         h.abort();
     }
