@@ -121,7 +121,7 @@ pub fn cluster(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
 }
 
 /// Per group, the member `CLUSTER SLOTS`, `SHARDS` and `NODES` name as its master: for
-/// this node's group what its Raft member knows (itself when it leads or is alone), for
+/// this node's group what its Raft member knows (itself when it leads), for
 /// the others what their members last answered `ROLE`; the map's first member while
 /// nothing is known.
 fn leaders(ctx: &Ctx<'_>, c: &Cluster) -> Vec<usize> {
@@ -137,9 +137,8 @@ fn leaders(ctx: &Ctx<'_>, c: &Cluster) -> Vec<usize> {
 }
 
 fn my_groups_leader(ctx: &Ctx<'_>, c: &Cluster) -> Option<usize> {
-    let Some(repl) = ctx.shared.repl.get() else {
-        return Some(c.my_node);
-    };
+    // Without Raft the node is its group's only server: the map's first node.
+    let repl = ctx.shared.repl.get()?;
     if let Some(addr) = repl.other_leader_addr() {
         let nodes = &c.map.groups[c.my_group].nodes;
         return nodes
