@@ -1,13 +1,13 @@
 //! A Raft group's leader killed mid-sale in cluster mode (docs/cluster.md, "How leaders
 //! are found"): group `a` is three Raft members, group `b` one node. Two writers reserve
-//! through one redis-rs cluster client, one on `a`'s skus and one on `b`'s; `a`'s leader
+//! through one redis-rs cluster client (async connections), one on `a`'s skus and one on `b`'s; `a`'s leader
 //! gets SIGKILL. `b` keeps selling through the election; `a`'s skus sell again through
 //! the same client once Raft elects a new leader; every node's `CLUSTER SLOTS` names that
 //! leader within 10 s; every acknowledged reservation is there afterwards.
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,8 @@ use redis::Value;
 use stockgate_server::cluster::key_slot;
 use stockgate_server::engine::Keyring;
 
-const STOCK: i64 = 400;
+/// Enough that neither writer sells out while the test runs.
+const STOCK: i64 = 100_000;
 
 /// `n` skus whose slots are in `lo..=hi`.
 fn skus_in(prefix: &str, lo: u16, hi: u16, n: usize) -> Vec<String> {
@@ -39,50 +40,65 @@ struct Seen {
     acked: Vec<(String, String)>,
 }
 
-/// Reserves one unit for a new user at a time, round robin over `skus`, until `stop`;
-/// a failed request is sent again with the same request id (answered once).
+/// Reserves one unit for a new user at a time, round robin over `skus`, until `stop`,
+/// on its own connection of the shared client (redis-rs's async cluster connection: its
+/// blocking one keeps reconnecting to a dead master's address and never rereads
+/// `CLUSTER SLOTS`, docs/cluster.md); a failed request is sent again with the same
+/// request id (answered once).
 fn writer(
     client: ClusterClient,
     keyring: Keyring,
     skus: Vec<String>,
     tag: &'static str,
     stop: Arc<AtomicBool>,
+    acks: Arc<AtomicUsize>,
 ) -> std::thread::JoinHandle<Seen> {
     std::thread::spawn(move || {
-        let mut c = client.get_connection().expect("cluster connection");
-        let mut seen = Seen::default();
-        let mut n = 0usize;
-        let mut sold_out = 0;
-        while !stop.load(Ordering::SeqCst) && sold_out < skus.len() {
-            let sku = &skus[n % skus.len()];
-            let user = format!("{tag}{n}");
-            let adm = keyring.mint(sku, &user, now_ms() + 120_000);
-            let r: redis::RedisResult<Vec<Value>> = redis::cmd("RESERVE")
-                .arg(sku)
-                .arg(&user)
-                .arg(&adm)
-                .arg(format!("q{n}"))
-                .query(&mut c);
-            match r {
-                Ok(v) => {
-                    seen.answered.push(Instant::now());
-                    let word = v.first().map(common::as_str).unwrap_or_default();
-                    match word.as_str() {
-                        "RESERVED" | "REPLAY" => {
-                            seen.acked.push((sku.clone(), common::as_str(&v[1])));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let mut c = client
+                .get_async_connection()
+                .await
+                .expect("cluster connection");
+            let mut seen = Seen::default();
+            let mut n = 0usize;
+            let mut sold_out = 0;
+            while !stop.load(Ordering::SeqCst) && sold_out < skus.len() {
+                let sku = &skus[n % skus.len()];
+                let user = format!("{tag}{n}");
+                let adm = keyring.mint(sku, &user, now_ms() + 120_000);
+                let r: redis::RedisResult<Vec<Value>> = redis::cmd("RESERVE")
+                    .arg(sku)
+                    .arg(&user)
+                    .arg(&adm)
+                    .arg(format!("q{n}"))
+                    .query_async(&mut c)
+                    .await;
+                match r {
+                    Ok(v) => {
+                        seen.answered.push(Instant::now());
+                        let word = v.first().map(common::as_str).unwrap_or_default();
+                        match word.as_str() {
+                            "RESERVED" | "REPLAY" => {
+                                seen.acked.push((sku.clone(), common::as_str(&v[1])));
+                                acks.fetch_add(1, Ordering::SeqCst);
+                            }
+                            "SOLDOUT" => sold_out += 1,
+                            other => panic!("RESERVE {sku} answered {other}"),
                         }
-                        "SOLDOUT" => sold_out += 1,
-                        other => panic!("RESERVE {sku} answered {other}"),
+                        n += 1;
                     }
-                    n += 1;
-                }
-                Err(e) => {
-                    seen.errors.push((Instant::now(), e.to_string()));
-                    std::thread::sleep(Duration::from_millis(20));
+                    Err(e) => {
+                        seen.errors.push((Instant::now(), e.to_string()));
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
                 }
             }
-        }
-        seen
+            seen
+        })
     })
 }
 
@@ -117,17 +133,27 @@ fn killing_a_groups_leader_costs_only_that_group_its_election() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let keyring = rc.a.keys.keyring();
+    let acks_a = Arc::new(AtomicUsize::new(0));
     let wa = writer(
         client.clone(),
         keyring.clone(),
         skus_a.clone(),
         "a",
         stop.clone(),
+        acks_a.clone(),
     );
-    let wb = writer(client.clone(), keyring, skus_b.clone(), "b", stop.clone());
+    let wb = writer(
+        client.clone(),
+        keyring,
+        skus_b.clone(),
+        "b",
+        stop.clone(),
+        Arc::new(AtomicUsize::new(0)),
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let killed_at = Instant::now();
     rc.a.member(old).kill9();
+    let before = acks_a.load(Ordering::SeqCst);
 
     // Raft elects a new leader; every live node names it within 10 s of the kill.
     let new = rc.a.leader(Some(old), Duration::from_secs(20));
@@ -148,8 +174,13 @@ fn killing_a_groups_leader_costs_only_that_group_its_election() {
         },
     );
     assert!(killed_at.elapsed() < Duration::from_secs(10) + Duration::from_millis(500));
-    // Let both writers run on after the election, then stop them.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The same client sells a's skus again (within 20 s of the kill), then both run on
+    // a little before they stop.
+    let t = Instant::now();
+    while acks_a.load(Ordering::SeqCst) == before && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
     let (sa, sb) = (wa.join().expect("writer a"), wb.join().expect("writer b"));
 
@@ -162,7 +193,12 @@ fn killing_a_groups_leader_costs_only_that_group_its_election() {
         .answered
         .iter()
         .find(|&&t| t > killed_at)
-        .expect("a's skus never sold again after the kill");
+        .unwrap_or_else(|| {
+            panic!(
+                "a's skus never sold again after the kill: {:?}",
+                sa.errors.iter().rev().take(5).collect::<Vec<_>>()
+            )
+        });
     // b never failed, and kept answering while a had none.
     assert!(
         sb.errors.is_empty(),
@@ -176,8 +212,12 @@ fn killing_a_groups_leader_costs_only_that_group_its_election() {
         .count();
     assert!(
         during > 0,
-        "b answered nothing during a's election ({:?})",
-        back - killed_at
+        "b answered nothing during a's election ({:?}); b: {} answers, last {:?} after the kill",
+        back - killed_at,
+        sb.answered.len(),
+        sb.answered
+            .last()
+            .map(|&t| t.saturating_duration_since(killed_at))
     );
     let gaps = sb
         .answered
