@@ -158,7 +158,7 @@ mod tests {
     }
 
     #[test]
-    fn routes_to_the_owning_groups_first_node() {
+    fn routes_to_the_owning_groups_leader_else_its_first_node() {
         let c = Cluster::place(map(), "m", None, 7001).unwrap();
         assert_eq!(c.route(0), Route::Here);
         assert_eq!(c.route(8191), Route::Here);
