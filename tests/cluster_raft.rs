@@ -2,17 +2,18 @@
 //! several members"): group `a` is three Raft members, group `b` one node. A follower
 //! of `a` answers what it would refuse (a write) with `-MOVED` to the leader Raft
 //! elected, so a client sent to a stale leader pays one redirection and the write runs
-//! only on the leader; reads a follower serves stay there. redis-rs's cluster client
-//! reserves on both groups through it.
+//! only on the leader; reads a follower serves stay there. The single node learns who
+//! leads `a` by asking its members `ROLE`, and names that member in `-MOVED` and
+//! `CLUSTER SLOTS`. redis-rs's cluster client reserves on both groups through it.
 
 mod common;
 
 use std::time::Duration;
 
-use common::cluster::node_id;
-use common::ha::{free_port, Node};
+use common::cluster::{slots_master, RaftBesideSingle};
+use common::ha::wait_for;
 use common::now_ms;
-use common::raft::{sale_info, Group};
+use common::raft::sale_info;
 use redis::Value;
 use stockgate_server::cluster::key_slot;
 
@@ -38,56 +39,36 @@ fn error_of(port: u16, args: &[&str]) -> String {
 
 #[test]
 fn a_follower_redirects_writes_to_its_leader_and_clients_follow() {
-    let mut g = Group::start(false);
-    for m in &mut g.members {
-        m.kill9();
-    }
-    let single = free_port();
-    let dir = common::TempDir::new("cluster-raft");
-    let map = dir.path().join("cluster.map");
-    let mut text = String::from("group a 0-8191\n");
-    for (i, m) in g.members.iter().enumerate() {
-        text.push_str(&format!("node {} 127.0.0.1:{}\n", node_id(i), m.port));
-    }
-    text.push_str(&format!(
-        "group b 8192-16383\nnode {} 127.0.0.1:{single}\n",
-        node_id(9)
-    ));
-    std::fs::write(&map, text).unwrap();
-    let m = map.display().to_string();
-    let flags = ["--cluster-enabled", "yes", "--cluster-config", &m];
-    for member in &mut g.members {
-        member.args.extend(flags.iter().map(|s| s.to_string()));
-        member.spawn();
-    }
-    let b = Node::start_on(&g.keys, single, &flags, &[]);
+    let rc = RaftBesideSingle::start();
+    let (g, b) = (&rc.a, &rc.b);
     let leader = g.leader(None, Duration::from_secs(20));
     let lport = g.port(leader);
     let sku_a = sku_in("RA", 0, 8191);
     let sku_b = sku_in("RB", 8192, 16383);
     let slot_a = key_slot(sku_a.as_bytes());
 
-    // A follower sends a write to the leader; the other group sends it to the map's
-    // first member of `a` (which forwards it again if that is a follower).
+    // A follower sends a write to the leader; the other group sends it to the member
+    // of `a` that answers ROLE as master, once it has asked (every 250 ms).
     for f in g.members.iter().filter(|m| m.id != leader) {
         assert_eq!(
             error_of(f.port, &["SALE.CREATE", &sku_a, "1000"]),
             format!("MOVED {slot_a} 127.0.0.1:{lport}")
         );
     }
-    assert_eq!(
-        error_of(b.port, &["SALE.CREATE", &sku_a, "1000"]),
-        format!("MOVED {slot_a} 127.0.0.1:{}", g.members[0].port)
-    );
+    wait_for("b to name a's leader", Duration::from_secs(5), || {
+        error_of(b.port, &["SALE.CREATE", &sku_a, "1000"])
+            == format!("MOVED {slot_a} 127.0.0.1:{lport}")
+    });
+    for port in g.members.iter().map(|m| m.port).chain([b.port]) {
+        assert_eq!(
+            slots_master(port, slot_a),
+            Some(lport),
+            "CLUSTER SLOTS on {port}"
+        );
+    }
 
     // redis-rs's cluster client, given every node, creates and reserves on both groups.
-    let urls: Vec<String> = g
-        .members
-        .iter()
-        .map(|m| format!("redis://127.0.0.1:{}/", m.port))
-        .chain([format!("redis://127.0.0.1:{single}/")])
-        .collect();
-    let client = redis::cluster::ClusterClient::new(urls).unwrap();
+    let client = redis::cluster::ClusterClient::new(rc.urls()).unwrap();
     let mut c = client.get_connection().unwrap();
     let keyring = g.keys.keyring();
     for sku in [&sku_a, &sku_b] {

@@ -874,6 +874,10 @@ async fn serve_until_shutdown(
         Some(m) => Some(spawn_metrics_http(m, engine, &shared, a.tls.metrics_tls()?).await?),
         None => None,
     };
+    let leaders = shared
+        .cluster
+        .get()
+        .map(|c| tokio::spawn(stockgate_server::cluster::leaders::watch(c.clone())));
     let result = serve(listener, extra, engine.clone(), shared, shutdown_signal())
         .await
         .map_err(|e| e.to_string());
@@ -883,6 +887,9 @@ async fn serve_until_shutdown(
     sampler.abort();
     if let Some(w) = tls_watch {
         w.abort();
+    }
+    if let Some(l) = leaders {
+        l.abort();
     }
     if let Some(h) = metrics_http {
         h.abort();

@@ -101,3 +101,87 @@ impl Cluster {
         out
     }
 }
+
+/// Group `a` (slots 0-8191) is a three-member Raft group, group `b` (8192-16383) one
+/// node; every member runs in cluster mode with the same map.
+pub struct RaftBesideSingle {
+    pub a: super::raft::Group,
+    pub b: Node,
+    pub map: PathBuf,
+    _dir: TempDir,
+}
+
+impl RaftBesideSingle {
+    pub fn start() -> RaftBesideSingle {
+        let mut a = super::raft::Group::start(false);
+        for m in &mut a.members {
+            m.kill9();
+        }
+        let single = free_port();
+        let dir = TempDir::new("cluster-raft");
+        let map = dir.path().join("cluster.map");
+        let mut text = String::from("group a 0-8191\n");
+        for (i, m) in a.members.iter().enumerate() {
+            text.push_str(&format!("node {} 127.0.0.1:{}\n", node_id(i), m.port));
+        }
+        text.push_str(&format!(
+            "group b 8192-16383\nnode {} 127.0.0.1:{single}\n",
+            node_id(9)
+        ));
+        std::fs::write(&map, text).expect("write map");
+        let m = map.display().to_string();
+        let flags = ["--cluster-enabled", "yes", "--cluster-config", &m];
+        for member in &mut a.members {
+            member.args.extend(flags.iter().map(|s| s.to_string()));
+            member.spawn();
+        }
+        let b = Node::start_on(&a.keys, single, &flags, &[]);
+        RaftBesideSingle {
+            a,
+            b,
+            map,
+            _dir: dir,
+        }
+    }
+
+    /// Every node, as redis URLs (a cluster client's startup nodes).
+    pub fn urls(&self) -> Vec<String> {
+        self.a
+            .members
+            .iter()
+            .map(|m| m.port)
+            .chain([self.b.port])
+            .map(|p| format!("redis://127.0.0.1:{p}/"))
+            .collect()
+    }
+}
+
+/// The port `CLUSTER SLOTS` on `port` names first (the master) for the range holding
+/// `slot`, if the node answers.
+pub fn slots_master(port: u16, slot: u16) -> Option<u16> {
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .ok()?
+        .get_connection_with_timeout(std::time::Duration::from_millis(500))
+        .ok()?;
+    let v: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut c).ok()?;
+    let redis::Value::Array(ranges) = v else {
+        return None;
+    };
+    ranges.iter().find_map(|r| {
+        let redis::Value::Array(e) = r else {
+            return None;
+        };
+        let int = |v: &redis::Value| match v {
+            redis::Value::Int(i) => Some(*i),
+            _ => None,
+        };
+        let (lo, hi) = (int(e.first()?)?, int(e.get(1)?)?);
+        if !(lo..=hi).contains(&i64::from(slot)) {
+            return None;
+        }
+        let redis::Value::Array(n) = e.get(2)? else {
+            return None;
+        };
+        u16::try_from(int(n.get(1)?)?).ok()
+    })
+}

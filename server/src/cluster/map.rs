@@ -40,7 +40,8 @@ pub struct Group {
     pub name: String,
     /// Inclusive slot ranges, sorted, not overlapping.
     pub ranges: Vec<(u16, u16)>,
-    /// `nodes[0]` leads the group: writes and reads of its slots go there.
+    /// Members in the map's order; `nodes[0]` is sent the group's slots while no member
+    /// is known to lead (`cluster::leaders`).
     pub nodes: Vec<Node>,
 }
 

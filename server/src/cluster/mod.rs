@@ -3,11 +3,13 @@
 //! (`CLUSTER …`, the `-MOVED` check) are in `cmd::cluster`; the engine knows nothing of
 //! slots.
 
+pub mod leaders;
 pub mod map;
 pub mod slot;
 
 use std::sync::atomic::AtomicU64;
 
+pub use leaders::Leaders;
 pub use map::{Group, MapError, Node, SlotMap};
 pub use slot::{key_slot, SLOTS};
 
@@ -48,6 +50,8 @@ pub struct Cluster {
     pub moved: AtomicU64,
     /// `-CROSSSLOT` replies sent (INFO's `cluster_crossslot_refusals`).
     pub crossslot: AtomicU64,
+    /// The other groups' leaders as their members last answered `ROLE` ([`leaders`]).
+    pub leaders: Leaders,
 }
 
 impl Cluster {
@@ -93,6 +97,7 @@ impl Cluster {
             }
         };
         Ok(Cluster {
+            leaders: Leaders::new(map.groups.len()),
             map,
             my_group,
             my_node,
@@ -105,11 +110,20 @@ impl Cluster {
         &self.map.groups[self.my_group].nodes[self.my_node]
     }
 
+    /// The member of another group `g` to send its slots to: the one last seen leading,
+    /// else the map's first.
+    pub fn leader_of(&self, g: usize) -> usize {
+        self.leaders
+            .get(g)
+            .filter(|&i| i < self.map.groups[g].nodes.len())
+            .unwrap_or(0)
+    }
+
     /// Where a command on `slot` goes.
     pub fn route(&self, slot: u16) -> Route<'_> {
         match self.map.owner(slot) {
             Some(g) if g == self.my_group => Route::Here,
-            Some(g) => Route::Moved(&self.map.groups[g].nodes[0]),
+            Some(g) => Route::Moved(&self.map.groups[g].nodes[self.leader_of(g)]),
             None => Route::Unowned,
         }
     }
@@ -144,7 +158,7 @@ mod tests {
     }
 
     #[test]
-    fn routes_to_the_owning_groups_first_node() {
+    fn routes_to_the_owning_groups_leader_else_its_first_node() {
         let c = Cluster::place(map(), "m", None, 7001).unwrap();
         assert_eq!(c.route(0), Route::Here);
         assert_eq!(c.route(8191), Route::Here);
@@ -153,5 +167,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(c.route(16001), Route::Unowned);
+        c.leaders.set(1, Some(1));
+        match c.route(8192) {
+            Route::Moved(n) => assert_eq!(n.port, 7003),
+            other => panic!("{other:?}"),
+        }
     }
 }

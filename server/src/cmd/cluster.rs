@@ -100,9 +100,9 @@ pub fn cluster(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let sub = String::from_utf8_lossy(args[0]).to_ascii_lowercase();
     let rest = &args[1..];
     let reply = match (sub.as_str(), rest.len()) {
-        ("slots", 0) => slots(c),
-        ("shards", 0) => shards(c),
-        ("nodes", 0) => Reply::bulk(nodes(c)),
+        ("slots", 0) => slots(c, &leaders(ctx, c)),
+        ("shards", 0) => shards(c, &leaders(ctx, c)),
+        ("nodes", 0) => Reply::bulk(nodes(c, &leaders(ctx, c))),
         ("info", 0) => Reply::bulk(info(c)),
         ("myid", 0) => Reply::bulk(&c.myself().id),
         ("keyslot", 1) => Reply::Int(i64::from(key_slot(rest[0]))),
@@ -118,6 +118,34 @@ pub fn cluster(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
         }
     };
     reply.into()
+}
+
+/// Per group, the member `CLUSTER SLOTS`, `SHARDS` and `NODES` name as its master: for
+/// this node's group what its Raft member knows (itself when it leads), for
+/// the others what their members last answered `ROLE`; the map's first member while
+/// nothing is known.
+fn leaders(ctx: &Ctx<'_>, c: &Cluster) -> Vec<usize> {
+    (0..c.map.groups.len())
+        .map(|g| {
+            if g == c.my_group {
+                my_groups_leader(ctx, c).unwrap_or(0)
+            } else {
+                c.leader_of(g)
+            }
+        })
+        .collect()
+}
+
+fn my_groups_leader(ctx: &Ctx<'_>, c: &Cluster) -> Option<usize> {
+    // Without Raft the node is its group's only server: the map's first node.
+    let repl = ctx.shared.repl.get()?;
+    if let Some(addr) = repl.other_leader_addr() {
+        let nodes = &c.map.groups[c.my_group].nodes;
+        return nodes
+            .iter()
+            .position(|n| format!("{}:{}", n.host, n.port) == addr);
+    }
+    repl.write_refusal().is_none().then_some(c.my_node)
 }
 
 fn help() -> Reply {
@@ -154,28 +182,37 @@ fn slots_node(n: &Node) -> Reply {
 }
 
 /// `CLUSTER SLOTS`: one entry per owned range, in slot order, the leader first.
-fn slots(c: &Cluster) -> Reply {
-    let mut ranges: Vec<(u16, u16, &Group)> = c
+fn slots(c: &Cluster, leaders: &[usize]) -> Reply {
+    let mut ranges: Vec<(u16, u16, usize)> = c
         .map
         .groups
         .iter()
-        .flat_map(|g| g.ranges.iter().map(move |&(a, b)| (a, b, g)))
+        .enumerate()
+        .flat_map(|(gi, g)| g.ranges.iter().map(move |&(a, b)| (a, b, gi)))
         .collect();
     ranges.sort_unstable_by_key(|r| r.0);
     Reply::Array(
         ranges
             .into_iter()
-            .map(|(a, b, g)| {
+            .map(|(a, b, gi)| {
+                let (g, lead) = (&c.map.groups[gi], leaders[gi]);
                 let mut e = vec![Reply::Int(i64::from(a)), Reply::Int(i64::from(b))];
-                e.extend(g.nodes.iter().map(slots_node));
+                e.extend(g.nodes.get(lead).map(slots_node));
+                e.extend(
+                    g.nodes
+                        .iter()
+                        .enumerate()
+                        .filter(|&(ni, _)| ni != lead)
+                        .map(|(_, n)| slots_node(n)),
+                );
                 Reply::Array(e)
             })
             .collect(),
     )
 }
 
-fn role(ni: usize) -> &'static str {
-    if ni == 0 {
+fn role(ni: usize, lead: usize) -> &'static str {
+    if ni == lead {
         "master"
     } else {
         "replica"
@@ -183,8 +220,8 @@ fn role(ni: usize) -> &'static str {
 }
 
 /// `CLUSTER SHARDS` (Redis 7): per group, its slot ranges and its nodes.
-fn shards(c: &Cluster) -> Reply {
-    let shard = |g: &Group| {
+fn shards(c: &Cluster, leaders: &[usize]) -> Reply {
+    let shard = |(g, &lead): (&Group, &usize)| {
         let slots = g
             .ranges
             .iter()
@@ -200,7 +237,7 @@ fn shards(c: &Cluster) -> Reply {
                     ("port", Reply::Int(i64::from(n.port))),
                     ("ip", Reply::bulk(&n.host)),
                     ("endpoint", Reply::bulk(&n.host)),
-                    ("role", Reply::bulk(role(ni))),
+                    ("role", Reply::bulk(role(ni, lead))),
                     ("replication-offset", Reply::Int(0)),
                     ("health", Reply::bulk("online")),
                 ])
@@ -211,7 +248,7 @@ fn shards(c: &Cluster) -> Reply {
             ("nodes", Reply::Array(nodes)),
         ])
     };
-    Reply::Array(c.map.groups.iter().map(shard).collect())
+    Reply::Array(c.map.groups.iter().zip(leaders).map(shard).collect())
 }
 
 fn ranges_text(g: &Group) -> String {
@@ -229,19 +266,23 @@ fn ranges_text(g: &Group) -> String {
 
 /// `CLUSTER NODES`: Redis's line format. No cluster bus runs, so the bus port is 0,
 /// and pings and pongs are 0; a group's epoch is its place in the map file.
-fn nodes(c: &Cluster) -> String {
+fn nodes(c: &Cluster, leaders: &[usize]) -> String {
     let mut out = String::new();
     for (gi, ni, n) in c.map.nodes() {
         let g = &c.map.groups[gi];
+        let lead = leaders[gi];
         let me = gi == c.my_group && ni == c.my_node;
-        let flags = match (me, ni == 0) {
+        let flags = match (me, ni == lead) {
             (true, true) => "myself,master",
             (true, false) => "myself,slave",
             (false, true) => "master",
             (false, false) => "slave",
         };
-        let master = if ni == 0 { "-" } else { g.nodes[0].id.as_str() };
-        let slots = if ni == 0 {
+        let master = match g.nodes.get(lead) {
+            Some(l) if ni != lead => l.id.as_str(),
+            _ => "-",
+        };
+        let slots = if ni == lead {
             ranges_text(g)
         } else {
             String::new()
