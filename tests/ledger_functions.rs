@@ -4,6 +4,8 @@
 //! after the deadline, committing a hold the payment was not for, cancelling a paid
 //! order, materializing over a sweeper tombstone, conflicting details, unknown tokens,
 //! bad arguments. Retries are idempotent and every transition leaves one audit row.
+//! The materializer's batch functions (`migrations/0007_materializer_functions.sql`)
+//! skip what the rules do not let move, exactly as the materializer's batches do.
 
 use std::time::Duration;
 
@@ -879,6 +881,174 @@ async fn case_trigger_still_guards(pool: &PgPool) {
     assert_eq!(sql_error(&e).0, "23514");
 }
 
+/// `materialize_reserved` over parallel arrays of one-unit holds for `tokens`.
+async fn reserved_batch(
+    pool: &PgPool,
+    tokens: &[String],
+    expires: i64,
+) -> Result<i64, sqlx::Error> {
+    let n = tokens.len();
+    sqlx::query_scalar("SELECT materialize_reserved($1, $2, $3, $4, $5, $6, $7)")
+        .bind(tokens)
+        .bind(vec![SKU.to_string(); n])
+        .bind(tokens.iter().map(|t| format!("u-{t}")).collect::<Vec<_>>())
+        .bind(
+            tokens
+                .iter()
+                .map(|t| format!("req-{t}"))
+                .collect::<Vec<_>>(),
+        )
+        .bind(vec![1i32; n])
+        .bind(vec![expires; n])
+        .bind(vec![expires - 60_000; n])
+        .fetch_one(pool)
+        .await
+}
+
+async fn transition_batch(pool: &PgPool, to: &str, tokens: &[String]) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT materialize_transition($1, $2)")
+        .bind(to)
+        .bind(tokens)
+        .fetch_one(pool)
+        .await
+}
+
+async fn extended_batch(pool: &PgPool, token: &str, at_ms: i64) -> i64 {
+    sqlx::query_scalar("SELECT materialize_extended($1, $2)")
+        .bind(vec![token.to_string()])
+        .bind(vec![at_ms])
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn expires_ms(pool: &PgPool, token: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (extract(epoch FROM reservation_expires_at) * 1000)::int8 FROM orders \
+         WHERE reservation_token = $1",
+    )
+    .bind(token)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn case_materializer_batches(pool: &PgPool) {
+    let [a, b, c, cancelled, swept] = ["mb-a", "mb-b", "mb-c", "mb-x", "mb-s"].map(tok);
+    pending(pool, &cancelled, &format!("u-{cancelled}"), 60_000).await;
+    assert_eq!(cancel(pool, &cancelled).await.unwrap(), "CANCELLED");
+    assert_eq!(
+        tombstone(pool, &swept, &format!("u-{swept}"), 1).await,
+        "TOMBSTONED"
+    );
+    let expires = now_ms() + 60_000;
+    // A token twice in one batch, and orders the ledger already has: only new tokens.
+    let batch = [&a, &b, &c, &a, &cancelled, &swept].map(|t| t.to_string());
+    assert_eq!(reserved_batch(pool, &batch, expires).await.unwrap(), 3);
+    assert_eq!(
+        reserved_batch(pool, &batch, expires).await.unwrap(),
+        0,
+        "a retried batch"
+    );
+    assert_eq!(status(pool, &cancelled).await, "CANCELLED");
+    assert_eq!(status(pool, &swept).await, "CANCELLED_BY_SWEEPER");
+    assert_eq!(
+        expires_ms(pool, &a).await,
+        expires,
+        "milliseconds kept exactly"
+    );
+    assert_eq!(
+        events(pool, &a).await,
+        vec![(
+            None,
+            "PENDING".into(),
+            "materializer".into(),
+            Some("feed".into())
+        )]
+    );
+
+    // The deadline follows the server's forward only, and only while PENDING.
+    assert_eq!(extended_batch(pool, &a, expires + 5_000).await, 1);
+    assert_eq!(extended_batch(pool, &a, expires + 5_000).await, 0);
+    assert_eq!(
+        extended_batch(pool, &a, expires + 1_000).await,
+        0,
+        "an older entry"
+    );
+    assert_eq!(expires_ms(pool, &a).await, expires + 5_000);
+    assert_eq!(extended_batch(pool, &cancelled, expires + 9_000).await, 0);
+
+    // Only PENDING orders move; the rest (moved first, tombstoned, unknown) are skipped.
+    let commit = [&a, &cancelled, &swept, &tok("mb-unknown")].map(|t| t.to_string());
+    assert_eq!(
+        transition_batch(pool, "COMMITTED", &commit).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        transition_batch(pool, "COMMITTED", &commit).await.unwrap(),
+        0
+    );
+    let release = [&a, &b].map(|t| t.to_string());
+    assert_eq!(
+        transition_batch(pool, "CANCELLED", &release).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        transition_batch(pool, "CANCELLED", &release).await.unwrap(),
+        0
+    );
+    let a_row = order(pool, &a).await;
+    assert_eq!(
+        (a_row.status.as_str(), a_row.committed),
+        ("COMMITTED", true)
+    );
+    assert_eq!(status(pool, &b).await, "CANCELLED");
+    assert_eq!(status(pool, &cancelled).await, "CANCELLED");
+    assert_eq!(status(pool, &swept).await, "CANCELLED_BY_SWEEPER");
+    assert_eq!(
+        events(pool, &a).await[1],
+        (
+            Some("PENDING".into()),
+            "COMMITTED".into(),
+            "materializer".into(),
+            Some("feed".into())
+        )
+    );
+    assert_eq!(events(pool, &b).await.len(), 2);
+    assert_eq!(
+        events(pool, &cancelled).await.len(),
+        2,
+        "no materializer row"
+    );
+
+    // Targets the feed never produces are bad arguments, and change nothing.
+    for to in ["REFUNDED", "PENDING", "CANCELLED_BY_SWEEPER"] {
+        expect_code(
+            transition_batch(pool, to, std::slice::from_ref(&c)).await,
+            "SG004",
+            to,
+        );
+    }
+    assert_eq!(status(pool, &c).await, "PENDING");
+    assert_eq!(events(pool, &c).await.len(), 1);
+    let short =
+        sqlx::query_scalar::<_, i64>("SELECT materialize_reserved($1, $2, $3, $4, $5, $6, $7)")
+            .bind(vec![tok("mb-short")])
+            .bind(Vec::<String>::new())
+            .bind(vec!["u".to_string()])
+            .bind(vec!["r".to_string()])
+            .bind(vec![1i32])
+            .bind(vec![expires])
+            .bind(vec![expires])
+            .fetch_one(pool)
+            .await;
+    expect_code(short, "SG004", "arrays of different lengths");
+    let pos = sqlx::query("SELECT feed_set_position('no-such-consumer', 5, NULL)")
+        .execute(pool)
+        .await;
+    expect_code(pos, "SG003", "unknown consumer");
+}
+
 async fn ledger(url: &str, schema: &str) -> PgLedger {
     let l = PgLedger::connect_with(
         url,
@@ -916,6 +1086,7 @@ async fn the_ledger_refuses_what_its_rules_forbid() {
     case!(case_sweep_verdicts);
     case!(case_pay_and_sweep_race);
     case!(case_trigger_still_guards);
+    case!(case_materializer_batches);
     assert_audit_replays(pool).await;
 }
 
@@ -940,6 +1111,23 @@ async fn qualified_calls_work_from_any_search_path_and_stay_in_their_schema() {
         .unwrap();
         assert_eq!(got, "CREATED", "{schema}");
     }
+    let created: i64 = sqlx::query_scalar(
+        "SELECT stockgate.materialize_reserved(ARRAY['{FN}m'], ARRAY['FN'], ARRAY['u'], \
+         ARRAY['r'], ARRAY[1], ARRAY[$1::int8], ARRAY[$2::int8])",
+    )
+    .bind(now + 60_000)
+    .bind(now)
+    .fetch_one(&plain)
+    .await
+    .unwrap();
+    assert_eq!(created, 1);
+    assert_eq!(status(a.pool(), "{FN}m").await, "PENDING");
+    let in_b = "SELECT count(*) FROM orders WHERE reservation_token = '{FN}m'";
+    assert_eq!(
+        count(b.pool(), in_b).await,
+        0,
+        "the batch went to its own ledger"
+    );
     let row =
         sqlx::query("SELECT outcome, previous_status FROM stockgate.pay_order('{FN}q', 'p', true)")
             .fetch_one(&plain)

@@ -863,21 +863,11 @@ impl Materializer {
                 _ => {}
             }
         }
+        // One statement per kind, each a ledger function (migrations/0007): the rules
+        // live in the ledger, beside the checkout's.
         if !t.is_empty() {
-            let row = sqlx::query(
-                "WITH ins AS ( \
-                     INSERT INTO orders (reservation_token, sku, user_id, request_id, qty, status, \
-                                         reservation_expires_at, reservation_created_at) \
-                     SELECT t, s, u, r, q, 'PENDING', to_timestamp(e / 1000.0::float8), to_timestamp(c / 1000.0::float8) \
-                     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], \
-                                 $6::int8[], $7::int8[]) AS x(t, s, u, r, q, e, c) \
-                     ORDER BY t \
-                     ON CONFLICT (reservation_token) DO NOTHING \
-                     RETURNING reservation_token \
-                 ), ev AS ( \
-                     INSERT INTO order_events (reservation_token, from_status, to_status, actor, detail) \
-                     SELECT reservation_token, NULL, 'PENDING', 'materializer', 'feed' FROM ins \
-                 ) SELECT count(*) FROM ins",
+            rep.created = sqlx::query_scalar::<_, i64>(
+                "SELECT materialize_reserved($1, $2, $3, $4, $5, $6, $7)",
             )
             .bind(&t)
             .bind(&s)
@@ -887,52 +877,34 @@ impl Materializer {
             .bind(&e)
             .bind(&c)
             .fetch_one(&mut *tx)
-            .await?;
-            rep.created = row.try_get::<i64, _>(0)? as u64;
+            .await? as u64;
         }
         if !ext_t.is_empty() {
-            sqlx::query(
-                "UPDATE orders o SET reservation_expires_at = to_timestamp(x.e / 1000.0::float8), updated_at = now() \
-                 FROM unnest($1::text[], $2::int8[]) AS x(t, e) \
-                 WHERE o.reservation_token = x.t AND o.status = 'PENDING' \
-                   AND o.reservation_expires_at < to_timestamp(x.e / 1000.0::float8)",
-            )
-            .bind(&ext_t)
-            .bind(&ext_e)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query("SELECT materialize_extended($1, $2)")
+                .bind(&ext_t)
+                .bind(&ext_e)
+                .execute(&mut *tx)
+                .await?;
         }
-        for (tokens, to, col, n) in [
-            (&committed, "COMMITTED", "committed_at", &mut rep.committed),
-            (&released, "CANCELLED", "cancelled_at", &mut rep.cancelled),
+        for (tokens, to, n) in [
+            (&committed, "COMMITTED", &mut rep.committed),
+            (&released, "CANCELLED", &mut rep.cancelled),
         ] {
             if tokens.is_empty() {
                 continue;
             }
-            let row = sqlx::query(&format!(
-                "WITH up AS ( \
-                     UPDATE orders SET status = '{to}', {col} = now(), updated_at = now() \
-                     WHERE reservation_token = ANY($1::text[]) AND status = 'PENDING' \
-                     RETURNING reservation_token \
-                 ), ev AS ( \
-                     INSERT INTO order_events (reservation_token, from_status, to_status, actor, detail) \
-                     SELECT reservation_token, 'PENDING', '{to}', 'materializer', 'feed' FROM up \
-                 ) SELECT count(*) FROM up"
-            ))
-            .bind(tokens)
-            .fetch_one(&mut *tx)
-            .await?;
-            *n = row.try_get::<i64, _>(0)? as u64;
+            *n = sqlx::query_scalar::<_, i64>("SELECT materialize_transition($1, $2)")
+                .bind(to)
+                .bind(tokens)
+                .fetch_one(&mut *tx)
+                .await? as u64;
         }
-        sqlx::query(
-            "UPDATE feed_position SET last_lsn = $2, last_fingerprint = $3, updated_at = now() \
-             WHERE consumer = $1",
-        )
-        .bind(&self.cfg.consumer)
-        .bind(last as i64)
-        .bind(events.last().map(FeedEvent::fingerprint))
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query("SELECT feed_set_position($1, $2, $3)")
+            .bind(&self.cfg.consumer)
+            .bind(last as i64)
+            .bind(events.last().map(FeedEvent::fingerprint))
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(rep)
     }

@@ -13,6 +13,7 @@ const FINGERPRINT_SQL: &str =
     include_str!("../../../migrations/0004_feed_position_fingerprint.sql");
 const BINDING_SQL: &str = include_str!("../../../migrations/0005_server_binding.sql");
 const FUNCTIONS_SQL: &str = include_str!("../../../migrations/0006_ledger_functions.sql");
+const MATERIALIZER_SQL: &str = include_str!("../../../migrations/0007_materializer_functions.sql");
 
 /// The migrator for `migrations/` (embedded copy).
 pub fn migrator() -> Migrator {
@@ -33,6 +34,7 @@ pub fn migrator() -> Migrator {
             m(4, "feed position fingerprint", FINGERPRINT_SQL),
             m(5, "server binding", BINDING_SQL),
             m(6, "ledger functions", FUNCTIONS_SQL),
+            m(7, "materializer functions", MATERIALIZER_SQL),
         ]),
         ..Migrator::DEFAULT
     }

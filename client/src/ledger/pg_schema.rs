@@ -35,8 +35,8 @@ pub const LEDGER_TABLES: &[&str] = &[
     "server_binding",
 ];
 
-/// The functions of `migrations/0006_ledger_functions.sql` (the ledger's rules, and their
-/// helpers): what a move from the old layout takes along besides the trigger functions.
+/// The functions of `migrations/0006_ledger_functions.sql` and
+/// `migrations/0007_materializer_functions.sql` (the ledger's rules, and their helpers): what a move from the old layout takes along besides the trigger functions.
 /// `tests/ledger_schema.rs` checks it against a freshly migrated schema.
 pub const LEDGER_FUNCTIONS: &[&str] = &[
     "stockgate_ms_to_ts",
@@ -53,6 +53,11 @@ pub const LEDGER_FUNCTIONS: &[&str] = &[
     "order_is_hold",
     "sweep_cancel_expired",
     "sweep_tombstone",
+    "stockgate_check_parallel",
+    "materialize_reserved",
+    "materialize_transition",
+    "materialize_extended",
+    "feed_set_position",
 ];
 
 /// The tables whose presence (with our migration rows) marks a ledger of the old layout.
