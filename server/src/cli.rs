@@ -10,6 +10,8 @@
 use std::fmt;
 
 /// Why a flag value was refused.
+// Each variant's `#[error]` text is its documentation.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ValueError {
     #[error("not a whole number (must be between {min} and {max})")]

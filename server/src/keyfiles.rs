@@ -7,7 +7,6 @@
 //! only when asked to, `--create-keys`), and the data dir remembers the fingerprint of
 //! the key its log was written with (`reservation.key.fingerprint`), so a missing or
 //! different key is refused at start with both names in the message.
-#![warn(missing_docs)]
 
 use std::fs;
 use std::io::Write;

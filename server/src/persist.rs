@@ -1,7 +1,6 @@
 //! Glue between the engine and the WAL: recovery at start-up, waiting for
 //! acknowledgements, snapshots (on demand and periodic). The engine and the WAL know
 //! nothing of each other; this is the only place that holds both.
-#![warn(missing_docs)]
 
 use std::future::Future;
 use std::path::Path;

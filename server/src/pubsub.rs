@@ -6,7 +6,6 @@
 //! Channels and glob patterns (`PSUBSCRIBE`, Redis's `*`, `?`, `[...]`, `\`: node-redis's
 //! Sentinel client listens with one); each subscriber has a bounded queue, and a
 //! subscriber that does not keep up loses messages rather than slowing publishers.
-#![warn(missing_docs)]
 // CLIENT KILL reaches another connection through a duplicate of its socket (fcntl,
 // shutdown, close); each call says why it is sound.
 #![allow(unsafe_code)]

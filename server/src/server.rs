@@ -25,7 +25,9 @@ mod connection;
 /// The listening sockets of one event loop: the plain port's, and the TLS port's when
 /// TLS is served (`Shared::tls`).
 pub struct Ports<L> {
+    /// The plain RESP port's listener.
     pub plain: L,
+    /// The TLS port's listener, when TLS is served.
     pub tls: Option<L>,
 }
 

@@ -16,17 +16,28 @@ use crate::engine::{Engine, Lsn};
 use crate::metrics::{Metrics, Recorder};
 use crate::protocol::{Limits, Reply};
 
+/// The server's settings as it started (the flags, resolved).
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
+    /// The address the RESP port listens on.
     pub bind: String,
+    /// The RESP port; 0 picks a free one (the real one is `Shared::local_port`).
     pub port: u16,
+    /// Where the log, snapshots and keys live.
     pub data_dir: String,
+    /// `always`, `everysec` or `no`: when an acknowledgement waits for the disk.
     pub fsync: String,
+    /// False for a server without a log (tests, benchmarks): nothing survives it.
     pub durable: bool,
+    /// Whether expired holds go back to stock by themselves or wait for the sweeper.
     pub auto_release: bool,
+    /// Shards of a sale created without `SHARDS`.
     pub default_shards: u16,
+    /// Hold time of a sale created without `TTL`, in ms.
     pub default_ttl_ms: u64,
+    /// How long a finished reservation stays answerable before its tombstone, in ms.
     pub retention_ms: u64,
+    /// Frame limits: arguments per command, bytes per argument.
     pub limits: Limits,
     /// The five limits below are the values at start: the running server reads
     /// `Shared::live`, which `CONFIG SET` changes.
@@ -78,6 +89,7 @@ pub trait Durability: Send + Sync {
     fn info(&self) -> String;
 }
 
+/// Durability for a server without a log: every wait succeeds at once.
 pub struct NoDurability;
 
 impl Durability for NoDurability {
@@ -104,6 +116,7 @@ pub trait Replication: Send + Sync {
     fn feed_refusal(&self) -> Option<&'static str> {
         None
     }
+    /// True where writes are refused because another node leads.
     fn is_replica(&self) -> bool;
     /// The client address (`host:port`) of the group's leader when it is another member
     /// (cluster mode sends what this member refuses there, as `-MOVED`).
@@ -112,6 +125,7 @@ pub trait Replication: Send + Sync {
     }
     /// INFO's `# Replication` section.
     fn info(&self) -> String;
+    /// `ROLE`'s reply in Redis's shape.
     fn role_reply(&self) -> Reply;
     /// `WAIT`: replicas that have `lsn` once `n` do or `timeout` passed.
     fn wait_count(
@@ -140,30 +154,46 @@ pub use crate::users::{
     Role, UserDb, Users, UsersSource, ADMIN, CHECKOUT, REPLICATION, SENTINEL, SWEEPER,
 };
 
+/// Server-wide counters, INFO's `# Stats` and `# Clients` figures.
 #[derive(Default)]
 pub struct Stats {
+    /// Connections open now.
     pub connected: AtomicU64,
+    /// Connections accepted since start.
     pub connections: AtomicU64,
+    /// Commands run since start.
     pub commands: AtomicU64,
     /// Bytes read from and written to clients (INFO's `total_net_input_bytes` /
     /// `total_net_output_bytes`), added once per batch like `commands`.
     pub net_input_bytes: AtomicU64,
+    /// Bytes written to clients (see `net_input_bytes`).
     pub net_output_bytes: AtomicU64,
+    /// Connections refused at `maxclients`.
     pub rejected: AtomicU64,
+    /// AUTH or HELLO AUTH with a wrong password.
     pub auth_failures: AtomicU64,
+    /// Commands refused because the user's role may not run them.
     pub noperm: AtomicU64,
+    /// Connections closed for bytes that are not RESP.
     pub protocol_errors: AtomicU64,
+    /// Connections closed for an unfinished command over the query buffer limit.
     pub qbuf_disconnects: AtomicU64,
+    /// Connections closed for unread replies over the output buffer limit.
     pub obuf_disconnects: AtomicU64,
+    /// Connections closed after the idle timeout.
     pub idle_disconnects: AtomicU64,
     /// Connections accepted on the TLS port, those connected after their handshake
     /// now, and handshakes that failed or timed out (INFO's `tls_*` fields).
     pub tls_connections: AtomicU64,
+    /// TLS connections open now, past their handshake.
     pub tls_connected: AtomicU64,
+    /// TLS handshakes that failed or timed out.
     pub tls_handshake_failures: AtomicU64,
 }
 
+/// What every connection of the server shares.
 pub struct Shared {
+    /// The settings as started.
     pub config: ServerConfig,
     /// `None`: no users configured, every connection is admin.
     pub users: Option<UserDb>,
@@ -174,9 +204,13 @@ pub struct Shared {
     /// The binary's `serve` flags: `CONFIG SET` checks a value with its flag's parser,
     /// and tells a setting fixed at start from one that does not exist.
     pub flags: Option<clap::Command>,
+    /// Server-wide counters.
     pub stats: Stats,
+    /// When the server started (INFO's uptime).
     pub started: Instant,
+    /// The RESP port actually bound.
     pub local_port: AtomicU16,
+    /// How a reply waits for its log record to be durable.
     pub durability: Arc<dyn Durability>,
     /// The order feed (XREAD...), set by the binary when it runs with a WAL.
     pub feed: std::sync::OnceLock<Arc<crate::feed::Feed>>,
@@ -233,14 +267,23 @@ impl Shared {
 
 /// Per-connection state.
 pub struct ConnState {
+    /// CLIENT ID: unique per connection since start.
     pub id: u64,
+    /// 2 or 3: the RESP version HELLO chose.
     pub proto: u8,
+    /// CLIENT SETNAME.
     pub name: Option<String>,
+    /// The role AUTH gave; `None` before AUTH where passwords are set.
     pub role: Option<Role>,
+    /// The user AUTH named (CLIENT LIST's `user`).
     pub user_name: Option<String>,
+    /// CLIENT SETINFO LIB-NAME.
     pub lib_name: String,
+    /// CLIENT SETINFO LIB-VER.
     pub lib_ver: String,
+    /// The client's address, `ip:port`.
     pub addr: String,
+    /// The local address it connected to.
     pub laddr: String,
     /// `Some` between `MULTI` and `EXEC`/`DISCARD`: the commands queued so far.
     pub multi: Option<MultiQueue>,
@@ -255,6 +298,7 @@ pub struct ConnState {
 /// because it belongs to the connection.
 #[derive(Default)]
 pub struct MultiQueue {
+    /// The queued commands, each its arguments.
     pub commands: Vec<Vec<Bytes>>,
     /// Bytes of the queued arguments, bounded like an unfinished command's buffer.
     pub bytes: usize,
@@ -263,6 +307,7 @@ pub struct MultiQueue {
     /// In cluster mode, the slot of the first queued command with a key, and whether a
     /// later one had another slot (`EXEC` then answers `-CROSSSLOT`).
     pub slot: Option<u16>,
+    /// A queued command's key was on another slot than `slot`.
     pub cross_slot: bool,
 }
 
@@ -285,10 +330,12 @@ impl ConnState {
         }
     }
 
+    /// True between MULTI and EXEC or DISCARD.
     pub fn in_multi(&self) -> bool {
         self.multi.is_some()
     }
 
+    /// This connection as one CLIENT LIST line.
     pub fn describe(&self) -> String {
         format!(
             "id={} addr={} laddr={} name={} db=0 resp={} user={} lib-name={} lib-ver={}",

@@ -3,7 +3,6 @@
 //! the last subscription goes. Its own module so that the command layer (which asks for
 //! the takeover), the subscriber (which runs it) and the server (which lends the stream)
 //! share the contract without depending on each other.
-#![warn(missing_docs)]
 
 use std::future::Future;
 use std::pin::Pin;

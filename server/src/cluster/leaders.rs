@@ -31,6 +31,7 @@ pub struct Leaders {
 }
 
 impl Leaders {
+    /// No leader known yet for any of `groups` groups.
     pub fn new(groups: usize) -> Leaders {
         Leaders {
             known: (0..groups).map(|_| AtomicUsize::new(UNKNOWN)).collect(),
@@ -43,6 +44,7 @@ impl Leaders {
         (i != UNKNOWN).then_some(i)
     }
 
+    /// Records the member of group `g` seen leading (`None`: none answered `master`).
     pub fn set(&self, g: usize, member: Option<usize>) {
         if let Some(k) = self.known.get(g) {
             k.store(member.unwrap_or(UNKNOWN), Ordering::Release);

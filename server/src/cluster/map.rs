@@ -15,6 +15,8 @@
 use super::slot::SLOTS;
 
 /// Why a map file was refused, with the line (1-based) at fault.
+// Each variant's `#[error]` text is its documentation.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum MapError {
     #[error("line {line}: {what}")]
@@ -27,16 +29,21 @@ pub enum MapError {
     Empty,
 }
 
+/// One member of a group as the map lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
     /// 40 lowercase hex characters, as Redis's node ids.
     pub id: String,
+    /// The host clients are sent to (`-MOVED`, CLUSTER SLOTS).
     pub host: String,
+    /// Its RESP port.
     pub port: u16,
 }
 
+/// A replicated group and the slots it owns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Group {
+    /// The name the map gives it (CLUSTER SHARDS shows it).
     pub name: String,
     /// Inclusive slot ranges, sorted, not overlapping.
     pub ranges: Vec<(u16, u16)>,
@@ -48,6 +55,7 @@ pub struct Group {
 /// Which group owns each slot.
 #[derive(Debug, Clone)]
 pub struct SlotMap {
+    /// The groups in the map's order.
     pub groups: Vec<Group>,
     owner: Vec<Option<u16>>,
 }

@@ -14,6 +14,8 @@ pub use map::{Group, MapError, Node, SlotMap};
 pub use slot::{key_slot, SLOTS};
 
 /// Why cluster mode could not start.
+// Each variant's `#[error]` text is its documentation.
+#[allow(missing_docs)]
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     #[error("cannot read the cluster map {path}: {err}")]
@@ -43,8 +45,11 @@ pub enum Route<'a> {
 
 /// The slot map and which of its nodes this server is.
 pub struct Cluster {
+    /// The groups, their slot ranges and their members.
     pub map: SlotMap,
+    /// This server's group, an index into `map.groups`.
     pub my_group: usize,
+    /// This server, an index into its group's `nodes`.
     pub my_node: usize,
     /// `-MOVED` replies sent (INFO's `cluster_redirections_moved`).
     pub moved: AtomicU64,
@@ -106,6 +111,7 @@ impl Cluster {
         })
     }
 
+    /// This server's entry in the map.
     pub fn myself(&self) -> &Node {
         &self.map.groups[self.my_group].nodes[self.my_node]
     }

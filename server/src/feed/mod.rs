@@ -15,7 +15,6 @@
 //! Reads are bounded: at most [`FeedLimits::max_count`] entries per stream and
 //! [`FeedLimits::scan_budget`] records examined per call (a sale's stream is the
 //! all-events stream filtered, so a sparse sale costs a scan).
-#![warn(missing_docs)]
 
 pub mod entry;
 pub mod groups;

@@ -13,7 +13,6 @@
 //!
 //! The store knows no command: a command is a slot index and a name that the caller
 //! (`cmd::timed`) passes in. It depends only on the engine's public types.
-#![warn(missing_docs)]
 
 pub mod logging;
 pub mod slowlog;

@@ -23,7 +23,6 @@
 //! - Only a leader whose own term's first entry is applied takes writes; followers answer
 //!   `-READONLY`, stock reads too (their state may be stale), and feed reads (committed,
 //!   possibly behind the leader).
-#![warn(missing_docs)]
 
 pub mod log_store;
 pub mod network;

@@ -2,7 +2,6 @@
 //! and the server's own state (`crate::session`): `INFO`, the Prometheus text, the status
 //! page and its JSON, and `stockgate top`, the terminal view of them. Above the store and
 //! the session, below the commands (`INFO` is one).
-#![warn(missing_docs)]
 
 pub mod http;
 pub mod info;

@@ -8,6 +8,7 @@ use clap::Args;
 use super::{AuthClients, TlsFiles};
 use crate::cli::int_in;
 
+/// The `serve` flags of TLS, with Redis's names.
 #[derive(Args, Clone, Debug, Default)]
 pub struct TlsArgs {
     /// Serve TLS on this port too, beside the plain --port (0 picks a free one; the

@@ -57,13 +57,19 @@ impl std::str::FromStr for AuthClients {
 /// The files a TLS listener is configured from.
 #[derive(Clone, Debug)]
 pub struct TlsFiles {
+    /// `--tls-cert-file`: the server's certificate chain, PEM.
     pub cert: PathBuf,
+    /// `--tls-key-file`: its private key, PEM.
     pub key: PathBuf,
+    /// `--tls-ca-cert-file`: the CA client (and peer) certificates must chain to.
     pub ca: Option<PathBuf>,
+    /// `--tls-auth-clients`: whether a client certificate is required.
     pub auth_clients: AuthClients,
 }
 
 /// Why a TLS configuration did not load; each names the file and the setting.
+// Each variant's `#[error]` text is its documentation.
+#[allow(missing_docs)]
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("{flag} {}: {why}", path.display())]
@@ -152,6 +158,7 @@ impl Tls {
         self.current.read().peers.clone()
     }
 
+    /// The files this configuration is (re)loaded from.
     pub fn files(&self) -> &TlsFiles {
         &self.files
     }
