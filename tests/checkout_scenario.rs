@@ -26,9 +26,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use stockgate_testkit::{sibling_binary as bin, KillOnDrop};
 
 use serde_json::{json, Value};
 use stockgate_client::checkout::{CheckoutError, Hold, PayOutcome};
@@ -64,30 +65,6 @@ fn repo() -> &'static Path {
 
 fn scenario_file() -> PathBuf {
     repo().join("tests/scenario/checkout.json")
-}
-
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
-    let b = dir.join(name);
-    assert!(
-        b.exists(),
-        "{} missing: run `cargo build --workspace --bins` before the tests",
-        b.display()
-    );
-    b
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// What the scenario file implies, in the runners' summary shape.

@@ -7,9 +7,9 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
+use stockgate_testkit::sibling_binary as bin;
 
 use common::*;
 use redis::Value;
@@ -268,21 +268,6 @@ async fn a_limit_reply_can_say_the_limit_and_the_units_held() {
 }
 
 /// A binary next to this test's executable (`target/<profile>/<name>`).
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe path");
-    let dir = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .expect("target/<profile>/deps");
-    let b = dir.join(name);
-    assert!(
-        b.exists(),
-        "{} missing: run `cargo build --workspace --bins` before the tests",
-        b.display()
-    );
-    b
-}
-
 /// Runs `name args`, which must fail; its stderr.
 fn refused(name: &str, args: &[&str]) -> String {
     let out = Command::new(bin(name))

@@ -2,8 +2,8 @@
 //! (issue 19, item 3): every built binary and every subcommand, with the database URL,
 //! server and Sentinel URLs and passwords set to values carrying a marker.
 
-use std::path::PathBuf;
 use std::process::Command;
+use stockgate_testkit::sibling_binary as bin;
 
 /// Unlikely in any help text (which does say `--secret-file <SECRET_FILE>`).
 const MARKER: &str = "SECRET-7f3a";
@@ -26,21 +26,6 @@ const ENV: &[(&str, &str)] = &[
 ];
 
 /// A binary next to this test's executable (`target/<profile>/<name>`).
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe path");
-    let dir = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .expect("target/<profile>/deps");
-    let b = dir.join(name);
-    assert!(
-        b.exists(),
-        "{} missing: run `cargo build --workspace --bins` before the tests",
-        b.display()
-    );
-    b
-}
-
 fn help_is_clean(name: &str, args: &[&str]) {
     let out = Command::new(bin(name))
         .args(args)

@@ -4,8 +4,8 @@
 //! other start refuses until then. Real Postgres, real binaries.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use stockgate_testkit::sibling_binary as bin;
 
 use sqlx::Row;
 use stockgate_client::ledger::pg_schema::{
@@ -70,21 +70,6 @@ fn new_order(sku: &str, tag: &str) -> NewOrder {
         expires_at_ms: now + 600_000,
         created_at_ms: now - 10,
     }
-}
-
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
-    let b = dir.join(name);
-    assert!(
-        b.exists(),
-        "{} missing: run `cargo build --workspace --bins` before the tests",
-        b.display()
-    );
-    b
 }
 
 /// A tool run against `url` with `args`, the schema variable cleared so only the

@@ -22,9 +22,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use stockgate_testkit::{sibling_binary as bin, KillOnDrop};
 
 use common::raft::Group;
 use common::{Server, TempDir};
@@ -43,30 +44,6 @@ const USERS: &str = "\
 boss admin s3cret-admin
 shop checkout s3cret-shop
 ";
-
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
-    let b = dir.join(name);
-    assert!(
-        b.exists(),
-        "{} missing: run `cargo build --workspace --bins` before the tests",
-        b.display()
-    );
-    b
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn package_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/node");

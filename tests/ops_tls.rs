@@ -12,6 +12,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use stockgate_testkit::KillOnDrop;
 
 use common::*;
 
@@ -748,13 +749,4 @@ fn a_raft_group_replicates_over_tls() {
     let _ = s.read_to_end(&mut got);
     assert!(got.len() < 64, "a plain frame got an answer: {got:?}");
     drop(members);
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use stockgate_testkit::KillOnDrop;
 
 use common::now_ms;
 use common::raft::*;
@@ -269,15 +270,6 @@ fn ensure_node_clients() {
 }
 
 /// A child process killed when the test ends, however it ends.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// What a client script reported so far.
 #[derive(Default)]
 struct Seen {

@@ -6,7 +6,20 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::session::ServerConfig;
+/// The start values of the connection limits [`LiveSettings`] keeps.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// `--maxclients`.
+    pub max_clients: usize,
+    /// `--max-query-buffer`, bytes.
+    pub max_query_buffer: usize,
+    /// `--max-output-buffer`, bytes.
+    pub max_output_buffer: usize,
+    /// `--idle-timeout-ms`; 0 = never.
+    pub idle_timeout_ms: u64,
+    /// `--write-timeout-ms`.
+    pub write_timeout_ms: u64,
+}
 
 /// The settings `CONFIG SET` may change, read where each limit is applied.
 pub struct LiveSettings {
@@ -25,14 +38,14 @@ pub struct LiveSettings {
 }
 
 impl LiveSettings {
-    /// The values the server starts with.
-    pub fn new(c: &ServerConfig) -> LiveSettings {
+    /// The values the server starts with (`ServerConfig`'s).
+    pub fn new(start: Limits) -> LiveSettings {
         LiveSettings {
-            max_clients: AtomicUsize::new(c.max_clients),
-            max_query_buffer: AtomicUsize::new(c.max_query_buffer),
-            max_output_buffer: AtomicUsize::new(c.max_output_buffer),
-            idle_timeout_ms: AtomicU64::new(c.idle_timeout_ms),
-            write_timeout_ms: AtomicU64::new(c.write_timeout_ms),
+            max_clients: AtomicUsize::new(start.max_clients),
+            max_query_buffer: AtomicUsize::new(start.max_query_buffer),
+            max_output_buffer: AtomicUsize::new(start.max_output_buffer),
+            idle_timeout_ms: AtomicU64::new(start.idle_timeout_ms),
+            write_timeout_ms: AtomicU64::new(start.write_timeout_ms),
             changed: parking_lot::Mutex::new(std::collections::BTreeSet::new()),
         }
     }

@@ -245,7 +245,13 @@ impl Shared {
         durability: Arc<dyn Durability>,
     ) -> Self {
         Shared {
-            live: crate::live::LiveSettings::new(&config),
+            live: crate::live::LiveSettings::new(crate::live::Limits {
+                max_clients: config.max_clients,
+                max_query_buffer: config.max_query_buffer,
+                max_output_buffer: config.max_output_buffer,
+                idle_timeout_ms: config.idle_timeout_ms,
+                write_timeout_ms: config.write_timeout_ms,
+            }),
             config_file: None,
             flags: None,
             config,

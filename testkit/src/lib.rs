@@ -71,6 +71,34 @@ pub fn server_binary() -> Result<PathBuf, TestkitError> {
     Ok(bin)
 }
 
+/// A binary of the workspace next to the running test executable
+/// (`target/<profile>/<name>`, beside `deps/`). Panics with the command to run when it is
+/// missing: the suite runs after `cargo build --workspace --bins`.
+pub fn sibling_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let Some(dir) = exe.parent().and_then(Path::parent) else {
+        panic!("no target/<profile> above {}", exe.display());
+    };
+    let b = dir.join(name);
+    assert!(
+        b.exists(),
+        "{} missing: run `cargo build --workspace --bins` before the tests",
+        b.display()
+    );
+    b
+}
+
+/// A child process killed (and reaped) when this is dropped, so a failing test leaves
+/// no server behind.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A fresh temp dir, removed on drop.
 #[derive(Debug)]
 pub struct TempDir(PathBuf);

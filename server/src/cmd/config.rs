@@ -93,33 +93,21 @@ const LIVE: &[Live] = &[
         flag: "idle-timeout-ms",
         scale: 1000,
         get: |c| c.shared.live.idle_timeout_ms().to_string(),
-        set: |c, v| {
-            let n: u64 = num(v)?;
-            c.shared.live.idle_timeout_ms.store(n, Ordering::Relaxed);
-            Ok(())
-        },
+        set: |c, v| store_u64(v, &c.shared.live.idle_timeout_ms),
     },
     Live {
         name: "idle-timeout-ms",
         flag: "idle-timeout-ms",
         scale: 1,
         get: |c| c.shared.live.idle_timeout_ms().to_string(),
-        set: |c, v| {
-            let n: u64 = num(v)?;
-            c.shared.live.idle_timeout_ms.store(n, Ordering::Relaxed);
-            Ok(())
-        },
+        set: |c, v| store_u64(v, &c.shared.live.idle_timeout_ms),
     },
     Live {
         name: "write-timeout-ms",
         flag: "write-timeout-ms",
         scale: 1,
         get: |c| c.shared.live.write_timeout_ms().to_string(),
-        set: |c, v| {
-            let n: u64 = num(v)?;
-            c.shared.live.write_timeout_ms.store(n, Ordering::Relaxed);
-            Ok(())
-        },
+        set: |c, v| store_u64(v, &c.shared.live.write_timeout_ms),
     },
     Live {
         name: "retention-ms",
@@ -170,6 +158,11 @@ fn redis_log_level(v: &str) -> &str {
         "nothing" => "off",
         other => other,
     }
+}
+
+fn store_u64(v: &str, a: &std::sync::atomic::AtomicU64) -> Result<(), String> {
+    a.store(num(v)?, Ordering::Relaxed);
+    Ok(())
 }
 
 fn positive(v: &str, a: &std::sync::atomic::AtomicUsize) -> Result<(), String> {
