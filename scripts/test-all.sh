@@ -34,7 +34,7 @@ python3 -c "import redis" >/dev/null 2>&1 || python3 -m pip install -q redis
 # The Python package under test (tests/python_package.rs runs its pytest suite;
 # tests/checkout_scenario.rs runs tests/scenario/run_python.py with it), installed
 # from this checkout every run so the tests see the current source, with its test needs.
-python3 -m pip install -q ./clients/python "psycopg[binary]" pytest
+python3 -m pip install -q ./clients/python "psycopg[binary]" pytest build
 # ioredis and node-redis (tests/node_clients.rs), pinned by tests/node/package-lock.json.
 [ -d tests/node/node_modules ] || npm ci --prefix tests/node --no-audit --no-fund
 # The Node package under test (tests/node_package.rs; tests/checkout_scenario.rs runs

@@ -251,3 +251,41 @@ fn node_package_follows_a_leader_kill() {
     assert_ne!(old, new);
     println!("leader {first} at the start; killed {old}, {new} took over");
 }
+
+/// `npm pack` ships what an ESM + TypeScript user imports: the sources, the checkout and
+/// the type declarations the package.json points at.
+#[test]
+fn node_package_packs_its_sources_and_types() {
+    let dir = package_dir();
+    let out = Command::new("npm")
+        .args(["pack", "--dry-run", "--json"])
+        .current_dir(&dir)
+        .output()
+        .expect("npm pack");
+    assert!(
+        out.status.success(),
+        "npm pack failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let packed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("npm pack --json");
+    let files: Vec<&str> = packed[0]["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .filter_map(|f| f["path"].as_str())
+        .collect();
+    for want in [
+        "index.d.ts",
+        "src/index.js",
+        "src/checkout.js",
+        "package.json",
+    ] {
+        assert!(files.contains(&want), "{want} not packed: {files:?}");
+    }
+    let manifest: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("package.json")).expect("package.json"),
+    )
+    .expect("package.json is JSON");
+    assert_eq!(manifest["type"], "module");
+    assert_eq!(manifest["types"], "./index.d.ts");
+}

@@ -210,3 +210,55 @@ fn python_package_follows_a_leader_kill() {
     assert_ne!(old, new);
     println!("leader {first} at the start; killed {old}, {new} took over");
 }
+
+/// `python -m build` makes a wheel and an sdist, and the wheel carries `py.typed` so type
+/// checkers read the package's hints.
+#[test]
+fn python_package_builds_a_typed_wheel() {
+    let dir = TempDir::new("pybuild");
+    let src = dir.path().join("src");
+    let copy = Command::new("cp")
+        .args(["-r"])
+        .arg(repo().join("clients/python"))
+        .arg(&src)
+        .status()
+        .expect("cp");
+    assert!(copy.success());
+    let out = dir.path().join("dist");
+    let built = Command::new("python3")
+        .args(["-m", "build", "--outdir"])
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .expect("python3 -m build");
+    assert!(
+        built.status.success(),
+        "python -m build failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .expect("dist")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|n| n.ends_with(".tar.gz")), "{names:?}");
+    let wheel = names
+        .iter()
+        .find(|n| n.ends_with(".whl"))
+        .unwrap_or_else(|| panic!("no wheel in {names:?}"));
+    let listing = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, zipfile; print('\\n'.join(zipfile.ZipFile(sys.argv[1]).namelist()))",
+        ])
+        .arg(out.join(wheel))
+        .output()
+        .expect("list the wheel");
+    let files = String::from_utf8_lossy(&listing.stdout);
+    for want in ["stockgate/py.typed", "stockgate/checkout.py"] {
+        assert!(
+            files.lines().any(|l| l == want),
+            "{want} not in the wheel:\n{files}"
+        );
+    }
+}
