@@ -553,15 +553,24 @@ fn the_metrics_endpoint_over_https() {
             .arg(&url));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    // The RESP port's client-certificate rule holds here too.
+    let cert = p.join("a-client.pem").display().to_string();
+    let key = p.join("a-client.key").display().to_string();
+    // The endpoint binds beside the RESP port: ask until it answers (bounded).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let body = loop {
+        let body = curl(&["--cert", &cert, "--key", &key]);
+        if body.contains("stockgate_") || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(body.contains("stockgate_"), "{body}");
+    // The RESP port's client-certificate rule holds here too (asked once the endpoint
+    // is known to serve, so a refusal is the rule, not a port not yet open).
     assert!(
         !curl(&[]).contains("stockgate_"),
         "served without a client certificate"
     );
-    let cert = p.join("a-client.pem").display().to_string();
-    let key = p.join("a-client.key").display().to_string();
-    let body = curl(&["--cert", &cert, "--key", &key]);
-    assert!(body.contains("stockgate_"), "{body}");
     // Plain HTTP on the HTTPS port gets nothing.
     let out = run(Command::new("curl")
         .args(["-sS", "--max-time", "5"])
