@@ -129,12 +129,17 @@ pub fn load_or_create_secret(
             Err(e) => return Err(e),
         }
     }
-    let text = fs::read_to_string(&path).map_err(io(&path))?;
-    let ring = Keyring::parse(&text).map_err(|source| KeyFileError::Key {
-        path: path.clone(),
-        source,
-    })?;
+    let ring = read_secret(&path)?;
     Ok((ring, path, created))
+}
+
+/// Reads the admission secret file at `path` (at start, and again on `SECRET.RELOAD`).
+pub fn read_secret(path: &Path) -> Result<Keyring, KeyFileError> {
+    let text = fs::read_to_string(path).map_err(io(path))?;
+    Keyring::parse(&text).map_err(|source| KeyFileError::Key {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Loads the reservation key from `key_file` or `<data_dir>/reservation.key`. Creates it

@@ -255,6 +255,14 @@ struct ServeArgs {
     /// This node's id in the map. Default: the only node listed with --port.
     #[arg(long, value_name = "ID")]
     cluster_node: Option<String>,
+    /// The user this node logs in as when it asks other groups' members `ROLE` to find
+    /// their leaders (with --cluster-password-file; default: the `default` user).
+    #[arg(long, value_name = "USER")]
+    cluster_user: Option<String>,
+    /// A file whose first line is the password for those `ROLE` probes, needed when the
+    /// other groups' members require passwords (docs/cluster.md, "How leaders are found").
+    #[arg(long, value_name = "FILE")]
+    cluster_password_file: Option<PathBuf>,
     #[command(flatten)]
     log: stockgate_server::metrics::logging::LogArgs,
     // ---- TLS: --tls-port, --tls-cert-file, ... (server/src/tls/args.rs) ----
@@ -470,20 +478,57 @@ fn users_from(a: &ServeArgs) -> Result<Option<UserDb>, String> {
 /// The slot map and this node's place in it, when cluster mode is on.
 fn cluster_from(a: &ServeArgs) -> Result<Option<stockgate_server::cluster::Cluster>, String> {
     match (a.cluster_enabled.as_str(), &a.cluster_config) {
-        ("yes", Some(path)) => stockgate_server::cluster::Cluster::load(
-            &path.display().to_string(),
-            a.cluster_node.as_deref(),
-            a.port,
-        )
-        .map(Some)
-        .map_err(|e| e.to_string()),
+        ("yes", Some(path)) => {
+            let auth = cluster_probe_auth(a)?;
+            stockgate_server::cluster::Cluster::load(
+                &path.display().to_string(),
+                a.cluster_node.as_deref(),
+                a.port,
+            )
+            .map(|c| Some(c.with_probe_auth(auth)))
+            .map_err(|e| e.to_string())
+        }
         ("yes", None) => Err(
             "--cluster-enabled yes needs --cluster-config FILE (the slot map, docs/cluster.md)"
                 .into(),
         ),
         (_, Some(_)) => Err("--cluster-config is only read with --cluster-enabled yes".into()),
+        _ if a.cluster_user.is_some() || a.cluster_password_file.is_some() => Err(
+            "--cluster-user and --cluster-password-file are only read with --cluster-enabled yes"
+                .into(),
+        ),
         _ => Ok(None),
     }
+}
+
+/// The login of the `ROLE` probes to other groups: `--cluster-password-file`'s first
+/// line, as `--cluster-user` (or the default user).
+fn cluster_probe_auth(
+    a: &ServeArgs,
+) -> Result<Option<stockgate_server::cluster::ProbeAuth>, String> {
+    let Some(path) = &a.cluster_password_file else {
+        return match a.cluster_user {
+            Some(_) => Err("--cluster-user needs --cluster-password-file FILE (its first line is the password)".into()),
+            None => Ok(None),
+        };
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read --cluster-password-file {}: {e}",
+            path.display()
+        )
+    })?;
+    let password = text.lines().next().unwrap_or("");
+    if password.is_empty() {
+        return Err(format!(
+            "--cluster-password-file {}: the first line must hold the password",
+            path.display()
+        ));
+    }
+    Ok(Some(stockgate_server::cluster::ProbeAuth::new(
+        a.cluster_user.as_deref(),
+        password,
+    )))
 }
 
 fn run_inner(a: ServeArgs) -> Result<(), String> {
@@ -493,6 +538,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     let tls = tls_from(&a)?;
     std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
     let keys = load_keys(&a)?;
+    let secret_path = keys.secret_path.clone();
     let cfg = engine_config(&a)?;
     let mut raft_cfg = raft_config(&a)?;
     replication_tls(&a, tls.as_ref(), raft_cfg.as_mut())?;
@@ -523,6 +569,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     if let Some(c) = cluster {
         let _ = shared.cluster.set(Arc::new(c));
     }
+    let _ = shared.secret_file.set(secret_path);
     shared.metrics.configure(
         a.slowlog_log_slower_than,
         a.slowlog_max_len,
@@ -575,6 +622,7 @@ fn check_open_mode(a: &ServeArgs, has_users: bool) -> Result<(), String> {
 /// The admission keyring and the reservation key, created in the data dir on first start.
 struct Keys {
     admission: stockgate_server::engine::Keyring,
+    secret_path: PathBuf,
     reservation: stockgate_server::engine::ReservationKey,
     reservation_path: PathBuf,
 }
@@ -607,6 +655,7 @@ fn load_keys(a: &ServeArgs) -> Result<Keys, String> {
     }
     Ok(Keys {
         admission,
+        secret_path,
         reservation,
         reservation_path,
     })

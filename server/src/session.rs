@@ -226,6 +226,9 @@ pub struct Shared {
     pub tls: std::sync::OnceLock<Arc<crate::tls::Tls>>,
     /// Cluster mode (`--cluster-enabled yes`): the slot map and this node's place in it.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// The admission secret file the keys were read from, which `SECRET.RELOAD` reads
+    /// again; set by the binary.
+    pub secret_file: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 impl Shared {
@@ -267,6 +270,7 @@ impl Shared {
             clients: crate::pubsub::Clients::default(),
             tls: std::sync::OnceLock::new(),
             cluster: std::sync::OnceLock::new(),
+            secret_file: std::sync::OnceLock::new(),
         }
     }
 }

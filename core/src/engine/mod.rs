@@ -157,7 +157,9 @@ pub struct Engine {
     cfg: EngineConfig,
     clock: Arc<dyn Clock>,
     sink: Arc<dyn EventSink>,
-    keys: Keyring,
+    /// Replaced whole by [`Engine::set_keyring`]; each RESERVE verifies with the ring it
+    /// loaded.
+    keys: arc_swap::ArcSwap<Keyring>,
     reservation_key: ReservationKey,
     /// By sku; a keyed fast hash (see `foldhash` in Cargo.toml), looked up per RESERVE.
     sales: RwLock<HashMap<Arc<str>, Arc<Sale>, foldhash::fast::RandomState>>,
@@ -214,7 +216,7 @@ impl Engine {
             cfg,
             clock,
             sink,
-            keys,
+            keys: arc_swap::ArcSwap::from_pointee(keys),
             reservation_key,
             sales: RwLock::new(HashMap::default()),
             stripes,
@@ -237,7 +239,7 @@ impl Engine {
             },
             self.clock.clone(),
             Arc::new(NullSink),
-            self.keys.clone(),
+            Keyring::clone(&self.keys.load()),
             self.reservation_key.clone(),
         )
     }
@@ -275,9 +277,16 @@ impl Engine {
         self.reservation_key.fingerprint()
     }
 
-    /// The keys admission tokens are verified with.
-    pub fn keyring(&self) -> &Keyring {
-        &self.keys
+    /// The keys admission tokens are verified with (the ring in place now).
+    pub fn keyring(&self) -> Arc<Keyring> {
+        self.keys.load_full()
+    }
+
+    /// Verifies admission tokens with `keys` from the next RESERVE on. Only this node's
+    /// verification changes: a group's records carry decisions, not tokens, so members
+    /// need not swap at the same moment (docs/operations.md, "Key rotation").
+    pub fn set_keyring(&self, keys: Keyring) {
+        self.keys.store(Arc::new(keys));
     }
 
     /// The token RESERVE would hand out for this request (derived, not looked up).

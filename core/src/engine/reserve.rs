@@ -13,6 +13,7 @@ impl Engine {
         }
         let admission_expiry = self
             .keys
+            .load()
             .verify(req.admission, req.sku, req.user)
             .map_err(EngineError::Denied)?;
         // On the stack: a replay or a refusal never allocates it.

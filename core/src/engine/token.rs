@@ -144,7 +144,12 @@ impl Keyring {
         format!("k1 {}\n", hex_encode(&secret))
     }
 
-    /// The key id new tokens are signed with (the file's first key).
+    /// The key ids, in the file's order (the first signs).
+    pub fn kids(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|k| k.kid.as_str())
+    }
+
+    /// The kid of the key that signs (the file's first line).
     pub fn signing_kid(&self) -> &str {
         &self.keys[0].kid
     }

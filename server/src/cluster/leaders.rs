@@ -3,8 +3,10 @@
 //! answers `master`. Leadership inside a group is decided by that group's Raft; this only
 //! reads what its members say. A stale answer sends a client to a member that redirects it
 //! once more (`-MOVED` from a follower) or refuses; a write runs only where Raft lets it.
+//! Members that require a password are asked after an `AUTH` sent in the same write
+//! (`--cluster-user`, `--cluster-password-file`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +26,50 @@ const ROUND: Duration = Duration::from_millis(250);
 const ROLE: &[u8] = b"*1\r\n$4\r\nROLE\r\n";
 /// The start of a master's `ROLE` reply (RESP2 and RESP3 alike).
 const MASTER: &[u8] = b"*3\r\n$6\r\nmaster\r\n";
+/// A successful `AUTH`'s reply.
+const AUTH_OK: &[u8] = b"+OK\r\n";
+/// The start of the refusal of a member that requires a password.
+const NOAUTH: &[u8] = b"-NOAUTH";
+
+/// The `AUTH` command the probes send first, encoded once. Its `Debug` never shows the
+/// password.
+pub struct ProbeAuth {
+    resp: Vec<u8>,
+}
+
+impl ProbeAuth {
+    /// `AUTH [user] password` as a RESP array.
+    pub fn new(user: Option<&str>, password: &str) -> ProbeAuth {
+        let mut args: Vec<&[u8]> = vec![b"AUTH"];
+        if let Some(u) = user {
+            args.push(u.as_bytes());
+        }
+        args.push(password.as_bytes());
+        let mut resp = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            resp.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            resp.extend_from_slice(a);
+            resp.extend_from_slice(b"\r\n");
+        }
+        ProbeAuth { resp }
+    }
+}
+
+impl std::fmt::Debug for ProbeAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProbeAuth(..)")
+    }
+}
+
+/// What one member answered.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answer {
+    Master,
+    /// It requires a password this node did not give (`-NOAUTH`).
+    NeedsPassword,
+    /// Anything else: a follower, a refused login, garbage, silence, no connection.
+    NotMaster,
+}
 
 /// Per group, the index (in the map) of the member last seen answering `master`.
 pub struct Leaders {
@@ -52,35 +98,65 @@ impl Leaders {
     }
 }
 
-/// Asks `ROLE` of one node: `true` when it answers that it is a master. Anything else
-/// (refused, slow, closed, any other bytes) is `false`.
-async fn says_master(host: String, port: u16) -> bool {
+/// Asks `ROLE` of one node, after `auth`'s `AUTH` when given (both in one write).
+/// [`Answer::Master`] only when the login succeeded and the node says it is a master.
+async fn ask(host: String, port: u16, auth: Option<Arc<[u8]>>) -> Answer {
     let ask = async {
         let mut s = TcpStream::connect((host.as_str(), port)).await.ok()?;
-        s.write_all(ROLE).await.ok()?;
+        let mut out = auth.as_deref().unwrap_or_default().to_vec();
+        out.extend_from_slice(ROLE);
+        s.write_all(&out).await.ok()?;
+        if auth.is_some() {
+            let mut ok = [0u8; AUTH_OK.len()];
+            s.read_exact(&mut ok).await.ok()?;
+            if ok != AUTH_OK {
+                return Some(Answer::NotMaster);
+            }
+        }
         let mut buf = [0u8; MASTER.len()];
-        s.read_exact(&mut buf).await.ok()?;
-        Some(buf == MASTER)
+        s.read_exact(&mut buf[..NOAUTH.len()]).await.ok()?;
+        if &buf[..NOAUTH.len()] == NOAUTH {
+            return Some(Answer::NeedsPassword);
+        }
+        s.read_exact(&mut buf[NOAUTH.len()..]).await.ok()?;
+        Some(if buf == MASTER {
+            Answer::Master
+        } else {
+            Answer::NotMaster
+        })
     };
-    matches!(
-        tokio::time::timeout(PROBE_TIMEOUT, ask).await,
-        Ok(Some(true))
-    )
+    match tokio::time::timeout(PROBE_TIMEOUT, ask).await {
+        Ok(Some(a)) => a,
+        _ => Answer::NotMaster,
+    }
 }
 
 /// One round over group `g`'s members, all asked at once: the member that says it is
 /// master, preferring the one known before when several do (an old leader that has not
 /// yet learnt of the new one answers for at most its election timeout).
-async fn probe_group(nodes: &[Node], before: Option<usize>) -> Option<usize> {
+async fn probe_group(
+    nodes: &[Node],
+    before: Option<usize>,
+    auth: Option<Arc<[u8]>>,
+    warned: &AtomicBool,
+) -> Option<usize> {
     let mut asks = JoinSet::new();
     for (i, n) in nodes.iter().enumerate() {
-        let (h, p) = (n.host.clone(), n.port);
-        asks.spawn(async move { (i, says_master(h, p).await) });
+        let (h, p, a) = (n.host.clone(), n.port, auth.clone());
+        asks.spawn(async move { (i, ask(h, p, a).await) });
     }
     let mut masters = Vec::new();
     while let Some(done) = asks.join_next().await {
-        if let Ok((i, true)) = done {
-            masters.push(i);
+        match done {
+            Ok((i, Answer::Master)) => masters.push(i),
+            Ok((i, Answer::NeedsPassword)) if !warned.swap(true, Ordering::Relaxed) => {
+                tracing::warn!(
+                    "cluster member {}:{} requires a password to answer ROLE: start this node with --cluster-user and --cluster-password-file, or its group's slots go to the map's first member",
+                    nodes[i].host,
+                    nodes[i].port
+                );
+            }
+            _ => {}
         }
     }
     masters.sort_unstable();
@@ -94,12 +170,18 @@ async fn probe_group(nodes: &[Node], before: Option<usize>) -> Option<usize> {
 /// [`ROUND`]. Each member is asked at most once per round, so a round holds at most one
 /// connection per member.
 pub async fn watch(cluster: Arc<Cluster>) {
+    let auth: Option<Arc<[u8]>> = cluster
+        .probe_auth
+        .as_ref()
+        .map(|a| a.resp.as_slice().into());
+    let warned = AtomicBool::new(false);
     loop {
         for (g, group) in cluster.map.groups.iter().enumerate() {
             if g == cluster.my_group {
                 continue;
             }
-            let found = probe_group(&group.nodes, cluster.leaders.get(g)).await;
+            let found =
+                probe_group(&group.nodes, cluster.leaders.get(g), auth.clone(), &warned).await;
             cluster.leaders.set(g, found);
         }
         tokio::time::sleep(ROUND).await;
@@ -150,10 +232,30 @@ mod tests {
             node(silent.local_addr().unwrap().port()),
             node(master),
         ];
-        assert_eq!(probe_group(&nodes, None).await, Some(4));
-        assert_eq!(probe_group(&nodes[..4], Some(4)).await, None);
+        let w = AtomicBool::new(false);
+        assert_eq!(probe_group(&nodes, None, None, &w).await, Some(4));
+        assert_eq!(probe_group(&nodes[..4], Some(4), None, &w).await, None);
         let two = [node(master), node(peer(b"*3\r\n$6\r\nmaster\r\n").await)];
-        assert_eq!(probe_group(&two, Some(1)).await, Some(1));
-        assert_eq!(probe_group(&two, None).await, Some(0));
+        assert_eq!(probe_group(&two, Some(1), None, &w).await, Some(1));
+        assert_eq!(probe_group(&two, None, None, &w).await, Some(0));
+        assert!(!w.load(Ordering::Relaxed));
+    }
+
+    #[tokio::test]
+    async fn logs_in_first_when_given_a_password_and_tells_when_one_is_needed() {
+        let locked = peer(b"-NOAUTH Authentication required.\r\n").await;
+        let w = AtomicBool::new(false);
+        assert_eq!(probe_group(&[node(locked)], None, None, &w).await, None);
+        assert!(w.load(Ordering::Relaxed), "a -NOAUTH answer is reported");
+        let auth: Option<Arc<[u8]>> = Some(ProbeAuth::new(Some("u"), "p").resp.into());
+        let after_login = peer(b"+OK\r\n*3\r\n$6\r\nmaster\r\n:1\r\n*0\r\n").await;
+        let refused = peer(b"-WRONGPASS invalid username-password pair\r\n").await;
+        let nodes = [node(refused), node(after_login)];
+        assert_eq!(probe_group(&nodes, None, auth, &w).await, Some(1));
+        assert_eq!(
+            ProbeAuth::new(None, "pw").resp,
+            b"*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n".to_vec()
+        );
+        assert_eq!(format!("{:?}", ProbeAuth::new(None, "pw")), "ProbeAuth(..)");
     }
 }

@@ -9,7 +9,7 @@ pub mod slot;
 
 use std::sync::atomic::AtomicU64;
 
-pub use leaders::Leaders;
+pub use leaders::{Leaders, ProbeAuth};
 pub use map::{Group, MapError, Node, SlotMap};
 pub use slot::{key_slot, SLOTS};
 
@@ -57,6 +57,9 @@ pub struct Cluster {
     pub crossslot: AtomicU64,
     /// The other groups' leaders as their members last answered `ROLE` ([`leaders`]).
     pub leaders: Leaders,
+    /// How the `ROLE` probes log in to members that require a password; `None`: they
+    /// do not.
+    pub probe_auth: Option<ProbeAuth>,
 }
 
 impl Cluster {
@@ -108,7 +111,14 @@ impl Cluster {
             my_node,
             moved: AtomicU64::new(0),
             crossslot: AtomicU64::new(0),
+            probe_auth: None,
         })
+    }
+
+    /// The same cluster, its `ROLE` probes logging in with `auth`.
+    pub fn with_probe_auth(mut self, auth: Option<ProbeAuth>) -> Cluster {
+        self.probe_auth = auth;
+        self
     }
 
     /// This server's entry in the map.

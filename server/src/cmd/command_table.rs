@@ -249,6 +249,15 @@ pub static COMMANDS: &[Spec] = &[
         "server",
         "Users: WHOAMI (any user), LIST, USERS, LOAD (admin: read the users file again)",
     ),
+    spec(
+        "secret.reload",
+        1,
+        &["admin", "noscript", "loading", "stale"],
+        0,
+        ADMIN,
+        "server",
+        "Read the admission secret file again: its keys verify from the next RESERVE on",
+    ),
     spec("time", 1, C, 0, ADMIN, "server", "Server time"),
     spec(
         "latency",

@@ -184,8 +184,11 @@ fn fixed_reason(name: &str) -> &'static str {
         "appendfsync" | "fsync" => "the log's fsync policy is fixed when the log is opened",
         "users-file" => "the users file is named at startup (ACL LOAD reads it again)",
         "requirepass" => "the default user's password is read at startup (put users in --users-file and use ACL LOAD)",
-        "secret-file" | "reservation-key-file" | "create-keys" => {
-            "the keys are read at startup (docs/operations.md, \"Key rotation\")"
+        "secret-file" => {
+            "the secret file is named at startup (SECRET.RELOAD reads it again; docs/operations.md, \"Key rotation\")"
+        }
+        "reservation-key-file" | "create-keys" => {
+            "the reservation key never changes while its sales live (docs/operations.md, \"Key rotation\")"
         }
         "shards" | "ttl-ms" | "auto-release" | "expected-reservations" => {
             "the engine takes it when it is built at startup"

@@ -17,6 +17,7 @@ pub mod pubsub;
 pub mod replication;
 pub mod reserve;
 pub mod sale;
+pub mod secret;
 pub mod stream;
 pub mod timed;
 
@@ -171,6 +172,7 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "info" => Ok(introspect::info(ctx, rest)),
         "config" => Ok(config::config(ctx, rest)),
         "acl" => acl::Acl::parse(rest).map(|c| c.apply(ctx)),
+        "secret.reload" => Ok(secret::reload(ctx).into()),
         "latency" => Ok(introspect::latency(ctx, rest)),
         "slowlog" => Ok(introspect::slowlog(ctx, rest)),
         "time" => Ok(introspect::time()),
