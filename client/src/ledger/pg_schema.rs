@@ -33,6 +33,8 @@ pub const LEDGER_TABLES: &[&str] = &[
     "sale_adjustments",
     "feed_position",
     "server_binding",
+    "split_parents",
+    "split_parts",
 ];
 
 /// The functions of `migrations/0006_ledger_functions.sql` and
@@ -58,6 +60,7 @@ pub const LEDGER_FUNCTIONS: &[&str] = &[
     "materialize_transition",
     "materialize_extended",
     "feed_set_position",
+    "split_check_parent",
 ];
 
 /// The tables whose presence (with our migration rows) marks a ledger of the old layout.
