@@ -41,14 +41,15 @@ describe('split: against the server', { skip: needs('STOCKGATE_ADDR', 'STOCKGATE
     const parts = [0, 1, 2].map((i) => `${parent}.p${i}-0`);
     for (const p of parts) await sg.createSale(p, 2, { shards: 1, ttlMs: 60000, limit: 1 });
     const admission = (user) => (sku) => minter.mint(sku, user);
+    // "user-7" is homed on part 0 of 3; part 0 is sold out.
     assert.equal(homePart('user-7', 3), 0);
-    const first = await reserveSplit(sg, parent, parts, 'user-7', 1, { admission: admission('user-7'), requestId: 'a' });
-    assert.deepEqual([first.part, first.tried, first.outcome.kind], [0, [0], 'reserved']);
-    const again = await reserveSplit(sg, parent, parts, 'user-7', 1, { admission: admission('user-7'), requestId: 'b' });
-    assert.deepEqual([again.part, again.tried, again.outcome.kind], [0, [0], 'limit']);
-    const other = await sg.reserve(parts[0], 'other', minter.mint(parts[0], 'other'), 'x');
-    assert.equal(other.kind, 'reserved');
-    const moved = await reserveSplit([sg, sg, sg], parent, parts, 'user-7', 1, { admission: admission('user-7'), requestId: 'c' });
+    for (const u of ['o1', 'o2']) {
+      assert.equal((await sg.reserve(parts[0], u, minter.mint(parts[0], u), 'x')).kind, 'reserved');
+    }
+    const moved = await reserveSplit(sg, parent, parts, 'user-7', 1, { admission: admission('user-7'), requestId: 'a' });
     assert.deepEqual([moved.part, moved.sku, moved.tried, moved.outcome.kind], [1, parts[1], [0, 1], 'reserved']);
+    // The limit (1 per part) on the part that answered is final: no third probe.
+    const again = await reserveSplit([sg, sg, sg], parent, parts, 'user-7', 1, { admission: admission('user-7'), requestId: 'b' });
+    assert.deepEqual([again.part, again.tried, again.outcome.kind], [1, [0, 1], 'limit']);
   });
 });

@@ -28,18 +28,17 @@ def test_split_falls_over_when_home_is_sold_out(addr: str, keyring: stockgate.Ke
     try:
         for p in parts:
             c.sale_create(p, 2, shards=1, ttl_ms=60_000, limit=1)
-        # "user-7" is homed on part 0 of 3.
+        # "user-7" is homed on part 0 of 3; part 0 is sold out.
         assert stockgate.home_part("user-7", 3) == 0
-        mint = lambda user: (lambda s: keyring.mint(s, user))  # noqa: E731
-        first = stockgate.reserve_split(c, sku, parts, "user-7", admission=mint("user-7"), request_id="a")
-        assert (first.part, first.tried) == (0, (0,)) and isinstance(first.outcome, Reserved)
-        # The limit (1 per part) is final: no probe elsewhere.
-        again = stockgate.reserve_split(c, sku, parts, "user-7", admission=mint("user-7"), request_id="b")
-        assert (again.part, again.tried) == (0, (0,)) and isinstance(again.outcome, Limit)
-        assert isinstance(c.reserve(parts[0], "other", keyring.mint(parts[0], "other"), "x"), Reserved)
+        for u in ("o1", "o2"):
+            assert isinstance(c.reserve(parts[0], u, keyring.mint(parts[0], u), "x"), Reserved)
         assert c.stock(parts[0]) == 0
-        moved = stockgate.reserve_split([c, c, c], sku, parts, "user-7", admission=mint("user-7"), request_id="c")
+        mint = lambda user: (lambda s: keyring.mint(s, user))  # noqa: E731
+        moved = stockgate.reserve_split(c, sku, parts, "user-7", admission=mint("user-7"), request_id="a")
         assert (moved.part, moved.sku, moved.tried) == (1, parts[1], (0, 1)) and isinstance(moved.outcome, Reserved)
+        # The limit (1 per part) on the part that answered is final: no third probe.
+        again = stockgate.reserve_split([c, c, c], sku, parts, "user-7", admission=mint("user-7"), request_id="b")
+        assert (again.part, again.tried) == (1, (0, 1)) and isinstance(again.outcome, Limit)
         for p in parts[1:]:
             while c.stock(p) > 0:
                 u = f"drain-{c.stock(p)}"
