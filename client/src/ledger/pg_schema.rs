@@ -37,8 +37,8 @@ pub const LEDGER_TABLES: &[&str] = &[
     "split_parts",
 ];
 
-/// The functions of `migrations/0006_ledger_functions.sql` and
-/// `migrations/0007_materializer_functions.sql` (the ledger's rules, and their helpers): what a move from the old layout takes along besides the trigger functions.
+/// The functions of `migrations/0006_ledger_functions.sql`,
+/// `migrations/0007_materializer_functions.sql` and `migrations/0008_split_sales.sql` (the ledger's rules, and their helpers): what a move from the old layout takes along besides the trigger functions.
 /// `tests/ledger_schema.rs` checks it against a freshly migrated schema.
 pub const LEDGER_FUNCTIONS: &[&str] = &[
     "stockgate_ms_to_ts",
