@@ -629,7 +629,11 @@ pub async fn rebalance(
         held += ledger.sale(&p.sku).await?.map_or(0, |s| s.allocation);
     }
     let spare = head.allocation.saturating_sub(held);
-    let target = open(&available).min_by_key(|&(_, a)| a).map(|(i, _)| i);
+    // Never back to the part just withdrawn from, when another is as dry.
+    let src = report.withdrawn.map(|(i, _)| i);
+    let target = open(&available)
+        .min_by_key(|&(i, a)| (a, Some(i) == src))
+        .map(|(i, _)| i);
     if let (Some(dst), true) = (target, spare > 0) {
         let id = format!("split-{parent}-in-{:016x}", rand::random::<u64>());
         let delta = i64::try_from(spare)
