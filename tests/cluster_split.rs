@@ -9,7 +9,9 @@
 //! - with one part sold out, a buyer homed there is served by the next part, and
 //!   `rebalance --once` withdraws units from the fullest part and gives them to the
 //!   sold-out one, after which buyers get them there; the parts' totals still add up to
-//!   the parent's allocation on the servers and in the ledger.
+//!   the parent's allocation on the servers and in the ledger;
+//! - two transactions raising two parts at once by the parent's spare units: the second
+//!   waits for the first and is refused (`SG005`).
 
 mod common;
 mod operator;
@@ -278,4 +280,61 @@ fn split_sale_storm_and_rebalance() {
     });
     let (ok, out, _) = sweeper(&pg, seed, &["rebalance", "--parent", "COLD", "--once"]);
     assert!(ok && out.contains("nothing to move"), "{out}");
+
+    // --- the database bound under concurrency (SQL by hand, last: it leaves the ledger
+    // apart from the servers) ---
+    rt.block_on(async {
+        let set = |delta: i64, sku: &str| {
+            sqlx::query("UPDATE stockgate.sales SET allocation = allocation + $1 WHERE sku = $2")
+                .bind(delta)
+                .bind(sku.to_string())
+        };
+        set(-2, &cold[1])
+            .execute(&pool)
+            .await
+            .expect("a decrease is always allowed");
+        // Two transactions each raising another part by the 2 spare units: the first
+        // holds the parent's lock; the second waits for it, then sees the first's raise.
+        let mut t1 = pool.begin().await.expect("begin");
+        set(2, &cold[0])
+            .execute(&mut *t1)
+            .await
+            .expect("first raise fits");
+        let pool2 = pool.clone();
+        let sku2 = cold[2].clone();
+        let second = tokio::spawn(async move {
+            let mut t2 = pool2.begin().await.expect("begin");
+            let r = sqlx::query(
+                "UPDATE stockgate.sales SET allocation = allocation + 2 WHERE sku = $1",
+            )
+            .bind(sku2)
+            .execute(&mut *t2)
+            .await;
+            r.map(|_| ())
+        });
+        let t = Instant::now();
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE 'UPDATE stockgate.sales%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("activity");
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "second raise never waited"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        t1.commit().await.expect("commit");
+        let err = second
+            .await
+            .expect("task")
+            .expect_err("the second raise would exceed the parent");
+        assert!(format!("{err:?}").contains("SG005"), "{err:?}");
+    });
 }
