@@ -5,7 +5,8 @@
 //! - a server (open mode) that no sweeper watches: reply parsing, errors per code and
 //!   minting (`unit.test.js`), the commands, typed errors, denials and retries while its
 //!   connections are killed (`server.test.js`), and the TypeScript types checked by
-//!   `tsc --noEmit` (`types.test.js`);
+//!   `tsc --noEmit` (`types.test.js`), and `reserveSplit`'s home for the shared vectors
+//!   and its fall-over from a sold-out home (`split.test.js`);
 //! - a server, a throwaway Postgres with the ledger migrated in schema `stockgate`
 //!   (`stockgate-sweeper migrate`) and a `stockgate-sweeper run --interval-secs 1` process
 //!   for that ledger and server: the checkout's branches and the mistakes the ledger
@@ -150,6 +151,7 @@ fn node_package_against_a_server() {
             "test/unit.test.js",
             "test/server.test.js",
             "test/types.test.js",
+            "test/split.test.js",
         ],
         &envs,
         &out,

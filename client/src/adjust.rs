@@ -118,6 +118,20 @@ pub async fn adjust_sale<L: Ledger, G: ReservationGate>(
     delta: i64,
 ) -> Result<AdjustReport, AdjustError> {
     crate::identity::ensure_bound(ledger, gate.history().await?).await?;
+    adjust_checked(ledger, gate, sku, id, delta).await
+}
+
+/// [`adjust_sale`] for a caller that has already shown `gate` to be the server `sku`
+/// lives on by other means: the parts of a split sale (`crate::split`) live on several
+/// groups, each checked against the history its `split_parts` row recorded, while
+/// `server_binding` names one group.
+pub(crate) async fn adjust_checked<L: Ledger, G: ReservationGate>(
+    ledger: &L,
+    gate: &G,
+    sku: &str,
+    id: &str,
+    delta: i64,
+) -> Result<AdjustReport, AdjustError> {
     // 1. Ledger first: from here on the ledger's allocation includes it.
     let adj = match ledger.record_adjustment(sku, id, delta).await {
         Ok(a) => a,

@@ -27,6 +27,7 @@ pub mod materialize;
 pub mod metrics;
 pub mod rebuild;
 pub mod sentinel;
+pub mod split;
 pub mod sweeper;
 pub mod token;
 pub mod types;

@@ -387,3 +387,28 @@ export declare class Checkout {
   markRefunded(token: string): Promise<'REFUNDED' | 'ALREADY_REFUNDED'>;
   close(): Promise<void>;
 }
+
+/** Parts tried after the home part when it is sold out (docs/cluster.md, "A split sale"). */
+export const MAX_PROBES: number;
+/** 32-bit FNV-1a of the user's UTF-8 bytes: the same in the Rust and Python clients. */
+export function userHash(user: string): number;
+/** The buyer's home part among `parts`. */
+export function homePart(user: string, parts: number): number;
+/** The home, then the next MAX_PROBES parts after it, each once. */
+export function probeOrder(user: string, parts: number): number[];
+/** What reserveSplit got: `part` answered `outcome`; `tried` lists the parts asked. */
+export interface SplitReserve {
+  part: number;
+  sku: string;
+  tried: number[];
+  outcome: ReserveResult;
+}
+/** Reserve on the home part, then at most two others after a SOLDOUT. */
+export function reserveSplit(
+  client: Stockgate | Stockgate[],
+  parent: string,
+  parts: string[],
+  user: string,
+  qty: number | undefined,
+  opts: { admission: (sku: string) => string | Promise<string>; requestId: string },
+): Promise<SplitReserve>;

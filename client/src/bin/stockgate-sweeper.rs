@@ -10,6 +10,8 @@
 //! stockgate-sweeper adjust --sku SKU --delta N [--id ADJ-ID]
 //! stockgate-sweeper rebuild --sku SKU [--fence]
 //! stockgate-sweeper rebind --history ID
+//! stockgate-sweeper split --parent P --parts N --total T [--limit L] [--shards N] [--ttl-ms MS]
+//! stockgate-sweeper rebalance --parent P [--threshold N] [--interval-secs S] [--once]
 //! ```
 
 use std::process::ExitCode;
@@ -123,6 +125,52 @@ enum Cmd {
     /// server of another history; do this only when the ledger is to follow this
     /// server from now on (a server rebuilt after it lost its data).
     Rebind(RebindArgs),
+    /// Split a sale over the cluster's groups: --parts sales `P.p<i>-<k>`, part i on the
+    /// i-th group by lowest slot (--server is any node of the cluster), recorded in the
+    /// ledger as parts of --parent. Re-run with the same arguments after any failure.
+    Split(SplitArgs),
+    /// Move unsold units of a split sale from its fullest part to a sold-out one, through
+    /// the ledger (withdrawal first); every --interval-secs, or once with --once.
+    Rebalance(RebalanceArgs),
+}
+
+#[derive(Args)]
+struct SplitArgs {
+    /// The parent's name (at most 48 characters of a sku).
+    #[arg(long)]
+    parent: String,
+    /// Number of parts (1 to 64).
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(1, 64))]
+    parts: usize,
+    /// The parent's allocation: what all parts together may ever hold.
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(0, MAX_TOTAL as i128))]
+    total: u64,
+    /// Units per user on each part; 0 = no limit (docs/cluster.md: what it bounds).
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u32>(0, u32::MAX as i128))]
+    limit: Option<u32>,
+    /// Shard count of each part (default: the server's --shards).
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u16>(1, MAX_SHARDS as i128))]
+    shards: Option<u16>,
+    /// Reservation TTL in ms of each part (default: the server's --ttl-ms).
+    #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, MAX_TTL_MS as i128))]
+    ttl_ms: Option<u64>,
+}
+
+#[derive(Args)]
+struct RebalanceArgs {
+    #[arg(long)]
+    parent: String,
+    /// Move only when the fullest part has more than this many units available.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true,
+          value_parser = int_in::<u64>(0, MAX_TOTAL as i128))]
+    threshold: u64,
+    /// Seconds between passes.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true,
+          value_parser = number_in(0.001, 86_400.0, "seconds"))]
+    interval_secs: f64,
+    /// Run one pass and exit.
+    #[arg(long)]
+    once: bool,
 }
 
 #[derive(Args)]
@@ -217,6 +265,8 @@ enum CliError {
     Adjust(#[from] stockgate_client::adjust::AdjustError),
     #[error(transparent)]
     Identity(#[from] stockgate_client::identity::IdentityError),
+    #[error(transparent)]
+    Split(#[from] stockgate_client::split::SplitError),
     #[error("invalid argument: {0}")]
     Arg(String),
 }
@@ -368,6 +418,51 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 None => println!("ledger bound to history {}", a.history),
             }
             Ok(())
+        }
+        Some(Cmd::Split(a)) => {
+            ledger.migrate().await?;
+            let spec = stockgate_client::split::SplitSpec {
+                parent: a.parent,
+                parts: a.parts,
+                total: a.total,
+                limit: a.limit,
+                shards: a.shards,
+                ttl_ms: a.ttl_ms,
+            };
+            let parts = stockgate_client::split::create_split(&ledger, &cli.server, &spec).await?;
+            for p in &parts {
+                println!("part {} {}", p.index, p.sku);
+            }
+            println!("split {} over {} parts", spec.parent, parts.len());
+            Ok(())
+        }
+        Some(Cmd::Rebalance(a)) => {
+            ledger.migrate().await?;
+            let every = secs(a.interval_secs, "--interval-secs")?;
+            loop {
+                let pass = stockgate_client::split::rebalance(
+                    &ledger,
+                    &cli.server,
+                    &a.parent,
+                    a.threshold,
+                )
+                .await;
+                match pass {
+                    Ok(r) if a.once => {
+                        println!("rebalance {}: {r}", a.parent);
+                        return Ok(());
+                    }
+                    Ok(_) => {}
+                    Err(e) if a.once => return Err(e.into()),
+                    Err(e) => {
+                        warn!(error = %e, parent = %a.parent, "rebalance pass failed; retrying")
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = wait_for_signal() => return Ok(()),
+                }
+            }
         }
         Some(Cmd::Run(args)) => sweep(&target, ledger, args).await,
         None => sweep(&target, ledger, cli.run).await,

@@ -14,6 +14,7 @@ const FINGERPRINT_SQL: &str =
 const BINDING_SQL: &str = include_str!("../../../migrations/0005_server_binding.sql");
 const FUNCTIONS_SQL: &str = include_str!("../../../migrations/0006_ledger_functions.sql");
 const MATERIALIZER_SQL: &str = include_str!("../../../migrations/0007_materializer_functions.sql");
+const SPLIT_SQL: &str = include_str!("../../../migrations/0008_split_sales.sql");
 
 /// The migrator for `migrations/` (embedded copy).
 pub fn migrator() -> Migrator {
@@ -35,6 +36,7 @@ pub fn migrator() -> Migrator {
             m(5, "server binding", BINDING_SQL),
             m(6, "ledger functions", FUNCTIONS_SQL),
             m(7, "materializer functions", MATERIALIZER_SQL),
+            m(8, "split sales", SPLIT_SQL),
         ]),
         ..Migrator::DEFAULT
     }

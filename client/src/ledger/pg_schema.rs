@@ -33,10 +33,12 @@ pub const LEDGER_TABLES: &[&str] = &[
     "sale_adjustments",
     "feed_position",
     "server_binding",
+    "split_parents",
+    "split_parts",
 ];
 
-/// The functions of `migrations/0006_ledger_functions.sql` and
-/// `migrations/0007_materializer_functions.sql` (the ledger's rules, and their helpers): what a move from the old layout takes along besides the trigger functions.
+/// The functions of `migrations/0006_ledger_functions.sql`,
+/// `migrations/0007_materializer_functions.sql` and `migrations/0008_split_sales.sql` (the ledger's rules, and their helpers): what a move from the old layout takes along besides the trigger functions.
 /// `tests/ledger_schema.rs` checks it against a freshly migrated schema.
 pub const LEDGER_FUNCTIONS: &[&str] = &[
     "stockgate_ms_to_ts",
@@ -58,6 +60,7 @@ pub const LEDGER_FUNCTIONS: &[&str] = &[
     "materialize_transition",
     "materialize_extended",
     "feed_set_position",
+    "split_check_parent",
 ];
 
 /// The tables whose presence (with our migration rows) marks a ledger of the old layout.

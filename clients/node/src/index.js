@@ -4,6 +4,7 @@
 
 export { Stockgate, OutcomeUnknown } from './client.js';
 export { Checkout, Hold } from './checkout.js';
+export { MAX_PROBES, homePart, probeOrder, reserveSplit, userHash } from './split.js';
 export {
   AdmissionMinter,
   SecretFileError,

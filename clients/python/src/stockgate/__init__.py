@@ -6,6 +6,7 @@
 - :class:`Keyring`: admission tokens, minted as the server verifies them.
 - :class:`Checkout` / :class:`AsyncCheckout`: reserve and record, pay, cancel, over the
   ledger's functions.
+- :func:`reserve_split`: a sale split over several groups, from the buyer's home part.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .results import *  # noqa: F401,F403
 from .results import __all__ as _results_all
+from .split import SplitReserve, home_part, probe_order, reserve_split, reserve_split_async, user_hash
 
 __version__ = "0.1.0"
 
@@ -38,6 +40,12 @@ __all__ = [
     "mint_admission_token",
     "now_ms",
     "ProtocolMismatch",
+    "SplitReserve",
+    "home_part",
+    "probe_order",
+    "reserve_split",
+    "reserve_split_async",
+    "user_hash",
     *_errors_all,
     *_results_all,
 ]

@@ -1,0 +1,340 @@
+//! A hot sku split over three single-node groups (docs/cluster.md, "A split sale"),
+//! with a real Postgres ledger and the real `stockgate-sweeper`:
+//!
+//! - `split` puts part i on group i and records it; re-running it changes nothing, other
+//!   values are refused, and the database refuses a part allocation beyond the parent's;
+//! - a storm of buyer threads through [`reserve_split`] sells exactly the parent's
+//!   allocation, no token twice, no user past the limit on any part, and a final
+//!   SOLDOUT tried three parts;
+//! - with one part sold out, a buyer homed there is served by the next part, and
+//!   `rebalance --once` withdraws units from the fullest part and gives them to the
+//!   sold-out one, after which buyers get them there; the parts' totals still add up to
+//!   the parent's allocation on the servers and in the ledger;
+//! - two transactions raising two parts at once by the parent's spare units: the second
+//!   waits for the first and is refused (`SG005`).
+
+mod common;
+mod operator;
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, THREE};
+use common::{now_ms, runtime};
+use operator::sweeper_bin;
+use stockgate_client::split::{home_part, reserve_split};
+use stockgate_client::types::ReserveOutcome;
+use stockgate_client::StockgateClient;
+use stockgate_testkit::pgtemp::TempPostgres;
+
+const TTL: &str = "600000";
+
+fn sweeper(pg: &TempPostgres, seed: u16, args: &[&str]) -> (bool, String, String) {
+    let mut child = Command::new(sweeper_bin())
+        .arg("--database-url")
+        .arg(pg.url())
+        .arg("--server")
+        .arg(format!("127.0.0.1:{seed}"))
+        .args(args)
+        .env("STOCKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn stockgate-sweeper");
+    let t = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("stockgate-sweeper {args:?} did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `split` and the part skus it printed, in index order.
+fn split(pg: &TempPostgres, seed: u16, args: &[&str]) -> Vec<String> {
+    let mut all = vec!["split"];
+    all.extend_from_slice(args);
+    let (ok, out, err) = sweeper(pg, seed, &all);
+    assert!(ok, "split {args:?} failed:\n{out}\n{err}");
+    out.lines()
+        .filter_map(|l| l.strip_prefix("part "))
+        .map(|l| l.split_whitespace().nth(1).expect("sku").to_string())
+        .collect()
+}
+
+async fn gates(cluster: &Cluster, parts: &[String]) -> Vec<StockgateClient> {
+    let mut out = Vec::new();
+    for p in parts {
+        let port = cluster.nodes[cluster.owner(p)].port;
+        out.push(
+            StockgateClient::connect(&format!("127.0.0.1:{port}"))
+                .await
+                .expect("connect"),
+        );
+    }
+    out
+}
+
+#[test]
+fn split_sale_storm_and_rebalance() {
+    let rt = runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let cluster = Cluster::start(&THREE);
+    let seed = cluster.nodes[0].port;
+    let keyring = cluster.keys.keyring();
+
+    // --- split: placement, idempotence, refusals ---
+    let hot_args = [
+        "--parent", "HOT", "--parts", "3", "--total", "300", "--limit", "2", "--ttl-ms", TTL,
+    ];
+    let parts = split(&pg, seed, &hot_args);
+    assert_eq!(parts.len(), 3, "{parts:?}");
+    for (i, p) in parts.iter().enumerate() {
+        assert!(p.starts_with(&format!("HOT.p{i}-")), "{p}");
+        assert_eq!(cluster.owner(p), i, "part {i} ({p}) is on group {i}");
+    }
+    assert_eq!(
+        split(&pg, seed, &hot_args),
+        parts,
+        "a re-run changes nothing"
+    );
+    let (ok, _, err) = sweeper(
+        &pg,
+        seed,
+        &[
+            "split", "--parent", "HOT", "--parts", "3", "--total", "301", "--limit", "2",
+        ],
+    );
+    assert!(!ok && err.contains("allocation 300"), "{err}");
+
+    let pool = rt.block_on(sqlx::PgPool::connect(pg.url())).expect("pool");
+    let raise = rt.block_on(
+        sqlx::query("UPDATE stockgate.sales SET allocation = allocation + 1 WHERE sku = $1")
+            .bind(&parts[0])
+            .execute(&pool),
+    );
+    let msg = format!(
+        "{:?}",
+        raise.expect_err("the database refuses a part beyond the parent")
+    );
+    assert!(
+        msg.contains("SG005") || msg.contains("more than the parent"),
+        "{msg}"
+    );
+
+    // --- storm ---
+    const THREADS: usize = 8;
+    const USERS: usize = 320;
+    let results: Vec<Vec<(String, usize, String)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let parts = parts.clone();
+                let cluster = &cluster;
+                let keyring = keyring.clone();
+                s.spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("rt");
+                    rt.block_on(async {
+                        let gates = gates(cluster, &parts).await;
+                        let mut got = Vec::new();
+                        for u in (t..USERS).step_by(THREADS) {
+                            let user = format!("buyer-{u}");
+                            for attempt in 0..3 {
+                                let r = reserve_split(
+                                    &gates,
+                                    &parts,
+                                    &user,
+                                    1,
+                                    |sku| keyring.mint(sku, &user, now_ms() + 600_000),
+                                    &format!("r{attempt}"),
+                                )
+                                .await
+                                .expect("reserve_split");
+                                assert_eq!(r.tried[0], home_part(&user, 3));
+                                match r.outcome {
+                                    ReserveOutcome::Reserved { token, .. } => {
+                                        got.push((user.clone(), r.part, token))
+                                    }
+                                    ReserveOutcome::SoldOut => {
+                                        assert_eq!(r.tried.len(), 3, "a final SOLDOUT tried all");
+                                        break;
+                                    }
+                                    ReserveOutcome::Limit { .. } => break,
+                                    other => panic!("unexpected {other:?}"),
+                                }
+                            }
+                        }
+                        got
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("buyer thread"))
+            .collect()
+    });
+    let all: Vec<_> = results.into_iter().flatten().collect();
+    assert_eq!(all.len(), 300, "exactly the parent's allocation is sold");
+    let tokens: HashSet<&str> = all.iter().map(|(_, _, t)| t.as_str()).collect();
+    assert_eq!(tokens.len(), all.len(), "no token twice");
+    let mut per_user_part: HashMap<(&str, usize), u32> = HashMap::new();
+    for (u, p, t) in &all {
+        assert!(
+            t.starts_with(&format!("{{{}}}", parts[*p])),
+            "{t} is of part {p}"
+        );
+        *per_user_part.entry((u.as_str(), *p)).or_default() += 1;
+    }
+    assert!(
+        per_user_part.values().all(|&n| n <= 2),
+        "the per-user limit holds on every part"
+    );
+    rt.block_on(async {
+        let g = gates(&cluster, &parts).await;
+        for (p, c) in parts.iter().zip(&g) {
+            let info = c.sale_info(p).await.expect("info");
+            assert_eq!((info.available, info.reserved), (0, 100), "{p}: {info:?}");
+        }
+    });
+
+    // --- fall-over and rebalance ---
+    let cold = split(
+        &pg,
+        seed,
+        &[
+            "--parent", "COLD", "--parts", "3", "--total", "30", "--shards", "1", "--ttl-ms", TTL,
+        ],
+    );
+    rt.block_on(async {
+        let g = gates(&cluster, &cold).await;
+        let mint = |sku: &str, user: &str| keyring.mint(sku, user, now_ms() + 600_000);
+        let out = g[0]
+            .reserve(&cold[0], "whale", &mint(&cold[0], "whale"), "w1", 10)
+            .await
+            .expect("reserve");
+        assert!(matches!(out, ReserveOutcome::Reserved { .. }), "{out:?}");
+        // "user-7" is homed on part 0 of 3 (the shared vectors).
+        assert_eq!(home_part("user-7", 3), 0);
+        let r = reserve_split(&g, &cold, "user-7", 1, |s| mint(s, "user-7"), "a")
+            .await
+            .expect("reserve_split");
+        assert_eq!((r.part, r.tried.clone()), (1, vec![0, 1]), "{r:?}");
+        assert!(matches!(r.outcome, ReserveOutcome::Reserved { .. }));
+    });
+    let (ok, out, err) = sweeper(
+        &pg,
+        seed,
+        &[
+            "rebalance",
+            "--parent",
+            "COLD",
+            "--threshold",
+            "2",
+            "--once",
+        ],
+    );
+    assert!(ok, "rebalance failed:\n{out}\n{err}");
+    assert!(
+        out.contains("withdrew 5 from part 2") && out.contains("gave 5 to part 0"),
+        "{out}"
+    );
+    rt.block_on(async {
+        let g = gates(&cluster, &cold).await;
+        let mut totals = Vec::new();
+        for (p, c) in cold.iter().zip(&g) {
+            totals.push(c.sale_info(p).await.expect("info").total);
+        }
+        assert_eq!(totals, vec![15, 10, 5], "moved, none created");
+        let alloc: i64 = sqlx::query_scalar(
+            "SELECT sum(s.allocation)::bigint FROM stockgate.split_parts sp \
+             JOIN stockgate.sales s ON s.sku = sp.sku WHERE sp.parent = 'COLD'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("sum");
+        assert_eq!(alloc, 30, "the ledger's parts add up to the parent");
+        let r = reserve_split(
+            &g,
+            &cold,
+            "user-7",
+            1,
+            |s| keyring.mint(s, "user-7", now_ms() + 600_000),
+            "b",
+        )
+        .await
+        .expect("reserve_split");
+        assert_eq!(r.part, 0, "the refilled home serves: {r:?}");
+        assert!(matches!(r.outcome, ReserveOutcome::Reserved { .. }));
+    });
+    let (ok, out, _) = sweeper(&pg, seed, &["rebalance", "--parent", "COLD", "--once"]);
+    assert!(ok && out.contains("nothing to move"), "{out}");
+
+    // --- the database bound under concurrency (SQL by hand, last: it leaves the ledger
+    // apart from the servers) ---
+    rt.block_on(async {
+        let set = |delta: i64, sku: &str| {
+            sqlx::query("UPDATE stockgate.sales SET allocation = allocation + $1 WHERE sku = $2")
+                .bind(delta)
+                .bind(sku.to_string())
+        };
+        set(-2, &cold[1])
+            .execute(&pool)
+            .await
+            .expect("a decrease is always allowed");
+        // Two transactions each raising another part by the 2 spare units: the first
+        // holds the parent's lock; the second waits for it, then sees the first's raise.
+        let mut t1 = pool.begin().await.expect("begin");
+        set(2, &cold[0])
+            .execute(&mut *t1)
+            .await
+            .expect("first raise fits");
+        let pool2 = pool.clone();
+        let sku2 = cold[2].clone();
+        let second = tokio::spawn(async move {
+            let mut t2 = pool2.begin().await.expect("begin");
+            let r = sqlx::query(
+                "UPDATE stockgate.sales SET allocation = allocation + 2 WHERE sku = $1",
+            )
+            .bind(sku2)
+            .execute(&mut *t2)
+            .await;
+            r.map(|_| ())
+        });
+        let t = Instant::now();
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE 'UPDATE stockgate.sales%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("activity");
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "second raise never waited"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        t1.commit().await.expect("commit");
+        let err = second
+            .await
+            .expect("task")
+            .expect_err("the second raise would exceed the parent");
+        assert!(format!("{err:?}").contains("SG005"), "{err:?}");
+    });
+}
