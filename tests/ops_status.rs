@@ -186,7 +186,10 @@ fn a_single_node_shows_the_feed_groups_lag_and_is_healthy() {
         json.contains("\"group\":\"materializer\",\"consumers\":1,\"lag\":"),
         "{json}"
     );
-    assert!(json.contains("\"pending\":1,\"oldest_pending_ms\":"), "{json}");
+    assert!(
+        json.contains("\"pending\":1,\"oldest_pending_ms\":"),
+        "{json}"
+    );
     // The oldest unacknowledged entry ages: its age rises past a second.
     let (_, metrics) = get_until(&maddr, "/metrics", |_, b| {
         b.lines().any(|l| {
@@ -204,7 +207,8 @@ fn a_single_node_shows_the_feed_groups_lag_and_is_healthy() {
     );
 
     if have("chromium") {
-        let png = std::env::temp_dir().join(format!("ops-status-single-{}.png", std::process::id()));
+        let png =
+            std::env::temp_dir().join(format!("ops-status-single-{}.png", std::process::id()));
         let dom = render_page(&maddr, &png);
         for want in [
             "id=\"health\" class=\"\">ok</b>",
@@ -331,7 +335,9 @@ fn healthz_follows_the_leadership_of_a_raft_group_through_kill9() {
     // kill -9 the leader: a survivor takes over and answers ok; the other follows it.
     g.member(l).kill9();
     let l2 = g.leader(Some(l), Duration::from_secs(20));
-    get_until(maddr_of(&addrs, l2), "/healthz", |c, b| c == 200 && b == "ok\n");
+    get_until(maddr_of(&addrs, l2), "/healthz", |c, b| {
+        c == 200 && b == "ok\n"
+    });
     let last = addrs
         .iter()
         .map(|(i, _)| *i)
