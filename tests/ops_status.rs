@@ -354,3 +354,66 @@ fn healthz_follows_the_leadership_of_a_raft_group_through_kill9() {
     });
     assert_eq!(code, 503, "{body}");
 }
+
+/// Unmounts the test's tmpfs when dropped (after the server on it was killed).
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A single node whose disk fills up: once its write-ahead log fails, `/healthz` answers
+/// 503 with the log's error. The disk is a 3 MiB tmpfs filled by another writer, so this
+/// runs as root only (it is skipped otherwise).
+#[test]
+fn healthz_turns_503_when_the_disk_under_the_log_is_full() {
+    let tmp = TempDir::new("full");
+    let mnt = tmp.path().join("disk");
+    std::fs::create_dir_all(&mnt).expect("mount point");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
+        .arg(&mnt)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("SKIP: mounting a tmpfs needs root");
+        return;
+    }
+    let _mount = Mount(mnt.clone());
+    let maddr = format!("127.0.0.1:{}", free_port());
+    let mut s = Server::start_in(&mnt.join("data"), &["--metrics-addr", &maddr]);
+    let mut c = s.client().get_connection().expect("connect");
+    q(&mut c, &["SALE.CREATE", "FULL", "10"]);
+    let (code, _) = get_until(&maddr, "/healthz", |_, _| true);
+    assert_eq!(code, 200);
+    // Another writer takes the rest of the disk.
+    let filler = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4k"])
+        .arg(format!("of={}", mnt.join("filler").display()))
+        .stderr(Stdio::null())
+        .status()
+        .expect("dd");
+    assert!(!filler.success(), "dd should stop at a full disk");
+    // Writes now fail to reach the disk; the first failure fences the log.
+    let mut failed = false;
+    for _ in 0..2000 {
+        let mut cmd = redis::cmd("SALE.ADJUST");
+        cmd.arg("FULL").arg(1);
+        if cmd.query::<redis::Value>(&mut c).is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "writes kept succeeding on a full disk");
+    let (code, body) = get_until(&maddr, "/healthz", |c, _| c == 503);
+    assert_eq!(code, 503);
+    assert!(
+        body.starts_with("the write-ahead log failed: ")
+            && body.contains("No space left on device"),
+        "{body}"
+    );
+    s.kill9();
+}
