@@ -117,10 +117,11 @@ fn top_until(addr: &str, tag: &str, pred: impl Fn(&str) -> bool) -> String {
     }
 }
 
-/// Headless Chromium on the status page: the DOM after the page polled, and a screenshot
-/// written to `png`.
-fn render_page(maddr: &str, png: &std::path::Path) -> String {
+/// Headless Chromium on the status page: the DOM after the page polled, and the size of a
+/// screenshot `name` (kept in `$OPS_STATUS_SCREENSHOTS` when set, for a look).
+fn render_page(maddr: &str, name: &str) -> (String, u64) {
     let profile = TempDir::new("chromium");
+    let png = profile.path().join(name);
     let run = |what: &[String]| {
         let out = Command::new("timeout")
             .args(["60", "chromium"])
@@ -145,7 +146,12 @@ fn render_page(maddr: &str, png: &std::path::Path) -> String {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     run(&[format!("--screenshot={}", png.display())]);
-    run(&["--dump-dom".to_string()])
+    let size = std::fs::metadata(&png).map_or(0, |m| m.len());
+    if let Ok(dir) = std::env::var("OPS_STATUS_SCREENSHOTS") {
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::copy(&png, std::path::Path::new(&dir).join(name));
+    }
+    (run(&["--dump-dom".to_string()]), size)
 }
 
 /// A single node with the order feed: a materializer-like consumer group holds an entry it
@@ -207,9 +213,7 @@ fn a_single_node_shows_the_feed_groups_lag_and_is_healthy() {
     );
 
     if have("chromium") {
-        let png =
-            std::env::temp_dir().join(format!("ops-status-single-{}.png", std::process::id()));
-        let dom = render_page(&maddr, &png);
+        let (dom, png) = render_page(&maddr, "ops-status-single.png");
         for want in [
             "id=\"health\" class=\"\">ok</b>",
             "single node (no Raft group)",
@@ -220,12 +224,7 @@ fn a_single_node_shows_the_feed_groups_lag_and_is_healthy() {
         ] {
             assert!(dom.contains(want), "no {want} in the page:\n{dom}");
         }
-        assert!(
-            std::fs::metadata(&png).is_ok_and(|m| m.len() > 1000),
-            "no screenshot at {}",
-            png.display()
-        );
-        eprintln!("screenshot: {}", png.display());
+        assert!(png > 1000, "no screenshot of the page ({png} bytes)");
     } else {
         eprintln!("SKIP page: chromium not installed (scripts/test-all.sh installs it)");
     }
@@ -304,8 +303,8 @@ fn healthz_follows_the_leadership_of_a_raft_group_through_kill9() {
     );
 
     if have("chromium") {
-        let png = std::env::temp_dir().join(format!("ops-status-group-{}.png", std::process::id()));
-        let dom = render_page(maddr_of(&addrs, l), &png);
+        let (dom, png) = render_page(maddr_of(&addrs, l), "ops-status-group.png");
+        assert!(png > 1000, "no screenshot of the page ({png} bytes)");
         for want in [
             "id=\"group-role\">leader</b>".to_string(),
             format!("id=\"group-leader\">node {l} at 127.0.0.1:"),
@@ -317,7 +316,6 @@ fn healthz_follows_the_leadership_of_a_raft_group_through_kill9() {
             let want = format!("id=\"follower-{id}-lag\" class=\"\">0</td>");
             assert!(dom.contains(&want), "no {want} in the page:\n{dom}");
         }
-        eprintln!("screenshot: {}", png.display());
     }
     if have("tmux") {
         let leader_addr = format!("127.0.0.1:{}", g.port(l));
