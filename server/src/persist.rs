@@ -146,6 +146,10 @@ impl Durability for WalDurability {
         self.snapshot(engine).map(|_| ()).map_err(|e| e.to_string())
     }
 
+    fn failure(&self) -> Option<String> {
+        self.wal.failure().map(|e| e.to_string())
+    }
+
     fn info(&self) -> String {
         format!(
             "aof_enabled:1\r\naof_fsync:{}\r\nwal_last_lsn:{}\r\nwal_durable_lsn:{}\r\nwal_snapshot_lsn:{}\r\nwal_records_since_snapshot:{}\r\nsnapshots_written:{}\r\nlast_snapshot_ms:{}\r\n",

@@ -87,6 +87,11 @@ pub trait Durability: Send + Sync {
     fn save(&self, engine: &Engine) -> Result<(), String>;
     /// Lines for INFO's Persistence section.
     fn info(&self) -> String;
+    /// Why the log can no longer make a record durable (a write or fsync failed, the
+    /// disk is full, the log was closed), if it cannot.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Durability for a server without a log: every wait succeeds at once.

@@ -513,6 +513,39 @@ impl RaftNode {
             self.cfg.group_name,
             followers_caught_up(&m, self.id),
         ));
+        let leader_addr = self.leader().map_or("-".into(), |(_, n)| n.client_addr);
+        s.push_str(&format!("raft_leader_addr:{leader_addr}\r\n"));
+        // Only a leader knows the followers' positions and the group's commit point.
+        if m.state == ServerState::Leader {
+            let last = m.last_log_index.unwrap_or(0);
+            let matched = |id: NodeId| {
+                m.replication
+                    .as_ref()
+                    .and_then(|r| r.get(&id).copied().flatten())
+                    .map_or(0, |l| l.index)
+            };
+            let voters = self.voters();
+            s.push_str(&format!(
+                "raft_commit_index:{}\r\nraft_millis_since_quorum_ack:{}\r\n",
+                quorum_index(
+                    voters
+                        .iter()
+                        .map(|&v| if v == self.id { last } else { matched(v) })
+                ),
+                m.millis_since_quorum_ack
+                    .map_or("-".into(), |v| v.to_string()),
+            ));
+            let followers = self.nodes().into_iter().filter(|(i, _)| *i != self.id);
+            for (i, (id, n)) in followers.enumerate() {
+                let at = matched(id);
+                s.push_str(&format!(
+                    "raft_follower_{i}:id={id},addr={},voter={},matched={at},lag={}\r\n",
+                    n.client_addr,
+                    u8::from(voters.contains(&id)),
+                    last.saturating_sub(at),
+                ));
+            }
+        }
         match self.leader() {
             Some((id, n)) if id != self.id => {
                 let (h, p) = split_addr(&n.client_addr);
@@ -989,6 +1022,10 @@ impl Durability for RaftDurability {
     fn info(&self) -> String {
         self.local.info()
     }
+
+    fn failure(&self) -> Option<String> {
+        self.local.failure()
+    }
 }
 
 impl Replication for RaftNode {
@@ -1100,6 +1137,14 @@ impl Replication for RaftNode {
 /// replicating (`raft_followers_caught_up`): a few batches of group commit.
 pub const CAUGHT_UP_ENTRIES: u64 = 1000;
 
+/// The highest log index a majority of the voters have (their matched indexes given, the
+/// leader's own as its last): the group's commit point as the leader sees it.
+fn quorum_index(matched: impl Iterator<Item = u64>) -> u64 {
+    let mut v: Vec<u64> = matched.collect();
+    v.sort_unstable_by(|a, b| b.cmp(a));
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
 /// On a leader, the voters other than itself whose matched log index is within
 /// [`CAUGHT_UP_ENTRIES`] of its last one; 0 on any other member (only a leader knows).
 fn followers_caught_up(m: &openraft::RaftMetrics<NodeId, NodeInfo>, me: NodeId) -> usize {
@@ -1117,4 +1162,17 @@ fn followers_caught_up(m: &openraft::RaftMetrics<NodeId, NodeInfo>, me: NodeId) 
             })
             .count()
     })
+}
+
+#[cfg(test)]
+mod quorum_tests {
+    use super::quorum_index;
+
+    #[test]
+    fn the_commit_point_is_what_a_majority_of_voters_have() {
+        assert_eq!(quorum_index([10, 5, 9].into_iter()), 9);
+        assert_eq!(quorum_index([10, 3, 9, 5].into_iter()), 5);
+        assert_eq!(quorum_index([7].into_iter()), 7);
+        assert_eq!(quorum_index(std::iter::empty()), 0);
+    }
 }

@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use super::health::{self, Health};
 use super::{prom, view};
 use crate::engine::Engine;
 use crate::metrics::{HistoryPoint, SaleEvent, SALE_EVENT_NAMES};
@@ -25,6 +26,9 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// A route's answer: content type and body; `None` is a 404.
 pub type Routed = Option<(&'static str, Vec<u8>)>;
 
+/// A route's answer with its status line (`/healthz` answers 503 too).
+type Answered = Option<(&'static str, &'static str, Vec<u8>)>;
+
 /// Serves the stockgate routes until the task is dropped; over HTTPS with the RESP
 /// port's certificate (and its client-certificate rule) when `tls` is given
 /// (`--metrics-tls yes`).
@@ -37,15 +41,25 @@ pub async fn serve(
     serve_routes_over(
         listener,
         tls,
-        Arc::new(move |path: &str| -> Routed {
+        Arc::new(move |path: &str| -> Answered {
+            const OK: &str = "200 OK";
             // Rendering takes each engine stripe lock briefly, as EXPIRED does.
             match path {
-                "/metrics" => Some((PROM_TYPE, prom::render(&engine, &shared).into_bytes())),
-                "/json" => Some(("application/json", json(&engine, &shared).into_bytes())),
-                "/" | "/index.html" => {
-                    Some(("text/html; charset=utf-8", STATUS_PAGE.as_bytes().to_vec()))
-                }
-                "/healthz" => Some(("text/plain", b"ok\n".to_vec())),
+                "/metrics" => Some((OK, PROM_TYPE, prom::render(&engine, &shared).into_bytes())),
+                "/json" => Some((OK, "application/json", json(&engine, &shared).into_bytes())),
+                "/" | "/index.html" => Some((
+                    OK,
+                    "text/html; charset=utf-8",
+                    STATUS_PAGE.as_bytes().to_vec(),
+                )),
+                "/healthz" => Some(match health::decide(&health::input(&shared)) {
+                    Health::Ok => (OK, "text/plain", b"ok\n".to_vec()),
+                    Health::Unavailable(why) => (
+                        "503 Service Unavailable",
+                        "text/plain",
+                        format!("{why}\n").into_bytes(),
+                    ),
+                }),
                 _ => None,
             }
         }),
@@ -58,10 +72,13 @@ pub const PROM_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A bounded GET-only HTTP/1.1 server over `route` (also used by the sweeper binary).
 pub async fn serve_routes(listener: TcpListener, route: Arc<dyn Fn(&str) -> Routed + Send + Sync>) {
-    serve_routes_over(listener, None, route).await
+    let answered: Route = Arc::new(move |path: &str| -> Answered {
+        route(path).map(|(ctype, body)| ("200 OK", ctype, body))
+    });
+    serve_routes_over(listener, None, answered).await
 }
 
-type Route = Arc<dyn Fn(&str) -> Routed + Send + Sync>;
+type Route = Arc<dyn Fn(&str) -> Answered + Send + Sync>;
 
 /// [`serve_routes`], over TLS when `tls` is given (the handshake counts against the
 /// request's time limit).
@@ -93,7 +110,7 @@ async fn serve_routes_over(listener: TcpListener, tls: Option<Arc<crate::tls::Tl
 
 async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     mut s: S,
-    route: &(dyn Fn(&str) -> Routed + Send + Sync),
+    route: &(dyn Fn(&str) -> Answered + Send + Sync),
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
@@ -128,7 +145,7 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         .await;
     }
     let (status, ctype, body) = match route(path) {
-        Some((ctype, body)) => ("200 OK", ctype, body),
+        Some(answer) => answer,
         None => ("404 Not Found", "text/plain", b"not found\n".to_vec()),
     };
     let body = if method == "HEAD" { Vec::new() } else { body };
@@ -253,7 +270,9 @@ pub fn json(engine: &Engine, shared: &Shared) -> String {
         }
         let _ = write!(o, "\"{}\":{n}", why.reason());
     }
-    o.push_str("},\"history\":[");
+    o.push('}');
+    group_json(&mut o, shared);
+    o.push_str(",\"history\":[");
     for (i, p) in m.history.lock().iter().enumerate() {
         if i > 0 {
             o.push(',');
@@ -266,6 +285,75 @@ pub fn json(engine: &Engine, shared: &Shared) -> String {
     }
     o.push_str("]}");
     o
+}
+
+/// `,"health":…,"group":…,"feed_groups":…`: the node's /healthz answer, its Raft group
+/// (`null` on a single node) and the feed's consumer groups (`null` without a feed).
+fn group_json(o: &mut String, shared: &Shared) {
+    let health = match health::decide(&health::input(shared)) {
+        Health::Ok => "ok".to_string(),
+        Health::Unavailable(why) => why,
+    };
+    let _ = write!(o, ",\"health\":{},\"group\":", js(&health));
+    let opt = |v: Option<u64>| v.map_or("null".to_string(), |v| v.to_string());
+    match view::group(shared) {
+        None => o.push_str("null"),
+        Some(g) => {
+            let _ = write!(
+                o,
+                "{{\"name\":{},\"node_id\":{},\"role\":{},\"leader_id\":{},\"leader_addr\":{},\"term\":{},\"last_index\":{},\"applied_index\":{},\"commit_index\":{},\"millis_since_quorum_ack\":{},\"lease_held\":{},\"followers\":[",
+                js(&g.name),
+                g.node_id,
+                js(&g.role),
+                opt(g.leader_id),
+                g.leader_addr.as_deref().map_or("null".to_string(), js),
+                g.term,
+                g.last_index,
+                g.applied_index,
+                opt(g.commit_index),
+                opt(g.millis_since_quorum_ack),
+                g.lease_held,
+            );
+            for (i, f) in g.followers.iter().enumerate() {
+                if i > 0 {
+                    o.push(',');
+                }
+                let _ = write!(
+                    o,
+                    "{{\"id\":{},\"addr\":{},\"voter\":{},\"matched\":{},\"lag\":{}}}",
+                    f.id,
+                    js(&f.addr),
+                    f.voter,
+                    f.matched,
+                    f.lag
+                );
+            }
+            o.push_str("]}");
+        }
+    }
+    o.push_str(",\"feed_groups\":");
+    match view::feed_groups(shared) {
+        None => o.push_str("null"),
+        Some(groups) => {
+            o.push('[');
+            for (i, g) in groups.iter().enumerate() {
+                if i > 0 {
+                    o.push(',');
+                }
+                let _ = write!(
+                    o,
+                    "{{\"stream\":{},\"group\":{},\"consumers\":{},\"lag\":{},\"pending\":{},\"oldest_pending_ms\":{}}}",
+                    js(&g.stream),
+                    js(&g.group),
+                    g.consumers,
+                    g.lag,
+                    g.pending,
+                    g.oldest_pending_ms
+                );
+            }
+            o.push(']');
+        }
+    }
 }
 
 /// Once a second: a point for the rate chart and INFO's `instantaneous_ops_per_sec`.

@@ -355,7 +355,7 @@ fn feed(o: &mut String, sh: &Shared) {
     for (i, g) in groups.iter().take(MAX_SALE_LINES).enumerate() {
         let _ = write!(
             o,
-            "feed_group_{i}:stream={},group={},consumers={},pending={},last_delivered_id={}-0,lag={},trimmed={}\r\n",
+            "feed_group_{i}:stream={},group={},consumers={},pending={},last_delivered_id={}-0,lag={},trimmed={},oldest_pending_age_ms={}\r\n",
             safe(&g.stream).replace(',', "_"),
             safe(&g.group).replace([',', '='], "_"),
             g.consumers,
@@ -363,6 +363,8 @@ fn feed(o: &mut String, sh: &Shared) {
             g.last,
             g.lag,
             u8::from(g.trimmed),
+            g.oldest_delivery_ms
+                .map_or(0, |t| crate::feed::groups::now_ms().saturating_sub(t)),
         );
     }
 }

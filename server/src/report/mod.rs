@@ -3,6 +3,7 @@
 //! page and its JSON, and `stockgate top`, the terminal view of them. Above the store and
 //! the session, below the commands (`INFO` is one).
 
+pub mod health;
 pub mod http;
 pub mod info;
 pub mod prom;
@@ -11,6 +12,10 @@ pub mod prom_raft;
 #[cfg(feature = "tui")]
 pub mod top;
 pub mod view;
+
+/// A follower this many entries behind its leader is shown as lagging (red in `top`, on
+/// the status page).
+pub const LAGGING_FOLLOWER_ENTRIES: u64 = 1000;
 
 #[cfg(test)]
 mod tests;

@@ -202,7 +202,7 @@ impl<'a> Sources<'a> {
     }
 
     /// One sample per consumer group, labelled `stream` and `group`; absent without a feed.
-    fn per_group(&self, read: fn(&GroupSummary) -> u64) -> Samples {
+    fn per_group<V: Into<Value>>(&self, read: fn(&GroupSummary) -> V) -> Samples {
         let Some(groups) = &self.groups else {
             return Samples::Absent;
         };
@@ -512,6 +512,18 @@ static FAMILIES: &[Family] = &[
         kind: Gauge,
         help: "Entries delivered to a consumer group and not acknowledged.",
         read: |s| s.per_group(|g| g.pending as u64),
+    },
+    Family {
+        name: "stockgate_feed_group_oldest_pending_seconds",
+        kind: Gauge,
+        help: "Time since the last delivery of a consumer group's oldest unacknowledged entry (0 if none): how far its consumer (a materializer) is behind in acknowledging.",
+        read: |s| {
+            s.per_group(|g| {
+                g.oldest_delivery_ms.map_or(0.0, |t| {
+                    crate::feed::groups::now_ms().saturating_sub(t) as f64 / 1000.0
+                })
+            })
+        },
     },
     // The process.
     Family {

@@ -83,6 +83,37 @@ pub fn render(info: &str) -> String {
             v = (f.value)(&fields),
         );
     }
+    // Only a leader lists its followers; the families are there (empty) on every member.
+    let _ = write!(
+        out,
+        "# HELP stockgate_raft_follower_lag_entries On the leader: entries of its log a follower does not hold yet.\n# TYPE stockgate_raft_follower_lag_entries gauge\n"
+    );
+    for (k, v) in &fields.0 {
+        if !k.starts_with("raft_follower_") {
+            continue;
+        }
+        let part = |name: &str| {
+            v.split(',')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or("0")
+        };
+        let _ = writeln!(
+            out,
+            "stockgate_raft_follower_lag_entries{{group=\"{group}\",follower=\"{}\"}} {}",
+            label(part("id")),
+            part("lag").parse::<u64>().unwrap_or(0),
+        );
+    }
+    if let Some(c) = fields
+        .get("raft_commit_index")
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        let _ = write!(
+            out,
+            "# HELP stockgate_raft_commit_lag_entries On the leader: entries of its log a majority does not hold yet.\n# TYPE stockgate_raft_commit_lag_entries gauge\nstockgate_raft_commit_lag_entries{{group=\"{group}\"}} {}\n",
+            fields.num("raft_last_log_index").saturating_sub(c),
+        );
+    }
     out
 }
 
@@ -95,7 +126,8 @@ mod tests {
         let info = "# Replication\r\nrole:master\r\nraft_state:leader\r\nraft_term:7\r\n\
                     raft_leader_id:2\r\nraft_last_log_index:120\r\nraft_last_applied_index:117\r\n\
                     raft_voters:3\r\nraft_lease_held:1\r\nraft_group:shop\"1\r\n\
-                    raft_followers_caught_up:2\r\n";
+                    raft_followers_caught_up:2\r\nraft_commit_index:119\r\n\
+                    raft_follower_0:id=3,addr=127.0.0.1:7003,voter=1,matched=110,lag=10\r\n";
         let text = render(info);
         for line in [
             "stockgate_raft_leader{group=\"shop\\\"1\"} 1",
@@ -104,6 +136,8 @@ mod tests {
             "stockgate_raft_followers_caught_up{group=\"shop\\\"1\"} 2",
             "stockgate_raft_term{group=\"shop\\\"1\"} 7",
             "stockgate_raft_apply_lag_entries{group=\"shop\\\"1\"} 3",
+            "stockgate_raft_follower_lag_entries{group=\"shop\\\"1\",follower=\"3\"} 10",
+            "stockgate_raft_commit_lag_entries{group=\"shop\\\"1\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -360,7 +360,7 @@ pub fn draw(f: &mut Frame, s: &Screen) {
         .unwrap_or(0);
     let expired: i64 = info.sales.iter().map(|x| x.n("expired_pending")).sum();
     let chunks = Layout::vertical([
-        Constraint::Length(5),
+        Constraint::Length(7),
         Constraint::Min(5),
         Constraint::Length(6),
     ])
@@ -403,6 +403,8 @@ pub fn draw(f: &mut Frame, s: &Screen) {
                 info.n("wal_durable_lsn")
             )),
         ]),
+        group_line(info),
+        ledger_line(info, lag_ms),
         denials_line(&s.denials),
     ];
     f.render_widget(Paragraph::new(head), chunks[0]);
@@ -491,6 +493,112 @@ pub fn draw(f: &mut Frame, s: &Screen) {
         ),
         chunks[2],
     );
+}
+
+/// `key=value` parts of an INFO field's value (`feed_group_0:stream=…,group=…`).
+fn parts(v: &str) -> HashMap<&str, &str> {
+    v.split(',').filter_map(|kv| kv.split_once('=')).collect()
+}
+
+/// The fields `prefix0`, `prefix1`, … in order.
+fn numbered<'a>(info: &'a Info, prefix: &str) -> Vec<HashMap<&'a str, &'a str>> {
+    (0..)
+        .map_while(|i| info.fields.get(&format!("{prefix}{i}")))
+        .map(|v| parts(v))
+        .collect()
+}
+
+/// `group shop  node 1 leader  leader 1 (127.0.0.1:7001)  term 3  applied 120/120  commit 120
+/// followers 2:0 3:4`, or `group: single node` off a Raft group.
+pub fn group_line(info: &Info) -> Line<'static> {
+    let Some(name) = info.fields.get("raft_group") else {
+        return Line::from("group: single node (no Raft group)");
+    };
+    let leader = match info.fields.get("raft_leader_id").map(String::as_str) {
+        None | Some("-") => "none known".to_string(),
+        Some(id) => format!(
+            "{id} ({})",
+            info.fields
+                .get("raft_leader_addr")
+                .map_or("-", String::as_str)
+        ),
+    };
+    let mut text = format!(
+        "group {name}  node {} {}  leader {leader}  term {}  applied {}/{}",
+        info.n("raft_node_id"),
+        info.fields.get("raft_state").map_or("-", String::as_str),
+        info.n("raft_term"),
+        info.n("raft_last_applied_index"),
+        info.n("raft_last_log_index"),
+    );
+    if info.fields.contains_key("raft_commit_index") {
+        text.push_str(&format!(
+            "  commit {} (lag {})",
+            info.n("raft_commit_index"),
+            (info.n("raft_last_log_index") - info.n("raft_commit_index")).max(0)
+        ));
+        let followers: Vec<String> = numbered(info, "raft_follower_")
+            .iter()
+            .map(|f| {
+                format!(
+                    "{}:lag {}",
+                    f.get("id").copied().unwrap_or("?"),
+                    f.get("lag").copied().unwrap_or("?")
+                )
+            })
+            .collect();
+        text.push_str(&format!("  followers {}", followers.join(" ")));
+    }
+    let lagging = numbered(info, "raft_follower_").iter().any(|f| {
+        f.get("lag")
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|l| l > super::LAGGING_FOLLOWER_ENTRIES)
+    });
+    let no_leader = matches!(
+        info.fields.get("raft_leader_id").map(String::as_str),
+        None | Some("-")
+    );
+    let style = if no_leader || lagging {
+        Style::default().fg(Color::Red)
+    } else {
+        Style::default()
+    };
+    Line::from(Span::styled(text, style))
+}
+
+/// `ledger  sweeper lag 0.0s  feed materializer: lag 0, 3 unacked, oldest 1.2s`: the
+/// sweeper's lag and every feed consumer group's (a materializer reads through one).
+pub fn ledger_line(info: &Info, sweeper_lag_ms: i64) -> Line<'static> {
+    let mut text = format!("ledger  sweeper lag {:.1}s", sweeper_lag_ms as f64 / 1000.0);
+    if info.n("feed_enabled") == 0 {
+        text.push_str("  feed off");
+        return Line::from(text);
+    }
+    let groups = numbered(info, "feed_group_");
+    if groups.is_empty() {
+        text.push_str("  feed: no consumer groups");
+    }
+    let mut late = false;
+    for g in &groups {
+        let age: f64 = g
+            .get("oldest_pending_age_ms")
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1000.0;
+        late |= age > 60.0;
+        text.push_str(&format!(
+            "  feed {}: lag {}, {} unacked, oldest {age:.1}s",
+            g.get("group").copied().unwrap_or("?"),
+            g.get("lag").copied().unwrap_or("?"),
+            g.get("pending").copied().unwrap_or("?"),
+        ));
+    }
+    let style = if late || sweeper_lag_ms > 60_000 {
+        Style::default().fg(Color::Red)
+    } else {
+        Style::default()
+    };
+    Line::from(Span::styled(text, style))
 }
 
 /// `denied  malformed 0 0.0/s  ...  bad_signature 3 1.0/s  ...`: the reasons that mean

@@ -145,3 +145,138 @@ pub fn reset_server_stats(shared: &Shared) {
         a.store(0, Ordering::Relaxed);
     }
 }
+
+/// One follower as the leader sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FollowerRow {
+    /// Its Raft node id.
+    pub id: u64,
+    /// Its client address.
+    pub addr: String,
+    /// Whether it votes (a learner does not).
+    pub voter: bool,
+    /// The last log index the leader knows it holds.
+    pub matched: u64,
+    /// Entries of the leader's log it does not hold yet.
+    pub lag: u64,
+}
+
+/// A Raft group member's view of its group, read from its INFO replication fields;
+/// `None` on a single node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupView {
+    /// The group's name (`--group-name`).
+    pub name: String,
+    /// This member's id.
+    pub node_id: u64,
+    /// `leader`, `follower`, `candidate`, `learner` (openraft's state, lower case).
+    pub role: String,
+    /// The leader's id, if one is known.
+    pub leader_id: Option<u64>,
+    /// The leader's client address, if one is known.
+    pub leader_addr: Option<String>,
+    /// The member's Raft term.
+    pub term: u64,
+    /// The last index of this member's Raft log.
+    pub last_index: u64,
+    /// The last index applied to its state.
+    pub applied_index: u64,
+    /// On the leader: the highest index a majority of voters hold.
+    pub commit_index: Option<u64>,
+    /// On the leader: ms since a majority last acknowledged it.
+    pub millis_since_quorum_ack: Option<u64>,
+    /// Whether this member takes writes now (leads and holds its lease).
+    pub lease_held: bool,
+    /// On the leader: every other member; empty elsewhere (only a leader knows).
+    pub followers: Vec<FollowerRow>,
+}
+
+/// The group view out of a member's INFO replication text (`None` unless it is a Raft
+/// member's).
+pub fn group_view(info: &str) -> Option<GroupView> {
+    let fields: Vec<(&str, &str)> = info
+        .lines()
+        .filter_map(|l| l.trim().split_once(':'))
+        .collect();
+    let get = |k: &str| fields.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
+    let num = |k: &str| get(k).and_then(|v| v.parse::<u64>().ok());
+    let name = get("raft_group")?.to_string();
+    let mut followers = Vec::new();
+    for (k, v) in &fields {
+        if !k.starts_with("raft_follower_") {
+            continue;
+        }
+        let mut f = FollowerRow::default();
+        for kv in v.split(',') {
+            match kv.split_once('=') {
+                Some(("id", x)) => f.id = x.parse().unwrap_or(0),
+                Some(("addr", x)) => f.addr = x.to_string(),
+                Some(("voter", x)) => f.voter = x == "1",
+                Some(("matched", x)) => f.matched = x.parse().unwrap_or(0),
+                Some(("lag", x)) => f.lag = x.parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+        followers.push(f);
+    }
+    Some(GroupView {
+        name,
+        node_id: num("raft_node_id").unwrap_or(0),
+        role: get("raft_state").unwrap_or("-").to_string(),
+        leader_id: num("raft_leader_id"),
+        leader_addr: get("raft_leader_addr")
+            .filter(|a| *a != "-")
+            .map(str::to_string),
+        term: num("raft_term").unwrap_or(0),
+        last_index: num("raft_last_log_index").unwrap_or(0),
+        applied_index: num("raft_last_applied_index").unwrap_or(0),
+        commit_index: num("raft_commit_index"),
+        millis_since_quorum_ack: num("raft_millis_since_quorum_ack"),
+        lease_held: num("raft_lease_held") == Some(1),
+        followers,
+    })
+}
+
+/// The group of this server, if it is a Raft member.
+pub fn group(shared: &Shared) -> Option<GroupView> {
+    group_view(&shared.repl.get()?.info())
+}
+
+/// One consumer group of the order feed: how far its consumers are behind (a
+/// materializer reads through one).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FeedGroupRow {
+    /// The stream it reads.
+    pub stream: String,
+    /// The group's name.
+    pub group: String,
+    /// Its consumers.
+    pub consumers: usize,
+    /// Entries of the log not yet delivered to it.
+    pub lag: u64,
+    /// Entries delivered and not acknowledged.
+    pub pending: u64,
+    /// How long the oldest unacknowledged entry has waited since its last delivery (0
+    /// when none is pending).
+    pub oldest_pending_ms: u64,
+}
+
+/// The feed's consumer groups; `None` without an order feed.
+pub fn feed_groups(shared: &Shared) -> Option<Vec<FeedGroupRow>> {
+    let f = shared.feed.get()?;
+    let now = crate::feed::groups::now_ms();
+    Some(
+        f.groups
+            .summaries(f.readable_lsn(), f.first_lsn())
+            .into_iter()
+            .map(|g| FeedGroupRow {
+                oldest_pending_ms: g.oldest_delivery_ms.map_or(0, |t| now.saturating_sub(t)),
+                stream: g.stream,
+                group: g.group,
+                consumers: g.consumers,
+                lag: g.lag,
+                pending: g.pending as u64,
+            })
+            .collect(),
+    )
+}

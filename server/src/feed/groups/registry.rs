@@ -29,6 +29,10 @@ pub struct GroupSummary {
     pub lag: u64,
     /// Whether the group's next `>` read would hit a trimmed position.
     pub trimmed: bool,
+    /// The earliest last-delivery time (ms since the Unix epoch) among the pending
+    /// entries, `None` when none is pending: how long the slowest unacknowledged entry has
+    /// waited for its consumer (`XPENDING`'s largest idle time).
+    pub oldest_delivery_ms: Option<u64>,
 }
 
 type Key = (String, String);
@@ -273,6 +277,7 @@ impl Groups {
                 last: g.last,
                 lag: records.saturating_sub(self.own_between(from, durable)),
                 trimmed: g.next_unread() < first && g.last < durable,
+                oldest_delivery_ms: g.pending.values().map(|n| n.delivery_ms).min(),
             });
         }
         out
