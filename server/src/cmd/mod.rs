@@ -3,6 +3,7 @@
 //! role in one place before any command runs.
 
 pub mod acl;
+pub mod backup;
 pub mod args;
 pub mod cluster;
 pub mod command_table;
@@ -154,6 +155,7 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "sale.restore" => sale::Restore::parse(rest).map(|c| c.apply(ctx)),
         "sale.rebuild" => sale::Rebuild::parse(rest).map(|c| c.apply(ctx)),
         "save" => Ok(introspect::save(ctx)),
+        "backup" => Ok(backup::backup(ctx, rest)),
         "auth" => conn::Auth::parse(rest).map(|c| c.apply(ctx)),
         "hello" => conn::Hello::parse(rest).map(|c| c.apply(ctx)),
         "quit" => Ok(Outcome {
