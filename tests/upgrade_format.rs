@@ -42,7 +42,9 @@ fn feed(c: &mut redis::Connection, from: &str) -> Vec<(String, String, String)> 
     entries
         .iter()
         .map(|e| {
-            let Value::Array(pair) = e else { panic!("{e:?}") };
+            let Value::Array(pair) = e else {
+                panic!("{e:?}")
+            };
             let subject = field(&pair[1], "token")
                 .or_else(|| field(&pair[1], "sku"))
                 .expect("token or sku");
@@ -142,7 +144,10 @@ fn a_data_dir_of_the_previous_format_is_served_exactly_then_written_and_restarte
     let t9 = as_str(&v[1]);
     assert_eq!(as_int(&q(&mut c, &["COMMIT", &t9])), 1);
     assert_eq!(as_int(&q(&mut c, &["RELEASE", &tokens[5]])), 1);
-    assert_eq!(as_int(&q(&mut c, &["XACK", "stockgate:events", "g1", "1-0"])), 1);
+    assert_eq!(
+        as_int(&q(&mut c, &["XACK", "stockgate:events", "g1", "1-0"])),
+        1
+    );
     let after_writes = (
         counters(&mut c, "FA"),
         counters(&mut c, "FB"),
@@ -183,5 +188,8 @@ fn a_data_dir_of_the_previous_format_is_served_exactly_then_written_and_restarte
                 .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".snap"))
         })
         .count();
-    assert_eq!(snaps, 1, "SAVE on the upgraded data dir replaced the old snapshot");
+    assert_eq!(
+        snaps, 1,
+        "SAVE on the upgraded data dir replaced the old snapshot"
+    );
 }

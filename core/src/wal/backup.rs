@@ -62,7 +62,11 @@ impl Wal {
     /// called into `target` (absent or an empty directory), with `extra` files of the data
     /// dir (the key fingerprint) copied beside `wal/` when they exist. Blocking file I/O.
     /// The caller must keep snapshots from being written meanwhile (see the module doc).
-    pub fn backup_into(&self, target: &Path, extra: &[PathBuf]) -> Result<BackupWritten, BackupError> {
+    pub fn backup_into(
+        &self,
+        target: &Path,
+        extra: &[PathBuf],
+    ) -> Result<BackupWritten, BackupError> {
         if !target.is_absolute() {
             return Err(BackupError::NotAbsolute(target.to_path_buf()));
         }
@@ -76,7 +80,10 @@ impl Wal {
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(_) => return Err(BackupError::NotEmpty(target.to_path_buf())),
+            Err(e) if e.kind() == io::ErrorKind::NotADirectory => {
+                return Err(BackupError::NotEmpty(target.to_path_buf()))
+            }
+            Err(e) => return Err(io_err("read backup target", target)(e).into()),
         }
         let upto = self.last_lsn();
         if upto > 0 {
@@ -102,7 +109,12 @@ impl Wal {
     }
 
     /// The copy itself, into `dir` (created here).
-    fn copy_into(&self, dir: &Path, upto: Lsn, extra: &[PathBuf]) -> Result<BackupWritten, WalError> {
+    fn copy_into(
+        &self,
+        dir: &Path,
+        upto: Lsn,
+        extra: &[PathBuf],
+    ) -> Result<BackupWritten, WalError> {
         let wal_dir = dir.join("wal");
         fs::create_dir_all(&wal_dir).map_err(io_err("create backup directory", &wal_dir))?;
         let mut bytes = 0;

@@ -39,5 +39,8 @@ pub fn backup(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
         }
     });
     // Refused inside MULTI (`multi::not_in_multi`), so this answer is never sent.
-    Outcome::deferred(Reply::err("ERR BACKUP cannot run inside a transaction"), wait)
+    Outcome::deferred(
+        Reply::err("ERR BACKUP cannot run inside a transaction"),
+        wait,
+    )
 }

@@ -3,8 +3,8 @@
 //! role in one place before any command runs.
 
 pub mod acl;
-pub mod backup;
 pub mod args;
+pub mod backup;
 pub mod cluster;
 pub mod command_table;
 pub mod config;
