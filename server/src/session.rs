@@ -86,10 +86,15 @@ pub trait Durability: Send + Sync {
     /// `SAVE`: write a snapshot now.
     fn save(&self, engine: &Engine) -> Result<(), String>;
     /// `BACKUP <dir>`: write a consistent copy of the data dir as of one LSN into `target`.
+    /// Without a log there is nothing to copy.
     fn backup(
         &self,
-        target: &std::path::Path,
-    ) -> Result<crate::wal::BackupWritten, crate::wal::BackupError>;
+        _target: &std::path::Path,
+    ) -> Result<crate::wal::BackupWritten, crate::wal::BackupError> {
+        Err(crate::wal::BackupError::Unsupported(
+            "this server runs without a write-ahead log (persistence is disabled): there is nothing to back up",
+        ))
+    }
     /// Lines for INFO's Persistence section.
     fn info(&self) -> String;
 }
@@ -103,14 +108,6 @@ impl Durability for NoDurability {
     }
     fn save(&self, _engine: &Engine) -> Result<(), String> {
         Err("persistence is disabled".into())
-    }
-    fn backup(
-        &self,
-        _target: &std::path::Path,
-    ) -> Result<crate::wal::BackupWritten, crate::wal::BackupError> {
-        Err(crate::wal::BackupError::Unsupported(
-            "this server runs without a write-ahead log (persistence is disabled): there is nothing to back up",
-        ))
     }
     fn info(&self) -> String {
         "aof_enabled:0\r\n".into()

@@ -121,8 +121,7 @@ impl Wal {
         let snapshot = segment::list_dir(self.dir())?
             .snapshots
             .into_iter()
-            .filter(|(lsn, _)| *lsn <= upto)
-            .next_back();
+            .rfind(|(lsn, _)| *lsn <= upto);
         let snapshot_lsn = snapshot.as_ref().map_or(0, |s| s.0);
         if let Some((lsn, path)) = &snapshot {
             bytes += copy_file(path, &wal_dir.join(segment::snapshot_file_name(*lsn)), None)?;
