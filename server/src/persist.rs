@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::engine::{Clock, Engine, EngineConfig, Keyring, Lsn, NullSink, ReservationKey};
 use crate::session::Durability;
-use crate::wal::{Event, Recovery, Wal, WalError, WalOptions};
+use crate::wal::{BackupError, BackupWritten, Event, Recovery, Wal, WalError, WalOptions};
 
 /// The WAL as the engine's durability: acknowledgements wait on it, snapshots are taken through it,
 /// and modules that keep state in the log (consumer groups) hook into its snapshots and replays.
@@ -148,6 +148,26 @@ impl Durability for WalDurability {
 
     fn failure(&self) -> Option<String> {
         self.wal.failure().map(|e| e.to_string())
+    }
+
+    fn backup(&self, target: &Path) -> Result<BackupWritten, BackupError> {
+        // No snapshot may delete a segment while it is copied.
+        let _one_at_a_time = self.save_lock.lock();
+        let data_dir = self.wal.dir().parent().unwrap_or(self.wal.dir());
+        let t = Instant::now();
+        let written = self
+            .wal
+            .backup_into(target, &[data_dir.join(crate::keyfiles::FINGERPRINT_FILE)])?;
+        tracing::info!(
+            "backup at lsn {} into {}: snapshot at lsn {}, {} segments, {} bytes, {} ms",
+            written.lsn,
+            written.dir.display(),
+            written.snapshot_lsn,
+            written.segments,
+            written.bytes,
+            t.elapsed().as_millis()
+        );
+        Ok(written)
     }
 
     fn info(&self) -> String {

@@ -85,6 +85,16 @@ pub trait Durability: Send + Sync {
     fn wait(&self, lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
     /// `SAVE`: write a snapshot now.
     fn save(&self, engine: &Engine) -> Result<(), String>;
+    /// `BACKUP <dir>`: write a consistent copy of the data dir as of one LSN into `target`.
+    /// Without a log there is nothing to copy.
+    fn backup(
+        &self,
+        _target: &std::path::Path,
+    ) -> Result<crate::wal::BackupWritten, crate::wal::BackupError> {
+        Err(crate::wal::BackupError::Unsupported(
+            "this server runs without a write-ahead log (persistence is disabled): there is nothing to back up",
+        ))
+    }
     /// Lines for INFO's Persistence section.
     fn info(&self) -> String;
     /// Why the log can no longer make a record durable (a write or fsync failed, the

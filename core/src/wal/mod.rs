@@ -7,6 +7,8 @@
 //!   [`snapshot`];
 //! - `LOCK`: held (flock) by the process that has the log open.
 //!
+//! A consistent copy of a running log is written by [`Wal::backup_into`] ([`backup`]).
+//!
 //! Lifecycle, as the server uses it:
 //! 1. [`Wal::open`] recovers: newest valid snapshot + the records after it
 //!    ([`Recovery`]), a torn tail is cut off, corruption elsewhere stops the start.
@@ -18,6 +20,7 @@
 //!
 //! This module knows nothing of the engine's rules: events and snapshots are data.
 
+pub mod backup;
 pub mod codec;
 pub mod reader;
 pub mod record;
@@ -39,6 +42,7 @@ use thiserror::Error;
 
 pub use crate::engine::event::{Event, EventRef, EventSink, Lsn};
 pub use crate::engine::types::Snapshot;
+pub use backup::{BackupError, BackupWritten};
 pub use codec::DecodeError;
 pub use record::RecordError;
 pub use snapshot::SnapshotWritten;

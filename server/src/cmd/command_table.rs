@@ -184,6 +184,15 @@ pub static COMMANDS: &[Spec] = &[
         "server",
         "Write a snapshot now",
     ),
+    spec(
+        "backup",
+        2,
+        &["admin", "noscript"],
+        0,
+        ADMIN,
+        "server",
+        "Write a consistent copy of the data dir (snapshot and log up to one LSN) into a new or empty directory",
+    ),
     // Connection and server.
     Spec {
         no_auth: true,

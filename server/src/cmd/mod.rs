@@ -4,6 +4,7 @@
 
 pub mod acl;
 pub mod args;
+pub mod backup;
 pub mod cluster;
 pub mod command_table;
 pub mod config;
@@ -154,6 +155,7 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "sale.restore" => sale::Restore::parse(rest).map(|c| c.apply(ctx)),
         "sale.rebuild" => sale::Rebuild::parse(rest).map(|c| c.apply(ctx)),
         "save" => Ok(introspect::save(ctx)),
+        "backup" => Ok(backup::backup(ctx, rest)),
         "auth" => conn::Auth::parse(rest).map(|c| c.apply(ctx)),
         "hello" => conn::Hello::parse(rest).map(|c| c.apply(ctx)),
         "quit" => Ok(Outcome {

@@ -34,8 +34,9 @@ pub fn runs_at_once(spec: &Spec) -> bool {
 /// Commands refused inside a transaction. `HELLO` would switch the protocol the `EXEC`
 /// reply is encoded in halfway through it.
 fn not_in_multi(spec: &Spec) -> bool {
-    // SUBSCRIBE turns the connection into something else, which EXEC cannot.
-    matches!(spec.name, "hello" | "subscribe" | "psubscribe")
+    // SUBSCRIBE turns the connection into something else, which EXEC cannot; BACKUP's
+    // reply comes from a copy that EXEC cannot wait for.
+    matches!(spec.name, "hello" | "subscribe" | "psubscribe" | "backup")
 }
 
 /// A refusal by the dispatcher's checks (unknown command, arity, auth, role). Inside a

@@ -1019,6 +1019,18 @@ impl Durability for RaftDurability {
         Err("SAVE is not available on a Raft group member: it snapshots on its own every --snapshot-records records, at a point every member agrees on".into())
     }
 
+    fn backup(
+        &self,
+        _target: &std::path::Path,
+    ) -> Result<crate::wal::BackupWritten, crate::wal::BackupError> {
+        // A copy of a member's log restored elsewhere would carry the member's Raft vote
+        // and term and could rejoin the group with an old vote; a lost member rejoins empty
+        // instead (docs/operations.md, section 5).
+        Err(crate::wal::BackupError::Unsupported(
+            "BACKUP is not available on a Raft group member: a restored copy would carry this member's Raft log and vote; a lost member rejoins empty and takes a snapshot from the leader, and a group lost entirely is rebuilt from the ledger",
+        ))
+    }
+
     fn info(&self) -> String {
         self.local.info()
     }
