@@ -155,14 +155,10 @@ impl FeedConn {
     /// must be longer than any `BLOCK` the reader asks for.
     pub(crate) async fn direct(
         addr: &str,
+        tls: Option<&crate::tls::TlsConfig>,
         response_timeout: Duration,
     ) -> Result<FeedConn, MaterializeError> {
-        let url = if addr.contains("://") {
-            addr.to_owned()
-        } else {
-            format!("redis://{addr}")
-        };
-        let client = redis::Client::open(url)?;
+        let client = crate::tls::redis_client(addr, tls)?;
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Duration::from_secs(2))
             .set_response_timeout(response_timeout)
@@ -193,7 +189,10 @@ impl FeedConn {
         response_timeout: Duration,
     ) -> Result<FeedConn, MaterializeError> {
         match target {
-            ServerTarget::Addr(a) => FeedConn::direct(a, response_timeout).await,
+            ServerTarget::Addr(a) => FeedConn::direct(a, None, response_timeout).await,
+            ServerTarget::TlsAddr(a, tls) => {
+                FeedConn::direct(a, Some(tls), response_timeout).await
+            }
             ServerTarget::Sentinel(c) => FeedConn::sentinel(c.clone(), response_timeout).await,
         }
     }
@@ -372,7 +371,7 @@ impl FeedReader {
     /// `addr`: `host:port` or a `redis://user:pass@host:port` URL (role sweeper or admin).
     pub async fn connect(addr: &str, stream: &str) -> Result<Self, MaterializeError> {
         Ok(FeedReader {
-            conn: FeedConn::direct(addr, FEED_RESPONSE_TIMEOUT).await?,
+            conn: FeedConn::direct(addr, None, FEED_RESPONSE_TIMEOUT).await?,
             stream: stream.to_owned(),
         })
     }
