@@ -866,7 +866,11 @@ fn the_tools_work_over_tls_with_client_certificates_required() {
         if stdout_of(&out).contains("released 1 ") {
             break;
         }
-        assert!(Instant::now() < deadline, "never swept: {}", stdout_of(&out));
+        assert!(
+            Instant::now() < deadline,
+            "never swept: {}",
+            stdout_of(&out)
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(srv.plain_cli(&["STOCK", "TLSW"]), "10");
@@ -875,7 +879,13 @@ fn the_tools_work_over_tls_with_client_certificates_required() {
     // whose holds last long enough to be committed).
     let out = tool(
         "stockgate-sweeper",
-        &os(&common_args(&["create-sale", "--sku", "TLSM", "--total", "10"])),
+        &os(&common_args(&[
+            "create-sale",
+            "--sku",
+            "TLSM",
+            "--total",
+            "10",
+        ])),
     );
     assert!(out.status.success(), "create-sale: {}", stderr_of(&out));
     let argv = srv.reserve_argv("TLSM", "u2", "r2");
@@ -888,10 +898,7 @@ fn the_tools_work_over_tls_with_client_certificates_required() {
         .to_string();
     let out = redis_cli_tls(srv.tls, client, &["COMMIT".to_string(), token.clone()]);
     assert!(!out.contains("ERR"), "{out}");
-    let out = tool(
-        "stockgate-materializer",
-        &os(&common_args(&["--drain"])),
-    );
+    let out = tool("stockgate-materializer", &os(&common_args(&["--drain"])));
     assert!(out.status.success(), "materializer: {}", stderr_of(&out));
     let status: String = rt.block_on(async {
         let pool = sqlx::PgPool::connect(pg.url()).await.expect("pg");
@@ -927,13 +934,19 @@ fn the_tools_work_over_tls_with_client_certificates_required() {
     let out = tool("stockgate-sweeper", &os(&bad));
     assert!(!out.status.success());
     let err = stderr_of(&out);
-    assert!(err.contains("certificate") && err.contains("UnknownIssuer"), "{err}");
+    assert!(
+        err.contains("certificate") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
     let mut bad = common_args(&["--drain"]);
     bad.splice(4..4 + tls.len(), wrong.iter().cloned());
     let out = tool("stockgate-materializer", &os(&bad));
     assert!(!out.status.success());
     let err = stderr_of(&out);
-    assert!(err.contains("certificate") && err.contains("UnknownIssuer"), "{err}");
+    assert!(
+        err.contains("certificate") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
     args.splice(6.., wrong.iter().cloned());
     let out = run(Command::new("timeout")
         .arg("60")
@@ -941,7 +954,10 @@ fn the_tools_work_over_tls_with_client_certificates_required() {
         .args(&args));
     assert!(!out.status.success());
     let err = stderr_of(&out);
-    assert!(err.contains("certificate") && err.contains("UnknownIssuer"), "{err}");
+    assert!(
+        err.contains("certificate") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
 
     // A CA file that is not PEM: a start-up error naming the file.
     let garbage = p.join("a-server.ext");
@@ -1045,7 +1061,17 @@ else:
     let python = |mode: &str, user: &str, req: &str| -> String {
         let argv = srv.reserve_argv("TLSPKG", user, req);
         let out = run(Command::new("timeout")
-            .args(["60", "python3", "-c", py, &srv.tls.to_string(), &ca, &cert, &key, mode])
+            .args([
+                "60",
+                "python3",
+                "-c",
+                py,
+                &srv.tls.to_string(),
+                &ca,
+                &cert,
+                &key,
+                mode,
+            ])
             .args([&argv[3], &argv[4]])
             .env("PYTHONPATH", root.join("clients/python/src")));
         format!("{}{}", stdout_of(&out), stderr_of(&out))
@@ -1083,7 +1109,15 @@ try {
         let argv = srv.reserve_argv("TLSPKG", "js", req);
         let out = run(Command::new("timeout")
             .args(["60", "node", "--input-type=module", "-e", js])
-            .args([&srv.tls.to_string(), &ca, &cert, &key, mode, &argv[3], &argv[4]])
+            .args([
+                &srv.tls.to_string(),
+                &ca,
+                &cert,
+                &key,
+                mode,
+                &argv[3],
+                &argv[4],
+            ])
             .env("SG_NODE_PKG", node_dir.join("src/index.js")));
         format!("{}{}", stdout_of(&out), stderr_of(&out))
     };

@@ -190,9 +190,7 @@ impl FeedConn {
     ) -> Result<FeedConn, MaterializeError> {
         match target {
             ServerTarget::Addr(a) => FeedConn::direct(a, None, response_timeout).await,
-            ServerTarget::TlsAddr(a, tls) => {
-                FeedConn::direct(a, Some(tls), response_timeout).await
-            }
+            ServerTarget::TlsAddr(a, tls) => FeedConn::direct(a, Some(tls), response_timeout).await,
             ServerTarget::Sentinel(c) => FeedConn::sentinel(c.clone(), response_timeout).await,
         }
     }

@@ -142,9 +142,9 @@ impl ServerTarget {
             (ServerTarget::Addr(a) | ServerTarget::TlsAddr(a, _), Some(tls)) => {
                 Ok(ServerTarget::TlsAddr(a, tls))
             }
-            (ServerTarget::Sentinel(_), Some(_)) => Err(
-                "TLS through --sentinel is not supported: name the server with --server".into(),
-            ),
+            (ServerTarget::Sentinel(_), Some(_)) => {
+                Err("TLS through --sentinel is not supported: name the server with --server".into())
+            }
         }
     }
 }

@@ -231,7 +231,10 @@ mod tests {
             ..TlsArgs::default()
         };
         assert!(args.load("127.0.0.1:1").is_err());
-        assert!(TlsArgs::default().load("127.0.0.1:1").expect("plain").is_none());
+        assert!(TlsArgs::default()
+            .load("127.0.0.1:1")
+            .expect("plain")
+            .is_none());
         assert!(TlsArgs::default()
             .load("rediss://127.0.0.1:1")
             .expect("rediss")

@@ -102,7 +102,9 @@ fn top_tls(t: &TopArgs) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
         return Ok(None);
     }
     let Some(ca) = &t.cacert else {
-        return Err("--tls needs --cacert FILE (the CA that signed the server's certificate)".into());
+        return Err(
+            "--tls needs --cacert FILE (the CA that signed the server's certificate)".into(),
+        );
     };
     stockgate_server::tls::client_config(ca, cert_key)
         .map(Some)

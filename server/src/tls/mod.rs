@@ -372,11 +372,13 @@ pub fn client_config(
         None => b.with_no_client_auth(),
         Some((cert, key)) => b
             .with_client_auth_cert(read_certs("--cert", cert)?, read_key_as("--key", key)?)
-            .map_err(|e| TlsError::Config(format!(
-                "--cert {} and --key {}: not a certificate and its private key ({e})",
-                cert.display(),
-                key.display()
-            )))?,
+            .map_err(|e| {
+                TlsError::Config(format!(
+                    "--cert {} and --key {}: not a certificate and its private key ({e})",
+                    cert.display(),
+                    key.display()
+                ))
+            })?,
     };
     Ok(Arc::new(cfg))
 }
