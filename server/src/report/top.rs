@@ -115,16 +115,35 @@ impl Write for Stream {
     }
 }
 
+/// A failed handshake in an operator's words: the usual causes first, rustls's words kept.
+fn handshake_error(e: std::io::Error) -> std::io::Error {
+    let text = e.to_string();
+    let hint = if text.contains("UnknownIssuer") {
+        "the server's certificate is not signed by the CA in --cacert: "
+    } else if text.contains("NotValidForName") {
+        "the server's certificate does not name the host of --server: "
+    } else if text.contains("CertificateRequired") || text.contains("certificate required") {
+        "the server requires a client certificate (--cert, --key): "
+    } else {
+        ""
+    };
+    std::io::Error::new(e.kind(), format!("TLS handshake failed: {hint}{text}"))
+}
+
 /// A blocking connection to the server.
 pub struct Conn {
     s: BufReader<Stream>,
 }
 
 impl Conn {
-    /// Connects to `addr` (3 s timeout, 5 s per read or write), over TLS with `tls`
-    /// (the certificate must name `addr`'s host), and, with `auth` as (user, password),
-    /// authenticates.
-    pub fn open(
+    /// Connects to `addr` over plain TCP (3 s timeout, 5 s per read or write) and, with
+    /// `auth` as (user, password), authenticates.
+    pub fn open(addr: &str, auth: Option<(&str, &str)>) -> std::io::Result<Conn> {
+        Conn::open_tls(addr, auth, None)
+    }
+
+    /// [`Conn::open`], over TLS with `tls` (the certificate must name `addr`'s host).
+    pub fn open_tls(
         addr: &str,
         auth: Option<(&str, &str)>,
         tls: Option<&Arc<rustls::ClientConfig>>,
@@ -152,9 +171,7 @@ impl Conn {
                 // The handshake now, so a wrong CA is reported as such and not as a
                 // failed first command.
                 while s.conn.is_handshaking() {
-                    s.conn
-                        .complete_io(&mut s.sock)
-                        .map_err(|e| std::io::Error::other(format!("TLS handshake: {e}")))?;
+                    s.conn.complete_io(&mut s.sock).map_err(handshake_error)?;
                 }
                 Stream::Tls(Box::new(s))
             }
@@ -608,7 +625,7 @@ pub fn run(
             if Instant::now() >= next {
                 next = Instant::now() + interval;
                 if conn.is_none() {
-                    match Conn::open(server, auth, tls) {
+                    match Conn::open_tls(server, auth, tls) {
                         Ok(c) => conn = Some(c),
                         Err(e) => screen.status = format!("connect failed: {e}"),
                     }
@@ -673,7 +690,7 @@ pub fn once(
     tls: Option<&Arc<rustls::ClientConfig>>,
     interval: Duration,
 ) -> std::io::Result<Vec<String>> {
-    let mut c = Conn::open(server, auth, tls)?;
+    let mut c = Conn::open_tls(server, auth, tls)?;
     let (i0, h0) = poll(&mut c)?;
     let t0 = Instant::now();
     std::thread::sleep(interval);
