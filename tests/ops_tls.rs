@@ -935,7 +935,7 @@ fn the_tools_work_over_tls_with_client_certificates_required() {
     assert!(!out.status.success());
     let err = stderr_of(&out);
     assert!(
-        err.contains("certificate") && err.contains("UnknownIssuer"),
+        err.contains("not signed by the CA in --cacert") && err.contains("UnknownIssuer"),
         "{err}"
     );
     let mut bad = common_args(&["--drain"]);
@@ -944,7 +944,7 @@ fn the_tools_work_over_tls_with_client_certificates_required() {
     assert!(!out.status.success());
     let err = stderr_of(&out);
     assert!(
-        err.contains("certificate") && err.contains("UnknownIssuer"),
+        err.contains("not signed by the CA in --cacert") && err.contains("UnknownIssuer"),
         "{err}"
     );
     args.splice(6.., wrong.iter().cloned());
@@ -955,7 +955,7 @@ fn the_tools_work_over_tls_with_client_certificates_required() {
     assert!(!out.status.success());
     let err = stderr_of(&out);
     assert!(
-        err.contains("certificate") && err.contains("UnknownIssuer"),
+        err.contains("not signed by the CA in --cacert") && err.contains("UnknownIssuer"),
         "{err}"
     );
 

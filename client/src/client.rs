@@ -76,7 +76,7 @@ impl StockgateClient {
             .set_max_delay(1000);
         let conn = ConnectionManager::new_with_config(client, mcfg)
             .await
-            .map_err(ClientError::Connection)?;
+            .map_err(|e| ClientError::Connection(crate::tls::explain(e)))?;
         Ok(StockgateClient {
             conn: Transport::Direct(conn),
         })

@@ -164,7 +164,9 @@ impl FeedConn {
             .set_response_timeout(response_timeout)
             .set_number_of_retries(3)
             .set_max_delay(1000);
-        let conn = ConnectionManager::new_with_config(client, cfg).await?;
+        let conn = ConnectionManager::new_with_config(client, cfg)
+            .await
+            .map_err(crate::tls::explain)?;
         Ok(FeedConn::Direct(conn))
     }
 

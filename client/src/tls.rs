@@ -203,6 +203,18 @@ pub(crate) fn redis_client(
     redis::Client::build_with_tls(url, tls.certificates())
 }
 
+/// A connection error in an operator's words when it is a failed TLS handshake with a
+/// usual cause (`stockgate_server::tls::handshake_hint`); other errors unchanged.
+pub(crate) fn explain(e: redis::RedisError) -> redis::RedisError {
+    let text = e.to_string();
+    match stockgate_server::tls::handshake_hint(&text) {
+        Some(hint) => {
+            redis::RedisError::from((e.kind(), "TLS handshake failed", format!("{hint}: {text}")))
+        }
+        None => e,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -115,19 +115,14 @@ impl Write for Stream {
     }
 }
 
-/// A failed handshake in an operator's words: the usual causes first, rustls's words kept.
+/// A failed handshake in an operator's words: the usual cause first, rustls's words kept.
 fn handshake_error(e: std::io::Error) -> std::io::Error {
     let text = e.to_string();
-    let hint = if text.contains("UnknownIssuer") {
-        "the server's certificate is not signed by the CA in --cacert: "
-    } else if text.contains("NotValidForName") {
-        "the server's certificate does not name the host of --server: "
-    } else if text.contains("CertificateRequired") || text.contains("certificate required") {
-        "the server requires a client certificate (--cert, --key): "
-    } else {
-        ""
+    let msg = match crate::tls::handshake_hint(&text) {
+        Some(hint) => format!("TLS handshake failed: {hint}: {text}"),
+        None => format!("TLS handshake failed: {text}"),
     };
-    std::io::Error::new(e.kind(), format!("TLS handshake failed: {hint}{text}"))
+    std::io::Error::new(e.kind(), msg)
 }
 
 /// A blocking connection to the server.
