@@ -759,3 +759,370 @@ fn a_raft_group_replicates_over_tls() {
     assert!(got.len() < 64, "a plain frame got an answer: {got:?}");
     drop(members);
 }
+
+/// A binary of the workspace beside the server's (target/<profile>/).
+fn tool_bin(name: &str) -> PathBuf {
+    server_bin().with_file_name(name)
+}
+
+/// `tool` with `args`, bounded (a hung handshake fails the test instead of hanging it).
+fn tool(name: &str, args: &[&OsStr]) -> Output {
+    run(Command::new("timeout")
+        .arg("60")
+        .arg(tool_bin(name))
+        .args(args)
+        .env("STOCKGATE_LOG", "warn"))
+}
+
+use std::ffi::OsStr;
+
+/// `--tls --cacert CA --cert CERT --key KEY` of pki `name`'s client certificate.
+fn tool_tls(p: &Path, ca: &str, client: &str) -> Vec<std::ffi::OsString> {
+    vec![
+        "--tls".into(),
+        "--cacert".into(),
+        p.join(format!("{ca}-ca.pem")).into(),
+        "--cert".into(),
+        p.join(format!("{client}-client.pem")).into(),
+        "--key".into(),
+        p.join(format!("{client}-client.key")).into(),
+    ]
+}
+
+fn os(v: &[std::ffi::OsString]) -> Vec<&OsStr> {
+    v.iter().map(|s| s.as_os_str()).collect()
+}
+
+fn stdout_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The sweeper and the materializer against a server that requires client certificates,
+/// with only its TLS port to talk to: the sweeper creates a sale and sweeps an expired
+/// hold, the materializer writes a committed order into the ledger, `stockgate top
+/// --once` shows the sale, and each tool given a wrong CA stops with a plain-words error.
+#[test]
+fn the_tools_work_over_tls_with_client_certificates_required() {
+    use stockgate_testkit::pgtemp::TempPostgres;
+    let (_d, p) = pki();
+    let mut flags = server_flags(&p, "a");
+    flags.extend([
+        "--tls-ca-cert-file".into(),
+        p.join("a-ca.pem").display().to_string(),
+    ]);
+    let srv = start(&flags);
+    let rt = runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let server = format!("127.0.0.1:{}", srv.tls);
+    let tls = tool_tls(&p, "a", "a");
+    let common_args = |extra: &[&str]| -> Vec<std::ffi::OsString> {
+        let mut v: Vec<std::ffi::OsString> = vec![
+            "--database-url".into(),
+            pg.url().into(),
+            "--server".into(),
+            server.clone().into(),
+        ];
+        v.extend(tls.iter().cloned());
+        v.extend(extra.iter().map(|s| s.into()));
+        v
+    };
+
+    // The sweeper creates the sale over TLS (and registers it in the ledger).
+    let out = tool(
+        "stockgate-sweeper",
+        &os(&common_args(&[
+            "create-sale",
+            "--sku",
+            "TLSW",
+            "--total",
+            "10",
+            "--ttl-ms",
+            "300",
+        ])),
+    );
+    assert!(out.status.success(), "create-sale: {}", stderr_of(&out));
+    assert!(stdout_of(&out).contains("created TLSW"));
+
+    // A hold that expires, with no order (its application died before writing one).
+    let client = Client {
+        ca: &p.join("a-ca.pem"),
+        cert: Some((&p.join("a-client.pem"), &p.join("a-client.key"))),
+    };
+    let argv = srv.reserve_argv("TLSW", "u1", "r1");
+    let out = redis_cli_tls(srv.tls, client, &argv);
+    assert!(out.contains("RESERVED"), "{out}");
+    assert_eq!(srv.plain_cli(&["STOCK", "TLSW"]), "9");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = tool(
+            "stockgate-sweeper",
+            &os(&common_args(&["run", "--once", "--sku", "TLSW"])),
+        );
+        assert!(out.status.success(), "run --once: {}", stderr_of(&out));
+        if stdout_of(&out).contains("released 1 ") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never swept: {}",
+            stdout_of(&out)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(srv.plain_cli(&["STOCK", "TLSW"]), "10");
+
+    // A committed order reaches the ledger through the materializer over TLS (a sale
+    // whose holds last long enough to be committed).
+    let out = tool(
+        "stockgate-sweeper",
+        &os(&common_args(&[
+            "create-sale",
+            "--sku",
+            "TLSM",
+            "--total",
+            "10",
+        ])),
+    );
+    assert!(out.status.success(), "create-sale: {}", stderr_of(&out));
+    let argv = srv.reserve_argv("TLSM", "u2", "r2");
+    let out = redis_cli_tls(srv.tls, client, &argv);
+    let token = out
+        .lines()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no token in {out}"))
+        .trim()
+        .to_string();
+    let out = redis_cli_tls(srv.tls, client, &["COMMIT".to_string(), token.clone()]);
+    assert!(!out.contains("ERR"), "{out}");
+    let out = tool("stockgate-materializer", &os(&common_args(&["--drain"])));
+    assert!(out.status.success(), "materializer: {}", stderr_of(&out));
+    let status: String = rt.block_on(async {
+        let pool = sqlx::PgPool::connect(pg.url()).await.expect("pg");
+        sqlx::query_scalar("SELECT status FROM stockgate.orders WHERE reservation_token = $1")
+            .bind(&token)
+            .fetch_one(&pool)
+            .await
+            .expect("the order")
+    });
+    assert_eq!(status, "COMMITTED");
+
+    // `stockgate top --once` over TLS shows the sale.
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "top".into(),
+        "--once".into(),
+        "--interval-ms".into(),
+        "200".into(),
+        "--server".into(),
+        server.clone().into(),
+    ];
+    args.extend(tls.iter().cloned());
+    let out = run(Command::new("timeout")
+        .arg("60")
+        .arg(server_bin())
+        .args(&args));
+    assert!(out.status.success(), "top: {}", stderr_of(&out));
+    assert!(stdout_of(&out).contains("TLSW"), "{}", stdout_of(&out));
+
+    // A wrong CA: each tool stops, saying the certificate is not trusted.
+    let wrong = tool_tls(&p, "b", "a");
+    let mut bad = common_args(&["run", "--once"]);
+    bad.splice(4..4 + tls.len(), wrong.iter().cloned());
+    let out = tool("stockgate-sweeper", &os(&bad));
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("not signed by the CA in --cacert") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
+    let mut bad = common_args(&["--drain"]);
+    bad.splice(4..4 + tls.len(), wrong.iter().cloned());
+    let out = tool("stockgate-materializer", &os(&bad));
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("not signed by the CA in --cacert") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
+    args.splice(6.., wrong.iter().cloned());
+    let out = run(Command::new("timeout")
+        .arg("60")
+        .arg(server_bin())
+        .args(&args));
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("not signed by the CA in --cacert") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
+
+    // A CA file that is not PEM: a start-up error naming the file.
+    let garbage = p.join("a-server.ext");
+    let mut bad = common_args(&["run", "--once"]);
+    bad[6] = garbage.clone().into();
+    let out = tool("stockgate-sweeper", &os(&bad));
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains(&format!("--cacert {}", garbage.display())),
+        "{err}"
+    );
+    let key = std::fs::read_to_string(p.join("a-client.key")).expect("key");
+    let body: String = key.lines().filter(|l| !l.starts_with("-----")).collect();
+    assert!(!err.contains(&body), "the key was printed");
+}
+
+/// `--port 0` with a fixed `--tls-port`: no plain port; TLS is served, and the port INFO
+/// reports is the TLS one.
+#[test]
+fn a_tls_only_server_refuses_plain_connections_and_serves_tls() {
+    let (_d, p) = pki();
+    let dir = TempDir::new("tls-only");
+    let port = free_port();
+    let mut child = Command::new(server_bin())
+        .args(["--port", "0", "--tls-port", &port.to_string(), "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(server_flags(&p, "a"))
+        .args(["--tls-auth-clients", "no"])
+        .env("STOCKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn stockgate");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    let _srv = KillOnDrop(child);
+    assert_eq!(
+        line.trim(),
+        format!("listening on 127.0.0.1:{port} (tls)"),
+        "the only listener is the TLS one"
+    );
+    let ca = p.join("a-ca.pem");
+    let c = Client {
+        ca: &ca,
+        cert: None,
+    };
+    assert_eq!(redis_cli_tls(port, c, &["PING".into()]).trim(), "PONG");
+    let info = redis_cli_tls(port, c, &["INFO".into(), "server".into()]);
+    assert!(info.contains(&format!("tcp_port:{port}")), "{info}");
+    // A plain client on it gets no answer (the handshake fails).
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    s.write_all(b"*1\r\n$4\r\nPING\r\n").unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert!(!String::from_utf8_lossy(&got).contains("PONG"), "{got:?}");
+}
+
+/// The Python package (sync and asyncio clients, `rediss://` and `ssl=True`) and the Node
+/// package (`tls: {ca, cert, key}`) reserve over TLS from a server that requires client
+/// certificates, and fail without one.
+#[test]
+fn the_python_and_node_packages_reserve_over_tls() {
+    let (_d, p) = pki();
+    let mut flags = server_flags(&p, "a");
+    flags.extend([
+        "--tls-ca-cert-file".into(),
+        p.join("a-ca.pem").display().to_string(),
+    ]);
+    let srv = start(&flags);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (ca, cert, key) = (
+        p.join("a-ca.pem").display().to_string(),
+        p.join("a-client.pem").display().to_string(),
+        p.join("a-client.key").display().to_string(),
+    );
+    let py = r#"
+import asyncio, sys
+import stockgate
+from stockgate.aio import AsyncClient
+port, ca, cert, key, mode, token, req = sys.argv[1:8]
+if mode == "sync":
+    c = stockgate.Client.connect(f"rediss://127.0.0.1:{port}", ssl_ca_certs=ca, ssl_certfile=cert, ssl_keyfile=key)
+    print(type(c.reserve("TLSPKG", "py", token, req)).__name__)
+elif mode == "nocert":
+    try:
+        c = stockgate.Client.connect(f"127.0.0.1:{port}", ssl=True, ssl_ca_certs=ca)
+        print(type(c.reserve("TLSPKG", "py", token, req)).__name__)
+    except Exception as e:
+        print("refused:", type(e).__name__)
+else:
+    async def main():
+        c = AsyncClient.connect(f"127.0.0.1:{port}", ssl=True, ssl_ca_certs=ca, ssl_certfile=cert, ssl_keyfile=key)
+        print(type(await c.reserve("TLSPKG", "pya", token, req)).__name__)
+    asyncio.run(main())
+"#;
+    let python = |mode: &str, user: &str, req: &str| -> String {
+        let argv = srv.reserve_argv("TLSPKG", user, req);
+        let out = run(Command::new("timeout")
+            .args([
+                "60",
+                "python3",
+                "-c",
+                py,
+                &srv.tls.to_string(),
+                &ca,
+                &cert,
+                &key,
+                mode,
+            ])
+            .args([&argv[3], &argv[4]])
+            .env("PYTHONPATH", root.join("clients/python/src")));
+        format!("{}{}", stdout_of(&out), stderr_of(&out))
+    };
+    assert_eq!(python("sync", "py", "r1").trim(), "Reserved");
+    let out = python("nocert", "py", "r2");
+    assert!(out.contains("refused"), "{out}");
+    assert_eq!(python("aio", "pya", "r3").trim(), "Reserved");
+
+    let node_dir = root.join("clients/node");
+    if !node_dir.join("node_modules/ioredis").exists() {
+        let out = run(Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&node_dir));
+        assert!(out.status.success(), "npm ci --prefix clients/node failed");
+    }
+    let js = r#"
+import { readFileSync } from 'node:fs';
+const [port, ca, cert, key, mode, token, req] = process.argv.slice(1);
+const { Stockgate } = await import(process.env.SG_NODE_PKG);
+const tls = mode === 'cert'
+  ? { ca: readFileSync(ca), cert: readFileSync(cert), key: readFileSync(key) }
+  : { ca: readFileSync(ca) };
+const c = new Stockgate({ addr: `127.0.0.1:${port}`, tls, deadlineMs: 3000 });
+try {
+  const r = await c.reserve('TLSPKG', 'js', token, req);
+  console.log(r.kind);
+} catch (e) {
+  console.log('refused:', e.name);
+} finally {
+  await c.close();
+}
+"#;
+    let node = |mode: &str, req: &str| -> String {
+        let argv = srv.reserve_argv("TLSPKG", "js", req);
+        let out = run(Command::new("timeout")
+            .args(["60", "node", "--input-type=module", "-e", js])
+            .args([
+                &srv.tls.to_string(),
+                &ca,
+                &cert,
+                &key,
+                mode,
+                &argv[3],
+                &argv[4],
+            ])
+            .env("SG_NODE_PKG", node_dir.join("src/index.js")));
+        format!("{}{}", stdout_of(&out), stderr_of(&out))
+    };
+    assert_eq!(node("cert", "j1").trim(), "reserved");
+    let out = node("nocert", "j2");
+    assert!(out.contains("refused"), "{out}");
+    assert_eq!(srv.plain_cli(&["STOCK", "TLSPKG"]), "97");
+}

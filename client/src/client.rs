@@ -20,6 +20,7 @@ use redis::Value;
 pub use crate::conn_config::ClientConfig;
 pub use crate::error::ClientError;
 use crate::sentinel::{Retry, SentinelConfig, SentinelConn, ServerTarget};
+use crate::tls::TlsConfig;
 use crate::value::{as_int, as_string};
 
 use crate::types::{
@@ -47,15 +48,6 @@ impl std::fmt::Debug for StockgateClient {
     }
 }
 
-/// `addr` may be `host:port` or a `redis://` URL (with credentials for AUTH).
-fn to_url(addr: &str) -> String {
-    if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("redis://{addr}")
-    }
-}
-
 impl StockgateClient {
     /// Connects to `addr` (`host:port`, or a `redis://[user:pass@]host:port` URL for AUTH) with the
     /// default settings.
@@ -66,7 +58,17 @@ impl StockgateClient {
     /// Connects to `addr` with these timeouts and retries; the connection reconnects by itself
     /// after a failure.
     pub async fn connect_with(addr: &str, cfg: ClientConfig) -> Result<Self, ClientError> {
-        let client = redis::Client::open(to_url(addr)).map_err(ClientError::Connection)?;
+        Self::connect_tls_with(addr, None, cfg).await
+    }
+
+    /// [`Self::connect_with`] over TLS with `tls` (None: plain, unless `addr` is
+    /// `rediss://`).
+    pub async fn connect_tls_with(
+        addr: &str,
+        tls: Option<&TlsConfig>,
+        cfg: ClientConfig,
+    ) -> Result<Self, ClientError> {
+        let client = crate::tls::redis_client(addr, tls).map_err(ClientError::Connection)?;
         let mcfg = ConnectionManagerConfig::new()
             .set_connection_timeout(cfg.connect_timeout)
             .set_response_timeout(cfg.response_timeout)
@@ -74,7 +76,7 @@ impl StockgateClient {
             .set_max_delay(1000);
         let conn = ConnectionManager::new_with_config(client, mcfg)
             .await
-            .map_err(ClientError::Connection)?;
+            .map_err(|e| ClientError::Connection(crate::tls::explain(e)))?;
         Ok(StockgateClient {
             conn: Transport::Direct(conn),
         })
@@ -103,6 +105,9 @@ impl StockgateClient {
     pub async fn connect_target(target: &ServerTarget) -> Result<Self, ClientError> {
         match target {
             ServerTarget::Addr(a) => Self::connect(a).await,
+            ServerTarget::TlsAddr(a, tls) => {
+                Self::connect_tls_with(a, Some(tls), ClientConfig::default()).await
+            }
             ServerTarget::Sentinel(c) => Self::connect_sentinel(c.clone()).await,
         }
     }

@@ -53,7 +53,7 @@ impl GroupReader {
         group: &str,
         consumer: &str,
     ) -> Result<Self, MaterializeError> {
-        let conn = FeedConn::direct(addr, GROUP_RESPONSE_TIMEOUT).await?;
+        let conn = FeedConn::direct(addr, None, GROUP_RESPONSE_TIMEOUT).await?;
         Ok(GroupReader::with(conn, stream, group, consumer))
     }
 

@@ -13,6 +13,7 @@
 //! - [`rebuild`]: fail closed and rebuild a fenced sale from the ledger.
 //! - [`materialize`]: the order feed written into the ledger exactly once.
 //! - [`metrics`]: the sweeper's Prometheus endpoint.
+//! - [`tls`]: the tools' TLS flags and the TLS connection to a server.
 pub mod adjust;
 pub mod checkout;
 pub mod client;
@@ -29,6 +30,7 @@ pub mod rebuild;
 pub mod sentinel;
 pub mod split;
 pub mod sweeper;
+pub mod tls;
 pub mod token;
 pub mod types;
 mod value;
@@ -41,4 +43,5 @@ pub use ledger::postgres::PgLedger;
 pub use ledger::{Ledger, LedgerError, OrderStatus};
 pub use sentinel::{SentinelConfig, ServerTarget};
 pub use sweeper::{PassReport, Sweeper, SweeperConfig};
+pub use tls::{TlsArgs, TlsConfig, TlsError};
 pub use token::mint_admission_token;

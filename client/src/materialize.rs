@@ -155,20 +155,18 @@ impl FeedConn {
     /// must be longer than any `BLOCK` the reader asks for.
     pub(crate) async fn direct(
         addr: &str,
+        tls: Option<&crate::tls::TlsConfig>,
         response_timeout: Duration,
     ) -> Result<FeedConn, MaterializeError> {
-        let url = if addr.contains("://") {
-            addr.to_owned()
-        } else {
-            format!("redis://{addr}")
-        };
-        let client = redis::Client::open(url)?;
+        let client = crate::tls::redis_client(addr, tls)?;
         let cfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Duration::from_secs(2))
             .set_response_timeout(response_timeout)
             .set_number_of_retries(3)
             .set_max_delay(1000);
-        let conn = ConnectionManager::new_with_config(client, cfg).await?;
+        let conn = ConnectionManager::new_with_config(client, cfg)
+            .await
+            .map_err(crate::tls::explain)?;
         Ok(FeedConn::Direct(conn))
     }
 
@@ -193,7 +191,8 @@ impl FeedConn {
         response_timeout: Duration,
     ) -> Result<FeedConn, MaterializeError> {
         match target {
-            ServerTarget::Addr(a) => FeedConn::direct(a, response_timeout).await,
+            ServerTarget::Addr(a) => FeedConn::direct(a, None, response_timeout).await,
+            ServerTarget::TlsAddr(a, tls) => FeedConn::direct(a, Some(tls), response_timeout).await,
             ServerTarget::Sentinel(c) => FeedConn::sentinel(c.clone(), response_timeout).await,
         }
     }
@@ -372,7 +371,7 @@ impl FeedReader {
     /// `addr`: `host:port` or a `redis://user:pass@host:port` URL (role sweeper or admin).
     pub async fn connect(addr: &str, stream: &str) -> Result<Self, MaterializeError> {
         Ok(FeedReader {
-            conn: FeedConn::direct(addr, FEED_RESPONSE_TIMEOUT).await?,
+            conn: FeedConn::direct(addr, None, FEED_RESPONSE_TIMEOUT).await?,
             stream: stream.to_owned(),
         })
     }

@@ -33,6 +33,7 @@ use tracing::{debug, info, warn};
 
 use crate::conn_config::ClientConfig;
 use crate::error::ClientError;
+use crate::tls::TlsConfig;
 use crate::value::as_string;
 
 /// Where the Sentinels are, what they call the group, and how hard to try.
@@ -95,8 +96,11 @@ impl SentinelConfig {
 /// Where a tool's server is: one address, or a Sentinel-managed group.
 #[derive(Clone, Debug)]
 pub enum ServerTarget {
-    /// `host:port` or `redis://user:pass@host:port`.
+    /// `host:port` or `redis://user:pass@host:port` (`rediss://` for TLS verified by the
+    /// system's roots).
     Addr(String),
+    /// `host:port` or a `redis://`/`rediss://` URL, over TLS with these settings.
+    TlsAddr(String, TlsConfig),
     /// A group found through its Sentinels.
     Sentinel(SentinelConfig),
 }
@@ -129,10 +133,27 @@ impl ServerTarget {
     }
 }
 
+impl ServerTarget {
+    /// This target over TLS when `tls` is given (from [`crate::tls::TlsArgs::load`]).
+    /// Sentinel over TLS is not supported: the error says so.
+    pub fn with_tls(self, tls: Option<TlsConfig>) -> Result<ServerTarget, String> {
+        match (self, tls) {
+            (t, None) => Ok(t),
+            (ServerTarget::Addr(a) | ServerTarget::TlsAddr(a, _), Some(tls)) => {
+                Ok(ServerTarget::TlsAddr(a, tls))
+            }
+            (ServerTarget::Sentinel(_), Some(_)) => {
+                Err("TLS through --sentinel is not supported: name the server with --server".into())
+            }
+        }
+    }
+}
+
 impl std::fmt::Display for ServerTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ServerTarget::Addr(a) => f.write_str(a),
+            ServerTarget::TlsAddr(a, _) => write!(f, "{a} (TLS)"),
             ServerTarget::Sentinel(c) => write!(
                 f,
                 "primary of {:?} by Sentinel {}",

@@ -265,8 +265,14 @@ interface CommonOptions {
   onError?: (err: Error) => void;
 }
 export interface AddrOptions extends CommonOptions {
-  /** One server, `host:port`. */
+  /** One server, `host:port`, or `rediss://host:port` for TLS. */
   addr: HostPort;
+  /**
+   * TLS to the server (its --tls-port): `ca` verifies it, `cert`/`key` are this client's
+   * certificate for a server that requires one (PEM strings or Buffers; any other
+   * `tls.connect` option passes through). `true`: the system's roots.
+   */
+  tls?: boolean | { ca?: string | Buffer; cert?: string | Buffer; key?: string | Buffer; [opt: string]: unknown };
   sentinels?: undefined;
 }
 export interface SentinelOptions extends CommonOptions {

@@ -69,6 +69,46 @@ struct TopArgs {
     /// Print one screen as text (two polls one interval apart) and exit.
     #[arg(long)]
     once: bool,
+    /// Connect over TLS (to a --tls-port), verifying the server with --cacert.
+    #[arg(long, env = "STOCKGATE_TLS", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    tls: bool,
+    /// PEM file of the CA certificate(s) that verify the server's certificate (with --tls;
+    /// required with it: top does not read the system's roots).
+    #[arg(long, env = "STOCKGATE_TLS_CACERT", value_name = "FILE")]
+    cacert: Option<PathBuf>,
+    /// PEM file of this client's certificate, for a server with --tls-auth-clients yes
+    /// (with --key).
+    #[arg(long, env = "STOCKGATE_TLS_CERT", value_name = "FILE")]
+    cert: Option<PathBuf>,
+    /// PEM file of the private key of --cert.
+    #[arg(long, env = "STOCKGATE_TLS_KEY", value_name = "FILE")]
+    key: Option<PathBuf>,
+}
+
+/// The TLS client settings `stockgate top`'s flags ask for (None: plain TCP). The error
+/// names the flag or file at fault.
+fn top_tls(t: &TopArgs) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
+    let cert_key = match (&t.cert, &t.key) {
+        (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+        (None, None) => None,
+        (Some(_), None) => return Err("--cert needs --key".into()),
+        (None, Some(_)) => return Err("--key needs --cert".into()),
+    };
+    if !t.tls {
+        if t.cacert.is_some() || cert_key.is_some() {
+            return Err("--cacert, --cert and --key need --tls".into());
+        }
+        return Ok(None);
+    }
+    let Some(ca) = &t.cacert else {
+        return Err(
+            "--tls needs --cacert FILE (the CA that signed the server's certificate)".into(),
+        );
+    };
+    stockgate_server::tls::client_config(ca, cert_key)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 #[derive(Args, Clone)]
@@ -83,7 +123,9 @@ struct ServeArgs {
     /// --allow-open is given.
     #[arg(long, default_value = "127.0.0.1")]
     bind: String,
-    /// TCP port; 0 picks a free one (the first stdout line says which).
+    /// TCP port; 0 picks a free one (the first stdout line says which), except with a
+    /// fixed --tls-port: then 0 turns the plain port off and only TLS is served (Redis's
+    /// `port 0`).
     #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u16>(0, 65535), default_value_t = 7379)]
     port: u16,
     /// Where the WAL, snapshots, the admission secret and the reservation key live.
@@ -432,14 +474,22 @@ fn top(t: TopArgs) -> ExitCode {
         .as_ref()
         .and_then(|a| Some((a.first()?.as_str(), a.get(1)?.as_str())));
     let interval = Duration::from_millis(t.interval_ms.max(100));
+    let tls = match top_tls(&t) {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("stockgate top: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let tls = tls.as_ref();
     let r = if t.once {
-        stockgate_server::report::top::once(&t.server, auth, interval).map(|lines| {
+        stockgate_server::report::top::once(&t.server, auth, tls, interval).map(|lines| {
             for l in lines {
                 println!("{l}");
             }
         })
     } else {
-        stockgate_server::report::top::run(&t.server, auth, interval)
+        stockgate_server::report::top::run(&t.server, auth, tls, interval)
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -483,7 +533,7 @@ fn cluster_from(a: &ServeArgs) -> Result<Option<stockgate_server::cluster::Clust
             stockgate_server::cluster::Cluster::load(
                 &path.display().to_string(),
                 a.cluster_node.as_deref(),
-                a.port,
+                client_port(a),
             )
             .map(|c| Some(c.with_probe_auth(auth)))
             .map_err(|e| e.to_string())
@@ -880,16 +930,22 @@ async fn serve_until_shutdown(
         tokio::net::TcpListener::from_std(l).map_err(|e| e.to_string())
     };
     let listener = Ports {
-        plain: to_tokio(first.plain)?,
+        plain: first.plain.map(to_tokio).transpose()?,
         tls: first.tls.map(to_tokio).transpose()?,
     };
-    let addr = listener.plain.local_addr().map_err(|e| e.to_string())?;
+    let addr = match &listener.plain {
+        Some(l) => Some(l.local_addr().map_err(|e| e.to_string())?),
+        None => None,
+    };
     let tls_addr = match &listener.tls {
         Some(l) => Some(l.local_addr().map_err(|e| e.to_string())?),
         None => None,
     };
     if let (Some((cfg, prepared)), Some(spec)) = (raft, r.speculation.clone()) {
-        start_raft_member(r, &shared, cfg, prepared, spec, addr.port()).await?;
+        // The restart after a lost leadership keeps the port this start bound; a TLS-only
+        // member keeps `--port 0` (no plain port).
+        let port = addr.map_or(0, |a| a.port());
+        start_raft_member(r, &shared, cfg, prepared, spec, port).await?;
     }
     // A single node begins its history on its first start (a member's leader does, in
     // the group's log), durably before any tool can read the id.
@@ -901,7 +957,9 @@ async fn serve_until_shutdown(
     }
     {
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "listening on {addr}");
+        if let Some(addr) = addr {
+            let _ = writeln!(out, "listening on {addr}");
+        }
         if let Some(t) = tls_addr {
             let _ = writeln!(out, "listening on {t} (tls)");
         }
@@ -1036,6 +1094,20 @@ fn replication_tls(
     Ok(())
 }
 
+/// Redis's `port 0`: no plain port, TLS only. Only with a fixed `--tls-port`: `--port 0
+/// --tls-port 0` keeps picking a free port for each (tests and tools start servers so).
+fn tls_only(port: u16, tls_port: Option<u16>) -> bool {
+    port == 0 && tls_port.is_some_and(|t| t != 0)
+}
+
+/// The port this node serves clients on: the plain one, or the TLS one when TLS only.
+fn client_port(a: &ServeArgs) -> u16 {
+    match a.tls.tls_port {
+        Some(t) if tls_only(a.port, Some(t)) => t,
+        _ => a.port,
+    }
+}
+
 /// The plain port's listeners and, with TLS, the TLS port's, one of each per event loop.
 fn bind_ports(
     a: &ServeArgs,
@@ -1049,24 +1121,46 @@ fn bind_ports(
     String,
 > {
     let backlog = a.tcp_backlog as i32;
+    if tls_only(a.port, tls_port) {
+        let port = tls_port.unwrap_or(0);
+        let (tls, tls_extra) = bind_listeners(&a.bind, port, threads, backlog)?;
+        let extra = tls_extra.into_iter().map(|tls| Ports {
+            plain: None,
+            tls: Some(tls),
+        });
+        return Ok((
+            Ports {
+                plain: None,
+                tls: Some(tls),
+            },
+            extra.collect(),
+        ));
+    }
     let (plain, plain_extra) = bind_listeners(&a.bind, a.port, threads, backlog)?;
     let Some(port) = tls_port else {
-        let extra = plain_extra
-            .into_iter()
-            .map(|plain| Ports { plain, tls: None });
-        return Ok((Ports { plain, tls: None }, extra.collect()));
+        let extra = plain_extra.into_iter().map(|plain| Ports {
+            plain: Some(plain),
+            tls: None,
+        });
+        return Ok((
+            Ports {
+                plain: Some(plain),
+                tls: None,
+            },
+            extra.collect(),
+        ));
     };
     let (tls, tls_extra) = bind_listeners(&a.bind, port, threads, backlog)?;
     let extra = plain_extra
         .into_iter()
         .zip(tls_extra)
         .map(|(plain, tls)| Ports {
-            plain,
+            plain: Some(plain),
             tls: Some(tls),
         });
     Ok((
         Ports {
-            plain,
+            plain: Some(plain),
             tls: Some(tls),
         },
         extra.collect(),

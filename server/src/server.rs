@@ -22,11 +22,12 @@ pub use crate::session::{
 
 mod connection;
 
-/// The listening sockets of one event loop: the plain port's, and the TLS port's when
-/// TLS is served (`Shared::tls`).
+/// The listening sockets of one event loop: the plain port's (none on a TLS-only server,
+/// `--port 0` with a fixed `--tls-port`), and the TLS port's when TLS is served
+/// (`Shared::tls`).
 pub struct Ports<L> {
     /// The plain RESP port's listener.
-    pub plain: L,
+    pub plain: Option<L>,
     /// The TLS port's listener, when TLS is served.
     pub tls: Option<L>,
 }
@@ -49,7 +50,14 @@ pub async fn serve(
     shared: Arc<Shared>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    if let Ok(a) = listener.plain.local_addr() {
+    // The port clients reach this server on, as INFO's tcp_port tells them: the TLS one
+    // when there is no plain port.
+    if let Some(Ok(a)) = listener
+        .plain
+        .as_ref()
+        .or(listener.tls.as_ref())
+        .map(TcpListener::local_addr)
+    {
         shared.local_port.store(a.port(), Ordering::Relaxed);
     }
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -86,7 +94,7 @@ pub async fn serve(
             .spawn(move || {
                 rt.block_on(async move {
                     let l = Ports {
-                        plain: tokio_listener(l.plain)?,
+                        plain: l.plain.map(tokio_listener).transpose()?,
                         tls: l.tls.map(tokio_listener).transpose()?,
                     };
                     let mut stop2 = stop.clone();
@@ -120,8 +128,8 @@ fn tokio_listener(l: std::net::TcpListener) -> std::io::Result<TcpListener> {
     TcpListener::from_std(l)
 }
 
-/// Accepts on the TLS port, or never when TLS is not served.
-async fn accept_tls(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+/// Accepts on `l`, or never when that port is not served.
+async fn accept_on(l: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
     match l {
         Some(l) => l.accept().await,
         None => std::future::pending().await,
@@ -143,8 +151,8 @@ async fn accept_loop(
         let (accepted, tls) = tokio::select! {
             _ = &mut until => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-            a = ports.plain.accept() => (a, false),
-            a = accept_tls(ports.tls.as_ref()) => (a, true),
+            a = accept_on(ports.plain.as_ref()) => (a, false),
+            a = accept_on(ports.tls.as_ref()) => (a, true),
         };
         let (stream, addr) = match accepted {
             Ok(x) => x,

@@ -33,7 +33,9 @@ use stockgate_client::ServerTarget;
                   holds that entry, and refuses a feed from another history. \
                   Exit codes: 0 done (--drain), 1 error, 2 position trimmed from the feed, \
                   3 the feed is another history than the ledger's position. \
-                  --server and --sentinel are mutually exclusive."
+                  --server and --sentinel are mutually exclusive. --tls (or a rediss:// \
+                  --server) reads over TLS, verified with --cacert, with --cert/--key for a \
+                  server that requires client certificates; not with --sentinel."
 )]
 struct Cli {
     /// Postgres URL of the ledger.
@@ -103,6 +105,8 @@ struct Cli {
     #[arg(long)]
     drain: bool,
     #[command(flatten)]
+    tls: stockgate_client::TlsArgs,
+    #[command(flatten)]
     log: stockgate_server::metrics::logging::LogArgs,
 }
 
@@ -134,6 +138,11 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), MaterializeError> {
+    // The TLS files first: a bad one is reported before the ledger is touched.
+    let tls = cli
+        .tls
+        .load(&cli.server)
+        .map_err(|e| MaterializeError::Feed(format!("invalid argument: {e}")))?;
     let ledger = PgLedger::connect_with(
         &cli.database_url,
         PgLedgerOptions {
@@ -150,6 +159,7 @@ async fn run(cli: Cli) -> Result<(), MaterializeError> {
         cli.node_user.as_deref(),
         cli.node_password.as_deref(),
     )
+    .and_then(|t| t.with_tls(tls))
     .map_err(|e| MaterializeError::Feed(format!("invalid argument: {e}")))?;
     let reader = FeedReader::connect_target(&target, &cli.stream).await?;
     tracing::info!(server = %target, stream = %cli.stream, "reading the feed");

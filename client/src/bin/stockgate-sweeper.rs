@@ -4,6 +4,7 @@
 //! ```text
 //! stockgate-sweeper [--database-url URL] [--schema stockgate]
 //!                   [--server ADDR | --sentinel H:P,... --master-name N]
+//!                   [--tls [--cacert FILE] [--cert FILE --key FILE]]
 //!                   [run] [--interval-secs 30] [--once]
 //! stockgate-sweeper migrate
 //! stockgate-sweeper create-sale --sku SKU --total N [--shards N] [--ttl-ms MS] [--limit N]
@@ -39,7 +40,10 @@ use tracing::{error, info, warn};
     after_help = "Every command talks to one server (--server) or to the leader of a Raft \
                   group through its members' Sentinel interface, e.g. --sentinel \
                   127.0.0.1:7381,127.0.0.1:7382,127.0.0.1:7383 --master-name stockgate \
-                  (run, run --once, create-sale, adjust, rebuild and rebind alike)."
+                  (run, run --once, create-sale, adjust, rebuild and rebind alike). \
+                  --tls (or a rediss:// --server) connects over TLS, verified with --cacert, \
+                  with --cert/--key for a server that requires client certificates; not with \
+                  --sentinel."
 )]
 struct Cli {
     /// Postgres URL of the ledger.
@@ -96,6 +100,8 @@ struct Cli {
         hide_env_values = true
     )]
     node_password: Option<String>,
+    #[command(flatten)]
+    tls: stockgate_client::TlsArgs,
     #[command(subcommand)]
     cmd: Option<Cmd>,
     #[command(flatten)]
@@ -267,6 +273,8 @@ enum CliError {
     Identity(#[from] stockgate_client::identity::IdentityError),
     #[error(transparent)]
     Split(#[from] stockgate_client::split::SplitError),
+    #[error(transparent)]
+    Tls(#[from] stockgate_client::TlsError),
     #[error("invalid argument: {0}")]
     Arg(String),
 }
@@ -276,8 +284,10 @@ fn secs(v: f64, what: &str) -> Result<Duration, CliError> {
 }
 
 impl Cli {
-    /// The plain address, or the Sentinel group when --sentinel is given.
+    /// The plain address, or the Sentinel group when --sentinel is given; over TLS when
+    /// the TLS flags ask (their files are read here, before anything connects).
     fn target(&self) -> Result<ServerTarget, CliError> {
+        let tls = self.tls.load(&self.server)?;
         ServerTarget::from_flags(
             &self.server,
             self.sentinel.as_deref(),
@@ -285,6 +295,7 @@ impl Cli {
             self.node_user.as_deref(),
             self.node_password.as_deref(),
         )
+        .and_then(|t| t.with_tls(tls))
         .map_err(CliError::Arg)
     }
 }

@@ -42,7 +42,8 @@ function isReplyError(e) {
 
 function hostPort(s, what) {
   if (typeof s === 'object' && s !== null) return { host: String(s.host), port: Number(s.port) };
-  const str = String(s);
+  // A redis:// or rediss:// URL: its host and port (credentials go in `username`/`password`).
+  const str = String(s).replace(/^rediss?:\/\/(?:[^@/]*@)?/i, '').replace(/\/.*$/, '');
   const i = str.lastIndexOf(':');
   const port = Number(str.slice(i + 1));
   if (i <= 0 || !Number.isInteger(port) || port <= 0 || port > 65535) {
@@ -70,6 +71,7 @@ export class Stockgate {
       backoffMinMs = 50,
       backoffMaxMs = 500,
       redisOptions = {},
+      tls,
       onError,
     } = opts;
     if ((addr === undefined) === (sentinels === undefined)) {
@@ -93,6 +95,14 @@ export class Stockgate {
       maxRetriesPerRequest: 20,
       ...redisOptions,
     };
+    // TLS to the server: `tls: {ca, cert, key}` (ioredis's, i.e. node's tls.connect
+    // options; PEM strings or Buffers), `tls: true` for the system's roots, or a
+    // rediss:// address. Not to Sentinels: their discovery would also need it.
+    const rediss = typeof addr === 'string' && addr.toLowerCase().startsWith('rediss://');
+    const tlsOpts = tls === true || (tls === undefined && rediss) ? {} : tls;
+    if (tlsOpts !== undefined && tlsOpts !== false && sentinels !== undefined) {
+      throw new TypeError('tls with sentinels is not supported: give `addr`');
+    }
     let options;
     if (sentinels !== undefined) {
       const list = (Array.isArray(sentinels) ? sentinels : String(sentinels).split(','))
@@ -115,6 +125,9 @@ export class Stockgate {
     } else {
       const hp = hostPort(addr, 'addr');
       options = { ...hp, ...base };
+      if (tlsOpts !== undefined && tlsOpts !== false) {
+        options.tls = { ...tlsOpts, ...(base.tls ?? {}) };
+      }
       this.target = `${hp.host}:${hp.port}`;
     }
     /** @type {Redis[]} */

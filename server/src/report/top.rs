@@ -4,8 +4,9 @@
 //! interval, not since start.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ratatui::layout::{Constraint, Layout};
@@ -84,16 +85,64 @@ pub fn read_value(r: &mut impl BufRead, depth: usize) -> std::io::Result<Value> 
     }
 }
 
+/// The byte stream under a [`Conn`]: plain TCP, or TLS over it (`stockgate top --tls`).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// A failed handshake in an operator's words: the usual cause first, rustls's words kept.
+fn handshake_error(e: std::io::Error) -> std::io::Error {
+    let text = e.to_string();
+    let msg = match crate::tls::handshake_hint(&text) {
+        Some(hint) => format!("TLS handshake failed: {hint}: {text}"),
+        None => format!("TLS handshake failed: {text}"),
+    };
+    std::io::Error::new(e.kind(), msg)
+}
+
 /// A blocking connection to the server.
 pub struct Conn {
-    w: TcpStream,
-    r: BufReader<TcpStream>,
+    s: BufReader<Stream>,
 }
 
 impl Conn {
-    /// Connects to `addr` (3 s timeout, 5 s per read or write) and, with `auth` as (user,
-    /// password), authenticates.
+    /// Connects to `addr` over plain TCP (3 s timeout, 5 s per read or write) and, with
+    /// `auth` as (user, password), authenticates.
     pub fn open(addr: &str, auth: Option<(&str, &str)>) -> std::io::Result<Conn> {
+        Conn::open_tls(addr, auth, None)
+    }
+
+    /// [`Conn::open`], over TLS with `tls` (the certificate must name `addr`'s host).
+    pub fn open_tls(
+        addr: &str,
+        auth: Option<(&str, &str)>,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+    ) -> std::io::Result<Conn> {
         // Bounded: an unreachable host must not freeze the view for minutes.
         let sa = std::net::ToSocketAddrs::to_socket_addrs(addr)?
             .next()
@@ -101,8 +150,30 @@ impl Conn {
         let w = TcpStream::connect_timeout(&sa, Duration::from_secs(3))?;
         w.set_read_timeout(Some(Duration::from_secs(5)))?;
         w.set_write_timeout(Some(Duration::from_secs(5)))?;
-        let r = BufReader::new(w.try_clone()?);
-        let mut c = Conn { w, r };
+        let stream = match tls {
+            None => Stream::Plain(w),
+            Some(cfg) => {
+                let host = addr
+                    .rsplit_once(':')
+                    .map_or(addr, |(h, _)| h)
+                    .trim_start_matches('[')
+                    .trim_end_matches(']');
+                let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                    .map_err(|e| std::io::Error::other(format!("TLS server name {host}: {e}")))?;
+                let conn = rustls::ClientConnection::new(cfg.clone(), name)
+                    .map_err(std::io::Error::other)?;
+                let mut s = rustls::StreamOwned::new(conn, w);
+                // The handshake now, so a wrong CA is reported as such and not as a
+                // failed first command.
+                while s.conn.is_handshaking() {
+                    s.conn.complete_io(&mut s.sock).map_err(handshake_error)?;
+                }
+                Stream::Tls(Box::new(s))
+            }
+        };
+        let mut c = Conn {
+            s: BufReader::new(stream),
+        };
         if let Some((u, p)) = auth {
             if let Value::Err(e) = c.call(&["AUTH", u, p])? {
                 return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, e));
@@ -119,8 +190,9 @@ impl Conn {
             req.extend_from_slice(a.as_bytes());
             req.extend_from_slice(b"\r\n");
         }
-        self.w.write_all(&req)?;
-        read_value(&mut self.r, 0)
+        self.s.get_mut().write_all(&req)?;
+        self.s.get_mut().flush()?;
+        read_value(&mut self.s, 0)
     }
 }
 
@@ -632,7 +704,12 @@ fn poll(c: &mut Conn) -> std::io::Result<(Info, Vec<(i64, i64)>)> {
 }
 
 /// Runs the view until `q`, Esc or Ctrl-C.
-pub fn run(server: &str, auth: Option<(&str, &str)>, interval: Duration) -> std::io::Result<()> {
+pub fn run(
+    server: &str,
+    auth: Option<(&str, &str)>,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    interval: Duration,
+) -> std::io::Result<()> {
     use crossterm::event::{self, Event, KeyCode, KeyModifiers};
     use crossterm::terminal;
     terminal::enable_raw_mode()?;
@@ -651,7 +728,7 @@ pub fn run(server: &str, auth: Option<(&str, &str)>, interval: Duration) -> std:
             if Instant::now() >= next {
                 next = Instant::now() + interval;
                 if conn.is_none() {
-                    match Conn::open(server, auth) {
+                    match Conn::open_tls(server, auth, tls) {
                         Ok(c) => conn = Some(c),
                         Err(e) => screen.status = format!("connect failed: {e}"),
                     }
@@ -713,9 +790,10 @@ pub fn render_text(s: &Screen, width: u16, height: u16) -> Vec<String> {
 pub fn once(
     server: &str,
     auth: Option<(&str, &str)>,
+    tls: Option<&Arc<rustls::ClientConfig>>,
     interval: Duration,
 ) -> std::io::Result<Vec<String>> {
-    let mut c = Conn::open(server, auth)?;
+    let mut c = Conn::open_tls(server, auth, tls)?;
     let (i0, h0) = poll(&mut c)?;
     let t0 = Instant::now();
     std::thread::sleep(interval);

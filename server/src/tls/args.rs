@@ -12,8 +12,8 @@ use crate::cli::int_in;
 #[derive(Args, Clone, Debug, Default)]
 pub struct TlsArgs {
     /// Serve TLS on this port too, beside the plain --port (0 picks a free one; the
-    /// second stdout line, `listening on ADDR (tls)`, says which). Needs --tls-cert-file
-    /// and --tls-key-file.
+    /// stdout line `listening on ADDR (tls)` says which). With --port 0 and a port
+    /// other than 0 here, only TLS is served. Needs --tls-cert-file and --tls-key-file.
     #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u16>(0, 65535))]
     pub tls_port: Option<u16>,
     /// The server's certificate chain (PEM), leaf first. Re-read when it changes.

@@ -258,7 +258,10 @@ fn read_certs(flag: &'static str, path: &Path) -> Result<Vec<CertificateDer<'sta
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let flag = "--tls-key-file";
+    read_key_as("--tls-key-file", path)
+}
+
+fn read_key_as(flag: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let pem = std::fs::read(path).map_err(|e| file_err(flag, path, e))?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
         file_err(
@@ -274,7 +277,10 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 fn read_roots(ca: &Path) -> Result<Arc<RootCertStore>, TlsError> {
-    let flag = "--tls-ca-cert-file";
+    read_roots_as("--tls-ca-cert-file", ca)
+}
+
+fn read_roots_as(flag: &'static str, ca: &Path) -> Result<Arc<RootCertStore>, TlsError> {
     let mut roots = RootCertStore::empty();
     for c in read_certs(flag, ca)? {
         roots
@@ -350,6 +356,49 @@ fn connector(f: &TlsFiles, ca: &Path) -> Result<TlsConnector, TlsError> {
         .with_client_auth_cert(certs, key)
         .map_err(|e| pair_err(f, e))?;
     Ok(TlsConnector::from(Arc::new(cfg)))
+}
+
+/// The usual cause of a client's failed handshake, in an operator's words, from rustls's
+/// error text (`invalid peer certificate: UnknownIssuer`, ...); None when it is not one
+/// of them. The tools (`stockgate top`, the sweeper, the materializer) put it before
+/// rustls's own words.
+pub fn handshake_hint(text: &str) -> Option<&'static str> {
+    if text.contains("UnknownIssuer") {
+        Some("the server's certificate is not signed by the CA in --cacert")
+    } else if text.contains("NotValidForName") {
+        Some("the server's certificate does not name the host of --server")
+    } else if text.contains("CertificateRequired") || text.contains("certificate required") {
+        Some("the server requires a client certificate (--cert, --key)")
+    } else if text.contains("UnknownCA") || text.contains("unknown ca") {
+        Some("the server does not trust the CA of --cert")
+    } else {
+        None
+    }
+}
+
+/// A client's TLS settings with redis-cli's flags (`stockgate top --tls`): trusts the CA
+/// of `--cacert`, presents `--cert`/`--key` when given. The errors name those flags.
+pub fn client_config(
+    cacert: &Path,
+    cert_key: Option<(&Path, &Path)>,
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let b = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(read_roots_as("--cacert", cacert)?);
+    let cfg = match cert_key {
+        None => b.with_no_client_auth(),
+        Some((cert, key)) => b
+            .with_client_auth_cert(read_certs("--cert", cert)?, read_key_as("--key", key)?)
+            .map_err(|e| {
+                TlsError::Config(format!(
+                    "--cert {} and --key {}: not a certificate and its private key ({e})",
+                    cert.display(),
+                    key.display()
+                ))
+            })?,
+    };
+    Ok(Arc::new(cfg))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
 from urllib.parse import urlparse
 
 import redis.exceptions as rex
@@ -104,6 +104,32 @@ def parse_address(addr: Union[str, Tuple[str, int]]) -> Tuple[str, int]:
     if not sep:
         return addr, 7379
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def tls_kwargs(
+    addr: Union[str, Tuple[str, int]],
+    ssl: bool,
+    ssl_ca_certs: Optional[str],
+    ssl_certfile: Optional[str],
+    ssl_keyfile: Optional[str],
+) -> Dict[str, Any]:
+    """redis-py's TLS options for ``addr``: on with ``ssl`` or a ``rediss://`` address;
+    the files only with TLS on (a CA given to a plain connection would be ignored
+    silently, so it is refused)."""
+    on = ssl or (isinstance(addr, str) and addr.lower().startswith("rediss://"))
+    if not on:
+        if ssl_ca_certs or ssl_certfile or ssl_keyfile:
+            raise ValueError("ssl_ca_certs, ssl_certfile and ssl_keyfile need ssl=True or a rediss:// address")
+        return {}
+    if bool(ssl_certfile) != bool(ssl_keyfile):
+        raise ValueError("ssl_certfile and ssl_keyfile go together")
+    kw: Dict[str, Any] = {"ssl": True}
+    if ssl_ca_certs:
+        kw["ssl_ca_certs"] = ssl_ca_certs
+    if ssl_certfile:
+        kw["ssl_certfile"] = ssl_certfile
+        kw["ssl_keyfile"] = ssl_keyfile
+    return kw
 
 
 @dataclass(frozen=True)

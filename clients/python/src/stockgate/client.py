@@ -65,9 +65,20 @@ class Client:
         socket_timeout: float = 5.0,
         connect_timeout: float = 1.0,
         protocol: int = 2,
+        ssl: bool = False,
+        ssl_ca_certs: Optional[str] = None,
+        ssl_certfile: Optional[str] = None,
+        ssl_keyfile: Optional[str] = None,
     ) -> "Client":
-        """A client of the server at ``addr`` (``host:port`` or ``redis://host:port``)."""
+        """A client of the server at ``addr`` (``host:port``, ``redis://host:port``, or
+        ``rediss://host:port`` for TLS).
+
+        ``ssl=True`` (or a ``rediss://`` address) connects over TLS, redis-py's options:
+        ``ssl_ca_certs`` the CA file that verifies the server, ``ssl_certfile`` and
+        ``ssl_keyfile`` this client's certificate for a server that requires one. Every
+        connection of the client's pool uses them."""
         host, port = _core.parse_address(addr)
+        tls = _core.tls_kwargs(addr, ssl, ssl_ca_certs, ssl_certfile, ssl_keyfile)
         r = redis.Redis(
             host=host,
             port=port,
@@ -79,6 +90,7 @@ class Client:
             # This client decides what is sent again, and for how long.
             retry=Retry(NoBackoff(), 0),
             protocol=protocol,
+            **tls,
         )
         return cls(r, retry=retry, max_connections=max_connections)
 
