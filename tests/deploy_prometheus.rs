@@ -158,7 +158,7 @@ fn free_port() -> u16 {
 async fn rules_and_dashboard_name_only_exported_metrics() {
     use common::raft::{create_sale, reserve, Group};
     use std::time::Duration;
-    use stockgate_testkit::{workspace_root, Harness};
+    use stockgate_testkit::{sibling_binary, Harness};
 
     let dashboard = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/grafana/stockgate.json"),
@@ -196,7 +196,7 @@ async fn rules_and_dashboard_name_only_exported_metrics() {
     let h = Harness::start().await.expect("harness");
     h.create_sale("PROM", 10, 300, None).await.expect("sale");
     h.reserve_many("PROM", "m", 2, true).await.expect("reserve");
-    let bin = |name: &str| workspace_root().join("target/debug").join(name);
+    let bin = sibling_binary;
     let st = Command::new(bin("stockgate-materializer"))
         .args([
             "--database-url",
