@@ -102,6 +102,7 @@ fn every_alert_has_a_test_that_needs_it_to_fire() {
 }
 
 mod common;
+use common::ha::free_port;
 
 /// Metric names an expression text refers to (`stockgate_...` words that are not part of a
 /// recording rule's `level:metric:operation` name).
@@ -141,13 +142,6 @@ fn scrape(addr: &str) -> String {
         .output()
         .expect("curl");
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 /// Every metric the rules and the Grafana dashboard name is exported by a real process:

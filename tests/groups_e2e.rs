@@ -4,6 +4,7 @@
 //! holding its records, and both; retention with a lagging group.
 
 mod common;
+use common::ha::free_port;
 
 use std::process::Command;
 
@@ -112,13 +113,6 @@ fn pending(con: &mut redis::Connection, stream: &str, group: &str) -> Vec<(u64, 
             )
         })
         .collect()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 /// A plain HTTP/1.0 GET (bounded wait for the endpoint to come up).

@@ -8,6 +8,8 @@
 //! rest).
 
 mod common;
+use common::ha::free_port;
+use common::have;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -16,23 +18,6 @@ use std::time::{Duration, Instant};
 use common::{Server, TempDir};
 use stockgate_server::engine::Keyring;
 use stockgate_server::report::top::{Conn, Value};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
 
 fn bulk(v: Value) -> String {
     match v {

@@ -5,6 +5,7 @@
 //! reason, `CONFIG REWRITE` surviving a restart.
 
 mod common;
+use common::ha::free_port;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -70,14 +71,6 @@ fn spawn(args: &[&str]) -> Result<Proc, (Option<i32>, String)> {
     let mut err = String::new();
     let _ = child.stderr.take().unwrap().read_to_string(&mut err);
     Err((status.code(), err))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn get(c: &mut redis::aio::MultiplexedConnection, name: &str) -> String {

@@ -3,6 +3,8 @@
 //! and `/healthz` across a Raft group whose leaders are killed with SIGKILL.
 
 mod common;
+use common::ha::free_port;
+use common::have;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -11,23 +13,6 @@ use std::time::{Duration, Instant};
 
 use common::raft::{create_sale, Group};
 use common::{Server, TempDir};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
 
 /// One GET: the status code and the body; `None` while nothing listens.
 fn get(addr: &str, path: &str) -> Option<(u16, String)> {

@@ -7,6 +7,7 @@
 //! errors name the file.
 
 mod common;
+use common::ha::free_port;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -653,13 +654,6 @@ fn start_up_errors_name_the_file() {
 }
 
 /// A free port on loopback (bound and released; the server binds it moments later).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[test]
 fn a_raft_group_replicates_over_tls() {
