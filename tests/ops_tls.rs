@@ -941,6 +941,33 @@ fn the_tools_work_over_tls_with_client_certificates_required() {
         err.contains("not signed by the CA in --cacert") && err.contains("UnknownIssuer"),
         "{err}"
     );
+    // Without --cacert, top trusts the machine's CAs, as redis-cli does: the test CA
+    // made trusted through SSL_CERT_FILE is accepted, another CA there is not.
+    let no_cacert: Vec<std::ffi::OsString> = vec![
+        "--tls".into(),
+        "--cert".into(),
+        p.join("a-client.pem").into(),
+        "--key".into(),
+        p.join("a-client.key").into(),
+    ];
+    let mut sys_args = args[..6].to_vec();
+    sys_args.extend(no_cacert);
+    for (trusted, ok) in [("a-ca.pem", true), ("b-ca.pem", false)] {
+        let out = run(Command::new("timeout")
+            .arg("60")
+            .arg(server_bin())
+            .env("SSL_CERT_FILE", p.join(trusted))
+            .env_remove("SSL_CERT_DIR")
+            .args(&sys_args));
+        let err = stderr_of(&out);
+        assert_eq!(out.status.success(), ok, "top, {trusted} trusted: {err}");
+        if ok {
+            assert!(stdout_of(&out).contains("TLSW"), "{}", stdout_of(&out));
+        } else {
+            assert!(err.contains("UnknownIssuer"), "{err}");
+        }
+    }
+
     args.splice(6.., wrong.iter().cloned());
     let out = run(Command::new("timeout")
         .arg("60")

@@ -69,12 +69,13 @@ struct TopArgs {
     /// Print one screen as text (two polls one interval apart) and exit.
     #[arg(long)]
     once: bool,
-    /// Connect over TLS (to a --tls-port), verifying the server with --cacert.
+    /// Connect over TLS (to a --tls-port), verifying the server with --cacert, or
+    /// without it with this machine's trusted CAs (SSL_CERT_FILE / SSL_CERT_DIR honoured).
     #[arg(long, env = "STOCKGATE_TLS", action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     tls: bool,
     /// PEM file of the CA certificate(s) that verify the server's certificate (with --tls;
-    /// required with it: top does not read the system's roots).
+    /// left out: the system's trusted CAs).
     #[arg(long, env = "STOCKGATE_TLS_CACERT", value_name = "FILE")]
     cacert: Option<PathBuf>,
     /// PEM file of this client's certificate, for a server with --tls-auth-clients yes
@@ -101,12 +102,7 @@ fn top_tls(t: &TopArgs) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
         }
         return Ok(None);
     }
-    let Some(ca) = &t.cacert else {
-        return Err(
-            "--tls needs --cacert FILE (the CA that signed the server's certificate)".into(),
-        );
-    };
-    stockgate_server::tls::client_config(ca, cert_key)
+    stockgate_server::tls::client_config(t.cacert.as_deref(), cert_key)
         .map(Some)
         .map_err(|e| e.to_string())
 }

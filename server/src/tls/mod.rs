@@ -290,6 +290,25 @@ fn read_roots_as(flag: &'static str, ca: &Path) -> Result<Arc<RootCertStore>, Tl
     Ok(Arc::new(roots))
 }
 
+/// The machine's trusted CAs (SSL_CERT_FILE / SSL_CERT_DIR when set, else the system's
+/// store). Certificates that do not parse are skipped, as OpenSSL does; none at all is an
+/// error that says to give `--cacert`.
+fn system_roots() -> Result<Arc<RootCertStore>, TlsError> {
+    let found = rustls_native_certs::load_native_certs().map_err(|e| {
+        TlsError::Config(format!(
+            "no --cacert, and this machine's trusted CAs could not be read ({e}); give --cacert FILE"
+        ))
+    })?;
+    let mut roots = RootCertStore::empty();
+    let (added, _skipped) = roots.add_parsable_certificates(found);
+    if added == 0 {
+        return Err(TlsError::Config(
+            "no --cacert, and this machine trusts no CA (no system store, SSL_CERT_FILE unset); give --cacert FILE".into(),
+        ));
+    }
+    Ok(Arc::new(roots))
+}
+
 /// The client-certificate check `tls-auth-clients` asks for.
 fn client_verifier(
     f: &TlsFiles,
@@ -364,7 +383,7 @@ fn connector(f: &TlsFiles, ca: &Path) -> Result<TlsConnector, TlsError> {
 /// rustls's own words.
 pub fn handshake_hint(text: &str) -> Option<&'static str> {
     if text.contains("UnknownIssuer") {
-        Some("the server's certificate is not signed by the CA in --cacert")
+        Some("the server's certificate is not signed by the CA in --cacert (without --cacert: by a CA this machine trusts)")
     } else if text.contains("NotValidForName") {
         Some("the server's certificate does not name the host of --server")
     } else if text.contains("CertificateRequired") || text.contains("certificate required") {
@@ -377,15 +396,20 @@ pub fn handshake_hint(text: &str) -> Option<&'static str> {
 }
 
 /// A client's TLS settings with redis-cli's flags (`stockgate top --tls`): trusts the CA
-/// of `--cacert`, presents `--cert`/`--key` when given. The errors name those flags.
+/// of `--cacert`, or without it the machine's trusted CAs as redis-cli does; presents
+/// `--cert`/`--key` when given. The errors name those flags.
 pub fn client_config(
-    cacert: &Path,
+    cacert: Option<&Path>,
     cert_key: Option<(&Path, &Path)>,
 ) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let roots = match cacert {
+        Some(ca) => read_roots_as("--cacert", ca)?,
+        None => system_roots()?,
+    };
     let b = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_root_certificates(read_roots_as("--cacert", cacert)?);
+        .with_root_certificates(roots);
     let cfg = match cert_key {
         None => b.with_no_client_auth(),
         Some((cert, key)) => b
