@@ -32,7 +32,7 @@ pub const LEDGER_TABLES: &[&str] = &[
     "order_events",
     "sale_adjustments",
     "feed_position",
-    "server_binding",
+    "server_bindings",
     "split_parents",
     "split_parts",
 ];
