@@ -11,9 +11,11 @@
 //!   one order and one audit row per reservation, each position at its own feed's end;
 //! - one sweeper per group, without `--sku`, releases exactly its own group's expired
 //!   holds, and both succeed; a rebuild per group works, and a rebuild of one group's
-//!   sale through the other group's node is refused naming both histories;
+//!   sale through the other group's node is refused naming both histories; a sale with
+//!   no recorded history is skipped, refused, then recorded by a `--sku` pass;
 //! - a ledger created at migration 0008, with its binding, a sale and a feed position,
-//!   is upgraded in place and the tools keep working on it.
+//!   is upgraded in place and the tools keep working on it; a second server bound later
+//!   leaves its sales alone.
 
 mod common;
 
@@ -441,6 +443,38 @@ fn two_groups_share_one_ledger() {
     // Both sweepers still pass after the rebuilds.
     ok(&pg, p0, &["run", "--once"]);
     ok(&pg, p1, &["run", "--once"]);
+    // A sale with no recorded history, on a ledger bound to two: nobody can tell whose
+    // it is. A pass without --sku skips it and says so, a rebuild refuses it saying how
+    // to set it, and a pass naming it on the group that has it records it there.
+    let unset = |sku: &str| {
+        rt.block_on(
+            sqlx::query("UPDATE stockgate.sales SET history_id = NULL WHERE sku = $1")
+                .bind(sku)
+                .execute(&pool),
+        )
+        .expect("unset");
+    };
+    unset(&b);
+    let out = ok(&pg, p1, &["run", "--once"]);
+    assert!(
+        out.contains(&format!("no recorded server history (not swept): {b}")),
+        "{out}"
+    );
+    let err = refused(&pg, p1, &["rebuild", "--sku", &b, "--fence"]);
+    assert!(
+        err.contains(&format!("sale {b} has no recorded server history"))
+            && err.contains(&format!("run --once --sku {b}")),
+        "{err}"
+    );
+    ok(&pg, p1, &["run", "--once", "--sku", &b]);
+    let again: Option<String> = rt
+        .block_on(
+            sqlx::query_scalar("SELECT history_id FROM stockgate.sales WHERE sku = $1")
+                .bind(&b)
+                .fetch_one(&pool),
+        )
+        .expect("sale");
+    assert_eq!(again, Some(h1.clone()), "the --sku pass recorded it");
     // Unbinding a group shuts its tools out again.
     let out = ok(&pg, p1, &["unbind", "--history", &h1]);
     assert!(out.contains("no longer bound"), "{out}");
@@ -549,4 +583,35 @@ fn a_ledger_created_at_0008_is_upgraded_in_place() {
     assert!(out.contains("restored 7 pending"), "{out}");
     let o = drain(&pg, node.port);
     assert!(o.status.success(), "{o:?}");
+
+    // A sale registered without a history (by an older tool), then a second server
+    // bound: the sale is recorded on the first binding before the second is added, and
+    // the second server's sweeper leaves the first's sales alone (it would otherwise
+    // fence them there as lost).
+    exec("INSERT INTO sales (sku, initial_allocation, allocation) VALUES ('LATE', 5, 5)");
+    let other = Node::start(&keys, &[]);
+    let h2 = history(&other);
+    ok(&pg, other.port, &["bind", "--history", &h2]);
+    let late: Option<String> = rt
+        .block_on(
+            sqlx::query_scalar("SELECT history_id FROM sales WHERE sku = 'LATE'").fetch_one(&pool),
+        )
+        .expect("sale");
+    assert_eq!(late, Some(h.clone()));
+    let out = ok(&pg, other.port, &["run", "--once"]);
+    assert!(out.contains("lost by the server (fenced): none"), "{out}");
+    let listed: Vec<String> = redis::cmd("SALE.LIST")
+        .query(&mut other.conn())
+        .expect("sale.list");
+    assert!(
+        listed.is_empty(),
+        "nothing fenced on the other server: {listed:?}"
+    );
+    let viewed: Option<String> = rt
+        .block_on(sqlx::query_scalar("SELECT history_id FROM server_binding").fetch_optional(&pool))
+        .expect("view");
+    assert_eq!(
+        viewed, None,
+        "the old name shows no single binding any more"
+    );
 }

@@ -131,7 +131,8 @@ enum Cmd {
     /// Bind the ledger to the history the server reports now (`INFO server`'s
     /// `stockgate_history`), replacing the one it was bound to. Every tool refuses a
     /// server of another history; do this only when the ledger is to follow this
-    /// server from now on (a server rebuilt after it lost its data).
+    /// server from now on (a server rebuilt after it lost its data). For a ledger of
+    /// one group: with several bound, use bind and unbind.
     Rebind(RebindArgs),
     /// Add the history the server reports now (another group of the cluster) to the
     /// ledger's bindings: that group's sweeper, rebuild and materializer may then use
