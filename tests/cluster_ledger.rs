@@ -16,6 +16,9 @@
 //! - a ledger created at migration 0008, with its binding, a sale and a feed position,
 //!   is upgraded in place and the tools keep working on it; a second server bound later
 //!   leaves its sales alone.
+//! - on the ledger itself: two first contacts at once bind one history; `bind` records
+//!   unrecorded sales on the binding in place first; `rebind` is refused with two
+//!   bindings and, with one, takes that history's sales and positions along.
 
 mod common;
 
@@ -614,4 +617,83 @@ fn a_ledger_created_at_0008_is_upgraded_in_place() {
         viewed, None,
         "the old name shows no single binding any more"
     );
+}
+
+/// The binding rules on the Postgres ledger itself: two first contacts at once agree on
+/// one binding; a second history only by `bind` (which first records unrecorded sales
+/// on the one in place); `rebind` refused with two, and with one it takes that
+/// history's sales and feed positions along.
+#[test]
+fn bindings_are_added_deliberately_and_rebind_takes_a_history_along() {
+    use stockgate_client::identity::{self, IdentityError};
+    use stockgate_client::ledger::{Ledger, SaleRecord};
+    let rt = runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    rt.block_on(async {
+        let l = PgLedger::connect(pg.url()).await.expect("ledger");
+        l.migrate().await.expect("migrate");
+        let (a, b, c) = ("a".repeat(32), "b".repeat(32), "c".repeat(32));
+        let (x, y) = tokio::join!(
+            identity::ensure_bound(&l, Some(a.clone())),
+            identity::ensure_bound(&l, Some(b.clone()))
+        );
+        let won = match (x, y) {
+            (Ok(h), Err(IdentityError::Mismatch { .. }))
+            | (Err(IdentityError::Mismatch { .. }), Ok(h)) => h,
+            other => panic!("two first contacts must agree on one: {other:?}"),
+        };
+        let lost = if won == a { b.clone() } else { a.clone() };
+        assert_eq!(l.bound_history().await.unwrap(), Some(won.clone()));
+
+        l.register_sale(&SaleRecord::new("OLD", 5)).await.unwrap();
+        let sql = |q: &'static str| sqlx::query(q).execute(l.pool());
+        sql("UPDATE sales SET history_id = NULL WHERE sku = 'OLD'")
+            .await
+            .unwrap();
+        sql(
+            "INSERT INTO feed_position (consumer, history_id, stream, last_lsn) \
+             VALUES ('m', '', 's', 7)",
+        )
+        .await
+        .unwrap();
+        assert!(identity::bind(&l, Some(lost.clone()), &lost, Some("g1"))
+            .await
+            .expect("bind"));
+        assert!(!identity::bind(&l, Some(lost.clone()), &lost, None)
+            .await
+            .expect("again"));
+        let recorded = l.sale_histories().await.unwrap();
+        assert_eq!(recorded, vec![("OLD".to_string(), Some(won.clone()))]);
+        assert!(identity::ensure_bound(&l, Some(lost.clone())).await.is_ok());
+        let err = identity::ensure_bound(&l, Some(c.clone()))
+            .await
+            .expect_err("not bound");
+        assert!(
+            err.to_string().contains("describes server histories"),
+            "{err}"
+        );
+        assert!(matches!(
+            identity::rebind(&l, Some(c.clone()), &c).await,
+            Err(IdentityError::SeveralBound { .. })
+        ));
+
+        // One binding left: rebind moves its sale and the unclaimed position along.
+        assert!(l.remove_binding(&lost).await.unwrap());
+        assert!(!l.remove_binding(&lost).await.unwrap());
+        assert_eq!(
+            identity::rebind(&l, Some(c.clone()), &c)
+                .await
+                .expect("rebind"),
+            Some(won.clone())
+        );
+        let recorded = l.sale_histories().await.unwrap();
+        assert_eq!(recorded, vec![("OLD".to_string(), Some(c.clone()))]);
+        let moved: String =
+            sqlx::query_scalar("SELECT history_id FROM feed_position WHERE consumer = 'm'")
+                .fetch_one(l.pool())
+                .await
+                .unwrap();
+        assert_eq!(moved, c);
+        assert!(identity::ensure_bound(&l, Some(won.clone())).await.is_err());
+    });
 }
