@@ -1,7 +1,8 @@
-//! A ledger describes one server history. Pointed at another server (another group, a
-//! wiped data dir), every tool that writes to the ledger refuses before it changes
-//! anything, naming both ids and the deliberate way to re-bind; the same server after a
-//! `kill -9` is the same history.
+//! A ledger describes the server histories it is bound to. Pointed at another server
+//! (another group, a wiped data dir), every tool that writes to the ledger refuses before
+//! it changes anything, naming both ids and the deliberate ways on (`bind` another
+//! group, `rebind` to follow this server); the same server after a `kill -9` is the same
+//! history. Several groups on one ledger: `tests/cluster_ledger.rs`.
 
 mod common;
 mod operator;
@@ -38,7 +39,8 @@ fn refused_naming(out: &std::process::Output, ledger: &str, server: &str) {
     assert!(
         err.contains(&format!("describes server history {ledger}"))
             && err.contains(&format!("reports history {server}"))
-            && err.contains(&format!("stockgate-sweeper rebind --history {server}")),
+            && err.contains(&format!("stockgate-sweeper rebind --history {server}"))
+            && err.contains(&format!("stockgate-sweeper bind --history {server}")),
         "{err}"
     );
 }

@@ -117,14 +117,14 @@ pub async fn adjust_sale<L: Ledger, G: ReservationGate>(
     id: &str,
     delta: i64,
 ) -> Result<AdjustReport, AdjustError> {
-    crate::identity::ensure_bound(ledger, gate.history().await?).await?;
+    let bound = crate::identity::check_bound(ledger, gate.history().await?).await?;
+    crate::identity::check_sale(ledger, &bound, sku).await?;
     adjust_checked(ledger, gate, sku, id, delta).await
 }
 
 /// [`adjust_sale`] for a caller that has already shown `gate` to be the server `sku`
 /// lives on by other means: the parts of a split sale (`crate::split`) live on several
-/// groups, each checked against the history its `split_parts` row recorded, while
-/// `server_binding` names one group.
+/// groups, each checked against the history its `split_parts` row recorded.
 pub(crate) async fn adjust_checked<L: Ledger, G: ReservationGate>(
     ledger: &L,
     gate: &G,

@@ -613,11 +613,17 @@ pub async fn lag(
     reader: &FeedReader,
     consumer: &str,
 ) -> Result<Option<Lag>, MaterializeError> {
+    // The consumer's position on this feed's history (each group's materializer has its
+    // own); one from before positions carried a history ('') counts until it is claimed.
+    let history = reader.history().await?;
     let Some(row) = sqlx::query(
         "SELECT last_lsn, (extract(epoch FROM updated_at) * 1000)::int8 \
-         FROM feed_position WHERE consumer = $1",
+         FROM feed_position WHERE consumer = $1 \
+           AND ($2::text IS NULL OR history_id = $2 OR history_id = '') \
+         ORDER BY history_id DESC LIMIT 1",
     )
     .bind(consumer)
+    .bind(history)
     .fetch_optional(pool)
     .await?
     else {
@@ -699,6 +705,10 @@ pub struct Materializer {
     ledger: crate::ledger::postgres::PgLedger,
     reader: FeedReader,
     cfg: MaterializerConfig,
+    /// The history of the group this materializer follows, once checked: its position
+    /// is the `feed_position` row of (consumer, history), and a feed of another history
+    /// later (even one the ledger is bound to) is refused.
+    history: std::sync::Mutex<Option<String>>,
 }
 
 impl Materializer {
@@ -713,6 +723,41 @@ impl Materializer {
             ledger: ledger.clone(),
             reader,
             cfg,
+            history: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn pinned(&self) -> Option<String> {
+        self.history.lock().map(|h| h.clone()).unwrap_or(None)
+    }
+
+    /// Checks that the node read from reports one of the ledger's bound histories, and
+    /// the same one as every earlier check of this materializer. Returns it.
+    async fn pin_history(&self) -> Result<String, MaterializeError> {
+        let now = crate::identity::ensure_bound(&self.ledger, self.reader.history().await?).await?;
+        let mut pinned = self
+            .history
+            .lock()
+            .map_err(|_| MaterializeError::Feed("history lock poisoned".into()))?;
+        match pinned.as_deref() {
+            Some(h) if h != now => Err(MaterializeError::History(format!(
+                "this materializer follows server history {h}, but the node it reads from now \
+                 reports history {now} (another group); nothing was applied. Run one \
+                 materializer per group"
+            ))),
+            Some(_) => Ok(now),
+            None => {
+                *pinned = Some(now.clone());
+                Ok(now)
+            }
+        }
+    }
+
+    /// The history whose position this materializer moves (checked once).
+    async fn history(&self) -> Result<String, MaterializeError> {
+        match self.pinned() {
+            Some(h) => Ok(h),
+            None => self.pin_history().await,
         }
     }
 
@@ -733,19 +778,35 @@ impl Materializer {
 
     /// The committed position and the fingerprint of the entry it names (None at 0).
     async fn position_and_fingerprint(&self) -> Result<(u64, Option<i64>), MaterializeError> {
+        let history = self.history().await?;
+        // A position written before positions carried their history, in a ledger that
+        // had no binding then, is this consumer's first group's.
         sqlx::query(
-            "INSERT INTO feed_position (consumer, stream, last_lsn) VALUES ($1, $2, 0) \
-             ON CONFLICT (consumer) DO NOTHING",
+            "UPDATE feed_position SET history_id = $2 WHERE consumer = $1 AND history_id = '' \
+             AND NOT EXISTS (SELECT 1 FROM feed_position \
+                             WHERE consumer = $1 AND history_id = $2)",
         )
         .bind(&self.cfg.consumer)
+        .bind(&history)
+        .execute(&self.pool)
+        .await?;
+        sqlx::query(
+            "INSERT INTO feed_position (consumer, history_id, stream, last_lsn) \
+             VALUES ($1, $2, $3, 0) ON CONFLICT (consumer, history_id) DO NOTHING",
+        )
+        .bind(&self.cfg.consumer)
+        .bind(&history)
         .bind(&self.cfg.stream)
         .execute(&self.pool)
         .await?;
-        let row =
-            sqlx::query("SELECT last_lsn, last_fingerprint FROM feed_position WHERE consumer = $1")
-                .bind(&self.cfg.consumer)
-                .fetch_one(&self.pool)
-                .await?;
+        let row = sqlx::query(
+            "SELECT last_lsn, last_fingerprint FROM feed_position \
+             WHERE consumer = $1 AND history_id = $2",
+        )
+        .bind(&self.cfg.consumer)
+        .bind(&history)
+        .fetch_one(&self.pool)
+        .await?;
         let lsn: i64 = row.try_get(0)?;
         Ok((lsn.max(0) as u64, row.try_get(1)?))
     }
@@ -766,7 +827,7 @@ impl Materializer {
             if checked.as_ref() == Some(&before) && before.is_some() {
                 return Ok(pos);
             }
-            crate::identity::ensure_bound(&self.ledger, self.reader.history().await?).await?;
+            self.pin_history().await?;
             self.reader.check_history(pos, fp).await?;
             let after = self.reader.primary_addr();
             if after == before {
@@ -817,11 +878,16 @@ impl Materializer {
         events: &[FeedEvent],
     ) -> Result<BatchReport, MaterializeError> {
         let last = events.last().map_or(pos, |e| e.lsn);
+        let history = self.history().await?;
         let mut tx = self.pool.begin().await?;
-        let row = sqlx::query("SELECT last_lsn FROM feed_position WHERE consumer = $1 FOR UPDATE")
-            .bind(&self.cfg.consumer)
-            .fetch_one(&mut *tx)
-            .await?;
+        let row = sqlx::query(
+            "SELECT last_lsn FROM feed_position WHERE consumer = $1 AND history_id = $2 \
+             FOR UPDATE",
+        )
+        .bind(&self.cfg.consumer)
+        .bind(&history)
+        .fetch_one(&mut *tx)
+        .await?;
         let current: i64 = row.try_get(0)?;
         if current as u64 != pos {
             tx.rollback().await?;
@@ -898,8 +964,9 @@ impl Materializer {
                 .fetch_one(&mut *tx)
                 .await? as u64;
         }
-        sqlx::query("SELECT feed_set_position($1, $2, $3)")
+        sqlx::query("SELECT feed_set_position($1, $2, $3, $4)")
             .bind(&self.cfg.consumer)
+            .bind(&history)
             .bind(last as i64)
             .bind(events.last().map(FeedEvent::fingerprint))
             .execute(&mut *tx)

@@ -143,7 +143,8 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
     sku: &str,
     opts: &RebuildOptions,
 ) -> Result<RebuildReport, RebuildError> {
-    crate::identity::ensure_bound(ledger, gate.history().await?).await?;
+    let bound = crate::identity::check_bound(ledger, gate.history().await?).await?;
+    crate::identity::check_sale(ledger, &bound, sku).await?;
     // Unconfirmed adjustments first, then the sale: every adjustment read here is included
     // in the allocation read after it, so once the server's total is that allocation they
     // are all applied there.

@@ -502,6 +502,9 @@ pub async fn create_split(
         rec.per_user_limit = spec.limit;
         rec.key_fingerprint = Some(info.key_fingerprint);
         ledger.register_sale(&rec).await?;
+        // The part's sale lives on its group: that group's sweeper, rebuild and
+        // materializer take it, no other.
+        ledger.record_sale_history(&sku, &history).await?;
         sqlx::query(
             "INSERT INTO split_parts (parent, part_index, sku, history_id) \
              VALUES ($1, $2, $3, $4) ON CONFLICT (parent, part_index) DO NOTHING",

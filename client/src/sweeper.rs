@@ -28,7 +28,7 @@
 //! the server is unreachable the pass stops; either way the sweeper logs, backs off and
 //! retries, and the next pass finds the work where this one left it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -37,6 +37,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::client::ClientError;
 use crate::gate::ReservationGate;
+use crate::identity::{Bound, SaleOwner};
 use crate::ledger::{Adjustment, Ledger, LedgerError, ReleaseReason, SaleRecord, SweepVerdict};
 use crate::types::{now_ms, CommitOk, ReservationState, SaleInfo};
 
@@ -135,6 +136,9 @@ pub struct PassReport {
     /// Holds released instead of committed: the ledger's order is paid, but the server's
     /// hold for its token is not the one the payment paid for.
     pub foreign_holds_released: u64,
+    /// Sales of the ledger with no recorded history while it is bound to several: not
+    /// swept, since no one can tell whose they are (`IdentityError::SaleUnassigned`).
+    pub unassigned_skus: Vec<String>,
 }
 
 /// One readable line per pass (logs and `run --once`): what was seen, what each branch
@@ -185,7 +189,12 @@ impl std::fmt::Display for PassReport {
                 format!("{sku} (server total {server}, ledger allocation {ledger})")
             })
             .collect();
-        list(f, &mismatch)
+        list(f, &mismatch)?;
+        if !self.unassigned_skus.is_empty() {
+            f.write_str("; no recorded server history (not swept): ")?;
+            list(f, &self.unassigned_skus)?;
+        }
+        Ok(())
     }
 }
 
@@ -293,8 +302,8 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
         let mut report = PassReport::default();
         // Every pass: behind a Sentinel or a load balancer, the server answering may
         // change between two passes.
-        crate::identity::ensure_bound(&self.ledger, self.gate.history().await?).await?;
-        for sku in self.skus_in_scope().await? {
+        let bound = crate::identity::check_bound(&self.ledger, self.gate.history().await?).await?;
+        for sku in self.skus_in_scope(&bound, &mut report).await? {
             match self.gate.sale_info(&sku).await? {
                 None => {
                     // The ledger knows the sale, the server does not: its state was lost.
@@ -414,15 +423,73 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
         }
     }
 
-    async fn skus_in_scope(&self) -> Result<Vec<String>, SweepError> {
+    /// The sales this pass sweeps: those named (each checked to live on this server's
+    /// history), else every sale the server lists and every sale the ledger records on
+    /// this history. A sale of another group is never taken.
+    async fn skus_in_scope(
+        &self,
+        bound: &Bound,
+        report: &mut PassReport,
+    ) -> Result<Vec<String>, SweepError> {
+        let recorded: HashMap<String, Option<String>> =
+            self.ledger.sale_histories().await?.into_iter().collect();
         if let Some(s) = &self.cfg.skus {
+            for sku in s {
+                self.check_named(bound, sku, recorded.get(sku)).await?;
+            }
             return Ok(s.clone());
         }
-        let mut set: BTreeSet<String> = self.gate.sale_list().await?.into_iter().collect();
-        for s in self.ledger.sales().await? {
-            set.insert(s.sku);
+        let mut set: BTreeSet<String> = BTreeSet::new();
+        for sku in self.gate.sale_list().await? {
+            if !recorded.contains_key(&sku) {
+                set.insert(sku);
+            }
+        }
+        for (sku, history) in &recorded {
+            match bound.owner(history.as_deref()) {
+                SaleOwner::Here => {
+                    if history.is_none() {
+                        self.ledger.record_sale_history(sku, &bound.history).await?;
+                    }
+                    set.insert(sku.clone());
+                }
+                SaleOwner::Elsewhere(_) => {}
+                SaleOwner::Unassigned => {
+                    if let Some(e) = bound.refusal(sku, &SaleOwner::Unassigned) {
+                        warn!(sku = %sku, "{e}");
+                    }
+                    report.unassigned_skus.push(sku.clone());
+                }
+            }
         }
         Ok(set.into_iter().collect())
+    }
+
+    /// A sale named with `--sku` must live here. One with no recorded history, on a
+    /// ledger bound to several, is recorded as this server's if the server has it.
+    async fn check_named(
+        &self,
+        bound: &Bound,
+        sku: &str,
+        recorded: Option<&Option<String>>,
+    ) -> Result<(), SweepError> {
+        let Some(history) = recorded else {
+            return Ok(());
+        };
+        let owner = bound.owner(history.as_deref());
+        let claim = match owner {
+            SaleOwner::Here => history.is_none(),
+            SaleOwner::Unassigned => self.gate.sale_info(sku).await?.is_some(),
+            SaleOwner::Elsewhere(_) => false,
+        };
+        if claim {
+            self.ledger.record_sale_history(sku, &bound.history).await?;
+            return Ok(());
+        }
+        match bound.refusal(sku, &owner) {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
     }
 
     /// Batches of one SKU until nothing more can be done in this pass.

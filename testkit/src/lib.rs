@@ -404,8 +404,9 @@ impl Harness {
     ) -> Result<(), HarnessError> {
         use stockgate_client::Ledger as _;
         // As `stockgate-sweeper create-sale` does: the ledger is bound to this server.
-        stockgate_client::identity::ensure_bound(&self.ledger, self.client.history().await?)
-            .await?;
+        let history =
+            stockgate_client::identity::ensure_bound(&self.ledger, self.client.history().await?)
+                .await?;
         self.client
             .sale_create(sku, total, Some(shards), Some(ttl_ms), limit)
             .await?;
@@ -416,6 +417,7 @@ impl Harness {
         rec.per_user_limit = limit;
         rec.key_fingerprint = Some(info.key_fingerprint);
         self.ledger.register_sale(&rec).await?;
+        self.ledger.record_sale_history(sku, &history).await?;
         Ok(())
     }
 

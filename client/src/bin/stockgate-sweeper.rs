@@ -11,6 +11,8 @@
 //! stockgate-sweeper adjust --sku SKU --delta N [--id ADJ-ID]
 //! stockgate-sweeper rebuild --sku SKU [--fence]
 //! stockgate-sweeper rebind --history ID
+//! stockgate-sweeper bind --history ID [--group NAME]
+//! stockgate-sweeper unbind --history ID
 //! stockgate-sweeper split --parent P --parts N --total T [--limit L] [--shards N] [--ttl-ms MS]
 //! stockgate-sweeper rebalance --parent P [--threshold N] [--interval-secs S] [--once]
 //! ```
@@ -40,7 +42,7 @@ use tracing::{error, info, warn};
     after_help = "Every command talks to one server (--server) or to the leader of a Raft \
                   group through its members' Sentinel interface, e.g. --sentinel \
                   127.0.0.1:7381,127.0.0.1:7382,127.0.0.1:7383 --master-name stockgate \
-                  (run, run --once, create-sale, adjust, rebuild and rebind alike). \
+                  (run, run --once, create-sale, adjust, rebuild, rebind and bind alike). \
                   --tls (or a rediss:// --server) connects over TLS, verified with --cacert, \
                   with --cert/--key for a server that requires client certificates; not with \
                   --sentinel."
@@ -129,8 +131,16 @@ enum Cmd {
     /// Bind the ledger to the history the server reports now (`INFO server`'s
     /// `stockgate_history`), replacing the one it was bound to. Every tool refuses a
     /// server of another history; do this only when the ledger is to follow this
-    /// server from now on (a server rebuilt after it lost its data).
+    /// server from now on (a server rebuilt after it lost its data). For a ledger of
+    /// one group: with several bound, use bind and unbind.
     Rebind(RebindArgs),
+    /// Add the history the server reports now (another group of the cluster) to the
+    /// ledger's bindings: that group's sweeper, rebuild and materializer may then use
+    /// this ledger, each on its own group's sales.
+    Bind(BindArgs),
+    /// Remove a history from the ledger's bindings (a group taken out of the cluster);
+    /// its tools are refused from then on. Talks to no server.
+    Unbind(UnbindArgs),
     /// Split a sale over the cluster's groups: --parts sales `P.p<i>-<k>`, part i on the
     /// i-th group by lowest slot (--server is any node of the cluster), recorded in the
     /// ledger as parts of --parent. Re-run with the same arguments after any failure.
@@ -183,6 +193,24 @@ struct RebalanceArgs {
 struct RebindArgs {
     /// The history id the server reports, repeated here so a rebind is never pointed at
     /// a server by accident.
+    #[arg(long)]
+    history: String,
+}
+
+#[derive(Args)]
+struct BindArgs {
+    /// The history id the server reports, repeated here so a binding is never added for
+    /// a server by accident.
+    #[arg(long)]
+    history: String,
+    /// A name for the group, kept beside the binding for people reading the ledger.
+    #[arg(long)]
+    group: Option<String>,
+}
+
+#[derive(Args)]
+struct UnbindArgs {
+    /// The history id to remove.
     #[arg(long)]
     history: String,
 }
@@ -361,7 +389,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Some(Cmd::CreateSale(a)) => {
             ledger.migrate().await?;
             let client = StockgateClient::connect_target(&target).await?;
-            stockgate_client::identity::ensure_bound(&ledger, client.history().await?).await?;
+            let bound =
+                stockgate_client::identity::check_bound(&ledger, client.history().await?).await?;
+            stockgate_client::identity::check_sale(&ledger, &bound, &a.sku).await?;
             client
                 .sale_create(&a.sku, a.total, a.shards, a.ttl_ms, a.limit)
                 .await?;
@@ -372,6 +402,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             rec.per_user_limit = a.limit;
             rec.key_fingerprint = Some(info.key_fingerprint);
             ledger.register_sale(&rec).await?;
+            ledger.record_sale_history(&a.sku, &bound.history).await?;
             println!("created {}", a.sku);
             Ok(())
         }
@@ -427,6 +458,29 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 }
                 Some(_) => println!("ledger already bound to history {}", a.history),
                 None => println!("ledger bound to history {}", a.history),
+            }
+            Ok(())
+        }
+        Some(Cmd::Bind(a)) => {
+            ledger.migrate().await?;
+            let client = StockgateClient::connect_target(&target).await?;
+            let added = stockgate_client::identity::bind(
+                &ledger,
+                client.history().await?,
+                &a.history,
+                a.group.as_deref(),
+            )
+            .await?;
+            let verb = if added { "now bound" } else { "already bound" };
+            println!("ledger {verb} to history {}", a.history);
+            Ok(())
+        }
+        Some(Cmd::Unbind(a)) => {
+            ledger.migrate().await?;
+            if ledger.remove_binding(&a.history).await? {
+                println!("ledger no longer bound to history {}", a.history);
+            } else {
+                println!("ledger was not bound to history {}", a.history);
             }
             Ok(())
         }

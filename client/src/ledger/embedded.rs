@@ -14,9 +14,9 @@ use sled::transaction::{
 
 use super::{
     adjustment_next, adjustment_retry, check_adjustment, materialize_existing, pay_decision,
-    refund_allowed, verdict_from_status, Adjustment, AdjustmentOutcome, AdjustmentStatus, Ledger,
-    LedgerError, LedgerPay, Materialized, NewOrder, Order, OrderEvent, OrderStatus, ReleaseReason,
-    SaleRecord, SkuTotals, SweepVerdict,
+    refund_allowed, verdict_from_status, Adjustment, AdjustmentOutcome, AdjustmentStatus, Binding,
+    Ledger, LedgerError, LedgerPay, Materialized, NewOrder, Order, OrderEvent, OrderStatus,
+    ReleaseReason, SaleRecord, SkuTotals, SweepVerdict,
 };
 use crate::types::{now_ms, ExpiredReservation, ReservationInfo};
 
@@ -754,11 +754,16 @@ impl Ledger for SledLedger {
         Ok(t)
     }
 
-    async fn bound_history(&self) -> Result<Option<String>, LedgerError> {
+    async fn bound_histories(&self) -> Result<Vec<Binding>, LedgerError> {
         match self.meta.get(BINDING_KEY)? {
-            None => Ok(None),
+            None => Ok(Vec::new()),
             Some(v) => String::from_utf8(v.to_vec())
-                .map(Some)
+                .map(|history_id| {
+                    vec![Binding {
+                        history_id,
+                        group: None,
+                    }]
+                })
                 .map_err(|_| LedgerError::Corrupt("server binding is not UTF-8".into())),
         }
     }
@@ -775,6 +780,53 @@ impl Ledger for SledLedger {
             .compare_and_swap(BINDING_KEY, old, Some(id.as_bytes()))?;
         self.flush().await?;
         self.bound_history().await
+    }
+
+    async fn add_binding(&self, id: &str, _group: Option<&str>) -> Result<bool, LedgerError> {
+        match self.bound_history().await? {
+            Some(b) if b == id => Ok(false),
+            // The embedded ledger serves one process embedding one engine: one history.
+            Some(b) => Err(LedgerError::Invalid(format!(
+                "the embedded ledger follows one server history ({b}) and cannot be bound to \
+                 a second one ({id}); a ledger for several groups is the Postgres ledger"
+            ))),
+            None => Ok(self.bind_history(None, id).await?.as_deref() == Some(id)),
+        }
+    }
+
+    async fn remove_binding(&self, id: &str) -> Result<bool, LedgerError> {
+        let removed = self
+            .meta
+            .compare_and_swap(BINDING_KEY, Some(id.as_bytes()), None::<&[u8]>)?
+            .is_ok();
+        self.flush().await?;
+        Ok(removed)
+    }
+
+    async fn sale_histories(&self) -> Result<Vec<(String, Option<String>)>, LedgerError> {
+        // One binding at most: every sale is that history's.
+        let bound = self.bound_history().await?;
+        Ok(self
+            .sales()
+            .await?
+            .into_iter()
+            .map(|s| (s.sku, bound.clone()))
+            .collect())
+    }
+
+    async fn record_sale_history(
+        &self,
+        sku: &str,
+        history: &str,
+    ) -> Result<Option<String>, LedgerError> {
+        match self.sale(sku).await? {
+            None => Ok(None),
+            Some(_) => Ok(Some(
+                self.bound_history()
+                    .await?
+                    .unwrap_or_else(|| history.to_string()),
+            )),
+        }
     }
 
     async fn live_pending_orders(&self, sku: &str) -> Result<Vec<Order>, LedgerError> {

@@ -15,6 +15,7 @@ const BINDING_SQL: &str = include_str!("../../../migrations/0005_server_binding.
 const FUNCTIONS_SQL: &str = include_str!("../../../migrations/0006_ledger_functions.sql");
 const MATERIALIZER_SQL: &str = include_str!("../../../migrations/0007_materializer_functions.sql");
 const SPLIT_SQL: &str = include_str!("../../../migrations/0008_split_sales.sql");
+const GROUP_BINDINGS_SQL: &str = include_str!("../../../migrations/0009_group_bindings.sql");
 
 /// The migrator for `migrations/` (embedded copy).
 pub fn migrator() -> Migrator {
@@ -37,6 +38,7 @@ pub fn migrator() -> Migrator {
             m(6, "ledger functions", FUNCTIONS_SQL),
             m(7, "materializer functions", MATERIALIZER_SQL),
             m(8, "split sales", SPLIT_SQL),
+            m(9, "group bindings", GROUP_BINDINGS_SQL),
         ]),
         ..Migrator::DEFAULT
     }

@@ -697,18 +697,69 @@ pub trait Ledger: Clone + Send + Sync + 'static {
         sku: &str,
     ) -> impl Future<Output = Result<Vec<Order>, LedgerError>> + Send;
 
-    /// The server history this ledger describes (`crate::identity`); `None` until a tool
-    /// first bound it.
-    fn bound_history(&self) -> impl Future<Output = Result<Option<String>, LedgerError>> + Send;
+    /// The server histories this ledger describes (`crate::identity`), oldest binding
+    /// first; empty until a tool first bound it. One per group of a cluster.
+    fn bound_histories(&self) -> impl Future<Output = Result<Vec<Binding>, LedgerError>> + Send;
 
-    /// Binds the ledger to history `id` if it is bound to `expected` (`None`: not bound
-    /// yet), and returns the binding in place afterwards: two tools binding at once agree
-    /// on one.
+    /// The first history this ledger was bound to, if any (the only one, for a ledger of
+    /// one group).
+    fn bound_history(&self) -> impl Future<Output = Result<Option<String>, LedgerError>> + Send {
+        async move {
+            Ok(self
+                .bound_histories()
+                .await?
+                .into_iter()
+                .next()
+                .map(|b| b.history_id))
+        }
+    }
+
+    /// Binds the ledger to history `id` if its bindings are exactly `expected` (`None`:
+    /// no binding yet; `Some(old)`: `old` alone, which `id` replaces, taking along the
+    /// sales and feed positions recorded on `old`), and returns the first binding in
+    /// place afterwards: two tools binding at once agree on one.
     fn bind_history(
         &self,
         expected: Option<&str>,
         id: &str,
     ) -> impl Future<Output = Result<Option<String>, LedgerError>> + Send;
+
+    /// Adds history `id` (another group) to the bindings; `group` is the operator's name
+    /// for it. Sales with no recorded history are first recorded on the binding in place
+    /// when there is exactly one (they were all registered against it). Returns false if
+    /// `id` was bound already.
+    fn add_binding(
+        &self,
+        id: &str,
+        group: Option<&str>,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// Removes history `id` from the bindings; false if it was not bound.
+    fn remove_binding(&self, id: &str) -> impl Future<Output = Result<bool, LedgerError>> + Send;
+
+    /// Every sale with the history it lives on (`None`: not recorded, a sale registered
+    /// before sales carried it).
+    fn sale_histories(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(String, Option<String>)>, LedgerError>> + Send;
+
+    /// Records that `sku` lives on history `history`, unless a history is recorded for it
+    /// already. Returns the history recorded afterwards, `None` for a sale the ledger
+    /// does not know.
+    fn record_sale_history(
+        &self,
+        sku: &str,
+        history: &str,
+    ) -> impl Future<Output = Result<Option<String>, LedgerError>> + Send;
+}
+
+/// One server history a ledger is bound to (`server_bindings`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// The history id (`INFO server`'s `stockgate_history`).
+    pub history_id: String,
+    /// The operator's name for the group, if one was given (`bind --group`).
+    pub group: Option<String>,
 }
 
 /// Decision for a `record_adjustment` that found the id already stored (shared by both

@@ -32,10 +32,14 @@ pub const LEDGER_TABLES: &[&str] = &[
     "order_events",
     "sale_adjustments",
     "feed_position",
-    "server_binding",
+    "server_bindings",
     "split_parents",
     "split_parts",
 ];
+
+/// The views the migrations create (the read-only `server_binding` of migration 0009):
+/// moved along with the tables.
+pub const LEDGER_VIEWS: &[&str] = &["server_binding"];
 
 /// The functions of `migrations/0006_ledger_functions.sql`,
 /// `migrations/0007_materializer_functions.sql` and `migrations/0008_split_sales.sql` (the ledger's rules, and their helpers): what a move from the old layout takes along besides the trigger functions.
@@ -413,6 +417,21 @@ pub(crate) async fn move_old_ledger(
     for t in &tables {
         // Table names from LEDGER_TABLES and `schema` are plain, safe to splice in.
         sqlx::query(&format!("ALTER TABLE {from_q}.{t} SET SCHEMA {schema}"))
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+    }
+    let views: Vec<String> = sqlx::query_scalar(
+        "SELECT viewname::text FROM pg_catalog.pg_views \
+         WHERE schemaname = $1 AND viewname = ANY($2)",
+    )
+    .bind(from)
+    .bind(LEDGER_VIEWS)
+    .fetch_all(&mut *tx)
+    .await?;
+    for v in &views {
+        // View names from LEDGER_VIEWS, plain like the tables'.
+        sqlx::query(&format!("ALTER VIEW {from_q}.{v} SET SCHEMA {schema}"))
             .execute(&mut *tx)
             .await
             .map_err(failed)?;

@@ -19,8 +19,8 @@ use sqlx::{Executor, Row};
 use super::pg_schema::{self, MovedLedger, SchemaError};
 use super::{
     adjustment_next, adjustment_retry, check_adjustment, Adjustment, AdjustmentOutcome,
-    AdjustmentStatus, Ledger, LedgerError, LedgerPay, Materialized, NewOrder, Order, OrderEvent,
-    OrderStatus, PayVerdict, ReleaseReason, SaleRecord, SkuTotals, SweepVerdict,
+    AdjustmentStatus, Binding, Ledger, LedgerError, LedgerPay, Materialized, NewOrder, Order,
+    OrderEvent, OrderStatus, PayVerdict, ReleaseReason, SaleRecord, SkuTotals, SweepVerdict,
 };
 use crate::types::{ExpiredReservation, ReservationInfo};
 
@@ -767,12 +767,20 @@ impl Ledger for PgLedger {
         Ok(t)
     }
 
-    async fn bound_history(&self) -> Result<Option<String>, LedgerError> {
-        Ok(
-            sqlx::query_scalar("SELECT history_id FROM server_binding WHERE singleton")
-                .fetch_optional(&self.pool)
-                .await?,
+    async fn bound_histories(&self) -> Result<Vec<Binding>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT history_id, group_name FROM server_bindings ORDER BY bound_at, history_id",
         )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Binding {
+                    history_id: r.try_get(0)?,
+                    group: r.try_get(1)?,
+                })
+            })
+            .collect()
     }
 
     async fn bind_history(
@@ -780,20 +788,78 @@ impl Ledger for PgLedger {
         expected: Option<&str>,
         id: &str,
     ) -> Result<Option<String>, LedgerError> {
-        let q = match expected {
-            None => sqlx::query(
-                "INSERT INTO server_binding (history_id) VALUES ($1) ON CONFLICT DO NOTHING",
-            )
-            .bind(id),
-            Some(old) => sqlx::query(
-                "UPDATE server_binding SET history_id = $1, bound_at = now() \
-                 WHERE singleton AND history_id = $2",
-            )
-            .bind(id)
-            .bind(old),
-        };
-        q.execute(&self.pool).await?;
+        let mut tx = self.pool.begin().await?;
+        let bound = lock_bindings(&mut tx).await?;
+        match expected {
+            None if bound.is_empty() => {
+                sqlx::query("INSERT INTO server_bindings (history_id) VALUES ($1)")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Some(old) if bound.len() == 1 && bound[0] == old && old != id => {
+                replace_binding(&mut tx, old, id).await?;
+            }
+            _ => {}
+        }
+        tx.commit().await?;
         self.bound_history().await
+    }
+
+    async fn add_binding(&self, id: &str, group: Option<&str>) -> Result<bool, LedgerError> {
+        let mut tx = self.pool.begin().await?;
+        let bound = lock_bindings(&mut tx).await?;
+        if bound.iter().any(|b| b == id) {
+            return Ok(false);
+        }
+        if let [only] = bound.as_slice() {
+            // Every sale without a history was registered against the one binding.
+            sqlx::query("UPDATE sales SET history_id = $1 WHERE history_id IS NULL")
+                .bind(only)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query("INSERT INTO server_bindings (history_id, group_name) VALUES ($1, $2)")
+            .bind(id)
+            .bind(group)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn remove_binding(&self, id: &str) -> Result<bool, LedgerError> {
+        let n = sqlx::query("DELETE FROM server_bindings WHERE history_id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn sale_histories(&self) -> Result<Vec<(String, Option<String>)>, LedgerError> {
+        let rows = sqlx::query("SELECT sku, history_id FROM sales ORDER BY sku")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    async fn record_sale_history(
+        &self,
+        sku: &str,
+        history: &str,
+    ) -> Result<Option<String>, LedgerError> {
+        Ok(sqlx::query_scalar(
+            "UPDATE sales SET history_id = COALESCE(history_id, $2) WHERE sku = $1 \
+             RETURNING history_id",
+        )
+        .bind(sku)
+        .bind(history)
+        .fetch_optional(&self.pool)
+        .await?
+        .flatten())
     }
 
     async fn live_pending_orders(&self, sku: &str) -> Result<Vec<Order>, LedgerError> {
@@ -809,6 +875,53 @@ impl Ledger for PgLedger {
         .await?;
         rows.iter().map(order_from_row).collect()
     }
+}
+
+/// Locks the bindings against every other binder until the transaction ends (so two
+/// tools binding at once see one another's result) and returns them.
+async fn lock_bindings(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+) -> Result<Vec<String>, LedgerError> {
+    sqlx::query("LOCK TABLE server_bindings IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut **tx)
+        .await?;
+    Ok(
+        sqlx::query_scalar("SELECT history_id FROM server_bindings ORDER BY bound_at")
+            .fetch_all(&mut **tx)
+            .await?,
+    )
+}
+
+/// `rebind`: the one binding `old` becomes `new`, and what was recorded on `old` (its
+/// sales, unrecorded ones included, and its materializers' positions) follows it, so the
+/// feed position's fingerprint is still checked against the new server's feed.
+async fn replace_binding(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    old: &str,
+    new: &str,
+) -> Result<(), LedgerError> {
+    sqlx::query(
+        "UPDATE server_bindings SET history_id = $1, bound_at = now() WHERE history_id = $2",
+    )
+    .bind(new)
+    .bind(old)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query("UPDATE sales SET history_id = $1 WHERE history_id = $2 OR history_id IS NULL")
+        .bind(new)
+        .bind(old)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query(
+        "UPDATE feed_position p SET history_id = $1 WHERE history_id IN ($2, '') \
+         AND NOT EXISTS (SELECT 1 FROM feed_position q \
+                         WHERE q.consumer = p.consumer AND q.history_id = $1)",
+    )
+    .bind(new)
+    .bind(old)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 pub(crate) fn add_totals(t: &mut SkuTotals, status: OrderStatus, n: u64, units: u64) {
