@@ -1,0 +1,270 @@
+//! Moving slots between groups while a sale runs (docs/cluster.md, "Moving slots"): two
+//! single-node groups, four sales on group A's slots; two buyers reserve and commit
+//! through redis-rs's async cluster client while `stockgate-sweeper move-slots` moves
+//! the sales' slots to group B. Every acknowledged token is on B afterwards in its
+//! state, no token is handed out twice, no sale hands out more than its units, holds
+//! taken on A before the move commit on B, a refreshed client is not redirected, and a
+//! restart of both nodes keeps the slots on B (the logged map).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::cluster::Cluster;
+use common::ha::{wait_for, Node};
+use common::now_ms;
+use common::raft::{sale_info, state_of};
+use redis::cluster::ClusterClientBuilder;
+use redis::Value;
+use stockgate_server::cluster::key_slot;
+use stockgate_server::engine::Keyring;
+
+const TOTAL: i64 = 100_000;
+
+fn sweeper() -> std::path::PathBuf {
+    stockgate_testkit::sibling_binary("stockgate-sweeper")
+}
+
+fn reserve(n: &Node, keyring: &Keyring, sku: &str, user: &str, rid: &str) -> String {
+    let adm = keyring.mint(sku, user, now_ms() + 120_000);
+    let v: Vec<Value> = redis::cmd("RESERVE")
+        .arg(sku)
+        .arg(user)
+        .arg(adm)
+        .arg(rid)
+        .query(&mut n.conn())
+        .expect("reserve");
+    common::as_str(&v[1])
+}
+
+fn counter(n: &Node, name: &str) -> u64 {
+    n.info("cluster")
+        .get(name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("INFO has no {name}"))
+}
+
+fn redirections(c: &Cluster) -> u64 {
+    c.nodes
+        .iter()
+        .map(|n| counter(n, "cluster_redirections_moved") + counter(n, "cluster_redirections_ask"))
+        .sum()
+}
+
+/// Reserves one unit for a new user at a time, round robin over `skus`, committing
+/// every other hold, until `stop`; a failed request is sent again with the same id.
+/// Returns every acknowledged token with whether its COMMIT was acknowledged.
+fn buyer(
+    urls: Vec<String>,
+    keyring: Keyring,
+    skus: Vec<String>,
+    tag: &'static str,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(String, bool)>> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let client = ClusterClientBuilder::new(urls).build().expect("client");
+            let mut c = client.get_async_connection().await.expect("connection");
+            let mut acked = Vec::new();
+            let mut n = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let sku = &skus[n % skus.len()];
+                let user = format!("{tag}{n}");
+                let adm = keyring.mint(sku, &user, now_ms() + 120_000);
+                let token = loop {
+                    let r: redis::RedisResult<Vec<Value>> = redis::cmd("RESERVE")
+                        .arg(sku)
+                        .arg(&user)
+                        .arg(&adm)
+                        .arg(format!("q{n}"))
+                        .query_async(&mut c)
+                        .await;
+                    match r {
+                        Ok(v) if v.len() > 1 => break Some(common::as_str(&v[1])),
+                        Ok(_) => break None,
+                        Err(e) if e.to_string().contains("SOLDOUT") => break None,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                };
+                let Some(token) = token else {
+                    n += 1;
+                    continue;
+                };
+                let mut committed = false;
+                if n % 2 == 0 {
+                    for _ in 0..500 {
+                        let r: redis::RedisResult<i64> =
+                            redis::cmd("COMMIT").arg(&token).query_async(&mut c).await;
+                        if r.is_ok() {
+                            committed = true;
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                acked.push((token, committed));
+                n += 1;
+            }
+            acked
+        })
+    })
+}
+
+#[test]
+fn cluster_move_slots_while_buyers_reserve_and_commit() {
+    let mut c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let keyring = c.keys.keyring();
+    let skus: Vec<String> = c.skus("MV", 4).remove(0);
+    let slots: Vec<u16> = skus.iter().map(|s| key_slot(s.as_bytes())).collect();
+    let slot_list: Vec<String> = slots.iter().map(u16::to_string).collect();
+    for s in &skus {
+        let _: () = redis::cmd("SALE.CREATE")
+            .arg(s)
+            .arg(TOTAL)
+            .arg("TTL")
+            .arg(600_000)
+            .query(&mut c.nodes[0].conn())
+            .expect("create");
+    }
+    // Holds taken on A before the move: committed on B after it.
+    let early: Vec<String> = skus
+        .iter()
+        .map(|s| reserve(&c.nodes[0], &keyring, s, "early", "e1"))
+        .collect();
+
+    let urls: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| format!("redis://{}", n.addr()))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let buyers: Vec<_> = ["x", "y"]
+        .into_iter()
+        .map(|tag| {
+            buyer(
+                urls.clone(),
+                keyring.clone(),
+                skus.clone(),
+                tag,
+                stop.clone(),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Command::new(sweeper())
+        .args([
+            "move-slots",
+            "--from",
+            &c.nodes[0].addr(),
+            "--to",
+            &c.nodes[1].addr(),
+        ])
+        .args(["--slots", &slot_list.join(",")])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "move-slots failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(said.contains("4 sale(s) handed over"), "{said}");
+    std::thread::sleep(Duration::from_millis(500));
+    // Re-running a finished move changes nothing.
+    let again = Command::new(sweeper())
+        .args([
+            "move-slots",
+            "--from",
+            &c.nodes[0].addr(),
+            "--to",
+            &c.nodes[1].addr(),
+        ])
+        .args(["--slots", &slot_list.join(",")])
+        .output()
+        .expect("run move-slots again");
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(String::from_utf8_lossy(&again.stdout).contains("0 sale(s)"));
+
+    // Refreshed clients: no redirection per request any more.
+    let before = redirections(&c);
+    std::thread::sleep(Duration::from_millis(700));
+    let after = redirections(&c);
+    stop.store(true, Ordering::SeqCst);
+    let acked: Vec<(String, bool)> = buyers
+        .into_iter()
+        .flat_map(|b| b.join().expect("buyer"))
+        .collect();
+    assert!(acked.len() > 20, "buyers sold only {}", acked.len());
+    assert!(after - before <= 2, "still redirected: {before} -> {after}");
+    eprintln!(
+        "sold {} holds; redirections {before}; ASK {} TRYAGAIN {}",
+        acked.len(),
+        counter(&c.nodes[0], "cluster_redirections_ask"),
+        counter(&c.nodes[0], "cluster_tryagain")
+    );
+
+    let b = c.nodes[1].port;
+    let tokens: HashSet<&String> = acked.iter().map(|(t, _)| t).collect();
+    assert_eq!(tokens.len(), acked.len(), "a token handed out twice");
+    let mut per_sku: HashMap<String, i64> = HashMap::new();
+    for (token, committed) in &acked {
+        let want = if *committed { "COMMITTED" } else { "RESERVED" };
+        assert_eq!(state_of(b, token).as_deref(), Some(want), "{token} on B");
+        let sku = &token[1..token.find('}').expect("tag")];
+        *per_sku.entry(sku.to_string()).or_default() += 1;
+    }
+    for s in &skus {
+        let (total, available, reserved, committed) = sale_info(b, s);
+        assert_eq!(total, TOTAL);
+        assert!(reserved + committed <= total);
+        assert_eq!(available + reserved + committed, total);
+        // The buyers' holds and the early one: nothing else took units.
+        assert_eq!(
+            reserved + committed,
+            per_sku.get(s).copied().unwrap_or(0) + 1
+        );
+        let gone: redis::RedisResult<Value> =
+            redis::cmd("SALE.INFO").arg(s).query(&mut c.nodes[0].conn());
+        assert!(gone.is_err(), "{s} still answered on A");
+    }
+    for t in &early {
+        let r: i64 = redis::cmd("COMMIT")
+            .arg(t)
+            .query(&mut c.nodes[1].conn())
+            .unwrap();
+        assert_eq!(r, 1, "the early hold {t} commits on B");
+    }
+
+    // Both nodes restarted: the slots stay on B, and B still has the sales.
+    for n in &mut c.nodes {
+        n.kill9();
+        n.restart();
+    }
+    for n in &c.nodes {
+        wait_for("node up", Duration::from_secs(20), || {
+            n.try_info("cluster").is_some()
+        });
+        let r: redis::RedisResult<Value> =
+            redis::cmd("SALE.INFO").arg(&skus[0]).query(&mut n.conn());
+        match r {
+            Ok(_) => assert_eq!(n.port, b, "SALE.INFO answered on A after the restart"),
+            Err(e) => assert!(
+                e.to_string().contains(&format!("{}", slots[0])) && n.port != b,
+                "{e}"
+            ),
+        }
+    }
+    assert_eq!(state_of(b, &early[0]).as_deref(), Some("COMMITTED"));
+}
