@@ -99,7 +99,7 @@ fn buyer(
                     continue;
                 };
                 let mut committed = false;
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     for _ in 0..500 {
                         let r: redis::RedisResult<i64> =
                             redis::cmd("COMMIT").arg(&token).query_async(&mut c).await;
