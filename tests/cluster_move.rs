@@ -261,7 +261,10 @@ fn cluster_move_slots_while_buyers_reserve_and_commit() {
         match r {
             Ok(_) => assert_eq!(n.port, b, "SALE.INFO answered on A after the restart"),
             Err(e) => assert!(
-                e.to_string().contains(&format!("{}", slots[0])) && n.port != b,
+                e.kind() == redis::ErrorKind::Moved
+                    && e.to_string()
+                        .contains(&format!("{} 127.0.0.1:{b}", slots[0]))
+                    && n.port != b,
                 "{e}"
             ),
         }
