@@ -4,7 +4,8 @@
 //! the sales' slots to group B. Every acknowledged token is on B afterwards in its
 //! state, no token is handed out twice, no sale hands out more than its units, holds
 //! taken on A before the move commit on B, a refreshed client is not redirected, and a
-//! restart of both nodes keeps the slots on B (the logged map).
+//! restart of both nodes keeps the slots on B (the logged map). A slot change on a Raft
+//! group survives its snapshots and a restart of every member.
 
 mod common;
 
@@ -14,10 +15,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::cluster::Cluster;
+use common::cluster::{node_id, slots_master, Cluster, RaftBesideSingle};
 use common::ha::{wait_for, Node};
 use common::now_ms;
-use common::raft::{sale_info, state_of};
+use common::raft::{
+    conn as raft_conn, create_sale, info_field, reserve as raft_reserve, sale_info, state_of,
+};
 use redis::cluster::ClusterClientBuilder;
 use redis::Value;
 use stockgate_server::cluster::key_slot;
@@ -270,4 +273,74 @@ fn cluster_move_slots_while_buyers_reserve_and_commit() {
         }
     }
     assert_eq!(state_of(b, &early[0]).as_deref(), Some("COMMITTED"));
+}
+
+/// A slot change logged on a Raft group survives the group's snapshots (which compact
+/// the log that held it) and a restart of every member: each member's `CLUSTER SLOTS`
+/// still names the new owner.
+#[test]
+fn cluster_move_slot_changes_survive_a_raft_snapshot_and_a_restart() {
+    let mut c = RaftBesideSingle::start();
+    for m in &mut c.a.members {
+        m.kill9();
+        m.args
+            .extend(["--snapshot-records", "20"].map(String::from));
+        m.spawn();
+    }
+    let leader = c.a.leader(None, Duration::from_secs(20));
+    let lp = c.a.port(leader);
+    let slot = 5u16;
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("NODE")
+        .arg(node_id(9))
+        .query(&mut raft_conn(lp))
+        .expect("setslot");
+    assert_eq!(slots_master(lp, slot), Some(c.b.port));
+    // A follower refuses it, like every write.
+    let follower =
+        c.a.members
+            .iter()
+            .find(|m| m.id != leader)
+            .expect("a follower");
+    let refused: redis::RedisResult<()> = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("STABLE")
+        .query(&mut raft_conn(follower.port));
+    assert!(refused.is_err());
+    // Enough records behind the change for snapshots that cover it.
+    let sku = (0..)
+        .map(|i| format!("RS-{i}"))
+        .find(|s| key_slot(s.as_bytes()) < 8192 && key_slot(s.as_bytes()) != slot)
+        .expect("a sku of group a");
+    create_sale(lp, &sku, 1000);
+    for i in 0..80 {
+        raft_reserve(lp, &c.a, &sku, &format!("u{i}"), "r").expect("reserve");
+    }
+    c.a.converge(Duration::from_secs(10));
+    for m in &c.a.members {
+        let port = m.port;
+        wait_for(
+            "a snapshot past the change",
+            Duration::from_secs(15),
+            || info_field(port, "raft_snapshot_lsn") >= 40,
+        );
+    }
+    for m in &mut c.a.members {
+        m.kill9();
+    }
+    for m in &mut c.a.members {
+        m.spawn();
+    }
+    c.a.leader(None, Duration::from_secs(20));
+    for m in &c.a.members {
+        let port = m.port;
+        wait_for("the moved slot on b", Duration::from_secs(15), || {
+            slots_master(port, slot) == Some(c.b.port)
+        });
+        // The slot next to it stays a's.
+        assert_ne!(slots_master(port, slot + 1), Some(c.b.port));
+    }
 }

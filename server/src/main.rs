@@ -848,6 +848,13 @@ fn install_slot_log(
     r: &Recovered,
     feed: Option<&Arc<Feed>>,
 ) {
+    // A Raft member's snapshot carries the changes it covers in its state file; the
+    // records after the snapshot follow.
+    if let Some(feed) = feed {
+        for (kind, body) in feed.state_file_records(r.report.snapshot_lsn).0 {
+            c.apply_record(kind, &body);
+        }
+    }
     for (_, kind, body) in &r.report.opaque {
         c.apply_record(*kind, body);
     }
