@@ -344,3 +344,81 @@ fn cluster_move_slot_changes_survive_a_raft_snapshot_and_a_restart() {
         assert_ne!(slots_master(port, slot + 1), Some(c.b.port));
     }
 }
+
+/// A Raft group as the source: `move-slots` from its leader to a single node hands over
+/// two sales with their holds (the freeze and the drop committed by the group's Raft
+/// log); every member then names the single node for the slots, and the holds commit
+/// there.
+#[test]
+fn cluster_move_slots_from_a_raft_group() {
+    let c = RaftBesideSingle::start();
+    let leader = c.a.leader(None, Duration::from_secs(20));
+    let lp = c.a.port(leader);
+    let skus: Vec<String> = (0..)
+        .map(|i| format!("RM-{i}"))
+        .filter(|s| key_slot(s.as_bytes()) < 8192)
+        .take(2)
+        .collect();
+    let mut tokens = Vec::new();
+    for s in &skus {
+        create_sale(lp, s, 50);
+        for i in 0..6 {
+            tokens.push(raft_reserve(lp, &c.a, s, &format!("u{i}"), "r").expect("reserve"));
+        }
+    }
+    for t in tokens.iter().step_by(3) {
+        let r: i64 = redis::cmd("COMMIT")
+            .arg(t)
+            .query(&mut raft_conn(lp))
+            .expect("commit");
+        assert_eq!(r, 1);
+    }
+    let before: Vec<_> = skus.iter().map(|s| sale_info(lp, s)).collect();
+    let states: Vec<Option<String>> = tokens.iter().map(|t| state_of(lp, t)).collect();
+    let slots: Vec<String> = skus
+        .iter()
+        .map(|s| key_slot(s.as_bytes()).to_string())
+        .collect();
+    let out = Command::new(sweeper())
+        .args(["move-slots", "--from", &format!("127.0.0.1:{lp}")])
+        .args(["--to", &c.b.addr(), "--slots", &slots.join(",")])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "move-slots failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b = c.b.port;
+    for (s, want) in skus.iter().zip(&before) {
+        assert_eq!(&sale_info(b, s), want, "{s} on the single node");
+    }
+    for (t, want) in tokens.iter().zip(&states) {
+        assert_eq!(&state_of(b, t), want, "{t}");
+    }
+    for m in &c.a.members {
+        let port = m.port;
+        for s in &slots {
+            let slot: u16 = s.parse().expect("slot");
+            wait_for("every member names b", Duration::from_secs(15), || {
+                slots_master(port, slot) == Some(b)
+            });
+        }
+    }
+    let gone: redis::RedisResult<Value> = redis::cmd("SALE.INFO")
+        .arg(&skus[0])
+        .query(&mut raft_conn(lp));
+    assert_eq!(
+        gone.map_err(|e| e.kind()).err(),
+        Some(redis::ErrorKind::Moved)
+    );
+    for (t, was) in tokens.iter().zip(&states) {
+        if was.as_deref() == Some("RESERVED") {
+            let r: i64 = redis::cmd("COMMIT")
+                .arg(t)
+                .query(&mut c.b.conn())
+                .expect("commit");
+            assert_eq!(r, 1, "{t} commits on the single node");
+        }
+    }
+}
