@@ -422,3 +422,103 @@ fn cluster_move_slots_from_a_raft_group() {
         }
     }
 }
+
+/// redis-py's `RedisCluster` buys while the slots move: every acknowledged hold is on
+/// the destination in its state, none twice, and the sales' counters are exactly the
+/// acknowledged holds.
+#[test]
+fn cluster_move_slots_under_redis_py() {
+    let c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let skus: Vec<String> = c.skus("PM", 3).remove(0);
+    let slots: Vec<String> = skus
+        .iter()
+        .map(|s| key_slot(s.as_bytes()).to_string())
+        .collect();
+    for s in &skus {
+        let _: () = redis::cmd("SALE.CREATE")
+            .arg(s)
+            .arg(TOTAL)
+            .query(&mut c.nodes[0].conn())
+            .expect("create");
+    }
+    let buyer = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/py/cluster_move.py"
+        ))
+        .arg(c.nodes[0].port.to_string())
+        .arg(c.keys.secret_path())
+        .arg(skus.join(","))
+        .arg("4")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut buyer = stockgate_testkit::KillOnDrop(buyer);
+    let mut pipe = buyer.0.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut pipe, &mut out).expect("read stdout");
+        out
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = Command::new(sweeper())
+        .args([
+            "move-slots",
+            "--from",
+            &c.nodes[0].addr(),
+            "--to",
+            &c.nodes[1].addr(),
+        ])
+        .args(["--slots", &slots.join(",")])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "move-slots failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = buyer.0.wait().expect("python3 exit");
+    let said = reader.join().expect("reader");
+    let mut err = String::new();
+    if let Some(mut e) = buyer.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert!(
+        status.success() && said.contains("buyer ok"),
+        "{said}\n{err}"
+    );
+    let acked: Vec<(&str, bool)> = said
+        .lines()
+        .filter_map(|l| l.strip_prefix("ACK "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(t, c)| (t, c == "1"))
+        .collect();
+    assert!(acked.len() > 20, "redis-py sold only {}", acked.len());
+    let b = c.nodes[1].port;
+    let unique: HashSet<&str> = acked.iter().map(|(t, _)| *t).collect();
+    assert_eq!(unique.len(), acked.len(), "a token handed out twice");
+    let mut per_sku: HashMap<String, i64> = HashMap::new();
+    for (token, committed) in &acked {
+        let want = if *committed { "COMMITTED" } else { "RESERVED" };
+        assert_eq!(state_of(b, token).as_deref(), Some(want), "{token} on B");
+        let sku = &token[1..token.find('}').expect("tag")];
+        *per_sku.entry(sku.to_string()).or_default() += 1;
+    }
+    for s in &skus {
+        let (total, _, reserved, committed) = sale_info(b, s);
+        assert_eq!(total, TOTAL);
+        assert_eq!(
+            reserved + committed,
+            per_sku.get(s).copied().unwrap_or(0),
+            "{s}"
+        );
+    }
+    eprintln!(
+        "redis-py: {} holds, {}",
+        acked.len(),
+        said.lines()
+            .find(|l| l.starts_with("RETRIED"))
+            .unwrap_or("")
+    );
+}
