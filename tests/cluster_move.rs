@@ -522,3 +522,101 @@ fn cluster_move_slots_under_redis_py() {
             .unwrap_or("")
     );
 }
+
+/// A handover that cannot reach its destination, or that the destination refuses (made
+/// under another reservation key), leaves the sale open on the source with every hold.
+#[test]
+fn cluster_move_a_failed_handover_leaves_the_sale_selling_on_the_source() {
+    let c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let keyring = c.keys.keyring();
+    let sku = c.skus("FM", 1).remove(0).remove(0);
+    let a = &c.nodes[0];
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(&sku)
+        .arg(10)
+        .query(&mut a.conn())
+        .expect("create");
+    let held = reserve(a, &keyring, &sku, "u1", "r1");
+    let nobody = common::ha::free_port();
+    let other = Node::start(&common::ha::Keys::new(), &[]);
+    for (i, port) in [nobody, other.port].into_iter().enumerate() {
+        let r: redis::RedisResult<()> = redis::cmd("SALE.MIGRATE")
+            .arg("127.0.0.1")
+            .arg(port)
+            .arg(&sku)
+            .query(&mut a.conn());
+        let e = r.expect_err("the handover must fail");
+        assert!(e.to_string().contains("the sale stays here"), "{e}");
+        let (_, available, reserved, _) = sale_info(a.port, &sku);
+        let holds = 1 + i as i64;
+        assert_eq!((available, reserved), (10 - holds, holds));
+        let again = reserve(a, &keyring, &sku, &format!("v{port}"), "r");
+        assert!(again.starts_with(&format!("{{{sku}}}")));
+    }
+    let r: i64 = redis::cmd("COMMIT")
+        .arg(&held)
+        .query(&mut a.conn())
+        .expect("commit");
+    assert_eq!(r, 1);
+    let absent: redis::RedisResult<Value> =
+        redis::cmd("SALE.INFO").arg(&sku).query(&mut other.conn());
+    assert!(absent.is_err(), "the refused import left a sale behind");
+}
+
+/// A Raft group as the destination: the import is acknowledged once the group committed
+/// it, so every member holds the sale, and the moved holds commit on its leader.
+#[test]
+fn cluster_move_slots_to_a_raft_group() {
+    let c = RaftBesideSingle::start();
+    let leader = c.a.leader(None, Duration::from_secs(20));
+    let lp = c.a.port(leader);
+    let keyring = c.a.keys.keyring();
+    let sku = (0..)
+        .map(|i| format!("RD-{i}"))
+        .find(|s| key_slot(s.as_bytes()) >= 8192)
+        .expect("a sku of group b");
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(&sku)
+        .arg(20)
+        .query(&mut c.b.conn())
+        .expect("create");
+    let held: Vec<String> = (0..4)
+        .map(|i| reserve(&c.b, &keyring, &sku, &format!("u{i}"), "r"))
+        .collect();
+    let before = sale_info(c.b.port, &sku);
+    let slot = key_slot(sku.as_bytes()).to_string();
+    let out = Command::new(sweeper())
+        .args(["move-slots", "--from", &c.b.addr()])
+        .args(["--to", &format!("127.0.0.1:{lp}"), "--slots", &slot])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "move-slots failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sale_info(lp, &sku), before);
+    for m in &c.a.members {
+        let port = m.port;
+        wait_for(
+            "every member holds the sale",
+            Duration::from_secs(15),
+            || {
+                held.iter()
+                    .all(|t| state_of(port, t).as_deref() == Some("RESERVED"))
+            },
+        );
+    }
+    for t in &held {
+        let r: i64 = redis::cmd("COMMIT")
+            .arg(t)
+            .query(&mut raft_conn(lp))
+            .expect("commit");
+        assert_eq!(r, 1);
+    }
+    let gone: redis::RedisResult<Value> = redis::cmd("SALE.INFO").arg(&sku).query(&mut c.b.conn());
+    assert_eq!(
+        gone.map_err(|e| e.kind()).err(),
+        Some(redis::ErrorKind::Moved)
+    );
+}
