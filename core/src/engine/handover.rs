@@ -92,7 +92,7 @@ impl Engine {
     /// The same export again is `Ok` and logs nothing; an export made with another
     /// reservation key, or of a sale this engine holds in another state, is refused.
     pub fn import_sale(&self, export: &SaleExport) -> Result<Lsn, EngineError> {
-        check_export(export, self.reservation_key.fingerprint())?;
+        check_export(export, &self.reservation_key)?;
         let world = self.stop_world();
         let existing = self.sales.read().get(export.sale.sku.as_str()).cloned();
         if let Some(sale) = existing {
@@ -208,9 +208,11 @@ impl Engine {
     }
 }
 
-/// What an import needs before it touches anything: the same reservation key, and an
-/// export whose parts belong to its sale.
-fn check_export(export: &SaleExport, fingerprint: &str) -> Result<(), EngineError> {
+/// What an import needs before it touches anything: the same reservation key, a sale
+/// whose parameters this engine accepts, and reservations of that sale only, each once,
+/// each token the one this engine's key derives for its buyer and request.
+fn check_export(export: &SaleExport, key: &ReservationKey) -> Result<(), EngineError> {
+    let fingerprint = key.fingerprint();
     if export.fingerprint != fingerprint {
         return Err(EngineError::Import(format!(
             "the export's reservation key fingerprint is {}, this server's is {fingerprint}: \
@@ -218,20 +220,47 @@ fn check_export(export: &SaleExport, fingerprint: &str) -> Result<(), EngineErro
             export.fingerprint
         )));
     }
-    let s = &export.sale;
-    ident::check_sku(&s.sku)?;
-    let opens = matches!(s.state, SaleState::Open | SaleState::Paused);
-    if !opens || s.shard_available.len() != usize::from(s.params.shards) {
-        return Err(EngineError::Import("the export's sale is malformed".into()));
+    check_sale(&export.sale)?;
+    let sku = export.sale.sku.as_str();
+    let mut seen = std::collections::HashSet::new();
+    for r in &export.reservations {
+        let ours = r.sku == sku
+            && token::decode_token(&r.token)
+                .is_some_and(|(k, t)| k == sku && t == key.derive_key(sku, &r.user, &r.request_id));
+        if !ours || r.qty == 0 || r.qty > MAX_QTY || !seen.insert(r.token.as_str()) {
+            return Err(EngineError::Import(format!(
+                "the export's reservation {} is not one of the sale {sku}",
+                r.token
+            )));
+        }
     }
-    let foreign =
-        export.reservations.iter().any(|r| {
-            r.sku != s.sku || token::decode_token(&r.token).is_none_or(|(k, _)| k != s.sku)
-        }) || export.tombs.iter().any(|t| t.sku != s.sku);
-    if foreign {
+    if export.tombs.iter().any(|t| t.sku != sku) {
         return Err(EngineError::Import(
             "the export holds records of another sale".into(),
         ));
+    }
+    Ok(())
+}
+
+/// The exported sale's parameters and counters, within what `SALE.CREATE` accepts.
+fn check_sale(s: &SaleView) -> Result<(), EngineError> {
+    ident::check_sku(&s.sku)?;
+    let p = &s.params;
+    let fits = matches!(s.state, SaleState::Open | SaleState::Paused)
+        && (1..=MAX_SHARDS).contains(&p.shards)
+        && (1..=MAX_TTL_MS).contains(&p.ttl_ms)
+        && p.total <= MAX_TOTAL
+        && s.total <= MAX_TOTAL
+        && s.committed <= MAX_TOTAL
+        && s.shard_available.len() == usize::from(p.shards)
+        && s.shard_available
+            .iter()
+            .all(|a| a.unsigned_abs() <= MAX_TOTAL);
+    if !fits {
+        return Err(EngineError::Import(format!(
+            "the export's sale {} is malformed",
+            s.sku
+        )));
     }
     Ok(())
 }

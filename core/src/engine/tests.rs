@@ -1282,12 +1282,19 @@ fn handover_refuses_another_key_and_another_state() {
     ));
     let mut foreign = export.clone();
     foreign.reservations[0].sku = "X".into();
+    let mut twice = export.clone();
+    twice.reservations.push(twice.reservations[0].clone());
+    let mut forged = export.clone();
+    forged.reservations[0].user = "mallory".into();
+    let mut no_shards = export.clone();
+    no_shards.sale.params.shards = 0;
+    no_shards.sale.shard_available.clear();
     let (d, _) = other_group(c);
-    assert!(matches!(
-        d.import_sale(&foreign),
-        Err(EngineError::Import(_))
-    ));
+    for bad in [&foreign, &twice, &forged, &no_shards] {
+        assert!(matches!(d.import_sale(bad), Err(EngineError::Import(_))));
+    }
     assert_eq!(d.list_sales(), Vec::<String>::new());
+    assert!(d.import_sale(&export).is_ok());
 }
 
 #[test]

@@ -424,6 +424,14 @@ mod tests {
     }
 
     #[test]
+    fn a_key_names_its_sale_through_its_hash_tag() {
+        assert_eq!(sku_of_key(b"SKU-1"), b"SKU-1");
+        assert_eq!(sku_of_key(b"{SKU-1}abcdef"), b"SKU-1");
+        assert_eq!(sku_of_key(b"{SKU-1}:events"), b"SKU-1");
+        assert_eq!(sku_of_key(b"{unclosed"), b"{unclosed");
+    }
+
+    #[test]
     fn a_sale_stream_is_routed_and_the_node_stream_is_not() {
         let xlen = lookup("xlen").unwrap();
         assert_eq!(routed_key(xlen, &v(&["xlen", "stockgate:events"])), None);
