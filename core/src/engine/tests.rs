@@ -532,6 +532,10 @@ enum Op {
     Rebuild {
         sale: u8,
     },
+    /// The sale handed over and back: freeze, export, drop, import into this engine.
+    Roundtrip {
+        sale: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -552,6 +556,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Expired),
         1 => (0u8..3).prop_map(|sale| Op::Fence { sale }),
         1 => (0u8..3).prop_map(|sale| Op::Rebuild { sale }),
+        1 => (0u8..3).prop_map(|sale| Op::Roundtrip { sale }),
     ]
 }
 
@@ -717,6 +722,21 @@ proptest! {
                     if let Some(ms) = sales.get_mut(&s) {
                         e.fence(&s, None, None, None, None).unwrap();
                         ms.fenced = true;
+                    }
+                }
+                Op::Roundtrip { sale } => {
+                    let s = sku(sale);
+                    let before = dump(&e);
+                    match e.freeze(&s) {
+                        Ok(_) => {
+                            let x = e.export_sale(&s).unwrap();
+                            e.drop_sale(&s).unwrap();
+                            e.import_sale(&x).unwrap();
+                            prop_assert_eq!(dump(&e), before);
+                        }
+                        Err(err) => {
+                            prop_assert!(err == EngineError::NoSale || err == EngineError::Fenced, "{:?}", err)
+                        }
                     }
                 }
                 Op::Rebuild { sale } => {
