@@ -620,3 +620,79 @@ fn cluster_move_slots_to_a_raft_group() {
         Some(redis::ErrorKind::Moved)
     );
 }
+
+/// A link that breaks after the export left: the sale stays frozen on the source (the
+/// destination may hold it), through a `kill -9` and a restart; `move-slots` then
+/// finishes the move and the hold is on the destination.
+#[test]
+fn cluster_move_a_broken_link_keeps_the_sale_frozen_until_the_move_is_finished() {
+    let mut c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let keyring = c.keys.keyring();
+    let sku = c.skus("BL", 1).remove(0).remove(0);
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(&sku)
+        .arg(10)
+        .query(&mut c.nodes[0].conn())
+        .expect("create");
+    let held = reserve(&c.nodes[0], &keyring, &sku, "u1", "r1");
+    // Takes the export, then hangs up without answering.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let lport = listener.local_addr().expect("addr").port();
+    let sink = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut buf = [0u8; 64];
+        let _ = std::io::Read::read(&mut s, &mut buf);
+    });
+    let r: redis::RedisResult<()> = redis::cmd("SALE.MIGRATE")
+        .arg("127.0.0.1")
+        .arg(lport)
+        .arg(&sku)
+        .query(&mut c.nodes[0].conn());
+    sink.join().expect("listener");
+    let e = r.expect_err("the link broke");
+    assert!(e.to_string().contains("stays frozen"), "{e}");
+    let frozen = |n: &Node| {
+        let v: Value = redis::cmd("SALE.INFO")
+            .arg(&sku)
+            .query(&mut n.conn())
+            .expect("info");
+        common::as_str(&common::field(&v, "state").expect("state"))
+    };
+    assert_eq!(frozen(&c.nodes[0]), "MOVING");
+    let adm = keyring.mint(&sku, "u2", now_ms() + 60_000);
+    let refused: redis::RedisResult<Value> = redis::cmd("RESERVE")
+        .arg(&sku)
+        .arg("u2")
+        .arg(adm)
+        .arg("r2")
+        .query(&mut c.nodes[0].conn());
+    assert_eq!(
+        refused.map_err(|e| e.kind()).err(),
+        Some(redis::ErrorKind::TryAgain)
+    );
+    c.nodes[0].kill9();
+    c.nodes[0].restart();
+    assert_eq!(frozen(&c.nodes[0]), "MOVING", "the freeze is in the log");
+    let slot = key_slot(sku.as_bytes()).to_string();
+    let out = Command::new(sweeper())
+        .args([
+            "move-slots",
+            "--from",
+            &c.nodes[0].addr(),
+            "--to",
+            &c.nodes[1].addr(),
+        ])
+        .args(["--slots", &slot])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b = c.nodes[1].port;
+    assert_eq!(state_of(b, &held).as_deref(), Some("RESERVED"));
+    assert_eq!(frozen(&c.nodes[1]), "OPEN");
+    let (_, available, reserved, _) = sale_info(b, &sku);
+    assert_eq!((available, reserved), (9, 1));
+}
