@@ -531,9 +531,12 @@ fn cluster_move_a_failed_handover_leaves_the_sale_selling_on_the_source() {
     let keyring = c.keys.keyring();
     let sku = c.skus("FM", 1).remove(0).remove(0);
     let a = &c.nodes[0];
+    // One shard: a buyer's home shard always has the units left.
     let _: () = redis::cmd("SALE.CREATE")
         .arg(&sku)
         .arg(10)
+        .arg("SHARDS")
+        .arg(1)
         .query(&mut a.conn())
         .expect("create");
     let held = reserve(a, &keyring, &sku, "u1", "r1");
@@ -578,6 +581,8 @@ fn cluster_move_slots_to_a_raft_group() {
     let _: () = redis::cmd("SALE.CREATE")
         .arg(&sku)
         .arg(20)
+        .arg("SHARDS")
+        .arg(1)
         .query(&mut c.b.conn())
         .expect("create");
     let held: Vec<String> = (0..4)
@@ -632,6 +637,8 @@ fn cluster_move_a_broken_link_keeps_the_sale_frozen_until_the_move_is_finished()
     let _: () = redis::cmd("SALE.CREATE")
         .arg(&sku)
         .arg(10)
+        .arg("SHARDS")
+        .arg(1)
         .query(&mut c.nodes[0].conn())
         .expect("create");
     let held = reserve(&c.nodes[0], &keyring, &sku, "u1", "r1");
