@@ -196,8 +196,12 @@ fn cluster_commands_answer_in_redis_shapes() {
         "ERR wrong number of arguments for 'cluster|keyslot' command"
     );
     assert_eq!(
+        error_of(&mut c, &["CLUSTER", "ADDSLOTS", "1"]),
+        "ERR unknown subcommand 'ADDSLOTS'. Try CLUSTER HELP."
+    );
+    assert_eq!(
         error_of(&mut c, &["CLUSTER", "SETSLOT", "1", "NODE", "x"]),
-        "ERR unknown subcommand 'SETSLOT'. Try CLUSTER HELP."
+        "ERR I don't know about node x"
     );
     let info = text(&run(&mut c, &["INFO", "cluster"]));
     assert!(info.contains("cluster_enabled:1"), "{info}");

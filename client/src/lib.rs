@@ -13,6 +13,7 @@
 //! - [`rebuild`]: fail closed and rebuild a fenced sale from the ledger.
 //! - [`materialize`]: the order feed written into the ledger exactly once.
 //! - [`metrics`]: the sweeper's Prometheus endpoint.
+//! - [`slot_move`]: hash slots moved from one group to another while sales run.
 //! - [`tls`]: the tools' TLS flags and the TLS connection to a server.
 pub mod adjust;
 pub mod checkout;
@@ -28,6 +29,7 @@ pub mod materialize;
 pub mod metrics;
 pub mod rebuild;
 pub mod sentinel;
+pub mod slot_move;
 pub mod split;
 pub mod sweeper;
 pub mod tls;

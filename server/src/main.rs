@@ -612,8 +612,11 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     let shared = Arc::new(shared);
     let feed = open_feed(&recovered);
     let _ = shared.feed.set(feed);
+    let _ = shared.engine.set(recovered.engine.clone());
     if let Some(c) = cluster {
-        let _ = shared.cluster.set(Arc::new(c));
+        let c = Arc::new(c);
+        install_slot_log(&c, &recovered, shared.feed.get());
+        let _ = shared.cluster.set(c);
     }
     let _ = shared.secret_file.set(secret_path);
     shared.metrics.configure(
@@ -830,6 +833,42 @@ fn server_config(a: &ServeArgs) -> ServerConfig {
         idle_timeout_ms: a.idle_timeout_ms,
         write_timeout_ms: a.write_timeout_ms,
         ..ServerConfig::default()
+    }
+}
+
+/// The slot map's logged changes (`CLUSTER SETSLOT`): replayed from recovery, applied as
+/// a Raft member takes them from its leader, re-logged by every snapshot of a single
+/// node before it deletes the records.
+fn install_slot_log(
+    c: &Arc<stockgate_server::cluster::Cluster>,
+    r: &Recovered,
+    feed: Option<&Arc<Feed>>,
+) {
+    // A Raft member's snapshot carries the changes it covers in its state file; the
+    // records after the snapshot follow.
+    if let Some(feed) = feed {
+        for (kind, body) in feed.state_file_records(r.report.snapshot_lsn).0 {
+            c.apply_record(kind, &body);
+        }
+    }
+    for (_, kind, body) in &r.report.opaque {
+        c.apply_record(*kind, body);
+    }
+    let replay = c.clone();
+    r.durability
+        .add_replay_hook(Box::new(move |_lsn, kind, body| {
+            replay.apply_record(kind, body)
+        }));
+    if let (None, Some(feed)) = (&r.speculation, feed) {
+        let (cluster, feed) = (c.clone(), feed.clone());
+        r.durability.add_checkpoint_hook(Box::new(move |_upto| {
+            let mut last = 0;
+            for change in cluster.checkpoint() {
+                let (kind, body) = change.encode();
+                last = feed.groups.log_opaque(kind, &body);
+            }
+            Ok(last)
+        }));
     }
 }
 

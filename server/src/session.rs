@@ -241,6 +241,9 @@ pub struct Shared {
     pub tls: std::sync::OnceLock<Arc<crate::tls::Tls>>,
     /// Cluster mode (`--cluster-enabled yes`): the slot map and this node's place in it.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// The engine the connections serve, for work that outlives a command's borrow of it
+    /// (`SALE.MIGRATE` drops the sale once the destination has it); set by the binary.
+    pub engine: std::sync::OnceLock<Arc<Engine>>,
     /// The admission secret file the keys were read from, which `SECRET.RELOAD` reads
     /// again; set by the binary.
     pub secret_file: std::sync::OnceLock<std::path::PathBuf>,
@@ -285,6 +288,7 @@ impl Shared {
             clients: crate::pubsub::Clients::default(),
             tls: std::sync::OnceLock::new(),
             cluster: std::sync::OnceLock::new(),
+            engine: std::sync::OnceLock::new(),
             secret_file: std::sync::OnceLock::new(),
         }
     }
@@ -314,6 +318,9 @@ pub struct ConnState {
     pub multi: Option<MultiQueue>,
     /// `REPLCONF listening-port`: the port a replica serves clients on.
     pub repl_port: Option<u16>,
+    /// `ASKING` came just before: the next command may run on a slot this node is
+    /// importing (one command only, as in Redis).
+    pub asking: bool,
     /// What this connection's commands recorded since the batch began; the connection
     /// publishes it into `Shared::metrics` before the batch's replies leave.
     pub recorder: Recorder,
@@ -351,6 +358,7 @@ impl ConnState {
             laddr,
             multi: None,
             repl_port: None,
+            asking: false,
             recorder: Recorder::default(),
         }
     }

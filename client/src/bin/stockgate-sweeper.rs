@@ -148,6 +148,27 @@ enum Cmd {
     /// Move unsold units of a split sale from its fullest part to a sold-out one, through
     /// the ledger (withdrawal first); every --interval-secs, or once with --once.
     Rebalance(RebalanceArgs),
+    /// Move hash slots (and every sale on them) from one group's node to another's while
+    /// they sell (docs/cluster.md, "Moving slots"). Needs no ledger. Re-run the same
+    /// command after any failure: it finishes the move.
+    MoveSlots(MoveSlotsArgs),
+}
+
+#[derive(Args)]
+struct MoveSlotsArgs {
+    /// The source group's leader, `host:port` or a `redis://user:pass@host:port` URL.
+    #[arg(long)]
+    from: String,
+    /// The destination group's leader, as --from. Its host and port are what the source
+    /// connects to.
+    #[arg(long)]
+    to: String,
+    /// Slots and inclusive ranges: `100-200,300`.
+    #[arg(long)]
+    slots: String,
+    /// Every other node of the cluster, told the new owner last (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    all_nodes: Vec<String>,
 }
 
 #[derive(Args)]
@@ -303,6 +324,8 @@ enum CliError {
     Split(#[from] stockgate_client::split::SplitError),
     #[error(transparent)]
     Tls(#[from] stockgate_client::TlsError),
+    #[error(transparent)]
+    Move(#[from] stockgate_client::slot_move::MoveError),
     #[error("invalid argument: {0}")]
     Arg(String),
 }
@@ -360,6 +383,16 @@ async fn migrate_with_retry(ledger: &PgLedger, once: bool) -> Result<(), CliErro
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
+    if let Some(Cmd::MoveSlots(a)) = &cli.cmd {
+        let slots = stockgate_client::slot_move::parse_slots(&a.slots)?;
+        let m =
+            stockgate_client::slot_move::move_slots(&a.from, &a.to, &slots, &a.all_nodes).await?;
+        println!(
+            "moved {} slot(s) from {} to {}: {} sale(s) handed over",
+            m.slots, a.from, a.to, m.sales
+        );
+        return Ok(());
+    }
     let target = cli.target()?;
     let ledger = PgLedger::connect_with(
         &cli.database_url,
@@ -501,6 +534,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             println!("split {} over {} parts", spec.parent, parts.len());
             Ok(())
         }
+        // Handled before the ledger is opened.
+        Some(Cmd::MoveSlots(_)) => Ok(()),
         Some(Cmd::Rebalance(a)) => {
             ledger.migrate().await?;
             let every = secs(a.interval_secs, "--interval-secs")?;

@@ -95,9 +95,7 @@ impl Engine {
     pub fn set_paused(&self, sku: &str, paused: bool) -> Result<Lsn, EngineError> {
         let sale = self.sale(sku)?;
         let _admin = sale.admin.lock();
-        if sale.state() == SaleState::Fenced {
-            return Err(EngineError::Fenced);
-        }
+        sale.check_writable()?;
         let state = if paused {
             SaleState::Paused
         } else {
@@ -126,9 +124,7 @@ impl Engine {
         }
         let sale = self.sale(sku)?;
         let _admin = sale.admin.lock();
-        if sale.state() == SaleState::Fenced {
-            return Err(EngineError::Fenced);
-        }
+        sale.check_writable()?;
         let n = sale.shard_count();
         if delta == 0 {
             return Ok((sale.total(), self.sink.last_lsn()));

@@ -51,6 +51,16 @@ pub enum EngineError {
     #[error("sale is not fenced")]
     /// A rebuild of a sale that is not fenced.
     NotFenced,
+    #[error("the sale {0} is moving to another group; retry")]
+    /// The sale is frozen for a move: writes wait until it opens on its new group (or
+    /// back here, if the move is given up).
+    Moving(String),
+    #[error("the sale is not frozen for a move")]
+    /// An export or drop of a sale that was not frozen first.
+    NotMoving,
+    #[error("{0}")]
+    /// An import the engine refuses; the text says why.
+    Import(String),
     #[error("reservation key fingerprint mismatch: server has {server}, ledger has {ledger}")]
     /// The ledger was bound to a server with another reservation key.
     FingerprintMismatch {

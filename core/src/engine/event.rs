@@ -10,7 +10,7 @@
 //! state exactly; the WAL stores nothing else.
 
 use super::types::{
-    Millis, ReleaseReason, ReservationState, ReservationView, SaleParams, SaleState,
+    Millis, ReleaseReason, ReservationState, ReservationView, SaleExport, SaleParams, SaleState,
 };
 
 /// One state change. Field order and meaning are part of the WAL format: change them
@@ -125,6 +125,16 @@ pub enum Event {
     HistoryBegun {
         /// The history's random id.
         id: String,
+    },
+    /// A sale handed over from another group (`Engine::import_sale`): its whole state.
+    SaleImported {
+        /// What the source group exported.
+        export: Box<SaleExport>,
+    },
+    /// A sale handed over to another group (`Engine::drop_sale`): it is gone from here.
+    SaleDropped {
+        /// The sale's sku.
+        sku: String,
     },
     /// A record another module writes into the same log (the order feed's consumer
     /// groups): `kind` is one of the WAL's opaque kinds, `body` its encoding. The engine
@@ -245,6 +255,16 @@ pub enum EventRef<'a> {
     HistoryBegun {
         /// The history's random id.
         id: &'a str,
+    },
+    /// [`Event::SaleImported`], borrowed.
+    SaleImported {
+        /// What the source group exported.
+        export: &'a SaleExport,
+    },
+    /// [`Event::SaleDropped`], borrowed.
+    SaleDropped {
+        /// The sale's sku.
+        sku: &'a str,
     },
     /// [`Event::Opaque`], borrowed.
     Opaque {
@@ -370,6 +390,8 @@ impl Event {
                 shard_available,
             },
             Event::HistoryBegun { id } => EventRef::HistoryBegun { id },
+            Event::SaleImported { export } => EventRef::SaleImported { export },
+            Event::SaleDropped { sku } => EventRef::SaleDropped { sku },
             Event::Opaque { kind, body } => EventRef::Opaque { kind: *kind, body },
         }
     }
@@ -479,6 +501,10 @@ impl EventRef<'_> {
                 shard_available: shard_available.to_vec(),
             },
             EventRef::HistoryBegun { id } => Event::HistoryBegun { id: id.into() },
+            EventRef::SaleImported { export } => Event::SaleImported {
+                export: Box::new(export.clone()),
+            },
+            EventRef::SaleDropped { sku } => Event::SaleDropped { sku: sku.into() },
             EventRef::Opaque { kind, body } => Event::Opaque {
                 kind,
                 body: body.to_vec(),

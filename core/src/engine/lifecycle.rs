@@ -19,14 +19,28 @@ impl Engine {
     /// RELEASE with the reason the caller states (`RELEASE token REASON ...`); `None`
     /// derives it as [`Engine::release`] does.
     pub fn release_with(&self, token: &str, reason: Option<ReleaseReason>) -> (bool, Lsn) {
+        self.try_release_with(token, reason).unwrap_or((false, 0))
+    }
+
+    /// [`Engine::release_with`] that says why nothing was released when the sale is
+    /// frozen for a move ([`EngineError::Moving`]): the caller must retry, not take the
+    /// hold as gone.
+    pub fn try_release_with(
+        &self,
+        token: &str,
+        reason: Option<ReleaseReason>,
+    ) -> Result<(bool, Lsn), EngineError> {
         let now = self.clock.now_ms();
         let mut stripe = self.stripes[stripe_of(token)].lock();
+        if let Some(idx) = stripe.lookup(token) {
+            stripe.get(idx).sale.check_not_moving()?;
+        }
         let out = self.release_locked(&mut stripe, token, now, Some(reason));
         drop(stripe);
         if let Some((sale, user, qty, key)) = out.2 {
             self.user_release(&sale, user, qty, &key, true);
         }
-        (out.0, out.1)
+        Ok((out.0, out.1))
     }
 
     /// `live` is `None` when replaying the log (nothing is logged), else the reason the
@@ -196,6 +210,13 @@ impl Engine {
         if log && r.sale.state() == SaleState::Fenced {
             return (Err(EngineError::Fenced), None);
         }
+        // A frozen sale's state is being copied to another group: a commit now would be
+        // lost with the copy.
+        if log {
+            if let Err(e) = r.sale.check_not_moving() {
+                return (Err(e), None);
+            }
+        }
         let (lsn, upd) = self.finish_locked(stripe, idx, now, Finish::Commit, log);
         (Ok((true, lsn)), upd)
     }
@@ -214,6 +235,7 @@ impl Engine {
         if r.state != ReservationState::Reserved {
             return Err(EngineError::NoReservation);
         }
+        r.sale.check_not_moving()?;
         if r.expires_at <= now {
             return Err(EngineError::Expired);
         }
@@ -274,7 +296,14 @@ impl Engine {
             let mut stripe = s.lock();
             stripe.advance(now);
             if self.cfg.auto_release {
-                let due: Vec<u32> = stripe.expired.iter().map(|&(_, i)| i).collect();
+                // A frozen sale's holds expire after the move, on the group that then
+                // holds them: freeing units now would free them on a copy being dropped.
+                let due: Vec<u32> = stripe
+                    .expired
+                    .iter()
+                    .map(|&(_, i)| i)
+                    .filter(|&i| !stripe.get(i).sale.state().is_moving())
+                    .collect();
                 for idx in due {
                     debug_assert_eq!(stripe.get(idx).state, ReservationState::Reserved);
                     let how = Finish::Release(ReleaseReason::Expired);
@@ -283,8 +312,10 @@ impl Engine {
                     user_updates.extend(upd);
                 }
             }
-            while let Some((at, _)) = stripe.finished.front() {
-                if at.saturating_add(retention) > now {
+            while let Some((at, key)) = stripe.finished.front() {
+                if at.saturating_add(retention) > now || stripe.key_is_moving(key) {
+                    // A frozen sale's records stay as exported until it is dropped or
+                    // thawed: an export taken twice must give the same bytes.
                     break;
                 }
                 let Some((_, key)) = stripe.finished.pop_front() else {

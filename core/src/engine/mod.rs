@@ -20,6 +20,7 @@ pub mod error;
 pub mod event;
 mod expired_summary;
 pub mod fasthash;
+mod handover;
 mod history;
 pub mod ident;
 mod lifecycle;
@@ -171,6 +172,9 @@ pub struct Engine {
     concurrent: std::sync::atomic::AtomicBool,
     /// `cfg.retention_ms`, changeable while running ([`Engine::set_retention_ms`]).
     retention_ms: std::sync::atomic::AtomicU64,
+    /// A hash of the export each imported sale came from, so that the same handover
+    /// retried is recognised after its sale changed (see `handover`).
+    imports: Mutex<HashMap<Arc<str>, u64>>,
 }
 
 fn stripe_of(token: &str) -> usize {
@@ -225,6 +229,7 @@ impl Engine {
                 .collect(),
             history: Mutex::new(None),
             concurrent: std::sync::atomic::AtomicBool::new(true),
+            imports: Mutex::new(HashMap::new()),
         }
     }
 

@@ -18,6 +18,9 @@ impl Engine {
         let _world = self.stop_world();
         let existing = self.sales.read().get(sku).cloned();
         let sale = match existing {
+            // A frozen sale's state is being handed over whole; fencing it would open it
+            // here to a rebuild while the destination serves it.
+            Some(s) if s.state().is_moving() => return Err(EngineError::Moving(sku.to_string())),
             Some(s) => s,
             None => {
                 let params = self.params(sku, total.unwrap_or(0), shards, ttl_ms, limit)?;

@@ -171,7 +171,7 @@ impl Engine {
     }
 
     /// Puts back a tombstone from a snapshot, with the limit accounting it carries.
-    fn insert_tomb(&self, t: &TombView) {
+    pub(super) fn insert_tomb(&self, t: &TombView) {
         let Ok(sale) = self.sale(&t.sku) else {
             debug_assert!(false, "tombstone for unknown sale {}", t.sku);
             return;
@@ -280,6 +280,8 @@ impl Engine {
                     sale.overwrite(*total, *committed, &reserved, shard_available);
                 }
             }
+            Event::SaleImported { export } => self.apply_import(export),
+            Event::SaleDropped { sku } => self.apply_drop(sku),
             // Another module's record (consumer groups): not engine state.
             Event::Opaque { .. } => {}
         }

@@ -157,6 +157,7 @@ fn check_new_hold(
         SaleState::Open => {}
         SaleState::Paused => return Err(EngineError::Paused),
         SaleState::Fenced => return Err(EngineError::Fenced),
+        SaleState::Moving { .. } => return Err(EngineError::Moving(sale.sku.to_string())),
     }
     if !stripe.has_room() {
         return Err(EngineError::Argument("reservation table full"));

@@ -134,12 +134,30 @@ impl Sale {
         (fnv1a(user.as_bytes()) % self.shards.len() as u64) as usize
     }
 
-    /// Open, paused or fenced.
+    /// Open, paused, fenced or moving.
     pub fn state(&self) -> SaleState {
         SaleState::from_u8(self.state.load(Ordering::Acquire)).unwrap_or(SaleState::Fenced)
     }
 
-    /// Opens, pauses or fences the sale.
+    /// Refuses administration (ADJUST, PAUSE, RESUME) of a fenced or frozen sale.
+    pub fn check_writable(&self) -> Result<(), super::EngineError> {
+        match self.state() {
+            SaleState::Fenced => Err(super::EngineError::Fenced),
+            SaleState::Moving { .. } => Err(super::EngineError::Moving(self.sku.to_string())),
+            SaleState::Open | SaleState::Paused => Ok(()),
+        }
+    }
+
+    /// Refuses a write on one of the sale's reservations (COMMIT, RELEASE, EXTEND) while
+    /// the sale is frozen for a move.
+    pub fn check_not_moving(&self) -> Result<(), super::EngineError> {
+        if self.state().is_moving() {
+            return Err(super::EngineError::Moving(self.sku.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Opens, pauses, fences or freezes the sale.
     pub fn set_state(&self, s: SaleState) {
         self.state.store(s.to_u8(), Ordering::Release);
     }

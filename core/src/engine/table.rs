@@ -236,6 +236,35 @@ impl Stripe {
             .copied()
     }
 
+    /// Whether the reservation with this key belongs to a sale frozen for a move.
+    pub fn key_is_moving(&self, key: &TokenKey) -> bool {
+        self.find_key(key)
+            .is_some_and(|i| self.slab[i as usize].sale.state().is_moving())
+    }
+
+    /// Removes every reservation and tombstone of `sale` (a sale handed over to another
+    /// group). Entries of the retention queue stay behind: purging a key no longer here
+    /// does nothing.
+    pub fn remove_sale(&mut self, sale: &Arc<Sale>) {
+        let ours: Vec<u32> = self
+            .slab
+            .iter()
+            .filter(|(_, r)| Arc::ptr_eq(&r.sale, sale))
+            .map(|(i, _)| i as u32)
+            .collect();
+        for idx in ours {
+            if self.slab[idx as usize].state == ReservationState::Reserved {
+                self.unschedule(idx);
+            }
+            let hash = key_hash(&self.slab[idx as usize].key);
+            if let Ok(e) = self.index.find_entry(hash, |&i| i == idx) {
+                e.remove();
+            }
+            self.slab.remove(idx as usize);
+        }
+        self.tombs.retain(|_, t| !Arc::ptr_eq(&t.sale, sale));
+    }
+
     /// The reservation of sale `sku` whose token encodes `key`.
     pub fn find(&self, sku: &str, key: &TokenKey) -> Option<u32> {
         self.find_key(key)

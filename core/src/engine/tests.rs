@@ -532,6 +532,10 @@ enum Op {
     Rebuild {
         sale: u8,
     },
+    /// The sale handed over and back: freeze, export, drop, import into this engine.
+    Roundtrip {
+        sale: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -552,6 +556,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Expired),
         1 => (0u8..3).prop_map(|sale| Op::Fence { sale }),
         1 => (0u8..3).prop_map(|sale| Op::Rebuild { sale }),
+        1 => (0u8..3).prop_map(|sale| Op::Roundtrip { sale }),
     ]
 }
 
@@ -717,6 +722,21 @@ proptest! {
                     if let Some(ms) = sales.get_mut(&s) {
                         e.fence(&s, None, None, None, None).unwrap();
                         ms.fenced = true;
+                    }
+                }
+                Op::Roundtrip { sale } => {
+                    let s = sku(sale);
+                    let before = dump(&e);
+                    match e.freeze(&s) {
+                        Ok(_) => {
+                            let x = e.export_sale(&s).unwrap();
+                            e.drop_sale(&s).unwrap();
+                            e.import_sale(&x).unwrap();
+                            prop_assert_eq!(dump(&e), before);
+                        }
+                        Err(err) => {
+                            prop_assert!(err == EngineError::NoSale || err == EngineError::Fenced, "{:?}", err)
+                        }
                     }
                 }
                 Op::Rebuild { sale } => {
@@ -1106,4 +1126,216 @@ fn observed_lsn_covers_units_taken_before_their_record() {
     }
     buyer.join().unwrap();
     assert!(reader.join().unwrap() > created);
+}
+
+/// A second engine with the same keys (another group's), recording its own log.
+fn other_group(clock: Arc<ManualClock>) -> (Engine, Arc<RecordingSink>) {
+    let sink = Arc::new(RecordingSink::default());
+    let cfg = EngineConfig {
+        retention_ms: 50_000,
+        ..EngineConfig::default()
+    };
+    let e = Engine::new(cfg, clock, sink.clone(), keys(), reservation_key());
+    (e, sink)
+}
+
+/// Source `S` with a live hold (alice), a committed one (bob), a released one (carol),
+/// a purged committed one (dave, a tombstone) and a per-user limit of 2.
+fn sale_to_move() -> (Engine, Arc<ManualClock>, [Arc<str>; 4]) {
+    let (a, c, _) = engine_with(false, 1_000);
+    a.create_sale("S", 10, Some(2), Some(100_000), Some(2))
+        .unwrap();
+    let dave = token_of(&reserve(&a, "S", "dave", "d1", 1).unwrap());
+    assert!(a.commit(&dave).unwrap().0);
+    c.advance(5_000);
+    a.tick();
+    assert!(a.reservation(&dave).is_none(), "purged into a tombstone");
+    let alice = token_of(&reserve(&a, "S", "alice", "a1", 2).unwrap());
+    let bob = token_of(&reserve(&a, "S", "bob", "b1", 1).unwrap());
+    assert!(a.commit(&bob).unwrap().0);
+    let carol = token_of(&reserve(&a, "S", "carol", "c1", 1).unwrap());
+    assert!(a.release(&carol).0);
+    (a, c, [alice, bob, carol, dave])
+}
+
+#[test]
+fn handover_frozen_sale_refuses_every_write() {
+    let (a, c, [alice, bob, ..]) = sale_to_move();
+    a.freeze("S").unwrap();
+    let moving = Some(EngineError::Moving("S".into()));
+    assert_eq!(reserve(&a, "S", "erin", "e1", 1).err(), moving);
+    assert_eq!(a.commit(&alice).err(), moving);
+    assert_eq!(a.try_release_with(&alice, None).err(), moving);
+    assert_eq!(a.extend(&alice, 1_000).err(), moving);
+    assert_eq!(a.adjust("S", 5).err(), moving);
+    assert_eq!(a.set_paused("S", true).err(), moving);
+    assert_eq!(
+        a.fence("S", None, None, None, None),
+        Err(EngineError::Moving("S".into()))
+    );
+    // Reads answer; a retry of an answered request replays.
+    assert_eq!(a.sale_info("S").unwrap().state.as_str(), "MOVING");
+    assert!(a.reservation(&alice).is_some());
+    assert!(matches!(
+        reserve(&a, "S", "bob", "b1", 1).unwrap(),
+        ReserveOutcome::Replay { .. }
+    ));
+    // Expiry waits: even past alice's deadline, auto-release frees nothing.
+    let (b, cb, _) = engine(true);
+    b.create_sale("T", 3, Some(1), Some(1_000), None).unwrap();
+    let t = token_of(&reserve(&b, "T", "u", "r", 1).unwrap());
+    b.freeze("T").unwrap();
+    cb.advance(10_000);
+    b.tick();
+    assert_eq!(
+        b.reservation(&t).unwrap().0.state,
+        ReservationState::Reserved
+    );
+    assert_eq!(b.stock("T").unwrap(), 2);
+    // Thaw: back to open, writes work again.
+    a.thaw("S").unwrap();
+    assert_eq!(a.sale_info("S").unwrap().state, SaleState::Open);
+    assert!(!a.commit(&bob).unwrap().0, "a commit replays");
+    assert!(a.commit(&alice).unwrap().0);
+    // A paused sale thaws paused.
+    a.set_paused("S", true).unwrap();
+    a.freeze("S").unwrap();
+    assert_eq!(a.export_sale("S").unwrap().sale.state, SaleState::Paused);
+    a.thaw("S").unwrap();
+    assert_eq!(a.sale_info("S").unwrap().state, SaleState::Paused);
+    // Export and drop need a frozen sale; a fenced one cannot freeze.
+    assert_eq!(a.export_sale("S"), Err(EngineError::NotMoving));
+    assert_eq!(a.drop_sale("S"), Err(EngineError::NotMoving));
+    a.fence("S", None, None, None, None).unwrap();
+    assert_eq!(a.freeze("S"), Err(EngineError::Fenced));
+    drop(c);
+}
+
+#[test]
+fn handover_moves_every_token_and_the_limit() {
+    let (a, c, [alice, bob, carol, dave]) = sale_to_move();
+    let before = a.sale_info("S").unwrap();
+    a.freeze("S").unwrap();
+    let export = a.export_sale("S").unwrap();
+    assert_eq!(
+        export,
+        a.export_sale("S").unwrap(),
+        "same state, same export"
+    );
+    let (b, b_log) = other_group(c.clone());
+    b.import_sale(&export).unwrap();
+    // Same export again: Ok, nothing logged.
+    let logged = b_log.events.lock().len();
+    b.import_sale(&export).unwrap();
+    assert_eq!(b_log.events.lock().len(), logged);
+    a.drop_sale("S").unwrap();
+    assert_eq!(a.sale_info("S"), Err(EngineError::NoSale));
+    assert!(a.reservation(&alice).is_none());
+    assert_eq!(a.reservation_count(), 0);
+
+    let check = |b: &Engine| {
+        assert_eq!(b.sale_info("S").unwrap(), before);
+        // Retries replay with the same tokens: the live hold, the paid, the released,
+        // and the purged one.
+        for (user, rid, t) in [
+            ("alice", "a1", &alice),
+            ("bob", "b1", &bob),
+            ("carol", "c1", &carol),
+            ("dave", "d1", &dave),
+        ] {
+            let again = reserve(b, "S", user, rid, 1).unwrap();
+            assert!(matches!(again, ReserveOutcome::Replay { .. }), "{again:?}");
+            assert_eq!(&token_of(&again), t);
+        }
+        // Alice holds 2 of her limit of 2: refused on B too.
+        assert!(matches!(
+            reserve(b, "S", "alice", "a2", 1).unwrap(),
+            ReserveOutcome::Limit { held: 2, .. }
+        ));
+        assert!(!b.commit(&bob).unwrap().0, "a commit replays");
+        assert_eq!(b.commit(&carol), Err(EngineError::Released));
+        assert!(!b.commit(&dave).unwrap().0, "the tombstone replays");
+    };
+    check(&b);
+    // Replay of B's log (a restart, a Raft follower) gives the same, and so does a
+    // snapshot taken of the replayed engine.
+    let events = b_log.events.lock().clone();
+    let replayed_b = replayed(&events, c.clone());
+    assert_eq!(dump(&replayed_b), dump(&b));
+    check(&replayed_b);
+    let (snap, _) = replayed_b.snapshot_with(|| ());
+    let from_snap = replayed(&[], c.clone());
+    from_snap.load_snapshot(&snap);
+    check(&from_snap);
+    // The live hold commits on B, once.
+    assert!(b.commit(&alice).unwrap().0);
+    let v = b.sale_info("S").unwrap();
+    assert_eq!((v.available, v.reserved, v.committed), (6, 0, 4));
+    check_invariants(&b);
+    // Importing the old export now (the sale changed since): still the same handover.
+    assert!(b.import_sale(&export).is_ok());
+}
+
+#[test]
+fn handover_refuses_another_key_and_another_state() {
+    let (a, c, _) = sale_to_move();
+    a.freeze("S").unwrap();
+    let export = a.export_sale("S").unwrap();
+    let other_key = Engine::new(
+        EngineConfig::default(),
+        c.clone(),
+        Arc::new(NullSink),
+        keys(),
+        ReservationKey::from_bytes(&[7u8; 32]),
+    );
+    assert!(matches!(
+        other_key.import_sale(&export),
+        Err(EngineError::Import(_))
+    ));
+    assert_eq!(other_key.list_sales(), Vec::<String>::new());
+    let (b, _) = other_group(c.clone());
+    b.create_sale("S", 10, Some(2), Some(100_000), Some(2))
+        .unwrap();
+    assert!(matches!(
+        b.import_sale(&export),
+        Err(EngineError::Import(_))
+    ));
+    let mut foreign = export.clone();
+    foreign.reservations[0].sku = "X".into();
+    let mut twice = export.clone();
+    twice.reservations.push(twice.reservations[0].clone());
+    let mut forged = export.clone();
+    forged.reservations[0].user = "mallory".into();
+    let mut no_shards = export.clone();
+    no_shards.sale.params.shards = 0;
+    no_shards.sale.shard_available.clear();
+    let (d, _) = other_group(c);
+    for bad in [&foreign, &twice, &forged, &no_shards] {
+        assert!(matches!(d.import_sale(bad), Err(EngineError::Import(_))));
+    }
+    assert_eq!(d.list_sales(), Vec::<String>::new());
+    assert!(d.import_sale(&export).is_ok());
+}
+
+#[test]
+fn handover_drop_replays() {
+    let (a, c, sink) = engine(false);
+    a.create_sale("S", 5, Some(1), None, Some(1)).unwrap();
+    a.create_sale("K", 5, Some(1), None, None).unwrap();
+    let t = token_of(&reserve(&a, "S", "u", "r", 1).unwrap());
+    let keep = token_of(&reserve(&a, "K", "u", "r", 1).unwrap());
+    a.freeze("S").unwrap();
+    a.drop_sale("S").unwrap();
+    let events = sink.events.lock().clone();
+    let r = replayed(&events, c);
+    assert_eq!(dump(&r), dump(&a));
+    assert_eq!(r.list_sales(), vec!["K".to_string()]);
+    assert!(r.reservation(&t).is_none());
+    assert!(r.reservation(&keep).is_some());
+    // Recreated afterwards, the user's limit starts from nothing.
+    r.create_sale("S", 5, Some(1), None, Some(1)).unwrap();
+    assert!(matches!(
+        reserve(&r, "S", "u", "r2", 1).unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
 }

@@ -4,7 +4,7 @@
 pub type Millis = u64;
 
 /// The creation parameters of a sale, with defaults filled in.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SaleParams {
     /// Units for sale.
     pub total: u64,
@@ -16,7 +16,7 @@ pub struct SaleParams {
     pub limit: u32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 /// Whether a sale takes reservations.
 pub enum SaleState {
     /// Takes reservations.
@@ -25,6 +25,13 @@ pub enum SaleState {
     Paused,
     /// State unproven (e.g. the WAL was lost): refuses reservations until rebuilt.
     Fenced,
+    /// Frozen while it is handed over to another group: every write is refused (the
+    /// caller retries), reads still answer. `paused` is the state it goes back to (or
+    /// opens in on the destination): paused, or else open.
+    Moving {
+        /// Whether the sale was paused when it was frozen.
+        paused: bool,
+    },
 }
 
 impl SaleState {
@@ -34,6 +41,19 @@ impl SaleState {
             SaleState::Open => "OPEN",
             SaleState::Paused => "PAUSED",
             SaleState::Fenced => "FENCED",
+            SaleState::Moving { .. } => "MOVING",
+        }
+    }
+    /// Whether the sale is frozen for a move.
+    pub fn is_moving(self) -> bool {
+        matches!(self, SaleState::Moving { .. })
+    }
+    /// The state a frozen sale had before it was frozen; any other state is its own.
+    pub fn before_move(self) -> SaleState {
+        match self {
+            SaleState::Moving { paused: true } => SaleState::Paused,
+            SaleState::Moving { paused: false } => SaleState::Open,
+            other => other,
         }
     }
     /// The byte the log and snapshots store.
@@ -42,6 +62,8 @@ impl SaleState {
             SaleState::Open => 0,
             SaleState::Paused => 1,
             SaleState::Fenced => 2,
+            SaleState::Moving { paused: false } => 3,
+            SaleState::Moving { paused: true } => 4,
         }
     }
     /// The state a stored byte names; `None` for a byte no version wrote.
@@ -50,6 +72,8 @@ impl SaleState {
             0 => Some(SaleState::Open),
             1 => Some(SaleState::Paused),
             2 => Some(SaleState::Fenced),
+            3 => Some(SaleState::Moving { paused: false }),
+            4 => Some(SaleState::Moving { paused: true }),
             _ => None,
         }
     }
@@ -129,7 +153,7 @@ impl ReleaseReason {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 /// Where a reservation is in its life.
 pub enum ReservationState {
     /// Holding units until committed, released or expired.
@@ -169,7 +193,7 @@ impl ReservationState {
 }
 
 /// A reservation as seen from outside (RESERVATION, EXPIRED, snapshots).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ReservationView {
     /// Names the hold in COMMIT, RELEASE and EXTEND.
     pub token: String,
@@ -194,7 +218,7 @@ pub struct ReservationView {
 }
 
 /// A sale's counters as seen from outside (SALE.INFO, snapshots).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SaleView {
     /// The sale's sku.
     pub sku: String,
@@ -218,7 +242,7 @@ pub struct SaleView {
 /// a retry of the same request to REPLAY (never take stock again) and, in a limited
 /// sale, for the user's committed units to keep counting. Keyed by a 128-bit hash of
 /// the token ([`super::table::tomb_key`]), not the token, to stay small.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TombView {
     /// The sale's sku.
     pub sku: String,
@@ -248,5 +272,22 @@ pub struct Snapshot {
     /// Every reservation still held, in any state.
     pub reservations: Vec<ReservationView>,
     /// What retention left of purged reservations.
+    pub tombs: Vec<TombView>,
+}
+
+/// One sale's whole state, as a move hands it from one group's engine to another's
+/// (`Engine::export_sale`, `Engine::import_sale`; encoded by `wal::handover`). The per-user
+/// limit usage is not stored: it follows from the reservations and tombstones, as after a
+/// snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SaleExport {
+    /// The fingerprint of the reservation key the tokens were derived with: the
+    /// destination must derive the same ones.
+    pub fingerprint: String,
+    /// The sale, in the state it had before it was frozen (the one it opens in).
+    pub sale: SaleView,
+    /// Its reservations, in any state.
+    pub reservations: Vec<ReservationView>,
+    /// What retention left of its purged reservations.
     pub tombs: Vec<TombView>,
 }

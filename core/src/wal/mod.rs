@@ -22,6 +22,7 @@
 
 pub mod backup;
 pub mod codec;
+pub mod handover;
 pub mod reader;
 pub mod record;
 mod recovery;

@@ -39,6 +39,10 @@ const K_RELEASED_FULL: u8 = 10;
 const K_COMMITTED_FULL: u8 = 11;
 const K_EXTENDED_FULL: u8 = 12;
 const K_HISTORY_BEGUN: u8 = 13;
+/// A sale handed over from another group: the payload of a sale export
+/// ([`super::handover`]) follows the kind.
+const K_SALE_IMPORTED: u8 = 14;
+const K_SALE_DROPPED: u8 = 15;
 
 /// Kinds of records the engine does not interpret ([`Event::Opaque`]): the payload after
 /// the kind byte is the body, which the module that logs them decodes. Framing and CRC
@@ -61,9 +65,11 @@ pub const K_GROUP_ACKED: u8 = 69;
 pub const K_GROUP_CLAIMED: u8 = 70;
 /// A snapshot's re-log of every group's state.
 pub const K_GROUP_CHECKPOINT: u8 = 71;
+/// A change of the cluster's slot map (`CLUSTER SETSLOT`, `stockgate_server::cluster`).
+pub const K_SLOT_SET: u8 = 72;
 
 fn known_kind(k: u8) -> bool {
-    (K_SALE_CREATED..=K_HISTORY_BEGUN).contains(&k) || OPAQUE_KINDS.contains(&k)
+    (K_SALE_CREATED..=K_SALE_DROPPED).contains(&k) || OPAQUE_KINDS.contains(&k)
 }
 
 /// Why bytes are not a valid record.
@@ -230,6 +236,14 @@ pub fn encode_payload(event: &EventRef<'_>, out: &mut Vec<u8>) {
             out.push(K_HISTORY_BEGUN);
             put_str(out, id);
         }
+        EventRef::SaleImported { export } => {
+            out.push(K_SALE_IMPORTED);
+            super::handover::put_payload(out, export);
+        }
+        EventRef::SaleDropped { sku } => {
+            out.push(K_SALE_DROPPED);
+            put_str(out, sku);
+        }
         EventRef::Opaque { kind, body } => {
             // A kind outside the range would decode as "unknown kind", i.e. corruption:
             // the modules that log opaque records use the constants above.
@@ -389,6 +403,12 @@ pub fn decode_payload(payload: &[u8]) -> Result<Event, DecodeError> {
         },
         K_HISTORY_BEGUN => Event::HistoryBegun {
             id: r.string("history id")?,
+        },
+        K_SALE_IMPORTED => Event::SaleImported {
+            export: Box::new(super::handover::get_payload(&mut r)?),
+        },
+        K_SALE_DROPPED => Event::SaleDropped {
+            sku: r.string("sku")?,
         },
         k if OPAQUE_KINDS.contains(&k) => {
             let n = r.remaining();
@@ -563,6 +583,35 @@ pub(crate) mod tests {
                 total: 100,
                 committed: 40,
                 shard_available: vec![30, 30, -0, 0],
+            },
+            Event::SaleStateSet {
+                sku: "SKU-1".into(),
+                state: SaleState::Moving { paused: true },
+            },
+            Event::SaleImported {
+                export: Box::new(crate::engine::types::SaleExport {
+                    fingerprint: "f00d".into(),
+                    sale: crate::engine::types::SaleView {
+                        sku: "SKU-1".into(),
+                        params: SaleParams {
+                            total: 3,
+                            shards: 1,
+                            ttl_ms: 10,
+                            limit: 0,
+                        },
+                        total: 3,
+                        available: 2,
+                        reserved: 1,
+                        committed: 0,
+                        state: SaleState::Open,
+                        shard_available: vec![2],
+                    },
+                    reservations: Vec::new(),
+                    tombs: Vec::new(),
+                }),
+            },
+            Event::SaleDropped {
+                sku: "SKU-1".into(),
             },
             Event::Opaque {
                 kind: K_GROUP_ACKED,
@@ -754,7 +803,9 @@ pub(crate) mod tests {
         prop_oneof![
             Just(SaleState::Open),
             Just(SaleState::Paused),
-            Just(SaleState::Fenced)
+            Just(SaleState::Fenced),
+            Just(SaleState::Moving { paused: false }),
+            Just(SaleState::Moving { paused: true })
         ]
     }
 

@@ -46,38 +46,15 @@ pub fn encode_snapshot(snap: &Snapshot, lsn: Lsn) -> Vec<u8> {
     put_u64(&mut out, lsn);
     put_u64(&mut out, snap.sales.len() as u64);
     for s in &snap.sales {
-        put_str(&mut out, &s.sku);
-        put_params(&mut out, &s.params);
-        put_u64(&mut out, s.total);
-        put_i64(&mut out, s.available);
-        put_u64(&mut out, s.reserved);
-        put_u64(&mut out, s.committed);
-        out.push(s.state.to_u8());
-        put_i64s(&mut out, &s.shard_available);
+        put_sale(&mut out, s);
     }
     put_u64(&mut out, snap.reservations.len() as u64);
     for r in &snap.reservations {
-        put_str(&mut out, &r.token);
-        put_str(&mut out, &r.sku);
-        put_str(&mut out, &r.user);
-        put_str(&mut out, &r.request_id);
-        put_u64(&mut out, u64::from(r.qty));
-        put_u64(&mut out, u64::from(r.shard));
-        out.push(r.state.to_u8());
-        put_u64(&mut out, r.expires_at_ms);
-        put_u64(&mut out, r.created_at_ms);
-        put_u64(&mut out, r.finished_at_ms);
+        put_reservation(&mut out, r);
     }
     put_u64(&mut out, snap.tombs.len() as u64);
     for t in &snap.tombs {
-        put_str(&mut out, &t.sku);
-        put_u64(&mut out, (t.key >> 64) as u64);
-        put_u64(&mut out, t.key as u64);
-        out.push(t.state.to_u8());
-        put_u64(&mut out, u64::from(t.qty));
-        put_u64(&mut out, u64::from(t.shard));
-        put_u64(&mut out, t.expires_at_ms);
-        put_str(&mut out, &t.user);
+        put_tomb(&mut out, t);
     }
     put_str(&mut out, &snap.history);
     let len = (out.len() - HEADER_LEN) as u64;
@@ -85,6 +62,84 @@ pub fn encode_snapshot(snap: &Snapshot, lsn: Lsn) -> Vec<u8> {
     out[8..16].copy_from_slice(&len.to_le_bytes());
     out[16..20].copy_from_slice(&crc.to_le_bytes());
     out
+}
+
+/// One sale's counters, as snapshots and handovers store them.
+pub(crate) fn put_sale(out: &mut Vec<u8>, s: &SaleView) {
+    put_str(out, &s.sku);
+    put_params(out, &s.params);
+    put_u64(out, s.total);
+    put_i64(out, s.available);
+    put_u64(out, s.reserved);
+    put_u64(out, s.committed);
+    out.push(s.state.to_u8());
+    put_i64s(out, &s.shard_available);
+}
+
+/// One reservation, as snapshots and handovers store it.
+pub(crate) fn put_reservation(out: &mut Vec<u8>, r: &ReservationView) {
+    put_str(out, &r.token);
+    put_str(out, &r.sku);
+    put_str(out, &r.user);
+    put_str(out, &r.request_id);
+    put_u64(out, u64::from(r.qty));
+    put_u64(out, u64::from(r.shard));
+    out.push(r.state.to_u8());
+    put_u64(out, r.expires_at_ms);
+    put_u64(out, r.created_at_ms);
+    put_u64(out, r.finished_at_ms);
+}
+
+/// One tombstone, as snapshots and handovers store it.
+pub(crate) fn put_tomb(out: &mut Vec<u8>, t: &TombView) {
+    put_str(out, &t.sku);
+    put_u64(out, (t.key >> 64) as u64);
+    put_u64(out, t.key as u64);
+    out.push(t.state.to_u8());
+    put_u64(out, u64::from(t.qty));
+    put_u64(out, u64::from(t.shard));
+    put_u64(out, t.expires_at_ms);
+    put_str(out, &t.user);
+}
+
+pub(crate) fn get_sale(r: &mut Reader<'_>) -> Result<SaleView, DecodeError> {
+    Ok(SaleView {
+        sku: r.string("sku")?,
+        params: get_params(r)?,
+        total: r.u64("total")?,
+        available: r.i64("available")?,
+        reserved: r.u64("reserved")?,
+        committed: r.u64("committed")?,
+        state: get_sale_state(r)?,
+        shard_available: r.i64s("shard_available")?,
+    })
+}
+
+pub(crate) fn get_reservation(r: &mut Reader<'_>) -> Result<ReservationView, DecodeError> {
+    Ok(ReservationView {
+        token: r.string("token")?,
+        sku: r.string("sku")?,
+        user: r.string("user")?,
+        request_id: r.string("request_id")?,
+        qty: r.u32("qty")?,
+        shard: r.u16("shard")?,
+        state: get_res_state(r)?,
+        expires_at_ms: r.u64("expires_at_ms")?,
+        created_at_ms: r.u64("created_at_ms")?,
+        finished_at_ms: r.u64("finished_at_ms")?,
+    })
+}
+
+pub(crate) fn get_tomb(r: &mut Reader<'_>) -> Result<TombView, DecodeError> {
+    Ok(TombView {
+        sku: r.string("sku")?,
+        key: (u128::from(r.u64("key")?) << 64) | u128::from(r.u64("key")?),
+        state: get_res_state(r)?,
+        qty: r.u32("qty")?,
+        shard: r.u16("shard")?,
+        expires_at_ms: r.u64("expires_at_ms")?,
+        user: r.string("user")?,
+    })
 }
 
 /// Why snapshot bytes are invalid; `offset` is a position in the file.
@@ -137,7 +192,7 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<(Lsn, Snapshot), SnapshotError> {
 }
 
 /// Largest up-front reservation of entries while decoding a snapshot.
-const PREALLOC_CAP: usize = 1 << 16;
+pub(crate) const PREALLOC_CAP: usize = 1 << 16;
 
 fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
     let version = r.u8("version")?;
@@ -150,47 +205,19 @@ fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
     // its smallest encoding: reserve modestly and let the vector grow with real entries.
     let mut sales = Vec::with_capacity(n.min(PREALLOC_CAP));
     for _ in 0..n {
-        sales.push(SaleView {
-            sku: r.string("sku")?,
-            params: get_params(r)?,
-            total: r.u64("total")?,
-            available: r.i64("available")?,
-            reserved: r.u64("reserved")?,
-            committed: r.u64("committed")?,
-            state: get_sale_state(r)?,
-            shard_available: r.i64s("shard_available")?,
-        });
+        sales.push(get_sale(r)?);
     }
     let n = r.count("reservations")?;
     let mut reservations = Vec::with_capacity(n.min(PREALLOC_CAP));
     for _ in 0..n {
-        reservations.push(ReservationView {
-            token: r.string("token")?,
-            sku: r.string("sku")?,
-            user: r.string("user")?,
-            request_id: r.string("request_id")?,
-            qty: r.u32("qty")?,
-            shard: r.u16("shard")?,
-            state: get_res_state(r)?,
-            expires_at_ms: r.u64("expires_at_ms")?,
-            created_at_ms: r.u64("created_at_ms")?,
-            finished_at_ms: r.u64("finished_at_ms")?,
-        });
+        reservations.push(get_reservation(r)?);
     }
     let mut tombs = Vec::new();
     if version >= 2 {
         let n = r.count("tombstones")?;
         tombs.reserve(n.min(PREALLOC_CAP));
         for _ in 0..n {
-            tombs.push(TombView {
-                sku: r.string("sku")?,
-                key: (u128::from(r.u64("key")?) << 64) | u128::from(r.u64("key")?),
-                state: get_res_state(r)?,
-                qty: r.u32("qty")?,
-                shard: r.u16("shard")?,
-                expires_at_ms: r.u64("expires_at_ms")?,
-                user: r.string("user")?,
-            });
+            tombs.push(get_tomb(r)?);
         }
     }
     let history = if version >= 3 {

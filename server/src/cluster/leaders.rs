@@ -53,6 +53,12 @@ impl ProbeAuth {
         }
         ProbeAuth { resp }
     }
+
+    /// The encoded `AUTH` command, for another link that logs in the same way
+    /// (`SALE.MIGRATE`).
+    pub fn command(&self) -> &[u8] {
+        &self.resp
+    }
 }
 
 impl std::fmt::Debug for ProbeAuth {

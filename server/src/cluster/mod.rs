@@ -6,12 +6,14 @@
 pub mod leaders;
 pub mod map;
 pub mod slot;
+pub mod slots;
 
 use std::sync::atomic::AtomicU64;
 
 pub use leaders::{Leaders, ProbeAuth};
 pub use map::{Group, MapError, Node, SlotMap};
 pub use slot::{key_slot, SLOTS};
+pub use slots::{SlotChange, SlotTable};
 
 /// Why cluster mode could not start.
 // Each variant's `#[error]` text is its documentation.
@@ -45,8 +47,16 @@ pub enum Route<'a> {
 
 /// The slot map and which of its nodes this server is.
 pub struct Cluster {
-    /// The groups, their slot ranges and their members.
+    /// The groups and their members, and the slots the map file gives them (the table
+    /// in force is `slots`).
     pub map: SlotMap,
+    /// Who owns each slot now, and what is migrating: the map file's table, then every
+    /// logged `CLUSTER SETSLOT` in order. Replaced whole, read with one atomic load.
+    pub slots: arc_swap::ArcSwap<SlotTable>,
+    /// `-ASK` replies sent (INFO's `cluster_redirections_ask`).
+    pub ask: AtomicU64,
+    /// `-TRYAGAIN` replies sent for a sale frozen by a move (INFO's `cluster_tryagain`).
+    pub tryagain: AtomicU64,
     /// This server's group, an index into `map.groups`.
     pub my_group: usize,
     /// This server, an index into its group's `nodes`.
@@ -106,6 +116,9 @@ impl Cluster {
         };
         Ok(Cluster {
             leaders: Leaders::new(map.groups.len()),
+            slots: arc_swap::ArcSwap::from_pointee(SlotTable::from_map(&map)),
+            ask: AtomicU64::new(0),
+            tryagain: AtomicU64::new(0),
             map,
             my_group,
             my_node,
@@ -135,9 +148,48 @@ impl Cluster {
             .unwrap_or(0)
     }
 
+    /// Applies one logged `CLUSTER SETSLOT` (live, at recovery, on a Raft member).
+    pub fn apply(&self, change: &SlotChange) {
+        let groups = self.map.groups.len();
+        self.slots.rcu(|t| t.with(change, groups));
+    }
+
+    /// Applies an opaque record if it is a slot change; other kinds are not ours.
+    pub fn apply_record(&self, kind: u8, body: &[u8]) {
+        if kind != stockgate_core::wal::record::K_SLOT_SET {
+            return;
+        }
+        match SlotChange::decode(body) {
+            Some(c) => self.apply(&c),
+            None => tracing::warn!("cluster: skipped an undecodable slot record"),
+        }
+    }
+
+    /// The slot changes in force, as records: what a snapshot re-logs.
+    pub fn checkpoint(&self) -> Vec<SlotChange> {
+        self.slots
+            .load()
+            .changes_from(&SlotTable::from_map(&self.map))
+    }
+
+    /// The group of the map whose node has this id.
+    pub fn group_of_node(&self, id: &str) -> Option<usize> {
+        self.map.find(id).map(|(g, _)| g)
+    }
+
+    /// The node of group `g` it is sent to (its leader as known, else its first).
+    pub fn node_for(&self, g: usize) -> Option<&Node> {
+        let lead = if g == self.my_group {
+            0
+        } else {
+            self.leader_of(g)
+        };
+        self.map.groups.get(g)?.nodes.get(lead)
+    }
+
     /// Where a command on `slot` goes.
     pub fn route(&self, slot: u16) -> Route<'_> {
-        match self.map.owner(slot) {
+        match self.slots.load().owner(slot) {
             Some(g) if g == self.my_group => Route::Here,
             Some(g) => Route::Moved(&self.map.groups[g].nodes[self.leader_of(g)]),
             None => Route::Unowned,

@@ -32,6 +32,8 @@ fn routed_key<'a>(spec: &Spec, argv: &[&'a [u8]]) -> Option<&'a [u8]> {
 /// so that `EXEC` over several slots answers `-CROSSSLOT` as Redis does.
 pub fn check(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[&[u8]]) -> Option<Reply> {
     let c = ctx.shared.cluster.get()?;
+    // ASKING lets exactly the next command through (taken here by every command).
+    let asking = spec.name != "asking" && std::mem::take(&mut ctx.conn.asking);
     if spec.name == "exec" {
         let q = ctx.conn.multi.as_ref()?;
         if !q.cross_slot || q.aborted {
@@ -41,27 +43,81 @@ pub fn check(ctx: &mut Ctx<'_>, spec: &Spec, argv: &[&[u8]]) -> Option<Reply> {
         c.crossslot.fetch_add(1, Ordering::Relaxed);
         return Some(Reply::err(CROSSSLOT));
     }
-    let slot = key_slot(routed_key(spec, argv)?);
+    let key = routed_key(spec, argv)?;
+    let slot = key_slot(key);
     match c.route(slot) {
         Route::Here => {
-            if let Some(leader) = leader_elsewhere(ctx, spec) {
-                c.moved.fetch_add(1, Ordering::Relaxed);
-                return Some(Reply::err(format!("MOVED {slot} {leader}")));
-            }
-            if let Some(q) = ctx.conn.multi.as_mut() {
-                match q.slot {
-                    None => q.slot = Some(slot),
-                    Some(s) if s != slot => q.cross_slot = true,
-                    Some(_) => {}
+            if let Some(to) = c.slots.load().migrating(slot) {
+                if let Some(refusal) = while_migrating(ctx, c, spec, key, slot, to) {
+                    return Some(refusal);
                 }
             }
-            None
+            serve_here(ctx, c, spec, slot)
+        }
+        Route::Moved(_) if asking && c.slots.load().importing(slot).is_some() => {
+            serve_here(ctx, c, spec, slot)
         }
         Route::Moved(n) => {
             c.moved.fetch_add(1, Ordering::Relaxed);
             Some(Reply::err(format!("MOVED {slot} {}:{}", n.host, n.port)))
         }
         Route::Unowned => Some(Reply::err(DOWN)),
+    }
+}
+
+/// A slot this group serves: a Raft follower still sends writes to its leader, and a
+/// transaction notes the slot.
+fn serve_here(ctx: &mut Ctx<'_>, c: &Cluster, spec: &Spec, slot: u16) -> Option<Reply> {
+    if let Some(leader) = leader_elsewhere(ctx, spec) {
+        c.moved.fetch_add(1, Ordering::Relaxed);
+        return Some(Reply::err(format!("MOVED {slot} {leader}")));
+    }
+    if let Some(q) = ctx.conn.multi.as_mut() {
+        match q.slot {
+            None => q.slot = Some(slot),
+            Some(s) if s != slot => q.cross_slot = true,
+            Some(_) => {}
+        }
+    }
+    None
+}
+
+/// The sale a routed key names: a token's or a stream's hash tag, else the sku itself.
+fn sku_of_key(key: &[u8]) -> &[u8] {
+    key.strip_prefix(b"{")
+        .and_then(|rest| rest.iter().position(|&b| b == b'}').map(|end| &rest[..end]))
+        .unwrap_or(key)
+}
+
+/// On the source of a migrating slot, as Redis: a sale still here is served (its writes
+/// refused with `-TRYAGAIN` while it is frozen for its move); a sale not here (moved
+/// already, or new) is asked of the destination.
+fn while_migrating(
+    ctx: &Ctx<'_>,
+    c: &Cluster,
+    spec: &Spec,
+    key: &[u8],
+    slot: u16,
+    to: usize,
+) -> Option<Reply> {
+    let sku = String::from_utf8_lossy(sku_of_key(key));
+    let state = match spec.name {
+        "sale.create" => None,
+        _ => ctx.engine.sale_info(&sku).ok().map(|v| v.state),
+    };
+    match state {
+        Some(s) if s.is_moving() && spec.flags.contains(&"write") => {
+            c.tryagain.fetch_add(1, Ordering::Relaxed);
+            Some(Reply::err(format!(
+                "TRYAGAIN the sale {sku} is moving to another group; retry"
+            )))
+        }
+        Some(_) => None,
+        None => {
+            let n = c.node_for(to)?;
+            c.ask.fetch_add(1, Ordering::Relaxed);
+            Some(Reply::err(format!("ASK {slot} {}:{}", n.host, n.port)))
+        }
     }
 }
 
@@ -83,17 +139,22 @@ fn leader_elsewhere(ctx: &Ctx<'_>, spec: &Spec) -> Option<String> {
 }
 
 /// `READONLY`, `READWRITE`, `ASKING`: accepted in cluster mode (reads of a group go to
-/// its leader, and no slot is ever migrating, so they change nothing), refused as
-/// Redis refuses them without it.
-pub fn connection_flag(ctx: &Ctx<'_>) -> Outcome {
+/// its leader, so the first two change nothing; `ASKING` lets the next command run on a
+/// slot this node is importing), refused as Redis refuses them without it.
+pub fn connection_flag(ctx: &mut Ctx<'_>, name: &str) -> Outcome {
     match ctx.shared.cluster.get() {
-        Some(_) => Reply::ok().into(),
+        Some(_) => {
+            if name == "asking" {
+                ctx.conn.asking = true;
+            }
+            Reply::ok().into()
+        }
         None => Reply::err(DISABLED).into(),
     }
 }
 
 /// `CLUSTER <subcommand> [args]`
-pub fn cluster(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
+pub fn cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let Some(c) = ctx.shared.cluster.get() else {
         return Reply::err(DISABLED).into();
     };
@@ -107,9 +168,16 @@ pub fn cluster(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
         ("myid", 0) => Reply::bulk(&c.myself().id),
         ("keyslot", 1) => Reply::Int(i64::from(key_slot(rest[0]))),
         ("help", 0) => help(),
-        ("slots" | "shards" | "nodes" | "info" | "myid" | "keyslot" | "help", _) => Reply::err(
-            format!("ERR wrong number of arguments for 'cluster|{sub}' command"),
-        ),
+        ("setslot", 2 | 3) => return super::slot_move::setslot(ctx, c, rest),
+        ("countkeysinslot", 1) => super::slot_move::count_keys(ctx, rest[0]),
+        ("getkeysinslot", 2) => super::slot_move::get_keys(ctx, rest[0], rest[1]),
+        (
+            "slots" | "shards" | "nodes" | "info" | "myid" | "keyslot" | "help" | "setslot"
+            | "countkeysinslot" | "getkeysinslot",
+            _,
+        ) => Reply::err(format!(
+            "ERR wrong number of arguments for 'cluster|{sub}' command"
+        )),
         _ => {
             let shown: String = String::from_utf8_lossy(args[0]).chars().take(128).collect();
             Reply::err(format!(
@@ -162,6 +230,12 @@ fn help() -> Reply {
         "    <id> <ip:port@bus-port> <flags> <master> <pings> <pongs> <epoch> <link> <slot> ...",
         "SHARDS",
         "    Return information about slot range mappings and the nodes associated with them.",
+        "SETSLOT <slot> (IMPORTING <node-id>|MIGRATING <node-id>|STABLE|NODE <node-id>)",
+        "    Set slot state.",
+        "COUNTKEYSINSLOT <slot>",
+        "    Return the number of keys in <slot>.",
+        "GETKEYSINSLOT <slot> <count>",
+        "    Return key names stored by current node in a slot.",
         "SLOTS",
         "    Return information about slots range mappings. Each range is made of:",
         "    start, end, master and replicas IP addresses, ports and ids",
@@ -183,12 +257,13 @@ fn slots_node(n: &Node) -> Reply {
 
 /// `CLUSTER SLOTS`: one entry per owned range, in slot order, the leader first.
 fn slots(c: &Cluster, leaders: &[usize]) -> Reply {
+    let table = c.slots.load();
     let mut ranges: Vec<(u16, u16, usize)> = c
         .map
         .groups
         .iter()
         .enumerate()
-        .flat_map(|(gi, g)| g.ranges.iter().map(move |&(a, b)| (a, b, gi)))
+        .flat_map(|(gi, _)| table.ranges(gi).into_iter().map(move |(a, b)| (a, b, gi)))
         .collect();
     ranges.sort_unstable_by_key(|r| r.0);
     Reply::Array(
@@ -221,9 +296,10 @@ fn role(ni: usize, lead: usize) -> &'static str {
 
 /// `CLUSTER SHARDS` (Redis 7): per group, its slot ranges and its nodes.
 fn shards(c: &Cluster, leaders: &[usize]) -> Reply {
-    let shard = |(g, &lead): (&Group, &usize)| {
-        let slots = g
-            .ranges
+    let table = c.slots.load();
+    let shard = |(gi, (g, &lead)): (usize, (&Group, &usize))| {
+        let slots = table
+            .ranges(gi)
             .iter()
             .flat_map(|&(a, b)| [Reply::Int(i64::from(a)), Reply::Int(i64::from(b))])
             .collect();
@@ -248,11 +324,19 @@ fn shards(c: &Cluster, leaders: &[usize]) -> Reply {
             ("nodes", Reply::Array(nodes)),
         ])
     };
-    Reply::Array(c.map.groups.iter().zip(leaders).map(shard).collect())
+    Reply::Array(
+        c.map
+            .groups
+            .iter()
+            .zip(leaders)
+            .enumerate()
+            .map(shard)
+            .collect(),
+    )
 }
 
-fn ranges_text(g: &Group) -> String {
-    g.ranges
+fn ranges_text(ranges: &[(u16, u16)]) -> String {
+    ranges
         .iter()
         .map(|&(a, b)| {
             if a == b {
@@ -283,7 +367,7 @@ fn nodes(c: &Cluster, leaders: &[usize]) -> String {
             _ => "-",
         };
         let slots = if ni == lead {
-            ranges_text(g)
+            ranges_text(&c.slots.load().ranges(gi))
         } else {
             String::new()
         };
@@ -300,7 +384,7 @@ fn nodes(c: &Cluster, leaders: &[usize]) -> String {
 
 /// `CLUSTER INFO`: Redis's fields. The state is `ok` when every slot has an owner.
 fn info(c: &Cluster) -> String {
-    let assigned = c.map.assigned();
+    let assigned = c.slots.load().assigned();
     let state = if assigned == usize::from(SLOTS) {
         "ok"
     } else {
@@ -328,12 +412,23 @@ mod tests {
         for s in COMMANDS.iter().filter(|s| s.group == "stockgate") {
             let argv = v(&[s.name, "SKU-1", "x", "y", "z", "w", "v"]);
             let key = routed_key(s, &argv);
-            if matches!(s.name, "expired" | "sale.list") {
+            if matches!(
+                s.name,
+                "expired" | "sale.list" | "sale.import" | "sale.migrate"
+            ) {
                 assert_eq!(key, None, "{}", s.name);
             } else {
                 assert_eq!(key, Some(&b"SKU-1"[..]), "{}", s.name);
             }
         }
+    }
+
+    #[test]
+    fn a_key_names_its_sale_through_its_hash_tag() {
+        assert_eq!(sku_of_key(b"SKU-1"), b"SKU-1");
+        assert_eq!(sku_of_key(b"{SKU-1}abcdef"), b"SKU-1");
+        assert_eq!(sku_of_key(b"{SKU-1}:events"), b"SKU-1");
+        assert_eq!(sku_of_key(b"{unclosed"), b"{unclosed");
     }
 
     #[test]

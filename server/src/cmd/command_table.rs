@@ -176,6 +176,24 @@ pub static COMMANDS: &[Spec] = &[
         "Rebuild a fenced sale's counters",
     ),
     spec(
+        "sale.import",
+        2,
+        &["write"],
+        0,
+        ADMIN,
+        "stockgate",
+        "Install a sale another group exported (the destination's half of SALE.MIGRATE)",
+    ),
+    spec(
+        "sale.migrate",
+        4,
+        &["write"],
+        0,
+        ADMIN,
+        "stockgate",
+        "Move one sale to another group's node: freeze, send, drop here",
+    ),
+    spec(
         "save",
         1,
         &["admin"],
@@ -591,7 +609,7 @@ pub static COMMANDS: &[Spec] = &[
         0,
         OPEN,
         "cluster",
-        "Accepted in cluster mode: no slot is ever migrating",
+        "The next command may run on a slot this node is importing",
     ),
     // Transactions (cmd/multi.rs). Open to every role: each queued command is checked
     // against the role when it is queued and again when EXEC runs it.

@@ -185,7 +185,10 @@ impl<'a> Release<'a> {
 
     /// Runs the parsed command against the connection's context and gives its reply.
     pub fn apply(self, ctx: &mut Ctx<'_>) -> Outcome {
-        let (released, lsn) = ctx.engine.release_with(self.token, self.reason);
+        let (released, lsn) = match ctx.engine.try_release_with(self.token, self.reason) {
+            Ok(out) => out,
+            Err(e) => return from_engine_error(&e).into(),
+        };
         if released {
             ctx.conn
                 .recorder

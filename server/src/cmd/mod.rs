@@ -19,6 +19,7 @@ pub mod replication;
 pub mod reserve;
 pub mod sale;
 pub mod secret;
+pub mod slot_move;
 pub mod stream;
 pub mod timed;
 
@@ -154,6 +155,8 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "sale.fence" => sale::Fence::parse(rest).map(|c| c.apply(ctx)),
         "sale.restore" => sale::Restore::parse(rest).map(|c| c.apply(ctx)),
         "sale.rebuild" => sale::Rebuild::parse(rest).map(|c| c.apply(ctx)),
+        "sale.import" => Ok(slot_move::import(ctx, rest)),
+        "sale.migrate" => Ok(slot_move::migrate(ctx, rest)),
         "save" => Ok(introspect::save(ctx)),
         "backup" => Ok(backup::backup(ctx, rest)),
         "auth" => conn::Auth::parse(rest).map(|c| c.apply(ctx)),
@@ -202,7 +205,7 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "sentinel" => Ok(replication::sentinel(ctx, rest)),
         "raft.members" | "raft.add" | "raft.remove" => Ok(replication::raft(ctx, spec.name, rest)),
         "cluster" => Ok(cluster::cluster(ctx, rest)),
-        "readonly" | "readwrite" | "asking" => Ok(cluster::connection_flag(ctx)),
+        "readonly" | "readwrite" | "asking" => Ok(cluster::connection_flag(ctx, spec.name)),
         "multi" => Ok(multi::multi(ctx)),
         "exec" => Ok(multi::exec(ctx)),
         "discard" => Ok(multi::discard(ctx)),

@@ -36,7 +36,10 @@ pub fn runs_at_once(spec: &Spec) -> bool {
 fn not_in_multi(spec: &Spec) -> bool {
     // SUBSCRIBE turns the connection into something else, which EXEC cannot; BACKUP's
     // reply comes from a copy that EXEC cannot wait for.
-    matches!(spec.name, "hello" | "subscribe" | "psubscribe" | "backup")
+    matches!(
+        spec.name,
+        "hello" | "subscribe" | "psubscribe" | "backup" | "sale.migrate"
+    )
 }
 
 /// A refusal by the dispatcher's checks (unknown command, arity, auth, role). Inside a

@@ -43,7 +43,9 @@ pub fn sku_of(ev: &Event) -> Option<&str> {
         | Event::SaleAdjusted { sku, .. }
         | Event::SaleStateSet { sku, .. }
         | Event::SaleRebuilt { sku, .. }
-        | Event::Reserved { sku, .. } => Some(sku),
+        | Event::Reserved { sku, .. }
+        | Event::SaleDropped { sku } => Some(sku),
+        Event::SaleImported { export } => Some(&export.sale.sku),
         Event::Released { token, .. }
         | Event::Committed { token, .. }
         | Event::Extended { token, .. }
@@ -198,6 +200,17 @@ fn fields(ev: &Event) -> Vec<(&'static str, String)> {
             ("token", token.clone()),
             ("sku", sku),
         ],
+        // Moved sales: the destination's entry carries the counters it opens with; the
+        // reservations it brings are listed by RESERVATION, not replayed as entries.
+        Event::SaleImported { export } => vec![
+            ("type", "sale.imported".into()),
+            ("sku", sku),
+            ("total", s(&export.sale.total)),
+            ("committed", s(&export.sale.committed)),
+            ("reserved", s(&export.sale.reserved)),
+            ("reservations", s(&export.reservations.len())),
+        ],
+        Event::SaleDropped { .. } => vec![("type", "sale.dropped".into()), ("sku", sku)],
         // Never an entry (see `is_entry`); described only so the match stays total.
         Event::Opaque { kind, .. } => vec![("type", format!("internal.{kind}"))],
         // The first entry of every history: only in the all-events stream (it has no

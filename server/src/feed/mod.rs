@@ -235,11 +235,21 @@ pub fn write_state_records(
     upto: Lsn,
     records: Vec<groups::GroupRecord>,
 ) -> Result<(), WalError> {
+    write_state_file_with(dir, upto, records, Vec::new())
+}
+
+/// [`write_state_records`], followed by `extra` opaque records of other modules that
+/// keep their state in the log (the slot map's changes, `cluster::slots`).
+pub fn write_state_file_with(
+    dir: &std::path::Path,
+    upto: Lsn,
+    records: Vec<groups::GroupRecord>,
+    extra: Vec<(u8, Vec<u8>)>,
+) -> Result<(), WalError> {
     let dir = dir.to_path_buf();
     let path = dir.join(state_file_name(upto));
     let mut buf = Vec::new();
-    for rec in records {
-        let (kind, body) = rec.encode();
+    for (kind, body) in records.iter().map(|r| r.encode()).chain(extra) {
         // Bounded (see `groups::GroupLimits`), so this cannot fail in practice.
         if let Err(e) = encode_record(EventRef::Opaque { kind, body: &body }, &mut buf) {
             return Err(WalError::Corrupt {
@@ -554,9 +564,20 @@ impl Feed {
     /// Loads the state file of the snapshot at `lsn`, if there is one (a replica's
     /// snapshot). Returns (groups' records applied, records skipped as undecodable).
     pub fn load_state_file(&self, lsn: Lsn) -> (usize, usize) {
+        let (recs, bad) = self.state_file_records(lsn);
+        // LSN 0: these records are not in the log (nothing to discount from lag).
+        let (n, b) = self
+            .groups
+            .recover(recs.iter().map(|(k, b)| (0, *k, b.as_slice())));
+        (n, b + bad)
+    }
+
+    /// The opaque records of the state file of the snapshot at `lsn` (none without
+    /// one), and how many were undecodable (the rest of the file is then skipped).
+    pub fn state_file_records(&self, lsn: Lsn) -> (Vec<(u8, Vec<u8>)>, usize) {
         let path = self.wal.dir().join(state_file_name(lsn));
         let Ok(buf) = std::fs::read(&path) else {
-            return (0, 0);
+            return (Vec::new(), 0);
         };
         let mut recs = Vec::new();
         let mut at = 0;
@@ -575,11 +596,7 @@ impl Feed {
                 }
             }
         }
-        // LSN 0: these records are not in the log (nothing to discount from lag).
-        let (n, b) = self
-            .groups
-            .recover(recs.iter().map(|(k, b)| (0, *k, b.as_slice())));
-        (n, b + bad)
+        (recs, bad)
     }
 
     /// The entry of `stream` at `lsn`, if the log still has it (`None`: trimmed, not an

@@ -209,6 +209,11 @@ pub fn from_engine_error(e: &EngineError) -> Reply {
         EngineError::NotEnoughAvailable => "ERR not enough available units".into(),
         EngineError::NotFenced => "ERR sale is not fenced".into(),
         EngineError::FingerprintMismatch { .. } => format!("ERR {e}"),
+        EngineError::Moving(sku) => {
+            format!("TRYAGAIN the sale {sku} is moving to another group; retry")
+        }
+        EngineError::NotMoving => "ERR the sale is not frozen for a move".into(),
+        EngineError::Import(why) => format!("ERR {why}"),
     };
     Reply::Error(s)
 }

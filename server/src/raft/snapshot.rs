@@ -35,6 +35,7 @@ use crate::engine::{Engine, Event, Lsn, NullSink};
 use crate::feed::groups::{GroupLimits, Groups};
 use crate::persist::WalDurability;
 use crate::wal::reader::Visit;
+use crate::wal::record::K_SLOT_SET;
 use crate::wal::segment::{list_dir, snapshot_file_name, sync_dir};
 use crate::wal::snapshot::decode_snapshot;
 
@@ -128,9 +129,9 @@ impl Snapshots {
         let (t, upto) = (Instant::now(), meta.lsn);
         let wal = &self.dur.wal;
         wal.wait_durable_blocking(upto).map_err(|e| e.to_string())?;
-        let (engine, groups) = self.replay(upto)?;
+        let (engine, groups, slots) = self.replay(upto)?;
         let (snap, ()) = engine.snapshot_with(|| ());
-        crate::feed::write_state_records(wal.dir(), upto, groups.state_records())
+        crate::feed::write_state_file_with(wal.dir(), upto, groups.state_records(), slots)
             .map_err(|e| e.to_string())?;
         wal.write_snapshot(&snap, upto).map_err(|e| e.to_string())?;
         let millis = t.elapsed().as_millis() as u64;
@@ -146,7 +147,10 @@ impl Snapshots {
 
     /// The newest WAL snapshot at or before `upto` and the records after it, replayed
     /// into an empty engine and empty groups.
-    fn replay(&self, upto: Lsn) -> Result<(Engine, Groups), String> {
+    /// Also gives the slot map's changes (`K_SLOT_SET`) up to `upto`, in log order: the
+    /// snapshot's state file carries them on, as it carries the groups.
+    fn replay(&self, upto: Lsn) -> Result<(Engine, Groups, SlotRecords), String> {
+        let mut slots = SlotRecords::new();
         let wal = &self.dur.wal;
         let engine = self.engine.empty_twin();
         let groups = Groups::new(Arc::new(NullSink), GroupLimits::default());
@@ -169,6 +173,7 @@ impl Snapshots {
             if let Ok(b) = std::fs::read(&state) {
                 let recs = decode_state(&b).map_err(|e| format!("{}: {e}", state.display()))?;
                 groups.recover(recs.iter().map(|(k, b)| (0, *k, b.as_slice())));
+                slots.extend(recs.into_iter().filter(|(k, _)| *k == K_SLOT_SET));
             }
             from = lsn + 1;
         }
@@ -176,6 +181,9 @@ impl Snapshots {
         wal.read_records(from, upto, None, &mut |lsn, ev| {
             engine.apply(&ev);
             if let Event::Opaque { kind, body } = &ev {
+                if *kind == K_SLOT_SET {
+                    slots.push((*kind, body.clone()));
+                }
                 let (n, bad) = groups.recover(std::iter::once((lsn, *kind, body.as_slice())));
                 if bad > 0 && failed.is_none() {
                     failed = Some(format!("consumer-group record at LSN {lsn} ({n} applied)"));
@@ -187,7 +195,7 @@ impl Snapshots {
         if let Some(f) = failed {
             tracing::warn!("raft: snapshot replay skipped an undecodable {f}");
         }
-        Ok((engine, groups))
+        Ok((engine, groups, slots))
     }
 
     /// The bytes of the snapshot `meta` for a peer, read from this member's WAL dir.
@@ -205,6 +213,9 @@ impl Snapshots {
         Ok(encode_data(meta.lsn, &snap, &state))
     }
 }
+
+/// Opaque records as a state file stores them: kind and body.
+type SlotRecords = Vec<(u8, Vec<u8>)>;
 
 /// The description of no snapshot (openraft ignores a build that is not newer).
 fn nothing() -> SnapMeta {

@@ -304,8 +304,10 @@ fn cluster(o: &mut String, sh: &Shared) {
         Some(c) => {
             let _ = write!(
                 o,
-                "# Cluster\r\ncluster_enabled:1\r\ncluster_redirections_moved:{}\r\ncluster_crossslot_refusals:{}\r\n",
+                "# Cluster\r\ncluster_enabled:1\r\ncluster_redirections_moved:{}\r\ncluster_redirections_ask:{}\r\ncluster_tryagain:{}\r\ncluster_crossslot_refusals:{}\r\n",
                 c.moved.load(Ordering::Relaxed),
+                c.ask.load(Ordering::Relaxed),
+                c.tryagain.load(Ordering::Relaxed),
                 c.crossslot.load(Ordering::Relaxed)
             );
         }

@@ -85,6 +85,13 @@ impl Groups {
         lsn
     }
 
+    /// Logs a record of another module that keeps its state in the same log (the slot
+    /// map's changes, `cluster::slots`), through the same sink, so a Raft group
+    /// replicates it like the groups' own.
+    pub fn log_opaque(&self, kind: u8, body: &[u8]) -> Lsn {
+        self.sink.record(&EventRef::Opaque { kind, body })
+    }
+
     /// Checks a group or consumer name (`what` says which, for the message) against the length
     /// limit and UTF-8.
     pub fn check_name(&self, what: &str, name: &[u8]) -> Result<String, FeedError> {

@@ -1,0 +1,181 @@
+//! `stockgate-sweeper move-slots`: moves hash slots from one group to another while the
+//! sales on them keep selling, as `redis-cli --cluster reshard` does for Redis
+//! (docs/cluster.md, "Moving slots"): `IMPORTING` on the destination, `MIGRATING` on the
+//! source, every sale of each slot handed over with `SALE.MIGRATE`, then `SETSLOT NODE`
+//! on the destination, the source and every other node given. Each step is idempotent:
+//! re-running the same command after any failure finishes the move.
+
+use redis::aio::MultiplexedConnection;
+
+/// Why a move stopped; re-running the same command continues it.
+#[derive(Debug, thiserror::Error)]
+pub enum MoveError {
+    /// A node could not be reached or refused a step.
+    #[error("{node}: {what}: {why}")]
+    Node {
+        /// The node's address.
+        node: String,
+        /// The step.
+        what: String,
+        /// Its error.
+        why: String,
+    },
+    /// An argument that is not a slot list.
+    #[error("invalid slots '{0}': give slots and ranges from 0 to 16383, e.g. 100-200,300")]
+    Slots(String),
+}
+
+/// The slots of `100-200,300`.
+pub fn parse_slots(s: &str) -> Result<Vec<u16>, MoveError> {
+    let bad = || MoveError::Slots(s.to_string());
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let a: u16 = a.trim().parse().map_err(|_| bad())?;
+        let b: u16 = b.trim().parse().map_err(|_| bad())?;
+        if a > b || b >= 16384 {
+            return Err(bad());
+        }
+        out.extend(a..=b);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// One node the move talks to.
+struct Node {
+    addr: String,
+    conn: MultiplexedConnection,
+}
+
+impl Node {
+    async fn open(addr: &str) -> Result<Node, MoveError> {
+        let url = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("redis://{addr}")
+        };
+        let err = |why: String| MoveError::Node {
+            node: addr.to_string(),
+            what: "connect".into(),
+            why,
+        };
+        let client = redis::Client::open(url).map_err(|e| err(e.to_string()))?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        Ok(Node {
+            addr: addr.to_string(),
+            conn,
+        })
+    }
+
+    async fn call<T: redis::FromRedisValue>(&mut self, args: &[&str]) -> Result<T, MoveError> {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut self.conn)
+            .await
+            .map_err(|e| MoveError::Node {
+                node: self.addr.clone(),
+                what: args.join(" "),
+                why: e.to_string(),
+            })
+    }
+
+    async fn setslot(&mut self, slot: u16, how: &str, id: &str) -> Result<(), MoveError> {
+        let slot = slot.to_string();
+        self.call::<()>(&["CLUSTER", "SETSLOT", &slot, how, id])
+            .await
+    }
+
+    /// The host and port `SALE.MIGRATE` connects to (the address as given).
+    fn host_port(&self) -> (String, String) {
+        let bare = self.addr.rsplit('@').next().unwrap_or(&self.addr);
+        let bare = bare.trim_start_matches("redis://");
+        match bare.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), p.trim_end_matches('/').to_string()),
+            None => (bare.to_string(), "6379".into()),
+        }
+    }
+}
+
+/// What a move did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Slots now owned by the destination.
+    pub slots: usize,
+    /// Sales handed over (0 for a re-run that found them moved).
+    pub sales: usize,
+}
+
+/// Moves `slots` from `from` to `to`; `others` are told the new owner last.
+pub async fn move_slots(
+    from: &str,
+    to: &str,
+    slots: &[u16],
+    others: &[String],
+) -> Result<Moved, MoveError> {
+    let mut src = Node::open(from).await?;
+    let mut dst = Node::open(to).await?;
+    let src_id: String = src.call(&["CLUSTER", "MYID"]).await?;
+    let dst_id: String = dst.call(&["CLUSTER", "MYID"]).await?;
+    for &s in slots {
+        dst.setslot(s, "IMPORTING", &src_id).await?;
+        src.setslot(s, "MIGRATING", &dst_id).await?;
+    }
+    let (host, port) = dst.host_port();
+    let mut sales = 0;
+    for &s in slots {
+        sales += drain_slot(&mut src, s, &host, &port).await?;
+    }
+    for &s in slots {
+        dst.setslot(s, "NODE", &dst_id).await?;
+        src.setslot(s, "NODE", &dst_id).await?;
+    }
+    for addr in others.iter().filter(|a| *a != from && *a != to) {
+        let mut n = Node::open(addr).await?;
+        for &s in slots {
+            n.setslot(s, "NODE", &dst_id).await?;
+        }
+    }
+    Ok(Moved {
+        slots: slots.len(),
+        sales,
+    })
+}
+
+/// Hands over every sale the source holds on `slot`, until it holds none.
+async fn drain_slot(src: &mut Node, slot: u16, host: &str, port: &str) -> Result<usize, MoveError> {
+    let slot_s = slot.to_string();
+    let mut moved = 0;
+    loop {
+        let skus: Vec<String> = src
+            .call(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "100"])
+            .await?;
+        if skus.is_empty() {
+            return Ok(moved);
+        }
+        for sku in &skus {
+            src.call::<()>(&["SALE.MIGRATE", host, port, sku]).await?;
+            moved += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_lists() {
+        assert_eq!(parse_slots("3,1-2,2").unwrap(), vec![1, 2, 3]);
+        assert_eq!(parse_slots("16383").unwrap(), vec![16383]);
+        assert!(parse_slots("16384").is_err());
+        assert!(parse_slots("5-4").is_err());
+        assert!(parse_slots("a").is_err());
+    }
+}

@@ -1,0 +1,705 @@
+//! Moving slots between groups while a sale runs (docs/cluster.md, "Moving slots"): two
+//! single-node groups, four sales on group A's slots; two buyers reserve and commit
+//! through redis-rs's async cluster client while `stockgate-sweeper move-slots` moves
+//! the sales' slots to group B. Every acknowledged token is on B afterwards in its
+//! state, no token is handed out twice, no sale hands out more than its units, holds
+//! taken on A before the move commit on B, a refreshed client is not redirected, and a
+//! restart of both nodes keeps the slots on B (the logged map). A slot change on a Raft
+//! group survives its snapshots and a restart of every member.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::cluster::{node_id, slots_master, Cluster, RaftBesideSingle};
+use common::ha::{wait_for, Node};
+use common::now_ms;
+use common::raft::{
+    conn as raft_conn, create_sale, info_field, reserve as raft_reserve, sale_info, state_of,
+};
+use redis::cluster::ClusterClientBuilder;
+use redis::Value;
+use stockgate_server::cluster::key_slot;
+use stockgate_server::engine::Keyring;
+
+const TOTAL: i64 = 100_000;
+
+fn sweeper() -> std::path::PathBuf {
+    stockgate_testkit::sibling_binary("stockgate-sweeper")
+}
+
+fn reserve(n: &Node, keyring: &Keyring, sku: &str, user: &str, rid: &str) -> String {
+    let adm = keyring.mint(sku, user, now_ms() + 120_000);
+    let v: Vec<Value> = redis::cmd("RESERVE")
+        .arg(sku)
+        .arg(user)
+        .arg(adm)
+        .arg(rid)
+        .query(&mut n.conn())
+        .expect("reserve");
+    common::as_str(&v[1])
+}
+
+fn counter(n: &Node, name: &str) -> u64 {
+    n.info("cluster")
+        .get(name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("INFO has no {name}"))
+}
+
+fn redirections(c: &Cluster) -> u64 {
+    c.nodes
+        .iter()
+        .map(|n| counter(n, "cluster_redirections_moved") + counter(n, "cluster_redirections_ask"))
+        .sum()
+}
+
+/// Reserves one unit for a new user at a time, round robin over `skus`, committing
+/// every other hold, until `stop`; a failed request is sent again with the same id.
+/// Returns every acknowledged token with whether its COMMIT was acknowledged.
+fn buyer(
+    urls: Vec<String>,
+    keyring: Keyring,
+    skus: Vec<String>,
+    tag: &'static str,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(String, bool)>> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let client = ClusterClientBuilder::new(urls).build().expect("client");
+            let mut c = client.get_async_connection().await.expect("connection");
+            let mut acked = Vec::new();
+            let mut n = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let sku = &skus[n % skus.len()];
+                let user = format!("{tag}{n}");
+                let adm = keyring.mint(sku, &user, now_ms() + 120_000);
+                let token = loop {
+                    let r: redis::RedisResult<Vec<Value>> = redis::cmd("RESERVE")
+                        .arg(sku)
+                        .arg(&user)
+                        .arg(&adm)
+                        .arg(format!("q{n}"))
+                        .query_async(&mut c)
+                        .await;
+                    match r {
+                        Ok(v) if v.len() > 1 => break Some(common::as_str(&v[1])),
+                        Ok(_) => break None,
+                        Err(e) if e.to_string().contains("SOLDOUT") => break None,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                };
+                let Some(token) = token else {
+                    n += 1;
+                    continue;
+                };
+                let mut committed = false;
+                if n.is_multiple_of(2) {
+                    for _ in 0..500 {
+                        let r: redis::RedisResult<i64> =
+                            redis::cmd("COMMIT").arg(&token).query_async(&mut c).await;
+                        if r.is_ok() {
+                            committed = true;
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                acked.push((token, committed));
+                n += 1;
+            }
+            acked
+        })
+    })
+}
+
+#[test]
+fn cluster_move_slots_while_buyers_reserve_and_commit() {
+    let mut c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let keyring = c.keys.keyring();
+    let skus: Vec<String> = c.skus("MV", 4).remove(0);
+    let slots: Vec<u16> = skus.iter().map(|s| key_slot(s.as_bytes())).collect();
+    let slot_list: Vec<String> = slots.iter().map(u16::to_string).collect();
+    for s in &skus {
+        let _: () = redis::cmd("SALE.CREATE")
+            .arg(s)
+            .arg(TOTAL)
+            .arg("TTL")
+            .arg(600_000)
+            .query(&mut c.nodes[0].conn())
+            .expect("create");
+    }
+    // Holds taken on A before the move: committed on B after it.
+    let early: Vec<String> = skus
+        .iter()
+        .map(|s| reserve(&c.nodes[0], &keyring, s, "early", "e1"))
+        .collect();
+
+    let urls: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| format!("redis://{}", n.addr()))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let buyers: Vec<_> = ["x", "y"]
+        .into_iter()
+        .map(|tag| {
+            buyer(
+                urls.clone(),
+                keyring.clone(),
+                skus.clone(),
+                tag,
+                stop.clone(),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Command::new(sweeper())
+        .args([
+            "move-slots",
+            "--from",
+            &c.nodes[0].addr(),
+            "--to",
+            &c.nodes[1].addr(),
+        ])
+        .args(["--slots", &slot_list.join(",")])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "move-slots failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(said.contains("4 sale(s) handed over"), "{said}");
+    std::thread::sleep(Duration::from_millis(500));
+    // Re-running a finished move changes nothing.
+    let again = Command::new(sweeper())
+        .args([
+            "move-slots",
+            "--from",
+            &c.nodes[0].addr(),
+            "--to",
+            &c.nodes[1].addr(),
+        ])
+        .args(["--slots", &slot_list.join(",")])
+        .output()
+        .expect("run move-slots again");
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(String::from_utf8_lossy(&again.stdout).contains("0 sale(s)"));
+
+    // Refreshed clients: no redirection per request any more.
+    let before = redirections(&c);
+    std::thread::sleep(Duration::from_millis(700));
+    let after = redirections(&c);
+    stop.store(true, Ordering::SeqCst);
+    let acked: Vec<(String, bool)> = buyers
+        .into_iter()
+        .flat_map(|b| b.join().expect("buyer"))
+        .collect();
+    assert!(acked.len() > 20, "buyers sold only {}", acked.len());
+    assert!(after - before <= 2, "still redirected: {before} -> {after}");
+    eprintln!(
+        "sold {} holds; redirections {before}; ASK {} TRYAGAIN {}",
+        acked.len(),
+        counter(&c.nodes[0], "cluster_redirections_ask"),
+        counter(&c.nodes[0], "cluster_tryagain")
+    );
+
+    let b = c.nodes[1].port;
+    let tokens: HashSet<&String> = acked.iter().map(|(t, _)| t).collect();
+    assert_eq!(tokens.len(), acked.len(), "a token handed out twice");
+    let mut per_sku: HashMap<String, i64> = HashMap::new();
+    for (token, committed) in &acked {
+        let want = if *committed { "COMMITTED" } else { "RESERVED" };
+        assert_eq!(state_of(b, token).as_deref(), Some(want), "{token} on B");
+        let sku = &token[1..token.find('}').expect("tag")];
+        *per_sku.entry(sku.to_string()).or_default() += 1;
+    }
+    for s in &skus {
+        let (total, available, reserved, committed) = sale_info(b, s);
+        assert_eq!(total, TOTAL);
+        assert!(reserved + committed <= total);
+        assert_eq!(available + reserved + committed, total);
+        // The buyers' holds and the early one: nothing else took units.
+        assert_eq!(
+            reserved + committed,
+            per_sku.get(s).copied().unwrap_or(0) + 1
+        );
+        let gone: redis::RedisResult<Value> =
+            redis::cmd("SALE.INFO").arg(s).query(&mut c.nodes[0].conn());
+        assert!(gone.is_err(), "{s} still answered on A");
+    }
+    for t in &early {
+        let r: i64 = redis::cmd("COMMIT")
+            .arg(t)
+            .query(&mut c.nodes[1].conn())
+            .unwrap();
+        assert_eq!(r, 1, "the early hold {t} commits on B");
+    }
+
+    // Both nodes restarted: the slots stay on B, and B still has the sales.
+    for n in &mut c.nodes {
+        n.kill9();
+        n.restart();
+    }
+    for n in &c.nodes {
+        wait_for("node up", Duration::from_secs(20), || {
+            n.try_info("cluster").is_some()
+        });
+        let r: redis::RedisResult<Value> =
+            redis::cmd("SALE.INFO").arg(&skus[0]).query(&mut n.conn());
+        match r {
+            Ok(_) => assert_eq!(n.port, b, "SALE.INFO answered on A after the restart"),
+            Err(e) => assert!(
+                e.kind() == redis::ErrorKind::Moved
+                    && e.to_string()
+                        .contains(&format!("{} 127.0.0.1:{b}", slots[0]))
+                    && n.port != b,
+                "{e}"
+            ),
+        }
+    }
+    assert_eq!(state_of(b, &early[0]).as_deref(), Some("COMMITTED"));
+}
+
+/// A slot change logged on a Raft group survives the group's snapshots (which compact
+/// the log that held it) and a restart of every member: each member's `CLUSTER SLOTS`
+/// still names the new owner.
+#[test]
+fn cluster_move_slot_changes_survive_a_raft_snapshot_and_a_restart() {
+    let mut c = RaftBesideSingle::start();
+    for m in &mut c.a.members {
+        m.kill9();
+        m.args
+            .extend(["--snapshot-records", "20"].map(String::from));
+        m.spawn();
+    }
+    let leader = c.a.leader(None, Duration::from_secs(20));
+    let lp = c.a.port(leader);
+    let slot = 5u16;
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("NODE")
+        .arg(node_id(9))
+        .query(&mut raft_conn(lp))
+        .expect("setslot");
+    assert_eq!(slots_master(lp, slot), Some(c.b.port));
+    // A follower refuses it, like every write.
+    let follower =
+        c.a.members
+            .iter()
+            .find(|m| m.id != leader)
+            .expect("a follower");
+    let refused: redis::RedisResult<()> = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("STABLE")
+        .query(&mut raft_conn(follower.port));
+    assert!(refused.is_err());
+    // Enough records behind the change for snapshots that cover it.
+    let sku = (0..)
+        .map(|i| format!("RS-{i}"))
+        .find(|s| key_slot(s.as_bytes()) < 8192 && key_slot(s.as_bytes()) != slot)
+        .expect("a sku of group a");
+    create_sale(lp, &sku, 1000);
+    for i in 0..80 {
+        raft_reserve(lp, &c.a, &sku, &format!("u{i}"), "r").expect("reserve");
+    }
+    c.a.converge(Duration::from_secs(10));
+    for m in &c.a.members {
+        let port = m.port;
+        wait_for(
+            "a snapshot past the change",
+            Duration::from_secs(15),
+            || info_field(port, "raft_snapshot_lsn") >= 40,
+        );
+    }
+    for m in &mut c.a.members {
+        m.kill9();
+    }
+    for m in &mut c.a.members {
+        m.spawn();
+    }
+    c.a.leader(None, Duration::from_secs(20));
+    for m in &c.a.members {
+        let port = m.port;
+        wait_for("the moved slot on b", Duration::from_secs(15), || {
+            slots_master(port, slot) == Some(c.b.port)
+        });
+        // The slot next to it stays a's.
+        assert_ne!(slots_master(port, slot + 1), Some(c.b.port));
+    }
+}
+
+/// A Raft group as the source: `move-slots` from its leader to a single node hands over
+/// two sales with their holds (the freeze and the drop committed by the group's Raft
+/// log); every member then names the single node for the slots, and the holds commit
+/// there.
+#[test]
+fn cluster_move_slots_from_a_raft_group() {
+    let c = RaftBesideSingle::start();
+    let leader = c.a.leader(None, Duration::from_secs(20));
+    let lp = c.a.port(leader);
+    let skus: Vec<String> = (0..)
+        .map(|i| format!("RM-{i}"))
+        .filter(|s| key_slot(s.as_bytes()) < 8192)
+        .take(2)
+        .collect();
+    let mut tokens = Vec::new();
+    for s in &skus {
+        create_sale(lp, s, 50);
+        for i in 0..6 {
+            tokens.push(raft_reserve(lp, &c.a, s, &format!("u{i}"), "r").expect("reserve"));
+        }
+    }
+    for t in tokens.iter().step_by(3) {
+        let r: i64 = redis::cmd("COMMIT")
+            .arg(t)
+            .query(&mut raft_conn(lp))
+            .expect("commit");
+        assert_eq!(r, 1);
+    }
+    let before: Vec<_> = skus.iter().map(|s| sale_info(lp, s)).collect();
+    let states: Vec<Option<String>> = tokens.iter().map(|t| state_of(lp, t)).collect();
+    let slots: Vec<String> = skus
+        .iter()
+        .map(|s| key_slot(s.as_bytes()).to_string())
+        .collect();
+    let out = Command::new(sweeper())
+        .args(["move-slots", "--from", &format!("127.0.0.1:{lp}")])
+        .args(["--to", &c.b.addr(), "--slots", &slots.join(",")])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "move-slots failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b = c.b.port;
+    for (s, want) in skus.iter().zip(&before) {
+        assert_eq!(&sale_info(b, s), want, "{s} on the single node");
+    }
+    for (t, want) in tokens.iter().zip(&states) {
+        assert_eq!(&state_of(b, t), want, "{t}");
+    }
+    for m in &c.a.members {
+        let port = m.port;
+        for s in &slots {
+            let slot: u16 = s.parse().expect("slot");
+            wait_for("every member names b", Duration::from_secs(15), || {
+                slots_master(port, slot) == Some(b)
+            });
+        }
+    }
+    let gone: redis::RedisResult<Value> = redis::cmd("SALE.INFO")
+        .arg(&skus[0])
+        .query(&mut raft_conn(lp));
+    assert_eq!(
+        gone.map_err(|e| e.kind()).err(),
+        Some(redis::ErrorKind::Moved)
+    );
+    for (t, was) in tokens.iter().zip(&states) {
+        if was.as_deref() == Some("RESERVED") {
+            let r: i64 = redis::cmd("COMMIT")
+                .arg(t)
+                .query(&mut c.b.conn())
+                .expect("commit");
+            assert_eq!(r, 1, "{t} commits on the single node");
+        }
+    }
+}
+
+/// redis-py's `RedisCluster` buys while the slots move: every acknowledged hold is on
+/// the destination in its state, none twice, and the sales' counters are exactly the
+/// acknowledged holds.
+#[test]
+fn cluster_move_slots_under_redis_py() {
+    let c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let skus: Vec<String> = c.skus("PM", 3).remove(0);
+    let slots: Vec<String> = skus
+        .iter()
+        .map(|s| key_slot(s.as_bytes()).to_string())
+        .collect();
+    for s in &skus {
+        let _: () = redis::cmd("SALE.CREATE")
+            .arg(s)
+            .arg(TOTAL)
+            .query(&mut c.nodes[0].conn())
+            .expect("create");
+    }
+    let buyer = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/py/cluster_move.py"
+        ))
+        .arg(c.nodes[0].port.to_string())
+        .arg(c.keys.secret_path())
+        .arg(skus.join(","))
+        .arg("4")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut buyer = stockgate_testkit::KillOnDrop(buyer);
+    let mut pipe = buyer.0.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut pipe, &mut out).expect("read stdout");
+        out
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = Command::new(sweeper())
+        .args([
+            "move-slots",
+            "--from",
+            &c.nodes[0].addr(),
+            "--to",
+            &c.nodes[1].addr(),
+        ])
+        .args(["--slots", &slots.join(",")])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "move-slots failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = buyer.0.wait().expect("python3 exit");
+    let said = reader.join().expect("reader");
+    let mut err = String::new();
+    if let Some(mut e) = buyer.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert!(
+        status.success() && said.contains("buyer ok"),
+        "{said}\n{err}"
+    );
+    let acked: Vec<(&str, bool)> = said
+        .lines()
+        .filter_map(|l| l.strip_prefix("ACK "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(t, c)| (t, c == "1"))
+        .collect();
+    assert!(acked.len() > 20, "redis-py sold only {}", acked.len());
+    let b = c.nodes[1].port;
+    let unique: HashSet<&str> = acked.iter().map(|(t, _)| *t).collect();
+    assert_eq!(unique.len(), acked.len(), "a token handed out twice");
+    let mut per_sku: HashMap<String, i64> = HashMap::new();
+    for (token, committed) in &acked {
+        let want = if *committed { "COMMITTED" } else { "RESERVED" };
+        assert_eq!(state_of(b, token).as_deref(), Some(want), "{token} on B");
+        let sku = &token[1..token.find('}').expect("tag")];
+        *per_sku.entry(sku.to_string()).or_default() += 1;
+    }
+    for s in &skus {
+        let (total, _, reserved, committed) = sale_info(b, s);
+        assert_eq!(total, TOTAL);
+        assert_eq!(
+            reserved + committed,
+            per_sku.get(s).copied().unwrap_or(0),
+            "{s}"
+        );
+    }
+    eprintln!(
+        "redis-py: {} holds, {}",
+        acked.len(),
+        said.lines()
+            .find(|l| l.starts_with("RETRIED"))
+            .unwrap_or("")
+    );
+}
+
+/// A handover that cannot reach its destination, or that the destination refuses (made
+/// under another reservation key), leaves the sale open on the source with every hold.
+#[test]
+fn cluster_move_a_failed_handover_leaves_the_sale_selling_on_the_source() {
+    let c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let keyring = c.keys.keyring();
+    let sku = c.skus("FM", 1).remove(0).remove(0);
+    let a = &c.nodes[0];
+    // One shard: a buyer's home shard always has the units left.
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(&sku)
+        .arg(10)
+        .arg("SHARDS")
+        .arg(1)
+        .query(&mut a.conn())
+        .expect("create");
+    let held = reserve(a, &keyring, &sku, "u1", "r1");
+    let nobody = common::ha::free_port();
+    let other = Node::start(&common::ha::Keys::new(), &[]);
+    for (i, port) in [nobody, other.port].into_iter().enumerate() {
+        let r: redis::RedisResult<()> = redis::cmd("SALE.MIGRATE")
+            .arg("127.0.0.1")
+            .arg(port)
+            .arg(&sku)
+            .query(&mut a.conn());
+        let e = r.expect_err("the handover must fail");
+        assert!(e.to_string().contains("the sale stays here"), "{e}");
+        let (_, available, reserved, _) = sale_info(a.port, &sku);
+        let holds = 1 + i as i64;
+        assert_eq!((available, reserved), (10 - holds, holds));
+        let again = reserve(a, &keyring, &sku, &format!("v{port}"), "r");
+        assert!(again.starts_with(&format!("{{{sku}}}")));
+    }
+    let r: i64 = redis::cmd("COMMIT")
+        .arg(&held)
+        .query(&mut a.conn())
+        .expect("commit");
+    assert_eq!(r, 1);
+    let absent: redis::RedisResult<Value> =
+        redis::cmd("SALE.INFO").arg(&sku).query(&mut other.conn());
+    assert!(absent.is_err(), "the refused import left a sale behind");
+}
+
+/// A Raft group as the destination: the import is acknowledged once the group committed
+/// it, so every member holds the sale, and the moved holds commit on its leader.
+#[test]
+fn cluster_move_slots_to_a_raft_group() {
+    let c = RaftBesideSingle::start();
+    let leader = c.a.leader(None, Duration::from_secs(20));
+    let lp = c.a.port(leader);
+    let keyring = c.a.keys.keyring();
+    let sku = (0..)
+        .map(|i| format!("RD-{i}"))
+        .find(|s| key_slot(s.as_bytes()) >= 8192)
+        .expect("a sku of group b");
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(&sku)
+        .arg(20)
+        .arg("SHARDS")
+        .arg(1)
+        .query(&mut c.b.conn())
+        .expect("create");
+    let held: Vec<String> = (0..4)
+        .map(|i| reserve(&c.b, &keyring, &sku, &format!("u{i}"), "r"))
+        .collect();
+    let before = sale_info(c.b.port, &sku);
+    let slot = key_slot(sku.as_bytes()).to_string();
+    let out = Command::new(sweeper())
+        .args(["move-slots", "--from", &c.b.addr()])
+        .args(["--to", &format!("127.0.0.1:{lp}"), "--slots", &slot])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "move-slots failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sale_info(lp, &sku), before);
+    for m in &c.a.members {
+        let port = m.port;
+        wait_for(
+            "every member holds the sale",
+            Duration::from_secs(15),
+            || {
+                held.iter()
+                    .all(|t| state_of(port, t).as_deref() == Some("RESERVED"))
+            },
+        );
+    }
+    for t in &held {
+        let r: i64 = redis::cmd("COMMIT")
+            .arg(t)
+            .query(&mut raft_conn(lp))
+            .expect("commit");
+        assert_eq!(r, 1);
+    }
+    let gone: redis::RedisResult<Value> = redis::cmd("SALE.INFO").arg(&sku).query(&mut c.b.conn());
+    assert_eq!(
+        gone.map_err(|e| e.kind()).err(),
+        Some(redis::ErrorKind::Moved)
+    );
+}
+
+/// A link that breaks after the export left: the sale stays frozen on the source (the
+/// destination may hold it), through a `kill -9` and a restart; `move-slots` then
+/// finishes the move and the hold is on the destination.
+#[test]
+fn cluster_move_a_broken_link_keeps_the_sale_frozen_until_the_move_is_finished() {
+    let mut c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let keyring = c.keys.keyring();
+    let sku = c.skus("BL", 1).remove(0).remove(0);
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(&sku)
+        .arg(10)
+        .arg("SHARDS")
+        .arg(1)
+        .query(&mut c.nodes[0].conn())
+        .expect("create");
+    let held = reserve(&c.nodes[0], &keyring, &sku, "u1", "r1");
+    // Takes the export, then hangs up without answering.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let lport = listener.local_addr().expect("addr").port();
+    let sink = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut buf = [0u8; 64];
+        let _ = std::io::Read::read(&mut s, &mut buf);
+    });
+    let r: redis::RedisResult<()> = redis::cmd("SALE.MIGRATE")
+        .arg("127.0.0.1")
+        .arg(lport)
+        .arg(&sku)
+        .query(&mut c.nodes[0].conn());
+    sink.join().expect("listener");
+    let e = r.expect_err("the link broke");
+    assert!(e.to_string().contains("stays frozen"), "{e}");
+    let frozen = |n: &Node| {
+        let v: Value = redis::cmd("SALE.INFO")
+            .arg(&sku)
+            .query(&mut n.conn())
+            .expect("info");
+        common::as_str(&common::field(&v, "state").expect("state"))
+    };
+    assert_eq!(frozen(&c.nodes[0]), "MOVING");
+    let adm = keyring.mint(&sku, "u2", now_ms() + 60_000);
+    let refused: redis::RedisResult<Value> = redis::cmd("RESERVE")
+        .arg(&sku)
+        .arg("u2")
+        .arg(adm)
+        .arg("r2")
+        .query(&mut c.nodes[0].conn());
+    assert_eq!(
+        refused.map_err(|e| e.kind()).err(),
+        Some(redis::ErrorKind::TryAgain)
+    );
+    c.nodes[0].kill9();
+    c.nodes[0].restart();
+    assert_eq!(frozen(&c.nodes[0]), "MOVING", "the freeze is in the log");
+    let slot = key_slot(sku.as_bytes()).to_string();
+    let out = Command::new(sweeper())
+        .args([
+            "move-slots",
+            "--from",
+            &c.nodes[0].addr(),
+            "--to",
+            &c.nodes[1].addr(),
+        ])
+        .args(["--slots", &slot])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b = c.nodes[1].port;
+    assert_eq!(state_of(b, &held).as_deref(), Some("RESERVED"));
+    assert_eq!(frozen(&c.nodes[1]), "OPEN");
+    let (_, available, reserved, _) = sale_info(b, &sku);
+    assert_eq!((available, reserved), (9, 1));
+}
