@@ -703,3 +703,38 @@ fn cluster_move_a_broken_link_keeps_the_sale_frozen_until_the_move_is_finished()
     let (_, available, reserved, _) = sale_info(b, &sku);
     assert_eq!((available, reserved), (9, 1));
 }
+
+/// On a single node, a snapshot (`SAVE`) taken after a slot change re-logs the change
+/// before it deletes the record that made it: after a restart the slot is still moved.
+#[test]
+fn cluster_move_slot_changes_survive_a_single_nodes_snapshot() {
+    let mut c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let slot = 7u16;
+    let b = c.nodes[1].port;
+    for n in &c.nodes {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("NODE")
+            .arg(node_id(1))
+            .query(&mut n.conn())
+            .expect("setslot");
+    }
+    let _: () = redis::cmd("SAVE")
+        .query(&mut c.nodes[0].conn())
+        .expect("save");
+    c.nodes[0].kill9();
+    c.nodes[0].restart();
+    assert_eq!(slots_master(c.nodes[0].port, slot), Some(b));
+    assert_eq!(
+        slots_master(c.nodes[0].port, slot + 1),
+        Some(c.nodes[0].port)
+    );
+    // A second snapshot after the restart still carries it.
+    let _: () = redis::cmd("SAVE")
+        .query(&mut c.nodes[0].conn())
+        .expect("save");
+    c.nodes[0].kill9();
+    c.nodes[0].restart();
+    assert_eq!(slots_master(c.nodes[0].port, slot), Some(b));
+}
