@@ -698,3 +698,76 @@ fn bindings_are_added_deliberately_and_rebind_takes_a_history_along() {
         assert!(identity::ensure_bound(&l, Some(won.clone())).await.is_err());
     });
 }
+
+/// A sale whose slot moves to another group (`move-slots --follow-ledger`) is recorded
+/// on the destination's history, so the destination's sweeper releases its expired
+/// holds and the source's no longer takes it. The follow is refused while the
+/// destination is not bound, and re-running the move after `bind` finishes it.
+#[test]
+fn a_moved_sale_follows_its_slot_to_the_destinations_history() {
+    let rt = runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let cluster = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let (n0, n1) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (p0, p1) = (n0.port, n1.port);
+    let h1 = history(n1);
+    let a = cluster.skus("MOVL", 1)[0][0].clone();
+    ok(
+        &pg,
+        p0,
+        &["create-sale", "--sku", &a, "--total", "50", "--ttl-ms", TTL],
+    );
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&a)
+        .query(&mut n0.conn())
+        .expect("keyslot");
+    let token = reserve(n0, &cluster.keys, &a, "mover");
+    let (from, to) = (format!("127.0.0.1:{p0}"), format!("127.0.0.1:{p1}"));
+    let slots = slot.to_string();
+    let move_args = [
+        "move-slots",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--slots",
+        &slots,
+        "--follow-ledger",
+    ];
+    let err = refused(&pg, p0, &move_args);
+    assert!(
+        err.contains(&format!("not bound to the destination's history {h1}"))
+            && err.contains("bind --history"),
+        "{err}"
+    );
+    ok(&pg, p1, &["bind", "--history", &h1, "--group", "g1"]);
+    let out = ok(&pg, p0, &move_args);
+    assert!(
+        out.contains("ledger: 1 sale(s) recorded on the destination's history"),
+        "{out}"
+    );
+    let pool = rt.block_on(sqlx::PgPool::connect(pg.url())).expect("pool");
+    let recorded: Option<String> = rt
+        .block_on(
+            sqlx::query_scalar("SELECT history_id FROM stockgate.sales WHERE sku = $1")
+                .bind(&a)
+                .fetch_one(&pool),
+        )
+        .expect("sale");
+    assert_eq!(recorded, Some(h1.clone()));
+    // The hold taken on the source expires on the destination, whose sweeper releases
+    // it; the source's sweeper leaves the sale alone (it would be sent away).
+    std::thread::sleep(Duration::from_millis(2_500));
+    let out = ok(&pg, p1, &["run", "--once"]);
+    assert_eq!(number_after(&out, "released"), 1, "{out}");
+    ok(&pg, p0, &["run", "--once"]);
+    let r: Vec<redis::Value> = redis::cmd("RESERVATION")
+        .arg(&token)
+        .query(&mut n1.conn())
+        .expect("reservation on the destination");
+    assert!(
+        format!("{r:?}").contains("RELEASED"),
+        "the moved hold was released on the destination: {r:?}"
+    );
+}

@@ -20,6 +20,10 @@ pub enum MoveError {
         /// Its error.
         why: String,
     },
+    /// `--follow-ledger` refused: the destination's history is not one the ledger is
+    /// bound to, or a node reports none.
+    #[error("--follow-ledger: {0}")]
+    Ledger(String),
     /// An argument that is not a slot list.
     #[error("invalid slots '{0}': give slots and ranges from 0 to 16383, e.g. 100-200,300")]
     Slots(String),
@@ -92,6 +96,14 @@ impl Node {
             .await
     }
 
+    /// The history id the node reports (`INFO server`'s `stockgate_history`).
+    async fn history(&mut self) -> Result<String, MoveError> {
+        let v: redis::Value = self.call(&["INFO", "server"]).await?;
+        crate::client::history_in_info(&v)
+            .flatten()
+            .ok_or_else(|| MoveError::Ledger(format!("{} reports no history id", self.addr)))
+    }
+
     /// The host and port `SALE.MIGRATE` connects to (the address as given).
     fn host_port(&self) -> (String, String) {
         let bare = self.addr.rsplit('@').next().unwrap_or(&self.addr);
@@ -146,6 +158,57 @@ pub async fn move_slots(
         slots: slots.len(),
         sales,
     })
+}
+
+/// After a move: records in `ledger` that every sale the destination now holds on
+/// `slots` lives on the destination's history (`sales.history_id`), so the destination
+/// group's sweeper, rebuild and `adjust` take it and the source's leave it alone. The
+/// destination's history must be bound (`stockgate-sweeper bind`). Idempotent, like the
+/// move. Returns the sales recorded; sales the ledger does not know are left out.
+pub async fn follow_ledger(
+    ledger: &impl crate::ledger::Ledger,
+    from: &str,
+    to: &str,
+    slots: &[u16],
+) -> Result<usize, MoveError> {
+    let mut src = Node::open(from).await?;
+    let mut dst = Node::open(to).await?;
+    let (h_src, h_dst) = (src.history().await?, dst.history().await?);
+    let bound = ledger
+        .bound_histories()
+        .await
+        .map_err(|e| MoveError::Ledger(e.to_string()))?;
+    if !bound.iter().any(|b| b.history_id == h_dst) {
+        return Err(MoveError::Ledger(format!(
+            "the ledger is not bound to the destination's history {h_dst}; bind it first: \
+             `stockgate-sweeper --server {to} bind --history {h_dst}`"
+        )));
+    }
+    let mut recorded = 0;
+    for &s in slots {
+        let slot = s.to_string();
+        let n: u64 = dst.call(&["CLUSTER", "COUNTKEYSINSLOT", &slot]).await?;
+        let skus: Vec<String> = dst
+            .call(&["CLUSTER", "GETKEYSINSLOT", &slot, &n.to_string()])
+            .await?;
+        for sku in &skus {
+            let now = ledger
+                .move_sale_history(sku, &h_src, &h_dst)
+                .await
+                .map_err(|e| MoveError::Ledger(e.to_string()))?;
+            match now {
+                Some(h) if h == h_dst => recorded += 1,
+                Some(h) => {
+                    return Err(MoveError::Ledger(format!(
+                        "sale {sku} is recorded on history {h}, neither the source's ({h_src}) \
+                         nor the destination's; left as it is"
+                    )))
+                }
+                None => {}
+            }
+        }
+    }
+    Ok(recorded)
 }
 
 /// Hands over every sale the source holds on `slot`, until it holds none.

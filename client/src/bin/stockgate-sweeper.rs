@@ -149,8 +149,8 @@ enum Cmd {
     /// the ledger (withdrawal first); every --interval-secs, or once with --once.
     Rebalance(RebalanceArgs),
     /// Move hash slots (and every sale on them) from one group's node to another's while
-    /// they sell (docs/cluster.md, "Moving slots"). Needs no ledger. Re-run the same
-    /// command after any failure: it finishes the move.
+    /// they sell (docs/cluster.md, "Moving slots"). Needs no ledger unless
+    /// --follow-ledger. Re-run the same command after any failure: it finishes the move.
     MoveSlots(MoveSlotsArgs),
 }
 
@@ -169,6 +169,11 @@ struct MoveSlotsArgs {
     /// Every other node of the cluster, told the new owner last (comma-separated).
     #[arg(long, value_delimiter = ',')]
     all_nodes: Vec<String>,
+    /// After the move, record in the ledger (--database-url) that the moved sales live
+    /// on the destination's history, so its group's sweeper and rebuild take them (the
+    /// destination must be bound: `bind`).
+    #[arg(long)]
+    follow_ledger: bool,
 }
 
 #[derive(Args)]
@@ -391,6 +396,20 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             "moved {} slot(s) from {} to {}: {} sale(s) handed over",
             m.slots, a.from, a.to, m.sales
         );
+        if a.follow_ledger {
+            let ledger = PgLedger::connect_with(
+                &cli.database_url,
+                PgLedgerOptions {
+                    schema: cli.schema.clone(),
+                    ..PgLedgerOptions::default()
+                },
+            )
+            .await?;
+            ledger.migrate().await?;
+            let n =
+                stockgate_client::slot_move::follow_ledger(&ledger, &a.from, &a.to, &slots).await?;
+            println!("ledger: {n} sale(s) recorded on the destination's history");
+        }
         return Ok(());
     }
     let target = cli.target()?;

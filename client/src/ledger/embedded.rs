@@ -829,6 +829,21 @@ impl Ledger for SledLedger {
         }
     }
 
+    async fn move_sale_history(
+        &self,
+        sku: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<Option<String>, LedgerError> {
+        if from == to {
+            return self.record_sale_history(sku, to).await;
+        }
+        // One process, one engine, one history: no slot of it can move to another group.
+        Err(LedgerError::Invalid(format!(
+            "the embedded ledger follows one server history and cannot record sale {sku}              on another ({to}); a ledger for several groups is the Postgres ledger"
+        )))
+    }
+
     async fn live_pending_orders(&self, sku: &str) -> Result<Vec<Order>, LedgerError> {
         // The ledger's clock and commit's `expires >= now`: what a payment could still take.
         let now = (self.clock)();

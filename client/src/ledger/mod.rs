@@ -751,6 +751,17 @@ pub trait Ledger: Clone + Send + Sync + 'static {
         sku: &str,
         history: &str,
     ) -> impl Future<Output = Result<Option<String>, LedgerError>> + Send;
+
+    /// Records that `sku` lives on history `to` now that its slot moved there from `from`
+    /// (`stockgate-sweeper move-slots --follow-ledger`): only when it is recorded on
+    /// `from`, on `to` already, or on none, so a sale of a third group is never taken.
+    /// Returns the history recorded afterwards, `None` for a sale the ledger does not know.
+    fn move_sale_history(
+        &self,
+        sku: &str,
+        from: &str,
+        to: &str,
+    ) -> impl Future<Output = Result<Option<String>, LedgerError>> + Send;
 }
 
 /// One server history a ledger is bound to (`server_bindings`).

@@ -862,6 +862,23 @@ impl Ledger for PgLedger {
         .flatten())
     }
 
+    async fn move_sale_history(
+        &self,
+        sku: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<Option<String>, LedgerError> {
+        Ok(sqlx::query_scalar(
+            "UPDATE sales SET history_id = CASE WHEN history_id IS NULL OR history_id = $2              THEN $3 ELSE history_id END WHERE sku = $1 RETURNING history_id",
+        )
+        .bind(sku)
+        .bind(from)
+        .bind(to)
+        .fetch_optional(&self.pool)
+        .await?
+        .flatten())
+    }
+
     async fn live_pending_orders(&self, sku: &str) -> Result<Vec<Order>, LedgerError> {
         // `>= now()`: exactly the orders `commit` would still accept (served by the
         // partial index orders_pending_by_expiry).
