@@ -6,18 +6,14 @@
 //! snapshot stores it ([`super::snapshot`]). Self-contained: a damaged or cut copy is
 //! refused before anything is decoded.
 
-use super::codec::{put_str, put_u64, DecodeError, Reader};
+use super::codec::Reader;
+use super::fields::{get_export, put_export};
 use super::record::MAX_PAYLOAD;
-use super::snapshot::{
-    get_reservation, get_sale, get_tomb, put_reservation, put_sale, put_tomb, PREALLOC_CAP,
-};
 use crate::engine::types::SaleExport;
 use crate::engine::{Engine, EngineError, Lsn};
 
 /// The first 8 bytes of every export: format and version.
 pub const HANDOVER_MAGIC: [u8; 8] = *b"SGMOVE\0\x01";
-/// The payload's format version.
-pub const HANDOVER_VERSION: u8 = 1;
 const HEADER_LEN: usize = 8 + 8 + 4;
 
 /// Encodes an export, header and checksum included.
@@ -25,53 +21,12 @@ pub fn encode_export(e: &SaleExport) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + 64 + e.reservations.len() * 100);
     out.extend_from_slice(&HANDOVER_MAGIC);
     out.extend_from_slice(&[0u8; 12]);
-    put_payload(&mut out, e);
+    put_export(&mut out, e);
     let len = (out.len() - HEADER_LEN) as u64;
     let crc = crc32c::crc32c(&out[HEADER_LEN..]);
     out[8..16].copy_from_slice(&len.to_le_bytes());
     out[16..20].copy_from_slice(&crc.to_le_bytes());
     out
-}
-
-/// Appends the payload alone (what the `SaleImported` record stores after its kind).
-pub(crate) fn put_payload(out: &mut Vec<u8>, e: &SaleExport) {
-    out.push(HANDOVER_VERSION);
-    put_str(out, &e.fingerprint);
-    put_sale(out, &e.sale);
-    put_u64(out, e.reservations.len() as u64);
-    for r in &e.reservations {
-        put_reservation(out, r);
-    }
-    put_u64(out, e.tombs.len() as u64);
-    for t in &e.tombs {
-        put_tomb(out, t);
-    }
-}
-
-/// Decodes the payload alone, up to its end.
-pub(crate) fn get_payload(r: &mut Reader<'_>) -> Result<SaleExport, DecodeError> {
-    let version = r.u8("handover version")?;
-    if version != HANDOVER_VERSION {
-        return Err(DecodeError::Version(version));
-    }
-    let fingerprint = r.string("fingerprint")?;
-    let sale = get_sale(r)?;
-    let n = r.count("reservations")?;
-    let mut reservations = Vec::with_capacity(n.min(PREALLOC_CAP));
-    for _ in 0..n {
-        reservations.push(get_reservation(r)?);
-    }
-    let n = r.count("tombstones")?;
-    let mut tombs = Vec::with_capacity(n.min(PREALLOC_CAP));
-    for _ in 0..n {
-        tombs.push(get_tomb(r)?);
-    }
-    Ok(SaleExport {
-        fingerprint,
-        sale,
-        reservations,
-        tombs,
-    })
 }
 
 /// Decodes an export; damage anywhere (a flipped bit, a cut, another format) is refused
@@ -95,7 +50,7 @@ pub fn decode_export(buf: &[u8]) -> Result<SaleExport, String> {
         return Err("the sale export is damaged (checksum mismatch)".into());
     }
     let mut r = Reader::new(payload);
-    let e = get_payload(&mut r).map_err(|e| format!("the sale export does not decode: {e}"))?;
+    let e = get_export(&mut r).map_err(|e| format!("the sale export does not decode: {e}"))?;
     r.finish()
         .map_err(|e| format!("the sale export does not decode: {e}"))?;
     Ok(e)

@@ -22,6 +22,7 @@
 
 pub mod backup;
 pub mod codec;
+mod fields;
 pub mod handover;
 pub mod reader;
 pub mod record;

@@ -9,8 +9,9 @@
 use thiserror::Error;
 
 use super::codec::{put_i64s, put_str, put_u64, DecodeError, Reader};
+use super::fields::{get_params, get_sale_state, put_params};
 use crate::engine::event::{Event, EventRef};
-use crate::engine::types::{ReleaseReason, SaleParams, SaleState};
+use crate::engine::types::ReleaseReason;
 
 /// Bytes before the payload: length and CRC.
 pub const HEADER_LEN: usize = 8;
@@ -238,7 +239,7 @@ pub fn encode_payload(event: &EventRef<'_>, out: &mut Vec<u8>) {
         }
         EventRef::SaleImported { export } => {
             out.push(K_SALE_IMPORTED);
-            super::handover::put_payload(out, export);
+            super::fields::put_export(out, export);
         }
         EventRef::SaleDropped { sku } => {
             out.push(K_SALE_DROPPED);
@@ -271,32 +272,6 @@ fn get_reason(r: &mut Reader<'_>) -> Result<ReleaseReason, DecodeError> {
     ReleaseReason::from_u8(v).ok_or(DecodeError::OutOfRange {
         at,
         what: "release reason",
-        value: u64::from(v),
-    })
-}
-
-pub(crate) fn put_params(out: &mut Vec<u8>, p: &SaleParams) {
-    put_u64(out, p.total);
-    put_u64(out, u64::from(p.shards));
-    put_u64(out, p.ttl_ms);
-    put_u64(out, u64::from(p.limit));
-}
-
-pub(crate) fn get_params(r: &mut Reader<'_>) -> Result<SaleParams, DecodeError> {
-    Ok(SaleParams {
-        total: r.u64("total")?,
-        shards: r.u16("shards")?,
-        ttl_ms: r.u64("ttl_ms")?,
-        limit: r.u32("limit")?,
-    })
-}
-
-pub(crate) fn get_sale_state(r: &mut Reader<'_>) -> Result<SaleState, DecodeError> {
-    let at = r.pos();
-    let v = r.u8("sale state")?;
-    SaleState::from_u8(v).ok_or(DecodeError::OutOfRange {
-        at,
-        what: "sale state",
         value: u64::from(v),
     })
 }
@@ -405,7 +380,7 @@ pub fn decode_payload(payload: &[u8]) -> Result<Event, DecodeError> {
             id: r.string("history id")?,
         },
         K_SALE_IMPORTED => Event::SaleImported {
-            export: Box::new(super::handover::get_payload(&mut r)?),
+            export: Box::new(super::fields::get_export(&mut r)?),
         },
         K_SALE_DROPPED => Event::SaleDropped {
             sku: r.string("sku")?,
@@ -474,6 +449,7 @@ pub(crate) fn plausible_record_at(buf: &[u8]) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::engine::types::{SaleParams, SaleState};
     use proptest::prelude::*;
 
     pub(crate) fn reserved(i: u64) -> Event {

@@ -11,11 +11,13 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::codec::{put_i64, put_i64s, put_str, put_u64, DecodeError, Reader};
-use super::record::{get_params, get_sale_state, put_params};
+use super::codec::{put_str, put_u64, DecodeError, Reader};
+use super::fields::{
+    get_reservation, get_sale, get_tomb, put_reservation, put_sale, put_tomb, PREALLOC_CAP,
+};
 use super::segment::{snapshot_file_name, sync_dir};
 use super::{io_err, Lsn, WalError};
-use crate::engine::types::{ReservationState, ReservationView, SaleView, Snapshot, TombView};
+use crate::engine::types::Snapshot;
 
 /// The first 8 bytes of every snapshot file: format and version.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"SGSNAP\0\x01";
@@ -62,84 +64,6 @@ pub fn encode_snapshot(snap: &Snapshot, lsn: Lsn) -> Vec<u8> {
     out[8..16].copy_from_slice(&len.to_le_bytes());
     out[16..20].copy_from_slice(&crc.to_le_bytes());
     out
-}
-
-/// One sale's counters, as snapshots and handovers store them.
-pub(crate) fn put_sale(out: &mut Vec<u8>, s: &SaleView) {
-    put_str(out, &s.sku);
-    put_params(out, &s.params);
-    put_u64(out, s.total);
-    put_i64(out, s.available);
-    put_u64(out, s.reserved);
-    put_u64(out, s.committed);
-    out.push(s.state.to_u8());
-    put_i64s(out, &s.shard_available);
-}
-
-/// One reservation, as snapshots and handovers store it.
-pub(crate) fn put_reservation(out: &mut Vec<u8>, r: &ReservationView) {
-    put_str(out, &r.token);
-    put_str(out, &r.sku);
-    put_str(out, &r.user);
-    put_str(out, &r.request_id);
-    put_u64(out, u64::from(r.qty));
-    put_u64(out, u64::from(r.shard));
-    out.push(r.state.to_u8());
-    put_u64(out, r.expires_at_ms);
-    put_u64(out, r.created_at_ms);
-    put_u64(out, r.finished_at_ms);
-}
-
-/// One tombstone, as snapshots and handovers store it.
-pub(crate) fn put_tomb(out: &mut Vec<u8>, t: &TombView) {
-    put_str(out, &t.sku);
-    put_u64(out, (t.key >> 64) as u64);
-    put_u64(out, t.key as u64);
-    out.push(t.state.to_u8());
-    put_u64(out, u64::from(t.qty));
-    put_u64(out, u64::from(t.shard));
-    put_u64(out, t.expires_at_ms);
-    put_str(out, &t.user);
-}
-
-pub(crate) fn get_sale(r: &mut Reader<'_>) -> Result<SaleView, DecodeError> {
-    Ok(SaleView {
-        sku: r.string("sku")?,
-        params: get_params(r)?,
-        total: r.u64("total")?,
-        available: r.i64("available")?,
-        reserved: r.u64("reserved")?,
-        committed: r.u64("committed")?,
-        state: get_sale_state(r)?,
-        shard_available: r.i64s("shard_available")?,
-    })
-}
-
-pub(crate) fn get_reservation(r: &mut Reader<'_>) -> Result<ReservationView, DecodeError> {
-    Ok(ReservationView {
-        token: r.string("token")?,
-        sku: r.string("sku")?,
-        user: r.string("user")?,
-        request_id: r.string("request_id")?,
-        qty: r.u32("qty")?,
-        shard: r.u16("shard")?,
-        state: get_res_state(r)?,
-        expires_at_ms: r.u64("expires_at_ms")?,
-        created_at_ms: r.u64("created_at_ms")?,
-        finished_at_ms: r.u64("finished_at_ms")?,
-    })
-}
-
-pub(crate) fn get_tomb(r: &mut Reader<'_>) -> Result<TombView, DecodeError> {
-    Ok(TombView {
-        sku: r.string("sku")?,
-        key: (u128::from(r.u64("key")?) << 64) | u128::from(r.u64("key")?),
-        state: get_res_state(r)?,
-        qty: r.u32("qty")?,
-        shard: r.u16("shard")?,
-        expires_at_ms: r.u64("expires_at_ms")?,
-        user: r.string("user")?,
-    })
 }
 
 /// Why snapshot bytes are invalid; `offset` is a position in the file.
@@ -191,9 +115,6 @@ pub fn decode_snapshot(buf: &[u8]) -> Result<(Lsn, Snapshot), SnapshotError> {
     })
 }
 
-/// Largest up-front reservation of entries while decoding a snapshot.
-pub(crate) const PREALLOC_CAP: usize = 1 << 16;
-
 fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
     let version = r.u8("version")?;
     if !(1..=SNAPSHOT_VERSION).contains(&version) {
@@ -237,16 +158,6 @@ fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
     ))
 }
 
-fn get_res_state(r: &mut Reader<'_>) -> Result<ReservationState, DecodeError> {
-    let at = r.pos();
-    let v = r.u8("reservation state")?;
-    ReservationState::from_u8(v).ok_or(DecodeError::OutOfRange {
-        at,
-        what: "reservation state",
-        value: u64::from(v),
-    })
-}
-
 /// Writes `snapshot-<lsn>.snap` in `dir` atomically and durably; returns its path and size.
 pub(crate) fn write_atomic(
     dir: &Path,
@@ -287,6 +198,7 @@ pub(crate) fn read(path: &Path, lsn: Lsn) -> Result<Snapshot, WalError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::engine::types::{ReservationState, ReservationView, SaleView, TombView};
     use crate::engine::types::{SaleParams, SaleState};
     use proptest::prelude::*;
 
