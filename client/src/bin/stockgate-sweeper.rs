@@ -387,6 +387,15 @@ async fn migrate_with_retry(ledger: &PgLedger, once: bool) -> Result<(), CliErro
     }
 }
 
+/// The ledger of `--database-url` and `--schema`.
+async fn open_ledger(cli: &Cli) -> Result<PgLedger, CliError> {
+    let options = PgLedgerOptions {
+        schema: cli.schema.clone(),
+        ..PgLedgerOptions::default()
+    };
+    Ok(PgLedger::connect_with(&cli.database_url, options).await?)
+}
+
 async fn run(cli: Cli) -> Result<(), CliError> {
     if let Some(Cmd::MoveSlots(a)) = &cli.cmd {
         let slots = stockgate_client::slot_move::parse_slots(&a.slots)?;
@@ -397,14 +406,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             m.slots, a.from, a.to, m.sales
         );
         if a.follow_ledger {
-            let ledger = PgLedger::connect_with(
-                &cli.database_url,
-                PgLedgerOptions {
-                    schema: cli.schema.clone(),
-                    ..PgLedgerOptions::default()
-                },
-            )
-            .await?;
+            let ledger = open_ledger(&cli).await?;
             ledger.migrate().await?;
             let n =
                 stockgate_client::slot_move::follow_ledger(&ledger, &a.from, &a.to, &slots).await?;
@@ -413,14 +415,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         return Ok(());
     }
     let target = cli.target()?;
-    let ledger = PgLedger::connect_with(
-        &cli.database_url,
-        PgLedgerOptions {
-            schema: cli.schema.clone(),
-            ..PgLedgerOptions::default()
-        },
-    )
-    .await?;
+    let ledger = open_ledger(&cli).await?;
     match cli.cmd {
         Some(Cmd::Migrate) => {
             if let Some(m) = ledger.migrate_moving_old_layout().await? {
