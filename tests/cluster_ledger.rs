@@ -771,3 +771,101 @@ fn a_moved_sale_follows_its_slot_to_the_destinations_history() {
         "the moved hold was released on the destination: {r:?}"
     );
 }
+
+/// The two materializers across a move, the destination's drained first: every token
+/// has one order in the state its last acknowledged step gave it, whether the step was
+/// taken on the source before the move (and read there or not yet) or on the
+/// destination after it.
+#[test]
+fn both_materializers_across_a_move_write_each_order_once() {
+    let rt = runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let cluster = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let (n0, n1) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (p0, p1) = (n0.port, n1.port);
+    let a = cluster.skus("MATM", 1)[0][0].clone();
+    ok(
+        &pg,
+        p0,
+        &[
+            "create-sale",
+            "--sku",
+            &a,
+            "--total",
+            "50",
+            "--ttl-ms",
+            "600000",
+        ],
+    );
+    ok(&pg, p1, &["bind", "--history", &history(n1)]);
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&a)
+        .query(&mut n0.conn())
+        .expect("keyslot");
+    // On the source: t1 paid there, t2 and t3 held; all three read by its materializer.
+    let t: Vec<String> = (1..=3)
+        .map(|i| reserve(n0, &cluster.keys, &a, &format!("m{i}")))
+        .collect();
+    commit(n0, &t[0]);
+    assert!(drain(&pg, p0).status.success());
+    // t4 held on the source and not yet read by its materializer when the sale leaves.
+    let t4 = reserve(n0, &cluster.keys, &a, "m4");
+    let (from, to) = (format!("127.0.0.1:{p0}"), format!("127.0.0.1:{p1}"));
+    let slots = slot.to_string();
+    ok(
+        &pg,
+        p0,
+        &[
+            "move-slots",
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--slots",
+            &slots,
+            "--follow-ledger",
+        ],
+    );
+    // On the destination: t2 and t4 paid, t3 released, t5 a new hold.
+    commit(n1, &t[1]);
+    commit(n1, &t4);
+    let r: redis::Value = redis::cmd("RELEASE")
+        .arg(&t[2])
+        .query(&mut n1.conn())
+        .expect("release");
+    assert!(!matches!(r, redis::Value::ServerError(_)), "{r:?}");
+    let t5 = reserve(n1, &cluster.keys, &a, "m5");
+    for port in [p1, p0, p1] {
+        let o = drain(&pg, port);
+        assert!(
+            o.status.success(),
+            "materializer of {port}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let pool = rt.block_on(sqlx::PgPool::connect(pg.url())).expect("pool");
+    let rows: Vec<(String, String)> = rt
+        .block_on(
+            sqlx::query_as(
+                "SELECT reservation_token, status FROM stockgate.orders WHERE sku = $1 \
+                 ORDER BY reservation_token",
+            )
+            .bind(&a)
+            .fetch_all(&pool),
+        )
+        .expect("orders");
+    let got: BTreeMap<String, String> = rows.iter().cloned().collect();
+    assert_eq!(got.len(), rows.len(), "one order per token: {rows:?}");
+    let want: BTreeMap<String, String> = [
+        (&t[0], "COMMITTED"),
+        (&t[1], "COMMITTED"),
+        (&t[2], "CANCELLED"),
+        (&t4, "COMMITTED"),
+        (&t5, "PENDING"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.clone(), v.to_string()))
+    .collect();
+    assert_eq!(got, want);
+}

@@ -12,9 +12,12 @@
 //!
 //! What each entry does:
 //! - `reserved`  → a `PENDING` order, the same row the checkout flow writes;
-//! - `committed` → `COMMITTED`, only if the order is still `PENDING`;
+//! - `committed` → `COMMITTED`, only if the order is still `PENDING`; a token with no
+//!   order yet (its `reserved` is on another group's feed: a sale moved here) gets one
+//!   from the entry's own fields first;
 //! - `released`  → `CANCELLED`, only if the order is still `PENDING` (the units went
-//!   back: the server refuses the capture, so the order cannot be paid any more);
+//!   back: the server refuses the capture, so the order cannot be paid any more); a
+//!   token with no order gets one first, as for `committed`;
 //! - `extended`  → the `PENDING` order's deadline moves with the server's;
 //! - anything else (sale events, purges) only moves the position.
 
@@ -124,6 +127,45 @@ impl FeedEvent {
         self.get(k)
             .map(str::to_owned)
             .ok_or_else(|| MaterializeError::Protocol(format!("entry {}-0: field {k}", self.lsn)))
+    }
+}
+
+/// The orders a batch's `committed` and `released` entries describe on their own (their
+/// token, sku, buyer, request id and quantity; the finish time stands in for the
+/// deadline), written only for tokens that have no order yet. Entries of the older
+/// format, without those fields, are left out.
+#[derive(Default)]
+struct Unseen {
+    token: Vec<String>,
+    sku: Vec<String>,
+    user: Vec<String>,
+    request_id: Vec<String>,
+    qty: Vec<i32>,
+    at_ms: Vec<i64>,
+    created: Vec<Option<i64>>,
+}
+
+impl Unseen {
+    fn push(&mut self, ev: &FeedEvent) -> Result<(), MaterializeError> {
+        let qty = ev
+            .get("qty")
+            .and_then(|v| v.parse::<i32>().ok())
+            .unwrap_or(0);
+        let (user, request_id) = (
+            ev.get("user").unwrap_or(""),
+            ev.get("request_id").unwrap_or(""),
+        );
+        if qty <= 0 || user.is_empty() || request_id.is_empty() {
+            return Ok(());
+        }
+        self.token.push(ev.text("token")?);
+        self.sku.push(ev.text("sku")?);
+        self.user.push(user.to_owned());
+        self.request_id.push(request_id.to_owned());
+        self.qty.push(qty);
+        self.at_ms.push(ev.num("at_ms")?);
+        self.created.push(None);
+        Ok(())
     }
 }
 
@@ -905,6 +947,7 @@ impl Materializer {
         let (mut t, mut s, mut u, mut r, mut q, mut e, mut c) =
             (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
         let (mut committed, mut released) = (vec![], vec![]);
+        let mut finished = Unseen::default();
         let (mut ext_t, mut ext_e) = (vec![], vec![]);
         for ev in events {
             match ev.kind() {
@@ -919,8 +962,14 @@ impl Materializer {
                     e.push(ev.num("expires_at_ms")?);
                     c.push(ev.num("created_at_ms")?);
                 }
-                "committed" => committed.push(ev.text("token")?),
-                "released" => released.push(ev.text("token")?),
+                "committed" => {
+                    committed.push(ev.text("token")?);
+                    finished.push(ev)?;
+                }
+                "released" => {
+                    released.push(ev.text("token")?);
+                    finished.push(ev)?;
+                }
                 "extended" => {
                     ext_t.push(ev.text("token")?);
                     ext_e.push(ev.num("expires_at_ms")?);
@@ -941,6 +990,24 @@ impl Materializer {
             .bind(&q)
             .bind(&e)
             .bind(&c)
+            .fetch_one(&mut *tx)
+            .await? as u64;
+        }
+        if !finished.token.is_empty() {
+            // A finish whose reservation this feed never carried (the sale moved here
+            // from another group, whose materializer may not have read it yet): the
+            // order is written from the finish itself, then moved like any other; the
+            // other feed's `reserved`, read later, leaves it as it is.
+            rep.created += sqlx::query_scalar::<_, i64>(
+                "SELECT materialize_reserved($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(&finished.token)
+            .bind(&finished.sku)
+            .bind(&finished.user)
+            .bind(&finished.request_id)
+            .bind(&finished.qty)
+            .bind(&finished.at_ms)
+            .bind(&finished.created)
             .fetch_one(&mut *tx)
             .await? as u64;
         }
