@@ -32,6 +32,20 @@ fn sweeper() -> std::path::PathBuf {
     stockgate_testkit::sibling_binary("stockgate-sweeper")
 }
 
+/// `stockgate-sweeper move-slots --from --to --slots`, which must succeed.
+fn move_slots(from: &str, to: &str, slots: &str) -> std::process::Output {
+    let out = Command::new(sweeper())
+        .args(["move-slots", "--from", from, "--to", to, "--slots", slots])
+        .output()
+        .expect("run move-slots");
+    assert!(
+        out.status.success(),
+        "move-slots failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 fn reserve(n: &Node, keyring: &Keyring, sku: &str, user: &str, rid: &str) -> String {
     let adm = keyring.mint(sku, user, now_ms() + 120_000);
     let v: Vec<Value> = redis::cmd("RESERVE")
@@ -162,42 +176,12 @@ fn cluster_move_slots_while_buyers_reserve_and_commit() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let out = Command::new(sweeper())
-        .args([
-            "move-slots",
-            "--from",
-            &c.nodes[0].addr(),
-            "--to",
-            &c.nodes[1].addr(),
-        ])
-        .args(["--slots", &slot_list.join(",")])
-        .output()
-        .expect("run move-slots");
-    assert!(
-        out.status.success(),
-        "move-slots failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = move_slots(&c.nodes[0].addr(), &c.nodes[1].addr(), &slot_list.join(","));
     let said = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(said.contains("4 sale(s) handed over"), "{said}");
     std::thread::sleep(Duration::from_millis(500));
     // Re-running a finished move changes nothing.
-    let again = Command::new(sweeper())
-        .args([
-            "move-slots",
-            "--from",
-            &c.nodes[0].addr(),
-            "--to",
-            &c.nodes[1].addr(),
-        ])
-        .args(["--slots", &slot_list.join(",")])
-        .output()
-        .expect("run move-slots again");
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
+    let again = move_slots(&c.nodes[0].addr(), &c.nodes[1].addr(), &slot_list.join(","));
     assert!(String::from_utf8_lossy(&again.stdout).contains("0 sale(s)"));
 
     // Refreshed clients: no redirection per request any more.
@@ -379,16 +363,7 @@ fn cluster_move_slots_from_a_raft_group() {
         .iter()
         .map(|s| key_slot(s.as_bytes()).to_string())
         .collect();
-    let out = Command::new(sweeper())
-        .args(["move-slots", "--from", &format!("127.0.0.1:{lp}")])
-        .args(["--to", &c.b.addr(), "--slots", &slots.join(",")])
-        .output()
-        .expect("run move-slots");
-    assert!(
-        out.status.success(),
-        "move-slots failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    move_slots(&format!("127.0.0.1:{lp}"), &c.b.addr(), &slots.join(","));
     let b = c.b.port;
     for (s, want) in skus.iter().zip(&before) {
         assert_eq!(&sale_info(b, s), want, "{s} on the single node");
@@ -462,22 +437,7 @@ fn cluster_move_slots_under_redis_py() {
         out
     });
     std::thread::sleep(Duration::from_millis(1500));
-    let out = Command::new(sweeper())
-        .args([
-            "move-slots",
-            "--from",
-            &c.nodes[0].addr(),
-            "--to",
-            &c.nodes[1].addr(),
-        ])
-        .args(["--slots", &slots.join(",")])
-        .output()
-        .expect("run move-slots");
-    assert!(
-        out.status.success(),
-        "move-slots failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    move_slots(&c.nodes[0].addr(), &c.nodes[1].addr(), &slots.join(","));
     let status = buyer.0.wait().expect("python3 exit");
     let said = reader.join().expect("reader");
     let mut err = String::new();
@@ -590,16 +550,7 @@ fn cluster_move_slots_to_a_raft_group() {
         .collect();
     let before = sale_info(c.b.port, &sku);
     let slot = key_slot(sku.as_bytes()).to_string();
-    let out = Command::new(sweeper())
-        .args(["move-slots", "--from", &c.b.addr()])
-        .args(["--to", &format!("127.0.0.1:{lp}"), "--slots", &slot])
-        .output()
-        .expect("run move-slots");
-    assert!(
-        out.status.success(),
-        "move-slots failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    move_slots(&c.b.addr(), &format!("127.0.0.1:{lp}"), &slot);
     assert_eq!(sale_info(lp, &sku), before);
     for m in &c.a.members {
         let port = m.port;
@@ -681,22 +632,7 @@ fn cluster_move_a_broken_link_keeps_the_sale_frozen_until_the_move_is_finished()
     c.nodes[0].restart();
     assert_eq!(frozen(&c.nodes[0]), "MOVING", "the freeze is in the log");
     let slot = key_slot(sku.as_bytes()).to_string();
-    let out = Command::new(sweeper())
-        .args([
-            "move-slots",
-            "--from",
-            &c.nodes[0].addr(),
-            "--to",
-            &c.nodes[1].addr(),
-        ])
-        .args(["--slots", &slot])
-        .output()
-        .expect("run move-slots");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    move_slots(&c.nodes[0].addr(), &c.nodes[1].addr(), &slot);
     let b = c.nodes[1].port;
     assert_eq!(state_of(b, &held).as_deref(), Some("RESERVED"));
     assert_eq!(frozen(&c.nodes[1]), "OPEN");
