@@ -1054,13 +1054,22 @@ async fn start_raft_member(
     // Consumer groups hold snapshots back: nothing they may still read is covered.
     let feed = shared.feed.get().cloned();
     let hold = Box::new(move || feed.as_ref().and_then(|f| f.groups.oldest_needed()));
+    let cluster = shared.cluster.get().cloned();
+    let compact_slots = Box::new(move |recs| match &cluster {
+        Some(c) => c.compact_slot_records(recs),
+        None => recs,
+    });
+    let hooks = raft::snapshot::SnapshotHooks {
+        hold,
+        compact_slots,
+    };
     let node = RaftNode::start(
         cfg,
         prepared,
         r.engine.clone(),
         r.durability.clone(),
         spec,
-        hold,
+        hooks,
     )
     .await?;
     let hub = shared.clone();

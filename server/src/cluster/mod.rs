@@ -172,6 +172,11 @@ impl Cluster {
             .changes_from(&SlotTable::from_map(&self.map))
     }
 
+    /// Folds the slot records a Raft snapshot carries on ([`slots::compact_records`]).
+    pub fn compact_slot_records(&self, records: Vec<(u8, Vec<u8>)>) -> Vec<(u8, Vec<u8>)> {
+        slots::compact_records(records, self.map.groups.len())
+    }
+
     /// The group of the map whose node has this id.
     pub fn group_of_node(&self, id: &str) -> Option<usize> {
         self.map.find(id).map(|(g, _)| g)

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::log_store::LogStore;
-use super::snapshot::Snapshots;
+use super::snapshot::{SnapshotHooks, Snapshots};
 use super::speculation::Speculation;
 use super::state_machine::StateMachine;
 use super::{network, NodeId, NodeInfo, Raft};
@@ -200,14 +200,14 @@ impl RaftNode {
         engine: Arc<Engine>,
         dur: Arc<WalDurability>,
         spec: Arc<Speculation>,
-        hold: Box<dyn Fn() -> Option<Lsn> + Send + Sync>,
+        hooks: SnapshotHooks,
     ) -> Result<Arc<RaftNode>, String> {
         let store = prepared.store;
         let snapshots = Arc::new(Snapshots::new(
             dur.clone(),
             engine.clone(),
             store.clone(),
-            hold,
+            hooks,
         ));
         let wal_last = dur.wal.last_lsn();
         let (applied, membership) = store.applied_for(wal_last).map_err(|e| {

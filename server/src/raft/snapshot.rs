@@ -50,26 +50,25 @@ pub struct Snapshots {
     /// The live engine, only as a template for the empty one a build replays into.
     engine: Arc<Engine>,
     store: LogStore,
-    /// The oldest position a consumer group may still read (`Groups::oldest_needed`).
-    hold: Box<dyn Fn() -> Option<Lsn> + Send + Sync>,
+    /// What the layers above decide for a snapshot.
+    hooks: SnapshotHooks,
     /// One build at a time.
     building: parking_lot::Mutex<()>,
 }
 
 impl Snapshots {
-    /// Sets up snapshot building for one member. `hold` answers the oldest LSN a consumer group may
-    /// still read, so a snapshot never covers (and lets the WAL drop) records a group needs.
+    /// Sets up snapshot building for one member.
     pub fn new(
         dur: Arc<WalDurability>,
         engine: Arc<Engine>,
         store: LogStore,
-        hold: Box<dyn Fn() -> Option<Lsn> + Send + Sync>,
+        hooks: SnapshotHooks,
     ) -> Snapshots {
         Snapshots {
             dur,
             engine,
             store,
-            hold,
+            hooks,
             building: parking_lot::Mutex::new(()),
         }
     }
@@ -78,7 +77,7 @@ impl Snapshots {
     /// the oldest position a consumer group may still read.
     pub fn reachable(&self) -> Lsn {
         let end = self.dur.wal.durable_lsn().min(self.dur.wal.last_lsn());
-        match (self.hold)() {
+        match (self.hooks.hold)() {
             Some(oldest) => end.min(oldest.saturating_sub(1)),
             None => end,
         }
@@ -195,7 +194,7 @@ impl Snapshots {
         if let Some(f) = failed {
             tracing::warn!("raft: snapshot replay skipped an undecodable {f}");
         }
-        Ok((engine, groups, slots))
+        Ok((engine, groups, (self.hooks.compact_slots)(slots)))
     }
 
     /// The bytes of the snapshot `meta` for a peer, read from this member's WAL dir.
@@ -215,7 +214,19 @@ impl Snapshots {
 }
 
 /// Opaque records as a state file stores them: kind and body.
-type SlotRecords = Vec<(u8, Vec<u8>)>;
+pub type SlotRecords = Vec<(u8, Vec<u8>)>;
+
+/// What the layers above the group decide for its snapshots, handed down as functions so
+/// this layer imports neither the feed nor the cluster.
+pub struct SnapshotHooks {
+    /// The oldest LSN a consumer group may still read (`Groups::oldest_needed`): a
+    /// snapshot never covers (and lets the WAL drop) records a group needs.
+    pub hold: Box<dyn Fn() -> Option<Lsn> + Send + Sync>,
+    /// Folds the slot map's records the state file carries on into the fewest that
+    /// give the same table (the cluster's `compact_slot_records`), so the file stays
+    /// bounded however many slots moved; the identity outside cluster mode.
+    pub compact_slots: Box<dyn Fn(SlotRecords) -> SlotRecords + Send + Sync>,
+}
 
 /// The description of no snapshot (openraft ignores a build that is not newer).
 fn nothing() -> SnapMeta {
