@@ -205,6 +205,7 @@ fn outcome_name(p: &PayOutcome) -> &'static str {
         PayOutcome::Committed { .. } => "committed",
         PayOutcome::AlreadyCommitted => "already_committed",
         PayOutcome::Refused { .. } => "refused",
+        PayOutcome::Limit => "limit",
         PayOutcome::RefundRequired { .. } => "refund_required",
     }
 }

@@ -91,7 +91,12 @@ pub enum PayOutcome {
         /// The order's status in the ledger, if it has one.
         status: Option<OrderStatus>,
     },
-    /// Money moved for a reservation that was no longer ours to sell: to be refunded.
+    /// Refused and no money moved: the buyer's paid units of the split sale this order
+    /// is a part of would exceed the parent's per-user limit (docs/cluster.md, "A split
+    /// sale"). The order stays PENDING and its hold live: release it (or let it expire).
+    Limit,
+    /// Money moved for a reservation that was no longer ours to sell (late, cancelled,
+    /// or over a split sale's per-user limit): to be refunded.
     RefundRequired {
         /// The status the order had when the payment arrived.
         previous: OrderStatus,
@@ -248,6 +253,7 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             (PayVerdict::Committed, _) => true,
             (PayVerdict::AlreadyCommitted, _) => false,
             (PayVerdict::Refused, status) => return Ok(PayOutcome::Refused { status }),
+            (PayVerdict::Limit, _) => return Ok(PayOutcome::Limit),
             (PayVerdict::RefundRequired, Some(previous)) => {
                 return Ok(PayOutcome::RefundRequired { previous })
             }

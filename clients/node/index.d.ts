@@ -359,6 +359,12 @@ export type PayResult =
   | { readonly kind: 'already_committed' }
   /** Refused and no money moved: do not capture. `status` null: no such order. */
   | { readonly kind: 'refused'; readonly status: OrderStatus | null }
+  /**
+   * Refused and no money moved: a part of a split sale, and the buyer's paid units of the
+   * whole parent would exceed its per-user limit (the ledger's `pay_order`). Nothing
+   * changed; release the hold or let it expire. With money moved: `refund_required`.
+   */
+  | { readonly kind: 'over_limit' }
   /** Money moved for a hold that was no longer ours to sell: refund it. */
   | { readonly kind: 'refund_required'; readonly previous: OrderStatus };
 

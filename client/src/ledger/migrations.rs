@@ -16,6 +16,7 @@ const FUNCTIONS_SQL: &str = include_str!("../../../migrations/0006_ledger_functi
 const MATERIALIZER_SQL: &str = include_str!("../../../migrations/0007_materializer_functions.sql");
 const SPLIT_SQL: &str = include_str!("../../../migrations/0008_split_sales.sql");
 const GROUP_BINDINGS_SQL: &str = include_str!("../../../migrations/0009_group_bindings.sql");
+const SPLIT_LIMIT_SQL: &str = include_str!("../../../migrations/0010_split_user_limit.sql");
 
 /// The migrator for `migrations/` (embedded copy).
 pub fn migrator() -> Migrator {
@@ -39,6 +40,7 @@ pub fn migrator() -> Migrator {
             m(7, "materializer functions", MATERIALIZER_SQL),
             m(8, "split sales", SPLIT_SQL),
             m(9, "group bindings", GROUP_BINDINGS_SQL),
+            m(10, "split user limit", SPLIT_LIMIT_SQL),
         ]),
         ..Migrator::DEFAULT
     }

@@ -325,6 +325,10 @@ pub enum PayVerdict {
     RefundRequired,
     /// No order for the token: nothing to attach a refund to.
     NotFound,
+    /// The order is a part of a split sale, and paying it would take the buyer's paid
+    /// units of the whole parent over its per-user limit (migration 0010); no money
+    /// moved, nothing changed. With money moved the verdict is [`PayVerdict::RefundRequired`].
+    Limit,
 }
 
 impl PayVerdict {
@@ -336,6 +340,7 @@ impl PayVerdict {
             PayVerdict::Refused => "REFUSED",
             PayVerdict::RefundRequired => "REFUND_REQUIRED",
             PayVerdict::NotFound => "NOT_FOUND",
+            PayVerdict::Limit => "LIMIT",
         }
     }
 
@@ -347,6 +352,7 @@ impl PayVerdict {
             PayVerdict::Refused,
             PayVerdict::RefundRequired,
             PayVerdict::NotFound,
+            PayVerdict::Limit,
         ]
         .into_iter()
         .find(|v| v.as_str() == s)

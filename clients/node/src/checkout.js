@@ -174,6 +174,10 @@ export class Checkout {
         break;
       case 'REFUSED':
         return { kind: 'refused', status: previous };
+      case 'LIMIT':
+        // A part of a split sale, and the buyer's paid units of the whole parent would go
+        // over its per-user limit: nothing changed, the hold is the caller's to release.
+        return { kind: 'over_limit' };
       case 'REFUND_REQUIRED':
         return { kind: 'refund_required', previous };
       case 'NOT_FOUND':

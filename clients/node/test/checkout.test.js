@@ -153,6 +153,41 @@ describe('the checkout over the ledger', { skip }, () => {
     await assert.rejects(co.cancel(`{${sku}}${'b'.repeat(26)}`), (e) => e instanceof OrderNotFound && e.code === 'SG003');
   });
 
+  it("a payment over a split sale's per-user limit is refused by the ledger", async () => {
+    // Three sales recorded as the parts of one split parent (as `stockgate-sweeper split`
+    // records them): each server keeps the limit per part, the ledger over the parent.
+    const parts = [await sale(10, { limit: 2 }), await sale(10, { limit: 2 }), await sale(10, { limit: 2 })];
+    const parent = `NODEL-${runId}-${n}`;
+    for (const p of parts) {
+      await db.query(`INSERT INTO ${S()}.sales (sku, initial_allocation, allocation) VALUES ($1, 10, 10)`, [p]);
+    }
+    await db.query(
+      `INSERT INTO ${S()}.split_parents (parent, allocation, parts, per_user_limit) VALUES ($1, 30, 3, 2)`,
+      [parent],
+    );
+    for (const [i, p] of parts.entries()) {
+      await db.query(
+        `INSERT INTO ${S()}.split_parts (parent, part_index, sku, history_id) VALUES ($1, $2, $3, 'test-history')`,
+        [parent, i, p],
+      );
+    }
+    const holds = [];
+    for (const p of parts) holds.push(await start(p, 'erin', { qty: 2 }));
+    assert.deepEqual(await co.pay(holds[0].token, 'p0', { moneyMoved: false }), {
+      kind: 'committed',
+      serverConfirmed: true,
+    });
+    assert.deepEqual(await co.pay(holds[1].token, 'p1', { moneyMoved: false }), { kind: 'over_limit' });
+    assert.equal((await order(holds[1].token)).status, 'PENDING', 'a refusal changes nothing');
+    assert.deepEqual(await co.pay(holds[2].token, 'p2', { moneyMoved: true }), {
+      kind: 'refund_required',
+      previous: 'PENDING',
+    });
+    let committed = 0;
+    for (const p of parts) committed += (await sg.saleInfo(p)).committed;
+    assert.equal(committed, 2, 'the limit over the parent');
+  });
+
   it('a payment after the deadline is refused by the ledger, or marked for refund when money moved', async () => {
     const sku = await sale(5, { ttlMs: 300 });
     const h = await start(sku, 'carol');

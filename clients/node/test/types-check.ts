@@ -47,6 +47,8 @@ export function describePay(p: PayResult): string {
       return 'paid before';
     case 'refused':
       return `refused (${p.status ?? 'no order'})`;
+    case 'over_limit':
+      return "refused (over the split sale's per-user limit)";
     case 'refund_required':
       return `refund (was ${p.previous})`;
     default:

@@ -25,6 +25,7 @@ from stockgate import (
     OrderNotFound,
     OrderRefused,
     OrderStatus,
+    OverLimit,
     RefundRequired,
     Refused,
     ReservationState,
@@ -125,6 +126,45 @@ def test_late_payment_is_refused_by_the_ledger(co: Checkout, client: Client, key
     assert order(db, schema, h.token)[0] == "REFUND_REQUIRED"  # type: ignore[index]
     assert client.sale_info(sku).committed == 0, "a late payment sells nothing"
     assert co.pay("{" + sku + "}" + "c" * 26, "p") == Refused(None)
+
+
+def split_parent(db: Any, schema: str, parent: str, parts: list, limit: int) -> None:
+    """Records `parts` (sales the test made) as the parts of a split sale, as
+    ``stockgate-sweeper split`` does."""
+    for p in parts:
+        db.execute(
+            f'INSERT INTO "{schema}".sales (sku, initial_allocation, allocation) VALUES (%s, 10, 10)',
+            (p,),
+        )
+    db.execute(
+        f'INSERT INTO "{schema}".split_parents (parent, allocation, parts, per_user_limit) '
+        "VALUES (%s, %s, %s, %s)",
+        (parent, 10 * len(parts), len(parts), limit),
+    )
+    for i, p in enumerate(parts):
+        db.execute(
+            f'INSERT INTO "{schema}".split_parts (parent, part_index, sku, history_id) '
+            "VALUES (%s, %s, %s, 'test-history')",
+            (parent, i, p),
+        )
+
+
+def test_payment_over_a_split_sales_per_user_limit(co: Checkout, client: Client, keyring: stockgate.Keyring, db: Any, schema: str, sku: str) -> None:
+    parts = [f"{sku}.p0", f"{sku}.p1", f"{sku}.p2"]
+    for p in parts:
+        client.sale_create(p, 10, shards=1, ttl_ms=60_000, limit=2)
+    split_parent(db, schema, f"PYL-{sku[-8:]}", parts, limit=2)
+    # The limit on each part is the server's; over the parent it is the ledger's, at payment.
+    holds = [start(co, keyring, p, "erin", qty=2) for p in parts]
+    assert co.pay(holds[0].token, "p0") == Committed(server_confirmed=True)
+    assert co.pay(holds[1].token, "p1", money_moved=False) == OverLimit()
+    assert order(db, schema, holds[1].token)[0] == "PENDING", "a refusal changes nothing"
+    assert co.pay(holds[2].token, "p2", money_moved=True) == RefundRequired(OrderStatus.PENDING)
+    assert order(db, schema, holds[2].token)[0] == "REFUND_REQUIRED"
+    assert sum(client.sale_info(p).committed for p in parts) == 2, "the limit over the parent"
+    # Another buyer is not affected by erin's purchases.
+    other = start(co, keyring, parts[1], "frank", qty=2)
+    assert co.pay(other.token, "f1") == Committed(server_confirmed=True)
 
 
 def test_server_released_the_units_after_the_ledger_committed(co: Checkout, client: Client, keyring: stockgate.Keyring, db: Any, schema: str, sku: str) -> None:

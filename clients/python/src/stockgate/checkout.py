@@ -49,6 +49,7 @@ from .results import (
     Hold,
     Limit,
     OrderStatus,
+    OverLimit,
     PayOutcome,
     RefundRequired,
     Refused,
@@ -254,6 +255,8 @@ def _pay_outcome_of_ledger(outcome: str, previous: Optional[str]) -> Optional[Pa
     """The outcome when the ledger step alone decides (no server COMMIT follows)."""
     if outcome == "REFUSED":
         return Refused(_status(previous))
+    if outcome == "LIMIT":
+        return OverLimit()
     if outcome == "REFUND_REQUIRED":
         return RefundRequired(OrderStatus(previous or "PENDING"))
     if outcome == "NOT_FOUND":

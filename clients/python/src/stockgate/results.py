@@ -23,6 +23,7 @@ __all__ = [
     "AlreadyCommitted",
     "Refused",
     "RefundRequired",
+    "OverLimit",
     "PayOutcome",
     "DENIED_REASONS",
 ]
@@ -193,5 +194,14 @@ class RefundRequired:
     previous: OrderStatus
 
 
-PayOutcome = Union[Committed, AlreadyCommitted, Refused, RefundRequired]
+@dataclass(frozen=True)
+class OverLimit:
+    """Refused, no money moved: the order is a part of a split sale, and paying it would
+    take the buyer's paid units of the whole parent over its per-user limit (the
+    ledger's ``pay_order`` keeps that limit; docs/cluster.md, "A split sale"). Nothing
+    changed: the order stays PENDING and its hold live, to release or let expire. With
+    money moved the outcome is :class:`RefundRequired`."""
+
+
+PayOutcome = Union[Committed, AlreadyCommitted, Refused, OverLimit, RefundRequired]
 
