@@ -534,7 +534,7 @@ fn a_ledger_created_at_0008_is_upgraded_in_place() {
     let version: i64 = rt
         .block_on(sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations").fetch_one(&pool))
         .expect("version");
-    assert_eq!(version, 9, "the tools upgrade the ledger");
+    assert_eq!(version, 10, "the tools upgrade the ledger");
 
     // Upgraded with its data: the binding, the sale's history, the position's.
     let bindings: Vec<String> = rt

@@ -65,6 +65,7 @@ pub const LEDGER_FUNCTIONS: &[&str] = &[
     "materialize_extended",
     "feed_set_position",
     "split_check_parent",
+    "split_over_limit",
 ];
 
 /// The tables whose presence (with our migration rows) marks a ledger of the old layout.
