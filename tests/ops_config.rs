@@ -269,6 +269,81 @@ async fn config_set_changes_behaviour_live() {
     assert!(e.contains("CONFIG SET log-level"), "{e}");
 }
 
+/// A raw connection that has talked once and then waits, as an idle client does.
+fn idle_client(addr: &str) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(&mut s, b"PING\r\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&mut s).read_line(&mut line).unwrap();
+    assert_eq!(line, "+PONG\r\n");
+    s
+}
+
+/// `CONFIG SET timeout` reaches connections already idle: one that started waiting with
+/// no timeout is closed once the new one passes (the registry's reaper), and one that
+/// started waiting with a short timeout, raised meanwhile, stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_timeout_reaches_connections_already_idle() {
+    let srv = Server::start(&[]);
+    let mut c = srv.conn().await;
+    let before = as_str(&cmd(&mut c, &["INFO", "stats"]).await.unwrap());
+    let dropped = |info: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("idle_timeout_disconnects:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no idle_timeout_disconnects in {info}"))
+    };
+    let mut waiting = idle_client(&srv.addr);
+    waiting
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let t = std::time::Instant::now();
+    cmd(&mut c, &["CONFIG", "SET", "timeout", "1"])
+        .await
+        .unwrap();
+    let mut buf = [0u8; 16];
+    match waiting.read(&mut buf) {
+        Ok(0) => {}
+        Ok(n) => panic!("answered {n} bytes instead of closing"),
+        Err(e) => panic!(
+            "still open {:?} after the timeout was set: {e}",
+            t.elapsed()
+        ),
+    }
+    let closed_after = t.elapsed();
+    assert!(
+        closed_after >= std::time::Duration::from_millis(900)
+            && closed_after < std::time::Duration::from_secs(5),
+        "closed after {closed_after:?}"
+    );
+
+    // Raised while a connection waits with the old value: it waits on.
+    let mut c = srv.conn().await;
+    let mut patient = idle_client(&srv.addr);
+    cmd(&mut c, &["CONFIG", "SET", "timeout", "30"])
+        .await
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    patient
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    std::io::Write::write_all(&mut patient, b"PING\r\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&mut patient)
+        .read_line(&mut line)
+        .expect("still open");
+    assert_eq!(line, "+PONG\r\n", "open past the old timeout of 1 s");
+    let mut c = srv.conn().await;
+    cmd(&mut c, &["CONFIG", "SET", "timeout", "0"])
+        .await
+        .unwrap();
+    let after = as_str(&cmd(&mut c, &["INFO", "stats"]).await.unwrap());
+    assert!(
+        dropped(&after) > dropped(&before),
+        "counted: {before} / {after}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_settings_are_refused_with_their_reason() {
     let srv = Server::start(&[]);

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -182,6 +182,16 @@ struct Entry {
     fd: RawFd,
     kind: Arc<AtomicU8>,
     addr: String,
+    /// Since when (a [`monotonic_ms`]) the connection has waited for its client to send;
+    /// 0 while it runs commands, blocks or writes replies.
+    waiting: Arc<AtomicU64>,
+}
+
+/// Milliseconds on one clock for the whole process, never 0 (0 means "not waiting").
+pub fn monotonic_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
 }
 
 /// The registry of live connections `CLIENT KILL` finds its targets in; cloning shares it.
@@ -198,6 +208,8 @@ pub struct Registered {
     /// The connection's kind (`KIND_*`), shared with the registry so `CLIENT KILL TYPE` sees
     /// changes.
     pub kind: Arc<AtomicU8>,
+    /// Since when the connection waits for its client (see [`Clients::close_idle`]).
+    pub waiting: Arc<AtomicU64>,
 }
 
 impl Drop for Registered {
@@ -228,6 +240,7 @@ impl Clients {
     /// registered until the returned guard is dropped.
     pub fn register(&self, id: u64, fd: RawFd, addr: String) -> Registered {
         let kind = Arc::new(AtomicU8::new(KIND_NORMAL));
+        let waiting = Arc::new(AtomicU64::new(0));
         // SAFETY: `fd` is the caller's open socket; dup only creates a new descriptor
         // (-1 if that fails, and then CLIENT KILL cannot reach this connection).
         let fd = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
@@ -237,12 +250,14 @@ impl Clients {
                 fd,
                 kind: kind.clone(),
                 addr,
+                waiting: waiting.clone(),
             },
         );
         Registered {
             clients: self.clone(),
             id,
             kind,
+            waiting,
         }
     }
 
@@ -277,6 +292,30 @@ impl Clients {
             }
         }
         n
+    }
+}
+
+impl Clients {
+    /// Shuts down the normal connections that have waited for their client for at least
+    /// `after_ms` at `now` (a [`monotonic_ms`]), as `CLIENT KILL` does, and gives their
+    /// addresses. A connection's own timer closes it at the idle timeout it started
+    /// waiting with; this reaches those that started waiting under another setting
+    /// (`CONFIG SET timeout` while they were idle), as Redis's client cron does.
+    pub fn close_idle(&self, after_ms: u64, now: u64) -> Vec<String> {
+        let live = self.live.lock();
+        let mut closed = Vec::new();
+        for e in live.values() {
+            let since = e.waiting.load(Ordering::Relaxed);
+            let idle = since != 0 && now.saturating_sub(since) >= after_ms;
+            if idle && e.kind.load(Ordering::Relaxed) == KIND_NORMAL && e.fd >= 0 {
+                // SAFETY: the entry's own duplicate of a live connection's socket.
+                unsafe {
+                    libc::shutdown(e.fd, libc::SHUT_RDWR);
+                }
+                closed.push(e.addr.clone());
+            }
+        }
+        closed
     }
 }
 

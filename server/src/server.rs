@@ -83,6 +83,7 @@ pub async fn serve(
             }
         })
     };
+    let reaper = spawn_idle_reaper(shared.clone(), stop_rx.clone());
     let mut workers = Vec::with_capacity(extra_workers.len());
     for (i, l) in extra_workers.into_iter().enumerate() {
         let (engine, shared, stop) = (engine.clone(), shared.clone(), stop_rx.clone());
@@ -113,6 +114,7 @@ pub async fn serve(
     })
     .await;
     let _ = ticker.await;
+    let _ = reaper.await;
     for h in workers {
         match tokio::task::spawn_blocking(move || h.join()).await {
             Ok(Ok(Err(e))) => tracing::warn!("worker thread: {e}"),
@@ -121,6 +123,44 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// How often the idle reaper looks, and how far past the timeout: a connection whose own
+/// timer has the current value closes itself first.
+const REAP_EVERY: Duration = Duration::from_millis(500);
+const REAP_GRACE_MS: u64 = 500;
+
+/// Closes the connections idle past a timeout set while they waited (`CONFIG SET
+/// timeout`; `Clients::close_idle`), checking while a timeout is set.
+fn spawn_idle_reaper(
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut iv = tokio::time::interval(REAP_EVERY);
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = iv.tick() => reap_idle(&shared),
+                _ = stop.changed() => break,
+            }
+        }
+    })
+}
+
+fn reap_idle(shared: &Shared) {
+    let ms = shared.live.idle_timeout_ms();
+    if ms == 0 {
+        return;
+    }
+    let now = crate::pubsub::monotonic_ms();
+    for addr in shared.clients.close_idle(ms + REAP_GRACE_MS, now) {
+        shared
+            .stats
+            .idle_disconnects
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::info!(client = %addr, "client dropped: idle timeout (set while it waited)");
+    }
 }
 
 fn tokio_listener(l: std::net::TcpListener) -> std::io::Result<TcpListener> {

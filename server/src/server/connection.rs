@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use tokio::sync::watch;
 use crate::cmd::{Ctx, Deferred, Outcome};
 use crate::engine::{Engine, Lsn};
 use crate::protocol::{parse_frame, Frame, Refusal, Reply};
+use crate::pubsub::monotonic_ms;
 use crate::session::{ConnState, Role, Shared};
 use crate::takeover::{Handback, Io, Takeover};
 
@@ -78,6 +80,9 @@ struct Connection<'a, S> {
     ranges: Vec<(usize, usize)>,
     idle: Option<Duration>,
     write_timeout: Duration,
+    /// Since when this connection waits for its client, as the registry sees it
+    /// (`Clients::close_idle`); 0 while it works.
+    waiting: Arc<AtomicU64>,
     /// Reads the shutdown channel's version (see [`handle`]).
     stop: watch::Receiver<bool>,
 }
@@ -106,11 +111,33 @@ pub(super) async fn handle<S: Io>(
         return;
     }
     let mut c = Connection::new(stream, &peer, engine, shared, probe);
-    // For CLIENT KILL; unregistered when this function returns.
-    let _registered = shared
+    // For CLIENT KILL and the idle reaper; unregistered when this function returns.
+    let registered = shared
         .clients
         .register(c.conn.id, peer.fd, peer.addr.to_string());
+    c.waiting = registered.waiting.clone();
     c.run().await;
+    drop(registered);
+}
+
+/// Resolves once the connection has waited `idle` (None: never), the live setting
+/// consulted again when that time is up: a timeout raised or turned off while the
+/// connection waited lets it wait on (the registry's reaper covers one lowered or turned
+/// on: `Clients::close_idle`).
+async fn idle_for(idle: Option<Duration>, live: &crate::live::LiveSettings) {
+    let Some(first) = idle else {
+        return std::future::pending().await;
+    };
+    let started = tokio::time::Instant::now();
+    let mut wait = first;
+    loop {
+        tokio::time::sleep_until(started + wait).await;
+        match live.idle_timeout_ms() {
+            0 => return std::future::pending().await,
+            ms if Duration::from_millis(ms) > wait => wait = Duration::from_millis(ms),
+            _ => return,
+        }
+    }
 }
 
 /// Resolves once the server is shutting down: one atomic load per poll.
@@ -155,6 +182,7 @@ impl<'a, S: Io> Connection<'a, S> {
             ranges: Vec::with_capacity(8),
             idle: None,
             write_timeout: Duration::ZERO,
+            waiting: Arc::default(),
             stop,
         }
     }
@@ -211,25 +239,22 @@ impl<'a, S: Io> Connection<'a, S> {
     /// Reads what the socket has. None: the connection is over (the client left, the
     /// idle timeout passed, or the server is shutting down).
     async fn read_more(&mut self) -> Option<u64> {
-        let idle = self.idle;
+        let (idle, live) = (self.idle, &self.shared.live);
+        self.waiting.store(monotonic_ms(), Ordering::Relaxed);
         let read = tokio::select! {
             // Fixed order: shutdown first (an atomic load), so a client that never stops
             // sending still lets the server stop; then the socket.
             biased;
-            _ = shutting_down(&self.stop) => return None,
-            r = self.stream.read_buf(&mut self.inbuf) => r,
-            _ = async {
-                match idle {
-                    Some(d) => tokio::time::sleep(d).await,
-                    None => std::future::pending::<()>().await,
-                }
-            } => {
+            _ = shutting_down(&self.stop) => None,
+            r = self.stream.read_buf(&mut self.inbuf) => Some(r),
+            _ = idle_for(idle, live) => {
                 self.shared.stats.idle_disconnects.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(client = %self.addr, "client dropped: idle timeout");
-                return None;
+                None
             }
         };
-        match read {
+        self.waiting.store(0, Ordering::Relaxed);
+        match read? {
             Ok(0) | Err(_) => None,
             Ok(n) => Some(n as u64),
         }
