@@ -5,7 +5,10 @@
 //! state, no token is handed out twice, no sale hands out more than its units, holds
 //! taken on A before the move commit on B, a refreshed client is not redirected, and a
 //! restart of both nodes keeps the slots on B (the logged map). A slot change on a Raft
-//! group survives its snapshots and a restart of every member.
+//! group survives its snapshots and a restart of every member. redis-py's `RedisCluster`,
+//! ioredis's `Cluster` and node-redis's `createCluster` (`tests/py/cluster_move.py`,
+//! `tests/node/cluster_move.js`) buy through a move with the same checks, and what each
+//! Node client does with one `-ASK` and one `-TRYAGAIN` is shown by a probe.
 
 mod common;
 

@@ -12,6 +12,9 @@
 //!   the parent's allocation on the servers and in the ledger;
 //! - two transactions raising two parts at once by the parent's spare units: the second
 //!   waits for the first and is refused (`SG005`).
+//! - two groups' sweepers in loop mode with `--rebalance`: nothing moves while the test
+//!   holds the parent's advisory lock; then a drained part is refilled by the loops,
+//!   twice, one pass at a time (the adjustments alternate withdrawal, gift).
 
 mod common;
 mod operator;
