@@ -5,7 +5,10 @@
 //! state, no token is handed out twice, no sale hands out more than its units, holds
 //! taken on A before the move commit on B, a refreshed client is not redirected, and a
 //! restart of both nodes keeps the slots on B (the logged map). A slot change on a Raft
-//! group survives its snapshots and a restart of every member.
+//! group survives its snapshots and a restart of every member. redis-py's `RedisCluster`,
+//! ioredis's `Cluster` and node-redis's `createCluster` (`tests/py/cluster_move.py`,
+//! `tests/node/cluster_move.js`) buy through a move with the same checks, and what each
+//! Node client does with one `-ASK` and one `-TRYAGAIN` is shown by a probe.
 
 mod common;
 
@@ -709,4 +712,328 @@ fn cluster_move_slot_changes_survive_a_single_nodes_snapshot() {
     c.nodes[0].kill9();
     c.nodes[0].restart();
     assert_eq!(slots_master(c.nodes[0].port, slot), Some(b));
+}
+
+/// Two Node processes (servers and a client) on two cores: one Node test at a time.
+static ONE_NODE_TEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn ensure_node_packages() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node");
+    let have = |p: &str| {
+        std::path::Path::new(dir)
+            .join("node_modules")
+            .join(p)
+            .exists()
+    };
+    if have("ioredis") && have("redis") {
+        return;
+    }
+    let ok = Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund", "--prefix", dir])
+        .status()
+        .expect("npm")
+        .success();
+    assert!(ok, "npm ci --prefix tests/node failed");
+}
+
+/// `tests/node/cluster_move.js` started with `args`, its stdout read line by line on a
+/// thread.
+struct NodeScript {
+    child: stockgate_testkit::KillOnDrop,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl NodeScript {
+    fn start(which: &str, port: u16, secret: &std::path::Path, args: &[&str]) -> NodeScript {
+        ensure_node_packages();
+        let mut child = Command::new("node")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/node/cluster_move.js"
+            ))
+            .arg(which)
+            .arg(port.to_string())
+            .arg(secret)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("node");
+        let pipe = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufRead::lines(std::io::BufReader::new(pipe)) {
+                let Ok(l) = l else { return };
+                if tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        NodeScript {
+            child: stockgate_testkit::KillOnDrop(child),
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (bounded) for a line containing `what`.
+    fn wait_line(&mut self, what: &str, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        while !self.seen.iter().any(|l| l.contains(what)) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => panic!("no line with {what} from the node script: {:?}", self.seen),
+            }
+        }
+    }
+
+    /// Waits (bounded) for the script to finish; its JSON lines, which must end with
+    /// `{"done": true}`.
+    fn finish(mut self, limit: Duration) -> Vec<serde_json::Value> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(e) => panic!("the node script still runs: {e}"),
+            }
+        }
+        let _ = self.child.0.wait();
+        let mut err = String::new();
+        if let Some(mut e) = self.child.0.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        let lines: Vec<serde_json::Value> = self
+            .seen
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{err}")))
+            .collect();
+        assert!(
+            lines.last().and_then(|l| l.get("done")).is_some(),
+            "the node script failed:\n{:?}\n{err}",
+            self.seen
+        );
+        lines
+    }
+}
+
+/// The probe's answer: its first line other than the `sending` marker.
+fn answer(lines: &[serde_json::Value]) -> serde_json::Value {
+    lines
+        .iter()
+        .find(|l| l.get("sending").is_none())
+        .cloned()
+        .expect("an answer")
+}
+
+fn create_on(n: &Node, sku: &str, total: i64) {
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(sku)
+        .arg(total)
+        .arg("SHARDS")
+        .arg(1)
+        .query(&mut n.conn())
+        .expect("create");
+}
+
+/// ioredis `Cluster` or node-redis `createCluster` buying (two buyers, reserve and commit
+/// every other hold) while `move-slots` moves three sales' slots from A to B: no token
+/// twice, every acknowledged token on B in the state the client last saw, each sale's
+/// reserved + committed exactly the acknowledged holds, and holds acknowledged after the
+/// move finished (so served by B). Returns what the caller had to send again.
+fn node_buys_through_a_move(which: &str) -> serde_json::Value {
+    let _one = ONE_NODE_TEST.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let skus: Vec<String> = c.skus(&format!("N{}", &which[..2]), 3).remove(0);
+    let slots: Vec<String> = skus
+        .iter()
+        .map(|s| key_slot(s.as_bytes()).to_string())
+        .collect();
+    for s in &skus {
+        create_on(&c.nodes[0], s, TOTAL);
+    }
+    let script = NodeScript::start(
+        which,
+        c.nodes[0].port,
+        &c.keys.secret_path(),
+        &["load", &skus.join(","), "5"],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    move_slots(&c.nodes[0].addr(), &c.nodes[1].addr(), &slots.join(","));
+    let moved_at = now_ms() as i64;
+    let lines = script.finish(Duration::from_secs(60));
+    let acked: Vec<(String, String, i64)> = lines
+        .iter()
+        .filter_map(|l| {
+            Some((
+                l.get("token")?.as_str()?.to_string(),
+                l.get("state")?.as_str()?.to_string(),
+                l.get("at")?.as_i64()?,
+            ))
+        })
+        .collect();
+    assert!(acked.len() > 20, "{which} sold only {}", acked.len());
+    let after = acked.iter().filter(|(_, _, at)| *at > moved_at).count();
+    assert!(after > 5, "{which}: only {after} holds after the move");
+    let b = c.nodes[1].port;
+    let unique: HashSet<&String> = acked.iter().map(|(t, _, _)| t).collect();
+    assert_eq!(unique.len(), acked.len(), "a token handed out twice");
+    let mut per_sku: HashMap<String, i64> = HashMap::new();
+    for (token, state, _) in &acked {
+        assert_eq!(
+            state_of(b, token).as_deref(),
+            Some(state.as_str()),
+            "{token}"
+        );
+        let sku = &token[1..token.find('}').expect("tag")];
+        *per_sku.entry(sku.to_string()).or_default() += 1;
+    }
+    for s in &skus {
+        let (total, available, reserved, committed) = sale_info(b, s);
+        assert_eq!(total, TOTAL);
+        assert_eq!(available + reserved + committed, total);
+        assert_eq!(reserved + committed, per_sku[s], "{s}");
+        let gone: redis::RedisResult<Value> =
+            redis::cmd("SALE.INFO").arg(s).query(&mut c.nodes[0].conn());
+        assert!(gone.is_err(), "{s} still answered on A");
+    }
+    let retried = lines
+        .iter()
+        .find_map(|l| l.get("retried").cloned())
+        .expect("retried");
+    eprintln!(
+        "{which}: {} holds ({after} after the move); A sent ASK {} TRYAGAIN {}; caller retried {retried}",
+        acked.len(),
+        counter(&c.nodes[0], "cluster_redirections_ask"),
+        counter(&c.nodes[0], "cluster_tryagain")
+    );
+    retried
+}
+
+#[test]
+fn cluster_move_slots_under_ioredis_cluster() {
+    let retried = node_buys_through_a_move("ioredis");
+    // ioredis follows -ASK and retries -TRYAGAIN itself: the caller sends nothing again.
+    assert_eq!(
+        retried,
+        serde_json::json!({}),
+        "ioredis gave up on requests"
+    );
+}
+
+#[test]
+fn cluster_move_slots_under_node_redis_create_cluster() {
+    let retried = node_buys_through_a_move("node-redis");
+    // node-redis follows -ASK itself and hands -TRYAGAIN to the caller, who sends the
+    // same request again; nothing else reaches the caller.
+    let words: Vec<&String> = retried.as_object().expect("map").keys().collect();
+    assert!(
+        words.iter().all(|w| *w == "TRYAGAIN"),
+        "node-redis gave up on {retried}"
+    );
+}
+
+/// What one RESERVE does when the owner answers `-ASK` (the sale already on B, the slot
+/// still migrating) and `-TRYAGAIN` (a sale frozen by a handover whose link broke): once
+/// while it stays frozen, and once while `move-slots` finishes the move 150 ms after the
+/// request was sent. Returns the two answers to the frozen sale.
+fn node_probe_ask_and_tryagain(which: &str) -> (serde_json::Value, serde_json::Value) {
+    let _one = ONE_NODE_TEST.lock().unwrap_or_else(|e| e.into_inner());
+    let c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let skus: Vec<String> = c.skus(&format!("P{}", &which[..2]), 2).remove(0);
+    for s in &skus {
+        create_on(a, s, 10);
+    }
+    let secret = c.keys.secret_path();
+
+    // -ASK: the sale handed over by hand, the slot MIGRATING on A and IMPORTING on B.
+    let ask_slot = key_slot(skus[1].as_bytes());
+    for (n, state, other) in [(b, "IMPORTING", 0), (a, "MIGRATING", 1)] {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(ask_slot)
+            .arg(state)
+            .arg(node_id(other))
+            .query(&mut n.conn())
+            .expect("setslot");
+    }
+    let _: () = redis::cmd("SALE.MIGRATE")
+        .arg("127.0.0.1")
+        .arg(b.port)
+        .arg(&skus[1])
+        .query(&mut a.conn())
+        .expect("migrate");
+    let asks = counter(a, "cluster_redirections_ask");
+    let got = answer(
+        &NodeScript::start(which, a.port, &secret, &["probe", &skus[1]])
+            .finish(Duration::from_secs(30)),
+    );
+    let token = got["reply"][1]
+        .as_str()
+        .unwrap_or_else(|| panic!("{which} did not follow -ASK: {got}"))
+        .to_string();
+    assert_eq!(got["reply"][0], "RESERVED");
+    assert!(
+        counter(a, "cluster_redirections_ask") > asks,
+        "no -ASK was sent"
+    );
+    move_slots(&a.addr(), &b.addr(), &ask_slot.to_string());
+    assert_eq!(state_of(b.port, &token).as_deref(), Some("RESERVED"));
+
+    // -TRYAGAIN: frozen on A by an export whose link broke after it left.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let lport = listener.local_addr().expect("addr").port();
+    let sink = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut buf = [0u8; 64];
+        let _ = std::io::Read::read(&mut s, &mut buf);
+    });
+    let r: redis::RedisResult<()> = redis::cmd("SALE.MIGRATE")
+        .arg("127.0.0.1")
+        .arg(lport)
+        .arg(&skus[0])
+        .query(&mut a.conn());
+    sink.join().expect("listener");
+    assert!(r.is_err(), "the link broke");
+    let held = answer(
+        &NodeScript::start(which, a.port, &secret, &["probe", &skus[0]])
+            .finish(Duration::from_secs(30)),
+    );
+    let mut probe = NodeScript::start(which, a.port, &secret, &["probe", &skus[0]]);
+    probe.wait_line("sending", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(150));
+    let slot = key_slot(skus[0].as_bytes()).to_string();
+    move_slots(&a.addr(), &b.addr(), &slot);
+    let finished = answer(&probe.finish(Duration::from_secs(30)));
+    if let Some(token) = finished["reply"][1].as_str() {
+        assert_eq!(state_of(b.port, token).as_deref(), Some("RESERVED"));
+    }
+    eprintln!("{which}: frozen sale held -> {held}; finished meanwhile -> {finished}");
+    (held, finished)
+}
+
+#[test]
+fn ioredis_cluster_follows_ask_and_retries_tryagain_for_about_a_second() {
+    let (held, finished) = node_probe_ask_and_tryagain("ioredis");
+    // Each -TRYAGAIN is retried 100 ms later on a random node (a -MOVED back from the
+    // other one), within 16 redirections: a sale frozen longer fails the request.
+    let e = held["error"].as_str().unwrap_or_else(|| panic!("{held}"));
+    assert!(e.starts_with("Too many Cluster redirections"), "{held}");
+    assert!(held["ms"].as_i64() >= Some(700), "{held}");
+    assert_eq!(finished["reply"][0], "RESERVED", "{finished}");
+    assert!(finished["ms"].as_i64() >= Some(150), "{finished}");
+}
+
+#[test]
+fn node_redis_follows_ask_and_hands_tryagain_to_the_caller() {
+    let (held, finished) = node_probe_ask_and_tryagain("node-redis");
+    for got in [held, finished] {
+        let e = got["error"].as_str().unwrap_or_else(|| panic!("{got}"));
+        assert!(e.starts_with("TRYAGAIN"), "{got}");
+        assert!(got["ms"].as_i64() < Some(150), "at once: {got}");
+    }
 }

@@ -12,6 +12,9 @@
 //!   the parent's allocation on the servers and in the ledger;
 //! - two transactions raising two parts at once by the parent's spare units: the second
 //!   waits for the first and is refused (`SG005`).
+//! - two groups' sweepers in loop mode with `--rebalance`: nothing moves while the test
+//!   holds the parent's advisory lock; then a drained part is refilled by the loops,
+//!   twice, one pass at a time (the adjustments alternate withdrawal, gift).
 
 mod common;
 mod operator;
@@ -336,5 +339,174 @@ fn split_sale_storm_and_rebalance() {
             .expect("task")
             .expect_err("the second raise would exceed the parent");
         assert!(format!("{err:?}").contains("SG005"), "{err:?}");
+    });
+}
+
+/// A loop sweeper (`run --rebalance`) on the group of `port`, killed on drop.
+fn loop_sweeper(pg: &TempPostgres, port: u16) -> stockgate_testkit::KillOnDrop {
+    let child = Command::new(sweeper_bin())
+        .arg("--database-url")
+        .arg(pg.url())
+        .arg("--server")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["run", "--interval-secs", "0.2", "--rebalance"])
+        .env("STOCKGATE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn stockgate-sweeper");
+    stockgate_testkit::KillOnDrop(child)
+}
+
+/// The parent's rebalance lock as `split::rebalance_locked` takes it.
+const LOCK: &str =
+    "SELECT pg_advisory_lock(hashtextextended('stockgate.rebalance:stockgate:LOOP', 0))";
+const UNLOCK: &str =
+    "SELECT pg_advisory_unlock(hashtextextended('stockgate.rebalance:stockgate:LOOP', 0))";
+
+/// The parts' adjustments in the order they were recorded: (id, delta, status).
+async fn adjustments(pool: &sqlx::PgPool, parts: &[String]) -> Vec<(String, i64, String)> {
+    sqlx::query_as(
+        "SELECT adjustment_id, delta, status FROM stockgate.sale_adjustments \
+         WHERE sku = ANY($1) ORDER BY created_at, adjustment_id",
+    )
+    .bind(parts)
+    .fetch_all(pool)
+    .await
+    .expect("adjustments")
+}
+
+/// Takes every unit part `i` has left, one per new user.
+async fn drain(
+    g: &StockgateClient,
+    sku: &str,
+    keyring: &stockgate_server::engine::Keyring,
+    tag: &str,
+) {
+    for u in 0.. {
+        let user = format!("{tag}-{u}");
+        let adm = keyring.mint(sku, &user, now_ms() + 600_000);
+        match g.reserve(sku, &user, &adm, "r", 1).await.expect("reserve") {
+            ReserveOutcome::Reserved { .. } => {}
+            ReserveOutcome::SoldOut => return,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+async fn wait_available(g: &StockgateClient, sku: &str, limit: Duration) -> i64 {
+    let t = Instant::now();
+    loop {
+        let a = g.sale_info(sku).await.expect("info").available;
+        if a > 0 {
+            return a;
+        }
+        assert!(t.elapsed() < limit, "{sku} not refilled within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two groups, each with its own sweeper in loop mode with `--rebalance`, over a split
+/// sale of two parts. While the test holds the parent's advisory lock, neither loop nor
+/// a `run --once --rebalance` touches it (the part stays sold out, no adjustment is
+/// recorded); once it is released, a part drained to 0 by buyers is refilled by the
+/// loops within seconds, twice. Every withdrawal is followed by its gift before the next
+/// withdrawal (no two passes at once), the parts' allocations add up to the parent's,
+/// and every server's total is its part's ledger allocation.
+#[test]
+fn split_rebalanced_by_the_sweepers_loop_one_pass_at_a_time() {
+    let rt = runtime();
+    // The lock holder's pooled connection is dropped inside the runtime.
+    let _in_rt = rt.enter();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let cluster = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let (a, b) = (cluster.nodes[0].port, cluster.nodes[1].port);
+    let keyring = cluster.keys.keyring();
+    let parts = split(
+        &pg,
+        a,
+        &[
+            "--parent", "LOOP", "--parts", "2", "--total", "40", "--shards", "1", "--ttl-ms", TTL,
+        ],
+    );
+    // Both groups bound: A on first contact, B by name.
+    let (ok, out, err) = sweeper(&pg, a, &["run", "--once"]);
+    assert!(ok, "{out}\n{err}");
+    let hb = rt.block_on(async {
+        let c = StockgateClient::connect(&format!("127.0.0.1:{b}"))
+            .await
+            .expect("connect");
+        c.history().await.expect("history").expect("a history")
+    });
+    let (ok, out, err) = sweeper(&pg, b, &["bind", "--history", &hb]);
+    assert!(ok, "{out}\n{err}");
+
+    let pool = rt.block_on(sqlx::PgPool::connect(pg.url())).expect("pool");
+    let mut holder = rt.block_on(pool.acquire()).expect("connection");
+    rt.block_on(sqlx::query(LOCK).execute(&mut *holder))
+        .expect("lock");
+    let g = rt.block_on(gates(&cluster, &parts));
+    rt.block_on(drain(&g[0], &parts[0], &keyring, "first"));
+    let (ok, out, err) = sweeper(&pg, a, &["run", "--once", "--rebalance"]);
+    assert!(
+        ok && out.contains("LOOP: skipped, another rebalancer is running a pass"),
+        "{out}\n{err}"
+    );
+    let loops = [loop_sweeper(&pg, a), loop_sweeper(&pg, b)];
+    std::thread::sleep(Duration::from_millis(1500));
+    rt.block_on(async {
+        assert_eq!(g[0].sale_info(&parts[0]).await.expect("info").available, 0);
+        assert!(
+            adjustments(&pool, &parts).await.is_empty(),
+            "a pass ran under the lock"
+        );
+    });
+    rt.block_on(sqlx::query(UNLOCK).execute(&mut *holder))
+        .expect("unlock");
+    rt.block_on(async {
+        assert_eq!(
+            wait_available(&g[0], &parts[0], Duration::from_secs(15)).await,
+            10
+        );
+        drain(&g[0], &parts[0], &keyring, "second").await;
+        assert_eq!(
+            wait_available(&g[0], &parts[0], Duration::from_secs(15)).await,
+            5
+        );
+        // A few more passes with nothing to move.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    });
+    drop(loops);
+    rt.block_on(async {
+        let adj = adjustments(&pool, &parts).await;
+        let deltas: Vec<i64> = adj.iter().map(|(_, d, _)| *d).collect();
+        assert_eq!(deltas, vec![-10, 10, -5, 5], "{adj:?}");
+        assert!(adj.iter().all(|(_, _, s)| s == "APPLIED"), "{adj:?}");
+        for (id, d, _) in &adj {
+            let way = if *d < 0 { "-out-" } else { "-in-" };
+            assert!(id.starts_with("split-LOOP") && id.contains(way), "{id}");
+        }
+        let alloc: i64 = sqlx::query_scalar(
+            "SELECT sum(s.allocation)::bigint FROM stockgate.split_parts sp \
+             JOIN stockgate.sales s ON s.sku = sp.sku WHERE sp.parent = 'LOOP'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("sum");
+        assert_eq!(alloc, 40, "the ledger's parts add up to the parent");
+        let mut on_servers = 0;
+        for (p, c) in parts.iter().zip(&g) {
+            let total = c.sale_info(p).await.expect("info").total;
+            let ledger: i64 =
+                sqlx::query_scalar("SELECT allocation FROM stockgate.sales WHERE sku = $1")
+                    .bind(p)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("allocation");
+            assert_eq!(total, ledger, "{p}: server total and ledger allocation");
+            on_servers += total;
+        }
+        assert_eq!(on_servers, 40, "the servers' totals add up to the parent");
     });
 }

@@ -9,8 +9,11 @@
 //!
 //! - [`create_split`] (`stockgate-sweeper split`) creates the parts on their groups and
 //!   records them; re-running it with the same arguments changes nothing.
-//! - [`rebalance`] (`stockgate-sweeper rebalance`) moves unsold units from the fullest
-//!   part to a sold-out one through `sale_adjustments`, withdrawal first.
+//! - [`rebalance`] moves unsold units from the fullest part to a sold-out one through
+//!   `sale_adjustments`, withdrawal first. [`rebalance_locked`] runs it under the
+//!   parent's Postgres advisory lock, so that two rebalancers never run a pass of one
+//!   parent at once: `stockgate-sweeper rebalance` and the sweeper loop's step
+//!   ([`RebalanceStep`], `run --rebalance`) both go through it.
 //! - [`reserve_split`] is the buyer's side: the home part ([`home_part`], a hash of the
 //!   user shared with the Python and Node packages), then at most two more parts when the
 //!   home answers SOLDOUT.
@@ -648,6 +651,115 @@ pub async fn rebalance(
         info!(parent, %report, "split rebalanced");
     }
     Ok(report)
+}
+
+/// What [`rebalance_locked`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockedPass {
+    /// The pass ran under the parent's lock.
+    Ran(RebalanceReport),
+    /// Another rebalancer holds the parent's lock: nothing was done.
+    Busy,
+}
+
+/// The text whose `hashtextextended(_, 0)` is the advisory lock key of `parent`'s
+/// rebalance in the ledger schema `schema` (advisory locks are per database: the schema
+/// keeps two ledgers in one database apart).
+pub fn rebalance_lock_name(schema: &str, parent: &str) -> String {
+    format!("stockgate.rebalance:{schema}:{parent}")
+}
+
+/// One [`rebalance`] pass of `parent` under its advisory lock, taken with
+/// `pg_try_advisory_xact_lock` in a transaction held open for the pass: a second
+/// rebalancer of the same parent (another group's sweeper, a `rebalance` process) finds
+/// it taken and skips ([`LockedPass::Busy`]). The lock ends with the transaction, so a
+/// rebalancer that dies or loses its connection mid-pass leaves no lock behind.
+pub async fn rebalance_locked(
+    ledger: &PgLedger,
+    seed: &str,
+    parent: &str,
+    threshold: u64,
+) -> Result<LockedPass, SplitError> {
+    let mut lock = ledger.pool().begin().await?;
+    let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(rebalance_lock_name(ledger.schema(), parent))
+        .fetch_one(&mut *lock)
+        .await?;
+    if !got {
+        lock.rollback().await?;
+        return Ok(LockedPass::Busy);
+    }
+    let pass = rebalance(ledger, seed, parent, threshold).await;
+    // Ending the transaction releases the lock, whatever the pass did.
+    lock.rollback().await?;
+    pass.map(LockedPass::Ran)
+}
+
+/// The split parents with at least one part on `history`, in name order.
+pub async fn parents_on_history(
+    ledger: &PgLedger,
+    history: &str,
+) -> Result<Vec<String>, SplitError> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT parent FROM split_parts WHERE history_id = $1 ORDER BY parent",
+    )
+    .bind(history)
+    .fetch_all(ledger.pool())
+    .await?)
+}
+
+/// The sweeper loop's rebalance step (`stockgate-sweeper run --rebalance`): each sweeper
+/// pass, one [`rebalance_locked`] pass of every parent with a part on the sweeper's
+/// group. Every group's sweeper may run it; the lock makes one rebalancer per parent at a
+/// time.
+pub struct RebalanceStep {
+    ledger: PgLedger,
+    seed: String,
+    threshold: u64,
+}
+
+impl RebalanceStep {
+    /// A step over `ledger`'s split parents; `seed` is any node of the cluster (its
+    /// `CLUSTER SLOTS` finds each part's group), `threshold` as [`rebalance`]'s.
+    pub fn new(ledger: PgLedger, seed: &str, threshold: u64) -> Self {
+        RebalanceStep {
+            ledger,
+            seed: seed.to_string(),
+            threshold,
+        }
+    }
+
+    async fn run(&self, history: &str) -> crate::sweeper::RebalanceSummary {
+        let mut out = crate::sweeper::RebalanceSummary::default();
+        let parents = match parents_on_history(&self.ledger, history).await {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, "rebalance step: the split parents could not be read");
+                out.failed.push(("*".into(), e.to_string()));
+                return out;
+            }
+        };
+        for parent in parents {
+            match rebalance_locked(&self.ledger, &self.seed, &parent, self.threshold).await {
+                Ok(LockedPass::Ran(r)) => out.ran.push((parent, r.to_string())),
+                Ok(LockedPass::Busy) => out.busy.push(parent),
+                Err(e) => {
+                    warn!(error = %e, %parent, "rebalance pass failed; the next sweeper pass retries");
+                    out.failed.push((parent, e.to_string()));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl crate::sweeper::RebalanceHook for RebalanceStep {
+    fn pass<'a>(
+        &'a self,
+        history: &'a str,
+    ) -> futures::future::BoxFuture<'a, crate::sweeper::RebalanceSummary> {
+        Box::pin(self.run(history))
+    }
 }
 
 #[cfg(test)]

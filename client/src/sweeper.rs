@@ -139,6 +139,57 @@ pub struct PassReport {
     /// Sales of the ledger with no recorded history while it is bound to several: not
     /// swept, since no one can tell whose they are (`IdentityError::SaleUnassigned`).
     pub unassigned_skus: Vec<String>,
+    /// The rebalance step's passes (with [`Sweeper::with_rebalance`]), one per split
+    /// parent with a part on this group's history.
+    pub rebalance: RebalanceSummary,
+}
+
+/// What the rebalance step of one sweeper pass did, parent by parent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RebalanceSummary {
+    /// Parents this pass rebalanced: (parent, what the pass did).
+    pub ran: Vec<(String, String)>,
+    /// Parents skipped because another rebalancer was running a pass of them.
+    pub busy: Vec<String>,
+    /// Parents whose pass failed: (parent, why). The next pass tries again.
+    pub failed: Vec<(String, String)>,
+}
+
+impl RebalanceSummary {
+    /// Whether the step had any parent to look at.
+    pub fn is_empty(&self) -> bool {
+        self.ran.is_empty() && self.busy.is_empty() && self.failed.is_empty()
+    }
+}
+
+impl std::fmt::Display for RebalanceSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut items: Vec<String> = self
+            .ran
+            .iter()
+            .map(|(p, what)| format!("{p}: {what}"))
+            .collect();
+        items.extend(
+            self.busy
+                .iter()
+                .map(|p| format!("{p}: skipped, another rebalancer is running a pass")),
+        );
+        items.extend(
+            self.failed
+                .iter()
+                .map(|(p, why)| format!("{p}: failed: {why}")),
+        );
+        f.write_str(&items.join("; "))
+    }
+}
+
+/// A step the sweeper runs after each pass's sweep: the split sales' rebalance
+/// (`crate::split::RebalanceStep`). Given the history this sweeper's server reports, it
+/// takes the parents with a part there; it never fails the pass (a parent's failure is
+/// reported and retried next pass).
+pub trait RebalanceHook: Send + Sync {
+    /// One pass over the parents with a part on `history`.
+    fn pass<'a>(&'a self, history: &'a str) -> futures::future::BoxFuture<'a, RebalanceSummary>;
 }
 
 /// One readable line per pass (logs and `run --once`): what was seen, what each branch
@@ -194,6 +245,9 @@ impl std::fmt::Display for PassReport {
             f.write_str("; no recorded server history (not swept): ")?;
             list(f, &self.unassigned_skus)?;
         }
+        if !self.rebalance.is_empty() {
+            write!(f, "; rebalance: {}", self.rebalance)?;
+        }
         Ok(())
     }
 }
@@ -225,6 +279,7 @@ pub struct Sweeper<L: Ledger, G: ReservationGate> {
     ledger: L,
     gate: G,
     cfg: SweeperConfig,
+    rebalance: Option<std::sync::Arc<dyn RebalanceHook>>,
 }
 
 /// Stops a sweeper started with [`Sweeper::spawn`].
@@ -244,7 +299,18 @@ impl SweeperHandle {
 impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
     /// A sweeper deciding with `ledger` and acting through `gate`.
     pub fn new(ledger: L, gate: G, cfg: SweeperConfig) -> Self {
-        Sweeper { ledger, gate, cfg }
+        Sweeper {
+            ledger,
+            gate,
+            cfg,
+            rebalance: None,
+        }
+    }
+
+    /// Run `step` after every pass's sweep (`stockgate-sweeper run --rebalance`).
+    pub fn with_rebalance(mut self, step: std::sync::Arc<dyn RebalanceHook>) -> Self {
+        self.rebalance = Some(step);
+        self
     }
 
     /// The settings it runs with.
@@ -267,6 +333,7 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                         || !r.lost_skus.is_empty()
                         || !r.fenced_now.is_empty()
                         || !r.allocation_mismatch.is_empty()
+                        || !r.rebalance.failed.is_empty()
                     {
                         info!("sweeper pass: {r}");
                     } else {
@@ -333,6 +400,9 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                     report.absorb(r);
                 }
             }
+        }
+        if let Some(step) = &self.rebalance {
+            report.rebalance = step.pass(&bound.history).await;
         }
         Ok(report)
     }

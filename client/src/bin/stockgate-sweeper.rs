@@ -6,6 +6,7 @@
 //!                   [--server ADDR | --sentinel H:P,... --master-name N]
 //!                   [--tls [--cacert FILE] [--cert FILE --key FILE]]
 //!                   [run] [--interval-secs 30] [--once]
+//!                         [--rebalance [--rebalance-threshold N] [--rebalance-seed ADDR]]
 //! stockgate-sweeper migrate
 //! stockgate-sweeper create-sale --sku SKU --total N [--shards N] [--ttl-ms MS] [--limit N]
 //! stockgate-sweeper adjust --sku SKU --delta N [--id ADJ-ID]
@@ -26,6 +27,7 @@ use stockgate_client::ledger::pg_schema;
 use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::ledger::{Ledger, SaleRecord};
 use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
+use stockgate_client::split::{LockedPass, RebalanceStep};
 use stockgate_client::{ServerTarget, StockgateClient, Sweeper, SweeperConfig};
 use stockgate_core::engine::{MAX_SHARDS, MAX_TOTAL, MAX_TTL_MS};
 use stockgate_server::cli::{int_in, number_in};
@@ -146,7 +148,10 @@ enum Cmd {
     /// ledger as parts of --parent. Re-run with the same arguments after any failure.
     Split(SplitArgs),
     /// Move unsold units of a split sale from its fullest part to a sold-out one, through
-    /// the ledger (withdrawal first); every --interval-secs, or once with --once.
+    /// the ledger (withdrawal first); every --interval-secs, or once with --once. Each
+    /// pass holds the parent's advisory lock: a pass another rebalancer (a sweeper's
+    /// `run --rebalance`) is running is skipped. `run --rebalance` does the same inside
+    /// the sweeper's loop.
     Rebalance(RebalanceArgs),
     /// Move hash slots (and every sale on them) from one group's node to another's while
     /// they sell (docs/cluster.md, "Moving slots"). Needs no ledger unless
@@ -268,6 +273,23 @@ struct RunArgs {
     /// is exported (`stockgate_sweeper_materializer_lag_*`; nothing until it has run).
     #[arg(long, default_value = "materializer")]
     materializer_consumer: String,
+    /// After each pass, one rebalance pass (as `rebalance --once`) of every split sale
+    /// with a part on this server's group. Each parent's pass runs under its Postgres
+    /// advisory lock: with every group's sweeper running --rebalance, a parent is
+    /// rebalanced by one of them at a time; a parent another rebalancer is busy with is
+    /// skipped until the next pass.
+    #[arg(long)]
+    rebalance: bool,
+    /// With --rebalance: move only when the fullest part has more than this many units
+    /// available (as `rebalance --threshold`).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true,
+          value_parser = int_in::<u64>(0, MAX_TOTAL as i128))]
+    rebalance_threshold: u64,
+    /// With --rebalance: a node of the cluster whose `CLUSTER SLOTS` finds each part's
+    /// group, `host:port` or a `redis://user:pass@` URL (default: --server; give it with
+    /// --sentinel).
+    #[arg(long, env = "STOCKGATE_REBALANCE_SEED", hide_env_values = true)]
+    rebalance_seed: Option<String>,
 }
 
 #[derive(Args)]
@@ -554,7 +576,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             ledger.migrate().await?;
             let every = secs(a.interval_secs, "--interval-secs")?;
             loop {
-                let pass = stockgate_client::split::rebalance(
+                let pass = stockgate_client::split::rebalance_locked(
                     &ledger,
                     &cli.server,
                     &a.parent,
@@ -562,8 +584,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 )
                 .await;
                 match pass {
-                    Ok(r) if a.once => {
+                    Ok(LockedPass::Ran(r)) if a.once => {
                         println!("rebalance {}: {r}", a.parent);
+                        return Ok(());
+                    }
+                    Ok(LockedPass::Busy) if a.once => {
+                        println!(
+                            "rebalance {}: skipped, another rebalancer is running a pass",
+                            a.parent
+                        );
                         return Ok(());
                     }
                     Ok(_) => {}
@@ -578,12 +607,17 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 }
             }
         }
-        Some(Cmd::Run(args)) => sweep(&target, ledger, args).await,
-        None => sweep(&target, ledger, cli.run).await,
+        Some(Cmd::Run(args)) => sweep(&target, &cli.server, ledger, args).await,
+        None => sweep(&target, &cli.server, ledger, cli.run).await,
     }
 }
 
-async fn sweep(server: &ServerTarget, ledger: PgLedger, args: RunArgs) -> Result<(), CliError> {
+async fn sweep(
+    server: &ServerTarget,
+    seed: &str,
+    ledger: PgLedger,
+    args: RunArgs,
+) -> Result<(), CliError> {
     migrate_with_retry(&ledger, args.once).await?;
     let client = if args.once {
         StockgateClient::connect_target(server).await?
@@ -611,7 +645,18 @@ async fn sweep(server: &ServerTarget, ledger: PgLedger, args: RunArgs) -> Result
             &args.materializer_consumer,
         )
     });
-    let sweeper = Sweeper::new(ledger, client, cfg);
+    let step = args.rebalance.then(|| {
+        let seed = args.rebalance_seed.as_deref().unwrap_or(seed);
+        std::sync::Arc::new(RebalanceStep::new(
+            ledger.clone(),
+            seed,
+            args.rebalance_threshold,
+        )) as std::sync::Arc<dyn stockgate_client::sweeper::RebalanceHook>
+    });
+    let mut sweeper = Sweeper::new(ledger, client, cfg);
+    if let Some(step) = step {
+        sweeper = sweeper.with_rebalance(step);
+    }
     if args.once {
         let r = sweeper.run_pass().await?;
         println!("sweeper pass: {r}");
