@@ -999,9 +999,15 @@ fn node_probe_ask_and_tryagain(which: &str) -> (serde_json::Value, serde_json::V
         .query(&mut a.conn());
     sink.join().expect("listener");
     assert!(r.is_err(), "the link broke");
+    let tryagain = counter(a, "cluster_tryagain");
     let held = answer(
         &NodeScript::start(which, a.port, &secret, &["probe", &skus[0]])
             .finish(Duration::from_secs(30)),
+    );
+    // The slot is not migrating: the engine refused, and INFO counts that too.
+    assert!(
+        counter(a, "cluster_tryagain") > tryagain,
+        "the frozen sale's -TRYAGAIN is counted"
     );
     let mut probe = NodeScript::start(which, a.port, &secret, &["probe", &skus[0]]);
     probe.wait_line("sending", Duration::from_secs(20));

@@ -55,8 +55,6 @@ pub struct Cluster {
     pub slots: arc_swap::ArcSwap<SlotTable>,
     /// `-ASK` replies sent (INFO's `cluster_redirections_ask`).
     pub ask: AtomicU64,
-    /// `-TRYAGAIN` replies sent for a sale frozen by a move (INFO's `cluster_tryagain`).
-    pub tryagain: AtomicU64,
     /// This server's group, an index into `map.groups`.
     pub my_group: usize,
     /// This server, an index into its group's `nodes`.
@@ -118,7 +116,6 @@ impl Cluster {
             leaders: Leaders::new(map.groups.len()),
             slots: arc_swap::ArcSwap::from_pointee(SlotTable::from_map(&map)),
             ask: AtomicU64::new(0),
-            tryagain: AtomicU64::new(0),
             map,
             my_group,
             my_node,

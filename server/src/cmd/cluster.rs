@@ -106,12 +106,9 @@ fn while_migrating(
         _ => ctx.engine.sale_info(&sku).ok().map(|v| v.state),
     };
     match state {
-        Some(s) if s.is_moving() && spec.flags.contains(&"write") => {
-            c.tryagain.fetch_add(1, Ordering::Relaxed);
-            Some(Reply::err(format!(
-                "TRYAGAIN the sale {sku} is moving to another group; retry"
-            )))
-        }
+        Some(s) if s.is_moving() && spec.flags.contains(&"write") => Some(Reply::err(format!(
+            "TRYAGAIN the sale {sku} is moving to another group; retry"
+        ))),
         Some(_) => None,
         None => {
             let n = c.node_for(to)?;

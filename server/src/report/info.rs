@@ -298,16 +298,24 @@ fn stats(o: &mut String, sh: &Shared, error_replies: u64) {
 }
 
 /// `# Cluster`: Redis's `cluster_enabled`, and in cluster mode the redirections sent.
+/// `cluster_tryagain` counts every `-TRYAGAIN` reply, whichever path refused the write
+/// (a migrating slot's routing, or a command reaching a sale frozen for its handover):
+/// the error replies' own count (errorstats), so no path can forget it.
 fn cluster(o: &mut String, sh: &Shared) {
     match sh.cluster.get() {
         None => o.push_str("# Cluster\r\ncluster_enabled:0\r\n"),
         Some(c) => {
+            let (errors, _) = sh.metrics.errors();
+            let tryagain = errors
+                .iter()
+                .find(|(code, _)| code == "TRYAGAIN")
+                .map_or(0, |(_, n)| *n);
             let _ = write!(
                 o,
                 "# Cluster\r\ncluster_enabled:1\r\ncluster_redirections_moved:{}\r\ncluster_redirections_ask:{}\r\ncluster_tryagain:{}\r\ncluster_crossslot_refusals:{}\r\n",
                 c.moved.load(Ordering::Relaxed),
                 c.ask.load(Ordering::Relaxed),
-                c.tryagain.load(Ordering::Relaxed),
+                tryagain,
                 c.crossslot.load(Ordering::Relaxed)
             );
         }
