@@ -331,6 +331,23 @@ fn tls_only_nodes_find_each_others_leaders_and_move_a_sale_with_its_holds() {
         assert_eq!(commit(&mut ca, t), 1);
     }
 
+    // A handover to a port that does not speak TLS fails in the handshake: nothing was
+    // sent, and the sale sells on at home.
+    let plain = plain_peer();
+    let err = redis::cmd("SALE.MIGRATE")
+        .arg("127.0.0.1")
+        .arg(plain)
+        .arg(&sku_a)
+        .query::<Value>(&mut ca)
+        .expect_err("no TLS there");
+    let said = err.to_string();
+    assert!(
+        said.contains("TLS handshake failed: the peer does not speak TLS")
+            && said.contains("the sale stays here"),
+        "{said}"
+    );
+    assert_eq!(sale_info(pki, a.port, &sku_a), (100, 90, 7, 3));
+
     let out = move_slots(pki, a.port, b.port, slot_a);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -358,6 +375,64 @@ fn tls_only_nodes_find_each_others_leaders_and_move_a_sale_with_its_holds() {
         redirect(pki, a.port, &sku_a),
         format!("MOVED {slot_a} 127.0.0.1:{}", b.port)
     );
+}
+
+/// A plain TCP port that answers anything with a RESP error, as a plain stockgate port
+/// answers a TLS ClientHello.
+fn plain_peer() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let mut b = [0u8; 512];
+            let _ = std::io::Read::read(&mut s, &mut b);
+            let _ = std::io::Write::write_all(&mut s, b"-ERR Protocol error\r\n");
+        }
+    });
+    port
+}
+
+#[test]
+fn tls_cluster_flags_are_checked_at_startup() {
+    let s = Setup::new();
+    let pki = &s.pki;
+    // The map's port: the map is read before the TLS flags are checked.
+    let port = s.live[0].to_string();
+    let refusal = |extra: &[&str], ca: bool| -> String {
+        let mut cmd = Command::new(server_bin());
+        cmd.args(s.keys.flags())
+            .args(["--port", "0", "--tls-port", &port, "--data-dir"])
+            .arg(s._dir.path().join("refused"))
+            .arg("--tls-cert-file")
+            .arg(pki.file("server.pem"))
+            .arg("--tls-key-file")
+            .arg(pki.file("server.key"));
+        match ca {
+            true => cmd.arg("--tls-ca-cert-file").arg(pki.file("ca.pem")),
+            false => cmd.args(["--tls-auth-clients", "no"]),
+        };
+        let out = cmd.args(extra).stdin(Stdio::null()).output().expect("run");
+        assert!(!out.status.success(), "{extra:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let map = s.map.display().to_string();
+    let cluster = ["--cluster-enabled", "yes", "--cluster-config", &map];
+    let e = refusal(&["--tls-cluster", "yes"], true);
+    assert!(
+        e.contains("--tls-cluster yes needs --cluster-enabled yes"),
+        "{e}"
+    );
+    let mut no_ca = cluster.to_vec();
+    no_ca.extend(["--tls-cluster", "yes"]);
+    let e = refusal(&no_ca, false);
+    assert!(
+        e.contains("--tls-cluster yes needs --tls-ca-cert-file"),
+        "{e}"
+    );
+    let mut bad = cluster.to_vec();
+    bad.extend(["--tls-cluster", "maybe"]);
+    let e = refusal(&bad, true);
+    assert!(e.contains("--tls-cluster maybe: must be yes or no"), "{e}");
 }
 
 #[test]
