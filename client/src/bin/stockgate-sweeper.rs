@@ -157,6 +157,7 @@ enum Cmd {
 #[derive(Args)]
 struct MoveSlotsArgs {
     /// The source group's leader, `host:port` or a `redis://user:pass@host:port` URL.
+    /// With --tls (--cacert, --cert, --key) every node given is reached over TLS.
     #[arg(long)]
     from: String,
     /// The destination group's leader, as --from. Its host and port are what the source
