@@ -7,6 +7,8 @@
 
 use redis::aio::MultiplexedConnection;
 
+use crate::tls::TlsConfig;
+
 /// Why a move stopped; re-running the same command continues it.
 #[derive(Debug, thiserror::Error)]
 pub enum MoveError {
@@ -54,22 +56,18 @@ struct Node {
 }
 
 impl Node {
-    async fn open(addr: &str) -> Result<Node, MoveError> {
-        let url = if addr.contains("://") {
-            addr.to_string()
-        } else {
-            format!("redis://{addr}")
-        };
+    /// Connects to `addr`, over TLS with `tls` (or a `rediss://` address).
+    async fn open(addr: &str, tls: Option<&TlsConfig>) -> Result<Node, MoveError> {
         let err = |why: String| MoveError::Node {
             node: addr.to_string(),
             what: "connect".into(),
             why,
         };
-        let client = redis::Client::open(url).map_err(|e| err(e.to_string()))?;
+        let client = crate::tls::redis_client(addr, tls).map_err(|e| err(e.to_string()))?;
         let conn = client
             .get_multiplexed_async_connection()
             .await
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(crate::tls::explain(e).to_string()))?;
         Ok(Node {
             addr: addr.to_string(),
             conn,
@@ -106,12 +104,20 @@ impl Node {
 
     /// The host and port `SALE.MIGRATE` connects to (the address as given).
     fn host_port(&self) -> (String, String) {
-        let bare = self.addr.rsplit('@').next().unwrap_or(&self.addr);
-        let bare = bare.trim_start_matches("redis://");
-        match bare.rsplit_once(':') {
-            Some((h, p)) => (h.to_string(), p.trim_end_matches('/').to_string()),
-            None => (bare.to_string(), "6379".into()),
-        }
+        host_port(&self.addr)
+    }
+}
+
+/// The host and port of `host:port` or a `redis://` / `rediss://` URL.
+fn host_port(addr: &str) -> (String, String) {
+    let bare = addr.rsplit('@').next().unwrap_or(addr);
+    let bare = bare
+        .strip_prefix("rediss://")
+        .or_else(|| bare.strip_prefix("redis://"))
+        .unwrap_or(bare);
+    match bare.rsplit_once(':') {
+        Some((h, p)) => (h.to_string(), p.trim_end_matches('/').to_string()),
+        None => (bare.trim_end_matches('/').to_string(), "6379".into()),
     }
 }
 
@@ -124,15 +130,18 @@ pub struct Moved {
     pub sales: usize,
 }
 
-/// Moves `slots` from `from` to `to`; `others` are told the new owner last.
+/// Moves `slots` from `from` to `to`; `others` are told the new owner last. Every node
+/// is reached over TLS with `tls` (`--tls`); the nodes link to each other as their
+/// `--tls-cluster` says.
 pub async fn move_slots(
     from: &str,
     to: &str,
     slots: &[u16],
     others: &[String],
+    tls: Option<&TlsConfig>,
 ) -> Result<Moved, MoveError> {
-    let mut src = Node::open(from).await?;
-    let mut dst = Node::open(to).await?;
+    let mut src = Node::open(from, tls).await?;
+    let mut dst = Node::open(to, tls).await?;
     let src_id: String = src.call(&["CLUSTER", "MYID"]).await?;
     let dst_id: String = dst.call(&["CLUSTER", "MYID"]).await?;
     for &s in slots {
@@ -149,7 +158,7 @@ pub async fn move_slots(
         src.setslot(s, "NODE", &dst_id).await?;
     }
     for addr in others.iter().filter(|a| *a != from && *a != to) {
-        let mut n = Node::open(addr).await?;
+        let mut n = Node::open(addr, tls).await?;
         for &s in slots {
             n.setslot(s, "NODE", &dst_id).await?;
         }
@@ -170,9 +179,10 @@ pub async fn follow_ledger(
     from: &str,
     to: &str,
     slots: &[u16],
+    tls: Option<&TlsConfig>,
 ) -> Result<usize, MoveError> {
-    let mut src = Node::open(from).await?;
-    let mut dst = Node::open(to).await?;
+    let mut src = Node::open(from, tls).await?;
+    let mut dst = Node::open(to, tls).await?;
     let (h_src, h_dst) = (src.history().await?, dst.history().await?);
     let bound = ledger
         .bound_histories()
@@ -240,5 +250,17 @@ mod tests {
         assert!(parse_slots("16384").is_err());
         assert!(parse_slots("5-4").is_err());
         assert!(parse_slots("a").is_err());
+    }
+
+    #[test]
+    fn the_destination_is_given_to_sale_migrate_as_host_and_port() {
+        let hp = |a: &str| {
+            let (h, p) = host_port(a);
+            format!("{h} {p}")
+        };
+        assert_eq!(hp("10.0.0.2:7002"), "10.0.0.2 7002");
+        assert_eq!(hp("redis://u:pw@node-b:7002/"), "node-b 7002");
+        assert_eq!(hp("rediss://u:pw@node-b:7002"), "node-b 7002");
+        assert_eq!(hp("rediss://node-b"), "node-b 6379");
     }
 }

@@ -582,6 +582,7 @@ fn run_inner(a: ServeArgs) -> Result<(), String> {
     let cluster = cluster_from(&a)?;
     check_open_mode(&a, users.is_some())?;
     let tls = tls_from(&a)?;
+    let cluster = cluster_tls(&a, tls.as_ref(), cluster)?;
     std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("{}: {e}", a.data_dir.display()))?;
     let keys = load_keys(&a)?;
     let secret_path = keys.secret_path.clone();
@@ -1136,6 +1137,29 @@ fn replication_tls(
     };
     cfg.tls = Some(t.clone());
     Ok(())
+}
+
+/// `--tls-cluster yes`: the links to the cluster's other nodes (`ROLE` probes,
+/// `SALE.MIGRATE`) over TLS with the loaded files.
+fn cluster_tls(
+    a: &ServeArgs,
+    tls: Option<&(u16, Arc<stockgate_server::tls::Tls>)>,
+    cluster: Option<stockgate_server::cluster::Cluster>,
+) -> Result<Option<stockgate_server::cluster::Cluster>, String> {
+    let on = a.tls.cluster_tls()?;
+    let Some(c) = cluster else {
+        return match on {
+            true => Err("--tls-cluster yes needs --cluster-enabled yes (it secures the links between the cluster's nodes)".into()),
+            false => Ok(None),
+        };
+    };
+    if !on {
+        if tls_only(a.port, a.tls.tls_port) {
+            tracing::warn!("this node serves TLS only and --tls-cluster is no: it calls the other nodes of the cluster over plain TCP, which nodes serving TLS only refuse (docs/cluster.md, \"TLS between nodes\")");
+        }
+        return Ok(Some(c));
+    }
+    Ok(Some(c.with_peer_tls(tls.map(|(_, t)| t.clone()))))
 }
 
 /// Redis's `port 0`: no plain port, TLS only. Only with a fixed `--tls-port`: `--port 0

@@ -12,6 +12,7 @@ use stockgate_server::engine::Keyring;
 pub mod cluster;
 pub mod ha;
 pub mod raft;
+pub mod tls;
 
 /// The server binary next to this test's executable (`target/<profile>/stockgate`).
 /// Build it first: `cargo build --workspace --bins` (the README's test command does).

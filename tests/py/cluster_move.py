@@ -6,10 +6,12 @@ request TTL) is sent again with the same request id, so each request reserves on
 
 Usage: cluster_move.py PORT SECRET_FILE SKUS(a,b,..) DURATION. Prints `ACK <token>
 <0|1>` per acknowledged hold (1: its COMMIT was acknowledged), `RETRIED <n>` and
-`buyer ok`."""
+`buyer ok`. Over TLS when SG_TLS_CA names the CA file (with SG_TLS_CERT and SG_TLS_KEY,
+the client certificate, when set; tests/cluster_tls.rs)."""
 import base64
 import hashlib
 import hmac
+import os
 import sys
 import time
 
@@ -52,7 +54,15 @@ def until_done(f):
 
 
 retried = 0
-rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", port)])
+tls = {}
+if os.environ.get("SG_TLS_CA"):
+    tls = dict(
+        ssl=True,
+        ssl_ca_certs=os.environ["SG_TLS_CA"],
+        ssl_certfile=os.environ.get("SG_TLS_CERT"),
+        ssl_keyfile=os.environ.get("SG_TLS_KEY"),
+    )
+rc = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", port)], **tls)
 end = time.time() + duration
 n = 0
 while time.time() < end:

@@ -162,6 +162,7 @@ enum Cmd {
 #[derive(Args)]
 struct MoveSlotsArgs {
     /// The source group's leader, `host:port` or a `redis://user:pass@host:port` URL.
+    /// With --tls (--cacert, --cert, --key) every node given is reached over TLS.
     #[arg(long)]
     from: String,
     /// The destination group's leader, as --from. Its host and port are what the source
@@ -421,8 +422,15 @@ async fn open_ledger(cli: &Cli) -> Result<PgLedger, CliError> {
 async fn run(cli: Cli) -> Result<(), CliError> {
     if let Some(Cmd::MoveSlots(a)) = &cli.cmd {
         let slots = stockgate_client::slot_move::parse_slots(&a.slots)?;
-        let m =
-            stockgate_client::slot_move::move_slots(&a.from, &a.to, &slots, &a.all_nodes).await?;
+        let tls = cli.tls.load(&a.from)?;
+        let m = stockgate_client::slot_move::move_slots(
+            &a.from,
+            &a.to,
+            &slots,
+            &a.all_nodes,
+            tls.as_ref(),
+        )
+        .await?;
         println!(
             "moved {} slot(s) from {} to {}: {} sale(s) handed over",
             m.slots, a.from, a.to, m.sales
@@ -430,8 +438,14 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         if a.follow_ledger {
             let ledger = open_ledger(&cli).await?;
             ledger.migrate().await?;
-            let n =
-                stockgate_client::slot_move::follow_ledger(&ledger, &a.from, &a.to, &slots).await?;
+            let n = stockgate_client::slot_move::follow_ledger(
+                &ledger,
+                &a.from,
+                &a.to,
+                &slots,
+                tls.as_ref(),
+            )
+            .await?;
             println!("ledger: {n} sale(s) recorded on the destination's history");
         }
         return Ok(());

@@ -68,6 +68,10 @@ pub struct Cluster {
     /// How the `ROLE` probes log in to members that require a password; `None`: they
     /// do not.
     pub probe_auth: Option<ProbeAuth>,
+    /// `--tls-cluster yes`: the probes and `SALE.MIGRATE` call other nodes over TLS, with
+    /// this configuration's peer connector (read at each call, so a reloaded certificate
+    /// is used); `None`: plain TCP.
+    pub peer_tls: Option<std::sync::Arc<crate::tls::Tls>>,
 }
 
 impl Cluster {
@@ -122,12 +126,19 @@ impl Cluster {
             moved: AtomicU64::new(0),
             crossslot: AtomicU64::new(0),
             probe_auth: None,
+            peer_tls: None,
         })
     }
 
     /// The same cluster, its `ROLE` probes logging in with `auth`.
     pub fn with_probe_auth(mut self, auth: Option<ProbeAuth>) -> Cluster {
         self.probe_auth = auth;
+        self
+    }
+
+    /// The same cluster, calling other nodes over TLS with `tls` (`--tls-cluster yes`).
+    pub fn with_peer_tls(mut self, tls: Option<std::sync::Arc<crate::tls::Tls>>) -> Cluster {
+        self.peer_tls = tls;
         self
     }
 

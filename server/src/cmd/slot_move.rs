@@ -7,6 +7,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::ClientConfig;
+
 use super::{Ctx, Deferred, Outcome};
 use crate::cluster::{key_slot, Cluster, SlotChange, SLOTS};
 use crate::engine::Engine;
@@ -144,6 +146,10 @@ pub fn migrate(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
         return Reply::err("ERR port must be a number from 1 to 65535").into();
     };
     let sku = String::from_utf8_lossy(args[2]).into_owned();
+    let tls = match link_tls(ctx) {
+        Ok(t) => t,
+        Err(refusal) => return refusal.into(),
+    };
     let Some(engine) = ctx.shared.engine.get().cloned() else {
         return Reply::err("ERR SALE.MIGRATE is not available on this server").into();
     };
@@ -167,6 +173,8 @@ pub fn migrate(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
             .get()
             .and_then(|c| c.probe_auth.as_ref().map(|a| a.command().to_vec())),
         addr: format!("{host}:{port}"),
+        host,
+        tls,
         sku,
     };
     let wait: Deferred = Box::pin(mv.run(freeze_lsn, blob));
@@ -177,12 +185,29 @@ pub fn migrate(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
     )
 }
 
+/// The TLS settings of the link to the destination with `--tls-cluster yes` (the peer
+/// connector in force now), `None` for plain TCP.
+fn link_tls(ctx: &Ctx<'_>) -> Result<Option<Arc<ClientConfig>>, Reply> {
+    let Some(tls) = ctx.shared.cluster.get().and_then(|c| c.peer_tls.as_ref()) else {
+        return Ok(None);
+    };
+    match tls.peers() {
+        Some((_, connector)) => Ok(Some(connector.config().clone())),
+        None => Err(Reply::err(
+            "ERR SALE.MIGRATE over TLS needs --tls-ca-cert-file (the CA the destination's certificate is checked against)",
+        )),
+    }
+}
+
 /// One sale's handover, after the freeze.
 struct Move {
     engine: Arc<Engine>,
     durability: Arc<dyn Durability>,
     auth: Option<Vec<u8>>,
     addr: String,
+    /// The destination's host, the name its certificate must hold over TLS.
+    host: String,
+    tls: Option<Arc<ClientConfig>>,
     sku: String,
 }
 
@@ -204,8 +229,13 @@ impl Move {
         if let Err(e) = self.durability.wait(freeze_lsn).await {
             return Reply::err(format!("ERR SALE.MIGRATE: the freeze was not logged: {e}"));
         }
-        let (addr, auth) = (self.addr.clone(), self.auth.clone());
-        let sent = tokio::task::spawn_blocking(move || send(&addr, auth.as_deref(), &blob))
+        let link = Link {
+            addr: self.addr.clone(),
+            host: self.host.clone(),
+            tls: self.tls.clone(),
+        };
+        let auth = self.auth.clone();
+        let sent = tokio::task::spawn_blocking(move || send(&link, auth.as_deref(), &blob))
             .await
             .unwrap_or_else(|e| Sent::Unknown(format!("the sending thread stopped: {e}")));
         match sent {
@@ -249,16 +279,35 @@ fn resp_command(args: &[&[u8]]) -> Vec<u8> {
     out
 }
 
+/// Where the export goes, and how.
+struct Link {
+    addr: String,
+    host: String,
+    tls: Option<Arc<ClientConfig>>,
+}
+
+/// A byte stream to the destination: TCP, or TLS over it.
+trait Stream: Read + Write {}
+impl<T: Read + Write> Stream for T {}
+
+/// Why reading a reply failed.
+enum ReadError {
+    /// A TLS alert came back to plain bytes: the destination serves TLS only there, so it
+    /// ran none of them.
+    SpeaksTls,
+    Other(String),
+}
+
 /// Sends `[AUTH] ASKING SALE.IMPORT <blob>` in one write and reads the replies.
-fn send(addr: &str, auth: Option<&[u8]>, blob: &[u8]) -> Sent {
-    let mut conn = match connect(addr) {
+fn send(link: &Link, auth: Option<&[u8]>, blob: &[u8]) -> Sent {
+    let mut conn = match connect(link) {
         Ok(c) => c,
         Err(e) => return Sent::NotThere(e),
     };
     let mut req = auth.map(<[u8]>::to_vec).unwrap_or_default();
     req.extend(resp_command(&[b"ASKING"]));
     req.extend(resp_command(&[b"SALE.IMPORT", blob]));
-    if let Err(e) = conn.write_all(&req) {
+    if let Err(e) = conn.write_all(&req).and_then(|()| conn.flush()) {
         return Sent::Unknown(format!("sending failed: {e}"));
     }
     // Pipelined: the import's own answer, the last, decides (an AUTH refused before it
@@ -268,7 +317,13 @@ fn send(addr: &str, auth: Option<&[u8]>, blob: &[u8]) -> Sent {
     for _ in 0..replies {
         last = match read_line(&mut conn) {
             Ok(l) => l,
-            Err(e) => return Sent::Unknown(format!("no answer: {e}")),
+            Err(ReadError::SpeaksTls) => {
+                return Sent::NotThere(
+                    "it answers only TLS on that port: start this node with --tls-cluster yes"
+                        .into(),
+                )
+            }
+            Err(ReadError::Other(e)) => return Sent::Unknown(format!("no answer: {e}")),
         };
     }
     if last == "+OK" {
@@ -278,7 +333,21 @@ fn send(addr: &str, auth: Option<&[u8]>, blob: &[u8]) -> Sent {
     Sent::NotThere(format!("the destination refused the import: {shown}"))
 }
 
-fn connect(addr: &str) -> Result<TcpStream, String> {
+/// TCP to the destination with the time limits, and TLS on it when asked (its handshake
+/// done here: a failure leaves nothing sent).
+fn connect(link: &Link) -> Result<Box<dyn Stream>, String> {
+    let tcp = connect_tcp(&link.addr)?;
+    match &link.tls {
+        None => Ok(Box::new(tcp)),
+        Some(cfg) => Ok(Box::new(crate::tls::peer::connect_blocking(
+            tcp,
+            &link.host,
+            cfg.clone(),
+        )?)),
+    }
+}
+
+fn connect_tcp(addr: &str) -> Result<TcpStream, String> {
     let sock = addr
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve: {e}"))?
@@ -292,20 +361,24 @@ fn connect(addr: &str) -> Result<TcpStream, String> {
     Ok(conn)
 }
 
+/// The first byte of a TLS alert record, which no RESP reply starts with.
+const TLS_ALERT: u8 = 0x15;
+
 /// One reply line (a simple string or an error), at most 4 KiB.
-fn read_line(conn: &mut TcpStream) -> Result<String, String> {
+fn read_line(conn: &mut dyn Stream) -> Result<String, ReadError> {
     let mut line = Vec::new();
     let mut b = [0u8; 1];
     while line.len() < 4096 {
         match conn.read(&mut b) {
-            Ok(0) => return Err("the connection closed".into()),
+            Ok(0) => return Err(ReadError::Other("the connection closed".into())),
+            Ok(_) if line.is_empty() && b[0] == TLS_ALERT => return Err(ReadError::SpeaksTls),
             Ok(_) => line.push(b[0]),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(ReadError::Other(e.to_string())),
         }
         if line.ends_with(b"\r\n") {
             line.truncate(line.len() - 2);
             return Ok(String::from_utf8_lossy(&line).into_owned());
         }
     }
-    Err("an answer too long".into())
+    Err(ReadError::Other("an answer too long".into()))
 }

@@ -41,6 +41,13 @@ pub struct TlsArgs {
     /// Redis's tls-replication). Needs --tls-port and --tls-ca-cert-file.
     #[arg(long, value_name = "yes|no", default_value = "no")]
     pub tls_replication: String,
+    /// yes: this node's links to the other nodes of the cluster (the ROLE probes that
+    /// find the other groups' leaders, SALE.MIGRATE's handover) over TLS, presenting
+    /// --tls-cert-file and checking theirs against --tls-ca-cert-file (as Redis's
+    /// tls-cluster). The cluster map must then name every node's TLS port. Needs
+    /// --cluster-enabled yes, --tls-port and --tls-ca-cert-file.
+    #[arg(long, value_name = "yes|no", default_value = "no")]
+    pub tls_cluster: String,
 }
 
 impl TlsArgs {
@@ -54,6 +61,19 @@ impl TlsArgs {
             "yes" if self.tls_ca_cert_file.is_none() => Err("--tls-replication yes needs --tls-ca-cert-file (the CA the members' certificates are checked against)".into()),
             "yes" => Ok(true),
             other => Err(format!("--tls-replication {other}: must be yes or no")),
+        }
+    }
+
+    /// `--tls-cluster`: whether the links to the cluster's other nodes are TLS.
+    pub fn cluster_tls(&self) -> Result<bool, String> {
+        match self.tls_cluster.to_ascii_lowercase().as_str() {
+            "no" => Ok(false),
+            "yes" if self.tls_port.is_none() => {
+                Err("--tls-cluster yes needs --tls-port (and its certificate files)".into())
+            }
+            "yes" if self.tls_ca_cert_file.is_none() => Err("--tls-cluster yes needs --tls-ca-cert-file (the CA the other nodes' certificates are checked against)".into()),
+            "yes" => Ok(true),
+            other => Err(format!("--tls-cluster {other}: must be yes or no")),
         }
     }
 

@@ -11,6 +11,7 @@
 //! serving. docs/operations.md, "TLS", is the operator's side.
 
 pub mod args;
+pub mod peer;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
