@@ -115,8 +115,7 @@ async fn connect(addr: &str, tls: Option<&Tls>) -> io::Result<Box<dyn PeerIo>> {
         return Ok(Box::new(s));
     };
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+    let name = crate::tls::peer::server_name(host)
         .map_err(|e| io::Error::other(format!("peer address {addr}: {e}")))?;
     Ok(Box::new(connector.connect(name, s).await?))
 }
