@@ -14,7 +14,10 @@
 //!   waits for the first and is refused (`SG005`).
 //! - two groups' sweepers in loop mode with `--rebalance`: nothing moves while the test
 //!   holds the parent's advisory lock; then a drained part is refilled by the loops,
-//!   twice, one pass at a time (the adjustments alternate withdrawal, gift).
+//!   twice, one pass at a time (the adjustments alternate withdrawal, gift);
+//! - a split of 2 parts grown to 3 (then 4): the new part starts empty, the old ones keep
+//!   their units, a re-run is a no-op, fewer parts are refused, `rebalance --once` fills
+//!   the new part and buyers of every home are served.
 
 mod common;
 mod operator;

@@ -8,7 +8,9 @@
 //! allocation (`migrations/0008_split_sales.sql`).
 //!
 //! - [`create_split`] (`stockgate-sweeper split`) creates the parts on their groups and
-//!   records them; re-running it with the same arguments changes nothing.
+//!   records them; re-running it with the same arguments changes nothing. With more
+//!   parts than recorded it grows the split ([`grow_split`]): the new parts start empty
+//!   and [`rebalance`] fills them; fewer parts are refused.
 //! - [`rebalance`] moves unsold units from the fullest part to a sold-out one through
 //!   `sale_adjustments`, withdrawal first. [`rebalance_locked`] runs it under the
 //!   parent's Postgres advisory lock, so that two rebalancers never run a pass of one

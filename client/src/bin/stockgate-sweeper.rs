@@ -15,6 +15,7 @@
 //! stockgate-sweeper bind --history ID [--group NAME]
 //! stockgate-sweeper unbind --history ID
 //! stockgate-sweeper split --parent P --parts N --total T [--limit L] [--shards N] [--ttl-ms MS]
+//!                   (more --parts than recorded: grow the split by empty parts)
 //! stockgate-sweeper rebalance --parent P [--threshold N] [--interval-secs S] [--once]
 //! ```
 
