@@ -553,12 +553,13 @@ async fn recorded(pool: &sqlx::PgPool, parent: &str) -> (i32, Vec<(i32, String)>
 /// refused; `rebalance --once` refills the empty part from the fullest; buyers through
 /// `reserve_split` over the 3 parts are served on each part; the parts' ledger
 /// allocations and servers' totals each add up to the parent's. Last, a growth that
-/// stopped after making its part's sale on its server is finished by the same command.
+/// stopped after making its part's sale on its server, and one refused while a group
+/// was down, are each finished by the same command.
 #[test]
 fn split_grown_by_a_part_and_refilled() {
     let rt = runtime();
     let pg = rt.block_on(TempPostgres::start()).expect("postgres");
-    let cluster = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let mut cluster = Cluster::start(&[(0, 8191), (8192, 16383)]);
     let seed = cluster.nodes[0].port;
     let keyring = cluster.keys.keyring();
     let pool = rt.block_on(sqlx::PgPool::connect(pg.url())).expect("pool");
@@ -714,5 +715,34 @@ fn split_grown_by_a_part_and_refilled() {
         let g = gates(&cluster, &four).await;
         let t = totals(&pool, &g, &four).await;
         assert_eq!(t, vec![(10, 10), (5, 5), (5, 5), (0, 0)]);
+    });
+
+    // A growth to 6 with group 1 down: its recorded parts cannot be checked, the command
+    // fails and the split stays of 4 parts; once group 1 is back the same command
+    // finishes.
+    cluster.nodes[1].kill9();
+    let (ok, _, err) = sweeper(&pg, seed, &{
+        let mut a = vec!["split"];
+        a.extend_from_slice(&args("6"));
+        a
+    });
+    let down = format!("node 127.0.0.1:{} cannot be reached", cluster.nodes[1].port);
+    assert!(
+        !ok && err.contains(&down),
+        "a growth with a group down fails: {err}"
+    );
+    rt.block_on(async {
+        let (n, rows) = recorded(&pool, "GROW").await;
+        assert_eq!((n, rows.len()), (4, 4), "nothing recorded: {err}");
+    });
+    cluster.nodes[1].restart();
+    let six = split(&pg, seed, &args("6"));
+    assert_eq!(six[..4], four[..], "{six:?}");
+    rt.block_on(async {
+        let (n, rows) = recorded(&pool, "GROW").await;
+        assert_eq!((n, rows.len()), (6, 6));
+        let g = gates(&cluster, &six).await;
+        let t = totals(&pool, &g, &six).await;
+        assert_eq!(t, vec![(10, 10), (5, 5), (5, 5), (0, 0), (0, 0), (0, 0)]);
     });
 }

@@ -75,6 +75,19 @@ pub enum SplitError {
         /// What the server reports.
         server: String,
     },
+    /// A part's group could not be reached.
+    #[error(
+        "split part {part}: its group's node {addr} cannot be reached ({source}); re-run the \
+         same command once it is up"
+    )]
+    Unreachable {
+        /// The part's index.
+        part: usize,
+        /// The node tried.
+        addr: String,
+        /// Why.
+        source: ClientError,
+    },
     /// The parent is not in the ledger.
     #[error("split {0} is unknown to the ledger")]
     UnknownParent(String),
@@ -526,13 +539,24 @@ async fn group_history(
     group: &ClusterGroup,
     index: usize,
 ) -> Result<(StockgateClient, String), SplitError> {
-    let client = StockgateClient::connect(&with_credentials(seed, &group.addr)).await?;
-    let history = client.history().await?.ok_or_else(|| {
-        SplitError::Invalid(format!(
-            "group {} reports no history id yet; nothing was created for part {index}",
-            group.addr
-        ))
-    })?;
+    let unreachable = |source| SplitError::Unreachable {
+        part: index,
+        addr: group.addr.clone(),
+        source,
+    };
+    let client = StockgateClient::connect(&with_credentials(seed, &group.addr))
+        .await
+        .map_err(unreachable)?;
+    let history = client
+        .history()
+        .await
+        .map_err(unreachable)?
+        .ok_or_else(|| {
+            SplitError::Invalid(format!(
+                "group {} reports no history id yet; nothing was created for part {index}",
+                group.addr
+            ))
+        })?;
     Ok((client, history))
 }
 
