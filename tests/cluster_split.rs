@@ -14,7 +14,10 @@
 //!   waits for the first and is refused (`SG005`).
 //! - two groups' sweepers in loop mode with `--rebalance`: nothing moves while the test
 //!   holds the parent's advisory lock; then a drained part is refilled by the loops,
-//!   twice, one pass at a time (the adjustments alternate withdrawal, gift).
+//!   twice, one pass at a time (the adjustments alternate withdrawal, gift);
+//! - a split of 2 parts grown to 3 (then 4): the new part starts empty, the old ones keep
+//!   their units, a re-run is a no-op, fewer parts are refused, `rebalance --once` fills
+//!   the new part and buyers of every home are served.
 
 mod common;
 mod operator;
@@ -508,5 +511,238 @@ fn split_rebalanced_by_the_sweepers_loop_one_pass_at_a_time() {
             on_servers += total;
         }
         assert_eq!(on_servers, 40, "the servers' totals add up to the parent");
+    });
+}
+
+/// Each part's (server total, ledger allocation), in index order.
+async fn totals(pool: &sqlx::PgPool, g: &[StockgateClient], parts: &[String]) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    for (p, c) in parts.iter().zip(g) {
+        let total = c.sale_info(p).await.expect("info").total;
+        let ledger: i64 =
+            sqlx::query_scalar("SELECT allocation FROM stockgate.sales WHERE sku = $1")
+                .bind(p)
+                .fetch_one(pool)
+                .await
+                .expect("allocation");
+        out.push((total, ledger));
+    }
+    out
+}
+
+/// The parent's recorded part count and parts.
+async fn recorded(pool: &sqlx::PgPool, parent: &str) -> (i32, Vec<(i32, String)>) {
+    let n: i32 = sqlx::query_scalar("SELECT parts FROM stockgate.split_parents WHERE parent = $1")
+        .bind(parent)
+        .fetch_one(pool)
+        .await
+        .expect("parent");
+    let parts = sqlx::query_as(
+        "SELECT part_index, sku FROM stockgate.split_parts WHERE parent = $1 ORDER BY part_index",
+    )
+    .bind(parent)
+    .fetch_all(pool)
+    .await
+    .expect("parts");
+    (n, parts)
+}
+
+/// A split of 2 parts over 2 groups, 3 units sold on part 0, grown to 3 parts: the new
+/// part is on group 0 (2 mod 2), starts with 0 units on its server and in the ledger, the
+/// old parts keep theirs; a re-run changes nothing; fewer parts or other options are
+/// refused; `rebalance --once` refills the empty part from the fullest; buyers through
+/// `reserve_split` over the 3 parts are served on each part; the parts' ledger
+/// allocations and servers' totals each add up to the parent's. Last, a growth that
+/// stopped after making its part's sale on its server, and one refused while a group
+/// was down, are each finished by the same command.
+#[test]
+fn split_grown_by_a_part_and_refilled() {
+    let rt = runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let mut cluster = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let seed = cluster.nodes[0].port;
+    let keyring = cluster.keys.keyring();
+    let pool = rt.block_on(sqlx::PgPool::connect(pg.url())).expect("pool");
+    let args = |parts: &'static str| {
+        [
+            "--parent", "GROW", "--parts", parts, "--total", "20", "--shards", "1", "--ttl-ms", TTL,
+        ]
+    };
+    let two = split(&pg, seed, &args("2"));
+    assert_eq!(two.len(), 2, "{two:?}");
+    rt.block_on(async {
+        let g = gates(&cluster, &two).await;
+        for u in 0..3 {
+            let user = format!("early-{u}");
+            let adm = keyring.mint(&two[0], &user, now_ms() + 600_000);
+            let out = g[0]
+                .reserve(&two[0], &user, &adm, "r", 1)
+                .await
+                .expect("reserve");
+            assert!(matches!(out, ReserveOutcome::Reserved { .. }), "{out:?}");
+        }
+    });
+
+    let three = split(&pg, seed, &args("3"));
+    assert_eq!(three.len(), 3, "{three:?}");
+    assert_eq!(three[..2], two[..], "the existing parts stay");
+    assert!(three[2].starts_with("GROW.p2-"), "{}", three[2]);
+    assert_eq!(cluster.owner(&three[2]), 0, "part 2 is on group 2 mod 2");
+    let want_rows: Vec<(i32, String)> = (0..).zip(three.iter().cloned()).collect();
+    rt.block_on(async {
+        assert_eq!(recorded(&pool, "GROW").await, (3, want_rows.clone()));
+        let g = gates(&cluster, &three).await;
+        assert_eq!(
+            totals(&pool, &g, &three).await,
+            vec![(10, 10), (10, 10), (0, 0)]
+        );
+        let avail: Vec<i64> = {
+            let mut v = Vec::new();
+            for (p, c) in three.iter().zip(&g) {
+                v.push(c.sale_info(p).await.expect("info").available);
+            }
+            v
+        };
+        assert_eq!(avail, vec![7, 10, 0], "the old parts keep their units");
+    });
+    assert_eq!(
+        split(&pg, seed, &args("3")),
+        three,
+        "a re-run changes nothing"
+    );
+    rt.block_on(async {
+        assert_eq!(recorded(&pool, "GROW").await, (3, want_rows.clone()));
+        assert!(adjustments(&pool, &three).await.is_empty(), "nothing moved");
+    });
+    let (ok, _, err) = sweeper(&pg, seed, &{
+        let mut a = vec!["split"];
+        a.extend_from_slice(&args("1"));
+        a
+    });
+    assert!(
+        !ok && err.contains("recorded with 3 parts, asked 1") && err.contains("never fewer"),
+        "{err}"
+    );
+    let (ok, _, err) = sweeper(
+        &pg,
+        seed,
+        &[
+            "split", "--parent", "GROW", "--parts", "4", "--total", "20", "--shards", "2",
+            "--ttl-ms", TTL,
+        ],
+    );
+    assert!(!ok && err.contains("(shards, ttl-ms, limit)"), "{err}");
+    rt.block_on(async {
+        assert_eq!(
+            recorded(&pool, "GROW").await,
+            (3, want_rows.clone()),
+            "refusals change nothing"
+        );
+    });
+
+    let (ok, out, err) = sweeper(
+        &pg,
+        seed,
+        &[
+            "rebalance",
+            "--parent",
+            "GROW",
+            "--threshold",
+            "0",
+            "--once",
+        ],
+    );
+    assert!(ok, "rebalance failed:\n{out}\n{err}");
+    assert!(
+        out.contains("withdrew 5 from part 1") && out.contains("gave 5 to part 2"),
+        "the empty new part is refilled from the fullest: {out}"
+    );
+    rt.block_on(async {
+        let g = gates(&cluster, &three).await;
+        let t = totals(&pool, &g, &three).await;
+        assert_eq!(t, vec![(10, 10), (5, 5), (5, 5)]);
+        assert_eq!(
+            t.iter().map(|x| x.0).sum::<i64>(),
+            20,
+            "servers add up to the parent"
+        );
+        assert_eq!(
+            t.iter().map(|x| x.1).sum::<i64>(),
+            20,
+            "ledger adds up to the parent"
+        );
+        for home in 0..3 {
+            let user = (0..)
+                .map(|u| format!("late-{u}"))
+                .find(|u| home_part(u, 3) == home)
+                .expect("a user of each home");
+            let r = reserve_split(
+                &g,
+                &three,
+                &user,
+                1,
+                |s| keyring.mint(s, &user, now_ms() + 600_000),
+                "x",
+            )
+            .await
+            .expect("reserve_split");
+            assert_eq!((r.part, r.tried.clone()), (home, vec![home]), "{r:?}");
+            match r.outcome {
+                ReserveOutcome::Reserved { token, .. } => assert!(
+                    token.starts_with(&format!("{{{}}}", three[home])),
+                    "{token} is of part {home}"
+                ),
+                other => panic!("part {home}: {other:?}"),
+            }
+        }
+    });
+
+    // A growth to 4 that stopped before its ledger transaction: part 3's sale made on its
+    // group (1) with 0 units, not yet registered nor a part.
+    let p3 = stockgate_client::split::part_sku("GROW", 3, |s| s >= 8192).expect("sku");
+    rt.block_on(async {
+        let g = gates(&cluster, std::slice::from_ref(&p3)).await;
+        g[0].sale_create(&p3, 0, Some(1), Some(600_000), None)
+            .await
+            .expect("create");
+    });
+    let four = split(&pg, seed, &args("4"));
+    assert_eq!(four[..3], three[..], "{four:?}");
+    assert_eq!(four[3], p3);
+    rt.block_on(async {
+        let (n, rows) = recorded(&pool, "GROW").await;
+        assert_eq!((n, rows.len()), (4, 4));
+        let g = gates(&cluster, &four).await;
+        let t = totals(&pool, &g, &four).await;
+        assert_eq!(t, vec![(10, 10), (5, 5), (5, 5), (0, 0)]);
+    });
+
+    // A growth to 6 with group 1 down: its recorded parts cannot be checked, the command
+    // fails and the split stays of 4 parts; once group 1 is back the same command
+    // finishes.
+    cluster.nodes[1].kill9();
+    let (ok, _, err) = sweeper(&pg, seed, &{
+        let mut a = vec!["split"];
+        a.extend_from_slice(&args("6"));
+        a
+    });
+    let down = format!("node 127.0.0.1:{} cannot be reached", cluster.nodes[1].port);
+    assert!(
+        !ok && err.contains(&down),
+        "a growth with a group down fails: {err}"
+    );
+    rt.block_on(async {
+        let (n, rows) = recorded(&pool, "GROW").await;
+        assert_eq!((n, rows.len()), (4, 4), "nothing recorded: {err}");
+    });
+    cluster.nodes[1].restart();
+    let six = split(&pg, seed, &args("6"));
+    assert_eq!(six[..4], four[..], "{six:?}");
+    rt.block_on(async {
+        let (n, rows) = recorded(&pool, "GROW").await;
+        assert_eq!((n, rows.len()), (6, 6));
+        let g = gates(&cluster, &six).await;
+        let t = totals(&pool, &g, &six).await;
+        assert_eq!(t, vec![(10, 10), (5, 5), (5, 5), (0, 0), (0, 0), (0, 0)]);
     });
 }

@@ -8,7 +8,9 @@
 //! allocation (`migrations/0008_split_sales.sql`).
 //!
 //! - [`create_split`] (`stockgate-sweeper split`) creates the parts on their groups and
-//!   records them; re-running it with the same arguments changes nothing.
+//!   records them; re-running it with the same arguments changes nothing. With more
+//!   parts than recorded it grows the split ([`grow_split`]): the new parts start empty
+//!   and [`rebalance`] fills them; fewer parts are refused.
 //! - [`rebalance`] moves unsold units from the fullest part to a sold-out one through
 //!   `sale_adjustments`, withdrawal first. [`rebalance_locked`] runs it under the
 //!   parent's Postgres advisory lock, so that two rebalancers never run a pass of one
@@ -72,6 +74,19 @@ pub enum SplitError {
         ledger: String,
         /// What the server reports.
         server: String,
+    },
+    /// A part's group could not be reached.
+    #[error(
+        "split part {part}: its group's node {addr} cannot be reached ({source}); re-run the \
+         same command once it is up"
+    )]
+    Unreachable {
+        /// The part's index.
+        part: usize,
+        /// The node tried.
+        addr: String,
+        /// Why.
+        source: ClientError,
     },
     /// The parent is not in the ledger.
     #[error("split {0} is unknown to the ledger")]
@@ -422,11 +437,13 @@ pub async fn load_split(
     Ok(Some((head, parts)))
 }
 
-/// Create the split `spec` describes: record the parent, then for each part create its
-/// sale on its group (`SALE.CREATE`, which answers `+OK` to the same parameters again),
-/// register it and record it as the parent's part. Re-running with the same `spec` after
-/// any failure finishes what is missing and changes nothing else; other values for an
-/// existing parent are refused.
+/// Create the split `spec` describes, or grow it: record the parent, then for each part
+/// create its sale on its group (`SALE.CREATE`, which answers `+OK` to the same
+/// parameters again), register it and record it as the parent's part. With more parts
+/// than recorded and every other value the same, the parts beyond the recorded ones are
+/// added empty ([`grow_split`]). Re-running with the same `spec` after any failure
+/// finishes what is missing and changes nothing else; other values for an existing parent,
+/// fewer parts included, are refused.
 pub async fn create_split(
     ledger: &PgLedger,
     seed: &str,
@@ -434,10 +451,6 @@ pub async fn create_split(
 ) -> Result<Vec<SplitPart>, SplitError> {
     check_spec(spec)?;
     let groups = cluster_groups(seed).await?;
-    let conflict = |why: String| SplitError::Conflict {
-        parent: spec.parent.clone(),
-        why,
-    };
     sqlx::query(
         "INSERT INTO split_parents (parent, allocation, parts, per_user_limit) \
          VALUES ($1, $2, $3, $4) ON CONFLICT (parent) DO NOTHING",
@@ -451,81 +464,264 @@ pub async fn create_split(
     let (head, recorded) = load_split(ledger, &spec.parent)
         .await?
         .ok_or_else(|| SplitError::UnknownParent(spec.parent.clone()))?;
-    if head.parts != spec.parts || head.per_user_limit != spec.limit {
-        return Err(conflict(format!(
-            "recorded with {} parts and limit {:?}, asked {} parts and limit {:?}",
-            head.parts, head.per_user_limit, spec.parts, spec.limit
-        )));
+    check_head(spec, &head)?;
+    let mut out = Vec::with_capacity(spec.parts);
+    for i in 0..head.parts {
+        let known = recorded.iter().find(|r| r.index == i);
+        out.push(ensure_part(ledger, seed, &groups, spec, head.parts, i, known).await?);
+    }
+    if spec.parts > head.parts {
+        out.extend(grow_split(ledger, seed, &groups, spec, head.parts).await?);
+    }
+    Ok(out)
+}
+
+fn conflict(spec: &SplitSpec, why: String) -> SplitError {
+    SplitError::Conflict {
+        parent: spec.parent.clone(),
+        why,
+    }
+}
+
+/// The recorded parent against `spec`: the same allocation and limit, and at least as
+/// many parts (a split is never given fewer).
+fn check_head(spec: &SplitSpec, head: &SplitParent) -> Result<(), SplitError> {
+    if head.per_user_limit != spec.limit {
+        return Err(conflict(
+            spec,
+            format!(
+                "recorded with limit {:?}, asked limit {:?}",
+                head.per_user_limit, spec.limit
+            ),
+        ));
     }
     if head.allocation != spec.total {
-        return Err(conflict(format!(
-            "recorded with allocation {}, asked {}",
-            head.allocation, spec.total
-        )));
+        return Err(conflict(
+            spec,
+            format!(
+                "recorded with allocation {}, asked {}",
+                head.allocation, spec.total
+            ),
+        ));
     }
-    let mut out = Vec::with_capacity(spec.parts);
-    for i in 0..spec.parts {
-        let group = &groups[i % groups.len()];
-        let sku = part_sku(&spec.parent, i, |s| group.owns(s)).ok_or_else(|| {
-            SplitError::Invalid(format!("no sku for part {i} lands on group {}", group.id))
-        })?;
-        if let Some(r) = recorded.iter().find(|r| r.index == i) {
-            if r.sku != sku {
-                return Err(conflict(format!(
-                    "part {i} is recorded as {} but the slot map puts it at {sku} (the map \
-                     changed since the split was made)",
-                    r.sku
-                )));
-            }
-        }
-        let client = StockgateClient::connect(&with_credentials(seed, &group.addr)).await?;
-        let history = client.history().await?.ok_or_else(|| {
+    if spec.parts < head.parts {
+        return Err(conflict(
+            spec,
+            format!(
+                "recorded with {} parts, asked {}: a split can be given more parts, never \
+                 fewer",
+                head.parts, spec.parts
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Part `index`'s group (`index mod G`) and sku.
+fn place<'g>(
+    groups: &'g [ClusterGroup],
+    parent: &str,
+    index: usize,
+) -> Result<(&'g ClusterGroup, String), SplitError> {
+    let group = &groups[index % groups.len()];
+    let sku = part_sku(parent, index, |s| group.owns(s)).ok_or_else(|| {
+        SplitError::Invalid(format!(
+            "no sku for part {index} lands on group {}",
+            group.id
+        ))
+    })?;
+    Ok((group, sku))
+}
+
+/// A connection to `group` and the history it reports.
+async fn group_history(
+    seed: &str,
+    group: &ClusterGroup,
+    index: usize,
+) -> Result<(StockgateClient, String), SplitError> {
+    let unreachable = |source| SplitError::Unreachable {
+        part: index,
+        addr: group.addr.clone(),
+        source,
+    };
+    let client = StockgateClient::connect(&with_credentials(seed, &group.addr))
+        .await
+        .map_err(unreachable)?;
+    let history = client
+        .history()
+        .await
+        .map_err(unreachable)?
+        .ok_or_else(|| {
             SplitError::Invalid(format!(
-                "group {} reports no history id yet; nothing was created for part {i}",
+                "group {} reports no history id yet; nothing was created for part {index}",
                 group.addr
             ))
         })?;
-        if let Some(r) = recorded.iter().find(|r| r.index == i) {
-            if r.history_id != history {
-                return Err(SplitError::History {
-                    sku,
-                    ledger: r.history_id.clone(),
-                    server: history,
-                });
-            }
+    Ok((client, history))
+}
+
+/// Part `index` of a split of `parts` parts: a recorded part is checked (its sku under
+/// the current map, its group's history, its sale's options); a missing one is created
+/// with its initial share and recorded.
+async fn ensure_part(
+    ledger: &PgLedger,
+    seed: &str,
+    groups: &[ClusterGroup],
+    spec: &SplitSpec,
+    parts: usize,
+    index: usize,
+    known: Option<&SplitPart>,
+) -> Result<SplitPart, SplitError> {
+    let (group, sku) = place(groups, &spec.parent, index)?;
+    if let Some(r) = known.filter(|r| r.sku != sku) {
+        return Err(conflict(
+            spec,
+            format!(
+                "part {index} is recorded as {} but the slot map puts it at {sku} (the map \
+                 changed since the split was made)",
+                r.sku
+            ),
+        ));
+    }
+    let (client, history) = group_history(seed, group, index).await?;
+    if let Some(r) = known {
+        if r.history_id != history {
+            return Err(SplitError::History {
+                sku,
+                ledger: r.history_id.clone(),
+                server: history,
+            });
         }
-        let share = initial_share(spec.total, spec.parts, i);
-        client
-            .sale_create(&sku, share, spec.shards, spec.ttl_ms, spec.limit)
-            .await?;
-        let info = client.sale_info(&sku).await?;
-        let mut rec = SaleRecord::new(&sku, share);
-        rec.shards = spec.shards;
-        rec.ttl_ms = spec.ttl_ms;
-        rec.per_user_limit = spec.limit;
-        rec.key_fingerprint = Some(info.key_fingerprint);
-        ledger.register_sale(&rec).await?;
-        // The part's sale lives on its group: that group's sweeper, rebuild and
-        // materializer take it, no other.
-        ledger.record_sale_history(&sku, &history).await?;
-        sqlx::query(
-            "INSERT INTO split_parts (parent, part_index, sku, history_id) \
-             VALUES ($1, $2, $3, $4) ON CONFLICT (parent, part_index) DO NOTHING",
-        )
-        .bind(&spec.parent)
-        .bind(i32::try_from(i).unwrap_or(i32::MAX))
-        .bind(&sku)
-        .bind(&history)
-        .execute(ledger.pool())
+        check_part_options(ledger, spec, &sku).await?;
+        return Ok(r.clone());
+    }
+    let share = initial_share(spec.total, parts, index);
+    place_sale(ledger, &client, spec, &sku, share, &history).await?;
+    sqlx::query(
+        "INSERT INTO split_parts (parent, part_index, sku, history_id) \
+         VALUES ($1, $2, $3, $4) ON CONFLICT (parent, part_index) DO NOTHING",
+    )
+    .bind(&spec.parent)
+    .bind(i32::try_from(index).unwrap_or(i32::MAX))
+    .bind(&sku)
+    .bind(&history)
+    .execute(ledger.pool())
+    .await?;
+    info!(parent = %spec.parent, part = index, %sku, units = share, group = %group.addr, "split part in place");
+    Ok(SplitPart {
+        index,
+        sku,
+        history_id: history,
+    })
+}
+
+/// A recorded part's sale must have been made with `spec`'s shards, TTL and limit: the
+/// parts a grown split adds get `spec`'s, so they must be the existing parts' too.
+async fn check_part_options(
+    ledger: &PgLedger,
+    spec: &SplitSpec,
+    sku: &str,
+) -> Result<(), SplitError> {
+    let rec = ledger
+        .sale(sku)
+        .await?
+        .ok_or_else(|| LedgerError::Corrupt(format!("split part {sku} has no sales row")))?;
+    let recorded = (rec.shards, rec.ttl_ms, rec.per_user_limit);
+    let asked = (spec.shards, spec.ttl_ms, spec.limit);
+    if recorded != asked {
+        return Err(conflict(
+            spec,
+            format!(
+                "part {sku} was made with (shards, ttl-ms, limit) {recorded:?}, asked \
+                 {asked:?}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The part's sale on its group and in the ledger, bound to the group's history (each
+/// step idempotent).
+async fn place_sale(
+    ledger: &PgLedger,
+    client: &StockgateClient,
+    spec: &SplitSpec,
+    sku: &str,
+    units: u64,
+    history: &str,
+) -> Result<(), SplitError> {
+    client
+        .sale_create(sku, units, spec.shards, spec.ttl_ms, spec.limit)
         .await?;
-        info!(parent = %spec.parent, part = i, %sku, units = share, group = %group.addr, "split part in place");
-        out.push(SplitPart {
-            index: i,
+    let info = client.sale_info(sku).await?;
+    let mut rec = SaleRecord::new(sku, units);
+    rec.shards = spec.shards;
+    rec.ttl_ms = spec.ttl_ms;
+    rec.per_user_limit = spec.limit;
+    rec.key_fingerprint = Some(info.key_fingerprint);
+    ledger.register_sale(&rec).await?;
+    // The part's sale lives on its group: that group's sweeper, rebuild and
+    // materializer take it, no other.
+    ledger.record_sale_history(sku, history).await?;
+    Ok(())
+}
+
+/// Grow a complete split of `from` parts to `spec.parts`: each new part's sale is
+/// created with 0 units on its group and registered with allocation 0 (nothing moves:
+/// the parts' sum is unchanged), then one ledger transaction raises
+/// `split_parents.parts` and records the new parts, in that order so that
+/// `split_check_parent` holds after each statement. Until that transaction commits the
+/// split is the old one, and a re-run starts the growth again (every step before it is
+/// idempotent); after it, a re-run finds every part recorded. `rebalance` then moves
+/// units into the new, empty parts.
+pub async fn grow_split(
+    ledger: &PgLedger,
+    seed: &str,
+    groups: &[ClusterGroup],
+    spec: &SplitSpec,
+    from: usize,
+) -> Result<Vec<SplitPart>, SplitError> {
+    let mut new = Vec::with_capacity(spec.parts.saturating_sub(from));
+    for index in from..spec.parts {
+        let (group, sku) = place(groups, &spec.parent, index)?;
+        let (client, history) = group_history(seed, group, index).await?;
+        place_sale(ledger, &client, spec, &sku, 0, &history).await?;
+        new.push(SplitPart {
+            index,
             sku,
             history_id: history,
         });
     }
-    Ok(out)
+    let mut tx = ledger.pool().begin().await?;
+    let raised =
+        sqlx::query("UPDATE split_parents SET parts = $2 WHERE parent = $1 AND parts = $3")
+            .bind(&spec.parent)
+            .bind(i32::try_from(spec.parts).unwrap_or(i32::MAX))
+            .bind(i32::try_from(from).unwrap_or(i32::MAX))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+    if raised != 1 {
+        return Err(conflict(
+            spec,
+            format!("its part count changed from {from} meanwhile (another split running?)"),
+        ));
+    }
+    for p in &new {
+        sqlx::query(
+            "INSERT INTO split_parts (parent, part_index, sku, history_id) \
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&spec.parent)
+        .bind(i32::try_from(p.index).unwrap_or(i32::MAX))
+        .bind(&p.sku)
+        .bind(&p.history_id)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    info!(parent = %spec.parent, from, to = spec.parts, "split grown; rebalance fills the new parts");
+    Ok(new)
 }
 
 /// What one [`rebalance`] pass did.

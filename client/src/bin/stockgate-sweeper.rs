@@ -15,6 +15,7 @@
 //! stockgate-sweeper bind --history ID [--group NAME]
 //! stockgate-sweeper unbind --history ID
 //! stockgate-sweeper split --parent P --parts N --total T [--limit L] [--shards N] [--ttl-ms MS]
+//!                   (more --parts than recorded: grow the split by empty parts)
 //! stockgate-sweeper rebalance --parent P [--threshold N] [--interval-secs S] [--once]
 //! ```
 
@@ -146,6 +147,9 @@ enum Cmd {
     /// Split a sale over the cluster's groups: --parts sales `P.p<i>-<k>`, part i on the
     /// i-th group by lowest slot (--server is any node of the cluster), recorded in the
     /// ledger as parts of --parent. Re-run with the same arguments after any failure.
+    /// Given more --parts than recorded (every other value the same), it grows the split:
+    /// the new parts start with 0 units and `rebalance` fills them; fewer parts are
+    /// refused.
     Split(SplitArgs),
     /// Move unsold units of a split sale from its fullest part to a sold-out one, through
     /// the ledger (withdrawal first); every --interval-secs, or once with --once. Each
@@ -187,7 +191,8 @@ struct SplitArgs {
     /// The parent's name (at most 48 characters of a sku).
     #[arg(long)]
     parent: String,
-    /// Number of parts (1 to 64).
+    /// Number of parts (1 to 64). More than an existing parent's adds empty parts;
+    /// fewer is refused.
     #[arg(long, allow_negative_numbers = true, value_parser = int_in::<usize>(1, 64))]
     parts: usize,
     /// The parent's allocation: what all parts together may ever hold.
