@@ -1,6 +1,8 @@
 //! Credentials an auditor accepts (docs/operations.md, "Users and passwords"): hashed
-//! passwords in the users file, `ACL WHOAMI`, `ACL LIST` (hashes, never passwords) and
-//! `ACL LOAD` re-reading the file without a restart, over the real binary.
+//! passwords in the users file, `ACL WHOAMI`, `ACL LIST` (hashes, never passwords),
+//! `ACL LOAD` re-reading the file without a restart, and users edited over the wire
+//! (`ACL SETUSER`, `DELUSER`, `GETUSER`, `SAVE`: hashes only in the file, no password in
+//! the slow log), over the real binary.
 
 mod common;
 
