@@ -288,6 +288,33 @@ fn has_admin(users: &[User]) -> bool {
     users.iter().any(|u| u.role == Role::Admin)
 }
 
+/// `edit` applied to `name` in `users`: a change keeps what it does not name, a new user
+/// needs both a password and a role.
+fn apply_edit(users: &mut Vec<User>, name: &str, edit: &UserEdit) -> Result<(), EditError> {
+    let Some(i) = users.iter().position(|u| u.name == name) else {
+        let (Some(digest), Some(role)) = (edit.digest, edit.role) else {
+            return Err(EditError::Incomplete);
+        };
+        users.push(User {
+            name: name.to_string(),
+            digest,
+            role,
+        });
+        return Ok(());
+    };
+    let u = &mut users[i];
+    u.digest = edit.digest.unwrap_or(u.digest);
+    u.role = edit.role.unwrap_or(u.role);
+    // A name the file lists twice (each of its passwords logs in) becomes one user with
+    // one password, as SETUSER promises.
+    let mut at = 0;
+    users.retain(|u| {
+        at += 1;
+        at - 1 <= i || u.name != name
+    });
+    Ok(())
+}
+
 /// Writes `text` to `path` so that a crash leaves the old file or the new one: a temp file
 /// beside it (the old file's mode, else 0600), fsync, rename, fsync of the directory.
 fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
@@ -406,29 +433,7 @@ impl UserDb {
         }
         let mut current = self.current.write();
         let mut users = current.users.clone();
-        match users.iter().position(|u| u.name == name) {
-            Some(i) => {
-                let u = &mut users[i];
-                u.digest = edit.digest.unwrap_or(u.digest);
-                u.role = edit.role.unwrap_or(u.role);
-                // A name the file listed twice becomes one user: AUTH only ever used the first.
-                let mut j = 0;
-                users.retain(|u| {
-                    j += 1;
-                    j - 1 <= i || u.name != name
-                });
-            }
-            None => {
-                let (Some(digest), Some(role)) = (edit.digest, edit.role) else {
-                    return Err(EditError::Incomplete);
-                };
-                users.push(User {
-                    name: name.to_string(),
-                    digest,
-                    role,
-                });
-            }
-        }
+        apply_edit(&mut users, name, edit)?;
         if has_admin(&current.users) && !has_admin(&users) {
             return Err(EditError::LastAdmin);
         }
@@ -679,5 +684,17 @@ mod tests {
         );
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(UserDb::fixed(Users::empty()).save(), Err(EditError::NoFile));
+    }
+
+    #[test]
+    fn set_user_folds_a_name_listed_twice() {
+        let db =
+            UserDb::fixed(Users::parse("boss admin pb\nx checkout p1\nx sweeper p2\n").unwrap());
+        assert_eq!(db.check(b"x", b"p2"), Some(Role::Sweeper));
+        db.set_user("x", &edit(Some("p3"), None)).unwrap();
+        assert_eq!(db.check(b"x", b"p1"), None);
+        assert_eq!(db.check(b"x", b"p2"), None);
+        assert_eq!(db.check(b"x", b"p3"), Some(Role::Checkout));
+        assert_eq!(db.snapshot().iter().count(), 2);
     }
 }
