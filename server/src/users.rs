@@ -339,6 +339,8 @@ fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
             .truncate(true)
             .mode(mode)
             .open(&tmp)?;
+        // The umask does not narrow the mode the old file had.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
@@ -657,6 +659,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("users");
         std::fs::write(&f, "boss admin boss-pw\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
         let db = UserDb::from_source(UsersSource {
             file: Some(f.clone()),
             requirepass: Some("rp".into()),
@@ -672,6 +676,8 @@ mod tests {
         let text = std::fs::read_to_string(&f).unwrap();
         assert!(!text.contains("boss-pw") && !text.contains("shop-pw") && !text.contains("rp\n"));
         assert!(!text.contains("default"), "{text}");
+        let mode = std::fs::metadata(&f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640, "the old file's mode is kept");
         let back = Users::parse(&text).unwrap();
         assert_eq!(back.check(b"boss", b"boss-pw"), Some(Role::Admin));
         assert_eq!(back.check(b"shop", b"shop-pw"), Some(Role::Checkout));
