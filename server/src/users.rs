@@ -120,7 +120,8 @@ pub struct Users {
     users: Vec<User>,
 }
 
-fn digest(b: &[u8]) -> [u8; 32] {
+/// SHA-256 of a password, as the users hold it.
+pub fn digest(b: &[u8]) -> [u8; 32] {
     Sha256::digest(b).into()
 }
 
@@ -133,7 +134,7 @@ fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 }
 
 /// `#<64 hex>` as the digest it names; `None` for anything else.
-fn parse_hash(field: &str) -> Option<[u8; 32]> {
+pub fn parse_hash(field: &str) -> Option<[u8; 32]> {
     let hex = field.strip_prefix('#')?.as_bytes();
     if hex.len() != 64 {
         return None;
@@ -215,6 +216,22 @@ impl Users {
         self.users.iter()
     }
 
+    /// The users file text of these users: hashes only, never a password.
+    pub fn file_text(&self) -> String {
+        let mut text = String::from(
+            "# stockgate users file (ACL SAVE): <user> <role> #<sha256 of the password>\n",
+        );
+        for u in &self.users {
+            text.push_str(&format!(
+                "{} {} #{}\n",
+                u.name,
+                u.role.name(),
+                u.digest_hex()
+            ));
+        }
+        text
+    }
+
     /// The role of `user` if `pass` is its password, comparing in constant time.
     pub fn check(&self, user: &[u8], pass: &[u8]) -> Option<Role> {
         let d = digest(pass);
@@ -228,6 +245,111 @@ impl Users {
         }
         found
     }
+}
+
+/// What `ACL SETUSER` changes; what is `None` stays as it was.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UserEdit {
+    /// The new password's digest.
+    pub digest: Option<[u8; 32]>,
+    /// The new role.
+    pub role: Option<Role>,
+}
+
+/// Why a change to the users over the wire was refused.
+// Each variant's `#[error]` text is its documentation.
+#[allow(missing_docs)]
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EditError {
+    #[error("a user name must be non-empty, without spaces or control characters, and must not start with `#` (the users file's comments)")]
+    Name,
+    #[error(
+        "a new user needs a password (`>password` or `#<sha256 hex>`) and a role (`+@<role>`)"
+    )]
+    Incomplete,
+    #[error("that would leave no admin user, and the server could no longer be managed")]
+    LastAdmin,
+    #[error("the user `default` comes from --requirepass; change the flag instead")]
+    FlagUser,
+    #[error("the server was started without --users-file; there is no file to save to")]
+    NoFile,
+    #[error("{path}: {message}")]
+    Write { path: PathBuf, message: String },
+}
+
+/// A name the users file can hold on one line and read back as the same user.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('#')
+        && !name.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+fn has_admin(users: &[User]) -> bool {
+    users.iter().any(|u| u.role == Role::Admin)
+}
+
+/// `edit` applied to `name` in `users`: a change keeps what it does not name, a new user
+/// needs both a password and a role.
+fn apply_edit(users: &mut Vec<User>, name: &str, edit: &UserEdit) -> Result<(), EditError> {
+    let Some(i) = users.iter().position(|u| u.name == name) else {
+        let (Some(digest), Some(role)) = (edit.digest, edit.role) else {
+            return Err(EditError::Incomplete);
+        };
+        users.push(User {
+            name: name.to_string(),
+            digest,
+            role,
+        });
+        return Ok(());
+    };
+    let u = &mut users[i];
+    u.digest = edit.digest.unwrap_or(u.digest);
+    u.role = edit.role.unwrap_or(u.role);
+    // A name the file lists twice (each of its passwords logs in) becomes one user with
+    // one password, as SETUSER promises.
+    let mut at = 0;
+    users.retain(|u| {
+        at += 1;
+        at - 1 <= i || u.name != name
+    });
+    Ok(())
+}
+
+/// Writes `text` to `path` so that a crash leaves the old file or the new one: a temp file
+/// beside it (the old file's mode, else 0600), fsync, rename, fsync of the directory.
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.acl-save.tmp"));
+    let mode = std::fs::metadata(path)
+        .map(|m| m.permissions().mode() & 0o777)
+        .unwrap_or(0o600);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        // The umask does not narrow the mode the old file had.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Where the users came from, so `ACL LOAD` can read them again.
@@ -259,6 +381,7 @@ impl UsersSource {
 pub struct UserDb {
     current: RwLock<Arc<Users>>,
     source: UsersSource,
+    saving: parking_lot::Mutex<()>,
 }
 
 impl UserDb {
@@ -267,6 +390,7 @@ impl UserDb {
         UserDb {
             current: RwLock::new(Arc::new(users)),
             source: UsersSource::default(),
+            saving: parking_lot::Mutex::new(()),
         }
     }
 
@@ -276,6 +400,7 @@ impl UserDb {
         Ok(UserDb {
             current: RwLock::new(Arc::new(users)),
             source,
+            saving: parking_lot::Mutex::new(()),
         })
     }
 
@@ -292,6 +417,78 @@ impl UserDb {
     /// The users file, if there is one.
     pub fn file(&self) -> Option<&Path> {
         self.source.file.as_deref()
+    }
+
+    /// Whether `name` is the user `--requirepass` adds, which the flag owns.
+    fn flag_user(&self, name: &str) -> bool {
+        self.source.requirepass.is_some() && name == "default"
+    }
+
+    /// `ACL SETUSER`: creates `name` (needs a password and a role) or changes what `edit`
+    /// names, keeping the rest. Takes effect for the next `AUTH`.
+    pub fn set_user(&self, name: &str, edit: &UserEdit) -> Result<(), EditError> {
+        if !valid_name(name) {
+            return Err(EditError::Name);
+        }
+        if self.flag_user(name) {
+            return Err(EditError::FlagUser);
+        }
+        let mut current = self.current.write();
+        let mut users = current.users.clone();
+        apply_edit(&mut users, name, edit)?;
+        if has_admin(&current.users) && !has_admin(&users) {
+            return Err(EditError::LastAdmin);
+        }
+        *current = Arc::new(Users { users });
+        Ok(())
+    }
+
+    /// `ACL DELUSER`: removes the users named and answers how many there were; refused,
+    /// changing nothing, when no admin would be left.
+    pub fn delete_users(&self, names: &[&str]) -> Result<usize, EditError> {
+        if names.iter().any(|n| self.flag_user(n)) {
+            return Err(EditError::FlagUser);
+        }
+        let mut current = self.current.write();
+        let mut named: Vec<&str> = names.to_vec();
+        named.sort_unstable();
+        named.dedup();
+        let deleted = named
+            .iter()
+            .filter(|n| current.users.iter().any(|u| u.name == **n))
+            .count();
+        let users: Vec<User> = current
+            .users
+            .iter()
+            .filter(|u| !names.contains(&u.name.as_str()))
+            .cloned()
+            .collect();
+        if has_admin(&current.users) && !has_admin(&users) {
+            return Err(EditError::LastAdmin);
+        }
+        *current = Arc::new(Users { users });
+        Ok(deleted)
+    }
+
+    /// `ACL SAVE`: writes the users held to the users file, atomically and as hashes only
+    /// (the `--requirepass` user is left out: the flag adds it). Returns how many it wrote.
+    pub fn save(&self) -> Result<usize, EditError> {
+        let path = self.source.file.as_deref().ok_or(EditError::NoFile)?;
+        // One save at a time: they share the temp file.
+        let _one = self.saving.lock();
+        let snapshot = self.snapshot();
+        let users: Vec<User> = snapshot
+            .users
+            .iter()
+            .filter(|u| !self.flag_user(&u.name))
+            .cloned()
+            .collect();
+        let n = users.len();
+        write_atomically(path, &Users { users }.file_text()).map_err(|e| EditError::Write {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Ok(n)
     }
 
     /// `ACL LOAD`: reads the users file again and swaps it in; on any error the users held
@@ -402,5 +599,108 @@ mod tests {
         assert!(matches!(db.reload(), Err(UsersError::Empty { .. })));
         assert_eq!(db.check(b"a", b"pa"), Some(Role::Admin));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn edit(pw: Option<&str>, role: Option<Role>) -> UserEdit {
+        UserEdit {
+            digest: pw.map(|p| digest(p.as_bytes())),
+            role,
+        }
+    }
+
+    #[test]
+    fn set_user_creates_and_changes() {
+        let db = UserDb::fixed(Users::parse("boss admin pb\n").unwrap());
+        assert_eq!(
+            db.set_user("shop", &edit(Some("x"), None)),
+            Err(EditError::Incomplete)
+        );
+        db.set_user("shop", &edit(Some("p1"), Some(Role::Checkout)))
+            .unwrap();
+        assert_eq!(db.check(b"shop", b"p1"), Some(Role::Checkout));
+        db.set_user("shop", &edit(Some("p2"), None)).unwrap();
+        assert_eq!(db.check(b"shop", b"p1"), None);
+        assert_eq!(db.check(b"shop", b"p2"), Some(Role::Checkout), "role kept");
+        db.set_user("shop", &edit(None, Some(Role::Sweeper)))
+            .unwrap();
+        assert_eq!(
+            db.check(b"shop", b"p2"),
+            Some(Role::Sweeper),
+            "password kept"
+        );
+        for bad in ["", "#x", "a b", "a\u{7}"] {
+            assert_eq!(
+                db.set_user(bad, &edit(Some("p"), Some(Role::Admin))),
+                Err(EditError::Name),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_last_admin_stays() {
+        let db = UserDb::fixed(Users::parse("boss admin pb\nshop checkout ps\n").unwrap());
+        assert_eq!(db.delete_users(&["boss"]), Err(EditError::LastAdmin));
+        assert_eq!(
+            db.set_user("boss", &edit(None, Some(Role::Checkout))),
+            Err(EditError::LastAdmin)
+        );
+        assert_eq!(db.check(b"boss", b"pb"), Some(Role::Admin));
+        assert_eq!(db.delete_users(&["shop", "shop", "nobody"]), Ok(1));
+        assert_eq!(db.check(b"shop", b"ps"), None);
+        db.set_user("two", &edit(Some("p"), Some(Role::Admin)))
+            .unwrap();
+        assert_eq!(db.delete_users(&["boss"]), Ok(1));
+    }
+
+    #[test]
+    fn save_writes_hashes_and_loads_back() {
+        let dir = std::env::temp_dir().join(format!("sg-users-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("users");
+        std::fs::write(&f, "boss admin boss-pw\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let db = UserDb::from_source(UsersSource {
+            file: Some(f.clone()),
+            requirepass: Some("rp".into()),
+        })
+        .unwrap();
+        assert_eq!(
+            db.set_user("default", &edit(Some("p"), None)),
+            Err(EditError::FlagUser)
+        );
+        db.set_user("shop", &edit(Some("shop-pw"), Some(Role::Checkout)))
+            .unwrap();
+        assert_eq!(db.save(), Ok(2), "the --requirepass user is not written");
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(!text.contains("boss-pw") && !text.contains("shop-pw") && !text.contains("rp\n"));
+        assert!(!text.contains("default"), "{text}");
+        let mode = std::fs::metadata(&f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640, "the old file's mode is kept");
+        let back = Users::parse(&text).unwrap();
+        assert_eq!(back.check(b"boss", b"boss-pw"), Some(Role::Admin));
+        assert_eq!(back.check(b"shop", b"shop-pw"), Some(Role::Checkout));
+        assert_eq!(db.reload(), Ok(3));
+        assert_eq!(db.check(b"default", b"rp"), Some(Role::Admin));
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temp file left"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(UserDb::fixed(Users::empty()).save(), Err(EditError::NoFile));
+    }
+
+    #[test]
+    fn set_user_folds_a_name_listed_twice() {
+        let db =
+            UserDb::fixed(Users::parse("boss admin pb\nx checkout p1\nx sweeper p2\n").unwrap());
+        assert_eq!(db.check(b"x", b"p2"), Some(Role::Sweeper));
+        db.set_user("x", &edit(Some("p3"), None)).unwrap();
+        assert_eq!(db.check(b"x", b"p1"), None);
+        assert_eq!(db.check(b"x", b"p2"), None);
+        assert_eq!(db.check(b"x", b"p3"), Some(Role::Checkout));
+        assert_eq!(db.snapshot().iter().count(), 2);
     }
 }

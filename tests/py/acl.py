@@ -1,7 +1,9 @@
 """redis-py against a users file with hashed passwords: the right password logs in (on
 connect and with AUTH), a wrong one raises AuthenticationError, ACL WHOAMI and ACL LIST
 answer, and ACL LIST never shows a password. argv: port, then user:password pairs, the
-first an admin."""
+first an admin. Then redis-py's own acl_setuser, acl_getuser and acl_deluser make, read
+and delete a user."""
+import hashlib
 import sys
 
 import redis
@@ -36,6 +38,28 @@ assert all(" on #" in l for l in lines), lines
 try:
     redis.Redis(port=port, protocol=2, retry=NO_RETRY).ping()
     raise SystemExit("an unauthenticated PING was answered")
+except redis.exceptions.AuthenticationError:
+    pass
+assert admin.acl_setuser(
+    "py-cart", enabled=True, passwords=["+py-cart-pw"], categories=["+@checkout"]
+), "acl_setuser"
+cart = redis.Redis(port=port, username="py-cart", password="py-cart-pw", decode_responses=True)
+assert cart.acl_whoami() == "py-cart"
+try:
+    cart.execute_command("SALE.CREATE", "PY", "5")
+    raise SystemExit("a checkout user ran SALE.CREATE")
+except redis.exceptions.NoPermissionError:
+    pass
+cart.close()
+u = admin.acl_getuser("py-cart")
+assert u["enabled"], u
+assert u["passwords"] == [hashlib.sha256(b"py-cart-pw").hexdigest()], u
+assert "-@all" in u["categories"] and "reserve" in " ".join(u["commands"]), u
+assert admin.acl_getuser("nobody") is None
+assert admin.acl_deluser("py-cart") == 1
+try:
+    redis.Redis(port=port, username="py-cart", password="py-cart-pw", retry=NO_RETRY).ping()
+    raise SystemExit("a deleted user logged in")
 except redis.exceptions.AuthenticationError:
     pass
 print("redis-py acl ok")

@@ -274,7 +274,7 @@ pub static COMMANDS: &[Spec] = &[
         0,
         OPEN,
         "server",
-        "Users: WHOAMI (any user), LIST, USERS, LOAD (admin: read the users file again)",
+        "Users: WHOAMI (any user), LIST, USERS, GETUSER, SETUSER, DELUSER, SAVE, LOAD (admin)",
     ),
     spec(
         "secret.reload",

@@ -33,13 +33,20 @@ pub struct SlowLog {
     next_id: u64,
 }
 
-/// Arguments that are credentials are not kept: passwords (`AUTH`, `HELLO ... AUTH`)
-/// and the admission token of `RESERVE` (a bearer token while it is valid).
+/// Arguments that are credentials are not kept: passwords (`AUTH`, `HELLO ... AUTH`,
+/// every rule of `ACL SETUSER`, as Redis does: `>password`, `#hash`) and the admission
+/// token of `RESERVE` (a bearer token while it is valid).
 fn redacted(cmd: &str, i: usize, argv: &[&[u8]]) -> bool {
     match cmd {
         "auth" => i >= 1,
         "hello" => argv.iter().take(i).any(|a| a.eq_ignore_ascii_case(b"AUTH")),
         "reserve" => i == 3,
+        "acl" => {
+            i >= 3
+                && argv
+                    .get(1)
+                    .is_some_and(|s| s.eq_ignore_ascii_case(b"SETUSER"))
+        }
         _ => false,
     }
 }
@@ -135,4 +142,24 @@ pub fn entry_reply(e: &SlowEntry) -> Reply {
         Reply::bulk(&e.addr),
         Reply::bulk(&e.name),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acl_setuser_rules_are_not_kept() {
+        let mut log = SlowLog::new(4);
+        let argv: [&[u8]; 5] = [b"ACL", b"setuser", b"bob", b">hunter2", b"+@checkout"];
+        log.push("acl", &argv, 1, "127.0.0.1:1", "");
+        let args = &log.get(1)[0].argv;
+        assert_eq!(
+            args[..3],
+            [b"ACL".to_vec(), b"setuser".to_vec(), b"bob".to_vec()]
+        );
+        assert!(args[3..].iter().all(|a| a == b"(redacted)"), "{args:?}");
+        log.push("acl", &[b"ACL", b"LIST"], 1, "127.0.0.1:1", "");
+        assert_eq!(log.get(1)[0].argv[1], b"LIST".to_vec());
+    }
 }
