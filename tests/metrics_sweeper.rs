@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use stockgate_testkit::{workspace_root, Harness};
 
+mod common;
+
 fn curl(url: &str) -> String {
     Command::new("curl")
         .args(["-s", "--max-time", "5", url])
@@ -198,4 +200,104 @@ async fn sweeper_exports_the_materializers_lag() {
         Some(0.0),
         "{t}"
     );
+}
+
+/// `curl` with extra arguments; its stdout, or "" when the transfer failed.
+fn curl_with(args: &[&str]) -> String {
+    Command::new("curl")
+        .args(["-s", "--max-time", "5"])
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// The sweeper's metrics over HTTPS: served with the endpoint's certificate, refused
+/// over plain HTTP; a non-loopback address refused without client certificates and
+/// accepted with them, and then a scraper without a certificate gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeper_metrics_over_https() {
+    let h = Harness::start().await.expect("harness");
+    let tmp = common::TempDir::new("sweeper-tls");
+    let dir = tmp.path().to_path_buf();
+    common::tls::make_pki(&dir, "sw");
+    let f = |n: &str| dir.join(n).display().to_string();
+    let (ca, cert, key) = (f("sw-ca.pem"), f("sw-server.pem"), f("sw-server.key"));
+    let (ccert, ckey) = (f("sw-client.pem"), f("sw-client.key"));
+    let bin = workspace_root().join("target/debug/stockgate-sweeper");
+    let start = |addr: String, extra: &[&str]| {
+        Command::new(&bin)
+            .args(["--database-url", h.pg.url(), "--server", h.server.addr()])
+            .args(["run", "--interval-secs", "0.2", "--metrics-addr", &addr])
+            .args([
+                "--metrics-tls-cert-file",
+                &cert,
+                "--metrics-tls-key-file",
+                &key,
+            ])
+            .args(extra)
+            .env("STOCKGATE_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start sweeper")
+    };
+    let until = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ok() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+
+    // HTTPS on loopback, no client certificates.
+    let port = free_port();
+    let mut child = start(format!("127.0.0.1:{port}"), &[]);
+    let https = format!("https://127.0.0.1:{port}/metrics");
+    until("metrics over https", &|| {
+        curl_with(&["--cacert", &ca, &https]).contains("stockgate_sweeper_passes_total")
+    });
+    let plain = curl_with(&[&format!("http://127.0.0.1:{port}/metrics")]);
+    assert!(
+        !plain.contains("stockgate_sweeper"),
+        "served over plain HTTP: {plain}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // Every interface without client certificates: refused at start, saying why.
+    let out = start(format!("0.0.0.0:{}", free_port()), &[])
+        .wait_with_output()
+        .expect("sweeper exit");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {err}");
+    assert!(err.contains("not a loopback address"), "{err}");
+
+    // With client certificates required it may: a scraper with one is served, one
+    // without is not.
+    let port = free_port();
+    let mut child = start(
+        format!("0.0.0.0:{port}"),
+        &["--metrics-tls-ca-cert-file", &ca],
+    );
+    let https = format!("https://127.0.0.1:{port}/metrics");
+    until("metrics with a client certificate", &|| {
+        curl_with(&["--cacert", &ca, "--cert", &ccert, "--key", &ckey, &https])
+            .contains("stockgate_sweeper_passes_total")
+    });
+    let anonymous = curl_with(&["--cacert", &ca, &https]);
+    assert!(
+        !anonymous.contains("stockgate_sweeper"),
+        "served without a client certificate: {anonymous}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
 }

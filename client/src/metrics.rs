@@ -393,24 +393,67 @@ impl SweeperMetrics {
     }
 }
 
-/// Binds `addr` (loopback unless `allow_remote`) and serves `/metrics`; `None` when no
-/// address was given.
-pub async fn serve(addr: Option<&str>) -> Result<Option<Arc<SweeperMetrics>>, String> {
+/// The sweeper's metrics endpoint over HTTPS (`--metrics-tls-cert-file` and
+/// `--metrics-tls-key-file`; with `--metrics-tls-ca-cert-file` every client must present
+/// a certificate from that CA).
+#[derive(Clone, Debug)]
+pub struct MetricsTls {
+    /// The endpoint's certificate chain, PEM.
+    pub cert: std::path::PathBuf,
+    /// Its private key, PEM.
+    pub key: std::path::PathBuf,
+    /// The CA scrapers' client certificates must chain to; `None`: no client certificate.
+    pub ca: Option<std::path::PathBuf>,
+}
+
+impl MetricsTls {
+    fn load(&self) -> Result<stockgate_server::tls::Tls, String> {
+        use stockgate_server::tls::{AuthClients, Tls, TlsFiles};
+        let auth_clients = if self.ca.is_some() {
+            AuthClients::Yes
+        } else {
+            AuthClients::No
+        };
+        Tls::load(TlsFiles {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            ca: self.ca.clone(),
+            auth_clients,
+        })
+        // The loader names the server's flags; these files came from the --metrics-tls-*
+        // ones.
+        .map_err(|e| format!("the sweeper's metrics TLS (--metrics-tls-*): {e}"))
+    }
+}
+
+/// Binds `addr` and serves `/metrics`, over HTTPS with `tls`; `None` when no address was
+/// given. Only a loopback address is accepted unless scrapers are authenticated (HTTPS
+/// with client certificates): the endpoint has no other authentication.
+pub async fn serve(
+    addr: Option<&str>,
+    tls: Option<&MetricsTls>,
+) -> Result<Option<Arc<SweeperMetrics>>, String> {
     let Some(addr) = addr else { return Ok(None) };
+    let tls = tls
+        .map(|t| t.load().map(|l| (Arc::new(l), t.ca.is_some())))
+        .transpose()?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    if !local.ip().is_loopback() {
+    let authenticated = tls.as_ref().is_some_and(|(_, client_certs)| *client_certs);
+    if !local.ip().is_loopback() && !authenticated {
         return Err(format!(
-            "--metrics-addr {addr}: not a loopback address (the endpoint has no authentication)"
+            "--metrics-addr {addr}: not a loopback address (the endpoint authenticates nobody;              serve it on another address only with --metrics-tls-cert-file,              --metrics-tls-key-file and --metrics-tls-ca-cert-file, which require client              certificates)"
         ));
     }
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let m = Arc::new(SweeperMetrics::default());
     let _ = m.started.set(Instant::now());
     let mm = m.clone();
     tokio::spawn(stockgate_server::report::http::serve_routes(
         listener,
+        tls.map(|(t, _)| t),
         Arc::new(move |path: &str| match path {
             "/metrics" => Some((
                 stockgate_server::report::http::PROM_TYPE,
@@ -420,7 +463,7 @@ pub async fn serve(addr: Option<&str>) -> Result<Option<Arc<SweeperMetrics>>, St
             _ => None,
         }),
     ));
-    info!("sweeper metrics on http://{local}/metrics");
+    info!("sweeper metrics on {scheme}://{local}/metrics");
     Ok(Some(m))
 }
 

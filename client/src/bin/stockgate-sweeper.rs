@@ -272,9 +272,20 @@ struct RunArgs {
     #[arg(long, default_value_t = 30.0, allow_negative_numbers = true,
           value_parser = number_in(0.001, 86_400.0, "seconds"))]
     max_backoff_secs: f64,
-    /// Serve the sweeper's Prometheus metrics here (loopback), e.g. 127.0.0.1:9380.
+    /// Serve the sweeper's Prometheus metrics here, e.g. 127.0.0.1:9380: a loopback
+    /// address, or any with HTTPS and client certificates (the three --metrics-tls-*).
     #[arg(long)]
     metrics_addr: Option<String>,
+    /// With --metrics-addr: serve HTTPS with this certificate chain (PEM).
+    #[arg(long, requires = "metrics_tls_key_file", requires = "metrics_addr")]
+    metrics_tls_cert_file: Option<std::path::PathBuf>,
+    /// With --metrics-tls-cert-file: its private key (PEM).
+    #[arg(long, requires = "metrics_tls_cert_file")]
+    metrics_tls_key_file: Option<std::path::PathBuf>,
+    /// With the two above: require every scraper to present a certificate from this CA
+    /// (PEM); then --metrics-addr may be a non-loopback address.
+    #[arg(long, requires = "metrics_tls_cert_file")]
+    metrics_tls_ca_cert_file: Option<std::path::PathBuf>,
     /// With --metrics-addr: the `feed_position` consumer whose lag behind the order feed
     /// is exported (`stockgate_sweeper_materializer_lag_*`; nothing until it has run).
     #[arg(long, default_value = "materializer")]
@@ -650,9 +661,18 @@ async fn sweep(
         max_backoff: secs(args.max_backoff_secs, "--max-backoff-secs")?,
         ..Default::default()
     };
-    let metrics = stockgate_client::metrics::serve(args.metrics_addr.as_deref())
-        .await
-        .map_err(CliError::Arg)?;
+    let metrics_tls =
+        args.metrics_tls_cert_file
+            .clone()
+            .map(|cert| stockgate_client::metrics::MetricsTls {
+                cert,
+                key: args.metrics_tls_key_file.clone().unwrap_or_default(),
+                ca: args.metrics_tls_ca_cert_file.clone(),
+            });
+    let metrics =
+        stockgate_client::metrics::serve(args.metrics_addr.as_deref(), metrics_tls.as_ref())
+            .await
+            .map_err(CliError::Arg)?;
     let probe = client.clone();
     // The lag probe reads the feed of the same target: through Sentinel, the primary
     // in use (the probe gives up a failover quickly, see `MaterializerProbe`).

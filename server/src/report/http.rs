@@ -70,12 +70,17 @@ pub async fn serve(
 /// The Prometheus text exposition content type.
 pub const PROM_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// A bounded GET-only HTTP/1.1 server over `route` (also used by the sweeper binary).
-pub async fn serve_routes(listener: TcpListener, route: Arc<dyn Fn(&str) -> Routed + Send + Sync>) {
+/// A bounded GET-only HTTP/1.1 server over `route` (also used by the sweeper binary),
+/// over HTTPS when `tls` is given.
+pub async fn serve_routes(
+    listener: TcpListener,
+    tls: Option<Arc<crate::tls::Tls>>,
+    route: Arc<dyn Fn(&str) -> Routed + Send + Sync>,
+) {
     let answered: Route = Arc::new(move |path: &str| -> Answered {
         route(path).map(|(ctype, body)| ("200 OK", ctype, body))
     });
-    serve_routes_over(listener, None, answered).await
+    serve_routes_over(listener, tls, answered).await
 }
 
 type Route = Arc<dyn Fn(&str) -> Answered + Send + Sync>;
