@@ -376,7 +376,15 @@ async fn setuser_deluser_save_over_the_wire() {
         Value::Nil
     );
 
-    // DELUSER answers how many it deleted; the user no longer logs in.
+    // DELUSER answers how many it deleted; the user no longer logs in, and its sessions
+    // end (as Redis ends them).
+    let mut plain = login(&s.srv, "plain", "plain-pw")
+        .await
+        .expect("plain logs in");
+    assert_eq!(
+        as_str(&cmd(&mut plain, &["ACL", "WHOAMI"]).await.unwrap()),
+        "plain"
+    );
     assert_eq!(
         cmd(&mut boss, &["ACL", "DELUSER", "plain", "nobody", "plain"])
             .await
@@ -386,6 +394,16 @@ async fn setuser_deluser_save_over_the_wire() {
     assert!(
         login(&s.srv, "plain", "plain-pw").await.is_err(),
         "deleted user logs in"
+    );
+    let after = cmd(&mut plain, &["ACL", "WHOAMI"]).await;
+    assert!(
+        after.is_err(),
+        "a deleted user's session still answered: {after:?}"
+    );
+    assert_eq!(
+        as_str(&cmd(&mut boss, &["ACL", "WHOAMI"]).await.unwrap()),
+        "boss",
+        "the deleting connection stays"
     );
 
     // SAVE writes hashes only; a restart from the file has the same users.

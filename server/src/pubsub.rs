@@ -185,6 +185,9 @@ struct Entry {
     /// Since when (a [`monotonic_ms`]) the connection has waited for its client to send;
     /// 0 while it runs commands, blocks or writes replies.
     waiting: Arc<AtomicU64>,
+    /// The user it logged in as (`AUTH`, `HELLO ... AUTH`), for `CLIENT KILL USER` and
+    /// `ACL DELUSER`.
+    user: Option<String>,
 }
 
 /// Milliseconds on one clock for the whole process, never 0 (0 means "not waiting").
@@ -233,6 +236,8 @@ pub enum KillFilter {
     Id(u64),
     /// The connection from this peer address (`ip:port`).
     Addr(String),
+    /// The connections logged in as this user.
+    User(String),
 }
 
 impl Clients {
@@ -251,6 +256,7 @@ impl Clients {
                 kind: kind.clone(),
                 addr,
                 waiting: waiting.clone(),
+                user: None,
             },
         );
         Registered {
@@ -268,6 +274,13 @@ impl Clients {
         }
     }
 
+    /// Records the user connection `id` logged in as (`None`: logged out, `RESET`).
+    pub fn set_user(&self, id: u64, user: Option<String>) {
+        if let Some(e) = self.live.lock().get_mut(&id) {
+            e.user = user;
+        }
+    }
+
     /// Shuts the matching connections' sockets down (their tasks then see end of file and
     /// finish as on a client's close). `skip`: the caller's own connection. Returns how
     /// many were killed.
@@ -282,6 +295,7 @@ impl Clients {
                 KillFilter::Type(k) => e.kind.load(Ordering::Relaxed) == *k,
                 KillFilter::Id(i) => i == id,
                 KillFilter::Addr(a) => *a == e.addr,
+                KillFilter::User(u) => e.user.as_deref() == Some(u.as_str()),
             };
             if hit && e.fd >= 0 {
                 // SAFETY: the entry's own duplicate of a live connection's socket.

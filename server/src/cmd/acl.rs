@@ -345,7 +345,16 @@ fn del_users(ctx: &Ctx<'_>, names: &[String]) -> Reply {
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     match db.delete_users(&names) {
         Ok(n) => {
-            tracing::info!(deleted = n, "ACL DELUSER: users deleted");
+            // As Redis: a deleted user's sessions end (this one excepted, so it gets its
+            // reply).
+            let closed: usize = names
+                .iter()
+                .map(|u| {
+                    let f = crate::pubsub::KillFilter::User((*u).to_string());
+                    ctx.shared.clients.kill(&f, Some(ctx.conn.id))
+                })
+                .sum();
+            tracing::info!(deleted = n, closed, "ACL DELUSER: users deleted");
             Reply::Int(n as i64)
         }
         Err(e) => refusal("DELUSER", e),

@@ -41,7 +41,9 @@ fn authenticate(ctx: &mut Ctx<'_>, user: &[u8], pass: &[u8]) -> Result<Reply, Re
     match users.check(user, pass) {
         Some(role) => {
             ctx.conn.role = Some(role);
-            ctx.conn.user_name = Some(String::from_utf8_lossy(user).into_owned());
+            let name = String::from_utf8_lossy(user).into_owned();
+            ctx.shared.clients.set_user(ctx.conn.id, Some(name.clone()));
+            ctx.conn.user_name = Some(name);
             Ok(Reply::ok())
         }
         None => {
@@ -155,7 +157,7 @@ pub fn ping(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
 }
 
 /// `CLIENT KILL <filter value> ...` with TYPE normal|pubsub|replica|slave|master, ID n,
-/// ADDR ip:port and SKIPME yes|no (default yes, as Redis). Answers how many were killed.
+/// ADDR ip:port, USER name and SKIPME yes|no (default yes, as Redis). Answers how many were killed.
 /// Sentinel sends `CLIENT KILL TYPE normal` and `... TYPE pubsub` to a node it
 /// reconfigures, so the clients reconnect to the right primary.
 fn client_kill(ctx: &mut Ctx<'_>, filters: &[&[u8]]) -> Outcome {
@@ -179,6 +181,7 @@ fn client_kill(ctx: &mut Ctx<'_>, filters: &[&[u8]]) -> Outcome {
                 Err(_) => return Reply::err("ERR client-id should be greater than 0").into(),
             },
             "addr" => KillFilter::Addr(String::from_utf8_lossy(pair[1]).into_owned()),
+            "user" => KillFilter::User(String::from_utf8_lossy(pair[1]).into_owned()),
             "skipme" => {
                 skipme = match val.as_str() {
                     "yes" => true,
@@ -214,6 +217,7 @@ pub fn reset(ctx: &mut Ctx<'_>) -> Outcome {
     if ctx.shared.users.is_some() {
         ctx.conn.role = None;
         ctx.conn.user_name = None;
+        ctx.shared.clients.set_user(ctx.conn.id, None);
     }
     Reply::Simple("RESET").into()
 }
