@@ -198,7 +198,9 @@ describe('the checkout over the ledger', { skip }, () => {
     const status = (await order(h.token)).status;
     assert.ok(['PENDING', 'CANCELLED_BY_SWEEPER'].includes(status), 'a refusal changes nothing');
     const out = await co.pay(h.token, 'late', { moneyMoved: true });
-    assert.deepEqual(out, { kind: 'refund_required', previous: status });
+    // The sweeper of this run may cancel the late order between the read and this payment.
+    assert.equal(out.kind, 'refund_required', JSON.stringify(out));
+    assert.ok([status, 'CANCELLED_BY_SWEEPER'].includes(out.previous), JSON.stringify(out));
     assert.equal((await order(h.token)).status, 'REFUND_REQUIRED');
     assert.equal((await sg.saleInfo(sku)).committed, 0, 'a late payment sells nothing');
     assert.deepEqual(await co.pay(`{${sku}}${'c'.repeat(26)}`, 'p', { moneyMoved: false }), {

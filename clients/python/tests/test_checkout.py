@@ -122,7 +122,8 @@ def test_late_payment_is_refused_by_the_ledger(co: Checkout, client: Client, key
     status = order(db, schema, h.token)[0]  # type: ignore[index]
     assert status in ("PENDING", "CANCELLED_BY_SWEEPER"), "a refusal changes nothing"
     out = co.pay(h.token, "late", money_moved=True)
-    assert isinstance(out, RefundRequired) and out.previous.value == status
+    # The sweeper of this run may cancel the late order between the read and this payment.
+    assert isinstance(out, RefundRequired) and out.previous.value in (status, "CANCELLED_BY_SWEEPER"), out
     assert order(db, schema, h.token)[0] == "REFUND_REQUIRED"  # type: ignore[index]
     assert client.sale_info(sku).committed == 0, "a late payment sells nothing"
     assert co.pay("{" + sku + "}" + "c" * 26, "p") == Refused(None)
