@@ -30,11 +30,31 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-python3 -c "import redis" >/dev/null 2>&1 || python3 -m pip install -q redis
-# The Python package under test (tests/python_package.rs runs its pytest suite;
-# tests/checkout_scenario.rs runs tests/scenario/run_python.py with it), installed
-# from this checkout every run so the tests see the current source, with its test needs.
-python3 -m pip install -q ./clients/python "psycopg[binary]" pytest build
+# Python: two virtual environments of the suite's own under target/py, each installed
+# exactly from a lock file (pinned versions, never the machine's site-packages):
+#   newest: tests/py/requirements.txt, the newest redis-py the package allows, and every
+#           Python tool the tests use; its python3 comes first on PATH for every test;
+#   oldest: tests/py/requirements-oldest.txt, the oldest redis-py it allows, where
+#           tests/python_package.rs runs the package's tests again.
+# The package under test (tests/python_package.rs runs its pytest suite;
+# tests/checkout_scenario.rs runs tests/scenario/run_python.py with it) goes into both
+# from this checkout every run, as `pip install` gives it, so the tests see the source.
+py_env() {
+  local dir="target/py/$1" lock="$2"
+  if [ ! -x "$dir/bin/python" ] || ! cmp -s "$lock" "$dir/installed-from.txt"; then
+    rm -rf "$dir"
+    python3 -m venv "$dir"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check -r "$lock"
+    cp "$lock" "$dir/installed-from.txt"
+  fi
+  # Without build isolation the pinned flit_core builds it: nothing is downloaded.
+  "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    --no-build-isolation --force-reinstall ./clients/python
+}
+py_env newest tests/py/requirements.txt
+py_env oldest tests/py/requirements-oldest.txt
+export PATH="$PWD/target/py/newest/bin:$PATH"
+export STOCKGATE_PYTHON_OLDEST="$PWD/target/py/oldest/bin/python"
 # ioredis and node-redis (tests/node_clients.rs), pinned by tests/node/package-lock.json.
 [ -d tests/node/node_modules ] || npm ci --prefix tests/node --no-audit --no-fund
 # The Node package under test (tests/node_package.rs; tests/checkout_scenario.rs runs

@@ -291,3 +291,92 @@ fn node_package_packs_its_sources_and_types() {
     assert_eq!(manifest["type"], "module");
     assert_eq!(manifest["types"], "./index.d.ts");
 }
+
+/// The README's installs work from an app folder outside the checkout: the `npm pack`
+/// tarball, and `npm install --install-links <folder>` (a plain `npm install <folder>` of
+/// a folder outside the app links it and installs none of its dependencies); then the
+/// app imports the package and reserves a unit on a real server.
+#[test]
+fn node_package_installs_into_an_app_outside_the_checkout() {
+    let server = Server::start(&[]);
+    let dir = TempDir::new("npm-app");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/node");
+    let packed = npm(
+        &["pack", "--pack-destination", &dir.path().display().to_string()],
+        &src,
+    );
+    let tarball = dir
+        .path()
+        .join(packed.lines().last().expect("npm pack names its tarball").trim());
+    let installs = [
+        ("from-tarball", vec![tarball.display().to_string()]),
+        (
+            "install-links",
+            vec!["--install-links".to_string(), src.display().to_string()],
+        ),
+    ];
+    for (i, (name, args)) in installs.iter().enumerate() {
+        let app = dir.path().join(name);
+        std::fs::create_dir_all(&app).expect("app dir");
+        std::fs::write(
+            app.join("package.json"),
+            r#"{"name":"app","private":true,"type":"module"}"#,
+        )
+        .expect("package.json");
+        let mut install = vec!["install"];
+        install.extend(args.iter().map(String::as_str));
+        npm(&install, &app);
+        assert!(
+            !app.join("node_modules/stockgate").is_symlink(),
+            "{name}: npm linked the folder instead of installing it"
+        );
+        let sku = format!("OUTSIDE-{i}");
+        assert_eq!(app_reserves(&app, &server, &sku), "reserved", "{name}");
+    }
+}
+
+/// `npm <args> --no-audit --no-fund --prefer-offline` in `cwd`; its stdout.
+fn npm(args: &[&str], cwd: &Path) -> String {
+    let out = Command::new("npm")
+        .args(args)
+        .args(["--no-audit", "--no-fund", "--prefer-offline"])
+        .current_dir(cwd)
+        .output()
+        .expect("npm");
+    assert!(
+        out.status.success(),
+        "npm {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a script in `app` that imports `stockgate`, creates `sku` and reserves a unit of
+/// it; the reservation's kind.
+fn app_reserves(app: &Path, server: &Server, sku: &str) -> String {
+    let script = r#"
+import { Stockgate, AdmissionMinter } from 'stockgate';
+const [addr, secret, sku] = process.argv.slice(2);
+const sg = new Stockgate({ addr });
+await sg.createSale(sku, 3);
+const minter = AdmissionMinter.fromFile(secret);
+const r = await sg.reserve(sku, 'ann', minter.mint(sku, 'ann'), 'req-1');
+console.log(r.kind);
+await sg.close();
+"#;
+    std::fs::write(app.join("main.mjs"), script).expect("main.mjs");
+    let run = Command::new("node")
+        .arg("main.mjs")
+        .arg(&server.addr)
+        .arg(server.data_dir.join("secret"))
+        .arg(sku)
+        .current_dir(app)
+        .output()
+        .expect("node main.mjs");
+    assert!(
+        run.status.success(),
+        "the installed package failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    String::from_utf8_lossy(&run.stdout).trim().to_string()
+}

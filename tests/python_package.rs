@@ -12,8 +12,10 @@
 //!   sale is in flight, this harness `kill -9`s the leader, waits for a new one, restarts
 //!   the killed member and writes `<signal>.done`.
 //!
-//! The package must be installed for `python3` (`scripts/test-all.sh` does it:
-//! `python3 -m pip install ./clients/python`), so the run tests what `pip install` gives.
+//! The package must be installed for `python3` (`scripts/test-all.sh` does it, into the
+//! suite's virtual environment `target/py/newest`, whose `python3` comes first on PATH),
+//! so the run tests what `pip install` gives; the single-server tests run again on the
+//! oldest redis-py the package allows (`target/py/oldest`, or `STOCKGATE_PYTHON_OLDEST`).
 
 mod common;
 
@@ -38,11 +40,55 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `python3 -m pytest <args>` from the repository root with `envs`, output to a file.
-fn pytest(args: &[&str], envs: &[(&str, String)], out: &Path) -> KillOnDrop {
+/// The interpreter of the oldest redis-py the package allows: `STOCKGATE_PYTHON_OLDEST`,
+/// else the environment `scripts/test-all.sh` makes in `target/py/oldest`.
+fn oldest_python() -> String {
+    let p = std::env::var("STOCKGATE_PYTHON_OLDEST")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/py/oldest/bin/python"));
+    assert!(
+        p.exists(),
+        "{} is missing: scripts/test-all.sh makes it from tests/py/requirements-oldest.txt",
+        p.display()
+    );
+    p.display().to_string()
+}
+
+/// The redis-py version `python` imports.
+fn redis_py_version(python: &str) -> String {
+    let out = Command::new(python)
+        .args(["-c", "import redis; print(redis.__version__)"])
+        .output()
+        .expect("python -c 'import redis'");
+    assert!(out.status.success(), "{python} cannot import redis");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The lower bound of the package's `redis>=` requirement, and the major below its upper one.
+fn declared_redis_range() -> (String, u32) {
+    let text = std::fs::read_to_string(repo().join("clients/python/pyproject.toml"))
+        .expect("pyproject.toml");
+    let spec = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("\"redis>="))
+        .expect("a redis>= requirement");
+    let inner = spec.trim_matches(|c| c == '"' || c == ',');
+    let (low, high) = inner
+        .trim_start_matches("redis>=")
+        .split_once(",<")
+        .expect("redis>=LOW,<HIGH");
+    let high: u32 = high.parse().expect("an upper major");
+    (low.to_string(), high - 1)
+}
+
+/// `python -m pytest <args>` from the repository root with `envs`, output to a file.
+fn pytest(python: &str, args: &[&str], envs: &[(&str, String)], out: &Path) -> KillOnDrop {
     let log = std::fs::File::create(out).expect("pytest log");
     let err = log.try_clone().expect("pytest log");
-    let child = Command::new("python3")
+    let child = Command::new(python)
         .args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"])
         // A hung test prints every thread's stack before this harness gives up on it.
         .args(["-o", "faulthandler_timeout=100"])
@@ -112,8 +158,32 @@ fn number_passed(text: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// The newest redis-py the package allows (`python3` is the suite's environment).
 #[test]
 fn python_package_against_a_server_a_ledger_and_the_sweeper() {
+    let (_, newest_major) = declared_redis_range();
+    let v = redis_py_version("python3");
+    assert!(
+        v.starts_with(&format!("{newest_major}.")),
+        "python3 has redis-py {v}; the package allows up to {newest_major}.x: test that"
+    );
+    package_suite("python3");
+}
+
+/// The oldest redis-py the package allows, the same tests.
+#[test]
+fn python_package_on_the_oldest_redis_py_it_allows() {
+    let python = oldest_python();
+    let (oldest, _) = declared_redis_range();
+    let v = redis_py_version(&python);
+    assert!(
+        v == oldest || v == format!("{oldest}.0"),
+        "{python} has redis-py {v}; the package allows from {oldest}: test that"
+    );
+    package_suite(&python);
+}
+
+fn package_suite(python: &str) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let rt = common::runtime();
     let pg = rt.block_on(TempPostgres::start()).expect("postgres");
@@ -151,6 +221,7 @@ fn python_package_against_a_server_a_ledger_and_the_sweeper() {
         ("STOCKGATE_SWEEPER_RUNNING", "1".to_string()),
     ];
     let p = pytest(
+        python,
         &[
             "clients/python/tests",
             "--ignore=clients/python/tests/test_failover.py",
@@ -193,7 +264,7 @@ fn python_package_follows_a_leader_kill() {
             g.keys.secret_path().display().to_string(),
         ),
     ];
-    let p = pytest(&["clients/python/tests/test_failover.py"], &envs, &out);
+    let p = pytest("python3", &["clients/python/tests/test_failover.py"], &envs, &out);
     let mut killed: Option<(u64, u64)> = None;
     let done = PathBuf::from(format!("{}.done", signal.display()));
     finish(p, &out, || {
@@ -261,4 +332,53 @@ fn python_package_builds_a_typed_wheel() {
             "{want} not in the wheel:\n{files}"
         );
     }
+}
+
+/// `pip install <path>` from a folder outside the checkout, as the package's README says:
+/// the package imports from where it was installed, and the source tree gains no build
+/// output (`build/`, `*.egg-info`).
+#[test]
+fn python_package_installs_from_outside_without_writing_into_the_checkout() {
+    let dir = TempDir::new("pip-outside");
+    let site = dir.path().join("site");
+    let src = repo().join("clients/python");
+    // The build backend is pinned in the suite's environment (tests/py/requirements.txt):
+    // no download here.
+    let out = Command::new("python3")
+        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+        .args(["--no-deps", "--no-build-isolation", "--target"])
+        .arg(&site)
+        .arg(&src)
+        .current_dir(dir.path())
+        .output()
+        .expect("python3 -m pip install");
+    assert!(
+        out.status.success(),
+        "pip install failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let import = Command::new("python3")
+        .args(["-c", "import stockgate; print(stockgate.__file__)"])
+        .env("PYTHONPATH", &site)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(dir.path())
+        .output()
+        .expect("python3 -c 'import stockgate'");
+    let file = String::from_utf8_lossy(&import.stdout);
+    assert!(
+        import.status.success() && file.trim().starts_with(&site.display().to_string()),
+        "stockgate not imported from {}: {file}{}",
+        site.display(),
+        String::from_utf8_lossy(&import.stderr)
+    );
+    let mut written = Vec::new();
+    for d in [src.clone(), src.join("src")] {
+        for e in std::fs::read_dir(&d).expect("read clients/python").flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == "build" || name == "dist" || name.ends_with(".egg-info") {
+                written.push(e.path());
+            }
+        }
+    }
+    assert!(written.is_empty(), "pip install wrote into the checkout: {written:?}");
 }

@@ -236,7 +236,8 @@ async def _scenario(addr: str, keyring: stockgate.Keyring, database_url: str, sc
     finally:
         await co.close()
         await client.close()
-        await monitor.aclose()
+        # redis-py 5.0.0, the oldest the package allows, has close() only.
+        await (getattr(monitor, "aclose", None) or monitor.close)()
 
 
 async def connected_clients(monitor: "redis.asyncio.Redis[str]") -> int:

@@ -15,10 +15,8 @@ from . import _parse
 from .errors import (
     CommandError,
     NoAuth,
-    NoPerm,
     StockgateError,
     WrongPass,
-    ExecAbort,
     _BY_CODE,
     server_error,
 )
@@ -59,38 +57,75 @@ def _status_code(e: BaseException) -> Optional[str]:
     return code if isinstance(code, str) and code else None
 
 
+def _class_codes() -> List[Tuple[type, str]]:
+    """redis-py's own exception classes for codes it takes off the message, with those
+    codes. Older releases lack some of the classes (they leave the code in the message)."""
+    names = (
+        ("MovedError", "MOVED"),
+        ("AskError", "ASK"),
+        ("TryAgainError", "TRYAGAIN"),
+        ("ClusterCrossSlotError", "CROSSSLOT"),
+        ("ClusterDownError", "CLUSTERDOWN"),
+        ("ExecAbortError", "EXECABORT"),
+        ("NoPermissionError", "NOPERM"),
+        ("ReadOnlyError", "READONLY"),
+        ("BusyLoadingError", "LOADING"),
+    )
+    return [(getattr(rex, n), c) for n, c in names if isinstance(getattr(rex, n, None), type)]
+
+
+_CLASS_CODES = _class_codes()
+
+
+def split_reply(e: BaseException) -> Tuple[str, str]:
+    """The error reply's code and the rest of its text, whatever redis-py did to it.
+
+    redis-py takes the code off the message for the codes it knows (``ERR``, ``MOVED``,
+    ``NOAUTH``, ...) and leaves any other code in place; 8.x also names the code in
+    ``status_code`` but keeps an unknown one in the message. So: ``status_code`` when
+    given (the message may still start with it), else the class redis-py chose, else the
+    first word when it is one of the server's codes (docs/protocol.md, section 10); what
+    is left is an ``ERR`` whose text redis-py stripped."""
+    msg = str(e)
+    code = _status_code(e)
+    if code is not None:
+        if msg == code or msg.startswith(code + " "):
+            msg = msg[len(code) :].lstrip(" ")
+        return code, msg
+    for cls, c in _CLASS_CODES:
+        if isinstance(e, cls):
+            return c, msg
+    word, _, rest = msg.partition(" ")
+    if word in _BY_CODE:
+        return word, rest
+    return "ERR", msg
+
+
 def translate(e: BaseException) -> Optional[StockgateError]:
     """The error to raise for a redis-py exception, or None when the call is to be sent
-    again (the connection broke, it timed out, or the member refused before running it)."""
-    code = _status_code(e)
+    again (the connection broke, it timed out, the member refused before running it, or
+    the sale was frozen for a move: none of them ran the command)."""
     # redis-py raises these as ConnectionError subclasses: they are not transient.
     if isinstance(e, rex.AuthenticationError):
-        if code == "NOAUTH" or "NOAUTH" in str(e) or "Authentication required" in str(e):
-            return NoAuth(str(e))
-        return WrongPass(str(e))
-    if isinstance(e, rex.NoPermissionError):
-        return NoPerm(str(e))
-    if isinstance(e, (rex.ReadOnlyError, rex.BusyLoadingError)):
-        return None
+        code, msg = split_reply(e)
+        if code == "NOAUTH" or "Authentication required" in msg:
+            return NoAuth(msg)
+        return WrongPass(msg)
     if isinstance(e, (rex.ConnectionError, rex.TimeoutError)):
         return None
-    if isinstance(e, rex.ExecAbortError):
-        return ExecAbort(str(e))
     if isinstance(e, rex.ResponseError):
-        msg = str(e)
-        if code is not None:
-            # redis-py took the code off the message.
-            return CommandError(msg) if code == "ERR" else server_error(code, msg)
-        word, _, rest = msg.partition(" ")
-        if word in _BY_CODE and word != "ERR":
-            return server_error(word, rest)
-        if hasattr(e, "status_code") and word.isupper() and word.isalpha():
-            # This redis-py names the codes it strips; any other first word is the code.
-            return server_error(word, rest)
-        return CommandError(msg)
+        code, msg = split_reply(e)
+        if code in _RETRIED:
+            return None
+        return CommandError(msg) if code == "ERR" else server_error(code, msg)
     if isinstance(e, rex.RedisError):
         return StockgateError(str(e), "CLIENT")
     return None
+
+
+#: Codes of replies to a command that did not run and will run if sent again shortly:
+#: not the leader (yet), still catching up, the sale frozen while it moves.
+_RETRIED = frozenset(("READONLY", "LOADING", "TRYAGAIN"))
 
 
 def parse_address(addr: Union[str, Tuple[str, int]]) -> Tuple[str, int]:

@@ -33,6 +33,11 @@ __all__ = [
     "NoGoodSlave",
     "NoGroup",
     "BusyGroup",
+    "Moved",
+    "Ask",
+    "TryAgain",
+    "CrossSlot",
+    "ClusterDown",
     "Unavailable",
     "LedgerError",
     "OrderRefused",
@@ -169,6 +174,40 @@ class BusyGroup(ServerError):
     code = "BUSYGROUP"
 
 
+class Moved(ServerError):
+    """Cluster mode: the sale's slot belongs to another group (``MOVED <slot> <host>:<port>``).
+    It did not run; a :class:`~stockgate.ClusterClient` follows it by itself."""
+
+    code = "MOVED"
+
+
+class Ask(ServerError):
+    """Cluster mode: the slot is moving and the sale is already on the destination
+    (``ASK <slot> <host>:<port>``). It did not run; send ``ASKING`` and the command there."""
+
+    code = "ASK"
+
+
+class TryAgain(ServerError):
+    """The sale is frozen while it moves to another group: it did not run. Retried
+    within the call's deadline, so it reaches the application only inside
+    :class:`Unavailable`."""
+
+    code = "TRYAGAIN"
+
+
+class CrossSlot(ServerError):
+    """Cluster mode: a transaction touched two slots; nothing ran."""
+
+    code = "CROSSSLOT"
+
+
+class ClusterDown(ServerError):
+    """Cluster mode: the slot has no owner in the map; it did not run."""
+
+    code = "CLUSTERDOWN"
+
+
 class Unavailable(StockgateError):
     """A call that is safe to repeat kept failing (connection lost, no leader, ...) until
     its deadline. ``last`` is the last underlying error; the outcome of the call is
@@ -204,6 +243,11 @@ _BY_CODE: Dict[str, Type[ServerError]] = {
         NoGoodSlave,
         NoGroup,
         BusyGroup,
+        Moved,
+        Ask,
+        TryAgain,
+        CrossSlot,
+        ClusterDown,
     )
 }
 

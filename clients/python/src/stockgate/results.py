@@ -39,6 +39,9 @@ class SaleState(str, enum.Enum):
     OPEN = "OPEN"
     PAUSED = "PAUSED"
     FENCED = "FENCED"
+    #: Frozen while it moves to another group: writes answer ``-TRYAGAIN`` until the
+    #: move ends (the client retries them within its deadline).
+    MOVING = "MOVING"
 
 
 class OrderStatus(str, enum.Enum):
