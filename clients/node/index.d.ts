@@ -111,8 +111,12 @@ export interface PausedSale extends SaleInfoFields {
 export interface FencedSale extends SaleInfoFields {
   readonly state: 'FENCED';
 }
+/** Frozen while it moves to another group: its writes answer TRYAGAIN (retried). */
+export interface MovingSale extends SaleInfoFields {
+  readonly state: 'MOVING';
+}
 /** The SALE.INFO reply. */
-export type SaleInfo = OpenSale | PausedSale | FencedSale;
+export type SaleInfo = OpenSale | PausedSale | FencedSale | MovingSale;
 export type SaleState = SaleInfo['state'];
 
 /** COMMIT: `:1` committed by this call, `:0` already committed. */
@@ -169,6 +173,16 @@ export declare class NoQuorum extends StockgateError {}
 export declare class NoGoodSlave extends StockgateError {}
 export declare class NoGroup extends StockgateError {}
 export declare class BusyGroup extends StockgateError {}
+/** `MOVED <slot> <host>:<port>`: cluster mode, the slot is another group's (it did not run). */
+export declare class Moved extends StockgateError {}
+/** `ASK <slot> <host>:<port>`: cluster mode, the slot is moving (it did not run). */
+export declare class Ask extends StockgateError {}
+/** `TRYAGAIN` (retried by the client until its deadline): the sale is frozen for a move. */
+export declare class TryAgain extends StockgateError {}
+/** `CROSSSLOT`: a transaction touched two slots (nothing ran). */
+export declare class CrossSlot extends StockgateError {}
+/** `CLUSTERDOWN`: the slot has no owner in the cluster map (it did not run). */
+export declare class ClusterDown extends StockgateError {}
 /** `UNAVAILABLE`: a retriable call kept failing until its deadline; `cause` the last failure. */
 export declare class Unavailable extends StockgateError {}
 /** `OUTCOME_UNKNOWN`: a raw non-idempotent call lost its reply; it may or may not have run. */

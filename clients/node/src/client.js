@@ -29,8 +29,9 @@ import {
   parseSaleInfo,
 } from './replies.js';
 
-/** Refusals before the command ran: resent whatever the command. */
-const REFUSAL_CODES = new Set(['READONLY', 'LOADING', 'NOREPLICAS']);
+/** Refusals before the command ran: resent whatever the command (TRYAGAIN: the sale is
+ * frozen for a move, which ends within seconds). */
+const REFUSAL_CODES = new Set(['READONLY', 'LOADING', 'NOREPLICAS', 'TRYAGAIN']);
 const RELEASE_REASONS = new Set(['cancel', 'expired', 'admin', 'rebuild']);
 
 /** A call whose reply was lost and which may not be resent: it may or may not have run. */

@@ -77,6 +77,16 @@ export class NoGoodSlave extends StockgateError {}
 export class NoGroup extends StockgateError {}
 /** `BUSYGROUP`: the consumer group exists. */
 export class BusyGroup extends StockgateError {}
+/** `MOVED <slot> <host>:<port>`: cluster mode, the sale's slot is another group's (it did not run). */
+export class Moved extends StockgateError {}
+/** `ASK <slot> <host>:<port>`: cluster mode, the slot is moving and the sale is on the destination (it did not run). */
+export class Ask extends StockgateError {}
+/** `TRYAGAIN`: the sale is frozen while it moves to another group (it did not run; retried until the deadline). */
+export class TryAgain extends StockgateError {}
+/** `CROSSSLOT`: a transaction touched two slots (nothing ran). */
+export class CrossSlot extends StockgateError {}
+/** `CLUSTERDOWN`: the slot has no owner in the cluster map (it did not run). */
+export class ClusterDown extends StockgateError {}
 
 /**
  * `UNAVAILABLE` (this package's): a call that may be retried kept failing (connection lost,
@@ -126,6 +136,11 @@ const BY_CODE = {
   NOGOODSLAVE: NoGoodSlave,
   NOGROUP: NoGroup,
   BUSYGROUP: BusyGroup,
+  MOVED: Moved,
+  ASK: Ask,
+  TRYAGAIN: TryAgain,
+  CROSSSLOT: CrossSlot,
+  CLUSTERDOWN: ClusterDown,
 };
 
 const BY_SQLSTATE = {

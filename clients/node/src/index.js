@@ -28,7 +28,10 @@ export {
 } from './replies.js';
 export {
   AdmissionDenied,
+  Ask,
   BusyGroup,
+  ClusterDown,
+  CrossSlot,
   CommandError,
   ExecAbort,
   Exists,
@@ -37,6 +40,7 @@ export {
   LedgerError,
   LedgerInvalidArgument,
   Loading,
+  Moved,
   NoAuth,
   NoGoodSlave,
   NoGroup,
@@ -53,6 +57,7 @@ export {
   ReadOnly,
   Released,
   StockgateError,
+  TryAgain,
   Unavailable,
   WrongPass,
   deniedReason,

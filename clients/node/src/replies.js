@@ -175,7 +175,7 @@ export function parseReservation(reply) {
   };
 }
 
-const SALE_STATES = new Set(['OPEN', 'PAUSED', 'FENCED']);
+const SALE_STATES = new Set(['OPEN', 'PAUSED', 'FENCED', 'MOVING']);
 
 /** A SALE.INFO reply. */
 export function parseSaleInfo(reply) {

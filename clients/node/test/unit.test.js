@@ -8,7 +8,12 @@ import { describe, it } from 'node:test';
 import {
   AdmissionDenied,
   AdmissionMinter,
+  Ask,
   BusyGroup,
+  ClusterDown,
+  CrossSlot,
+  Moved,
+  TryAgain,
   CommandError,
   Denied,
   ExecAbort,
@@ -128,6 +133,14 @@ describe('RESERVATION and SALE.INFO replies', () => {
       ttlMs: 1500, limit: 0, keyFingerprint: '49dc46fa360f69d0', shardAvailable: [495, 495],
     });
     assert.throws(() => parseSaleInfo(['total', 1]), ProtocolMismatch);
+    for (const state of ['PAUSED', 'FENCED', 'MOVING']) {
+      const moving = parseSaleInfo([
+        'total', 1, 'available', 1, 'reserved', 0, 'committed', 0, 'shards', 1,
+        'ttl_ms', 1500, 'limit', 0, 'state', state, 'key_fingerprint', '49dc46fa360f69d0',
+        'shard_available', [1],
+      ]);
+      assert.equal(moving.state, state);
+    }
   });
 
   it('COMMIT and RELEASE integers', () => {
@@ -163,6 +176,11 @@ describe('errors', () => {
     ['NOGOODSLAVE No suitable replica to promote', NoGoodSlave, 'NOGOODSLAVE'],
     ["NOGROUP No such key 'k' or consumer group 'g'", NoGroup, 'NOGROUP'],
     ['BUSYGROUP Consumer Group name already exists', BusyGroup, 'BUSYGROUP'],
+    ['MOVED 866 127.0.0.1:7001', Moved, 'MOVED'],
+    ['ASK 866 127.0.0.1:7001', Ask, 'ASK'],
+    ['TRYAGAIN sale SKU is moving to another group', TryAgain, 'TRYAGAIN'],
+    ["CROSSSLOT Keys in request don't hash to the same slot", CrossSlot, 'CROSSSLOT'],
+    ['CLUSTERDOWN Hash slot not served', ClusterDown, 'CLUSTERDOWN'],
   ];
 
   for (const [text, Cls, code] of cases) {

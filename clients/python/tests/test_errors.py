@@ -75,3 +75,14 @@ def test_denied_reasons_from_a_reserve() -> None:
         assert err is not None
         out = _core.reserve_cmd("s", "u", "a", "r").on_error(err)
         assert out is not None and out.reason == reason, (text, out)
+
+
+@pytest.mark.parametrize("state", ["OPEN", "PAUSED", "FENCED", "MOVING"])
+def test_every_sale_state_the_server_sends_is_read(state: str) -> None:
+    from stockgate import _parse
+
+    info = _parse.parse_sale_info(
+        [b"total", 1, b"available", 1, b"reserved", 0, b"committed", 0, b"shards", 1, b"ttl_ms", 1500,
+         b"limit", 0, b"state", state.encode(), b"key_fingerprint", b"49dc46fa360f69d0"]
+    )
+    assert info.state.value == state
