@@ -73,8 +73,8 @@ impl Engine {
     /// A sale's parameters and counters, consistent across its shards.
     pub fn sale_info(&self, sku: &str) -> Result<SaleView, EngineError> {
         let sale = self.sale(sku)?;
-        // Under the admin lock no ADJUST or REBUILD moves units between shards, so the
-        // shards read one by one add up (see `sale::ShardCounts`).
+        // Under the admin lock no ADJUST, REBUILD or gathering RESERVE moves units between
+        // shards, so the shards read one by one add up (see `sale::ShardCounts`).
         let _admin = sale.admin.lock();
         Ok(sale.view())
     }

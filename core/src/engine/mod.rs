@@ -4,14 +4,16 @@
 //! Locks, in the only order they are ever nested:
 //! 1. a user stripe (only for sales with a per-user limit),
 //! 2. a reservation stripe (all of them, in index order, when the world is stopped),
-//! 3. the sales registry (read) and a sale's admin lock.
+//! 3. the sales registry (read) and a sale's admin lock (a RESERVE that gathers units from
+//!    several shards takes the admin lock while it holds its stripes).
 //!
 //! A sale's user-name table (`names`) has locks of its own, taken last and briefly: nothing
 //! is locked while one is held.
 //!
 //! The reserve path takes no exclusive lock shared by all buyers: the registry is read
 //! locked (shared), the reservation stripe is chosen by token, and stock is taken from a
-//! shard counter by compare-and-swap.
+//! shard counter by compare-and-swap. Only a RESERVE whose units no probed shard has,
+//! while the sale has them, takes the sale's admin lock to gather them.
 
 mod admin;
 pub mod clock;
@@ -60,7 +62,7 @@ pub const MAX_QTY: u32 = 1_000_000;
 /// Totals (about 1.1e12 units) stay far inside the 42-bit fields of a shard's packed
 /// counters (`sale::ShardCounts`).
 pub const MAX_TOTAL: u64 = 1 << 40;
-/// Bounded stealing: shards probed after the home shard on sold-out.
+/// Bounded stealing: shards probed after the home shard on sold-out, before gathering.
 pub const STEAL_PROBES: usize = 2;
 
 #[derive(Clone, Debug)]
@@ -126,7 +128,8 @@ pub enum ReserveOutcome {
         /// The shard the existing hold took from.
         shard: u16,
     },
-    /// No shard probed had the units.
+    /// The sale had fewer than `qty` units available (or concurrent buyers took them
+    /// while they were being gathered from several shards).
     SoldOut,
     /// The per-user limit refused `qty` more units.
     Limit {

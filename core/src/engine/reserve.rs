@@ -1,4 +1,5 @@
-//! The buyer path: RESERVE, deciding in docs/protocol.md's order, and bounded stealing.
+//! The buyer path: RESERVE, deciding in docs/protocol.md's order, bounded stealing, and
+//! gathering units spread over several shards.
 
 use super::wheel::Links;
 use super::*;
@@ -75,8 +76,9 @@ impl Engine {
     }
 
     /// Home shard first, then at most [`STEAL_PROBES`] other shards picked at random (a
-    /// retry probes other shards), never a linear scan. The shard taken is logged, so
-    /// replay does not depend on the choice.
+    /// retry probes other shards), never a linear scan. When none of them has `qty`
+    /// units but the sale as a whole does, the units are gathered ([`Engine::gather`]).
+    /// The shard taken is logged, so replay does not depend on the choice.
     pub(super) fn take_stock(&self, sale: &Sale, user: &str, qty: u32) -> Option<u16> {
         let n = sale.shard_count();
         let home = sale.home_shard(user);
@@ -99,7 +101,74 @@ impl Engine {
             }
             h = h.rotate_left(21) ^ 0x9e37_79b9_7f4a_7c15;
         }
-        None
+        // A sold-out sale answers here, after a sum of `n` loads and no lock: only a sale
+        // that has the units pays for gathering them.
+        if sale.available() < i64::from(qty) {
+            return None;
+        }
+        self.gather(sale, qty)
+    }
+
+    /// The slow path of [`Engine::take_stock`]: the sale has `qty` units, spread so that
+    /// no probed shard has them all. A reservation names one shard (its record, RELEASE
+    /// and COMMIT go back to it), so the units are first moved into one shard, the
+    /// fullest, by a zero-sum `SaleAdjusted` record, and held there. Replay applies the
+    /// move, then the caller's `Reserved` record, and reaches the same counters. `None`
+    /// when concurrent buyers took the units meanwhile (nothing logged, nothing moved).
+    ///
+    /// Lock order: the caller holds its reservation stripe (and in a limited sale its
+    /// user stripe) and takes the sale's admin lock last, as `mod.rs` orders them.
+    /// Nothing holds an admin lock while it waits for a stripe (ADJUST, PAUSE, RESUME,
+    /// thaw and SALE.INFO take no stripe; FENCE, REBUILD, freeze, export and snapshots
+    /// stop the world before they take it; import takes it after its stripes are
+    /// released), so this cannot deadlock.
+    fn gather(&self, sale: &Sale, qty: u32) -> Option<u16> {
+        // Serialises the move with ADJUST, REBUILD and other gathers, so a SALE.INFO (read
+        // under this lock) never sees units between shards.
+        let _admin = sale.admin.lock();
+        let want = i64::from(qty);
+        // Read once: concurrent buyers change the counters, and a sort whose keys change
+        // under it may panic.
+        let seen: Vec<i64> = (0..sale.shard_count())
+            .map(|i| sale.shard(i).available)
+            .collect();
+        let mut order: Vec<usize> = (0..seen.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(seen[i]));
+        let target = order[0];
+        // Taken, not moved: buyers on the fast path never take admin, so a shard may hold
+        // less by the time it is reached; take_up_to never lets it go below zero.
+        let mut deltas = vec![0i64; order.len()];
+        let own = sale.take_up_to(target, want);
+        let mut moved = 0;
+        for &i in &order[1..] {
+            if own + moved == want {
+                break;
+            }
+            let got = sale.take_up_to(i, want - own - moved);
+            deltas[i] = -got;
+            moved += got;
+        }
+        if own + moved < want {
+            // Not logged: the units go back where they were, as if never taken.
+            sale.give_back(target, own);
+            for (i, d) in deltas.iter().enumerate().filter(|(_, d)| **d < 0) {
+                sale.give_back(i, -d);
+            }
+            return None;
+        }
+        deltas[target] = moved;
+        debug_assert_eq!(deltas.iter().sum::<i64>(), 0, "a move changes no total");
+        debug_assert_eq!(own + moved, want, "gathered exactly qty");
+        if moved > 0 {
+            // Logged before the caller's `Reserved` (both under its stripe lock): replay
+            // makes the units available on `target` before the hold takes them.
+            self.sink.record(&EventRef::SaleAdjusted {
+                sku: &sale.sku,
+                shard_deltas: &deltas,
+            });
+        }
+        sale.hold_taken(target, qty);
+        Some(target as u16)
     }
 }
 

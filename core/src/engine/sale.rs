@@ -13,9 +13,10 @@ use super::types::{SaleParams, SaleState, SaleView};
 /// A shard's three counters packed in one 128-bit word, so every transition of a
 /// reservation (available → reserved, reserved → committed, reserved → available) is one
 /// atomic operation, and a reader sees each shard in a state it really was in. A sale's
-/// units never move between shards outside administration (ADJUST and REBUILD, which
-/// hold the sale's admin lock), so summing shards read one by one under that lock gives
-/// a consistent view: `available + reserved + committed == total` in every SALE.INFO.
+/// units move between shards only under the sale's admin lock (ADJUST, REBUILD, and a
+/// RESERVE gathering units from several shards), so summing shards read one by one under
+/// that lock gives a consistent view: `available + reserved + committed == total` in
+/// every SALE.INFO.
 ///
 /// Layout: three signed 42-bit fields, `available | reserved << 42 | committed << 84`,
 /// added as one i128. Fields may go transiently negative during replay of an old log
@@ -80,8 +81,9 @@ pub struct Sale {
     /// Each shard on its own cache line: buyers on different shards must not contend.
     shards: Box<[CachePadded<AtomicI128>]>,
     state: AtomicU8,
-    /// Serialises administrative changes (ADJUST, REBUILD, state) with snapshots and
-    /// consistent views; the reserve path never takes it.
+    /// Serialises administrative changes (ADJUST, REBUILD, state) and moves of units
+    /// between shards with snapshots and consistent views; the reserve path takes it only
+    /// to gather units no single shard has (after its stripe locks: see `mod.rs`).
     pub admin: Mutex<()>,
     /// The users holding (or having held) reservations in this sale, by 4-byte id.
     pub users: Names,
@@ -204,6 +206,14 @@ impl Sale {
     /// rebuild recomputes available.
     pub fn add_reserved(&self, shard: usize, qty: u32) {
         self.add(shard, delta(0, qty as i64, 0));
+    }
+
+    /// Units already taken from `shard`'s available (by [`Sale::take_up_to`], possibly
+    /// after a logged move into it) become reserved there: with those takes, the same
+    /// change a RESERVE of `qty` on that shard makes, and what its replay repeats.
+    pub fn hold_taken(&self, shard: usize, qty: u32) {
+        let after = self.add(shard, delta(0, qty as i64, 0));
+        debug_assert!(after.reserved >= qty as i64, "reserved underflow");
     }
 
     /// RELEASE: reserved → available, on the shard the units came from.
