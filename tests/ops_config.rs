@@ -422,3 +422,40 @@ async fn config_rewrite_survives_a_restart() {
     cmd(&mut c, &["CONFIG", "REWRITE"]).await.unwrap();
     assert_eq!(std::fs::read_to_string(&main).unwrap(), text);
 }
+
+/// The names `CONFIG GET/SET` answer to are the file's too: Redis's `appendfsync`, `dir`,
+/// `loglevel` and `timeout` (seconds) start the server, and CONFIG GET gives them back,
+/// under Redis's names and the flags' alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_names_work_in_the_file_as_in_config_get() {
+    let dir = TempDir::new("conf-redis");
+    let data = dir.path().join("data");
+    let file = dir.path().join("redis-names.conf");
+    std::fs::write(
+        &file,
+        format!(
+            "port 0\nappendfsync always\ndir \"{}\"\nloglevel notice\ntimeout 30\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let p = spawn(&["--config", file.to_str().unwrap()]).expect("starts from Redis's names");
+    let mut c = p.conn().await;
+    assert_eq!(get(&mut c, "appendfsync").await, "always");
+    assert_eq!(get(&mut c, "fsync").await, "always");
+    assert_eq!(get(&mut c, "dir").await, data.display().to_string());
+    assert_eq!(get(&mut c, "loglevel").await, "notice");
+    assert_eq!(get(&mut c, "log-level").await, "info");
+    assert_eq!(get(&mut c, "timeout").await, "30");
+    assert_eq!(get(&mut c, "idle-timeout-ms").await, "30000");
+    assert!(data.join("wal").exists(), "the log is in `dir`");
+    // A bad value under a Redis name is refused with its line, as a flag's is.
+    drop(c);
+    p.stop();
+    std::fs::write(&file, "port 0\ntimeout soon\n").unwrap();
+    let (code, err) = spawn(&["--config", file.to_str().unwrap()])
+        .err()
+        .expect("refused");
+    assert_ne!(code, Some(0));
+    assert!(err.contains("line 2") && err.contains("timeout"), "{err}");
+}

@@ -224,14 +224,114 @@ fn clap_message(e: &clap::Error) -> String {
     first.strip_prefix("error: ").unwrap_or(first).to_string()
 }
 
+/// A setting Redis names otherwise than its `stockgate serve` flag: the config file and
+/// `CONFIG GET/SET` take both names, so one redis.conf line works in either place.
+pub struct RedisName {
+    /// Redis's name (`appendfsync`).
+    pub name: &'static str,
+    /// The flag's long name (`fsync`).
+    pub flag: &'static str,
+    /// A value in Redis's terms as the flag's (`timeout` is in seconds, its flag in ms).
+    pub to_flag: fn(&str) -> Result<String, String>,
+}
+
+fn same(v: &str) -> Result<String, String> {
+    Ok(v.to_string())
+}
+
+fn seconds_to_ms(v: &str) -> Result<String, String> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|s| s.checked_mul(1000))
+        .map(|ms| ms.to_string())
+        .ok_or_else(|| format!("'{v}' is not a whole number of seconds"))
+}
+
+/// Redis's `loglevel` words as log filters; anything else is a filter already.
+pub fn redis_log_level(v: &str) -> Result<String, String> {
+    Ok(match v {
+        "verbose" => "debug",
+        "notice" => "info",
+        "warning" => "warn",
+        "nothing" => "off",
+        other => other,
+    }
+    .to_string())
+}
+
+/// The Redis names of settings whose flag has another name.
+pub const REDIS_NAMES: &[RedisName] = &[
+    RedisName {
+        name: "appendfsync",
+        flag: "fsync",
+        to_flag: same,
+    },
+    RedisName {
+        name: "dir",
+        flag: "data-dir",
+        to_flag: same,
+    },
+    RedisName {
+        name: "loglevel",
+        flag: "log-level",
+        to_flag: redis_log_level,
+    },
+    RedisName {
+        name: "timeout",
+        flag: "idle-timeout-ms",
+        to_flag: seconds_to_ms,
+    },
+    RedisName {
+        name: "proto-max-bulk-len",
+        flag: "max-bulk",
+        to_flag: same,
+    },
+    RedisName {
+        name: "client-query-buffer-limit",
+        flag: "max-query-buffer",
+        to_flag: same,
+    },
+    RedisName {
+        name: "client-output-buffer-limit",
+        flag: "max-output-buffer",
+        to_flag: same,
+    },
+];
+
+/// The entry for a Redis name, if `name` is one.
+pub fn redis_name(name: &str) -> Option<&'static RedisName> {
+    REDIS_NAMES.iter().find(|r| r.name == name)
+}
+
+/// A directive written with a Redis name, as its flag's directive (values converted).
+fn as_flag_directive(d: &Directive) -> Result<std::borrow::Cow<'_, Directive>, ConfigError> {
+    let Some(r) = redis_name(&d.name) else {
+        return Ok(std::borrow::Cow::Borrowed(d));
+    };
+    let values = d
+        .values
+        .iter()
+        .map(|v| (r.to_flag)(v))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| d.error(e))?;
+    Ok(std::borrow::Cow::Owned(Directive {
+        name: r.flag.to_string(),
+        values,
+        ..d.clone()
+    }))
+}
+
 /// The directives as command-line arguments of `cmd` (`stockgate serve`'s flags),
-/// each value checked by its flag's own parser so a bad one names its line.
+/// each value checked by its flag's own parser so a bad one names its line. A Redis name
+/// ([`REDIS_NAMES`]) stands for its flag.
 pub fn to_args(
     directives: &[Directive],
     cmd: &clap::Command,
 ) -> Result<Vec<OsString>, ConfigError> {
     let mut args: Vec<(String, Vec<OsString>)> = Vec::new();
     for d in directives {
+        let d = &*as_flag_directive(d)?;
         let arg = cmd
             .get_arguments()
             .find(|a| a.get_long() == Some(d.name.as_str()))
@@ -369,11 +469,9 @@ pub fn rewrite_text(text: &str, settings: &[(&str, String)]) -> String {
         if t.starts_with('#') {
             return None;
         }
-        split_line(t)
-            .ok()?
-            .into_iter()
-            .next()
-            .map(|n| n.to_ascii_lowercase())
+        let name = split_line(t).ok()?.into_iter().next()?.to_ascii_lowercase();
+        // A line with a Redis name sets the same flag: it is replaced like one.
+        Some(redis_name(&name).map_or(name, |r| r.flag.to_string()))
     };
     let names: Vec<Option<String>> = lines
         .iter()

@@ -782,9 +782,7 @@ fn recover(
             s
         },
     )
-    .map_err(|e| {
-        format!("{e}\nstockgate: refusing to start; `--repair` cuts the log at the first bad record (what follows is lost; the ledger can rebuild)")
-    })?;
+    .map_err(refusal)?;
     engine.check_reservation_key(1000).map_err(|token| {
         format!(
             "reservation {token} in {} was not made with reservation key {} (fingerprint {}); start with the key that wrote this data dir. Refusing to start",
@@ -810,6 +808,17 @@ fn recover(
         report,
         speculation,
     })
+}
+
+/// Why the server will not start on its data dir, and what to do about it. `--repair`
+/// is the cure for a damaged log only: offered for anything else (a lock another process
+/// holds, a permission) it would lead an operator to cut a healthy log.
+fn refusal(e: stockgate_core::wal::WalError) -> String {
+    use stockgate_core::wal::WalError;
+    match e {
+        WalError::Corrupt { .. } => format!("{e}\nstockgate: refusing to start; `--repair` cuts the log at the first bad record (what follows is lost; the ledger can rebuild)"),
+        other => format!("{other}\nstockgate: refusing to start"),
+    }
 }
 
 fn server_config(a: &ServeArgs) -> ServerConfig {

@@ -176,10 +176,41 @@ pub const KIND_PUBSUB: u8 = 1;
 /// and `CLIENT KILL TYPE replica` matches no connection.
 pub const KIND_REPLICA: u8 = 2;
 
+/// What `CLIENT LIST` shows of a connection that the connection itself keeps, shared
+/// with its registry entry. Each connection has its own, so updating it takes no lock
+/// another connection waits on.
+#[derive(Default)]
+pub struct Seen {
+    /// The last command run: its index in the command table plus one (0: none yet). An
+    /// atomic, as it is stored for every command.
+    pub last_cmd: std::sync::atomic::AtomicUsize,
+    /// The fields the connection's own state gives, as it last described itself; only
+    /// connection commands change them.
+    pub about: Mutex<About>,
+}
+
+/// A connection's own part of its `CLIENT LIST` line, in two pieces because Redis puts
+/// the registry's fields between them.
+#[derive(Default, Clone)]
+pub struct About {
+    /// `laddr=...`: before `fd=`.
+    pub head: String,
+    /// The `CLIENT SETNAME` name (empty: none): after `fd=`.
+    pub name: String,
+    /// `user=... redir=-1 resp=... lib-name=... lib-ver=...`: after `cmd=`.
+    pub tail: String,
+}
+
 struct Entry {
     /// A duplicate of the connection's socket, owned here: shutting it down shuts the
     /// socket down, and it cannot be reused by another connection while registered.
     fd: RawFd,
+    /// The connection's own socket, as `CLIENT LIST`'s `fd` shows it.
+    shown_fd: RawFd,
+    /// When it connected (a [`monotonic_ms`]), for `age`.
+    since: u64,
+    /// What the connection keeps for `CLIENT LIST`.
+    seen: Arc<Seen>,
     kind: Arc<AtomicU8>,
     addr: String,
     /// Since when (a [`monotonic_ms`]) the connection has waited for its client to send;
@@ -243,16 +274,19 @@ pub enum KillFilter {
 impl Clients {
     /// Registers connection `id` on socket `fd` from `addr`, as a normal client; it stays
     /// registered until the returned guard is dropped.
-    pub fn register(&self, id: u64, fd: RawFd, addr: String) -> Registered {
+    pub fn register(&self, id: u64, fd: RawFd, addr: String, seen: Arc<Seen>) -> Registered {
         let kind = Arc::new(AtomicU8::new(KIND_NORMAL));
         let waiting = Arc::new(AtomicU64::new(0));
         // SAFETY: `fd` is the caller's open socket; dup only creates a new descriptor
         // (-1 if that fails, and then CLIENT KILL cannot reach this connection).
-        let fd = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
         self.live.lock().insert(
             id,
             Entry {
-                fd,
+                fd: dup,
+                shown_fd: fd,
+                since: monotonic_ms(),
+                seen,
                 kind: kind.clone(),
                 addr,
                 waiting: waiting.clone(),
@@ -310,6 +344,50 @@ impl Clients {
 }
 
 impl Clients {
+    /// `CLIENT LIST` in Redis's line format, one line per connection in id order (only
+    /// connection `only` when given: `CLIENT INFO`). `cmd_name` names a command by its
+    /// [`Seen::last_cmd`]. The fields stockgate has no counterpart for (`qbuf`, `omem`,
+    /// ...) carry Redis's values for an idle connection, so parsers find every field.
+    pub fn list(&self, only: Option<u64>, cmd_name: impl Fn(usize) -> &'static str) -> String {
+        let now = monotonic_ms();
+        let live = self.live.lock();
+        let mut ids: Vec<u64> = live
+            .keys()
+            .copied()
+            .filter(|id| only.is_none_or(|o| o == *id))
+            .collect();
+        ids.sort_unstable();
+        let mut out = String::new();
+        for id in ids {
+            let Some(e) = live.get(&id) else { continue };
+            let waiting = e.waiting.load(Ordering::Relaxed);
+            let idle = if waiting == 0 {
+                0
+            } else {
+                now.saturating_sub(waiting) / 1000
+            };
+            let (flags, sub) = match e.kind.load(Ordering::Relaxed) {
+                KIND_PUBSUB => ("P", 1),
+                _ => ("N", 0),
+            };
+            let cmd = match e.seen.last_cmd.load(Ordering::Relaxed) {
+                0 => "NULL",
+                i => cmd_name(i - 1),
+            };
+            let about = e.seen.about.lock().clone();
+            out.push_str(&format!(
+                "id={id} addr={} {} fd={} name={} age={} idle={idle} flags={flags} db=0 sub={sub} psub=0 ssub=0 multi=-1 watch=0 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={cmd} {}\n",
+                e.addr,
+                about.head,
+                e.shown_fd,
+                about.name,
+                now.saturating_sub(e.since) / 1000,
+                about.tail,
+            ));
+        }
+        out
+    }
+
     /// Shuts down the normal connections that have waited for their client for at least
     /// `after_ms` at `now` (a [`monotonic_ms`]), as `CLIENT KILL` does, and gives their
     /// addresses. A connection's own timer closes it at the idle timeout it started

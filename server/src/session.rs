@@ -324,6 +324,8 @@ pub struct ConnState {
     /// What this connection's commands recorded since the batch began; the connection
     /// publishes it into `Shared::metrics` before the batch's replies leave.
     pub recorder: Recorder,
+    /// What `CLIENT LIST` shows of this connection, shared with the client registry.
+    pub seen: std::sync::Arc<crate::pubsub::Seen>,
 }
 
 /// A transaction being queued. The logic lives in `cmd::multi`; the queue lives here
@@ -346,7 +348,7 @@ pub struct MultiQueue {
 impl ConnState {
     /// A new connection: RESP2, no name, `role` None until AUTH when users are configured.
     pub fn new(id: u64, role: Option<Role>, addr: String, laddr: String) -> Self {
-        ConnState {
+        let c = ConnState {
             id,
             proto: 2,
             name: None,
@@ -360,7 +362,26 @@ impl ConnState {
             repl_port: None,
             asking: false,
             recorder: Recorder::default(),
-        }
+            seen: Default::default(),
+        };
+        c.show();
+        c
+    }
+
+    /// Puts this connection's name, user, protocol and library where `CLIENT LIST` reads
+    /// them (after a command that may have changed one).
+    pub fn show(&self) {
+        *self.seen.about.lock() = crate::pubsub::About {
+            head: format!("laddr={}", self.laddr),
+            name: self.name.clone().unwrap_or_default(),
+            tail: format!(
+                "user={} redir=-1 resp={} lib-name={} lib-ver={}",
+                self.user_name.as_deref().unwrap_or("default"),
+                self.proto,
+                self.lib_name,
+                self.lib_ver
+            ),
+        };
     }
 
     /// True between MULTI and EXEC or DISCARD.

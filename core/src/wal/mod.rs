@@ -264,9 +264,9 @@ pub enum WalError {
         /// What is wrong there.
         reason: String,
     },
-    #[error("WAL directory {} is locked by another process", .0.display())]
+    #[error("{0}")]
     /// Another process has the directory open (its `LOCK` is held).
-    Locked(PathBuf),
+    Locked(LockHeld),
     /// The writer hit an error: nothing after `durable` will ever be acknowledged.
     #[error("WAL failed (records after LSN {durable} are not durable): {reason}")]
     Failed {
@@ -286,6 +286,34 @@ pub enum WalError {
         /// The last one handed out.
         last: Lsn,
     },
+}
+
+/// Who holds a log directory's `LOCK`: the directory, and the holder's process id as it
+/// wrote it into the file (`None` when the file holds no readable id, as one written by an
+/// older version). A lock is never a damaged log: the cure is to stop the holder, not to
+/// repair anything, and the message says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockHeld {
+    /// The locked directory.
+    pub dir: PathBuf,
+    /// The process holding it.
+    pub pid: Option<u32>,
+}
+
+impl std::fmt::Display for LockHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dir = self.dir.display();
+        match self.pid {
+            Some(pid) => write!(
+                f,
+                "WAL directory {dir} is locked by another process (pid {pid}); stop that process (or use another data dir) before starting this one"
+            ),
+            None => write!(
+                f,
+                "WAL directory {dir} is locked by another process; stop the process that has this data dir open (or use another data dir) before starting this one"
+            ),
+        }
+    }
 }
 
 /// Maps an I/O error of `op` on `path` to [`WalError::Io`].

@@ -567,13 +567,16 @@ impl Drop for Wal {
 }
 
 /// Two processes appending to one log would interleave records: hold an exclusive flock
-/// for as long as the log is open.
+/// for as long as the log is open. The holder writes its process id into the file, so a
+/// second process refused the lock can say which process to stop.
 fn lock_dir(dir: &Path) -> Result<File, WalError> {
+    use std::io::{Read, Seek, Write};
     use std::os::unix::io::AsRawFd;
     let path = dir.join("LOCK");
-    let f = std::fs::OpenOptions::new()
+    let mut f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .open(&path)
         .map_err(super::io_err("open lock file", &path))?;
@@ -583,10 +586,24 @@ fn lock_dir(dir: &Path) -> Result<File, WalError> {
     if rc != 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::WouldBlock {
-            return Err(WalError::Locked(dir.to_owned()));
+            let mut text = String::new();
+            let pid = f
+                .read_to_string(&mut text)
+                .ok()
+                .and_then(|_| text.trim().parse().ok());
+            return Err(WalError::Locked(super::LockHeld {
+                dir: dir.to_owned(),
+                pid,
+            }));
         }
         return Err(super::io_err("lock", &path)(e));
     }
+    // The id is a courtesy for that message: the flock alone is the lock, so a failure
+    // to write it is no reason to refuse the log.
+    let _ = f
+        .set_len(0)
+        .and_then(|()| f.rewind())
+        .and_then(|()| writeln!(f, "{}", std::process::id()));
     Ok(f)
 }
 

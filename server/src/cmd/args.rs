@@ -158,8 +158,24 @@ impl<'a> Args<'a> {
         if self.remaining() == 0 {
             Ok(())
         } else {
-            Err(Reply::syntax())
+            Err(self.syntax())
         }
+    }
+
+    /// This command's syntax error, with its usage ([`syntax_error`]).
+    pub fn syntax(&self) -> Reply {
+        syntax_error(self.name)
+    }
+}
+
+/// Redis's `ERR syntax error`, followed by the command's usage (`cmd`: the lower-case
+/// name, or `command|subcommand`): a client that sent a word in the wrong place learns
+/// what the command takes without looking it up. Every parser's syntax error comes from
+/// here.
+pub fn syntax_error(cmd: &str) -> Reply {
+    match super::command_table::usage(cmd) {
+        Some(usage) => Reply::err(format!("ERR syntax error: {usage}")),
+        None => Reply::syntax(),
     }
 }
 

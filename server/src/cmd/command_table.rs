@@ -241,6 +241,15 @@ pub static COMMANDS: &[Spec] = &[
     ),
     spec("select", 2, C, 0, OPEN, "connection", "Select database 0"),
     spec(
+        "shutdown",
+        -1,
+        &["admin", "noscript", "loading", "stale", "no_multi", "allow_busy"],
+        0,
+        ADMIN,
+        "server",
+        "Flush and close the log, then exit (SHUTDOWN [NOSAVE|SAVE])",
+    ),
+    spec(
         "command",
         -1,
         &["loading", "stale"],
@@ -660,9 +669,140 @@ pub static COMMANDS: &[Spec] = &[
     ),
 ];
 
+/// CLIENT's subcommands, as COMMAND INFO lists them in CLIENT's entry (Redis's
+/// `container|subcommand` names and arities).
+static CLIENT_SUBCOMMANDS: &[Spec] = &[
+    spec(
+        "client|getname",
+        2,
+        C,
+        0,
+        OPEN,
+        "connection",
+        "The connection's name",
+    ),
+    spec(
+        "client|help",
+        2,
+        C,
+        0,
+        OPEN,
+        "connection",
+        "CLIENT's subcommands",
+    ),
+    spec(
+        "client|id",
+        2,
+        C,
+        0,
+        OPEN,
+        "connection",
+        "The connection's id",
+    ),
+    spec(
+        "client|info",
+        2,
+        C,
+        0,
+        OPEN,
+        "connection",
+        "The connection as a CLIENT LIST line",
+    ),
+    spec(
+        "client|kill",
+        -3,
+        &["admin", "noscript", "loading", "stale"],
+        0,
+        ADMIN | SENTINEL,
+        "connection",
+        "End other clients' connections",
+    ),
+    spec(
+        "client|list",
+        -2,
+        &["admin", "noscript", "loading", "stale"],
+        0,
+        ADMIN | SENTINEL,
+        "connection",
+        "Every connection, one line each",
+    ),
+    spec(
+        "client|setinfo",
+        4,
+        C,
+        0,
+        OPEN,
+        "connection",
+        "Name the client library",
+    ),
+    spec(
+        "client|setname",
+        3,
+        C,
+        0,
+        OPEN,
+        "connection",
+        "Name the connection",
+    ),
+];
+
+/// The subcommands COMMAND INFO lists in a command's entry (none for most).
+pub fn subcommands(name: &str) -> &'static [Spec] {
+    match name {
+        "client" => CLIENT_SUBCOMMANDS,
+        _ => &[],
+    }
+}
+
+/// The position of a table entry in [`COMMANDS`] (an entry is always one of them).
+pub fn index_of(spec: &'static Spec) -> usize {
+    // Address arithmetic within one static slice: no search on every command.
+    let offset = (spec as *const Spec as usize).wrapping_sub(COMMANDS.as_ptr() as usize);
+    offset / std::mem::size_of::<Spec>().max(1)
+}
+
 /// The entry for a lower-cased command name.
 pub fn lookup(name_lower: &str) -> Option<&'static Spec> {
     COMMANDS.iter().find(|s| s.name == name_lower)
+}
+
+/// The syntax of a command that takes arguments, as its syntax error shows it (`name`:
+/// the lower-case command, or `command|subcommand`). `None` for one without arguments.
+pub fn usage(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "reserve" => "RESERVE <sku> <user> <admission-token> <request-id> [QTY n] [WITHLIMIT]",
+        "stock" => "STOCK <sku>",
+        "reservation" => "RESERVATION <token>",
+        "extend" => "EXTEND <token> <ms>",
+        "commit" => "COMMIT <token> [VERIFIED]",
+        "release" => "RELEASE <token> [REASON cancel|expired|admin|rebuild]",
+        "expired" => "EXPIRED [COUNT n] [SKU sku]",
+        "sale.create" => "SALE.CREATE <sku> <total> [SHARDS n] [TTL ms] [LIMIT units-per-user]",
+        "sale.info" => "SALE.INFO <sku>",
+        "sale.pause" => "SALE.PAUSE <sku>",
+        "sale.resume" => "SALE.RESUME <sku>",
+        "sale.adjust" => "SALE.ADJUST <sku> <delta>",
+        "sale.fence" => "SALE.FENCE <sku> [TOTAL n] [SHARDS n] [TTL ms] [LIMIT n]",
+        "sale.restore" => "SALE.RESTORE <sku> <user> <request-id> <qty> <expires_at_ms> <created_at_ms> [STATE RESERVED|COMMITTED|RELEASED]",
+        "sale.rebuild" => "SALE.REBUILD <sku> <total> <committed> <key-fingerprint>",
+        "auth" => "AUTH [username] <password>",
+        "hello" => "HELLO [protover [AUTH username password] [SETNAME clientname]]",
+        "client|kill" => "CLIENT KILL <ip:port> | CLIENT KILL [ID id] [TYPE normal|pubsub|replica|master] [USER username] [ADDR ip:port] [SKIPME yes|no]",
+        "cluster|setslot" => "CLUSTER SETSLOT <slot> IMPORTING|MIGRATING|NODE <node-id> | STABLE",
+        "shutdown" => "SHUTDOWN [NOSAVE|SAVE]",
+        "xread" => "XREAD [COUNT n] [BLOCK ms] STREAMS <key> [key ...] <id> [id ...]",
+        "xrange" => "XRANGE <key> <start> <end> [COUNT n]",
+        "xrevrange" => "XREVRANGE <key> <end> <start> [COUNT n]",
+        "xlen" => "XLEN <key>",
+        "xinfo" => "XINFO STREAM <key> | XINFO GROUPS <key> | XINFO CONSUMERS <key> <group> | XINFO HELP",
+        "xack" => "XACK <key> <group> <id> [id ...]",
+        "xgroup" => "XGROUP CREATE <key> <group> <id|$> [MKSTREAM] [ENTRIESREAD n] | XGROUP SETID <key> <group> <id|$> [ENTRIESREAD n] | XGROUP DESTROY <key> <group> | XGROUP CREATECONSUMER|DELCONSUMER <key> <group> <consumer>",
+        "xreadgroup" => "XREADGROUP GROUP <group> <consumer> [COUNT n] [BLOCK ms] [NOACK] STREAMS <key> [key ...] <id> [id ...]",
+        "xpending" => "XPENDING <key> <group> [[IDLE min-idle-time] <start> <end> <count> [consumer]]",
+        "xclaim" => "XCLAIM <key> <group> <consumer> <min-idle-time> <id> [id ...] [IDLE ms] [TIME unix-time-ms] [RETRYCOUNT count] [FORCE] [JUSTID] [LASTID lastid]",
+        "xautoclaim" => "XAUTOCLAIM <key> <group> <consumer> <min-idle-time> <start> [COUNT count] [JUSTID]",
+        _ => return None,
+    })
 }
 
 /// Whether `argc` arguments (the name included) fit the command's arity.

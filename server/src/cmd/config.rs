@@ -138,24 +138,25 @@ const LIVE: &[Live] = &[
         flag: "log-level",
         scale: 1,
         get: |_| logging::filter(),
-        set: |_, v| logging::set_filter(redis_log_level(v)),
+        set: |_, v| logging::set_filter(&crate::config_file::redis_log_level(v)?),
     },
     Live {
         name: "loglevel",
         flag: "log-level",
         scale: 1,
-        get: |_| logging::filter(),
-        set: |_, v| logging::set_filter(redis_log_level(v)),
+        get: |_| redis_level_of(&logging::filter()).to_string(),
+        set: |_, v| logging::set_filter(&crate::config_file::redis_log_level(v)?),
     },
 ];
 
-/// Redis's `loglevel` words as log filters; anything else is a filter already.
-fn redis_log_level(v: &str) -> &str {
-    match v {
-        "verbose" => "debug",
-        "notice" => "info",
-        "warning" => "warn",
-        "nothing" => "off",
+/// A log filter in Redis's `loglevel` words where it is one of them (what Redis tools
+/// reading `CONFIG GET loglevel` expect); any other filter as it is.
+fn redis_level_of(filter: &str) -> &str {
+    match filter {
+        "debug" => "verbose",
+        "info" => "notice",
+        "warn" => "warning",
+        "off" => "nothing",
         other => other,
     }
 }
@@ -273,6 +274,20 @@ fn all_values(ctx: &Ctx<'_>) -> Vec<(&'static str, String)> {
             s => (v.parse::<u64>().unwrap_or(0) / s).to_string(),
         };
         pairs.push((l.name, v));
+    }
+    // A setting Redis names otherwise answers by its flag's name too (the config file
+    // takes both); the ones whose value differs in unit are live settings listed above.
+    for r in crate::config_file::REDIS_NAMES {
+        if pairs.iter().any(|(k, _)| *k == r.flag) {
+            continue;
+        }
+        if let Some(v) = pairs
+            .iter()
+            .find(|(k, _)| *k == r.name)
+            .map(|(_, v)| v.clone())
+        {
+            pairs.push((r.flag, v));
+        }
     }
     pairs
 }
@@ -397,6 +412,6 @@ mod tests {
             fixed_reason("port"),
             "the listening port is fixed at startup"
         );
-        assert_eq!(redis_log_level("warning"), "warn");
+        assert_eq!(redis_level_of("warn"), "warning");
     }
 }

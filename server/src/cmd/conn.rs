@@ -1,6 +1,6 @@
 //! Connection commands: `AUTH`, `HELLO`, `CLIENT`, `PING`, `SELECT`, `RESET`.
 
-use super::args::{int_in, ArgError, Args};
+use super::args::{int_in, syntax_error, ArgError, Args};
 use super::{Ctx, Outcome};
 use crate::protocol::reply::from_arg_error;
 use crate::protocol::Reply;
@@ -20,7 +20,7 @@ impl<'a> Auth<'a> {
                 pass,
             }),
             [user, pass] => Ok(Auth { user, pass }),
-            _ => Err(Reply::syntax()),
+            _ => Err(syntax_error("auth")),
         }
     }
 
@@ -92,7 +92,7 @@ impl<'a> Hello<'a> {
                     h.auth = Some((u, p));
                 }
                 "SETNAME" => h.name = Some(a.next_str("name")?),
-                _ => return Err(Reply::syntax()),
+                _ => return Err(a.syntax()),
             }
         }
         Ok(h)
@@ -186,11 +186,11 @@ fn client_kill(ctx: &mut Ctx<'_>, filters: &[&[u8]]) -> Outcome {
                 skipme = match val.as_str() {
                     "yes" => true,
                     "no" => false,
-                    _ => return Reply::syntax().into(),
+                    _ => return syntax_error("client|kill").into(),
                 };
                 continue;
             }
-            _ => return Reply::syntax().into(),
+            _ => return syntax_error("client|kill").into(),
         };
         which.push(f);
     }
@@ -222,80 +222,135 @@ pub fn reset(ctx: &mut Ctx<'_>) -> Outcome {
     Reply::Simple("RESET").into()
 }
 
-/// `CLIENT SETNAME|GETNAME|ID|SETINFO|INFO`
+/// `CLIENT HELP`: Redis's lines for the subcommands stockgate has.
+const CLIENT_HELP: &[&str] = &[
+    "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "GETNAME",
+    "    Return the name of the current connection.",
+    "ID",
+    "    Return the ID of the current connection.",
+    "INFO",
+    "    Return information about the current client connection.",
+    "KILL <ip:port>",
+    "    Kill connection made from <ip:port>.",
+    "KILL <option> <value> [<option> <value> [...]]",
+    "    Kill connections. Options are:",
+    "    * ADDR <ip:port>",
+    "      Kill connections made from the specified address",
+    "    * TYPE (NORMAL|MASTER|REPLICA|PUBSUB)",
+    "      Kill connections by type.",
+    "    * USER <username>",
+    "      Kill connections authenticated by <username>.",
+    "    * SKIPME (YES|NO)",
+    "      Skip killing current connection (default: yes).",
+    "    * ID <client-id>",
+    "      Kill connections by client id.",
+    "LIST",
+    "    Return information about client connections.",
+    "SETINFO <option> <value>",
+    "    Set client meta attr. Options are:",
+    "    * LIB-NAME: the client lib name.",
+    "    * LIB-VER: the client lib version.",
+    "SETNAME <name>",
+    "    Assign the name <name> to the current connection.",
+    "HELP",
+    "    Print this help.",
+];
+
+/// The subcommands that reach other clients' sessions: `KILL` ends them, `LIST` shows
+/// their addresses and users. For admins and Sentinel only; the rest of CLIENT is open to
+/// every role.
+fn client_refusal(ctx: &Ctx<'_>, sub: &str) -> Option<Reply> {
+    use crate::session::Role;
+    let reaches_others = matches!(sub, "KILL" | "LIST");
+    if !reaches_others || matches!(ctx.conn.role, Some(Role::Admin | Role::Sentinel)) {
+        return None;
+    }
+    let user = ctx.conn.user_name.clone().unwrap_or_default();
+    Some(Reply::err(format!(
+        "NOPERM User {user} has no permissions to run the 'client|{}' command",
+        sub.to_ascii_lowercase()
+    )))
+}
+
+/// `CLIENT LIST` (and `CLIENT INFO`, this connection's line): Redis's line format.
+fn client_list(ctx: &Ctx<'_>, only: Option<u64>) -> Reply {
+    let name = |i: usize| {
+        super::command_table::COMMANDS
+            .get(i)
+            .map_or("NULL", |s| s.name)
+    };
+    let text = ctx.shared.clients.list(only, name);
+    if only.is_some() && text.is_empty() {
+        // Not registered (an embedded session): what the connection knows of itself.
+        return Reply::bulk(format!("{}\n", ctx.conn.describe()));
+    }
+    Reply::bulk(text)
+}
+
+/// `CLIENT SETINFO LIB-NAME|LIB-VER value`
+fn client_setinfo(ctx: &mut Ctx<'_>, attr: &[u8], value: &[u8]) -> Reply {
+    let v: String = String::from_utf8_lossy(value).chars().take(128).collect();
+    if v.contains([' ', '\n', '\r']) {
+        return Reply::err(
+            "ERR lib-name and lib-ver cannot contain spaces, newlines or special characters.",
+        );
+    }
+    match String::from_utf8_lossy(attr).to_ascii_uppercase().as_str() {
+        "LIB-NAME" => ctx.conn.lib_name = v,
+        "LIB-VER" => ctx.conn.lib_ver = v,
+        other => return Reply::err(format!("ERR Unrecognized option '{other}'")),
+    }
+    Reply::ok()
+}
+
+/// `CLIENT SETNAME|GETNAME|ID|SETINFO|INFO|LIST|KILL|HELP`
 pub fn client(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let sub = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
     let rest = &args[1..];
-    if sub == "KILL"
-        && !matches!(
-            ctx.conn.role,
-            Some(crate::session::Role::Admin | crate::session::Role::Sentinel)
-        )
-    {
-        // CLIENT is open to every role for SETNAME/ID/INFO; ending other clients' sessions
-        // is for admins and Sentinel only.
-        let user = ctx.conn.user_name.clone().unwrap_or_default();
-        return Reply::err(format!(
-            "NOPERM User {user} has no permissions to run the 'client|kill' command"
-        ))
-        .into();
+    if let Some(refusal) = client_refusal(ctx, &sub) {
+        return refusal.into();
     }
-    match (sub.as_str(), rest) {
+    let reply = match (sub.as_str(), rest) {
         ("SETNAME", [name]) => match std::str::from_utf8(name) {
-            Ok(n) => match set_name(ctx, n) {
-                Ok(()) => Reply::ok().into(),
-                Err(e) => e.into(),
-            },
+            Ok(n) => set_name(ctx, n).map_or_else(|e| e, |()| Reply::ok()),
             Err(_) => Reply::err(
                 "ERR Client names cannot contain spaces, newlines or special characters.",
-            )
-            .into(),
+            ),
         },
-        ("GETNAME", []) => match &ctx.conn.name {
-            Some(n) => Reply::bulk(n).into(),
-            None => Reply::Nil.into(),
-        },
-        ("ID", []) => Reply::Int(ctx.conn.id as i64).into(),
-        ("SETINFO", [attr, value]) => {
-            let v: String = String::from_utf8_lossy(value).chars().take(128).collect();
-            if v.contains([' ', '\n', '\r']) {
-                return Reply::err("ERR lib-name and lib-ver cannot contain spaces, newlines or special characters.").into();
-            }
-            match String::from_utf8_lossy(attr).to_ascii_uppercase().as_str() {
-                "LIB-NAME" => ctx.conn.lib_name = v,
-                "LIB-VER" => ctx.conn.lib_ver = v,
-                other => {
-                    return Reply::err(format!("ERR Unrecognized option '{other}'")).into();
-                }
-            }
-            Reply::ok().into()
-        }
-        ("INFO", []) => Reply::bulk(format!("{}\n", ctx.conn.describe())).into(),
+        ("GETNAME", []) => ctx.conn.name.as_ref().map_or(Reply::Nil, Reply::bulk),
+        ("ID", []) => Reply::Int(ctx.conn.id as i64),
+        ("SETINFO", [attr, value]) => client_setinfo(ctx, attr, value),
+        ("INFO", []) => client_list(ctx, Some(ctx.conn.id)),
+        ("LIST", []) => client_list(ctx, None),
+        ("HELP", []) => Reply::Array(CLIENT_HELP.iter().map(|l| Reply::Simple(l)).collect()),
         ("KILL", [addr]) => {
             // The old form: one client by address; an error if there is none.
             let f = crate::pubsub::KillFilter::Addr(String::from_utf8_lossy(addr).into_owned());
             match ctx.shared.clients.kill(&f, None) {
-                0 => Reply::err("ERR No such client").into(),
-                _ => Reply::ok().into(),
+                0 => Reply::err("ERR No such client"),
+                _ => Reply::ok(),
             }
         }
         ("KILL", filters) if !filters.is_empty() && filters.len() % 2 == 0 => {
-            client_kill(ctx, filters)
+            return client_kill(ctx, filters)
         }
         _ => {
             let shown: String = sub.chars().take(64).collect();
             Reply::err(format!(
                 "ERR unknown subcommand or wrong number of arguments for '{shown}'. Try CLIENT HELP."
             ))
-            .into()
         }
-    }
+    };
+    // CLIENT LIST shows the name and library as they are now.
+    ctx.conn.show();
+    reply.into()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::parse_tests::{argv, error_text, SYNTAX};
+    use crate::cmd::parse_tests::{argv, error_text, syntax};
 
     #[test]
     fn auth_takes_a_password_or_a_user_and_a_password() {
@@ -305,8 +360,11 @@ mod tests {
         let two = argv(&["u", "pw"]);
         let a = Auth::parse(&two).unwrap();
         assert_eq!((a.user, a.pass), (&b"u"[..], &b"pw"[..]));
-        assert_eq!(error_text(Auth::parse(&argv(&[]))), SYNTAX);
-        assert_eq!(error_text(Auth::parse(&argv(&["a", "b", "c"]))), SYNTAX);
+        assert_eq!(error_text(Auth::parse(&argv(&[]))), syntax("auth"));
+        assert_eq!(
+            error_text(Auth::parse(&argv(&["a", "b", "c"]))),
+            syntax("auth")
+        );
     }
 
     #[test]
@@ -328,7 +386,10 @@ mod tests {
         assert_eq!(Hello::parse(&four).unwrap().proto, Some(0));
         let not_a_number = error_text(Hello::parse(&argv(&["three"])));
         assert!(not_a_number.contains("protocol version"), "{not_a_number}");
-        assert_eq!(error_text(Hello::parse(&argv(&["3", "FAST"]))), SYNTAX);
+        assert_eq!(
+            error_text(Hello::parse(&argv(&["3", "FAST"]))),
+            syntax("hello")
+        );
         let half_auth = error_text(Hello::parse(&argv(&["3", "AUTH", "u"])));
         assert!(half_auth.starts_with("ERR"), "{half_auth}");
     }

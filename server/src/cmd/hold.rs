@@ -113,7 +113,7 @@ impl<'a> Commit<'a> {
         let check = if a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
                 "VERIFIED" => PaymentCheck::LedgerVerified,
-                _ => return Err(Reply::syntax()),
+                _ => return Err(a.syntax()),
             }
         } else {
             PaymentCheck::Unverified
@@ -177,7 +177,7 @@ impl<'a> Release<'a> {
                     })?;
                     reason = Some(stated);
                 }
-                _ => return Err(Reply::syntax()),
+                _ => return Err(a.syntax()),
             }
         }
         Ok(Release { token, reason })
@@ -214,7 +214,7 @@ impl<'a> Expired<'a> {
             match a.next_keyword()?.as_str() {
                 "COUNT" => count = a.next_u64_in("count", 1, i64::MAX as u64)?,
                 "SKU" => sku = Some(a.next_sku()?),
-                _ => return Err(Reply::syntax()),
+                _ => return Err(a.syntax()),
             }
         }
         Ok(Expired {
@@ -247,7 +247,7 @@ impl<'a> Expired<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::parse_tests::{argv, arity, error_text, SYNTAX};
+    use crate::cmd::parse_tests::{argv, arity, error_text, syntax};
 
     /// A token of the right shape: `{sku}` and 26 base32 characters.
     const TOKEN: &str = "{S}abcdefghijklmnopqrstuvwxyz";
@@ -286,12 +286,18 @@ mod tests {
     #[test]
     fn holds_refuse_in_words() {
         assert_eq!(error_text(Stock::parse(&argv(&[]))), arity("stock"));
-        assert_eq!(error_text(Stock::parse(&argv(&["S", "x"]))), SYNTAX);
+        assert_eq!(
+            error_text(Stock::parse(&argv(&["S", "x"]))),
+            syntax("stock")
+        );
         assert_eq!(
             error_text(Extend::parse(&argv(&[TOKEN, "0"]))),
             "ERR ms must be between 1 and 2592000000"
         );
-        assert_eq!(error_text(Commit::parse(&argv(&[TOKEN, "PAID"]))), SYNTAX);
+        assert_eq!(
+            error_text(Commit::parse(&argv(&[TOKEN, "PAID"]))),
+            syntax("commit")
+        );
         assert_eq!(
             error_text(Release::parse(&argv(&[TOKEN, "REASON", "bored"]))),
             "ERR release reason must be one of cancel, expired, admin, rebuild"

@@ -58,7 +58,12 @@ fn info_entry(s: &Spec) -> Reply {
         Reply::Set(vec![Reply::Simple(category)]),
         Reply::Array(vec![]),
         Reply::Array(key_specs),
-        Reply::Array(vec![]),
+        Reply::Array(
+            super::command_table::subcommands(s.name)
+                .iter()
+                .map(info_entry)
+                .collect(),
+        ),
     ])
 }
 

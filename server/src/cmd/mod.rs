@@ -19,6 +19,7 @@ pub mod replication;
 pub mod reserve;
 pub mod sale;
 pub mod secret;
+pub mod shutdown;
 pub mod slot_move;
 pub mod stream;
 pub mod timed;
@@ -120,6 +121,11 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
     if ctx.conn.in_multi() && !multi::runs_at_once(spec) {
         return multi::queue(ctx, spec, argv);
     }
+    // CLIENT LIST's `cmd`: one relaxed store into this connection's own record.
+    ctx.conn.seen.last_cmd.store(
+        command_table::index_of(spec) + 1,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     if let Some(repl) = ctx.shared.repl.get() {
         // Only the group's writable leader takes writes: refused before anything changes
         // (`-READONLY` on a follower or a leader without a majority, `-LOADING` while it
@@ -169,6 +175,7 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
             takeover: None,
         }),
         "reset" => Ok(conn::reset(ctx)),
+        "shutdown" => shutdown::Shutdown::parse(rest).map(|c| c.apply(ctx)),
         "ping" => Ok(conn::ping(ctx, rest)),
         "echo" => Ok(Reply::Bulk(rest[0].to_vec()).into()),
         "client" => Ok(conn::client(ctx, rest)),
@@ -214,6 +221,10 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         _ => Err(Reply::err("ERR command not implemented")),
     };
     let mut out = r.unwrap_or_else(Outcome::from);
+    if matches!(spec.name, "auth" | "hello" | "reset") {
+        // What CLIENT LIST shows of this connection may have changed.
+        ctx.conn.show();
+    }
     if spec.group == "stockgate" {
         // Every reply of a stock command reports some state (an error, a no-op, a
         // read): it leaves only once every record logged before it was computed is
@@ -290,7 +301,10 @@ pub(crate) mod parse_tests {
         }
     }
 
-    pub const SYNTAX: &str = "ERR syntax error";
+    /// The syntax error of `cmd`, with its usage, as `args::syntax_error` words it.
+    pub fn syntax(cmd: &str) -> String {
+        error_text::<()>(Err(crate::cmd::args::syntax_error(cmd)))
+    }
     pub const BAD_ID: &str = "ERR Invalid stream ID specified as stream command argument";
     pub const UNKNOWN_STREAM: &str =
         "ERR unknown stream 'orders': the streams are 'stockgate:events' and '{<sku>}:events'";

@@ -33,7 +33,7 @@ impl<'a> Reserve<'a> {
             match a.next_keyword()?.as_str() {
                 "QTY" => qty = a.next_u32_in("qty", 1, MAX_QTY)?,
                 "WITHLIMIT" => with_limit = true,
-                _ => return Err(Reply::syntax()),
+                _ => return Err(a.syntax()),
             }
         }
         Ok(Reserve {
@@ -117,7 +117,7 @@ impl<'a> Reserve<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::parse_tests::{argv, arity, error_text, SYNTAX};
+    use crate::cmd::parse_tests::{argv, arity, error_text, syntax};
 
     #[test]
     fn reserve_parses_options_in_any_order() {
@@ -143,7 +143,7 @@ mod tests {
         let err = |w: &[&str]| error_text(Reserve::parse(&argv(w)));
         assert_eq!(err(&["S", "alice", "adm"]), arity("reserve"));
         assert_eq!(err(&["S", "alice", "adm", "r1", "QTY"]), arity("reserve"));
-        assert_eq!(err(&["S", "alice", "adm", "r1", "FAST"]), SYNTAX);
+        assert_eq!(err(&["S", "alice", "adm", "r1", "FAST"]), syntax("reserve"));
         assert_eq!(
             err(&["S", "alice", "adm", "r1", "QTY", "0"]),
             "ERR qty must be between 1 and 1000000"

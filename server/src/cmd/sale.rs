@@ -23,7 +23,7 @@ fn parse_opts(a: &mut Args<'_>, allow_total: bool) -> Result<Opts, Reply> {
             "SHARDS" => o.shards = Some(a.next_u16_in("shards", 1, MAX_SHARDS)?),
             "TTL" => o.ttl = Some(a.next_u64_in("ttl", 1, MAX_TTL_MS)?),
             "LIMIT" => o.limit = Some(a.next_u32_in("limit", 0, u32::MAX)?),
-            _ => return Err(Reply::syntax()),
+            _ => return Err(a.syntax()),
         }
     }
     Ok(o)
@@ -223,7 +223,7 @@ impl<'a> Restore<'a> {
                         }
                     }
                 }
-                _ => return Err(Reply::syntax()),
+                _ => return Err(a.syntax()),
             }
         }
         Ok(r)
@@ -284,7 +284,7 @@ impl<'a> Rebuild<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::parse_tests::{argv, arity, error_text, SYNTAX};
+    use crate::cmd::parse_tests::{argv, arity, error_text, syntax};
 
     #[test]
     fn sale_create_and_fence_take_options_in_any_order() {
@@ -307,7 +307,7 @@ mod tests {
         // TOTAL is FENCE's only: SALE.CREATE takes it positionally.
         assert_eq!(
             error_text(Create::parse(&argv(&["S", "1", "TOTAL", "2"]))),
-            SYNTAX
+            syntax("sale.create")
         );
         assert_eq!(
             error_text(Create::parse(&argv(&["S", "1", "SHARDS"]))),
@@ -326,7 +326,10 @@ mod tests {
     #[test]
     fn sale_admin_commands_parse_and_refuse_in_words() {
         assert_eq!(Info::parse(&argv(&["S"])).unwrap().sku, "S");
-        assert_eq!(error_text(Info::parse(&argv(&["S", "x"]))), SYNTAX);
+        assert_eq!(
+            error_text(Info::parse(&argv(&["S", "x"]))),
+            syntax("sale.info")
+        );
         let argv_p = argv(&["S"]);
         let p = PauseResume::parse(&argv_p, true).unwrap();
         assert_eq!((p.sku, p.pause), ("S", true));
@@ -337,7 +340,10 @@ mod tests {
         let argv_a = argv(&["S", "-3"]);
         let a = Adjust::parse(&argv_a).unwrap();
         assert_eq!((a.sku, a.delta), ("S", -3));
-        assert_eq!(error_text(Adjust::parse(&argv(&["S", "1", "2"]))), SYNTAX);
+        assert_eq!(
+            error_text(Adjust::parse(&argv(&["S", "1", "2"]))),
+            syntax("sale.adjust")
+        );
         let argv_r = argv(&["S", "10", "4", "ab12"]);
         let r = Rebuild::parse(&argv_r).unwrap();
         assert_eq!((r.total, r.committed, r.fingerprint), (10, 4, "ab12"));
@@ -377,7 +383,10 @@ mod tests {
             "ERR state must be one of RESERVED, COMMITTED or RELEASED"
         );
         bad[6] = "COLOR";
-        assert_eq!(error_text(Restore::parse(&argv(&bad))), SYNTAX);
+        assert_eq!(
+            error_text(Restore::parse(&argv(&bad))),
+            syntax("sale.restore")
+        );
         assert_eq!(
             error_text(Restore::parse(&argv(&["S", "alice", "r1", "0", "1", "1"]))),
             "ERR qty must be between 1 and 1000000"

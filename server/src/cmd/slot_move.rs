@@ -65,7 +65,7 @@ fn parse_change(c: &Cluster, args: &[&[u8]]) -> Result<SlotChange, Reply> {
     let how = String::from_utf8_lossy(args[1]).to_ascii_uppercase();
     let group = |i: usize| -> Result<u16, Reply> {
         let id = args.get(i).map(|a| String::from_utf8_lossy(a).into_owned());
-        let id = id.ok_or_else(|| Reply::err("ERR syntax error"))?;
+        let id = id.ok_or_else(|| super::args::syntax_error("cluster|setslot"))?;
         c.group_of_node(&id)
             .map(|g| g as u16)
             .ok_or_else(|| Reply::err(format!("ERR I don't know about node {id}")))

@@ -51,7 +51,7 @@ impl XRead {
         let mut block_ms = None;
         loop {
             if a.remaining() == 0 {
-                return Err(Reply::syntax());
+                return Err(a.syntax());
             }
             match a.next_keyword()?.as_str() {
                 "COUNT" => count = Some(parse_count(&mut a)?),
@@ -59,7 +59,7 @@ impl XRead {
                     block_ms = Some(a.next_u64_in("timeout", 0, i64::MAX as u64)?);
                 }
                 "STREAMS" => break,
-                _ => return Err(Reply::syntax()),
+                _ => return Err(a.syntax()),
             }
         }
         let n = a.remaining();
@@ -188,7 +188,7 @@ impl XRange {
         while a.remaining() > 0 {
             match a.next_keyword()?.as_str() {
                 "COUNT" => count = Some(parse_count(&mut a)?),
-                _ => return Err(Reply::syntax()),
+                _ => return Err(a.syntax()),
             }
         }
         Ok(XRange {
@@ -358,7 +358,7 @@ impl XInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::parse_tests::{argv, arity, error_text, BAD_ID, SYNTAX, UNKNOWN_STREAM};
+    use crate::cmd::parse_tests::{argv, arity, error_text, syntax, BAD_ID, UNKNOWN_STREAM};
 
     #[test]
     fn xread_parses_options_in_any_order() {
@@ -402,8 +402,11 @@ mod tests {
         let unbalanced = "ERR Unbalanced 'xread' list of streams: for each stream key an ID or '$' must be specified.";
         assert_eq!(err(&["STREAMS"]), unbalanced);
         assert_eq!(err(&["STREAMS", "stockgate:events"]), unbalanced);
-        assert_eq!(err(&["COUNT", "1"]), SYNTAX);
-        assert_eq!(err(&["SOON", "STREAMS", "stockgate:events", "0"]), SYNTAX);
+        assert_eq!(err(&["COUNT", "1"]), syntax("xread"));
+        assert_eq!(
+            err(&["SOON", "STREAMS", "stockgate:events", "0"]),
+            syntax("xread")
+        );
         assert_eq!(
             err(&["COUNT", "-1", "STREAMS", "stockgate:events", "0"]),
             "ERR count must be between 0 and 9223372036854775807"
@@ -431,7 +434,7 @@ mod tests {
         assert_eq!(err(&["stockgate:events", "+"], true), arity("xrevrange"));
         assert_eq!(
             err(&["stockgate:events", "-", "+", "LIMIT", "1"], false),
-            SYNTAX
+            syntax("xrange")
         );
         assert_eq!(err(&["stockgate:events", "-", "x"], false), BAD_ID);
         assert_eq!(err(&["orders", "-", "+"], false), UNKNOWN_STREAM);
@@ -445,7 +448,7 @@ mod tests {
         );
         assert_eq!(
             error_text(XLen::parse(&argv(&["stockgate:events", "x"]))),
-            SYNTAX
+            syntax("xlen")
         );
         assert_eq!(error_text(XLen::parse(&argv(&["orders"]))), UNKNOWN_STREAM);
         let info = XInfo::parse(&argv(&["consumers", "stockgate:events", "g"])).unwrap();

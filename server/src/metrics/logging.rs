@@ -42,6 +42,24 @@ impl LogArgs {
 /// a ledger tool) but sqlx logs them at INFO: shown from WARN up only.
 pub const DEFAULT_FILTER: &str = "info,sqlx::postgres::notice=warn";
 
+/// `filter` with openraft's own lines turned off, unless it names openraft itself or asks
+/// for debug or trace everywhere. openraft logs each failed call to a peer (one per
+/// heartbeat, at ERROR) and dumps its state at INFO: thousands of lines while a group
+/// starts, members coming up one after another. A member logs what matters itself, once
+/// per change: a peer unreachable or back (`raft::network`), leadership won or lost
+/// (`raft::node`). `info,openraft=info` brings openraft's lines back.
+pub fn quiet_openraft(filter: &str) -> String {
+    let verbose = filter.split(',').any(|d| {
+        let d = d.trim().to_ascii_lowercase();
+        d.contains("openraft") || d == "debug" || d == "trace"
+    });
+    if verbose {
+        filter.to_string()
+    } else {
+        format!("{filter},openraft=off")
+    }
+}
+
 /// Installs the global subscriber. `level` (a filter such as `info` or
 /// `stockgate=debug`) wins over the environment variable `env_var`, then `RUST_LOG`,
 /// then [`DEFAULT_FILTER`]. The filter can be replaced later ([`set_filter`]).
@@ -58,7 +76,8 @@ pub fn init(format: LogFormat, level: Option<&str>, env_var: &str) {
         .or_else(|| env(env_var))
         .or_else(|| env("RUST_LOG"))
         .unwrap_or_else(|| DEFAULT_FILTER.to_string());
-    let filter = EnvFilter::try_new(&text).unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let filter = EnvFilter::try_new(quiet_openraft(&text))
+        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let b = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);
@@ -104,7 +123,7 @@ pub fn filter() -> String {
 /// Replaces the log filter of the subscriber `init` installed. Refused, in words, for a
 /// filter that does not parse or when `init` installed none.
 pub fn set_filter(text: &str) -> Result<(), String> {
-    let f = tracing_subscriber::EnvFilter::try_new(text)
+    let f = tracing_subscriber::EnvFilter::try_new(quiet_openraft(text))
         .map_err(|e| format!("not a log filter (e.g. info, warn, stockgate_server=debug): {e}"))?;
     let reload = RELOAD
         .get()

@@ -225,9 +225,44 @@ impl Peer {
                 "raft rpc timed out",
             ))
         });
-        let (s, reply) = r?;
+        let (s, reply) = match r {
+            Ok(ok) => ok,
+            Err(e) => {
+                note_reachable(self.target, &self.addr, Err(&e));
+                return Err(e);
+            }
+        };
+        note_reachable(self.target, &self.addr, Ok(()));
         self.conn = Some(s);
         Ok(reply)
+    }
+}
+
+/// Whether each peer answered its last call, and whether it ever did (absent: not
+/// called yet). One process runs one member, so one map serves every client openraft
+/// makes to a peer.
+static REACHABLE: parking_lot::Mutex<Option<HashMap<NodeId, (bool, bool)>>> =
+    parking_lot::Mutex::new(None);
+
+/// Logs a peer's reachability when it changes, never per call: openraft retries a peer
+/// many times a second, and a peer not up yet (members start one after another) or down
+/// for a while is a state for the operator to see once, not an error per heartbeat.
+fn note_reachable(target: NodeId, addr: &str, outcome: Result<(), &io::Error>) {
+    let now = outcome.is_ok();
+    let before = {
+        let mut map = REACHABLE.lock();
+        let map = map.get_or_insert_with(HashMap::new);
+        let ever = map.get(&target).is_some_and(|(_, ever)| *ever);
+        map.insert(target, (now, ever || now))
+    };
+    match (before, outcome) {
+        (Some((was, _)), _) if was == now => {}
+        (None | Some((_, false)), Ok(())) => {
+            tracing::info!("raft: peer {target} at {addr} reachable")
+        }
+        (Some(_), Ok(())) => tracing::info!("raft: peer {target} at {addr} reachable again"),
+        (None, Err(e)) => tracing::info!("raft: peer {target} at {addr} not reachable yet: {e}"),
+        (Some(_), Err(e)) => tracing::warn!("raft: peer {target} at {addr} unreachable: {e}"),
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
+use ratatui::widgets::{Block, Borders, Paragraph, Row, Table, Wrap};
 use ratatui::{Frame, Terminal};
 
 use crate::engine::Denied;
@@ -329,6 +329,10 @@ pub struct Screen {
     pub server: String,
     /// A line about the connection's trouble (connect or poll failed), empty while polls succeed.
     pub status: String,
+    /// Whether the figures below come from a poll that succeeded. Until one does (and
+    /// again after a failed one) the screen shows the trouble and no figures: the
+    /// defaults would read as a real server's state (fsync off, no error replies).
+    pub polled: bool,
     /// The latest poll's `INFO`.
     pub info: Info,
     /// Per sku: reserved/s, soldout/s.
@@ -404,6 +408,16 @@ impl Screen {
             .unwrap_or("-")
             .to_string();
         self.info = info;
+        self.polled = true;
+    }
+
+    /// A screen of `server` that shows `trouble` and no figures (see [`Screen::polled`]).
+    pub fn failed(server: &str, trouble: String) -> Screen {
+        Screen {
+            server: server.to_string(),
+            status: trouble,
+            ..Screen::default()
+        }
     }
 }
 
@@ -421,8 +435,33 @@ pub fn bar(available: i64, reserved: i64, committed: i64, width: usize) -> Strin
     s
 }
 
+/// Draws the screen of a server not polled successfully: what is wrong, and no figures.
+fn draw_trouble(f: &mut Frame, s: &Screen) {
+    let trouble = if s.status.is_empty() {
+        "connecting".to_string()
+    } else {
+        s.status.clone()
+    };
+    let lines = vec![
+        Line::from(vec![
+            Span::styled(
+                "stockgate top ",
+                Style::default().add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(s.server.clone()),
+        ]),
+        Line::from(Span::styled(trouble, Style::default().fg(Color::Red))),
+        Line::from("no figures until a poll succeeds (it keeps polling; q quits)"),
+    ];
+    // Wrapped: the advice must be readable in a narrow terminal too.
+    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), f.area());
+}
+
 /// Draws one screen into the terminal frame.
 pub fn draw(f: &mut Frame, s: &Screen) {
+    if !s.polled {
+        return draw_trouble(f, s);
+    }
     let info = &s.info;
     let lag_ms = info
         .sales
@@ -444,7 +483,7 @@ pub fn draw(f: &mut Frame, s: &Screen) {
         .fields
         .get("aof_fsync")
         .cloned()
-        .unwrap_or_else(|| "off".into());
+        .unwrap_or_else(|| "-".into());
     let head = vec![
         Line::from(vec![
             Span::styled(
@@ -692,6 +731,28 @@ fn denials_line(d: &[(Denied, i64, f64)]) -> Line<'static> {
     Line::from(spans)
 }
 
+/// A failed connect or poll in an operator's words: what the server wants, then its own
+/// reply (or the system's error) for reference.
+pub fn plain_error(server: &str, e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let code = text.split_whitespace().next().unwrap_or("");
+    match code {
+        "NOAUTH" => format!(
+            "the server asks for a password: pass --auth USER PASSWORD (any role may watch; \
+             the reserve latency needs an admin) ({text})"
+        ),
+        "WRONGPASS" => format!(
+            "the server refused the user and password of --auth: check both, and that the \
+             user is in the server's users file ({text})"
+        ),
+        "NOPERM" => format!("the user of --auth may not read the server's figures ({text})"),
+        _ if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            format!("nothing listens at {server}: is the server running on that port? ({text})")
+        }
+        _ => format!("cannot poll the server: {text}"),
+    }
+}
+
 /// One poll: INFO everything and the RESERVE histogram.
 fn poll(c: &mut Conn) -> std::io::Result<(Info, Vec<(i64, i64)>)> {
     let text = match c.call(&["INFO", "everything"])? {
@@ -730,7 +791,7 @@ pub fn run(
                 if conn.is_none() {
                     match Conn::open_tls(server, auth, tls) {
                         Ok(c) => conn = Some(c),
-                        Err(e) => screen.status = format!("connect failed: {e}"),
+                        Err(e) => screen = Screen::failed(server, plain_error(server, &e)),
                     }
                 }
                 if let Some(c) = conn.as_mut() {
@@ -744,7 +805,8 @@ pub fn run(
                             prev = Some((info, hist, now));
                         }
                         Err(e) => {
-                            screen.status = format!("poll failed: {e}");
+                            // The last figures are not the server's state any more.
+                            screen = Screen::failed(server, plain_error(server, &e));
                             conn = None;
                         }
                     }
@@ -793,11 +855,12 @@ pub fn once(
     tls: Option<&Arc<rustls::ClientConfig>>,
     interval: Duration,
 ) -> std::io::Result<Vec<String>> {
-    let mut c = Conn::open_tls(server, auth, tls)?;
-    let (i0, h0) = poll(&mut c)?;
+    let plain = |e: std::io::Error| std::io::Error::new(e.kind(), plain_error(server, &e));
+    let mut c = Conn::open_tls(server, auth, tls).map_err(plain)?;
+    let (i0, h0) = poll(&mut c).map_err(plain)?;
     let t0 = Instant::now();
     std::thread::sleep(interval);
-    let (i1, h1) = poll(&mut c)?;
+    let (i1, h1) = poll(&mut c).map_err(plain)?;
     let mut s = Screen {
         server: server.to_string(),
         ..Screen::default()

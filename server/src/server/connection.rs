@@ -112,9 +112,12 @@ pub(super) async fn handle<S: Io>(
     }
     let mut c = Connection::new(stream, &peer, engine, shared, probe);
     // For CLIENT KILL and the idle reaper; unregistered when this function returns.
-    let registered = shared
-        .clients
-        .register(c.conn.id, peer.fd, peer.addr.to_string());
+    let registered = shared.clients.register(
+        c.conn.id,
+        peer.fd,
+        peer.addr.to_string(),
+        c.conn.seen.clone(),
+    );
     c.waiting = registered.waiting.clone();
     c.run().await;
     drop(registered);

@@ -192,7 +192,7 @@ impl XAutoClaim {
                     count = a.next_u64_in("count", 1, i64::MAX as u64)? as usize;
                 }
                 "JUSTID" => justid = true,
-                _ => return Err(Reply::syntax()),
+                _ => return Err(a.syntax()),
             }
         }
         debug_assert!(count >= 1);
@@ -344,7 +344,7 @@ impl Claim<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::parse_tests::{argv, arity, error_text, BAD_ID, SYNTAX};
+    use crate::cmd::parse_tests::{argv, arity, error_text, syntax, BAD_ID};
 
     #[test]
     fn xclaim_parses_ids_then_options_in_any_order() {
@@ -444,11 +444,11 @@ mod tests {
         );
         assert_eq!(
             err(&["stockgate:events", "g", "c", "0", "-", "COUNT"]),
-            SYNTAX
+            syntax("xautoclaim")
         );
         assert_eq!(
             err(&["stockgate:events", "g", "c", "0", "-", "FAST"]),
-            SYNTAX
+            syntax("xautoclaim")
         );
         assert_eq!(err(&["stockgate:events", "g", "c", "0", "x"]), BAD_ID);
         assert_eq!(

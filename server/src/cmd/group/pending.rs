@@ -36,7 +36,7 @@ impl XPending {
     pub fn parse(args: &[&[u8]]) -> Result<Self, Reply> {
         let n = args.len();
         if n != 2 && !(5..=8).contains(&n) {
-            return Err(Reply::syntax());
+            return Err(crate::cmd::args::syntax_error("xpending"));
         }
         let mut a = Args::new("xpending", args);
         let stream = Stream::parse(a.next_bytes()?).map_err(feed_error)?;
@@ -53,7 +53,7 @@ impl XPending {
             a.next_bytes()?;
             min_idle = a.next_i64_in("min-idle-time", i64::MIN, i64::MAX)?.max(0) as u64;
             if n < 7 {
-                return Err(Reply::syntax());
+                return Err(a.syntax());
             }
         }
         let (start, end) = (a.next_bytes()?, a.next_bytes()?);
@@ -161,7 +161,7 @@ fn listing(g: &Group, range: &PendingRange, now: u64) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::parse_tests::{argv, error_text, BAD_ID, SYNTAX};
+    use crate::cmd::parse_tests::{argv, error_text, syntax, BAD_ID};
 
     fn range(words: &[&str]) -> PendingRange {
         match XPending::parse(&argv(words)).unwrap().range {
@@ -211,11 +211,14 @@ mod tests {
     #[test]
     fn xpending_refusals_in_words() {
         let err = |w: &[&str]| error_text(XPending::parse(&argv(w)));
-        assert_eq!(err(&["stockgate:events", "g", "-"]), SYNTAX);
-        assert_eq!(err(&["stockgate:events", "g", "-", "+"]), SYNTAX);
+        assert_eq!(err(&["stockgate:events", "g", "-"]), syntax("xpending"));
+        assert_eq!(
+            err(&["stockgate:events", "g", "-", "+"]),
+            syntax("xpending")
+        );
         assert_eq!(
             err(&["stockgate:events", "g", "IDLE", "5", "-", "+"]),
-            SYNTAX
+            syntax("xpending")
         );
         assert_eq!(err(&["stockgate:events", "g", "x", "+", "1"]), BAD_ID);
         assert_eq!(

@@ -30,7 +30,7 @@ impl XReadGroup {
         let (mut count, mut block_ms, mut noack) = (None, None, false);
         loop {
             if a.remaining() == 0 {
-                return Err(Reply::syntax());
+                return Err(a.syntax());
             }
             match a.next_keyword()?.as_str() {
                 "COUNT" if a.remaining() > 0 => count = Some(parse_count(&mut a)?),
@@ -43,7 +43,7 @@ impl XReadGroup {
                 }
                 "NOACK" => noack = true,
                 "STREAMS" if a.remaining() > 0 => break,
-                _ => return Err(Reply::syntax()),
+                _ => return Err(a.syntax()),
             }
         }
         let n = a.remaining();
@@ -354,7 +354,7 @@ fn streams_reply(proto: u8, found: StreamReplies) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::parse_tests::{argv, error_text, BAD_ID, SYNTAX, UNKNOWN_STREAM};
+    use crate::cmd::parse_tests::{argv, error_text, syntax, BAD_ID, UNKNOWN_STREAM};
 
     fn parse(words: &[&str]) -> Result<XReadGroup, Reply> {
         XReadGroup::parse(&argv(words))
@@ -394,10 +394,10 @@ mod tests {
             )
         };
         for (words, want) in [
-            (&["GROUP", "g", "c"][..], SYNTAX.to_owned()),
-            (&["GROUP", "g", "c", "STREAMS"], SYNTAX.to_owned()),
-            (&["GROUP", "g", "STREAMS", "stockgate:events", ">"], SYNTAX.to_owned()),
-            (&["FAST", "STREAMS", "stockgate:events", ">"], SYNTAX.to_owned()),
+            (&["GROUP", "g", "c"][..], syntax("xreadgroup")),
+            (&["GROUP", "g", "c", "STREAMS"], syntax("xreadgroup")),
+            (&["GROUP", "g", "STREAMS", "stockgate:events", ">"], syntax("xreadgroup")),
+            (&["FAST", "STREAMS", "stockgate:events", ">"], syntax("xreadgroup")),
             (
                 &["STREAMS", "stockgate:events", ">"],
                 "ERR Missing GROUP option for XREADGROUP".to_owned(),
