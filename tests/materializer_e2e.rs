@@ -389,3 +389,78 @@ async fn materializer_exactly_once_across_server_kill() {
         released.len()
     );
 }
+
+/// `INFO errorstats` as (error code, count) pairs: what the dashboards' error panels show.
+async fn errorstats(con: &mut redis::aio::MultiplexedConnection) -> Vec<(String, i64)> {
+    let text: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query_async(con)
+        .await
+        .expect("INFO errorstats");
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("errorstat_"))
+        .filter_map(|l| {
+            let (code, n) = l.split_once(":count=")?;
+            Some((code.to_string(), n.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A materializer's first start against a server and a ledger that never saw one (no
+/// position row, no feed hold) sends no command the server answers with an error: an
+/// operator's error panel stays empty. Its second start neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn first_start_leaves_no_error_replies() {
+    let h = Harness::start().await.expect("harness");
+    h.create_sale("CLEAN", 10, 600_000, None).await.unwrap();
+    let adm = h.keys.admission("CLEAN", "u1", 600_000);
+    h.client
+        .reserve("CLEAN", "u1", &adm, "r1", 1)
+        .await
+        .expect("reserve");
+    let mut con = redis::Client::open(format!("redis://{}", h.server.addr()))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let before = errorstats(&mut con).await;
+    for start in ["first", "second"] {
+        // A running materializer (the service), then a drain: between them every step of
+        // a start and of a batch ran at least once.
+        let mut child = materializer(&h, &[]).spawn().expect("spawn materializer");
+        let pool = h.ledger.pool();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let orders: i64 = sqlx::query("SELECT count(*) FROM orders WHERE sku = 'CLEAN'")
+                .fetch_one(pool)
+                .await
+                .unwrap()
+                .get(0);
+            if orders == 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{start} start: no order materialized"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        kill9(&mut child);
+        let out = materializer(&h, &["--drain"]).output().expect("drain");
+        assert!(out.status.success(), "{start} start: {out:?}");
+        assert_eq!(
+            errorstats(&mut con).await,
+            before,
+            "{start} start: the materializer's commands were answered with errors"
+        );
+    }
+    let total: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        total.lines().any(|l| l.trim() == "total_error_replies:0"),
+        "error replies counted:\n{total}"
+    );
+}

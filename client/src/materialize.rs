@@ -319,6 +319,9 @@ impl MaterializeError {
 pub struct FeedReader {
     conn: FeedConn,
     stream: String,
+    /// The hold groups ([`FeedReader::hold`]) seen to exist on the server, so that only
+    /// the first hold of a process asks: moving an existing one is then `SETID` alone.
+    held: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// Longer than any BLOCK a [`FeedReader`] asks for.
@@ -415,6 +418,7 @@ impl FeedReader {
         Ok(FeedReader {
             conn: FeedConn::direct(addr, None, FEED_RESPONSE_TIMEOUT).await?,
             stream: stream.to_owned(),
+            held: Arc::default(),
         })
     }
 
@@ -428,6 +432,7 @@ impl FeedReader {
         Ok(FeedReader {
             conn: FeedConn::sentinel(cfg, FEED_RESPONSE_TIMEOUT).await?,
             stream: stream.to_owned(),
+            held: Arc::default(),
         })
     }
 
@@ -439,6 +444,7 @@ impl FeedReader {
         Ok(FeedReader {
             conn: FeedConn::target(target, FEED_RESPONSE_TIMEOUT).await?,
             stream: stream.to_owned(),
+            held: Arc::default(),
         })
     }
 
@@ -557,9 +563,22 @@ impl FeedReader {
     /// snapshot past a consumer group's position, so the entries after it stay readable
     /// on every member (docs/replication.md, "The feed"); on a single node it is only
     /// bookkeeping. The group is never read from.
+    ///
+    /// Every command is one the server answers without an error reply when things are
+    /// as they should be: error replies are what operators' dashboards count
+    /// (`errorstats`), so a first start must not put `NOGROUP` there, nor every restart
+    /// `BUSYGROUP`. Whether the group exists is read first (`XINFO GROUPS`), once per
+    /// process.
     pub async fn hold(&self, name: &str, position: u64) -> Result<(), MaterializeError> {
         // Both are idempotent (they state the result), so resent after a lost reply too.
         let id = format!("{position}-0");
+        if !self.is_held(name) {
+            let created = !self.group_exists(name).await? && self.create_group(name, &id).await?;
+            self.mark_held(name, true);
+            if created {
+                return Ok(());
+            }
+        }
         let mut set = redis::cmd("XGROUP");
         set.arg("SETID").arg(&self.stream).arg(name).arg(&id);
         if self
@@ -570,18 +589,64 @@ impl FeedReader {
         {
             return Ok(());
         }
-        let mut create = redis::cmd("XGROUP");
-        create.arg("CREATE").arg(&self.stream).arg(name).arg(&id);
-        if self
-            .conn
-            .call_unless(&create, Retry::Idempotent, Some("BUSYGROUP"))
-            .await?
-            .is_none()
-        {
+        // Destroyed by an operator since, or another node that lacks it.
+        self.mark_held(name, false);
+        if !self.create_group(name, &id).await? {
             // Created meanwhile by another instance: set it.
             self.conn.call(&set, Retry::Idempotent).await?;
         }
+        self.mark_held(name, true);
         Ok(())
+    }
+
+    fn is_held(&self, name: &str) -> bool {
+        self.held.lock().is_ok_and(|h| h.contains(name))
+    }
+
+    fn mark_held(&self, name: &str, held: bool) {
+        if let Ok(mut h) = self.held.lock() {
+            if held {
+                h.insert(name.to_owned());
+            } else {
+                h.remove(name);
+            }
+        }
+    }
+
+    /// Whether consumer group `name` exists on this feed (`XINFO GROUPS`, a read).
+    async fn group_exists(&self, name: &str) -> Result<bool, MaterializeError> {
+        let mut cmd = redis::cmd("XINFO");
+        cmd.arg("GROUPS").arg(&self.stream);
+        let v = self.query(&cmd).await?;
+        let Value::Array(groups) = &v else {
+            return Err(MaterializeError::Protocol(format!("XINFO GROUPS: {v:?}")));
+        };
+        // Each group: RESP2 a flat [field, value, ...] array, RESP3 a map.
+        Ok(groups.iter().any(|g| {
+            let pairs: Vec<(&Value, &Value)> = match g {
+                Value::Array(kv) => kv
+                    .chunks(2)
+                    .filter_map(|c| Some((c.first()?, c.get(1)?)))
+                    .collect(),
+                Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
+                _ => Vec::new(),
+            };
+            pairs.iter().any(|(k, v)| {
+                bulk(k).as_deref() == Some("name") && bulk(v).as_deref() == Some(name)
+            })
+        }))
+    }
+
+    /// `XGROUP CREATE` of `name` at `id`; false when it exists already (`BUSYGROUP`:
+    /// another instance created it meanwhile).
+    async fn create_group(&self, name: &str, id: &str) -> Result<bool, MaterializeError> {
+        let mut create = redis::cmd("XGROUP");
+        create.arg("CREATE").arg(&self.stream).arg(name).arg(id);
+        Ok(self
+            .conn
+            .call_unless(&create, Retry::Idempotent, Some("BUSYGROUP"))
+            .await?
+            .is_some())
     }
 
     /// Up to `count` entries after `after_lsn`, waiting up to `block_ms` for new ones.

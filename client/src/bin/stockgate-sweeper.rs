@@ -350,8 +350,41 @@ struct RebuildArgs {
     fence: bool,
 }
 
+/// Why `create-sale` refuses a sale the server already has and the ledger has no record
+/// of: recording it would make the ledger describe a sale it cannot account for.
+#[derive(Debug, thiserror::Error)]
+enum ExistingSale {
+    #[error(
+        "sale {sku} already exists on the server with total {server}, not --total {asked}, \
+         and the ledger has no record of it; nothing was recorded. If it was created with \
+         that total, run create-sale again with --total {server} to adopt it; a total \
+         changed by hand (SALE.ADJUST) cannot be adopted: create the sale under another \
+         --sku"
+    )]
+    OtherTotal {
+        sku: String,
+        server: i64,
+        asked: u64,
+    },
+    #[error(
+        "sale {sku} already exists on the server with {committed} unit(s) committed (sold), \
+         while the ledger has no record of the sale and orders for only {recorded} of them; \
+         nothing was recorded: the sweeper would see a consistent sale and never the units \
+         sold without an order. To adopt the sale, first bring its orders into this ledger \
+         (`stockgate-materializer --drain` against this server writes those its feed still \
+         holds), then run create-sale again; otherwise create the sale under another --sku"
+    )]
+    SoldWithoutOrders {
+        sku: String,
+        committed: i64,
+        recorded: u64,
+    },
+}
+
 #[derive(Debug, thiserror::Error)]
 enum CliError {
+    #[error(transparent)]
+    ExistingSale(#[from] ExistingSale),
     #[error(transparent)]
     Ledger(#[from] stockgate_client::LedgerError),
     #[error(transparent)]
@@ -491,6 +524,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let bound =
                 stockgate_client::identity::check_bound(&ledger, client.history().await?).await?;
             stockgate_client::identity::check_sale(&ledger, &bound, &a.sku).await?;
+            check_existing_sale(&ledger, &client, &a).await?;
             client
                 .sale_create(&a.sku, a.total, a.shards, a.ttl_ms, a.limit)
                 .await?;
@@ -640,6 +674,51 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Some(Cmd::Run(args)) => sweep(&target, &cli.server, ledger, args).await,
         None => sweep(&target, &cli.server, ledger, cli.run).await,
     }
+}
+
+/// Before `create-sale` creates anything: a sale the server has already (a create
+/// retried after the ledger failed, or a sale made by hand with `SALE.CREATE`) and the
+/// ledger does not is adopted only if the ledger can account for it: the same total and
+/// an order for every unit sold. A retried create has sold nothing, so it goes on as a
+/// create; `SALE.CREATE` then still refuses other shards, TTL or limit (`-EXISTS`). A
+/// sale the ledger records already is a re-run and goes on as before.
+async fn check_existing_sale(
+    ledger: &PgLedger,
+    client: &StockgateClient,
+    a: &CreateSaleArgs,
+) -> Result<(), CliError> {
+    if ledger.sale(&a.sku).await?.is_some() {
+        return Ok(());
+    }
+    let info = match client.sale_info(&a.sku).await {
+        Ok(info) => info,
+        Err(stockgate_client::ClientError::NoSale) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if u64::try_from(info.total).ok() != Some(a.total) {
+        return Err(ExistingSale::OtherTotal {
+            sku: a.sku.clone(),
+            server: info.total,
+            asked: a.total,
+        }
+        .into());
+    }
+    let recorded = ledger.totals(&a.sku).await?.committed_units;
+    if u64::try_from(info.committed).map_or(true, |c| c > recorded) {
+        return Err(ExistingSale::SoldWithoutOrders {
+            sku: a.sku.clone(),
+            committed: info.committed,
+            recorded,
+        }
+        .into());
+    }
+    info!(
+        sku = %a.sku,
+        committed = info.committed,
+        reserved = info.reserved,
+        "the server has this sale already; the ledger accounts for it: adopting it"
+    );
+    Ok(())
 }
 
 async fn sweep(
