@@ -302,12 +302,20 @@ fn node_package_installs_into_an_app_outside_the_checkout() {
     let dir = TempDir::new("npm-app");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/node");
     let packed = npm(
-        &["pack", "--pack-destination", &dir.path().display().to_string()],
+        &[
+            "pack",
+            "--pack-destination",
+            &dir.path().display().to_string(),
+        ],
         &src,
     );
-    let tarball = dir
-        .path()
-        .join(packed.lines().last().expect("npm pack names its tarball").trim());
+    let tarball = dir.path().join(
+        packed
+            .lines()
+            .last()
+            .expect("npm pack names its tarball")
+            .trim(),
+    );
     let installs = [
         ("from-tarball", vec![tarball.display().to_string()]),
         (

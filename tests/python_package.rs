@@ -264,7 +264,12 @@ fn python_package_follows_a_leader_kill() {
             g.keys.secret_path().display().to_string(),
         ),
     ];
-    let p = pytest("python3", &["clients/python/tests/test_failover.py"], &envs, &out);
+    let p = pytest(
+        "python3",
+        &["clients/python/tests/test_failover.py"],
+        &envs,
+        &out,
+    );
     let mut killed: Option<(u64, u64)> = None;
     let done = PathBuf::from(format!("{}.done", signal.display()));
     finish(p, &out, || {
@@ -373,12 +378,18 @@ fn python_package_installs_from_outside_without_writing_into_the_checkout() {
     );
     let mut written = Vec::new();
     for d in [src.clone(), src.join("src")] {
-        for e in std::fs::read_dir(&d).expect("read clients/python").flatten() {
+        for e in std::fs::read_dir(&d)
+            .expect("read clients/python")
+            .flatten()
+        {
             let name = e.file_name().to_string_lossy().into_owned();
             if name == "build" || name == "dist" || name.ends_with(".egg-info") {
                 written.push(e.path());
             }
         }
     }
-    assert!(written.is_empty(), "pip install wrote into the checkout: {written:?}");
+    assert!(
+        written.is_empty(),
+        "pip install wrote into the checkout: {written:?}"
+    );
 }

@@ -261,7 +261,10 @@ export declare class AdmissionMinter {
 export type HostPort = string | { host: string; port: number };
 
 interface CommonOptions {
-  /** Credentials (AUTH) when the server has users; also sent to the sentinels. */
+  /**
+   * Credentials (AUTH) when the server has users; also sent to the sentinels. A
+   * `redis://user:password@host:port` address gives them too (they must agree).
+   */
   username?: string;
   password?: string;
   /** Connections opened (calls go round-robin to a ready one). Default 1. */
@@ -288,6 +291,7 @@ export interface AddrOptions extends CommonOptions {
    */
   tls?: boolean | { ca?: string | Buffer; cert?: string | Buffer; key?: string | Buffer; [opt: string]: unknown };
   sentinels?: undefined;
+  cluster?: undefined;
 }
 export interface SentinelOptions extends CommonOptions {
   /** The group's members (or Sentinels): `host:port` list, array or comma-separated. */
@@ -295,8 +299,21 @@ export interface SentinelOptions extends CommonOptions {
   /** The master name: the group's `--group-name`, default `stockgate`. */
   name?: string;
   addr?: undefined;
+  cluster?: undefined;
 }
-export type StockgateOptions = AddrOptions | SentinelOptions;
+export interface ClusterOptions extends CommonOptions {
+  /**
+   * Groups in cluster mode (docs/cluster.md): one or more seed nodes, array or
+   * comma-separated. The slot map comes from CLUSTER SLOTS; every command goes to the group
+   * owning its sku's slot; -MOVED and -ASK are followed, and -TRYAGAIN retried, until
+   * the call's deadline.
+   */
+  cluster: HostPort[] | string;
+  tls?: boolean | { ca?: string | Buffer; cert?: string | Buffer; key?: string | Buffer; [opt: string]: unknown };
+  addr?: undefined;
+  sentinels?: undefined;
+}
+export type StockgateOptions = AddrOptions | SentinelOptions | ClusterOptions;
 
 export interface ReserveOptions {
   /** 1-1,000,000 units (default 1). */
@@ -332,7 +349,8 @@ export declare class Stockgate {
     opts?: { shards?: number; ttlMs?: number; limit?: number },
   ): Promise<void>;
   /** A raw command (resent after a lost reply only when `idempotent`, the default). */
-  call(args: (string | number)[], opts?: { idempotent?: boolean; deadlineMs?: number }): Promise<unknown>;
+  /** `key`: in cluster mode, the sku or token whose slot's group gets the command. */
+  call(args: (string | number)[], opts?: { idempotent?: boolean; deadlineMs?: number; key?: string }): Promise<unknown>;
   close(): Promise<void>;
 }
 

@@ -13,7 +13,7 @@
 
 import pg from 'pg';
 
-import { Fenced, Expired, NoPerm, NoReservation, Released, Unavailable, ledgerErrorFrom } from './errors.js';
+import { NoPerm, NoReservation, Released, StockgateError, Unavailable, ledgerErrorFrom } from './errors.js';
 
 /** A reservation materialized in the ledger: the buyer may pay for it. */
 export class Hold {
@@ -212,9 +212,10 @@ export class Checkout {
         return { kind: 'refund_required', previous: prev };
       }
       // Accepted in time by the ledger, but the server cannot be told now (unreachable,
-      // fenced, or past the deadline on a role that may not say VERIFIED): the sweeper's
-      // cleanup of paid orders commits it.
-      if (e instanceof Unavailable || e instanceof Fenced || e instanceof Expired) {
+      // fenced, past the deadline on a role that may not say VERIFIED, the sale moved to
+      // another group, or any other refusal): the payment stands, and the sweeper's cleanup
+      // of paid orders commits it. Money moved and the ledger committed: never a throw.
+      if (e instanceof StockgateError) {
         return fresh ? { kind: 'committed', serverConfirmed: false } : { kind: 'already_committed' };
       }
       throw e;
@@ -246,7 +247,15 @@ export class Checkout {
    * is released (nobody paid for it).
    */
   async #serverHoldsThisPayment(token) {
-    const r = await this.sg.reservation(token);
+    let r;
+    try {
+      r = await this.sg.reservation(token);
+    } catch (e) {
+      // The ledger has the payment; a server that cannot say now (moved, unreachable)
+      // leaves the hold to the sweeper rather than failing a paid order.
+      if (e instanceof StockgateError) return false;
+      throw e;
+    }
     if (r === null) return false;
     const [{ same }] = await this.#sql(
       `SELECT ${this.fn('order_is_hold')}($1, $2, $3, $4, $5, $6) AS same`,

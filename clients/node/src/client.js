@@ -1,6 +1,7 @@
 // The server's buyer and checkout commands over ioredis, with typed results and errors, one
-// address or Sentinel discovery (a Raft group's members answer the Sentinel commands,
-// docs/replication.md), and retries.
+// address, Sentinel discovery (a Raft group's members answer the Sentinel commands,
+// docs/replication.md) or groups in cluster mode (ioredis `Cluster`, docs/cluster.md), and
+// retries.
 //
 // Retries. Every command this class sends is safe to resend (docs/protocol.md section 10):
 // RESERVE with the same request id answers REPLAY if the first send took effect and never
@@ -11,7 +12,8 @@
 // answer or the call's deadline passes (then `Unavailable`, the last failure as its `cause`).
 // A raw `call(..., { idempotent: false })` is resent only after refusals.
 
-import { Redis } from 'ioredis';
+import calculateSlot from 'cluster-key-slot';
+import { Cluster, Command, Redis } from 'ioredis';
 
 import {
   AdmissionDenied,
@@ -32,6 +34,8 @@ import {
 /** Refusals before the command ran: resent whatever the command (TRYAGAIN: the sale is
  * frozen for a move, which ends within seconds). */
 const REFUSAL_CODES = new Set(['READONLY', 'LOADING', 'NOREPLICAS', 'TRYAGAIN']);
+/** Redirections a cluster connection follows itself: one reaching #run is sent again. */
+const CLUSTER_RETRIED = new Set(['MOVED', 'ASK', 'CLUSTERDOWN']);
 const RELEASE_REASONS = new Set(['cancel', 'expired', 'admin', 'rebuild']);
 
 /** A call whose reply was lost and which may not be resent: it may or may not have run. */
@@ -39,6 +43,39 @@ export class OutcomeUnknown extends StockgateError {}
 
 function isReplyError(e) {
   return e !== null && typeof e === 'object' && e.name === 'ReplyError';
+}
+
+/**
+ * The credentials of a redis:// URL (`redis://user:password@host:port`, or
+ * `redis://:password@host:port`), percent-decoded; `{}` for anything else.
+ */
+function urlCredentials(s) {
+  if (typeof s !== 'string' || !/^rediss?:\/\//i.test(s)) return {};
+  const u = new URL(s);
+  return {
+    username: u.username ? decodeURIComponent(u.username) : undefined,
+    password: u.password ? decodeURIComponent(u.password) : undefined,
+  };
+}
+
+/** The credentials given, else the address's; given both ways, they must agree. */
+function credentials(addr, username, password) {
+  const url = urlCredentials(addr);
+  for (const [name, given, inUrl] of [['username', username, url.username], ['password', password, url.password]]) {
+    if (given !== undefined && inUrl !== undefined && given !== inUrl) {
+      throw new TypeError(`the address carries one ${name} and the \`${name}\` option another`);
+    }
+  }
+  return { username: username ?? url.username, password: password ?? url.password };
+}
+
+/** A list of addresses: an array, or one comma-separated string. */
+function addressList(v, what) {
+  const list = (Array.isArray(v) ? v : String(v).split(','))
+    .map((s) => (typeof s === 'string' ? s.trim() : s))
+    .filter((s) => s !== '');
+  if (list.length === 0) throw new TypeError(`${what}: no address`);
+  return list;
 }
 
 function hostPort(s, what) {
@@ -63,6 +100,7 @@ export class Stockgate {
     const {
       addr,
       sentinels,
+      cluster,
       name = 'stockgate',
       username,
       password,
@@ -75,8 +113,8 @@ export class Stockgate {
       tls,
       onError,
     } = opts;
-    if ((addr === undefined) === (sentinels === undefined)) {
-      throw new TypeError('give exactly one of `addr` and `sentinels`');
+    if ([addr, sentinels, cluster].filter((v) => v !== undefined).length !== 1) {
+      throw new TypeError('give exactly one of `addr`, `sentinels` and `cluster`');
     }
     if (!Number.isInteger(connections) || connections < 1) {
       throw new TypeError('connections must be a positive integer');
@@ -87,9 +125,11 @@ export class Stockgate {
     /** Commands sent again after a lost reply or a refusal, since this client was made. */
     this.retries = 0;
     this.onError = onError;
+    const seed = cluster !== undefined ? addressList(cluster, 'cluster')[0] : addr;
+    const creds = credentials(seed, username, password);
     const base = {
-      username,
-      password,
+      username: creds.username,
+      password: creds.password,
       commandTimeout: commandTimeoutMs,
       // Reconnect quickly: a failover takes about a second.
       retryStrategy: (times) => Math.min(times * 50, 500),
@@ -99,18 +139,21 @@ export class Stockgate {
     // TLS to the server: `tls: {ca, cert, key}` (ioredis's, i.e. node's tls.connect
     // options; PEM strings or Buffers), `tls: true` for the system's roots, or a
     // rediss:// address. Not to Sentinels: their discovery would also need it.
-    const rediss = typeof addr === 'string' && addr.toLowerCase().startsWith('rediss://');
+    const rediss = typeof seed === 'string' && seed.toLowerCase().startsWith('rediss://');
     const tlsOpts = tls === true || (tls === undefined && rediss) ? {} : tls;
     if (tlsOpts !== undefined && tlsOpts !== false && sentinels !== undefined) {
       throw new TypeError('tls with sentinels is not supported: give `addr`');
     }
+    /** Cluster mode: commands carry their key's slot (see #send). */
+    this.isCluster = cluster !== undefined;
+    if (this.isCluster) {
+      this.conns = this.#clusterConns(addressList(cluster, 'cluster'), base, tlsOpts, connections);
+      this.next = 0;
+      return;
+    }
     let options;
     if (sentinels !== undefined) {
-      const list = (Array.isArray(sentinels) ? sentinels : String(sentinels).split(','))
-        .map((s) => (typeof s === 'string' ? s.trim() : s))
-        .filter((s) => s !== '')
-        .map((s) => hostPort(s, 'sentinels'));
-      if (list.length === 0) throw new TypeError('sentinels: no address');
+      const list = addressList(sentinels, 'sentinels').map((s) => hostPort(s, 'sentinels'));
       options = {
         sentinels: list,
         name,
@@ -143,6 +186,47 @@ export class Stockgate {
     this.next = 0;
   }
 
+  /**
+   * ioredis `Cluster`s over the seeds: each learns the slot map (CLUSTER SLOTS), sends a
+   * command to the group owning its slot, and follows -MOVED and -ASK itself; a
+   * redirection or -TRYAGAIN that outlasts its own attempts comes back to #run, which
+   * sends the command again until the deadline.
+   */
+  #clusterConns(seeds, base, tlsOpts, connections) {
+    const nodes = seeds.map((s) => hostPort(s, 'cluster'));
+    const redisOptions = { ...base };
+    if (tlsOpts !== undefined && tlsOpts !== false) {
+      redisOptions.tls = { ...tlsOpts, ...(base.tls ?? {}) };
+    }
+    this.target = `cluster ${nodes.map((n) => `${n.host}:${n.port}`).join(',')}`;
+    const conns = [];
+    for (let i = 0; i < connections; i++) {
+      const c = new Cluster(nodes, {
+        redisOptions,
+        clusterRetryStrategy: (times) => Math.min(times * 50, 500),
+        retryDelayOnTryAgain: 100,
+        retryDelayOnClusterDown: 100,
+      });
+      c.on('error', (e) => this.onError?.(e));
+      conns.push(c);
+    }
+    return conns;
+  }
+
+  /**
+   * One attempt of `args` on a connection. In cluster mode a command with a key is sent
+   * with that key's slot: ioredis finds keys only in its list of Redis's own commands and
+   * would send a stockgate command to a random node (one -MOVED more per call). A token's
+   * `{sku}` hash tag gives the sku's slot, so the token is a key like the sku.
+   */
+  #send(conn, args, key) {
+    const strs = args.map(String);
+    if (!this.isCluster || key === undefined) return conn.call(...strs);
+    const cmd = new Command(strs[0], strs.slice(1), { replyEncoding: 'utf8' });
+    cmd.slot = calculateSlot(String(key));
+    return conn.sendCommand(cmd);
+  }
+
   /** Waits until every connection is ready (or the deadline passes). */
   async ready() {
     await Promise.all(this.conns.map(() => this.#run(['PING'])));
@@ -166,7 +250,7 @@ export class Stockgate {
    * Sends one command with the retry rules above; resolves to the raw reply, rejects with a
    * typed `StockgateError`.
    */
-  async #run(args, { idempotent = true, deadlineMs } = {}) {
+  async #run(args, { idempotent = true, deadlineMs, key } = {}) {
     const deadline = Date.now() + (deadlineMs ?? this.deadlineMs);
     for (let attempt = 1; ; attempt++) {
       let last;
@@ -179,14 +263,15 @@ export class Stockgate {
           timer = setTimeout(() => no(new Error(`no reply within the ${left} ms left`)), Math.max(left, 1));
         });
         try {
-          return await Promise.race([this.#pick().call(...args.map(String)), timeout]);
+          return await Promise.race([this.#send(this.#pick(), args, key), timeout]);
         } finally {
           clearTimeout(timer);
         }
       } catch (e) {
         if (isReplyError(e)) {
           const typed = errorFromReply(e.message, e);
-          if (!REFUSAL_CODES.has(typed.code)) throw typed;
+          const retried = REFUSAL_CODES.has(typed.code) || (this.isCluster && CLUSTER_RETRIED.has(typed.code));
+          if (!retried) throw typed;
           last = typed;
         } else if (!idempotent) {
           throw new OutcomeUnknown(
@@ -213,7 +298,8 @@ export class Stockgate {
 
   /**
    * A raw command, with the retry rules (resent after a lost reply only when `idempotent`).
-   * Server errors reject as typed `StockgateError`s.
+   * Server errors reject as typed `StockgateError`s. In cluster mode, `key` (the sku, or a
+   * token) sends it to the group owning that key's slot.
    */
   call(args, opts = {}) {
     return this.#run(args, opts);
@@ -229,7 +315,7 @@ export class Stockgate {
     if (opts.qty !== undefined) args.push('QTY', opts.qty);
     if (opts.withLimit) args.push('WITHLIMIT');
     try {
-      return parseReserve(await this.#run(args));
+      return parseReserve(await this.#run(args, { key: sku }));
     } catch (e) {
       if (e instanceof AdmissionDenied) return deniedFrom(e.detail, e.message);
       throw e;
@@ -243,7 +329,7 @@ export class Stockgate {
   async commit(token, opts = {}) {
     const args = ['COMMIT', token];
     if (opts.verified) args.push('VERIFIED');
-    return parseCommit(await this.#run(args));
+    return parseCommit(await this.#run(args, { key: token }));
   }
 
   /** RELEASE token [REASON r]: true if this call returned the units to stock. */
@@ -255,27 +341,27 @@ export class Stockgate {
       }
       args.push('REASON', opts.reason);
     }
-    return parseRelease(await this.#run(args));
+    return parseRelease(await this.#run(args, { key: token }));
   }
 
   /** EXTEND token ms: the new expires_at_ms. Rejects with `NoReservation`, `Expired`. */
   async extend(token, ms) {
-    return parseInteger(await this.#run(['EXTEND', token, ms]), 'EXTEND');
+    return parseInteger(await this.#run(['EXTEND', token, ms], { key: token }), 'EXTEND');
   }
 
   /** RESERVATION token: the reservation, or null (unknown or purged). */
   async reservation(token) {
-    return parseReservation(await this.#run(['RESERVATION', token]));
+    return parseReservation(await this.#run(['RESERVATION', token], { key: token }));
   }
 
   /** STOCK sku: units available now. Rejects with `NoSale`. */
   async stock(sku) {
-    return parseInteger(await this.#run(['STOCK', sku]), 'STOCK');
+    return parseInteger(await this.#run(['STOCK', sku], { key: sku }), 'STOCK');
   }
 
   /** SALE.INFO sku. Rejects with `NoSale`. */
   async saleInfo(sku) {
-    return parseSaleInfo(await this.#run(['SALE.INFO', sku]));
+    return parseSaleInfo(await this.#run(['SALE.INFO', sku], { key: sku }));
   }
 
   /**
@@ -287,7 +373,7 @@ export class Stockgate {
     if (opts.shards !== undefined) args.push('SHARDS', opts.shards);
     if (opts.ttlMs !== undefined) args.push('TTL', opts.ttlMs);
     if (opts.limit !== undefined) args.push('LIMIT', opts.limit);
-    await this.#run(args);
+    await this.#run(args, { key: sku });
   }
 
   /** Closes every connection. */

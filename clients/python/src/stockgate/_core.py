@@ -7,7 +7,7 @@ import logging
 import random
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar, Union
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import redis.exceptions as rex
 
@@ -113,6 +113,11 @@ def translate(e: BaseException) -> Optional[StockgateError]:
         return WrongPass(msg)
     if isinstance(e, (rex.ConnectionError, rex.TimeoutError)):
         return None
+    if isinstance(e, (rex.ClusterError, rex.RedisClusterException)):
+        # A cluster client out of its own redirections, or without a slot map for now
+        # (every node it knew unreachable): the command did not run; the map is learned
+        # anew on the next attempt.
+        return None
     if isinstance(e, rex.ResponseError):
         code, msg = split_reply(e)
         if code in _RETRIED:
@@ -129,7 +134,7 @@ _RETRIED = frozenset(("READONLY", "LOADING", "TRYAGAIN"))
 
 
 def parse_address(addr: Union[str, Tuple[str, int]]) -> Tuple[str, int]:
-    """``host:port``, ``redis://host:port`` or ``(host, port)``."""
+    """``host:port``, ``redis://[user:password@]host:port`` or ``(host, port)``."""
     if isinstance(addr, tuple):
         return addr[0], int(addr[1])
     if "://" in addr:
@@ -139,6 +144,56 @@ def parse_address(addr: Union[str, Tuple[str, int]]) -> Tuple[str, int]:
     if not sep:
         return addr, 7379
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def credentials(
+    addr: Union[str, Tuple[str, int]], username: Optional[str], password: Optional[str]
+) -> Tuple[Optional[str], Optional[str]]:
+    """The user and password to authenticate with: the ones given, else those of a
+    ``redis://user:password@host:port`` or ``redis://:password@host:port`` address
+    (percent-decoded, as redis-py's ``from_url`` reads them), else none. A URL's
+    credentials are never dropped silently: given both ways, they must agree."""
+    if not isinstance(addr, str) or "://" not in addr:
+        return username, password
+    u = urlparse(addr)
+    url_user = unquote(u.username) if u.username else None
+    url_pass = unquote(u.password) if u.password is not None else None
+    if url_user is not None and username is not None and url_user != username:
+        raise ValueError("the address names one user and username= another")
+    if url_pass is not None and password is not None and url_pass != password:
+        raise ValueError("the address carries one password and password= another")
+    return username if username is not None else url_user, password if password is not None else url_pass
+
+
+def cluster_seeds(seeds: Union[str, Sequence[Union[str, Tuple[str, int]]]]) -> List[Union[str, Tuple[str, int]]]:
+    """A cluster's seed addresses as given: a list, or one comma-separated string."""
+    items = seeds.split(",") if isinstance(seeds, str) else list(seeds)
+    out = [s.strip() if isinstance(s, str) else s for s in items]
+    out = [s for s in out if s != ""]
+    if not out:
+        raise ValueError("no cluster node address given")
+    return out
+
+
+def cluster_kwargs(
+    nodes: Union[str, Sequence[Union[str, Tuple[str, int]]]],
+    username: Optional[str],
+    password: Optional[str],
+    tls: Tuple[bool, Optional[str], Optional[str], Optional[str]],
+) -> Tuple[List[Tuple[str, int]], Dict[str, Any]]:
+    """The seeds' host and port, and the options every node's connections get: the
+    credentials (given, or the first seed's URL's) and TLS."""
+    seeds = cluster_seeds(nodes)
+    username, password = credentials(seeds[0], username, password)
+    kw: Dict[str, Any] = dict(tls_kwargs(seeds[0], *tls))
+    kw.update(username=username, password=password)
+    return [parse_address(s) for s in seeds], kw
+
+
+#: Error codes a cluster client follows by itself; when one still reaches the retry loop
+#: the client had run out of its own redirections (a map changing under it): the call is
+#: sent again, the map learned anew, until the deadline.
+CLUSTER_RETRIED = frozenset(("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN"))
 
 
 def tls_kwargs(

@@ -9,6 +9,7 @@ from typing import Any, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.asyncio.sentinel
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -42,6 +43,9 @@ class AsyncClient:
         service_name: Optional[str] = None,
     ) -> None:
         self._r = r
+        #: See :class:`stockgate.Client`: redirections reaching this client are retried
+        #: only in cluster mode.
+        self._retried = _core.CLUSTER_RETRIED if isinstance(r, redis.asyncio.cluster.RedisCluster) else frozenset()
         self.retry = retry
         self._max = max_connections
         self._slots: Optional[asyncio.Semaphore] = None
@@ -75,6 +79,7 @@ class AsyncClient:
         ``ssl_keyfile`` this client's certificate for a server that requires one. Every
         connection of the client's pool uses them."""
         host, port = _core.parse_address(addr)
+        username, password = _core.credentials(addr, username, password)
         tls = _core.tls_kwargs(addr, ssl, ssl_ca_certs, ssl_certfile, ssl_keyfile)
         r = redis.asyncio.Redis(
             host=host,
@@ -130,6 +135,37 @@ class AsyncClient:
         return cls(r, retry=retry, max_connections=max_connections, sentinel=s, service_name=service_name)
 
     @classmethod
+    def cluster(
+        cls,
+        nodes: Union[str, Sequence[Address]],
+        *,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        retry: RetryPolicy = RetryPolicy(),
+        max_connections: int = 64,
+        socket_timeout: float = 5.0,
+        connect_timeout: float = 1.0,
+        protocol: int = 2,
+        ssl: bool = False,
+        ssl_ca_certs: Optional[str] = None,
+        ssl_certfile: Optional[str] = None,
+        ssl_keyfile: Optional[str] = None,
+    ) -> "AsyncClient":
+        """Groups in cluster mode through ``redis.asyncio.cluster.RedisCluster`` (see
+        :meth:`stockgate.Client.cluster`)."""
+        seeds, kw = _core.cluster_kwargs(nodes, username, password, (ssl, ssl_ca_certs, ssl_certfile, ssl_keyfile))
+        r = redis.asyncio.cluster.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in seeds],
+            decode_responses=True,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            protocol=protocol,
+            max_connections=max_connections,
+            **kw,
+        )
+        return cls(r, retry=retry, max_connections=max_connections)
+
+    @classmethod
     def from_redis(
         cls, r: "redis.asyncio.Redis[Any]", *, retry: RetryPolicy = RetryPolicy(), max_connections: int = 64
     ) -> "AsyncClient":
@@ -158,6 +194,9 @@ class AsyncClient:
             except redis.RedisError as e:
                 raise Unavailable(f"no leader named for {self._service_name!r}: {e}", e) from e
             return str(host), int(port)
+        if isinstance(self._r, redis.asyncio.cluster.RedisCluster):
+            node = self._r.get_default_node()
+            return str(node.host), int(node.port)
         kw = self._r.connection_pool.connection_kwargs
         return str(kw.get("host", "127.0.0.1")), int(kw.get("port", 7379))
 
@@ -172,9 +211,9 @@ class AsyncClient:
             try:
                 async with self._slots:
                     reply = await self._r.execute_command(*cmd.args)
-            except redis.RedisError as e:
+            except (redis.RedisError, redis.exceptions.RedisClusterException) as e:
                 err = translate(e)
-                if err is not None:
+                if err is not None and err.code not in self._retried:
                     if cmd.on_error is not None:
                         result = cmd.on_error(err)
                         if result is not None:

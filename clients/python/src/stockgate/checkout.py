@@ -32,8 +32,6 @@ from .admission import now_ms
 from .aio import AsyncClient
 from .client import Client
 from .errors import (
-    Expired,
-    Fenced,
     LedgerError,
     NoPerm,
     NoReservation,
@@ -338,7 +336,7 @@ class Checkout:
                 log.error("money moved for reservation %s, which the ledger never saw", token)
             return decided
         fresh = outcome == "COMMITTED"
-        if not fresh and not self._server_holds_this_payment(token):
+        if not fresh and not self._holds_or_unknown(token):
             # A retry of a payment the ledger already has, and the server's hold for this
             # token (if any) is not the one it paid for: committing it would sell twice.
             return AlreadyCommitted()
@@ -355,14 +353,25 @@ class Checkout:
             log.error("ledger committed %s but the server has no such reservation: REFUND_REQUIRED", token)
             prev = self._ledger.mark_refund_required(token, payment_ref, "server has no such reservation")
             return RefundRequired(OrderStatus(prev))
-        except (Unavailable, Fenced, Expired) as e:
+        except StockgateError as e:
             # The payment stands in the ledger; the sweeper (which may send VERIFIED)
-            # commits the hold on the server.
+            # commits the hold on the server. Unreachable, fenced, late, moved to another
+            # group or any other refusal: money moved and the ledger committed, so the
+            # outcome says the server is yet to confirm, and nothing is raised.
             log.warning("ledger committed %s; server COMMIT deferred to the sweeper: %s", token, e)
             return _deferred(fresh)
         if done and fresh:
             return Committed(server_confirmed=True)
         return AlreadyCommitted()
+
+    def _holds_or_unknown(self, token: str) -> bool:
+        """Whether the server's hold is the one the ledger was paid for; False when the
+        server cannot say now (the ledger has the payment: the sweeper finishes it)."""
+        try:
+            return self._server_holds_this_payment(token)
+        except StockgateError as e:
+            log.warning("ledger has the payment for %s; server check deferred: %s", token, e)
+            return False
 
     def _commit_on_server(self, token: str) -> bool:
         # The ledger accepted the payment under its expiry guard: in time even if this
@@ -462,7 +471,7 @@ class AsyncCheckout:
                 log.error("money moved for reservation %s, which the ledger never saw", token)
             return decided
         fresh = outcome == "COMMITTED"
-        if not fresh and not await self._server_holds_this_payment(token):
+        if not fresh and not await self._holds_or_unknown(token):
             return AlreadyCommitted()
         try:
             done = await self._commit_on_server(token)
@@ -476,12 +485,19 @@ class AsyncCheckout:
             log.error("ledger committed %s but the server has no such reservation: REFUND_REQUIRED", token)
             prev = await self._ledger.mark_refund_required(token, payment_ref, "server has no such reservation")
             return RefundRequired(OrderStatus(prev))
-        except (Unavailable, Fenced, Expired) as e:
+        except StockgateError as e:
             log.warning("ledger committed %s; server COMMIT deferred to the sweeper: %s", token, e)
             return _deferred(fresh)
         if done and fresh:
             return Committed(server_confirmed=True)
         return AlreadyCommitted()
+
+    async def _holds_or_unknown(self, token: str) -> bool:
+        try:
+            return await self._server_holds_this_payment(token)
+        except StockgateError as e:
+            log.warning("ledger has the payment for %s; server check deferred: %s", token, e)
+            return False
 
     async def _commit_on_server(self, token: str) -> bool:
         if not self._plain_commit_only:

@@ -1,5 +1,6 @@
-"""The synchronous client, on redis-py (``redis.Redis``): one address, or a Raft group's
-leader found through the Sentinel interface its members answer."""
+"""The synchronous client, on redis-py: one address (``redis.Redis``), a Raft group's
+leader found through the Sentinel interface its members answer, or groups in cluster
+mode (``redis.cluster.RedisCluster``, which follows ``-MOVED`` and ``-ASK``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from typing import Any, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import redis
+import redis.cluster
 import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -45,6 +47,9 @@ class Client:
         service_name: Optional[str] = None,
     ) -> None:
         self._r = r
+        #: Redirections are the cluster client's to follow; one that still reaches this
+        #: client is retried. A single-address client raises them (wrong group).
+        self._retried = _core.CLUSTER_RETRIED if isinstance(r, redis.cluster.RedisCluster) else frozenset()
         self.retry = retry
         self._slots = threading.BoundedSemaphore(max_connections)
         self._sentinel = sentinel
@@ -78,6 +83,7 @@ class Client:
         ``ssl_keyfile`` this client's certificate for a server that requires one. Every
         connection of the client's pool uses them."""
         host, port = _core.parse_address(addr)
+        username, password = _core.credentials(addr, username, password)
         tls = _core.tls_kwargs(addr, ssl, ssl_ca_certs, ssl_certfile, ssl_keyfile)
         r = redis.Redis(
             host=host,
@@ -139,6 +145,41 @@ class Client:
         return cls(r, retry=retry, max_connections=max_connections, sentinel=s, service_name=service_name)
 
     @classmethod
+    def cluster(
+        cls,
+        nodes: Union[str, Sequence[Address]],
+        *,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        retry: RetryPolicy = RetryPolicy(),
+        max_connections: int = 64,
+        socket_timeout: float = 5.0,
+        connect_timeout: float = 1.0,
+        protocol: int = 2,
+        ssl: bool = False,
+        ssl_ca_certs: Optional[str] = None,
+        ssl_certfile: Optional[str] = None,
+        ssl_keyfile: Optional[str] = None,
+    ) -> "Client":
+        """A client of groups in cluster mode (docs/cluster.md), through redis-py's
+        ``RedisCluster``: ``nodes`` are one or more seed addresses (a list, or
+        ``"h1:p1,h2:p2"``); the slot map comes from ``CLUSTER SLOTS``, each command goes
+        to the group owning its sku's slot, and ``-MOVED`` / ``-ASK`` are followed. A
+        redirection or ``-TRYAGAIN`` that outlasts redis-py's own attempts is sent again
+        by this client until its deadline, like a lost reply."""
+        seeds, kw = _core.cluster_kwargs(nodes, username, password, (ssl, ssl_ca_certs, ssl_certfile, ssl_keyfile))
+        r = redis.cluster.RedisCluster(
+            startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in seeds],
+            decode_responses=True,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            protocol=protocol,
+            max_connections=max_connections,
+            **kw,
+        )
+        return cls(r, retry=retry, max_connections=max_connections)
+
+    @classmethod
     def from_redis(cls, r: "redis.Redis[Any]", *, retry: RetryPolicy = RetryPolicy(), max_connections: int = 64) -> "Client":
         """Wraps an existing ``redis.Redis`` (bytes or decoded replies, RESP2 or RESP3)."""
         return cls(r, retry=retry, max_connections=max_connections)
@@ -165,6 +206,9 @@ class Client:
             except redis.RedisError as e:
                 raise Unavailable(f"no leader named for {self._service_name!r}: {e}", e) from e
             return str(host), int(port)
+        if isinstance(self._r, redis.cluster.RedisCluster):
+            node = self._r.get_default_node()
+            return str(node.host), int(node.port)
         kw = self._r.connection_pool.connection_kwargs
         return str(kw.get("host", "127.0.0.1")), int(kw.get("port", 7379))
 
@@ -178,9 +222,9 @@ class Client:
             try:
                 with self._slots:
                     reply = self._r.execute_command(*cmd.args)
-            except redis.RedisError as e:
+            except (redis.RedisError, redis.exceptions.RedisClusterException) as e:
                 err = translate(e)
-                if err is not None:
+                if err is not None and err.code not in self._retried:
                     if cmd.on_error is not None:
                         result = cmd.on_error(err)
                         if result is not None:
