@@ -6,6 +6,7 @@ import { createHmac } from 'node:crypto';
 import { describe, it } from 'node:test';
 
 import {
+  Stockgate,
   AdmissionDenied,
   AdmissionMinter,
   Ask,
@@ -306,5 +307,23 @@ describe('admission tokens', () => {
       `k1 ${ok.slice(1)}\n`, `k1 zz${ok.slice(2)}\n`, `bad/kid ${ok}\n`]) {
       assert.throws(() => parseSecretFile(bad), SecretFileError, JSON.stringify(bad));
     }
+  });
+});
+
+describe('addresses', () => {
+  it('a redis:// URL gives its credentials, percent-decoded', async () => {
+    const sg = new Stockgate({ addr: 'redis://shop:s3%40cret@127.0.0.1:1', redisOptions: { lazyConnect: true } });
+    assert.equal(sg.conns[0].options.username, 'shop');
+    assert.equal(sg.conns[0].options.password, 's3@cret');
+    await sg.close();
+    assert.throws(
+      () => new Stockgate({ addr: 'redis://shop:pw@127.0.0.1:1', username: 'other', redisOptions: { lazyConnect: true } }),
+      TypeError,
+    );
+  });
+
+  it('exactly one of addr, sentinels and cluster', () => {
+    assert.throws(() => new Stockgate({}), TypeError);
+    assert.throws(() => new Stockgate({ addr: '127.0.0.1:1', cluster: '127.0.0.1:2' }), TypeError);
   });
 });

@@ -86,3 +86,14 @@ def test_every_sale_state_the_server_sends_is_read(state: str) -> None:
          b"limit", 0, b"state", state.encode(), b"key_fingerprint", b"49dc46fa360f69d0"]
     )
     assert info.state.value == state
+
+
+def test_credentials_of_a_redis_url_are_used() -> None:
+    assert _core.credentials("redis://shop:s3%40cret@10.0.0.1:7379", None, None) == ("shop", "s3@cret")
+    assert _core.credentials("redis://:only-pass@10.0.0.1:7379", None, None) == (None, "only-pass")
+    assert _core.credentials("10.0.0.1:7379", "u", "p") == ("u", "p")
+    assert _core.credentials("redis://shop:pw@h:1", "shop", None) == ("shop", "pw")
+    with pytest.raises(ValueError):
+        _core.credentials("redis://shop:pw@h:1", "other", None)
+    seeds, kw = _core.cluster_kwargs("redis://shop:pw@h1:1, h2:2", None, None, (False, None, None, None))
+    assert seeds == [("h1", 1), ("h2", 2)] and kw["username"] == "shop" and kw["password"] == "pw"

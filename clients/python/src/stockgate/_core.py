@@ -113,16 +113,16 @@ def translate(e: BaseException) -> Optional[StockgateError]:
         return WrongPass(msg)
     if isinstance(e, (rex.ConnectionError, rex.TimeoutError)):
         return None
-    if isinstance(e, (rex.ClusterError, rex.RedisClusterException)):
-        # A cluster client out of its own redirections, or without a slot map for now
-        # (every node it knew unreachable): the command did not run; the map is learned
-        # anew on the next attempt.
-        return None
     if isinstance(e, rex.ResponseError):
         code, msg = split_reply(e)
         if code in _RETRIED:
             return None
         return CommandError(msg) if code == "ERR" else server_error(code, msg)
+    if isinstance(e, (rex.ClusterError, rex.RedisClusterException)):
+        # A cluster client out of its own redirections, or without a slot map for now
+        # (every node it knew unreachable): the command did not run; the map is learned
+        # anew on the next attempt.
+        return None
     if isinstance(e, rex.RedisError):
         return StockgateError(str(e), "CLIENT")
     return None
