@@ -5,7 +5,8 @@
 //!   (Node), given one seed, buys on sales owned by all three groups while
 //!   `stockgate-sweeper move-slots` moves one sale's slot to another group: no
 //!   redirection or TRYAGAIN reaches the caller, every acknowledged hold is on its
-//!   group in its state, no token twice, counters equal the acknowledged holds;
+//!   group in its state, no token twice, counters equal the acknowledged holds; then the
+//!   same client `reserve_split`s a split sale whose parts are on three groups;
 //! - a checkout's `pay()` after the hold's slot moved away: with a single-address client
 //!   of the old group (its COMMIT meets `-MOVED`) it answers "committed, server not yet
 //!   confirmed" instead of raising, and the ledger has the order COMMITTED; with a cluster
@@ -150,8 +151,11 @@ fn buy_with(which: &str) {
     let seed = c.nodes[2].addr();
     let secret = c.keys.secret_path().display().to_string();
     let list = skus.join(",");
+    // Split parts named as the sweeper names them, one per group.
+    let parts: Vec<String> = c.skus("SPLIT.p", 1).into_iter().flatten().collect();
+    let parts = parts.join(",");
     let mut buyer = match which {
-        "node" => node(&["buy", &seed, &secret, &list, "5"]),
+        "node" => node(&["buy", &seed, &secret, &list, "5", &parts]),
         mode => python(&[
             "tests/py/package_cluster.py",
             mode,
@@ -159,10 +163,13 @@ fn buy_with(which: &str) {
             &secret,
             &list,
             "5",
+            &parts,
         ]),
     };
     let said = buy_through_a_move(&c, &skus, &mut buyer);
     check_holds(&c, &skus, &said);
+    // Six units over three groups' parts, eight buyers, one client: every unit sells.
+    assert_eq!(word_after(&said, "SPLIT_RESERVED "), "6", "{said}");
     eprintln!(
         "{which}: {} holds, {}",
         said.lines().filter(|l| l.starts_with("ACK ")).count(),

@@ -2,10 +2,12 @@
 // (tests/cluster_packages.rs).
 //
 // Usage:
-//   node package_cluster.mjs buy SEED SECRET_FILE SKUS(a,b,..) DURATION_S
+//   node package_cluster.mjs buy SEED SECRET_FILE SKUS(a,b,..) DURATION_S PARTS(a,b,c)
 //     ONE `new Stockgate({ cluster: SEED })` reserves one unit for a new user at a time,
 //     round robin over the skus, committing every other hold, while the harness moves a
-//     slot; prints `ACK <token> <0|1>` per acknowledged hold, `RETRIED <n>`, `buyer ok`.
+//     slot; then eight buyers `reserveSplit` a split sale whose three parts (one per group,
+//     2 units each, created here) are on different groups; prints `ACK <token> <0|1>` per
+//     acknowledged hold, `RETRIED <n>`, `SPLIT_RESERVED <n>`, `buyer ok`.
 //   node package_cluster.mjs hold ADDR SECRET_FILE DATABASE_URL SKU USER
 //     reserves and records a hold through a single-address client; prints `TOKEN <t>`.
 //   node package_cluster.mjs pay plain|cluster ADDR SECRET_FILE DATABASE_URL TOKEN
@@ -13,11 +15,11 @@
 //     `OUTCOME <kind> <serverConfirmed>`.
 // Any rejected call fails the run (exit 1).
 
-import { AdmissionMinter, Checkout, Stockgate } from '../../clients/node/src/index.js';
+import { AdmissionMinter, Checkout, Stockgate, reserveSplit } from '../../clients/node/src/index.js';
 
 const [mode, ...rest] = process.argv.slice(2);
 
-async function buy([seed, secretFile, skuList, seconds]) {
+async function buy([seed, secretFile, skuList, seconds, partList]) {
   const skus = skuList.split(',');
   const minter = AdmissionMinter.fromFile(secretFile);
   const sg = new Stockgate({ cluster: seed });
@@ -30,6 +32,17 @@ async function buy([seed, secretFile, skuList, seconds]) {
     const committed = i % 2 === 0 && (await sg.commit(r.token)) === 'committed';
     console.log(`ACK ${r.token} ${committed ? 1 : 0}`);
   }
+  const parts = partList.split(',');
+  for (const p of parts) await sg.createSale(p, 2);
+  let reserved = 0;
+  for (let j = 0; j < 8; j++) {
+    const r = await reserveSplit(sg, 'SPLIT', parts, `s${j}`, 1, {
+      admission: (sku) => minter.mint(sku, `s${j}`),
+      requestId: 'r',
+    });
+    if (r.outcome.kind === 'reserved') reserved++;
+  }
+  console.log(`SPLIT_RESERVED ${reserved}`);
   console.log(`RETRIED ${sg.retries}`);
   await sg.close();
   console.log('buyer ok');
