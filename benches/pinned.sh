@@ -91,7 +91,7 @@ if [[ ${#TARGETS[@]} -eq 0 ]]; then
   else
     TARGETS=(redis-ping redis-per-user redis-seed sg-t1 sg-cluster sg-t2 sg-ping)
   fi
-  # Issue 18: the replicated group against the single node and Redis + WAIT 1, same run.
+  # The replicated group against the single node and Redis + WAIT 1, same run.
   TARGETS+=(sg-t1-always sg-raft sg-raft-lg redis-wait)
   # TLS: stockgate's (rustls) and Redis's (OpenSSL), same certificate, same run.
   TARGETS+=(sg-tls redis-tls)

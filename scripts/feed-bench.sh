@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does the materializer keep up with the P=16 RESERVE benchmark? (issue 12)
+# Does the materializer keep up with the P=16 RESERVE benchmark?
 #
 #   a durable Postgres 15 (default settings: fsync, synchronous_commit, full_page_writes on)
 #   stockgate --fsync everysec (release build), one sale with unlimited stock

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How many orders per second can the ledger itself take on this machine? (issue 12)
+# How many orders per second can the ledger itself take on this machine?
 #
 # The ceiling any materializer meets, whatever it does: a durable Postgres 15 (default
 # settings) with the ledger's schema (migrations/*.sql), and nothing else running — no

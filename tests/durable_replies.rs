@@ -1,5 +1,5 @@
 //! Every reply that reports a state leaves only once the record that made that state is
-//! durable (issue 9, item 3), also when the reply itself changes nothing: an idempotent
+//! durable, also when the reply itself changes nothing: an idempotent
 //! `SALE.CREATE`, a `SALE.PAUSE` of a paused sale, `SALE.ADJUST 0`, `COMMIT` → `-RELEASED`,
 //! `EXTEND` → `-NORES` / `-EXPIRED`, `RESERVE` → `LIMIT`.
 //!

@@ -1,4 +1,4 @@
-//! The embedded gate acknowledges only what its engine's log made durable (issue 9, item 3).
+//! The embedded gate acknowledges only what its engine's log made durable.
 //!
 //! An engine embedded in a checkout service, writing its own WAL (the server crate's `wal`
 //! and `persist` modules), whose writer is slowed down with the WAL's fault-injection delay

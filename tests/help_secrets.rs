@@ -1,5 +1,5 @@
-//! `--help` never prints a value taken from the environment that can hold a credential
-//! (issue 19, item 3): every built binary and every subcommand, with the database URL,
+//! `--help` never prints a value taken from the environment that can hold a credential:
+//! every built binary and every subcommand, with the database URL,
 //! server and Sentinel URLs and passwords set to values carrying a marker.
 
 use std::process::Command;

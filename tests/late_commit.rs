@@ -1,4 +1,4 @@
-//! `COMMIT` of a hold past its expiry (issue 19, item 1): refused with `-EXPIRED` unless
+//! `COMMIT` of a hold past its expiry: refused with `-EXPIRED` unless
 //! the caller states, with `VERIFIED`, that the ledger accepted the payment before the
 //! deadline; only the sweeper and admin roles may state it. The checkout flow and the
 //! sweeper's cleanup of paid orders send the verified form.

@@ -1,4 +1,4 @@
-//! Leadership of a Raft group moving with every process alive (issue 18, holes 3 and 4):
+//! Leadership of a Raft group moving with every process alive:
 //!
 //! - `SENTINEL FAILOVER stockgate` under load from four writers, repeated 45 times (a
 //!   fault that one switchover in ten lets through goes unseen with probability

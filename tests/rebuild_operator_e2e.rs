@@ -1,4 +1,4 @@
-//! The whole repair path as an operator runs it (issue 9, items 1 and 2), with the real
+//! The whole repair path as an operator runs it, with the real
 //! `stockgate` server, the real `stockgate-sweeper` binary and a real Postgres:
 //! `create-sale`, `adjust` (and its retry), paid, pending and cancelled orders, the data
 //! dir wiped, a sweeper pass that fences the lost sale, `rebuild`; then retries of paid,

@@ -1,11 +1,11 @@
-//! Server-side repairs of issue 9, over the real binary:
+//! Server-side repairs, over the real binary:
 //! - a paid (or cancelled) request whose record retention purged still REPLAYs with its
 //!   token and never takes stock again, also after a restart from the log and from a
-//!   snapshot, and its units still count towards the per-user limit (item 2);
+//!   snapshot, and its units still count towards the per-user limit;
 //! - a missing reservation key is never silently re-created over existing state, and a
-//!   named key file is created only with `--create-keys` (item 4);
-//! - `SALE.ADJUST` refuses deltas beyond any total, `i64::MIN` included (item 5);
-//! - `SALE.INFO` is never torn under concurrent RESERVE / RELEASE / COMMIT (item 7).
+//!   named key file is created only with `--create-keys`;
+//! - `SALE.ADJUST` refuses deltas beyond any total, `i64::MIN` included;
+//! - `SALE.INFO` is never torn under concurrent RESERVE / RELEASE / COMMIT.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! The sweeper holds the server to the ledger (issue 9, items 1, 2 and 11), against the
+//! The sweeper holds the server to the ledger, against the
 //! real `stockgate` server, the real `stockgate-sweeper` binary and a real Postgres:
 //! - adjustments interrupted between the ledger and the server finish exactly once on a
 //!   retry; a total the ledger never heard of is reported, and fenced if it exceeds the
