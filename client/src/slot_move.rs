@@ -3,7 +3,8 @@
 //! (docs/cluster.md, "Moving slots"): `IMPORTING` on the destination, `MIGRATING` on the
 //! source, every sale of each slot handed over with `SALE.MIGRATE`, then `SETSLOT NODE`
 //! on the destination, the source and every other node given. Each step is idempotent:
-//! re-running the same command after any failure finishes the move.
+//! re-running the same command after a failure finishes the move. A handover that fails
+//! stops the move and rolls back what can safely be undone (see [`MoveError::Stopped`]).
 
 use redis::aio::MultiplexedConnection;
 
@@ -29,6 +30,15 @@ pub enum MoveError {
     /// An argument that is not a slot list.
     #[error("invalid slots '{0}': give slots and ranges from 0 to 16383, e.g. 100-200,300")]
     Slots(String),
+    /// A sale could not be handed over; the move was undone as far as it safely could
+    /// be, and this says what state every slot was left in.
+    #[error("the move stopped: {why}\n{left}")]
+    Stopped {
+        /// The failure that stopped it.
+        why: Box<MoveError>,
+        /// What state each slot was left in, in words.
+        left: String,
+    },
 }
 
 /// The slots of `100-200,300`.
@@ -94,6 +104,20 @@ impl Node {
             .await
     }
 
+    async fn setslot_stable(&mut self, slot: u16) -> Result<(), MoveError> {
+        let slot = slot.to_string();
+        self.call::<()>(&["CLUSTER", "SETSLOT", &slot, "STABLE"])
+            .await
+    }
+
+    /// The sales this node holds on `slot`.
+    async fn keys_in_slot(&mut self, slot: u16) -> Result<Vec<String>, MoveError> {
+        let slot = slot.to_string();
+        let n: u64 = self.call(&["CLUSTER", "COUNTKEYSINSLOT", &slot]).await?;
+        self.call(&["CLUSTER", "GETKEYSINSLOT", &slot, &n.to_string()])
+            .await
+    }
+
     /// The history id the node reports (`INFO server`'s `stockgate_history`).
     async fn history(&mut self) -> Result<String, MoveError> {
         let v: redis::Value = self.call(&["INFO", "server"]).await?;
@@ -150,23 +174,111 @@ pub async fn move_slots(
     }
     let (host, port) = dst.host_port();
     let mut sales = 0;
-    for &s in slots {
-        sales += drain_slot(&mut src, s, &host, &port).await?;
+    for (i, &s) in slots.iter().enumerate() {
+        match drain_slot(&mut src, s, &host, &port).await {
+            Ok(n) => sales += n,
+            Err(why) => {
+                let left = stop(&mut src, &mut dst, &dst_id, &slots[..i], &slots[i..], &why).await;
+                finish(others, from, to, tls, &slots[..i], &dst_id).await?;
+                return Err(MoveError::Stopped {
+                    why: Box::new(why),
+                    left,
+                });
+            }
+        }
     }
     for &s in slots {
         dst.setslot(s, "NODE", &dst_id).await?;
         src.setslot(s, "NODE", &dst_id).await?;
     }
-    for addr in others.iter().filter(|a| *a != from && *a != to) {
-        let mut n = Node::open(addr, tls).await?;
-        for &s in slots {
-            n.setslot(s, "NODE", &dst_id).await?;
-        }
-    }
+    finish(others, from, to, tls, slots, &dst_id).await?;
     Ok(Moved {
         slots: slots.len(),
         sales,
     })
+}
+
+/// Tells every other node given that `slots` are the destination's.
+async fn finish(
+    others: &[String],
+    from: &str,
+    to: &str,
+    tls: Option<&TlsConfig>,
+    slots: &[u16],
+    dst_id: &str,
+) -> Result<(), MoveError> {
+    if slots.is_empty() {
+        return Ok(());
+    }
+    for addr in others.iter().filter(|a| *a != from && *a != to) {
+        let mut n = Node::open(addr, tls).await?;
+        for &s in slots {
+            n.setslot(s, "NODE", dst_id).await?;
+        }
+    }
+    Ok(())
+}
+
+/// After a handover failed on `rest[0]`: the slots already drained (`done`) are finished
+/// (their sales are all on the destination), and every slot of `rest` is rolled back
+/// ([`roll_back`]). Returns what each slot was left in, in words.
+async fn stop(
+    src: &mut Node,
+    dst: &mut Node,
+    dst_id: &str,
+    done: &[u16],
+    rest: &[u16],
+    why: &MoveError,
+) -> String {
+    let mut said = Vec::new();
+    for &s in done {
+        let r = async {
+            dst.setslot(s, "NODE", dst_id).await?;
+            src.setslot(s, "NODE", dst_id).await
+        };
+        said.push(match r.await {
+            Ok(()) => format!("slot {s}: moved (every sale on it is on {})", dst.addr),
+            Err(e) => {
+                format!("slot {s}: every sale moved, the owner not set ({e}): re-run to finish")
+            }
+        });
+    }
+    // A sale left frozen may be on the destination already: only finishing is safe.
+    let frozen = why.to_string().contains("stays frozen");
+    for (i, &s) in rest.iter().enumerate() {
+        if i == 0 && frozen {
+            said.push(format!(
+                "slot {s}: left MIGRATING on {} and IMPORTING on {}: a sale on it is frozen \
+                 on the source and may have reached the destination; re-run the same command \
+                 to finish once the destination answers",
+                src.addr, dst.addr
+            ));
+            continue;
+        }
+        said.push(match roll_back(src, dst, s).await {
+            Ok(()) => format!(
+                "slot {s}: rolled back: STABLE and owned by {} on both nodes, its sales open there",
+                src.addr
+            ),
+            Err(e) => format!("slot {s}: could not be rolled back ({e}); re-run the same command to finish the move"),
+        });
+    }
+    said.join("\n")
+}
+
+/// Undoes a slot's move: every sale the destination holds on it goes back to the
+/// source (`SALE.MIGRATE` the other way), what the destination staged of the sale that
+/// failed is discarded, and the slot is made `STABLE` on the source, then on the
+/// destination.
+async fn roll_back(src: &mut Node, dst: &mut Node, slot: u16) -> Result<(), MoveError> {
+    let (host, port) = src.host_port();
+    drain_slot(dst, slot, &host, &port).await?;
+    for sku in src.keys_in_slot(slot).await? {
+        // Best effort: the destination drops idle transfers by itself anyway.
+        let _ = dst.call::<()>(&["SALE.IMPORT", "ABORT", &sku]).await;
+    }
+    src.setslot_stable(slot).await?;
+    dst.setslot_stable(slot).await
 }
 
 /// After a move: records in `ledger` that every sale the destination now holds on

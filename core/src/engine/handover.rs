@@ -88,33 +88,56 @@ impl Engine {
         }
     }
 
-    /// Installs a sale exported by another group's engine and logs it (`SaleImported`).
-    /// The same export again is `Ok` and logs nothing; an export made with another
-    /// reservation key, or of a sale this engine holds in another state, is refused.
+    /// Installs a sale exported by another group's engine and logs it: one
+    /// `SaleImported` record when the export fits in one, else several, each well under
+    /// the log's record limit (see [`split_export`]). The same export again is `Ok` and
+    /// logs nothing; an export made with another reservation key, or of a sale this
+    /// engine holds in another state, is refused. What an import that never finished
+    /// left here (the sale frozen with part of its holds, after a crash between its
+    /// records) is dropped and imported again.
     pub fn import_sale(&self, export: &SaleExport) -> Result<Lsn, EngineError> {
         check_export(export, &self.reservation_key)?;
-        let world = self.stop_world();
+        // One import at a time: a retried handover must not interleave its records with
+        // those of the attempt it retries.
+        let _serial = IMPORT_SERIAL.lock();
         let existing = self.sales.read().get(export.sale.sku.as_str()).cloned();
         if let Some(sale) = existing {
-            return self.import_again(&world, &sale, export);
+            if let Some(lsn) = self.settle_existing(&sale, export)? {
+                return Ok(lsn);
+            }
         }
-        let lsn = self.sink.record(&EventRef::SaleImported { export });
-        let sale = self.register_frozen(export);
-        drop(world);
-        self.fill(&sale, export);
+        let mut lsn = self.sink.last_lsn();
+        for batch in split_export(export) {
+            let mut world = self.stop_world();
+            lsn = self.sink.record(&EventRef::SaleImported { export: &batch });
+            let limits = self.apply_batch_locked(&mut world, &batch);
+            drop(world);
+            self.add_limit_usage(limits);
+        }
+        self.imports
+            .lock()
+            .insert(export.sale.sku.as_str().into(), export_hash(export));
         Ok(lsn)
     }
 
-    /// An import of a sale this engine already holds: the same handover retried.
-    fn import_again(
+    /// An import of a sale this engine already holds. `Some` when it is the same
+    /// handover retried (nothing to do); `None` when it is what an unfinished import of
+    /// this export left (dropped here, logged, to be imported again).
+    fn settle_existing(
         &self,
-        world: &WorldGuard<'_>,
         sale: &Arc<Sale>,
         export: &SaleExport,
-    ) -> Result<Lsn, EngineError> {
+    ) -> Result<Option<Lsn>, EngineError> {
+        let world = self.stop_world();
         let same_import = self.imports.lock().get(&*sale.sku) == Some(&export_hash(export));
-        if same_import || self.export_locked(world, sale) == *export {
-            return Ok(self.sink.last_lsn());
+        let here = self.export_locked(&world, sale);
+        if same_import || here == *export {
+            return Ok(Some(self.sink.last_lsn()));
+        }
+        if sale.state().is_moving() && is_part_of(&here, export) {
+            self.sink.record(&EventRef::SaleDropped { sku: &sale.sku });
+            self.remove_locked(world, sale);
+            return Ok(None);
         }
         Err(EngineError::Import(format!(
             "the sale {} exists here with another state",
@@ -122,13 +145,76 @@ impl Engine {
         )))
     }
 
+    /// Applies one logged batch of an import with the world stopped, so that a
+    /// snapshot sees all of it or none: the first registers the sale frozen, every batch
+    /// adds its reservations and tombstones, the last (its state not `Moving`) opens the
+    /// sale. Returns the per-user limit usage to add once the world runs again (a
+    /// RESERVE takes a user stripe before a token stripe; the sale is frozen meanwhile,
+    /// and a snapshot rebuilds usage from the reservations).
+    fn apply_batch_locked(&self, world: &mut WorldGuard<'_>, batch: &SaleExport) -> Vec<Usage> {
+        // Bound first: the read guard must be gone before `register_frozen` writes.
+        let known = self.sales.read().get(batch.sale.sku.as_str()).cloned();
+        let sale = match known {
+            Some(sale) => sale,
+            None => self.register_frozen(batch),
+        };
+        let mut usage = Vec::new();
+        let mut finished: Vec<&ReservationView> = Vec::new();
+        for r in &batch.reservations {
+            if let Some(u) = insert_locked(world, &sale, r) {
+                usage.push(u);
+            }
+            if r.state != ReservationState::Reserved {
+                finished.push(r);
+            }
+        }
+        for t in &batch.tombs {
+            usage.extend(tomb_locked(world, &sale, t));
+        }
+        // Each batch's finished holds are in order, and the batches follow each other in
+        // that order (see `split_export`), so retention purges them oldest first.
+        finished.sort_by_key(|r| r.finished_at_ms);
+        for r in finished {
+            if let Some((_, key)) = token::decode_token(&r.token) {
+                world._stripes[stripe_of(&r.token)]
+                    .finished
+                    .push_back((r.finished_at_ms, key));
+            }
+        }
+        if !batch.sale.state.is_moving() {
+            let _admin = sale.admin.lock();
+            sale.set_state(batch.sale.state);
+        }
+        usage
+    }
+
+    /// The per-user limit usage of imported holds ([`Engine::apply_batch_locked`]).
+    fn add_limit_usage(&self, usage: Vec<Usage>) {
+        for u in usage {
+            let mut us = self.user_stripe(&u.sku, &u.user).lock();
+            let e = us
+                .entry(u.sku.clone())
+                .or_default()
+                .entry(u.user.as_str().into())
+                .or_default();
+            e.held += u64::from(u.qty);
+            e.live.extend(u.live);
+        }
+    }
+
     /// Puts the export's sale in the registry, frozen: until its reservations are in
     /// place, a RESERVE must not take a request id the export holds for a new one.
     fn register_frozen(&self, export: &SaleExport) -> Arc<Sale> {
         let s = &export.sale;
         let sku: Arc<str> = s.sku.as_str().into();
-        let frozen = SaleState::Moving {
-            paused: s.state == SaleState::Paused,
+        // A batch before the last is `Moving` already; the last, and a whole export,
+        // carry the state the sale opens in.
+        let frozen = if s.state.is_moving() {
+            s.state
+        } else {
+            SaleState::Moving {
+                paused: s.state == SaleState::Paused,
+            }
         };
         let sale = Sale::new(sku.clone(), s.params.clone(), frozen);
         // Reserved units are added back per shard by the reservations.
@@ -136,32 +222,6 @@ impl Engine {
         let sale = Arc::new(sale);
         self.sales.write().insert(sku, sale.clone());
         sale
-    }
-
-    /// The export's reservations and tombstones, then the sale opens (import and replay).
-    fn fill(&self, sale: &Arc<Sale>, export: &SaleExport) {
-        let mut finished: Vec<&ReservationView> = Vec::new();
-        for r in &export.reservations {
-            self.insert_restored(r, false);
-            if r.state != ReservationState::Reserved {
-                finished.push(r);
-            }
-        }
-        for t in &export.tombs {
-            self.insert_tomb(t);
-        }
-        finished.sort_by_key(|r| r.finished_at_ms);
-        for r in finished {
-            if let Some((_, key)) = token::decode_token(&r.token) {
-                let mut stripe = self.stripes[stripe_of(&r.token)].lock();
-                stripe.finished.push_back((r.finished_at_ms, key));
-            }
-        }
-        self.imports
-            .lock()
-            .insert(sale.sku.clone(), export_hash(export));
-        let _admin = sale.admin.lock();
-        sale.set_state(export.sale.state);
     }
 
     /// Removes a frozen sale handed over to another group, with its reservations,
@@ -189,14 +249,17 @@ impl Engine {
         }
     }
 
-    /// Replays a logged import.
+    /// Replays a logged import, or one batch of one (see [`Engine::import_sale`]).
     pub(super) fn apply_import(&self, export: &SaleExport) {
-        if self.sales.read().contains_key(export.sale.sku.as_str()) {
-            debug_assert!(false, "imported twice in the log");
-            return;
+        let mut world = self.stop_world();
+        let usage = self.apply_batch_locked(&mut world, export);
+        drop(world);
+        self.add_limit_usage(usage);
+        if !export.sale.state.is_moving() {
+            self.imports
+                .lock()
+                .insert(export.sale.sku.as_str().into(), export_hash(export));
         }
-        let sale = self.register_frozen(export);
-        self.fill(&sale, export);
     }
 
     /// Replays a logged drop.
@@ -270,4 +333,318 @@ fn export_hash(export: &SaleExport) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     export.hash(&mut h);
     h.finish()
+}
+
+/// Serialises imports (see [`Engine::import_sale`]); imports are rare, so one lock for
+/// the process costs nothing.
+static IMPORT_SERIAL: Mutex<()> = Mutex::new(());
+
+/// What one record of a split import carries at most, by [`encoded_bound`]: a quarter of
+/// the log's record limit, so that a batch and its sale (at most 1,024 shard counters)
+/// always fit, and a batch's stall of the world stays a few milliseconds.
+pub const IMPORT_BATCH_BYTES: usize = crate::wal::record::MAX_PAYLOAD / 4;
+
+/// Per-user limit usage of one imported hold or tombstone.
+struct Usage {
+    sku: Arc<str>,
+    user: String,
+    qty: u32,
+    /// The token key of a live hold (the user's `live` list).
+    live: Option<TokenKey>,
+}
+
+/// Inserts one imported reservation into its stripe, the world stopped (as
+/// `insert_restored` does with the stripe's own lock).
+fn insert_locked(
+    world: &mut WorldGuard<'_>,
+    sale: &Arc<Sale>,
+    r: &ReservationView,
+) -> Option<Usage> {
+    // `check_export` proved every token decodes to this sale (or the log holds it).
+    let (_, key) = token::decode_token(&r.token).filter(|(s, _)| *s == r.sku)?;
+    let user = sale.users.intern(&r.user)?;
+    let stripe = &mut world._stripes[stripe_of(&r.token)];
+    let idx = stripe.insert(Reservation {
+        key,
+        sale: sale.clone(),
+        request_id: r.request_id.as_str().into(),
+        user,
+        qty: r.qty,
+        shard: r.shard,
+        state: r.state,
+        expires_at: r.expires_at_ms,
+        created_at: r.created_at_ms,
+        finished_at: r.finished_at_ms,
+        links: wheel::Links::NONE,
+    });
+    let Some(idx) = idx else {
+        debug_assert!(false, "stripe full");
+        return None;
+    };
+    if r.state == ReservationState::Reserved {
+        sale.add_reserved(r.shard as usize % sale.shard_count(), r.qty);
+        stripe.schedule(idx);
+    }
+    let counts = sale.params.limit > 0 && r.state != ReservationState::Released;
+    counts.then(|| Usage {
+        sku: sale.sku.clone(),
+        user: r.user.clone(),
+        qty: r.qty,
+        live: (r.state == ReservationState::Reserved).then_some(key),
+    })
+}
+
+/// Inserts one imported tombstone, the world stopped (as `insert_tomb` does).
+fn tomb_locked(world: &mut WorldGuard<'_>, sale: &Arc<Sale>, t: &TombView) -> Option<Usage> {
+    let user: Option<Arc<str>> = (!t.user.is_empty()).then(|| t.user.as_str().into());
+    world._stripes[stripe_of_tomb(t.key)].tombs.insert(
+        t.key,
+        table::Tomb {
+            sale: sale.clone(),
+            state: t.state,
+            qty: t.qty,
+            shard: t.shard,
+            expires_at: t.expires_at_ms,
+            user: user.clone(),
+        },
+    );
+    (sale.params.limit > 0).then_some(())?;
+    user.map(|u| Usage {
+        sku: sale.sku.clone(),
+        user: u.to_string(),
+        qty: t.qty,
+        live: None,
+    })
+}
+
+/// An upper bound of a reservation's encoded size (four strings with their length
+/// prefixes, six varints, a state byte).
+fn reservation_bound(r: &ReservationView) -> usize {
+    r.token.len() + r.sku.len() + r.user.len() + r.request_id.len() + 4 * 10 + 6 * 10 + 1
+}
+
+/// An upper bound of a tombstone's encoded size.
+fn tomb_bound(t: &TombView) -> usize {
+    t.sku.len() + t.user.len() + 2 * 10 + 6 * 10 + 1
+}
+
+/// The records an import is logged as. An export whose holds fit in one batch is one
+/// record, as it always was. A larger one is cut into batches of at most
+/// [`IMPORT_BATCH_BYTES`] of holds, each carrying the sale: all but the last in state
+/// `Moving` (the sale stays frozen, and a log that ends before the last leaves it
+/// frozen, never open with part of its holds), the last in the state the sale opens in.
+/// Live holds come first, then finished ones by when they finished, then tombstones,
+/// so retention's queue stays in order across batches.
+pub(crate) fn split_export(export: &SaleExport) -> Vec<SaleExport> {
+    let holds: usize = export
+        .reservations
+        .iter()
+        .map(reservation_bound)
+        .sum::<usize>()
+        + export.tombs.iter().map(tomb_bound).sum::<usize>();
+    if holds <= IMPORT_BATCH_BYTES {
+        return vec![export.clone()];
+    }
+    let mut reservations: Vec<&ReservationView> = export.reservations.iter().collect();
+    reservations.sort_by_key(|r| (r.state != ReservationState::Reserved, r.finished_at_ms));
+    let frozen = SaleState::Moving {
+        paused: export.sale.state == SaleState::Paused,
+    };
+    let empty = |state| SaleExport {
+        fingerprint: export.fingerprint.clone(),
+        sale: SaleView {
+            state,
+            ..export.sale.clone()
+        },
+        reservations: Vec::new(),
+        tombs: Vec::new(),
+    };
+    let mut out = vec![empty(frozen)];
+    let mut size = 0;
+    let mut room = |n: usize, out: &mut Vec<SaleExport>| {
+        if size + n > IMPORT_BATCH_BYTES && size > 0 {
+            out.push(empty(frozen));
+            size = 0;
+        }
+        size += n;
+    };
+    for r in reservations {
+        room(reservation_bound(r), &mut out);
+        if let Some(b) = out.last_mut() {
+            b.reservations.push(r.clone());
+        }
+    }
+    for t in &export.tombs {
+        room(tomb_bound(t), &mut out);
+        if let Some(b) = out.last_mut() {
+            b.tombs.push(t.clone());
+        }
+    }
+    if let Some(last) = out.last_mut() {
+        last.sale.state = export.sale.state;
+    }
+    out
+}
+
+/// Whether `here` (a frozen sale's state) is what an unfinished import of `export`
+/// left: the same sale, and only holds and tombstones the export has.
+fn is_part_of(here: &SaleExport, export: &SaleExport) -> bool {
+    let same_sale = SaleView {
+        reserved: export.sale.reserved,
+        available: export.sale.available,
+        ..here.sale.clone()
+    } == export.sale;
+    let holds: std::collections::HashSet<&ReservationView> = export.reservations.iter().collect();
+    let tombs: std::collections::HashSet<&TombView> = export.tombs.iter().collect();
+    here.fingerprint == export.fingerprint
+        && same_sale
+        && here.reservations.iter().all(|r| holds.contains(r))
+        && here.tombs.iter().all(|t| tombs.contains(t))
+}
+
+#[cfg(test)]
+mod big_tests {
+    //! Imports too large for one log record: logged in batches, replayed, and what an
+    //! import cut between its records leaves.
+    use super::super::tests::RecordingSink;
+    use super::*;
+
+    fn engine(clock: Arc<ManualClock>) -> (Engine, Arc<RecordingSink>) {
+        let sink = Arc::new(RecordingSink::default());
+        let keys = Keyring::parse(&format!("k1 {}\n", "ab".repeat(32))).expect("keyring");
+        let cfg = EngineConfig {
+            retention_ms: 50_000,
+            ..EngineConfig::default()
+        };
+        let key = ReservationKey::from_bytes(&[9u8; 32]);
+        (Engine::new(cfg, clock, sink.clone(), keys, key), sink)
+    }
+
+    fn replayed(events: &[Event], clock: Arc<ManualClock>) -> Engine {
+        let (e, _) = engine(clock);
+        for ev in events {
+            e.apply(ev);
+        }
+        e
+    }
+
+    /// A frozen sale of `n` holds (a limit of 3, every third committed, every fifth
+    /// released) and its export.
+    fn big_sale(n: usize) -> (Engine, Arc<ManualClock>, SaleExport) {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let (a, _) = engine(clock.clone());
+        a.create_sale("BIG", 10_000_000, Some(8), Some(600_000), Some(3))
+            .expect("create");
+        for i in 0..n {
+            let user = format!("user-{i}");
+            let adm = a.keyring().mint("BIG", &user, a.now_ms() + 60_000);
+            let (out, _) = a
+                .reserve(&ReserveRequest {
+                    sku: "BIG",
+                    user: &user,
+                    admission: adm.as_bytes(),
+                    request_id: &format!("request-{i}"),
+                    qty: 1,
+                })
+                .expect("reserve");
+            let ReserveOutcome::Reserved { token, .. } = out else {
+                panic!("{out:?}");
+            };
+            if i % 3 == 0 {
+                a.commit(&token).expect("commit");
+            } else if i % 5 == 0 {
+                a.release(&token);
+            }
+        }
+        a.freeze("BIG").expect("freeze");
+        let export = a.export_sale("BIG").expect("export");
+        (a, clock, export)
+    }
+
+    fn imports(events: &[Event]) -> Vec<&SaleExport> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::SaleImported { export } => Some(&**export),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn handover_big_import_is_logged_in_batches_that_replay() {
+        let (a, clock, export) = big_sale(40_000);
+        let whole = crate::wal::handover::encode_export(&export).len();
+        assert!(whole > crate::wal::record::MAX_PAYLOAD, "{whole} bytes");
+        let (b, sink) = engine(clock.clone());
+        b.import_sale(&export).expect("import");
+        let events = sink.events.lock().clone();
+        let batches = imports(&events);
+        assert!(batches.len() > 2, "{} records", batches.len());
+        for (i, batch) in batches.iter().enumerate() {
+            let ev = EventRef::SaleImported { export: batch };
+            let mut rec = Vec::new();
+            crate::wal::record::encode_record(ev, &mut rec).expect("fits a record");
+            assert_eq!(batch.sale.state.is_moving(), i + 1 < batches.len());
+        }
+        let mut info = a.sale_info("BIG").expect("info");
+        info.state = SaleState::Open;
+        assert_eq!(b.sale_info("BIG").expect("info"), info);
+        assert_eq!(b.export_sale_unfrozen(), export);
+        // The same export again: nothing logged.
+        b.import_sale(&export).expect("again");
+        assert_eq!(sink.events.lock().len(), events.len());
+        let r = replayed(&events, clock);
+        assert_eq!(r.sale_info("BIG"), b.sale_info("BIG"));
+        // The limit (3) counts on the replayed engine: user-1 holds one unit.
+        let adm = r.keyring().mint("BIG", "user-1", r.now_ms() + 60_000);
+        let again = r.reserve(&ReserveRequest {
+            sku: "BIG",
+            user: "user-1",
+            admission: adm.as_bytes(),
+            request_id: "request-1",
+            qty: 1,
+        });
+        assert!(matches!(again, Ok((ReserveOutcome::Replay { .. }, _))));
+    }
+
+    #[test]
+    fn handover_an_import_cut_between_its_records_stays_frozen_and_is_redone() {
+        let (_, clock, export) = big_sale(30_000);
+        let (b, sink) = engine(clock.clone());
+        b.import_sale(&export).expect("import");
+        let events = sink.events.lock().clone();
+        // The log ends after the first batch: the sale is frozen, never open.
+        let first = events
+            .iter()
+            .position(|e| matches!(e, Event::SaleImported { .. }))
+            .expect("a batch");
+        let head = &events[..=first];
+        let cut = replayed(head, clock.clone());
+        let info = cut.sale_info("BIG").expect("info");
+        assert!(info.state.is_moving(), "{:?}", info.state);
+        // Imported again there: dropped and imported whole.
+        let (c, c_sink) = engine(clock);
+        for ev in head {
+            c.apply(ev);
+        }
+        c.import_sale(&export).expect("redo");
+        assert_eq!(c.sale_info("BIG"), b.sale_info("BIG"));
+        let logged = c_sink.events.lock().clone();
+        assert!(
+            logged
+                .iter()
+                .any(|e| matches!(e, Event::SaleDropped { .. })),
+            "the unfinished import is dropped first"
+        );
+    }
+
+    impl Engine {
+        /// The imported sale's export, as its source would give it once frozen.
+        fn export_sale_unfrozen(&self) -> SaleExport {
+            let world = self.stop_world();
+            let sale = self.sale("BIG").expect("sale");
+            self.export_locked(&world, &sale)
+        }
+    }
 }

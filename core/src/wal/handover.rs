@@ -8,7 +8,6 @@
 
 use super::codec::Reader;
 use super::fields::{get_export, put_export};
-use super::record::MAX_PAYLOAD;
 use crate::engine::types::SaleExport;
 use crate::engine::{Engine, EngineError, Lsn};
 
@@ -56,8 +55,12 @@ pub fn decode_export(buf: &[u8]) -> Result<SaleExport, String> {
     Ok(e)
 }
 
-/// Exports a sale already frozen ([`Engine::freeze`]) as bytes. A sale whose export
-/// would not fit in one log record (the import logs it whole) is refused.
+/// The largest export sent or accepted: about 15 million holds. The destination keeps an
+/// export whole in memory until its last part arrives, so it is bounded; the log is not
+/// the limit (a large import is logged in several records, `Engine::import_sale`).
+pub const MAX_EXPORT: usize = 1 << 30;
+
+/// Exports a sale already frozen ([`Engine::freeze`]) as bytes.
 pub fn export_sale(engine: &Engine, sku: &str) -> Result<Vec<u8>, EngineError> {
     let bytes = encode_export(&engine.export_sale(sku)?);
     check_size(bytes.len())?;
@@ -72,11 +75,9 @@ pub fn import_sale(engine: &Engine, bytes: &[u8]) -> Result<Lsn, EngineError> {
 }
 
 fn check_size(n: usize) -> Result<(), EngineError> {
-    // The record holds the payload (the export less its 20-byte header) and 2 bytes.
-    if n > MAX_PAYLOAD {
+    if n > MAX_EXPORT {
         return Err(EngineError::Import(format!(
-            "the sale's export is {n} bytes, more than one log record holds ({MAX_PAYLOAD}): \
-             it cannot move"
+            "the sale's export is {n} bytes, more than a move carries ({MAX_EXPORT})"
         )));
     }
     Ok(())

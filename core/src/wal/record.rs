@@ -44,6 +44,11 @@ const K_HISTORY_BEGUN: u8 = 13;
 /// ([`super::handover`]) follows the kind.
 const K_SALE_IMPORTED: u8 = 14;
 const K_SALE_DROPPED: u8 = 15;
+/// One batch of a sale handed over in several records (an export too large for one):
+/// the same payload as [`K_SALE_IMPORTED`], its sale in state `Moving` (frozen until the
+/// last batch, a `K_SALE_IMPORTED` record, opens it). A kind of its own, so that a
+/// binary that predates split imports refuses such a log instead of misreading it.
+const K_SALE_IMPORT_BATCH: u8 = 16;
 
 /// Kinds of records the engine does not interpret ([`Event::Opaque`]): the payload after
 /// the kind byte is the body, which the module that logs them decodes. Framing and CRC
@@ -70,7 +75,7 @@ pub const K_GROUP_CHECKPOINT: u8 = 71;
 pub const K_SLOT_SET: u8 = 72;
 
 fn known_kind(k: u8) -> bool {
-    (K_SALE_CREATED..=K_SALE_DROPPED).contains(&k) || OPAQUE_KINDS.contains(&k)
+    (K_SALE_CREATED..=K_SALE_IMPORT_BATCH).contains(&k) || OPAQUE_KINDS.contains(&k)
 }
 
 /// Why bytes are not a valid record.
@@ -238,7 +243,11 @@ pub fn encode_payload(event: &EventRef<'_>, out: &mut Vec<u8>) {
             put_str(out, id);
         }
         EventRef::SaleImported { export } => {
-            out.push(K_SALE_IMPORTED);
+            out.push(if export.sale.state.is_moving() {
+                K_SALE_IMPORT_BATCH
+            } else {
+                K_SALE_IMPORTED
+            });
             super::fields::put_export(out, export);
         }
         EventRef::SaleDropped { sku } => {
@@ -273,6 +282,24 @@ fn get_reason(r: &mut Reader<'_>) -> Result<ReleaseReason, DecodeError> {
         at,
         what: "release reason",
         value: u64::from(v),
+    })
+}
+
+/// A `SaleImported` record: a whole import or its last batch (kind 14, the sale in the
+/// state it opens in), or a batch before the last (kind 16, the sale `Moving`). Any other
+/// pairing is damage: it would not encode back to the same bytes.
+fn get_import(r: &mut Reader<'_>, kind: u8) -> Result<Event, DecodeError> {
+    let at = r.pos();
+    let export = super::fields::get_export(r)?;
+    if export.sale.state.is_moving() != (kind == K_SALE_IMPORT_BATCH) {
+        return Err(DecodeError::OutOfRange {
+            at,
+            what: "imported sale's state",
+            value: u64::from(export.sale.state.to_u8()),
+        });
+    }
+    Ok(Event::SaleImported {
+        export: Box::new(export),
     })
 }
 
@@ -379,9 +406,7 @@ pub fn decode_payload(payload: &[u8]) -> Result<Event, DecodeError> {
         K_HISTORY_BEGUN => Event::HistoryBegun {
             id: r.string("history id")?,
         },
-        K_SALE_IMPORTED => Event::SaleImported {
-            export: Box::new(super::fields::get_export(&mut r)?),
-        },
+        K_SALE_IMPORTED | K_SALE_IMPORT_BATCH => get_import(&mut r, kind)?,
         K_SALE_DROPPED => Event::SaleDropped {
             sku: r.string("sku")?,
         },
@@ -581,6 +606,29 @@ pub(crate) mod tests {
                         committed: 0,
                         state: SaleState::Open,
                         shard_available: vec![2],
+                    },
+                    reservations: Vec::new(),
+                    tombs: Vec::new(),
+                }),
+            },
+            // A batch of a split import: its sale frozen (kind 16).
+            Event::SaleImported {
+                export: Box::new(crate::engine::types::SaleExport {
+                    fingerprint: "f00d".into(),
+                    sale: crate::engine::types::SaleView {
+                        sku: "SKU-1".into(),
+                        params: SaleParams {
+                            total: 3,
+                            shards: 1,
+                            ttl_ms: 10,
+                            limit: 0,
+                        },
+                        total: 3,
+                        available: 3,
+                        reserved: 0,
+                        committed: 0,
+                        state: SaleState::Moving { paused: true },
+                        shard_available: vec![3],
                     },
                     reservations: Vec::new(),
                     tombs: Vec::new(),

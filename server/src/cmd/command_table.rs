@@ -177,7 +177,7 @@ pub static COMMANDS: &[Spec] = &[
     ),
     spec(
         "sale.import",
-        2,
+        -2,
         &["write"],
         0,
         ADMIN,

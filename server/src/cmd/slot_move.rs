@@ -127,8 +127,50 @@ pub fn get_keys(ctx: &Ctx<'_>, slot: &[u8], count: &[u8]) -> Reply {
 }
 
 /// `SALE.IMPORT <export>`: installs a sale another group exported; `+OK` once logged.
+/// An export too large for one message comes in parts (see [`staging`]):
+/// `SALE.IMPORT BEGIN <sku> <bytes>`, `SALE.IMPORT PART <sku> <offset> <chunk>`...,
+/// `SALE.IMPORT END <sku>` (imports what was staged), `SALE.IMPORT ABORT <sku>`.
 pub fn import(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
-    match handover::import_sale(ctx.engine, args[0]) {
+    if let [blob] = args {
+        return import_blob(ctx, blob);
+    }
+    let verb = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
+    let sku = args.get(1).map(|a| String::from_utf8_lossy(a).into_owned());
+    let engine = ctx.engine as *const crate::engine::Engine as usize;
+    let staged = match (verb.as_str(), sku, &args[2..]) {
+        ("BEGIN", Some(sku), [bytes]) => {
+            number(bytes).and_then(|n| staging::begin(engine, &sku, n))
+        }
+        ("PART", Some(sku), [offset, chunk]) => {
+            number(offset).and_then(|at| staging::part(engine, &sku, at, chunk))
+        }
+        ("ABORT", Some(sku), []) => {
+            staging::abort(engine, &sku);
+            Ok(())
+        }
+        ("END", Some(sku), []) => {
+            return match staging::end(engine, &sku) {
+                Ok(blob) => import_blob(ctx, &blob),
+                Err(e) => Reply::err(format!("ERR {e}")).into(),
+            }
+        }
+        _ => return super::args::syntax_error("sale.import").into(),
+    };
+    match staged {
+        Ok(()) => Reply::ok().into(),
+        Err(e) => Reply::err(format!("ERR {e}")).into(),
+    }
+}
+
+fn number(arg: &[u8]) -> Result<usize, staging::StagingError> {
+    std::str::from_utf8(arg)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(staging::StagingError::NotANumber)
+}
+
+fn import_blob(ctx: &Ctx<'_>, blob: &[u8]) -> Outcome {
+    match handover::import_sale(ctx.engine, blob) {
         Ok(lsn) => Outcome::logged(Reply::ok(), lsn),
         Err(e) => from_engine_error(&e).into(),
     }
@@ -153,6 +195,11 @@ pub fn migrate(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let Some(engine) = ctx.shared.engine.get().cloned() else {
         return Reply::err("ERR SALE.MIGRATE is not available on this server").into();
     };
+    // A sale frozen before this call may have reached the destination in an earlier
+    // handover whose answer was lost: a link failure must then leave it frozen.
+    let was_frozen = engine
+        .sale_info(&sku)
+        .is_ok_and(|info| info.state.is_moving());
     let freeze_lsn = match engine.freeze(&sku) {
         Ok(lsn) => lsn,
         Err(e) => return from_engine_error(&e).into(),
@@ -176,6 +223,7 @@ pub fn migrate(ctx: &Ctx<'_>, args: &[&[u8]]) -> Outcome {
         host,
         tls,
         sku,
+        was_frozen,
     };
     let wait: Deferred = Box::pin(mv.run(freeze_lsn, blob));
     // Refused inside MULTI (`multi::not_in_multi`), so this answer is never sent.
@@ -209,13 +257,19 @@ struct Move {
     host: String,
     tls: Option<Arc<ClientConfig>>,
     sku: String,
+    /// The sale was frozen before this handover began (see [`migrate`]).
+    was_frozen: bool,
 }
 
 /// How sending the export ended.
 enum Sent {
     /// The destination answered `+OK`: it holds the sale durably.
     Imported,
-    /// Nothing reached the destination, or it refused: the sale may open here again.
+    /// The destination refused the import: the sale may open here again.
+    Refused(String),
+    /// The link failed before the destination could have imported anything (it was not
+    /// reached, or the export's last part was never sent): the sale may open here
+    /// again unless an earlier handover may have delivered it.
     NotThere(String),
     /// The link broke after the export left: the destination may hold it. The sale stays
     /// frozen here; `SALE.MIGRATE` again finishes (the import is idempotent).
@@ -235,25 +289,33 @@ impl Move {
             tls: self.tls.clone(),
         };
         let auth = self.auth.clone();
-        let sent = tokio::task::spawn_blocking(move || send(&link, auth.as_deref(), &blob))
+        let sku = self.sku.clone();
+        let sent = tokio::task::spawn_blocking(move || send(&link, auth.as_deref(), &sku, &blob))
             .await
             .unwrap_or_else(|e| Sent::Unknown(format!("the sending thread stopped: {e}")));
         match sent {
             Sent::Imported => self.drop_here().await,
-            Sent::NotThere(why) => {
-                if let Ok(lsn) = self.engine.thaw(&self.sku) {
-                    let _ = self.durability.wait(lsn).await;
-                }
-                Reply::err(format!(
-                    "ERR SALE.MIGRATE to {}: {why}; the sale stays here",
-                    self.addr
-                ))
-            }
-            Sent::Unknown(why) => Reply::err(format!(
-                "ERR SALE.MIGRATE to {}: {why}; the sale stays frozen here: run SALE.MIGRATE again to finish",
-                self.addr
-            )),
+            Sent::NotThere(why) if self.was_frozen => self.frozen(&why),
+            Sent::Refused(why) | Sent::NotThere(why) => self.thaw(&why).await,
+            Sent::Unknown(why) => self.frozen(&why),
         }
+    }
+
+    async fn thaw(&self, why: &str) -> Reply {
+        if let Ok(lsn) = self.engine.thaw(&self.sku) {
+            let _ = self.durability.wait(lsn).await;
+        }
+        Reply::err(format!(
+            "ERR SALE.MIGRATE to {}: {why}; the sale stays here",
+            self.addr
+        ))
+    }
+
+    fn frozen(&self, why: &str) -> Reply {
+        Reply::err(format!(
+            "ERR SALE.MIGRATE to {}: {why}; the sale stays frozen here: run SALE.MIGRATE again to finish",
+            self.addr
+        ))
     }
 
     async fn drop_here(&self) -> Reply {
@@ -298,24 +360,84 @@ enum ReadError {
     Other(String),
 }
 
-/// Sends `[AUTH] ASKING SALE.IMPORT <blob>` in one write and reads the replies.
-fn send(link: &Link, auth: Option<&[u8]>, blob: &[u8]) -> Sent {
-    let mut conn = match connect(link) {
+/// Exports up to this size go as one `SALE.IMPORT <export>` (what every version of the
+/// destination reads); larger ones in parts of this size, each well under what a node
+/// reads as one argument.
+pub const PART_BYTES: usize = 512 * 1024;
+
+/// Sends the export: `[AUTH] ASKING SALE.IMPORT <blob>` in one write when it is small,
+/// else `BEGIN`, the parts and `END`, each answered before the next is sent (a refusal
+/// stops the transfer at once). Until `END` is sent the destination holds nothing but
+/// staged bytes, so a failure before it is [`Sent::NotThere`].
+fn send(link: &Link, auth: Option<&[u8]>, sku: &str, blob: &[u8]) -> Sent {
+    // The import of a large export takes a while on the destination: its records are
+    // logged (and, on a Raft group, committed) before it answers.
+    let patience = LINK_TIMEOUT + Duration::from_secs((blob.len() / (4 << 20)) as u64);
+    let mut conn = match connect(link, patience) {
         Ok(c) => c,
         Err(e) => return Sent::NotThere(e),
     };
     let mut req = auth.map(<[u8]>::to_vec).unwrap_or_default();
     req.extend(resp_command(&[b"ASKING"]));
-    req.extend(resp_command(&[b"SALE.IMPORT", blob]));
-    if let Err(e) = conn.write_all(&req).and_then(|()| conn.flush()) {
-        return Sent::Unknown(format!("sending failed: {e}"));
+    if blob.len() <= PART_BYTES {
+        req.extend(resp_command(&[b"SALE.IMPORT", blob]));
+        // Pipelined: the import's own answer, the last, decides (an AUTH refused before
+        // it makes the import answer -NOAUTH, not run).
+        let replies = if auth.is_some() { 3 } else { 2 };
+        return exchange(&mut *conn, &req, replies, true);
     }
-    // Pipelined: the import's own answer, the last, decides (an AUTH refused before it
-    // makes the import answer -NOAUTH, not run).
+    let total = blob.len().to_string();
+    req.extend(resp_command(&[
+        b"SALE.IMPORT",
+        b"BEGIN",
+        sku.as_bytes(),
+        total.as_bytes(),
+    ]));
     let replies = if auth.is_some() { 3 } else { 2 };
-    let mut last = String::new();
+    if let Some(failed) = answered_ok(exchange(&mut *conn, &req, replies, false)) {
+        return failed;
+    }
+    for (i, chunk) in blob.chunks(PART_BYTES).enumerate() {
+        let at = (i * PART_BYTES).to_string();
+        let part = resp_command(&[
+            b"SALE.IMPORT",
+            b"PART",
+            sku.as_bytes(),
+            at.as_bytes(),
+            chunk,
+        ]);
+        if let Some(failed) = answered_ok(exchange(&mut *conn, &part, 1, false)) {
+            return failed;
+        }
+    }
+    let end = resp_command(&[b"SALE.IMPORT", b"END", sku.as_bytes()]);
+    exchange(&mut *conn, &end, 1, true)
+}
+
+/// `None` when the step was answered `+OK`, else how the transfer ended.
+fn answered_ok(sent: Sent) -> Option<Sent> {
+    match sent {
+        Sent::Imported => None,
+        failed => Some(failed),
+    }
+}
+
+/// Writes `req` and reads `replies` answers; the last decides. With `last`, the request
+/// may import the sale, so a failure after it was written is [`Sent::Unknown`].
+fn exchange(conn: &mut dyn Stream, req: &[u8], replies: usize, last: bool) -> Sent {
+    let lost = |why: String| {
+        if last {
+            Sent::Unknown(why)
+        } else {
+            Sent::NotThere(why)
+        }
+    };
+    if let Err(e) = conn.write_all(req).and_then(|()| conn.flush()) {
+        return lost(format!("sending failed: {e}"));
+    }
+    let mut answer = String::new();
     for _ in 0..replies {
-        last = match read_line(&mut conn) {
+        answer = match read_line(conn) {
             Ok(l) => l,
             Err(ReadError::SpeaksTls) => {
                 return Sent::NotThere(
@@ -323,20 +445,20 @@ fn send(link: &Link, auth: Option<&[u8]>, blob: &[u8]) -> Sent {
                         .into(),
                 )
             }
-            Err(ReadError::Other(e)) => return Sent::Unknown(format!("no answer: {e}")),
+            Err(ReadError::Other(e)) => return lost(format!("no answer: {e}")),
         };
     }
-    if last == "+OK" {
+    if answer == "+OK" {
         return Sent::Imported;
     }
-    let shown = last.trim_start_matches('-').to_string();
-    Sent::NotThere(format!("the destination refused the import: {shown}"))
+    let shown = answer.trim_start_matches('-').to_string();
+    Sent::Refused(format!("the destination refused the import: {shown}"))
 }
 
 /// TCP to the destination with the time limits, and TLS on it when asked (its handshake
 /// done here: a failure leaves nothing sent).
-fn connect(link: &Link) -> Result<Box<dyn Stream>, String> {
-    let tcp = connect_tcp(&link.addr)?;
+fn connect(link: &Link, patience: Duration) -> Result<Box<dyn Stream>, String> {
+    let tcp = connect_tcp(&link.addr, patience)?;
     match &link.tls {
         None => Ok(Box::new(tcp)),
         Some(cfg) => Ok(Box::new(crate::tls::peer::connect_blocking(
@@ -347,7 +469,8 @@ fn connect(link: &Link) -> Result<Box<dyn Stream>, String> {
     }
 }
 
-fn connect_tcp(addr: &str) -> Result<TcpStream, String> {
+/// `patience` is how long a reply may take.
+fn connect_tcp(addr: &str, patience: Duration) -> Result<TcpStream, String> {
     let sock = addr
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve: {e}"))?
@@ -355,7 +478,7 @@ fn connect_tcp(addr: &str) -> Result<TcpStream, String> {
         .ok_or("cannot resolve")?;
     let conn = TcpStream::connect_timeout(&sock, LINK_TIMEOUT)
         .map_err(|e| format!("cannot connect: {e}"))?;
-    conn.set_read_timeout(Some(LINK_TIMEOUT))
+    conn.set_read_timeout(Some(patience))
         .and_then(|_| conn.set_write_timeout(Some(LINK_TIMEOUT)))
         .map_err(|e| format!("cannot set timeouts: {e}"))?;
     Ok(conn)
@@ -381,4 +504,199 @@ fn read_line(conn: &mut dyn Stream) -> Result<String, ReadError> {
         }
     }
     Err(ReadError::Other("an answer too long".into()))
+}
+
+/// The destination's half of an export sent in parts: the parts are kept in memory, per
+/// sale, until `END` hands the whole export to the import (which checks and logs it), so
+/// nothing of an unfinished transfer is ever in the log or the engine. Bounded: at most
+/// [`MAX_IMPORTS`] transfers at once and [`MAX_STAGED`] bytes declared by them in all; a
+/// transfer idle for [`IDLE`] (its source gone without `END` or `ABORT`) is discarded by
+/// the next `BEGIN`. A `BEGIN` for a sale already staged starts it over: a re-run of a
+/// move sends the export again from its first byte.
+pub(crate) mod staging {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use stockgate_core::wal::handover::MAX_EXPORT;
+
+    /// Transfers staged at once on this node.
+    pub const MAX_IMPORTS: usize = 4;
+    /// Bytes all staged transfers may declare together.
+    pub const MAX_STAGED: usize = 2 * MAX_EXPORT;
+    /// How long a transfer may wait for its next part.
+    pub const IDLE: Duration = Duration::from_secs(60);
+
+    /// Why a part was refused; the transfer must start over with `BEGIN`.
+    #[derive(Debug, thiserror::Error)]
+    pub enum StagingError {
+        #[error("SALE.IMPORT: a byte count or offset must be a whole number")]
+        NotANumber,
+        #[error("SALE.IMPORT: the export of {sku} is {bytes} bytes, more than a move carries ({MAX_EXPORT})")]
+        TooLarge { sku: String, bytes: usize },
+        #[error("SALE.IMPORT: {MAX_IMPORTS} imports are being received already; retry when one has finished")]
+        TooMany,
+        #[error("SALE.IMPORT: {bytes} more bytes would exceed the {MAX_STAGED} bytes this node stages; retry when an import has finished")]
+        Full { bytes: usize },
+        #[error("SALE.IMPORT: no import of {0} is being received (BEGIN first, or it was idle too long)")]
+        NotBegun(String),
+        #[error("SALE.IMPORT: part of {sku} at byte {at}, expected at byte {want} (of {total})")]
+        OutOfOrder {
+            sku: String,
+            at: usize,
+            want: usize,
+            total: usize,
+        },
+        #[error("SALE.IMPORT: the export of {sku} is incomplete: {have} of {total} bytes")]
+        Incomplete {
+            sku: String,
+            have: usize,
+            total: usize,
+        },
+    }
+
+    struct Staged {
+        total: usize,
+        bytes: Vec<u8>,
+        touched: Instant,
+    }
+
+    /// By (engine, sku): the engine's address keeps two servers of one process (tests)
+    /// apart.
+    type Key = (usize, String);
+
+    static STAGED: Mutex<Option<HashMap<Key, Staged>>> = Mutex::new(None);
+
+    fn with<R>(f: impl FnOnce(&mut HashMap<Key, Staged>) -> R) -> R {
+        // A panic while holding the lock leaves plain data behind: keep using it.
+        let mut guard = STAGED.lock().unwrap_or_else(|p| p.into_inner());
+        f(guard.get_or_insert_with(HashMap::new))
+    }
+
+    /// Starts (or starts over) receiving `total` bytes of `sku`'s export.
+    pub fn begin(engine: usize, sku: &str, total: usize) -> Result<(), StagingError> {
+        if total > MAX_EXPORT {
+            return Err(StagingError::TooLarge {
+                sku: sku.into(),
+                bytes: total,
+            });
+        }
+        with(|m| {
+            m.retain(|_, s| s.touched.elapsed() < IDLE);
+            m.remove(&(engine, sku.to_string()));
+            if m.len() >= MAX_IMPORTS {
+                return Err(StagingError::TooMany);
+            }
+            let declared: usize = m.values().map(|s| s.total).sum();
+            if declared + total > MAX_STAGED {
+                return Err(StagingError::Full { bytes: total });
+            }
+            let staged = Staged {
+                total,
+                bytes: Vec::new(),
+                touched: Instant::now(),
+            };
+            m.insert((engine, sku.to_string()), staged);
+            Ok(())
+        })
+    }
+
+    /// Appends a part; it must start where the staged bytes end and stay within the
+    /// declared size. A refused part discards the transfer.
+    pub fn part(engine: usize, sku: &str, at: usize, chunk: &[u8]) -> Result<(), StagingError> {
+        with(|m| {
+            let key = (engine, sku.to_string());
+            let s = m
+                .get_mut(&key)
+                .ok_or_else(|| StagingError::NotBegun(sku.into()))?;
+            let want = s.bytes.len();
+            if at != want || want + chunk.len() > s.total {
+                let total = s.total;
+                m.remove(&key);
+                return Err(StagingError::OutOfOrder {
+                    sku: sku.into(),
+                    at,
+                    want,
+                    total,
+                });
+            }
+            if s.bytes.is_empty() {
+                // Reserved now rather than at BEGIN: a BEGIN alone costs no memory.
+                s.bytes.reserve_exact(s.total);
+            }
+            s.bytes.extend_from_slice(chunk);
+            s.touched = Instant::now();
+            Ok(())
+        })
+    }
+
+    /// Takes the whole export out of staging (complete or not: either way the transfer
+    /// is over).
+    pub fn end(engine: usize, sku: &str) -> Result<Vec<u8>, StagingError> {
+        let s = with(|m| m.remove(&(engine, sku.to_string())))
+            .ok_or_else(|| StagingError::NotBegun(sku.into()))?;
+        if s.bytes.len() != s.total {
+            return Err(StagingError::Incomplete {
+                sku: sku.into(),
+                have: s.bytes.len(),
+                total: s.total,
+            });
+        }
+        Ok(s.bytes)
+    }
+
+    /// Discards a transfer (the source gave up); nothing staged is nothing to do.
+    pub fn abort(engine: usize, sku: &str) {
+        with(|m| m.remove(&(engine, sku.to_string())));
+    }
+}
+
+#[cfg(test)]
+mod staging_tests {
+    use super::staging::*;
+    use stockgate_core::wal::handover::MAX_EXPORT;
+
+    #[test]
+    fn staged_parts_in_order_make_the_export_and_anything_else_starts_over() {
+        let e = 0xdead_0001;
+        begin(e, "S", 6).unwrap();
+        part(e, "S", 0, b"abc").unwrap();
+        assert!(matches!(
+            part(e, "S", 5, b"x"),
+            Err(StagingError::OutOfOrder { .. })
+        ));
+        // The refused part discarded the transfer.
+        assert!(matches!(
+            part(e, "S", 3, b"def"),
+            Err(StagingError::NotBegun(_))
+        ));
+        begin(e, "S", 6).unwrap();
+        part(e, "S", 0, b"abc").unwrap();
+        assert!(matches!(end(e, "S"), Err(StagingError::Incomplete { .. })));
+        begin(e, "S", 6).unwrap();
+        part(e, "S", 0, b"abc").unwrap();
+        part(e, "S", 3, b"def").unwrap();
+        assert_eq!(end(e, "S").unwrap(), b"abcdef");
+        assert!(matches!(end(e, "S"), Err(StagingError::NotBegun(_))));
+        assert!(matches!(
+            begin(e, "S", MAX_EXPORT + 1),
+            Err(StagingError::TooLarge { .. })
+        ));
+        staging_is_bounded_in_transfers();
+    }
+
+    // One test: a second running at once would take transfers from the bound.
+    fn staging_is_bounded_in_transfers() {
+        let e = 0xdead_0002;
+        for i in 0..MAX_IMPORTS {
+            if begin(e, &format!("T{i}"), 1).is_err() {
+                // Another test of this process holds a slot: the bound is what matters.
+                break;
+            }
+        }
+        assert!(matches!(begin(e, "T-last", 1), Err(StagingError::TooMany)));
+        for i in 0..MAX_IMPORTS {
+            abort(e, &format!("T{i}"));
+        }
+    }
 }
