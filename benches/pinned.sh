@@ -321,10 +321,12 @@ start_raft_once() { # dir bin
     peers+="${peers:+,}$i=127.0.0.1:${mport[i]}/127.0.0.1:${rfport[i]}"
   done
   for i in 1 2 3; do
+    # Member 1 forms the group, once.
+    local boot=(); [ "$i" = 1 ] && boot=(--raft-bootstrap)
     STOCKGATE_LOG=warn,openraft=error taskset -c "$SERVER_CPU" timeout 3600 "$b" \
       --bind 127.0.0.1 --port "${mport[i]}" --data-dir "$d/n$i" --fsync always --threads 1 \
       --secret-file "$d/secret" --reservation-key-file "$d/reservation.key" --create-keys \
-      --raft-id "$i" --raft-listen "127.0.0.1:${rfport[i]}" --raft-peers "$peers" "${RAFT_EXTRA[@]}" \
+      --raft-id "$i" --raft-listen "127.0.0.1:${rfport[i]}" --raft-peers "$peers" "${boot[@]}" "${RAFT_EXTRA[@]}" \
       >"$d/n$i.out" 2>"$d/n$i.err" &
     wpid=$!; PIDS+=("$wpid"); TPIDS+=("$wpid"); wpids[i]=$wpid
     spids[i]=$(child_of "$wpid" 2>/dev/null) || return 1

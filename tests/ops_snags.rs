@@ -39,6 +39,8 @@ fn a_second_server_on_a_data_dir_in_use_names_the_holder() {
 /// with no log filter of its own (the default is what a user gets).
 fn member(dir: &Path, i: usize, port: u16, raft_port: u16, peers: &str) -> Child {
     let log = std::fs::File::create(dir.join(format!("n{i}.log"))).expect("log file");
+    // The README's first member forms the group.
+    let bootstrap: &[&str] = if i == 1 { &["--raft-bootstrap"] } else { &[] };
     Command::new(server_bin())
         .current_dir(dir)
         .args(["--port", &port.to_string(), "--data-dir", &format!("n{i}")])
@@ -47,6 +49,7 @@ fn member(dir: &Path, i: usize, port: u16, raft_port: u16, peers: &str) -> Child
         .args(["--raft-id", &i.to_string()])
         .args(["--raft-listen", &format!("127.0.0.1:{raft_port}")])
         .args(["--raft-peers", peers])
+        .args(bootstrap)
         .env_remove("STOCKGATE_LOG")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())

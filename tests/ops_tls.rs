@@ -624,6 +624,12 @@ fn a_raft_group_replicates_over_tls() {
                 "--raft-peers",
                 &peers,
             ])
+            // One member forms the group.
+            .args(if i == 0 {
+                &["--raft-bootstrap"][..]
+            } else {
+                &[]
+            })
             .args(server_flags(&p, "a"))
             .arg("--tls-ca-cert-file")
             .arg(p.join("a-ca.pem"))

@@ -802,9 +802,10 @@ fn check_reencodes<T: serde::Serialize>(
 /// A request that decoded: it round-trips through the encoder, it formats (openraft logs
 /// it), and the WAL records inside its batches decode or are refused as a follower's
 /// apply would.
-fn check_request(body: &[u8], rpc: &network::Rpc) {
-    check_reencodes(body, rpc, network::decode_request);
-    let _ = format!("{rpc:?}");
+fn check_request(body: &[u8], env: &network::Envelope<network::Rpc>) {
+    check_reencodes(body, env, network::decode_request);
+    let _ = format!("{env:?}");
+    let rpc = &env.rpc;
     if let network::Rpc::Append(r) = rpc {
         let _ = r.summary();
         for e in &r.entries {
@@ -827,7 +828,7 @@ fn check_request(body: &[u8], rpc: &network::Rpc) {
     }
 }
 
-fn check_reply(body: &[u8], reply: &network::RpcReply) {
+fn check_reply(body: &[u8], reply: &network::ReplyEnvelope) {
     check_reencodes(body, reply, network::decode_reply);
     let _ = format!("{reply:?}");
 }
@@ -1588,7 +1589,10 @@ fn frame(body: &[u8]) -> Vec<u8> {
 type Named<T> = Vec<(&'static str, T)>;
 
 /// One request of each kind and a few replies, as peers send them.
-fn raft_messages() -> (Named<network::Rpc>, Named<network::RpcReply>) {
+fn raft_messages() -> (
+    Named<network::Envelope<network::Rpc>>,
+    Named<network::ReplyEnvelope>,
+) {
     use openraft::raft::{
         AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest,
         VoteResponse,
@@ -1602,6 +1606,19 @@ fn raft_messages() -> (Named<network::Rpc>, Named<network::RpcReply>) {
     let node = |port: u16| NodeInfo {
         raft_addr: format!("127.0.0.1:{}", port + 10_000),
         client_addr: format!("127.0.0.1:{port}"),
+        incarnation: u64::from(port) << 20 | 0x5eed,
+    };
+    // Every request names the group and both incarnations; every reply its responder's.
+    let env = |rpc| network::Envelope {
+        group: 0x6a0f_c0de,
+        from: 1,
+        from_incarnation: node(7379).incarnation,
+        to_incarnation: node(7380).incarnation,
+        rpc,
+    };
+    let answer = |reply| network::ReplyEnvelope {
+        incarnation: node(7380).incarnation,
+        reply,
     };
     let vote = Vote::new_committed(3, 1);
     let log_id = |index| LogId::new(CommittedLeaderId::new(3, 1), index);
@@ -1661,7 +1678,16 @@ fn raft_messages() -> (Named<network::Rpc>, Named<network::RpcReply>) {
             }),
         ),
         ("elect", network::Rpc::Elect),
+        ("hello", network::Rpc::Hello),
+        (
+            "init",
+            network::Rpc::Init {
+                group: 0x6a0f_c0de,
+                members: BTreeMap::from([(1, node(7379)), (2, node(7380)), (3, node(7381))]),
+            },
+        ),
     ];
+    let requests = requests.into_iter().map(|(n, r)| (n, env(r))).collect();
     let replies = vec![
         (
             "append",
@@ -1672,7 +1698,22 @@ fn raft_messages() -> (Named<network::Rpc>, Named<network::RpcReply>) {
             network::RpcReply::Vote(Ok(VoteResponse::new(vote, Some(log_id(7)), true))),
         ),
         ("elect", network::RpcReply::Elect(true)),
+        (
+            "hello",
+            network::RpcReply::Hello(network::HelloReply {
+                node: 2,
+                incarnation: node(7380).incarnation,
+                group: 0,
+                pristine: true,
+            }),
+        ),
+        ("init", network::RpcReply::Init(Ok(()))),
+        (
+            "refused",
+            network::RpcReply::Refused("node 2 is of another group".into()),
+        ),
     ];
+    let replies = replies.into_iter().map(|(n, r)| (n, answer(r))).collect();
     (requests, replies)
 }
 

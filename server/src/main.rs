@@ -235,11 +235,17 @@ struct ServeArgs {
     /// Address this member listens on for its peers (Raft RPCs), e.g. 127.0.0.1:17379.
     #[arg(long, requires = "raft_id")]
     raft_listen: Option<String>,
-    /// The group to form on first start, this member included, comma-separated
-    /// ID=CLIENT_HOST:PORT/RAFT_HOST:PORT. Leave out on a member that waits to be added
-    /// by `RAFT.ADD` on the leader.
+    /// The group's members, this one included, comma-separated
+    /// ID=CLIENT_HOST:PORT/RAFT_HOST:PORT: whom --raft-bootstrap forms the group of.
+    /// Ignored without --raft-bootstrap.
     #[arg(long, requires = "raft_id", value_delimiter = ',')]
     raft_peers: Vec<String>,
+    /// Form a new group of --raft-peers: give it to ONE member, on the group's very
+    /// first start. The others (and any member started on an empty data dir) wait, take
+    /// no part in votes, until a group admits them. Ignored once this member holds Raft
+    /// state.
+    #[arg(long, requires = "raft_id")]
+    raft_bootstrap: bool,
     /// Reach peer ID through ADDR instead of its announced Raft address (a proxy, a NAT):
     /// ID=HOST:PORT, repeatable.
     #[arg(long, requires = "raft_id")]
@@ -260,9 +266,9 @@ struct ServeArgs {
     /// Longest election timeout (each follower picks at random between the two).
     #[arg(long, allow_negative_numbers = true, value_parser = int_in::<u64>(1, I64_MAX), default_value_t = 600)]
     raft_election_max_ms: u64,
-    /// This member's Raft log was lost: start empty (the old WAL is set aside), take
-    /// everything from the group, and vote only once caught up. Remove the member on the
-    /// leader first (`RAFT.REMOVE ID`) and add it back after (`RAFT.ADD`).
+    /// This member's Raft log was lost: start empty (the old WAL is set aside) under a
+    /// new incarnation, taking no part in votes until the group re-admits it
+    /// (`RAFT.READMIT ID` on the leader).
     #[arg(long, requires = "raft_id")]
     rejoin_empty: bool,
     /// Serve Prometheus metrics (/metrics), JSON (/json) and the status page (/) here,
@@ -1376,6 +1382,7 @@ fn raft_config(a: &ServeArgs) -> Result<Option<RaftNodeConfig>, String> {
         id,
         listen,
         bootstrap,
+        form_group: a.raft_bootstrap,
         routes,
         group_name: a.group_name.clone(),
         heartbeat_ms: a.raft_heartbeat_ms,

@@ -253,6 +253,10 @@ impl Group {
                 "--raft-peers".into(),
                 peers.clone(),
             ];
+            // One member forms the group, once; the others wait to be named by it.
+            if id == ids[0] {
+                args.push("--raft-bootstrap".into());
+            }
             args.extend(keys.flags());
             for ((f, t), p) in &links {
                 if *f == id {

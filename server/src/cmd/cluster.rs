@@ -186,14 +186,14 @@ pub fn cluster(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
 }
 
 /// Per group, the member `CLUSTER SLOTS`, `SHARDS` and `NODES` name as its master: for
-/// this node's group what its Raft member knows (itself when it leads), for
+/// this node's group what its Raft member knows (itself only when it takes writes), for
 /// the others what their members last answered `ROLE`; the map's first member while
 /// nothing is known.
 fn leaders(ctx: &Ctx<'_>, c: &Cluster) -> Vec<usize> {
     (0..c.map.groups.len())
         .map(|g| {
             if g == c.my_group {
-                my_groups_leader(ctx, c).unwrap_or(0)
+                my_groups_leader(ctx, c)
             } else {
                 c.leader_of(g)
             }
@@ -201,16 +201,29 @@ fn leaders(ctx: &Ctx<'_>, c: &Cluster) -> Vec<usize> {
         .collect()
 }
 
-fn my_groups_leader(ctx: &Ctx<'_>, c: &Cluster) -> Option<usize> {
+fn my_groups_leader(ctx: &Ctx<'_>, c: &Cluster) -> usize {
     // Without Raft the node is its group's only server: the map's first node.
-    let repl = ctx.shared.repl.get()?;
+    let Some(repl) = ctx.shared.repl.get() else {
+        return 0;
+    };
+    let nodes = &c.map.groups[c.my_group].nodes;
     if let Some(addr) = repl.other_leader_addr() {
-        let nodes = &c.map.groups[c.my_group].nodes;
-        return nodes
+        if let Some(i) = nodes
             .iter()
-            .position(|n| format!("{}:{}", n.host, n.port) == addr);
+            .position(|n| format!("{}:{}", n.host, n.port) == addr)
+        {
+            return i;
+        }
     }
-    repl.write_refusal().is_none().then_some(c.my_node)
+    if repl.write_refusal().is_none() {
+        return c.my_node;
+    }
+    // No leader known and this member takes no writes (a leader without a majority
+    // among them): the format needs a master per range, and naming itself would keep
+    // clients on a member that refuses them. Another member at worst redirects them.
+    (0..nodes.len())
+        .find(|&i| i != c.my_node)
+        .unwrap_or(c.my_node)
 }
 
 fn help() -> Reply {

@@ -502,6 +502,15 @@ pub static COMMANDS: &[Spec] = &[
         "Remove a member from the voters",
     ),
     spec(
+        "raft.readmit",
+        2,
+        &["admin", "noscript"],
+        0,
+        ADMIN,
+        "server",
+        "Re-admit a member that lost its state: remove, add as a learner, promote once caught up",
+    ),
+    spec(
         "wait",
         3,
         &["noscript"],

@@ -210,7 +210,9 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "psubscribe" => Ok(pubsub::subscribe(ctx, rest, true)),
         "unsubscribe" | "punsubscribe" => Ok(pubsub::unsubscribe(rest, spec.name)),
         "sentinel" => Ok(replication::sentinel(ctx, rest)),
-        "raft.members" | "raft.add" | "raft.remove" => Ok(replication::raft(ctx, spec.name, rest)),
+        "raft.members" | "raft.add" | "raft.remove" | "raft.readmit" => {
+            Ok(replication::raft(ctx, spec.name, rest))
+        }
         "cluster" => Ok(cluster::cluster(ctx, rest)),
         "readonly" | "readwrite" | "asking" => Ok(cluster::connection_flag(ctx, spec.name)),
         "multi" => Ok(multi::multi(ctx)),

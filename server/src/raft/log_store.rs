@@ -89,7 +89,7 @@ impl Inner {
         if self.last_purged.is_some_and(|p| p.index >= upto.index) {
             return;
         }
-        self.entries = self.entries.split_off(&(upto.index + 1));
+        self.entries = self.entries.split_off(&upto.index.saturating_add(1));
         self.last_purged = Some(upto);
     }
 }
@@ -437,7 +437,7 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
             }
             K_PURGE => {
                 let upto: LogId = bincode::deserialize(body).map_err(bad)?;
-                inner.entries = inner.entries.split_off(&(upto.index + 1));
+                inner.entries = inner.entries.split_off(&upto.index.saturating_add(1));
                 inner.last_purged = Some(upto);
             }
             K_VOTE => inner.vote = Some(bincode::deserialize(body).map_err(bad)?),
@@ -522,13 +522,50 @@ fn rewrite(path: &Path, image: &[u8]) -> io::Result<File> {
     OpenOptions::new().append(true).open(path)
 }
 
-fn range_entries<RB: RangeBounds<u64>>(inner: &Mutex<Inner>, range: RB) -> Vec<Entry> {
-    inner
-        .lock()
-        .entries
-        .range(range)
-        .map(|(_, e)| e.clone())
-        .collect()
+/// A range of log indexes openraft asked for that is no range: its start lies past its
+/// end. openraft computes these from what peers report, so a peer's reply must not be
+/// able to turn one into a panic (`BTreeMap::range` panics on it).
+#[derive(Debug, thiserror::Error)]
+#[error("log range {0} starts after it ends")]
+pub struct RangeError(String);
+
+/// The entries in `range`, or [`RangeError`] as openraft's storage error.
+#[allow(clippy::result_large_err)] // openraft's own error type, as its trait returns it
+fn range_entries<RB: RangeBounds<u64> + std::fmt::Debug>(
+    inner: &Mutex<Inner>,
+    range: RB,
+) -> Result<Vec<Entry>, StorageError> {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
+    // In u128 so that neither `Excluded(u64::MAX)` as a start nor `Included(u64::MAX)`
+    // as an end overflows.
+    let start = match range.start_bound() {
+        Included(s) => u128::from(*s),
+        Excluded(s) => u128::from(*s) + 1,
+        Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Included(e) => u128::from(*e) + 1,
+        Excluded(e) => u128::from(*e),
+        Unbounded => u128::from(u64::MAX) + 1,
+    };
+    if start > end {
+        let e = RangeError(format!("{range:?}"));
+        tracing::error!("raft log: {e}; refused");
+        return Err(StorageIOError::read_logs(&e).into());
+    }
+    // Empty (start == end) or starting past the last possible index: nothing.
+    let Ok(lo) = u64::try_from(start) else {
+        return Ok(Vec::new());
+    };
+    if start == end {
+        return Ok(Vec::new());
+    }
+    let g = inner.lock();
+    let entries = match u64::try_from(end) {
+        Ok(hi) => g.entries.range(lo..hi),
+        Err(_) => g.entries.range(lo..),
+    };
+    Ok(entries.map(|(_, e)| e.clone()).collect())
 }
 
 impl RaftLogReader<TypeConfig> for LogReader {
@@ -536,7 +573,7 @@ impl RaftLogReader<TypeConfig> for LogReader {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        Ok(range_entries(&self.inner, range))
+        range_entries(&self.inner, range)
     }
 }
 
@@ -545,7 +582,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        Ok(range_entries(&self.inner, range))
+        range_entries(&self.inner, range)
     }
 }
 
@@ -575,11 +612,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
         let v = *vote;
         // A vote never goes back: that is what keeps one leader per term.
+        // Refused rather than asserted: a vote is what a peer's request leads to.
         let old = self.inner.lock().vote;
-        assert!(
-            old.is_none_or(|old| v >= old),
-            "vote {v} saved after {old:?}"
-        );
+        if old.is_some_and(|old| v < old) {
+            let e = io::Error::other(format!("vote {v} would go back from {old:?}"));
+            return Err(StorageIOError::write_vote(&e).into());
+        }
         let rx = self.change(Some((K_VOTE, &ser(vote))), |g| g.vote = Some(v))?;
         Self::synced(rx, |e| StorageIOError::write_vote(e).into()).await
     }
@@ -633,11 +671,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let from = log_id.index;
         // Only an uncommitted suffix is ever cut: a committed entry is on a majority.
+        // Refused rather than asserted: where to cut comes from a leader's append.
         let committed = self.inner.lock().committed;
-        assert!(
-            committed.is_none_or(|c| from > c.index),
-            "truncating from {from}, committed is {committed:?}"
-        );
+        if committed.is_some_and(|c| from <= c.index) {
+            let e = io::Error::other(format!(
+                "truncating from {from} would cut committed entries (committed: {committed:?})"
+            ));
+            return Err(StorageIOError::write_logs(&e).into());
+        }
         let rx = self.change(Some((K_TRUNCATE, &ser(&from))), |g| {
             g.entries.split_off(&from);
         })?;
@@ -711,6 +752,44 @@ mod tests {
         assert_eq!(applied.map(|l| l.index), Some(1));
         let e = s.applied_for(9).expect_err("WAL beyond the log");
         assert!(e.contains("LSN 9"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn raft_log_refuses_a_range_that_starts_after_it_ends() {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let dir = std::env::temp_dir().join(format!("sg-raftlog-range-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_raw(
+            &dir,
+            &(1..=5)
+                .map(|i| (K_ENTRY, ser(&entry(1, i, 2 * i - 1))))
+                .collect::<Vec<_>>(),
+        );
+        let mut s = LogStore::open(&dir).expect("open");
+        let idx = |v: Vec<Entry>| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
+        assert_eq!(idx(s.try_get_log_entries(2..4).await.expect("ok")), [2, 3]);
+        assert_eq!(idx(s.try_get_log_entries(4..=9).await.expect("ok")), [4, 5]);
+        assert!(s.try_get_log_entries(3..3).await.expect("empty").is_empty());
+        let both_excluded = (Excluded(3u64), Excluded(3u64));
+        assert!(s.try_get_log_entries(both_excluded).await.is_err());
+        // What used to panic the Raft core: a start past the end.
+        let reversed = (Included(5u64), Excluded(2u64));
+        assert!(s.try_get_log_entries(reversed).await.is_err());
+        let mut reader = s.get_log_reader().await;
+        let reversed = (Included(9u64), Included(3u64));
+        assert!(reader.try_get_log_entries(reversed).await.is_err());
+        let top = (Excluded(u64::MAX), Unbounded);
+        assert!(reader
+            .try_get_log_entries(top)
+            .await
+            .expect("empty")
+            .is_empty());
+        let all = (Included(0u64), Included(u64::MAX));
+        assert_eq!(
+            idx(reader.try_get_log_entries(all).await.expect("ok")).len(),
+            5
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -24,6 +24,8 @@
 //!   `-READONLY`, stock reads too (their state may be stale), and feed reads (committed,
 //!   possibly behind the leader).
 
+pub mod authority;
+pub mod identity;
 pub mod log_store;
 pub mod network;
 pub mod node;
@@ -41,19 +43,28 @@ pub use node::{RaftNode, RaftNodeConfig};
 /// A member's id in the group (`--raft-id`), unique and never reused.
 pub type NodeId = u64;
 
-/// What the group knows of a member: where peers reach its Raft port and where clients
-/// reach it (the address the Sentinel discovery commands hand out).
+/// What the group knows of a member: where peers reach its Raft port, where clients
+/// reach it (the address the Sentinel discovery commands hand out), and which storage
+/// it runs on (its incarnation, [`identity`]): part of the replicated membership, so
+/// every member refuses the same impostor.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
     /// Where peers reach this member's Raft port (`host:port`).
     pub raft_addr: String,
     /// Where clients reach this member (`host:port`), as Sentinel discovery reports it.
     pub client_addr: String,
+    /// The incarnation of the member's storage the group admitted; 0 only in
+    /// `--raft-peers` before the bootstrap asked the member for it.
+    pub incarnation: u64,
 }
 
 impl fmt::Display for NodeInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.client_addr, self.raft_addr)
+        write!(
+            f,
+            "{}/{}#{:016x}",
+            self.client_addr, self.raft_addr, self.incarnation
+        )
     }
 }
 
@@ -155,6 +166,7 @@ pub fn parse_peer(s: &str) -> Result<(NodeId, NodeInfo), String> {
         NodeInfo {
             raft_addr: raft.to_owned(),
             client_addr: client.to_owned(),
+            incarnation: 0,
         },
     ))
 }

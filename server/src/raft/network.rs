@@ -8,8 +8,16 @@
 //! "unreachable": openraft backs off half a second from an unreachable peer, which would
 //! add that to every failover. With `--tls-replication` every peer connection is TLS,
 //! both ends presenting the member's certificate, each checked against the CA.
+//!
+//! Every request travels in an [`Envelope`] naming the group, the sender and its
+//! incarnation, and the incarnation the sender believes the receiver has; every reply
+//! names the responder's incarnation. A member refuses a vote or an append from another
+//! group or from a storage the group did not admit under that node id, and a caller
+//! never counts a reply from a storage other than the one the membership names
+//! ([`identity`](super::identity)): a member started on an empty or foreign disk gets
+//! no say, even if its own checks were bypassed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -34,6 +42,7 @@ use crate::tls::Tls;
 trait PeerIo: Io + Sync {}
 impl<T: Io + Sync> PeerIo for T {}
 
+use super::identity::Identity;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
 /// Largest frame a peer may send (an append of `max_payload_entries` batches).
@@ -54,6 +63,54 @@ pub enum Rpc {
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     /// Stand for election now (`SENTINEL FAILOVER` on the leader).
     Elect,
+    /// Who are you: node id, incarnation, group, whether it holds any Raft state
+    /// (the bootstrap and `RAFT.ADD`/`RAFT.READMIT` ask before they name a member).
+    Hello,
+    /// Form the group: the bootstrapping member hands every member the group id and the
+    /// first membership (each member's incarnation as it answered [`Rpc::Hello`]).
+    Init {
+        /// The new group's id.
+        group: u64,
+        /// The first membership, every member a voter.
+        members: BTreeMap<NodeId, NodeInfo>,
+    },
+}
+
+/// A request with who sends it to whom (see the module's description).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Envelope<R> {
+    /// The sender's group id; 0 when it has none yet (only `Hello` then).
+    pub group: u64,
+    /// The sender's node id.
+    pub from: NodeId,
+    /// The sender's incarnation.
+    pub from_incarnation: u64,
+    /// The incarnation the sender believes the receiver has (0: unknown, `Hello`).
+    pub to_incarnation: u64,
+    /// The request itself.
+    pub rpc: R,
+}
+
+/// A reply with the incarnation of the storage that answered.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ReplyEnvelope {
+    /// The responder's incarnation.
+    pub incarnation: u64,
+    /// The reply itself.
+    pub reply: RpcReply,
+}
+
+/// The answer to [`Rpc::Hello`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HelloReply {
+    /// The responder's node id.
+    pub node: NodeId,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// Its group id, 0 when none yet.
+    pub group: u64,
+    /// No Raft state at all: no membership, no log entry.
+    pub pristine: bool,
 }
 
 /// The answer to an [`Rpc`].
@@ -67,17 +124,26 @@ pub enum RpcReply {
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     /// Whether the election was started.
     Elect(bool),
+    /// Who this member is.
+    Hello(HelloReply),
+    /// Whether the member took the group's id and first membership.
+    Init(Result<(), String>),
+    /// The request was refused before reaching Raft, and why (another group, a storage
+    /// the group did not admit, a member that may not vote).
+    Refused(String),
 }
 
 /// Creates a [`Peer`] per member openraft talks to. `routes` overrides where a peer is
 /// reached (`--raft-route ID=ADDR`: a proxy, a NAT), by node id.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Network {
     /// Peer address overrides by node id: where to connect instead of the member's advertised
     /// `raft_addr`.
     pub routes: Arc<HashMap<NodeId, String>>,
     /// `--tls-replication`: peers are called over TLS.
     pub tls: Option<Arc<Tls>>,
+    /// This member's identity, put on every request.
+    pub ident: Arc<Identity>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -94,6 +160,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             addr,
             tls: self.tls.clone(),
             conn: None,
+            ident: self.ident.clone(),
+            expect: node.incarnation,
         }
     }
 }
@@ -104,6 +172,9 @@ pub struct Peer {
     addr: String,
     tls: Option<Arc<Tls>>,
     conn: Option<Box<dyn PeerIo>>,
+    ident: Arc<Identity>,
+    /// The incarnation the membership names for `target` (0: not known yet).
+    expect: u64,
 }
 
 /// Opens a connection to a peer: TCP, and TLS on it with `--tls-replication` (the
@@ -172,9 +243,9 @@ pub fn encode<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
 
 /// A request frame's body. A peer can send any bytes: what is not a well-formed request
 /// is an error (the connection ends), never a panic.
-pub fn decode_request(body: &[u8]) -> io::Result<Rpc> {
-    let rpc: Rpc = wire().deserialize(body).map_err(io::Error::other)?;
-    let batches_ok = match &rpc {
+pub fn decode_request(body: &[u8]) -> io::Result<Envelope<Rpc>> {
+    let env: Envelope<Rpc> = wire().deserialize(body).map_err(io::Error::other)?;
+    let batches_ok = match &env.rpc {
         Rpc::Append(r) => r.entries.iter().all(|e| match &e.payload {
             EntryPayload::Normal(b) => b.well_formed(),
             _ => true,
@@ -186,11 +257,11 @@ pub fn decode_request(body: &[u8]) -> io::Result<Rpc> {
             "append with a batch of no records or past the last LSN",
         ));
     }
-    Ok(rpc)
+    Ok(env)
 }
 
 /// A reply frame's body, read back from a peer this node called.
-pub fn decode_reply(body: &[u8]) -> io::Result<RpcReply> {
+pub fn decode_reply(body: &[u8]) -> io::Result<ReplyEnvelope> {
     wire().deserialize(body).map_err(io::Error::other)
 }
 
@@ -204,7 +275,13 @@ impl Peer {
     /// dropped half way (openraft drops replication futures it no longer needs) takes the
     /// connection with it, so no later call can read the reply meant for this one.
     async fn call(&mut self, rpc: &Rpc, ttl: Duration) -> io::Result<RpcReply> {
-        let body = encode(rpc)?;
+        let body = encode(&Envelope {
+            group: self.ident.group().unwrap_or(0),
+            from: self.ident.node,
+            from_incarnation: self.ident.incarnation,
+            to_incarnation: self.expect,
+            rpc,
+        })?;
         let held = self.conn.take();
         let addr = self.addr.clone();
         let tls = self.tls.clone();
@@ -232,9 +309,26 @@ impl Peer {
                 return Err(e);
             }
         };
-        note_reachable(self.target, &self.addr, Ok(()));
         self.conn = Some(s);
-        Ok(reply)
+        let checked = self.checked(reply);
+        note_reachable(self.target, &self.addr, checked.as_ref().map(|_| ()));
+        checked
+    }
+
+    /// A reply counts only from the storage the membership names: a member that lost
+    /// its state answers with another incarnation, and its acknowledgement of an append
+    /// must not make an entry committed, nor its vote elect anyone.
+    fn checked(&self, r: ReplyEnvelope) -> io::Result<RpcReply> {
+        if self.expect != 0 && r.incarnation != self.expect {
+            return Err(io::Error::other(format!(
+                "node {} answered from storage incarnation {:016x}, the group admitted {:016x}: it lost its state and is not counted until re-admitted (RAFT.READMIT {})",
+                self.target, r.incarnation, self.expect, self.target
+            )));
+        }
+        match r.reply {
+            RpcReply::Refused(why) => Err(io::Error::other(format!("refused: {why}"))),
+            reply => Ok(reply),
+        }
     }
 }
 
@@ -336,14 +430,52 @@ pub async fn ask_to_elect(mut net: Network, target: NodeId, node: &NodeInfo) -> 
     }
 }
 
-/// Serves the peers' RPCs. `no_votes`: while set, vote requests are not answered (a node
-/// rejoining with an empty log must not vote before it has caught up: it may have
-/// voted in these terms before it lost its log).
+/// Asks the member at `node` who it is, whatever incarnation it has.
+pub async fn hello(mut net: Network, target: NodeId, node: &NodeInfo) -> io::Result<HelloReply> {
+    let unknown = NodeInfo {
+        incarnation: 0,
+        ..node.clone()
+    };
+    let mut peer = net.new_client(target, &unknown).await;
+    match peer.call(&Rpc::Hello, Duration::from_secs(2)).await? {
+        RpcReply::Hello(h) if h.node == target => Ok(h),
+        RpcReply::Hello(h) => Err(io::Error::other(format!(
+            "{} is node {}, not node {target}",
+            node.raft_addr, h.node
+        ))),
+        _ => Err(io::Error::other("mismatched reply")),
+    }
+}
+
+/// Hands `target` the new group's id and first membership (the bootstrap).
+pub async fn init(
+    mut net: Network,
+    target: NodeId,
+    group: u64,
+    members: &BTreeMap<NodeId, NodeInfo>,
+) -> io::Result<()> {
+    let node = members
+        .get(&target)
+        .ok_or_else(|| io::Error::other(format!("node {target} is not in the membership")))?;
+    let mut peer = net.new_client(target, node).await;
+    let rpc = Rpc::Init {
+        group,
+        members: members.clone(),
+    };
+    match peer.call(&rpc, Duration::from_secs(5)).await? {
+        RpcReply::Init(r) => r.map_err(|why| io::Error::other(format!("refused: {why}"))),
+        _ => Err(io::Error::other("mismatched reply")),
+    }
+}
+
+/// Serves the peers' RPCs. `no_votes`: while set, vote and election requests are
+/// refused (a member the group has not admitted as a voter under this storage's
+/// incarnation must not vote: it may have voted in these terms before it lost its state).
 pub async fn serve(
     listener: TcpListener,
     raft: Raft,
     no_votes: Arc<AtomicBool>,
-    me: NodeId,
+    ident: Arc<Identity>,
     tls: Option<Arc<Tls>>,
 ) {
     loop {
@@ -355,7 +487,7 @@ pub async fn serve(
                 continue;
             }
         };
-        let (raft, no_votes) = (raft.clone(), no_votes.clone());
+        let (raft, no_votes, ident) = (raft.clone(), no_votes.clone(), ident.clone());
         let acceptor = tls.as_ref().and_then(|t| t.peers()).map(|p| p.0);
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
@@ -372,7 +504,7 @@ pub async fn serve(
                     }
                 }
             };
-            if let Err(e) = serve_peer(s, raft, no_votes, me).await {
+            if let Err(e) = serve_peer(s, raft, no_votes, ident).await {
                 tracing::debug!("raft: peer connection ended: {e}");
             }
         });
@@ -383,41 +515,198 @@ async fn serve_peer(
     mut s: Box<dyn PeerIo>,
     raft: Raft,
     no_votes: Arc<AtomicBool>,
-    me: NodeId,
+    ident: Arc<Identity>,
 ) -> io::Result<()> {
     loop {
         let body = read_frame(&mut s).await?;
-        let rpc = decode_request(&body)?;
+        let env = decode_request(&body)?;
         // A route that leads back here (a misconfigured --raft-route or --raft-peers):
         // openraft must never see its own requests as a peer's (a leader receiving its
         // own append-entries stops its core).
-        let from = match &rpc {
-            Rpc::Append(r) => r.vote.leader_id().voted_for(),
-            Rpc::Vote(r) => r.vote.leader_id().voted_for(),
-            Rpc::Snapshot(r) => r.vote.leader_id().voted_for(),
-            Rpc::Elect => None,
-        };
-        if from == Some(me) {
+        if env.from == ident.node && !matches!(env.rpc, Rpc::Hello) {
             tracing::error!(
                 "raft: a request from this member itself reached its Raft port: a peer address or --raft-route points back here; dropped"
             );
             return Err(io::Error::other("request from this member itself"));
         }
-        let reply = match rpc {
-            Rpc::Append(r) => RpcReply::Append(raft.append_entries(r).await),
-            Rpc::Vote(r) => {
-                if no_votes.load(Ordering::Acquire) {
-                    return Err(io::Error::other("not voting until caught up"));
-                }
-                RpcReply::Vote(raft.vote(r).await)
+        let reply = match admit(&env, &raft, &ident, &no_votes) {
+            Err(why) => {
+                note_refused(&env, &why);
+                RpcReply::Refused(why)
             }
-            Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
-            // A member rejoining empty may not stand before it has caught up.
-            Rpc::Elect => RpcReply::Elect(
-                !no_votes.load(Ordering::Acquire) && raft.trigger().elect().await.is_ok(),
-            ),
+            Ok(()) => handle(env.rpc, &raft, &ident, &no_votes).await,
         };
-        let out = encode(&reply)?;
+        let out = encode(&ReplyEnvelope {
+            incarnation: ident.incarnation,
+            reply,
+        })?;
         write_frame(&mut s, &out).await?;
+    }
+}
+
+async fn handle(rpc: Rpc, raft: &Raft, ident: &Identity, no_votes: &AtomicBool) -> RpcReply {
+    match rpc {
+        Rpc::Append(r) => RpcReply::Append(raft.append_entries(r).await),
+        Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
+        Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
+        // A member not admitted as a voter may not stand.
+        Rpc::Elect => RpcReply::Elect(
+            !no_votes.load(Ordering::Acquire) && raft.trigger().elect().await.is_ok(),
+        ),
+        Rpc::Hello => RpcReply::Hello(HelloReply {
+            node: ident.node,
+            incarnation: ident.incarnation,
+            group: ident.group().unwrap_or(0),
+            pristine: pristine(raft),
+        }),
+        Rpc::Init { group, members } => RpcReply::Init(take_init(raft, ident, group, members)),
+    }
+}
+
+/// No membership and no log entry: nothing a bootstrap could overwrite.
+fn pristine(raft: &Raft) -> bool {
+    let m = raft.metrics().borrow().clone();
+    m.last_log_index.is_none() && m.membership_config.membership().nodes().next().is_none()
+}
+
+/// The bootstrap's [`Rpc::Init`] on a member: only a member with no Raft state and no
+/// other group takes it, and only when it lists this storage's incarnation.
+fn take_init(
+    raft: &Raft,
+    ident: &Identity,
+    group: u64,
+    members: BTreeMap<NodeId, NodeInfo>,
+) -> Result<(), String> {
+    match members.get(&ident.node) {
+        Some(n) if n.incarnation == ident.incarnation => {}
+        _ => {
+            return Err(format!(
+                "the bootstrap does not list node {} with this storage's incarnation {:016x}",
+                ident.node, ident.incarnation
+            ))
+        }
+    }
+    if ident.group().is_some_and(|g| g != group) {
+        return Err(format!("node {} belongs to another group", ident.node));
+    }
+    if !pristine(raft) {
+        // The same bootstrap sent again after the group's log reached this member.
+        let same = ident.group() == Some(group);
+        return if same {
+            Ok(())
+        } else {
+            Err(format!("node {} already holds Raft state", ident.node))
+        };
+    }
+    ident.adopt_group(group).map_err(|e| e.to_string())?;
+    // Not `initialize` here: openraft stands for election at once on it, and a member
+    // initialized after a leader was elected could then unseat it with a shorter log.
+    // Only the bootstrapping member initializes and stands; this one grants it its vote
+    // by this membership and learns the real one from its log.
+    ident.set_first_members(members);
+    Ok(())
+}
+
+/// Whether a request may reach Raft: the receiver must be the storage the sender means,
+/// of the same group, and a vote or an append must come from the storage the
+/// membership names for the sender's node id. `Err` says why not, in words.
+fn admit(
+    env: &Envelope<Rpc>,
+    raft: &Raft,
+    ident: &Identity,
+    no_votes: &AtomicBool,
+) -> Result<(), String> {
+    let voting = matches!(env.rpc, Rpc::Vote(_) | Rpc::Elect);
+    match &env.rpc {
+        Rpc::Hello | Rpc::Init { .. } => return Ok(()),
+        Rpc::Append(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
+        Rpc::Vote(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
+        Rpc::Snapshot(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
+        Rpc::Elect => {}
+    }
+    if env.to_incarnation != ident.incarnation {
+        return Err(format!(
+            "node {} runs on storage incarnation {:016x}, node {} knows it as {:016x}: this member lost its state and takes no part until re-admitted (RAFT.READMIT {} on the leader)",
+            ident.node, ident.incarnation, env.from, env.to_incarnation, ident.node
+        ));
+    }
+    if env.group == 0 {
+        return Err(format!("node {} belongs to no group", env.from));
+    }
+    match ident.group() {
+        Some(g) if g != env.group => {
+            return Err(format!(
+                "node {} is of group {:016x}, this member of group {g:016x}",
+                env.from, env.group
+            ))
+        }
+        Some(_) => {}
+        // A member that never voted yet learns its group from the first leader that
+        // names its incarnation (RAFT.ADD asked it for it): it cannot vote before.
+        None if voting => return Err(format!("node {} is not in a group yet", ident.node)),
+        None => ident.adopt_group(env.group).map_err(|e| e.to_string())?,
+    }
+    let (known, may_vote) = sender_and_vote(raft, ident, env.from, no_votes);
+    match known {
+        Some(k) if k != env.from_incarnation => {
+            return Err(format!(
+                "node {} runs on storage incarnation {:016x}, the group admitted {k:016x}: it lost its state and gets no vote and no say until re-admitted (RAFT.READMIT {})",
+                env.from, env.from_incarnation, env.from
+            ))
+        }
+        // A leader this member's log does not list yet may still append (the log that
+        // names it is what it sends); a vote goes to known members only.
+        None if voting => return Err(format!("node {} is not a member this node knows", env.from)),
+        _ => {}
+    }
+    if voting && !may_vote {
+        return Err(format!(
+            "node {} is not admitted as a voter under its storage's incarnation and does not vote",
+            ident.node
+        ));
+    }
+    Ok(())
+}
+
+/// The incarnation this member knows for node `from`, and whether it may vote: by its
+/// log's membership, or, before its log holds one, by the first membership the bootstrap
+/// handed it (`take_init` checked that it lists this storage).
+fn sender_and_vote(
+    raft: &Raft,
+    ident: &Identity,
+    from: NodeId,
+    no_votes: &AtomicBool,
+) -> (Option<u64>, bool) {
+    let (known, empty) = {
+        let m = raft.metrics();
+        let m = m.borrow();
+        let ms = m.membership_config.membership();
+        let known = ms.get_node(&from).map(|n| n.incarnation);
+        let empty = ms.nodes().next().is_none();
+        (known, empty)
+    };
+    if !empty {
+        return (known, !no_votes.load(Ordering::Acquire));
+    }
+    match ident.first_members() {
+        Some(first) => (first.get(&from).map(|n| n.incarnation), true),
+        None => (None, false),
+    }
+}
+
+fn same_sender(from: NodeId, named: Option<NodeId>) -> Result<(), String> {
+    match named {
+        Some(n) if n != from => Err(format!("a request from node {from} speaks for node {n}")),
+        _ => Ok(()),
+    }
+}
+
+/// Logs a refused peer once per sender and reason kind, not per heartbeat.
+fn note_refused(env: &Envelope<Rpc>, why: &str) {
+    static SEEN: parking_lot::Mutex<Option<std::collections::HashSet<(NodeId, u64, u64)>>> =
+        parking_lot::Mutex::new(None);
+    let key = (env.from, env.from_incarnation, env.to_incarnation);
+    if SEEN.lock().get_or_insert_with(Default::default).insert(key) {
+        tracing::warn!("raft: refused a request from node {}: {why}", env.from);
     }
 }

@@ -15,11 +15,12 @@ use openraft::{Config, ServerState, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use super::identity::{self, Identity};
 use super::log_store::LogStore;
 use super::snapshot::{SnapshotHooks, Snapshots};
 use super::speculation::Speculation;
 use super::state_machine::StateMachine;
-use super::{network, NodeId, NodeInfo, Raft};
+use super::{authority, network, NodeId, NodeInfo, Raft};
 use crate::engine::{Engine, Lsn};
 use crate::persist::WalDurability;
 use crate::protocol::Reply;
@@ -32,9 +33,13 @@ pub struct RaftNodeConfig {
     pub id: NodeId,
     /// Where this node listens for its peers.
     pub listen: String,
-    /// `--raft-peers`: the group to form on first start (this node included). Empty: a
-    /// node that waits to be added (`RAFT.ADD` on the leader).
+    /// `--raft-peers`: the members the bootstrapping member forms the group of (this
+    /// node included). Read only with `--raft-bootstrap`.
     pub bootstrap: BTreeMap<NodeId, NodeInfo>,
+    /// `--raft-bootstrap`: form a new group of `--raft-peers`, once, if this member's
+    /// storage holds no Raft state. Never inferred from an empty data dir: a member that
+    /// lost its disk starts empty too.
+    pub form_group: bool,
     /// `--raft-route ID=ADDR`: reach that peer through another address.
     pub routes: HashMap<NodeId, String>,
     /// The name Sentinel-aware clients ask for (`--group-name`).
@@ -47,8 +52,8 @@ pub struct RaftNodeConfig {
     /// Longest election timeout, in ms; each timeout is drawn between the two so that candidates
     /// rarely collide.
     pub election_max_ms: u64,
-    /// `--rejoin-empty`: this data dir lost its Raft log; start empty, never vote before
-    /// caught up.
+    /// `--rejoin-empty`: this data dir lost its Raft log; start empty under a new
+    /// incarnation (the WAL set aside), never vote before the group re-admits it.
     pub rejoin_empty: bool,
     /// The command line a deposed node re-executes.
     pub restart_argv: Vec<OsString>,
@@ -64,12 +69,16 @@ pub struct RaftNodeConfig {
 pub struct Prepared {
     /// The Raft log store opened from the data directory.
     pub store: LogStore,
-    /// The log was lost and the operator asked to rejoin empty.
-    pub rejoining: bool,
-    pristine: bool,
+    /// This storage's identity: node id, incarnation, group.
+    pub ident: Arc<Identity>,
+    /// `--raft-bootstrap` on storage with no Raft state: this member forms the group.
+    forming: bool,
 }
 
 const ID_FILE: &str = "id";
+
+/// How a member that lost its state comes back, for the refusals.
+const READMIT_HOWTO: &str = "start it on an empty data dir with its usual command line but without --raft-bootstrap (it waits as a non-voter), then on the leader `RAFT.READMIT <id>` (docs/replication.md, \"A member lost its disk\")";
 
 /// Checks the data dir's Raft identity and opens the log, before the engine is
 /// recovered (a rejoin discards the WAL, which the group then sends again).
@@ -77,82 +86,266 @@ pub fn prepare(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Prepared, String
     let dir = data_dir.join("raft");
     let id_path = dir.join(ID_FILE);
     let log_path = dir.join("log");
-    let recorded = match std::fs::read_to_string(&id_path) {
-        Ok(s) => Some(
-            s.trim()
-                .strip_prefix("node-id ")
-                .and_then(|n| n.parse::<NodeId>().ok())
-                .ok_or_else(|| {
-                    format!(
-                        "{}: unreadable node identity '{}'",
-                        id_path.display(),
-                        s.trim()
-                    )
-                })?,
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("{}: {e}", id_path.display())),
+    let recorded = Identity::load(&id_path).map_err(|e| e.to_string())?;
+    if let Some(r) = &recorded {
+        if r.node != cfg.id {
+            return Err(format!(
+                "{} says this data dir is node {} of its group, the command line says --raft-id {}; refusing to start (one data dir, one identity)",
+                id_path.display(),
+                r.node,
+                cfg.id
+            ));
+        }
+    }
+    let ident = match recorded {
+        Some(r) if !log_path.exists() => rejoin_identity(data_dir, cfg, &r)?,
+        Some(r) => r,
+        None => new_identity(data_dir, cfg)?,
     };
-    if let Some(r) = recorded {
-        if r != cfg.id {
-            return Err(format!(
-                "{} says this data dir is node {r} of its group, the command line says --raft-id {}; refusing to start (one data dir, one identity)",
-                id_path.display(),
-                cfg.id
-            ));
-        }
-    }
-    let mut rejoining = false;
-    if recorded.is_some() && !log_path.exists() {
-        if !cfg.rejoin_empty {
-            return Err(format!(
-                "{} is missing, but {} says this data dir is node {} of a group: its log and the votes it cast are lost. Refusing to start: a node never continues a history it did not come from. To bring it back: on the leader `RAFT.REMOVE {}`, start this node with --rejoin-empty (its WAL is set aside and the group sends everything again), then `RAFT.ADD {} ...` on the leader",
-                log_path.display(),
-                id_path.display(),
-                cfg.id,
-                cfg.id,
-                cfg.id
-            ));
-        }
-        let wal = data_dir.join("wal");
-        if wal.exists() {
-            let aside = data_dir.join(format!(
-                "wal.before-rejoin-{}",
-                crate::feed::groups::now_ms()
-            ));
-            std::fs::rename(&wal, &aside)
-                .map_err(|e| format!("--rejoin-empty: moving {} aside: {e}", wal.display()))?;
-            eprintln!(
-                "stockgate: --rejoin-empty: the old WAL is kept in {}",
-                aside.display()
-            );
-        }
-        rejoining = true;
-    }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if recorded.is_none() {
-        write_id(&id_path, cfg.id)?;
-    }
     let store = LogStore::open(&dir).map_err(|e| e.to_string())?;
     if super::snapshot::adopt_staged(data_dir, store.snapshot().as_ref())? {
         eprintln!("stockgate: starting from the snapshot received from the group's leader");
     }
-    let pristine = store.is_pristine();
+    // `--rejoin-empty` says this member lost its state: it rejoins, it never forms.
+    let forming = cfg.form_group && store.is_pristine() && !cfg.rejoin_empty;
+    if forming {
+        if !cfg.bootstrap.contains_key(&cfg.id) {
+            return Err(format!(
+                "--raft-bootstrap needs --raft-peers listing every member of the new group, this one (--raft-id {}) included",
+                cfg.id
+            ));
+        }
+        // Made and recorded before any peer hears of it: a bootstrap interrupted half
+        // way resumes with the same group id.
+        if ident.group().is_none() {
+            ident
+                .adopt_group(identity::random_id())
+                .map_err(|e| e.to_string())?;
+        }
+    } else if cfg.form_group {
+        tracing::info!("raft: --raft-bootstrap ignored: this member already holds Raft state");
+    }
     Ok(Prepared {
         store,
-        rejoining,
-        pristine,
+        ident: Arc::new(ident),
+        forming,
     })
 }
 
-fn write_id(path: &PathBuf, id: NodeId) -> Result<(), String> {
-    use std::io::Write as _;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    writeln!(f, "node-id {id}").map_err(|e| format!("{}: {e}", tmp.display()))?;
-    f.sync_all()
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+/// A data dir with no identity file: new storage, unless something of a member is
+/// already there (then that member lost part of its state).
+fn new_identity(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Identity, String> {
+    let dir = data_dir.join("raft");
+    let id_path = dir.join(ID_FILE);
+    let wal = data_dir.join("wal");
+    let wal_used = std::fs::read_dir(&wal).is_ok_and(|mut d| d.next().is_some());
+    // An empty log is what a start that stopped right after creating it leaves.
+    let log_used = std::fs::metadata(dir.join("log")).is_ok_and(|m| m.len() > 0);
+    if log_used || wal_used {
+        return Err(format!(
+            "{} is missing, but this data dir holds {}: part of this member's state is lost, and a member never continues a history it cannot vouch for. Refusing to start. To bring it back: move the data dir aside, {READMIT_HOWTO}",
+            id_path.display(),
+            if wal_used { "a WAL" } else { "a Raft log" }
+        ));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // The (empty) log first: an identity without a log reads as a lost log at the next
+    // start, a log without an identity as the start of a new storage.
+    let log = dir.join("log");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    let ident = Identity::create(&id_path, cfg.id).map_err(|e| e.to_string())?;
+    if !cfg.form_group {
+        tracing::info!(
+            "raft: new storage (incarnation {:016x}); this member takes no part in any vote until a group admits it (RAFT.ADD, or RAFT.READMIT if it was a member before)",
+            ident.incarnation
+        );
+    }
+    Ok(ident)
+}
+
+/// `raft/id` present, `raft/log` gone: refused unless `--rejoin-empty`, which sets the
+/// WAL aside and gives the storage a new incarnation (its votes are lost with the log).
+fn rejoin_identity(
+    data_dir: &Path,
+    cfg: &RaftNodeConfig,
+    old: &Identity,
+) -> Result<Identity, String> {
+    let dir = data_dir.join("raft");
+    let (id_path, log_path) = (dir.join(ID_FILE), dir.join("log"));
+    if !cfg.rejoin_empty {
+        return Err(format!(
+            "{} is missing, but {} says this data dir is node {} of a group: its log and the votes it cast are lost. Refusing to start: a node never continues a history it did not come from. To bring it back: start this node with --rejoin-empty (its WAL is set aside; it waits as a non-voter), then on the leader `RAFT.READMIT {}`",
+            log_path.display(),
+            id_path.display(),
+            cfg.id,
+            cfg.id
+        ));
+    }
+    let wal = data_dir.join("wal");
+    if wal.exists() {
+        let aside = data_dir.join(format!(
+            "wal.before-rejoin-{}",
+            crate::feed::groups::now_ms()
+        ));
+        std::fs::rename(&wal, &aside)
+            .map_err(|e| format!("--rejoin-empty: moving {} aside: {e}", wal.display()))?;
+        eprintln!(
+            "stockgate: --rejoin-empty: the old WAL is kept in {}",
+            aside.display()
+        );
+    }
+    let ident = Identity::create(&id_path, cfg.id).map_err(|e| e.to_string())?;
+    if let Some(g) = old.group() {
+        ident.adopt_group(g).map_err(|e| e.to_string())?;
+    }
+    Ok(ident)
+}
+
+/// Whether the membership in `m` lists `me` as a voter under `incarnation`.
+fn admitted(m: &openraft::RaftMetrics<NodeId, NodeInfo>, me: NodeId, incarnation: u64) -> bool {
+    let ms = m.membership_config.membership();
+    ms.voter_ids().any(|v| v == me)
+        && ms
+            .get_node(&me)
+            .is_some_and(|n| n.incarnation == incarnation)
+}
+
+/// Why forming the group failed for good.
+#[derive(Debug, thiserror::Error)]
+enum FormError {
+    /// A listed member already belongs to a group: the group exists, and this member,
+    /// started with `--raft-bootstrap` on empty storage, lost its state.
+    #[error("node {peer} already belongs to group {group:016x}: the group was formed before, and this member (node {me}) lost its state. --raft-bootstrap is a one-time act. To bring this member back: {READMIT_HOWTO}")]
+    Formed {
+        /// The peer that answered.
+        peer: NodeId,
+        /// Its group.
+        group: u64,
+        /// This member.
+        me: NodeId,
+    },
+    /// A listed member holds Raft state of no group.
+    #[error("node {0} holds Raft state but no group id: not a member to form a new group with")]
+    NotEmpty(NodeId),
+    /// A listed member refused the group's first membership.
+    #[error("node {0} refused the new group: {1}")]
+    Refused(NodeId, String),
+}
+
+/// `--raft-bootstrap`: asks every listed member who it is (waiting for those not up
+/// yet), refuses if any already belongs to a group, then hands each the group id and the
+/// first membership (every member a voter under the incarnation it answered) and takes
+/// it itself. Exits the process on a refusal: serving on would hide it.
+async fn form_group(
+    raft: Raft,
+    net: network::Network,
+    ident: Arc<Identity>,
+    peers: BTreeMap<NodeId, NodeInfo>,
+) {
+    match form_group_inner(&raft, &net, &ident, peers).await {
+        Ok(n) => tracing::info!("raft: formed a group of {n} member(s)"),
+        Err(e) => {
+            tracing::error!("raft: --raft-bootstrap: {e}");
+            eprintln!("stockgate: --raft-bootstrap: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+async fn form_group_inner(
+    raft: &Raft,
+    net: &network::Network,
+    ident: &Identity,
+    mut members: BTreeMap<NodeId, NodeInfo>,
+) -> Result<usize, FormError> {
+    let me = ident.node;
+    let group = ident.group().unwrap_or(0);
+    let others: Vec<NodeId> = members.keys().copied().filter(|i| *i != me).collect();
+    for &id in &others {
+        let info = members.get(&id).cloned().unwrap_or_default();
+        let h = retry(&format!("asking node {id} who it is"), || {
+            network::hello(net.clone(), id, &info)
+        })
+        .await;
+        if h.group != 0 && h.group != group {
+            return Err(FormError::Formed {
+                peer: id,
+                group: h.group,
+                me,
+            });
+        }
+        if h.group == 0 && !h.pristine {
+            return Err(FormError::NotEmpty(id));
+        }
+        if let Some(n) = members.get_mut(&id) {
+            n.incarnation = h.incarnation;
+        }
+    }
+    if let Some(n) = members.get_mut(&me) {
+        n.incarnation = ident.incarnation;
+    }
+    for &id in &others {
+        init_peer(net, id, group, &members).await?;
+    }
+    // This member alone stands first: the others grant it their votes by the membership
+    // just handed to them, and learn the group's log from it.
+    if let Err(e) = raft.initialize(members.clone()).await {
+        // Initialized by an earlier run of this bootstrap: the group exists already.
+        tracing::info!("raft: group already initialized here: {e}");
+    }
+    // A member that restarted before the first leader reached it forgot the membership:
+    // hand it again until a leader is known.
+    while raft.metrics().borrow().current_leader.is_none() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for &id in &others {
+            let _ = network::init(net.clone(), id, group, &members).await;
+        }
+    }
+    Ok(members.len())
+}
+
+/// Hands `id` the group's id and first membership, retrying while it is unreachable.
+async fn init_peer(
+    net: &network::Network,
+    id: NodeId,
+    group: u64,
+    members: &BTreeMap<NodeId, NodeInfo>,
+) -> Result<(), FormError> {
+    let r = retry(&format!("handing node {id} the group"), || async {
+        // A refusal is an answer, not a network error: it ends the retries.
+        match network::init(net.clone(), id, group, members).await {
+            Err(e) if e.to_string().starts_with("refused") => Ok(Err(e.to_string())),
+            Err(e) => Err(e),
+            Ok(()) => Ok(Ok(())),
+        }
+    })
+    .await;
+    r.map_err(|why| FormError::Refused(id, why))
+}
+
+/// Calls `f` until it succeeds, every 200 ms, saying once that it waits.
+async fn retry<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::io::Result<T>>,
+{
+    let mut said = false;
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if !said => {
+                tracing::info!("raft: --raft-bootstrap: {what}: {e}; retrying");
+                said = true;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Publishes `(channel, message)` on this node's pub/sub hub.
@@ -173,6 +366,7 @@ pub struct RaftNode {
     store: LogStore,
     dur: Arc<WalDurability>,
     cfg: RaftNodeConfig,
+    ident: Arc<Identity>,
     metrics: watch::Receiver<openraft::RaftMetrics<NodeId, NodeInfo>>,
     /// Milliseconds since `epoch` at which a majority last acknowledged this leader.
     quorum_at_ms: AtomicU64,
@@ -192,8 +386,8 @@ const HANDING_OVER: &str = "READONLY this stockgate node is handing its leadersh
 
 impl RaftNode {
     /// Starts Raft on this node: the state machine over `engine` and `dur`, the peers'
-    /// listener, the proposer and the leadership watcher. On first start with
-    /// `--raft-peers` it forms the group.
+    /// listener, the proposer and the leadership watcher. With `--raft-bootstrap` on
+    /// storage holding no Raft state it forms the group ([`form_group`]).
     pub async fn start(
         cfg: RaftNodeConfig,
         prepared: Prepared,
@@ -241,38 +435,36 @@ impl RaftNode {
         }
         .validate()
         .map_err(|e| format!("raft settings: {e}"))?;
+        let ident = prepared.ident;
         let net = network::Network {
             routes: Arc::new(cfg.routes.clone()),
             tls: cfg.tls.clone(),
+            ident: ident.clone(),
         };
-        let raft = Raft::new(cfg.id, Arc::new(config), net, store.clone(), sm)
+        let raft = Raft::new(cfg.id, Arc::new(config), net.clone(), store.clone(), sm)
             .await
             .map_err(|e| format!("raft: {e}"))?;
         let listener = tokio::net::TcpListener::bind(&cfg.listen)
             .await
             .map_err(|e| format!("bind --raft-listen {}: {e}", cfg.listen))?;
-        let no_votes = Arc::new(AtomicBool::new(prepared.rejoining));
-        if prepared.rejoining {
-            raft.runtime_config().elect(false);
-        }
+        // Nobody votes or stands until the membership names this storage as a voter
+        // (`watch_leadership` opens both): a member that lost its state must not.
+        let no_votes = Arc::new(AtomicBool::new(true));
+        raft.runtime_config().elect(false);
         tokio::spawn(network::serve(
             listener,
             raft.clone(),
             no_votes.clone(),
-            cfg.id,
+            ident.clone(),
             cfg.tls.clone(),
         ));
-        if prepared.pristine && !prepared.rejoining && !cfg.bootstrap.is_empty() {
-            if !cfg.bootstrap.contains_key(&cfg.id) {
-                return Err(format!(
-                    "--raft-peers does not list this node (--raft-id {})",
-                    cfg.id
-                ));
-            }
-            match raft.initialize(cfg.bootstrap.clone()).await {
-                Ok(()) => tracing::info!("raft: formed group of {} node(s)", cfg.bootstrap.len()),
-                Err(e) => tracing::info!("raft: not forming the group: {e}"),
-            }
+        if prepared.forming {
+            tokio::spawn(form_group(
+                raft.clone(),
+                net,
+                ident.clone(),
+                cfg.bootstrap.clone(),
+            ));
         }
         let node = Arc::new(RaftNode {
             id: cfg.id,
@@ -283,6 +475,7 @@ impl RaftNode {
             dur,
             engine,
             cfg,
+            ident,
             quorum_at_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             no_votes,
@@ -330,8 +523,12 @@ impl RaftNode {
             let leading = m.state == ServerState::Leader && m.current_leader == Some(self.id);
             if leading {
                 if let Some(ms) = m.millis_since_quorum_ack {
+                    // The newest report replaces the last, even if older: a report read
+                    // late (a process paused between openraft's report and this read)
+                    // dates the acknowledgement too recently, and the next report, sent
+                    // as soon as openraft runs again, corrects it.
                     let at = self.now_ms().saturating_sub(ms);
-                    self.quorum_at_ms.fetch_max(at, Ordering::AcqRel);
+                    self.quorum_at_ms.store(at, Ordering::Release);
                 }
             }
             // Everything in its log applied, the last entry of this term: a leader's
@@ -361,19 +558,32 @@ impl RaftNode {
                     self.engine.begin_history(&crate::engine::new_history_id());
                 }
             }
-            if self.no_votes.load(Ordering::Acquire)
-                && m.current_leader.is_some()
-                && m.last_applied.map(|l| l.index) == m.last_log_index
-                && m.last_log_index.is_some()
-            {
-                self.no_votes.store(false, Ordering::Release);
-                self.raft.runtime_config().elect(true);
-                tracing::info!("raft: rejoined and caught up; voting again");
-            }
+            self.follow_admission(&m);
             self.announce_leader(m.current_leader, &m);
             if rx.changed().await.is_err() {
                 return;
             }
+        }
+    }
+
+    /// Votes and stands for election only while the membership lists this member as a
+    /// voter under this storage's incarnation: a member that lost its state (a new
+    /// incarnation) waits until the group re-admits it (`RAFT.READMIT`), which adds it as
+    /// a learner, lets it catch up, then makes it a voter.
+    fn follow_admission(&self, m: &openraft::RaftMetrics<NodeId, NodeInfo>) {
+        let admitted = admitted(m, self.id, self.ident.incarnation);
+        if admitted != self.no_votes.load(Ordering::Acquire) {
+            return;
+        }
+        self.no_votes.store(!admitted, Ordering::Release);
+        self.raft.runtime_config().elect(admitted);
+        if admitted {
+            tracing::info!("raft: a voter of the group under this storage's incarnation; voting");
+        } else {
+            tracing::info!(
+                "raft: not a voter under this storage's incarnation {:016x}; not voting",
+                self.ident.incarnation
+            );
         }
     }
 
@@ -409,14 +619,21 @@ impl RaftNode {
         }
     }
 
-    /// Leads, has caught up, and heard from a majority within the election timeout (a
-    /// newer leader can only exist after that long without this one's heartbeats).
+    /// Heard from a majority within the election timeout (a newer leader can only exist
+    /// after that long without this one's heartbeats); `authority` has the rule.
     fn lease_held(&self) -> bool {
-        let age = self
-            .now_ms()
-            .saturating_sub(self.quorum_at_ms.load(Ordering::Acquire));
-        let single = self.voters().len() <= 1;
-        single || age < self.cfg.election_min_ms
+        // 0: no majority has acknowledged this process as leader yet.
+        let at = self.quorum_at_ms.load(Ordering::Acquire);
+        let age = (at > 0).then(|| self.now_ms().saturating_sub(at));
+        authority::lease_held(age, self.cfg.election_min_ms, self.voters().len())
+    }
+
+    /// Leads in Raft's view and holds the lease: the one predicate behind the write and
+    /// read gates and every discovery answer naming this member.
+    fn acts_as_leader(&self) -> bool {
+        // The lease first: both read the metrics, never nested.
+        let lease = self.lease_held();
+        authority::acts_as_leader(self.id, &self.metrics.borrow(), lease)
     }
 
     fn voters(&self) -> BTreeSet<NodeId> {
@@ -438,9 +655,11 @@ impl RaftNode {
             .collect()
     }
 
+    /// The leader discovery names: never this member without the lease.
     fn leader(&self) -> Option<(NodeId, NodeInfo)> {
+        let lease = self.lease_held();
         let m = self.metrics.borrow();
-        let id = m.current_leader?;
+        let id = authority::advertised_leader(self.id, &m, lease)?;
         let n = m.membership_config.membership().get_node(&id)?.clone();
         Some((id, n))
     }
@@ -460,7 +679,7 @@ impl RaftNode {
                 READONLY
             });
         }
-        (!self.lease_held()).then_some(NO_QUORUM)
+        (!self.acts_as_leader()).then_some(NO_QUORUM)
     }
 
     /// The re-execution a deposed node does (same PID, same arguments, the port it
@@ -485,7 +704,7 @@ impl RaftNode {
     fn info_lines(&self) -> String {
         let m = self.metrics.borrow().clone();
         let snap = self.store.snapshot();
-        let role = if self.spec.writable() {
+        let role = if self.spec.writable() && self.acts_as_leader() {
             "master"
         } else {
             "slave"
@@ -512,6 +731,16 @@ impl RaftNode {
             "raft_group:{}\r\nraft_followers_caught_up:{}\r\n",
             self.cfg.group_name,
             followers_caught_up(&m, self.id),
+        ));
+        // Whether this storage is the one the group admitted as a voter: 0 on a member
+        // that lost its state and waits to be re-admitted (RAFT.READMIT).
+        s.push_str(&format!(
+            "raft_group_id:{}\r\nraft_incarnation:{:016x}\r\nraft_voting:{}\r\n",
+            self.ident
+                .group()
+                .map_or("-".into(), |g| format!("{g:016x}")),
+            self.ident.incarnation,
+            u8::from(admitted(&m, self.id, self.ident.incarnation)),
         ));
         let leader_addr = self.leader().map_or("-".into(), |(_, n)| n.client_addr);
         s.push_str(&format!("raft_leader_addr:{leader_addr}\r\n"));
@@ -554,7 +783,12 @@ impl RaftNode {
                     self.dur.wal.last_lsn()
                 ));
             }
-            _ => {
+            // No leader to name (this member included): a replica whose link is down.
+            None => s.push_str(&format!(
+                "master_host:?\r\nmaster_port:0\r\nmaster_link_status:down\r\nslave_repl_offset:{}\r\n",
+                self.dur.wal.last_lsn()
+            )),
+            Some(_) => {
                 let others: Vec<_> = self
                     .nodes()
                     .into_iter()
@@ -683,7 +917,8 @@ impl RaftNode {
         let m = self.metrics.borrow().clone();
         let voters = self.voters();
         if m.state != ServerState::Leader {
-            // A learner cannot stand; a member rejoining empty may not until caught up.
+            // A learner cannot stand, nor a member the group has not admitted under this
+            // storage's incarnation.
             if !voters.contains(&self.id) || self.no_votes.load(Ordering::Acquire) {
                 return Reply::err(NO_GOOD);
             }
@@ -717,10 +952,7 @@ impl RaftNode {
         let handover = Handover {
             raft: self.raft.clone(),
             spec: self.spec.clone(),
-            net: network::Network {
-                routes: Arc::new(self.cfg.routes.clone()),
-                tls: self.cfg.tls.clone(),
-            },
+            net: self.net(),
             id: self.id,
             epoch: self.epoch,
             until: self.handover_until_ms.clone(),
@@ -800,45 +1032,14 @@ impl RaftNode {
                             Reply::bulk(n.client_addr),
                             Reply::bulk(n.raft_addr),
                             Reply::bulk(role),
+                            Reply::bulk(format!("{:016x}", n.incarnation)),
                         ])
                     })
                     .collect();
                 Ok(Box::pin(async move { Reply::Array(rows) }))
             }
-            "raft.add" => {
-                let [id, client, raft_addr] = args else {
-                    return Err(Reply::err(
-                        "ERR usage: RAFT.ADD id client-host:port raft-host:port",
-                    ));
-                };
-                let spec = format!(
-                    "{}={}/{}",
-                    String::from_utf8_lossy(id),
-                    String::from_utf8_lossy(client),
-                    String::from_utf8_lossy(raft_addr)
-                );
-                let (id, info) =
-                    super::parse_peer(&spec).map_err(|e| Reply::err(format!("ERR {e}")))?;
-                Ok(Box::pin(async move {
-                    // A learner first: it catches up from the log without a vote, then
-                    // joint consensus makes it a voter.
-                    if let Err(e) = raft.add_learner(id, info, true).await {
-                        return Reply::err(format!("ERR adding node {id} as a learner: {e}"));
-                    }
-                    let mut voters: BTreeSet<NodeId> = raft
-                        .metrics()
-                        .borrow()
-                        .membership_config
-                        .membership()
-                        .voter_ids()
-                        .collect();
-                    voters.insert(id);
-                    match raft.change_membership(voters, false).await {
-                        Ok(_) => Reply::Simple("OK"),
-                        Err(e) => Reply::err(format!("ERR making node {id} a voter: {e}")),
-                    }
-                }))
-            }
+            "raft.add" => self.add_member(args),
+            "raft.readmit" => self.readmit(args),
             "raft.remove" => {
                 let [id] = args else {
                     return Err(Reply::err("ERR usage: RAFT.REMOVE id"));
@@ -867,6 +1068,175 @@ impl RaftNode {
             }
             _ => Err(Reply::err(format!("ERR unknown command '{sub}'"))),
         }
+    }
+}
+
+impl RaftNode {
+    /// A client of the peers' network, as openraft's own (routes, TLS, identity).
+    fn net(&self) -> network::Network {
+        network::Network {
+            routes: Arc::new(self.cfg.routes.clone()),
+            tls: self.cfg.tls.clone(),
+            ident: self.ident.clone(),
+        }
+    }
+
+    /// `RAFT.ADD id client-addr raft-addr`: asks the member for its storage's
+    /// incarnation, adds it as a learner under it, then makes it a voter once caught up.
+    fn add_member(
+        &self,
+        args: &[&[u8]],
+    ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
+        let raft = self.raft.clone();
+        let [id, client, raft_addr] = args else {
+            return Err(Reply::err(
+                "ERR usage: RAFT.ADD id client-host:port raft-host:port",
+            ));
+        };
+        let spec = format!(
+            "{}={}/{}",
+            String::from_utf8_lossy(id),
+            String::from_utf8_lossy(client),
+            String::from_utf8_lossy(raft_addr)
+        );
+        let (id, info) = super::parse_peer(&spec).map_err(|e| Reply::err(format!("ERR {e}")))?;
+        let known = self
+            .nodes()
+            .into_iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, n)| n.incarnation);
+        let (net, group) = (self.net(), self.ident.group());
+        Ok(Box::pin(async move {
+            let info = match ask_incarnation(net, group, id, info).await {
+                Ok(info) => info,
+                Err(e) => return e,
+            };
+            // The same storage again (a RAFT.ADD cut short, retried) goes on; a
+            // new one under a member's id is a re-admission, never implied.
+            if known.is_some_and(|k| k != info.incarnation) {
+                return Reply::err(format!(
+                    "ERR node {id} is a member under another storage incarnation: it lost its state; bring it back with RAFT.READMIT {id}"
+                ));
+            }
+            add_voter(&raft, id, info).await
+        }))
+    }
+
+    /// `RAFT.READMIT id`: brings back a member that lost its state (it runs on new
+    /// storage, under a new incarnation, and takes no part meanwhile). Asks it for its
+    /// incarnation, takes it out of the membership (so its old entry stops counting
+    /// toward any majority), adds it as a learner under the new incarnation, waits until
+    /// it has caught up, and makes it a voter again.
+    fn readmit(
+        &self,
+        args: &[&[u8]],
+    ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
+        let [id] = args else {
+            return Err(Reply::err("ERR usage: RAFT.READMIT id"));
+        };
+        let id: NodeId = std::str::from_utf8(id)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .filter(|i| *i > 0)
+            .ok_or_else(|| {
+                Reply::err("ERR RAFT.READMIT: the node id must be a positive integer")
+            })?;
+        let Some((_, known)) = self.nodes().into_iter().find(|(i, _)| *i == id) else {
+            return Err(Reply::err(format!(
+                "ERR node {id} is not a member of this group; add it with RAFT.ADD"
+            )));
+        };
+        if id == self.id {
+            return Err(Reply::err(
+                "ERR RAFT.READMIT: send it to the leader, about another member",
+            ));
+        }
+        let (net, group, raft) = (self.net(), self.ident.group(), self.raft.clone());
+        Ok(Box::pin(async move {
+            let fresh = match ask_incarnation(net, group, id, known.clone()).await {
+                Ok(f) => f,
+                Err(e) => return e,
+            };
+            if fresh.incarnation == known.incarnation {
+                return Reply::err(format!(
+                    "ERR node {id} still runs on the storage the group admitted (incarnation {:016x}): nothing to re-admit",
+                    known.incarnation
+                ));
+            }
+            if let Err(e) = remove_node(&raft, id).await {
+                return e;
+            }
+            add_voter(&raft, id, fresh).await
+        }))
+    }
+}
+
+/// Asks the member at `info` for its incarnation (RAFT.ADD, RAFT.READMIT name a member
+/// by the storage it runs on), refusing one of another group.
+async fn ask_incarnation(
+    net: network::Network,
+    group: Option<u64>,
+    id: NodeId,
+    info: NodeInfo,
+) -> Result<NodeInfo, Reply> {
+    let h = network::hello(net, id, &info).await.map_err(|e| {
+        Reply::err(format!(
+            "ERR asking node {id} at {} who it is: {e} (is it running?)",
+            info.raft_addr
+        ))
+    })?;
+    if h.group != 0 && Some(h.group) != group {
+        return Err(Reply::err(format!(
+            "ERR node {id} belongs to another group ({:016x})",
+            h.group
+        )));
+    }
+    Ok(NodeInfo {
+        incarnation: h.incarnation,
+        ..info
+    })
+}
+
+/// Takes `id` out of the membership altogether, voter or learner.
+async fn remove_node(raft: &Raft, id: NodeId) -> Result<(), Reply> {
+    let mut voters: BTreeSet<NodeId> = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    let r = if voters.remove(&id) {
+        if voters.is_empty() {
+            return Err(Reply::err("ERR cannot remove the last voter"));
+        }
+        raft.change_membership(voters, false).await
+    } else {
+        let gone = BTreeSet::from([id]);
+        raft.change_membership(openraft::ChangeMembers::RemoveNodes(gone), false)
+            .await
+    };
+    r.map(|_| ())
+        .map_err(|e| Reply::err(format!("ERR removing node {id}: {e}")))
+}
+
+/// Adds `id` as a learner, waits for it to catch up from the log, then makes it a voter
+/// by joint consensus.
+async fn add_voter(raft: &Raft, id: NodeId, info: NodeInfo) -> Reply {
+    if let Err(e) = raft.add_learner(id, info, true).await {
+        return Reply::err(format!("ERR adding node {id} as a learner: {e}"));
+    }
+    let mut voters: BTreeSet<NodeId> = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    voters.insert(id);
+    match raft.change_membership(voters, false).await {
+        Ok(_) => Reply::Simple("OK"),
+        Err(e) => Reply::err(format!("ERR making node {id} a voter: {e}")),
     }
 }
 
@@ -1057,10 +1427,10 @@ impl Replication for RaftNode {
         if self.spec.is_deposed() {
             return Some(READONLY);
         }
-        if self.spec.writable() && !self.lease_held() {
-            return Some(NO_QUORUM);
-        }
-        None
+        // A leader in Raft's view (writable or still catching up) answers from state a
+        // newer leader may have moved past once its lease is gone.
+        let leads = self.spec.writable() || self.metrics.borrow().state == ServerState::Leader;
+        (leads && !self.acts_as_leader()).then_some(NO_QUORUM)
     }
 
     fn is_replica(&self) -> bool {
