@@ -39,11 +39,22 @@ fn named_leader(port: u16) -> Option<u16> {
 
 /// `SENTINEL FAILOVER stockgate` sent to `port`: the reply, or the error's text.
 fn failover(port: u16) -> Result<String, String> {
-    redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg("stockgate")
-        .query::<String>(&mut conn(port))
-        .map_err(|e| e.to_string())
+    // `-NOGOODSLAVE` is the documented "retry later": under load no follower may be
+    // caught up at the instant of the ask. Asked again for up to 3 s, as a client would.
+    let until = Instant::now() + Duration::from_secs(3);
+    loop {
+        let r = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg("stockgate")
+            .query::<String>(&mut conn(port))
+            .map_err(|e| e.to_string());
+        match r {
+            Err(e) if e.starts_with("NOGOODSLAVE") && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
 }
 
 /// One writer: users `w<w>-<i>`, one unit each; a failed call is sent again with the
