@@ -746,3 +746,51 @@ fn split_grown_by_a_part_and_refilled() {
         assert_eq!(t, vec![(10, 10), (5, 5), (5, 5), (0, 0), (0, 0), (0, 0)]);
     });
 }
+
+/// A split of 48 units over three parts on the default 16 shards each (one unit a shard)
+/// sells every unit two at a time: a part answers `QTY 2` whenever it has two units,
+/// wherever its shards hold them, and the buyers after the last pair meet SOLDOUT.
+#[test]
+fn split_sells_every_unit_two_at_a_time() {
+    let rt = runtime();
+    let pg = rt.block_on(TempPostgres::start()).expect("postgres");
+    let cluster = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let seed = cluster.nodes[0].port;
+    let keyring = cluster.keys.keyring();
+    let parts = split(
+        &pg,
+        seed,
+        &[
+            "--parent", "PAIR", "--parts", "3", "--total", "48", "--ttl-ms", TTL,
+        ],
+    );
+    assert_eq!(parts.len(), 3, "{parts:?}");
+    rt.block_on(async {
+        let g = gates(&cluster, &parts).await;
+        let mut pairs = 0;
+        for u in 0..26 {
+            let user = format!("pair-{u}");
+            let r = reserve_split(
+                &g,
+                &parts,
+                &user,
+                2,
+                |sku| keyring.mint(sku, &user, now_ms() + 600_000),
+                "r",
+            )
+            .await
+            .expect("reserve_split");
+            match r.outcome {
+                ReserveOutcome::Reserved { .. } => pairs += 1,
+                ReserveOutcome::SoldOut => assert!(pairs == 24, "SOLDOUT after {pairs} pairs"),
+                other => panic!("{user}: {other:?}"),
+            }
+        }
+        assert_eq!(pairs, 24, "48 units, two at a time");
+        for (p, c) in parts.iter().zip(&g) {
+            let info = c.sale_info(p).await.expect("info");
+            assert_eq!(info.shards, 16, "{p}: one unit a shard at the start");
+            assert_eq!((info.available, info.reserved), (0, 16), "{p}");
+        }
+    });
+}
