@@ -1066,6 +1066,7 @@ async fn start_raft_member(
     port: u16,
 ) -> Result<(), String> {
     let argv = cfg.restart_argv.clone();
+    let data_dir = cfg.data_dir.clone();
     spec.set_depose_hook(RaftNode::restart_hook(argv, port, r.durability.clone()));
     // Consumer groups hold snapshots back: nothing they may still read is covered.
     let feed = shared.feed.get().cloned();
@@ -1088,6 +1089,14 @@ async fn start_raft_member(
         hooks,
     )
     .await?;
+    // A failed disk (the Raft log's, the WAL's) or a stopped Raft core ends the process
+    // with its own status, for the supervisor to restart it from its durable state:
+    // serving on would leave a member that answers but can no longer promise anything.
+    tokio::spawn(raft::storage_fault::watch(
+        node.raft.clone(),
+        r.durability.clone(),
+        data_dir,
+    ));
     let hub = shared.clone();
     node.set_publisher(Box::new(move |ch, msg| {
         hub.pubsub.publish(ch, msg);

@@ -451,7 +451,10 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
 }
 
 /// The writer thread: takes every queued job, writes them in order, syncs once, then
-/// completes them. Exits when every store handle is gone.
+/// completes them. Exits when every store handle is gone. After a failed write or sync
+/// it fails every later job without touching the file: after a failed `fsync` the
+/// kernel may have dropped the pages it could not write, so a later sync that succeeds
+/// proves nothing.
 fn writer(mut file: File, path: &Path, rx: mpsc::Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
@@ -474,7 +477,11 @@ fn writer(mut file: File, path: &Path, rx: mpsc::Receiver<Job>) {
             r = file.sync_data();
         }
         if let Err(e) = &r {
-            tracing::error!("raft log write failed: {e}");
+            // Recorded before any waiter learns of it: the process exits on it
+            // (`storage_fault`), naming this file, rather than serve on a log that may
+            // have lost what it was handed.
+            tracing::debug!("raft log write failed: {e}");
+            super::storage_fault::note_log_fault(path, e);
         }
         for j in jobs {
             let res = match &r {

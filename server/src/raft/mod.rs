@@ -32,6 +32,7 @@ pub mod node;
 pub mod snapshot;
 pub mod speculation;
 pub mod state_machine;
+pub mod storage_fault;
 
 use std::fmt;
 use std::io::Cursor;

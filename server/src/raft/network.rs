@@ -4,10 +4,18 @@
 //! Each node listens on its Raft address (`--raft-listen`) and keeps one connection per
 //! peer it calls, opened on first use and dropped on any error (the next heartbeat opens
 //! it again). A frame larger than [`MAX_FRAME`] ends the connection: a peer's bytes are
-//! bounded like a client's. Failures are reported as network errors rather than
-//! "unreachable": openraft backs off half a second from an unreachable peer, which would
-//! add that to every failover. With `--tls-replication` every peer connection is TLS,
-//! both ends presenting the member's certificate, each checked against the CA.
+//! bounded like a client's. With `--tls-replication` every peer connection is TLS, both
+//! ends presenting the member's certificate, each checked against the CA.
+//!
+//! A peer that cannot be connected to (down, or its port closed) is backed off, per peer:
+//! after each failed connection no new one is tried for a pause doubling from
+//! [`BACKOFF_FIRST`] to [`BACKOFF_MAX`], jittered, and openraft's calls in that pause are
+//! answered at once with `Unreachable`, which makes openraft's replication to that peer
+//! wait out the same pause ([`RaftNetwork::backoff`]) instead of retrying at every
+//! heartbeat and every write. A failure on an open connection (a peer killed mid-call)
+//! is a plain network error, retried at once: only connecting is backed off, so a
+//! failover among live members never waits for it, and a peer back up is reached within
+//! [`BACKOFF_MAX`].
 //!
 //! Every request travels in an [`Envelope`] naming the group, the sender and its
 //! incarnation, and the incarnation the sender believes the receiver has; every reply
@@ -21,11 +29,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bincode::Options;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -269,12 +279,56 @@ fn net_err<E: std::error::Error + 'static>(e: &E) -> NetworkError {
     NetworkError::new(e)
 }
 
+/// The first pause after a failed connection to a peer.
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(10);
+/// The longest pause: how late, at most, a peer back up is called again.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The pause after `failures` failed connections in a row: [`BACKOFF_FIRST`] doubling,
+/// at most [`BACKOFF_MAX`], scaled by `jitter` (taken in 0.5..=1) so that the members
+/// calling a peer that comes back do not all call at the same instant.
+pub fn backoff_delay(failures: u32, jitter: f64) -> Duration {
+    let doubled = BACKOFF_FIRST.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    let jitter = if jitter.is_nan() {
+        1.0
+    } else {
+        jitter.clamp(0.5, 1.0)
+    };
+    doubled.min(BACKOFF_MAX).mul_f64(jitter)
+}
+
+/// Why a call to a peer failed.
+#[derive(Debug)]
+enum CallError {
+    /// No connection could be opened, or the peer is in its back-off pause: openraft's
+    /// `Unreachable`, which makes it wait before calling again.
+    Unreachable(io::Error),
+    /// The exchange on a connection failed, or the reply is not one to count.
+    Failed(io::Error),
+}
+
+impl From<CallError> for io::Error {
+    fn from(e: CallError) -> io::Error {
+        match e {
+            CallError::Unreachable(e) | CallError::Failed(e) => e,
+        }
+    }
+}
+
+impl From<io::Error> for CallError {
+    fn from(e: io::Error) -> CallError {
+        CallError::Failed(e)
+    }
+}
+
 impl Peer {
     /// One request and its reply. The connection is taken out of `self` for the call and
     /// put back only after a whole reply was read: a call that fails, times out or is
     /// dropped half way (openraft drops replication futures it no longer needs) takes the
     /// connection with it, so no later call can read the reply meant for this one.
-    async fn call(&mut self, rpc: &Rpc, ttl: Duration) -> io::Result<RpcReply> {
+    /// `gated`: a call of openraft's, answered at once while the peer is backed off
+    /// (the bootstrap's and the operator's calls always try).
+    async fn call(&mut self, rpc: &Rpc, ttl: Duration, gated: bool) -> Result<RpcReply, CallError> {
         let body = encode(&Envelope {
             group: self.ident.group().unwrap_or(0),
             from: self.ident.node,
@@ -282,37 +336,61 @@ impl Peer {
             to_incarnation: self.expect,
             rpc,
         })?;
-        let held = self.conn.take();
-        let addr = self.addr.clone();
-        let tls = self.tls.clone();
-        let r = tokio::time::timeout(ttl, async move {
-            let mut s = match held {
-                Some(s) => s,
-                None => connect(&addr, tls.as_deref()).await?,
-            };
-            write_frame(&mut s, &body).await?;
-            let reply = read_frame(&mut s).await?;
-            let reply = decode_reply(&reply)?;
-            Ok((s, reply))
-        })
-        .await
-        .unwrap_or_else(|_| {
-            Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "raft rpc timed out",
-            ))
-        });
+        let start = Instant::now();
+        let s = match self.conn.take() {
+            Some(s) => s,
+            None => self.open(ttl, gated).await?,
+        };
+        let left = ttl.saturating_sub(start.elapsed());
+        let r = tokio::time::timeout(left, exchange(s, body))
+            .await
+            .unwrap_or_else(|_| {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "raft rpc timed out",
+                ))
+            });
         let (s, reply) = match r {
             Ok(ok) => ok,
             Err(e) => {
                 note_reachable(self.target, &self.addr, Err(&e));
-                return Err(e);
+                return Err(CallError::Failed(e));
             }
         };
         self.conn = Some(s);
         let checked = self.checked(reply);
         note_reachable(self.target, &self.addr, checked.as_ref().map(|_| ()));
-        checked
+        Ok(checked?)
+    }
+
+    /// A new connection to the peer, unless it is backed off (`gated`); a failure starts
+    /// or lengthens its back-off.
+    async fn open(&self, ttl: Duration, gated: bool) -> Result<Box<dyn PeerIo>, CallError> {
+        if gated {
+            if let Some(left) = backoff_left(self.target) {
+                return Err(CallError::Unreachable(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    format!(
+                        "node {} not called for another {left:?}: its last connection failed",
+                        self.target
+                    ),
+                )));
+            }
+        }
+        tracing::debug!("raft: connecting to peer {} at {}", self.target, self.addr);
+        let r = tokio::time::timeout(ttl, connect(&self.addr, self.tls.as_deref()))
+            .await
+            .unwrap_or_else(|_| {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "raft connection timed out",
+                ))
+            });
+        note_connect(self.target, r.is_ok());
+        r.map_err(|e| {
+            note_reachable(self.target, &self.addr, Err(&e));
+            CallError::Unreachable(e)
+        })
     }
 
     /// A reply counts only from the storage the membership names: a member that lost
@@ -332,41 +410,101 @@ impl Peer {
     }
 }
 
-/// Whether each peer answered its last call, and whether it ever did (absent: not
-/// called yet). One process runs one member, so one map serves every client openraft
-/// makes to a peer.
-static REACHABLE: parking_lot::Mutex<Option<HashMap<NodeId, (bool, bool)>>> =
+/// Sends one request on `s` and reads its reply; hands the connection back with it.
+async fn exchange(
+    mut s: Box<dyn PeerIo>,
+    body: Vec<u8>,
+) -> io::Result<(Box<dyn PeerIo>, ReplyEnvelope)> {
+    write_frame(&mut s, &body).await?;
+    let reply = read_frame(&mut s).await?;
+    let reply = decode_reply(&reply)?;
+    Ok((s, reply))
+}
+
+/// What this process knows of a peer. One process runs one member, so one map serves
+/// every client openraft makes to a peer (one per replication stream, one for votes):
+/// they share the peer's back-off.
+#[derive(Clone, Copy, Default)]
+struct PeerState {
+    /// Whether the last call answered; `None`: not called yet.
+    up: Option<bool>,
+    /// Whether it ever answered.
+    ever: bool,
+    /// Connections that failed in a row.
+    failures: u32,
+    /// No new connection before this instant.
+    retry_at: Option<Instant>,
+    /// Connections tried since the process started.
+    attempts: u64,
+}
+
+static PEERS: parking_lot::Mutex<Option<HashMap<NodeId, PeerState>>> =
     parking_lot::Mutex::new(None);
+
+fn with_peer<T>(target: NodeId, f: impl FnOnce(&mut PeerState) -> T) -> T {
+    let mut map = PEERS.lock();
+    f(map
+        .get_or_insert_with(HashMap::new)
+        .entry(target)
+        .or_default())
+}
+
+/// How long `target` is still backed off, if it is.
+fn backoff_left(target: NodeId) -> Option<Duration> {
+    let at = with_peer(target, |p| p.retry_at)?;
+    at.checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+}
+
+/// Counts a connection attempt; a failed one backs the peer off for longer, a good one
+/// ends its back-off.
+fn note_connect(target: NodeId, ok: bool) {
+    with_peer(target, |p| {
+        p.attempts += 1;
+        if ok {
+            p.failures = 0;
+            p.retry_at = None;
+        } else {
+            p.failures = p.failures.saturating_add(1);
+            let pause = backoff_delay(p.failures, rand::random::<f64>() * 0.5 + 0.5);
+            p.retry_at = Some(Instant::now() + pause);
+        }
+    })
+}
+
+/// How many connections this process tried to open to `target`.
+pub fn connect_attempts(target: NodeId) -> u64 {
+    with_peer(target, |p| p.attempts)
+}
 
 /// Logs a peer's reachability when it changes, never per call: openraft retries a peer
 /// many times a second, and a peer not up yet (members start one after another) or down
 /// for a while is a state for the operator to see once, not an error per heartbeat.
 fn note_reachable(target: NodeId, addr: &str, outcome: Result<(), &io::Error>) {
     let now = outcome.is_ok();
-    let before = {
-        let mut map = REACHABLE.lock();
-        let map = map.get_or_insert_with(HashMap::new);
-        let ever = map.get(&target).is_some_and(|(_, ever)| *ever);
-        map.insert(target, (now, ever || now))
-    };
-    match (before, outcome) {
-        (Some((was, _)), _) if was == now => {}
-        (None | Some((_, false)), Ok(())) => {
-            tracing::info!("raft: peer {target} at {addr} reachable")
-        }
-        (Some(_), Ok(())) => tracing::info!("raft: peer {target} at {addr} reachable again"),
-        (None, Err(e)) => tracing::info!("raft: peer {target} at {addr} not reachable yet: {e}"),
-        (Some(_), Err(e)) => tracing::warn!("raft: peer {target} at {addr} unreachable: {e}"),
+    let (before, ever) = with_peer(target, |p| {
+        let before = (p.up, p.ever);
+        p.up = Some(now);
+        p.ever |= now;
+        before
+    });
+    match (before, ever, outcome) {
+        (Some(was), _, _) if was == now => {}
+        (_, false, Ok(())) => tracing::info!("raft: peer {target} at {addr} reachable"),
+        (_, true, Ok(())) => tracing::info!("raft: peer {target} at {addr} reachable again"),
+        (None, _, Err(e)) => tracing::info!("raft: peer {target} at {addr} not reachable yet: {e}"),
+        (Some(_), _, Err(e)) => tracing::warn!("raft: peer {target} at {addr} unreachable: {e}"),
     }
 }
 
 impl Peer {
     /// The reply of one RPC as openraft wants it: the peer's own error as a remote
-    /// error, anything else (no connection, a reply of the wrong kind) as a network one.
+    /// error, no connection as unreachable (openraft then backs off), anything else (a
+    /// failed exchange, a reply of the wrong kind) as a network error.
     #[allow(clippy::result_large_err)] // openraft's own error type, as its trait returns it
     fn answer<T, E: std::error::Error>(
         &self,
-        r: io::Result<RpcReply>,
+        r: Result<RpcReply, CallError>,
         pick: impl FnOnce(RpcReply) -> Option<Result<T, E>>,
     ) -> Result<T, RPCError<NodeId, NodeInfo, E>> {
         match r.map(pick) {
@@ -374,7 +512,8 @@ impl Peer {
             Ok(None) => Err(RPCError::Network(net_err(&io::Error::other(
                 "mismatched reply",
             )))),
-            Err(e) => Err(RPCError::Network(net_err(&e))),
+            Err(CallError::Unreachable(e)) => Err(RPCError::Unreachable(Unreachable::new(&e))),
+            Err(CallError::Failed(e)) => Err(RPCError::Network(net_err(&e))),
         }
     }
 }
@@ -385,7 +524,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        let r = self.call(&Rpc::Append(rpc), option.hard_ttl()).await;
+        let r = self.call(&Rpc::Append(rpc), option.hard_ttl(), true).await;
         self.answer(r, |r| match r {
             RpcReply::Append(a) => Some(a),
             _ => None,
@@ -400,7 +539,9 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        let r = self.call(&Rpc::Snapshot(rpc), option.hard_ttl()).await;
+        let r = self
+            .call(&Rpc::Snapshot(rpc), option.hard_ttl(), true)
+            .await;
         self.answer(r, |r| match r {
             RpcReply::Snapshot(a) => Some(a),
             _ => None,
@@ -412,18 +553,30 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        let r = self.call(&Rpc::Vote(rpc), option.hard_ttl()).await;
+        let r = self.call(&Rpc::Vote(rpc), option.hard_ttl(), true).await;
         self.answer(r, |r| match r {
             RpcReply::Vote(a) => Some(a),
             _ => None,
         })
+    }
+
+    /// openraft's pause after an `Unreachable`: until this peer's back-off ends, so that
+    /// its replication to the peer waits as long as a new connection would.
+    fn backoff(&self) -> Backoff {
+        let target = self.target;
+        Backoff::new(std::iter::repeat_with(move || {
+            backoff_left(target).map_or(BACKOFF_FIRST, |d| d.max(BACKOFF_FIRST))
+        }))
     }
 }
 
 /// Asks `target` to stand for election at once (a switchover).
 pub async fn ask_to_elect(mut net: Network, target: NodeId, node: &NodeInfo) -> io::Result<()> {
     let mut peer = net.new_client(target, node).await;
-    match peer.call(&Rpc::Elect, Duration::from_secs(2)).await? {
+    match peer
+        .call(&Rpc::Elect, Duration::from_secs(2), false)
+        .await?
+    {
         RpcReply::Elect(true) => Ok(()),
         RpcReply::Elect(false) => Err(io::Error::other("it cannot stand for election now")),
         _ => Err(io::Error::other("mismatched reply")),
@@ -437,7 +590,10 @@ pub async fn hello(mut net: Network, target: NodeId, node: &NodeInfo) -> io::Res
         ..node.clone()
     };
     let mut peer = net.new_client(target, &unknown).await;
-    match peer.call(&Rpc::Hello, Duration::from_secs(2)).await? {
+    match peer
+        .call(&Rpc::Hello, Duration::from_secs(2), false)
+        .await?
+    {
         RpcReply::Hello(h) if h.node == target => Ok(h),
         RpcReply::Hello(h) => Err(io::Error::other(format!(
             "{} is node {}, not node {target}",
@@ -462,7 +618,7 @@ pub async fn init(
         group,
         members: members.clone(),
     };
-    match peer.call(&rpc, Duration::from_secs(5)).await? {
+    match peer.call(&rpc, Duration::from_secs(5), false).await? {
         RpcReply::Init(r) => r.map_err(|why| io::Error::other(format!("refused: {why}"))),
         _ => Err(io::Error::other("mismatched reply")),
     }
@@ -708,5 +864,40 @@ fn note_refused(env: &Envelope<Rpc>, why: &str) {
     let key = (env.from, env.from_incarnation, env.to_incarnation);
     if SEEN.lock().get_or_insert_with(Default::default).insert(key) {
         tracing::warn!("raft: refused a request from node {}: {why}", env.from);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_bound() {
+        assert_eq!(backoff_delay(0, 1.0), BACKOFF_FIRST);
+        assert_eq!(backoff_delay(1, 1.0), BACKOFF_FIRST);
+        assert_eq!(backoff_delay(2, 1.0), BACKOFF_FIRST * 2);
+        assert_eq!(backoff_delay(3, 1.0), BACKOFF_FIRST * 4);
+        assert_eq!(backoff_delay(8, 1.0), BACKOFF_MAX);
+        assert_eq!(backoff_delay(u32::MAX, 1.0), BACKOFF_MAX);
+        // Jitter shortens a pause by half at most, never lengthens it.
+        assert_eq!(backoff_delay(1, 0.5), BACKOFF_FIRST / 2);
+        assert_eq!(backoff_delay(1, 0.0), BACKOFF_FIRST / 2);
+        assert_eq!(backoff_delay(1, 7.0), BACKOFF_FIRST);
+        assert_eq!(backoff_delay(1, f64::NAN), BACKOFF_FIRST);
+    }
+
+    #[test]
+    fn a_failed_connection_backs_a_peer_off_and_a_good_one_ends_it() {
+        let peer = 9_999_001;
+        assert_eq!(backoff_left(peer), None);
+        note_connect(peer, false);
+        note_connect(peer, false);
+        let (failures, until) = with_peer(peer, |p| (p.failures, p.retry_at));
+        assert_eq!(failures, 2);
+        assert!(until.is_some_and(|u| u <= Instant::now() + BACKOFF_FIRST * 2));
+        note_connect(peer, true);
+        assert_eq!(backoff_left(peer), None);
+        assert_eq!(with_peer(peer, |p| p.failures), 0);
+        assert_eq!(connect_attempts(peer), 3);
     }
 }
