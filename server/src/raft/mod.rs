@@ -20,9 +20,11 @@
 //!   (re-executes the binary) and recovers from its WAL and Raft log like after a
 //!   `kill -9`: its uncommitted engine state is thrown away before it serves anything,
 //!   and no waiting reply is sent (the connections close with the old process image).
-//! - Only a leader whose own term's first entry is applied takes writes; followers answer
-//!   `-READONLY`, stock reads too (their state may be stale), and feed reads (committed,
-//!   possibly behind the leader).
+//! - Only a leader whose own term's first entry is applied, and that holds its lease (a
+//!   majority acknowledged it within the shortest election timeout: `authority`), takes
+//!   writes; followers answer writes `-READONLY` and serve stock and feed reads from
+//!   committed state, possibly behind the leader. A leader without its lease refuses
+//!   stock reads too and names no leader in discovery (docs/replication.md).
 
 pub mod authority;
 pub mod identity;
