@@ -364,19 +364,7 @@ fn insert_locked(
     let (_, key) = token::decode_token(&r.token).filter(|(s, _)| *s == r.sku)?;
     let user = sale.users.intern(&r.user)?;
     let stripe = &mut world._stripes[stripe_of(&r.token)];
-    let idx = stripe.insert(Reservation {
-        key,
-        sale: sale.clone(),
-        request_id: r.request_id.as_str().into(),
-        user,
-        qty: r.qty,
-        shard: r.shard,
-        state: r.state,
-        expires_at: r.expires_at_ms,
-        created_at: r.created_at_ms,
-        finished_at: r.finished_at_ms,
-        links: wheel::Links::NONE,
-    });
+    let idx = stripe.insert(Reservation::from_view(key, sale.clone(), user, r));
     let Some(idx) = idx else {
         debug_assert!(false, "stripe full");
         return None;

@@ -103,19 +103,7 @@ impl Engine {
             return;
         };
         let mut stripe = self.stripes[stripe_of(&r.token)].lock();
-        let Some(idx) = stripe.insert(Reservation {
-            key,
-            sale: sale.clone(),
-            request_id: r.request_id.as_str().into(),
-            user,
-            qty: r.qty,
-            shard: r.shard,
-            state: r.state,
-            expires_at: r.expires_at_ms,
-            created_at: r.created_at_ms,
-            finished_at: r.finished_at_ms,
-            links: wheel::Links::NONE,
-        }) else {
+        let Some(idx) = stripe.insert(Reservation::from_view(key, sale.clone(), user, r)) else {
             debug_assert!(false, "stripe full");
             return;
         };

@@ -70,6 +70,24 @@ impl Reservation {
         self.token().as_str().into()
     }
 
+    /// The reservation a view describes, with its token's key and its buyer already
+    /// interned in `sale` (a snapshot loaded, a sale imported); not yet in any wheel.
+    pub fn from_view(key: TokenKey, sale: Arc<Sale>, user: UserId, r: &ReservationView) -> Self {
+        Reservation {
+            key,
+            sale,
+            request_id: r.request_id.as_str().into(),
+            user,
+            qty: r.qty,
+            shard: r.shard,
+            state: r.state,
+            expires_at: r.expires_at_ms,
+            created_at: r.created_at_ms,
+            finished_at: r.finished_at_ms,
+            links: Links::NONE,
+        }
+    }
+
     /// The reservation as seen from outside.
     pub fn view(&self) -> ReservationView {
         ReservationView {
