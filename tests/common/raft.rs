@@ -425,20 +425,31 @@ pub fn reserve(port: u16, g: &Group, sku: &str, user: &str, req: &str) -> Result
     reserve_with(port, sku, user, &g.token(sku, user), req)
 }
 
+/// A read of stock state on `port`. A leader that has not heard from a majority within its
+/// lease refuses reads (`-READONLY ... leads no majority`) until it hears again or a new
+/// leader takes over; on a loaded machine that happens for a moment without any fault, so
+/// the refusal is asked again for a while, as a client following the group would.
+pub fn read(port: u16, cmd: &redis::Cmd) -> redis::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match cmd.query::<redis::Value>(&mut conn(port)) {
+            Ok(v) => return v,
+            Err(e) if e.to_string().contains("leads no majority") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("read on {port}: {e}"),
+        }
+    }
+}
+
 pub fn sale_info(port: u16, sku: &str) -> (i64, i64, i64, i64) {
-    let v: redis::Value = redis::cmd("SALE.INFO")
-        .arg(sku)
-        .query(&mut conn(port))
-        .expect("sale.info");
+    let v = read(port, redis::cmd("SALE.INFO").arg(sku));
     let f = |n| crate::common::as_int(&crate::common::field(&v, n).expect(n));
     (f("total"), f("available"), f("reserved"), f("committed"))
 }
 
 pub fn state_of(port: u16, token: &str) -> Option<String> {
-    let v: redis::Value = redis::cmd("RESERVATION")
-        .arg(token)
-        .query(&mut conn(port))
-        .expect("reservation");
+    let v = read(port, redis::cmd("RESERVATION").arg(token));
     crate::common::field(&v, "state").map(|s| crate::common::as_str(&s))
 }
 

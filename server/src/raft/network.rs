@@ -359,8 +359,12 @@ impl Peer {
         };
         self.conn = Some(s);
         let checked = self.checked(reply);
+        note_answer(self.target, checked.is_ok());
         note_reachable(self.target, &self.addr, checked.as_ref().map(|_| ()));
-        Ok(checked?)
+        // A reply that does not count (another storage, a refusal) will not count on the
+        // next call either: openraft waits out the back-off rather than asking again at
+        // once, which would spin a core for as long as the member waits for re-admission.
+        checked.map_err(CallError::Unreachable)
     }
 
     /// A new connection to the peer, unless it is backed off (`gated`); a failure starts
@@ -436,6 +440,8 @@ struct PeerState {
     retry_at: Option<Instant>,
     /// Connections tried since the process started.
     attempts: u64,
+    /// Replies not counted since the process started (another storage, a refusal).
+    refused: u64,
 }
 
 static PEERS: parking_lot::Mutex<Option<HashMap<NodeId, PeerState>>> =
@@ -472,9 +478,31 @@ fn note_connect(target: NodeId, ok: bool) {
     })
 }
 
+/// Counts a reply: one that counts ends the peer's back-off, one that does not (a member
+/// that lost its state, a refusal) backs it off as a failed connection would.
+fn note_answer(target: NodeId, counted: bool) {
+    with_peer(target, |p| {
+        if counted {
+            p.failures = 0;
+            p.retry_at = None;
+        } else {
+            p.refused += 1;
+            p.failures = p.failures.saturating_add(1);
+            let pause = backoff_delay(p.failures, rand::random::<f64>() * 0.5 + 0.5);
+            p.retry_at = Some(Instant::now() + pause);
+        }
+    })
+}
+
 /// How many connections this process tried to open to `target`.
 pub fn connect_attempts(target: NodeId) -> u64 {
     with_peer(target, |p| p.attempts)
+}
+
+/// What `INFO replication` shows of a peer: whether its last call answered (`None`: not
+/// called yet), connections tried, replies not counted.
+pub fn peer_stats(target: NodeId) -> (Option<bool>, u64, u64) {
+    with_peer(target, |p| (p.up, p.attempts, p.refused))
 }
 
 /// Logs a peer's reachability when it changes, never per call: openraft retries a peer

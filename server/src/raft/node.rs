@@ -744,6 +744,13 @@ impl RaftNode {
         ));
         let leader_addr = self.leader().map_or("-".into(), |(_, n)| n.client_addr);
         s.push_str(&format!("raft_leader_addr:{leader_addr}\r\n"));
+        for (id, _) in self.nodes().into_iter().filter(|(i, _)| *i != self.id) {
+            let (up, connects, refused) = network::peer_stats(id);
+            let up = up.map_or("-", |u| if u { "1" } else { "0" });
+            s.push_str(&format!(
+                "raft_peer_{id}:up={up},connects={connects},refused={refused}\r\n"
+            ));
+        }
         // Only a leader knows the followers' positions and the group's commit point.
         if m.state == ServerState::Leader {
             let last = m.last_log_index.unwrap_or(0);
