@@ -31,11 +31,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use bytes::{Bytes, BytesMut};
 use openraft::MessageSummary;
-use stockgate_core::engine::event::EventRef;
+use stockgate_core::engine::event::{EventKind, EventRef};
 use stockgate_core::engine::token::{self, Denied};
 use stockgate_core::engine::{
     ident, Clock, Engine, EngineConfig, Event, EventSink, Keyring, Lsn, ManualClock, NullSink,
-    ReleaseReason, ReservationKey, ReservationState, SaleState, Snapshot,
+    ReleaseReason, ReservationKey, ReservationState, SaleExport, SaleState, SaleView, Snapshot,
 };
 use stockgate_core::wal::record::{
     decode_payload, decode_record, encode_payload, encode_record, RecordError, MAX_PAYLOAD,
@@ -1745,30 +1745,57 @@ fn older_snapshot(snap: &Snapshot, version: u8, lsn: Lsn) -> Vec<u8> {
     frame_snapshot(&payload)
 }
 
+/// One event of every kind, in the order their `wal_record` seeds were first written
+/// (`record-NN` is the NN-th), kinds added since at the end.
 fn sample_events() -> Vec<Event> {
+    use EventKind as K;
+    let order = [
+        K::SaleCreated,
+        K::SaleAdjusted,
+        K::SaleStateSet,
+        K::Reserved,
+        K::Released,
+        K::Committed,
+        K::Extended,
+        K::Purged,
+        K::SaleRebuilt,
+        K::Opaque,
+        K::HistoryBegun,
+        K::SaleImported,
+        K::SaleDropped,
+    ];
+    for kind in EventKind::ALL {
+        assert!(order.contains(kind), "no wal_record seed of {kind:?}");
+    }
+    order.into_iter().map(sample_event).collect()
+}
+
+/// The sample event of `kind`: the match is exhaustive, so a new kind has a seed.
+fn sample_event(kind: EventKind) -> Event {
     use stockgate_core::engine::SaleParams;
     let token = reservation_token("SKU-1", "alice", "req-1");
-    vec![
-        Event::SaleCreated {
+    let params = SaleParams {
+        total: 1000,
+        shards: 16,
+        ttl_ms: 630_000,
+        limit: 2,
+    };
+    match kind {
+        EventKind::SaleCreated => Event::SaleCreated {
             sku: "SKU-1".into(),
-            params: SaleParams {
-                total: 1000,
-                shards: 16,
-                ttl_ms: 630_000,
-                limit: 2,
-            },
+            params,
             at_ms: START_MS,
         },
-        Event::SaleAdjusted {
+        EventKind::SaleAdjusted => Event::SaleAdjusted {
             sku: "SKU-1".into(),
             shard_deltas: vec![1, -1, 0, i64::MIN, i64::MAX],
         },
-        Event::SaleStateSet {
+        EventKind::SaleStateSet => Event::SaleStateSet {
             sku: "SKU-1".into(),
             state: SaleState::Paused,
         },
-        Event::Reserved {
-            token: token.clone(),
+        EventKind::Reserved => Event::Reserved {
+            token,
             sku: "SKU-1".into(),
             user: "alice".into(),
             request_id: "req-1".into(),
@@ -1777,41 +1804,68 @@ fn sample_events() -> Vec<Event> {
             expires_at_ms: START_MS + 630_000,
             created_at_ms: START_MS,
         },
-        Event::Released {
-            token: token.clone(),
+        EventKind::Released => Event::Released {
+            token,
             at_ms: START_MS + 5,
             user: "alice".into(),
             request_id: "req-1".into(),
             qty: 1,
             reason: ReleaseReason::Cancel,
         },
-        Event::Committed {
-            token: token.clone(),
+        EventKind::Committed => Event::Committed {
+            token,
             at_ms: u64::MAX,
             user: "alice".into(),
             request_id: "req-1".into(),
             qty: 1,
         },
-        Event::Extended {
-            token: token.clone(),
+        EventKind::Extended => Event::Extended {
+            token,
             expires_at_ms: START_MS + 1_000_000,
             user: "alice".into(),
             request_id: "req-1".into(),
             qty: 1,
         },
-        Event::Purged { token },
-        Event::SaleRebuilt {
+        EventKind::Purged => Event::Purged { token },
+        EventKind::SaleRebuilt => Event::SaleRebuilt {
             sku: "SKU-1".into(),
             total: 100,
             committed: 40,
             shard_available: vec![30, 30, 0, 0],
         },
         // A consumer-group record of the order feed (opaque to the engine).
-        Event::Opaque {
+        EventKind::Opaque => Event::Opaque {
             kind: stockgate_core::wal::record::K_GROUP_ACKED,
             body: vec![3, 1, 2, 3],
         },
-    ]
+        EventKind::HistoryBegun => Event::HistoryBegun {
+            id: "0123456789abcdef0123456789abcdef".into(),
+        },
+        // A batch of a split import: the sale frozen, a record kind of its own.
+        EventKind::SaleImported => Event::SaleImported {
+            export: Box::new(SaleExport {
+                fingerprint: "f00d".into(),
+                sale: SaleView {
+                    sku: "SKU-2".into(),
+                    params: SaleParams {
+                        shards: 1,
+                        ..params
+                    },
+                    total: 1000,
+                    available: 1000,
+                    reserved: 0,
+                    committed: 0,
+                    state: SaleState::Moving { paused: false },
+                    shard_available: vec![1000],
+                },
+                reservations: Vec::new(),
+                tombs: Vec::new(),
+            }),
+        },
+        EventKind::SaleDropped => Event::SaleDropped {
+            sku: "SKU-2".into(),
+        },
+    }
 }
 
 /// The state after a small scenario: committed, released and pending reservations, and a
