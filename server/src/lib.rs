@@ -15,8 +15,11 @@
 //! - [`cluster`]: Redis Cluster routing: hash slots, the slot map, this node's place.
 //! - [`pubsub`]: PUBLISH/SUBSCRIBE and the connection registry (for Sentinel).
 //! - [`tls`]: TLS on the RESP port: the certificate files, their reload, the flags.
+//! - [`app`]: the composition root the binary runs: settings in, a server assembled and
+//!   served until a signal. The top layer: nothing here imports it.
 pub use stockgate_core::{engine, wal};
 
+pub mod app;
 pub mod cli;
 pub mod cluster;
 pub mod cmd;
