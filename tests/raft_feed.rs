@@ -102,12 +102,21 @@ fn raft_the_feed_shows_only_committed_entries() {
     let l = g.leader(None, Duration::from_secs(10));
     create_sale(g.port(l), "FEED", 100);
     let first = reserve(g.port(l), &g, "FEED", "u1", "r1").expect("reserve");
-    g.converge(Duration::from_secs(10));
+    // Each member's feed follows its applied log a moment later: equal lengths alone
+    // may still be the sale's creation only.
+    let deadline = Instant::now() + Duration::from_secs(10);
     for id in [1, 2, 3] {
-        assert_eq!(
-            reserved_in(&feed(g.port(id))),
-            HashSet::from([first.clone()])
-        );
+        loop {
+            let seen = reserved_in(&feed(g.port(id)));
+            if seen == HashSet::from([first.clone()]) {
+                break;
+            }
+            assert!(
+                seen.is_empty() && Instant::now() < deadline,
+                "member {id}'s feed: {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
     g.cut(l, true);
     std::thread::sleep(Duration::from_millis(60));

@@ -225,3 +225,128 @@ fn raft_an_isolated_leader_stops_naming_itself_and_clients_find_the_new_one() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A leader that can send but not hear: its appends reach the followers, their answers
+/// are lost, and their calls to it are cut. Were it to go on sending heartbeats, the
+/// followers would never stand while it serves nobody; it stops once no majority has
+/// answered it for the longest election timeout, and the others elect a leader that
+/// takes writes.
+#[test]
+fn raft_a_leader_that_cannot_hear_its_followers_gives_way() {
+    let g = Group::start(true);
+    let old = g.leader(None, Duration::from_secs(10));
+    create_sale(g.port(old), SKU, 50);
+    let mut acked = vec![reserve(g.port(old), &g, SKU, "before", "r0").expect("reserve")];
+    converge_wal(&g, Duration::from_secs(10));
+
+    g.deafen(old, true);
+    let deaf_at = Instant::now();
+    let new = g.leader(Some(old), Duration::from_secs(10));
+    let elected = deaf_at.elapsed();
+    acked.push(reserve(g.port(new), &g, SKU, "during", "r1").expect("the others take writes"));
+    eprintln!(
+        "a new leader took a write {:?} after the old one went deaf (elected after {elected:?})",
+        deaf_at.elapsed()
+    );
+    demoted(g.port(old), &acked[0]).expect("the deaf leader acts as a follower");
+
+    g.deafen(old, false);
+    g.converge(Duration::from_secs(20));
+    let leader = g.leader(None, Duration::from_secs(10));
+    check_all_present(&g, leader, &acked, SKU, 50);
+}
+
+/// Reads of stock state: a follower refuses them on a connection that did not send
+/// `READONLY` (a client that takes it for the master must never read stale state), and
+/// answers from its own state once the connection did, until `READWRITE`.
+#[test]
+fn raft_a_follower_answers_stock_reads_only_to_connections_that_accept_stale_ones() {
+    let g = Group::start(false);
+    let l = g.leader(None, Duration::from_secs(10));
+    create_sale(g.port(l), SKU, 50);
+    let token = reserve(g.port(l), &g, SKU, "u", "r0").expect("reserve");
+    converge_wal(&g, Duration::from_secs(10));
+    let f = [1, 2, 3].into_iter().find(|i| *i != l).expect("a follower");
+    let mut c = strict_conn(g.port(f));
+    let reads: [Vec<&str>; 3] = [
+        vec!["RESERVATION", &token],
+        vec!["SALE.INFO", SKU],
+        vec!["STOCK", SKU],
+    ];
+    let refused = |c: &mut redis::Connection| {
+        for r in &reads {
+            let got: redis::RedisResult<redis::Value> = redis::cmd(r[0]).arg(&r[1..]).query(c);
+            match got {
+                Err(e) if e.code() == Some("READONLY") && e.to_string().contains("follower") => {}
+                other => panic!("{} on a follower answered {other:?}", r[0]),
+            }
+        }
+    };
+    refused(&mut c);
+    let ok: String = redis::cmd("READONLY").query(&mut c).expect("READONLY");
+    assert_eq!(ok, "OK");
+    for r in &reads {
+        let got: redis::RedisResult<redis::Value> = redis::cmd(r[0]).arg(&r[1..]).query(&mut c);
+        got.unwrap_or_else(|e| panic!("{} after READONLY: {e}", r[0]));
+    }
+    let ok: String = redis::cmd("READWRITE").query(&mut c).expect("READWRITE");
+    assert_eq!(ok, "OK");
+    refused(&mut c);
+    // The leader answers a plain connection.
+    let mut c = strict_conn(g.port(l));
+    let v: redis::Value = redis::cmd("RESERVATION")
+        .arg(&token)
+        .query(&mut c)
+        .expect("leader read");
+    assert_eq!(
+        common::field(&v, "state")
+            .map(|s| common::as_str(&s))
+            .as_deref(),
+        Some("RESERVED")
+    );
+}
+
+/// A leader paused past an election and resumed: a connection its clients opened to it
+/// as the master never reads state older than what the new leader acknowledged; each
+/// read answers the newest state or `-READONLY`.
+#[test]
+fn raft_a_resumed_leader_never_answers_a_stale_read() {
+    let mut g = Group::start(false);
+    for round in 0..3 {
+        let old = g.leader(None, Duration::from_secs(10));
+        let sku = format!("{SKU}{round}");
+        create_sale(g.port(old), &sku, 50);
+        let token = reserve(g.port(old), &g, &sku, "u", "r0").expect("reserve");
+        converge_wal(&g, Duration::from_secs(10));
+        let mut on_old = strict_conn(g.port(old));
+        g.member(old).pause(true);
+        let new = g.leader(Some(old), Duration::from_secs(10));
+        let v: redis::Value = redis::cmd("RELEASE")
+            .arg(&token)
+            .query(&mut strict_conn(g.port(new)))
+            .expect("release on the new leader");
+        drop(v);
+        g.member(old).pause(false);
+        // Read at once, then for a while: never RESERVED, never nil.
+        let until = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < until {
+            let r: redis::RedisResult<redis::Value> =
+                redis::cmd("RESERVATION").arg(&token).query(&mut on_old);
+            match r {
+                Ok(v) => {
+                    let state = common::field(&v, "state").map(|s| common::as_str(&s));
+                    assert_eq!(
+                        state.as_deref(),
+                        Some("RELEASED"),
+                        "round {round}: stale read {v:?}"
+                    );
+                }
+                Err(e) if e.code() == Some("READONLY") || e.code() == Some("LOADING") => {}
+                // The deposed leader re-executes itself: the connection ends.
+                Err(e) if e.is_io_error() || e.is_connection_dropped() => break,
+                Err(e) => panic!("round {round}: {e}"),
+            }
+        }
+        g.converge(Duration::from_secs(20));
+    }
+}

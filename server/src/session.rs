@@ -125,8 +125,10 @@ impl Durability for NoDurability {
 pub trait Replication: Send + Sync {
     /// The error a write gets before it runs (`READONLY ...`, `LOADING ...`), if any.
     fn write_refusal(&self) -> Option<&'static str>;
-    /// The error a read of stock state gets, if any (a member still catching up).
-    fn read_refusal(&self) -> Option<&'static str>;
+    /// The error a read of stock state gets, if any: a follower's state may be behind
+    /// the leader's, so it answers only a connection that accepted that (`stale_ok`, its
+    /// `READONLY`); a leader without its lease or still catching up answers nobody.
+    fn read_refusal(&self, stale_ok: bool) -> Option<&'static str>;
     /// The error a read of the order feed gets, if any.
     fn feed_refusal(&self) -> Option<&'static str> {
         None
@@ -227,26 +229,54 @@ pub struct Shared {
     pub local_port: AtomicU16,
     /// How a reply waits for its log record to be durable.
     pub durability: Arc<dyn Durability>,
-    /// The order feed (XREAD...), set by the binary when it runs with a WAL.
+    /// The order feed (XREAD...), when the server runs with a WAL; given at construction
+    /// ([`SharedParts`]). A `OnceLock` so that an embedder that builds `Shared` first
+    /// (the fuzz harness) can still attach one before serving.
     pub feed: std::sync::OnceLock<Arc<crate::feed::Feed>>,
     /// Command/latency/error/sale counters, the slow log (see `metrics`).
     pub metrics: Metrics,
-    /// Replication, set by the binary when it runs with a WAL.
+    /// Replication: set once, when this server's Raft member has started. It cannot be
+    /// given at construction: the member needs this `Shared` to start (it publishes on
+    /// `pubsub`, and its snapshots wait for `feed`'s consumer groups).
     pub repl: std::sync::OnceLock<Arc<dyn Replication>>,
     /// PUBLISH/SUBSCRIBE channels (Sentinel's hello channel).
     pub pubsub: crate::pubsub::Hub,
     /// Live connections, for CLIENT KILL.
     pub clients: crate::pubsub::Clients,
-    /// TLS on the RESP port (`--tls-port`), set by the binary before it serves.
+    /// TLS on the RESP port (`--tls-port`); given at construction ([`SharedParts`]).
     pub tls: std::sync::OnceLock<Arc<crate::tls::Tls>>,
-    /// Cluster mode (`--cluster-enabled yes`): the slot map and this node's place in it.
+    /// Cluster mode (`--cluster-enabled yes`): the slot map and this node's place in it;
+    /// given at construction ([`SharedParts`]).
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// The engine the connections serve, for work that outlives a command's borrow of it
-    /// (`SALE.MIGRATE` drops the sale once the destination has it); set by the binary.
+    /// (`SALE.MIGRATE` drops the sale once the destination has it); given at construction
+    /// ([`SharedParts`]).
     pub engine: std::sync::OnceLock<Arc<Engine>>,
     /// The admission secret file the keys were read from, which `SECRET.RELOAD` reads
-    /// again; set by the binary.
+    /// again; given at construction ([`SharedParts`]).
     pub secret_file: std::sync::OnceLock<std::path::PathBuf>,
+}
+
+/// What a server started from its settings holds beside them, its users and its
+/// durability: each known before the first connection and never replaced. Left out
+/// (`Default`), a part is absent: a server without a log has no feed, one without
+/// `--tls-port` no TLS.
+#[derive(Default)]
+pub struct SharedParts {
+    /// The engine the connections serve ([`Shared::engine`]).
+    pub engine: Option<Arc<Engine>>,
+    /// The order feed ([`Shared::feed`]).
+    pub feed: Option<Arc<crate::feed::Feed>>,
+    /// TLS on the RESP port ([`Shared::tls`]).
+    pub tls: Option<Arc<crate::tls::Tls>>,
+    /// Cluster mode's slot map ([`Shared::cluster`]).
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// The admission secret file ([`Shared::secret_file`]).
+    pub secret_file: Option<std::path::PathBuf>,
+    /// The config file `CONFIG REWRITE` writes ([`Shared::config_file`]).
+    pub config_file: Option<std::path::PathBuf>,
+    /// The `serve` flags `CONFIG SET` checks values with ([`Shared::flags`]).
+    pub flags: Option<clap::Command>,
 }
 
 impl Shared {
@@ -259,12 +289,26 @@ impl Shared {
         Shared::with_user_db(config, users.map(UserDb::fixed), durability)
     }
 
-    /// Users `ACL LOAD` can read again (the binary, from `--users-file`).
+    /// Users `ACL LOAD` can read again (from `--users-file`).
     pub fn with_user_db(
         config: ServerConfig,
         users: Option<UserDb>,
         durability: Arc<dyn Durability>,
     ) -> Self {
+        Shared::with_parts(config, users, durability, SharedParts::default())
+    }
+
+    /// A server with its parts in place from the start, as the composition root builds
+    /// it: nothing that reads a part can see it missing while the server is assembled.
+    pub fn with_parts(
+        config: ServerConfig,
+        users: Option<UserDb>,
+        durability: Arc<dyn Durability>,
+        parts: SharedParts,
+    ) -> Self {
+        fn once<T>(v: Option<T>) -> std::sync::OnceLock<T> {
+            v.map_or_else(std::sync::OnceLock::new, std::sync::OnceLock::from)
+        }
         Shared {
             live: crate::live::LiveSettings::new(crate::live::Limits {
                 max_clients: config.max_clients,
@@ -273,23 +317,23 @@ impl Shared {
                 idle_timeout_ms: config.idle_timeout_ms,
                 write_timeout_ms: config.write_timeout_ms,
             }),
-            config_file: None,
-            flags: None,
+            config_file: parts.config_file,
+            flags: parts.flags,
             config,
             users,
             stats: Stats::default(),
             started: Instant::now(),
             local_port: AtomicU16::new(0),
             durability,
-            feed: std::sync::OnceLock::new(),
+            feed: once(parts.feed),
             metrics: Metrics::new(),
             repl: std::sync::OnceLock::new(),
             pubsub: crate::pubsub::Hub::default(),
             clients: crate::pubsub::Clients::default(),
-            tls: std::sync::OnceLock::new(),
-            cluster: std::sync::OnceLock::new(),
-            engine: std::sync::OnceLock::new(),
-            secret_file: std::sync::OnceLock::new(),
+            tls: once(parts.tls),
+            cluster: once(parts.cluster),
+            engine: once(parts.engine),
+            secret_file: once(parts.secret_file),
         }
     }
 }
@@ -321,6 +365,9 @@ pub struct ConnState {
     /// `ASKING` came just before: the next command may run on a slot this node is
     /// importing (one command only, as in Redis).
     pub asking: bool,
+    /// `READONLY` came (and no `READWRITE` since): this connection accepts stock reads
+    /// from a follower, possibly behind the leader (Redis Cluster's convention).
+    pub stale_reads: bool,
     /// What this connection's commands recorded since the batch began; the connection
     /// publishes it into `Shared::metrics` before the batch's replies leave.
     pub recorder: Recorder,
@@ -361,6 +408,7 @@ impl ConnState {
             multi: None,
             repl_port: None,
             asking: false,
+            stale_reads: false,
             recorder: Recorder::default(),
             seen: Default::default(),
         };

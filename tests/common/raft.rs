@@ -15,10 +15,12 @@ use super::ha::Keys;
 use super::{now_ms, server_bin, TempDir};
 
 /// A TCP forwarder for one directed link; `cut` drops its connections and refuses new
-/// ones until it is healed.
+/// ones until it is healed; `deaf` forwards the caller's requests but swallows every
+/// byte the callee sends back (a link that carries one direction only).
 pub struct Proxy {
     pub port: u16,
     pub cut: Arc<AtomicBool>,
+    pub deaf: Arc<AtomicBool>,
 }
 
 impl Proxy {
@@ -26,7 +28,9 @@ impl Proxy {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let port = l.local_addr().expect("addr").port();
         let cut = Arc::new(AtomicBool::new(false));
+        let deaf = Arc::new(AtomicBool::new(false));
         let c = cut.clone();
+        let d = deaf.clone();
         std::thread::spawn(move || {
             for conn in l.incoming() {
                 let Ok(inbound) = conn else { continue };
@@ -36,14 +40,16 @@ impl Proxy {
                 let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)) else {
                     continue;
                 };
-                for (mut from, mut to) in [
+                for (mut from, mut to, back) in [
                     (
                         inbound.try_clone().expect("clone"),
                         outbound.try_clone().expect("clone"),
+                        false,
                     ),
-                    (outbound, inbound),
+                    (outbound, inbound, true),
                 ] {
                     let c = c.clone();
+                    let deaf = d.clone();
                     std::thread::spawn(move || {
                         let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
                         let mut buf = [0u8; 65536];
@@ -58,6 +64,7 @@ impl Proxy {
                                     let _ = to.shutdown(std::net::Shutdown::Both);
                                     return;
                                 }
+                                Ok(_) if back && deaf.load(Ordering::SeqCst) => {}
                                 Ok(n) => {
                                     // Read just as the link was cut: dropped with it.
                                     if c.load(Ordering::SeqCst) || to.write_all(&buf[..n]).is_err()
@@ -81,7 +88,7 @@ impl Proxy {
                 }
             }
         });
-        Proxy { port, cut }
+        Proxy { port, cut, deaf }
     }
 }
 
@@ -153,6 +160,24 @@ impl Member {
                 libc::kill(c.id() as i32, sig);
             }
         }
+        // The signal is delivered asynchronously: wait until the process is in the
+        // state asked for, so that whoever looks next (`is_paused`) sees it.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.child.is_some() && self.is_paused() != stop && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Member {
+    /// Stopped by SIGSTOP: it accepts connections and answers nothing (and redis-rs's
+    /// connection setup reads its first answer without a timeout), so it is not asked.
+    pub fn is_paused(&self) -> bool {
+        let Some(c) = &self.child else { return false };
+        std::fs::read_to_string(format!("/proc/{}/stat", c.id()))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+            .unwrap_or(false)
     }
 }
 
@@ -185,9 +210,19 @@ pub fn wait_ping(port: u16) {
     panic!("node on port {port} did not answer PING");
 }
 
-/// A connection, retried for a while: a deposed leader re-executes itself (its port is
-/// closed for the moment of its restart).
+/// A connection that accepts a follower's possibly stale reads (`READONLY`): the tests
+/// read each member's own state. Retried for a while (see [`strict_conn`]).
 pub fn conn(port: u16) -> redis::Connection {
+    let mut c = strict_conn(port);
+    // A single node refuses READONLY; its reads are never stale anyway.
+    let _: redis::RedisResult<String> = redis::cmd("READONLY").query(&mut c);
+    c
+}
+
+/// A connection as a client of the master opens it (reads must be the newest, or refused).
+/// Retried for a while: a deposed leader re-executes itself (its port is closed for the
+/// moment of its restart).
+pub fn strict_conn(port: u16) -> redis::Connection {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
     let deadline = Instant::now() + Duration::from_secs(10);
     let c = loop {
@@ -297,10 +332,12 @@ impl Group {
     pub fn leader(&self, not: Option<u64>, within: Duration) -> u64 {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            for m in self.members.iter().filter(|m| m.child.is_some()) {
-                let Ok(mut c) = redis::Client::open(format!("redis://127.0.0.1:{}/", m.port))
-                    .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(300)))
-                else {
+            for m in self
+                .members
+                .iter()
+                .filter(|m| m.child.is_some() && !m.is_paused())
+            {
+                let Some(mut c) = quick_conn(m.port, Duration::from_secs(1)) else {
                     continue;
                 };
                 let addr: Option<(String, String)> = redis::cmd("SENTINEL")
@@ -313,13 +350,11 @@ impl Group {
                 let Some(l) = self.members.iter().find(|x| x.port.to_string() == p) else {
                     continue;
                 };
-                if Some(l.id) == not || l.child.is_none() {
+                if Some(l.id) == not || l.child.is_none() || l.is_paused() {
                     continue;
                 }
                 // The leader itself must say so and take writes.
-                if let Ok(mut lc) = redis::Client::open(format!("redis://127.0.0.1:{}/", l.port))
-                    .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(300)))
-                {
+                if let Some(mut lc) = quick_conn(l.port, Duration::from_secs(1)) {
                     let role: Vec<redis::Value> =
                         redis::cmd("ROLE").query(&mut lc).unwrap_or_default();
                     if role.first().map(crate::common::as_str).as_deref() == Some("master") {
@@ -653,6 +688,19 @@ impl Group {
     pub fn heal_all(&self) {
         for (_, p) in &self.links {
             p.cut.store(false, Ordering::SeqCst);
+            p.deaf.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Member `id` can send but not hear (or, `false`, hears again): its calls reach the
+    /// others and their answers are lost, and the others' calls to it are cut.
+    pub fn deafen(&self, id: u64, deaf: bool) {
+        for ((f, t), p) in &self.links {
+            if *f == id {
+                p.deaf.store(deaf, Ordering::SeqCst);
+            } else if *t == id {
+                p.cut.store(deaf, Ordering::SeqCst);
+            }
         }
     }
 }

@@ -127,7 +127,7 @@ fn leader_elsewhere(ctx: &Ctx<'_>, spec: &Spec) -> Option<String> {
     let refused = if spec.flags.contains(&"write") {
         repl.write_refusal()
     } else if spec.group == "stockgate" {
-        repl.read_refusal()
+        repl.read_refusal(ctx.conn.stale_reads)
     } else {
         None
     };
@@ -135,19 +135,23 @@ fn leader_elsewhere(ctx: &Ctx<'_>, spec: &Spec) -> Option<String> {
     repl.other_leader_addr()
 }
 
-/// `READONLY`, `READWRITE`, `ASKING`: accepted in cluster mode (reads of a group go to
-/// its leader, so the first two change nothing; `ASKING` lets the next command run on a
-/// slot this node is importing), refused as Redis refuses them without it.
+/// `READONLY`, `READWRITE`, `ASKING`: accepted in cluster mode and by a Raft member.
+/// `READONLY` lets a follower answer this connection's stock reads from its own state,
+/// possibly behind the leader (without it a follower refuses them, or in cluster mode
+/// sends them to the leader); `READWRITE` takes that back; `ASKING` lets the next
+/// command run on a slot this node is importing. A single node refuses them as Redis
+/// does without cluster support.
 pub fn connection_flag(ctx: &mut Ctx<'_>, name: &str) -> Outcome {
-    match ctx.shared.cluster.get() {
-        Some(_) => {
-            if name == "asking" {
-                ctx.conn.asking = true;
-            }
-            Reply::ok().into()
-        }
-        None => Reply::err(DISABLED).into(),
+    let cluster = ctx.shared.cluster.get().is_some();
+    if !cluster && (name == "asking" || ctx.shared.repl.get().is_none()) {
+        return Reply::err(DISABLED).into();
     }
+    match name {
+        "asking" => ctx.conn.asking = true,
+        "readonly" => ctx.conn.stale_reads = true,
+        _ => ctx.conn.stale_reads = false,
+    }
+    Reply::ok().into()
 }
 
 /// `CLUSTER <subcommand> [args]`

@@ -133,7 +133,7 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         let refusal = if spec.flags.contains(&"write") {
             repl.write_refusal()
         } else if spec.group == "stockgate" {
-            repl.read_refusal()
+            repl.read_refusal(ctx.conn.stale_reads)
         } else if spec.group == "stream" {
             repl.feed_refusal()
         } else {

@@ -5,11 +5,11 @@
 //!
 //! openraft 0.9 keeps a leader a leader until it hears of a higher term: a leader cut
 //! off from every follower stays `ServerState::Leader` for as long as the cut lasts (it
-//! has no step-down on a lost quorum, no pre-vote, no leader transfer). What it does
-//! report is when a majority last acknowledged it (`millis_since_quorum_ack`). A
-//! follower refuses to vote until its own lease (the longest election timeout) has run
-//! out since the leader's last heartbeat, so no other leader can exist while the leader
-//! has been acknowledged within the shortest election timeout: that is the lease.
+//! has no step-down on a lost quorum, no pre-vote, no leader transfer). A follower
+//! refuses to vote until its own lease (the longest election timeout) has run out since
+//! the leader's last heartbeat, so no other leader can exist while a majority accepted
+//! appends this leader sent within the shortest election timeout: that is the lease,
+//! dated by the sends ([`lease`](super::lease)), never by when a reply was read.
 
 use openraft::{RaftMetrics, ServerState};
 

@@ -28,6 +28,7 @@
 
 pub mod authority;
 pub mod identity;
+pub mod lease;
 pub mod log_store;
 pub mod network;
 pub mod node;

@@ -53,6 +53,7 @@ trait PeerIo: Io + Sync {}
 impl<T: Io + Sync> PeerIo for T {}
 
 use super::identity::Identity;
+use super::lease::Lease;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
 /// Largest frame a peer may send (an append of `max_payload_entries` batches).
@@ -154,6 +155,10 @@ pub struct Network {
     pub tls: Option<Arc<Tls>>,
     /// This member's identity, put on every request.
     pub ident: Arc<Identity>,
+    /// The followers' acknowledgements of this member's appends ([`Lease`]).
+    pub lease: Arc<Lease>,
+    /// A leader no majority acknowledged for this long stops sending appends.
+    pub mute_after: Duration,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -172,6 +177,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             conn: None,
             ident: self.ident.clone(),
             expect: node.incarnation,
+            lease: self.lease.clone(),
+            mute_after: self.mute_after,
         }
     }
 }
@@ -185,6 +192,8 @@ pub struct Peer {
     ident: Arc<Identity>,
     /// The incarnation the membership names for `target` (0: not known yet).
     expect: u64,
+    lease: Arc<Lease>,
+    mute_after: Duration,
 }
 
 /// Opens a connection to a peer: TCP, and TLS on it with `--tls-replication` (the
@@ -552,11 +561,26 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        let term = rpc.vote.leader_id.term;
+        let sent = Instant::now();
+        if !self
+            .lease
+            .may_send(self.target, term, sent, self.mute_after)
+        {
+            return Err(RPCError::Unreachable(Unreachable::new(&io::Error::other(
+                "no majority answered this leader: appends held back until a newer term",
+            ))));
+        }
+        self.lease.sending(term, sent);
         let r = self.call(&Rpc::Append(rpc), option.hard_ttl(), true).await;
-        self.answer(r, |r| match r {
+        let r = self.answer(r, |r| match r {
             RpcReply::Append(a) => Some(a),
             _ => None,
-        })
+        });
+        if matches!(&r, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
+            self.lease.accepted(self.target, term, sent);
+        }
+        r
     }
 
     async fn install_snapshot(
@@ -832,7 +856,11 @@ fn admit(
     }
     let (known, may_vote) = sender_and_vote(raft, ident, env.from, no_votes);
     match known {
-        Some(k) if k != env.from_incarnation => {
+        // A member not admitted under its own storage (wiped, then re-admitted and still
+        // catching up) holds an older membership than the leader's, which may name the
+        // leader under a storage it has since replaced: it learns the incarnations from
+        // the log the leader sends, and votes for nobody meanwhile.
+        Some(k) if k != env.from_incarnation && (voting || may_vote) => {
             return Err(format!(
                 "node {} runs on storage incarnation {:016x}, the group admitted {k:016x}: it lost its state and gets no vote and no say until re-admitted (RAFT.READMIT {})",
                 env.from, env.from_incarnation, env.from

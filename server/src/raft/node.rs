@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::identity::{self, Identity};
+use super::lease::Lease;
 use super::log_store::LogStore;
 use super::snapshot::{SnapshotHooks, Snapshots};
 use super::speculation::Speculation;
@@ -368,8 +369,8 @@ pub struct RaftNode {
     cfg: RaftNodeConfig,
     ident: Arc<Identity>,
     metrics: watch::Receiver<openraft::RaftMetrics<NodeId, NodeInfo>>,
-    /// Milliseconds since `epoch` at which a majority last acknowledged this leader.
-    quorum_at_ms: AtomicU64,
+    /// The followers' acknowledgements of this member's appends, as a leader.
+    lease: Arc<Lease>,
     epoch: Instant,
     no_votes: Arc<AtomicBool>,
     publish: OnceLock<Publisher>,
@@ -381,6 +382,7 @@ pub struct RaftNode {
 
 const READONLY: &str = "READONLY You can't write against a read only replica. (this stockgate node is not the Raft leader; ask SENTINEL get-master-addr-by-name)";
 const NO_QUORUM: &str = "READONLY this stockgate node leads no majority right now (partitioned or the others are down); a new leader may exist";
+const FOLLOWER_READ: &str = "READONLY this stockgate node is a follower and its state may be behind the leader's: read from the leader (ask SENTINEL get-master-addr-by-name), or send READONLY on this connection to accept possibly stale reads";
 const STARTING: &str = "LOADING this stockgate node is catching up with its group";
 const HANDING_OVER: &str = "READONLY this stockgate node is handing its leadership over (SENTINEL FAILOVER); ask SENTINEL get-master-addr-by-name";
 
@@ -436,10 +438,13 @@ impl RaftNode {
         .validate()
         .map_err(|e| format!("raft settings: {e}"))?;
         let ident = prepared.ident;
+        let lease = Arc::new(Lease::default());
         let net = network::Network {
             routes: Arc::new(cfg.routes.clone()),
             tls: cfg.tls.clone(),
             ident: ident.clone(),
+            lease: lease.clone(),
+            mute_after: Duration::from_millis(cfg.election_max_ms),
         };
         let raft = Raft::new(cfg.id, Arc::new(config), net.clone(), store.clone(), sm)
             .await
@@ -476,7 +481,7 @@ impl RaftNode {
             engine,
             cfg,
             ident,
-            quorum_at_ms: AtomicU64::new(0),
+            lease,
             epoch: Instant::now(),
             no_votes,
             publish: OnceLock::new(),
@@ -521,16 +526,10 @@ impl RaftNode {
         loop {
             let m = rx.borrow_and_update().clone();
             let leading = m.state == ServerState::Leader && m.current_leader == Some(self.id);
-            if leading {
-                if let Some(ms) = m.millis_since_quorum_ack {
-                    // The newest report replaces the last, even if older: a report read
-                    // late (a process paused between openraft's report and this read)
-                    // dates the acknowledgement too recently, and the next report, sent
-                    // as soon as openraft runs again, corrects it.
-                    let at = self.now_ms().saturating_sub(ms);
-                    self.quorum_at_ms.store(at, Ordering::Release);
-                }
-            }
+            self.lease.set_voters(
+                self.id,
+                m.membership_config.membership().voter_ids().collect(),
+            );
             // Everything in its log applied, the last entry of this term: a leader's
             // records get the LSNs after its WAL's last, so no entry still unapplied may
             // hold LSNs of its own (a leader restarted within the election timeout
@@ -544,8 +543,9 @@ impl RaftNode {
             }
             // A majority must have answered this leader in this process (a restart never
             // resumes a leadership, `LogStore::open`; this holds even if one did).
-            let answered = m
-                .millis_since_quorum_ack
+            let answered = self
+                .lease
+                .age_ms(m.current_term, Instant::now())
                 .is_some_and(|ms| ms < self.cfg.election_min_ms);
             if leading && caught_up && answered && !self.spec.writable() && !self.spec.is_deposed()
             {
@@ -622,9 +622,8 @@ impl RaftNode {
     /// Heard from a majority within the election timeout (a newer leader can only exist
     /// after that long without this one's heartbeats); `authority` has the rule.
     fn lease_held(&self) -> bool {
-        // 0: no majority has acknowledged this process as leader yet.
-        let at = self.quorum_at_ms.load(Ordering::Acquire);
-        let age = (at > 0).then(|| self.now_ms().saturating_sub(at));
+        let term = self.metrics.borrow().current_term;
+        let age = self.lease.age_ms(term, Instant::now());
         authority::lease_held(age, self.cfg.election_min_ms, self.voters().len())
     }
 
@@ -768,7 +767,10 @@ impl RaftNode {
                         .iter()
                         .map(|&v| if v == self.id { last } else { matched(v) })
                 ),
-                m.millis_since_quorum_ack
+                // The lease's own count (dated by the sends acknowledged), which the
+                // gates use, rather than openraft's report.
+                self.lease
+                    .age_ms(m.current_term, Instant::now())
                     .map_or("-".into(), |v| v.to_string()),
             ));
             let followers = self.nodes().into_iter().filter(|(i, _)| *i != self.id);
@@ -1085,6 +1087,8 @@ impl RaftNode {
             routes: Arc::new(self.cfg.routes.clone()),
             tls: self.cfg.tls.clone(),
             ident: self.ident.clone(),
+            lease: self.lease.clone(),
+            mute_after: Duration::from_millis(self.cfg.election_max_ms),
         }
     }
 
@@ -1427,17 +1431,27 @@ impl Replication for RaftNode {
         (id != self.id).then_some(n.client_addr)
     }
 
-    /// Followers serve reads of their committed state, which may be behind the leader
-    /// by what is in flight (docs/replication.md, "Who takes writes, who answers reads"); a leader without a majority serves none
-    /// (a newer leader may have changed the state), nor a deposed one.
-    fn read_refusal(&self) -> Option<&'static str> {
+    /// A follower's committed state may be behind the leader's by what is in flight, so
+    /// it serves stock reads only to a connection that accepted that (`READONLY`); a
+    /// leader's state is the newest only while it holds its lease (a newer leader may
+    /// have moved past it) and once it has applied its predecessor's entries; a deposed
+    /// leader's state holds records that were never committed and serves nobody.
+    /// docs/replication.md, "Who takes writes, who answers reads".
+    fn read_refusal(&self, stale_ok: bool) -> Option<&'static str> {
         if self.spec.is_deposed() {
             return Some(READONLY);
         }
-        // A leader in Raft's view (writable or still catching up) answers from state a
-        // newer leader may have moved past once its lease is gone.
         let leads = self.spec.writable() || self.metrics.borrow().state == ServerState::Leader;
-        (leads && !self.acts_as_leader()).then_some(NO_QUORUM)
+        if !leads {
+            return (!stale_ok).then_some(FOLLOWER_READ);
+        }
+        if !self.acts_as_leader() {
+            Some(NO_QUORUM)
+        } else if !self.spec.writable() && !stale_ok {
+            Some(STARTING)
+        } else {
+            None
+        }
     }
 
     fn is_replica(&self) -> bool {
