@@ -11,6 +11,7 @@ use stockgate_server::engine::Keyring;
 
 pub mod cluster;
 pub mod ha;
+pub mod nemesis;
 pub mod raft;
 pub mod tls;
 
