@@ -3,6 +3,7 @@
 
 use super::command_table::{Spec, COMMANDS};
 use super::{Ctx, Outcome};
+use crate::metrics::SlowEntry;
 use crate::protocol::Reply;
 
 fn info_entry(s: &Spec) -> Reply {
@@ -223,6 +224,19 @@ pub fn latency(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     }
 }
 
+/// One `SLOWLOG GET` entry in Redis's shape: `[id, timestamp, micros, [args], client
+/// addr, client name]`.
+fn slow_entry_reply(e: &SlowEntry) -> Reply {
+    Reply::Array(vec![
+        Reply::Int(e.id as i64),
+        Reply::Int(e.unix_secs as i64),
+        Reply::Int(e.micros as i64),
+        Reply::Array(e.argv.iter().map(|a| Reply::Bulk(a.clone())).collect()),
+        Reply::bulk(&e.addr),
+        Reply::bulk(&e.name),
+    ])
+}
+
 /// `SLOWLOG GET [count] | LEN | RESET | HELP`, replies as Redis's.
 pub fn slowlog(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
     let sub = String::from_utf8_lossy(args[0]).to_ascii_uppercase();
@@ -239,13 +253,7 @@ pub fn slowlog(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
                 },
             };
             let entries = log.lock().get(count);
-            Reply::Array(
-                entries
-                    .iter()
-                    .map(crate::metrics::slowlog::entry_reply)
-                    .collect(),
-            )
-            .into()
+            Reply::Array(entries.iter().map(slow_entry_reply).collect()).into()
         }
         ("LEN", 1) => Reply::Int(log.lock().len() as i64).into(),
         ("RESET", 1) => {
@@ -286,7 +294,9 @@ fn unknown_subcommand(cmd: &str, sub: &[u8]) -> Outcome {
 
 #[cfg(test)]
 mod tests {
-    use super::glob;
+    use super::{glob, slow_entry_reply};
+    use crate::metrics::SlowEntry;
+    use bytes::BytesMut;
 
     #[test]
     fn globbing() {
@@ -295,5 +305,25 @@ mod tests {
         assert!(glob(b"*fsync", b"appendfsync"));
         assert!(glob(b"APPEND*", b"appendonly"));
         assert!(!glob(b"save*x", b"save"));
+    }
+
+    /// The wire bytes of a `SLOWLOG GET` entry, in both protocols: what Redis clients
+    /// and exporters parse.
+    #[test]
+    fn slowlog_entry_bytes() {
+        let e = SlowEntry {
+            id: 7,
+            unix_secs: 1_700_000_000,
+            micros: 12_345,
+            argv: vec![b"ECHO".to_vec(), b"hi".to_vec()],
+            addr: "127.0.0.1:5555".into(),
+            name: String::new(),
+        };
+        let expected = "*6\r\n:7\r\n:1700000000\r\n:12345\r\n*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n$14\r\n127.0.0.1:5555\r\n$0\r\n\r\n";
+        for proto in [2, 3] {
+            let mut out = BytesMut::new();
+            slow_entry_reply(&e).encode(proto, &mut out);
+            assert_eq!(&out[..], expected.as_bytes(), "RESP{proto}");
+        }
     }
 }

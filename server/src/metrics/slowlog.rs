@@ -1,9 +1,9 @@
 //! The slow log: a bounded ring of the commands that took at least
-//! `--slowlog-log-slower-than` µs, in Redis's `SLOWLOG GET` shape.
+//! `--slowlog-log-slower-than` µs. It holds what `SLOWLOG GET` lists as plain data; the
+//! reply is built by the command (`cmd::introspect`), so the metrics store stays free of the
+//! wire protocol.
 
 use std::collections::VecDeque;
-
-use crate::protocol::Reply;
 
 /// Redis's `SLOWLOG_ENTRY_MAX_ARGC` and `SLOWLOG_ENTRY_MAX_STRING`.
 const MAX_ARGC: usize = 32;
@@ -130,18 +130,6 @@ impl SlowLog {
     pub fn get(&self, count: usize) -> Vec<SlowEntry> {
         self.entries.iter().take(count).cloned().collect()
     }
-}
-
-/// `SLOWLOG GET` entry: `[id, timestamp, micros, [args], client addr, client name]`.
-pub fn entry_reply(e: &SlowEntry) -> Reply {
-    Reply::Array(vec![
-        Reply::Int(e.id as i64),
-        Reply::Int(e.unix_secs as i64),
-        Reply::Int(e.micros as i64),
-        Reply::Array(e.argv.iter().map(|a| Reply::Bulk(a.clone())).collect()),
-        Reply::bulk(&e.addr),
-        Reply::bulk(&e.name),
-    ])
 }
 
 #[cfg(test)]
