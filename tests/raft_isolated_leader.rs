@@ -350,3 +350,40 @@ fn raft_a_resumed_leader_never_answers_a_stale_read() {
         g.converge(Duration::from_secs(20));
     }
 }
+
+/// A follower cut off from both others for a while, then back: alone, it has no
+/// majority in reach and does not stand, so it comes back at the group's term and the
+/// leader keeps leading (no election, no pause in writes).
+#[test]
+fn raft_a_member_back_from_a_partition_does_not_depose_the_leader() {
+    let g = Group::start(true);
+    let l = g.leader(None, Duration::from_secs(10));
+    create_sale(g.port(l), SKU, 50);
+    let mut acked = vec![reserve(g.port(l), &g, SKU, "before", "r0").expect("reserve")];
+    converge_wal(&g, Duration::from_secs(10));
+    let f = [1, 2, 3].into_iter().find(|i| *i != l).expect("a follower");
+    let term = info_field(g.port(l), "raft_term");
+    g.cut(f, true);
+    // Ten election timeouts and more: a member that stood each time would be far ahead.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        info_field(g.port(f), "raft_term"),
+        term,
+        "the cut-off member stood"
+    );
+    g.cut(f, false);
+    converge_wal(&g, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        g.leader(None, Duration::from_secs(5)),
+        l,
+        "the leader changed"
+    );
+    assert_eq!(
+        info_field(g.port(l), "raft_term"),
+        term,
+        "an election was held"
+    );
+    acked.push(reserve(g.port(l), &g, SKU, "after", "r1").expect("reserve after"));
+    check_all_present(&g, l, &acked, SKU, 50);
+}

@@ -636,20 +636,28 @@ pub async fn ask_to_elect(mut net: Network, target: NodeId, node: &NodeInfo) -> 
 }
 
 /// Asks the member at `node` who it is, whatever incarnation it has.
-pub async fn hello(mut net: Network, target: NodeId, node: &NodeInfo) -> io::Result<HelloReply> {
+pub async fn hello(net: Network, target: NodeId, node: &NodeInfo) -> io::Result<HelloReply> {
+    let mut peer = hello_client(net, target, node).await;
+    say_hello(&mut peer, target, Duration::from_secs(2)).await
+}
+
+/// A client for [`say_hello`]: asks whoever answers, whatever its incarnation.
+pub async fn hello_client(mut net: Network, target: NodeId, node: &NodeInfo) -> Peer {
     let unknown = NodeInfo {
         incarnation: 0,
         ..node.clone()
     };
-    let mut peer = net.new_client(target, &unknown).await;
-    match peer
-        .call(&Rpc::Hello, Duration::from_secs(2), false)
-        .await?
-    {
+    net.new_client(target, &unknown).await
+}
+
+/// `Hello` on `peer`'s connection (kept for the next call when it answers).
+pub async fn say_hello(peer: &mut Peer, target: NodeId, ttl: Duration) -> io::Result<HelloReply> {
+    let node = peer.addr.clone();
+    match peer.call(&Rpc::Hello, ttl, false).await? {
         RpcReply::Hello(h) if h.node == target => Ok(h),
         RpcReply::Hello(h) => Err(io::Error::other(format!(
-            "{} is node {}, not node {target}",
-            node.raft_addr, h.node
+            "{node} is node {}, not node {target}",
+            h.node
         ))),
         _ => Err(io::Error::other("mismatched reply")),
     }

@@ -373,6 +373,9 @@ pub struct RaftNode {
     lease: Arc<Lease>,
     epoch: Instant,
     no_votes: Arc<AtomicBool>,
+    /// A majority of the voters (this member included) answered its last round of
+    /// `Hello`s: it may stand for election (`reach_loop`).
+    in_reach: AtomicBool,
     publish: OnceLock<Publisher>,
     last_leader: Mutex<Option<NodeId>>,
     /// Until this many milliseconds since `epoch`, writes are refused: the leader is
@@ -484,12 +487,14 @@ impl RaftNode {
             lease,
             epoch: Instant::now(),
             no_votes,
+            in_reach: AtomicBool::new(true),
             publish: OnceLock::new(),
             last_leader: Mutex::new(None),
             handover_until_ms: Arc::new(AtomicU64::new(0)),
         });
         tokio::spawn(spec.clone().propose(raft));
         tokio::spawn(node.clone().watch_leadership());
+        tokio::spawn(node.clone().reach_loop());
         tokio::spawn(node.clone().snapshot_loop(snapshots));
         Ok(node)
     }
@@ -576,7 +581,9 @@ impl RaftNode {
             return;
         }
         self.no_votes.store(!admitted, Ordering::Release);
-        self.raft.runtime_config().elect(admitted);
+        self.raft
+            .runtime_config()
+            .elect(admitted && self.in_reach.load(Ordering::Acquire));
         if admitted {
             tracing::info!("raft: a voter of the group under this storage's incarnation; voting");
         } else {
@@ -585,6 +592,87 @@ impl RaftNode {
                 self.ident.incarnation
             );
         }
+    }
+
+    /// Stands for election only with a majority in reach: every heartbeat interval a
+    /// member that does not lead asks each other voter `Hello` (on a connection kept for
+    /// it), and stands only while a majority (itself included) answered. A member cut
+    /// off from the others so does not raise its term again and again; once they answer
+    /// again it waits [`REACH_HOLD`] more (the leader's back-off to it ends within it)
+    /// before it may stand, so that it hears and follows the leader instead of deposing
+    /// it with a higher term (openraft 0.9 has no pre-vote). A member that loses its
+    /// leader while the others answer stands at once, as before.
+    async fn reach_loop(self: Arc<Self>) {
+        let every = Duration::from_millis(self.cfg.heartbeat_ms);
+        let ttl = Duration::from_millis(self.cfg.election_min_ms);
+        let hold = Duration::from_millis(self.cfg.election_max_ms) + network::BACKOFF_MAX;
+        let mut peers: HashMap<NodeId, network::Peer> = HashMap::new();
+        let long_ago = || {
+            Instant::now()
+                .checked_sub(hold)
+                .unwrap_or_else(Instant::now)
+        };
+        let mut reached_since = Some(long_ago());
+        loop {
+            tokio::time::sleep(every).await;
+            if self.metrics.borrow().state == ServerState::Leader {
+                reached_since.get_or_insert_with(long_ago);
+                continue;
+            }
+            let (reached, voters) = self.reach(&mut peers, ttl).await;
+            let in_reach = reached * 2 > voters;
+            if !in_reach {
+                reached_since = None;
+            } else if reached_since.is_none() {
+                reached_since = Some(Instant::now());
+            }
+            let may = reached_since.is_some_and(|t| t.elapsed() >= hold);
+            if self.in_reach.swap(may, Ordering::AcqRel) != may {
+                let admitted = !self.no_votes.load(Ordering::Acquire);
+                self.raft.runtime_config().elect(admitted && may);
+                if may {
+                    tracing::info!(
+                        "raft: a majority in reach again; standing for election when due"
+                    );
+                } else if !in_reach {
+                    tracing::warn!(
+                        "raft: {reached} of {voters} voters in reach: not standing for election"
+                    );
+                }
+            }
+        }
+    }
+
+    /// One round of `Hello`s to the other voters, at once: how many voters answered
+    /// (this member counting), of how many.
+    async fn reach(
+        &self,
+        peers: &mut HashMap<NodeId, network::Peer>,
+        ttl: Duration,
+    ) -> (usize, usize) {
+        let voters = self.voters();
+        let mut reached = usize::from(voters.contains(&self.id));
+        let mut calls = tokio::task::JoinSet::new();
+        for (id, n) in self.nodes() {
+            if id == self.id || !voters.contains(&id) {
+                continue;
+            }
+            let mut peer = match peers.remove(&id) {
+                Some(p) => p,
+                None => network::hello_client(self.net(), id, &n).await,
+            };
+            calls.spawn(async move {
+                let ok = network::say_hello(&mut peer, id, ttl).await.is_ok();
+                (id, peer, ok)
+            });
+        }
+        while let Some(done) = calls.join_next().await {
+            if let Ok((id, peer, ok)) = done {
+                reached += usize::from(ok);
+                peers.insert(id, peer);
+            }
+        }
+        (reached, voters.len())
     }
 
     fn announce_leader(&self, leader: Option<NodeId>, m: &openraft::RaftMetrics<NodeId, NodeInfo>) {
