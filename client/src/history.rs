@@ -455,94 +455,168 @@ struct TokenFacts<'a> {
 
 /// Judges a history against the sale's model.
 pub fn check(records: &[Record]) -> Report {
-    let mut violations = Vec::new();
-    let mut bad = |kind, detail: String| violations.push(Violation { kind, detail });
-    let mut stats = Stats::default();
+    let mut found = Findings::default();
+    let h = Indexed::build(records, &mut found);
+    let mut stats = count_ops(&h.ops);
+    let reserves = Reserves::gather(&h.ops, &mut found);
+    stats.unresolved_reserves = reserves.unresolved_requests();
+    stats.acknowledged_tokens = reserves.token_req.len() as u64;
+    let unresolved = reserves.unresolved_units();
+    let mut facts = reserves.facts;
+    note_token_answers(&h.ops, &mut facts, &mut found);
+    check_final_states(&h, &facts, &mut found);
+    check_counters(&h, &facts, &unresolved, &mut found);
+    stats.final_states = count_final_states(&h.finals);
+    Report {
+        violations: found.0,
+        stats,
+    }
+}
 
-    let mut totals: BTreeMap<&str, i64> = BTreeMap::new();
-    let mut ops: Vec<Op> = Vec::new();
-    let mut by_id: HashMap<u64, usize> = HashMap::new();
-    let mut finals: HashMap<&str, (&str, Option<&str>)> = HashMap::new();
-    let mut final_sales: BTreeMap<&str, (i64, i64, i64, i64)> = BTreeMap::new();
+/// The violations found so far, in the order the checks ran.
+#[derive(Default)]
+struct Findings(Vec<Violation>);
 
-    for r in records {
-        match r {
-            Record::Sale { sku, total } => {
-                totals.insert(sku, *total);
-            }
-            Record::Invoke {
-                op_id,
-                process,
-                op,
-                sku,
-                user,
-                req,
-                token,
-                qty,
-                t_ms,
-            } => {
-                if by_id.insert(*op_id, ops.len()).is_some() {
-                    bad(
-                        ViolationKind::Malformed,
-                        format!("op_id {op_id} is invoked twice"),
-                    );
+impl Findings {
+    fn bad(&mut self, kind: ViolationKind, detail: String) {
+        self.0.push(Violation { kind, detail });
+    }
+}
+
+/// A sale's counters as the final leader reported them.
+#[derive(Clone, Copy)]
+struct FinalCounters {
+    total: i64,
+    available: i64,
+    reserved: i64,
+    committed: i64,
+}
+
+/// The records indexed: each invocation paired with its completion, and what the final
+/// leader answered.
+#[derive(Default)]
+struct Indexed<'a> {
+    /// Totals from `sale` records.
+    totals: BTreeMap<&'a str, i64>,
+    /// Operations in invocation order.
+    ops: Vec<Op<'a>>,
+    /// `op_id` → index in `ops`.
+    by_id: HashMap<u64, usize>,
+    /// Token → (sale, final state).
+    finals: HashMap<&'a str, (&'a str, Option<&'a str>)>,
+    final_sales: BTreeMap<&'a str, FinalCounters>,
+}
+
+impl<'a> Indexed<'a> {
+    fn build(records: &'a [Record], found: &mut Findings) -> Indexed<'a> {
+        let mut h = Indexed::default();
+        for r in records {
+            match r {
+                Record::Sale { sku, total } => {
+                    h.totals.insert(sku, *total);
                 }
-                ops.push(Op {
-                    op_id: *op_id,
-                    process: *process,
-                    kind: *op,
+                Record::Invoke {
+                    op_id,
+                    process,
+                    op,
                     sku,
-                    user: user.as_deref(),
-                    req: req.as_deref(),
-                    token: token.as_deref(),
-                    qty: *qty,
-                    invoked: *t_ms,
-                    result: Outcome::Unknown,
-                    reply: None,
-                    reply_token: None,
-                    completed: None,
-                });
-            }
-            Record::Complete {
-                op_id,
-                result,
-                reply,
-                token,
-                t_ms,
-                ..
-            } => match by_id.get(op_id) {
-                Some(&i) if ops[i].completed.is_none() => {
-                    let o = &mut ops[i];
-                    o.result = *result;
-                    o.reply = reply.as_deref();
-                    o.reply_token = token.as_deref();
-                    o.completed = Some(*t_ms);
+                    user,
+                    req,
+                    token,
+                    qty,
+                    t_ms,
+                } => h.invoke(
+                    Op {
+                        op_id: *op_id,
+                        process: *process,
+                        kind: *op,
+                        sku,
+                        user: user.as_deref(),
+                        req: req.as_deref(),
+                        token: token.as_deref(),
+                        qty: *qty,
+                        invoked: *t_ms,
+                        result: Outcome::Unknown,
+                        reply: None,
+                        reply_token: None,
+                        completed: None,
+                    },
+                    found,
+                ),
+                Record::Complete {
+                    op_id,
+                    result,
+                    reply,
+                    token,
+                    t_ms,
+                    ..
+                } => h.complete(*op_id, *result, reply, token, *t_ms, found),
+                Record::FinalReservation { sku, token, state } => {
+                    h.finals.insert(token, (sku, state.as_deref()));
                 }
-                Some(_) => bad(
-                    ViolationKind::Malformed,
-                    format!("op_id {op_id} completes twice"),
-                ),
-                None => bad(
-                    ViolationKind::Malformed,
-                    format!("op_id {op_id} completes without an invocation before it"),
-                ),
-            },
-            Record::FinalReservation { sku, token, state } => {
-                finals.insert(token, (sku, state.as_deref()));
-            }
-            Record::FinalSale {
-                sku,
-                total,
-                available,
-                reserved,
-                committed,
-            } => {
-                final_sales.insert(sku, (*total, *available, *reserved, *committed));
+                Record::FinalSale {
+                    sku,
+                    total,
+                    available,
+                    reserved,
+                    committed,
+                } => {
+                    let counters = FinalCounters {
+                        total: *total,
+                        available: *available,
+                        reserved: *reserved,
+                        committed: *committed,
+                    };
+                    h.final_sales.insert(sku, counters);
+                }
             }
         }
+        h
     }
 
-    for o in &ops {
+    fn invoke(&mut self, op: Op<'a>, found: &mut Findings) {
+        if self.by_id.insert(op.op_id, self.ops.len()).is_some() {
+            found.bad(
+                ViolationKind::Malformed,
+                format!("op_id {} is invoked twice", op.op_id),
+            );
+        }
+        self.ops.push(op);
+    }
+
+    fn complete(
+        &mut self,
+        op_id: u64,
+        result: Outcome,
+        reply: &'a Option<String>,
+        token: &'a Option<String>,
+        t_ms: u64,
+        found: &mut Findings,
+    ) {
+        match self.by_id.get(&op_id) {
+            Some(&i) if self.ops[i].completed.is_none() => {
+                let o = &mut self.ops[i];
+                o.result = result;
+                o.reply = reply.as_deref();
+                o.reply_token = token.as_deref();
+                o.completed = Some(t_ms);
+            }
+            Some(_) => found.bad(
+                ViolationKind::Malformed,
+                format!("op_id {op_id} completes twice"),
+            ),
+            None => found.bad(
+                ViolationKind::Malformed,
+                format!("op_id {op_id} completes without an invocation before it"),
+            ),
+        }
+    }
+}
+
+/// Completions by operation and outcome, and the replies of those not `ok`.
+fn count_ops(ops: &[Op]) -> Stats {
+    let mut stats = Stats::default();
+    for o in ops {
         let res = match o.result {
             Outcome::Ok => "ok",
             Outcome::Fail => "fail",
@@ -567,92 +641,129 @@ pub fn check(records: &[Record]) -> Report {
             stats.soldout += 1;
         }
     }
+    stats
+}
 
-    // RESERVE: one token per request, one request per token.
-    let mut facts: HashMap<&str, TokenFacts> = HashMap::new();
-    let mut req_token: HashMap<(&str, &str, &str), &str> = HashMap::new();
-    let mut token_req: HashMap<&str, (&str, &str, &str)> = HashMap::new();
-    let mut req_unknown: BTreeMap<(&str, &str, &str), i64> = BTreeMap::new();
-    let mut req_resolved: BTreeSet<(&str, &str, &str)> = BTreeSet::new();
-    for (i, o) in ops.iter().enumerate() {
-        if o.kind != OpKind::Reserve {
-            continue;
-        }
-        let (Some(user), Some(req)) = (o.user, o.req) else {
-            bad(
-                ViolationKind::Malformed,
-                format!("{} has no user or req", o.describe()),
-            );
-            continue;
-        };
-        let key = (o.sku, user, req);
-        match o.result {
-            Outcome::Unknown => {
-                req_unknown.insert(key, o.qty);
+/// A RESERVE request: `(sku, user, req)`.
+type RequestKey<'a> = (&'a str, &'a str, &'a str);
+
+/// What the RESERVEs established: the acknowledged tokens, which request each belongs
+/// to, and the requests whose outcome was never learned.
+#[derive(Default)]
+struct Reserves<'a> {
+    facts: HashMap<&'a str, TokenFacts<'a>>,
+    req_token: HashMap<RequestKey<'a>, &'a str>,
+    token_req: HashMap<&'a str, RequestKey<'a>>,
+    req_unknown: BTreeMap<RequestKey<'a>, i64>,
+    req_resolved: BTreeSet<RequestKey<'a>>,
+}
+
+impl<'a> Reserves<'a> {
+    /// One token per request, one request per token.
+    fn gather(ops: &[Op<'a>], found: &mut Findings) -> Reserves<'a> {
+        let mut r = Reserves::default();
+        for (i, o) in ops.iter().enumerate() {
+            if o.kind != OpKind::Reserve {
+                continue;
             }
-            Outcome::Fail => {}
-            Outcome::Ok => {
-                let Some(tok) = o.reply_token else {
-                    bad(
-                        ViolationKind::Malformed,
-                        format!("{} is acknowledged without a token", o.describe()),
-                    );
-                    continue;
-                };
-                req_resolved.insert(key);
-                match req_token.get(&key) {
-                    Some(&t) if t != tok => bad(
-                        ViolationKind::TokenReuse,
-                        format!(
-                            "{} was given token {tok}, an earlier attempt of the same request {t}",
-                            o.describe()
-                        ),
-                    ),
-                    _ => {
-                        req_token.insert(key, tok);
-                    }
+            let (Some(user), Some(req)) = (o.user, o.req) else {
+                found.bad(
+                    ViolationKind::Malformed,
+                    format!("{} has no user or req", o.describe()),
+                );
+                continue;
+            };
+            let key = (o.sku, user, req);
+            match o.result {
+                Outcome::Unknown => {
+                    r.req_unknown.insert(key, o.qty);
                 }
-                match token_req.get(tok) {
-                    Some(&k) if k != key => bad(
-                        ViolationKind::TokenReuse,
-                        format!(
-                            "token {tok} acknowledged for user {} req {} and, by {}, for user {user} req {req}",
-                            k.1,
-                            k.2,
-                            o.describe()
-                        ),
-                    ),
-                    _ => {
-                        token_req.insert(tok, key);
-                    }
-                }
-                let f = facts.entry(tok).or_default();
-                f.sku = Some(o.sku);
-                f.qty = o.qty;
-                f.acked_by.get_or_insert(i);
+                Outcome::Fail => {}
+                Outcome::Ok => r.acknowledged(i, o, key, found),
             }
         }
+        r
     }
-    let unresolved: BTreeMap<&str, i64> = req_unknown
-        .iter()
-        .filter(|(k, _)| !req_resolved.contains(*k))
-        .fold(BTreeMap::new(), |mut m, ((sku, _, _), qty)| {
-            *m.entry(*sku).or_default() += *qty;
-            m
-        });
-    stats.unresolved_reserves = req_unknown
-        .keys()
-        .filter(|k| !req_resolved.contains(*k))
-        .count() as u64;
-    stats.acknowledged_tokens = token_req.len() as u64;
 
-    // COMMIT, RELEASE, READ: what each answer implies for the token.
+    /// Records the token the RESERVE `ops[i]` was answered with.
+    fn acknowledged(&mut self, i: usize, o: &Op<'a>, key: RequestKey<'a>, found: &mut Findings) {
+        let Some(tok) = o.reply_token else {
+            found.bad(
+                ViolationKind::Malformed,
+                format!("{} is acknowledged without a token", o.describe()),
+            );
+            return;
+        };
+        self.req_resolved.insert(key);
+        match self.req_token.get(&key) {
+            Some(&t) if t != tok => found.bad(
+                ViolationKind::TokenReuse,
+                format!(
+                    "{} was given token {tok}, an earlier attempt of the same request {t}",
+                    o.describe()
+                ),
+            ),
+            _ => {
+                self.req_token.insert(key, tok);
+            }
+        }
+        let (user, req) = (key.1, key.2);
+        match self.token_req.get(tok) {
+            Some(&k) if k != key => found.bad(
+                ViolationKind::TokenReuse,
+                format!(
+                    "token {tok} acknowledged for user {} req {} and, by {}, for user {user} req {req}",
+                    k.1,
+                    k.2,
+                    o.describe()
+                ),
+            ),
+            _ => {
+                self.token_req.insert(tok, key);
+            }
+        }
+        let f = self.facts.entry(tok).or_default();
+        f.sku = Some(o.sku);
+        f.qty = o.qty;
+        f.acked_by.get_or_insert(i);
+    }
+
+    fn is_unresolved(&self, key: &RequestKey<'a>) -> bool {
+        !self.req_resolved.contains(key)
+    }
+
+    /// Units of the RESERVEs whose outcome was never learned, by sale.
+    fn unresolved_units(&self) -> BTreeMap<&'a str, i64> {
+        self.req_unknown
+            .iter()
+            .filter(|(k, _)| self.is_unresolved(k))
+            .fold(BTreeMap::new(), |mut m, ((sku, _, _), qty)| {
+                *m.entry(*sku).or_default() += *qty;
+                m
+            })
+    }
+
+    /// How many RESERVE requests never learned their outcome.
+    fn unresolved_requests(&self) -> u64 {
+        self.req_unknown
+            .keys()
+            .filter(|k| self.is_unresolved(k))
+            .count() as u64
+    }
+}
+
+/// COMMIT, RELEASE, READ: what each answer implies for the token.
+fn note_token_answers<'a>(
+    ops: &[Op<'a>],
+    facts: &mut HashMap<&'a str, TokenFacts<'a>>,
+    found: &mut Findings,
+) {
     for (i, o) in ops.iter().enumerate() {
         if o.kind == OpKind::Reserve {
             continue;
         }
         let Some(tok) = o.token else {
-            bad(
+            found.bad(
                 ViolationKind::Malformed,
                 format!("{} has no token", o.describe()),
             );
@@ -663,37 +774,47 @@ pub fn check(records: &[Record]) -> Report {
         if f.qty == 0 {
             f.qty = 1;
         }
+        f.note_answer(i, o);
+    }
+}
+
+impl TokenFacts<'_> {
+    /// Files the answer of `ops[i]`, a COMMIT, RELEASE or READ of this token.
+    fn note_answer(&mut self, i: usize, o: &Op) {
         let maybe = matches!(o.result, Outcome::Ok | Outcome::Unknown);
         match (o.kind, o.result, o.reply_word()) {
             (OpKind::Commit, _, _) if maybe => {
-                f.commit_tried = true;
+                self.commit_tried = true;
                 if o.result == Outcome::Ok {
-                    f.commit_ok.push(i);
+                    self.commit_ok.push(i);
                 }
             }
-            (OpKind::Commit, Outcome::Fail, "RELEASED") => f.commit_released.push(i),
-            (OpKind::Commit, Outcome::Fail, "NORES") => f.commit_nores.push(i),
+            (OpKind::Commit, Outcome::Fail, "RELEASED") => self.commit_released.push(i),
+            (OpKind::Commit, Outcome::Fail, "NORES") => self.commit_nores.push(i),
             (OpKind::Release, Outcome::Ok, "1") => {
-                f.release_tried = true;
-                f.release_1.push(i);
+                self.release_tried = true;
+                self.release_1.push(i);
             }
             (OpKind::Release, Outcome::Ok, _) => {
-                f.release_tried = true;
-                f.release_0.push(i);
+                self.release_tried = true;
+                self.release_0.push(i);
             }
-            (OpKind::Release, Outcome::Unknown, _) => f.release_tried = true,
-            (OpKind::Read, Outcome::Ok, _) => f.reads.push(i),
+            (OpKind::Release, Outcome::Unknown, _) => self.release_tried = true,
+            (OpKind::Read, Outcome::Ok, _) => self.reads.push(i),
             _ => {}
         }
     }
+}
 
+/// Every known token's final state against its acknowledged operations, tokens in order.
+fn check_final_states(h: &Indexed, facts: &HashMap<&str, TokenFacts>, found: &mut Findings) {
     let mut tokens: Vec<&&str> = facts.keys().collect();
     tokens.sort();
     for tok in tokens {
         let f = &facts[*tok];
-        let Some(&(_, fin)) = finals.get(*tok) else {
+        let Some(&(_, fin)) = h.finals.get(*tok) else {
             if f.acked_by.is_some() {
-                bad(
+                found.bad(
                     ViolationKind::Malformed,
                     format!(
                         "token {tok} was acknowledged but the history has no final state for it"
@@ -702,154 +823,251 @@ pub fn check(records: &[Record]) -> Report {
             }
             continue;
         };
-        let acked_at = f.acked_by.map(|i| &ops[i]);
-        if let (Some(a), None) = (acked_at, fin) {
-            bad(
+        let t = TokenCheck {
+            tok,
+            f,
+            fin,
+            ops: &h.ops,
+        };
+        t.run(found);
+    }
+}
+
+/// One token's final state, judged against what its operations were answered.
+struct TokenCheck<'h> {
+    tok: &'h str,
+    f: &'h TokenFacts<'h>,
+    /// The final state; `None` when the final leader does not know the token.
+    fin: Option<&'h str>,
+    ops: &'h [Op<'h>],
+}
+
+impl TokenCheck<'_> {
+    fn run(&self, found: &mut Findings) {
+        if let (Some(a), None) = (self.acked_at(), self.fin) {
+            found.bad(
                 ViolationKind::LostWrite,
                 format!(
-                    "token {tok} acknowledged by {} is unknown to the final leader",
+                    "token {} acknowledged by {} is unknown to the final leader",
+                    self.tok,
                     a.describe()
                 ),
             );
-            continue;
+            return;
         }
-        let fin_s = fin.unwrap_or("nil");
-        for &i in &f.commit_ok {
+        self.check_acknowledged_answers(found);
+        self.check_lost_by_nores(found);
+        self.check_tried(found);
+        self.check_reads(found);
+    }
+
+    /// The RESERVE that acknowledged the token.
+    fn acked_at(&self) -> Option<&Op<'_>> {
+        self.f.acked_by.map(|i| &self.ops[i])
+    }
+
+    fn fin_s(&self) -> &str {
+        self.fin.unwrap_or("nil")
+    }
+
+    /// COMMITs and RELEASEs whose answer fixes the final state.
+    fn check_acknowledged_answers(&self, found: &mut Findings) {
+        let (tok, fin, fin_s) = (self.tok, self.fin, self.fin_s());
+        for &i in &self.f.commit_ok {
             if fin != Some("COMMITTED") {
-                bad(
+                found.bad(
                     ViolationKind::WrongFinalState,
                     format!(
                         "token {tok}: {} acknowledged, final state {fin_s}",
-                        ops[i].describe()
+                        self.ops[i].describe()
                     ),
                 );
             }
         }
-        for &i in &f.release_1 {
+        for &i in &self.f.release_1 {
             if !matches!(fin, Some("RELEASED") | Some("EXPIRED")) {
-                bad(
+                found.bad(
                     ViolationKind::WrongFinalState,
                     format!(
                         "token {tok}: {} acknowledged, final state {fin_s}",
-                        ops[i].describe()
+                        self.ops[i].describe()
                     ),
                 );
             }
         }
-        for &i in &f.release_0 {
+        for &i in &self.f.release_0 {
             if fin == Some("RESERVED") {
-                bad(
+                found.bad(
                     ViolationKind::WrongFinalState,
                     format!(
                         "token {tok}: {} said it was no longer held, final state RESERVED",
-                        ops[i].describe()
+                        self.ops[i].describe()
                     ),
                 );
             }
         }
-        for &i in &f.commit_released {
+        for &i in &self.f.commit_released {
             if fin != Some("RELEASED") {
-                bad(
+                found.bad(
                     ViolationKind::WrongFinalState,
                     format!(
                         "token {tok}: {} said it was released, final state {fin_s}",
-                        ops[i].describe()
-                    ),
-                );
-            }
-        }
-        for &i in &f.commit_nores {
-            if let Some(a) = acked_at.filter(|a| a.completed.is_some_and(|c| c <= ops[i].invoked)) {
-                bad(
-                    ViolationKind::LostWrite,
-                    format!(
-                        "token {tok}: {} after {} acknowledged it",
-                        ops[i].describe(),
-                        a.describe()
-                    ),
-                );
-            }
-        }
-        if fin == Some("COMMITTED") && !f.commit_tried {
-            bad(
-                ViolationKind::WrongFinalState,
-                format!("token {tok} ended COMMITTED but no COMMIT of it may have taken effect"),
-            );
-        }
-        if fin == Some("RELEASED") && !f.release_tried {
-            bad(
-                ViolationKind::WrongFinalState,
-                format!("token {tok} ended RELEASED but no RELEASE of it may have taken effect"),
-            );
-        }
-        for &i in &f.reads {
-            let seen = ops[i].reply_word();
-            let contradicts = match seen {
-                "RESERVED" => fin.is_none(),
-                "COMMITTED" | "RELEASED" => fin != Some(seen),
-                _ => false,
-            };
-            if contradicts {
-                bad(
-                    if fin.is_none() {
-                        ViolationKind::LostWrite
-                    } else {
-                        ViolationKind::WrongFinalState
-                    },
-                    format!(
-                        "token {tok}: {} saw {seen}, final state {fin_s}",
-                        ops[i].describe()
+                        self.ops[i].describe()
                     ),
                 );
             }
         }
     }
 
-    // Counters.
-    let mut skus: BTreeSet<&str> = totals.keys().copied().collect();
-    skus.extend(final_sales.keys().copied());
+    /// A COMMIT invoked after the RESERVE was acknowledged that found no reservation.
+    fn check_lost_by_nores(&self, found: &mut Findings) {
+        for &i in &self.f.commit_nores {
+            let after = |a: &&Op| a.completed.is_some_and(|c| c <= self.ops[i].invoked);
+            if let Some(a) = self.acked_at().filter(after) {
+                found.bad(
+                    ViolationKind::LostWrite,
+                    format!(
+                        "token {}: {} after {} acknowledged it",
+                        self.tok,
+                        self.ops[i].describe(),
+                        a.describe()
+                    ),
+                );
+            }
+        }
+    }
+
+    /// A final COMMITTED or RELEASED needs an operation that may have put it there.
+    fn check_tried(&self, found: &mut Findings) {
+        let tok = self.tok;
+        if self.fin == Some("COMMITTED") && !self.f.commit_tried {
+            found.bad(
+                ViolationKind::WrongFinalState,
+                format!("token {tok} ended COMMITTED but no COMMIT of it may have taken effect"),
+            );
+        }
+        if self.fin == Some("RELEASED") && !self.f.release_tried {
+            found.bad(
+                ViolationKind::WrongFinalState,
+                format!("token {tok} ended RELEASED but no RELEASE of it may have taken effect"),
+            );
+        }
+    }
+
+    /// A read state: RESERVED means the token exists at the end; COMMITTED and
+    /// RELEASED are final.
+    fn check_reads(&self, found: &mut Findings) {
+        let fin = self.fin;
+        for &i in &self.f.reads {
+            let seen = self.ops[i].reply_word();
+            let contradicts = match seen {
+                "RESERVED" => fin.is_none(),
+                "COMMITTED" | "RELEASED" => fin != Some(seen),
+                _ => false,
+            };
+            if contradicts {
+                found.bad(
+                    if fin.is_none() {
+                        ViolationKind::LostWrite
+                    } else {
+                        ViolationKind::WrongFinalState
+                    },
+                    format!(
+                        "token {}: {} saw {seen}, final state {}",
+                        self.tok,
+                        self.ops[i].describe(),
+                        self.fin_s()
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Every sale's final counters, against each other and against the known tokens.
+fn check_counters(
+    h: &Indexed,
+    facts: &HashMap<&str, TokenFacts>,
+    unresolved: &BTreeMap<&str, i64>,
+    found: &mut Findings,
+) {
+    let mut skus: BTreeSet<&str> = h.totals.keys().copied().collect();
+    skus.extend(h.final_sales.keys().copied());
     skus.extend(facts.values().filter_map(|f| f.sku));
     for sku in skus {
-        let Some(&(ftotal, avail, reserved, committed)) = final_sales.get(sku) else {
-            bad(
+        let Some(&c) = h.final_sales.get(sku) else {
+            found.bad(
                 ViolationKind::Malformed,
                 format!("sale {sku}: the history has no final counters"),
             );
             continue;
         };
-        let total = match totals.get(sku) {
-            Some(&t) if t != ftotal => {
-                bad(
-                    ViolationKind::Counters,
-                    format!("sale {sku}: created with total {t}, final total {ftotal}"),
-                );
-                t
-            }
-            Some(&t) => t,
-            None => ftotal,
-        };
-        for (name, v) in [
-            ("available", avail),
-            ("reserved", reserved),
-            ("committed", committed),
-        ] {
-            if v < 0 {
-                bad(
-                    ViolationKind::Counters,
-                    format!("sale {sku}: {name} is negative ({v})"),
-                );
-            }
-        }
-        if avail + reserved + committed != ftotal {
-            bad(
+        let total = created_total(sku, h.totals.get(sku).copied(), c.total, found);
+        check_counter_sum(sku, c, found);
+        let tally = Tally::of(sku, &h.finals, facts);
+        let slack = unresolved.get(sku).copied().unwrap_or(0);
+        check_against_tokens(sku, total, c, &tally, slack, found);
+    }
+}
+
+/// The total the sale was created with, else the final one; the two must agree.
+fn created_total(sku: &str, created: Option<i64>, ftotal: i64, found: &mut Findings) -> i64 {
+    match created {
+        Some(t) if t != ftotal => {
+            found.bad(
                 ViolationKind::Counters,
-                format!(
-                    "sale {sku}: available {avail} + reserved {reserved} + committed {committed} != total {ftotal}"
-                ),
+                format!("sale {sku}: created with total {t}, final total {ftotal}"),
+            );
+            t
+        }
+        Some(t) => t,
+        None => ftotal,
+    }
+}
+
+/// No counter negative, and the three add up to the final total.
+fn check_counter_sum(sku: &str, c: FinalCounters, found: &mut Findings) {
+    let (avail, reserved, committed, ftotal) = (c.available, c.reserved, c.committed, c.total);
+    for (name, v) in [
+        ("available", avail),
+        ("reserved", reserved),
+        ("committed", committed),
+    ] {
+        if v < 0 {
+            found.bad(
+                ViolationKind::Counters,
+                format!("sale {sku}: {name} is negative ({v})"),
             );
         }
+    }
+    if avail + reserved + committed != ftotal {
+        found.bad(
+            ViolationKind::Counters,
+            format!(
+                "sale {sku}: available {avail} + reserved {reserved} + committed {committed} != total {ftotal}"
+            ),
+        );
+    }
+}
+
+/// Units of one sale's known tokens, by final state.
+struct Tally {
+    /// Tokens ending RESERVED.
+    held: i64,
+    /// Tokens ending COMMITTED.
+    sold: i64,
+    /// Acknowledged tokens ending RESERVED or COMMITTED.
+    acked_live: i64,
+}
+
+impl Tally {
+    fn of(
+        sku: &str,
+        finals: &HashMap<&str, (&str, Option<&str>)>,
+        facts: &HashMap<&str, TokenFacts>,
+    ) -> Tally {
         let (mut held, mut sold, mut acked_live) = (0i64, 0i64, 0i64);
-        for (tok, (fsku, final_state)) in &finals {
+        for (tok, (fsku, final_state)) in finals {
             if *fsku != sku {
                 continue;
             }
@@ -864,46 +1082,68 @@ pub fn check(records: &[Record]) -> Report {
                 acked_live += qty;
             }
         }
-        if acked_live > total {
-            bad(
-                ViolationKind::Oversell,
-                format!(
-                    "sale {sku}: acknowledged reservations hold or sold {acked_live} units of {total}"
-                ),
-            );
-        }
-        if reserved + committed > total {
-            bad(
-                ViolationKind::Oversell,
-                format!("sale {sku}: reserved {reserved} + committed {committed} > total {total}"),
-            );
-        }
-        if committed != sold {
-            bad(
-                ViolationKind::Counters,
-                format!(
-                    "sale {sku}: committed counter {committed}, tokens ending COMMITTED hold {sold} units"
-                ),
-            );
-        }
-        let slack = unresolved.get(sku).copied().unwrap_or(0);
-        if reserved < held || reserved > held + slack {
-            bad(
-                ViolationKind::Counters,
-                format!(
-                    "sale {sku}: reserved counter {reserved}, tokens ending RESERVED hold {held} units \
-                     (plus at most {slack} of RESERVEs never resolved)"
-                ),
-            );
+        Tally {
+            held,
+            sold,
+            acked_live,
         }
     }
+}
+
+/// No oversell, `committed` equals the units sold, and `reserved` lies between the
+/// units held and those plus the units of RESERVEs never resolved (`slack`).
+fn check_against_tokens(
+    sku: &str,
+    total: i64,
+    c: FinalCounters,
+    t: &Tally,
+    slack: i64,
+    found: &mut Findings,
+) {
+    let (reserved, committed) = (c.reserved, c.committed);
+    let (held, sold, acked_live) = (t.held, t.sold, t.acked_live);
+    if acked_live > total {
+        found.bad(
+            ViolationKind::Oversell,
+            format!(
+                "sale {sku}: acknowledged reservations hold or sold {acked_live} units of {total}"
+            ),
+        );
+    }
+    if reserved + committed > total {
+        found.bad(
+            ViolationKind::Oversell,
+            format!("sale {sku}: reserved {reserved} + committed {committed} > total {total}"),
+        );
+    }
+    if committed != sold {
+        found.bad(
+            ViolationKind::Counters,
+            format!(
+                "sale {sku}: committed counter {committed}, tokens ending COMMITTED hold {sold} units"
+            ),
+        );
+    }
+    if reserved < held || reserved > held + slack {
+        found.bad(
+            ViolationKind::Counters,
+            format!(
+                "sale {sku}: reserved counter {reserved}, tokens ending RESERVED hold {held} units \
+                 (plus at most {slack} of RESERVEs never resolved)"
+            ),
+        );
+    }
+}
+
+/// Final states of the known tokens.
+fn count_final_states(finals: &HashMap<&str, (&str, Option<&str>)>) -> BTreeMap<String, u64> {
+    let mut states = BTreeMap::new();
     for (_, final_state) in finals.values() {
-        *stats
-            .final_states
+        *states
             .entry(final_state.unwrap_or("nil").to_owned())
             .or_default() += 1;
     }
-    Report { violations, stats }
+    states
 }
 
 #[cfg(test)]

@@ -223,117 +223,62 @@ impl SweeperMetrics {
     /// Prometheus text exposition, `stockgate_sweeper_` names.
     pub fn render(&self) -> String {
         let mut o = String::new();
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut one = |name: &str, kind: &str, help: &str, v: String| {
-            let _ = write!(
-                o,
-                "# HELP stockgate_sweeper_{name} {help}\n# TYPE stockgate_sweeper_{name} {kind}\nstockgate_sweeper_{name} {v}\n"
-            );
-        };
-        let c = |a: &AtomicU64| l(a).to_string();
-        one(
-            "passes_total",
-            "counter",
-            "Passes completed.",
-            c(&self.passes),
-        );
-        one(
-            "passes_failed_total",
-            "counter",
-            "Passes that stopped on an error (retried after a backoff).",
-            c(&self.passes_failed),
-        );
-        one(
-            "expired_seen_total",
-            "counter",
-            "Expired reservations examined.",
-            c(&self.seen),
-        );
-        one(
-            "released_total",
-            "counter",
-            "Reservations whose units this sweeper returned to stock.",
-            c(&self.released),
-        );
-        one(
-            "release_noop_total",
-            "counter",
-            "RELEASE calls that found the reservation already finished (another sweeper).",
-            c(&self.release_noop),
-        );
-        one(
-            "cancelled_total",
-            "counter",
-            "PENDING orders cancelled in the ledger by this sweeper.",
-            c(&self.cancelled),
-        );
-        one(
-            "recovered_total",
-            "counter",
-            "Releases completing an earlier cancellation (crash recovery, buyer cancel, refund).",
-            c(&self.recovered),
-        );
-        one(
-            "committed_cleanup_total",
-            "counter",
-            "COMMIT cleanups of reservations the ledger holds as COMMITTED.",
-            c(&self.commit_cleanup),
-        );
-        one(
-            "tombstones_total",
-            "counter",
-            "Tombstones written for expired reservations with no order.",
-            c(&self.tombstones),
-        );
-        one(
-            "skipped_total",
-            "counter",
-            "Reservations skipped.",
-            c(&self.skipped),
-        );
-        one(
-            "fenced_sales",
+        for (name, kind, help, counter) in PASS_COUNTERS {
+            metric(&mut o, name, kind, help, load(counter(self)).to_string());
+        }
+        self.render_errors(&mut o);
+        for (name, help, a) in self.timings() {
+            metric(&mut o, name, "gauge", help, ms_as_seconds(a).to_string());
+        }
+        self.render_materializer(&mut o);
+        metric(
+            &mut o,
+            "uptime_seconds",
             "gauge",
-            "Sales skipped in the last pass because they are fenced.",
-            c(&self.fenced_sales),
+            "Seconds since the sweeper started.",
+            self.started
+                .get()
+                .map_or(0.0, |t| t.elapsed().as_secs_f64())
+                .to_string(),
         );
-        one(
-            "lost_sales_total",
-            "counter",
-            "Sales fenced because the server had lost them.",
-            c(&self.lost_sales),
-        );
+        o
+    }
+
+    /// Failed passes, one series per side that failed.
+    fn render_errors(&self, o: &mut String) {
         let _ = write!(
             o,
             "# HELP stockgate_sweeper_errors_total Failed passes by the side that failed.\n# TYPE stockgate_sweeper_errors_total counter\nstockgate_sweeper_errors_total{{source=\"ledger\"}} {}\nstockgate_sweeper_errors_total{{source=\"server\"}} {}\nstockgate_sweeper_errors_total{{source=\"other\"}} {}\n",
-            l(&self.ledger_errors),
-            l(&self.server_errors),
-            l(&self.other_errors)
+            load(&self.ledger_errors),
+            load(&self.server_errors),
+            load(&self.other_errors)
         );
-        let mut one = |name: &str, kind: &str, help: &str, v: String| {
-            let _ = write!(
-                o,
-                "# HELP stockgate_sweeper_{name} {help}\n# TYPE stockgate_sweeper_{name} {kind}\nstockgate_sweeper_{name} {v}\n"
-            );
-        };
-        one(
-            "lag_seconds",
-            "gauge",
-            "Age of the oldest expired reservation still unswept after the last pass.",
-            (l(&self.lag_ms) as f64 / 1000.0).to_string(),
-        );
-        one(
-            "last_pass_timestamp_seconds",
-            "gauge",
-            "When the last pass finished (Unix time).",
-            (l(&self.last_pass_unix_ms) as f64 / 1000.0).to_string(),
-        );
-        one(
-            "last_pass_duration_seconds",
-            "gauge",
-            "How long the last pass took.",
-            (l(&self.last_pass_ms) as f64 / 1000.0).to_string(),
-        );
+    }
+
+    /// Gauges kept in ms and exported in seconds: `(name, help, value)`.
+    fn timings(&self) -> [(&'static str, &'static str, &AtomicU64); 3] {
+        [
+            (
+                "lag_seconds",
+                "Age of the oldest expired reservation still unswept after the last pass.",
+                &self.lag_ms,
+            ),
+            (
+                "last_pass_timestamp_seconds",
+                "When the last pass finished (Unix time).",
+                &self.last_pass_unix_ms,
+            ),
+            (
+                "last_pass_duration_seconds",
+                "How long the last pass took.",
+                &self.last_pass_ms,
+            ),
+        ]
+    }
+
+    /// The materializer's lag, labelled by consumer (absent until a probe found it), and
+    /// the probe error counter.
+    fn render_materializer(&self, o: &mut String) {
         let mat = self
             .materializer
             .lock()
@@ -372,25 +317,99 @@ impl SweeperMetrics {
         let _ = write!(
             o,
             "# HELP stockgate_sweeper_materializer_probe_errors_total Failed reads of the materializer's lag.\n# TYPE stockgate_sweeper_materializer_probe_errors_total counter\nstockgate_sweeper_materializer_probe_errors_total {}\n",
-            l(&self.materializer_probe_errors)
+            load(&self.materializer_probe_errors)
         );
-        let mut one = |name: &str, kind: &str, help: &str, v: String| {
-            let _ = write!(
-                o,
-                "# HELP stockgate_sweeper_{name} {help}\n# TYPE stockgate_sweeper_{name} {kind}\nstockgate_sweeper_{name} {v}\n"
-            );
-        };
-        one(
-            "uptime_seconds",
-            "gauge",
-            "Seconds since the sweeper started.",
-            self.started
-                .get()
-                .map_or(0.0, |t| t.elapsed().as_secs_f64())
-                .to_string(),
-        );
-        o
     }
+}
+
+/// Picks one counter out of the metrics.
+type CounterOf = fn(&SweeperMetrics) -> &AtomicU64;
+
+/// What the passes did: `(name, kind, help, counter)`, in exposition order.
+const PASS_COUNTERS: [(&str, &str, &str, CounterOf); 12] = [
+    ("passes_total", "counter", "Passes completed.", |m| {
+        &m.passes
+    }),
+    (
+        "passes_failed_total",
+        "counter",
+        "Passes that stopped on an error (retried after a backoff).",
+        |m| &m.passes_failed,
+    ),
+    (
+        "expired_seen_total",
+        "counter",
+        "Expired reservations examined.",
+        |m| &m.seen,
+    ),
+    (
+        "released_total",
+        "counter",
+        "Reservations whose units this sweeper returned to stock.",
+        |m| &m.released,
+    ),
+    (
+        "release_noop_total",
+        "counter",
+        "RELEASE calls that found the reservation already finished (another sweeper).",
+        |m| &m.release_noop,
+    ),
+    (
+        "cancelled_total",
+        "counter",
+        "PENDING orders cancelled in the ledger by this sweeper.",
+        |m| &m.cancelled,
+    ),
+    (
+        "recovered_total",
+        "counter",
+        "Releases completing an earlier cancellation (crash recovery, buyer cancel, refund).",
+        |m| &m.recovered,
+    ),
+    (
+        "committed_cleanup_total",
+        "counter",
+        "COMMIT cleanups of reservations the ledger holds as COMMITTED.",
+        |m| &m.commit_cleanup,
+    ),
+    (
+        "tombstones_total",
+        "counter",
+        "Tombstones written for expired reservations with no order.",
+        |m| &m.tombstones,
+    ),
+    ("skipped_total", "counter", "Reservations skipped.", |m| {
+        &m.skipped
+    }),
+    (
+        "fenced_sales",
+        "gauge",
+        "Sales skipped in the last pass because they are fenced.",
+        |m| &m.fenced_sales,
+    ),
+    (
+        "lost_sales_total",
+        "counter",
+        "Sales fenced because the server had lost them.",
+        |m| &m.lost_sales,
+    ),
+];
+
+/// Appends one unlabelled series with its HELP and TYPE lines.
+fn metric(o: &mut String, name: &str, kind: &str, help: &str, v: String) {
+    let _ = write!(
+        o,
+        "# HELP stockgate_sweeper_{name} {help}\n# TYPE stockgate_sweeper_{name} {kind}\nstockgate_sweeper_{name} {v}\n"
+    );
+}
+
+fn load(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+/// A gauge kept in ms, as seconds.
+fn ms_as_seconds(a: &AtomicU64) -> f64 {
+    load(a) as f64 / 1000.0
 }
 
 /// The sweeper's metrics endpoint over HTTPS (`--metrics-tls-cert-file` and

@@ -40,8 +40,10 @@ use tracing::{error, info, warn};
 
 use crate::client::ClientError;
 use crate::gate::ReservationGate;
-use crate::ledger::{AdjustmentOutcome, Ledger, LedgerError, Order, OrderStatus};
-use crate::types::{ReservationInfo, ReservationState};
+use crate::ledger::{
+    Adjustment, AdjustmentOutcome, Ledger, LedgerError, Order, OrderStatus, SaleRecord,
+};
+use crate::types::{ReservationInfo, ReservationState, SaleInfo};
 
 /// Why a rebuild did not complete; the sale stays fenced, so nothing is sold on unproven counts.
 #[derive(Debug, thiserror::Error)]
@@ -153,11 +155,56 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
         .sale(sku)
         .await?
         .ok_or_else(|| RebuildError::UnknownSale(sku.to_string()))?;
+    let (info, was_lost) = fenced_sale_info(gate, &sale, sku, opts).await?;
+    let server_fp = info.key_fingerprint.clone();
+    check_fingerprint(ledger, &sale, &server_fp).await?;
+    let finished = finished_orders(ledger, sku).await?;
+    restore_all(gate, &finished, ReservationState::Released).await?;
+
+    let mut foreign_holds_released = 0u64;
+    for attempt in 1..=opts.max_attempts {
+        let a = try_rebuild(ledger, gate, sku, &sale, &server_fp).await?;
+        foreign_holds_released += a.foreign_holds_released;
+        if a.stable {
+            confirm_adjustments(ledger, &unconfirmed, sale.allocation).await?;
+            let report = RebuildReport {
+                sku: sku.to_string(),
+                total: sale.allocation,
+                committed_units: a.committed_units,
+                restored: a.restored,
+                restored_units: a.restored_units,
+                restored_committed: a.restored_committed,
+                restored_released: finished.len() as u64,
+                foreign_holds_released,
+                available: a.available,
+                was_lost,
+                attempts: attempt,
+            };
+            info!(?report, "sale rebuilt from the ledger");
+            return Ok(report);
+        }
+        warn!(
+            sku,
+            attempt, "a restored reservation changed state during the rebuild; fencing again"
+        );
+        gate.fence(&sale).await?;
+    }
+    Err(RebuildError::Unstable(opts.max_attempts))
+}
+
+/// The sale's server state once it is fenced, and whether the server had lost it. A lost
+/// sale is created fenced; an open one is fenced only when the options ask.
+async fn fenced_sale_info<G: ReservationGate>(
+    gate: &G,
+    sale: &SaleRecord,
+    sku: &str,
+    opts: &RebuildOptions,
+) -> Result<(SaleInfo, bool), RebuildError> {
     let mut was_lost = false;
     let info = match gate.sale_info(sku).await? {
         None => {
             warn!(sku, "server does not know the sale: state lost; fencing");
-            gate.fence(&sale).await?;
+            gate.fence(sale).await?;
             was_lost = true;
             gate.sale_info(sku).await?
         }
@@ -165,7 +212,7 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
             if !opts.fence_if_open {
                 return Err(RebuildError::NotFenced(sku.to_string()));
             }
-            gate.fence(&sale).await?;
+            gate.fence(sale).await?;
             gate.sale_info(sku).await?
         }
         Some(i) => Some(i),
@@ -173,25 +220,36 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
     let Some(info) = info else {
         return Err(RebuildError::Gate(ClientError::NoSale));
     };
-    let server_fp = info.key_fingerprint.clone();
+    Ok((info, was_lost))
+}
+
+/// The server must derive tokens with the key the ledger's tokens were made with; a
+/// ledger that never learned the key's fingerprint records the server's.
+async fn check_fingerprint<L: Ledger>(
+    ledger: &L,
+    sale: &SaleRecord,
+    server_fp: &str,
+) -> Result<(), RebuildError> {
     match &sale.key_fingerprint {
-        Some(l) if *l != server_fp => {
-            return Err(RebuildError::FingerprintMismatch {
-                ledger: l.clone(),
-                server: server_fp,
-            })
-        }
-        Some(_) => {}
+        Some(l) if *l != server_fp => Err(RebuildError::FingerprintMismatch {
+            ledger: l.clone(),
+            server: server_fp.to_owned(),
+        }),
+        Some(_) => Ok(()),
         None => {
             // First time we learn it: the per-token check below still verifies the key.
             let mut s = sale.clone();
-            s.key_fingerprint = Some(server_fp.clone());
+            s.key_fingerprint = Some(server_fp.to_owned());
             ledger.register_sale(&s).await?;
+            Ok(())
         }
     }
+}
 
-    // Finished orders that are not sales: RELEASED records, once (their status no longer
-    // matters to the counters, and a restore of a present token changes nothing).
+/// Finished orders that are not sales, to put back as RELEASED records once (their
+/// status no longer matters to the counters, and a restore of a present token changes
+/// nothing).
+async fn finished_orders<L: Ledger>(ledger: &L, sku: &str) -> Result<Vec<Order>, RebuildError> {
     let mut finished = Vec::new();
     for status in [
         OrderStatus::Cancelled,
@@ -208,98 +266,130 @@ pub async fn rebuild_sale<L: Ledger, G: ReservationGate>(
                 .filter(|o| o.request_id.is_some()),
         );
     }
-    restore_all(gate, &finished, ReservationState::Released).await?;
+    Ok(finished)
+}
 
-    let mut foreign_holds_released = 0u64;
-    for attempt in 1..=opts.max_attempts {
-        // 1. Put back every verified pending and paid order (idempotent across attempts).
-        let pending = ledger.orders(sku, Some(OrderStatus::Pending)).await?;
-        restore_all(gate, &pending, ReservationState::Reserved).await?;
-        let restored_units: u64 = pending.iter().map(|o| u64::from(o.qty)).sum();
-        let committed = ledger.orders(sku, Some(OrderStatus::Committed)).await?;
-        restore_all(gate, &committed, ReservationState::Committed).await?;
+/// What one try restored and what `SALE.REBUILD` answered.
+struct Attempt {
+    /// Pending orders put back.
+    restored: u64,
+    /// Units of those.
+    restored_units: u64,
+    /// Paid orders put back.
+    restored_committed: u64,
+    /// Holds released because the payment did not pay for them.
+    foreign_holds_released: u64,
+    /// Committed units passed to `SALE.REBUILD`.
+    committed_units: u64,
+    /// Units free to reserve after it.
+    available: i64,
+    /// No order the figure counted as reserved changed state meanwhile.
+    stable: bool,
+}
 
-        // 2. Orders whose reservation is RESERVED on the server right now: pending ones
-        //    just restored, and committed ones whose server COMMIT has not landed yet.
-        let candidates: Vec<&Order> = pending.iter().chain(committed.iter()).collect();
-        let mut reserved_now = reserved_tokens(gate, &candidates).await?;
+/// One try: restore the pending and paid orders, rebuild the counters, and check that
+/// the committed figure was not overtaken by a commit.
+async fn try_rebuild<L: Ledger, G: ReservationGate>(
+    ledger: &L,
+    gate: &G,
+    sku: &str,
+    sale: &SaleRecord,
+    server_fp: &str,
+) -> Result<Attempt, RebuildError> {
+    // 1. Put back every verified pending and paid order (idempotent across attempts).
+    let pending = ledger.orders(sku, Some(OrderStatus::Pending)).await?;
+    restore_all(gate, &pending, ReservationState::Reserved).await?;
+    let restored_units: u64 = pending.iter().map(|o| u64::from(o.qty)).sum();
+    let committed = ledger.orders(sku, Some(OrderStatus::Committed)).await?;
+    restore_all(gate, &committed, ReservationState::Committed).await?;
 
-        // A paid order's token held RESERVED by a hold the payment did not pay for: give
-        // that hold back and count the paid units as committed (they are sold).
-        for o in &committed {
-            let Some(r) = reserved_now.get(&o.token) else {
-                continue;
-            };
-            if ledger.is_hold(&o.token, r).await? {
-                continue;
-            }
-            error!(
-                sku,
-                token = %o.token,
-                ledger_qty = o.qty,
-                server_qty = r.qty,
-                server_created_at_ms = r.created_at_ms,
-                "the server holds a paid order's token as another, unpaid hold: releasing it"
-            );
-            gate.release(&o.token, Some(ReleaseReason::Rebuild)).await?;
-            reserved_now.remove(&o.token);
-            foreign_holds_released += 1;
+    // 2. Orders whose reservation is RESERVED on the server right now: pending ones
+    //    just restored, and committed ones whose server COMMIT has not landed yet.
+    let candidates: Vec<&Order> = pending.iter().chain(committed.iter()).collect();
+    let mut reserved_now = reserved_tokens(gate, &candidates).await?;
+    let foreign_holds_released =
+        release_foreign_holds(ledger, gate, sku, &committed, &mut reserved_now).await?;
+
+    // 3. Committed units the server must count as committed (the rest it counts as
+    //    reserved, and its own COMMIT moves them over later).
+    let committed_units: u64 = committed
+        .iter()
+        .filter(|o| !reserved_now.contains_key(&o.token))
+        .map(|o| u64::from(o.qty))
+        .sum();
+    let available = gate
+        .rebuild(sku, sale.allocation, committed_units, server_fp)
+        .await?;
+
+    // 4. Did any of those move while we computed? Then the figure may be stale.
+    let still: Vec<&Order> = candidates
+        .iter()
+        .copied()
+        .filter(|o| reserved_now.contains_key(&o.token))
+        .collect();
+    let still_reserved = reserved_tokens(gate, &still).await?;
+    Ok(Attempt {
+        restored: pending.len() as u64,
+        restored_units,
+        restored_committed: committed.len() as u64,
+        foreign_holds_released,
+        committed_units,
+        available,
+        stable: still_reserved.len() == reserved_now.len(),
+    })
+}
+
+/// A paid order's token held RESERVED by a hold the payment did not pay for: give that
+/// hold back and count the paid units as committed (they are sold). Returns how many
+/// holds were released; they leave `reserved_now`.
+async fn release_foreign_holds<L: Ledger, G: ReservationGate>(
+    ledger: &L,
+    gate: &G,
+    sku: &str,
+    committed: &[Order],
+    reserved_now: &mut HashMap<String, ReservationInfo>,
+) -> Result<u64, RebuildError> {
+    let mut released = 0u64;
+    for o in committed {
+        let Some(r) = reserved_now.get(&o.token) else {
+            continue;
+        };
+        if ledger.is_hold(&o.token, r).await? {
+            continue;
         }
-
-        // 3. Committed units the server must count as committed (the rest it counts as
-        //    reserved, and its own COMMIT moves them over later).
-        let committed_units: u64 = committed
-            .iter()
-            .filter(|o| !reserved_now.contains_key(&o.token))
-            .map(|o| u64::from(o.qty))
-            .sum();
-        let available = gate
-            .rebuild(sku, sale.allocation, committed_units, &server_fp)
-            .await?;
-
-        // 4. Did any of those move while we computed? Then the figure may be stale.
-        let still: Vec<&Order> = candidates
-            .iter()
-            .copied()
-            .filter(|o| reserved_now.contains_key(&o.token))
-            .collect();
-        let still_reserved = reserved_tokens(gate, &still).await?;
-        if still_reserved.len() == reserved_now.len() {
-            // The server's total is now the ledger's allocation, which includes every
-            // adjustment read before it.
-            for a in &unconfirmed {
-                ledger
-                    .finish_adjustment(
-                        &a.id,
-                        &AdjustmentOutcome::Applied {
-                            server_total: i64::try_from(sale.allocation).ok(),
-                        },
-                    )
-                    .await?;
-            }
-            let report = RebuildReport {
-                sku: sku.to_string(),
-                total: sale.allocation,
-                committed_units,
-                restored: pending.len() as u64,
-                restored_units,
-                restored_committed: committed.len() as u64,
-                restored_released: finished.len() as u64,
-                foreign_holds_released,
-                available,
-                was_lost,
-                attempts: attempt,
-            };
-            info!(?report, "sale rebuilt from the ledger");
-            return Ok(report);
-        }
-        warn!(
+        error!(
             sku,
-            attempt, "a restored reservation changed state during the rebuild; fencing again"
+            token = %o.token,
+            ledger_qty = o.qty,
+            server_qty = r.qty,
+            server_created_at_ms = r.created_at_ms,
+            "the server holds a paid order's token as another, unpaid hold: releasing it"
         );
-        gate.fence(&sale).await?;
+        gate.release(&o.token, Some(ReleaseReason::Rebuild)).await?;
+        reserved_now.remove(&o.token);
+        released += 1;
     }
-    Err(RebuildError::Unstable(opts.max_attempts))
+    Ok(released)
+}
+
+/// The server's total is now the ledger's allocation, which includes every adjustment
+/// read before it.
+async fn confirm_adjustments<L: Ledger>(
+    ledger: &L,
+    unconfirmed: &[Adjustment],
+    allocation: u64,
+) -> Result<(), RebuildError> {
+    for a in unconfirmed {
+        ledger
+            .finish_adjustment(
+                &a.id,
+                &AdjustmentOutcome::Applied {
+                    server_total: i64::try_from(allocation).ok(),
+                },
+            )
+            .await?;
+    }
+    Ok(())
 }
 
 async fn restore_all<G: ReservationGate>(

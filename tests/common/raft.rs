@@ -789,7 +789,19 @@ pub fn states(port: u16, tokens: &[String]) -> Vec<Option<String>> {
         for t in chunk {
             p.cmd("RESERVATION").arg(t);
         }
-        let vs: Vec<redis::Value> = p.query(&mut c).expect("RESERVATION pipeline");
+        // A leader may lose its lease for a moment on a loaded machine (see `read`).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let vs: Vec<redis::Value> = loop {
+            match p.query(&mut c) {
+                Ok(vs) => break vs,
+                Err(e)
+                    if e.to_string().contains("leads no majority") && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(e) => panic!("RESERVATION pipeline on {port}: {e}"),
+            }
+        };
         out.extend(
             vs.iter()
                 .map(|v| crate::common::field(v, "state").map(|s| crate::common::as_str(&s))),

@@ -470,209 +470,237 @@ async fn open_ledger(cli: &Cli) -> Result<PgLedger, CliError> {
 
 async fn run(cli: Cli) -> Result<(), CliError> {
     if let Some(Cmd::MoveSlots(a)) = &cli.cmd {
-        let slots = stockgate_client::slot_move::parse_slots(&a.slots)?;
-        let tls = cli.tls.load(&a.from)?;
-        let m = stockgate_client::slot_move::move_slots(
-            &a.from,
-            &a.to,
-            &slots,
-            &a.all_nodes,
-            tls.as_ref(),
-        )
-        .await?;
-        println!(
-            "moved {} slot(s) from {} to {}: {} sale(s) handed over",
-            m.slots, a.from, a.to, m.sales
-        );
-        if a.follow_ledger {
-            let ledger = open_ledger(&cli).await?;
-            ledger.migrate().await?;
-            let n = stockgate_client::slot_move::follow_ledger(
-                &ledger,
-                &a.from,
-                &a.to,
-                &slots,
-                tls.as_ref(),
-            )
-            .await?;
-            println!("ledger: {n} sale(s) recorded on the destination's history");
-        }
-        return Ok(());
+        return move_slots_cmd(&cli, a).await;
     }
     let target = cli.target()?;
     let ledger = open_ledger(&cli).await?;
     match cli.cmd {
-        Some(Cmd::Migrate) => {
-            if let Some(m) = ledger.migrate_moving_old_layout().await? {
-                info!(
-                    "moved the ledger from schema {} to schema {}: {} tables ({}), {} \
-                     functions, {} orders",
-                    m.from,
-                    m.schema,
-                    m.tables.len(),
-                    m.tables.join(", "),
-                    m.functions.len(),
-                    m.orders
-                );
-            }
-            info!(schema = %ledger.schema(), "ledger schema up to date");
-            Ok(())
-        }
-        Some(Cmd::CreateSale(a)) => {
-            ledger.migrate().await?;
-            let client = StockgateClient::connect_target(&target).await?;
-            let bound =
-                stockgate_client::identity::check_bound(&ledger, client.history().await?).await?;
-            stockgate_client::identity::check_sale(&ledger, &bound, &a.sku).await?;
-            check_existing_sale(&ledger, &client, &a).await?;
-            client
-                .sale_create(&a.sku, a.total, a.shards, a.ttl_ms, a.limit)
-                .await?;
-            let info = client.sale_info(&a.sku).await?;
-            let mut rec = SaleRecord::new(&a.sku, a.total);
-            rec.shards = a.shards;
-            rec.ttl_ms = a.ttl_ms;
-            rec.per_user_limit = a.limit;
-            rec.key_fingerprint = Some(info.key_fingerprint);
-            ledger.register_sale(&rec).await?;
-            ledger.record_sale_history(&a.sku, &bound.history).await?;
-            println!("created {}", a.sku);
-            Ok(())
-        }
-        Some(Cmd::Adjust(a)) => {
-            ledger.migrate().await?;
-            let id =
-                a.id.unwrap_or_else(|| format!("adj-{:016x}", rand::random::<u64>()));
-            // On stderr before anything happens: the id is what a retry needs.
-            eprintln!("adjustment id {id} (re-run with --id {id} if this fails)");
-            let client = StockgateClient::connect_target(&target).await?;
-            let r = adjust_sale(&ledger, &client, &a.sku, &id, a.delta).await?;
-            let how = match r.result {
-                AdjustResult::Applied => "applied",
-                AdjustResult::AlreadyOnServer => "already on the server, confirmed",
-                AdjustResult::AlreadyApplied => "already applied",
-            };
-            println!(
-                "adjusted {} by {} (id {}): {how}; allocation {} server total {}",
-                a.sku, a.delta, id, r.allocation, r.server_total
-            );
-            Ok(())
-        }
-        Some(Cmd::Rebuild(a)) => {
-            ledger.migrate().await?;
-            let client = StockgateClient::connect_target(&target).await?;
-            let opts = RebuildOptions {
-                fence_if_open: a.fence,
-                ..Default::default()
-            };
-            let r = rebuild_sale(&ledger, &client, &a.sku, &opts).await?;
-            println!(
-                "rebuilt {}: total {} committed {} restored {} pending ({} units), {} paid, {} cancelled; available {}",
-                r.sku,
-                r.total,
-                r.committed_units,
-                r.restored,
-                r.restored_units,
-                r.restored_committed,
-                r.restored_released,
-                r.available
-            );
-            Ok(())
-        }
-        Some(Cmd::Rebind(a)) => {
-            ledger.migrate().await?;
-            let client = StockgateClient::connect_target(&target).await?;
-            let old =
-                stockgate_client::identity::rebind(&ledger, client.history().await?, &a.history)
-                    .await?;
-            match old {
-                Some(old) if old != a.history => {
-                    println!("ledger bound to history {} (was {old})", a.history)
-                }
-                Some(_) => println!("ledger already bound to history {}", a.history),
-                None => println!("ledger bound to history {}", a.history),
-            }
-            Ok(())
-        }
-        Some(Cmd::Bind(a)) => {
-            ledger.migrate().await?;
-            let client = StockgateClient::connect_target(&target).await?;
-            let added = stockgate_client::identity::bind(
-                &ledger,
-                client.history().await?,
-                &a.history,
-                a.group.as_deref(),
-            )
-            .await?;
-            let verb = if added { "now bound" } else { "already bound" };
-            println!("ledger {verb} to history {}", a.history);
-            Ok(())
-        }
-        Some(Cmd::Unbind(a)) => {
-            ledger.migrate().await?;
-            if ledger.remove_binding(&a.history).await? {
-                println!("ledger no longer bound to history {}", a.history);
-            } else {
-                println!("ledger was not bound to history {}", a.history);
-            }
-            Ok(())
-        }
-        Some(Cmd::Split(a)) => {
-            ledger.migrate().await?;
-            let spec = stockgate_client::split::SplitSpec {
-                parent: a.parent,
-                parts: a.parts,
-                total: a.total,
-                limit: a.limit,
-                shards: a.shards,
-                ttl_ms: a.ttl_ms,
-            };
-            let parts = stockgate_client::split::create_split(&ledger, &cli.server, &spec).await?;
-            for p in &parts {
-                println!("part {} {}", p.index, p.sku);
-            }
-            println!("split {} over {} parts", spec.parent, parts.len());
-            Ok(())
-        }
+        Some(Cmd::Migrate) => migrate_cmd(&ledger).await,
+        Some(Cmd::CreateSale(a)) => create_sale_cmd(&ledger, &target, a).await,
+        Some(Cmd::Adjust(a)) => adjust_cmd(&ledger, &target, a).await,
+        Some(Cmd::Rebuild(a)) => rebuild_cmd(&ledger, &target, a).await,
+        Some(Cmd::Rebind(a)) => rebind_cmd(&ledger, &target, a).await,
+        Some(Cmd::Bind(a)) => bind_cmd(&ledger, &target, a).await,
+        Some(Cmd::Unbind(a)) => unbind_cmd(&ledger, a).await,
+        Some(Cmd::Split(a)) => split_cmd(&ledger, &cli.server, a).await,
         // Handled before the ledger is opened.
         Some(Cmd::MoveSlots(_)) => Ok(()),
-        Some(Cmd::Rebalance(a)) => {
-            ledger.migrate().await?;
-            let every = secs(a.interval_secs, "--interval-secs")?;
-            loop {
-                let pass = stockgate_client::split::rebalance_locked(
-                    &ledger,
-                    &cli.server,
-                    &a.parent,
-                    a.threshold,
-                )
-                .await;
-                match pass {
-                    Ok(LockedPass::Ran(r)) if a.once => {
-                        println!("rebalance {}: {r}", a.parent);
-                        return Ok(());
-                    }
-                    Ok(LockedPass::Busy) if a.once => {
-                        println!(
-                            "rebalance {}: skipped, another rebalancer is running a pass",
-                            a.parent
-                        );
-                        return Ok(());
-                    }
-                    Ok(_) => {}
-                    Err(e) if a.once => return Err(e.into()),
-                    Err(e) => {
-                        warn!(error = %e, parent = %a.parent, "rebalance pass failed; retrying")
-                    }
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(every) => {}
-                    _ = wait_for_signal() => return Ok(()),
-                }
-            }
-        }
+        Some(Cmd::Rebalance(a)) => rebalance_cmd(&ledger, &cli.server, a).await,
         Some(Cmd::Run(args)) => sweep(&target, &cli.server, ledger, args).await,
         None => sweep(&target, &cli.server, ledger, cli.run).await,
+    }
+}
+
+/// `move-slots`: needs no ledger unless --follow-ledger asks it to record the move.
+async fn move_slots_cmd(cli: &Cli, a: &MoveSlotsArgs) -> Result<(), CliError> {
+    let slots = stockgate_client::slot_move::parse_slots(&a.slots)?;
+    let tls = cli.tls.load(&a.from)?;
+    let m =
+        stockgate_client::slot_move::move_slots(&a.from, &a.to, &slots, &a.all_nodes, tls.as_ref())
+            .await?;
+    println!(
+        "moved {} slot(s) from {} to {}: {} sale(s) handed over",
+        m.slots, a.from, a.to, m.sales
+    );
+    if a.follow_ledger {
+        let ledger = open_ledger(cli).await?;
+        ledger.migrate().await?;
+        let n = stockgate_client::slot_move::follow_ledger(
+            &ledger,
+            &a.from,
+            &a.to,
+            &slots,
+            tls.as_ref(),
+        )
+        .await?;
+        println!("ledger: {n} sale(s) recorded on the destination's history");
+    }
+    Ok(())
+}
+
+async fn migrate_cmd(ledger: &PgLedger) -> Result<(), CliError> {
+    if let Some(m) = ledger.migrate_moving_old_layout().await? {
+        info!(
+            "moved the ledger from schema {} to schema {}: {} tables ({}), {} \
+             functions, {} orders",
+            m.from,
+            m.schema,
+            m.tables.len(),
+            m.tables.join(", "),
+            m.functions.len(),
+            m.orders
+        );
+    }
+    info!(schema = %ledger.schema(), "ledger schema up to date");
+    Ok(())
+}
+
+async fn create_sale_cmd(
+    ledger: &PgLedger,
+    target: &ServerTarget,
+    a: CreateSaleArgs,
+) -> Result<(), CliError> {
+    ledger.migrate().await?;
+    let client = StockgateClient::connect_target(target).await?;
+    let bound = stockgate_client::identity::check_bound(ledger, client.history().await?).await?;
+    stockgate_client::identity::check_sale(ledger, &bound, &a.sku).await?;
+    check_existing_sale(ledger, &client, &a).await?;
+    client
+        .sale_create(&a.sku, a.total, a.shards, a.ttl_ms, a.limit)
+        .await?;
+    let info = client.sale_info(&a.sku).await?;
+    let mut rec = SaleRecord::new(&a.sku, a.total);
+    rec.shards = a.shards;
+    rec.ttl_ms = a.ttl_ms;
+    rec.per_user_limit = a.limit;
+    rec.key_fingerprint = Some(info.key_fingerprint);
+    ledger.register_sale(&rec).await?;
+    ledger.record_sale_history(&a.sku, &bound.history).await?;
+    println!("created {}", a.sku);
+    Ok(())
+}
+
+async fn adjust_cmd(
+    ledger: &PgLedger,
+    target: &ServerTarget,
+    a: AdjustArgs,
+) -> Result<(), CliError> {
+    ledger.migrate().await?;
+    let id =
+        a.id.unwrap_or_else(|| format!("adj-{:016x}", rand::random::<u64>()));
+    // On stderr before anything happens: the id is what a retry needs.
+    eprintln!("adjustment id {id} (re-run with --id {id} if this fails)");
+    let client = StockgateClient::connect_target(target).await?;
+    let r = adjust_sale(ledger, &client, &a.sku, &id, a.delta).await?;
+    let how = match r.result {
+        AdjustResult::Applied => "applied",
+        AdjustResult::AlreadyOnServer => "already on the server, confirmed",
+        AdjustResult::AlreadyApplied => "already applied",
+    };
+    println!(
+        "adjusted {} by {} (id {}): {how}; allocation {} server total {}",
+        a.sku, a.delta, id, r.allocation, r.server_total
+    );
+    Ok(())
+}
+
+async fn rebuild_cmd(
+    ledger: &PgLedger,
+    target: &ServerTarget,
+    a: RebuildArgs,
+) -> Result<(), CliError> {
+    ledger.migrate().await?;
+    let client = StockgateClient::connect_target(target).await?;
+    let opts = RebuildOptions {
+        fence_if_open: a.fence,
+        ..Default::default()
+    };
+    let r = rebuild_sale(ledger, &client, &a.sku, &opts).await?;
+    println!(
+        "rebuilt {}: total {} committed {} restored {} pending ({} units), {} paid, {} cancelled; available {}",
+        r.sku,
+        r.total,
+        r.committed_units,
+        r.restored,
+        r.restored_units,
+        r.restored_committed,
+        r.restored_released,
+        r.available
+    );
+    Ok(())
+}
+
+async fn rebind_cmd(
+    ledger: &PgLedger,
+    target: &ServerTarget,
+    a: RebindArgs,
+) -> Result<(), CliError> {
+    ledger.migrate().await?;
+    let client = StockgateClient::connect_target(target).await?;
+    let old =
+        stockgate_client::identity::rebind(ledger, client.history().await?, &a.history).await?;
+    match old {
+        Some(old) if old != a.history => {
+            println!("ledger bound to history {} (was {old})", a.history)
+        }
+        Some(_) => println!("ledger already bound to history {}", a.history),
+        None => println!("ledger bound to history {}", a.history),
+    }
+    Ok(())
+}
+
+async fn bind_cmd(ledger: &PgLedger, target: &ServerTarget, a: BindArgs) -> Result<(), CliError> {
+    ledger.migrate().await?;
+    let client = StockgateClient::connect_target(target).await?;
+    let added = stockgate_client::identity::bind(
+        ledger,
+        client.history().await?,
+        &a.history,
+        a.group.as_deref(),
+    )
+    .await?;
+    let verb = if added { "now bound" } else { "already bound" };
+    println!("ledger {verb} to history {}", a.history);
+    Ok(())
+}
+
+async fn unbind_cmd(ledger: &PgLedger, a: UnbindArgs) -> Result<(), CliError> {
+    ledger.migrate().await?;
+    if ledger.remove_binding(&a.history).await? {
+        println!("ledger no longer bound to history {}", a.history);
+    } else {
+        println!("ledger was not bound to history {}", a.history);
+    }
+    Ok(())
+}
+
+async fn split_cmd(ledger: &PgLedger, server: &str, a: SplitArgs) -> Result<(), CliError> {
+    ledger.migrate().await?;
+    let spec = stockgate_client::split::SplitSpec {
+        parent: a.parent,
+        parts: a.parts,
+        total: a.total,
+        limit: a.limit,
+        shards: a.shards,
+        ttl_ms: a.ttl_ms,
+    };
+    let parts = stockgate_client::split::create_split(ledger, server, &spec).await?;
+    for p in &parts {
+        println!("part {} {}", p.index, p.sku);
+    }
+    println!("split {} over {} parts", spec.parent, parts.len());
+    Ok(())
+}
+
+/// `rebalance`: a pass every --interval-secs until a signal, or one with --once.
+async fn rebalance_cmd(ledger: &PgLedger, server: &str, a: RebalanceArgs) -> Result<(), CliError> {
+    ledger.migrate().await?;
+    let every = secs(a.interval_secs, "--interval-secs")?;
+    loop {
+        let pass =
+            stockgate_client::split::rebalance_locked(ledger, server, &a.parent, a.threshold).await;
+        match pass {
+            Ok(LockedPass::Ran(r)) if a.once => {
+                println!("rebalance {}: {r}", a.parent);
+                return Ok(());
+            }
+            Ok(LockedPass::Busy) if a.once => {
+                println!(
+                    "rebalance {}: skipped, another rebalancer is running a pass",
+                    a.parent
+                );
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(e) if a.once => return Err(e.into()),
+            Err(e) => {
+                warn!(error = %e, parent = %a.parent, "rebalance pass failed; retrying")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = wait_for_signal() => return Ok(()),
+        }
     }
 }
 
