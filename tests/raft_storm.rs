@@ -5,7 +5,7 @@
 //! whole-group `kill -9`s). Every invocation and completion is recorded into a
 //! history file; at the end the final state of every token and the sale's counters are
 //! read from the final leader, appended, and the history is judged by
-//! `stockgate_client::history::check` and by the `stockgate-history-check` binary.
+//! `stockgate_client::checker::check` and by the `stockgate-history-check` binary.
 //!
 //! `raft_storm_at_the_groups_edges` adds the faults at the group's edges: wiped data dirs
 //! re-admitted with `RAFT.READMIT`, a full disk (tmpfs) on the leader and on a follower,
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use stockgate_client::history::{self, OpKind, Outcome, Record, Recorder, ViolationKind};
+use stockgate_client::checker::{self, OpKind, Outcome, Record, Recorder, ViolationKind};
 use stockgate_client::types::{CommitOk, ReserveOutcome};
 use stockgate_client::{ClientConfig, ClientError, SentinelConfig, StockgateClient};
 use stockgate_server::engine::Keyring;
@@ -1455,7 +1455,7 @@ fn run_storm(plan: Plan) {
     let leader = g.leader(None, Duration::from_secs(20));
     let lport = g.port(leader);
     rec.flush().expect("flush");
-    let so_far = history::load(&hist_path).expect("load history");
+    let so_far = checker::load(&hist_path).expect("load history");
     let sku_of = token_skus(&so_far);
     let known: Vec<String> = sku_of.keys().cloned().collect();
     let read_all = |port: u16| -> BTreeMap<String, Option<String>> {
@@ -1485,8 +1485,8 @@ fn run_storm(plan: Plan) {
     rec.flush().expect("flush");
 
     // The checker, as a library and as the binary on the saved file.
-    let records = history::load(&hist_path).expect("load history");
-    let report = history::check(&records);
+    let records = checker::load(&hist_path).expect("load history");
+    let report = checker::check(&records);
     eprintln!(
         "raft storm: history {} ({} records)\n{report}",
         hist_path.display(),
@@ -1580,7 +1580,7 @@ fn run_storm(plan: Plan) {
             other => other.clone(),
         })
         .collect();
-    let bad = history::check(&mutated);
+    let bad = checker::check(&mutated);
     assert!(
         bad.violations
             .iter()

@@ -140,16 +140,7 @@ pub(crate) async fn adjust_checked<L: Ledger, G: ReservationGate>(
     };
     match adj.status {
         AdjustmentStatus::Recorded => {}
-        AdjustmentStatus::Applied => {
-            let allocation = current_allocation(ledger, sku).await?;
-            let server_total = gate.sale_info(sku).await?.map_or(-1, |i| i.total);
-            return Ok(AdjustReport {
-                adjustment: adj,
-                result: AdjustResult::AlreadyApplied,
-                allocation,
-                server_total,
-            });
-        }
+        AdjustmentStatus::Applied => return already_applied(ledger, gate, sku, adj).await,
         AdjustmentStatus::Refused => {
             return Err(AdjustError::RefusedEarlier {
                 id: adj.id,
@@ -167,68 +158,12 @@ pub(crate) async fn adjust_checked<L: Ledger, G: ReservationGate>(
         return Err(AdjustError::NotOpen(sku.to_string()));
     }
     let allocation = current_allocation(ledger, sku).await?;
-    let unconfirmed = ledger.adjustments(sku, true).await?;
-    let on_server = if i128::from(info.total) == i128::from(allocation) {
-        true
-    } else {
-        match explain_total(info.total, allocation, &unconfirmed) {
-            Some(missing) => !missing.iter().any(|a| a.id == adj.id),
-            None => {
-                return Err(AdjustError::Unexplained {
-                    sku: sku.to_string(),
-                    server_total: info.total,
-                    allocation,
-                })
-            }
-        }
-    };
-    if on_server {
-        warn!(
-            sku,
-            id,
-            "the server already has this adjustment (an earlier attempt sent it): confirming it"
-        );
-        let adj = ledger
-            .finish_adjustment(
-                id,
-                &AdjustmentOutcome::Applied {
-                    server_total: Some(info.total),
-                },
-            )
-            .await?;
-        return Ok(AdjustReport {
-            adjustment: adj,
-            result: AdjustResult::AlreadyOnServer,
-            allocation,
-            server_total: info.total,
-        });
+    if is_on_server(ledger, sku, &adj, info.total, allocation).await? {
+        return confirm_on_server(ledger, sku, id, info.total, allocation).await;
     }
 
     // 3. The server.
-    let new_total = match gate.adjust(sku, delta).await {
-        Ok(t) => t,
-        Err(ClientError::Server { code, detail }) if code == "ERR" => {
-            // Refused and nothing changed there (not enough available to withdraw, out of
-            // range): the ledger must not keep an allocation the server never had.
-            let reason = if detail.is_empty() { code } else { detail };
-            ledger
-                .finish_adjustment(
-                    id,
-                    &AdjustmentOutcome::Refused {
-                        reason: reason.clone(),
-                    },
-                )
-                .await?;
-            return Err(AdjustError::Refused {
-                id: id.to_string(),
-                reason,
-            });
-        }
-        Err(ClientError::Fenced) | Err(ClientError::NoSale) => {
-            return Err(AdjustError::NotOpen(sku.to_string()))
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let new_total = send_to_server(ledger, gate, sku, id, delta).await?;
     if i128::from(new_total) != i128::from(info.total) + i128::from(delta) {
         warn!(
             sku,
@@ -256,6 +191,110 @@ pub(crate) async fn adjust_checked<L: Ledger, G: ReservationGate>(
         allocation: current_allocation(ledger, sku).await?,
         server_total: new_total,
     })
+}
+
+/// Step 1's answer for an adjustment the ledger already confirmed.
+async fn already_applied<L: Ledger, G: ReservationGate>(
+    ledger: &L,
+    gate: &G,
+    sku: &str,
+    adj: Adjustment,
+) -> Result<AdjustReport, AdjustError> {
+    let allocation = current_allocation(ledger, sku).await?;
+    let server_total = gate.sale_info(sku).await?.map_or(-1, |i| i.total);
+    Ok(AdjustReport {
+        adjustment: adj,
+        result: AdjustResult::AlreadyApplied,
+        allocation,
+        server_total,
+    })
+}
+
+/// Step 2: whether the server's total already includes `adj`, judged by which of the
+/// unconfirmed adjustments explain the gap between the server's total and the ledger's
+/// allocation.
+async fn is_on_server<L: Ledger>(
+    ledger: &L,
+    sku: &str,
+    adj: &Adjustment,
+    server_total: i64,
+    allocation: u64,
+) -> Result<bool, AdjustError> {
+    let unconfirmed = ledger.adjustments(sku, true).await?;
+    if i128::from(server_total) == i128::from(allocation) {
+        return Ok(true);
+    }
+    match explain_total(server_total, allocation, &unconfirmed) {
+        Some(missing) => Ok(!missing.iter().any(|a| a.id == adj.id)),
+        None => Err(AdjustError::Unexplained {
+            sku: sku.to_string(),
+            server_total,
+            allocation,
+        }),
+    }
+}
+
+/// Step 2's end when an earlier attempt got the adjustment to the server: confirmed.
+async fn confirm_on_server<L: Ledger>(
+    ledger: &L,
+    sku: &str,
+    id: &str,
+    server_total: i64,
+    allocation: u64,
+) -> Result<AdjustReport, AdjustError> {
+    warn!(
+        sku,
+        id, "the server already has this adjustment (an earlier attempt sent it): confirming it"
+    );
+    let adj = ledger
+        .finish_adjustment(
+            id,
+            &AdjustmentOutcome::Applied {
+                server_total: Some(server_total),
+            },
+        )
+        .await?;
+    Ok(AdjustReport {
+        adjustment: adj,
+        result: AdjustResult::AlreadyOnServer,
+        allocation,
+        server_total,
+    })
+}
+
+/// Step 3: `SALE.ADJUST` → the server's new total. A refusal is recorded in the ledger
+/// before it is returned.
+async fn send_to_server<L: Ledger, G: ReservationGate>(
+    ledger: &L,
+    gate: &G,
+    sku: &str,
+    id: &str,
+    delta: i64,
+) -> Result<i64, AdjustError> {
+    match gate.adjust(sku, delta).await {
+        Ok(t) => Ok(t),
+        Err(ClientError::Server { code, detail }) if code == "ERR" => {
+            // Refused and nothing changed there (not enough available to withdraw, out of
+            // range): the ledger must not keep an allocation the server never had.
+            let reason = if detail.is_empty() { code } else { detail };
+            ledger
+                .finish_adjustment(
+                    id,
+                    &AdjustmentOutcome::Refused {
+                        reason: reason.clone(),
+                    },
+                )
+                .await?;
+            Err(AdjustError::Refused {
+                id: id.to_string(),
+                reason,
+            })
+        }
+        Err(ClientError::Fenced) | Err(ClientError::NoSale) => {
+            Err(AdjustError::NotOpen(sku.to_string()))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn current_allocation<L: Ledger>(ledger: &L, sku: &str) -> Result<u64, AdjustError> {

@@ -5,6 +5,7 @@
 //! The reservation token is the correlation key everywhere, and also the payment
 //! idempotency key: a second capture with the same token is the same payment.
 
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -13,7 +14,9 @@ use tracing::{error, warn};
 
 use crate::client::ClientError;
 use crate::gate::ReservationGate;
-use crate::ledger::{Ledger, LedgerError, Materialized, NewOrder, OrderStatus, PayVerdict};
+use crate::ledger::{
+    Ledger, LedgerError, LedgerPay, Materialized, NewOrder, OrderStatus, PayVerdict,
+};
 use crate::types::{now_ms, CommitOk, ReservationState, ReserveOutcome};
 
 /// Why a checkout step did not go through; each tells the shop what to show the buyer or retry.
@@ -249,27 +252,9 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             }
             Err(e) => return Err(e.into()),
         };
-        let fresh = match (paid.verdict, paid.previous) {
-            (PayVerdict::Committed, _) => true,
-            (PayVerdict::AlreadyCommitted, _) => false,
-            (PayVerdict::Refused, status) => return Ok(PayOutcome::Refused { status }),
-            (PayVerdict::Limit, _) => return Ok(PayOutcome::Limit),
-            (PayVerdict::RefundRequired, Some(previous)) => {
-                return Ok(PayOutcome::RefundRequired { previous })
-            }
-            (PayVerdict::RefundRequired, None) => {
-                return Err(LedgerError::Corrupt(format!(
-                    "pay_order marked {token} REFUND_REQUIRED without a previous status"
-                ))
-                .into())
-            }
-            (PayVerdict::NotFound, _) => {
-                if money_moved {
-                    // No order to attach the compensation to: the caller must handle it.
-                    error!(token = %token, "money moved for a reservation the ledger never saw");
-                }
-                return Ok(PayOutcome::Refused { status: None });
-            }
+        let fresh = match ledger_pay_step(token, money_moved, paid)? {
+            ControlFlow::Continue(fresh) => fresh,
+            ControlFlow::Break(outcome) => return Ok(outcome),
         };
         if !fresh && !self.server_holds_this_payment(token).await? {
             // A retry of a payment the ledger already has, and the server's hold for this
@@ -277,6 +262,18 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             // twice. The paid units are already counted.
             return Ok(PayOutcome::AlreadyCommitted);
         }
+        self.pay_on_server(token, payment_ref, fresh).await
+    }
+
+    /// The server step of [`Checkout::pay`], once the ledger committed the payment
+    /// (`fresh`: by this call, not an earlier one): `COMMIT`, and what its answer means
+    /// for the buyer.
+    async fn pay_on_server(
+        &self,
+        token: &str,
+        payment_ref: &str,
+        fresh: bool,
+    ) -> Result<PayOutcome, CheckoutError> {
         match self.commit_on_server(token).await {
             Ok(CommitOk::Committed) => Ok(if fresh {
                 PayOutcome::Committed {
@@ -397,4 +394,36 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
         self.ledger.extend(token, at).await?;
         Ok(at)
     }
+}
+
+/// What the ledger's payment step decided for [`Checkout::pay`]: go on to the server
+/// (`true` when this call committed the order, `false` when an earlier one did), or the
+/// outcome already.
+fn ledger_pay_step(
+    token: &str,
+    money_moved: bool,
+    paid: LedgerPay,
+) -> Result<ControlFlow<PayOutcome, bool>, CheckoutError> {
+    Ok(match (paid.verdict, paid.previous) {
+        (PayVerdict::Committed, _) => ControlFlow::Continue(true),
+        (PayVerdict::AlreadyCommitted, _) => ControlFlow::Continue(false),
+        (PayVerdict::Refused, status) => ControlFlow::Break(PayOutcome::Refused { status }),
+        (PayVerdict::Limit, _) => ControlFlow::Break(PayOutcome::Limit),
+        (PayVerdict::RefundRequired, Some(previous)) => {
+            ControlFlow::Break(PayOutcome::RefundRequired { previous })
+        }
+        (PayVerdict::RefundRequired, None) => {
+            return Err(LedgerError::Corrupt(format!(
+                "pay_order marked {token} REFUND_REQUIRED without a previous status"
+            ))
+            .into())
+        }
+        (PayVerdict::NotFound, _) => {
+            if money_moved {
+                // No order to attach the compensation to: the caller must handle it.
+                error!(token = %token, "money moved for a reservation the ledger never saw");
+            }
+            ControlFlow::Break(PayOutcome::Refused { status: None })
+        }
+    })
 }

@@ -16,13 +16,13 @@
 //! - [`slot_move`]: hash slots moved from one group to another while sales run.
 //! - [`tls`]: the tools' TLS flags and the TLS connection to a server.
 pub mod adjust;
+pub mod checker;
 pub mod checkout;
 pub mod client;
 pub mod conn_config;
 pub mod error;
 pub mod gate;
 pub mod group;
-pub mod history;
 pub mod identity;
 pub mod ledger;
 pub mod materialize;

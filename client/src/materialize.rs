@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Row;
 
 use crate::client::{ClientConfig, ClientError};
@@ -165,6 +165,138 @@ impl Unseen {
         self.qty.push(qty);
         self.at_ms.push(ev.num("at_ms")?);
         self.created.push(None);
+        Ok(())
+    }
+}
+
+/// A batch's entries sorted by kind into the columns of the ledger functions that apply
+/// them (migrations/0007), one statement per kind.
+#[derive(Default)]
+struct Batch {
+    /// `reserved`: token, sku, user, request id, qty, deadline, creation time.
+    token: Vec<String>,
+    sku: Vec<String>,
+    user: Vec<String>,
+    request_id: Vec<String>,
+    qty: Vec<i32>,
+    expires_at_ms: Vec<i64>,
+    created_at_ms: Vec<i64>,
+    /// `committed` and `released` tokens.
+    committed: Vec<String>,
+    released: Vec<String>,
+    /// The orders the finishes describe on their own.
+    finished: Unseen,
+    /// `extended`: token and new deadline.
+    ext_token: Vec<String>,
+    ext_expires_at_ms: Vec<i64>,
+}
+
+impl Batch {
+    fn sort(events: &[FeedEvent]) -> Result<Self, MaterializeError> {
+        let mut b = Batch::default();
+        for ev in events {
+            match ev.kind() {
+                "reserved" => {
+                    b.token.push(ev.text("token")?);
+                    b.sku.push(ev.text("sku")?);
+                    b.user.push(ev.text("user")?);
+                    b.request_id.push(ev.text("request_id")?);
+                    b.qty.push(i32::try_from(ev.num("qty")?).map_err(|_| {
+                        MaterializeError::Protocol(format!("entry {}-0: qty", ev.lsn))
+                    })?);
+                    b.expires_at_ms.push(ev.num("expires_at_ms")?);
+                    b.created_at_ms.push(ev.num("created_at_ms")?);
+                }
+                "committed" => {
+                    b.committed.push(ev.text("token")?);
+                    b.finished.push(ev)?;
+                }
+                "released" => {
+                    b.released.push(ev.text("token")?);
+                    b.finished.push(ev)?;
+                }
+                "extended" => {
+                    b.ext_token.push(ev.text("token")?);
+                    b.ext_expires_at_ms.push(ev.num("expires_at_ms")?);
+                }
+                _ => {}
+            }
+        }
+        Ok(b)
+    }
+
+    /// The orders: reserved → PENDING, batched into one statement, then the ones only
+    /// a finish describes. Counted in `rep.created`.
+    async fn write_orders(
+        &self,
+        tx: &mut PgConnection,
+        rep: &mut BatchReport,
+    ) -> Result<(), MaterializeError> {
+        // One statement per kind, each a ledger function (migrations/0007): the rules
+        // live in the ledger, beside the checkout's.
+        if !self.token.is_empty() {
+            rep.created = sqlx::query_scalar::<_, i64>(
+                "SELECT materialize_reserved($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(&self.token)
+            .bind(&self.sku)
+            .bind(&self.user)
+            .bind(&self.request_id)
+            .bind(&self.qty)
+            .bind(&self.expires_at_ms)
+            .bind(&self.created_at_ms)
+            .fetch_one(&mut *tx)
+            .await? as u64;
+        }
+        let finished = &self.finished;
+        if !finished.token.is_empty() {
+            // A finish whose reservation this feed never carried (the sale moved here
+            // from another group, whose materializer may not have read it yet): the
+            // order is written from the finish itself, then moved like any other; the
+            // other feed's `reserved`, read later, leaves it as it is.
+            rep.created += sqlx::query_scalar::<_, i64>(
+                "SELECT materialize_reserved($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(&finished.token)
+            .bind(&finished.sku)
+            .bind(&finished.user)
+            .bind(&finished.request_id)
+            .bind(&finished.qty)
+            .bind(&finished.at_ms)
+            .bind(&finished.created)
+            .fetch_one(&mut *tx)
+            .await? as u64;
+        }
+        Ok(())
+    }
+
+    /// The extensions, then the orders' moves to COMMITTED and CANCELLED, counted in
+    /// `rep`.
+    async fn write_moves(
+        &self,
+        tx: &mut PgConnection,
+        rep: &mut BatchReport,
+    ) -> Result<(), MaterializeError> {
+        if !self.ext_token.is_empty() {
+            sqlx::query("SELECT materialize_extended($1, $2)")
+                .bind(&self.ext_token)
+                .bind(&self.ext_expires_at_ms)
+                .execute(&mut *tx)
+                .await?;
+        }
+        for (tokens, to, n) in [
+            (&self.committed, "COMMITTED", &mut rep.committed),
+            (&self.released, "CANCELLED", &mut rep.cancelled),
+        ] {
+            if tokens.is_empty() {
+                continue;
+            }
+            *n = sqlx::query_scalar::<_, i64>("SELECT materialize_transition($1, $2)")
+                .bind(to)
+                .bind(tokens)
+                .fetch_one(&mut *tx)
+                .await? as u64;
+        }
         Ok(())
     }
 }
@@ -1008,94 +1140,9 @@ impl Materializer {
             position: last,
             ..BatchReport::default()
         };
-        // Reserved → PENDING, batched into one statement.
-        let (mut t, mut s, mut u, mut r, mut q, mut e, mut c) =
-            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
-        let (mut committed, mut released) = (vec![], vec![]);
-        let mut finished = Unseen::default();
-        let (mut ext_t, mut ext_e) = (vec![], vec![]);
-        for ev in events {
-            match ev.kind() {
-                "reserved" => {
-                    t.push(ev.text("token")?);
-                    s.push(ev.text("sku")?);
-                    u.push(ev.text("user")?);
-                    r.push(ev.text("request_id")?);
-                    q.push(i32::try_from(ev.num("qty")?).map_err(|_| {
-                        MaterializeError::Protocol(format!("entry {}-0: qty", ev.lsn))
-                    })?);
-                    e.push(ev.num("expires_at_ms")?);
-                    c.push(ev.num("created_at_ms")?);
-                }
-                "committed" => {
-                    committed.push(ev.text("token")?);
-                    finished.push(ev)?;
-                }
-                "released" => {
-                    released.push(ev.text("token")?);
-                    finished.push(ev)?;
-                }
-                "extended" => {
-                    ext_t.push(ev.text("token")?);
-                    ext_e.push(ev.num("expires_at_ms")?);
-                }
-                _ => {}
-            }
-        }
-        // One statement per kind, each a ledger function (migrations/0007): the rules
-        // live in the ledger, beside the checkout's.
-        if !t.is_empty() {
-            rep.created = sqlx::query_scalar::<_, i64>(
-                "SELECT materialize_reserved($1, $2, $3, $4, $5, $6, $7)",
-            )
-            .bind(&t)
-            .bind(&s)
-            .bind(&u)
-            .bind(&r)
-            .bind(&q)
-            .bind(&e)
-            .bind(&c)
-            .fetch_one(&mut *tx)
-            .await? as u64;
-        }
-        if !finished.token.is_empty() {
-            // A finish whose reservation this feed never carried (the sale moved here
-            // from another group, whose materializer may not have read it yet): the
-            // order is written from the finish itself, then moved like any other; the
-            // other feed's `reserved`, read later, leaves it as it is.
-            rep.created += sqlx::query_scalar::<_, i64>(
-                "SELECT materialize_reserved($1, $2, $3, $4, $5, $6, $7)",
-            )
-            .bind(&finished.token)
-            .bind(&finished.sku)
-            .bind(&finished.user)
-            .bind(&finished.request_id)
-            .bind(&finished.qty)
-            .bind(&finished.at_ms)
-            .bind(&finished.created)
-            .fetch_one(&mut *tx)
-            .await? as u64;
-        }
-        if !ext_t.is_empty() {
-            sqlx::query("SELECT materialize_extended($1, $2)")
-                .bind(&ext_t)
-                .bind(&ext_e)
-                .execute(&mut *tx)
-                .await?;
-        }
-        for (tokens, to, n) in [
-            (&committed, "COMMITTED", &mut rep.committed),
-            (&released, "CANCELLED", &mut rep.cancelled),
-        ] {
-            if tokens.is_empty() {
-                continue;
-            }
-            *n = sqlx::query_scalar::<_, i64>("SELECT materialize_transition($1, $2)")
-                .bind(to)
-                .bind(tokens)
-                .fetch_one(&mut *tx)
-                .await? as u64;
-        }
+        let batch = Batch::sort(events)?;
+        batch.write_orders(&mut tx, &mut rep).await?;
+        batch.write_moves(&mut tx, &mut rep).await?;
         sqlx::query("SELECT feed_set_position($1, $2, $3, $4)")
             .bind(&self.cfg.consumer)
             .bind(&history)

@@ -39,7 +39,7 @@ use crate::client::ClientError;
 use crate::gate::ReservationGate;
 use crate::identity::{Bound, SaleOwner};
 use crate::ledger::{Adjustment, Ledger, LedgerError, ReleaseReason, SaleRecord, SweepVerdict};
-use crate::types::{now_ms, CommitOk, ReservationState, SaleInfo};
+use crate::types::{now_ms, CommitOk, ExpiredReservation, ReservationState, SaleInfo};
 
 /// Why a sweeper pass stopped; the sweeper logs it, backs off and retries.
 #[derive(Debug, thiserror::Error)]
@@ -566,107 +566,114 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
     pub async fn sweep_sku(&self, sku: &str) -> Result<PassReport, SweepError> {
         let mut report = PassReport::default();
         for _ in 0..self.cfg.max_batches_per_pass {
-            let batch = self.gate.expired(self.cfg.batch_size, Some(sku)).await?;
-            if batch.is_empty() {
-                break;
-            }
-            let full = batch.len() >= self.cfg.batch_size;
-            report.batches += 1;
-            report.seen += batch.len() as u64;
-
-            // The ledger decides first; everything it decided is durable from here on.
-            let verdicts = self.ledger.reconcile_expired(&batch).await?;
-
-            // A crash here (after the ledger, before the server) is what the recovery
-            // branches exist for; the fault tests inject it.
-            #[cfg(feature = "failpoints")]
-            fail::fail_point!("sweeper::after_ledger", |_| Err(SweepError::Injected(
-                "sweeper::after_ledger"
-            )));
-
-            let mut to_release = Vec::new();
-            let mut to_commit = Vec::new();
-            for (item, v) in batch.iter().zip(&verdicts) {
-                match v {
-                    SweepVerdict::Release(reason) => {
-                        match reason {
-                            ReleaseReason::CancelledNow => report.cancelled_now += 1,
-                            ReleaseReason::AlreadyCancelledBySweeper => {
-                                report.recovered_cancelled_by_sweeper += 1
-                            }
-                            ReleaseReason::CancelledByBuyer => {
-                                report.recovered_cancelled_by_buyer += 1
-                            }
-                            ReleaseReason::Refund => report.refund_released += 1,
-                            ReleaseReason::Tombstoned => report.tombstoned += 1,
-                        }
-                        to_release.push(item.token.clone());
-                    }
-                    SweepVerdict::CommitCleanup => to_commit.push(item.token.clone()),
-                    SweepVerdict::Skip => report.skipped += 1,
-                }
-            }
-
-            let mut first_err = None;
-            // Every hold the sweeper releases is past its deadline, whatever the ledger
-            // says of the order.
-            let why = Some(stockgate_server::engine::ReleaseReason::Expired);
-            for r in self.gate.release_many(&to_release, why).await {
-                match r {
-                    Ok(true) => report.released += 1,
-                    Ok(false) => report.release_noop += 1,
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                    }
-                }
-            }
-            // Commit only the holds the payments paid for; another hold under a paid token
-            // (created after the paid one was purged or lost) is given back instead.
-            let foreign_before = report.foreign_holds_released;
-            let to_commit = self
-                .paid_holds(to_commit, &mut report, &mut first_err)
-                .await?;
-            let foreign = usize::try_from(report.foreign_holds_released - foreign_before)
-                .unwrap_or(usize::MAX);
-            for (token, r) in to_commit
-                .iter()
-                .zip(self.gate.commit_verified_many(&to_commit).await)
-            {
-                match r {
-                    Ok(CommitOk::Committed) | Ok(CommitOk::AlreadyCommitted) => {
-                        report.commit_cleanup += 1
-                    }
-                    Err(ClientError::Released) => {
-                        // Sold in the ledger, yet its units went back to stock: they may be
-                        // sold again. Never a sale beyond stock: compensate.
-                        error!(token = %token, "ledger COMMITTED but server RELEASED: marking REFUND_REQUIRED");
-                        self.ledger
-                            .mark_refund_required(
-                                token,
-                                None,
-                                "server released a committed reservation",
-                            )
-                            .await?;
-                    }
-                    Err(ClientError::NoReservation) => {
-                        warn!(token = %token, "ledger COMMITTED but server has no such reservation");
-                    }
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                    }
-                }
-            }
-            if let Some(e) = first_err {
-                return Err(e.into());
-            }
-            let progress = to_release.len() + to_commit.len() + foreign;
-            if progress == 0 || !full {
-                // Only skipped items left at the head of the list (or nothing more):
-                // asking again would return the same ones.
+            if !self.sweep_batch(sku, &mut report).await? {
                 break;
             }
         }
         Ok(report)
+    }
+
+    /// One batch of `sku`'s expired reservations, counted in `report`: `false` when
+    /// asking for another batch in this pass would be no use.
+    async fn sweep_batch(&self, sku: &str, report: &mut PassReport) -> Result<bool, SweepError> {
+        let batch = self.gate.expired(self.cfg.batch_size, Some(sku)).await?;
+        if batch.is_empty() {
+            return Ok(false);
+        }
+        let full = batch.len() >= self.cfg.batch_size;
+        report.batches += 1;
+        report.seen += batch.len() as u64;
+
+        // The ledger decides first; everything it decided is durable from here on.
+        let verdicts = self.ledger.reconcile_expired(&batch).await?;
+
+        // A crash here (after the ledger, before the server) is what the recovery
+        // branches exist for; the fault tests inject it.
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("sweeper::after_ledger", |_| Err(SweepError::Injected(
+            "sweeper::after_ledger"
+        )));
+
+        let (to_release, to_commit) = sort_verdicts(&batch, &verdicts, report);
+
+        let mut first_err = None;
+        self.release_expired(&to_release, report, &mut first_err)
+            .await;
+        // Commit only the holds the payments paid for; another hold under a paid token
+        // (created after the paid one was purged or lost) is given back instead.
+        let foreign_before = report.foreign_holds_released;
+        let to_commit = self.paid_holds(to_commit, report, &mut first_err).await?;
+        let foreign =
+            usize::try_from(report.foreign_holds_released - foreign_before).unwrap_or(usize::MAX);
+        self.commit_paid(&to_commit, report, &mut first_err).await?;
+        if let Some(e) = first_err {
+            return Err(e.into());
+        }
+        let progress = to_release.len() + to_commit.len() + foreign;
+        // With no progress, only skipped items are left at the head of the list (or
+        // nothing more): asking again would return the same ones.
+        Ok(progress != 0 && full)
+    }
+
+    /// Releases the holds the ledger gave back, counting the outcomes; the first error
+    /// goes to `first_err`, the others are dropped.
+    async fn release_expired(
+        &self,
+        to_release: &[String],
+        report: &mut PassReport,
+        first_err: &mut Option<ClientError>,
+    ) {
+        // Every hold the sweeper releases is past its deadline, whatever the ledger
+        // says of the order.
+        let why = Some(stockgate_server::engine::ReleaseReason::Expired);
+        for r in self.gate.release_many(to_release, why).await {
+            match r {
+                Ok(true) => report.released += 1,
+                Ok(false) => report.release_noop += 1,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+    }
+
+    /// Commits the paid holds on the server, counting them; a hold the server released
+    /// although the ledger sold it is marked for a refund.
+    async fn commit_paid(
+        &self,
+        to_commit: &[String],
+        report: &mut PassReport,
+        first_err: &mut Option<ClientError>,
+    ) -> Result<(), SweepError> {
+        for (token, r) in to_commit
+            .iter()
+            .zip(self.gate.commit_verified_many(to_commit).await)
+        {
+            match r {
+                Ok(CommitOk::Committed) | Ok(CommitOk::AlreadyCommitted) => {
+                    report.commit_cleanup += 1
+                }
+                Err(ClientError::Released) => {
+                    // Sold in the ledger, yet its units went back to stock: they may be
+                    // sold again. Never a sale beyond stock: compensate.
+                    error!(token = %token, "ledger COMMITTED but server RELEASED: marking REFUND_REQUIRED");
+                    self.ledger
+                        .mark_refund_required(
+                            token,
+                            None,
+                            "server released a committed reservation",
+                        )
+                        .await?;
+                }
+                Err(ClientError::NoReservation) => {
+                    warn!(token = %token, "ledger COMMITTED but server has no such reservation");
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Of the COMMITTED orders' tokens, those whose server hold is the one the ledger's
@@ -714,6 +721,36 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
         }
         Ok(out)
     }
+}
+
+/// The ledger's verdicts on a batch, counted in `report`: the tokens to release and the
+/// tokens to commit on the server, in the batch's order.
+fn sort_verdicts(
+    batch: &[ExpiredReservation],
+    verdicts: &[SweepVerdict],
+    report: &mut PassReport,
+) -> (Vec<String>, Vec<String>) {
+    let mut to_release = Vec::new();
+    let mut to_commit = Vec::new();
+    for (item, v) in batch.iter().zip(verdicts) {
+        match v {
+            SweepVerdict::Release(reason) => {
+                match reason {
+                    ReleaseReason::CancelledNow => report.cancelled_now += 1,
+                    ReleaseReason::AlreadyCancelledBySweeper => {
+                        report.recovered_cancelled_by_sweeper += 1
+                    }
+                    ReleaseReason::CancelledByBuyer => report.recovered_cancelled_by_buyer += 1,
+                    ReleaseReason::Refund => report.refund_released += 1,
+                    ReleaseReason::Tombstoned => report.tombstoned += 1,
+                }
+                to_release.push(item.token.clone());
+            }
+            SweepVerdict::CommitCleanup => to_commit.push(item.token.clone()),
+            SweepVerdict::Skip => report.skipped += 1,
+        }
+    }
+    (to_release, to_commit)
 }
 
 /// The unconfirmed adjustments whose deltas the server's total lacks, if some subset of

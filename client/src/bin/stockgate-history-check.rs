@@ -1,13 +1,13 @@
 //! `stockgate-history-check`: judges a saved history of a flash sale (JSON lines of
 //! operation invocations, completions and the final state) against the sale's model, as
-//! `stockgate_client::history::check` does. Exit 0: no violation; 1: violations, listed;
+//! `stockgate_client::checker::check` does. Exit 0: no violation; 1: violations, listed;
 //! 2: the file could not be read, or a line is no record.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use stockgate_client::history;
+use stockgate_client::checker;
 
 #[derive(Parser)]
 #[command(
@@ -43,14 +43,14 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let records = match history::load(&cli.file) {
+    let records = match checker::load(&cli.file) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("stockgate-history-check: {e}");
             return ExitCode::from(2);
         }
     };
-    let report = history::check(&records);
+    let report = checker::check(&records);
     if cli.quiet {
         for v in &report.violations {
             println!("{v}");

@@ -329,23 +329,51 @@ pub(crate) async fn move_old_ledger(
     from: &str,
     schema: &str,
 ) -> Result<Option<MovedLedger>, super::LedgerError> {
-    let failed = |source: sqlx::Error| {
-        // 55P03: lock_timeout below expired, a table is in use.
-        let in_use = matches!(&source, sqlx::Error::Database(d)
-            if d.code().as_deref() == Some("55P03"));
-        SchemaError::Move {
-            from: from.to_string(),
-            schema: schema.to_string(),
-            source,
-            hint: if in_use {
-                " (a ledger table is in use: stop every stockgate tool still running on the \
-                 old layout, then run migrate again)"
-            } else {
-                ""
-            },
-        }
-    };
+    let failed = |source: sqlx::Error| move_failed(from, schema, source);
     let mut tx = conn.begin().await?;
+    lock_for_move(&mut tx).await?;
+    if has_ledger(&mut tx, schema).await? || !holds_old_ledger(&mut tx, from).await? {
+        return Ok(None);
+    }
+    create_schema_if_missing(&mut tx, schema).await?;
+    let tables = tables_to_move(&mut tx, from, schema).await?;
+    let functions = functions_to_move(&mut tx, from, &tables).await?;
+    let from_q = quote_ident(from);
+    let orders: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {from_q}.orders"))
+        .fetch_one(&mut *tx)
+        .await?;
+    move_tables_and_views(&mut tx, from, schema, &tables).await?;
+    move_functions(&mut tx, from, schema, &functions).await?;
+    tx.commit().await.map_err(failed)?;
+    Ok(Some(MovedLedger {
+        from: from.to_string(),
+        schema: schema.to_string(),
+        tables,
+        functions: functions.into_iter().map(|(name, _, _)| name).collect(),
+        orders,
+    }))
+}
+
+/// The error of a step of the move, with a hint when a table is in use.
+fn move_failed(from: &str, schema: &str, source: sqlx::Error) -> SchemaError {
+    // 55P03: lock_timeout below expired, a table is in use.
+    let in_use = matches!(&source, sqlx::Error::Database(d)
+        if d.code().as_deref() == Some("55P03"));
+    SchemaError::Move {
+        from: from.to_string(),
+        schema: schema.to_string(),
+        source,
+        hint: if in_use {
+            " (a ledger table is in use: stop every stockgate tool still running on the \
+             old layout, then run migrate again)"
+        } else {
+            ""
+        },
+    }
+}
+
+/// Bounds the wait for the tables and takes the move's lock, both for the transaction.
+async fn lock_for_move(tx: &mut PgConnection) -> Result<(), sqlx::Error> {
     // A tool of the old version still holding a table would otherwise make this wait
     // forever, silently.
     sqlx::query("SET LOCAL lock_timeout = '10s'")
@@ -355,10 +383,15 @@ pub(crate) async fn move_old_ledger(
         .bind(MOVE_LOCK_KEY)
         .execute(&mut *tx)
         .await?;
-    if has_ledger(&mut tx, schema).await? || !holds_old_ledger(&mut tx, from).await? {
-        return Ok(None);
-    }
-    if !schema_exists(&mut tx, schema).await? {
+    Ok(())
+}
+
+/// Creates `schema` unless it exists.
+async fn create_schema_if_missing(
+    tx: &mut PgConnection,
+    schema: &str,
+) -> Result<(), super::LedgerError> {
+    if !schema_exists(tx, schema).await? {
         sqlx::query(&format!("CREATE SCHEMA {schema}"))
             .execute(&mut *tx)
             .await
@@ -367,8 +400,18 @@ pub(crate) async fn move_old_ledger(
                 source,
             })?;
     }
-    let here = tables_in(&mut tx, schema).await?;
-    let there = tables_in(&mut tx, from).await?;
+    Ok(())
+}
+
+/// The ledger's tables present in `from`, in `LEDGER_TABLES` order; refused when one of
+/// them already exists in `schema`.
+async fn tables_to_move(
+    tx: &mut PgConnection,
+    from: &str,
+    schema: &str,
+) -> Result<Vec<String>, super::LedgerError> {
+    let here = tables_in(tx, schema).await?;
+    let there = tables_in(tx, from).await?;
     let tables: Vec<String> = LEDGER_TABLES
         .iter()
         .filter(|t| there.iter().any(|p| p == *t))
@@ -382,13 +425,21 @@ pub(crate) async fn move_old_ledger(
         }
         .into());
     }
-    // The functions our tables' triggers call (found through the triggers, so whatever
-    // a migration names them they go along; triggers refer to them by oid, so they keep
-    // working wherever the functions are), and the ledger's rule functions by name.
-    // `pinned`: created with `SET search_path FROM CURRENT`, so pinned to `from`; they
-    // are re-pinned to `schema`, or their bodies would look for the tables where they
-    // no longer are.
-    let functions: Vec<(String, String, bool)> = sqlx::query(
+    Ok(tables)
+}
+
+/// The functions our tables' triggers call (found through the triggers, so whatever
+/// a migration names them they go along; triggers refer to them by oid, so they keep
+/// working wherever the functions are), and the ledger's rule functions by name:
+/// `(name, signature, pinned)`. `pinned`: created with `SET search_path FROM CURRENT`,
+/// so pinned to `from`; they are re-pinned to `schema`, or their bodies would look for
+/// the tables where they no longer are.
+async fn functions_to_move(
+    tx: &mut PgConnection,
+    from: &str,
+    tables: &[String],
+) -> Result<Vec<(String, String, bool)>, sqlx::Error> {
+    sqlx::query(
         "SELECT DISTINCT p.proname::text, p.oid::regprocedure::text, \
                 p.proconfig IS NOT NULL AND EXISTS ( \
                     SELECT 1 FROM unnest(p.proconfig) AS c(s) WHERE c.s LIKE 'search_path=%') \
@@ -404,18 +455,25 @@ pub(crate) async fn move_old_ledger(
          ORDER BY 1",
     )
     .bind(from)
-    .bind(&tables)
+    .bind(tables)
     .bind(LEDGER_FUNCTIONS)
     .fetch_all(&mut *tx)
     .await?
     .iter()
     .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-    .collect::<Result<_, sqlx::Error>>()?;
+    .collect()
+}
+
+/// Moves `tables`, then the ledger's views found in `from`, into `schema`.
+async fn move_tables_and_views(
+    tx: &mut PgConnection,
+    from: &str,
+    schema: &str,
+    tables: &[String],
+) -> Result<(), super::LedgerError> {
+    let failed = |source: sqlx::Error| move_failed(from, schema, source);
     let from_q = quote_ident(from);
-    let orders: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {from_q}.orders"))
-        .fetch_one(&mut *tx)
-        .await?;
-    for t in &tables {
+    for t in tables {
         // Table names from LEDGER_TABLES and `schema` are plain, safe to splice in.
         sqlx::query(&format!("ALTER TABLE {from_q}.{t} SET SCHEMA {schema}"))
             .execute(&mut *tx)
@@ -437,7 +495,18 @@ pub(crate) async fn move_old_ledger(
             .await
             .map_err(failed)?;
     }
-    for (_, signature, pinned) in &functions {
+    Ok(())
+}
+
+/// Moves `functions` into `schema`, re-pinning the pinned ones' search_path first.
+async fn move_functions(
+    tx: &mut PgConnection,
+    from: &str,
+    schema: &str,
+    functions: &[(String, String, bool)],
+) -> Result<(), super::LedgerError> {
+    let failed = |source: sqlx::Error| move_failed(from, schema, source);
+    for (_, signature, pinned) in functions {
         // `signature` is the catalog's own rendering: quoted as needed, and qualified,
         // `from` not being on this connection's search_path.
         if *pinned {
@@ -453,14 +522,7 @@ pub(crate) async fn move_old_ledger(
             .await
             .map_err(failed)?;
     }
-    tx.commit().await.map_err(failed)?;
-    Ok(Some(MovedLedger {
-        from: from.to_string(),
-        schema: schema.to_string(),
-        tables,
-        functions: functions.into_iter().map(|(name, _, _)| name).collect(),
-        orders,
-    }))
+    Ok(())
 }
 
 #[cfg(test)]
