@@ -142,8 +142,8 @@ pub trait Replication: Send + Sync {
     }
     /// INFO's `# Replication` section.
     fn info(&self) -> String;
-    /// `ROLE`'s reply in Redis's shape.
-    fn role_reply(&self) -> Reply;
+    /// What `ROLE` reports: this member's place in the group.
+    fn role(&self) -> RoleView;
     /// `WAIT`: replicas that have `lsn` once `n` do or `timeout` passed.
     fn wait_count(
         &self,
@@ -151,11 +151,17 @@ pub trait Replication: Send + Sync {
         n: usize,
         timeout: std::time::Duration,
     ) -> Pin<Box<dyn Future<Output = usize> + Send + '_>>;
-    /// `SENTINEL ...`: a Raft group member answers the discovery commands.
-    fn sentinel(&self, _args: &[&[u8]]) -> Reply {
-        Reply::err("ERR SENTINEL is answered by the members of a Raft group (--raft-id); this server is not one")
+    /// `SENTINEL ...`: a Raft group member answers the discovery commands (and starts a
+    /// FAILOVER) from its leadership.
+    fn sentinel(&self, _query: SentinelQuery<'_>) -> Result<SentinelAnswer, SentinelError> {
+        Err(SentinelError::NotMember)
     }
-    /// `RAFT.*`: membership commands of a Raft group member; the future gives the reply.
+    /// `RAFT.MEMBERS`: the group's members; unset where this server is not a member.
+    fn members(&self) -> Option<Vec<RaftMember>> {
+        None
+    }
+    /// `RAFT.ADD`, `RAFT.REMOVE`, `RAFT.READMIT`: membership changes of a Raft group
+    /// member; the future gives the reply.
     fn raft(
         &self,
         _sub: &str,
@@ -165,6 +171,162 @@ pub trait Replication: Send + Sync {
             "ERR this server is not a member of a Raft group (--raft-id)",
         ))
     }
+}
+
+/// A client address split for a reply: host and port.
+pub type HostPort = (String, u16);
+
+/// `ROLE`'s facts (the command layer gives them Redis's shape).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoleView {
+    /// This member takes writes; `replicas` are the client addresses of the others.
+    Leader {
+        /// The last log sequence number this member has.
+        offset: i64,
+        /// The client addresses of the other members.
+        replicas: Vec<HostPort>,
+    },
+    /// Another member leads (or nobody is known to: `leader` unset). `connected` is false
+    /// while this member is not yet, or no longer, following a leader it knows.
+    Follower {
+        /// The leader's client address, if one is known.
+        leader: Option<HostPort>,
+        /// False while this member follows no leader it knows.
+        connected: bool,
+        /// The last log sequence number this member has.
+        offset: i64,
+    },
+}
+
+/// A member's part in its Raft group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberRole {
+    /// Leads the group.
+    Leader,
+    /// Votes.
+    Voter,
+    /// Receives the log without a vote.
+    Learner,
+}
+
+/// A row of `RAFT.MEMBERS`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RaftMember {
+    /// The node id.
+    pub id: u64,
+    /// Where clients reach it.
+    pub client_addr: String,
+    /// Where the other members reach it.
+    pub raft_addr: String,
+    /// Its part in the group.
+    pub role: MemberRole,
+    /// Its storage's incarnation.
+    pub incarnation: u64,
+}
+
+/// A `SENTINEL` subcommand with its arguments checked for number (`name` is the master
+/// name the client gave).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SentinelQuery<'a> {
+    /// `GET-MASTER-ADDR-BY-NAME name` (each variant holds the name given).
+    MasterAddr(&'a [u8]),
+    /// `MASTERS`.
+    Masters,
+    /// `MASTER name`.
+    Master(&'a [u8]),
+    /// `REPLICAS name` / `SLAVES name`.
+    Replicas(&'a [u8]),
+    /// `SENTINELS name`.
+    Sentinels(&'a [u8]),
+    /// `FAILOVER name`: moves the leadership.
+    Failover(&'a [u8]),
+    /// `MYID`.
+    MyId,
+    /// `CKQUORUM name`.
+    CkQuorum,
+}
+
+/// The group's leader as Sentinel describes a master.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentinelMaster {
+    /// The group's name (Sentinel's master name).
+    pub name: String,
+    /// The client host.
+    pub host: String,
+    /// The client port.
+    pub port: u16,
+    /// The leader's node id.
+    pub id: u64,
+    /// Its client port does not answer (Sentinel's `s_down,o_down`).
+    pub down: bool,
+    /// How long without a leader before an election (ms).
+    pub down_after_ms: u64,
+    /// The Raft term.
+    pub config_epoch: u64,
+    /// The other members (replicas, and the other "sentinels").
+    pub others: usize,
+    /// A majority of the voters.
+    pub quorum: usize,
+    /// The longest election timeout (ms).
+    pub failover_timeout_ms: u64,
+}
+
+/// A member that does not lead, as Sentinel describes a replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentinelReplica {
+    /// The node id.
+    pub id: u64,
+    /// The client host.
+    pub host: String,
+    /// The client port.
+    pub port: u16,
+    /// The leader's client address, if one is known.
+    pub leader: Option<HostPort>,
+}
+
+/// Another member, as Sentinel describes a fellow sentinel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentinelPeer {
+    /// The node id.
+    pub id: u64,
+    /// The client host.
+    pub host: String,
+    /// The client port.
+    pub port: u16,
+}
+
+/// What a `SENTINEL` subcommand found (or started).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SentinelAnswer {
+    /// The leader's client address; unset when none is known or the name is not the group's.
+    MasterAddr(Option<HostPort>),
+    /// `MASTERS`: the leader, if one is known.
+    Masters(Option<SentinelMaster>),
+    /// `MASTER name`.
+    Master(SentinelMaster),
+    /// `REPLICAS`: the members that do not lead.
+    Replicas(Vec<SentinelReplica>),
+    /// `SENTINELS`: the other members.
+    Sentinels(Vec<SentinelPeer>),
+    /// `FAILOVER`: started (not won).
+    FailoverStarted,
+    /// `MYID`: this member's node id.
+    MyId(u64),
+    /// `CKQUORUM`: whether a leader is known.
+    Quorum(bool),
+}
+
+/// Why a `SENTINEL` subcommand has no answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SentinelError {
+    /// This server is not a member of a Raft group.
+    NotMember,
+    /// The name is not the group's, or no leader is known.
+    NoSuchMaster,
+    /// `FAILOVER`: no caught-up voter can stand for election.
+    NoGoodReplica,
+    /// `FAILOVER`: no runtime to start the election on.
+    NoRuntime,
 }
 
 pub use crate::users::{

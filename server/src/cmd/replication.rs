@@ -9,7 +9,10 @@ use std::time::Duration;
 use super::args::i64_in;
 use super::{Ctx, Outcome};
 use crate::protocol::Reply;
-use crate::session::Replication;
+use crate::session::{
+    MemberRole, RaftMember, Replication, RoleView, SentinelAnswer, SentinelError, SentinelMaster,
+    SentinelQuery,
+};
 
 fn repl(ctx: &Ctx<'_>) -> Result<Arc<dyn Replication>, Reply> {
     ctx.shared.repl.get().cloned().ok_or_else(|| {
@@ -30,13 +33,49 @@ pub fn not_served(name: &str) -> Outcome {
 /// `ROLE`: master or replica and its peers, in Redis's shape, from the replication in use.
 pub fn role(ctx: &mut Ctx<'_>) -> Outcome {
     match ctx.shared.repl.get() {
-        Some(r) => r.role_reply().into(),
+        Some(r) => role_reply(r.role()).into(),
         None => Reply::Array(vec![
             Reply::bulk("master"),
             Reply::Int(ctx.engine.last_lsn() as i64),
             Reply::Array(vec![]),
         ])
         .into(),
+    }
+}
+
+/// `ROLE`'s reply in Redis's shape.
+fn role_reply(view: RoleView) -> Reply {
+    match view {
+        RoleView::Leader { offset, replicas } => Reply::Array(vec![
+            Reply::bulk("master"),
+            Reply::Int(offset),
+            Reply::Array(
+                replicas
+                    .into_iter()
+                    .map(|(h, p)| {
+                        Reply::Array(vec![
+                            Reply::bulk(h),
+                            Reply::bulk(p.to_string()),
+                            Reply::bulk("0"),
+                        ])
+                    })
+                    .collect(),
+            ),
+        ]),
+        RoleView::Follower {
+            leader,
+            connected,
+            offset,
+        } => {
+            let (h, p) = leader.unwrap_or_else(|| ("?".into(), 0));
+            Reply::Array(vec![
+                Reply::bulk("slave"),
+                Reply::bulk(h),
+                Reply::Int(i64::from(p)),
+                Reply::bulk(if connected { "connected" } else { "connecting" }),
+                Reply::Int(offset),
+            ])
+        }
     }
 }
 
@@ -103,10 +142,175 @@ pub fn sentinel(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
         ))
         .into();
     }
-    match repl(ctx) {
-        Ok(r) => r.sentinel(args).into(),
-        Err(e) => e.into(),
+    let r = match repl(ctx) {
+        Ok(r) => r,
+        Err(e) => return e.into(),
+    };
+    let query = match sentinel_query(args) {
+        Ok(q) => q,
+        Err(e) => return e.into(),
+    };
+    match r.sentinel(query) {
+        Ok(answer) => sentinel_reply(answer),
+        Err(e) => sentinel_error(e),
     }
+    .into()
+}
+
+/// Reads a `SENTINEL` subcommand and checks its number of arguments.
+fn sentinel_query<'a>(args: &[&'a [u8]]) -> Result<SentinelQuery<'a>, Reply> {
+    let sub = args
+        .first()
+        .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+        .unwrap_or_default();
+    Ok(match (sub.as_str(), args) {
+        ("get-master-addr-by-name", [_, name]) => SentinelQuery::MasterAddr(name),
+        ("masters", [_]) => SentinelQuery::Masters,
+        ("master", [_, name]) => SentinelQuery::Master(name),
+        ("replicas" | "slaves", [_, name]) => SentinelQuery::Replicas(name),
+        ("sentinels", [_, name]) => SentinelQuery::Sentinels(name),
+        ("failover", [_, name]) => SentinelQuery::Failover(name),
+        ("myid", [_]) => SentinelQuery::MyId,
+        ("ckquorum", [_, _]) => SentinelQuery::CkQuorum,
+        _ => {
+            return Err(Reply::err(format!(
+                "ERR unknown or malformed SENTINEL subcommand '{sub}' (stockgate answers GET-MASTER-ADDR-BY-NAME, MASTERS, MASTER, REPLICAS, SLAVES, SENTINELS, MYID, CKQUORUM, FAILOVER)"
+            )))
+        }
+    })
+}
+
+fn sentinel_reply(answer: SentinelAnswer) -> Reply {
+    match answer {
+        SentinelAnswer::MasterAddr(Some((h, p))) => {
+            Reply::Array(vec![Reply::bulk(h), Reply::bulk(p.to_string())])
+        }
+        SentinelAnswer::MasterAddr(None) => Reply::Nil,
+        SentinelAnswer::Masters(m) => Reply::Array(m.map(master_entry).into_iter().collect()),
+        SentinelAnswer::Master(m) => master_entry(m),
+        SentinelAnswer::Replicas(rs) => Reply::Array(
+            rs.into_iter()
+                .map(|r| {
+                    let (mh, mp) = r.leader.unwrap_or_else(|| ("?".into(), 0));
+                    flat(&[
+                        ("name", format!("{}:{}", r.host, r.port)),
+                        ("ip", r.host),
+                        ("port", r.port.to_string()),
+                        ("runid", format!("stockgate-node-{}", r.id)),
+                        ("flags", "slave".into()),
+                        ("role-reported", "slave".into()),
+                        ("master-link-status", "ok".into()),
+                        ("master-host", mh),
+                        ("master-port", mp.to_string()),
+                        ("slave-priority", "100".into()),
+                    ])
+                })
+                .collect(),
+        ),
+        SentinelAnswer::Sentinels(ps) => Reply::Array(
+            ps.into_iter()
+                .map(|p| {
+                    flat(&[
+                        ("name", format!("stockgate-node-{}", p.id)),
+                        ("ip", p.host),
+                        ("port", p.port.to_string()),
+                        ("runid", format!("stockgate-node-{}", p.id)),
+                        ("flags", "sentinel".into()),
+                    ])
+                })
+                .collect(),
+        ),
+        SentinelAnswer::FailoverStarted => Reply::Simple("OK"),
+        SentinelAnswer::MyId(id) => Reply::bulk(format!("stockgate-node-{id}")),
+        SentinelAnswer::Quorum(true) => Reply::Simple("OK"),
+        SentinelAnswer::Quorum(false) => {
+            Reply::err("NOQUORUM no Raft leader is known to this node")
+        }
+    }
+}
+
+fn sentinel_error(e: SentinelError) -> Reply {
+    match e {
+        SentinelError::NotMember => Reply::err(
+            "ERR SENTINEL is answered by the members of a Raft group (--raft-id); this server is not one",
+        ),
+        SentinelError::NoSuchMaster => Reply::err("ERR No such master with that name"),
+        SentinelError::NoGoodReplica => Reply::err(
+            "NOGOODSLAVE No suitable replica to promote (no caught-up voter can stand for election)",
+        ),
+        SentinelError::NoRuntime => {
+            Reply::err("ERR SENTINEL FAILOVER: no runtime to start the election on")
+        }
+    }
+}
+
+/// What a server outside a Raft group answers `RAFT.*`.
+fn not_member() -> Reply {
+    Reply::err("ERR this server is not a member of a Raft group (--raft-id)")
+}
+
+/// `RAFT.MEMBERS`' reply: a row per member.
+fn members_reply(rows: Vec<RaftMember>) -> Reply {
+    Reply::Array(
+        rows.into_iter()
+            .map(|m| {
+                let role = match m.role {
+                    MemberRole::Leader => "leader",
+                    MemberRole::Voter => "voter",
+                    MemberRole::Learner => "learner",
+                };
+                Reply::Array(vec![
+                    Reply::Int(m.id as i64),
+                    Reply::bulk(m.client_addr),
+                    Reply::bulk(m.raft_addr),
+                    Reply::bulk(role),
+                    Reply::bulk(format!("{:016x}", m.incarnation)),
+                ])
+            })
+            .collect(),
+    )
+}
+
+/// The leader as Sentinel's master entry.
+fn master_entry(m: SentinelMaster) -> Reply {
+    let flags = if m.down {
+        "master,s_down,o_down"
+    } else {
+        "master"
+    };
+    flat(&[
+        ("name", m.name),
+        ("ip", m.host),
+        ("port", m.port.to_string()),
+        ("runid", format!("stockgate-node-{}", m.id)),
+        ("flags", flags.into()),
+        ("link-pending-commands", "0".into()),
+        ("link-refcount", "1".into()),
+        ("last-ping-sent", "0".into()),
+        ("last-ok-ping-reply", "0".into()),
+        ("last-ping-reply", "0".into()),
+        ("down-after-milliseconds", m.down_after_ms.to_string()),
+        ("info-refresh", "0".into()),
+        ("role-reported", "master".into()),
+        ("role-reported-time", "0".into()),
+        ("config-epoch", m.config_epoch.to_string()),
+        ("num-slaves", m.others.to_string()),
+        ("num-other-sentinels", m.others.to_string()),
+        ("quorum", m.quorum.to_string()),
+        ("failover-timeout", m.failover_timeout_ms.to_string()),
+        ("parallel-syncs", "1".into()),
+    ])
+}
+
+/// A Sentinel state entry: a map in RESP3 (what redis-py parses there), the flat
+/// field-value array of Redis's Sentinel in RESP2.
+fn flat(fields: &[(&str, String)]) -> Reply {
+    Reply::Map(
+        fields
+            .iter()
+            .map(|(k, v)| (Reply::bulk(*k), Reply::bulk(v.clone())))
+            .collect(),
+    )
 }
 
 /// `RAFT.MEMBERS`, `RAFT.ADD`, `RAFT.REMOVE`: the reply comes when the group has decided
@@ -116,6 +320,17 @@ pub fn raft(ctx: &mut Ctx<'_>, name: &str, args: &[&[u8]]) -> Outcome {
         Ok(r) => r,
         Err(e) => return e.into(),
     };
+    if name == "raft.members" {
+        let rows = match r.members() {
+            Some(rows) => rows,
+            None => return not_member().into(),
+        };
+        let reply = members_reply(rows);
+        return Outcome::deferred(
+            Reply::err("ERR RAFT commands cannot run inside MULTI"),
+            Box::pin(async move { reply }),
+        );
+    }
     match r.raft(name, args) {
         Ok(fut) => Outcome::deferred(Reply::err("ERR RAFT commands cannot run inside MULTI"), fut),
         Err(e) => e.into(),

@@ -25,7 +25,10 @@ use super::{authority, network, NodeId, NodeInfo, Raft};
 use crate::engine::{Engine, Lsn};
 use crate::persist::WalDurability;
 use crate::protocol::Reply;
-use crate::session::{Durability, Replication};
+use crate::session::{
+    Durability, MemberRole, RaftMember, Replication, RoleView, SentinelAnswer, SentinelError,
+    SentinelMaster, SentinelPeer, SentinelQuery, SentinelReplica,
+};
 
 /// Flags of a group member (`--raft-*`).
 #[derive(Clone, Debug)]
@@ -617,6 +620,7 @@ impl RaftNode {
             tokio::time::sleep(every).await;
             if self.metrics.borrow().state == ServerState::Leader {
                 reached_since.get_or_insert_with(long_ago);
+                self.give_way_if_unanswered();
                 continue;
             }
             let (reached, voters) = self.reach(&mut peers, ttl).await;
@@ -640,6 +644,21 @@ impl RaftNode {
                     );
                 }
             }
+        }
+    }
+
+    /// A leader that no majority answered for the longest election timeout (its appends
+    /// held back, `Lease::muted`) closes its writes: one with records in flight is
+    /// deposed and restarts, so a client waiting on it learns at once (its connection
+    /// ends) instead of at its socket timeout, and retries where the group now leads.
+    fn give_way_if_unanswered(&self) {
+        let term = self.metrics.borrow().current_term;
+        let after = Duration::from_millis(self.cfg.election_max_ms);
+        if self.spec.writable() && self.lease.muted(term, Instant::now(), after) {
+            self.spec.close(&format!(
+                "no majority answered term {term} for {} ms",
+                after.as_millis()
+            ));
         }
     }
 
@@ -905,99 +924,67 @@ impl RaftNode {
 
     /// `SENTINEL ...`: the discovery commands Sentinel-aware clients send, answered from
     /// the Raft leadership (the members are the "sentinels").
-    fn sentinel_reply(&self, args: &[&[u8]]) -> Reply {
-        let sub = args
-            .first()
-            .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
-            .unwrap_or_default();
-        let name_ok = |i: usize| {
-            args.get(i)
-                .is_some_and(|n| *n == self.cfg.group_name.as_bytes())
-        };
-        let no_such = || Reply::err("ERR No such master with that name");
-        match sub.as_str() {
-            "get-master-addr-by-name" if args.len() == 2 => match self.leader() {
-                Some((_, n)) if name_ok(1) => {
-                    let (h, p) = split_addr(&n.client_addr);
-                    Reply::Array(vec![Reply::bulk(h), Reply::bulk(p.to_string())])
-                }
-                _ => Reply::Nil,
-            },
-            "masters" if args.len() == 1 => {
-                Reply::Array(self.master_entry().into_iter().collect())
+    fn sentinel_answer(&self, query: SentinelQuery<'_>) -> Result<SentinelAnswer, SentinelError> {
+        let name_ok = |n: &[u8]| n == self.cfg.group_name.as_bytes();
+        let check = |n: &[u8]| {
+            if name_ok(n) {
+                Ok(())
+            } else {
+                Err(SentinelError::NoSuchMaster)
             }
-            "master" if args.len() == 2 => match self.master_entry() {
-                Some(e) if name_ok(1) => e,
-                _ => no_such(),
+        };
+        Ok(match query {
+            SentinelQuery::MasterAddr(name) => SentinelAnswer::MasterAddr(
+                self.leader()
+                    .filter(|_| name_ok(name))
+                    .map(|(_, n)| split_addr(&n.client_addr)),
+            ),
+            SentinelQuery::Masters => SentinelAnswer::Masters(self.master_entry()),
+            SentinelQuery::Master(name) => match self.master_entry() {
+                Some(e) if name_ok(name) => SentinelAnswer::Master(e),
+                _ => return Err(SentinelError::NoSuchMaster),
             },
-            "replicas" | "slaves" if args.len() == 2 => {
-                if !name_ok(1) {
-                    return no_such();
-                }
+            SentinelQuery::Replicas(name) => {
+                check(name)?;
                 let leader = self.leader().map(|(i, _)| i);
                 let lh = self.leader().map(|(_, n)| split_addr(&n.client_addr));
-                Reply::Array(
+                SentinelAnswer::Replicas(
                     self.nodes()
                         .into_iter()
                         .filter(|(i, _)| Some(*i) != leader)
                         .map(|(i, n)| {
-                            let (h, p) = split_addr(&n.client_addr);
-                            let (mh, mp) = lh.clone().unwrap_or_else(|| ("?".into(), 0));
-                            flat(&[
-                                ("name", format!("{h}:{p}")),
-                                ("ip", h),
-                                ("port", p.to_string()),
-                                ("runid", format!("stockgate-node-{i}")),
-                                ("flags", "slave".into()),
-                                ("role-reported", "slave".into()),
-                                ("master-link-status", "ok".into()),
-                                ("master-host", mh),
-                                ("master-port", mp.to_string()),
-                                ("slave-priority", "100".into()),
-                            ])
+                            let (host, port) = split_addr(&n.client_addr);
+                            SentinelReplica {
+                                id: i,
+                                host,
+                                port,
+                                leader: lh.clone(),
+                            }
                         })
                         .collect(),
                 )
             }
-            "sentinels" if args.len() == 2 => {
-                if !name_ok(1) {
-                    return no_such();
-                }
-                Reply::Array(
+            SentinelQuery::Sentinels(name) => {
+                check(name)?;
+                SentinelAnswer::Sentinels(
                     self.nodes()
                         .into_iter()
                         .filter(|(i, _)| *i != self.id)
                         .map(|(i, n)| {
-                            let (h, p) = split_addr(&n.client_addr);
-                            flat(&[
-                                ("name", format!("stockgate-node-{i}")),
-                                ("ip", h),
-                                ("port", p.to_string()),
-                                ("runid", format!("stockgate-node-{i}")),
-                                ("flags", "sentinel".into()),
-                            ])
+                            let (host, port) = split_addr(&n.client_addr);
+                            SentinelPeer { id: i, host, port }
                         })
                         .collect(),
                 )
             }
-            "failover" if args.len() == 2 => {
-                if !name_ok(1) {
-                    return no_such();
-                }
-                self.switchover()
+            SentinelQuery::Failover(name) => {
+                check(name)?;
+                self.switchover()?;
+                SentinelAnswer::FailoverStarted
             }
-            "myid" if args.len() == 1 => Reply::bulk(format!("stockgate-node-{}", self.id)),
-            "ckquorum" if args.len() == 2 => {
-                if self.leader().is_some() {
-                    Reply::Simple("OK")
-                } else {
-                    Reply::err("NOQUORUM no Raft leader is known to this node")
-                }
-            }
-            _ => Reply::err(format!(
-                "ERR unknown or malformed SENTINEL subcommand '{sub}' (stockgate answers GET-MASTER-ADDR-BY-NAME, MASTERS, MASTER, REPLICAS, SLAVES, SENTINELS, MYID, CKQUORUM, FAILOVER)"
-            )),
-        }
+            SentinelQuery::MyId => SentinelAnswer::MyId(self.id),
+            SentinelQuery::CkQuorum => SentinelAnswer::Quorum(self.leader().is_some()),
+        })
     }
 
     /// `SENTINEL FAILOVER NAME`: moves leadership without a fault. A follower stands for
@@ -1005,11 +992,9 @@ impl RaftNode {
     /// group then elects as after any lost heartbeat); the leader hands over
     /// ([`Handover`]: openraft 0.9 has no leader transfer of its own). The reply comes
     /// once that is started, not won.
-    fn switchover(&self) -> Reply {
-        const NO_GOOD: &str =
-            "NOGOODSLAVE No suitable replica to promote (no caught-up voter can stand for election)";
+    fn switchover(&self) -> Result<(), SentinelError> {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return Reply::err("ERR SENTINEL FAILOVER: no runtime to start the election on");
+            return Err(SentinelError::NoRuntime);
         };
         let m = self.metrics.borrow().clone();
         let voters = self.voters();
@@ -1017,7 +1002,7 @@ impl RaftNode {
             // A learner cannot stand, nor a member the group has not admitted under this
             // storage's incarnation.
             if !voters.contains(&self.id) || self.no_votes.load(Ordering::Acquire) {
-                return Reply::err(NO_GOOD);
+                return Err(SentinelError::NoGoodReplica);
             }
             let raft = self.raft.clone();
             rt.spawn(async move {
@@ -1025,11 +1010,11 @@ impl RaftNode {
                     tracing::warn!("raft: SENTINEL FAILOVER: election not started: {e}");
                 }
             });
-            return Reply::Simple("OK");
+            return Ok(());
         }
         // No majority has answered lately: nobody could win an election now.
         if !self.lease_held() {
-            return Reply::err(NO_GOOD);
+            return Err(SentinelError::NoGoodReplica);
         }
         // Candidates: the other voters, the one holding most of the log first.
         let mut targets: Vec<(u64, NodeId, NodeInfo)> = m
@@ -1043,7 +1028,7 @@ impl RaftNode {
             })
             .collect();
         if targets.is_empty() {
-            return Reply::err(NO_GOOD);
+            return Err(SentinelError::NoGoodReplica);
         }
         targets.sort_by_key(|t| std::cmp::Reverse(t.0));
         let handover = Handover {
@@ -1058,51 +1043,55 @@ impl RaftNode {
             window_ms: self.cfg.election_max_ms * 2,
         };
         rt.spawn(handover.run(targets));
-        Reply::Simple("OK")
+        Ok(())
     }
 
-    fn master_entry(&self) -> Option<Reply> {
+    fn master_entry(&self) -> Option<SentinelMaster> {
         let (id, n) = self.leader()?;
-        let (h, p) = split_addr(&n.client_addr);
+        let (host, port) = split_addr(&n.client_addr);
         let m = self.metrics.borrow().clone();
-        let replicas = self.nodes().len().saturating_sub(1);
+        let others = self.nodes().len().saturating_sub(1);
         // A follower looks before it names the leader, as a Sentinel pings its master: a
         // leader whose client port refuses (killed, not yet replaced) is `s_down`, so a
         // client does not wait on a connection to it (node-redis does, forever).
         let down = id != self.id && !port_answers(&n.client_addr);
-        let flags = if down {
-            "master,s_down,o_down"
-        } else {
-            "master"
-        };
-        Some(flat(&[
-            ("name", self.cfg.group_name.clone()),
-            ("ip", h),
-            ("port", p.to_string()),
-            ("runid", format!("stockgate-node-{id}")),
-            ("flags", flags.into()),
-            ("link-pending-commands", "0".into()),
-            ("link-refcount", "1".into()),
-            ("last-ping-sent", "0".into()),
-            ("last-ok-ping-reply", "0".into()),
-            ("last-ping-reply", "0".into()),
-            (
-                "down-after-milliseconds",
-                self.cfg.election_min_ms.to_string(),
-            ),
-            ("info-refresh", "0".into()),
-            ("role-reported", "master".into()),
-            ("role-reported-time", "0".into()),
-            ("config-epoch", m.current_term.to_string()),
-            ("num-slaves", replicas.to_string()),
-            ("num-other-sentinels", replicas.to_string()),
-            ("quorum", (self.voters().len() / 2 + 1).to_string()),
-            ("failover-timeout", self.cfg.election_max_ms.to_string()),
-            ("parallel-syncs", "1".into()),
-        ]))
+        Some(SentinelMaster {
+            name: self.cfg.group_name.clone(),
+            host,
+            port,
+            id,
+            down,
+            down_after_ms: self.cfg.election_min_ms,
+            config_epoch: m.current_term,
+            others,
+            quorum: self.voters().len() / 2 + 1,
+            failover_timeout_ms: self.cfg.election_max_ms,
+        })
     }
 
-    /// `RAFT.*`: membership and status.
+    /// `RAFT.MEMBERS`: every member, its addresses and part.
+    fn member_rows(&self) -> Vec<RaftMember> {
+        let voters = self.voters();
+        let leader = self.leader().map(|(i, _)| i);
+        self.nodes()
+            .into_iter()
+            .map(|(i, n)| RaftMember {
+                id: i,
+                role: if Some(i) == leader {
+                    MemberRole::Leader
+                } else if voters.contains(&i) {
+                    MemberRole::Voter
+                } else {
+                    MemberRole::Learner
+                },
+                client_addr: n.client_addr,
+                raft_addr: n.raft_addr,
+                incarnation: n.incarnation,
+            })
+            .collect()
+    }
+
+    /// `RAFT.ADD`, `RAFT.REMOVE`, `RAFT.READMIT`: membership changes.
     fn raft_command(
         &self,
         sub: &str,
@@ -1110,31 +1099,6 @@ impl RaftNode {
     ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
         let raft = self.raft.clone();
         match sub {
-            "raft.members" => {
-                let voters = self.voters();
-                let leader = self.leader().map(|(i, _)| i);
-                let rows = self
-                    .nodes()
-                    .into_iter()
-                    .map(|(i, n)| {
-                        let role = if Some(i) == leader {
-                            "leader"
-                        } else if voters.contains(&i) {
-                            "voter"
-                        } else {
-                            "learner"
-                        };
-                        Reply::Array(vec![
-                            Reply::Int(i as i64),
-                            Reply::bulk(n.client_addr),
-                            Reply::bulk(n.raft_addr),
-                            Reply::bulk(role),
-                            Reply::bulk(format!("{:016x}", n.incarnation)),
-                        ])
-                    })
-                    .collect();
-                Ok(Box::pin(async move { Reply::Array(rows) }))
-            }
             "raft.add" => self.add_member(args),
             "raft.readmit" => self.readmit(args),
             "raft.remove" => {
@@ -1411,17 +1375,6 @@ impl Handover {
     }
 }
 
-/// A Sentinel state entry: a map in RESP3 (what redis-py parses there), the flat
-/// field-value array of Redis's Sentinel in RESP2.
-fn flat(fields: &[(&str, String)]) -> Reply {
-    Reply::Map(
-        fields
-            .iter()
-            .map(|(k, v)| (Reply::bulk(*k), Reply::bulk(v.clone())))
-            .collect(),
-    )
-}
-
 fn split_addr(a: &str) -> (String, u16) {
     match a.rsplit_once(':') {
         Some((h, p)) => (
@@ -1550,48 +1503,28 @@ impl Replication for RaftNode {
         self.info_lines()
     }
 
-    fn role_reply(&self) -> Reply {
-        let last = self.dur.wal.last_lsn() as i64;
+    fn role(&self) -> RoleView {
+        let offset = self.dur.wal.last_lsn() as i64;
         match self.leader() {
-            Some((id, n)) if id != self.id || !self.spec.writable() => {
-                let (h, p) = split_addr(&n.client_addr);
-                Reply::Array(vec![
-                    Reply::bulk("slave"),
-                    Reply::bulk(h),
-                    Reply::Int(i64::from(p)),
-                    Reply::bulk(if id == self.id {
-                        "connecting"
-                    } else {
-                        "connected"
-                    }),
-                    Reply::Int(last),
-                ])
-            }
-            None => Reply::Array(vec![
-                Reply::bulk("slave"),
-                Reply::bulk("?"),
-                Reply::Int(0),
-                Reply::bulk("connecting"),
-                Reply::Int(last),
-            ]),
-            Some(_) => Reply::Array(vec![
-                Reply::bulk("master"),
-                Reply::Int(last),
-                Reply::Array(
-                    self.nodes()
-                        .into_iter()
-                        .filter(|(i, _)| *i != self.id)
-                        .map(|(_, n)| {
-                            let (h, p) = split_addr(&n.client_addr);
-                            Reply::Array(vec![
-                                Reply::bulk(h),
-                                Reply::bulk(p.to_string()),
-                                Reply::bulk("0"),
-                            ])
-                        })
-                        .collect(),
-                ),
-            ]),
+            Some((id, n)) if id != self.id || !self.spec.writable() => RoleView::Follower {
+                leader: Some(split_addr(&n.client_addr)),
+                connected: id != self.id,
+                offset,
+            },
+            None => RoleView::Follower {
+                leader: None,
+                connected: false,
+                offset,
+            },
+            Some(_) => RoleView::Leader {
+                offset,
+                replicas: self
+                    .nodes()
+                    .into_iter()
+                    .filter(|(i, _)| *i != self.id)
+                    .map(|(_, n)| split_addr(&n.client_addr))
+                    .collect(),
+            },
         }
     }
 
@@ -1611,8 +1544,12 @@ impl Replication for RaftNode {
         })
     }
 
-    fn sentinel(&self, args: &[&[u8]]) -> Reply {
-        self.sentinel_reply(args)
+    fn sentinel(&self, query: SentinelQuery<'_>) -> Result<SentinelAnswer, SentinelError> {
+        self.sentinel_answer(query)
+    }
+
+    fn members(&self) -> Option<Vec<RaftMember>> {
+        Some(self.member_rows())
     }
 
     fn raft(
