@@ -307,12 +307,28 @@ impl Seen {
 /// Runs a client script (`cmd` plus `PORTS NAME SECRET_FILE SKU`) against a fresh group,
 /// `kill -9`s the leader once it has reserved a while, lets it reserve on the new
 /// leader, stops it, and checks what it was told against the new leader.
-fn client_follows_a_leader_kill(what: &str, mut cmd: Command, sku: &str) {
+/// What happens to the leader while a client reserves through the members.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// `kill -9`.
+    Kill,
+    /// Every link to and from it cut (it keeps running, first in the client's list).
+    Isolate,
+}
+
+fn client_follows_a_leader_kill(what: &str, cmd: Command, sku: &str) {
+    client_follows(what, cmd, sku, Fault::Kill)
+}
+
+fn client_follows(what: &str, mut cmd: Command, sku: &str, fault: Fault) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut g = Group::start(false);
+    let mut g = Group::start(fault == Fault::Isolate);
     let old = g.leader(None, Duration::from_secs(10));
     create_sale(g.port(old), sku, TOTAL as u64);
-    let ports = member_ports(&g)
+    // The leader first: the member every client asks first.
+    let mut order = vec![g.port(old)];
+    order.extend(member_ports(&g).into_iter().filter(|p| *p != g.port(old)));
+    let ports = order
         .iter()
         .map(u16::to_string)
         .collect::<Vec<_>>()
@@ -388,7 +404,10 @@ fn client_follows_a_leader_kill(what: &str, mut cmd: Command, sku: &str) {
         Some(g.port(old)),
         "{what} started on the leader"
     );
-    g.member(old).kill9();
+    match fault {
+        Fault::Kill => g.member(old).kill9(),
+        Fault::Isolate => g.cut(old, true),
+    }
     let at_kill = seen.acks.len();
     let killed_at = Instant::now();
     let new = g.leader(Some(old), Duration::from_secs(10));
@@ -438,6 +457,33 @@ fn client_follows_a_leader_kill(what: &str, mut cmd: Command, sku: &str) {
         seen.acks.len(),
         seen.done.unwrap_or(0),
         followed_in.as_millis()
+    );
+}
+
+#[test]
+fn raft_ioredis_sentinel_follows_an_isolated_leader() {
+    ensure_node_clients();
+    let mut cmd = Command::new("node");
+    cmd.arg(node_dir().join("raft_clients.js")).arg("ioredis");
+    client_follows(
+        "ioredis, leader isolated",
+        cmd,
+        "RC-IOREDIS-ISO",
+        Fault::Isolate,
+    );
+}
+
+#[test]
+fn raft_node_redis_sentinel_follows_an_isolated_leader() {
+    ensure_node_clients();
+    let mut cmd = Command::new("node");
+    cmd.arg(node_dir().join("raft_clients.js"))
+        .arg("node-redis");
+    client_follows(
+        "node-redis, leader isolated",
+        cmd,
+        "RC-NODEREDIS-ISO",
+        Fault::Isolate,
     );
 }
 

@@ -469,7 +469,15 @@ pub fn read(port: u16, cmd: &redis::Cmd) -> redis::Value {
     loop {
         match cmd.query::<redis::Value>(&mut conn(port)) {
             Ok(v) => return v,
-            Err(e) if e.to_string().contains("leads no majority") && Instant::now() < deadline => {
+            // Also a member restarting itself (a deposed leader): its connections end,
+            // and it answers -LOADING while it recovers.
+            Err(e)
+                if (e.to_string().contains("leads no majority")
+                    || e.code() == Some("LOADING")
+                    || e.is_io_error()
+                    || e.is_connection_dropped())
+                    && Instant::now() < deadline =>
+            {
                 std::thread::sleep(Duration::from_millis(50))
             }
             Err(e) => panic!("read on {port}: {e}"),
@@ -634,15 +642,25 @@ pub fn info_field(port: u16, name: &str) -> u64 {
 /// [`Group::converge`], true also when feeds start at different places: a member that
 /// installed a snapshot has no entries before it).
 /// `INFO server`'s `stockgate_history` of the member on `port` (empty when none yet).
+/// The history id `INFO server` shows on `port`; a leader begins it just after its
+/// writes open, so an empty one is asked again for a while.
 pub fn history_of(port: u16) -> String {
-    let s: String = redis::cmd("INFO")
-        .arg("server")
-        .query(&mut conn(port))
-        .expect("info");
-    s.lines()
-        .find_map(|l| l.strip_prefix("stockgate_history:"))
-        .map(|v| v.trim().to_owned())
-        .unwrap_or_default()
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut conn(port))
+            .expect("info");
+        let id = s
+            .lines()
+            .find_map(|l| l.strip_prefix("stockgate_history:"))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default();
+        if !id.is_empty() && id != "-" || Instant::now() >= deadline {
+            return id;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 pub fn converge_wal(g: &Group, within: Duration) -> u64 {
