@@ -93,6 +93,11 @@ fn record(ctx: &mut Ctx<'_>, argv: &[&[u8]], reply: &Reply, nanos: u64) {
         );
     }
     if spec.name.starts_with("sale.") {
-        logging::lifecycle(spec.name, argv, reply);
+        let ended = match reply {
+            r if r.is_error() => logging::Ended::Refused,
+            Reply::Int(n) => logging::Ended::Done(Some(*n)),
+            _ => logging::Ended::Done(None),
+        };
+        logging::lifecycle(spec.name, argv, ended);
     }
 }

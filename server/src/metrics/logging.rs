@@ -4,8 +4,6 @@
 
 use std::io::IsTerminal as _;
 
-use crate::protocol::Reply;
-
 /// How log lines are written on stderr (`--log-format`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -133,8 +131,17 @@ pub fn set_filter(text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// How a sale-administration command ended, as the log line needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Refused: nothing is logged.
+    Refused,
+    /// Done, with the integer the command answered, if it answered one.
+    Done(Option<i64>),
+}
+
 /// One info line per successful sale-administration command (never per request).
-pub fn lifecycle(cmd: &str, argv: &[&[u8]], reply: &Reply) {
+pub fn lifecycle(cmd: &str, argv: &[&[u8]], ended: Ended) {
     let what = match cmd {
         "sale.create" => "created",
         "sale.pause" => "paused",
@@ -144,9 +151,9 @@ pub fn lifecycle(cmd: &str, argv: &[&[u8]], reply: &Reply) {
         "sale.rebuild" => "rebuilt",
         _ => return,
     };
-    if reply.is_error() {
+    let Ended::Done(result) = ended else {
         return;
-    }
+    };
     let sku = argv
         .get(1)
         .map(|s| {
@@ -162,11 +169,11 @@ pub fn lifecycle(cmd: &str, argv: &[&[u8]], reply: &Reply) {
         .take(10)
         .map(|a| String::from_utf8_lossy(a).chars().take(64).collect())
         .collect();
-    match reply {
-        Reply::Int(n) => {
+    match result {
+        Some(n) => {
             tracing::info!(sku = %sku, args = %detail.join(" "), result = n, "sale {what}")
         }
-        _ => tracing::info!(sku = %sku, args = %detail.join(" "), "sale {what}"),
+        None => tracing::info!(sku = %sku, args = %detail.join(" "), "sale {what}"),
     }
 }
 
