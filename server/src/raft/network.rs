@@ -762,7 +762,14 @@ async fn serve_peer(
 
 async fn handle(rpc: Rpc, raft: &Raft, ident: &Identity, no_votes: &AtomicBool) -> RpcReply {
     match rpc {
-        Rpc::Append(r) => RpcReply::Append(raft.append_entries(r).await),
+        Rpc::Append(r) => {
+            let from = r.vote.leader_id.node_id;
+            let reply = raft.append_entries(r).await;
+            if matches!(&reply, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
+                *LAST_APPEND.lock() = Some((from, Instant::now()));
+            }
+            RpcReply::Append(reply)
+        }
         Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
         Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
         // A member not admitted as a voter may not stand.
@@ -777,6 +784,16 @@ async fn handle(rpc: Rpc, raft: &Raft, ident: &Identity, no_votes: &AtomicBool) 
         }),
         Rpc::Init { group, members } => RpcReply::Init(take_init(raft, ident, group, members)),
     }
+}
+
+/// The leader whose append this member last took, and when (one process runs one
+/// member): a follower names a leader to clients only while it hears from it.
+static LAST_APPEND: parking_lot::Mutex<Option<(NodeId, Instant)>> = parking_lot::Mutex::new(None);
+
+/// How long ago this member last took an append from `leader` (`None`: never).
+pub fn heard_from(leader: NodeId) -> Option<Duration> {
+    let (from, at) = (*LAST_APPEND.lock())?;
+    (from == leader).then(|| at.elapsed())
 }
 
 /// No membership and no log entry: nothing a bootstrap could overwrite.

@@ -766,6 +766,13 @@ impl RaftNode {
         let lease = self.lease_held();
         let m = self.metrics.borrow();
         let id = authority::advertised_leader(self.id, &m, lease)?;
+        // A follower that has not heard its leader for the longest election timeout no
+        // longer names it: the leader may be gone, and a member with no majority in reach
+        // does not stand, so Raft would go on naming it.
+        let window = Duration::from_millis(self.cfg.election_max_ms);
+        if id != self.id && network::heard_from(id).is_none_or(|ago| ago > window) {
+            return None;
+        }
         let n = m.membership_config.membership().get_node(&id)?.clone();
         Some((id, n))
     }
@@ -820,7 +827,8 @@ impl RaftNode {
             "# Replication\r\nrole:{role}\r\nraft_node_id:{}\r\nraft_state:{state}\r\nraft_term:{}\r\nraft_leader_id:{}\r\nraft_last_log_index:{}\r\nraft_last_applied_index:{}\r\nraft_log_entries:{}\r\nraft_voters:{}\r\nraft_lease_held:{}\r\nraft_in_flight_records:{}\r\nraft_committed_lsn:{}\r\nraft_snapshot_index:{}\r\nraft_snapshot_lsn:{}\r\n",
             self.id,
             m.current_term,
-            m.current_leader.map_or("-".into(), |l| l.to_string()),
+            // The leader discovery names (none a follower has stopped hearing).
+            self.leader().map_or("-".into(), |(l, _)| l.to_string()),
             m.last_log_index.unwrap_or(0),
             m.last_applied.map_or(0, |l| l.index),
             self.store.entry_count(),
