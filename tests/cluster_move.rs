@@ -22,7 +22,7 @@ use common::cluster::{node_id, slots_master, Cluster, RaftBesideSingle};
 use common::ha::{wait_for, Node};
 use common::now_ms;
 use common::raft::{
-    conn as raft_conn, create_sale, info_field, reserve as raft_reserve, sale_info, state_of,
+    conn as raft_conn, create_sale, info_field, reserve_on_leader, sale_info, state_of,
 };
 use redis::cluster::ClusterClientBuilder;
 use redis::Value;
@@ -317,7 +317,7 @@ fn cluster_move_slot_changes_survive_a_raft_snapshot_and_a_restart() {
         .expect("a sku of group a");
     create_sale(lp, &sku, 1000);
     for i in 0..80 {
-        raft_reserve(lp, &c.a, &sku, &format!("u{i}"), "r").expect("reserve");
+        reserve_on_leader(&c.a, &sku, &format!("u{i}"), "r", Duration::from_secs(20));
     }
     c.a.converge(Duration::from_secs(10));
     for m in &c.a.members {
@@ -386,7 +386,13 @@ fn cluster_move_slots_from_a_raft_group() {
     for s in &skus {
         create_sale(lp, s, 50);
         for i in 0..6 {
-            tokens.push(raft_reserve(lp, &c.a, s, &format!("u{i}"), "r").expect("reserve"));
+            tokens.push(reserve_on_leader(
+                &c.a,
+                s,
+                &format!("u{i}"),
+                "r",
+                Duration::from_secs(20),
+            ));
         }
     }
     for t in tokens.iter().step_by(3) {

@@ -456,6 +456,25 @@ impl Group {
     }
 }
 
+/// A reservation asked of whichever member leads, again with the same request id (a
+/// replay answers with the first token) while the group moves its leader or a leader
+/// waits to hear from a majority: what a client following the group does. Panics with
+/// the last answer if none is taken within `within`.
+pub fn reserve_on_leader(g: &Group, sku: &str, user: &str, req: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let port = g.port(g.leader(None, within));
+        match reserve(port, g, sku, user, req) {
+            Ok(t) => return t,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("reserve {sku}/{user} on {port}: {e}; asking the leader again");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("reserve {sku}/{user}: {e}"),
+        }
+    }
+}
+
 pub fn reserve(port: u16, g: &Group, sku: &str, user: &str, req: &str) -> Result<String, String> {
     reserve_with(port, sku, user, &g.token(sku, user), req)
 }
