@@ -5,7 +5,7 @@
 # settings) with the ledger's schema (migrations/*.sql), and nothing else running — no
 # stockgate, no materializer, no load generator. Each transaction inserts $BATCH PENDING
 # orders with their `order_events` audit rows, with the materializer's own statement
-# (`client/src/materialize.rs`: INSERT ... ON CONFLICT DO NOTHING RETURNING, then the audit
+# (`ledger/src/materialize.rs`: INSERT ... ON CONFLICT DO NOTHING RETURNING, then the audit
 # rows), the rows generated inside Postgres (generate_series, md5 for the tokens) so no
 # client cost is counted. Run with 1 and with $SESSIONS concurrent sessions (disjoint
 # tokens): Postgres then has every core to itself.

@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use stockgate_client::checkout::{CheckoutError, PayOutcome};
 use stockgate_client::types::now_ms;
-use stockgate_client::{Checkout, Ledger, Sweeper, SweeperConfig};
+use stockgate_ledger::checkout::{CheckoutError, PayOutcome};
+use stockgate_ledger::{Checkout, Ledger, Sweeper, SweeperConfig};
 use stockgate_testkit::Harness;
 
 const SKU: &str = "E2E";

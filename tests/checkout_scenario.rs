@@ -1,4 +1,4 @@
-//! The checkout scenarios through the Rust checkout (`stockgate_client::Checkout` over
+//! The checkout scenarios through the Rust checkout (`stockgate_ledger::Checkout` over
 //! `PgLedger`), against a real server, a real Postgres ledger and a real
 //! `stockgate-sweeper run` process:
 //!
@@ -11,7 +11,7 @@
 //! quantities and fixed actions (pay, pay twice, cancel, pay late with money moved,
 //! authorize late, abandon), and buyers who find the sale sold out. Against one real
 //! server, one real Postgres ledger and a real `stockgate-sweeper run` process, each
-//! language runs it on a fresh sale: the Rust checkout (`stockgate_client::Checkout` over
+//! language runs it on a fresh sale: the Rust checkout (`stockgate_ledger::Checkout` over
 //! `PgLedger`) here, the Python package by `tests/scenario/run_python.py` and the Node
 //! package by `tests/scenario/run_node.mjs`, each as a process. Each prints its summary
 //! (payment outcomes, the ledger's orders of its sale by status with their units, the
@@ -32,10 +32,11 @@ use std::time::{Duration, Instant};
 use stockgate_testkit::{sibling_binary as bin, KillOnDrop};
 
 use serde_json::{json, Value};
-use stockgate_client::checkout::{CheckoutError, Hold, PayOutcome};
-use stockgate_client::ledger::postgres::PgLedgerOptions;
 use stockgate_client::types::now_ms;
-use stockgate_client::{Checkout, OrderStatus, PgLedger, StockgateClient};
+use stockgate_client::StockgateClient;
+use stockgate_ledger::checkout::{CheckoutError, Hold, PayOutcome};
+use stockgate_ledger::ledger::postgres::PgLedgerOptions;
+use stockgate_ledger::{Checkout, OrderStatus, PgLedger};
 use stockgate_server::engine::Keyring;
 use stockgate_testkit::pgtemp::TempPostgres;
 

@@ -31,8 +31,8 @@ use common::cluster::Cluster;
 use common::ha::{Keys, Node};
 use common::{now_ms, runtime};
 use sqlx::Row;
-use stockgate_client::materialize::{FeedReader, ALL_EVENTS};
-use stockgate_client::PgLedger;
+use stockgate_ledger::materialize::{FeedReader, ALL_EVENTS};
+use stockgate_ledger::PgLedger;
 use stockgate_testkit::pgtemp::TempPostgres;
 use stockgate_testkit::{sibling_binary, KillOnDrop};
 
@@ -494,7 +494,7 @@ fn a_ledger_created_at_0008_is_upgraded_in_place() {
     let h = history(&node);
     let ledger = rt.block_on(PgLedger::connect(pg.url())).expect("ledger");
     rt.block_on(ledger.ensure_schema()).expect("schema");
-    let mut old = stockgate_client::ledger::migrations::migrator();
+    let mut old = stockgate_ledger::ledger::migrations::migrator();
     old.migrations = Cow::Owned(
         old.migrations
             .iter()
@@ -626,8 +626,8 @@ fn a_ledger_created_at_0008_is_upgraded_in_place() {
 /// history's sales and feed positions along.
 #[test]
 fn bindings_are_added_deliberately_and_rebind_takes_a_history_along() {
-    use stockgate_client::identity::{self, IdentityError};
-    use stockgate_client::ledger::{Ledger, SaleRecord};
+    use stockgate_ledger::identity::{self, IdentityError};
+    use stockgate_ledger::ledger::{Ledger, SaleRecord};
     let rt = runtime();
     let pg = rt.block_on(TempPostgres::start()).expect("postgres");
     rt.block_on(async {

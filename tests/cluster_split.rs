@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 use common::cluster::{Cluster, THREE};
 use common::{now_ms, runtime};
 use operator::sweeper_bin;
-use stockgate_client::split::{home_part, reserve_split};
 use stockgate_client::types::ReserveOutcome;
 use stockgate_client::StockgateClient;
 use stockgate_testkit::pgtemp::TempPostgres;
+use stockgate_tools::split::{home_part, reserve_split};
 
 const TTL: &str = "600000";
 
@@ -699,7 +699,7 @@ fn split_grown_by_a_part_and_refilled() {
 
     // A growth to 4 that stopped before its ledger transaction: part 3's sale made on its
     // group (1) with 0 units, not yet registered nor a part.
-    let p3 = stockgate_client::split::part_sku("GROW", 3, |s| s >= 8192).expect("sku");
+    let p3 = stockgate_tools::split::part_sku("GROW", 3, |s| s >= 8192).expect("sku");
     rt.block_on(async {
         let g = gates(&cluster, std::slice::from_ref(&p3)).await;
         g[0].sale_create(&p3, 0, Some(1), Some(600_000), None)

@@ -71,7 +71,7 @@ fn sale(port: u16, sku: &str) {
 }
 
 async fn orders(url: &str) -> Vec<String> {
-    let ledger = stockgate_client::PgLedger::connect(url)
+    let ledger = stockgate_ledger::PgLedger::connect(url)
         .await
         .expect("ledger");
     sqlx::query("SELECT reservation_token FROM orders ORDER BY 1")
@@ -86,14 +86,14 @@ async fn orders(url: &str) -> Vec<String> {
 /// Binds the ledger to the history of the node on `port`, as `stockgate-sweeper rebind`
 /// does: past the server binding, the feed's own check still stands.
 async fn rebind(url: &str, port: u16) {
-    let ledger = stockgate_client::PgLedger::connect(url)
+    let ledger = stockgate_ledger::PgLedger::connect(url)
         .await
         .expect("ledger");
     let client = stockgate_client::StockgateClient::connect(&format!("127.0.0.1:{port}"))
         .await
         .expect("connect");
     let id = client.history().await.expect("info").expect("a history id");
-    stockgate_client::identity::rebind(&ledger, Some(id.clone()), &id)
+    stockgate_ledger::identity::rebind(&ledger, Some(id.clone()), &id)
         .await
         .expect("rebind");
 }

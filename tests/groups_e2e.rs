@@ -426,7 +426,7 @@ fn groups_retention_keeps_a_lagging_groups_segments_within_the_cap() {
 /// reservation is handled exactly once, and nothing is left pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groups_client_crate_workers_share_a_group_and_take_over_a_dead_one() {
-    use stockgate_client::group::GroupReader;
+    use stockgate_ledger::group::GroupReader;
     let srv = Server::start(&[]);
     let addr = srv.addr.clone();
     let stream = "{WORK}:events";

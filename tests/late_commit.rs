@@ -11,14 +11,12 @@ use std::time::Duration;
 
 use common::*;
 use redis::Value;
-use stockgate_client::checkout::PayOutcome;
 use stockgate_client::gate::EngineGate;
-use stockgate_client::ledger::SaleRecord;
 use stockgate_client::types::ReservationState;
-use stockgate_client::{
-    Checkout, ClientError, Ledger, ReservationGate, SledLedger, StockgateClient, Sweeper,
-    SweeperConfig,
-};
+use stockgate_client::{ClientError, ReservationGate, StockgateClient};
+use stockgate_ledger::checkout::PayOutcome;
+use stockgate_ledger::ledger::SaleRecord;
+use stockgate_ledger::{Checkout, Ledger, SledLedger, Sweeper, SweeperConfig};
 use stockgate_server::engine::{Engine, EngineConfig, Keyring, ManualClock, NullSink};
 
 const USERS: &str = "\

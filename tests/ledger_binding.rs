@@ -11,7 +11,8 @@ use std::path::Path;
 use std::process::Command;
 
 use operator::{sweeper_bin, sweeper_cli, wait_for_server};
-use stockgate_client::{Ledger, StockgateClient};
+use stockgate_client::StockgateClient;
+use stockgate_ledger::Ledger;
 use stockgate_testkit::Harness;
 
 /// A binary of the workspace, next to this test's executable.

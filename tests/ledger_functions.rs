@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use sqlx::postgres::PgPool;
 use sqlx::Row;
-use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
 use stockgate_client::types::now_ms;
-use stockgate_client::OrderStatus;
+use stockgate_ledger::ledger::postgres::{PgLedger, PgLedgerOptions};
+use stockgate_ledger::OrderStatus;
 use stockgate_testkit::pgtemp::TempPostgres;
 
 const SKU: &str = "FN";

@@ -8,13 +8,13 @@ use std::process::{Command, Output, Stdio};
 use stockgate_testkit::sibling_binary as bin;
 
 use sqlx::Row;
-use stockgate_client::ledger::pg_schema::{
+use stockgate_client::types::now_ms;
+use stockgate_ledger::ledger::pg_schema::{
     SchemaError, LEDGER_FUNCTIONS, LEDGER_TABLES, SCHEMA_ENV,
 };
-use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
-use stockgate_client::ledger::{LedgerCommit, Materialized, NewOrder, SaleRecord};
-use stockgate_client::types::now_ms;
-use stockgate_client::{Ledger, LedgerError, OrderStatus};
+use stockgate_ledger::ledger::postgres::{PgLedger, PgLedgerOptions};
+use stockgate_ledger::ledger::{LedgerCommit, Materialized, NewOrder, SaleRecord};
+use stockgate_ledger::{Ledger, LedgerError, OrderStatus};
 use stockgate_testkit::pgtemp::TempPostgres;
 
 async fn ledger_in(url: &str, schema: &str) -> PgLedger {
@@ -130,7 +130,7 @@ async fn the_default_schema_is_stockgate_and_holds_everything() {
         .unwrap();
     assert_eq!(
         applied as usize,
-        stockgate_client::ledger::postgres::migrator()
+        stockgate_ledger::ledger::postgres::migrator()
             .migrations
             .len()
     );

@@ -6,12 +6,12 @@
 
 use std::collections::HashSet;
 
-use stockgate_client::ledger::{
+use stockgate_client::types::{now_ms, ExpiredReservation, ReservationInfo, ReservationState};
+use stockgate_ledger::ledger::{
     AdjustmentOutcome, AdjustmentStatus, LedgerCommit, LedgerPay, Materialized, NewOrder,
     PayVerdict, ReleaseReason, SaleRecord, SweepVerdict,
 };
-use stockgate_client::types::{now_ms, ExpiredReservation, ReservationInfo, ReservationState};
-use stockgate_client::{Ledger, LedgerError, OrderStatus, PgLedger, SledLedger};
+use stockgate_ledger::{Ledger, LedgerError, OrderStatus, PgLedger, SledLedger};
 use stockgate_testkit::pgtemp::TempPostgres;
 
 const SKU: &str = "SUITE";
@@ -892,8 +892,8 @@ async fn postgres_upgrade_to_allocations_keeps_existing_sales() {
     // allocation is that figure, and adjustments work on it.
     let pg = TempPostgres::start().await.expect("postgres");
     let l = PgLedger::connect(pg.url()).await.expect("connect");
-    let full = stockgate_client::ledger::postgres::migrator();
-    let mut first = stockgate_client::ledger::postgres::migrator();
+    let full = stockgate_ledger::ledger::postgres::migrator();
+    let mut first = stockgate_ledger::ledger::postgres::migrator();
     first.migrations = std::borrow::Cow::Owned(full.migrations[..1].to_vec());
     l.ensure_schema().await.expect("schema");
     first.run(l.pool()).await.expect("migration 0001 alone");

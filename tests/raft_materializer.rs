@@ -30,10 +30,11 @@ use std::time::{Duration, Instant};
 use common::raft::*;
 use common::{now_ms, TempDir};
 use sqlx::Row;
-use stockgate_client::group::GroupReader;
-use stockgate_client::materialize::{FeedReader, ALL_EVENTS};
 use stockgate_client::types::ReserveOutcome;
-use stockgate_client::{PgLedger, SentinelConfig, StockgateClient};
+use stockgate_client::{SentinelConfig, StockgateClient};
+use stockgate_ledger::group::GroupReader;
+use stockgate_ledger::materialize::{FeedReader, ALL_EVENTS};
+use stockgate_ledger::PgLedger;
 use stockgate_testkit::pgtemp::TempPostgres;
 
 const SKU: &str = "RAFT-FEED";

@@ -5,7 +5,7 @@
 //! whole-group `kill -9`s). Every invocation and completion is recorded into a
 //! history file; at the end the final state of every token and the sale's counters are
 //! read from the final leader, appended, and the history is judged by
-//! `stockgate_client::checker::check` and by the `stockgate-history-check` binary.
+//! `stockgate_tools::checker::check` and by the `stockgate-history-check` binary.
 //!
 //! `raft_storm_at_the_groups_edges` adds the faults at the group's edges: wiped data dirs
 //! re-admitted with `RAFT.READMIT`, a full disk (tmpfs) on the leader and on a follower,
@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use stockgate_client::checker::{self, OpKind, Outcome, Record, Recorder, ViolationKind};
 use stockgate_client::types::{CommitOk, ReserveOutcome};
 use stockgate_client::{ClientConfig, ClientError, SentinelConfig, StockgateClient};
 use stockgate_server::engine::Keyring;
+use stockgate_tools::checker::{self, OpKind, Outcome, Record, Recorder, ViolationKind};
 
 use common::nemesis::*;
 use common::raft::*;

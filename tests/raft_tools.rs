@@ -19,7 +19,8 @@ use common::raft::{sale_info, state_of, Group};
 use common::{now_ms, TempDir};
 use operator::sweeper_bin;
 use stockgate_client::sentinel::SentinelConfig;
-use stockgate_client::{Checkout, Hold, Ledger, OrderStatus, PgLedger, StockgateClient};
+use stockgate_client::StockgateClient;
+use stockgate_ledger::{Checkout, Hold, Ledger, OrderStatus, PgLedger};
 use stockgate_server::engine::Keyring;
 use stockgate_testkit::pgtemp::TempPostgres;
 

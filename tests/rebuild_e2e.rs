@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use stockgate_client::checkout::PayOutcome;
-use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
-use stockgate_client::{Checkout, ClientError, Ledger, OrderStatus, Sweeper, SweeperConfig};
+use stockgate_client::ClientError;
+use stockgate_ledger::checkout::PayOutcome;
+use stockgate_ledger::rebuild::{rebuild_sale, RebuildOptions};
+use stockgate_ledger::{Checkout, Ledger, OrderStatus, Sweeper, SweeperConfig};
 use stockgate_testkit::Harness;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,7 +63,7 @@ async fn wiped_data_dir_fences_then_rebuilds_from_the_ledger() {
         h.client.sale_info(sku).await,
         Err(ClientError::NoSale)
     ));
-    stockgate_client::identity::rebind(&h.ledger, Some(new.clone()), &new)
+    stockgate_ledger::identity::rebind(&h.ledger, Some(new.clone()), &new)
         .await
         .unwrap();
 

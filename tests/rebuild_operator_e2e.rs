@@ -11,9 +11,9 @@ mod operator;
 use std::time::Duration;
 
 use operator::{sweeper_cli, wait_for_server};
-use stockgate_client::checkout::{CheckoutError, PayOutcome};
 use stockgate_client::types::ReserveOutcome;
-use stockgate_client::{Checkout, Ledger, OrderStatus, Sweeper, SweeperConfig};
+use stockgate_ledger::checkout::{CheckoutError, PayOutcome};
+use stockgate_ledger::{Checkout, Ledger, OrderStatus, Sweeper, SweeperConfig};
 use stockgate_testkit::Harness;
 
 const SKU: &str = "OPS";

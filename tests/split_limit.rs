@@ -19,7 +19,8 @@ use std::process::Command;
 use common::cluster::{Cluster, THREE};
 use common::{now_ms, runtime};
 use operator::sweeper_bin;
-use stockgate_client::{Checkout, PayOutcome, PgLedger, StockgateClient};
+use stockgate_client::StockgateClient;
+use stockgate_ledger::{Checkout, PayOutcome, PgLedger};
 use stockgate_testkit::pgtemp::TempPostgres;
 
 const LIMIT: u32 = 2;

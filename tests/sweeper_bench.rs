@@ -6,9 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use stockgate_client::ledger::NewOrder;
 use stockgate_client::types::now_ms;
-use stockgate_client::{Ledger, PassReport, StockgateClient, Sweeper, SweeperConfig};
+use stockgate_client::StockgateClient;
+use stockgate_ledger::ledger::NewOrder;
+use stockgate_ledger::{Ledger, PassReport, Sweeper, SweeperConfig};
 use stockgate_testkit::pgtemp::PgOptions;
 use stockgate_testkit::Harness;
 

@@ -1,12 +1,13 @@
 //! A sweeper that dies between the ledger cancellation and the release: the next pass
 //! (by any sweeper) releases each unit exactly once. The crash is injected with the
-//! `fail` crate (feature `failpoints` of stockgate-client), alone in this test binary
+//! `fail` crate (feature `failpoints` of stockgate-ledger), alone in this test binary
 //! because fail points are process-global.
 
 use std::time::Duration;
 
-use stockgate_client::sweeper::SweepError;
-use stockgate_client::{Ledger, OrderStatus, StockgateClient, Sweeper, SweeperConfig};
+use stockgate_client::StockgateClient;
+use stockgate_ledger::sweeper::SweepError;
+use stockgate_ledger::{Ledger, OrderStatus, Sweeper, SweeperConfig};
 use stockgate_testkit::Harness;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

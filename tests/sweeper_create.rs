@@ -8,7 +8,7 @@ mod operator;
 
 use operator::sweeper_cli;
 use stockgate_client::types::ReserveOutcome;
-use stockgate_client::Ledger as _;
+use stockgate_ledger::Ledger as _;
 use stockgate_testkit::{sibling_binary, Harness};
 
 const TTL_MS: &str = "600000";

@@ -2,12 +2,11 @@
 
 use std::time::Duration;
 
-use stockgate_client::checkout::CheckoutError;
-use stockgate_client::ledger::NewOrder;
 use stockgate_client::types::now_ms;
-use stockgate_client::{
-    Checkout, Ledger, OrderStatus, PassReport, StockgateClient, Sweeper, SweeperConfig,
-};
+use stockgate_client::StockgateClient;
+use stockgate_ledger::checkout::CheckoutError;
+use stockgate_ledger::ledger::NewOrder;
+use stockgate_ledger::{Checkout, Ledger, OrderStatus, PassReport, Sweeper, SweeperConfig};
 use stockgate_testkit::Harness;
 
 const TTL_MS: u64 = 400;

@@ -13,12 +13,11 @@ mod operator;
 use std::time::Duration;
 
 use operator::{copy_dir, sweeper_cli, wait_for_server};
-use stockgate_client::checkout::PayOutcome;
-use stockgate_client::ledger::AdjustmentStatus;
 use stockgate_client::types::ReserveOutcome;
-use stockgate_client::{
-    Checkout, ClientError, Ledger, PassReport, StockgateClient, Sweeper, SweeperConfig,
-};
+use stockgate_client::{ClientError, StockgateClient};
+use stockgate_ledger::checkout::PayOutcome;
+use stockgate_ledger::ledger::AdjustmentStatus;
+use stockgate_ledger::{Checkout, Ledger, PassReport, Sweeper, SweeperConfig};
 use stockgate_testkit::{Harness, ServerProcess};
 
 fn cfg(sku: &str) -> SweeperConfig {
@@ -304,7 +303,7 @@ async fn a_hold_no_payment_paid_for_is_never_committed() {
     // ... and binds the ledger to the new history, so the tools talk to it again.
     let id = h.client.history().await.unwrap();
     let to = id.clone().expect("a history id");
-    stockgate_client::identity::rebind(&h.ledger, id, &to)
+    stockgate_ledger::identity::rebind(&h.ledger, id, &to)
         .await
         .unwrap();
 

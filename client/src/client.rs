@@ -274,7 +274,7 @@ impl StockgateClient {
     }
 
     /// The server's history id (`INFO server`'s `stockgate_history`, see
-    /// [`crate::identity`]); `None` while it reports none.
+    /// `stockgate_ledger::identity`); `None` while it reports none.
     pub async fn history(&self) -> Result<Option<String>, ClientError> {
         let v = self.call(redis::cmd("INFO").arg("server")).await?;
         history_in_info(&v).ok_or_else(|| proto("INFO", &v))
@@ -416,7 +416,7 @@ fn push_sale_opts(cmd: &mut redis::Cmd, shards: Option<u16>, ttl: Option<u64>, l
 }
 
 /// The history id in an `INFO server` reply (`stockgate_history`, see
-/// [`crate::identity`]): `Some(None)` when the field is absent or empty, `None` when the
+/// `stockgate_ledger::identity`): `Some(None)` when the field is absent or empty, `None` when the
 /// reply is not INFO's text at all.
 pub fn history_in_info(v: &Value) -> Option<Option<String>> {
     let text = match v {

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::future::join_all;
+use stockgate_core::durable::WaitDurable;
 use stockgate_core::engine::error::EngineError;
 use stockgate_core::engine::types::{
     PaymentCheck, ReservationState as EngineState, ReservationView, SaleView,
@@ -16,12 +17,11 @@ use stockgate_core::engine::types::{
 use stockgate_core::engine::{
     Engine, Lsn, ReleaseReason, ReserveOutcome as EngineOutcome, ReserveRequest,
 };
-use stockgate_server::server::Durability;
 
 use crate::client::{ClientError, StockgateClient};
-use crate::ledger::SaleRecord;
 use crate::types::{
     CommitOk, ExpiredReservation, ReservationInfo, ReservationState, ReserveOutcome, SaleInfo,
+    SaleRecord,
 };
 
 /// What the lifecycle needs from the server. Implementations are cheap to clone.
@@ -84,10 +84,10 @@ pub trait ReservationGate: Clone + Send + Sync + 'static {
     /// `SALE.LIST`: the keys of every sale the server holds.
     fn sale_list(&self) -> impl Future<Output = Result<Vec<String>, ClientError>> + Send;
 
-    /// The server's history id ([`crate::identity`]); `None` while it reports none.
+    /// The server's history id (`stockgate_ledger::identity`); `None` while it reports none.
     fn history(&self) -> impl Future<Output = Result<Option<String>, ClientError>> + Send;
 
-    /// `SALE.ADJUST sku delta` → new total. Use [`crate::adjust::adjust_sale`], which
+    /// `SALE.ADJUST sku delta` → new total. Use `stockgate_ledger::adjust::adjust_sale`, which
     /// writes the ledger first; this is its server step.
     fn adjust(
         &self,
@@ -248,7 +248,7 @@ impl ReservationGate for StockgateClient {
 #[derive(Clone)]
 pub struct EngineGate {
     engine: Arc<Engine>,
-    durability: Option<Arc<dyn Durability>>,
+    durability: Option<Arc<dyn WaitDurable>>,
 }
 
 impl EngineGate {
@@ -261,7 +261,7 @@ impl EngineGate {
     }
 
     /// An engine writing a log: every answer waits until what it reports is durable.
-    pub fn with_durability(engine: Arc<Engine>, durability: Arc<dyn Durability>) -> Self {
+    pub fn with_durability(engine: Arc<Engine>, durability: Arc<dyn WaitDurable>) -> Self {
         EngineGate {
             engine,
             durability: Some(durability),

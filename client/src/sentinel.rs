@@ -167,7 +167,7 @@ impl std::fmt::Display for ServerTarget {
 /// Whether a command may be sent again after a connection error (the reply was lost, so
 /// it may have run).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Retry {
+pub enum Retry {
     /// Running it twice has the effect of running it once.
     Idempotent,
     /// Only refusals (`-READONLY`, `-NOREPLICAS`, `-LOADING`: it did not run) are retried.
@@ -182,7 +182,7 @@ struct Current {
 }
 
 /// The shared state behind every clone of a Sentinel-backed `StockgateClient`.
-pub(crate) struct SentinelConn {
+pub struct SentinelConn {
     cfg: SentinelConfig,
     client_cfg: ClientConfig,
     sentinels: Vec<ConnectionInfo>,
@@ -204,7 +204,7 @@ pub(crate) struct SentinelConn {
 impl SentinelConn {
     /// Validates the configuration and connects to the primary, retrying discovery as a
     /// call retries (`max_attempts`, backoff).
-    pub(crate) async fn connect(
+    pub async fn connect(
         cfg: SentinelConfig,
         client_cfg: ClientConfig,
     ) -> Result<Arc<SentinelConn>, ClientError> {
@@ -254,7 +254,7 @@ impl SentinelConn {
     }
 
     /// The address of the primary in use, if connected.
-    pub(crate) fn primary_addr(&self) -> Option<String> {
+    pub fn primary_addr(&self) -> Option<String> {
         self.lock_current().as_ref().map(|c| c.addr.clone())
     }
 
@@ -265,7 +265,7 @@ impl SentinelConn {
     }
 
     /// Sends `cmd` to the primary, rediscovering it and retrying as the module doc says.
-    pub(crate) async fn call(&self, cmd: &redis::Cmd, retry: Retry) -> Result<Value, ClientError> {
+    pub async fn call(&self, cmd: &redis::Cmd, retry: Retry) -> Result<Value, ClientError> {
         let mut last = None;
         for attempt in 0..self.cfg.max_attempts.max(1) {
             if attempt > 0 {

@@ -5,13 +5,24 @@
 //! an error naming it before anything connects (redis-rs would only report "invalid
 //! certificate" at the first connection, without the file). The loaded PEM bytes are kept
 //! for the reconnections of the connection manager; `Debug` never shows them.
+//!
+//! The TLS stack is linked with the crate's `tls` feature only. Without it the flags still
+//! parse, a plain connection works, and one that asks for TLS is refused with an error
+//! naming the feature.
 
 use std::path::{Path, PathBuf};
 
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args};
+#[cfg(feature = "tls")]
 use rustls_pki_types::pem::PemObject as _;
+#[cfg(feature = "tls")]
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Why a connection that asks for TLS cannot be made by a build without the `tls` feature.
+#[cfg(not(feature = "tls"))]
+const NO_TLS: &str = "TLS was asked for (--tls or a rediss:// address), but this build of \
+                      stockgate-client has no TLS support (its cargo feature `tls`)";
 
 /// The TLS flags every tool that connects to a server takes.
 #[derive(Args, Clone, Debug, Default)]
@@ -66,7 +77,9 @@ pub enum TlsError {
 /// Loaded TLS settings: the CA and client certificate PEM, checked to parse.
 #[derive(Clone, Default)]
 pub struct TlsConfig {
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     root_cert: Option<Vec<u8>>,
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
@@ -110,6 +123,21 @@ impl TlsConfig {
         cert: Option<&Path>,
         key: Option<&Path>,
     ) -> Result<TlsConfig, TlsError> {
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = (cacert, cert, key);
+            Err(TlsError::Flags(NO_TLS.into()))
+        }
+        #[cfg(feature = "tls")]
+        Self::read_files(cacert, cert, key)
+    }
+
+    #[cfg(feature = "tls")]
+    fn read_files(
+        cacert: Option<&Path>,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<TlsConfig, TlsError> {
         let root_cert = cacert.map(|p| read_certs("--cacert", p)).transpose()?;
         let client = match (cert, key) {
             (Some(c), Some(k)) => Some((read_certs("--cert", c)?, read_key("--key", k)?)),
@@ -120,6 +148,7 @@ impl TlsConfig {
         Ok(TlsConfig { root_cert, client })
     }
 
+    #[cfg(feature = "tls")]
     fn certificates(&self) -> redis::TlsCertificates {
         redis::TlsCertificates {
             client_tls: self
@@ -139,6 +168,7 @@ fn is_tls_url(addr: &str) -> bool {
         .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"))
 }
 
+#[cfg(feature = "tls")]
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read {
         flag,
@@ -147,6 +177,7 @@ fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
+#[cfg(feature = "tls")]
 fn read_certs(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     let pem = read(flag, path)?;
     let parse = |reason: String| TlsError::Parse {
@@ -165,6 +196,7 @@ fn read_certs(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     Ok(pem)
 }
 
+#[cfg(feature = "tls")]
 fn read_key(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     let pem = read(flag, path)?;
     // The parser's error names the PEM section it expected, never the bytes.
@@ -177,7 +209,7 @@ fn read_key(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
 }
 
 /// `addr` may be `host:port` or a `redis://`/`rediss://` URL (with credentials for AUTH).
-pub(crate) fn to_url(addr: &str) -> String {
+pub fn to_url(addr: &str) -> String {
     if addr.contains("://") {
         addr.to_string()
     } else {
@@ -187,27 +219,36 @@ pub(crate) fn to_url(addr: &str) -> String {
 
 /// A redis-rs client for `addr`: over TLS with `tls` (a `redis://` address becomes
 /// `rediss://`), or when the address is `rediss://` (then verified by the system's roots).
-pub(crate) fn redis_client(
-    addr: &str,
-    tls: Option<&TlsConfig>,
-) -> redis::RedisResult<redis::Client> {
+pub fn redis_client(addr: &str, tls: Option<&TlsConfig>) -> redis::RedisResult<redis::Client> {
     let mut url = to_url(addr);
     let Some(tls) = tls else {
         return redis::Client::open(url);
     };
-    if !is_tls_url(&url) {
-        if let Some(rest) = url.strip_prefix("redis://") {
-            url = format!("rediss://{rest}");
-        }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = (tls, &mut url);
+        Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "no TLS support",
+            NO_TLS.to_string(),
+        )))
     }
-    redis::Client::build_with_tls(url, tls.certificates())
+    #[cfg(feature = "tls")]
+    {
+        if !is_tls_url(&url) {
+            if let Some(rest) = url.strip_prefix("redis://") {
+                url = format!("rediss://{rest}");
+            }
+        }
+        redis::Client::build_with_tls(url, tls.certificates())
+    }
 }
 
 /// A connection error in an operator's words when it is a failed TLS handshake with a
-/// usual cause (`stockgate_server::tls::handshake_hint`); other errors unchanged.
-pub(crate) fn explain(e: redis::RedisError) -> redis::RedisError {
+/// usual cause (`stockgate_core::tls_hint::handshake_hint`); other errors unchanged.
+pub fn explain(e: redis::RedisError) -> redis::RedisError {
     let text = e.to_string();
-    match stockgate_server::tls::handshake_hint(&text) {
+    match stockgate_core::tls_hint::handshake_hint(&text) {
         Some(hint) => {
             redis::RedisError::from((e.kind(), "TLS handshake failed", format!("{hint}: {text}")))
         }
@@ -215,7 +256,7 @@ pub(crate) fn explain(e: redis::RedisError) -> redis::RedisError {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "tls"))]
 mod tests {
     use super::*;
 

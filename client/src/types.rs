@@ -168,3 +168,40 @@ pub fn now_ms() -> i64 {
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
 }
+
+/// A sale as the ledger knows it: what a rebuild starts from.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SaleRecord {
+    /// The sale's key.
+    pub sku: String,
+    /// Units the sale was created with. Never changes (a repeated registration is compared
+    /// against it).
+    pub initial_allocation: u64,
+    /// The current allocation: `initial_allocation` plus every adjustment recorded with
+    /// `Ledger::record_adjustment` (in `stockgate-ledger`) and not refused. The one truth a rebuild uses.
+    pub allocation: u64,
+    /// Shards the sale is created with on a rebuild (`None`: the server's default).
+    pub shards: Option<u16>,
+    /// Hold lifetime in ms a rebuilt sale gets (`None`: the server's default).
+    pub ttl_ms: Option<u64>,
+    /// Per-user limit in units a rebuilt sale gets (`None`: the server's default).
+    pub per_user_limit: Option<u32>,
+    /// Fingerprint of the server's reservation key (`SALE.INFO` key_fingerprint). A rebuild
+    /// into a server with another key is refused.
+    pub key_fingerprint: Option<String>,
+}
+
+impl SaleRecord {
+    /// A sale of `initial_allocation` units with the server's defaults and no key fingerprint yet.
+    pub fn new(sku: &str, initial_allocation: u64) -> Self {
+        SaleRecord {
+            sku: sku.to_string(),
+            initial_allocation,
+            allocation: initial_allocation,
+            shards: None,
+            ttl_ms: None,
+            per_user_limit: None,
+            key_fingerprint: None,
+        }
+    }
+}

@@ -20,6 +20,28 @@ pub use crate::session::{
     ConnState, Durability, NoDurability, Role, ServerConfig, Shared, Stats, Users,
 };
 
+// The one call of `Durability` an embedded engine's caller waits on
+// (`stockgate_client::EngineGate::with_durability`) is the core's `WaitDurable`, so that
+// the client does not link the server: the server's durabilities implement it by their
+// own `wait`.
+impl stockgate_core::durable::WaitDurable for crate::persist::WalDurability {
+    fn wait(
+        &self,
+        lsn: crate::engine::Lsn,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Durability::wait(self, lsn)
+    }
+}
+
+impl stockgate_core::durable::WaitDurable for NoDurability {
+    fn wait(
+        &self,
+        lsn: crate::engine::Lsn,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Durability::wait(self, lsn)
+    }
+}
+
 mod connection;
 
 /// The listening sockets of one event loop: the plain port's (none on a TLS-only server,

@@ -328,7 +328,7 @@ impl Drop for ServerProcess {
 /// both sides.
 pub struct Harness {
     pub pg: crate::pgtemp::TempPostgres,
-    pub ledger: stockgate_client::PgLedger,
+    pub ledger: stockgate_ledger::PgLedger,
     pub keys: ServerKeys,
     pub data: TempDir,
     pub server: ServerProcess,
@@ -340,13 +340,13 @@ pub enum HarnessError {
     #[error(transparent)]
     Pg(#[from] crate::pgtemp::PgTempError),
     #[error(transparent)]
-    Ledger(#[from] stockgate_client::LedgerError),
+    Ledger(#[from] stockgate_ledger::LedgerError),
     #[error(transparent)]
     Testkit(#[from] TestkitError),
     #[error(transparent)]
     Client(#[from] stockgate_client::ClientError),
     #[error(transparent)]
-    Identity(#[from] stockgate_client::identity::IdentityError),
+    Identity(#[from] stockgate_ledger::identity::IdentityError),
 }
 
 impl Harness {
@@ -357,9 +357,9 @@ impl Harness {
     /// With explicit Postgres options (benchmarks keep fsync on).
     pub async fn start_with(opts: crate::pgtemp::PgOptions) -> Result<Self, HarnessError> {
         let pg = crate::pgtemp::TempPostgres::start_with(opts).await?;
-        let ledger = stockgate_client::PgLedger::connect_with(
+        let ledger = stockgate_ledger::PgLedger::connect_with(
             pg.url(),
-            stockgate_client::ledger::postgres::PgLedgerOptions {
+            stockgate_ledger::ledger::postgres::PgLedgerOptions {
                 max_connections: 32,
                 acquire_timeout: Duration::from_secs(3),
                 ..Default::default()
@@ -402,16 +402,16 @@ impl Harness {
         ttl_ms: u64,
         limit: Option<u32>,
     ) -> Result<(), HarnessError> {
-        use stockgate_client::Ledger as _;
+        use stockgate_ledger::Ledger as _;
         // As `stockgate-sweeper create-sale` does: the ledger is bound to this server.
         let history =
-            stockgate_client::identity::ensure_bound(&self.ledger, self.client.history().await?)
+            stockgate_ledger::identity::ensure_bound(&self.ledger, self.client.history().await?)
                 .await?;
         self.client
             .sale_create(sku, total, Some(shards), Some(ttl_ms), limit)
             .await?;
         let info = self.client.sale_info(sku).await?;
-        let mut rec = stockgate_client::ledger::SaleRecord::new(sku, total);
+        let mut rec = stockgate_ledger::ledger::SaleRecord::new(sku, total);
         rec.shards = Some(shards);
         rec.ttl_ms = Some(ttl_ms);
         rec.per_user_limit = limit;
@@ -429,8 +429,8 @@ impl Harness {
         prefix: &str,
         n: usize,
         materialize: bool,
-    ) -> Result<Vec<stockgate_client::Hold>, HarnessError> {
-        let checkout = stockgate_client::Checkout::new(self.ledger.clone(), self.client.clone());
+    ) -> Result<Vec<stockgate_ledger::Hold>, HarnessError> {
+        let checkout = stockgate_ledger::Checkout::new(self.ledger.clone(), self.client.clone());
         let mut out = Vec::with_capacity(n);
         let idx: Vec<usize> = (0..n).collect();
         for chunk in idx.chunks(100) {
@@ -447,7 +447,7 @@ impl Harness {
                         if materialize {
                             match checkout.start(sku, &user, &adm, &rid, 1).await {
                                 Ok(h) => return Ok(h),
-                                Err(stockgate_client::CheckoutError::SoldOut)
+                                Err(stockgate_ledger::CheckoutError::SoldOut)
                                     if client.stock(sku).await? > 0 =>
                                 {
                                     continue
@@ -466,7 +466,7 @@ impl Harness {
                                 expires_at_ms,
                                 ..
                             } => {
-                                return Ok(stockgate_client::Hold {
+                                return Ok(stockgate_ledger::Hold {
                                     token,
                                     sku: sku.to_string(),
                                     user: user.clone(),

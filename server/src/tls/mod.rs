@@ -378,23 +378,8 @@ fn connector(f: &TlsFiles, ca: &Path) -> Result<TlsConnector, TlsError> {
     Ok(TlsConnector::from(Arc::new(cfg)))
 }
 
-/// The usual cause of a client's failed handshake, in an operator's words, from rustls's
-/// error text (`invalid peer certificate: UnknownIssuer`, ...); None when it is not one
-/// of them. The tools (`stockgate top`, the sweeper, the materializer) put it before
-/// rustls's own words.
-pub fn handshake_hint(text: &str) -> Option<&'static str> {
-    if text.contains("UnknownIssuer") {
-        Some("the server's certificate is not signed by the CA in --cacert (without --cacert: by a CA this machine trusts)")
-    } else if text.contains("NotValidForName") {
-        Some("the server's certificate does not name the host of --server")
-    } else if text.contains("CertificateRequired") || text.contains("certificate required") {
-        Some("the server requires a client certificate (--cert, --key)")
-    } else if text.contains("UnknownCA") || text.contains("unknown ca") {
-        Some("the server does not trust the CA of --cert")
-    } else {
-        None
-    }
-}
+// Moved to the core (the client uses it and does not link the server); this path stays.
+pub use stockgate_core::tls_hint::handshake_hint;
 
 /// A client's TLS settings with redis-cli's flags (`stockgate top --tls`): trusts the CA
 /// of `--cacert`, or without it the machine's trusted CAs as redis-cli does; presents

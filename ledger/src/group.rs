@@ -4,8 +4,8 @@
 //! going to one of them until it is acknowledged.
 //!
 //! ```no_run
-//! # async fn f() -> Result<(), stockgate_client::materialize::MaterializeError> {
-//! use stockgate_client::group::GroupReader;
+//! # async fn f() -> Result<(), stockgate_ledger::materialize::MaterializeError> {
+//! use stockgate_ledger::group::GroupReader;
 //! let g = GroupReader::connect("127.0.0.1:7379", "stockgate:events", "orders", "worker-1").await?;
 //! g.create("0").await?; // once; an existing group is fine
 //! loop {

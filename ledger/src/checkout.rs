@@ -9,7 +9,7 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use stockgate_server::engine::ReleaseReason;
+use stockgate_core::engine::ReleaseReason;
 use tracing::{error, warn};
 
 use crate::client::ClientError;

@@ -1,17 +1,17 @@
 //! `stockgate-materializer`: consumes the order feed and writes the orders into the
-//! Postgres ledger exactly once (see `stockgate_client::materialize`), from one server
+//! Postgres ledger exactly once (see `stockgate_ledger::materialize`), from one server
 //! (`--server`) or from the primary of a Sentinel-managed group (`--sentinel`,
 //! `--master-name`), followed across failovers.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use stockgate_client::ledger::pg_schema;
-use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
-use stockgate_client::materialize::{
+use stockgate_client::ServerTarget;
+use stockgate_ledger::ledger::pg_schema;
+use stockgate_ledger::ledger::postgres::{PgLedger, PgLedgerOptions};
+use stockgate_ledger::materialize::{
     FeedReader, MaterializeError, Materializer, MaterializerConfig, ALL_EVENTS,
 };
-use stockgate_client::ServerTarget;
 
 // `hide_env_values` on every environment-backed value that can carry a credential (a
 // Postgres URL, a redis:// URL with a password, a password): `--help` would print it.
@@ -123,7 +123,7 @@ async fn main() -> ExitCode {
         }
         Err(
             e @ (MaterializeError::History(_)
-            | MaterializeError::Identity(stockgate_client::identity::IdentityError::Mismatch {
+            | MaterializeError::Identity(stockgate_ledger::identity::IdentityError::Mismatch {
                 ..
             })),
         ) => {

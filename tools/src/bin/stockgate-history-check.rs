@@ -1,13 +1,13 @@
 //! `stockgate-history-check`: judges a saved history of a flash sale (JSON lines of
 //! operation invocations, completions and the final state) against the sale's model, as
-//! `stockgate_client::checker::check` does. Exit 0: no violation; 1: violations, listed;
+//! `stockgate_tools::checker::check` does. Exit 0: no violation; 1: violations, listed;
 //! 2: the file could not be read, or a line is no record.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use stockgate_client::checker;
+use stockgate_tools::checker;
 
 #[derive(Parser)]
 #[command(

@@ -123,9 +123,9 @@ pub async fn adjust_sale<L: Ledger, G: ReservationGate>(
 }
 
 /// [`adjust_sale`] for a caller that has already shown `gate` to be the server `sku`
-/// lives on by other means: the parts of a split sale (`crate::split`) live on several
+/// lives on by other means: the parts of a split sale (`stockgate_tools::split`) live on several
 /// groups, each checked against the history its `split_parts` row recorded.
-pub(crate) async fn adjust_checked<L: Ledger, G: ReservationGate>(
+pub async fn adjust_checked<L: Ledger, G: ReservationGate>(
     ledger: &L,
     gate: &G,
     sku: &str,

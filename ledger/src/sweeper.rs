@@ -625,7 +625,7 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
     ) {
         // Every hold the sweeper releases is past its deadline, whatever the ledger
         // says of the order.
-        let why = Some(stockgate_server::engine::ReleaseReason::Expired);
+        let why = Some(stockgate_core::engine::ReleaseReason::Expired);
         for r in self.gate.release_many(to_release, why).await {
             match r {
                 Ok(true) => report.released += 1,

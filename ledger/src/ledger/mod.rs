@@ -104,42 +104,9 @@ impl std::fmt::Display for OrderStatus {
     }
 }
 
-/// A sale as the ledger knows it: what a rebuild starts from.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SaleRecord {
-    /// The sale's key.
-    pub sku: String,
-    /// Units the sale was created with. Never changes (a repeated registration is compared
-    /// against it).
-    pub initial_allocation: u64,
-    /// The current allocation: `initial_allocation` plus every adjustment recorded with
-    /// [`Ledger::record_adjustment`] and not refused. The one truth a rebuild uses.
-    pub allocation: u64,
-    /// Shards the sale is created with on a rebuild (`None`: the server's default).
-    pub shards: Option<u16>,
-    /// Hold lifetime in ms a rebuilt sale gets (`None`: the server's default).
-    pub ttl_ms: Option<u64>,
-    /// Per-user limit in units a rebuilt sale gets (`None`: the server's default).
-    pub per_user_limit: Option<u32>,
-    /// Fingerprint of the server's reservation key (`SALE.INFO` key_fingerprint). A rebuild
-    /// into a server with another key is refused.
-    pub key_fingerprint: Option<String>,
-}
-
-impl SaleRecord {
-    /// A sale of `initial_allocation` units with the server's defaults and no key fingerprint yet.
-    pub fn new(sku: &str, initial_allocation: u64) -> Self {
-        SaleRecord {
-            sku: sku.to_string(),
-            initial_allocation,
-            allocation: initial_allocation,
-            shards: None,
-            ttl_ms: None,
-            per_user_limit: None,
-            key_fingerprint: None,
-        }
-    }
-}
+// The sale record moved to the client (`stockgate_client::types`): the gate's `fence`
+// takes it too. Re-exported here, its old path.
+pub use stockgate_client::types::SaleRecord;
 
 /// Where an allocation adjustment stands (see `migrations/0002_allocation_adjustments.sql`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -12,15 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use stockgate_client::checkout::{CheckoutError, PayOutcome};
-use stockgate_client::ledger::SaleRecord;
 use stockgate_client::types::now_ms;
-use stockgate_client::{
-    Checkout, EngineGate, Ledger, ReservationGate, SledLedger, Sweeper, SweeperConfig,
-};
+use stockgate_client::{EngineGate, ReservationGate};
 use stockgate_core::engine::{
     Engine, EngineConfig, Keyring, NullSink, ReservationKey, SystemClock,
 };
+use stockgate_ledger::checkout::{CheckoutError, PayOutcome};
+use stockgate_ledger::ledger::SaleRecord;
+use stockgate_ledger::{Checkout, Ledger, SledLedger, Sweeper, SweeperConfig};
 use tokio::sync::Semaphore;
 
 const SKU: &str = "FLASH-1";

@@ -1,44 +1,47 @@
-//! `stockgate-sweeper`: the sweeper daemon, the ledger migrations, sale registration and
-//! the rebuild of a fenced sale.
+//! `stockgate-ops`: the sweeper daemon and the operator's commands: the ledger migrations,
+//! sale registration, adjustments, the rebuild of a fenced sale, bindings, splits and slot
+//! moves. `stockgate-sweeper` (`stockgate-sweeper.rs`) is the same program under its old
+//! name; the synopsis below holds for either.
 //!
 //! ```text
-//! stockgate-sweeper [--database-url URL] [--schema stockgate]
-//!                   [--server ADDR | --sentinel H:P,... --master-name N]
-//!                   [--tls [--cacert FILE] [--cert FILE --key FILE]]
-//!                   [run] [--interval-secs 30] [--once]
-//!                         [--rebalance [--rebalance-threshold N] [--rebalance-seed ADDR]]
-//! stockgate-sweeper migrate
-//! stockgate-sweeper create-sale --sku SKU --total N [--shards N] [--ttl-ms MS] [--limit N]
-//! stockgate-sweeper adjust --sku SKU --delta N [--id ADJ-ID]
-//! stockgate-sweeper rebuild --sku SKU [--fence]
-//! stockgate-sweeper rebind --history ID
-//! stockgate-sweeper bind --history ID [--group NAME]
-//! stockgate-sweeper unbind --history ID
-//! stockgate-sweeper split --parent P --parts N --total T [--limit L] [--shards N] [--ttl-ms MS]
-//!                   (more --parts than recorded: grow the split by empty parts)
-//! stockgate-sweeper rebalance --parent P [--threshold N] [--interval-secs S] [--once]
+//! stockgate-ops [--database-url URL] [--schema stockgate]
+//!               [--server ADDR | --sentinel H:P,... --master-name N]
+//!               [--tls [--cacert FILE] [--cert FILE --key FILE]]
+//!               [run] [--interval-secs 30] [--once]
+//!                     [--rebalance [--rebalance-threshold N] [--rebalance-seed ADDR]]
+//! stockgate-ops migrate
+//! stockgate-ops create-sale --sku SKU --total N [--shards N] [--ttl-ms MS] [--limit N]
+//! stockgate-ops adjust --sku SKU --delta N [--id ADJ-ID]
+//! stockgate-ops rebuild --sku SKU [--fence]
+//! stockgate-ops rebind --history ID
+//! stockgate-ops bind --history ID [--group NAME]
+//! stockgate-ops unbind --history ID
+//! stockgate-ops split --parent P --parts N --total T [--limit L] [--shards N] [--ttl-ms MS]
+//!               (more --parts than recorded: grow the split by empty parts)
+//! stockgate-ops rebalance --parent P [--threshold N] [--interval-secs S] [--once]
 //! ```
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use stockgate_client::adjust::{adjust_sale, AdjustResult};
-use stockgate_client::ledger::pg_schema;
-use stockgate_client::ledger::postgres::{PgLedger, PgLedgerOptions};
-use stockgate_client::ledger::{Ledger, SaleRecord};
-use stockgate_client::rebuild::{rebuild_sale, RebuildOptions};
-use stockgate_client::split::{LockedPass, RebalanceStep};
-use stockgate_client::{ServerTarget, StockgateClient, Sweeper, SweeperConfig};
+use stockgate_client::{ServerTarget, StockgateClient};
 use stockgate_core::engine::{MAX_SHARDS, MAX_TOTAL, MAX_TTL_MS};
+use stockgate_ledger::adjust::{adjust_sale, AdjustResult};
+use stockgate_ledger::ledger::pg_schema;
+use stockgate_ledger::ledger::postgres::{PgLedger, PgLedgerOptions};
+use stockgate_ledger::ledger::{Ledger, SaleRecord};
+use stockgate_ledger::rebuild::{rebuild_sale, RebuildOptions};
+use stockgate_ledger::{Sweeper, SweeperConfig};
 use stockgate_server::cli::{int_in, number_in};
+use stockgate_tools::split::{LockedPass, RebalanceStep};
 use tracing::{error, info, warn};
 
 // `hide_env_values` on every environment-backed value that can carry a credential (a
 // Postgres URL, a redis:// URL with a password, a password): `--help` would print it.
 #[derive(Parser)]
 #[command(
-    name = "stockgate-sweeper",
+    name = "stockgate-ops",
     version,
     about = "Reconciles expired stockgate reservations with the Postgres ledger (ledger first), \
              applies the ledger schema, and rebuilds fenced sales from the ledger",
@@ -386,23 +389,23 @@ enum CliError {
     #[error(transparent)]
     ExistingSale(#[from] ExistingSale),
     #[error(transparent)]
-    Ledger(#[from] stockgate_client::LedgerError),
+    Ledger(#[from] stockgate_ledger::LedgerError),
     #[error(transparent)]
     Client(#[from] stockgate_client::ClientError),
     #[error(transparent)]
-    Rebuild(#[from] stockgate_client::rebuild::RebuildError),
+    Rebuild(#[from] stockgate_ledger::rebuild::RebuildError),
     #[error(transparent)]
-    Sweep(#[from] stockgate_client::sweeper::SweepError),
+    Sweep(#[from] stockgate_ledger::sweeper::SweepError),
     #[error(transparent)]
-    Adjust(#[from] stockgate_client::adjust::AdjustError),
+    Adjust(#[from] stockgate_ledger::adjust::AdjustError),
     #[error(transparent)]
-    Identity(#[from] stockgate_client::identity::IdentityError),
+    Identity(#[from] stockgate_ledger::identity::IdentityError),
     #[error(transparent)]
-    Split(#[from] stockgate_client::split::SplitError),
+    Split(#[from] stockgate_tools::split::SplitError),
     #[error(transparent)]
     Tls(#[from] stockgate_client::TlsError),
     #[error(transparent)]
-    Move(#[from] stockgate_client::slot_move::MoveError),
+    Move(#[from] stockgate_tools::slot_move::MoveError),
     #[error("invalid argument: {0}")]
     Arg(String),
 }
@@ -493,10 +496,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
 
 /// `move-slots`: needs no ledger unless --follow-ledger asks it to record the move.
 async fn move_slots_cmd(cli: &Cli, a: &MoveSlotsArgs) -> Result<(), CliError> {
-    let slots = stockgate_client::slot_move::parse_slots(&a.slots)?;
+    let slots = stockgate_tools::slot_move::parse_slots(&a.slots)?;
     let tls = cli.tls.load(&a.from)?;
     let m =
-        stockgate_client::slot_move::move_slots(&a.from, &a.to, &slots, &a.all_nodes, tls.as_ref())
+        stockgate_tools::slot_move::move_slots(&a.from, &a.to, &slots, &a.all_nodes, tls.as_ref())
             .await?;
     println!(
         "moved {} slot(s) from {} to {}: {} sale(s) handed over",
@@ -505,7 +508,7 @@ async fn move_slots_cmd(cli: &Cli, a: &MoveSlotsArgs) -> Result<(), CliError> {
     if a.follow_ledger {
         let ledger = open_ledger(cli).await?;
         ledger.migrate().await?;
-        let n = stockgate_client::slot_move::follow_ledger(
+        let n = stockgate_tools::slot_move::follow_ledger(
             &ledger,
             &a.from,
             &a.to,
@@ -542,8 +545,8 @@ async fn create_sale_cmd(
 ) -> Result<(), CliError> {
     ledger.migrate().await?;
     let client = StockgateClient::connect_target(target).await?;
-    let bound = stockgate_client::identity::check_bound(ledger, client.history().await?).await?;
-    stockgate_client::identity::check_sale(ledger, &bound, &a.sku).await?;
+    let bound = stockgate_ledger::identity::check_bound(ledger, client.history().await?).await?;
+    stockgate_ledger::identity::check_sale(ledger, &bound, &a.sku).await?;
     check_existing_sale(ledger, &client, &a).await?;
     client
         .sale_create(&a.sku, a.total, a.shards, a.ttl_ms, a.limit)
@@ -618,7 +621,7 @@ async fn rebind_cmd(
     ledger.migrate().await?;
     let client = StockgateClient::connect_target(target).await?;
     let old =
-        stockgate_client::identity::rebind(ledger, client.history().await?, &a.history).await?;
+        stockgate_ledger::identity::rebind(ledger, client.history().await?, &a.history).await?;
     match old {
         Some(old) if old != a.history => {
             println!("ledger bound to history {} (was {old})", a.history)
@@ -632,7 +635,7 @@ async fn rebind_cmd(
 async fn bind_cmd(ledger: &PgLedger, target: &ServerTarget, a: BindArgs) -> Result<(), CliError> {
     ledger.migrate().await?;
     let client = StockgateClient::connect_target(target).await?;
-    let added = stockgate_client::identity::bind(
+    let added = stockgate_ledger::identity::bind(
         ledger,
         client.history().await?,
         &a.history,
@@ -656,7 +659,7 @@ async fn unbind_cmd(ledger: &PgLedger, a: UnbindArgs) -> Result<(), CliError> {
 
 async fn split_cmd(ledger: &PgLedger, server: &str, a: SplitArgs) -> Result<(), CliError> {
     ledger.migrate().await?;
-    let spec = stockgate_client::split::SplitSpec {
+    let spec = stockgate_tools::split::SplitSpec {
         parent: a.parent,
         parts: a.parts,
         total: a.total,
@@ -664,7 +667,7 @@ async fn split_cmd(ledger: &PgLedger, server: &str, a: SplitArgs) -> Result<(), 
         shards: a.shards,
         ttl_ms: a.ttl_ms,
     };
-    let parts = stockgate_client::split::create_split(ledger, server, &spec).await?;
+    let parts = stockgate_tools::split::create_split(ledger, server, &spec).await?;
     for p in &parts {
         println!("part {} {}", p.index, p.sku);
     }
@@ -678,7 +681,7 @@ async fn rebalance_cmd(ledger: &PgLedger, server: &str, a: RebalanceArgs) -> Res
     let every = secs(a.interval_secs, "--interval-secs")?;
     loop {
         let pass =
-            stockgate_client::split::rebalance_locked(ledger, server, &a.parent, a.threshold).await;
+            stockgate_tools::split::rebalance_locked(ledger, server, &a.parent, a.threshold).await;
         match pass {
             Ok(LockedPass::Ran(r)) if a.once => {
                 println!("rebalance {}: {r}", a.parent);
@@ -771,23 +774,23 @@ async fn sweep(
     let metrics_tls =
         args.metrics_tls_cert_file
             .clone()
-            .map(|cert| stockgate_client::metrics::MetricsTls {
+            .map(|cert| stockgate_tools::metrics::MetricsTls {
                 cert,
                 key: args.metrics_tls_key_file.clone().unwrap_or_default(),
                 ca: args.metrics_tls_ca_cert_file.clone(),
             });
     let metrics =
-        stockgate_client::metrics::serve(args.metrics_addr.as_deref(), metrics_tls.as_ref())
+        stockgate_tools::metrics::serve(args.metrics_addr.as_deref(), metrics_tls.as_ref())
             .await
             .map_err(CliError::Arg)?;
     let probe = client.clone();
     // The lag probe reads the feed of the same target: through Sentinel, the primary
     // in use (the probe gives up a failover quickly, see `MaterializerProbe`).
     let mat_probe = metrics.as_ref().map(|_| {
-        stockgate_client::metrics::MaterializerProbe::with_target(
+        stockgate_tools::metrics::MaterializerProbe::with_target(
             ledger.pool().clone(),
             server.clone(),
-            stockgate_client::materialize::ALL_EVENTS,
+            stockgate_ledger::materialize::ALL_EVENTS,
             &args.materializer_consumer,
         )
     });
@@ -797,7 +800,7 @@ async fn sweep(
             ledger.clone(),
             seed,
             args.rebalance_threshold,
-        )) as std::sync::Arc<dyn stockgate_client::sweeper::RebalanceHook>
+        )) as std::sync::Arc<dyn stockgate_ledger::sweeper::RebalanceHook>
     });
     let mut sweeper = Sweeper::new(ledger, client, cfg);
     if let Some(step) = step {
@@ -810,7 +813,7 @@ async fn sweep(
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(async move {
-        stockgate_client::metrics::run(&sweeper, probe, metrics, mat_probe, rx).await
+        stockgate_tools::metrics::run(&sweeper, probe, metrics, mat_probe, rx).await
     });
     // Stop between passes on SIGINT/SIGTERM; a pass in flight finishes first.
     wait_for_signal().await;
@@ -835,7 +838,7 @@ async fn wait_for_signal() {
     }
 }
 
-fn main() -> ExitCode {
+pub(crate) fn main() -> ExitCode {
     // The same log flags and rules as the server (`metrics::logging`).
     let cli = Cli::parse();
     cli.log.init();
@@ -853,7 +856,7 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!(error = %e, "stockgate-sweeper failed");
+            error!(error = %e, "stockgate-ops failed");
             ExitCode::FAILURE
         }
     }

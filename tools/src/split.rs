@@ -139,7 +139,7 @@ pub fn probe_order(user: &str, parts: usize) -> Vec<usize> {
 pub fn part_sku(parent: &str, index: usize, owns: impl Fn(u16) -> bool) -> Option<String> {
     (0..100_000u32)
         .map(|k| format!("{parent}.p{index}-{k}"))
-        .find(|s| owns(stockgate_server::cluster::slot::key_slot(s.as_bytes())))
+        .find(|s| owns(stockgate_core::slot::key_slot(s.as_bytes())))
 }
 
 /// Part `index`'s share of `total` units over `parts` parts: equal, the first
@@ -316,7 +316,7 @@ pub async fn connect_owner(
     groups: &[ClusterGroup],
     sku: &str,
 ) -> Result<StockgateClient, SplitError> {
-    let slot = stockgate_server::cluster::slot::key_slot(sku.as_bytes());
+    let slot = stockgate_core::slot::key_slot(sku.as_bytes());
     let g = groups
         .iter()
         .find(|g| g.owns(slot))
