@@ -464,6 +464,12 @@ pub async fn subscriber(
         subs.add(&hub, id, &tx, patterns, x, proto, &mut out);
     }
     let mut argv: Vec<Bytes> = Vec::new();
+    let me = Me {
+        hub: &hub,
+        id,
+        tx: &tx,
+        proto,
+    };
     let back = loop {
         if !out.is_empty() {
             if send(stream, &out).await.is_err() {
@@ -473,69 +479,14 @@ pub async fn subscriber(
         }
         tokio::select! {
             m = rx.recv() => {
-                let Some((pat, ch, msg)) = m else { break End::Closed };
-                match pat {
-                    None => {
-                        push_header(&mut out, proto, 3);
-                        push_bulk(&mut out, b"message");
-                    }
-                    Some(p) => {
-                        push_header(&mut out, proto, 4);
-                        push_bulk(&mut out, b"pmessage");
-                        push_bulk(&mut out, &p);
-                    }
-                }
-                push_bulk(&mut out, &ch);
-                push_bulk(&mut out, &msg);
+                let Some(m) = m else { break End::Closed };
+                push_message(&mut out, proto, m);
             }
             r = stream.read_buf(&mut inbuf) => {
                 if !matches!(r, Ok(n) if n > 0) {
                     break End::Closed;
                 }
-                let mut leave = None;
-                loop {
-                    match parse_command_into(&mut inbuf, &limits, &mut argv) {
-                        Ok(true) => {}
-                        Ok(false) => break,
-                        Err(e) => { leave = Some(End::Refused(Refusal::Protocol(e))); break; }
-                    }
-                    let Some(name) = argv.first().map(|a| a.to_ascii_lowercase()) else { continue };
-                    match name.as_slice() {
-                        b"subscribe" | b"psubscribe" => {
-                            let pat = name.as_slice() == b"psubscribe";
-                            for x in argv[1..].iter().cloned() {
-                                subs.add(&hub, id, &tx, pat, x, proto, &mut out);
-                            }
-                        }
-                        b"unsubscribe" | b"punsubscribe" => {
-                            let pat = name.as_slice() == b"punsubscribe";
-                            subs.remove(&hub, id, pat, &argv[1..], proto, &mut out);
-                            if subs.count() == 0 {
-                                leave = Some(End::Resume);
-                            }
-                        }
-                        b"ping" => {
-                            push_header(&mut out, 2, 2);
-                            push_bulk(&mut out, b"pong");
-                            push_bulk(&mut out, argv.get(1).map_or(&b""[..], |b| b));
-                        }
-                        b"quit" => {
-                            out.extend_from_slice(b"+OK\r\n");
-                            leave = Some(End::Closed);
-                        }
-                        b"reset" => {
-                            out.extend_from_slice(b"+RESET\r\n");
-                            leave = Some(End::Resume);
-                        }
-                        other => {
-                            let shown: String = String::from_utf8_lossy(other).chars().take(64).collect();
-                            out.extend_from_slice(format!("-ERR Can't execute '{shown}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context\r\n").as_bytes());
-                        }
-                    }
-                    if leave.is_some() {
-                        break;
-                    }
-                }
+                let mut leave = take_commands(&me, &mut subs, &mut inbuf, &limits, &mut argv, &mut out);
                 argv.clear();
                 if leave.is_none() && inbuf.len() > max_query_buffer {
                     leave = Some(End::Refused(Refusal::QueryBuffer));
@@ -564,6 +515,101 @@ pub async fn subscriber(
         End::Refused(why) => Handback::Refused(why),
         End::Closed => Handback::Closed,
     }
+}
+
+/// The subscriber a loop serves: where its subscriptions go and how it is answered.
+struct Me<'a> {
+    hub: &'a Hub,
+    id: u64,
+    tx: &'a mpsc::Sender<Message>,
+    proto: u8,
+}
+
+/// A published message as a subscriber receives it (`message`, or `pmessage` with the
+/// pattern that matched).
+fn push_message(out: &mut BytesMut, proto: u8, (pat, ch, msg): Message) {
+    match pat {
+        None => {
+            push_header(out, proto, 3);
+            push_bulk(out, b"message");
+        }
+        Some(p) => {
+            push_header(out, proto, 4);
+            push_bulk(out, b"pmessage");
+            push_bulk(out, &p);
+        }
+    }
+    push_bulk(out, &ch);
+    push_bulk(out, &msg);
+}
+
+/// Runs the whole commands `inbuf` holds, answering into `out`, until one ends subscriber
+/// mode (or the bytes are not RESP): how the loop ends then.
+fn take_commands(
+    me: &Me<'_>,
+    subs: &mut Subs,
+    inbuf: &mut BytesMut,
+    limits: &Limits,
+    argv: &mut Vec<Bytes>,
+    out: &mut BytesMut,
+) -> Option<End> {
+    loop {
+        match parse_command_into(inbuf, limits, argv) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => return Some(End::Refused(Refusal::Protocol(e))),
+        }
+        let Some(name) = argv.first().map(|a| a.to_ascii_lowercase()) else {
+            continue;
+        };
+        if let Some(end) = subscriber_command(me, subs, &name, argv, out) {
+            return Some(end);
+        }
+    }
+}
+
+/// One command in subscriber mode: (P)(UN)SUBSCRIBE, PING, QUIT, RESET; anything else
+/// is refused in words. Gives how the loop ends if this command ends it.
+fn subscriber_command(
+    me: &Me<'_>,
+    subs: &mut Subs,
+    name: &[u8],
+    argv: &[Bytes],
+    out: &mut BytesMut,
+) -> Option<End> {
+    match name {
+        b"subscribe" | b"psubscribe" => {
+            let pat = name == b"psubscribe";
+            for x in argv[1..].iter().cloned() {
+                subs.add(me.hub, me.id, me.tx, pat, x, me.proto, out);
+            }
+        }
+        b"unsubscribe" | b"punsubscribe" => {
+            let pat = name == b"punsubscribe";
+            subs.remove(me.hub, me.id, pat, &argv[1..], me.proto, out);
+            if subs.count() == 0 {
+                return Some(End::Resume);
+            }
+        }
+        b"ping" => {
+            push_header(out, 2, 2);
+            push_bulk(out, b"pong");
+            push_bulk(out, argv.get(1).map_or(&b""[..], |b| b));
+        }
+        b"quit" => {
+            out.extend_from_slice(b"+OK\r\n");
+            return Some(End::Closed);
+        }
+        b"reset" => {
+            out.extend_from_slice(b"+RESET\r\n");
+            return Some(End::Resume);
+        }
+        other => {
+            let shown: String = String::from_utf8_lossy(other).chars().take(64).collect();
+            out.extend_from_slice(format!("-ERR Can't execute '{shown}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context\r\n").as_bytes());
+        }
+    }
+    None
 }
 
 /// Writes and flushes (a TLS stream holds encrypted bytes back until flushed).

@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 use crate::engine::{Engine, Lsn};
 use crate::metrics::{Metrics, Recorder};
-use crate::protocol::{Limits, Reply};
+use crate::protocol::Limits;
 
 /// The server's settings as it started (the flags, resolved).
 #[derive(Clone, Debug)]
@@ -140,8 +140,8 @@ pub trait Replication: Send + Sync {
     fn other_leader_addr(&self) -> Option<String> {
         None
     }
-    /// INFO's `# Replication` section.
-    fn info(&self) -> String;
+    /// The facts of INFO's `# Replication` section (`report::info` writes them out).
+    fn info(&self) -> ReplicationInfo;
     /// What `ROLE` reports: this member's place in the group.
     fn role(&self) -> RoleView;
     /// `WAIT`: replicas that have `lsn` once `n` do or `timeout` passed.
@@ -161,16 +161,221 @@ pub trait Replication: Send + Sync {
         None
     }
     /// `RAFT.ADD`, `RAFT.REMOVE`, `RAFT.READMIT`: membership changes of a Raft group
-    /// member; the future gives the reply.
-    fn raft(
-        &self,
-        _sub: &str,
-        _args: &[&[u8]],
-    ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
-        Err(Reply::err(
-            "ERR this server is not a member of a Raft group (--raft-id)",
-        ))
+    /// member. An error refuses the change at once; otherwise the future resolves when
+    /// the group has decided.
+    fn raft_change(&self, _change: RaftChange) -> Result<RaftChangeFuture, RaftError> {
+        Err(RaftError::NotMember)
     }
+}
+
+/// A membership change under way: resolves when the group has decided.
+pub type RaftChangeFuture = Pin<Box<dyn Future<Output = Result<(), RaftError>> + Send>>;
+
+/// A `RAFT.*` membership change, its arguments read by the command layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RaftChange {
+    /// `RAFT.ADD id client-host:port raft-host:port`, each as given (not yet checked).
+    Add {
+        /// The node id.
+        id: String,
+        /// Where clients reach it.
+        client_addr: String,
+        /// Where the other members reach it.
+        raft_addr: String,
+    },
+    /// `RAFT.REMOVE id`: takes a voter out.
+    Remove(u64),
+    /// `RAFT.READMIT id`: brings back a member that lost its state.
+    Readmit(u64),
+}
+
+/// Why a `RAFT.*` membership change was refused or failed (the command layer answers it
+/// as `-ERR <this>`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RaftError {
+    /// This server is not a member of a Raft group.
+    #[error("this server is not a member of a Raft group (--raft-id)")]
+    NotMember,
+    /// `RAFT.ADD`'s member is not of the `ID=CLIENT/RAFT` shape.
+    #[error("{0}")]
+    BadPeer(String),
+    /// `RAFT.REMOVE` of a node that does not vote.
+    #[error("node {0} is not a voter of this group")]
+    NotVoter(u64),
+    /// The change would leave the group without a voter.
+    #[error("cannot remove the last voter")]
+    LastVoter,
+    /// `RAFT.READMIT` of a node the group does not hold.
+    #[error("node {0} is not a member of this group; add it with RAFT.ADD")]
+    UnknownMember(u64),
+    /// `RAFT.READMIT` of this member itself.
+    #[error("RAFT.READMIT: send it to the leader, about another member")]
+    ReadmitSelf,
+    /// The member did not answer who it is.
+    #[error("asking node {id} at {addr} who it is: {why} (is it running?)")]
+    Unreachable {
+        /// The node id.
+        id: u64,
+        /// The Raft address asked.
+        addr: String,
+        /// What went wrong.
+        why: String,
+    },
+    /// The member answered from another group.
+    #[error("node {id} belongs to another group ({group:016x})")]
+    OtherGroup {
+        /// The node id.
+        id: u64,
+        /// The group it belongs to.
+        group: u64,
+    },
+    /// `RAFT.ADD` of a member's id on new storage: that is a re-admission.
+    #[error("node {0} is a member under another storage incarnation: it lost its state; bring it back with RAFT.READMIT {0}")]
+    OtherIncarnation(u64),
+    /// `RAFT.READMIT` of a member still on the storage the group admitted.
+    #[error("node {id} still runs on the storage the group admitted (incarnation {incarnation:016x}): nothing to re-admit")]
+    SameIncarnation {
+        /// The node id.
+        id: u64,
+        /// The incarnation it still runs under.
+        incarnation: u64,
+    },
+    /// The membership change that takes a node out failed.
+    #[error("removing node {id}: {why}")]
+    Remove {
+        /// The node id.
+        id: u64,
+        /// What went wrong.
+        why: String,
+    },
+    /// Adding the node as a learner failed.
+    #[error("adding node {id} as a learner: {why}")]
+    AddLearner {
+        /// The node id.
+        id: u64,
+        /// What went wrong.
+        why: String,
+    },
+    /// Making the caught-up learner a voter failed.
+    #[error("making node {id} a voter: {why}")]
+    Promote {
+        /// The node id.
+        id: u64,
+        /// What went wrong.
+        why: String,
+    },
+}
+
+/// The facts of INFO's `# Replication` section on a Raft group member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicationInfo {
+    /// Takes writes and acts as leader (`role:master`), else `role:slave`.
+    pub master: bool,
+    /// This member's node id.
+    pub node_id: u64,
+    /// The Raft state, lower case (`leader`, `follower`, ...).
+    pub state: String,
+    /// The Raft term.
+    pub term: u64,
+    /// The leader discovery names, if any.
+    pub leader_id: Option<u64>,
+    /// The last Raft log index.
+    pub last_log_index: u64,
+    /// The last applied Raft log index.
+    pub last_applied_index: u64,
+    /// Entries in the Raft log.
+    pub log_entries: usize,
+    /// Voters of the group.
+    pub voters: usize,
+    /// Takes writes and holds the lease.
+    pub lease_held: bool,
+    /// Records sent to the group and not yet committed.
+    pub in_flight_records: u64,
+    /// The group's commit point as an LSN.
+    pub committed_lsn: u64,
+    /// The last snapshot's Raft log index (0: none).
+    pub snapshot_index: u64,
+    /// The last snapshot's LSN (0: none).
+    pub snapshot_lsn: u64,
+    /// The group's name.
+    pub group: String,
+    /// Voters caught up with the leader (0 but on a leader).
+    pub followers_caught_up: usize,
+    /// The group's id, once known.
+    pub group_id: Option<u64>,
+    /// This storage's incarnation.
+    pub incarnation: u64,
+    /// This storage is the one the group admitted as a voter.
+    pub voting: bool,
+    /// The leader's client address, if one is known.
+    pub leader_addr: Option<String>,
+    /// The links to the other members.
+    pub peers: Vec<PeerLink>,
+    /// On a leader: the group's commit point and the followers' positions.
+    pub progress: Option<LeaderProgress>,
+    /// Redis's view: the master this member follows, or its replicas.
+    pub link: ReplicationLink,
+}
+
+/// This member's link to another member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerLink {
+    /// The other member's node id.
+    pub id: u64,
+    /// Whether its last call got through (unset: never called).
+    pub up: Option<bool>,
+    /// Connections made to it.
+    pub connects: u64,
+    /// Calls it refused.
+    pub refused: u64,
+}
+
+/// What only a leader knows: the group's commit point and the followers' positions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderProgress {
+    /// The highest log index a majority of the voters have.
+    pub commit_index: u64,
+    /// Since a majority last acknowledged this leader, if it ever did this term.
+    pub millis_since_quorum_ack: Option<u64>,
+    /// The other members.
+    pub followers: Vec<FollowerProgress>,
+}
+
+/// A follower's position as its leader knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FollowerProgress {
+    /// The node id.
+    pub id: u64,
+    /// Its client address.
+    pub addr: String,
+    /// It votes.
+    pub voter: bool,
+    /// The highest log index it has.
+    pub matched: u64,
+    /// How far behind the leader's last index.
+    pub lag: u64,
+}
+
+/// The master/replica part of INFO's `# Replication`, in Redis's terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplicationLink {
+    /// Another member leads, at this client address.
+    Following {
+        /// The leader's client address.
+        leader: HostPort,
+        /// The last LSN of this member's WAL.
+        offset: u64,
+    },
+    /// No leader is known (this member included).
+    NoLeader {
+        /// The last LSN of this member's WAL.
+        offset: u64,
+    },
+    /// This member leads; the client addresses of the others.
+    Leading {
+        /// The other members' client addresses.
+        replicas: Vec<HostPort>,
+    },
 }
 
 /// A client address split for a reply: host and port.

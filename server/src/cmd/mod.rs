@@ -130,25 +130,50 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         command_table::index_of(spec) + 1,
         std::sync::atomic::Ordering::Relaxed,
     );
-    if let Some(repl) = ctx.shared.repl.get() {
-        // Only the group's writable leader takes writes: refused before anything changes
-        // (`-READONLY` on a follower or a leader without a majority, `-LOADING` while it
-        // catches up). What each role may read: `raft::node`.
-        let refusal = if spec.flags.contains(&"write") {
-            repl.write_refusal()
-        } else if spec.group == "stockgate" {
-            repl.read_refusal(ctx.conn.stale_reads)
-        } else if spec.group == "stream" {
-            repl.feed_refusal()
-        } else {
-            None
-        };
-        if let Some(refusal) = refusal {
-            return Reply::err(refusal).into();
-        }
+    if let Some(refusal) = replication_refusal(ctx, spec) {
+        return Reply::err(refusal).into();
     }
-    let rest = &argv[1..];
-    let r = match spec.name {
+    let out = run(ctx, spec, &argv[1..]).unwrap_or_else(Outcome::from);
+    finish(ctx, spec, out)
+}
+
+/// On a Raft group member, the refusal a command gets before anything changes: only the
+/// group's writable leader takes writes (`-READONLY` on a follower or a leader without
+/// a majority, `-LOADING` while it catches up). What each role may read: `raft::node`.
+fn replication_refusal(ctx: &Ctx<'_>, spec: &command_table::Spec) -> Option<&'static str> {
+    let repl = ctx.shared.repl.get()?;
+    if spec.flags.contains(&"write") {
+        repl.write_refusal()
+    } else if spec.group == "stockgate" {
+        repl.read_refusal(ctx.conn.stale_reads)
+    } else if spec.group == "stream" {
+        repl.feed_refusal()
+    } else {
+        None
+    }
+}
+
+/// What follows every command: CLIENT LIST's view refreshed, a stock reply held until
+/// what it observed is durable.
+fn finish(ctx: &mut Ctx<'_>, spec: &command_table::Spec, mut out: Outcome) -> Outcome {
+    if matches!(spec.name, "auth" | "hello" | "reset") {
+        // What CLIENT LIST shows of this connection may have changed.
+        ctx.conn.show();
+    }
+    if spec.group == "stockgate" {
+        // Every reply of a stock command reports some state (an error, a no-op, a
+        // read): it leaves only once every record logged before it was computed is
+        // durable, so no reply tells of a state that a crash could still erase. Its own
+        // LSN is the usual maximum; this covers what it merely observed.
+        out.lsn = out.lsn.max(ctx.engine.last_lsn());
+    }
+    out
+}
+
+/// The command table's names to their handlers: one arm per command (a refusal of the
+/// arguments is the error reply).
+fn run(ctx: &mut Ctx<'_>, spec: &command_table::Spec, rest: &[&[u8]]) -> Result<Outcome, Reply> {
+    match spec.name {
         "reserve" => reserve::Reserve::parse(rest).map(|c| c.apply(ctx)),
         "stock" => hold::Stock::parse(rest).map(|c| c.apply(ctx)),
         "reservation" => hold::Reservation::parse(rest).map(|c| c.apply(ctx)),
@@ -225,20 +250,7 @@ pub fn dispatch(ctx: &mut Ctx<'_>, argv: &[&[u8]]) -> Outcome {
         "watch" => Ok(multi::watch()),
         "unwatch" => Ok(multi::unwatch()),
         _ => Err(Reply::err(NOT_IMPLEMENTED)),
-    };
-    let mut out = r.unwrap_or_else(Outcome::from);
-    if matches!(spec.name, "auth" | "hello" | "reset") {
-        // What CLIENT LIST shows of this connection may have changed.
-        ctx.conn.show();
     }
-    if spec.group == "stockgate" {
-        // Every reply of a stock command reports some state (an error, a no-op, a
-        // read): it leaves only once every record logged before it was computed is
-        // durable, so no reply tells of a state that a crash could still erase. Its own
-        // LSN is the usual maximum; this covers what it merely observed.
-        out.lsn = out.lsn.max(ctx.engine.last_lsn());
-    }
-    out
 }
 
 /// The command-table entry for a name in any case. Lowercased into a stack buffer: it

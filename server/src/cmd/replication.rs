@@ -10,8 +10,8 @@ use super::args::i64_in;
 use super::{Ctx, Outcome};
 use crate::protocol::Reply;
 use crate::session::{
-    MemberRole, RaftMember, Replication, RoleView, SentinelAnswer, SentinelError, SentinelMaster,
-    SentinelQuery,
+    MemberRole, RaftChange, RaftError, RaftMember, Replication, RoleView, SentinelAnswer,
+    SentinelError, SentinelMaster, SentinelQuery,
 };
 
 fn repl(ctx: &Ctx<'_>) -> Result<Arc<dyn Replication>, Reply> {
@@ -313,8 +313,8 @@ fn flat(fields: &[(&str, String)]) -> Reply {
     )
 }
 
-/// `RAFT.MEMBERS`, `RAFT.ADD`, `RAFT.REMOVE`: the reply comes when the group has decided
-/// (inside EXEC, where a connection cannot wait, they are refused).
+/// `RAFT.MEMBERS`, `RAFT.ADD`, `RAFT.REMOVE`, `RAFT.READMIT`: the reply comes when the
+/// group has decided (inside EXEC, where a connection cannot wait, they are refused).
 pub fn raft(ctx: &mut Ctx<'_>, name: &str, args: &[&[u8]]) -> Outcome {
     let r = match repl(ctx) {
         Ok(r) => r,
@@ -326,21 +326,137 @@ pub fn raft(ctx: &mut Ctx<'_>, name: &str, args: &[&[u8]]) -> Outcome {
             None => return not_member().into(),
         };
         let reply = members_reply(rows);
-        return Outcome::deferred(
-            Reply::err("ERR RAFT commands cannot run inside MULTI"),
-            Box::pin(async move { reply }),
-        );
+        return Outcome::deferred(in_multi(), Box::pin(async move { reply }));
     }
-    match r.raft(name, args) {
-        Ok(fut) => Outcome::deferred(Reply::err("ERR RAFT commands cannot run inside MULTI"), fut),
-        Err(e) => e.into(),
+    let change = match raft_change(name, args) {
+        Ok(c) => c,
+        Err(e) => return e.into(),
+    };
+    match r.raft_change(change) {
+        Ok(fut) => Outcome::deferred(
+            in_multi(),
+            Box::pin(async move {
+                match fut.await {
+                    Ok(()) => Reply::Simple("OK"),
+                    Err(e) => raft_error(e),
+                }
+            }),
+        ),
+        Err(e) => raft_error(e).into(),
     }
+}
+
+/// What a `RAFT.*` command answers inside EXEC.
+fn in_multi() -> Reply {
+    Reply::err("ERR RAFT commands cannot run inside MULTI")
+}
+
+/// Reads a membership change's arguments.
+fn raft_change(name: &str, args: &[&[u8]]) -> Result<RaftChange, Reply> {
+    let text = |a: &[u8]| String::from_utf8_lossy(a).into_owned();
+    let id = |a: &[u8]| {
+        std::str::from_utf8(a)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+    };
+    match name {
+        "raft.add" => {
+            let [id, client, raft_addr] = args else {
+                return Err(Reply::err(
+                    "ERR usage: RAFT.ADD id client-host:port raft-host:port",
+                ));
+            };
+            Ok(RaftChange::Add {
+                id: text(id),
+                client_addr: text(client),
+                raft_addr: text(raft_addr),
+            })
+        }
+        "raft.remove" => {
+            let [a] = args else {
+                return Err(Reply::err("ERR usage: RAFT.REMOVE id"));
+            };
+            id(a).map(RaftChange::Remove).ok_or_else(|| {
+                Reply::err("ERR RAFT.REMOVE: the node id must be a positive integer")
+            })
+        }
+        "raft.readmit" => {
+            let [a] = args else {
+                return Err(Reply::err("ERR usage: RAFT.READMIT id"));
+            };
+            id(a)
+                .filter(|i| *i > 0)
+                .map(RaftChange::Readmit)
+                .ok_or_else(|| {
+                    Reply::err("ERR RAFT.READMIT: the node id must be a positive integer")
+                })
+        }
+        _ => Err(Reply::err(format!("ERR unknown command '{name}'"))),
+    }
+}
+
+/// A refused or failed membership change, in words.
+fn raft_error(e: RaftError) -> Reply {
+    Reply::err(format!("ERR {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cmd::parse_tests::{argv, arity, error_text};
+
+    #[test]
+    fn raft_changes_are_read_and_refused_in_the_same_words() {
+        assert_eq!(
+            raft_change("raft.remove", &argv(&["3"])),
+            Ok(RaftChange::Remove(3))
+        );
+        assert_eq!(
+            raft_change("raft.readmit", &argv(&["2"])),
+            Ok(RaftChange::Readmit(2))
+        );
+        assert_eq!(
+            raft_change("raft.add", &argv(&["4", "h:1", "h:2"])),
+            Ok(RaftChange::Add {
+                id: "4".into(),
+                client_addr: "h:1".into(),
+                raft_addr: "h:2".into(),
+            })
+        );
+        for (name, args, want) in [
+            (
+                "raft.add",
+                &["4"][..],
+                "ERR usage: RAFT.ADD id client-host:port raft-host:port",
+            ),
+            ("raft.remove", &[][..], "ERR usage: RAFT.REMOVE id"),
+            (
+                "raft.remove",
+                &["x"][..],
+                "ERR RAFT.REMOVE: the node id must be a positive integer",
+            ),
+            (
+                "raft.readmit",
+                &["1", "2"][..],
+                "ERR usage: RAFT.READMIT id",
+            ),
+            (
+                "raft.readmit",
+                &["0"][..],
+                "ERR RAFT.READMIT: the node id must be a positive integer",
+            ),
+        ] {
+            assert_eq!(error_text(raft_change(name, &argv(args))), want);
+        }
+        assert_eq!(
+            raft_error(RaftError::OtherIncarnation(2)),
+            Reply::err("ERR node 2 is a member under another storage incarnation: it lost its state; bring it back with RAFT.READMIT 2")
+        );
+        assert_eq!(
+            raft_error(RaftError::SameIncarnation { id: 2, incarnation: 0xab }),
+            Reply::err("ERR node 2 still runs on the storage the group admitted (incarnation 00000000000000ab): nothing to re-admit")
+        );
+    }
 
     #[test]
     fn wait_parses_a_count_and_a_timeout_where_zero_means_an_hour() {

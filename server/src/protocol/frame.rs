@@ -135,63 +135,18 @@ pub fn parse_frame(
     if buf[0] != b'*' {
         return parse_inline(buf, limits);
     }
-    let Some(end) =
-        find_crlf(buf, 1, MAX_HEADER).map_err(|_| perr("too big mbulk count string"))?
-    else {
+    let Some((n, mut pos)) = parse_count(buf, limits)? else {
         return Ok(Frame::Incomplete);
     };
-    if buf.len() < end + 2 {
-        return Ok(Frame::Incomplete);
-    }
-    if buf[end + 1] != b'\n' {
-        return Err(perr("invalid mbulk count"));
-    }
-    let n = parse_int(&buf[1..end]).ok_or_else(|| perr("invalid multibulk length"))?;
-    if n > limits.max_args as i64 {
-        return Err(perr("invalid multibulk length"));
-    }
-    let mut pos = end + 2;
     if n <= 0 {
         return Ok(Frame::Array { len: pos });
     }
     let n = n as usize;
     ranges.reserve(n);
     for _ in 0..n {
-        if pos >= buf.len() {
-            return Ok(Frame::Incomplete);
-        }
-        if buf[pos] != b'$' {
-            let got = buf[pos];
-            let shown = if got.is_ascii_graphic() {
-                (got as char).to_string()
-            } else {
-                format!("\\x{got:02x}")
-            };
-            return Err(perr(format!("expected '$', got '{shown}'")));
-        }
-        let Some(hend) =
-            find_crlf(buf, pos + 1, MAX_HEADER).map_err(|_| perr("too big bulk count string"))?
-        else {
+        let Some((start, stop)) = parse_bulk(buf, pos, limits)? else {
             return Ok(Frame::Incomplete);
         };
-        if buf.len() < hend + 2 {
-            return Ok(Frame::Incomplete);
-        }
-        if buf[hend + 1] != b'\n' {
-            return Err(perr("invalid bulk length"));
-        }
-        let len = parse_int(&buf[pos + 1..hend]).ok_or_else(|| perr("invalid bulk length"))?;
-        if len < 0 || len as usize > limits.max_bulk {
-            return Err(perr("invalid bulk length"));
-        }
-        let start = hend + 2;
-        let stop = start + len as usize;
-        if buf.len() < stop + 2 {
-            return Ok(Frame::Incomplete);
-        }
-        if &buf[stop..stop + 2] != b"\r\n" {
-            return Err(perr("bulk string not terminated by CRLF"));
-        }
         ranges.push((start, stop));
         pos = stop + 2;
     }
@@ -200,6 +155,74 @@ pub fn parse_frame(
         .windows(2)
         .all(|w| w[0].0 <= w[0].1 && w[0].1 + 2 < w[1].0));
     Ok(Frame::Array { len: pos })
+}
+
+/// The `*<n>\r\n` header at the front of `buf`: the argument count and where the first
+/// argument begins; `None` while incomplete.
+#[inline]
+fn parse_count(buf: &[u8], limits: &Limits) -> Result<Option<(i64, usize)>, ProtocolError> {
+    let Some(end) =
+        find_crlf(buf, 1, MAX_HEADER).map_err(|_| perr("too big mbulk count string"))?
+    else {
+        return Ok(None);
+    };
+    if buf.len() < end + 2 {
+        return Ok(None);
+    }
+    if buf[end + 1] != b'\n' {
+        return Err(perr("invalid mbulk count"));
+    }
+    let n = parse_int(&buf[1..end]).ok_or_else(|| perr("invalid multibulk length"))?;
+    if n > limits.max_args as i64 {
+        return Err(perr("invalid multibulk length"));
+    }
+    Ok(Some((n, end + 2)))
+}
+
+/// The bulk string `$<len>\r\n<bytes>\r\n` at `pos`: the range of its bytes; `None`
+/// while incomplete.
+#[inline]
+fn parse_bulk(
+    buf: &[u8],
+    pos: usize,
+    limits: &Limits,
+) -> Result<Option<(usize, usize)>, ProtocolError> {
+    if pos >= buf.len() {
+        return Ok(None);
+    }
+    if buf[pos] != b'$' {
+        let got = buf[pos];
+        let shown = if got.is_ascii_graphic() {
+            (got as char).to_string()
+        } else {
+            format!("\\x{got:02x}")
+        };
+        return Err(perr(format!("expected '$', got '{shown}'")));
+    }
+    let Some(hend) =
+        find_crlf(buf, pos + 1, MAX_HEADER).map_err(|_| perr("too big bulk count string"))?
+    else {
+        return Ok(None);
+    };
+    if buf.len() < hend + 2 {
+        return Ok(None);
+    }
+    if buf[hend + 1] != b'\n' {
+        return Err(perr("invalid bulk length"));
+    }
+    let len = parse_int(&buf[pos + 1..hend]).ok_or_else(|| perr("invalid bulk length"))?;
+    if len < 0 || len as usize > limits.max_bulk {
+        return Err(perr("invalid bulk length"));
+    }
+    let start = hend + 2;
+    let stop = start + len as usize;
+    if buf.len() < stop + 2 {
+        return Ok(None);
+    }
+    if &buf[stop..stop + 2] != b"\r\n" {
+        return Err(perr("bulk string not terminated by CRLF"));
+    }
+    Ok(Some((start, stop)))
 }
 
 /// [`parse_command`] into a caller-owned vector (cleared first): the arguments as

@@ -24,10 +24,11 @@ use super::state_machine::StateMachine;
 use super::{authority, network, NodeId, NodeInfo, Raft};
 use crate::engine::{Engine, Lsn};
 use crate::persist::WalDurability;
-use crate::protocol::Reply;
 use crate::session::{
-    Durability, MemberRole, RaftMember, Replication, RoleView, SentinelAnswer, SentinelError,
-    SentinelMaster, SentinelPeer, SentinelQuery, SentinelReplica,
+    Durability, FollowerProgress, LeaderProgress, MemberRole, PeerLink, RaftChange,
+    RaftChangeFuture, RaftError, RaftMember, Replication, ReplicationInfo, ReplicationLink,
+    RoleView, SentinelAnswer, SentinelError, SentinelMaster, SentinelPeer, SentinelQuery,
+    SentinelReplica,
 };
 
 /// Flags of a group member (`--raft-*`).
@@ -352,6 +353,91 @@ where
     }
 }
 
+/// The state machine over `engine` and `dur`, from where the WAL and the Raft log left
+/// off (refused if the WAL is not of this log's history).
+fn state_machine(
+    cfg: &RaftNodeConfig,
+    store: &LogStore,
+    engine: &Arc<Engine>,
+    dur: &Arc<WalDurability>,
+    spec: &Arc<Speculation>,
+    snapshots: &Arc<Snapshots>,
+) -> Result<StateMachine, String> {
+    let wal_last = dur.wal.last_lsn();
+    let (applied, membership) = store.applied_for(wal_last).map_err(|e| {
+        format!("{e}; refusing to start (a node never continues a history it did not come from)")
+    })?;
+    Ok(StateMachine::new(
+        engine.clone(),
+        dur.clone(),
+        spec.clone(),
+        (applied, membership),
+        snapshots.clone(),
+        (store.clone(), cfg.data_dir.clone()),
+    ))
+}
+
+/// openraft's settings from the member's flags.
+fn openraft_config(cfg: &RaftNodeConfig) -> Result<Config, String> {
+    Config {
+        cluster_name: cfg.group_name.clone(),
+        heartbeat_interval: cfg.heartbeat_ms,
+        election_timeout_min: cfg.election_min_ms,
+        election_timeout_max: cfg.election_max_ms,
+        // Our own trigger (`snapshot_loop`): by records, held back by consumer groups.
+        snapshot_policy: SnapshotPolicy::Never,
+        // Entries kept after a snapshot, so a follower a little behind still gets the
+        // log rather than a whole snapshot.
+        max_in_snapshot_log_to_keep: cfg.snapshot_records.min(1000),
+        // openraft cuts an append that takes longer than the heartbeat interval and
+        // sends it again: the payload must stay small enough to make it under load,
+        // or a follower behind by large batches never catches up.
+        max_payload_entries: 16,
+        ..Config::default()
+    }
+    .validate()
+    .map_err(|e| format!("raft settings: {e}"))
+}
+
+/// A client of the peers' network, as openraft's own (routes, TLS, identity).
+fn peer_network(
+    cfg: &RaftNodeConfig,
+    ident: &Arc<Identity>,
+    lease: &Arc<Lease>,
+) -> network::Network {
+    network::Network {
+        routes: Arc::new(cfg.routes.clone()),
+        tls: cfg.tls.clone(),
+        ident: ident.clone(),
+        lease: lease.clone(),
+        mute_after: Duration::from_millis(cfg.election_max_ms),
+    }
+}
+
+/// Listens for the peers on `--raft-listen`, with votes and elections off until the
+/// membership names this storage as a voter: the switch `watch_leadership` opens.
+async fn serve_peers(
+    cfg: &RaftNodeConfig,
+    raft: &Raft,
+    ident: &Arc<Identity>,
+) -> Result<Arc<AtomicBool>, String> {
+    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(|e| format!("bind --raft-listen {}: {e}", cfg.listen))?;
+    // Nobody votes or stands until the membership names this storage as a voter
+    // (`watch_leadership` opens both): a member that lost its state must not.
+    let no_votes = Arc::new(AtomicBool::new(true));
+    raft.runtime_config().elect(false);
+    tokio::spawn(network::serve(
+        listener,
+        raft.clone(),
+        no_votes.clone(),
+        ident.clone(),
+        cfg.tls.clone(),
+    ));
+    Ok(no_votes)
+}
+
 /// Publishes `(channel, message)` on this node's pub/sub hub.
 pub type Publisher = Box<dyn Fn(&[u8], &[u8]) + Send + Sync>;
 
@@ -411,64 +497,15 @@ impl RaftNode {
             store.clone(),
             hooks,
         ));
-        let wal_last = dur.wal.last_lsn();
-        let (applied, membership) = store.applied_for(wal_last).map_err(|e| {
-            format!(
-                "{e}; refusing to start (a node never continues a history it did not come from)"
-            )
-        })?;
-        let sm = StateMachine::new(
-            engine.clone(),
-            dur.clone(),
-            spec.clone(),
-            (applied, membership),
-            snapshots.clone(),
-            (store.clone(), cfg.data_dir.clone()),
-        );
-        let config = Config {
-            cluster_name: cfg.group_name.clone(),
-            heartbeat_interval: cfg.heartbeat_ms,
-            election_timeout_min: cfg.election_min_ms,
-            election_timeout_max: cfg.election_max_ms,
-            // Our own trigger (`snapshot_loop`): by records, held back by consumer groups.
-            snapshot_policy: SnapshotPolicy::Never,
-            // Entries kept after a snapshot, so a follower a little behind still gets the
-            // log rather than a whole snapshot.
-            max_in_snapshot_log_to_keep: cfg.snapshot_records.min(1000),
-            // openraft cuts an append that takes longer than the heartbeat interval and
-            // sends it again: the payload must stay small enough to make it under load,
-            // or a follower behind by large batches never catches up.
-            max_payload_entries: 16,
-            ..Config::default()
-        }
-        .validate()
-        .map_err(|e| format!("raft settings: {e}"))?;
+        let sm = state_machine(&cfg, &store, &engine, &dur, &spec, &snapshots)?;
+        let config = openraft_config(&cfg)?;
         let ident = prepared.ident;
         let lease = Arc::new(Lease::default());
-        let net = network::Network {
-            routes: Arc::new(cfg.routes.clone()),
-            tls: cfg.tls.clone(),
-            ident: ident.clone(),
-            lease: lease.clone(),
-            mute_after: Duration::from_millis(cfg.election_max_ms),
-        };
+        let net = peer_network(&cfg, &ident, &lease);
         let raft = Raft::new(cfg.id, Arc::new(config), net.clone(), store.clone(), sm)
             .await
             .map_err(|e| format!("raft: {e}"))?;
-        let listener = tokio::net::TcpListener::bind(&cfg.listen)
-            .await
-            .map_err(|e| format!("bind --raft-listen {}: {e}", cfg.listen))?;
-        // Nobody votes or stands until the membership names this storage as a voter
-        // (`watch_leadership` opens both): a member that lost its state must not.
-        let no_votes = Arc::new(AtomicBool::new(true));
-        raft.runtime_config().elect(false);
-        tokio::spawn(network::serve(
-            listener,
-            raft.clone(),
-            no_votes.clone(),
-            ident.clone(),
-            cfg.tls.clone(),
-        ));
+        let no_votes = serve_peers(&cfg, &raft, &ident).await?;
         if prepared.forming {
             tokio::spawn(form_group(
                 raft.clone(),
@@ -814,120 +851,122 @@ impl RaftNode {
         })
     }
 
-    fn info_lines(&self) -> String {
+    /// INFO's `# Replication` facts.
+    fn info_data(&self) -> ReplicationInfo {
         let m = self.metrics.borrow().clone();
         let snap = self.store.snapshot();
-        let role = if self.spec.writable() && self.acts_as_leader() {
-            "master"
-        } else {
-            "slave"
-        };
-        let state = format!("{:?}", m.state).to_ascii_lowercase();
-        let mut s = format!(
-            "# Replication\r\nrole:{role}\r\nraft_node_id:{}\r\nraft_state:{state}\r\nraft_term:{}\r\nraft_leader_id:{}\r\nraft_last_log_index:{}\r\nraft_last_applied_index:{}\r\nraft_log_entries:{}\r\nraft_voters:{}\r\nraft_lease_held:{}\r\nraft_in_flight_records:{}\r\nraft_committed_lsn:{}\r\nraft_snapshot_index:{}\r\nraft_snapshot_lsn:{}\r\n",
-            self.id,
-            m.current_term,
-            // The leader discovery names (none a follower has stopped hearing).
-            self.leader().map_or("-".into(), |(l, _)| l.to_string()),
-            m.last_log_index.unwrap_or(0),
-            m.last_applied.map_or(0, |l| l.index),
-            self.store.entry_count(),
-            self.voters().len(),
-            u8::from(self.spec.writable() && self.lease_held()),
-            self.spec.in_flight(),
-            self.spec.committed_lsn(),
-            snap.as_ref()
+        // The leader discovery names (none a follower has stopped hearing).
+        let leader = self.leader();
+        ReplicationInfo {
+            master: self.spec.writable() && self.acts_as_leader(),
+            node_id: self.id,
+            state: format!("{:?}", m.state).to_ascii_lowercase(),
+            term: m.current_term,
+            leader_id: leader.as_ref().map(|(l, _)| *l),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            last_applied_index: m.last_applied.map_or(0, |l| l.index),
+            log_entries: self.store.entry_count(),
+            voters: self.voters().len(),
+            lease_held: self.spec.writable() && self.lease_held(),
+            in_flight_records: self.spec.in_flight(),
+            committed_lsn: self.spec.committed_lsn(),
+            snapshot_index: snap
+                .as_ref()
                 .and_then(|s| s.meta.last_log_id)
                 .map_or(0, |l| l.index),
-            snap.as_ref().map_or(0, |s| s.lsn),
-        );
-        s.push_str(&format!(
-            "raft_group:{}\r\nraft_followers_caught_up:{}\r\n",
-            self.cfg.group_name,
-            followers_caught_up(&m, self.id),
-        ));
-        // Whether this storage is the one the group admitted as a voter: 0 on a member
-        // that lost its state and waits to be re-admitted (RAFT.READMIT).
-        s.push_str(&format!(
-            "raft_group_id:{}\r\nraft_incarnation:{:016x}\r\nraft_voting:{}\r\n",
-            self.ident
-                .group()
-                .map_or("-".into(), |g| format!("{g:016x}")),
-            self.ident.incarnation,
-            u8::from(admitted(&m, self.id, self.ident.incarnation)),
-        ));
-        let leader_addr = self.leader().map_or("-".into(), |(_, n)| n.client_addr);
-        s.push_str(&format!("raft_leader_addr:{leader_addr}\r\n"));
-        for (id, _) in self.nodes().into_iter().filter(|(i, _)| *i != self.id) {
-            let (up, connects, refused) = network::peer_stats(id);
-            let up = up.map_or("-", |u| if u { "1" } else { "0" });
-            s.push_str(&format!(
-                "raft_peer_{id}:up={up},connects={connects},refused={refused}\r\n"
-            ));
+            snapshot_lsn: snap.as_ref().map_or(0, |s| s.lsn),
+            group: self.cfg.group_name.clone(),
+            followers_caught_up: followers_caught_up(&m, self.id),
+            group_id: self.ident.group(),
+            incarnation: self.ident.incarnation,
+            // Whether this storage is the one the group admitted as a voter: false on a
+            // member that lost its state and waits to be re-admitted (RAFT.READMIT).
+            voting: admitted(&m, self.id, self.ident.incarnation),
+            leader_addr: leader.as_ref().map(|(_, n)| n.client_addr.clone()),
+            peers: self.peer_links(),
+            // Only a leader knows the followers' positions and the group's commit point.
+            progress: (m.state == ServerState::Leader).then(|| self.leader_progress(&m)),
+            link: self.link(leader),
         }
-        // Only a leader knows the followers' positions and the group's commit point.
-        if m.state == ServerState::Leader {
-            let last = m.last_log_index.unwrap_or(0);
-            let matched = |id: NodeId| {
-                m.replication
-                    .as_ref()
-                    .and_then(|r| r.get(&id).copied().flatten())
-                    .map_or(0, |l| l.index)
-            };
-            let voters = self.voters();
-            s.push_str(&format!(
-                "raft_commit_index:{}\r\nraft_millis_since_quorum_ack:{}\r\n",
-                quorum_index(
-                    voters
-                        .iter()
-                        .map(|&v| if v == self.id { last } else { matched(v) })
-                ),
-                // The lease's own count (dated by the sends acknowledged), which the
-                // gates use, rather than openraft's report.
-                self.lease
-                    .age_ms(m.current_term, Instant::now())
-                    .map_or("-".into(), |v| v.to_string()),
-            ));
-            let followers = self.nodes().into_iter().filter(|(i, _)| *i != self.id);
-            for (i, (id, n)) in followers.enumerate() {
+    }
+
+    /// The links to the other members.
+    fn peer_links(&self) -> Vec<PeerLink> {
+        self.nodes()
+            .into_iter()
+            .filter(|(i, _)| *i != self.id)
+            .map(|(id, _)| {
+                let (up, connects, refused) = network::peer_stats(id);
+                PeerLink {
+                    id,
+                    up,
+                    connects,
+                    refused,
+                }
+            })
+            .collect()
+    }
+
+    /// On a leader: the group's commit point and the followers' positions.
+    fn leader_progress(&self, m: &openraft::RaftMetrics<NodeId, NodeInfo>) -> LeaderProgress {
+        let last = m.last_log_index.unwrap_or(0);
+        let matched = |id: NodeId| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(&id).copied().flatten())
+                .map_or(0, |l| l.index)
+        };
+        let voters = self.voters();
+        let commit_index =
+            quorum_index(
+                voters
+                    .iter()
+                    .map(|&v| if v == self.id { last } else { matched(v) }),
+            );
+        let followers = self
+            .nodes()
+            .into_iter()
+            .filter(|(i, _)| *i != self.id)
+            .map(|(id, n)| {
                 let at = matched(id);
-                s.push_str(&format!(
-                    "raft_follower_{i}:id={id},addr={},voter={},matched={at},lag={}\r\n",
-                    n.client_addr,
-                    u8::from(voters.contains(&id)),
-                    last.saturating_sub(at),
-                ));
-            }
+                FollowerProgress {
+                    id,
+                    addr: n.client_addr,
+                    voter: voters.contains(&id),
+                    matched: at,
+                    lag: last.saturating_sub(at),
+                }
+            })
+            .collect();
+        LeaderProgress {
+            commit_index,
+            // The lease's own count (dated by the sends acknowledged), which the gates
+            // use, rather than openraft's report.
+            millis_since_quorum_ack: self.lease.age_ms(m.current_term, Instant::now()),
+            followers,
         }
-        match self.leader() {
-            Some((id, n)) if id != self.id => {
-                let (h, p) = split_addr(&n.client_addr);
-                s.push_str(&format!(
-                    "master_host:{h}\r\nmaster_port:{p}\r\nmaster_link_status:up\r\nslave_repl_offset:{}\r\n",
-                    self.dur.wal.last_lsn()
-                ));
-            }
+    }
+
+    /// Redis's view of this member: the master it follows, or its replicas.
+    fn link(&self, leader: Option<(NodeId, NodeInfo)>) -> ReplicationLink {
+        match leader {
+            Some((id, n)) if id != self.id => ReplicationLink::Following {
+                leader: split_addr(&n.client_addr),
+                offset: self.dur.wal.last_lsn(),
+            },
             // No leader to name (this member included): a replica whose link is down.
-            None => s.push_str(&format!(
-                "master_host:?\r\nmaster_port:0\r\nmaster_link_status:down\r\nslave_repl_offset:{}\r\n",
-                self.dur.wal.last_lsn()
-            )),
-            Some(_) => {
-                let others: Vec<_> = self
+            None => ReplicationLink::NoLeader {
+                offset: self.dur.wal.last_lsn(),
+            },
+            Some(_) => ReplicationLink::Leading {
+                replicas: self
                     .nodes()
                     .into_iter()
                     .filter(|(i, _)| *i != self.id)
-                    .collect();
-                s.push_str(&format!("connected_slaves:{}\r\n", others.len()));
-                for (i, (_, n)) in others.iter().enumerate() {
-                    let (h, p) = split_addr(&n.client_addr);
-                    s.push_str(&format!(
-                        "slave{i}:ip={h},port={p},state=online,offset=0,lag=0\r\n"
-                    ));
-                }
-            }
+                    .map(|(_, n)| split_addr(&n.client_addr))
+                    .collect(),
+            },
         }
-        s
     }
 
     /// `SENTINEL ...`: the discovery commands Sentinel-aware clients send, answered from
@@ -1100,77 +1139,52 @@ impl RaftNode {
     }
 
     /// `RAFT.ADD`, `RAFT.REMOVE`, `RAFT.READMIT`: membership changes.
-    fn raft_command(
-        &self,
-        sub: &str,
-        args: &[&[u8]],
-    ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
-        let raft = self.raft.clone();
-        match sub {
-            "raft.add" => self.add_member(args),
-            "raft.readmit" => self.readmit(args),
-            "raft.remove" => {
-                let [id] = args else {
-                    return Err(Reply::err("ERR usage: RAFT.REMOVE id"));
-                };
-                let id: NodeId = std::str::from_utf8(id)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| {
-                        Reply::err("ERR RAFT.REMOVE: the node id must be a positive integer")
-                    })?;
-                let mut voters = self.voters();
-                if !voters.remove(&id) {
-                    return Err(Reply::err(format!(
-                        "ERR node {id} is not a voter of this group"
-                    )));
-                }
-                if voters.is_empty() {
-                    return Err(Reply::err("ERR cannot remove the last voter"));
-                }
-                Ok(Box::pin(async move {
-                    match raft.change_membership(voters, false).await {
-                        Ok(_) => Reply::Simple("OK"),
-                        Err(e) => Reply::err(format!("ERR removing node {id}: {e}")),
-                    }
-                }))
-            }
-            _ => Err(Reply::err(format!("ERR unknown command '{sub}'"))),
+    fn raft_command(&self, change: RaftChange) -> Result<RaftChangeFuture, RaftError> {
+        match change {
+            RaftChange::Add {
+                id,
+                client_addr,
+                raft_addr,
+            } => self.add_member(&format!("{id}={client_addr}/{raft_addr}")),
+            RaftChange::Readmit(id) => self.readmit(id),
+            RaftChange::Remove(id) => self.remove_voter(id),
         }
+    }
+
+    /// `RAFT.REMOVE id`: takes a voter out of the membership.
+    fn remove_voter(&self, id: NodeId) -> Result<RaftChangeFuture, RaftError> {
+        let mut voters = self.voters();
+        if !voters.remove(&id) {
+            return Err(RaftError::NotVoter(id));
+        }
+        if voters.is_empty() {
+            return Err(RaftError::LastVoter);
+        }
+        let raft = self.raft.clone();
+        Ok(Box::pin(async move {
+            raft.change_membership(voters, false)
+                .await
+                .map(|_| ())
+                .map_err(|e| RaftError::Remove {
+                    id,
+                    why: e.to_string(),
+                })
+        }))
     }
 }
 
 impl RaftNode {
     /// A client of the peers' network, as openraft's own (routes, TLS, identity).
     fn net(&self) -> network::Network {
-        network::Network {
-            routes: Arc::new(self.cfg.routes.clone()),
-            tls: self.cfg.tls.clone(),
-            ident: self.ident.clone(),
-            lease: self.lease.clone(),
-            mute_after: Duration::from_millis(self.cfg.election_max_ms),
-        }
+        peer_network(&self.cfg, &self.ident, &self.lease)
     }
 
-    /// `RAFT.ADD id client-addr raft-addr`: asks the member for its storage's
-    /// incarnation, adds it as a learner under it, then makes it a voter once caught up.
-    fn add_member(
-        &self,
-        args: &[&[u8]],
-    ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
+    /// `RAFT.ADD id client-addr raft-addr` (`spec` is `ID=CLIENT/RAFT`): asks the member
+    /// for its storage's incarnation, adds it as a learner under it, then makes it a
+    /// voter once caught up.
+    fn add_member(&self, spec: &str) -> Result<RaftChangeFuture, RaftError> {
         let raft = self.raft.clone();
-        let [id, client, raft_addr] = args else {
-            return Err(Reply::err(
-                "ERR usage: RAFT.ADD id client-host:port raft-host:port",
-            ));
-        };
-        let spec = format!(
-            "{}={}/{}",
-            String::from_utf8_lossy(id),
-            String::from_utf8_lossy(client),
-            String::from_utf8_lossy(raft_addr)
-        );
-        let (id, info) = super::parse_peer(&spec).map_err(|e| Reply::err(format!("ERR {e}")))?;
+        let (id, info) = super::parse_peer(spec).map_err(RaftError::BadPeer)?;
         let known = self
             .nodes()
             .into_iter()
@@ -1178,16 +1192,11 @@ impl RaftNode {
             .map(|(_, n)| n.incarnation);
         let (net, group) = (self.net(), self.ident.group());
         Ok(Box::pin(async move {
-            let info = match ask_incarnation(net, group, id, info).await {
-                Ok(info) => info,
-                Err(e) => return e,
-            };
+            let info = ask_incarnation(net, group, id, info).await?;
             // The same storage again (a RAFT.ADD cut short, retried) goes on; a
             // new one under a member's id is a re-admission, never implied.
             if known.is_some_and(|k| k != info.incarnation) {
-                return Reply::err(format!(
-                    "ERR node {id} is a member under another storage incarnation: it lost its state; bring it back with RAFT.READMIT {id}"
-                ));
+                return Err(RaftError::OtherIncarnation(id));
             }
             add_voter(&raft, id, info).await
         }))
@@ -1198,45 +1207,23 @@ impl RaftNode {
     /// incarnation, takes it out of the membership (so its old entry stops counting
     /// toward any majority), adds it as a learner under the new incarnation, waits until
     /// it has caught up, and makes it a voter again.
-    fn readmit(
-        &self,
-        args: &[&[u8]],
-    ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
-        let [id] = args else {
-            return Err(Reply::err("ERR usage: RAFT.READMIT id"));
-        };
-        let id: NodeId = std::str::from_utf8(id)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .filter(|i| *i > 0)
-            .ok_or_else(|| {
-                Reply::err("ERR RAFT.READMIT: the node id must be a positive integer")
-            })?;
+    fn readmit(&self, id: NodeId) -> Result<RaftChangeFuture, RaftError> {
         let Some((_, known)) = self.nodes().into_iter().find(|(i, _)| *i == id) else {
-            return Err(Reply::err(format!(
-                "ERR node {id} is not a member of this group; add it with RAFT.ADD"
-            )));
+            return Err(RaftError::UnknownMember(id));
         };
         if id == self.id {
-            return Err(Reply::err(
-                "ERR RAFT.READMIT: send it to the leader, about another member",
-            ));
+            return Err(RaftError::ReadmitSelf);
         }
         let (net, group, raft) = (self.net(), self.ident.group(), self.raft.clone());
         Ok(Box::pin(async move {
-            let fresh = match ask_incarnation(net, group, id, known.clone()).await {
-                Ok(f) => f,
-                Err(e) => return e,
-            };
+            let fresh = ask_incarnation(net, group, id, known.clone()).await?;
             if fresh.incarnation == known.incarnation {
-                return Reply::err(format!(
-                    "ERR node {id} still runs on the storage the group admitted (incarnation {:016x}): nothing to re-admit",
-                    known.incarnation
-                ));
+                return Err(RaftError::SameIncarnation {
+                    id,
+                    incarnation: known.incarnation,
+                });
             }
-            if let Err(e) = remove_node(&raft, id).await {
-                return e;
-            }
+            remove_node(&raft, id).await?;
             add_voter(&raft, id, fresh).await
         }))
     }
@@ -1249,18 +1236,16 @@ async fn ask_incarnation(
     group: Option<u64>,
     id: NodeId,
     info: NodeInfo,
-) -> Result<NodeInfo, Reply> {
-    let h = network::hello(net, id, &info).await.map_err(|e| {
-        Reply::err(format!(
-            "ERR asking node {id} at {} who it is: {e} (is it running?)",
-            info.raft_addr
-        ))
-    })?;
+) -> Result<NodeInfo, RaftError> {
+    let h = network::hello(net, id, &info)
+        .await
+        .map_err(|e| RaftError::Unreachable {
+            id,
+            addr: info.raft_addr.clone(),
+            why: e.to_string(),
+        })?;
     if h.group != 0 && Some(h.group) != group {
-        return Err(Reply::err(format!(
-            "ERR node {id} belongs to another group ({:016x})",
-            h.group
-        )));
+        return Err(RaftError::OtherGroup { id, group: h.group });
     }
     Ok(NodeInfo {
         incarnation: h.incarnation,
@@ -1269,17 +1254,11 @@ async fn ask_incarnation(
 }
 
 /// Takes `id` out of the membership altogether, voter or learner.
-async fn remove_node(raft: &Raft, id: NodeId) -> Result<(), Reply> {
-    let mut voters: BTreeSet<NodeId> = raft
-        .metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .voter_ids()
-        .collect();
+async fn remove_node(raft: &Raft, id: NodeId) -> Result<(), RaftError> {
+    let mut voters = voter_ids(raft);
     let r = if voters.remove(&id) {
         if voters.is_empty() {
-            return Err(Reply::err("ERR cannot remove the last voter"));
+            return Err(RaftError::LastVoter);
         }
         raft.change_membership(voters, false).await
     } else {
@@ -1287,28 +1266,40 @@ async fn remove_node(raft: &Raft, id: NodeId) -> Result<(), Reply> {
         raft.change_membership(openraft::ChangeMembers::RemoveNodes(gone), false)
             .await
     };
-    r.map(|_| ())
-        .map_err(|e| Reply::err(format!("ERR removing node {id}: {e}")))
+    r.map(|_| ()).map_err(|e| RaftError::Remove {
+        id,
+        why: e.to_string(),
+    })
 }
 
 /// Adds `id` as a learner, waits for it to catch up from the log, then makes it a voter
 /// by joint consensus.
-async fn add_voter(raft: &Raft, id: NodeId, info: NodeInfo) -> Reply {
+async fn add_voter(raft: &Raft, id: NodeId, info: NodeInfo) -> Result<(), RaftError> {
     if let Err(e) = raft.add_learner(id, info, true).await {
-        return Reply::err(format!("ERR adding node {id} as a learner: {e}"));
+        return Err(RaftError::AddLearner {
+            id,
+            why: e.to_string(),
+        });
     }
-    let mut voters: BTreeSet<NodeId> = raft
-        .metrics()
+    let mut voters = voter_ids(raft);
+    voters.insert(id);
+    raft.change_membership(voters, false)
+        .await
+        .map(|_| ())
+        .map_err(|e| RaftError::Promote {
+            id,
+            why: e.to_string(),
+        })
+}
+
+/// The group's voters as the Raft metrics show them now.
+fn voter_ids(raft: &Raft) -> BTreeSet<NodeId> {
+    raft.metrics()
         .borrow()
         .membership_config
         .membership()
         .voter_ids()
-        .collect();
-    voters.insert(id);
-    match raft.change_membership(voters, false).await {
-        Ok(_) => Reply::Simple("OK"),
-        Err(e) => Reply::err(format!("ERR making node {id} a voter: {e}")),
-    }
+        .collect()
 }
 
 /// A leader handing over (Raft's leadership transfer): it stops taking writes, waits
@@ -1507,8 +1498,8 @@ impl Replication for RaftNode {
         !self.spec.writable()
     }
 
-    fn info(&self) -> String {
-        self.info_lines()
+    fn info(&self) -> ReplicationInfo {
+        self.info_data()
     }
 
     fn role(&self) -> RoleView {
@@ -1560,12 +1551,8 @@ impl Replication for RaftNode {
         Some(self.member_rows())
     }
 
-    fn raft(
-        &self,
-        sub: &str,
-        args: &[&[u8]],
-    ) -> Result<Pin<Box<dyn Future<Output = Reply> + Send>>, Reply> {
-        self.raft_command(sub, args)
+    fn raft_change(&self, change: RaftChange) -> Result<RaftChangeFuture, RaftError> {
+        self.raft_command(change)
     }
 }
 

@@ -462,6 +462,26 @@ pub fn draw(f: &mut Frame, s: &Screen) {
     if !s.polled {
         return draw_trouble(f, s);
     }
+    let chunks = Layout::vertical([
+        Constraint::Length(7),
+        Constraint::Min(5),
+        Constraint::Length(6),
+    ])
+    .split(f.area());
+    f.render_widget(Paragraph::new(head_lines(s)), chunks[0]);
+    f.render_widget(sales_table(s), chunks[1]);
+    f.render_widget(
+        Paragraph::new(error_lines(s)).block(
+            Block::default()
+                .borders(Borders::TOP)
+                .title("errors (q quits)"),
+        ),
+        chunks[2],
+    );
+}
+
+/// The head of the screen: the server, latency, sweeper and log, group, ledger, denials.
+fn head_lines(s: &Screen) -> Vec<Line<'static>> {
     let info = &s.info;
     let lag_ms = info
         .sales
@@ -470,12 +490,6 @@ pub fn draw(f: &mut Frame, s: &Screen) {
         .max()
         .unwrap_or(0);
     let expired: i64 = info.sales.iter().map(|x| x.n("expired_pending")).sum();
-    let chunks = Layout::vertical([
-        Constraint::Length(7),
-        Constraint::Min(5),
-        Constraint::Length(6),
-    ])
-    .split(f.area());
     let p99 = s
         .reserve_p99_us
         .map_or("-".to_string(), |v| format!("≤{v}"));
@@ -484,7 +498,7 @@ pub fn draw(f: &mut Frame, s: &Screen) {
         .get("aof_fsync")
         .cloned()
         .unwrap_or_else(|| "-".into());
-    let head = vec![
+    vec![
         Line::from(vec![
             Span::styled(
                 "stockgate top ",
@@ -517,36 +531,12 @@ pub fn draw(f: &mut Frame, s: &Screen) {
         group_line(info),
         ledger_line(info, lag_ms),
         denials_line(&s.denials),
-    ];
-    f.render_widget(Paragraph::new(head), chunks[0]);
-    let rows: Vec<Row> = info
-        .sales
-        .iter()
-        .map(|x| {
-            let (rr, sr) = s.rates.get(&x.sku).copied().unwrap_or((0.0, 0.0));
-            let lag = x.n("oldest_expired_age_ms") as f64 / 1000.0;
-            let style = if lag > 60.0 {
-                Style::default().fg(Color::Red)
-            } else {
-                Style::default()
-            };
-            Row::new(vec![
-                x.sku.clone(),
-                x.state.clone(),
-                bar(x.n("available"), x.n("reserved"), x.n("committed"), 20),
-                x.n("available").to_string(),
-                x.n("reserved").to_string(),
-                x.n("committed").to_string(),
-                x.n("total").to_string(),
-                format!("{rr:.1}"),
-                format!("{sr:.1}"),
-                x.n("reserve_denied").to_string(),
-                x.n("expired_pending").to_string(),
-                format!("{lag:.1}s"),
-            ])
-            .style(style)
-        })
-        .collect();
+    ]
+}
+
+/// The sales table: a row per sale, red where the sweeper lags a minute behind.
+fn sales_table(s: &Screen) -> Table<'static> {
+    let rows: Vec<Row> = s.info.sales.iter().map(|x| sale_row(s, x)).collect();
     let widths = [
         Constraint::Length(18),
         Constraint::Length(7),
@@ -561,7 +551,7 @@ pub fn draw(f: &mut Frame, s: &Screen) {
         Constraint::Length(8),
         Constraint::Length(8),
     ];
-    let table = Table::new(rows, widths)
+    Table::new(rows, widths)
         .header(
             Row::new(vec![
                 "sku",
@@ -579,31 +569,52 @@ pub fn draw(f: &mut Frame, s: &Screen) {
             ])
             .style(Style::default().add_modifier(Modifier::BOLD)),
         )
-        .block(Block::default().borders(Borders::TOP).title("sales"));
-    f.render_widget(table, chunks[1]);
-    let errs: Vec<Line> = if s.error_rates.is_empty() && info.errors.is_empty() {
-        vec![Line::from("no error replies")]
+        .block(Block::default().borders(Borders::TOP).title("sales"))
+}
+
+/// One sale's row of the sales table.
+fn sale_row(s: &Screen, x: &Sale) -> Row<'static> {
+    let (rr, sr) = s.rates.get(&x.sku).copied().unwrap_or((0.0, 0.0));
+    let lag = x.n("oldest_expired_age_ms") as f64 / 1000.0;
+    let style = if lag > 60.0 {
+        Style::default().fg(Color::Red)
     } else {
-        info.errors
-            .iter()
-            .map(|(code, n)| {
-                let r = s
-                    .error_rates
-                    .iter()
-                    .find(|(c, _)| c == code)
-                    .map_or(0.0, |(_, r)| *r);
-                Line::from(format!("{code:<12} {n:>10} total  {r:>8.1}/s"))
-            })
-            .collect()
+        Style::default()
     };
-    f.render_widget(
-        Paragraph::new(errs).block(
-            Block::default()
-                .borders(Borders::TOP)
-                .title("errors (q quits)"),
-        ),
-        chunks[2],
-    );
+    Row::new(vec![
+        x.sku.clone(),
+        x.state.clone(),
+        bar(x.n("available"), x.n("reserved"), x.n("committed"), 20),
+        x.n("available").to_string(),
+        x.n("reserved").to_string(),
+        x.n("committed").to_string(),
+        x.n("total").to_string(),
+        format!("{rr:.1}"),
+        format!("{sr:.1}"),
+        x.n("reserve_denied").to_string(),
+        x.n("expired_pending").to_string(),
+        format!("{lag:.1}s"),
+    ])
+    .style(style)
+}
+
+/// The error replies by code: totals and rates.
+fn error_lines(s: &Screen) -> Vec<Line<'static>> {
+    let info = &s.info;
+    if s.error_rates.is_empty() && info.errors.is_empty() {
+        return vec![Line::from("no error replies")];
+    }
+    info.errors
+        .iter()
+        .map(|(code, n)| {
+            let r = s
+                .error_rates
+                .iter()
+                .find(|(c, _)| c == code)
+                .map_or(0.0, |(_, r)| *r);
+            Line::from(format!("{code:<12} {n:>10} total  {r:>8.1}/s"))
+        })
+        .collect()
 }
 
 /// `key=value` parts of an INFO field's value (`feed_group_0:stream=…,group=…`).

@@ -229,21 +229,7 @@ impl GroupRecord {
                 pending,
                 ..
             } => {
-                put_u64(&mut out, *last);
-                put_u64(&mut out, *scanned);
-                put_u64(&mut out, consumers.len() as u64);
-                for (name, seen, active) in consumers {
-                    put_str(&mut out, name);
-                    put_u64(&mut out, *seen);
-                    put_u64(&mut out, *active);
-                }
-                put_u64(&mut out, pending.len() as u64);
-                for (id, c, at, n) in pending {
-                    put_u64(&mut out, *id);
-                    put_u64(&mut out, *c);
-                    put_u64(&mut out, *at);
-                    put_u64(&mut out, *n);
-                }
+                put_checkpoint(&mut out, (*last, *scanned), consumers, pending);
                 K_GROUP_CHECKPOINT
             }
         };
@@ -307,37 +293,69 @@ impl GroupRecord {
                 retry: r.u64("retry")?.checked_sub(1),
                 dropped: get_ids(&mut r, "dropped")?,
             },
-            _ => {
-                let last = r.u64("last")?;
-                let scanned = r.u64("scanned")?;
-                let nc = r.count("consumers")?;
-                let mut consumers = Vec::with_capacity(nc.min(4096));
-                for _ in 0..nc {
-                    consumers.push((r.string("consumer")?, r.u64("seen")?, r.u64("active")?));
-                }
-                let np = r.count("pending")?;
-                let mut pending = Vec::with_capacity(np.min(1 << 16));
-                for _ in 0..np {
-                    pending.push((
-                        r.u64("id")?,
-                        r.u64("owner")?,
-                        r.u64("delivery")?,
-                        r.u64("count")?,
-                    ));
-                }
-                GroupRecord::Checkpoint {
-                    stream,
-                    group,
-                    last,
-                    scanned,
-                    consumers,
-                    pending,
-                }
-            }
+            _ => get_checkpoint(&mut r, stream, group)?,
         };
         r.finish()?;
         Ok(rec)
     }
+}
+
+/// A checkpoint's body after its key: the group's position, its consumers, its pending
+/// entries.
+fn put_checkpoint(
+    out: &mut Vec<u8>,
+    (last, scanned): (u64, u64),
+    consumers: &[(String, u64, u64)],
+    pending: &[(u64, u64, u64, u64)],
+) {
+    put_u64(out, last);
+    put_u64(out, scanned);
+    put_u64(out, consumers.len() as u64);
+    for (name, seen, active) in consumers {
+        put_str(out, name);
+        put_u64(out, *seen);
+        put_u64(out, *active);
+    }
+    put_u64(out, pending.len() as u64);
+    for (id, c, at, n) in pending {
+        put_u64(out, *id);
+        put_u64(out, *c);
+        put_u64(out, *at);
+        put_u64(out, *n);
+    }
+}
+
+/// Reads what [`put_checkpoint`] wrote.
+fn get_checkpoint(
+    r: &mut Reader<'_>,
+    stream: String,
+    group: String,
+) -> Result<GroupRecord, DecodeError> {
+    let last = r.u64("last")?;
+    let scanned = r.u64("scanned")?;
+    let nc = r.count("consumers")?;
+    let mut consumers = Vec::with_capacity(nc.min(4096));
+    for _ in 0..nc {
+        consumers.push((r.string("consumer")?, r.u64("seen")?, r.u64("active")?));
+    }
+    let np = r.count("pending")?;
+    let mut pending = Vec::with_capacity(np.min(1 << 16));
+    for _ in 0..np {
+        pending.push((
+            r.u64("id")?,
+            r.u64("owner")?,
+            r.u64("delivery")?,
+            r.u64("count")?,
+        ));
+    }
+    Ok(GroupRecord::Checkpoint {
+        stream,
+        group,
+        last,
+        scanned,
+        consumers,
+        pending,
+    })
 }
 
 #[cfg(test)]
