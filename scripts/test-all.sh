@@ -3,7 +3,7 @@
 # what the end-to-end tests talk to: redis-tools/redis-server (redis-cli is a real client
 # under test, redis-server runs the Redis+Lua baseline), PostgreSQL (the ledger tests
 # start a throwaway cluster from its binaries), redis-py, the npm packages of tests/node,
-# and what the operations tests drive (tests/metrics_e2e.rs): prometheus-redis-exporter
+# and what the operations tests drive (tests/ops/metrics_e2e.rs): prometheus-redis-exporter
 # (the real exporter scrapes stockgate), chromium (the status page, headless) and tmux
 # (`stockgate top` in a detached pane), and systemd-analyze (the units in deploy/systemd).
 set -euo pipefail
@@ -16,12 +16,12 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v prometheus-redis-exporter >/dev/null 2>&1 || need+=(prometheus-redis-exporter)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
-# systemd-analyze checks the units in deploy/systemd (tests/deploy_systemd.rs).
+# systemd-analyze checks the units in deploy/systemd (tests/ops/deploy_systemd.rs).
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
-# promtool checks and tests the rules in deploy/prometheus (tests/deploy_prometheus.rs).
+# promtool checks and tests the rules in deploy/prometheus (tests/ops/deploy_prometheus.rs).
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v curl >/dev/null 2>&1 || need+=(curl)
-# openssl (the command) makes the test CA and certificates of tests/ops_tls.rs.
+# openssl (the command) makes the test CA and certificates of tests/ops/ops_tls.rs.
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
@@ -35,9 +35,9 @@ fi
 #   newest: tests/py/requirements.txt, the newest redis-py the package allows, and every
 #           Python tool the tests use; its python3 comes first on PATH for every test;
 #   oldest: tests/py/requirements-oldest.txt, the oldest redis-py it allows, where
-#           tests/python_package.rs runs the package's tests again.
-# The package under test (tests/python_package.rs runs its pytest suite;
-# tests/checkout_scenario.rs runs tests/scenario/run_python.py with it) goes into both
+#           tests/clients/python_package.rs runs the package's tests again.
+# The package under test (tests/clients/python_package.rs runs its pytest suite;
+# tests/ledger/checkout_scenario.rs runs tests/scenario/run_python.py with it) goes into both
 # from this checkout every run, as `pip install` gives it, so the tests see the source.
 py_env() {
   local dir="target/py/$1" lock="$2"
@@ -55,9 +55,9 @@ py_env newest tests/py/requirements.txt
 py_env oldest tests/py/requirements-oldest.txt
 export PATH="$PWD/target/py/newest/bin:$PATH"
 export STOCKGATE_PYTHON_OLDEST="$PWD/target/py/oldest/bin/python"
-# ioredis and node-redis (tests/node_clients.rs), pinned by tests/node/package-lock.json.
+# ioredis and node-redis (tests/clients/node_clients.rs), pinned by tests/node/package-lock.json.
 [ -d tests/node/node_modules ] || npm ci --prefix tests/node --no-audit --no-fund
-# The Node package under test (tests/node_package.rs; tests/checkout_scenario.rs runs
+# The Node package under test (tests/clients/node_package.rs; tests/ledger/checkout_scenario.rs runs
 # tests/scenario/run_node.mjs with it), pinned by its package-lock.json.
 [ -d clients/node/node_modules ] || npm ci --prefix clients/node --no-audit --no-fund
 

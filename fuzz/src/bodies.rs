@@ -1,7 +1,7 @@
 //! Bodies of the fuzz targets, one public function per target, plus the seed corpus.
 //!
 //! Shared by the cargo-fuzz binaries in `fuzz/fuzz_targets/` and by the deterministic test
-//! `tests/fuzz_corpus_replay.rs`, which includes this file with `#[path]` and replays every
+//! `tests/wal/fuzz_corpus_replay.rs`, which includes this file with `#[path]` and replays every
 //! file of `fuzz/corpus/*/` and `fuzz/regressions/*/` through the same functions. So this
 //! file may only use `std`, `bytes`, `openraft`, `serde` and `stockgate_server` (what
 //! both crates have).
@@ -1145,7 +1145,7 @@ fn pipeline(cmds: &[&[&str]]) -> Vec<u8> {
     cmds.iter().flat_map(|c| resp(c)).collect()
 }
 
-/// The seed corpus: `(target, file name, bytes)`. `tests/fuzz_corpus_replay.rs` checks
+/// The seed corpus: `(target, file name, bytes)`. `tests/wal/fuzz_corpus_replay.rs` checks
 /// that `fuzz/corpus/` holds exactly these (and rewrites them when asked to).
 pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut seeds: Vec<(&'static str, String, Vec<u8>)> = Vec::new();

@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -101,20 +101,27 @@ pub struct Member {
     pub child: Option<Child>,
     /// Where this member's later starts append their log (info level), if set.
     pub log_file: Option<PathBuf>,
+    /// A log the test reads itself, file and level, ahead of `RAFT_TEST_LOG_DIR` and
+    /// `RAFT_TEST_LOG` (set by [`Group::start_logged`]).
+    pub own_log: Option<(PathBuf, String)>,
 }
 
 impl Member {
     pub fn spawn(&mut self) {
         // RAFT_TEST_LOG_DIR=dir: each member's log appended to dir/member-<id>.log (at
         // RAFT_TEST_LOG level, default info), kept after the test for a post-mortem;
-        // else `log_file`; else the members log to the test's stderr.
-        let file = std::env::var("RAFT_TEST_LOG_DIR")
-            .ok()
-            .map(|dir| {
-                std::fs::create_dir_all(&dir).expect("RAFT_TEST_LOG_DIR");
-                std::path::Path::new(&dir).join(format!("member-{}.log", self.id))
-            })
-            .or_else(|| self.log_file.clone());
+        // else `log_file`; else the members log to the test's stderr. `own_log` first.
+        let own = self.own_log.clone();
+        let file = match &own {
+            Some((path, _)) => Some(path.clone()),
+            None => std::env::var("RAFT_TEST_LOG_DIR")
+                .ok()
+                .map(|dir| {
+                    std::fs::create_dir_all(&dir).expect("RAFT_TEST_LOG_DIR");
+                    std::path::Path::new(&dir).join(format!("member-{}.log", self.id))
+                })
+                .or_else(|| self.log_file.clone()),
+        };
         let (level, stderr) = match file {
             Some(path) => {
                 let f = std::fs::OpenOptions::new()
@@ -122,8 +129,11 @@ impl Member {
                     .append(true)
                     .open(&path)
                     .expect("member log file");
-                let level =
-                    std::env::var("RAFT_TEST_LOG").unwrap_or_else(|_| "info,openraft=warn".into());
+                let level = match own {
+                    Some((_, level)) => level,
+                    None => std::env::var("RAFT_TEST_LOG")
+                        .unwrap_or_else(|_| "info,openraft=warn".into()),
+                };
                 (level, Stdio::from(f))
             }
             // openraft warns at every refused connection to a killed peer: noise here.
@@ -240,6 +250,17 @@ pub fn strict_conn(port: u16) -> redis::Connection {
 impl Group {
     /// Three members, every link through its own proxy when `proxied`.
     pub fn start(proxied: bool) -> Group {
+        Group::start_with(proxied, None)
+    }
+
+    /// As [`Group::start`], each member logging at `level` to `dir/member-<id>.log` (every
+    /// start of it), whatever `RAFT_TEST_LOG_DIR` says: for a test that reads those logs. (Not
+    /// the variable itself: the other tests of the binary would log there too.)
+    pub fn start_logged(proxied: bool, dir: &Path, level: &str) -> Group {
+        Group::start_with(proxied, Some((dir, level)))
+    }
+
+    fn start_with(proxied: bool, log: Option<(&Path, &str)>) -> Group {
         let dir = TempDir::new("raft");
         let keys = Keys::new();
         let ids = [1u64, 2, 3];
@@ -307,6 +328,8 @@ impl Group {
                 args,
                 child: None,
                 log_file: None,
+                own_log: log
+                    .map(|(dir, level)| (dir.join(format!("member-{id}.log")), level.to_string())),
             });
         }
         for m in &mut members {

@@ -1,5 +1,5 @@
-//! A test CA made with the `openssl` command, for the tests of TLS (tests/ops_tls.rs,
-//! tests/cluster_tls.rs).
+//! A test CA made with the `openssl` command, for the tests of TLS (tests/ops/ops_tls.rs,
+//! tests/cluster/cluster_tls.rs).
 #![allow(dead_code)]
 
 use std::path::Path;

@@ -1,5 +1,5 @@
 // ioredis `Cluster` or node-redis `createCluster`, unmodified, against three stockgate
-// groups in cluster mode (tests/cluster_clients.rs): creates the sales, warms up, then
+// groups in cluster mode (tests/clients/cluster_clients.rs): creates the sales, warms up, then
 // reserves and commits for many users on every sale, the way docs/cluster.md tells each
 // client to send a stockgate command so that it goes to the owning group in one hop:
 // - node-redis: `cluster.sendCommand(sku, isReadonly, args)` (its first argument is the

@@ -1,6 +1,6 @@
 // ioredis `Cluster` or node-redis `createCluster`, unmodified and in their default
 // settings, buying while `stockgate-sweeper move-slots` moves the sales' slots to another
-// group (tests/cluster_move.rs). Commands are sent the way docs/cluster.md "Per client"
+// group (tests/cluster/cluster_move.rs). Commands are sent the way docs/cluster.md "Per client"
 // says: node-redis `cluster.sendCommand(sku, false, args)`, ioredis a `Command` given the
 // sku's slot.
 //

@@ -1,5 +1,5 @@
 // The Node package `stockgate` (clients/node, from its source) in cluster mode
-// (tests/cluster_packages.rs).
+// (tests/clients/cluster_packages.rs).
 //
 // Usage:
 //   node package_cluster.mjs buy SEED SECRET_FILE SKUS(a,b,..) DURATION_S PARTS(a,b,c)

@@ -1,5 +1,5 @@
 """redis-py `RedisCluster`, unmodified, against three stockgate groups in cluster mode
-(tests/cluster_clients.rs), in RESP2 and RESP3: creates the sales, warms up, then
+(tests/clients/cluster_clients.rs), in RESP2 and RESP3: creates the sales, warms up, then
 reserves and commits for many users on every sale with plain `execute_command`.
 redis-py finds a command's key from the server's `COMMAND` reply (position 1 for every
 keyed stockgate command), so each request goes to the owning group at once. Keyless

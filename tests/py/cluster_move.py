@@ -1,5 +1,5 @@
 """redis-py `RedisCluster`, unmodified, buying while `stockgate-sweeper move-slots` moves
-the sales' slots to another group (tests/cluster_move.rs): reserves one unit for a new
+the sales' slots to another group (tests/cluster/cluster_move.rs): reserves one unit for a new
 user at a time, round robin over the skus, commits every other hold, for DURATION
 seconds. redis-py follows -ASK and retries -TRYAGAIN itself; what it gives up on (its
 request TTL) is sent again with the same request id, so each request reserves once.
@@ -7,7 +7,7 @@ request TTL) is sent again with the same request id, so each request reserves on
 Usage: cluster_move.py PORT SECRET_FILE SKUS(a,b,..) DURATION. Prints `ACK <token>
 <0|1>` per acknowledged hold (1: its COMMIT was acknowledged), `RETRIED <n>` and
 `buyer ok`. Over TLS when SG_TLS_CA names the CA file (with SG_TLS_CERT and SG_TLS_KEY,
-the client certificate, when set; tests/cluster_tls.rs)."""
+the client certificate, when set; tests/cluster/cluster_tls.rs)."""
 import base64
 import hashlib
 import hmac

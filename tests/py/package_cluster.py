@@ -1,4 +1,4 @@
-"""The Python package `stockgate` in cluster mode (tests/cluster_packages.rs): ONE
+"""The Python package `stockgate` in cluster mode (tests/clients/cluster_packages.rs): ONE
 `Client.cluster` (sync) or `AsyncClient.cluster` (asyncio) given one seed address buys on
 sales owned by different groups while `stockgate-sweeper move-slots` moves one sale's slot
 to another group. Reserves one unit for a new user at a time, round robin over the skus,

@@ -1,4 +1,4 @@
-"""The Python package's checkout across a slot move (tests/cluster_packages.rs).
+"""The Python package's checkout across a slot move (tests/clients/cluster_packages.rs).
 
 Usage: package_cluster_pay.py hold ADDR SECRET_FILE DATABASE_URL SKU USER
          reserves and records a hold through a single-address client; prints `TOKEN <t>`;

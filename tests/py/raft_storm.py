@@ -1,5 +1,5 @@
 """A storm of checkout clients through a Raft group's Sentinel interface
-(tests/raft_clients.rs).
+(tests/clients/raft_clients.rs).
 
 argv: <unused port> <dir with the secret> <member ports, comma separated> <group name>
       <sku> <seconds> <workers> <out.json>

@@ -1,6 +1,6 @@
 // The shared checkout scenario (tests/scenario/checkout.json) through the Node package
 // (clients/node: Stockgate + Checkout), printing its summary as one line `SUMMARY <json>`;
-// tests/checkout_scenario.rs runs it beside the Rust and Python runners and compares the
+// tests/ledger/checkout_scenario.rs runs it beside the Rust and Python runners and compares the
 // summaries. The steps are those of run_python.py (see there).
 //
 // Environment: STOCKGATE_ADDR, STOCKGATE_SECRET_FILE, STOCKGATE_DATABASE_URL,

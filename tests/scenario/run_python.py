@@ -1,6 +1,6 @@
 """The shared checkout scenario (tests/scenario/checkout.json) through the Python package
 (`stockgate`: AsyncClient + AsyncCheckout), printing its summary as one line
-`SUMMARY <json>`; tests/checkout_scenario.rs runs it beside the Rust and Node runners
+`SUMMARY <json>`; tests/ledger/checkout_scenario.rs runs it beside the Rust and Node runners
 and compares the summaries. The steps, the same in every runner:
 
 1. every buyer reserves its qty, concurrently (a SOLDOUT while STOCK is positive is asked

@@ -1,5 +1,5 @@
 // The harness contract (/work/spec/ledger-functions.md, "The harness contract"): what the
-// Rust harness (tests/node_package.rs) gives the package's tests. A test whose environment
+// Rust harness (tests/clients/node_package.rs) gives the package's tests. A test whose environment
 // is missing is skipped with the variable it needs named; the harness always gives it.
 
 import pg from 'pg';
@@ -17,7 +17,7 @@ export const env = {
 /** `false` when every named variable is set, else the reason to skip. */
 export function needs(...names) {
   const missing = names.filter((n) => !process.env[n]);
-  return missing.length === 0 ? false : `needs ${missing.join(', ')} (run by tests/node_package.rs)`;
+  return missing.length === 0 ? false : `needs ${missing.join(', ')} (run by tests/clients/node_package.rs)`;
 }
 
 /** A run-unique suffix, so reruns against one server never meet an earlier sale. */

@@ -2,7 +2,7 @@
 // the Sentinel interface its members answer (service name `stockgate`). Two clients, one
 // with several connections, reserve and commit without pause; once the sale is in flight
 // this test writes the signal file (STOCKGATE_FAILOVER_SIGNAL), the harness
-// (tests/node_package.rs) `kill -9`s the leader, restarts it and writes `<signal>.done`.
+// (tests/clients/node_package.rs) `kill -9`s the leader, restarts it and writes `<signal>.done`.
 //
 // The package finds the new leader and sends every interrupted call again with the same
 // arguments (a RESERVE with the same request id answers REPLAY if its first send took

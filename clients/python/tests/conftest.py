@@ -1,4 +1,4 @@
-"""Fixtures over the environment the CI harness gives (tests/python_package.rs; the
+"""Fixtures over the environment the CI harness gives (tests/clients/python_package.rs; the
 contract is in the shared ledger-functions spec):
 
 STOCKGATE_ADDR, STOCKGATE_SECRET_FILE, STOCKGATE_DATABASE_URL, STOCKGATE_LEDGER_SCHEMA,
@@ -21,7 +21,7 @@ import stockgate
 def env(name: str) -> str:
     v = os.environ.get(name, "")
     if not v:
-        pytest.skip(f"{name} is not set (the CI harness tests/python_package.rs sets it)")
+        pytest.skip(f"{name} is not set (the CI harness tests/clients/python_package.rs sets it)")
     return v
 
 

@@ -1,7 +1,7 @@
 """Error replies read the same on every redis-py the package allows: each reply goes
 through the installed redis-py's own reply parser (what it does to a real ``-CODE text``
 line), then through the package's translation. CI runs this on the oldest and the newest
-redis-py of the declared range (tests/python_package.rs)."""
+redis-py of the declared range (tests/clients/python_package.rs)."""
 
 from __future__ import annotations
 

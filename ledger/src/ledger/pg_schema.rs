@@ -23,7 +23,7 @@ pub const DEFAULT_SCHEMA: &str = "stockgate";
 pub const SCHEMA_ENV: &str = "STOCKGATE_LEDGER_SCHEMA";
 
 /// Every table the migrations create, sqlx's bookkeeping included: what a move from
-/// the old layout takes along. `tests/ledger_schema.rs` checks it against a freshly migrated
+/// the old layout takes along. `tests/ledger/ledger_schema.rs` checks it against a freshly migrated
 /// schema, so a migration that adds a table cannot be forgotten here.
 pub const LEDGER_TABLES: &[&str] = &[
     "_sqlx_migrations",
@@ -43,7 +43,7 @@ pub const LEDGER_VIEWS: &[&str] = &["server_binding"];
 
 /// The functions of `migrations/0006_ledger_functions.sql`,
 /// `migrations/0007_materializer_functions.sql` and `migrations/0008_split_sales.sql` (the ledger's rules, and their helpers): what a move from the old layout takes along besides the trigger functions.
-/// `tests/ledger_schema.rs` checks it against a freshly migrated schema.
+/// `tests/ledger/ledger_schema.rs` checks it against a freshly migrated schema.
 pub const LEDGER_FUNCTIONS: &[&str] = &[
     "stockgate_ms_to_ts",
     "stockgate_check_ms",
