@@ -85,6 +85,11 @@ pub enum Rpc {
         /// The first membership, every member a voter.
         members: BTreeMap<NodeId, NodeInfo>,
     },
+    /// How far this member's log goes: the followers of a leader gone silent stand in
+    /// that order, the furthest first, so that the first to stand is not refused for a
+    /// shorter log (asked only then; a member that does not know this request is asked
+    /// nothing more and taken by its id).
+    Progress,
 }
 
 /// A request with who sends it to whom (see the module's description).
@@ -142,6 +147,8 @@ pub enum RpcReply {
     /// The request was refused before reaching Raft, and why (another group, a storage
     /// the group did not admit, a member that may not vote).
     Refused(String),
+    /// The index of the last entry in this member's log (`None`: an empty log).
+    Progress(Option<u64>),
 }
 
 /// Creates a [`Peer`] per member openraft talks to. `routes` overrides where a peer is
@@ -663,6 +670,14 @@ pub async fn say_hello(peer: &mut Peer, target: NodeId, ttl: Duration) -> io::Re
     }
 }
 
+/// The index of the last entry in `target`'s log (see [`Rpc::Progress`]).
+pub async fn ask_progress(peer: &mut Peer, ttl: Duration) -> io::Result<Option<u64>> {
+    match peer.call(&Rpc::Progress, ttl, false).await? {
+        RpcReply::Progress(last) => Ok(last),
+        _ => Err(io::Error::other("mismatched reply")),
+    }
+}
+
 /// Hands `target` the new group's id and first membership (the bootstrap).
 pub async fn init(
     mut net: Network,
@@ -773,6 +788,7 @@ async fn handle(rpc: Rpc, raft: &Raft, ident: &Identity, no_votes: &AtomicBool) 
         Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
         Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
         // A member not admitted as a voter may not stand.
+        Rpc::Progress => RpcReply::Progress(raft.metrics().borrow().last_log_index),
         Rpc::Elect => RpcReply::Elect(
             !no_votes.load(Ordering::Acquire) && raft.trigger().elect().await.is_ok(),
         ),
@@ -851,7 +867,7 @@ fn admit(
 ) -> Result<(), String> {
     let voting = matches!(env.rpc, Rpc::Vote(_) | Rpc::Elect);
     match &env.rpc {
-        Rpc::Hello | Rpc::Init { .. } => return Ok(()),
+        Rpc::Hello | Rpc::Init { .. } | Rpc::Progress => return Ok(()),
         Rpc::Append(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
         Rpc::Vote(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
         Rpc::Snapshot(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,

@@ -478,6 +478,28 @@ const FOLLOWER_READ: &str = "READONLY this stockgate node is a follower and its 
 const STARTING: &str = "LOADING this stockgate node is catching up with its group";
 const HANDING_OVER: &str = "READONLY this stockgate node is handing its leadership over (SENTINEL FAILOVER); ask SENTINEL get-master-addr-by-name";
 
+/// Elections a follower started itself because its leader went silent (see
+/// `RaftNode::stand_if_leader_gone`): for which leader, in what order, how many.
+#[derive(Default)]
+struct Prompt {
+    leader: Option<NodeId>,
+    /// Who stands first, second, ... (asked once per silent leader).
+    order: Vec<NodeId>,
+    tries: u32,
+    /// The turn (two heartbeats each, counted from when the leader's lease ran out) this
+    /// member last stood in.
+    last_slot: Option<u128>,
+}
+
+impl Prompt {
+    fn reset(&mut self) {
+        *self = Prompt::default();
+    }
+}
+
+/// Prompt elections per silent leader; after these openraft's own timer goes on alone.
+const PROMPT_TRIES: u32 = 3;
+
 impl RaftNode {
     /// Starts Raft on this node: the state machine over `engine` and `dur`, the peers'
     /// listener, the proposer and the leadership watcher. With `--raft-bootstrap` on
@@ -653,6 +675,7 @@ impl RaftNode {
                 .unwrap_or_else(Instant::now)
         };
         let mut reached_since = Some(long_ago());
+        let mut prompt = Prompt::default();
         loop {
             tokio::time::sleep(every).await;
             if self.metrics.borrow().state == ServerState::Leader {
@@ -660,7 +683,8 @@ impl RaftNode {
                 self.give_way_if_unanswered();
                 continue;
             }
-            let (reached, voters) = self.reach(&mut peers, ttl).await;
+            let answered = self.reach(&mut peers, ttl).await;
+            let (reached, voters) = (answered.len(), self.voters().len());
             let in_reach = reached * 2 > voters;
             if !in_reach {
                 reached_since = None;
@@ -668,6 +692,10 @@ impl RaftNode {
                 reached_since = Some(Instant::now());
             }
             let may = reached_since.is_some_and(|t| t.elapsed() >= hold);
+            if may && !self.no_votes.load(Ordering::Acquire) {
+                self.stand_if_leader_gone(&answered, &mut peers, &mut prompt)
+                    .await;
+            }
             if self.in_reach.swap(may, Ordering::AcqRel) != may {
                 let admitted = !self.no_votes.load(Ordering::Acquire);
                 self.raft.runtime_config().elect(admitted && may);
@@ -699,15 +727,119 @@ impl RaftNode {
         }
     }
 
-    /// One round of `Hello`s to the other voters, at once: how many voters answered
-    /// (this member counting), of how many.
+    /// A follower whose leader stopped answering stands as soon as the others may vote
+    /// for it, rather than when openraft's own timer fires. openraft makes a follower wait
+    /// the leader lease (`election_timeout_max`, while the others refuse votes) plus its
+    /// own election timeout before it stands: 900 to 1,200 ms with the defaults. A member
+    /// that neither took an append from its leader for the lease and a half heartbeat nor
+    /// had a `Hello` answered by it may stand then. The followers in reach take turns two
+    /// heartbeats apart, the longest log first (asked once with [`network::ask_progress`];
+    /// by id among equals), so the first to stand is not refused for a shorter log and two
+    /// do not split the vote. A live leader answers `Hello`, so a slow heartbeat alone
+    /// never deposes it.
+    async fn stand_if_leader_gone(
+        &self,
+        answered: &BTreeSet<NodeId>,
+        peers: &mut HashMap<NodeId, network::Peer>,
+        prompt: &mut Prompt,
+    ) {
+        let Some((leader, ago)) = self.silent_leader(answered, prompt) else {
+            return;
+        };
+        let lease = Duration::from_millis(self.cfg.election_max_ms);
+        let beat = Duration::from_millis(self.cfg.heartbeat_ms);
+        let Some(late) = ago.checked_sub(lease + beat / 2) else {
+            return;
+        };
+        if prompt.order.is_empty() {
+            prompt.order = self.standing_order(answered, leader, peers).await;
+        }
+        let n = prompt.order.len().max(1) as u128;
+        let Some(turn) = prompt.order.iter().position(|id| *id == self.id) else {
+            return;
+        };
+        let slot = late.as_millis() / (beat * 2).as_millis().max(1);
+        if slot % n != turn as u128 || prompt.last_slot == Some(slot) {
+            return;
+        }
+        if prompt.tries >= PROMPT_TRIES {
+            return;
+        }
+        prompt.tries += 1;
+        prompt.last_slot = Some(slot);
+        tracing::info!(
+            "raft: leader {leader} silent for {} ms and not answering; standing for election",
+            ago.as_millis()
+        );
+        let raft = self.raft.clone();
+        tokio::spawn(async move {
+            if let Err(e) = raft.trigger().elect().await {
+                tracing::warn!("raft: standing for election: {e}");
+            }
+        });
+    }
+
+    /// The leader this follower last followed, if it neither answered `Hello` nor sent an
+    /// append since, and for how long it has sent none; resets `prompt` when a leader is
+    /// back or another leads.
+    fn silent_leader(
+        &self,
+        answered: &BTreeSet<NodeId>,
+        prompt: &mut Prompt,
+    ) -> Option<(NodeId, Duration)> {
+        let m = self.metrics.borrow().clone();
+        if let Some(l) = m.current_leader.filter(|l| *l != self.id) {
+            if prompt.leader != Some(l) {
+                prompt.reset();
+                prompt.leader = Some(l);
+            }
+        }
+        let leader = prompt.leader?;
+        let other = m.current_leader.is_some_and(|l| l != leader);
+        if answered.contains(&leader) || m.state == ServerState::Leader || other {
+            prompt.reset();
+            return None;
+        }
+        network::heard_from(leader).map(|ago| (leader, ago))
+    }
+
+    /// The followers in reach, the one with the longest log first, then by id (a member
+    /// that does not answer [`network::ask_progress`] counts as having no log).
+    async fn standing_order(
+        &self,
+        answered: &BTreeSet<NodeId>,
+        leader: NodeId,
+        peers: &mut HashMap<NodeId, network::Peer>,
+    ) -> Vec<NodeId> {
+        let ttl = Duration::from_millis(self.cfg.heartbeat_ms);
+        let mut logs: Vec<(Option<u64>, NodeId)> = Vec::new();
+        for &id in answered.iter().filter(|id| **id != leader) {
+            let last = if id == self.id {
+                self.metrics.borrow().last_log_index
+            } else {
+                match peers.get_mut(&id) {
+                    Some(p) => network::ask_progress(p, ttl).await.ok().flatten(),
+                    None => None,
+                }
+            };
+            logs.push((last, id));
+        }
+        logs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        logs.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// One round of `Hello`s to the other voters, at once: the voters that answered
+    /// (this member counting).
     async fn reach(
         &self,
         peers: &mut HashMap<NodeId, network::Peer>,
         ttl: Duration,
-    ) -> (usize, usize) {
+    ) -> BTreeSet<NodeId> {
         let voters = self.voters();
-        let mut reached = usize::from(voters.contains(&self.id));
+        let mut reached = BTreeSet::new();
+        if voters.contains(&self.id) {
+            reached.insert(self.id);
+        }
         let mut calls = tokio::task::JoinSet::new();
         for (id, n) in self.nodes() {
             if id == self.id || !voters.contains(&id) {
@@ -724,11 +856,13 @@ impl RaftNode {
         }
         while let Some(done) = calls.join_next().await {
             if let Ok((id, peer, ok)) = done {
-                reached += usize::from(ok);
+                if ok {
+                    reached.insert(id);
+                }
                 peers.insert(id, peer);
             }
         }
-        (reached, voters.len())
+        reached
     }
 
     fn announce_leader(&self, leader: Option<NodeId>, m: &openraft::RaftMetrics<NodeId, NodeInfo>) {
