@@ -9,6 +9,7 @@ pub mod info;
 pub mod prom;
 pub mod prom_label;
 pub mod prom_raft;
+pub mod replication;
 #[cfg(feature = "tui")]
 pub mod top;
 pub mod view;

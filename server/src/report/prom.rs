@@ -656,9 +656,9 @@ pub fn render(engine: &Engine, shared: &Shared) -> String {
     }
     // The group's families come from the member's INFO replication fields.
     if let Some(repl) = shared.repl.get() {
-        out.push_str(&super::prom_raft::render(
-            &super::info::replication_section(&repl.info()),
-        ));
+        out.push_str(&super::prom_raft::render(&super::replication::section(
+            &repl.info(),
+        )));
     }
     out
 }

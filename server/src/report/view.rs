@@ -239,9 +239,7 @@ pub fn group_view(info: &str) -> Option<GroupView> {
 
 /// The group of this server, if it is a Raft member.
 pub fn group(shared: &Shared) -> Option<GroupView> {
-    group_view(&super::info::replication_section(
-        &shared.repl.get()?.info(),
-    ))
+    group_view(&super::replication::section(&shared.repl.get()?.info()))
 }
 
 /// One consumer group of the order feed: how far its consumers are behind (a
