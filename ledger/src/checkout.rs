@@ -115,6 +115,33 @@ pub struct Checkout<L: Ledger, G: ReservationGate> {
     plain_commit_only: Arc<AtomicBool>,
 }
 
+/// The hold RESERVE took or found, as `(token, expires_at_ms, replay)`; a refusal as its
+/// [`CheckoutError`].
+fn taken_hold(outcome: ReserveOutcome) -> Result<(String, i64, bool), CheckoutError> {
+    match outcome {
+        ReserveOutcome::Reserved {
+            token,
+            expires_at_ms,
+            ..
+        } => Ok((token, expires_at_ms, false)),
+        ReserveOutcome::Replay {
+            token,
+            expires_at_ms,
+            ..
+        } => Ok((token, expires_at_ms, true)),
+        ReserveOutcome::SoldOut => Err(CheckoutError::SoldOut),
+        ReserveOutcome::Limit {
+            live_tokens,
+            limit,
+            held,
+        } => Err(CheckoutError::Limit {
+            live_tokens,
+            limit,
+            held,
+        }),
+    }
+}
+
 impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
     /// A checkout over `ledger` (the record of orders) and `gate` (the server, or an embedded
     /// engine).
@@ -146,48 +173,13 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
         request_id: &str,
         qty: u32,
     ) -> Result<Hold, CheckoutError> {
-        let (token, expires_at_ms, replay) = match self
+        let outcome = self
             .gate
             .reserve(sku, user, admission, request_id, qty)
-            .await?
-        {
-            ReserveOutcome::Reserved {
-                token,
-                expires_at_ms,
-                ..
-            } => (token, expires_at_ms, false),
-            ReserveOutcome::Replay {
-                token,
-                expires_at_ms,
-                ..
-            } => (token, expires_at_ms, true),
-            ReserveOutcome::SoldOut => return Err(CheckoutError::SoldOut),
-            ReserveOutcome::Limit {
-                live_tokens,
-                limit,
-                held,
-            } => {
-                return Err(CheckoutError::Limit {
-                    live_tokens,
-                    limit,
-                    held,
-                })
-            }
-        };
-        // Read the reservation back: a replay's qty and times are the original's, not this
-        // request's; and the server's exact creation time is what identifies this hold
-        // later (see `Ledger::is_hold`), so the ledger records the server's, not ours.
-        let (qty, created_at_ms, expires_at_ms) = match self.gate.reservation(&token).await {
-            Ok(Some(r)) => (r.qty, r.created_at_ms, r.expires_at_ms),
-            Ok(None) => (qty, now_ms(), expires_at_ms),
-            // The hold exists; an approximate creation time only weakens the identity
-            // check to the expiry, which is exact. Do not fail the checkout for it.
-            Err(e) if !replay => {
-                warn!(token = %token, error = %e, "could not read the new reservation back");
-                (qty, now_ms(), expires_at_ms)
-            }
-            Err(e) => return Err(e.into()),
-        };
+            .await?;
+        let (token, expires_at_ms, replay) = taken_hold(outcome)?;
+        let (qty, created_at_ms, expires_at_ms) =
+            self.read_back(&token, replay, qty, expires_at_ms).await?;
         let order = NewOrder {
             token: token.clone(),
             sku: sku.to_string(),
@@ -199,12 +191,7 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
         };
         let m = self.materialize(&order).await?;
         if m == Materialized::AlreadyCommitted && !replay {
-            // The server took stock again for a request that is already paid: it no longer
-            // knew the paid hold (purged by retention, or lost and rebuilt without it), so
-            // this new hold is not the one the payment paid for. Give its units back now
-            // rather than letting it sit until the sweeper finds it.
-            error!(token = %token, sku, user, request_id, "a paid request took a new hold on the server: releasing it");
-            self.gate.release(&token, None).await?;
+            self.release_new_hold_of_paid_request(&order).await?;
         }
         Ok(Hold {
             token,
@@ -216,6 +203,49 @@ impl<L: Ledger, G: ReservationGate> Checkout<L, G> {
             replay,
             already_committed: m == Materialized::AlreadyCommitted,
         })
+    }
+
+    /// The new hold's `(qty, created_at_ms, expires_at_ms)` as the server recorded it. Read
+    /// back: a replay's qty and times are the original's, not this request's; and the
+    /// server's exact creation time is what identifies this hold later (see
+    /// `Ledger::is_hold`), so the ledger records the server's, not ours.
+    async fn read_back(
+        &self,
+        token: &str,
+        replay: bool,
+        qty: u32,
+        expires_at_ms: i64,
+    ) -> Result<(u32, i64, i64), CheckoutError> {
+        match self.gate.reservation(token).await {
+            Ok(Some(r)) => Ok((r.qty, r.created_at_ms, r.expires_at_ms)),
+            Ok(None) => Ok((qty, now_ms(), expires_at_ms)),
+            // The hold exists; an approximate creation time only weakens the identity
+            // check to the expiry, which is exact. Do not fail the checkout for it.
+            Err(e) if !replay => {
+                warn!(token = %token, error = %e, "could not read the new reservation back");
+                Ok((qty, now_ms(), expires_at_ms))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The server took stock again for a request that is already paid: it no longer knew
+    /// the paid hold (purged by retention, or lost and rebuilt without it), so this new
+    /// hold is not the one the payment paid for. Give its units back now rather than
+    /// letting it sit until the sweeper finds it.
+    async fn release_new_hold_of_paid_request(
+        &self,
+        order: &NewOrder,
+    ) -> Result<(), CheckoutError> {
+        let (token, sku, user, request_id) = (
+            order.token.as_str(),
+            order.sku.as_str(),
+            order.user.as_str(),
+            order.request_id.as_str(),
+        );
+        error!(token = %token, sku, user, request_id, "a paid request took a new hold on the server: releasing it");
+        self.gate.release(token, None).await?;
+        Ok(())
     }
 
     /// Materialize alone (for callers that reserve elsewhere). Refused if the token was

@@ -417,8 +417,20 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
         report: &mut PassReport,
     ) -> Result<Option<String>, SweepError> {
         let sku = sale.sku.as_str();
-        // 1. Paid units the server cannot hold: it lost commits (a truncated or old log).
-        //    Purged reservations do not matter here: purge keeps the committed counter.
+        if let Some(why) = self.lost_commits(sku, info).await? {
+            return Ok(Some(why));
+        }
+        if self.cfg.verify_pending {
+            if let Some(why) = self.lost_live_hold(sku).await? {
+                return Ok(Some(why));
+            }
+        }
+        self.check_allocation(sale, info.total, report).await
+    }
+
+    /// Check 1: paid units the server cannot hold: it lost commits (a truncated or old
+    /// log). Purged reservations do not matter here: purge keeps the committed counter.
+    async fn lost_commits(&self, sku: &str, info: &SaleInfo) -> Result<Option<String>, SweepError> {
         let totals = self.ledger.totals(sku).await?;
         if i128::from(totals.committed_units) > i128::from(info.total) {
             return Ok(Some(format!(
@@ -426,71 +438,81 @@ impl<L: Ledger, G: ReservationGate> Sweeper<L, G> {
                 totals.committed_units, info.total
             )));
         }
-        // 2. A hold a payment may still commit, unknown to the server: it was acknowledged
-        //    (materialize follows RESERVE) and then lost. Only live ones: an expired order
-        //    is the sweeper's to cancel, and nothing can be paid for it any more.
-        if self.cfg.verify_pending {
-            let live = self.ledger.live_pending_orders(sku).await?;
-            for chunk in live.chunks(64) {
-                let found = join_all(chunk.iter().map(|o| self.gate.reservation(&o.token))).await;
-                for (o, r) in chunk.iter().zip(found) {
-                    if r?.is_none() {
-                        return Ok(Some(format!(
-                            "live PENDING order {} (expires at {} ms) is unknown to the server: the server lost acknowledged state",
-                            o.token, o.expires_at_ms
-                        )));
-                    }
+        Ok(None)
+    }
+
+    /// Check 2: a hold a payment may still commit, unknown to the server: it was
+    /// acknowledged (materialize follows RESERVE) and then lost. Only live ones: an expired
+    /// order is the sweeper's to cancel, and nothing can be paid for it any more.
+    async fn lost_live_hold(&self, sku: &str) -> Result<Option<String>, SweepError> {
+        let live = self.ledger.live_pending_orders(sku).await?;
+        for chunk in live.chunks(64) {
+            let found = join_all(chunk.iter().map(|o| self.gate.reservation(&o.token))).await;
+            for (o, r) in chunk.iter().zip(found) {
+                if r?.is_none() {
+                    return Ok(Some(format!(
+                        "live PENDING order {} (expires at {} ms) is unknown to the server: the server lost acknowledged state",
+                        o.token, o.expires_at_ms
+                    )));
                 }
             }
         }
-        // 3. The allocation: one truth, the ledger's.
-        let total = info.total;
-        let alloc = i128::from(sale.allocation);
-        if i128::from(total) == alloc {
+        Ok(None)
+    }
+
+    /// Check 3: the allocation, one truth, the ledger's. A server total the ledger's
+    /// unconfirmed adjustments explain is judged by [`Self::missing_adjustments`]; one
+    /// nothing explains by [`unexplained_total`].
+    async fn check_allocation(
+        &self,
+        sale: &SaleRecord,
+        total: i64,
+        report: &mut PassReport,
+    ) -> Result<Option<String>, SweepError> {
+        if i128::from(total) == i128::from(sale.allocation) {
             return Ok(None);
         }
-        let unconfirmed = self.ledger.adjustments(sku, true).await?;
+        let unconfirmed = self.ledger.adjustments(&sale.sku, true).await?;
+        Ok(match explain_total(total, sale.allocation, &unconfirmed) {
+            Some(missing) => self.missing_adjustments(sale, total, &missing, report),
+            None => unexplained_total(sale, total, report),
+        })
+    }
+
+    /// A server total off the allocation by the adjustments `missing`: fine while they are
+    /// all within the grace (in flight); past it, a total above the allocation fences (a
+    /// withdrawal never reached the server) and one below is recorded and logged.
+    fn missing_adjustments(
+        &self,
+        sale: &SaleRecord,
+        total: i64,
+        missing: &[&Adjustment],
+        report: &mut PassReport,
+    ) -> Option<String> {
+        let sku = sale.sku.as_str();
         let now = now_ms();
         let grace = i64::try_from(self.cfg.adjust_grace.as_millis()).unwrap_or(i64::MAX);
-        match explain_total(total, sale.allocation, &unconfirmed) {
-            Some(missing) => {
-                let in_flight = missing
-                    .iter()
-                    .all(|a| now.saturating_sub(a.created_at_ms) <= grace);
-                let ids: Vec<&str> = missing.iter().map(|a| a.id.as_str()).collect();
-                if in_flight {
-                    warn!(sku, server_total = total, ledger_allocation = sale.allocation, adjustments = ?ids,
-                          "server total lags the ledger's allocation by adjustments still in flight");
-                    return Ok(None);
-                }
-                if i128::from(total) > alloc {
-                    return Ok(Some(format!(
-                        "server total {total} exceeds the ledger's allocation {}: withdrawal(s) {ids:?} never reached the server",
-                        sale.allocation
-                    )));
-                }
-                error!(sku, server_total = total, ledger_allocation = sale.allocation, adjustments = ?ids,
-                       "server total is below the ledger's allocation: adjustment(s) never reached the server; re-run `stockgate-sweeper adjust` with the same --id");
-                report
-                    .allocation_mismatch
-                    .push((sku.to_string(), total, sale.allocation));
-                Ok(None)
-            }
-            None => {
-                report
-                    .allocation_mismatch
-                    .push((sku.to_string(), total, sale.allocation));
-                if i128::from(total) > alloc {
-                    return Ok(Some(format!(
-                        "server total {total} exceeds the ledger's allocation {} and no recorded adjustment explains it (SALE.ADJUST run by hand?): it could sell units that do not exist",
-                        sale.allocation
-                    )));
-                }
-                error!(sku, server_total = total, ledger_allocation = sale.allocation,
-                       "server total is below the ledger's allocation and no recorded adjustment explains it (SALE.ADJUST run by hand?); record it with `stockgate-sweeper adjust` or rebuild with --fence");
-                Ok(None)
-            }
+        let in_flight = missing
+            .iter()
+            .all(|a| now.saturating_sub(a.created_at_ms) <= grace);
+        let ids: Vec<&str> = missing.iter().map(|a| a.id.as_str()).collect();
+        if in_flight {
+            warn!(sku, server_total = total, ledger_allocation = sale.allocation, adjustments = ?ids,
+                  "server total lags the ledger's allocation by adjustments still in flight");
+            return None;
         }
+        if i128::from(total) > i128::from(sale.allocation) {
+            return Some(format!(
+                "server total {total} exceeds the ledger's allocation {}: withdrawal(s) {ids:?} never reached the server",
+                sale.allocation
+            ));
+        }
+        error!(sku, server_total = total, ledger_allocation = sale.allocation, adjustments = ?ids,
+               "server total is below the ledger's allocation: adjustment(s) never reached the server; re-run `stockgate-sweeper adjust` with the same --id");
+        report
+            .allocation_mismatch
+            .push((sku.to_string(), total, sale.allocation));
+        None
     }
 
     /// The sales this pass sweeps: those named (each checked to live on this server's
@@ -751,6 +773,25 @@ fn sort_verdicts(
         }
     }
     (to_release, to_commit)
+}
+
+/// A server total off the allocation that no recorded adjustment explains (`SALE.ADJUST`
+/// run by hand?): recorded in `report`; one above the allocation fences (it could sell units
+/// that do not exist), one below is logged.
+fn unexplained_total(sale: &SaleRecord, total: i64, report: &mut PassReport) -> Option<String> {
+    let sku = sale.sku.as_str();
+    report
+        .allocation_mismatch
+        .push((sku.to_string(), total, sale.allocation));
+    if i128::from(total) > i128::from(sale.allocation) {
+        return Some(format!(
+            "server total {total} exceeds the ledger's allocation {} and no recorded adjustment explains it (SALE.ADJUST run by hand?): it could sell units that do not exist",
+            sale.allocation
+        ));
+    }
+    error!(sku, server_total = total, ledger_allocation = sale.allocation,
+           "server total is below the ledger's allocation and no recorded adjustment explains it (SALE.ADJUST run by hand?); record it with `stockgate-sweeper adjust` or rebuild with --fence");
+    None
 }
 
 /// The unconfirmed adjustments whose deltas the server's total lacks, if some subset of

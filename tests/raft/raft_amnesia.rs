@@ -4,29 +4,18 @@
 //! acknowledged holds. Real processes, `kill -9`, real wiped data dirs.
 
 use std::io::Read as _;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::nemesis::{info_text, wait_voting, wipe_and_restart};
 use crate::common::raft::*;
-use crate::common::server_bin;
+use crate::common::{copy_dir, server_bin};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use openraft::Vote;
 use stockgate_server::raft::network::{self, Envelope, Rpc, RpcReply};
 
 const SKU: &str = "AMNESIA";
 const TOTAL: i64 = 100;
-
-/// A field of `INFO replication` on `port`, as text (None when absent).
-fn info_text(port: u16, name: &str) -> Option<String> {
-    let s: String = redis::cmd("INFO")
-        .arg("replication")
-        .query(&mut conn(port))
-        .ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}:")))
-        .map(|v| v.trim().to_owned())
-}
 
 /// `RAFT.MEMBERS` on `port`: id, role, admitted incarnation.
 fn members(port: u16) -> Vec<(u64, String, String)> {
@@ -43,14 +32,6 @@ fn members(port: u16) -> Vec<(u64, String, String)> {
             )
         })
         .collect()
-}
-
-/// `kill -9`, the whole data dir deleted, started again with its usual command line.
-fn wipe_and_restart(g: &mut Group, id: u64) {
-    let m = g.member(id);
-    m.kill9();
-    std::fs::remove_dir_all(&m.dir).expect("wipe the data dir");
-    m.spawn();
 }
 
 /// The member on `port` must not be a voter: by its own account and by the group's
@@ -135,19 +116,6 @@ fn no_leader_without_the_holds(g: &Group, allowed: u64, acked: &[String], within
     }
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for e in std::fs::read_dir(from).expect("read_dir") {
-        let e = e.expect("entry");
-        let target = to.join(e.file_name());
-        if e.file_type().expect("type").is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), &target).expect("copy");
-        }
-    }
-}
-
 fn readmit(leader_port: u16, id: u64) {
     let mut c = conn(leader_port);
     c.set_read_timeout(Some(Duration::from_secs(30)))
@@ -157,14 +125,6 @@ fn readmit(leader_port: u16, id: u64) {
         .query(&mut c)
         .expect("RAFT.READMIT");
     assert_eq!(r, "OK");
-}
-
-fn wait_voting(port: u16, id: u64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while info_text(port, "raft_voting").as_deref() != Some("1") {
-        assert!(Instant::now() < deadline, "member {id} never voted again");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -219,7 +179,7 @@ fn raft_members_started_on_wiped_disks_never_elect_a_leader_without_the_holds() 
 
     // The documented way back for A.
     readmit(g.port(l), a);
-    wait_voting(g.port(a), a);
+    wait_voting(&g, a, "1", Duration::from_secs(20)).expect("member A votes again");
     g.converge(Duration::from_secs(20));
     for t in &acked {
         assert_eq!(
@@ -297,7 +257,7 @@ fn raft_the_bootstrap_member_on_a_wiped_disk_refuses_to_form_a_second_group() {
     let l = g.leader(Some(1), Duration::from_secs(15));
     assert_not_a_voter(&g, 1, Some(g.port(l)));
     readmit(g.port(l), 1);
-    wait_voting(g.port(1), 1);
+    wait_voting(&g, 1, "1", Duration::from_secs(20)).expect("member 1 votes again");
     g.converge(Duration::from_secs(20));
     assert_eq!(state_of(g.port(1), &t).as_deref(), Some("RESERVED"));
 }

@@ -4,76 +4,28 @@
 //! once space is back the member, restarted as systemd would, converges with the others.
 //! Real processes, each member's data dir on its own small tmpfs.
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::nemesis::{
+    fill, onto_tmpfs, quick_conn, reap, role_is_master, Tmpfs, EXIT_STORAGE,
+};
 use crate::common::raft::*;
 use crate::common::TempDir;
 
 const SKU: &str = "FULLDISK";
 const TOTAL: i64 = 1_000_000;
 const WRITERS: usize = 6;
-/// The exit status of a member whose storage failed (docs/operations.md).
-const EXIT_STORAGE: i32 = 75;
 
-/// A tmpfs mounted on a member's data dir, detached again when dropped (also when the
-/// test panics; lazily, as the member may still hold files open).
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    /// Mounts a tmpfs of `size` on `dir`. The test needs it: a failure is the test's
-    /// failure, with the reason (CI runs as root, where tmpfs mounts work).
-    fn mount(dir: &Path, size: &str) -> Tmpfs {
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run mount: {e}"));
-        assert!(
-            out.status.success(),
-            "mount -t tmpfs on {} failed ({}): {}; this test needs to mount a small file system (run as root)",
-            dir.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Tmpfs(dir.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// Moves member `id`'s data dir onto its own tmpfs: stopped, copied, started again.
-fn onto_tmpfs(g: &mut Group, id: u64) -> Tmpfs {
-    let m = g.member(id);
-    m.kill9();
-    let old = m.dir.with_extension("old");
-    std::fs::rename(&m.dir, &old).expect("set the data dir aside");
-    std::fs::create_dir(&m.dir).expect("mount point");
-    let fs = Tmpfs::mount(&m.dir, "32m");
-    crate::common::copy_dir(&old, &m.dir);
-    std::fs::remove_dir_all(&old).expect("remove the old data dir");
-    m.spawn();
-    fs
-}
-
-/// Fills the file system of `dir` up to the last byte: a file written until ENOSPC.
-fn fill(dir: &Path) -> PathBuf {
-    let path = dir.join("filler");
-    let mut f = std::fs::File::create(&path).expect("filler");
-    for chunk in [1 << 20, 4096, 1] {
-        let buf = vec![0xA5u8; chunk];
-        while f.write_all(&buf).is_ok() {}
-    }
-    // Written: tmpfs takes the pages at write time, nothing left for anyone.
-    path
+/// Moves member `id`'s data dir onto its own 32 MiB tmpfs ([`onto_tmpfs`]). The test needs
+/// it: a failure is the test's failure, with the reason (CI runs as root, where tmpfs
+/// mounts work).
+fn onto_own_tmpfs(g: &mut Group, id: u64) -> Tmpfs {
+    onto_tmpfs(g, id, "32m").unwrap_or_else(|e| {
+        panic!("{e}; this test needs to mount a small file system (run as root)")
+    })
 }
 
 /// Writers reserving for distinct users against whoever leads; each returns the
@@ -118,14 +70,10 @@ fn writers(
 /// Whether the member on `port` names itself the master (`ROLE`, or Sentinel discovery
 /// asked of it). A member that does not answer does not.
 fn names_itself(port: u16) -> bool {
-    let Ok(mut c) = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(300)))
-    else {
+    let Some(mut c) = quick_conn(port) else {
         return false;
     };
-    let _ = c.set_read_timeout(Some(Duration::from_millis(500)));
-    let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut c).unwrap_or_default();
-    let master = role.first().map(crate::common::as_str).as_deref() == Some("master");
+    let master = role_is_master(&mut c);
     let named: Option<(String, String)> = redis::cmd("SENTINEL")
         .arg("get-master-addr-by-name")
         .arg("stockgate")
@@ -218,14 +166,6 @@ fn disk_fills(g: &mut Group, logs: &Path, victim: u64, tag: &str) -> Vec<String>
     acked
 }
 
-/// Member `id`'s exit status, if its process ended (it is then no longer running).
-fn reap(g: &mut Group, id: u64) -> Option<i32> {
-    let m = g.member(id);
-    let st = m.child.as_mut().and_then(|c| c.try_wait().ok().flatten())?;
-    m.child = None;
-    Some(st.code().unwrap_or(-1))
-}
-
 #[test]
 fn a_full_disk_stops_the_member_and_it_comes_back_when_space_returns() {
     let logs = TempDir::new("raft-full-disk-logs");
@@ -233,7 +173,7 @@ fn a_full_disk_stops_the_member_and_it_comes_back_when_space_returns() {
     g.leader(None, Duration::from_secs(20));
     let mut mounts = Vec::new();
     for id in [1, 2, 3] {
-        mounts.push(onto_tmpfs(&mut g, id));
+        mounts.push(onto_own_tmpfs(&mut g, id));
         g.leader(None, Duration::from_secs(20));
     }
     let leader = g.leader(None, Duration::from_secs(20));

@@ -21,6 +21,7 @@
 //!   home answers SOLDOUT.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 
 use redis::Value;
 use sqlx::Row;
@@ -777,9 +778,49 @@ pub async fn rebalance(
     if parts.is_empty() {
         return Ok(RebalanceReport::default());
     }
+    let gates = connect_parts(seed, &parts).await?;
+    let pass = PassParts {
+        ledger,
+        parent,
+        parts: &parts,
+        gates: &gates,
+    };
+    let mut report = RebalanceReport {
+        finished: finish_unconfirmed(&pass).await?,
+        ..RebalanceReport::default()
+    };
+    let mut available = parts_available(&pass).await?;
+    if withdraw_from_fullest(&pass, threshold, &mut available, &mut report)
+        .await?
+        .is_break()
+    {
+        return Ok(report);
+    }
+    give_spare(&pass, &head, &available, &mut report).await?;
+    if report.withdrawn.is_some() || report.given.is_some() {
+        info!(parent, %report, "split rebalanced");
+    }
+    Ok(report)
+}
+
+/// What the steps of one [`rebalance`] pass share: the parent, its parts and a connection
+/// to each part's group (in the parts' order).
+struct PassParts<'a> {
+    ledger: &'a PgLedger,
+    parent: &'a str,
+    parts: &'a [SplitPart],
+    gates: &'a [StockgateClient],
+}
+
+/// Step 1: a connection to every part's group, each checked to report the history its part
+/// was created on.
+async fn connect_parts(
+    seed: &str,
+    parts: &[SplitPart],
+) -> Result<Vec<StockgateClient>, SplitError> {
     let groups = cluster_groups(seed).await?;
     let mut gates = Vec::with_capacity(parts.len());
-    for p in &parts {
+    for p in parts {
         let g = connect_owner(seed, &groups, &p.sku).await?;
         let server = g.history().await?.unwrap_or_default();
         if server != p.history_id {
@@ -791,62 +832,106 @@ pub async fn rebalance(
         }
         gates.push(g);
     }
-    let mut report = RebalanceReport::default();
-    for (p, g) in parts.iter().zip(&gates) {
-        for a in ledger.adjustments(&p.sku, true).await? {
-            adjust_checked(ledger, g, &p.sku, &a.id, a.delta).await?;
-            report.finished += 1;
+    Ok(gates)
+}
+
+/// Step 2: every part's unconfirmed adjustments finished (as `adjust` with the same id);
+/// the number finished.
+async fn finish_unconfirmed(pass: &PassParts<'_>) -> Result<usize, SplitError> {
+    let mut finished = 0;
+    for (p, g) in pass.parts.iter().zip(pass.gates) {
+        for a in pass.ledger.adjustments(&p.sku, true).await? {
+            adjust_checked(pass.ledger, g, &p.sku, &a.id, a.delta).await?;
+            finished += 1;
         }
     }
-    let mut available = Vec::with_capacity(parts.len());
-    for (p, g) in parts.iter().zip(&gates) {
+    Ok(finished)
+}
+
+/// Every part's available units as its server reports them; `None` for a fenced or missing
+/// part.
+async fn parts_available(pass: &PassParts<'_>) -> Result<Vec<Option<i64>>, SplitError> {
+    let mut available = Vec::with_capacity(pass.parts.len());
+    for (p, g) in pass.parts.iter().zip(pass.gates) {
         let info = ReservationGate::sale_info(g, &p.sku).await?;
         // A fenced or missing part is neither a source nor a target: its rebuild owns it.
         available.push(info.filter(|i| !i.is_fenced()).map(|i| i.available.max(0)));
     }
-    fn open(av: &[Option<i64>]) -> impl Iterator<Item = (usize, i64)> + '_ {
-        av.iter().enumerate().filter_map(|(i, a)| a.map(|a| (i, a)))
-    }
-    let dry = open(&available).any(|(_, a)| a == 0);
-    let fullest = open(&available).max_by_key(|&(_, a)| a);
-    if let Some((src, most)) = fullest.filter(|&(_, a)| dry && a as u64 > threshold) {
-        let m = (most / 2).max(1);
-        let id = format!("split-{parent}-out-{:016x}", rand::random::<u64>());
-        match adjust_checked(ledger, &gates[src], &parts[src].sku, &id, -m).await {
-            Ok(_) => {
-                report.withdrawn = Some((src, m as u64));
-                if let Some(a) = available.get_mut(src) {
-                    *a = a.map(|v| v - m);
-                }
+    Ok(available)
+}
+
+/// The parts that may give or take units, with their available units.
+fn open_parts(av: &[Option<i64>]) -> impl Iterator<Item = (usize, i64)> + '_ {
+    av.iter().enumerate().filter_map(|(i, a)| a.map(|a| (i, a)))
+}
+
+/// Step 3: if a part is dry while the fullest holds more than `threshold`, half of the
+/// fullest's available (at least one unit) is withdrawn from it. Breaks when its server
+/// refused (sold meanwhile): then nothing moves in this pass.
+async fn withdraw_from_fullest(
+    pass: &PassParts<'_>,
+    threshold: u64,
+    available: &mut [Option<i64>],
+    report: &mut RebalanceReport,
+) -> Result<ControlFlow<()>, SplitError> {
+    let parent = pass.parent;
+    let dry = open_parts(available).any(|(_, a)| a == 0);
+    let fullest = open_parts(available).max_by_key(|&(_, a)| a);
+    let Some((src, most)) = fullest.filter(|&(_, a)| dry && a as u64 > threshold) else {
+        return Ok(ControlFlow::Continue(()));
+    };
+    let m = (most / 2).max(1);
+    let id = format!("split-{parent}-out-{:016x}", rand::random::<u64>());
+    match adjust_checked(pass.ledger, &pass.gates[src], &pass.parts[src].sku, &id, -m).await {
+        Ok(_) => {
+            report.withdrawn = Some((src, m as u64));
+            if let Some(a) = available.get_mut(src) {
+                *a = a.map(|v| v - m);
             }
-            Err(AdjustError::Refused { reason, .. }) => {
-                warn!(parent, part = src, %reason, "withdrawal refused (sold meanwhile); nothing moved");
-                return Ok(report);
-            }
-            Err(e) => return Err(e.into()),
+            Ok(ControlFlow::Continue(()))
         }
+        Err(AdjustError::Refused { reason, .. }) => {
+            warn!(parent, part = src, %reason, "withdrawal refused (sold meanwhile); nothing moved");
+            Ok(ControlFlow::Break(()))
+        }
+        Err(e) => Err(e.into()),
     }
+}
+
+/// Step 4: whatever the parent's allocation holds beyond the sum of the parts' allocations
+/// is given to the part with fewest available (not the one just withdrawn from, when
+/// another is as dry).
+async fn give_spare(
+    pass: &PassParts<'_>,
+    head: &SplitParent,
+    available: &[Option<i64>],
+    report: &mut RebalanceReport,
+) -> Result<(), SplitError> {
     let mut held: u64 = 0;
-    for p in &parts {
-        held += ledger.sale(&p.sku).await?.map_or(0, |s| s.allocation);
+    for p in pass.parts {
+        held += pass.ledger.sale(&p.sku).await?.map_or(0, |s| s.allocation);
     }
     let spare = head.allocation.saturating_sub(held);
     // Never back to the part just withdrawn from, when another is as dry.
     let src = report.withdrawn.map(|(i, _)| i);
-    let target = open(&available)
+    let target = open_parts(available)
         .min_by_key(|&(i, a)| (a, Some(i) == src))
         .map(|(i, _)| i);
     if let (Some(dst), true) = (target, spare > 0) {
-        let id = format!("split-{parent}-in-{:016x}", rand::random::<u64>());
+        let id = format!("split-{}-in-{:016x}", pass.parent, rand::random::<u64>());
         let delta = i64::try_from(spare)
             .map_err(|_| SplitError::Invalid(format!("{spare} units are too many")))?;
-        adjust_checked(ledger, &gates[dst], &parts[dst].sku, &id, delta).await?;
+        adjust_checked(
+            pass.ledger,
+            &pass.gates[dst],
+            &pass.parts[dst].sku,
+            &id,
+            delta,
+        )
+        .await?;
         report.given = Some((dst, spare));
     }
-    if report.withdrawn.is_some() || report.given.is_some() {
-        info!(parent, %report, "split rebalanced");
-    }
-    Ok(report)
+    Ok(())
 }
 
 /// What [`rebalance_locked`] did.
