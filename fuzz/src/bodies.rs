@@ -1448,9 +1448,9 @@ pub fn seed_corpus() -> Vec<(&'static str, String, Vec<u8>)> {
     let file = encode_snapshot(&snap, 42);
     add("wal_record", "snapshot-payload", file[20..].to_vec());
     add("wal_record", "snapshot", file);
-    // What older versions wrote: a snapshot of versions 1 and 2, and records of the
+    // What older versions wrote: a snapshot of versions 1, 2 and 3, and records of the
     // older finish and extension kinds.
-    for version in [1u8, 2] {
+    for version in [1u8, 2, 3] {
         add(
             "wal_record",
             &format!("snapshot-v{version}"),
@@ -1730,14 +1730,21 @@ fn varint(out: &mut Vec<u8>, mut v: u64) {
 /// 1 no tombstones either (both are dropped from the state first).
 fn older_snapshot(snap: &Snapshot, version: u8, lsn: Lsn) -> Vec<u8> {
     let mut s = snap.clone();
-    s.history.clear();
+    s.rooms.clear();
+    if version < 3 {
+        s.history.clear();
+    }
     if version < 2 {
         s.tombs.clear();
     }
     let file = encode_snapshot(&s, lsn);
     let mut payload = file[SNAPSHOT_HEADER_LEN..].to_vec();
-    // The empty history id is its one length byte, no tombstones the count byte 0.
+    // No rooms is the count byte 0, the empty history id its one length byte, no
+    // tombstones the count byte 0.
     payload.pop();
+    if version < 3 {
+        payload.pop();
+    }
     if version < 2 {
         payload.pop();
     }
@@ -1763,6 +1770,8 @@ fn sample_events() -> Vec<Event> {
         K::HistoryBegun,
         K::SaleImported,
         K::SaleDropped,
+        K::RoomOpened,
+        K::RoomChanged,
     ];
     for kind in EventKind::ALL {
         assert!(order.contains(kind), "no wal_record seed of {kind:?}");
@@ -1864,6 +1873,22 @@ fn sample_event(kind: EventKind) -> Event {
         },
         EventKind::SaleDropped => Event::SaleDropped {
             sku: "SKU-2".into(),
+        },
+        // A waiting room: its settings, then an admission of the line's head.
+        EventKind::RoomOpened => Event::RoomOpened {
+            sku: "SKU-1".into(),
+            config: stockgate_core::room::RoomConfig {
+                opens_at_ms: START_MS,
+                ..Default::default()
+            },
+            at_ms: START_MS,
+        },
+        EventKind::RoomChanged => Event::RoomChanged {
+            sku: "SKU-1".into(),
+            op: stockgate_core::room::RoomOp::Admit {
+                upto_slot: 3,
+                now_ms: START_MS,
+            },
         },
     }
 }

@@ -1,8 +1,9 @@
 //! stockgate server library: the RESP server around the reservation engine and its
 //! write-ahead log.
 //!
-//! - [`engine`], [`wal`]: the engine and the log, from `stockgate-core`, re-exported so
-//!   the server's modules and its users name them as part of the server.
+//! - [`engine`], [`room`], [`wal`]: the engine, the waiting room and the log, from
+//!   `stockgate-core`, re-exported so the server's modules and its users name them as
+//!   part of the server.
 //! - [`protocol`]: RESP framing and reply encoding. No stock logic.
 //! - [`cmd`]: one typed command per file, applied to the engine.
 //! - [`server`]: accept loop, connections, pipelining, limits.
@@ -17,7 +18,7 @@
 //! - [`tls`]: TLS on the RESP port: the certificate files, their reload, the flags.
 //! - [`app`]: the composition root the binary runs: settings in, a server assembled and
 //!   served until a signal. The top layer: nothing here imports it.
-pub use stockgate_core::{engine, wal};
+pub use stockgate_core::{engine, room, wal};
 
 pub mod app;
 pub mod cli;

@@ -22,3 +22,4 @@ mod gate_redis_cli;
 mod gate_storm;
 mod late_commit;
 mod multi_unit;
+mod room;

@@ -113,7 +113,14 @@ impl Engine {
     }
 
     /// SALE.ADJUST: restock (spread over shards) or withdraw (at most what is available).
+    /// A sale's waiting room moves with the new stock.
     pub fn adjust(&self, sku: &str, delta: i64) -> Result<(u64, Lsn), EngineError> {
+        let out = self.adjust_stock(sku, delta)?;
+        self.room_poke(sku);
+        Ok(out)
+    }
+
+    fn adjust_stock(&self, sku: &str, delta: i64) -> Result<(u64, Lsn), EngineError> {
         ident::check_sku(sku)?;
         // |delta| beyond any total is refused before any arithmetic (i64::MIN has no
         // positive counterpart and would wrap).

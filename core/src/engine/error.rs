@@ -4,6 +4,7 @@
 use thiserror::Error;
 
 use super::denied::Denied;
+use crate::room::{ConfigError, RoomError};
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 /// Why the engine refused an operation; the protocol layer maps each onto its wire error.
@@ -61,6 +62,18 @@ pub enum EngineError {
     #[error("{0}")]
     /// An import the engine refuses; the text says why.
     Import(String),
+    #[error("no waiting room for this sale")]
+    /// The sale has no waiting room (`ROOM.OPEN` first).
+    NoRoom,
+    #[error("room exists with different settings")]
+    /// `ROOM.OPEN` of a sale whose room has other settings.
+    RoomExists,
+    #[error("{0}")]
+    /// `ROOM.OPEN` with settings out of their bounds.
+    RoomConfig(ConfigError),
+    #[error("{0}")]
+    /// The waiting room refused the request (queue full, ticket refused, ...).
+    Room(RoomError),
     #[error("reservation key fingerprint mismatch: server has {server}, ledger has {ledger}")]
     /// The ledger was bound to a server with another reservation key.
     FingerprintMismatch {

@@ -15,6 +15,8 @@
 //! record codec (`wal::record`) is generated from the same list, so a kind cannot exist in
 //! one of them and not in the others.
 
+use crate::room::{RoomConfig, RoomOp};
+
 use super::types::{
     Millis, ReleaseReason, ReservationState, ReservationView, SaleExport, SaleParams, SaleState,
 };
@@ -25,8 +27,8 @@ use super::types::{
 /// Each kind is `Variant = record kind, "name" { fields }`:
 /// - the record kind is the byte that tells its WAL records apart. Numbers once used stay
 ///   taken (5, 6 and 7 are older shapes of finishes, 16 a batch of a split import, 64 to
-///   127 the opaque kinds: see `wal::record`). A kind without one ([`Event::Opaque`])
-///   carries its record kind as its first field.
+///   127 the opaque kinds: see `wal::record`; 17 and 18 are the waiting room's). A kind
+///   without one ([`Event::Opaque`]) carries its record kind as its first field.
 /// - the name is the `type` of its order-feed entries (docs/protocol.md, section 7).
 /// - the fields are encoded in the order listed, so order and meaning are part of the WAL
 ///   format: change them only together with the record version in `wal::record`. A field
@@ -157,6 +159,24 @@ macro_rules! event_kinds {
             SaleDropped = 15, "sale.dropped" {
                 /// The sale's sku.
                 sku: String => &'a str,
+            },
+            /// `ROOM.OPEN`: the sale `sku` gets a waiting room with these settings.
+            RoomOpened = 17, "room.opened" {
+                /// The sale's sku.
+                sku: String => &'a str,
+                /// The room's settings, defaults filled in.
+                config: RoomConfig => &'a RoomConfig,
+                /// When it happened, by the engine's clock.
+                at_ms: Millis,
+            },
+            /// One change of a sale's waiting room (`crate::room::RoomOp`): a join, a
+            /// leave, the opening draw, an admission, a use, an expiry, sold out or
+            /// restocked. Replay applies the op to the room as it was applied live.
+            RoomChanged = 18, "room.changed" {
+                /// The sale's sku.
+                sku: String => &'a str,
+                /// The change.
+                op: RoomOp => &'a RoomOp,
             },
             /// A record another module writes into the same log (the order feed's consumer
             /// groups): `kind` is one of the WAL's opaque kinds, `body` its encoding. The
@@ -379,6 +399,30 @@ impl<'a> Lend<'a, &'a SaleExport> for Box<SaleExport> {
 impl Own<Box<SaleExport>> for &SaleExport {
     fn own(self) -> Box<SaleExport> {
         Box::new(self.clone())
+    }
+}
+
+impl<'a> Lend<'a, &'a RoomConfig> for RoomConfig {
+    fn lend(&'a self) -> &'a RoomConfig {
+        self
+    }
+}
+
+impl Own<RoomConfig> for &RoomConfig {
+    fn own(self) -> RoomConfig {
+        self.clone()
+    }
+}
+
+impl<'a> Lend<'a, &'a RoomOp> for RoomOp {
+    fn lend(&'a self) -> &'a RoomOp {
+        self
+    }
+}
+
+impl Own<RoomOp> for &RoomOp {
+    fn own(self) -> RoomOp {
+        self.clone()
     }
 }
 

@@ -244,6 +244,7 @@ impl Engine {
         self.sales.write().remove(&*sale.sku);
         drop(world);
         self.imports.lock().remove(&*sale.sku);
+        self.drop_room(&sale.sku);
         for us in self.users.iter() {
             us.lock().remove(&*sale.sku);
         }

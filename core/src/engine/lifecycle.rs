@@ -40,6 +40,11 @@ impl Engine {
         if let Some((sale, user, qty, key)) = out.2 {
             self.user_release(&sale, user, qty, &key, true);
         }
+        if out.0 {
+            if let Some(sku) = token::token_sku(token) {
+                self.room_poke(sku);
+            }
+        }
         Ok((out.0, out.1))
     }
 
@@ -168,6 +173,11 @@ impl Engine {
         drop(stripe);
         if let Some((sale, user, qty, key)) = upd {
             self.user_release(&sale, user, qty, &key, false);
+        }
+        if matches!(res, Ok((true, _))) {
+            if let Some(sku) = token::token_sku(token) {
+                self.room_poke(sku);
+            }
         }
         res
     }
@@ -331,6 +341,7 @@ impl Engine {
         for (sale, user, qty, key) in user_updates {
             self.user_release(&sale, user, qty, &key, true);
         }
-        last
+        // The rooms move last: expiries above may have given units back.
+        last.max(self.tick_rooms())
     }
 }

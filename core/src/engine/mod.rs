@@ -30,6 +30,7 @@ pub mod names;
 mod rebuild;
 mod replay;
 mod reserve;
+mod room;
 pub mod sale;
 pub mod table;
 pub mod token;
@@ -46,6 +47,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::EngineError;
 pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 pub use history::new_history_id;
+pub use room::RoomInfo;
 use sale::{fnv1a, split, Sale};
 use table::{Reservation, Stripe};
 pub use token::{Denied, Keyring, ReservationKey, TokenBuf, TokenKey};
@@ -178,6 +180,15 @@ pub struct Engine {
     /// A hash of the export each imported sale came from, so that the same handover
     /// retried is recognised after its sale changed (see `handover`).
     imports: Mutex<HashMap<Arc<str>, u64>>,
+    /// The sales' waiting rooms, by sku (see `room`).
+    rooms: RwLock<HashMap<Arc<str>, room::RoomHandle>>,
+    /// Whether any sale has a room: RESERVE, RELEASE and the tick skip the rooms'
+    /// registry while none does.
+    has_rooms: std::sync::atomic::AtomicBool,
+    /// Keys the rooms' user hashes and pre-queue draws (derived from the reservation key).
+    room_secret: [u8; 32],
+    /// Sign and verify queue tickets (derived from the reservation key).
+    ticket_keys: crate::room::TicketKeys,
 }
 
 fn stripe_of(token: &str) -> usize {
@@ -218,6 +229,7 @@ impl Engine {
                 )))
             })
             .collect();
+        let (room_secret, ticket_keys) = room::room_keys(&reservation_key);
         Engine {
             retention_ms: std::sync::atomic::AtomicU64::new(cfg.retention_ms),
             cfg,
@@ -233,6 +245,10 @@ impl Engine {
             history: Mutex::new(None),
             concurrent: std::sync::atomic::AtomicBool::new(true),
             imports: Mutex::new(HashMap::new()),
+            rooms: RwLock::new(HashMap::new()),
+            has_rooms: std::sync::atomic::AtomicBool::new(false),
+            room_secret,
+            ticket_keys,
         }
     }
 

@@ -21,6 +21,7 @@ impl Engine {
             raw.extend(stripe.iter().cloned());
             tombs_raw.extend(stripe.tombs.iter().map(|(k, t)| (*k, t.clone())));
         }
+        let rooms = self.room_views();
         let history = self
             .history()
             .map(|(h, _)| h.to_string())
@@ -39,6 +40,7 @@ impl Engine {
                 sales,
                 reservations,
                 tombs,
+                rooms,
             },
             r,
         )
@@ -73,6 +75,7 @@ impl Engine {
         for t in &snap.tombs {
             self.insert_tomb(t);
         }
+        self.load_rooms(&snap.rooms);
         finished.sort_by_key(|r| r.finished_at_ms);
         for r in finished {
             let Some((_, key)) = token::decode_token(&r.token) else {
@@ -270,6 +273,8 @@ impl Engine {
             }
             Event::SaleImported { export } => self.apply_import(export),
             Event::SaleDropped { sku } => self.apply_drop(sku),
+            Event::RoomOpened { sku, config, .. } => self.apply_room_opened(sku, config),
+            Event::RoomChanged { sku, op } => self.apply_room_op(sku, op),
             // Another module's record (consumer groups): not engine state.
             Event::Opaque { .. } => {}
         }

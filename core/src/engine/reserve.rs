@@ -5,8 +5,19 @@ use super::wheel::Links;
 use super::*;
 
 impl Engine {
-    /// RESERVE, deciding in the order docs/protocol.md lists.
+    /// RESERVE, deciding in the order docs/protocol.md lists. A new hold in a sale with a
+    /// waiting room uses the buyer's admission there (after every lock of the hold is
+    /// released: see `room`).
     pub fn reserve(&self, req: &ReserveRequest<'_>) -> Result<(ReserveOutcome, Lsn), EngineError> {
+        let out = self.reserve_hold(req)?;
+        if matches!(out.0, ReserveOutcome::Reserved { .. }) {
+            self.room_after_reserve(req.sku, req.user);
+        }
+        Ok(out)
+    }
+
+    #[inline(always)]
+    fn reserve_hold(&self, req: &ReserveRequest<'_>) -> Result<(ReserveOutcome, Lsn), EngineError> {
         check_request(req)?;
         let sale = self.sale(req.sku)?;
         if sale.state() == SaleState::Fenced {

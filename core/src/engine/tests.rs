@@ -1597,3 +1597,132 @@ fn multi_unit_storm_never_oversells_and_strands_nothing() {
     }
     assert!(moves > 0, "the storm never gathered units");
 }
+
+// ---- Waiting rooms ----
+
+use crate::room::{RoomConfig, Status};
+
+fn room_cfg() -> RoomConfig {
+    RoomConfig {
+        max_rate_per_sec: 1000,
+        admit_ttl_ms: 30_000,
+        max_waiting: 20,
+        ..RoomConfig::default()
+    }
+}
+
+/// Every user's status in the room, by the user's own ticket.
+fn room_statuses(e: &Engine, tickets: &[(String, String)]) -> Vec<Status> {
+    tickets
+        .iter()
+        .map(|(u, t)| e.room_status("S", u, t).unwrap().0)
+        .collect()
+}
+
+/// Joins, admissions bounded by stock, a RESERVE using an admission, a release admitting
+/// the next: every change is a logged op, and replaying the log (or loading a snapshot
+/// then the rest of the log) gives the same rooms.
+#[test]
+fn room_ops_are_logged_and_replay_to_the_same_room() {
+    let (e, clock, sink) = engine(false);
+    e.create_sale("S", 3, Some(1), None, None).unwrap();
+    e.open_room("S", room_cfg()).unwrap();
+    assert_eq!(e.open_room("S", room_cfg()).map(|_| ()), Ok(()));
+    let other = RoomConfig {
+        max_waiting: 5,
+        ..room_cfg()
+    };
+    assert_eq!(e.open_room("S", other), Err(EngineError::RoomExists));
+    let mut tickets = Vec::new();
+    for i in 0..8 {
+        let u = format!("u{i}");
+        let (t, _, _) = e.room_join("S", &u).unwrap();
+        let (again, _, _) = e.room_join("S", &u).unwrap();
+        assert_eq!(t, again, "a repeated join answers the same ticket");
+        tickets.push((u, t.text));
+    }
+    let info = e.room_info("S").unwrap();
+    assert_eq!(
+        (info.waiting, info.admitted),
+        (5, 3),
+        "admitted up to stock"
+    );
+    let st = room_statuses(&e, &tickets);
+    assert!(matches!(st[0], Status::Admitted { .. }));
+    assert!(matches!(st[3], Status::Waiting { position: 1, .. }));
+    // u0 reserves with its admission: used, and the room keeps the budget at stock.
+    let tok = match reserve(&e, "S", "u0", "r0", 1).unwrap() {
+        ReserveOutcome::Reserved { token, .. } => token.as_str().to_string(),
+        o => panic!("{o:?}"),
+    };
+    assert_eq!(room_statuses(&e, &tickets)[0], Status::Reserved);
+    assert_eq!(e.room_info("S").unwrap().admitted, 2);
+    // Its release gives the unit back: the next in line is admitted.
+    clock.advance(10);
+    assert!(e.release(&tok).0);
+    assert!(matches!(
+        room_statuses(&e, &tickets)[3],
+        Status::Admitted { .. }
+    ));
+    assert!(e.room_leave("S", "u7").unwrap().0);
+    assert!(!e.room_leave("S", "u7").unwrap().0, "leave is idempotent");
+    // An unused admission expires on the tick and frees its budget.
+    clock.advance(31_000);
+    e.tick();
+    assert_eq!(room_statuses(&e, &tickets)[1], Status::Expired);
+
+    let events = sink.events.lock().clone();
+    assert!(events
+        .iter()
+        .any(|ev| matches!(ev, Event::RoomOpened { .. })));
+    let replay = replayed(&events, clock.clone());
+    assert_eq!(
+        room_statuses(&replay, &tickets),
+        room_statuses(&e, &tickets)
+    );
+    assert_eq!(replay.room_info("S"), e.room_info("S"));
+    let (snap, _) = e.snapshot_with(|| ());
+    assert_eq!(snap.rooms.len(), 1);
+    let loaded = replayed(&[], clock.clone());
+    loaded.load_snapshot(&snap);
+    assert_eq!(
+        room_statuses(&loaded, &tickets),
+        room_statuses(&e, &tickets)
+    );
+    assert_eq!(loaded.snapshot_with(|| ()).0.rooms, snap.rooms);
+    // The snapshot's bytes load to the same rooms.
+    let bytes = crate::wal::snapshot::encode_snapshot(&snap, 7);
+    let (_, back) = crate::wal::snapshot::decode_snapshot(&bytes).unwrap();
+    assert_eq!(back.rooms, snap.rooms);
+}
+
+#[test]
+fn room_refusals_are_typed() {
+    let (e, _clock, _sink) = engine(false);
+    assert_eq!(
+        e.open_room("S", room_cfg()).map(|_| ()),
+        Err(EngineError::NoSale)
+    );
+    e.create_sale("S", 0, Some(1), None, None).unwrap();
+    assert_eq!(e.room_join("S", "u").map(|_| ()), Err(EngineError::NoRoom));
+    let bad = RoomConfig {
+        max_rate_per_sec: 0,
+        ..room_cfg()
+    };
+    assert!(matches!(
+        e.open_room("S", bad),
+        Err(EngineError::RoomConfig(_))
+    ));
+    e.open_room("S", room_cfg()).unwrap();
+    // Nothing available, nothing held: a new buyer is not queued.
+    assert_eq!(
+        e.room_join("S", "u").map(|_| ()),
+        Err(EngineError::Room(crate::room::RoomError::SoldOut))
+    );
+    e.adjust("S", 1).unwrap();
+    let (t, _, _) = e.room_join("S", "u").unwrap();
+    assert!(matches!(
+        e.room_status("S", "v", &t.text),
+        Err(EngineError::Room(crate::room::RoomError::Ticket(_)))
+    ));
+}

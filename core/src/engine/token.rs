@@ -471,6 +471,16 @@ impl ReservationKey {
         Ok(Self::from_bytes(&k))
     }
 
+    /// A secret for another use of the same key: HMAC(key, `derived secret|` + label).
+    /// The label keeps it apart from every reservation token (whose input has two `|`
+    /// after a sku, which cannot start with `derived secret`'s space).
+    pub fn derive_secret(&self, label: &str) -> [u8; 32] {
+        let mut mac = self.mac.clone();
+        mac.update(b"derived secret|");
+        mac.update(label.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
     /// Hex of the first 8 bytes of SHA-256(key): shown by SALE.INFO, stored by the ledger.
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint

@@ -273,6 +273,19 @@ pub struct Snapshot {
     pub reservations: Vec<ReservationView>,
     /// What retention left of purged reservations.
     pub tombs: Vec<TombView>,
+    /// Every sale's waiting room, by sku (empty in snapshots written before rooms).
+    pub rooms: Vec<RoomView>,
+}
+
+/// One sale's waiting room in a snapshot: its settings and its state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoomView {
+    /// The sale's sku.
+    pub sku: String,
+    /// The room's settings.
+    pub config: crate::room::RoomConfig,
+    /// What the room's ops built.
+    pub state: crate::room::RoomState,
 }
 
 /// One sale's whole state, as a move hands it from one group's engine to another's

@@ -22,6 +22,7 @@ pub mod op;
 pub mod pace;
 pub mod queue;
 pub mod shuffle;
+pub mod state;
 #[cfg(test)]
 mod tests;
 pub mod ticket;
@@ -38,6 +39,7 @@ pub use error::RoomError;
 pub use op::RoomOp;
 pub use pace::{Pace, StockView};
 use queue::Queue;
+pub use state::{MemberState, RestoreError, RoomState};
 pub use ticket::{TicketError, TicketKeyError, TicketKeys};
 
 /// A queue ticket: the signed text the buyer presents, and which of the user's joins it

@@ -122,6 +122,27 @@ impl Pace {
     }
 }
 
+impl Pace {
+    /// The bucket and the recent admissions as plain values (snapshots):
+    /// `(tokens_milli, last_ms, recent)`.
+    pub fn export(&self) -> (u64, u64, Vec<(u64, u32)>) {
+        (
+            self.tokens_milli,
+            self.last_ms,
+            self.recent.iter().copied().collect(),
+        )
+    }
+
+    /// The pace [`Pace::export`] described.
+    pub fn restore(tokens_milli: u64, last_ms: u64, recent: Vec<(u64, u32)>) -> Pace {
+        Pace {
+            tokens_milli,
+            last_ms,
+            recent: recent.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

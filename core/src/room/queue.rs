@@ -330,6 +330,71 @@ impl Queue {
     }
 }
 
+impl Place {
+    /// The place as one byte (snapshots).
+    pub fn to_u8(self) -> u8 {
+        match self {
+            Place::PreQueued => 0,
+            Place::Waiting => 1,
+            Place::Admitted => 2,
+            Place::Reserved => 3,
+            Place::Expired => 4,
+            Place::Left => 5,
+        }
+    }
+
+    /// The place [`Place::to_u8`] gave `b`.
+    pub fn from_u8(b: u8) -> Option<Place> {
+        Some(match b {
+            0 => Place::PreQueued,
+            1 => Place::Waiting,
+            2 => Place::Admitted,
+            3 => Place::Reserved,
+            4 => Place::Expired,
+            5 => Place::Left,
+            _ => return None,
+        })
+    }
+}
+
+impl Queue {
+    /// The queue's whole state as plain values (snapshots): every member sorted by user,
+    /// the pre-queue, the line from `base` and whether it is open.
+    pub fn export(&self) -> (Vec<Member>, Vec<u64>, u32, Vec<u64>, bool) {
+        let (base, pre, slots) = self.line();
+        (self.sorted_members(), pre, base, slots, self.opened)
+    }
+
+    /// The queue [`Queue::export`] described; the counts and the positions' bitmap are
+    /// rebuilt from the line.
+    pub fn restore(
+        members: &[Member],
+        pre: Vec<u64>,
+        base: u32,
+        slots: Vec<u64>,
+        opened: bool,
+    ) -> Queue {
+        let mut q = Queue {
+            base,
+            opened,
+            ..Queue::default()
+        };
+        for m in members {
+            q.members.insert_unique(m.user, *m, by_user);
+        }
+        q.waiting = pre.iter().filter(|&&u| u != 0).count() as u32;
+        for (i, &u) in slots.iter().enumerate() {
+            if u != 0 {
+                q.live.insert(base + i as u32);
+                q.waiting += 1;
+            }
+        }
+        q.pre = pre;
+        q.slots = slots.into();
+        q
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

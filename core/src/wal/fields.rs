@@ -6,8 +6,10 @@
 
 use super::codec::{put_i64, put_i64s, put_str, put_u64, DecodeError, Reader};
 use crate::engine::types::{
-    ReservationState, ReservationView, SaleExport, SaleParams, SaleState, SaleView, TombView,
+    ReservationState, ReservationView, RoomView, SaleExport, SaleParams, SaleState, SaleView,
+    TombView,
 };
+use crate::room::{MemberState, RoomConfig, RoomOp, RoomState};
 
 pub(crate) fn put_params(out: &mut Vec<u8>, p: &SaleParams) {
     put_u64(out, p.total);
@@ -166,5 +168,220 @@ pub(crate) fn get_export(r: &mut Reader<'_>) -> Result<SaleExport, DecodeError> 
         sale,
         reservations,
         tombs,
+    })
+}
+
+/// A waiting room's settings (the `RoomOpened` record, snapshots).
+pub(crate) fn put_room_config(out: &mut Vec<u8>, c: &RoomConfig) {
+    put_u64(out, u64::from(c.max_rate_per_sec));
+    put_u64(out, u64::from(c.over_admit_permille));
+    put_u64(out, c.admit_ttl_ms);
+    put_u64(out, c.expiring_window_ms);
+    put_u64(out, u64::from(c.max_waiting));
+    put_u64(out, c.opens_at_ms);
+}
+
+pub(crate) fn get_room_config(r: &mut Reader<'_>) -> Result<RoomConfig, DecodeError> {
+    Ok(RoomConfig {
+        max_rate_per_sec: r.u32("max_rate_per_sec")?,
+        over_admit_permille: r.u32("over_admit_permille")?,
+        admit_ttl_ms: r.u64("admit_ttl_ms")?,
+        expiring_window_ms: r.u64("expiring_window_ms")?,
+        max_waiting: r.u32("max_waiting")?,
+        opens_at_ms: r.u64("opens_at_ms")?,
+    })
+}
+
+/// Tags of [`RoomOp`]s in a `RoomChanged` record: part of the WAL format, never reused.
+const OP_JOIN: u8 = 1;
+const OP_LEAVE: u8 = 2;
+const OP_OPEN: u8 = 3;
+const OP_ADMIT: u8 = 4;
+const OP_RESERVED: u8 = 5;
+const OP_EXPIRE: u8 = 6;
+const OP_SOLD_OUT: u8 = 7;
+const OP_RESTOCKED: u8 = 8;
+
+/// A room op: its tag byte, then its fields (a user id, a seed, a slot and a time).
+pub(crate) fn put_room_op(out: &mut Vec<u8>, op: &RoomOp) {
+    match op {
+        RoomOp::Join { user } => {
+            out.push(OP_JOIN);
+            put_str(out, user);
+        }
+        RoomOp::Leave { user } => {
+            out.push(OP_LEAVE);
+            put_str(out, user);
+        }
+        RoomOp::Open { seed } => {
+            out.push(OP_OPEN);
+            put_u64(out, *seed);
+        }
+        RoomOp::Admit { upto_slot, now_ms } => {
+            out.push(OP_ADMIT);
+            put_u64(out, u64::from(*upto_slot));
+            put_u64(out, *now_ms);
+        }
+        RoomOp::Reserved { user } => {
+            out.push(OP_RESERVED);
+            put_str(out, user);
+        }
+        RoomOp::Expire { now_ms } => {
+            out.push(OP_EXPIRE);
+            put_u64(out, *now_ms);
+        }
+        RoomOp::SoldOut => out.push(OP_SOLD_OUT),
+        RoomOp::Restocked => out.push(OP_RESTOCKED),
+    }
+}
+
+pub(crate) fn get_room_op(r: &mut Reader<'_>) -> Result<RoomOp, DecodeError> {
+    let at = r.pos();
+    Ok(match r.u8("room op")? {
+        OP_JOIN => RoomOp::Join {
+            user: r.string("user")?,
+        },
+        OP_LEAVE => RoomOp::Leave {
+            user: r.string("user")?,
+        },
+        OP_OPEN => RoomOp::Open {
+            seed: r.u64("seed")?,
+        },
+        OP_ADMIT => RoomOp::Admit {
+            upto_slot: r.u32("upto_slot")?,
+            now_ms: r.u64("now_ms")?,
+        },
+        OP_RESERVED => RoomOp::Reserved {
+            user: r.string("user")?,
+        },
+        OP_EXPIRE => RoomOp::Expire {
+            now_ms: r.u64("now_ms")?,
+        },
+        OP_SOLD_OUT => RoomOp::SoldOut,
+        OP_RESTOCKED => RoomOp::Restocked,
+        v => {
+            return Err(DecodeError::OutOfRange {
+                at,
+                what: "room op",
+                value: u64::from(v),
+            })
+        }
+    })
+}
+
+/// One sale's waiting room, as snapshots store it: its sku, settings and state.
+pub(crate) fn put_room(out: &mut Vec<u8>, v: &RoomView) {
+    put_str(out, &v.sku);
+    put_room_config(out, &v.config);
+    let s = &v.state;
+    put_u64(out, s.members.len() as u64);
+    for m in &s.members {
+        put_u64(out, m.user);
+        put_u64(out, u64::from(m.slot));
+        out.push(m.join);
+        out.push(m.place);
+    }
+    put_u64s(out, &s.pre);
+    put_u64(out, u64::from(s.base));
+    put_u64s(out, &s.line);
+    out.push(u8::from(s.opened));
+    put_u64(out, s.tokens_milli);
+    put_u64(out, s.last_fill_ms);
+    put_u64(out, s.recent.len() as u64);
+    for &(t, n) in &s.recent {
+        put_u64(out, t);
+        put_u64(out, u64::from(n));
+    }
+    for list in [&s.admitted, &s.expiry] {
+        put_u64(out, list.len() as u64);
+        for &(a, b, join) in list {
+            put_u64(out, a);
+            put_u64(out, b);
+            out.push(join);
+        }
+    }
+    out.push(u8::from(s.sold_out));
+    put_u64(out, s.clock_ms);
+}
+
+fn put_u64s(out: &mut Vec<u8>, vs: &[u64]) {
+    put_u64(out, vs.len() as u64);
+    for &v in vs {
+        put_u64(out, v);
+    }
+}
+
+fn get_u64s(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<u64>, DecodeError> {
+    let n = r.count(what)?;
+    let mut v = Vec::with_capacity(n.min(PREALLOC_CAP));
+    for _ in 0..n {
+        v.push(r.u64(what)?);
+    }
+    Ok(v)
+}
+
+fn get_bool(r: &mut Reader<'_>, what: &'static str) -> Result<bool, DecodeError> {
+    let at = r.pos();
+    match r.u8(what)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(DecodeError::OutOfRange {
+            at,
+            what,
+            value: u64::from(v),
+        }),
+    }
+}
+
+pub(crate) fn get_room(r: &mut Reader<'_>) -> Result<RoomView, DecodeError> {
+    let sku = r.string("room sku")?;
+    let config = get_room_config(r)?;
+    let n = r.count("room members")?;
+    let mut members = Vec::with_capacity(n.min(PREALLOC_CAP));
+    for _ in 0..n {
+        members.push(MemberState {
+            user: r.u64("member")?,
+            slot: r.u32("slot")?,
+            join: r.u8("join")?,
+            place: r.u8("place")?,
+        });
+    }
+    let pre = get_u64s(r, "pre-queue")?;
+    let base = r.u32("base")?;
+    let line = get_u64s(r, "line")?;
+    let opened = get_bool(r, "opened")?;
+    let tokens_milli = r.u64("tokens")?;
+    let last_fill_ms = r.u64("last fill")?;
+    let n = r.count("recent admissions")?;
+    let mut recent = Vec::with_capacity(n.min(PREALLOC_CAP));
+    for _ in 0..n {
+        recent.push((r.u64("time")?, r.u32("admitted")?));
+    }
+    let mut lists = [Vec::new(), Vec::new()];
+    for list in lists.iter_mut() {
+        let n = r.count("admissions")?;
+        list.reserve(n.min(PREALLOC_CAP));
+        for _ in 0..n {
+            list.push((r.u64("admission")?, r.u64("admission")?, r.u8("join")?));
+        }
+    }
+    let [admitted, expiry] = lists;
+    Ok(RoomView {
+        sku,
+        config,
+        state: RoomState {
+            members,
+            pre,
+            base,
+            line,
+            opened,
+            tokens_milli,
+            last_fill_ms,
+            recent,
+            admitted,
+            expiry,
+            sold_out: get_bool(r, "sold out")?,
+            clock_ms: r.u64("room clock")?,
+        },
     })
 }

@@ -11,9 +11,13 @@
 use thiserror::Error;
 
 use super::codec::{put_i64s, put_str, put_u64, DecodeError, Reader};
-use super::fields::{get_export, get_params, get_sale_state, put_export, put_params};
+use super::fields::{
+    get_export, get_params, get_room_config, get_room_op, get_sale_state, put_export, put_params,
+    put_room_config, put_room_op,
+};
 use crate::engine::event::{event_kinds, Event, EventKind, EventRef};
 use crate::engine::types::{ReleaseReason, SaleExport, SaleParams, SaleState};
+use crate::room::{RoomConfig, RoomOp};
 
 /// Bytes before the payload: length and CRC.
 pub const HEADER_LEN: usize = 8;
@@ -467,6 +471,36 @@ impl Get for Box<SaleExport> {
     }
 }
 
+/// A waiting room's settings (`RoomOpened`).
+impl Put for &RoomConfig {
+    #[inline]
+    fn put(self, out: &mut Vec<u8>) {
+        put_room_config(out, self);
+    }
+}
+
+impl Get for RoomConfig {
+    #[inline]
+    fn get(r: &mut Reader<'_>, _what: &'static str) -> Result<Self, DecodeError> {
+        get_room_config(r)
+    }
+}
+
+/// A waiting room's change (`RoomChanged`): a tag byte, then the op's fields.
+impl Put for &RoomOp {
+    #[inline]
+    fn put(self, out: &mut Vec<u8>) {
+        put_room_op(out, self);
+    }
+}
+
+impl Get for RoomOp {
+    #[inline]
+    fn get(r: &mut Reader<'_>, _what: &'static str) -> Result<Self, DecodeError> {
+        get_room_op(r)
+    }
+}
+
 /// Checks the framing and CRC of the record at the start of `buf` and returns its payload
 /// and total length, without decoding the payload.
 pub fn frame(buf: &[u8]) -> Result<(&[u8], usize), RecordError> {
@@ -680,6 +714,25 @@ pub(crate) mod tests {
             Event::SaleDropped {
                 sku: "SKU-1".into(),
             },
+            Event::RoomOpened {
+                sku: "SKU-1".into(),
+                config: crate::room::RoomConfig {
+                    max_rate_per_sec: 50,
+                    over_admit_permille: 1200,
+                    admit_ttl_ms: 60_000,
+                    expiring_window_ms: 5_000,
+                    max_waiting: 1000,
+                    opens_at_ms: 1_764_500_000_000,
+                },
+                at_ms: 1_764_499_000_000,
+            },
+        ]
+        .into_iter()
+        .chain(room_ops().into_iter().map(|op| Event::RoomChanged {
+            sku: "SKU-1".into(),
+            op,
+        }))
+        .chain([
             Event::Opaque {
                 kind: K_GROUP_ACKED,
                 body: vec![0, 1, 2, 255],
@@ -688,7 +741,47 @@ pub(crate) mod tests {
                 kind: *OPAQUE_KINDS.end(),
                 body: Vec::new(),
             },
+        ])
+        .collect()
+    }
+
+    /// One room op of every shape.
+    pub(crate) fn room_ops() -> Vec<RoomOp> {
+        vec![
+            RoomOp::Join {
+                user: "alice".into(),
+            },
+            RoomOp::Leave { user: "bob".into() },
+            RoomOp::Open { seed: u64::MAX },
+            RoomOp::Admit {
+                upto_slot: u32::MAX,
+                now_ms: 1_764_500_000_000,
+            },
+            RoomOp::Reserved {
+                user: "carol".into(),
+            },
+            RoomOp::Expire { now_ms: 0 },
+            RoomOp::SoldOut,
+            RoomOp::Restocked,
         ]
+    }
+
+    /// A room op's tag byte past the known ones is damage, not data.
+    #[test]
+    fn wal_record_unknown_room_op_is_refused() {
+        let mut p = Vec::new();
+        encode_payload(
+            &EventRef::RoomChanged {
+                sku: "S",
+                op: &RoomOp::SoldOut,
+            },
+            &mut p,
+        );
+        assert!(decode_payload(&p).is_ok());
+        if let Some(last) = p.last_mut() {
+            *last = 9;
+        }
+        assert!(decode_payload(&p).is_err());
     }
 
     /// Logs written before finishes carried their buyer still replay: kinds 5, 6 and 7
@@ -808,7 +901,7 @@ pub(crate) mod tests {
         }
         // The kinds the format has ever had, and no other.
         let known: Vec<u8> = (0..=u8::MAX).filter(|k| known_kind(*k)).collect();
-        let expected: Vec<u8> = (1..=16).chain(OPAQUE_KINDS).collect();
+        let expected: Vec<u8> = (1..=18).chain(OPAQUE_KINDS).collect();
         assert_eq!(
             known, expected,
             "the record kinds this build reads changed: a format change, see tests/fixtures"
@@ -1014,6 +1107,36 @@ pub(crate) mod tests {
                 }),
             (OPAQUE_KINDS, proptest::collection::vec(any::<u8>(), 0..64))
                 .prop_map(|(kind, body)| Event::Opaque { kind, body }),
+            (s(), any::<(u32, u32, u64, u64, u32, u64)>(), any::<u64>()).prop_map(
+                |(sku, c, at_ms)| Event::RoomOpened {
+                    sku,
+                    config: crate::room::RoomConfig {
+                        max_rate_per_sec: c.0,
+                        over_admit_permille: c.1,
+                        admit_ttl_ms: c.2,
+                        expiring_window_ms: c.3,
+                        max_waiting: c.4,
+                        opens_at_ms: c.5,
+                    },
+                    at_ms,
+                }
+            ),
+            (s(), s(), any::<(u32, u64)>(), 0usize..8).prop_map(|(sku, user, (n, t), i)| {
+                let op = match i {
+                    0 => RoomOp::Join { user },
+                    1 => RoomOp::Leave { user },
+                    2 => RoomOp::Open { seed: t },
+                    3 => RoomOp::Admit {
+                        upto_slot: n,
+                        now_ms: t,
+                    },
+                    4 => RoomOp::Reserved { user },
+                    5 => RoomOp::Expire { now_ms: t },
+                    6 => RoomOp::SoldOut,
+                    _ => RoomOp::Restocked,
+                };
+                Event::RoomChanged { sku, op }
+            }),
         ]
     }
 

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use super::codec::{put_str, put_u64, DecodeError, Reader};
 use super::fields::{
-    get_reservation, get_sale, get_tomb, put_reservation, put_sale, put_tomb, PREALLOC_CAP,
+    get_reservation, get_room, get_sale, get_tomb, put_reservation, put_room, put_sale, put_tomb,
+    PREALLOC_CAP,
 };
 use super::segment::{snapshot_file_name, sync_dir};
 use super::{io_err, Lsn, WalError};
@@ -22,8 +23,9 @@ use crate::engine::types::Snapshot;
 /// The first 8 bytes of every snapshot file: format and version.
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"SGSNAP\0\x01";
 /// Version 2 added tombstones of purged reservations, version 3 the history id at the
-/// end; older files still load (without them).
-pub const SNAPSHOT_VERSION: u8 = 3;
+/// end, version 4 the sales' waiting rooms after it; older files still load (without
+/// them).
+pub const SNAPSHOT_VERSION: u8 = 4;
 const HEADER_LEN: usize = 8 + 8 + 4;
 
 /// What [`super::Wal::write_snapshot`] did.
@@ -59,6 +61,10 @@ pub fn encode_snapshot(snap: &Snapshot, lsn: Lsn) -> Vec<u8> {
         put_tomb(&mut out, t);
     }
     put_str(&mut out, &snap.history);
+    put_u64(&mut out, snap.rooms.len() as u64);
+    for room in &snap.rooms {
+        put_room(&mut out, room);
+    }
     let len = (out.len() - HEADER_LEN) as u64;
     let crc = crc32c::crc32c(&out[HEADER_LEN..]);
     out[8..16].copy_from_slice(&len.to_le_bytes());
@@ -146,6 +152,14 @@ fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
     } else {
         String::new()
     };
+    let mut rooms = Vec::new();
+    if version >= 4 {
+        let n = r.count("rooms")?;
+        rooms.reserve(n.min(PREALLOC_CAP));
+        for _ in 0..n {
+            rooms.push(get_room(r)?);
+        }
+    }
     r.finish()?;
     Ok((
         lsn,
@@ -154,6 +168,7 @@ fn decode_payload(r: &mut Reader<'_>) -> Result<(Lsn, Snapshot), DecodeError> {
             sales,
             reservations,
             tombs,
+            rooms,
         },
     ))
 }
@@ -198,7 +213,7 @@ pub(crate) fn read(path: &Path, lsn: Lsn) -> Result<Snapshot, WalError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::engine::types::{ReservationState, ReservationView, SaleView, TombView};
+    use crate::engine::types::{ReservationState, ReservationView, RoomView, SaleView, TombView};
     use crate::engine::types::{SaleParams, SaleState};
     use proptest::prelude::*;
 
@@ -275,6 +290,37 @@ pub(crate) mod tests {
                     user: String::new(),
                 },
             ],
+            rooms: vec![RoomView {
+                sku: "SKU-0001".into(),
+                config: crate::room::RoomConfig::default(),
+                state: crate::room::RoomState {
+                    members: vec![
+                        crate::room::MemberState {
+                            user: 7,
+                            slot: 0,
+                            join: 0,
+                            place: 2,
+                        },
+                        crate::room::MemberState {
+                            user: 9,
+                            slot: 1,
+                            join: 1,
+                            place: 1,
+                        },
+                    ],
+                    pre: vec![],
+                    base: 1,
+                    line: vec![9, 0],
+                    opened: true,
+                    tokens_milli: 99_000,
+                    last_fill_ms: 1_764_500_000_000,
+                    recent: vec![(1_764_500_000_000, 1)],
+                    admitted: vec![(7, 1_764_500_120_000, 0)],
+                    expiry: vec![(1_764_500_120_000, 7, 0)],
+                    sold_out: false,
+                    clock_ms: 1_764_500_000_000,
+                },
+            }],
         }
     }
 
@@ -297,10 +343,28 @@ pub(crate) mod tests {
     fn wal_snapshot_version_2_loads_without_history() {
         let mut snap = sample(2);
         snap.history.clear();
+        snap.rooms.clear();
         let mut bytes = encode_snapshot(&snap, 9);
-        // An empty string is one length byte: drop it and mark the file version 2.
-        bytes.pop();
+        // An empty string and an empty list are one byte each: drop them and mark the
+        // file version 2.
+        bytes.truncate(bytes.len() - 2);
         bytes[HEADER_LEN] = 2;
+        let len = (bytes.len() - HEADER_LEN) as u64;
+        let crc = crc32c::crc32c(&bytes[HEADER_LEN..]);
+        bytes[8..16].copy_from_slice(&len.to_le_bytes());
+        bytes[16..20].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_snapshot(&bytes), Ok((9, snap)));
+    }
+
+    /// A version 3 file (no rooms) still loads, with no room.
+    #[test]
+    fn wal_snapshot_version_3_loads_without_rooms() {
+        let mut snap = sample(2);
+        snap.rooms.clear();
+        let mut bytes = encode_snapshot(&snap, 9);
+        // An empty list is one count byte: drop it and mark the file version 3.
+        bytes.pop();
+        bytes[HEADER_LEN] = 3;
         let len = (bytes.len() - HEADER_LEN) as u64;
         let crc = crc32c::crc32c(&bytes[HEADER_LEN..]);
         bytes[8..16].copy_from_slice(&len.to_le_bytes());

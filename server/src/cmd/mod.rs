@@ -17,6 +17,7 @@ pub mod multi;
 pub mod pubsub;
 pub mod replication;
 pub mod reserve;
+pub mod room;
 pub mod sale;
 pub mod secret;
 pub mod shutdown;
@@ -190,6 +191,11 @@ fn run(ctx: &mut Ctx<'_>, spec: &command_table::Spec, rest: &[&[u8]]) -> Result<
         "sale.fence" => sale::Fence::parse(rest).map(|c| c.apply(ctx)),
         "sale.restore" => sale::Restore::parse(rest).map(|c| c.apply(ctx)),
         "sale.rebuild" => sale::Rebuild::parse(rest).map(|c| c.apply(ctx)),
+        "room.open" => room::Open::parse(rest).map(|c| c.apply(ctx)),
+        "room.join" => room::Join::parse(rest).map(|c| c.apply(ctx)),
+        "room.status" => room::StatusCmd::parse(rest).map(|c| c.apply(ctx)),
+        "room.leave" => room::Leave::parse(rest).map(|c| c.apply(ctx)),
+        "room.info" => room::Info::parse(rest).map(|c| c.apply(ctx)),
         "sale.import" => Ok(slot_move::import(ctx, rest)),
         "sale.migrate" => Ok(slot_move::migrate(ctx, rest)),
         "save" => Ok(introspect::save(ctx)),

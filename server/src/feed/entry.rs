@@ -1,6 +1,7 @@
 //! One log record as a stream entry: its id and its fields.
 
 use crate::engine::event::{Event, Lsn};
+use crate::room::RoomOp;
 
 /// The all-events stream's name.
 pub const ALL_EVENTS: &str = "stockgate:events";
@@ -44,6 +45,8 @@ pub fn sku_of(ev: &Event) -> Option<&str> {
         | Event::SaleStateSet { sku, .. }
         | Event::SaleRebuilt { sku, .. }
         | Event::Reserved { sku, .. }
+        | Event::RoomOpened { sku, .. }
+        | Event::RoomChanged { sku, .. }
         | Event::SaleDropped { sku } => Some(sku),
         Event::SaleImported { export } => Some(&export.sale.sku),
         Event::Released { token, .. }
@@ -155,9 +158,44 @@ fn fields(ev: &Event) -> Vec<(&'static str, String)> {
             ("reservations", s(&export.reservations.len())),
         ]),
         Event::SaleDropped { .. } => f.push(("sku", sku)),
+        Event::RoomOpened { config, at_ms, .. } => f.extend([
+            ("sku", sku),
+            ("opens_at_ms", s(&config.opens_at_ms)),
+            ("rate", s(&config.max_rate_per_sec)),
+            ("overadmit_permille", s(&config.over_admit_permille)),
+            ("admit_ttl_ms", s(&config.admit_ttl_ms)),
+            ("max_waiting", s(&config.max_waiting)),
+            ("at_ms", s(at_ms)),
+        ]),
+        Event::RoomChanged { op, .. } => room_fields(&mut f, op, sku),
         Event::Opaque { .. } => {}
     }
     f
+}
+
+/// The fields after `type` of a waiting room's change: `op` names it, then what it
+/// carries (the opening's seed is left out: it orders the pre-queue and tells nobody
+/// anything useful).
+fn room_fields(f: &mut Vec<(&'static str, String)>, op: &RoomOp, sku: String) {
+    f.push(("sku", sku));
+    match op {
+        RoomOp::Join { user } => f.extend([("op", "join".into()), ("user", user.clone())]),
+        RoomOp::Leave { user } => f.extend([("op", "leave".into()), ("user", user.clone())]),
+        RoomOp::Reserved { user } => {
+            f.extend([("op", "reserved".into()), ("user", user.clone())]);
+        }
+        RoomOp::Open { .. } => f.push(("op", "open".into())),
+        RoomOp::Admit { upto_slot, now_ms } => f.extend([
+            ("op", "admit".into()),
+            ("upto_slot", upto_slot.to_string()),
+            ("at_ms", now_ms.to_string()),
+        ]),
+        RoomOp::Expire { now_ms } => {
+            f.extend([("op", "expire".into()), ("at_ms", now_ms.to_string())]);
+        }
+        RoomOp::SoldOut => f.push(("op", "soldout".into())),
+        RoomOp::Restocked => f.push(("op", "restocked".into())),
+    }
 }
 
 /// The fields after `type` of the events of one reservation.
@@ -316,6 +354,15 @@ mod tests {
                 }),
             },
             EventKind::SaleDropped => Event::SaleDropped { sku: sku.into() },
+            EventKind::RoomOpened => Event::RoomOpened {
+                sku: sku.into(),
+                config: crate::room::RoomConfig::default(),
+                at_ms: 5,
+            },
+            EventKind::RoomChanged => Event::RoomChanged {
+                sku: sku.into(),
+                op: RoomOp::Join { user },
+            },
             EventKind::Opaque => Event::Opaque {
                 kind: K_GROUP_ACKED,
                 body: vec![1, 2, 3],
@@ -341,6 +388,10 @@ mod tests {
             EventKind::HistoryBegun => "type sku history v",
             EventKind::SaleImported => "type sku total committed reserved reservations v",
             EventKind::SaleDropped => "type sku v",
+            EventKind::RoomOpened => {
+                "type sku opens_at_ms rate overadmit_permille admit_ttl_ms max_waiting at_ms v"
+            }
+            EventKind::RoomChanged => "type sku op user v",
             EventKind::Opaque => "type v",
         }
     }

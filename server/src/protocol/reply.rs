@@ -6,6 +6,7 @@ use bytes::{BufMut, BytesMut};
 use super::arg_error::ArgError;
 use crate::engine::{ident, EngineError};
 use crate::feed::FeedError;
+use crate::room::RoomError;
 
 /// One reply to a client, built by the commands and encoded for the connection's protocol version
 /// by [`Reply::encode`].
@@ -214,8 +215,26 @@ pub fn from_engine_error(e: &EngineError) -> Reply {
         }
         EngineError::NotMoving => "ERR the sale is not frozen for a move".into(),
         EngineError::Import(why) => format!("ERR {why}"),
+        EngineError::NoRoom => "NOROOM no waiting room for this sale".into(),
+        EngineError::RoomExists => "EXISTS room exists with different settings".into(),
+        EngineError::RoomConfig(why) => format!("ERR {why}"),
+        EngineError::Room(why) => from_room_error(why),
     };
     Reply::Error(s)
+}
+
+/// A waiting room's refusal: a code a checkout service can act on (show "sold out",
+/// retry later, re-join), then the room's words.
+fn from_room_error(e: &RoomError) -> String {
+    let code = match e {
+        RoomError::InvalidUser => return format!("ERR {}", ident::invalid_message("user")),
+        RoomError::QueueFull { .. } => "QUEUEFULL",
+        RoomError::TooManyJoins { .. } => "TOOMANYJOINS",
+        RoomError::SoldOut => "SOLDOUT",
+        RoomError::NotInQueue => "NOTQUEUED",
+        RoomError::Ticket(_) | RoomError::StaleTicket => "BADTICKET",
+    };
+    format!("{code} {e}")
 }
 
 /// Every argument error's wire form: `ERR` and the message naming the argument and what
