@@ -23,6 +23,7 @@ mod raft_group;
 mod raft_isolated_leader;
 mod raft_materializer;
 mod raft_replication;
+mod raft_room;
 mod raft_snapshot;
 mod raft_storm;
 mod raft_switchover;
