@@ -14,6 +14,7 @@ mod deploy_systemd;
 mod hardening_auth;
 mod hardening_hostile;
 mod help_secrets;
+mod live_counts;
 mod log_flags;
 mod metrics_e2e;
 mod metrics_sweeper;

@@ -177,6 +177,19 @@ impl Engine {
         Ok((status, lsn))
     }
 
+    /// Where the place `ticket` names stands, as the room is now, without moving it: a
+    /// read (the buyer page asks it), where `ROOM.STATUS` may admit and log. The next
+    /// command or engine tick moves the room on.
+    pub fn room_peek(&self, sku: &str, user: &str, ticket: &str) -> Result<Status, EngineError> {
+        ident::check_sku(sku)?;
+        ident::check_user(user)?;
+        let sale = self.sale(sku)?;
+        let handle = self.room(sku)?;
+        let room = handle.lock();
+        room.status_ticket(ticket, user, self.clock.now_ms(), &stock_view(&sale))
+            .map_err(EngineError::Room)
+    }
+
     /// `ROOM.LEAVE`: `user` gives the place up (an unused admission's budget goes to the
     /// next buyer). `true` if it held one; a repeat changes nothing.
     pub fn room_leave(&self, sku: &str, user: &str) -> Result<(bool, Lsn), EngineError> {

@@ -1,7 +1,10 @@
 //! The metrics endpoint (`--metrics-addr`): a minimal HTTP/1.1 server on tokio, GET only,
 //! one request per connection. `/metrics` (Prometheus text), `/json` (what the status
-//! page polls), `/` (the status page), `/healthz`. No framework: four routes do not need
-//! one, and every request is bounded in size, time and concurrency.
+//! page polls), `/` (the status page), `/healthz`, and what buyers watch (`live`):
+//! `/sale/<sku>` (the buyer page) and `/sale/<sku>/events` (its live counts as
+//! Server-Sent Events). No framework: a few routes do not need one, and every request is
+//! bounded in size, time and concurrency; an event stream leaves the request limits once
+//! its request is read and counts against the watcher limit instead.
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
@@ -10,9 +13,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::health::{self, Health};
+use super::live::{self, Hub};
 use super::{prom, view};
 use crate::engine::Engine;
 use crate::metrics::{HistoryPoint, SaleEvent, SALE_EVENT_NAMES};
@@ -21,6 +25,10 @@ use crate::session::Shared;
 const STATUS_PAGE: &str = include_str!("status.html");
 const MAX_REQUEST: usize = 8 * 1024;
 const MAX_CONCURRENT: usize = 32;
+/// Connections reading their request at once where event streams are served: watchers
+/// (re)connect in bursts (a page load, a reconnect after a restart); the routes other than
+/// the streams still answer [`MAX_CONCURRENT`] at a time.
+const MAX_CONCURRENT_READS_LIVE: usize = 1024;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A route's answer: content type and body; `None` is a 404.
@@ -38,11 +46,17 @@ pub async fn serve(
     shared: Arc<Shared>,
     tls: Option<Arc<crate::tls::Tls>>,
 ) {
+    let hub = Arc::new(Hub::new(engine.clone(), live::MAX_WATCHERS));
     serve_routes_over(
         listener,
         tls,
-        Arc::new(move |path: &str| -> Answered {
+        Some(hub),
+        Arc::new(move |target: &str| -> Answered {
             const OK: &str = "200 OK";
+            let (path, query) = target.split_once('?').unwrap_or((target, ""));
+            if let Some(answer) = sale_route(&engine, path, query) {
+                return Some(answer);
+            }
             // Rendering takes each engine stripe lock briefly, as EXPIRED does.
             match path {
                 "/metrics" => Some((OK, PROM_TYPE, prom::render(&engine, &shared).into_bytes())),
@@ -67,6 +81,24 @@ pub async fn serve(
     .await
 }
 
+/// `/sale/<sku>` (the buyer page) and `/sale/<sku>/ticket`; `None` for other paths.
+/// (`/sale/<sku>/events` is served as a stream before the routes are asked.)
+fn sale_route(engine: &Engine, path: &str, query: &str) -> Answered {
+    if let Some(sku) = live::page_sku(path) {
+        let (status, page) = live::page(engine, &sku);
+        return Some((status, "text/html; charset=utf-8", page.into_bytes()));
+    }
+    let sku = path.strip_prefix("/sale/")?.strip_suffix("/ticket")?;
+    if sku.is_empty() || sku.contains('/') {
+        return None;
+    }
+    // A read of the room as it is (`Engine::room_peek`): ROOM.STATUS would move the room
+    // and log what that decided, a write an unauthenticated GET must not make. The
+    // admission token itself is never shown here: the checkout service fetches it.
+    let (status, body) = live::ticket_json(engine, &live::percent_decode(sku), query);
+    Some((status, "application/json", body.into_bytes()))
+}
+
 /// The Prometheus text exposition content type.
 pub const PROM_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -77,18 +109,29 @@ pub async fn serve_routes(
     tls: Option<Arc<crate::tls::Tls>>,
     route: Arc<dyn Fn(&str) -> Routed + Send + Sync>,
 ) {
-    let answered: Route = Arc::new(move |path: &str| -> Answered {
+    let answered: Route = Arc::new(move |target: &str| -> Answered {
+        let path = target.split('?').next().unwrap_or("");
         route(path).map(|(ctype, body)| ("200 OK", ctype, body))
     });
-    serve_routes_over(listener, tls, answered).await
+    serve_routes_over(listener, tls, None, answered).await
 }
 
 type Route = Arc<dyn Fn(&str) -> Answered + Send + Sync>;
 
 /// [`serve_routes`], over TLS when `tls` is given (the handshake counts against the
-/// request's time limit).
-async fn serve_routes_over(listener: TcpListener, tls: Option<Arc<crate::tls::Tls>>, route: Route) {
-    let permits = Arc::new(Semaphore::new(MAX_CONCURRENT));
+/// request's time limit), with the event streams of `live` when given.
+async fn serve_routes_over(
+    listener: TcpListener,
+    tls: Option<Arc<crate::tls::Tls>>,
+    live: Option<Arc<Hub>>,
+    route: Route,
+) {
+    let reads = match live {
+        Some(_) => MAX_CONCURRENT_READS_LIVE,
+        None => MAX_CONCURRENT,
+    };
+    let permits = Arc::new(Semaphore::new(reads));
+    let routes = Arc::new(Semaphore::new(MAX_CONCURRENT));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -99,62 +142,94 @@ async fn serve_routes_over(listener: TcpListener, tls: Option<Arc<crate::tls::Tl
             continue;
         };
         let route = route.clone();
+        let routes = routes.clone();
+        let live = live.clone();
         let acceptor = tls.as_ref().map(|t| t.acceptor());
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(IO_TIMEOUT, async {
-                match acceptor {
-                    None => handle(stream, route.as_ref()).await,
-                    Some(a) => handle(a.accept(stream).await?, route.as_ref()).await,
+            let deadline = tokio::time::Instant::now() + IO_TIMEOUT;
+            match acceptor {
+                None => conn(stream, route, routes, live, permit, deadline).await,
+                Some(a) => {
+                    if let Ok(Ok(s)) = tokio::time::timeout_at(deadline, a.accept(stream)).await {
+                        conn(s, route, routes, live, permit, deadline).await;
+                    }
                 }
-            })
-            .await;
-            drop(permit);
+            }
         });
     }
 }
 
-async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
+/// One connection: its request read and answered by `deadline`, holding `permit` (and
+/// one of `routes` to answer); an event stream gives the permit back and runs on without
+/// the deadline.
+async fn conn<S: AsyncRead + AsyncWrite + Unpin + Send>(
     mut s: S,
-    route: &(dyn Fn(&str) -> Answered + Send + Sync),
-) -> std::io::Result<()> {
+    route: Route,
+    routes: Arc<Semaphore>,
+    live: Option<Arc<Hub>>,
+    permit: OwnedSemaphorePermit,
+    deadline: tokio::time::Instant,
+) {
+    let Ok(Ok(req)) = tokio::time::timeout_at(deadline, read_request(&mut s)).await else {
+        return;
+    };
+    if let (Some(hub), Some((method, target))) = (live, req.as_ref()) {
+        let path = target.split('?').next().unwrap_or("");
+        if let (true, Some(sku)) = (method == "GET", live::events_sku(path)) {
+            drop(permit);
+            live::serve_events(&hub, s, &sku).await;
+            return;
+        }
+    }
+    let _ = tokio::time::timeout_at(deadline, async {
+        let _answering = routes.acquire().await;
+        answer(&mut s, req, route.as_ref()).await
+    })
+    .await;
+    drop(permit);
+}
+
+/// The request line's method and target; `None` when the head is too large; an error
+/// when the peer closed first (then nothing is answered).
+async fn read_request<S: AsyncRead + Unpin>(
+    s: &mut S,
+) -> std::io::Result<Option<(String, String)>> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
         let n = s.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(());
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         buf.extend_from_slice(&chunk[..n]);
         if buf.len() > MAX_REQUEST {
-            return respond(
-                &mut s,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                b"",
-            )
-            .await;
+            return Ok(None);
         }
     }
     let line = buf.split(|&b| b == b'\r').next().unwrap_or(&[]);
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split(' ');
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
+    Ok(Some((method.to_string(), target.to_string())))
+}
+
+async fn answer<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    req: Option<(String, String)>,
+    route: &(dyn Fn(&str) -> Answered + Send + Sync),
+) -> std::io::Result<()> {
+    let Some((method, target)) = req else {
+        return respond(s, "431 Request Header Fields Too Large", "text/plain", b"").await;
+    };
     if method != "GET" && method != "HEAD" {
-        return respond(
-            &mut s,
-            "405 Method Not Allowed",
-            "text/plain",
-            b"GET only\n",
-        )
-        .await;
+        return respond(s, "405 Method Not Allowed", "text/plain", b"GET only\n").await;
     }
-    let (status, ctype, body) = match route(path) {
+    let (status, ctype, body) = match route(&target) {
         Some(answer) => answer,
         None => ("404 Not Found", "text/plain", b"not found\n".to_vec()),
     };
     let body = if method == "HEAD" { Vec::new() } else { body };
-    respond(&mut s, status, ctype, &body).await
+    respond(s, status, ctype, &body).await
 }
 
 async fn respond<S: AsyncWrite + Unpin>(

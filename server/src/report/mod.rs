@@ -6,6 +6,7 @@
 pub mod health;
 pub mod http;
 pub mod info;
+pub mod live;
 pub mod prom;
 pub mod prom_label;
 pub mod prom_raft;
