@@ -158,6 +158,8 @@ try:
               f"{terms() - before} term(s)", flush=True)
         start(old)
     stop.set()
+    if not times:
+        raise SystemExit(0)
     s = sorted(times)
     p90 = s[min(len(s) - 1, int(len(s) * 0.9))]
     print(f"raft failover over {len(s)} kills (LOAD={LOAD}, {' '.join(EXTRA) or 'default timings'}): "

@@ -24,7 +24,8 @@ use crate::tls::TlsConfig;
 use crate::value::{as_int, as_string};
 
 use crate::types::{
-    CommitOk, ExpiredReservation, ReservationInfo, ReservationState, ReserveOutcome, SaleInfo,
+    CommitOk, ExpiredReservation, ReservationInfo, ReservationState, ReserveOutcome, RoomInfo,
+    RoomOptions, RoomStatus, RoomTicket, SaleInfo,
 };
 
 /// Typed stockgate client. Cheap to clone (clones share the connection).
@@ -403,6 +404,82 @@ impl StockgateClient {
     }
 }
 
+/// The waiting room (docs/protocol.md, section 4a). Every command is idempotent (a join
+/// answers the place the user holds, a leave of no place changes nothing), so each is
+/// retried through a failover like the other commands.
+impl StockgateClient {
+    /// `ROOM.OPEN sku [OPENS-AT ms] [RATE n] [OVERADMIT permille] [ADMIT-TTL ms] [WINDOW ms]
+    /// [MAX n]` (admin). The same settings again succeed; other settings are refused with
+    /// [`ClientError::Exists`], an unknown sale with [`ClientError::NoSale`], a setting out of
+    /// range with [`ClientError::Server`] (code `ERR`).
+    pub async fn open_room(&self, sku: &str, opts: &RoomOptions) -> Result<(), ClientError> {
+        let mut cmd = redis::cmd("ROOM.OPEN");
+        cmd.arg(sku);
+        push_room_opts(&mut cmd, opts);
+        self.call(&cmd).await.map(|_| ())
+    }
+
+    /// `ROOM.JOIN sku user`: the user's place, the same ticket again while the user holds
+    /// one. Refused with [`ClientError::QueueFull`], [`ClientError::SoldOut`],
+    /// [`ClientError::TooManyJoins`], [`ClientError::NoRoom`], [`ClientError::NoSale`].
+    pub async fn join(&self, sku: &str, user: &str) -> Result<RoomTicket, ClientError> {
+        let v = self
+            .call(redis::cmd("ROOM.JOIN").arg(sku).arg(user))
+            .await?;
+        parse_room_join(&v).ok_or_else(|| proto("ROOM.JOIN", &v))
+    }
+
+    /// `ROOM.STATUS sku user ticket`: where the place is; [`RoomStatus::Admitted`] carries
+    /// the admission token for [`Self::reserve`]. Refused with [`ClientError::BadTicket`],
+    /// [`ClientError::NotQueued`], [`ClientError::NoRoom`], [`ClientError::NoSale`].
+    pub async fn status(
+        &self,
+        sku: &str,
+        user: &str,
+        ticket: &str,
+    ) -> Result<RoomStatus, ClientError> {
+        let v = self
+            .call(redis::cmd("ROOM.STATUS").arg(sku).arg(user).arg(ticket))
+            .await?;
+        parse_room_status(&v).ok_or_else(|| proto("ROOM.STATUS", &v))
+    }
+
+    /// `ROOM.LEAVE sku user`: true if this call gave the user's place up, false if the user
+    /// held none (also when a resent leave's first send gave it up).
+    pub async fn leave(&self, sku: &str, user: &str) -> Result<bool, ClientError> {
+        let v = self
+            .call(redis::cmd("ROOM.LEAVE").arg(sku).arg(user))
+            .await?;
+        match as_int(&v) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            _ => Err(proto("ROOM.LEAVE", &v)),
+        }
+    }
+
+    /// `ROOM.INFO sku`: the room's settings and counts. Refused with [`ClientError::NoRoom`].
+    pub async fn room_info(&self, sku: &str) -> Result<RoomInfo, ClientError> {
+        let v = self.call(redis::cmd("ROOM.INFO").arg(sku)).await?;
+        parse_room_info(&v).ok_or_else(|| proto("ROOM.INFO", &v))
+    }
+}
+
+fn push_room_opts(cmd: &mut redis::Cmd, o: &RoomOptions) {
+    let settings = [
+        ("OPENS-AT", o.opens_at_ms),
+        ("RATE", o.rate.map(u64::from)),
+        ("OVERADMIT", o.overadmit_permille.map(u64::from)),
+        ("ADMIT-TTL", o.admit_ttl_ms),
+        ("WINDOW", o.window_ms),
+        ("MAX", o.max_waiting.map(u64::from)),
+    ];
+    for (word, value) in settings {
+        if let Some(v) = value {
+            cmd.arg(word).arg(v);
+        }
+    }
+}
+
 fn push_sale_opts(cmd: &mut redis::Cmd, shards: Option<u16>, ttl: Option<u64>, limit: Option<u32>) {
     if let Some(s) = shards {
         cmd.arg("SHARDS").arg(s);
@@ -551,6 +628,65 @@ fn parse_sale_info(v: &Value) -> Option<SaleInfo> {
     })
 }
 
+fn parse_room_join(v: &Value) -> Option<RoomTicket> {
+    let Value::Array(a) = v else { return None };
+    let [ticket, position, eta_ms] = a.as_slice() else {
+        return None;
+    };
+    Some(RoomTicket {
+        ticket: as_string(ticket)?,
+        position: u64::try_from(as_int(position)?).ok()?,
+        eta_ms: u64::try_from(as_int(eta_ms)?).ok()?,
+    })
+}
+
+fn parse_room_status(v: &Value) -> Option<RoomStatus> {
+    let Value::Array(a) = v else { return None };
+    let word = as_string(a.first()?)?;
+    let rest = &a[1..];
+    Some(match (word.as_str(), rest) {
+        ("WAITING", [position, eta_ms]) => RoomStatus::Waiting {
+            position: u64::try_from(as_int(position)?).ok()?,
+            eta_ms: u64::try_from(as_int(eta_ms)?).ok()?,
+        },
+        ("ADMITTED", [admission, until_ms]) => RoomStatus::Admitted {
+            admission: as_string(admission)?,
+            until_ms: as_int(until_ms)?,
+        },
+        ("BEFORE-OPEN", [opens_at_ms]) => RoomStatus::BeforeOpen {
+            opens_at_ms: as_int(opens_at_ms)?,
+        },
+        ("RESERVED", []) => RoomStatus::Reserved,
+        ("SOLDOUT", []) => RoomStatus::SoldOut,
+        ("EXPIRED", []) => RoomStatus::Expired,
+        ("LEFT", []) => RoomStatus::Left,
+        _ => return None,
+    })
+}
+
+fn parse_room_info(v: &Value) -> Option<RoomInfo> {
+    let p = as_pairs(v)?;
+    let u64_of = |name: &str| u64::try_from(as_int(field(&p, name)?)?).ok();
+    let u32_of = |name: &str| u32::try_from(as_int(field(&p, name)?)?).ok();
+    let flag = |name: &str| match as_int(field(&p, name)?)? {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    };
+    Some(RoomInfo {
+        opens_at_ms: u64_of("opens_at_ms")?,
+        rate: u32_of("rate")?,
+        overadmit_permille: u32_of("overadmit_permille")?,
+        admit_ttl_ms: u64_of("admit_ttl_ms")?,
+        window_ms: u64_of("window_ms")?,
+        max_waiting: u32_of("max_waiting")?,
+        waiting: u64_of("waiting")?,
+        admitted: u64_of("admitted")?,
+        open: flag("open")?,
+        sold_out: flag("sold_out")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -640,5 +776,194 @@ mod tests {
         let info = parse_reservation(&res).expect("parse");
         assert_eq!(info.state, ReservationState::Reserved);
         assert_eq!(info.expires_at_ms, 10);
+    }
+
+    fn arr(items: Vec<Value>) -> Value {
+        Value::Array(items)
+    }
+
+    #[test]
+    fn parses_room_join_and_status() {
+        let j = arr(vec![bs("t1|k|S|u|1|sig"), Value::Int(3), Value::Int(1500)]);
+        assert_eq!(
+            parse_room_join(&j),
+            Some(RoomTicket {
+                ticket: "t1|k|S|u|1|sig".into(),
+                position: 3,
+                eta_ms: 1500
+            })
+        );
+        assert_eq!(parse_room_join(&arr(vec![bs("t"), Value::Int(1)])), None);
+        assert_eq!(
+            parse_room_join(&arr(vec![bs("t"), Value::Int(-1), Value::Int(0)])),
+            None
+        );
+        let cases = [
+            (
+                vec![bs("WAITING"), Value::Int(4), Value::Int(2000)],
+                RoomStatus::Waiting {
+                    position: 4,
+                    eta_ms: 2000,
+                },
+            ),
+            (
+                vec![bs("ADMITTED"), bs("tok.sig"), Value::Int(17)],
+                RoomStatus::Admitted {
+                    admission: "tok.sig".into(),
+                    until_ms: 17,
+                },
+            ),
+            (
+                vec![bs("BEFORE-OPEN"), Value::Int(1_767_225_630_000)],
+                RoomStatus::BeforeOpen {
+                    opens_at_ms: 1_767_225_630_000,
+                },
+            ),
+            (vec![bs("RESERVED")], RoomStatus::Reserved),
+            (
+                vec![Value::SimpleString("SOLDOUT".into())],
+                RoomStatus::SoldOut,
+            ),
+            (vec![bs("EXPIRED")], RoomStatus::Expired),
+            (vec![bs("LEFT")], RoomStatus::Left),
+        ];
+        for (reply, want) in cases {
+            assert_eq!(parse_room_status(&arr(reply)), Some(want));
+        }
+        let admitted = parse_room_status(&arr(vec![bs("ADMITTED"), bs("a.b"), Value::Int(1)]));
+        assert_eq!(
+            admitted.as_ref().and_then(RoomStatus::admission),
+            Some("a.b")
+        );
+        assert_eq!(RoomStatus::Left.admission(), None);
+        for bad in [
+            vec![],
+            vec![bs("WAITING"), Value::Int(1)],
+            vec![bs("ADMITTED"), bs("t")],
+            vec![bs("LEFT"), Value::Int(1)],
+            vec![bs("GONE")],
+        ] {
+            assert_eq!(parse_room_status(&arr(bad.clone())), None, "{bad:?}");
+        }
+        assert_eq!(parse_room_status(&bs("WAITING")), None);
+    }
+
+    #[test]
+    fn parses_room_info_as_resp2_list_and_resp3_map() {
+        let fields = [
+            ("opens_at_ms", 0),
+            ("rate", 100),
+            ("overadmit_permille", 1000),
+            ("admit_ttl_ms", 120_000),
+            ("window_ms", 10_000),
+            ("max_waiting", 1_000_000),
+            ("waiting", 7),
+            ("admitted", 2),
+            ("open", 1),
+            ("sold_out", 0),
+        ];
+        let want = RoomInfo {
+            opens_at_ms: 0,
+            rate: 100,
+            overadmit_permille: 1000,
+            admit_ttl_ms: 120_000,
+            window_ms: 10_000,
+            max_waiting: 1_000_000,
+            waiting: 7,
+            admitted: 2,
+            open: true,
+            sold_out: false,
+        };
+        let flat: Vec<Value> = fields
+            .iter()
+            .flat_map(|(k, v)| [bs(k), Value::Int(*v)])
+            .collect();
+        assert_eq!(parse_room_info(&arr(flat.clone())), Some(want.clone()));
+        let map = Value::Map(
+            fields
+                .iter()
+                .map(|(k, v)| (bs(k), Value::Int(*v)))
+                .collect(),
+        );
+        assert_eq!(parse_room_info(&map), Some(want));
+        assert_eq!(parse_room_info(&arr(flat[..flat.len() - 2].to_vec())), None);
+        let mut two = flat;
+        let last = two.len() - 1;
+        two[last - 2] = Value::Int(2); // open: 2
+        assert_eq!(parse_room_info(&arr(two)), None);
+    }
+
+    #[test]
+    fn room_options_in_protocol_order() {
+        let mut cmd = redis::cmd("ROOM.OPEN");
+        cmd.arg("S");
+        push_room_opts(
+            &mut cmd,
+            &RoomOptions {
+                rate: Some(1000),
+                admit_ttl_ms: Some(60_000),
+                max_waiting: Some(45),
+                ..RoomOptions::default()
+            },
+        );
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                redis::Arg::Cursor => "<cursor>".into(),
+            })
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "ROOM.OPEN",
+                "S",
+                "RATE",
+                "1000",
+                "ADMIT-TTL",
+                "60000",
+                "MAX",
+                "45"
+            ]
+        );
+    }
+
+    fn server_error(line: &str) -> ClientError {
+        let v = redis::parse_redis_value(format!("-{line}\r\n").as_bytes()).unwrap();
+        ClientError::from(v.extract_error().unwrap_err())
+    }
+
+    #[test]
+    fn room_error_replies_are_typed() {
+        let full =
+            server_error("QUEUEFULL queue full: 45 buyers are already waiting for this sale");
+        assert!(
+            matches!(&full, ClientError::QueueFull(d) if d.starts_with("queue full: 45")),
+            "{full:?}"
+        );
+        assert!(matches!(
+            server_error("SOLDOUT sold out"),
+            ClientError::SoldOut
+        ));
+        assert!(matches!(
+            server_error("TOOMANYJOINS too many joins: at most 4 places per user per sale"),
+            ClientError::TooManyJoins
+        ));
+        assert!(matches!(
+            server_error("NOROOM no waiting room for this sale"),
+            ClientError::NoRoom
+        ));
+        let bad = server_error("BADTICKET stale ticket: replaced by a later join");
+        assert!(
+            matches!(&bad, ClientError::BadTicket(d) if d.starts_with("stale ticket")),
+            "{bad:?}"
+        );
+        assert!(matches!(
+            server_error("NOTQUEUED not in the queue"),
+            ClientError::NotQueued
+        ));
+        for e in [full, bad, ClientError::NoRoom] {
+            assert!(!e.is_transient(), "{e}");
+        }
     }
 }

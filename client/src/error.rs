@@ -34,6 +34,28 @@ pub enum ClientError {
     /// `-EXISTS`: `SALE.CREATE` for a sale that exists with other parameters.
     #[error("sale exists with other parameters (-EXISTS)")]
     Exists,
+    /// `-QUEUEFULL` (`ROOM.JOIN`): the waiting room holds its `MAX` buyers already; the
+    /// text names the limit.
+    #[error("waiting room full (-QUEUEFULL): {0}")]
+    QueueFull(String),
+    /// `-SOLDOUT` (`ROOM.JOIN`): the sale has nothing available and nothing held, so the
+    /// room takes no new buyers. (`RESERVE` answers [`crate::types::ReserveOutcome::SoldOut`].)
+    #[error("sold out: the waiting room takes no new buyers (-SOLDOUT)")]
+    SoldOut,
+    /// `-TOOMANYJOINS` (`ROOM.JOIN`): the user took the most places one user may take in
+    /// the sale.
+    #[error("too many joins: at most 4 places per user per sale (-TOOMANYJOINS)")]
+    TooManyJoins,
+    /// `-NOROOM`: the sale has no waiting room.
+    #[error("no waiting room for this sale (-NOROOM)")]
+    NoRoom,
+    /// `-BADTICKET` (`ROOM.STATUS`): the ticket is malformed, altered, of another sale or
+    /// user, or of a place given up since (`stale ticket: ...`); the text says which.
+    #[error("ticket refused (-BADTICKET): {0}")]
+    BadTicket(String),
+    /// `-NOTQUEUED` (`ROOM.STATUS`): the user holds no place in the room.
+    #[error("not in the waiting room (-NOTQUEUED)")]
+    NotQueued,
     /// Any other server error, by its code and text.
     #[error("server error -{code} {detail}")]
     Server {
@@ -110,6 +132,12 @@ impl From<RedisError> for ClientError {
             Some("RELEASED") => ClientError::Released,
             Some("EXPIRED") => ClientError::Expired,
             Some("EXISTS") => ClientError::Exists,
+            Some("QUEUEFULL") => ClientError::QueueFull(detail),
+            Some("SOLDOUT") => ClientError::SoldOut,
+            Some("TOOMANYJOINS") => ClientError::TooManyJoins,
+            Some("NOROOM") => ClientError::NoRoom,
+            Some("BADTICKET") => ClientError::BadTicket(detail),
+            Some("NOTQUEUED") => ClientError::NotQueued,
             Some("READONLY") => ClientError::ReadOnly,
             Some("NOREPLICAS") => ClientError::NoReplicas,
             Some("LOADING") => ClientError::Loading,

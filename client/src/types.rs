@@ -161,6 +161,105 @@ impl SaleInfo {
     }
 }
 
+/// `ROOM.OPEN`'s settings (docs/protocol.md, section 4a); `None` leaves the server's
+/// default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoomOptions {
+    /// `OPENS-AT`: ms since the Unix epoch; joins before it are pre-queued and drawn in a
+    /// random order when it passes (default 0: open).
+    pub opens_at_ms: Option<u64>,
+    /// `RATE`: admissions per second at most, 1–1,000,000 (default 100).
+    pub rate: Option<u32>,
+    /// `OVERADMIT`: admitted-but-not-reserved buyers per unit available, per mille,
+    /// 100–10,000 (default 1000).
+    pub overadmit_permille: Option<u32>,
+    /// `ADMIT-TTL`: how long an admission lasts, 1–3,600,000 ms (default 120,000).
+    pub admit_ttl_ms: Option<u64>,
+    /// `WINDOW`: 0–3,600,000 ms (default 10,000).
+    pub window_ms: Option<u64>,
+    /// `MAX`: buyers waiting at most, 1–50,000,000 (default 1,000,000).
+    pub max_waiting: Option<u32>,
+}
+
+/// Reply of `ROOM.JOIN`: the user's place (the same ticket again while the user holds one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoomTicket {
+    /// The ticket `ROOM.STATUS` takes.
+    pub ticket: String,
+    /// 1-based while waiting; 0 when admitted already or before the sale opens
+    /// (`ROOM.STATUS` says which).
+    pub position: u64,
+    /// The estimated wait in ms, from the recent admission rate.
+    pub eta_ms: u64,
+}
+
+/// Reply of `ROOM.STATUS`: where the user's place is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoomStatus {
+    /// In line.
+    Waiting {
+        /// 1-based place in line.
+        position: u64,
+        /// The estimated wait in ms.
+        eta_ms: u64,
+    },
+    /// The buyer's turn: `RESERVE` with `admission` before `until_ms`.
+    Admitted {
+        /// The admission token `RESERVE` verifies, minted for (sku, user, `until_ms`).
+        admission: String,
+        /// When the admission lapses, in ms since the Unix epoch.
+        until_ms: i64,
+    },
+    /// Pre-queued: the line is drawn in a random order when the sale opens.
+    BeforeOpen {
+        /// When the sale opens, in ms since the Unix epoch.
+        opens_at_ms: i64,
+    },
+    /// The admission was used by a `RESERVE`.
+    Reserved,
+    /// The sale has nothing available and nothing held.
+    SoldOut,
+    /// Admitted, not reserved within `ADMIT-TTL`: join again for a place at the back.
+    Expired,
+    /// The place was given up (`ROOM.LEAVE`).
+    Left,
+}
+
+impl RoomStatus {
+    /// The admission token, for an admitted place.
+    pub fn admission(&self) -> Option<&str> {
+        match self {
+            RoomStatus::Admitted { admission, .. } => Some(admission),
+            _ => None,
+        }
+    }
+}
+
+/// Reply of `ROOM.INFO`: the room's settings, then its counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoomInfo {
+    /// `OPENS-AT`, ms since the Unix epoch (0: open).
+    pub opens_at_ms: u64,
+    /// `RATE`: admissions per second at most.
+    pub rate: u32,
+    /// `OVERADMIT`, per mille.
+    pub overadmit_permille: u32,
+    /// `ADMIT-TTL`, ms.
+    pub admit_ttl_ms: u64,
+    /// `WINDOW`, ms.
+    pub window_ms: u64,
+    /// `MAX`: buyers waiting at most.
+    pub max_waiting: u32,
+    /// Buyers in line or pre-queued.
+    pub waiting: u64,
+    /// Buyers admitted and not reserved yet.
+    pub admitted: u64,
+    /// Whether the line is drawn (the sale opened and the room moved since).
+    pub open: bool,
+    /// Whether waiting buyers are told `SOLDOUT` (and joins refused).
+    pub sold_out: bool,
+}
+
 /// Milliseconds since the Unix epoch by the system clock.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

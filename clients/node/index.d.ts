@@ -124,6 +124,99 @@ export type CommitResult = 'committed' | 'already_committed';
 export type ReleaseReason = 'cancel' | 'expired' | 'admin' | 'rebuild';
 
 // ---------------------------------------------------------------------------------------
+// The waiting room (docs/protocol.md section 4a)
+
+/** ROOM.JOIN: the user's place; the same ticket again while the user holds one. */
+export interface RoomTicket {
+  readonly ticket: string;
+  /** 1-based while waiting; 0 when admitted already or before the sale opens (`status` says which). */
+  readonly position: number;
+  /** The estimated wait, from the recent admission rate. */
+  readonly etaMs: number;
+}
+
+/** In line. */
+export interface RoomWaiting {
+  readonly kind: 'waiting';
+  /** 1-based. */
+  readonly position: number;
+  readonly etaMs: number;
+}
+/** The buyer's turn: pass `admission` to `reserve` before `untilMs`. */
+export interface RoomAdmitted {
+  readonly kind: 'admitted';
+  /** The admission token RESERVE verifies, minted for (sku, user, untilMs). */
+  readonly admission: string;
+  readonly untilMs: number;
+}
+/** Pre-queued: the line is drawn in a random order when the sale opens. */
+export interface RoomBeforeOpen {
+  readonly kind: 'before_open';
+  readonly opensAtMs: number;
+}
+/** The admission was used by a RESERVE. */
+export interface RoomReserved {
+  readonly kind: 'reserved';
+}
+/** Nothing available and nothing held. */
+export interface RoomSoldOut {
+  readonly kind: 'soldout';
+}
+/** Admitted, not reserved within ADMIT-TTL: join again for a place at the back. */
+export interface RoomExpired {
+  readonly kind: 'expired';
+}
+/** The place was given up (ROOM.LEAVE). */
+export interface RoomLeft {
+  readonly kind: 'left';
+}
+/** ROOM.STATUS (a discriminated union on `kind`). */
+export type RoomStatus =
+  | RoomWaiting
+  | RoomAdmitted
+  | RoomBeforeOpen
+  | RoomReserved
+  | RoomSoldOut
+  | RoomExpired
+  | RoomLeft;
+export type RoomStatusKind = RoomStatus['kind'];
+
+/** ROOM.INFO: the room's settings, then its counts. */
+export interface RoomInfo {
+  readonly opensAtMs: number;
+  /** Admissions per second at most. */
+  readonly rate: number;
+  readonly overadmitPermille: number;
+  readonly admitTtlMs: number;
+  readonly windowMs: number;
+  readonly maxWaiting: number;
+  /** Buyers in line or pre-queued. */
+  readonly waiting: number;
+  /** Admitted, not reserved yet. */
+  readonly admitted: number;
+  /** The line is drawn (the sale opened and the room moved since). */
+  readonly open: boolean;
+  /** Waiting buyers are told SOLDOUT; joins are refused. */
+  readonly soldOut: boolean;
+}
+
+/** ROOM.OPEN's settings (admin); one left out is the server's default. */
+export interface RoomOptions {
+  /** ms since the epoch; joins before it are pre-queued (default 0: open). */
+  opensAtMs?: number;
+  /** Admissions per second, 1-1,000,000 (default 100). */
+  rate?: number;
+  /** Admitted-but-not-reserved buyers per unit available, per mille, 100-10,000 (default 1000). */
+  overadmitPermille?: number;
+  /** How long an admission lasts, 1-3,600,000 ms (default 120,000). */
+  admitTtlMs?: number;
+  /** 0-3,600,000 ms (default 10,000). */
+  windowMs?: number;
+  /** Buyers waiting at most, 1-50,000,000 (default 1,000,000). */
+  maxWaiting?: number;
+}
+
+// ---------------------------------------------------------------------------------------
 // Errors
 
 /** Every error of this package: `code` is the server's error code (first word of its reply),
@@ -183,6 +276,23 @@ export declare class TryAgain extends StockgateError {}
 export declare class CrossSlot extends StockgateError {}
 /** `CLUSTERDOWN`: the slot has no owner in the cluster map (it did not run). */
 export declare class ClusterDown extends StockgateError {}
+/** `QUEUEFULL` (ROOM.JOIN): the room holds its `MAX` buyers already. */
+export declare class QueueFull extends StockgateError {
+  /** The room's limit when the server names it, else null. */
+  readonly maxWaiting: number | null;
+}
+/** `SOLDOUT` (ROOM.JOIN): nothing available and nothing held; no new buyers. */
+export declare class SoldOutError extends StockgateError {}
+/** `TOOMANYJOINS` (ROOM.JOIN): the most places one user may take in a sale (4). */
+export declare class TooManyJoins extends StockgateError {}
+/** `NOROOM`: the sale has no waiting room. */
+export declare class NoRoom extends StockgateError {}
+/** `BADTICKET` (ROOM.STATUS): forged, altered, of another sale or user, or `stale` (replaced by a later join). */
+export declare class BadTicket extends StockgateError {
+  readonly stale: boolean;
+}
+/** `NOTQUEUED` (ROOM.STATUS): the user holds no place in the room. */
+export declare class NotQueued extends StockgateError {}
 /** `UNAVAILABLE`: a retriable call kept failing until its deadline; `cause` the last failure. */
 export declare class Unavailable extends StockgateError {}
 /** `OUTCOME_UNKNOWN`: a raw non-idempotent call lost its reply; it may or may not have run. */
@@ -221,6 +331,10 @@ export declare function parseReservation(reply: unknown): Reservation | null;
 export declare function parseSaleInfo(reply: unknown): SaleInfo;
 export declare function parseCommit(reply: unknown): CommitResult;
 export declare function parseRelease(reply: unknown): boolean;
+export declare function parseRoomJoin(reply: unknown): RoomTicket;
+export declare function parseRoomStatus(reply: unknown): RoomStatus;
+export declare function parseRoomLeave(reply: unknown): boolean;
+export declare function parseRoomInfo(reply: unknown): RoomInfo;
 
 // ---------------------------------------------------------------------------------------
 // Admission tokens
@@ -348,6 +462,16 @@ export declare class Stockgate {
     total: number,
     opts?: { shards?: number; ttlMs?: number; limit?: number },
   ): Promise<void>;
+  /** ROOM.OPEN (admin): the same settings again are fine, others reject with `Exists`. */
+  openRoom(sku: string, opts?: RoomOptions): Promise<void>;
+  /** ROOM.JOIN. Rejects with `QueueFull`, `SoldOutError`, `TooManyJoins`, `NoRoom`, `NoSale`. */
+  join(sku: string, user: string): Promise<RoomTicket>;
+  /** ROOM.STATUS. Rejects with `BadTicket`, `NotQueued`, `NoRoom`, `NoSale`. */
+  status(sku: string, user: string, ticket: string): Promise<RoomStatus>;
+  /** ROOM.LEAVE: true if this call gave the user's place up. */
+  leave(sku: string, user: string): Promise<boolean>;
+  /** ROOM.INFO. Rejects with `NoRoom`. */
+  roomInfo(sku: string): Promise<RoomInfo>;
   /** A raw command (resent after a lost reply only when `idempotent`, the default). */
   /** `key`: in cluster mode, the sku or token whose slot's group gets the command. */
   call(args: (string | number)[], opts?: { idempotent?: boolean; deadlineMs?: number; key?: string }): Promise<unknown>;

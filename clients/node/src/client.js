@@ -28,6 +28,10 @@ import {
   parseRelease,
   parseReservation,
   parseReserve,
+  parseRoomInfo,
+  parseRoomJoin,
+  parseRoomLeave,
+  parseRoomStatus,
   parseSaleInfo,
 } from './replies.js';
 
@@ -374,6 +378,60 @@ export class Stockgate {
     if (opts.ttlMs !== undefined) args.push('TTL', opts.ttlMs);
     if (opts.limit !== undefined) args.push('LIMIT', opts.limit);
     await this.#run(args, { key: sku });
+  }
+
+  // --- The waiting room (docs/protocol.md section 4a) -----------------------------------
+
+  /**
+   * ROOM.OPEN sku [OPENS-AT ms] [RATE n] [OVERADMIT permille] [ADMIT-TTL ms] [WINDOW ms]
+   * [MAX n] (admin); an option left out is the server's default. The same settings again
+   * answer OK; other settings reject with `Exists`, an unknown sale with `NoSale`, one out
+   * of range with `CommandError`.
+   */
+  async openRoom(sku, opts = {}) {
+    const args = ['ROOM.OPEN', sku];
+    for (const [word, v] of [
+      ['OPENS-AT', opts.opensAtMs],
+      ['RATE', opts.rate],
+      ['OVERADMIT', opts.overadmitPermille],
+      ['ADMIT-TTL', opts.admitTtlMs],
+      ['WINDOW', opts.windowMs],
+      ['MAX', opts.maxWaiting],
+    ]) {
+      if (v !== undefined) args.push(word, v);
+    }
+    await this.#run(args, { key: sku });
+  }
+
+  /**
+   * ROOM.JOIN sku user: `{ ticket, position, etaMs }`, the same ticket again while the user
+   * holds a place (so a lost reply is sent again). Rejects with `QueueFull`, `SoldOutError`,
+   * `TooManyJoins`, `NoRoom`, `NoSale`.
+   */
+  async join(sku, user) {
+    return parseRoomJoin(await this.#run(['ROOM.JOIN', sku, user], { key: sku }));
+  }
+
+  /**
+   * ROOM.STATUS sku user ticket: the place's status (see `parseRoomStatus`); an `admitted`
+   * one carries the admission token for `reserve`. Rejects with `BadTicket`, `NotQueued`,
+   * `NoRoom`, `NoSale`.
+   */
+  async status(sku, user, ticket) {
+    return parseRoomStatus(await this.#run(['ROOM.STATUS', sku, user, ticket], { key: sku }));
+  }
+
+  /**
+   * ROOM.LEAVE sku user: true if this call gave the user's place up, false if the user held
+   * none (also when a lost reply's first send gave it up). Rejects with `NoRoom`, `NoSale`.
+   */
+  async leave(sku, user) {
+    return parseRoomLeave(await this.#run(['ROOM.LEAVE', sku, user], { key: sku }));
+  }
+
+  /** ROOM.INFO sku: the room's settings and counts. Rejects with `NoRoom`. */
+  async roomInfo(sku) {
+    return parseRoomInfo(await this.#run(['ROOM.INFO', sku], { key: sku }));
   }
 
   /** Closes every connection. */

@@ -88,6 +88,39 @@ export class CrossSlot extends StockgateError {}
 /** `CLUSTERDOWN`: the slot has no owner in the cluster map (it did not run). */
 export class ClusterDown extends StockgateError {}
 
+// --- The waiting room's refusals (docs/protocol.md section 4a) -------------------------
+
+/** `QUEUEFULL` (ROOM.JOIN): the room holds its `MAX` buyers already; nothing changed. */
+export class QueueFull extends StockgateError {
+  constructor(code, message, opts) {
+    super(code, message, opts);
+    const m = /queue full: (\d+) buyers/.exec(this.detail);
+    /** The room's limit when the server names it, else null. */
+    this.maxWaiting = m ? Number(m[1]) : null;
+  }
+}
+/**
+ * `SOLDOUT` (ROOM.JOIN): nothing available and nothing held, so the room takes no new
+ * buyers. (`reserve` answers a `SoldOut` result instead.)
+ */
+export class SoldOutError extends StockgateError {}
+/** `TOOMANYJOINS` (ROOM.JOIN): the user took the most places one user may take (4). */
+export class TooManyJoins extends StockgateError {}
+/** `NOROOM`: the sale has no waiting room (`openRoom` opens one). */
+export class NoRoom extends StockgateError {}
+/**
+ * `BADTICKET` (ROOM.STATUS): a malformed or altered ticket, one of another sale or user, or
+ * (`stale`) one of a place given up since: a later join replaced it.
+ */
+export class BadTicket extends StockgateError {
+  constructor(code, message, opts) {
+    super(code, message, opts);
+    this.stale = this.detail.startsWith('stale ticket');
+  }
+}
+/** `NOTQUEUED` (ROOM.STATUS): the user holds no place in the room. */
+export class NotQueued extends StockgateError {}
+
 /**
  * `UNAVAILABLE` (this package's): a call that may be retried kept failing (connection lost,
  * no leader, refused as READONLY/LOADING) until its deadline. `cause` is the last failure.
@@ -141,6 +174,12 @@ const BY_CODE = {
   TRYAGAIN: TryAgain,
   CROSSSLOT: CrossSlot,
   CLUSTERDOWN: ClusterDown,
+  QUEUEFULL: QueueFull,
+  SOLDOUT: SoldOutError,
+  TOOMANYJOINS: TooManyJoins,
+  NOROOM: NoRoom,
+  BADTICKET: BadTicket,
+  NOTQUEUED: NotQueued,
 };
 
 const BY_SQLSTATE = {

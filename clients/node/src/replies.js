@@ -227,3 +227,89 @@ export function parseRelease(reply) {
 export function parseInteger(reply, what) {
   return int(reply, what);
 }
+
+// --- The waiting room (docs/protocol.md section 4a) -------------------------------------
+
+/** A ROOM.JOIN reply `[ticket, position, eta_ms]`: `{ ticket, position, etaMs }`. */
+export function parseRoomJoin(reply) {
+  const a = arr(reply, 'ROOM.JOIN');
+  if (a.length !== 3) throw new ProtocolMismatch(`ROOM.JOIN: ${a.length} elements`);
+  return {
+    ticket: str(a[0], 'ticket'),
+    position: int(a[1], 'position'),
+    etaMs: int(a[2], 'eta_ms'),
+  };
+}
+
+/** A ROOM.LEAVE reply: true if this call gave the place up, false if the user held none. */
+export function parseRoomLeave(reply) {
+  const n = int(reply, 'ROOM.LEAVE');
+  if (n === 1) return true;
+  if (n === 0) return false;
+  throw new ProtocolMismatch(`ROOM.LEAVE: unexpected ${n}`);
+}
+
+/** ROOM.STATUS words without values, and their `kind`. */
+const ROOM_WORDS_ALONE = {
+  RESERVED: 'reserved',
+  SOLDOUT: 'soldout',
+  EXPIRED: 'expired',
+  LEFT: 'left',
+};
+
+/**
+ * A ROOM.STATUS reply, discriminated on `kind`: `waiting` (`position`, `etaMs`),
+ * `admitted` (`admission`, the token for RESERVE, and `untilMs`), `before_open`
+ * (`opensAtMs`), `reserved`, `soldout`, `expired`, `left`.
+ */
+export function parseRoomStatus(reply) {
+  const a = arr(reply, 'ROOM.STATUS');
+  if (a.length === 0) throw new ProtocolMismatch('ROOM.STATUS: empty reply');
+  const word = str(a[0], 'ROOM.STATUS');
+  const n = a.length;
+  if (word === 'WAITING' && n === 3) {
+    return { kind: 'waiting', position: int(a[1], 'position'), etaMs: int(a[2], 'eta_ms') };
+  }
+  if (word === 'ADMITTED' && n === 3) {
+    return { kind: 'admitted', admission: str(a[1], 'admission'), untilMs: int(a[2], 'until_ms') };
+  }
+  if (word === 'BEFORE-OPEN' && n === 2) {
+    return { kind: 'before_open', opensAtMs: int(a[1], 'opens_at_ms') };
+  }
+  if (Object.hasOwn(ROOM_WORDS_ALONE, word) && n === 1) return { kind: ROOM_WORDS_ALONE[word] };
+  throw new ProtocolMismatch(`ROOM.STATUS: unexpected reply ${JSON.stringify(word)} with ${n} elements`);
+}
+
+function flag(v, what) {
+  const n = int(v, what);
+  if (n !== 0 && n !== 1) throw new ProtocolMismatch(`${what}: expected 0 or 1, got ${n}`);
+  return n === 1;
+}
+
+/** A ROOM.INFO reply: the room's settings and counts. */
+export function parseRoomInfo(reply) {
+  const m = fields(reply, 'ROOM.INFO', [
+    'opens_at_ms',
+    'rate',
+    'overadmit_permille',
+    'admit_ttl_ms',
+    'window_ms',
+    'max_waiting',
+    'waiting',
+    'admitted',
+    'open',
+    'sold_out',
+  ]);
+  return {
+    opensAtMs: int(m.get('opens_at_ms'), 'opens_at_ms'),
+    rate: int(m.get('rate'), 'rate'),
+    overadmitPermille: int(m.get('overadmit_permille'), 'overadmit_permille'),
+    admitTtlMs: int(m.get('admit_ttl_ms'), 'admit_ttl_ms'),
+    windowMs: int(m.get('window_ms'), 'window_ms'),
+    maxWaiting: int(m.get('max_waiting'), 'max_waiting'),
+    waiting: int(m.get('waiting'), 'waiting'),
+    admitted: int(m.get('admitted'), 'admitted'),
+    open: flag(m.get('open'), 'open'),
+    soldOut: flag(m.get('sold_out'), 'sold_out'),
+  };
+}

@@ -9,6 +9,7 @@ import { Redis } from 'ioredis';
 
 import {
   AdmissionMinter,
+  BadTicket,
   CommandError,
   Denied,
   Exists,
@@ -16,17 +17,21 @@ import {
   Fenced,
   Limit,
   NoReservation,
+  NoRoom,
   NoSale,
   Paused,
+  QueueFull,
   Released,
   Replay,
   Reserved,
   SoldOut,
+  SoldOutError,
   Stockgate,
+  TooManyJoins,
   Unavailable,
   mintAdmissionToken,
 } from '../src/index.js';
-import { env, needs, runId, sleep } from './env.js';
+import { env, needs, runId, sleep, until } from './env.js';
 
 const skip = needs('STOCKGATE_ADDR', 'STOCKGATE_SECRET_FILE');
 
@@ -226,5 +231,111 @@ describe('against the server', { skip }, () => {
     const took = Date.now() - t0;
     assert.ok(took >= 500 && took < 3000, `took ${took} ms`);
     await c.close();
+  });
+
+  it('the waiting room: open, join, admitted, reserve with its token; QUEUEFULL and BADTICKET typed', async () => {
+    const sku = await sale({ total: 2 });
+    await assert.rejects(sg.join(sku, 'alice'), (e) => e instanceof NoRoom && e.code === 'NOROOM');
+    await assert.rejects(sg.roomInfo(sku), NoRoom);
+    await sg.openRoom(sku, { rate: 1000, admitTtlMs: 60000, maxWaiting: 2 });
+    await sg.openRoom(sku, { rate: 1000, admitTtlMs: 60000, maxWaiting: 2 }); // the same: fine
+    await assert.rejects(sg.openRoom(sku, { maxWaiting: 3 }), Exists);
+    await assert.rejects(sg.openRoom(sku, { rate: 0 }), CommandError);
+    let info = await sg.roomInfo(sku);
+    assert.deepEqual(
+      [info.rate, info.admitTtlMs, info.maxWaiting, info.overadmitPermille, info.waiting, info.soldOut],
+      [1000, 60000, 2, 1000, 0, false],
+    );
+
+    // Two units: the first two are admitted as they join, two wait, the fifth finds it full.
+    const t = {};
+    for (const u of ['alice', 'bob', 'carol', 'dave']) t[u] = await sg.join(sku, u);
+    assert.deepEqual(
+      Object.values(t).map((x) => x.position),
+      [0, 0, 1, 2],
+    );
+    assert.deepEqual(await sg.join(sku, 'alice'), t.alice, 'a repeated join answers the same place');
+    await assert.rejects(
+      sg.join(sku, 'eve'),
+      (e) => e instanceof QueueFull && e.code === 'QUEUEFULL' && e.maxWaiting === 2,
+    );
+    info = await sg.roomInfo(sku);
+    assert.deepEqual([info.waiting, info.admitted, info.open], [2, 2, true]);
+    const carol = await sg.status(sku, 'carol', t.carol.ticket);
+    assert.equal(carol.kind, 'waiting');
+    assert.equal(carol.position, 1);
+
+    // Tickets of another user, altered or garbage are refused, typed.
+    await assert.rejects(
+      sg.status(sku, 'bob', t.alice.ticket),
+      (e) => e instanceof BadTicket && e.code === 'BADTICKET' && !e.stale,
+    );
+    const parts = t.bob.ticket.split('|');
+    parts[3] = 'carol';
+    await assert.rejects(sg.status(sku, 'carol', parts.join('|')), BadTicket);
+    await assert.rejects(sg.status(sku, 'bob', 't1|nope'), BadTicket);
+
+    // The admitted buyer's token passes RESERVE through the package's reserve.
+    const a = await sg.status(sku, 'alice', t.alice.ticket);
+    assert.equal(a.kind, 'admitted', JSON.stringify(a));
+    assert.ok(a.untilMs > Date.now() + 50000);
+    const hold = await sg.reserve(sku, 'alice', a.admission, 'order-1');
+    assert.ok(hold instanceof Reserved, JSON.stringify(hold));
+    assert.deepEqual(await sg.status(sku, 'alice', t.alice.ticket), { kind: 'reserved' });
+
+    // A leave moves the line up; the hold released admits the head of it.
+    assert.equal(await sg.leave(sku, 'carol'), true);
+    assert.equal(await sg.leave(sku, 'carol'), false);
+    assert.deepEqual(await sg.status(sku, 'carol', t.carol.ticket), { kind: 'left' });
+    assert.equal((await sg.status(sku, 'dave', t.dave.ticket)).position, 1);
+    assert.equal(await sg.release(hold.token), true);
+    const d = await until('dave admitted', 5000, async () => {
+      const s = await sg.status(sku, 'dave', t.dave.ticket);
+      return s.kind === 'admitted' ? s : null;
+    }, 20);
+    assert.ok((await sg.reserve(sku, 'dave', d.admission, 'order-1')) instanceof Reserved);
+  });
+
+  it('the waiting room: stale tickets, TOOMANYJOINS, BEFORE-OPEN, EXPIRED, SOLDOUT', async () => {
+    const many = await sale({ total: 100 });
+    await sg.openRoom(many, { rate: 1000 });
+    const first = await sg.join(many, 'zoe');
+    assert.equal(await sg.leave(many, 'zoe'), true);
+    const second = await sg.join(many, 'zoe');
+    assert.notEqual(second.ticket, first.ticket);
+    await assert.rejects(sg.status(many, 'zoe', first.ticket), (e) => e instanceof BadTicket && e.stale);
+    assert.equal((await sg.status(many, 'zoe', second.ticket)).kind, 'admitted');
+    for (let i = 0; i < 2; i++) {
+      assert.equal(await sg.leave(many, 'zoe'), true);
+      await sg.join(many, 'zoe');
+    }
+    assert.equal(await sg.leave(many, 'zoe'), true);
+    await assert.rejects(sg.join(many, 'zoe'), (e) => e instanceof TooManyJoins && e.code === 'TOOMANYJOINS');
+
+    const later = await sale();
+    const opens = Date.now() + 3600000;
+    await sg.openRoom(later, { opensAtMs: opens });
+    const ann = await sg.join(later, 'ann');
+    assert.equal(ann.position, 0);
+    assert.deepEqual(await sg.status(later, 'ann', ann.ticket), { kind: 'before_open', opensAtMs: opens });
+    assert.equal((await sg.roomInfo(later)).open, false);
+
+    const one = await sale({ total: 1 });
+    await sg.openRoom(one, { rate: 1000, admitTtlMs: 100 });
+    const amy = await sg.join(one, 'amy');
+    assert.equal((await sg.status(one, 'amy', amy.ticket)).kind, 'admitted');
+    await until('amy expired', 5000, async () => (await sg.status(one, 'amy', amy.ticket)).kind === 'expired', 20);
+    const ben = await sg.join(one, 'ben');
+    const b = await until('ben admitted', 5000, async () => {
+      const s = await sg.status(one, 'ben', ben.ticket);
+      return s.kind === 'admitted' ? s : null;
+    }, 20);
+    const cal = await sg.join(one, 'cal');
+    assert.equal((await sg.status(one, 'cal', cal.ticket)).kind, 'waiting');
+    const hold = await sg.reserve(one, 'ben', b.admission, 'order-1');
+    assert.equal(await sg.commit(hold.token), 'committed');
+    await until('cal told SOLDOUT', 5000, async () => (await sg.status(one, 'cal', cal.ticket)).kind === 'soldout', 20);
+    await assert.rejects(sg.join(one, 'dan'), (e) => e instanceof SoldOutError && e.code === 'SOLDOUT');
+    assert.equal((await sg.roomInfo(one)).soldOut, true);
   });
 });

@@ -5,16 +5,25 @@
 
 import {
   AdmissionMinter,
+  BadTicket,
   Checkout,
   Expired,
+  NoRoom,
+  NotQueued,
   OrderRefused,
+  QueueFull,
+  SoldOutError,
   Stockgate,
   StockgateError,
+  TooManyJoins,
   Unavailable,
   type PayResult,
   type Reservation,
   type ReserveAndRecordResult,
   type ReserveResult,
+  type RoomInfo,
+  type RoomStatus,
+  type RoomTicket,
   type SaleInfo,
 } from 'stockgate';
 
@@ -113,4 +122,54 @@ export async function checkoutFlow(): Promise<void> {
   console.log(c, n, await one.extend(t, 60000));
   await co.close();
   await sg.close();
+}
+
+export function describeRoom(s: RoomStatus): string {
+  switch (s.kind) {
+    case 'waiting':
+      return `#${s.position}, about ${s.etaMs} ms`;
+    case 'admitted':
+      return `reserve with ${s.admission} before ${s.untilMs}`;
+    case 'before_open':
+      return `opens at ${s.opensAtMs}`;
+    case 'reserved':
+    case 'soldout':
+    case 'left':
+      // @ts-expect-error only an ADMITTED status carries an admission token
+      return s.admission;
+    case 'expired':
+      return 'join again';
+    default:
+      return never(s);
+  }
+}
+
+export async function waitingRoom(sg: Stockgate): Promise<void> {
+  await sg.openRoom('FLASH', { rate: 200, admitTtlMs: 120000, maxWaiting: 100000 });
+  // @ts-expect-error not a ROOM.OPEN setting
+  await sg.openRoom('FLASH', { speed: 3 });
+  let place: RoomTicket;
+  try {
+    place = await sg.join('FLASH', 'alice');
+  } catch (e) {
+    if (e instanceof QueueFull) console.log(e.maxWaiting ?? 'full');
+    else if (e instanceof SoldOutError || e instanceof TooManyJoins || e instanceof NoRoom) console.log(e.code);
+    return;
+  }
+  const s = await sg.status('FLASH', 'alice', place.ticket).catch((e: unknown) => {
+    if (e instanceof BadTicket) return e.stale ? 'stale' : 'forged';
+    if (e instanceof NotQueued) return 'gone';
+    throw e;
+  });
+  if (typeof s === 'string') return;
+  if (s.kind === 'admitted') {
+    const r: ReserveResult = await sg.reserve('FLASH', 'alice', s.admission, 'order-17');
+    console.log(describeReserve(r));
+  }
+  const gaveUp: boolean = await sg.leave('FLASH', 'alice');
+  const info: RoomInfo = await sg.roomInfo('FLASH');
+  const open: boolean = info.open;
+  // @ts-expect-error counts are numbers
+  const w: string = info.waiting;
+  console.log(gaveUp, open, w, info.soldOut, info.maxWaiting, describeRoom(s));
 }

@@ -8,6 +8,16 @@ import { describe, it } from 'node:test';
 import {
   Stockgate,
   AdmissionDenied,
+  BadTicket,
+  NoRoom,
+  NotQueued,
+  QueueFull,
+  SoldOutError,
+  TooManyJoins,
+  parseRoomInfo,
+  parseRoomJoin,
+  parseRoomLeave,
+  parseRoomStatus,
   AdmissionMinter,
   Ask,
   BusyGroup,
@@ -154,6 +164,50 @@ describe('RESERVATION and SALE.INFO replies', () => {
   });
 });
 
+describe('waiting room replies', () => {
+  it('ROOM.JOIN: ticket, position, ETA', () => {
+    assert.deepEqual(parseRoomJoin(['t1|k|S|u|1|sig', 3, 1500]), { ticket: 't1|k|S|u|1|sig', position: 3, etaMs: 1500 });
+    assert.deepEqual(parseRoomJoin([Buffer.from('t'), 0, 0]), { ticket: 't', position: 0, etaMs: 0 });
+    for (const bad of [['t', 1], 't', null, ['t', 'x', 1]]) {
+      assert.throws(() => parseRoomJoin(bad), ProtocolMismatch);
+    }
+  });
+
+  it('ROOM.STATUS: every word, discriminated on kind', () => {
+    const cases = [
+      [['WAITING', 4, 2000], { kind: 'waiting', position: 4, etaMs: 2000 }],
+      [[Buffer.from('ADMITTED'), Buffer.from('tok.sig'), 17], { kind: 'admitted', admission: 'tok.sig', untilMs: 17 }],
+      [['BEFORE-OPEN', 1767225630000], { kind: 'before_open', opensAtMs: 1767225630000 }],
+      [['RESERVED'], { kind: 'reserved' }],
+      [['SOLDOUT'], { kind: 'soldout' }],
+      [['EXPIRED'], { kind: 'expired' }],
+      [[Buffer.from('LEFT')], { kind: 'left' }],
+    ];
+    for (const [reply, want] of cases) assert.deepEqual(parseRoomStatus(reply), want);
+    for (const bad of [[], ['WAITING', 1], ['ADMITTED', 't'], ['LEFT', 1], ['GONE'], ['toString'], 'WAITING', null]) {
+      assert.throws(() => parseRoomStatus(bad), ProtocolMismatch, JSON.stringify(bad));
+    }
+  });
+
+  it('ROOM.LEAVE and ROOM.INFO (RESP2 list, RESP3 map)', () => {
+    assert.equal(parseRoomLeave(1), true);
+    assert.equal(parseRoomLeave(0), false);
+    assert.throws(() => parseRoomLeave(2), ProtocolMismatch);
+    const fields = {
+      opens_at_ms: 0, rate: 100, overadmit_permille: 1000, admit_ttl_ms: 120000, window_ms: 10000,
+      max_waiting: 1000000, waiting: 7, admitted: 2, open: 1, sold_out: 0,
+    };
+    const want = {
+      opensAtMs: 0, rate: 100, overadmitPermille: 1000, admitTtlMs: 120000, windowMs: 10000,
+      maxWaiting: 1000000, waiting: 7, admitted: 2, open: true, soldOut: false,
+    };
+    assert.deepEqual(parseRoomInfo(Object.entries(fields).flat()), want);
+    assert.deepEqual(parseRoomInfo(new Map(Object.entries(fields))), want);
+    assert.throws(() => parseRoomInfo(Object.entries(fields).flat().slice(0, -2)), ProtocolMismatch);
+    assert.throws(() => parseRoomInfo({ ...fields, open: 2 }), ProtocolMismatch);
+  });
+});
+
 describe('errors', () => {
   const cases = [
     ['ERR syntax error', CommandError, 'ERR'],
@@ -182,6 +236,12 @@ describe('errors', () => {
     ['TRYAGAIN sale SKU is moving to another group', TryAgain, 'TRYAGAIN'],
     ["CROSSSLOT Keys in request don't hash to the same slot", CrossSlot, 'CROSSSLOT'],
     ['CLUSTERDOWN Hash slot not served', ClusterDown, 'CLUSTERDOWN'],
+    ['QUEUEFULL queue full: 45 buyers are already waiting for this sale', QueueFull, 'QUEUEFULL'],
+    ['SOLDOUT sold out', SoldOutError, 'SOLDOUT'],
+    ['TOOMANYJOINS too many joins: at most 4 places per user per sale', TooManyJoins, 'TOOMANYJOINS'],
+    ['NOROOM no waiting room for this sale', NoRoom, 'NOROOM'],
+    ['BADTICKET ticket refused: bad signature', BadTicket, 'BADTICKET'],
+    ['NOTQUEUED not in the queue', NotQueued, 'NOTQUEUED'],
   ];
 
   for (const [text, Cls, code] of cases) {
@@ -196,6 +256,13 @@ describe('errors', () => {
       assert.equal(e.detail, text.slice(code.length + 1));
     });
   }
+
+  it('QUEUEFULL names the limit; BADTICKET says whether the ticket is stale', () => {
+    assert.equal(errorFromReply('QUEUEFULL queue full: 45 buyers are already waiting for this sale').maxWaiting, 45);
+    assert.equal(errorFromReply('QUEUEFULL full').maxWaiting, null);
+    assert.equal(errorFromReply('BADTICKET stale ticket: replaced by a later join').stale, true);
+    assert.equal(errorFromReply('BADTICKET ticket refused: ticket of another user').stale, false);
+  });
 
   it('an unknown code is the base class with that code', () => {
     const e = errorFromReply('WEIRD something new');

@@ -20,7 +20,7 @@ from .errors import (
     _BY_CODE,
     server_error,
 )
-from .results import Reservation, ReserveOutcome, SaleInfo
+from .results import Reservation, ReserveOutcome, RoomInfo, RoomStatus, RoomTicket, SaleInfo
 
 log = logging.getLogger("stockgate")
 
@@ -311,6 +311,45 @@ def sale_list_cmd() -> Command[List[str]]:
         return [_parse.text(x) for x in v]
 
     return Command(("SALE.LIST",), parse)
+
+
+def room_open_cmd(
+    sku: str,
+    opens_at_ms: Optional[int] = None,
+    rate: Optional[int] = None,
+    overadmit_permille: Optional[int] = None,
+    admit_ttl_ms: Optional[int] = None,
+    window_ms: Optional[int] = None,
+    max_waiting: Optional[int] = None,
+) -> Command[None]:
+    args: List[Any] = ["ROOM.OPEN", sku]
+    for word, value in (
+        ("OPENS-AT", opens_at_ms),
+        ("RATE", rate),
+        ("OVERADMIT", overadmit_permille),
+        ("ADMIT-TTL", admit_ttl_ms),
+        ("WINDOW", window_ms),
+        ("MAX", max_waiting),
+    ):
+        if value is not None:
+            args += [word, int(value)]
+    return Command(tuple(args), _ok)
+
+
+def room_join_cmd(sku: str, user: str) -> Command[RoomTicket]:
+    return Command(("ROOM.JOIN", sku, user), _parse.parse_room_join)
+
+
+def room_status_cmd(sku: str, user: str, ticket: str) -> Command[RoomStatus]:
+    return Command(("ROOM.STATUS", sku, user, ticket), _parse.parse_room_status)
+
+
+def room_leave_cmd(sku: str, user: str) -> Command[bool]:
+    return Command(("ROOM.LEAVE", sku, user), _bool01)
+
+
+def room_info_cmd(sku: str) -> Command[RoomInfo]:
+    return Command(("ROOM.INFO", sku), _parse.parse_room_info)
 
 
 def sentinel_addresses(sentinels: Sequence[Union[str, Tuple[str, int]]]) -> List[Tuple[str, int]]:

@@ -16,6 +16,16 @@ from .results import (
     ReservationState,
     Reserved,
     ReserveOutcome,
+    RoomAdmitted,
+    RoomBeforeOpen,
+    RoomExpired,
+    RoomInfo,
+    RoomLeft,
+    RoomReserved,
+    RoomSoldOut,
+    RoomStatus,
+    RoomTicket,
+    RoomWaiting,
     SaleInfo,
     SaleState,
     SoldOut,
@@ -29,6 +39,9 @@ __all__ = [
     "parse_sale_info",
     "parse_int",
     "parse_denied",
+    "parse_room_join",
+    "parse_room_status",
+    "parse_room_info",
 ]
 
 
@@ -146,4 +159,60 @@ def parse_sale_info(v: Any) -> SaleInfo:
         state=st,
         key_fingerprint=text(f("key_fingerprint")),
         shard_available=tuple(per_shard),
+    )
+
+
+def parse_room_join(v: Any) -> RoomTicket:
+    """``ROOM.JOIN``'s ``[ticket, position, eta_ms]``."""
+    if not isinstance(v, (list, tuple)) or len(v) != 3:
+        raise ProtocolMismatch(f"unexpected ROOM.JOIN reply {v!r}")
+    return RoomTicket(text(v[0]), parse_int(v[1]), parse_int(v[2]))
+
+
+_ROOM_WORDS_ALONE = {
+    "RESERVED": RoomReserved,
+    "SOLDOUT": RoomSoldOut,
+    "EXPIRED": RoomExpired,
+    "LEFT": RoomLeft,
+}
+
+
+def parse_room_status(v: Any) -> RoomStatus:
+    """``ROOM.STATUS``: a word, then its values."""
+    if not isinstance(v, (list, tuple)) or not v:
+        raise ProtocolMismatch(f"unexpected ROOM.STATUS reply {v!r}")
+    word = text(v[0])
+    if word == "WAITING" and len(v) == 3:
+        return RoomWaiting(parse_int(v[1]), parse_int(v[2]))
+    if word == "ADMITTED" and len(v) == 3:
+        return RoomAdmitted(text(v[1]), parse_int(v[2]))
+    if word == "BEFORE-OPEN" and len(v) == 2:
+        return RoomBeforeOpen(parse_int(v[1]))
+    alone = _ROOM_WORDS_ALONE.get(word)
+    if alone is not None and len(v) == 1:
+        return alone()
+    raise ProtocolMismatch(f"unexpected ROOM.STATUS reply {v!r}")
+
+
+def _flag(v: Any, what: str) -> bool:
+    n = parse_int(v)
+    if n not in (0, 1):
+        raise ProtocolMismatch(f"{what}: expected 0 or 1, got {v!r}")
+    return n == 1
+
+
+def parse_room_info(v: Any) -> RoomInfo:
+    m = _as_map(v, "ROOM.INFO")
+    f = lambda n: _field(m, n, "ROOM.INFO")  # noqa: E731
+    return RoomInfo(
+        opens_at_ms=parse_int(f("opens_at_ms")),
+        rate=parse_int(f("rate")),
+        overadmit_permille=parse_int(f("overadmit_permille")),
+        admit_ttl_ms=parse_int(f("admit_ttl_ms")),
+        window_ms=parse_int(f("window_ms")),
+        max_waiting=parse_int(f("max_waiting")),
+        waiting=parse_int(f("waiting")),
+        admitted=parse_int(f("admitted")),
+        open=_flag(f("open"), "ROOM.INFO open"),
+        sold_out=_flag(f("sold_out"), "ROOM.INFO sold_out"),
     )

@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 from . import _core
 from ._core import Command, RetryPolicy, log, translate
 from .errors import Unavailable
-from .results import Reservation, ReserveOutcome, SaleInfo
+from .results import Reservation, ReserveOutcome, RoomInfo, RoomStatus, RoomTicket, SaleInfo
 
 __all__ = ["AsyncClient"]
 
@@ -270,3 +270,40 @@ class AsyncClient:
 
     async def sale_list(self, *, deadline: Optional[float] = None) -> List[str]:
         return await self._run(_core.sale_list_cmd(), deadline)
+
+
+    # --- the waiting room (docs/protocol.md, section 4a) ----------------------------------
+
+    async def open_room(
+        self,
+        sku: str,
+        *,
+        opens_at_ms: Optional[int] = None,
+        rate: Optional[int] = None,
+        overadmit_permille: Optional[int] = None,
+        admit_ttl_ms: Optional[int] = None,
+        window_ms: Optional[int] = None,
+        max_waiting: Optional[int] = None,
+        deadline: Optional[float] = None,
+    ) -> None:
+        """See :meth:`stockgate.Client.open_room`."""
+        await self._run(
+            _core.room_open_cmd(sku, opens_at_ms, rate, overadmit_permille, admit_ttl_ms, window_ms, max_waiting),
+            deadline,
+        )
+
+    async def join(self, sku: str, user: str, *, deadline: Optional[float] = None) -> RoomTicket:
+        """See :meth:`stockgate.Client.join`."""
+        return await self._run(_core.room_join_cmd(sku, user), deadline)
+
+    async def status(self, sku: str, user: str, ticket: str, *, deadline: Optional[float] = None) -> RoomStatus:
+        """See :meth:`stockgate.Client.status`."""
+        return await self._run(_core.room_status_cmd(sku, user, ticket), deadline)
+
+    async def leave(self, sku: str, user: str, *, deadline: Optional[float] = None) -> bool:
+        """See :meth:`stockgate.Client.leave`."""
+        return await self._run(_core.room_leave_cmd(sku, user), deadline)
+
+    async def room_info(self, sku: str, *, deadline: Optional[float] = None) -> RoomInfo:
+        """See :meth:`stockgate.Client.room_info`."""
+        return await self._run(_core.room_info_cmd(sku), deadline)

@@ -17,7 +17,7 @@ from redis.retry import Retry
 from . import _core
 from ._core import Command, RetryPolicy, log, translate
 from .errors import Unavailable
-from .results import Reservation, ReserveOutcome, SaleInfo
+from .results import Reservation, ReserveOutcome, RoomInfo, RoomStatus, RoomTicket, SaleInfo
 
 __all__ = ["Client"]
 
@@ -300,3 +300,48 @@ class Client:
         return self._run(_core.sale_list_cmd(), deadline)
 
 
+    # --- the waiting room (docs/protocol.md, section 4a) ----------------------------------
+
+    def open_room(
+        self,
+        sku: str,
+        *,
+        opens_at_ms: Optional[int] = None,
+        rate: Optional[int] = None,
+        overadmit_permille: Optional[int] = None,
+        admit_ttl_ms: Optional[int] = None,
+        window_ms: Optional[int] = None,
+        max_waiting: Optional[int] = None,
+        deadline: Optional[float] = None,
+    ) -> None:
+        """``ROOM.OPEN sku [OPENS-AT ms] [RATE n] [OVERADMIT permille] [ADMIT-TTL ms]
+        [WINDOW ms] [MAX n]`` (admin); a setting left out is the server's default. The
+        same settings again are fine; other settings raise :class:`Exists`, an unknown
+        sale :class:`NoSale`, one out of range :class:`CommandError`."""
+        self._run(
+            _core.room_open_cmd(sku, opens_at_ms, rate, overadmit_permille, admit_ttl_ms, window_ms, max_waiting),
+            deadline,
+        )
+
+    def join(self, sku: str, user: str, *, deadline: Optional[float] = None) -> RoomTicket:
+        """``ROOM.JOIN``: the user's :class:`RoomTicket` (the same one again while the user
+        holds a place, so a lost reply is simply sent again). Raises :class:`QueueFull`,
+        :class:`SoldOutError`, :class:`TooManyJoins`, :class:`NoRoom`, :class:`NoSale`."""
+        return self._run(_core.room_join_cmd(sku, user), deadline)
+
+    def status(self, sku: str, user: str, ticket: str, *, deadline: Optional[float] = None) -> RoomStatus:
+        """``ROOM.STATUS``: :class:`RoomWaiting`, :class:`RoomAdmitted` (its ``admission``
+        goes to :meth:`reserve`), :class:`RoomBeforeOpen`, :class:`RoomReserved`,
+        :class:`RoomSoldOut`, :class:`RoomExpired` or :class:`RoomLeft`. Raises
+        :class:`BadTicket`, :class:`NotQueued`, :class:`NoRoom`, :class:`NoSale`."""
+        return self._run(_core.room_status_cmd(sku, user, ticket), deadline)
+
+    def leave(self, sku: str, user: str, *, deadline: Optional[float] = None) -> bool:
+        """``ROOM.LEAVE``: True if this call gave the user's place up, False if the user
+        held none (also when a lost reply's first send gave it up). Raises
+        :class:`NoRoom`, :class:`NoSale`."""
+        return self._run(_core.room_leave_cmd(sku, user), deadline)
+
+    def room_info(self, sku: str, *, deadline: Optional[float] = None) -> RoomInfo:
+        """``ROOM.INFO``: the room's settings and counts. Raises :class:`NoRoom`."""
+        return self._run(_core.room_info_cmd(sku), deadline)

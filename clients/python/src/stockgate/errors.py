@@ -38,6 +38,12 @@ __all__ = [
     "TryAgain",
     "CrossSlot",
     "ClusterDown",
+    "QueueFull",
+    "SoldOutError",
+    "TooManyJoins",
+    "NoRoom",
+    "BadTicket",
+    "NotQueued",
     "Unavailable",
     "LedgerError",
     "OrderRefused",
@@ -208,6 +214,56 @@ class ClusterDown(ServerError):
     code = "CLUSTERDOWN"
 
 
+class QueueFull(ServerError):
+    """``-QUEUEFULL`` (``ROOM.JOIN``): the waiting room holds its ``MAX`` buyers already;
+    nothing changed. ``max_waiting`` is that limit when the server names it."""
+
+    code = "QUEUEFULL"
+
+    def __init__(self, detail: str = "", code: Optional[str] = None) -> None:
+        super().__init__(detail, code)
+        m = re.search(r"queue full: (\d+) buyers", detail)
+        self.max_waiting: Optional[int] = int(m.group(1)) if m else None
+
+
+class SoldOutError(ServerError):
+    """``-SOLDOUT`` (``ROOM.JOIN``): the sale has nothing available and nothing held, so
+    the room takes no new buyers. (``RESERVE`` answers the result :class:`SoldOut`.)"""
+
+    code = "SOLDOUT"
+
+
+class TooManyJoins(ServerError):
+    """``-TOOMANYJOINS`` (``ROOM.JOIN``): the user took the most places one user may take
+    in this sale (4)."""
+
+    code = "TOOMANYJOINS"
+
+
+class NoRoom(ServerError):
+    """``-NOROOM``: the sale has no waiting room (``ROOM.OPEN`` opens one)."""
+
+    code = "NOROOM"
+
+
+class BadTicket(ServerError):
+    """``-BADTICKET`` (``ROOM.STATUS``): the ticket is malformed, altered, of another sale
+    or user (``ticket refused: ...``), or of a place given up since (``stale``: a later
+    join replaced it; use that join's ticket)."""
+
+    code = "BADTICKET"
+
+    def __init__(self, detail: str = "", code: Optional[str] = None) -> None:
+        super().__init__(detail, code)
+        self.stale: bool = detail.startswith("stale ticket")
+
+
+class NotQueued(ServerError):
+    """``-NOTQUEUED`` (``ROOM.STATUS``): the user holds no place in the room."""
+
+    code = "NOTQUEUED"
+
+
 class Unavailable(StockgateError):
     """A call that is safe to repeat kept failing (connection lost, no leader, ...) until
     its deadline. ``last`` is the last underlying error; the outcome of the call is
@@ -248,6 +304,12 @@ _BY_CODE: Dict[str, Type[ServerError]] = {
         TryAgain,
         CrossSlot,
         ClusterDown,
+        QueueFull,
+        SoldOutError,
+        TooManyJoins,
+        NoRoom,
+        BadTicket,
+        NotQueued,
     )
 }
 

@@ -26,6 +26,16 @@ __all__ = [
     "OverLimit",
     "PayOutcome",
     "DENIED_REASONS",
+    "RoomTicket",
+    "RoomWaiting",
+    "RoomAdmitted",
+    "RoomBeforeOpen",
+    "RoomReserved",
+    "RoomSoldOut",
+    "RoomExpired",
+    "RoomLeft",
+    "RoomStatus",
+    "RoomInfo",
 ]
 
 
@@ -208,3 +218,87 @@ class OverLimit:
 
 PayOutcome = Union[Committed, AlreadyCommitted, Refused, OverLimit, RefundRequired]
 
+
+
+# --- the waiting room (docs/protocol.md, section 4a) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class RoomTicket:
+    """``ROOM.JOIN``'s ``[ticket, position, eta_ms]``: the user's place, the same ticket
+    again for a user who holds one. ``position`` is 1-based while waiting, 0 when admitted
+    already or before the sale opens (:meth:`~stockgate.Client.status` says which);
+    ``eta_ms`` the estimated wait."""
+
+    ticket: str
+    position: int
+    eta_ms: int
+
+
+@dataclass(frozen=True)
+class RoomWaiting:
+    """``[WAITING, position, eta_ms]``: in line, ``position`` 1-based."""
+
+    position: int
+    eta_ms: int
+
+
+@dataclass(frozen=True)
+class RoomAdmitted:
+    """``[ADMITTED, admission-token, until_ms]``: the buyer's turn. ``admission`` is the
+    token to pass to ``reserve`` before ``until_ms`` (Unix ms); a ``RESERVE`` with it uses
+    the admission."""
+
+    admission: str
+    until_ms: int
+
+
+@dataclass(frozen=True)
+class RoomBeforeOpen:
+    """``[BEFORE-OPEN, opens_at_ms]``: pre-queued; the line is drawn in a random order
+    when the sale opens."""
+
+    opens_at_ms: int
+
+
+@dataclass(frozen=True)
+class RoomReserved:
+    """``[RESERVED]``: the admission was used by a ``RESERVE``."""
+
+
+@dataclass(frozen=True)
+class RoomSoldOut:
+    """``[SOLDOUT]``: the sale has nothing available and nothing held."""
+
+
+@dataclass(frozen=True)
+class RoomExpired:
+    """``[EXPIRED]``: admitted, not reserved within ``ADMIT-TTL``; join again for a place
+    at the back."""
+
+
+@dataclass(frozen=True)
+class RoomLeft:
+    """``[LEFT]``: the place was given up (``ROOM.LEAVE``)."""
+
+
+RoomStatus = Union[RoomWaiting, RoomAdmitted, RoomBeforeOpen, RoomReserved, RoomSoldOut, RoomExpired, RoomLeft]
+
+
+@dataclass(frozen=True)
+class RoomInfo:
+    """The ``ROOM.INFO sku`` map: the room's settings (``ROOM.OPEN``'s ``OPENS-AT RATE
+    OVERADMIT ADMIT-TTL WINDOW MAX``), then ``waiting`` (in line or pre-queued),
+    ``admitted`` (admitted, not reserved), ``open`` (the line is drawn) and ``sold_out``
+    (waiting buyers are told SOLDOUT)."""
+
+    opens_at_ms: int
+    rate: int
+    overadmit_permille: int
+    admit_ttl_ms: int
+    window_ms: int
+    max_waiting: int
+    waiting: int
+    admitted: int
+    open: bool
+    sold_out: bool
