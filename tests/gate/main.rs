@@ -23,3 +23,4 @@ mod gate_storm;
 mod late_commit;
 mod multi_unit;
 mod room;
+mod room_scenario;
