@@ -72,8 +72,25 @@ pub async fn serve(
     shared: Arc<Shared>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    // The port clients reach this server on, as INFO's tcp_port tells them: the TLS one
-    // when there is no plain port.
+    publish_port(&listener, &shared);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let ticker = spawn_ticker(engine.clone(), shared.clone(), stop_rx.clone());
+    let reaper = spawn_idle_reaper(shared.clone(), stop_rx.clone());
+    let workers = spawn_workers(extra_workers, &engine, &shared, &stop_rx)?;
+    accept_loop(listener, engine, shared, stop_rx, async {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    })
+    .await;
+    let _ = ticker.await;
+    let _ = reaper.await;
+    join_workers(workers).await;
+    Ok(())
+}
+
+/// Records the port clients reach this server on, as INFO's tcp_port tells them: the TLS
+/// one when there is no plain port.
+fn publish_port(listener: &Ports<TcpListener>, shared: &Shared) {
     if let Some(Ok(a)) = listener
         .plain
         .as_ref()
@@ -82,30 +99,42 @@ pub async fn serve(
     {
         shared.local_port.store(a.port(), Ordering::Relaxed);
     }
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let ticker = {
-        let engine = engine.clone();
-        let shared = shared.clone();
-        let period = Duration::from_millis(shared.config.tick_ms.max(1));
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let mut iv = tokio::time::interval(period);
-            iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = iv.tick() => {
-                        // A follower expires and purges nothing itself: the leader decides
-                        // and its log says so (EXPIRED still lists what is due).
-                        if shared.repl.get().is_none_or(|r| !r.is_replica()) {
-                            engine.tick();
-                        }
+}
+
+/// Runs the engine's timers (expiry, purges) every `tick_ms` until `stop` changes.
+fn spawn_ticker(
+    engine: Arc<Engine>,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let period = Duration::from_millis(shared.config.tick_ms.max(1));
+    tokio::spawn(async move {
+        let mut iv = tokio::time::interval(period);
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = iv.tick() => {
+                    // A follower expires and purges nothing itself: the leader decides
+                    // and its log says so (EXPIRED still lists what is due).
+                    if shared.repl.get().is_none_or(|r| !r.is_replica()) {
+                        engine.tick();
                     }
-                    _ = stop.changed() => break,
                 }
+                _ = stop.changed() => break,
             }
-        })
-    };
-    let reaper = spawn_idle_reaper(shared.clone(), stop_rx.clone());
+        }
+    })
+}
+
+/// One OS thread per extra listener, each with a current-thread runtime running its own
+/// accept loop until `stop` turns true (see [`serve`]). A runtime or thread that cannot be
+/// made fails the whole server, as it starts.
+fn spawn_workers(
+    extra_workers: Vec<Ports<std::net::TcpListener>>,
+    engine: &Arc<Engine>,
+    shared: &Arc<Shared>,
+    stop_rx: &watch::Receiver<bool>,
+) -> std::io::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
     let mut workers = Vec::with_capacity(extra_workers.len());
     for (i, l) in extra_workers.into_iter().enumerate() {
         let (engine, shared, stop) = (engine.clone(), shared.clone(), stop_rx.clone());
@@ -130,13 +159,12 @@ pub async fn serve(
             })?;
         workers.push(h);
     }
-    accept_loop(listener, engine, shared, stop_rx, async {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    })
-    .await;
-    let _ = ticker.await;
-    let _ = reaper.await;
+    Ok(workers)
+}
+
+/// Waits for the worker threads (off the runtime's threads), logging how any of them ended
+/// badly.
+async fn join_workers(workers: Vec<std::thread::JoinHandle<std::io::Result<()>>>) {
     for h in workers {
         match tokio::task::spawn_blocking(move || h.join()).await {
             Ok(Ok(Err(e))) => tracing::warn!("worker thread: {e}"),
@@ -144,7 +172,6 @@ pub async fn serve(
             Ok(Ok(Ok(()))) => {}
         }
     }
-    Ok(())
 }
 
 /// How often the idle reaper looks, and how far past the timeout: a connection whose own

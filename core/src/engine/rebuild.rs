@@ -70,12 +70,16 @@ impl Engine {
         created_at: Millis,
         state: ReservationState,
     ) -> Result<(bool, Arc<str>, Lsn), EngineError> {
-        ident::check_sku(sku)?;
-        ident::check_user(user)?;
-        ident::check_request_id(request_id)?;
-        if qty == 0 || qty > MAX_QTY {
-            return Err(EngineError::Argument("qty must be between 1 and 1000000"));
-        }
+        let req = RestoreRequest {
+            sku,
+            user,
+            request_id,
+            qty,
+            expires_at,
+            created_at,
+            state,
+        };
+        check_restore_request(&req)?;
         let sale = self.sale(sku)?;
         let key = self.reservation_key.derive_key(sku, user, request_id);
         let token = token::token_text(sku, &key);
@@ -84,75 +88,49 @@ impl Engine {
         if sale.state() != SaleState::Fenced {
             return Err(EngineError::NotFenced);
         }
-        if stripe.find(sku, &key).is_some() {
-            return Ok((false, token, stripe.last_lsn()));
+        if let Some(lsn) = already_restored(&stripe, sku, &key, &token) {
+            return Ok((false, token, lsn));
         }
-        if stripe.tombs.contains_key(&table::tomb_key(&token)) {
-            return Ok((false, token, 0));
+        let hold = insert_restored(&mut stripe, &sale, &req, key, self.clock.as_ref())?;
+        let lsn = self.log_restored(&mut stripe, &req, &token, &hold);
+        if let Some(us) = users.as_mut() {
+            restore_user_entry(us, &sale, &req, key);
         }
-        if !stripe.has_room() {
-            return Err(EngineError::Argument("reservation table full"));
-        }
-        let Some(user_id) = sale.users.intern(user) else {
-            return Err(EngineError::Argument("too many users in this sale"));
-        };
-        let now = self.clock.now_ms();
-        let expires_at = expires_at.min(now + MAX_TTL_MS);
-        let shard = sale.home_shard(user) as u16;
-        let Some(idx) = stripe.insert(Reservation {
-            key,
-            sale: sale.clone(),
-            request_id: request_id.into(),
-            user: user_id,
-            qty,
-            shard,
-            state: ReservationState::Reserved,
-            expires_at,
-            created_at,
-            finished_at: 0,
-            links: wheel::Links::NONE,
-        }) else {
-            return Err(EngineError::Argument("reservation table full"));
-        };
-        sale.add_reserved(shard as usize, qty);
-        stripe.schedule(idx);
+        Ok((true, token, lsn))
+    }
+
+    /// Logs the restored hold as a live reservation would have been logged: RESERVED,
+    /// then (for a paid or cancelled order) its finish, both under the caller's stripe
+    /// lock. Returns the last record's LSN.
+    fn log_restored(
+        &self,
+        stripe: &mut Stripe,
+        req: &RestoreRequest<'_>,
+        token: &str,
+        hold: &RestoredHold,
+    ) -> Lsn {
         let mut lsn = self.sink.record(&EventRef::Reserved {
-            token: &token,
-            sku,
-            user,
-            request_id,
-            qty,
-            shard,
-            expires_at_ms: expires_at,
-            created_at_ms: created_at,
+            token,
+            sku: req.sku,
+            user: req.user,
+            request_id: req.request_id,
+            qty: req.qty,
+            shard: hold.shard,
+            expires_at_ms: hold.expires_at,
+            created_at_ms: req.created_at,
         });
         stripe.logged(lsn);
-        if state != ReservationState::Reserved {
+        if req.state != ReservationState::Reserved {
             // The user entry is updated below from the final state, not through
             // `user_release` (which would take the user stripe this call holds).
-            let how = match state {
+            let how = match req.state {
                 ReservationState::Committed => lifecycle::Finish::Commit,
                 _ => lifecycle::Finish::Release(ReleaseReason::Rebuild),
             };
-            let (l, _) = self.finish_locked(&mut stripe, idx, now, how, true);
+            let (l, _) = self.finish_locked(stripe, hold.idx, hold.now, how, true);
             lsn = l;
         }
-        if let Some(us) = users.as_mut() {
-            let e = us
-                .entry(sale.sku.clone())
-                .or_default()
-                .entry(user.into())
-                .or_default();
-            match state {
-                ReservationState::Reserved => {
-                    e.held += qty as u64;
-                    e.live.push(key);
-                }
-                ReservationState::Committed => e.held += qty as u64,
-                ReservationState::Released => {}
-            }
-        }
-        Ok((true, token, lsn))
+        lsn
     }
 
     /// SALE.REBUILD: counters from the ledger; `available = total − committed − units of
@@ -202,6 +180,118 @@ impl Engine {
         });
         sale.set_state(SaleState::Open);
         Ok((available as i64, lsn))
+    }
+}
+
+/// SALE.RESTORE's arguments, as the ledger gave them.
+struct RestoreRequest<'a> {
+    sku: &'a str,
+    user: &'a str,
+    request_id: &'a str,
+    qty: u32,
+    expires_at: Millis,
+    created_at: Millis,
+    state: ReservationState,
+}
+
+/// The arguments' shape, before any lock or key is touched.
+fn check_restore_request(req: &RestoreRequest<'_>) -> Result<(), EngineError> {
+    ident::check_sku(req.sku)?;
+    ident::check_user(req.user)?;
+    ident::check_request_id(req.request_id)?;
+    if req.qty == 0 || req.qty > MAX_QTY {
+        return Err(EngineError::Argument("qty must be between 1 and 1000000"));
+    }
+    Ok(())
+}
+
+/// The LSN to wait for when this reservation is already known: still in the table (the
+/// stripe's last LSN), or finished and purged, only its tombstone left (0: nothing to
+/// wait for). A repeated restore changes nothing.
+fn already_restored(stripe: &Stripe, sku: &str, key: &TokenKey, token: &str) -> Option<Lsn> {
+    if stripe.find(sku, key).is_some() {
+        return Some(stripe.last_lsn());
+    }
+    if stripe.tombs.contains_key(&table::tomb_key(token)) {
+        return Some(0);
+    }
+    None
+}
+
+/// Where [`insert_restored`] put the hold, and the clock reading it was made at.
+struct RestoredHold {
+    idx: u32,
+    shard: u16,
+    /// The ledger's deadline, capped at the longest TTL from now.
+    expires_at: Millis,
+    now: Millis,
+}
+
+/// Puts the hold into the table as RESERVED on the user's home shard, counts its units
+/// as reserved there and schedules its expiry, its deadline capped at [`MAX_TTL_MS`]
+/// (the longest TTL a sale can have) from now. The user is interned only once the
+/// table is known to have room.
+fn insert_restored(
+    stripe: &mut Stripe,
+    sale: &Arc<Sale>,
+    req: &RestoreRequest<'_>,
+    key: TokenKey,
+    clock: &dyn Clock,
+) -> Result<RestoredHold, EngineError> {
+    if !stripe.has_room() {
+        return Err(EngineError::Argument("reservation table full"));
+    }
+    let Some(user_id) = sale.users.intern(req.user) else {
+        return Err(EngineError::Argument("too many users in this sale"));
+    };
+    let now = clock.now_ms();
+    let expires_at = req.expires_at.min(now + MAX_TTL_MS);
+    let shard = sale.home_shard(req.user) as u16;
+    let Some(idx) = stripe.insert(Reservation {
+        key,
+        sale: sale.clone(),
+        request_id: req.request_id.into(),
+        user: user_id,
+        qty: req.qty,
+        shard,
+        state: ReservationState::Reserved,
+        expires_at,
+        created_at: req.created_at,
+        finished_at: 0,
+        links: wheel::Links::NONE,
+    }) else {
+        return Err(EngineError::Argument("reservation table full"));
+    };
+    sale.add_reserved(shard as usize, req.qty);
+    stripe.schedule(idx);
+    Ok(RestoredHold {
+        idx,
+        shard,
+        expires_at,
+        now,
+    })
+}
+
+/// In a limited sale, the user's entry from the order's final state: a pending order is
+/// held and live, a paid one counts towards the limit, a cancelled one not at all.
+fn restore_user_entry(
+    users: &mut UserStripe,
+    sale: &Sale,
+    req: &RestoreRequest<'_>,
+    key: TokenKey,
+) {
+    let e = users
+        .entry(sale.sku.clone())
+        .or_default()
+        .entry(req.user.into())
+        .or_default();
+    match req.state {
+        ReservationState::Reserved => {
+            e.held += req.qty as u64;
+            e.live.push(key);
+        }
+        ReservationState::Committed => e.held += req.qty as u64,
+        ReservationState::Released => {}
     }
 }
 

@@ -171,6 +171,8 @@ fn read_segment(
     Ok(scan(&file, path, start, want, end, visit))
 }
 
+/// Reads records `[start.lsn ..= end]` of an open segment, visiting those `>= want`,
+/// a chunk at a time; returns where it stopped and whether the visitor stopped it.
 fn scan(
     file: &File,
     path: &Path,
@@ -179,81 +181,142 @@ fn scan(
     end: Lsn,
     visit: &mut dyn FnMut(Lsn, Event) -> Visit,
 ) -> Result<(ReadPos, bool), WalError> {
-    let corrupt = |offset: u64, reason: String| WalError::Corrupt {
-        file: path.to_owned(),
-        offset,
-        reason,
-    };
     if start.offset == SEGMENT_HEADER_LEN {
-        // A file that is not the segment its name says must not feed consumers.
-        let mut h = [0u8; SEGMENT_HEADER_LEN as usize];
-        file.read_exact_at(&mut h, 0)
-            .map_err(super::io_err("read segment header", path))?;
-        if h[..8] != SEGMENT_MAGIC || h[8..] != start.segment.to_le_bytes() {
-            return Err(corrupt(0, "segment header does not match its name".into()));
-        }
+        check_segment_header(file, path, start.segment)?;
     }
-    let mut buf: Vec<u8> = Vec::with_capacity(CHUNK);
-    let mut buf_off = start.offset; // file offset of buf[0]
-    let mut pos = 0usize; // index into buf of the next record
+    let mut win = Window::new(start.offset);
     let mut lsn = start.lsn;
     while lsn <= end {
-        if buf.len() - pos < HEADER_LEN || needs_more(&buf[pos..]) {
-            // Refill from the next record on, so a record never straddles two reads.
-            buf_off += pos as u64;
-            buf.drain(..pos);
-            pos = 0;
-            let len = record_len(&buf).unwrap_or(HEADER_LEN);
-            if len > MAX_PAYLOAD + HEADER_LEN {
-                return Err(corrupt(buf_off, format!("invalid record length {len}")));
-            }
-            let need = len.max(CHUNK);
-            let have = buf.len();
-            buf.resize(need, 0);
-            let n = read_at_most(file, &mut buf[have..], buf_off + have as u64)
-                .map_err(super::io_err("read segment", path))?;
-            buf.truncate(have + n);
-            if n == 0 {
+        if win.needs_more() {
+            if !win.refill(file, path)? {
                 // The file ends before `end`: the records are not there (yet).
                 break;
             }
             continue;
         }
-        let rec = &buf[pos..];
-        let used = if lsn >= want {
-            let (payload, used) =
-                frame(rec).map_err(|e| corrupt(buf_off + pos as u64, e.to_string()))?;
-            let ev = decode_payload(payload)
-                .map_err(|e| corrupt(buf_off + pos as u64, RecordError::from(e).to_string()))?;
-            let stop = matches!(visit(lsn, ev), Visit::Stop);
-            pos += used;
+        if lsn >= want {
+            let (used, stop) = visit_record(&win, path, lsn, visit)?;
+            win.pos += used;
             lsn += 1;
             if stop {
-                return Ok((
-                    ReadPos {
-                        segment: start.segment,
-                        lsn,
-                        offset: buf_off + pos as u64,
-                    },
-                    true,
-                ));
+                return Ok((win.read_pos(start.segment, lsn), true));
             }
-            continue;
         } else {
             // Skipping: the length is enough, the CRC is checked when a record is read.
-            record_len(rec).ok_or_else(|| corrupt(buf_off + pos as u64, "short header".into()))?
-        };
-        pos += used;
-        lsn += 1;
+            let used = record_len(win.rest())
+                .ok_or_else(|| corrupt(path, win.offset(), "short header".into()))?;
+            win.pos += used;
+            lsn += 1;
+        }
     }
-    Ok((
+    Ok((win.read_pos(start.segment, lsn), false))
+}
+
+fn corrupt(path: &Path, offset: u64, reason: String) -> WalError {
+    WalError::Corrupt {
+        file: path.to_owned(),
+        offset,
+        reason,
+    }
+}
+
+/// A file that is not the segment its name says must not feed consumers: checked when a
+/// scan starts at the segment's first record.
+fn check_segment_header(file: &File, path: &Path, segment: Lsn) -> Result<(), WalError> {
+    let mut h = [0u8; SEGMENT_HEADER_LEN as usize];
+    file.read_exact_at(&mut h, 0)
+        .map_err(super::io_err("read segment header", path))?;
+    if h[..8] != SEGMENT_MAGIC || h[8..] != segment.to_le_bytes() {
+        return Err(corrupt(
+            path,
+            0,
+            "segment header does not match its name".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Frames and decodes the record at the window's position and hands it to `visit`:
+/// `(bytes used, whether the visitor stopped)`.
+fn visit_record(
+    win: &Window,
+    path: &Path,
+    lsn: Lsn,
+    visit: &mut dyn FnMut(Lsn, Event) -> Visit,
+) -> Result<(usize, bool), WalError> {
+    let (payload, used) =
+        frame(win.rest()).map_err(|e| corrupt(path, win.offset(), e.to_string()))?;
+    let ev = decode_payload(payload)
+        .map_err(|e| corrupt(path, win.offset(), RecordError::from(e).to_string()))?;
+    let stop = matches!(visit(lsn, ev), Visit::Stop);
+    Ok((used, stop))
+}
+
+/// The bytes of a segment read so far and not yet consumed: `buf[pos..]` starts at the
+/// next record, at file offset `buf_off + pos`.
+struct Window {
+    buf: Vec<u8>,
+    /// File offset of `buf[0]`.
+    buf_off: u64,
+    /// Index into `buf` of the next record.
+    pos: usize,
+}
+
+impl Window {
+    fn new(offset: u64) -> Self {
+        Window {
+            buf: Vec::with_capacity(CHUNK),
+            buf_off: offset,
+            pos: 0,
+        }
+    }
+
+    /// The bytes from the next record on.
+    fn rest(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    /// File offset of the next record.
+    fn offset(&self) -> u64 {
+        self.buf_off + self.pos as u64
+    }
+
+    /// The next record is not wholly in the buffer (its header included).
+    fn needs_more(&self) -> bool {
+        self.buf.len() - self.pos < HEADER_LEN || needs_more(self.rest())
+    }
+
+    /// Refills from the next record on, so a record never straddles two reads: at least
+    /// [`CHUNK`] bytes, more for a longer record. False at the end of the file.
+    fn refill(&mut self, file: &File, path: &Path) -> Result<bool, WalError> {
+        self.buf_off += self.pos as u64;
+        self.buf.drain(..self.pos);
+        self.pos = 0;
+        let len = record_len(&self.buf).unwrap_or(HEADER_LEN);
+        if len > MAX_PAYLOAD + HEADER_LEN {
+            return Err(corrupt(
+                path,
+                self.buf_off,
+                format!("invalid record length {len}"),
+            ));
+        }
+        let need = len.max(CHUNK);
+        let have = self.buf.len();
+        self.buf.resize(need, 0);
+        let n = read_at_most(file, &mut self.buf[have..], self.buf_off + have as u64)
+            .map_err(super::io_err("read segment", path))?;
+        self.buf.truncate(have + n);
+        Ok(n > 0)
+    }
+
+    /// Where the next read starts: the next record's LSN and offset in `segment`.
+    fn read_pos(&self, segment: Lsn, lsn: Lsn) -> ReadPos {
         ReadPos {
-            segment: start.segment,
+            segment,
             lsn,
-            offset: buf_off + pos as u64,
-        },
-        false,
-    ))
+            offset: self.offset(),
+        }
+    }
 }
 
 fn record_len(b: &[u8]) -> Option<usize> {

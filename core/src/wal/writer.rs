@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::record::{encode_record, HEADER_LEN};
 use super::segment::{self, ActiveSegment, Catalog};
@@ -83,6 +83,41 @@ struct Shared {
 }
 
 impl Shared {
+    /// The state of a log whose next record gets LSN `next`: nothing pending, everything
+    /// before `next` durable (recovery read it from disk) and its rolls done.
+    fn new(dir: PathBuf, opts: WalOptions, next: Lsn, catalog: Catalog) -> Self {
+        Shared {
+            dir,
+            opts,
+            state: Mutex::new(Pending {
+                buf: Vec::new(),
+                buf_first: next,
+                buf_records: 0,
+                next,
+                rolls: Vec::new(),
+                stopped: false,
+                closing: false,
+            }),
+            has_work: Condvar::new(),
+            has_space: Condvar::new(),
+            durable: AtomicU64::new(next - 1),
+            assigned: AtomicU64::new(next - 1),
+            retain_from: AtomicU64::new(Lsn::MAX),
+            roll_requested: AtomicU64::new(0),
+            progress: Mutex::new(Progress {
+                rolled: next - 1,
+                ..Progress::default()
+            }),
+            progress_cv: Condvar::new(),
+            #[cfg(feature = "tokio")]
+            notify: tokio::sync::Notify::new(),
+            catalog: Mutex::new(catalog),
+            batches: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+        }
+    }
+
     fn publish(&self, durable: Option<Lsn>, rolled: Option<Lsn>, closed: bool) {
         if let Some(d) = durable {
             self.durable.fetch_max(d, Ordering::Release);
@@ -182,14 +217,7 @@ impl Wal {
         data_dir: impl AsRef<Path>,
         opts: WalOptions,
     ) -> Result<(Arc<Wal>, Recovery), WalError> {
-        let data_dir = data_dir.as_ref();
-        let dir = data_dir.join("wal");
-        if !dir.is_dir() {
-            std::fs::create_dir_all(&dir).map_err(super::io_err("create directory", &dir))?;
-            // Without this the whole log could vanish with its directory entry on power
-            // loss, acknowledged records included.
-            segment::sync_dir(data_dir)?;
-        }
+        let dir = create_wal_dir(data_dir.as_ref())?;
         let lock_file = lock_dir(&dir)?;
         let resume = super::recovery::recover(&dir, &opts)?;
         let next = resume.recovery.last_lsn + 1;
@@ -197,53 +225,9 @@ impl Wal {
             Some((path, first, size)) => Some(ActiveSegment::reopen(path, first, next, size)?),
             None => None,
         };
-        let shared = Arc::new(Shared {
-            dir: dir.clone(),
-            opts: opts.clone(),
-            state: Mutex::new(Pending {
-                buf: Vec::new(),
-                buf_first: next,
-                buf_records: 0,
-                next,
-                rolls: Vec::new(),
-                stopped: false,
-                closing: false,
-            }),
-            has_work: Condvar::new(),
-            has_space: Condvar::new(),
-            durable: AtomicU64::new(next - 1),
-            assigned: AtomicU64::new(next - 1),
-            retain_from: AtomicU64::new(Lsn::MAX),
-            roll_requested: AtomicU64::new(0),
-            progress: Mutex::new(Progress {
-                rolled: next - 1,
-                ..Progress::default()
-            }),
-            progress_cv: Condvar::new(),
-            #[cfg(feature = "tokio")]
-            notify: tokio::sync::Notify::new(),
-            catalog: Mutex::new(resume.catalog),
-            batches: AtomicU64::new(0),
-            syncs: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
-        });
-        let inline = Arc::new(Mutex::new(Writer {
-            shared: shared.clone(),
-            seg: active,
-            batch: Vec::new(),
-            last_sync: Instant::now(),
-            unsynced: false,
-            written: next - 1,
-            final_flush: false,
-            closed_unsynced: Vec::new(),
-            done: false,
-        }));
-        let thread_writer = inline.clone();
-        let thread_shared = shared.clone();
-        let handle = std::thread::Builder::new()
-            .name("stockgate-wal".into())
-            .spawn(move || writer_thread(thread_shared, thread_writer))
-            .map_err(super::io_err("spawn WAL writer for", &dir))?;
+        let shared = Arc::new(Shared::new(dir.clone(), opts, next, resume.catalog));
+        let inline = Arc::new(Mutex::new(Writer::new(shared.clone(), active, next)));
+        let handle = spawn_writer(&dir, shared.clone(), inline.clone())?;
         let wal = Arc::new(Wal {
             inline,
             shared,
@@ -607,6 +591,29 @@ fn lock_dir(dir: &Path) -> Result<File, WalError> {
     Ok(f)
 }
 
+/// `<data_dir>/wal`, created if missing. A new directory's entry is synced: without
+/// that the whole log could vanish with it on power loss, acknowledged records included.
+fn create_wal_dir(data_dir: &Path) -> Result<PathBuf, WalError> {
+    let dir = data_dir.join("wal");
+    if !dir.is_dir() {
+        std::fs::create_dir_all(&dir).map_err(super::io_err("create directory", &dir))?;
+        segment::sync_dir(data_dir)?;
+    }
+    Ok(dir)
+}
+
+/// Starts the writer thread over the state `open` built.
+fn spawn_writer(
+    dir: &Path,
+    shared: Arc<Shared>,
+    writer: Arc<Mutex<Writer>>,
+) -> Result<JoinHandle<()>, WalError> {
+    std::thread::Builder::new()
+        .name("stockgate-wal".into())
+        .spawn(move || writer_thread(shared, writer))
+        .map_err(super::io_err("spawn WAL writer for", dir))
+}
+
 /// One batch taken from [`Pending`].
 struct Batch {
     first: Lsn,
@@ -653,55 +660,19 @@ fn writer_thread(shared: Arc<Shared>, writer: Arc<Mutex<Writer>>) {
     let mut guard = ExitGuard(shared.clone(), false);
     let policy = shared.opts.fsync;
     loop {
-        {
-            let mut state = shared.state.lock();
-            if policy == FsyncPolicy::Always {
-                while state.buf.is_empty() && state.rolls.is_empty() && !state.closing {
-                    shared.has_work.wait(&mut state);
-                }
-            } else if state.rolls.is_empty() && !state.closing {
-                shared.has_work.wait_for(&mut state, POLL);
-            }
-        }
+        wait_for_work(&shared, policy);
         let mut w = writer.lock();
         if w.done {
             guard.1 = true;
             return;
         }
-        // Under `everysec` the periodic fdatasync runs without the writer lock: waiters
-        // need only the `write` (they take this lock to write their own batch, see
-        // `flush_inline`), so holding it through a sync of tens of milliseconds on a slow
-        // disk would stall every reply of the server once a second.
-        let due = policy == FsyncPolicy::EverySec
-            && w.unsynced
-            && !w.final_flush
-            && w.last_sync.elapsed() >= EVERYSEC;
-        if due {
-            let handle = w.seg.as_ref().map(ActiveSegment::sync_handle).transpose();
-            // Counted as synced now: whatever is written from here on sets `unsynced`
-            // again and is covered by the next sync (or by `close_segment`'s).
-            w.unsynced = false;
-            w.last_sync = Instant::now();
-            drop(w);
-            let synced = handle.and_then(|h| match h {
-                Some((file, path)) => {
-                    fault_sync_delay(&shared.opts);
-                    file.sync_data()
-                        .map_err(super::io_err("fdatasync segment", &path))
-                }
-                None => Ok(()),
-            });
-            match synced {
-                Ok(()) => {
-                    shared.syncs.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    let mut w = writer.lock();
-                    w.done = true;
-                    guard.1 = true;
-                    shared.fail(e.to_string());
-                    return;
-                }
+        if everysec_sync_due(&w, policy) {
+            if let Err(e) = sync_outside_writer_lock(&shared, w) {
+                let mut w = writer.lock();
+                w.done = true;
+                guard.1 = true;
+                shared.fail(e.to_string());
+                return;
             }
             continue;
         }
@@ -722,6 +693,55 @@ fn writer_thread(shared: Arc<Shared>, writer: Arc<Mutex<Writer>>) {
     }
 }
 
+/// Sleeps on the state lock until there is something to do: under `always` until records,
+/// a roll request or close arrive; under `everysec` and `no` at most [`POLL`]. The lock is
+/// released on return, before the writer lock is taken.
+fn wait_for_work(shared: &Shared, policy: FsyncPolicy) {
+    let mut state = shared.state.lock();
+    if policy == FsyncPolicy::Always {
+        while state.buf.is_empty() && state.rolls.is_empty() && !state.closing {
+            shared.has_work.wait(&mut state);
+        }
+    } else if state.rolls.is_empty() && !state.closing {
+        shared.has_work.wait_for(&mut state, POLL);
+    }
+}
+
+/// Whether the once-a-second `everysec` fdatasync is due: something written since the last
+/// one, and not the final batch (close syncs that itself, in `round`).
+fn everysec_sync_due(w: &Writer, policy: FsyncPolicy) -> bool {
+    policy == FsyncPolicy::EverySec
+        && w.unsynced
+        && !w.final_flush
+        && w.last_sync.elapsed() >= EVERYSEC
+}
+
+/// The periodic `everysec` fdatasync, run without the writer lock: waiters need only the
+/// `write` (they take this lock to write their own batch, see `flush_inline`), so holding
+/// it through a sync of tens of milliseconds on a slow disk would stall every reply of the
+/// server once a second. Takes the lock `w` and releases it before the sync.
+fn sync_outside_writer_lock(
+    shared: &Shared,
+    mut w: MutexGuard<'_, Writer>,
+) -> Result<(), WalError> {
+    let handle = w.seg.as_ref().map(ActiveSegment::sync_handle).transpose();
+    // Counted as synced now: whatever is written from here on sets `unsynced` again and
+    // is covered by the next sync (or by `close_segment`'s).
+    w.unsynced = false;
+    w.last_sync = Instant::now();
+    drop(w);
+    handle.and_then(|h| match h {
+        Some((file, path)) => {
+            fault_sync_delay(&shared.opts);
+            file.sync_data()
+                .map_err(super::io_err("fdatasync segment", &path))
+        }
+        None => Ok(()),
+    })?;
+    shared.syncs.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
 /// Test-only slow disk (see `WalOptions::fault_sync_delay_ms`).
 fn fault_sync_delay(opts: &WalOptions) {
     if opts.fault_sync_delay_ms > 0 {
@@ -733,6 +753,22 @@ fn fault_sync_delay(opts: &WalOptions) {
 const POLL: Duration = Duration::from_millis(2);
 
 impl Writer {
+    /// The writer of a log whose next record gets LSN `next`, appending to `seg` (the
+    /// segment recovery reopened, if any).
+    fn new(shared: Arc<Shared>, seg: Option<ActiveSegment>, next: Lsn) -> Self {
+        Writer {
+            shared,
+            seg,
+            batch: Vec::new(),
+            last_sync: Instant::now(),
+            unsynced: false,
+            written: next - 1,
+            final_flush: false,
+            closed_unsynced: Vec::new(),
+            done: false,
+        }
+    }
+
     /// Takes whatever is pending (never waits), writes it, syncs under `always` (the
     /// periodic `everysec` sync is the writer thread's, outside this lock: see
     /// `writer_thread`), and publishes. Returns true once the final batch before close

@@ -19,7 +19,7 @@ use super::health::{self, Health};
 use super::live::{self, Hub};
 use super::{prom, view};
 use crate::engine::Engine;
-use crate::metrics::{HistoryPoint, SaleEvent, SALE_EVENT_NAMES};
+use crate::metrics::{HistoryPoint, Metrics, SaleEvent, SALE_EVENT_NAMES};
 use crate::session::Shared;
 
 const STATUS_PAGE: &str = include_str!("status.html");
@@ -268,10 +268,23 @@ fn js(s: &str) -> String {
 /// Sales shown on the status page (the page is for humans; Prometheus has the rest).
 const JSON_SALES: usize = 200;
 
-/// What the status page (and anyone else) polls: the same figures as `top`.
+/// What the status page (and anyone else) polls: the same figures as `top`. Built in
+/// the document's key order, each section read from its source as it is written.
 pub fn json(engine: &Engine, shared: &Shared) -> String {
     let m = &shared.metrics;
     let mut o = String::with_capacity(8 * 1024);
+    head_json(&mut o, shared);
+    sales_json(&mut o, engine, shared);
+    commands_json(&mut o, m);
+    errors_json(&mut o, m);
+    group_json(&mut o, shared);
+    history_json(&mut o, m);
+    o
+}
+
+/// `{"uptime_s":…,"connected_clients":…,"commands_processed":…,"wal":{…},"sales":[`:
+/// the server's counters and the log's progress (`pending` is what is not durable yet).
+fn head_json(o: &mut String, shared: &Shared) {
     let stats = view::server_stats(shared);
     let get = |k: &str| stats.iter().find(|(n, _)| *n == k).map_or(0, |(_, v)| *v);
     let fields = view::persistence_fields(shared);
@@ -286,6 +299,11 @@ pub fn json(engine: &Engine, shared: &Shared) -> String {
         fields.iter().any(|(k, _)| k == "wal_last_lsn"),
         last.saturating_sub(durable),
     );
+}
+
+/// The `sales` array's items: the first [`JSON_SALES`] sales with their counters and
+/// outcomes (the page is for humans; Prometheus has every sale).
+fn sales_json(o: &mut String, engine: &Engine, shared: &Shared) {
     for (i, r) in view::sales(engine, shared, JSON_SALES).iter().enumerate() {
         if i > 0 {
             o.push(',');
@@ -312,6 +330,11 @@ pub fn json(engine: &Engine, shared: &Shared) -> String {
             r.expired, r.oldest_expired_age_ms
         );
     }
+}
+
+/// `],"commands":[…`: each command called at least once, with its latency percentiles
+/// in microseconds (0 without a histogram).
+fn commands_json(o: &mut String, m: &Metrics) {
     o.push_str("],\"commands\":[");
     let mut first = true;
     for c in m.commands().iter().filter(|c| c.calls > 0) {
@@ -335,6 +358,11 @@ pub fn json(engine: &Engine, shared: &Shared) -> String {
             c.usec_per_call()
         );
     }
+}
+
+/// `],"error_replies":…,"errors":{…},"denials":{…}`: error replies by code, and RESERVE
+/// denials by reason.
+fn errors_json(o: &mut String, m: &Metrics) {
     let (errors, total) = m.errors();
     let _ = write!(o, "],\"error_replies\":{total},\"errors\":{{");
     for (i, (code, n)) in errors.iter().enumerate() {
@@ -351,7 +379,11 @@ pub fn json(engine: &Engine, shared: &Shared) -> String {
         let _ = write!(o, "\"{}\":{n}", why.reason());
     }
     o.push('}');
-    group_json(&mut o, shared);
+}
+
+/// `,"history":[…]}`: the recent per-second points, oldest first, closing the document.
+/// The history lock is held only while they are written.
+fn history_json(o: &mut String, m: &Metrics) {
     o.push_str(",\"history\":[");
     for (i, p) in m.history.lock().iter().enumerate() {
         if i > 0 {
@@ -364,7 +396,6 @@ pub fn json(engine: &Engine, shared: &Shared) -> String {
         );
     }
     o.push_str("]}");
-    o
 }
 
 /// `,"health":…,"group":…,"feed_groups":…`: the node's /healthz answer, its Raft group
