@@ -41,9 +41,7 @@ impl Engine {
             self.user_release(&sale, user, qty, &key, true);
         }
         if out.0 {
-            if let Some(sku) = token::token_sku(token) {
-                self.room_poke(sku);
-            }
+            self.room_poke_token(token);
         }
         Ok((out.0, out.1))
     }
@@ -175,9 +173,7 @@ impl Engine {
             self.user_release(&sale, user, qty, &key, false);
         }
         if matches!(res, Ok((true, _))) {
-            if let Some(sku) = token::token_sku(token) {
-                self.room_poke(sku);
-            }
+            self.room_poke_token(token);
         }
         res
     }

@@ -235,6 +235,17 @@ impl Engine {
         self.tick_locked(sku, &mut room, self.clock.now_ms());
     }
 
+    /// [`Engine::room_poke`] for the sale a reservation token names (RELEASE, COMMIT): the
+    /// token is read only while some sale has a room.
+    pub(super) fn room_poke_token(&self, token: &str) {
+        if !self.has_rooms.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(sku) = super::token::token_sku(token) {
+            self.room_poke(sku);
+        }
+    }
+
     /// After the stock of `sku` changed (RELEASE, COMMIT, ADJUST): the room moves.
     pub(super) fn room_poke(&self, sku: &str) {
         if !self.has_rooms.load(Ordering::Acquire) {
