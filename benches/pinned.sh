@@ -16,6 +16,12 @@
 #   sg-cluster        sg-t1 in cluster mode (--cluster-enabled yes, one node owning all
 #                     16384 slots, docs/cluster.md): the cost of the slot check per request
 #   sg-t2             stockgate --fsync everysec --threads 2, RESERVE
+#   sg-room-join      sg-t1 with a waiting room on the sale (ROOM.OPEN BENCH RATE 1 MAX
+#                     50000000): ROOM.JOIN of a random user per request, so nearly every
+#                     call is a new place in the line (a logged record, like a RESERVE)
+#   sg-room-status    the same room with 1,000 buyers ahead of bench-user: ROOM.STATUS of
+#                     bench-user's ticket per request (its position and wait; at RATE 1 it
+#                     stays waiting for the whole run)
 #   sg-ping           stockgate --fsync everysec --threads 1, PING
 #   sg-t1-always      stockgate --fsync always --threads 1, RESERVE: the single node to
 #                     compare the group with (fdatasync before every acknowledgement)
@@ -358,6 +364,24 @@ start_raft_once() { # dir bin
   ln -sfn "$d/secret" "${d%/*}/secret"
 }
 
+# The waiting-room targets: a room on the sale, and the command each request sends
+# (sets cmd; STOCK is not what they change, so "taken" is left out).
+room_target() { # target
+  local ticket i
+  [[ $(timeout 10 redis-cli -p "$PORT" ROOM.OPEN "$SKU" RATE 1 MAX 50000000) == OK ]] ||
+    { echo "ROOM.OPEN failed on $1" >&2; exit 1; }
+  STOCK_CMD=()
+  if [[ $1 == sg-room-join ]]; then
+    cmd=(ROOM.JOIN "$SKU" "u__rand_int__")
+    return 0
+  fi
+  for i in $(seq 1 1000); do echo "ROOM.JOIN $SKU ahead-$i"; done |
+    timeout 60 redis-cli -p "$PORT" >/dev/null
+  ticket=$(timeout 10 redis-cli -p "$PORT" ROOM.JOIN "$SKU" bench-user | head -n 1)
+  [[ $ticket == t1\|* ]] || { echo "ROOM.JOIN failed on $1: $ticket" >&2; exit 1; }
+  cmd=(ROOM.STATUS "$SKU" bench-user "$ticket")
+}
+
 declare -A RES FSYNC LOADGEN NOTE
 run_target() { # name
   local t=$1 dir=$TMP/$1 cmd=() pt c p
@@ -414,7 +438,7 @@ run_target() { # name
           cmd=(EVALSHA "$sha" 3 "$tag:stock" "$tag:expiry_index" "$tag:reservation:{$SKU}tok__rand_int__"
                "$SKU" bench-user 1 630 "$expiry" "{$SKU}tok__rand_int__") ;;
       esac ;;
-    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-t1-always|sg-raft|sg-raft-lg|sg-tls|sg-cluster)
+    sg-t1|sg-t2|sg-ping|base-t1|base-t2|base-ping|sg-t1-always|sg-raft|sg-raft-lg|sg-tls|sg-cluster|sg-room-join|sg-room-status)
       local threads=1 bin=$SG_BIN fsync=everysec keys
       [[ $t == *-t2 ]] && threads=2
       [[ $t == sg-t1-always ]] && fsync=always
@@ -464,6 +488,7 @@ run_target() { # name
         [[ $check == RESERVED ]] || { echo "RESERVE check failed: $check" >&2; exit 1; }
         STOCK_CMD=(STOCK "$SKU")
         cmd=(RESERVE "$SKU" bench-user "$token" "req-__rand_int__")
+        [[ $t == sg-room-* ]] && room_target "$t"
       fi ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
   esac

@@ -1869,6 +1869,7 @@ fn sample_event(kind: EventKind) -> Event {
                 },
                 reservations: Vec::new(),
                 tombs: Vec::new(),
+                room: None,
             }),
         },
         EventKind::SaleDropped => Event::SaleDropped {

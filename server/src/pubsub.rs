@@ -6,6 +6,12 @@
 //! Channels and glob patterns (`PSUBSCRIBE`, Redis's `*`, `?`, `[...]`, `\`: node-redis's
 //! Sentinel client listens with one); each subscriber has a bounded queue, and a
 //! subscriber that does not keep up loses messages rather than slowing publishers.
+//!
+//! Some channels carry what the server itself says ([`Feeds`]: a sale's live counts on
+//! `sale:<sku>:live`). A subscriber to one is sent the channel's state at once and then
+//! its newer states; only the newest unsent state is kept per subscriber, so a slow
+//! subscriber skips states rather than queueing them. Clients cannot PUBLISH to them.
+//! A subscriber whose socket accepts nothing for `--write-timeout-ms` is disconnected.
 // CLIENT KILL reaches another connection through a duplicate of its socket (fcntl,
 // shutdown, close); each call says why it is sound.
 #![allow(unsafe_code)]
@@ -13,7 +19,9 @@
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -36,15 +44,43 @@ type Channels = HashMap<Bytes, Vec<(u64, mpsc::Sender<Message>)>>;
 /// Pattern subscriptions: (pattern, subscription id, its queue).
 type Patterns = Vec<(Bytes, u64, mpsc::Sender<Message>)>;
 
+/// Channels the server publishes on itself, by name (`SUBSCRIBE` only: patterns do not
+/// reach them). Defined here so the subscriber loop knows no more of what they carry.
+pub trait Feeds: Send + Sync {
+    /// Whether `channel` is one of them (then clients may not PUBLISH to it).
+    fn owns(&self, channel: &[u8]) -> bool;
+    /// A new subscriber's feed of `channel` (one it [`owns`](Feeds::owns)); `Err` is the
+    /// error line (without `-`) sent in place of the subscription's confirmation.
+    fn open(&self, channel: &[u8]) -> Result<Box<dyn Feed>, String>;
+}
+
+/// One subscriber's feed of one server channel.
+pub trait Feed: Send {
+    /// The next message: the channel's state at the first poll, then each newer state
+    /// (only the newest one not yet given is kept).
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Bytes>;
+}
+
 /// The channel registry of `PUBLISH`/`SUBSCRIBE`/`PSUBSCRIBE`, shared by every connection; cloning
 /// shares it.
 #[derive(Clone, Default)]
 pub struct Hub {
     channels: Arc<Mutex<Channels>>,
     patterns: Arc<Mutex<Patterns>>,
+    feeds: Arc<OnceLock<Arc<dyn Feeds>>>,
 }
 
 impl Hub {
+    /// Serves the server's own channels from `feeds` (once; false if some already are).
+    pub fn serve_feeds(&self, feeds: Arc<dyn Feeds>) -> bool {
+        self.feeds.set(feeds).is_ok()
+    }
+
+    /// Whether `channel` is one the server publishes on itself.
+    pub fn owned(&self, channel: &[u8]) -> bool {
+        self.feeds.get().is_some_and(|f| f.owns(channel))
+    }
+
     /// Delivers `msg` to the channel's subscribers and to the patterns it matches;
     /// returns how many receivers there are (as Redis counts them).
     pub fn publish(&self, channel: &[u8], msg: &[u8]) -> usize {
@@ -444,7 +480,8 @@ enum End {
 /// and RESET. Hands the stream back when the last channel and pattern are unsubscribed
 /// (or on RESET), as Redis returns such a client to normal mode. Held to the framing
 /// `limits` and to `max_query_buffer` as a command connection is: a client breaking them
-/// is handed back as [`Handback::Refused`], for the connection to answer and close.
+/// is handed back as [`Handback::Refused`], for the connection to answer and close. A
+/// client that accepts none of what is sent for `write_timeout` is disconnected.
 #[allow(clippy::too_many_arguments)]
 pub async fn subscriber(
     hub: Hub,
@@ -454,7 +491,7 @@ pub async fn subscriber(
     stream: &mut dyn Io,
     mut inbuf: BytesMut,
     (patterns, first): (bool, Vec<Bytes>),
-    (limits, max_query_buffer): (Limits, usize),
+    (limits, max_query_buffer, write_timeout): (Limits, usize, Duration),
 ) -> Handback {
     let (tx, mut rx) = mpsc::channel::<Message>(QUEUE);
     let mut subs = Subs::default();
@@ -472,7 +509,7 @@ pub async fn subscriber(
     };
     let back = loop {
         if !out.is_empty() {
-            if send(stream, &out).await.is_err() {
+            if send(stream, &out, write_timeout).await.is_err() {
                 break End::Closed;
             }
             out.clear();
@@ -482,6 +519,7 @@ pub async fn subscriber(
                 let Some(m) = m else { break End::Closed };
                 push_message(&mut out, proto, m);
             }
+            m = next_feed(&mut subs.feeds) => push_message(&mut out, proto, m),
             r = stream.read_buf(&mut inbuf) => {
                 if !matches!(r, Ok(n) if n > 0) {
                     break End::Closed;
@@ -494,7 +532,7 @@ pub async fn subscriber(
                 if let Some(end) = leave {
                     // What was answered before leaving goes out first, as on a command
                     // connection.
-                    if !out.is_empty() && send(stream, &out).await.is_err() {
+                    if !out.is_empty() && send(stream, &out, write_timeout).await.is_err() {
                         break End::Closed;
                     }
                     out.clear();
@@ -523,6 +561,20 @@ struct Me<'a> {
     id: u64,
     tx: &'a mpsc::Sender<Message>,
     proto: u8,
+}
+
+/// The next message of any of a subscriber's server channels (never, without one).
+fn next_feed(
+    feeds: &mut [(Bytes, Box<dyn Feed>)],
+) -> impl std::future::Future<Output = Message> + '_ {
+    std::future::poll_fn(move |cx| {
+        for (ch, f) in feeds.iter_mut() {
+            if let Poll::Ready(m) = f.poll_next(cx) {
+                return Poll::Ready((None, ch.clone(), m));
+            }
+        }
+        Poll::Pending
+    })
 }
 
 /// A published message as a subscriber receives it (`message`, or `pmessage` with the
@@ -612,17 +664,32 @@ fn subscriber_command(
     None
 }
 
-/// Writes and flushes (a TLS stream holds encrypted bytes back until flushed).
-async fn send(stream: &mut dyn Io, out: &[u8]) -> std::io::Result<()> {
-    stream.write_all(out).await?;
-    stream.flush().await
+/// Writes and flushes (a TLS stream holds encrypted bytes back until flushed); a client
+/// that accepts nothing for `timeout` is an error, so its connection ends and what it
+/// held (its queue, its feeds) is freed.
+async fn send(stream: &mut dyn Io, out: &[u8], timeout: Duration) -> std::io::Result<()> {
+    let write = async {
+        stream.write_all(out).await?;
+        stream.flush().await
+    };
+    match tokio::time::timeout(timeout, write).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!(
+                "subscriber dropped: did not read its messages within the write timeout"
+            );
+            Err(std::io::ErrorKind::TimedOut.into())
+        }
+    }
 }
 
-/// One connection's channels and patterns (bounded together by [`MAX_CHANNELS`]).
+/// One connection's channels and patterns (bounded together by [`MAX_CHANNELS`]), and
+/// the feeds of the server channels among the channels.
 #[derive(Default)]
 struct Subs {
     channels: Vec<Bytes>,
     patterns: Vec<Bytes>,
+    feeds: Vec<(Bytes, Box<dyn Feed>)>,
 }
 
 impl Subs {
@@ -650,6 +717,15 @@ impl Subs {
         if !list.contains(&x) && room {
             if pattern {
                 hub.psubscribe(x.clone(), id, tx.clone());
+            } else if let Some(feeds) = hub.feeds.get().filter(|f| f.owns(&x)) {
+                // Not in the channel registry: only its feed writes to it.
+                match feeds.open(&x) {
+                    Ok(feed) => self.feeds.push((x.clone(), feed)),
+                    Err(why) => {
+                        out.extend_from_slice(format!("-{why}\r\n").as_bytes());
+                        return;
+                    }
+                }
             } else {
                 hub.subscribe(x.clone(), id, tx.clone());
             }
@@ -694,6 +770,8 @@ impl Subs {
             } else {
                 hub.unsubscribe(&x, id);
                 self.channels.retain(|c| *c != x);
+                // Dropping a feed lets its source stop (the last one stops a sampler).
+                self.feeds.retain(|(c, _)| *c != x);
             }
             confirm(out, proto, what, Some(&x), self.count());
         }

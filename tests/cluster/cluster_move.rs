@@ -1047,3 +1047,122 @@ fn node_redis_follows_ask_and_hands_tryagain_to_the_caller() {
         assert!(got["ms"].as_i64() < Some(150), "at once: {got}");
     }
 }
+
+/// What a `ROOM.STATUS` reply says, without what changes with the clock: the state, and
+/// the position of a waiting buyer or the expiry of an admitted one.
+fn room_place(n: &Node, sku: &str, user: &str, ticket: &str) -> (String, i64) {
+    let v: Vec<Value> = redis::cmd("ROOM.STATUS")
+        .arg(sku)
+        .arg(user)
+        .arg(ticket)
+        .query(&mut n.conn())
+        .expect("room.status");
+    let kind = crate::common::as_str(&v[0]);
+    let detail = match (kind.as_str(), v.get(1), v.get(2)) {
+        ("WAITING", Some(Value::Int(p)), _) => *p,
+        ("ADMITTED", _, Some(Value::Int(until))) => *until,
+        _ => 0,
+    };
+    (kind, detail)
+}
+
+/// The admission token `ROOM.STATUS` hands an admitted buyer.
+fn room_admission(n: &Node, sku: &str, user: &str, ticket: &str) -> String {
+    let v: Vec<Value> = redis::cmd("ROOM.STATUS")
+        .arg(sku)
+        .arg(user)
+        .arg(ticket)
+        .query(&mut n.conn())
+        .expect("room.status");
+    assert_eq!(crate::common::as_str(&v[0]), "ADMITTED");
+    crate::common::as_str(&v[1])
+}
+
+/// A sale's waiting room moves with its slot: at the destination the room has the same
+/// counts, every ticket issued at the source gives the same place, an admitted buyer's
+/// admission token reserves there, and a `kill -9` and restart keep the room.
+#[test]
+fn cluster_move_carries_the_waiting_room() {
+    let mut c = Cluster::start(&[(0, 8191), (8192, 16383)]);
+    let sku = c.skus("WR", 1).remove(0).remove(0);
+    let slot = key_slot(sku.as_bytes()).to_string();
+    let _: () = redis::cmd("SALE.CREATE")
+        .arg(&sku)
+        .arg(5)
+        .arg("SHARDS")
+        .arg(1)
+        .query(&mut c.nodes[0].conn())
+        .expect("create");
+    // A fast rate: the room admits as many as the stock serves (5), the rest wait.
+    let _: () = redis::cmd("ROOM.OPEN")
+        .arg(&sku)
+        .arg("RATE")
+        .arg(1_000_000)
+        .arg("ADMIT-TTL")
+        .arg(600_000)
+        .query(&mut c.nodes[0].conn())
+        .expect("room.open");
+    let mut tickets = Vec::new();
+    for i in 0..12 {
+        let user = format!("buyer{i}");
+        let v: Vec<Value> = redis::cmd("ROOM.JOIN")
+            .arg(&sku)
+            .arg(&user)
+            .query(&mut c.nodes[0].conn())
+            .expect("room.join");
+        tickets.push((user, crate::common::as_str(&v[0])));
+    }
+    let places = |n: &Node| -> Vec<(String, i64)> {
+        tickets
+            .iter()
+            .map(|(u, t)| room_place(n, &sku, u, t))
+            .collect()
+    };
+    let info = |n: &Node| -> Value {
+        redis::cmd("ROOM.INFO")
+            .arg(&sku)
+            .query(&mut n.conn())
+            .expect("room.info")
+    };
+    let before = places(&c.nodes[0]);
+    let admitted = before.iter().filter(|p| p.0 == "ADMITTED").count();
+    let waiting = before.iter().filter(|p| p.0 == "WAITING").count();
+    assert_eq!((admitted, waiting), (5, 7), "{before:?}");
+    let info_before = info(&c.nodes[0]);
+
+    move_slots(&c.nodes[0].addr(), &c.nodes[1].addr(), &slot);
+    assert_eq!(info(&c.nodes[1]), info_before);
+    assert_eq!(places(&c.nodes[1]), before);
+    let gone: redis::RedisResult<Value> = redis::cmd("ROOM.INFO")
+        .arg(&sku)
+        .query(&mut c.nodes[0].conn());
+    assert!(gone.is_err(), "the room still answered on A");
+
+    // An admitted buyer reserves at the destination with the admission it is handed there.
+    let (user, ticket) = &tickets[before
+        .iter()
+        .position(|p| p.0 == "ADMITTED")
+        .expect("an admitted buyer")];
+    let adm = room_admission(&c.nodes[1], &sku, user, ticket);
+    let v: Vec<Value> = redis::cmd("RESERVE")
+        .arg(&sku)
+        .arg(user)
+        .arg(&adm)
+        .arg("rid-1")
+        .query(&mut c.nodes[1].conn())
+        .expect("reserve on B");
+    assert!(crate::common::as_str(&v[1]).starts_with(&format!("{{{sku}}}")));
+    let after = places(&c.nodes[1]);
+    let info_reserved = info(&c.nodes[1]);
+    assert_eq!(room_place(&c.nodes[1], &sku, user, ticket).0, "RESERVED");
+
+    // The imported room is in B's log: a kill -9 and a restart keep it.
+    c.nodes[1].kill9();
+    c.nodes[1].restart();
+    let b = &c.nodes[1];
+    wait_for("B up", Duration::from_secs(20), || {
+        b.try_info("cluster").is_some()
+    });
+    assert_eq!(places(b), after);
+    assert_eq!(info(b), info_reserved);
+}

@@ -122,7 +122,9 @@ async fn room_queue_admits_by_stock_and_keeps_places_across_kill9() {
         error_code(&cmd(&mut c, &["ROOM.JOIN", SKU, "x"]).await),
         "NOROOM"
     );
-    // At most 45 waiting: the first five are admitted as they join (5 units).
+    // At most 45 waiting: the first five are admitted as they join (5 units). No
+    // window: the holds here live about a second, so with one every hold would count as
+    // coming back soon and more buyers than units would be let in.
     let open = [
         "ROOM.OPEN",
         SKU,
@@ -130,6 +132,8 @@ async fn room_queue_admits_by_stock_and_keeps_places_across_kill9() {
         "1000",
         "ADMIT-TTL",
         "60000",
+        "WINDOW",
+        "0",
         "MAX",
         "45",
     ];
@@ -251,4 +255,66 @@ async fn room_queue_admits_by_stock_and_keeps_places_across_kill9() {
     assert_eq!(info(&mut c, "sold_out").await, 1);
     let late = cmd(&mut c, &["ROOM.JOIN", SKU, "another"]).await;
     assert_eq!(error_code(&late), "SOLDOUT");
+}
+
+/// `WINDOW`: with nothing available, holds whose deadline falls within the window count
+/// as stock about to come back. Two 1-unit holds due in 6 s and a 2 s window: nobody is
+/// admitted while they are due later than the window, then two buyers (one per unit, the
+/// default factor) are, before the holds expire; the third keeps waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_window_admits_for_holds_due_soon_before_they_expire() {
+    const W: &str = "ROOM-WINDOW";
+    let srv = Server::start(&[]);
+    let mut c = srv.conn().await;
+    let create = ["SALE.CREATE", W, "2", "SHARDS", "1", "TTL", "6000"];
+    cmd(&mut c, &create).await.unwrap();
+    let keys = srv.keyring();
+    let mut due_at = i64::MAX;
+    for u in ["early-a", "early-b"] {
+        let adm = keys.mint(W, u, now_ms() + 60_000);
+        let v = items(cmd(&mut c, &["RESERVE", W, u, &adm, "r"]).await.unwrap());
+        assert_eq!(as_str(&v[0]), "RESERVED", "{v:?}");
+        due_at = due_at.min(as_int(&v[2]));
+    }
+    let open = ["ROOM.OPEN", W, "RATE", "1000", "WINDOW", "2000"];
+    assert_eq!(cmd(&mut c, &open).await.unwrap(), Value::Okay);
+    let room = cmd(&mut c, &["ROOM.INFO", W]).await.unwrap();
+    assert_eq!(field(&room, "window_ms").map(|v| as_int(&v)), Some(2000));
+    let mut tickets = Vec::new();
+    for u in ["w-0", "w-1", "w-2"] {
+        let v = items(cmd(&mut c, &["ROOM.JOIN", W, u]).await.unwrap());
+        tickets.push(as_str(&v[0]));
+    }
+    let admitted = |v: &Value| as_int(&field(v, "admitted").expect("admitted"));
+    let info = cmd(&mut c, &["ROOM.INFO", W]).await.unwrap();
+    if (now_ms() as i64) < due_at - 2000 {
+        assert_eq!(admitted(&info), 0, "holds due later than the window");
+    }
+    // The tick (every 20 ms) admits once the holds are due within the window.
+    let seen_at = loop {
+        let info = cmd(&mut c, &["ROOM.INFO", W]).await.unwrap();
+        if admitted(&info) == 2 {
+            break now_ms() as i64;
+        }
+        assert!(
+            (now_ms() as i64) < due_at,
+            "nobody admitted before the holds expired"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        seen_at < due_at,
+        "admitted at {seen_at}, holds due at {due_at}"
+    );
+    assert_eq!(as_int(&cmd(&mut c, &["STOCK", W]).await.unwrap()), 0);
+    for (u, t) in ["w-0", "w-1"].iter().zip(&tickets) {
+        let s = items(cmd(&mut c, &["ROOM.STATUS", W, u, t]).await.unwrap());
+        assert_eq!(as_str(&s[0]), "ADMITTED", "{u}: {s:?}");
+    }
+    let s = items(
+        cmd(&mut c, &["ROOM.STATUS", W, "w-2", &tickets[2]])
+            .await
+            .unwrap(),
+    );
+    assert_eq!(as_str(&s[0]), "WAITING", "only two units come back: {s:?}");
 }

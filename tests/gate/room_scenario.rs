@@ -456,6 +456,8 @@ async fn scenario(size: Size) {
     let create = ["SALE.CREATE", &sku, &units, "SHARDS", "1", "TTL", &ttl];
     assert_eq!(cmd(&mut c, &create).await.unwrap(), Value::Okay);
     // The rate never binds (the stock does); admissions stay valid for the whole run.
+    // No window: every 1 s hold would count as coming back soon, and the scenario checks
+    // one admission per unit that can still be served.
     let opens_at = now_ms() + size.join_budget_ms;
     let open = [
         "ROOM.OPEN",
@@ -466,6 +468,8 @@ async fn scenario(size: Size) {
         "1000000",
         "ADMIT-TTL",
         "3600000",
+        "WINDOW",
+        "0",
     ]
     .map(String::from);
     let open: Vec<&str> = open.iter().map(String::as_str).collect();

@@ -6,12 +6,15 @@
 //! `cargo run --release --bin stockgate-bench -- --help`; see benches/README.md.
 //! `stockgate-bench rbench --help`: a redis-benchmark-like fixed-count mode that can also
 //! send `WAIT` after every command (rbench.rs; benches/pinned.sh's `redis-wait`).
+//! `stockgate-bench sse --help`: many watchers of one sale's live counts, and how late each
+//! learns of a change (sse.rs; benches/sse_watchers.sh).
 
 mod chart;
 mod proc;
 mod rbench;
 mod report;
 mod resp;
+mod sse;
 mod targets;
 mod token;
 mod workload;
@@ -275,6 +278,18 @@ fn main() -> ExitCode {
             Ok(false) => ExitCode::from(1),
             Err(e) => {
                 eprintln!("stockgate-bench rbench: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    if std::env::args().nth(1).as_deref() == Some("sse") {
+        raise_nofile_limit();
+        let a = sse::SseArgs::parse_from(std::env::args().skip(1));
+        return match sse::main(a) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("stockgate-bench sse: {e:#}");
                 ExitCode::from(2)
             }
         };

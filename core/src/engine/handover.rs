@@ -3,12 +3,18 @@
 //! A move is: freeze on the source (every write refused), export, import on the
 //! destination (logged there), then drop on the source. Tokens stay valid because they
 //! are derived from the reservation key, the same on every group (the export carries its
-//! fingerprint and the destination checks it). The encoding of an export is the WAL's
-//! (`wal::handover`); the engine deals only in [`SaleExport`] values.
+//! fingerprint and the destination checks it). The sale's waiting room moves with it
+//! ([`room_move`]): every buyer keeps their place and ticket. The encoding of an export is
+//! the WAL's (`wal::handover`); the engine deals only in [`SaleExport`] values.
 
 use std::hash::{Hash, Hasher};
 
 use super::*;
+
+// A file beside this one (not `handover/`), where the engine's other parts live.
+#[path = "room_move.rs"]
+mod room_move;
+use room_move::{check_room, room_bound, split_room};
 
 impl Engine {
     /// Freezes a sale for a move (`SaleState::Moving`, logged like a pause): every write
@@ -85,6 +91,7 @@ impl Engine {
             sale: view,
             reservations,
             tombs,
+            room: self.export_room(&sale.sku),
         }
     }
 
@@ -154,10 +161,14 @@ impl Engine {
     fn apply_batch_locked(&self, world: &mut WorldGuard<'_>, batch: &SaleExport) -> Vec<Usage> {
         // Bound first: the read guard must be gone before `register_frozen` writes.
         let known = self.sales.read().get(batch.sale.sku.as_str()).cloned();
+        let fresh = known.is_none();
         let sale = match known {
             Some(sale) => sale,
             None => self.register_frozen(batch),
         };
+        if let Some(piece) = &batch.room {
+            self.install_room_piece(piece, fresh);
+        }
         let mut usage = Vec::new();
         let mut finished: Vec<&ReservationView> = Vec::new();
         for r in &batch.reservations {
@@ -303,7 +314,10 @@ fn check_export(export: &SaleExport, key: &ReservationKey) -> Result<(), EngineE
             "the export holds records of another sale".into(),
         ));
     }
-    Ok(())
+    match &export.room {
+        Some(room) => check_room(room, sku),
+        None => Ok(()),
+    }
 }
 
 /// The exported sale's parameters and counters, within what `SALE.CREATE` accepts.
@@ -417,13 +431,14 @@ fn tomb_bound(t: &TombView) -> usize {
     t.sku.len() + t.user.len() + 2 * 10 + 6 * 10 + 1
 }
 
-/// The records an import is logged as. An export whose holds fit in one batch is one
-/// record, as it always was. A larger one is cut into batches of at most
-/// [`IMPORT_BATCH_BYTES`] of holds, each carrying the sale: all but the last in state
-/// `Moving` (the sale stays frozen, and a log that ends before the last leaves it
+/// The records an import is logged as. An export whose holds and room fit in one batch
+/// is one record, as it always was. A larger one is cut into batches of at most
+/// [`IMPORT_BATCH_BYTES`] of holds or room, each carrying the sale: all but the last in
+/// state `Moving` (the sale stays frozen, and a log that ends before the last leaves it
 /// frozen, never open with part of its holds), the last in the state the sale opens in.
 /// Live holds come first, then finished ones by when they finished, then tombstones,
-/// so retention's queue stays in order across batches.
+/// so retention's queue stays in order across batches; then the room's pieces, in order
+/// (see [`room_move`]).
 pub(crate) fn split_export(export: &SaleExport) -> Vec<SaleExport> {
     let holds: usize = export
         .reservations
@@ -431,7 +446,8 @@ pub(crate) fn split_export(export: &SaleExport) -> Vec<SaleExport> {
         .map(reservation_bound)
         .sum::<usize>()
         + export.tombs.iter().map(tomb_bound).sum::<usize>();
-    if holds <= IMPORT_BATCH_BYTES {
+    let room_size = export.room.as_ref().map_or(0, room_bound);
+    if holds + room_size <= IMPORT_BATCH_BYTES {
         return vec![export.clone()];
     }
     let mut reservations: Vec<&ReservationView> = export.reservations.iter().collect();
@@ -447,26 +463,41 @@ pub(crate) fn split_export(export: &SaleExport) -> Vec<SaleExport> {
         },
         reservations: Vec::new(),
         tombs: Vec::new(),
+        room: None,
     };
     let mut out = vec![empty(frozen)];
     let mut size = 0;
-    let mut room = |n: usize, out: &mut Vec<SaleExport>| {
-        if size + n > IMPORT_BATCH_BYTES && size > 0 {
+    // `alone`: the entry needs a batch of its own kind (a room piece, one per batch).
+    let mut fit = |n: usize, alone: bool, out: &mut Vec<SaleExport>| {
+        if (alone || size + n > IMPORT_BATCH_BYTES) && size > 0 {
             out.push(empty(frozen));
             size = 0;
         }
         size += n;
     };
     for r in reservations {
-        room(reservation_bound(r), &mut out);
+        fit(reservation_bound(r), false, &mut out);
         if let Some(b) = out.last_mut() {
             b.reservations.push(r.clone());
         }
     }
     for t in &export.tombs {
-        room(tomb_bound(t), &mut out);
+        fit(tomb_bound(t), false, &mut out);
         if let Some(b) = out.last_mut() {
             b.tombs.push(t.clone());
+        }
+    }
+    // One piece per batch: a piece is at most a batch's worth, and a batch a piece joins
+    // must not hold one already.
+    let pieces = export
+        .room
+        .as_ref()
+        .map_or_else(Vec::new, |r| split_room(r, IMPORT_BATCH_BYTES));
+    for piece in pieces {
+        let alone = out.last().is_some_and(|b| b.room.is_some());
+        fit(room_bound(&piece), alone, &mut out);
+        if let Some(b) = out.last_mut() {
+            b.room = Some(piece);
         }
     }
     if let Some(last) = out.last_mut() {
@@ -635,5 +666,164 @@ mod big_tests {
             let sale = self.sale("BIG").expect("sale");
             self.export_locked(&world, &sale)
         }
+    }
+}
+
+#[cfg(test)]
+mod room_tests {
+    //! A sale's waiting room carried by a move: places, tickets and admissions kept, the
+    //! import's records replaying to the same room, a room too large for one record cut
+    //! into pieces, and a malformed room refused.
+    use super::super::tests::RecordingSink;
+    use super::*;
+    use crate::room::{RoomConfig, Status};
+
+    fn engine(clock: Arc<ManualClock>) -> (Engine, Arc<RecordingSink>) {
+        let sink = Arc::new(RecordingSink::default());
+        let keys = Keyring::parse(&format!("k1 {}\n", "ab".repeat(32))).expect("keyring");
+        let key = ReservationKey::from_bytes(&[7u8; 32]);
+        let e = Engine::new(EngineConfig::default(), clock, sink.clone(), keys, key);
+        (e, sink)
+    }
+
+    /// A sale of `stock` units with a room of `n` buyers (the first `stock` admitted, one
+    /// of them reserved), frozen; its export and every buyer's ticket.
+    fn sale_with_room(
+        n: usize,
+        stock: u64,
+    ) -> (Engine, Arc<ManualClock>, SaleExport, Vec<(String, String)>) {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let (a, _) = engine(clock.clone());
+        a.create_sale("S", stock, Some(1), None, None)
+            .expect("create");
+        let config = RoomConfig {
+            max_rate_per_sec: 1_000_000,
+            max_waiting: 1_000_000,
+            ..RoomConfig::default()
+        };
+        a.open_room("S", config).expect("room");
+        let mut tickets = Vec::new();
+        for i in 0..n {
+            let u = format!("u{i}");
+            let (t, _, _) = a.room_join("S", &u).expect("join");
+            tickets.push((u, t.text));
+        }
+        let adm = a.keyring().mint("S", "u0", a.now_ms() + 60_000);
+        let req = ReserveRequest {
+            sku: "S",
+            user: "u0",
+            admission: adm.as_bytes(),
+            request_id: "r0",
+            qty: 1,
+        };
+        a.reserve(&req).expect("reserve");
+        a.freeze("S").expect("freeze");
+        let export = a.export_sale("S").expect("export");
+        (a, clock, export, tickets)
+    }
+
+    fn statuses(e: &Engine, tickets: &[(String, String)]) -> Vec<Result<Status, EngineError>> {
+        tickets
+            .iter()
+            .map(|(u, t)| e.room_peek("S", u, t))
+            .collect()
+    }
+
+    #[test]
+    fn handover_room_moves_with_its_places_and_tickets() {
+        let (a, clock, export, tickets) = sale_with_room(12, 4);
+        assert!(export.room.is_some());
+        let bytes = crate::wal::handover::encode_export(&export);
+        assert_eq!(
+            crate::wal::handover::decode_export(&bytes).as_ref(),
+            Ok(&export)
+        );
+        let before = statuses(&a, &tickets);
+        assert_eq!(before[0], Ok(Status::Reserved));
+        assert!(matches!(before[1], Ok(Status::Admitted { .. })));
+        assert!(matches!(
+            before[11],
+            Ok(Status::Waiting { position: 8, .. })
+        ));
+        let (b, sink) = engine(clock.clone());
+        crate::wal::handover::import_sale(&b, &bytes).expect("import");
+        assert_eq!(statuses(&b, &tickets), before);
+        assert_eq!(b.room_info("S"), a.room_info("S"));
+        a.drop_sale("S").expect("drop");
+        assert_eq!(a.room_info("S"), Err(EngineError::NoRoom));
+        // The same export again logs nothing; the import's records replay to the room.
+        let logged = sink.events.lock().len();
+        b.import_sale(&export).expect("again");
+        assert_eq!(sink.events.lock().len(), logged);
+        let (r, _) = engine(clock);
+        for ev in sink.events.lock().iter() {
+            r.apply(ev);
+        }
+        assert_eq!(statuses(&r, &tickets), before);
+        // An admitted buyer's admission reserves at the destination, and is used there.
+        let adm = b.keyring().mint("S", "u1", b.now_ms() + 60_000);
+        let req = ReserveRequest {
+            sku: "S",
+            user: "u1",
+            admission: adm.as_bytes(),
+            request_id: "r1",
+            qty: 1,
+        };
+        let (out, _) = b.reserve(&req).expect("reserve");
+        assert!(matches!(out, ReserveOutcome::Reserved { .. }), "{out:?}");
+        assert_eq!(b.room_peek("S", "u1", &tickets[1].1), Ok(Status::Reserved));
+    }
+
+    #[test]
+    fn handover_room_too_large_for_a_record_is_logged_in_pieces() {
+        let (a, clock, export, tickets) = sale_with_room(30_000, 50);
+        let room = export.room.as_ref().expect("room");
+        assert!(room_bound(room) > IMPORT_BATCH_BYTES);
+        let (b, sink) = engine(clock.clone());
+        b.import_sale(&export).expect("import");
+        let events = sink.events.lock().clone();
+        let pieces = events
+            .iter()
+            .filter(|e| matches!(e, Event::SaleImported { export } if export.room.is_some()))
+            .count();
+        assert!(pieces > 2, "{pieces} pieces");
+        for ev in &events {
+            let mut rec = Vec::new();
+            crate::wal::record::encode_record(ev, &mut rec).expect("fits a record");
+        }
+        assert_eq!(b.export_room("S"), a.export_room("S"));
+        let (r, _) = engine(clock);
+        for ev in &events {
+            r.apply(ev);
+        }
+        assert_eq!(r.export_room("S"), a.export_room("S"));
+        let sample: Vec<_> = tickets.iter().step_by(997).cloned().collect();
+        assert_eq!(statuses(&r, &sample), statuses(&a, &sample));
+    }
+
+    #[test]
+    fn handover_malformed_room_is_refused() {
+        let (_, clock, export, _) = sale_with_room(12, 4);
+        let (b, _) = engine(clock);
+        let mut bad = export.clone();
+        let Some(room) = bad.room.as_mut() else {
+            panic!("no room");
+        };
+        room.state.line.swap(0, 3);
+        assert!(matches!(b.import_sale(&bad), Err(EngineError::Import(_))));
+        let mut bad = export.clone();
+        if let Some(room) = bad.room.as_mut() {
+            room.state.base = u32::MAX - 1;
+        }
+        assert!(matches!(b.import_sale(&bad), Err(EngineError::Import(_))));
+        let mut bad = export.clone();
+        if let Some(room) = bad.room.as_mut() {
+            room.state.admitted.clear();
+        }
+        assert!(matches!(b.import_sale(&bad), Err(EngineError::Import(_))));
+        let mut old = export.clone();
+        old.room = None;
+        assert!(b.import_sale(&old).is_ok(), "an export without a room");
+        assert_eq!(b.room_info("S"), Err(EngineError::NoRoom));
     }
 }

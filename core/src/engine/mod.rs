@@ -47,7 +47,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::EngineError;
 pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 pub use history::new_history_id;
-pub use room::RoomInfo;
+pub use room::{RoomCountsView, RoomInfo, RoomMetrics};
 use sale::{fnv1a, split, Sale};
 use table::{Reservation, Stripe};
 pub use token::{Denied, Keyring, ReservationKey, TokenBuf, TokenKey};
@@ -185,6 +185,8 @@ pub struct Engine {
     /// Whether any sale has a room: RESERVE, RELEASE and the tick skip the rooms'
     /// registry while none does.
     has_rooms: std::sync::atomic::AtomicBool,
+    /// What the rooms did on this engine, for metrics (see `room::RoomCounts`).
+    room_counts: room::RoomCounts,
     /// Keys the rooms' user hashes and pre-queue draws (derived from the reservation key).
     room_secret: [u8; 32],
     /// Sign and verify queue tickets (derived from the reservation key).
@@ -247,6 +249,7 @@ impl Engine {
             imports: Mutex::new(HashMap::new()),
             rooms: RwLock::new(HashMap::new()),
             has_rooms: std::sync::atomic::AtomicBool::new(false),
+            room_counts: room::RoomCounts::default(),
             room_secret,
             ticket_keys,
         }

@@ -12,7 +12,7 @@
 //! interned in the sale; its request id is inline up to 24 bytes; the expiry wheel links
 //! through the record itself. Texts are rebuilt when a reply or a view needs them.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
@@ -191,6 +191,8 @@ pub struct Stripe {
     /// the stripe too (one more group commit at most), the price of not keeping 8 bytes
     /// of log position in every reservation.
     last_lsn: Lsn,
+    /// Units of the wheel's holds by deadline, for the sales a waiting room asked about.
+    due: DueIndex,
 }
 
 impl Stripe {
@@ -204,6 +206,7 @@ impl Stripe {
             expired: BTreeSet::new(),
             finished: VecDeque::new(),
             last_lsn: 0,
+            due: DueIndex::default(),
         }
     }
 
@@ -351,7 +354,9 @@ impl Stripe {
     /// Schedules the expiry of `idx` at its `expires_at`: into the wheel, or straight
     /// into the expired set if already due.
     pub fn schedule(&mut self, idx: u32) {
-        if !self.wheel.insert(&mut self.slab, idx) {
+        if self.wheel.insert(&mut self.slab, idx) {
+            self.due.note(&self.slab[idx as usize], true);
+        } else {
             let at = self.slab[idx as usize].expires_at;
             self.expired.insert((at, idx));
         }
@@ -359,7 +364,9 @@ impl Stripe {
 
     /// Takes a reservation out of the wheel or the expired set.
     pub fn unschedule(&mut self, idx: u32) {
-        if !self.wheel.cancel(&mut self.slab, idx) {
+        if self.wheel.cancel(&mut self.slab, idx) {
+            self.due.note(&self.slab[idx as usize], false);
+        } else {
             let at = self.slab[idx as usize].expires_at;
             self.expired.remove(&(at, idx));
         }
@@ -428,7 +435,68 @@ impl Stripe {
             let r = &self.slab[idx as usize];
             debug_assert_eq!(r.state, ReservationState::Reserved);
             debug_assert!(r.expires_at <= now);
+            self.due.note(r, false);
             self.expired.insert((r.expires_at, idx));
+        }
+    }
+
+    /// Units of this stripe's holds of sale `sku` still in the wheel with a deadline in
+    /// `(after, until]`. The first call for a sale builds its index from the slab (once:
+    /// from then on every wheel insert, cancel and expiry keeps it), so later calls cost
+    /// a map lookup and a walk over that sale's deadlines within the range only.
+    pub fn due_units(&mut self, sku: &str, after: Millis, until: Millis) -> u64 {
+        if !self.due.by_sale.contains_key(sku) {
+            let mut by_deadline: BTreeMap<Millis, u64> = BTreeMap::new();
+            let live = self
+                .slab
+                .iter()
+                .map(|(_, r)| r)
+                .filter(|r| r.links.is_linked() && *r.sale.sku == *sku);
+            for r in live {
+                *by_deadline.entry(r.expires_at).or_default() += u64::from(r.qty);
+            }
+            self.due.by_sale.insert(sku.into(), by_deadline);
+        }
+        if until <= after {
+            return 0;
+        }
+        self.due
+            .by_sale
+            .get(sku)
+            .map_or(0, |m| m.range(after + 1..=until).map(|(_, u)| u).sum())
+    }
+
+    /// Stops keeping the index of sale `sku` (its room is gone).
+    pub fn forget_due(&mut self, sku: &str) {
+        self.due.by_sale.remove(sku);
+    }
+}
+
+/// Units of held reservations by deadline, kept only for the sales named (those with a
+/// waiting room that counts holds due soon): the other sales' holds pay one emptiness
+/// check, or a map lookup while some sale is kept. Mirrors "linked in the wheel": added
+/// when a hold enters the wheel, taken off when it leaves it (cancelled or fired).
+#[derive(Default)]
+struct DueIndex {
+    by_sale: HashMap<Arc<str>, BTreeMap<Millis, u64>>,
+}
+
+impl DueIndex {
+    fn note(&mut self, r: &Reservation, linked: bool) {
+        if self.by_sale.is_empty() {
+            return;
+        }
+        let Some(m) = self.by_sale.get_mut(&*r.sale.sku) else {
+            return;
+        };
+        let qty = u64::from(r.qty);
+        if linked {
+            *m.entry(r.expires_at).or_default() += qty;
+        } else if let Some(u) = m.get_mut(&r.expires_at) {
+            *u = u.saturating_sub(qty);
+            if *u == 0 {
+                m.remove(&r.expires_at);
+            }
         }
     }
 }

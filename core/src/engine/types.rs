@@ -292,7 +292,7 @@ pub struct RoomView {
 /// (`Engine::export_sale`, `Engine::import_sale`; encoded by `wal::handover`). The per-user
 /// limit usage is not stored: it follows from the reservations and tombstones, as after a
 /// snapshot.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SaleExport {
     /// The fingerprint of the reservation key the tokens were derived with: the
     /// destination must derive the same ones.
@@ -303,4 +303,30 @@ pub struct SaleExport {
     pub reservations: Vec<ReservationView>,
     /// What retention left of its purged reservations.
     pub tombs: Vec<TombView>,
+    /// The sale's waiting room, if it has one: its buyers keep their places and tickets
+    /// on the destination. `None` from a source that predates moving rooms.
+    pub room: Option<RoomView>,
+}
+
+/// By hand because the room's settings are not `Hash`: an import is known again by the
+/// hash of everything it carries, the room included.
+impl std::hash::Hash for SaleExport {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.fingerprint.hash(h);
+        self.sale.hash(h);
+        self.reservations.hash(h);
+        self.tombs.hash(h);
+        self.room
+            .as_ref()
+            .map(|r| {
+                let c = &r.config;
+                (
+                    &r.sku,
+                    (c.max_rate_per_sec, c.over_admit_permille, c.admit_ttl_ms),
+                    (c.expiring_window_ms, c.max_waiting, c.opens_at_ms),
+                    &r.state,
+                )
+            })
+            .hash(h);
+    }
 }

@@ -65,15 +65,26 @@ impl Room {
 
     /// Applies one op: what a replica or a recovery does with each logged op, in order.
     pub fn apply(&mut self, op: &RoomOp) {
+        let h = match op {
+            RoomOp::Join { user } | RoomOp::Leave { user } | RoomOp::Reserved { user } => {
+                self.user_hash(user)
+            }
+            _ => 0,
+        };
+        self.apply_hashed(op, h);
+    }
+
+    /// [`Room::apply`] with the op's user already hashed (`h`, unused by ops without a
+    /// user): a live command hashed the user to decide, and the hash is the costliest
+    /// step of a join.
+    fn apply_hashed(&mut self, op: &RoomOp, h: u64) {
         match op {
-            RoomOp::Join { user } => {
-                let h = self.user_hash(user);
+            RoomOp::Join { .. } => {
                 if self.queue.check_join(h, self.config.max_waiting).is_ok() {
                     self.queue.join(h);
                 }
             }
-            RoomOp::Leave { user } => {
-                let h = self.user_hash(user);
+            RoomOp::Leave { .. } => {
                 if self.queue.leave(h) == Some(Place::Admitted) {
                     self.drop_pass(h);
                 }
@@ -82,8 +93,7 @@ impl Room {
             RoomOp::Admit { upto_slot, now_ms } => {
                 self.apply_admit(*upto_slot, *now_ms);
             }
-            RoomOp::Reserved { user } => {
-                let h = self.user_hash(user);
+            RoomOp::Reserved { .. } => {
                 if self.queue.set_place(h, Place::Reserved) == Some(Place::Admitted) {
                     self.drop_pass(h);
                 }
@@ -97,6 +107,18 @@ impl Room {
     /// Applies `op` and queues it for the caller's log.
     pub(super) fn emit(&mut self, op: RoomOp) {
         self.apply(&op);
+        self.outbox.push(op);
+    }
+
+    /// [`Room::emit`] of an op whose user the caller hashed already (`h`).
+    pub(super) fn emit_hashed(&mut self, op: RoomOp, h: u64) {
+        debug_assert!(match &op {
+            RoomOp::Join { user } | RoomOp::Leave { user } | RoomOp::Reserved { user } => {
+                self.user_hash(user) == h
+            }
+            _ => true,
+        });
+        self.apply_hashed(&op, h);
         self.outbox.push(op);
     }
 

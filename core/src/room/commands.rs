@@ -2,7 +2,7 @@
 //! then changes it only through ops ([`Room::emit`]) that the caller logs.
 
 use super::queue::Place;
-use super::{Admission, Room, RoomError, RoomOp, StockView, Ticket};
+use super::{Admission, Room, RoomError, RoomOp, StockView, Ticket, UserKey};
 use crate::engine::ident;
 
 impl Room {
@@ -21,6 +21,17 @@ impl Room {
     /// admission expire, a join takes a new place at the back, at most
     /// [`queue::MAX_JOINS_PER_USER`](super::queue::MAX_JOINS_PER_USER) times.
     pub fn join(&mut self, user: &str, now_ms: u64) -> Result<Ticket, RoomError> {
+        self.join_member(user, now_ms).map(|(t, _)| t)
+    }
+
+    /// [`Room::join`], and the key the room knows the user by, for
+    /// [`Room::status_keyed`] (hashing the user is the costliest step of a join: done once).
+    pub fn join_keyed(&mut self, user: &str, now_ms: u64) -> Result<(Ticket, UserKey), RoomError> {
+        let (ticket, h) = self.join_member(user, now_ms)?;
+        Ok((ticket, UserKey(h)))
+    }
+
+    fn join_member(&mut self, user: &str, now_ms: u64) -> Result<(Ticket, u64), RoomError> {
         if !ident::valid_user(user.as_bytes()) {
             return Err(RoomError::InvalidUser);
         }
@@ -32,17 +43,21 @@ impl Room {
             None if self.sold_out => return Err(RoomError::SoldOut),
             None => {
                 self.queue.check_join(h, self.config.max_waiting)?;
-                self.emit(RoomOp::Join {
-                    user: user.to_owned(),
-                });
+                self.emit_hashed(
+                    RoomOp::Join {
+                        user: user.to_owned(),
+                    },
+                    h,
+                );
                 self.queue.get(h).ok_or(RoomError::NotInQueue)?
             }
         };
         debug_assert!(member.place.is_held());
-        Ok(Ticket {
+        let ticket = Ticket {
             text: self.tickets.sign(&self.sku, user, member.join),
             join: member.join,
-        })
+        };
+        Ok((ticket, h))
     }
 
     /// `user` gives up the place (waiting or admitted: an unused admission's budget goes
@@ -52,9 +67,12 @@ impl Room {
         let h = self.user_hash(user);
         let present = self.queue.get(h).is_some_and(|m| m.place != Place::Left);
         if present {
-            self.emit(RoomOp::Leave {
-                user: user.to_owned(),
-            });
+            self.emit_hashed(
+                RoomOp::Leave {
+                    user: user.to_owned(),
+                },
+                h,
+            );
         }
         present
     }
@@ -68,9 +86,12 @@ impl Room {
             .get(h)
             .is_some_and(|m| matches!(m.place, Place::Admitted | Place::Expired));
         if admitted {
-            self.emit(RoomOp::Reserved {
-                user: user.to_owned(),
-            });
+            self.emit_hashed(
+                RoomOp::Reserved {
+                    user: user.to_owned(),
+                },
+                h,
+            );
         }
         admitted
     }

@@ -82,6 +82,11 @@ pub enum Status {
     Left,
 }
 
+/// The key a room knows one user by in one room (from [`Room::join_keyed`]): a
+/// status asked with it skips hashing the user id again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserKey(u64);
+
 /// A buyer let through by [`Room::tick`], for the caller's log and metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Admission {

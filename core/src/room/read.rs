@@ -1,7 +1,7 @@
 //! What the room answers without changing: statuses, the budget, sizes.
 
 use super::queue::{Member, Place};
-use super::{Pace, Room, RoomConfig, RoomError, Status, StockView};
+use super::{Pace, Room, RoomConfig, RoomError, Status, StockView, UserKey};
 
 impl Room {
     /// The status of `user`'s place (the caller authenticated the user; buyers present
@@ -11,6 +11,17 @@ impl Room {
             .queue
             .get(self.user_hash(user))
             .ok_or(RoomError::NotInQueue)?;
+        Ok(self.status_of(m, now_ms, stock))
+    }
+
+    /// The status of the user [`Room::join_keyed`] gave `key` for.
+    pub fn status_keyed(
+        &self,
+        key: UserKey,
+        now_ms: u64,
+        stock: &StockView,
+    ) -> Result<Status, RoomError> {
+        let m = self.queue.get(key.0).ok_or(RoomError::NotInQueue)?;
         Ok(self.status_of(m, now_ms, stock))
     }
 

@@ -128,11 +128,20 @@ pub(crate) fn get_res_state(r: &mut Reader<'_>) -> Result<ReservationState, Deco
     })
 }
 
-/// The payload's format version.
+/// The payload's format version without a waiting room: what every export was before
+/// rooms moved, and what one of a sale without a room still is, byte for byte, so that a
+/// destination that predates rooms takes it.
 pub const HANDOVER_VERSION: u8 = 1;
+/// The payload's format version with the sale's waiting room after the tombstones. A
+/// binary that predates it refuses the version rather than drop the queue.
+pub const HANDOVER_VERSION_ROOM: u8 = 2;
+
 /// Appends the payload alone (what the `SaleImported` record stores after its kind).
 pub(crate) fn put_export(out: &mut Vec<u8>, e: &SaleExport) {
-    out.push(HANDOVER_VERSION);
+    out.push(match e.room {
+        None => HANDOVER_VERSION,
+        Some(_) => HANDOVER_VERSION_ROOM,
+    });
     put_str(out, &e.fingerprint);
     put_sale(out, &e.sale);
     put_u64(out, e.reservations.len() as u64);
@@ -143,12 +152,15 @@ pub(crate) fn put_export(out: &mut Vec<u8>, e: &SaleExport) {
     for t in &e.tombs {
         put_tomb(out, t);
     }
+    if let Some(room) = &e.room {
+        put_room(out, room);
+    }
 }
 
 /// Decodes the payload alone, up to its end.
 pub(crate) fn get_export(r: &mut Reader<'_>) -> Result<SaleExport, DecodeError> {
     let version = r.u8("handover version")?;
-    if version != HANDOVER_VERSION {
+    if version != HANDOVER_VERSION && version != HANDOVER_VERSION_ROOM {
         return Err(DecodeError::Version(version));
     }
     let fingerprint = r.string("fingerprint")?;
@@ -163,11 +175,16 @@ pub(crate) fn get_export(r: &mut Reader<'_>) -> Result<SaleExport, DecodeError> 
     for _ in 0..n {
         tombs.push(get_tomb(r)?);
     }
+    let room = match version {
+        HANDOVER_VERSION_ROOM => Some(get_room(r)?),
+        _ => None,
+    };
     Ok(SaleExport {
         fingerprint,
         sale,
         reservations,
         tombs,
+        room,
     })
 }
 

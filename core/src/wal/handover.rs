@@ -2,9 +2,11 @@
 //! sends and the `SaleImported` record carries.
 //!
 //! Format: `magic[8] | payload length u64 LE | crc32c u32 LE (over payload) | payload`,
-//! payload = `version u8 | fingerprint | sale | reservations | tombstones`, each part as a
-//! snapshot stores it ([`super::snapshot`]). Self-contained: a damaged or cut copy is
-//! refused before anything is decoded.
+//! payload = `version u8 | fingerprint | sale | reservations | tombstones [| room]`, each
+//! part as a snapshot stores it ([`super::snapshot`]); the room (the sale's waiting room)
+//! is there with version 2 only, and a version 1 payload (from a source that predates
+//! moving rooms, or of a sale without a room) imports with no room. Self-contained: a
+//! damaged or cut copy is refused before anything is decoded.
 
 use super::codec::Reader;
 use super::fields::{get_export, put_export};
@@ -128,6 +130,7 @@ mod tests {
                 expires_at_ms: 5,
                 user: "u2".into(),
             }],
+            room: None,
         }
     }
 

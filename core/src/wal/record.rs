@@ -686,6 +686,7 @@ pub(crate) mod tests {
                     },
                     reservations: Vec::new(),
                     tombs: Vec::new(),
+                    room: None,
                 }),
             },
             // A batch of a split import: its sale frozen (kind 16).
@@ -709,6 +710,7 @@ pub(crate) mod tests {
                     },
                     reservations: Vec::new(),
                     tombs: Vec::new(),
+                    room: None,
                 }),
             },
             Event::SaleDropped {

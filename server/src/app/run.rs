@@ -156,9 +156,12 @@ async fn background(
         engine.clone(),
         shared.clone(),
     )));
+    // Buyers' live counts: `sale:<sku>:live` on the RESP port, event streams on the
+    // metrics endpoint, one sampler per watched sale for both.
+    let live = crate::report::live::resp::attach(&shared.pubsub, engine.clone());
     if let Some(m) = &c.metrics.addr {
         let https = c.tls.metrics_tls()?;
-        tasks.push(spawn_metrics_http(m, engine, shared, https).await?);
+        tasks.push(spawn_metrics_http(m, engine, shared, https, live).await?);
     }
     if let Some(cl) = shared.cluster.get() {
         tasks.push(tokio::spawn(crate::cluster::leaders::watch(cl.clone())));
@@ -172,6 +175,7 @@ async fn spawn_metrics_http(
     engine: &Arc<Engine>,
     shared: &Arc<Shared>,
     https: bool,
+    live: Arc<crate::report::live::Hub>,
 ) -> Result<JoinHandle<()>, String> {
     let l = TcpListener::bind(addr)
         .await
@@ -189,6 +193,7 @@ async fn spawn_metrics_http(
         engine.clone(),
         shared.clone(),
         tls,
+        live,
     )))
 }
 

@@ -6,20 +6,27 @@ use bytes::Bytes;
 use super::{Ctx, Outcome};
 use crate::protocol::Reply;
 
-/// `PUBLISH channel message`: the number of subscribers that received it.
+/// `PUBLISH channel message`: the number of subscribers that received it. Refused on
+/// the channels the server publishes on itself (a sale's live counts): their
+/// subscribers trust what arrives there.
 pub fn publish(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> Outcome {
+    if ctx.shared.pubsub.owned(args[0]) {
+        return Reply::err("ERR this channel is published by the server only").into();
+    }
     Reply::Int(ctx.shared.pubsub.publish(args[0], args[1]) as i64).into()
 }
 
 /// `SUBSCRIBE` / `PSUBSCRIBE` (`patterns`): hands the connection to the subscriber loop.
 pub fn subscribe(ctx: &mut Ctx<'_>, args: &[&[u8]], patterns: bool) -> Outcome {
     let (hub, clients) = (ctx.shared.pubsub.clone(), ctx.shared.clients.clone());
+    let live = &ctx.shared.live;
     let (id, proto, limits) = (
         ctx.conn.id,
         ctx.conn.proto,
         (
             ctx.shared.config.limits.clone(),
-            ctx.shared.live.max_query_buffer(),
+            live.max_query_buffer(),
+            std::time::Duration::from_millis(live.write_timeout_ms().max(1)),
         ),
     );
     // The subscriber loop outlives the read buffer these arguments point into.

@@ -351,6 +351,7 @@ mod tests {
                     },
                     reservations: Vec::new(),
                     tombs: Vec::new(),
+                    room: None,
                 }),
             },
             EventKind::SaleDropped => Event::SaleDropped { sku: sku.into() },

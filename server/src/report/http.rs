@@ -39,14 +39,15 @@ type Answered = Option<(&'static str, &'static str, Vec<u8>)>;
 
 /// Serves the stockgate routes until the task is dropped; over HTTPS with the RESP
 /// port's certificate (and its client-certificate rule) when `tls` is given
-/// (`--metrics-tls yes`).
+/// (`--metrics-tls yes`). Event streams watch through `hub` (shared with the RESP
+/// port's live channels, so a sale has one sampler).
 pub async fn serve(
     listener: TcpListener,
     engine: Arc<Engine>,
     shared: Arc<Shared>,
     tls: Option<Arc<crate::tls::Tls>>,
+    hub: Arc<Hub>,
 ) {
-    let hub = Arc::new(Hub::new(engine.clone(), live::MAX_WATCHERS));
     serve_routes_over(
         listener,
         tls,
@@ -326,10 +327,25 @@ fn sales_json(o: &mut String, engine: &Engine, shared: &Shared) {
         }
         let _ = write!(
             o,
-            "}},\"expired_pending\":{},\"oldest_expired_age_ms\":{}}}",
+            "}},\"expired_pending\":{},\"oldest_expired_age_ms\":{},\"room\":",
             r.expired, r.oldest_expired_age_ms
         );
+        room_json(o, r.room.as_ref());
+        o.push('}');
     }
+}
+
+/// A sale's `room`: its waiting room's figures, `null` without one.
+fn room_json(o: &mut String, room: Option<&view::RoomRow>) {
+    let Some(r) = room else {
+        o.push_str("null");
+        return;
+    };
+    let _ = write!(
+        o,
+        "{{\"waiting\":{},\"admitted_not_reserved\":{},\"admissions\":{},\"expired_admissions\":{},\"wait_estimate_ms\":{},\"open\":{},\"sold_out\":{}}}",
+        r.waiting, r.admitted_not_reserved, r.admissions, r.expired, r.wait_estimate_ms, r.open, r.sold_out
+    );
 }
 
 /// `],"commands":[…`: each command called at least once, with its latency percentiles

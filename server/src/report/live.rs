@@ -9,6 +9,9 @@
 //! never a queue; one whose writes stay blocked for [`WRITE_TIMEOUT`] is disconnected.
 //! N watchers of a sale cost one sample per 100 ms and one write each per change.
 //!
+//! The same feed reaches RESP subscribers of `sale:<sku>:live` ([`resp`]): a sale watched
+//! over both costs one sampler, and each change's JSON is rendered once, by the sampler.
+//!
 //! The counts are read-only engine reads: SALE.INFO's figures (`Engine::sale_info`,
 //! under the sale's admin lock) and ROOM.INFO's (`Engine::room_info`, the room's mutex).
 //! Nothing is logged and nothing moves.
@@ -19,6 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
@@ -26,6 +30,8 @@ use tokio::task::JoinHandle;
 
 use crate::engine::{Engine, EngineError};
 use stockgate_core::room::Status;
+
+pub mod resp;
 
 /// How often a watched sale's counts are read (so at most 10 events a second per sale).
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
@@ -124,6 +130,21 @@ pub fn json_str(s: &str) -> String {
     o
 }
 
+/// What the sampler publishes: the counts and their JSON, rendered once per change for
+/// every watcher.
+#[derive(Clone, Debug)]
+struct Latest {
+    counts: Counts,
+    json: Bytes,
+}
+
+impl Latest {
+    fn new(counts: Counts, sku: &str) -> Latest {
+        let json = Bytes::from(counts.json(sku));
+        Latest { counts, json }
+    }
+}
+
 /// Why a watcher was not taken.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Refused {
@@ -136,7 +157,7 @@ pub enum Refused {
 /// One watched sale: its sampler and the channel it publishes on. Dropped with its last
 /// watcher, which stops the sampler.
 struct Feed {
-    rx: watch::Receiver<Counts>,
+    rx: watch::Receiver<Latest>,
     sampler: JoinHandle<()>,
     sku: Arc<str>,
     feeds: Weak<Mutex<HashMap<Arc<str>, Weak<Feed>>>>,
@@ -166,7 +187,7 @@ pub struct Hub {
 /// One watcher's hold on its sale's feed (and its place in the watcher count).
 pub struct Watch {
     feed: Arc<Feed>,
-    rx: watch::Receiver<Counts>,
+    rx: watch::Receiver<Latest>,
     watchers: Arc<AtomicUsize>,
 }
 
@@ -179,7 +200,12 @@ impl Drop for Watch {
 impl Watch {
     /// The latest counts, marked as seen.
     pub fn latest(&mut self) -> Counts {
-        self.rx.borrow_and_update().clone()
+        self.rx.borrow_and_update().counts.clone()
+    }
+
+    /// The latest counts as their JSON (what an event carries), marked as seen.
+    pub fn latest_json(&mut self) -> Bytes {
+        self.rx.borrow_and_update().json.clone()
     }
 
     /// Waits for counts newer than the last seen (never resolves if the sampler stopped,
@@ -248,7 +274,7 @@ impl Hub {
         if let Some(f) = m.get(sku).and_then(Weak::upgrade) {
             return Some(f);
         }
-        let first = counts(&self.engine, sku)?;
+        let first = Latest::new(counts(&self.engine, sku)?, sku);
         let (tx, rx) = watch::channel(first);
         let sku: Arc<str> = sku.into();
         let sampler = tokio::spawn(sample(self.engine.clone(), sku.clone(), tx));
@@ -264,7 +290,7 @@ impl Hub {
 }
 
 /// The sampler of one sale: reads its counts every [`SAMPLE_EVERY`], publishes a change.
-async fn sample(engine: Arc<Engine>, sku: Arc<str>, tx: watch::Sender<Counts>) {
+async fn sample(engine: Arc<Engine>, sku: Arc<str>, tx: watch::Sender<Latest>) {
     let mut iv = tokio::time::interval(SAMPLE_EVERY);
     iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     iv.tick().await;
@@ -272,10 +298,10 @@ async fn sample(engine: Arc<Engine>, sku: Arc<str>, tx: watch::Sender<Counts>) {
         iv.tick().await;
         let now = counts(&engine, &sku).unwrap_or_else(Counts::gone);
         tx.send_if_modified(|c| {
-            if *c == now {
+            if c.counts == now {
                 false
             } else {
-                *c = now;
+                *c = Latest::new(now, &sku);
                 true
             }
         });
@@ -381,18 +407,20 @@ where
             return;
         }
     };
-    let mut out = String::from(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\nX-Accel-Buffering: no\r\nConnection: close\r\n\r\nretry: 2000\n\n",
+    let mut out = Vec::from(
+        &b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\nX-Accel-Buffering: no\r\nConnection: close\r\n\r\nretry: 2000\n\n"[..],
     );
-    let mut next = Some(w.latest());
+    let mut next = Some(w.latest_json());
     let mut scratch = [0u8; 256];
     loop {
-        if let Some(c) = next.take() {
-            let _ = writeln!(out, "data: {}\n", c.json(w.sku()));
+        if let Some(json) = next.take() {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(&json);
+            out.extend_from_slice(b"\n\n");
         }
         if !out.is_empty() {
             let wrote = tokio::time::timeout(WRITE_TIMEOUT, async {
-                wr.write_all(out.as_bytes()).await?;
+                wr.write_all(&out).await?;
                 wr.flush().await
             })
             .await;
@@ -402,8 +430,8 @@ where
             out.clear();
         }
         tokio::select! {
-            _ = w.changed() => next = Some(w.latest()),
-            _ = tokio::time::sleep(KEEP_ALIVE) => out.push_str(": keep-alive\n\n"),
+            _ = w.changed() => next = Some(w.latest_json()),
+            _ = tokio::time::sleep(KEEP_ALIVE) => out.extend_from_slice(b": keep-alive\n\n"),
             // The watcher sends nothing after its request: end of stream or an error
             // means it went away. Anything else it sends is ignored.
             r = rd.read(&mut scratch) => {

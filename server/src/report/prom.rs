@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
-use super::view::{self, SaleRow};
+use super::view::{self, RoomRow, SaleRow};
 use crate::engine::Engine;
 use crate::feed::groups::GroupSummary;
 use crate::metrics::{sys, CmdStats, SaleEvent, OTHER_SALES, SALE_EVENTS, SALE_EVENT_NAMES};
@@ -46,6 +46,9 @@ fn labelled_sales(rows: Vec<SaleRow>, max: usize) -> Vec<SaleRow> {
         other.expired += r.expired;
         other.expired_units += r.expired_units;
         other.oldest_expired_age_ms = other.oldest_expired_age_ms.max(r.oldest_expired_age_ms);
+        if let Some(room) = &r.room {
+            other.room.get_or_insert_with(RoomRow::default).add(room);
+        }
     }
     out.push(other);
     out
@@ -197,6 +200,22 @@ impl<'a> Sources<'a> {
             self.sales
                 .iter()
                 .map(|r| Sample::new(format!("sku=\"{}\"", label(&r.sku)), read(r)))
+                .collect(),
+        )
+    }
+
+    /// One sample per labelled sale that has a waiting room, labelled `sku`.
+    fn per_room<V: Into<Value>>(&self, read: fn(&RoomRow) -> V) -> Samples {
+        Samples::Labelled(
+            self.sales
+                .iter()
+                .filter_map(|r| {
+                    let room = r.room.as_ref()?;
+                    Some(Sample::new(
+                        format!("sku=\"{}\"", label(&r.sku)),
+                        read(room),
+                    ))
+                })
                 .collect(),
         )
     }
@@ -453,6 +472,37 @@ static FAMILIES: &[Family] = &[
         kind: Gauge,
         help: "Age of the oldest expired reservation not yet swept (0 if none).",
         read: |s| s.per_sale(|r| r.oldest_expired_age_ms as f64 / 1000.0),
+    },
+    // Waiting rooms (sales with one only).
+    Family {
+        name: "stockgate_room_waiting",
+        kind: Gauge,
+        help: "Buyers waiting in a sale's room (before or after it opens).",
+        read: |s| s.per_room(|r| r.waiting),
+    },
+    Family {
+        name: "stockgate_room_admitted_not_reserved",
+        kind: Gauge,
+        help: "Buyers let through a sale's room who have not reserved yet.",
+        read: |s| s.per_room(|r| r.admitted_not_reserved),
+    },
+    Family {
+        name: "stockgate_room_admissions_total",
+        kind: Counter,
+        help: "Buyers let through a sale's room (rate() of it is the admission rate).",
+        read: |s| s.per_room(|r| r.admissions),
+    },
+    Family {
+        name: "stockgate_room_admissions_expired_total",
+        kind: Counter,
+        help: "Admissions that expired before their buyer reserved.",
+        read: |s| s.per_room(|r| r.expired),
+    },
+    Family {
+        name: "stockgate_room_wait_estimate_seconds",
+        kind: Gauge,
+        help: "Wait the room tells a buyer joining now: the line over the admission rate of the last 30 s (the maximum rate before any admission).",
+        read: |s| s.per_room(|r| r.wait_estimate_ms as f64 / 1000.0),
     },
     // The log (INFO persistence), in INFO's order.
     Family {

@@ -30,6 +30,62 @@ pub struct SaleRow {
     pub expired_units: u64,
     /// Age of the oldest of those (0 when none): how far the sweeper is behind.
     pub oldest_expired_age_ms: u64,
+    /// The sale's waiting room, if it has one.
+    pub room: Option<RoomRow>,
+}
+
+/// A sale's waiting room as operators see it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoomRow {
+    /// Buyers waiting (before or after opening).
+    pub waiting: u64,
+    /// Buyers admitted who have not reserved yet.
+    pub admitted_not_reserved: u64,
+    /// Buyers admitted since this server started (counted as it applies the room's ops).
+    pub admissions: u64,
+    /// Of those, admissions that expired unused.
+    pub expired: u64,
+    /// The wait the room would tell a buyer joining now (from the admission rate it
+    /// observed over its recent window, or its maximum rate before any admission).
+    pub wait_estimate_ms: u64,
+    /// Whether the line has been drawn and moves.
+    pub open: bool,
+    /// Whether waiting buyers are told SOLDOUT.
+    pub sold_out: bool,
+}
+
+impl RoomRow {
+    /// Adds another room's figures (the `_other` sum of the metrics): counts add up, the
+    /// wait is the longest, `open`/`sold_out` say whether any is.
+    pub fn add(&mut self, o: &RoomRow) {
+        self.waiting += o.waiting;
+        self.admitted_not_reserved += o.admitted_not_reserved;
+        self.admissions += o.admissions;
+        self.expired += o.expired;
+        self.wait_estimate_ms = self.wait_estimate_ms.max(o.wait_estimate_ms);
+        self.open |= o.open;
+        self.sold_out |= o.sold_out;
+    }
+}
+
+/// Every room's figures, by sku.
+fn rooms(engine: &Engine) -> std::collections::HashMap<String, RoomRow> {
+    engine
+        .room_metrics()
+        .into_iter()
+        .map(|m| {
+            let row = RoomRow {
+                waiting: u64::from(m.waiting),
+                admitted_not_reserved: m.admitted_not_reserved,
+                admissions: m.counts.admitted,
+                expired: m.counts.expired,
+                wait_estimate_ms: m.wait_estimate_ms,
+                open: m.open,
+                sold_out: m.sold_out,
+            };
+            (m.sku, row)
+        })
+        .collect()
 }
 
 impl SaleRow {
@@ -49,6 +105,7 @@ pub fn sales(engine: &Engine, shared: &Shared, limit: usize) -> Vec<SaleRow> {
         .into_iter()
         .map(|(k, n, u, t)| (k, (n, u, t)))
         .collect();
+    let rooms = rooms(engine);
     let mut rows = Vec::with_capacity(skus.len().min(limit));
     for sku in skus.into_iter().take(limit) {
         let Ok(v) = engine.sale_info(&sku) else {
@@ -58,6 +115,7 @@ pub fn sales(engine: &Engine, shared: &Shared, limit: usize) -> Vec<SaleRow> {
             .get(sku.as_str())
             .map(|(n, u, t)| (*n, *u, now.saturating_sub(*t)))
             .unwrap_or((0, 0, 0));
+        let room = rooms.get(&sku).copied();
         rows.push(SaleRow {
             outcomes: shared.metrics.sale_totals(&sku),
             sku,
@@ -69,6 +127,7 @@ pub fn sales(engine: &Engine, shared: &Shared, limit: usize) -> Vec<SaleRow> {
             expired,
             expired_units,
             oldest_expired_age_ms: oldest,
+            room,
         });
     }
     rows
