@@ -509,8 +509,83 @@ fn the_buyer_page_shows_the_live_counts_in_chromium() {
         "Page.navigate",
         serde_json::json!({"url": url}),
     );
-    let dom = dom_until(&mut ch, &["your place: ", "id=\"conn\">live</p>"]);
+    // The stream refuses that ticket: the page says why and follows the counts alone.
+    let dom = dom_until(
+        &mut ch,
+        &[
+            "your place: invalid user",
+            "id=\"conn\">live</p>",
+            "id=\"available\">45</b>",
+        ],
+    );
     assert!(!dom.contains("id=\"pwn\""), "{dom}");
+}
+
+/// The ticket the reply of `ROOM.JOIN sku user` carries, percent-encoded for a query.
+fn join(c: &mut redis::Connection, sku: &str, user: &str) -> String {
+    let redis::Value::Array(joined) = q(c, &["ROOM.JOIN", sku, user]) else {
+        panic!("ROOM.JOIN answers an array");
+    };
+    crate::common::as_str(&joined[0])
+        .replace('%', "%25")
+        .replace('|', "%7C")
+        .replace('&', "%26")
+}
+
+/// The next event's `you` within `within` whose status and position are `want`.
+fn place_until(w: &Watcher, want: (&str, Option<u64>), within: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Some((_, e)) = w.next(left) else {
+            panic!("no event with the place {want:?} within {within:?}");
+        };
+        let you = e["you"].clone();
+        if you["status"] == want.0 && you["position"].as_u64() == want.1 {
+            return e;
+        }
+    }
+}
+
+/// A buyer's stream (`?user=&ticket=`) carries its own place with every event: the line
+/// moving ahead of it is pushed, no poll; a ticket of another user is refused (403) and
+/// one for a sale without a room 404.
+#[test]
+fn a_buyers_stream_carries_its_own_place() {
+    let (s, maddr) = start();
+    let mut c = s.client().get_connection().expect("connect");
+    q(&mut c, &["SALE.CREATE", "PLACE", "1"]);
+    q(&mut c, &["ROOM.OPEN", "PLACE", "RATE", "1000", "WINDOW", "0"]);
+    let tickets: Vec<String> = ["first", "second", "third"]
+        .iter()
+        .map(|u| join(&mut c, "PLACE", u))
+        .collect();
+    let path = format!("/sale/PLACE/events?user=third&ticket={}", tickets[2]);
+    let (code, w) = watch(&maddr, &path);
+    assert_eq!(code, 200);
+    let w = w.expect("stream");
+    let e = place_until(&w, ("WAITING", Some(2)), Duration::from_secs(5));
+    assert_eq!(e["waiting"], 2, "{e}");
+    assert_eq!(e["admitted"], 1, "{e}");
+    // The admitted buyer gives the place up: the next is admitted, and the third buyer's
+    // stream tells it it moved up, unasked.
+    q(&mut c, &["ROOM.LEAVE", "PLACE", "first"]);
+    let e = place_until(&w, ("WAITING", Some(1)), Duration::from_secs(5));
+    assert_eq!(e["waiting"], 1, "{e}");
+    q(&mut c, &["ROOM.LEAVE", "PLACE", "second"]);
+    let e = place_until(&w, ("ADMITTED", None), Duration::from_secs(5));
+    assert!(e["you"]["until_ms"].as_u64().unwrap_or(0) > 0, "{e}");
+    // Another user's ticket, and a sale without a room.
+    let other = format!("/sale/PLACE/events?user=first&ticket={}", tickets[2]);
+    assert_eq!(watch(&maddr, &other).0, 403);
+    q(&mut c, &["SALE.CREATE", "NOROOM", "1"]);
+    let none = format!("/sale/NOROOM/events?user=third&ticket={}", tickets[2]);
+    assert_eq!(watch(&maddr, &none).0, 404);
+    // Without the parameters, the counts alone.
+    let (code, w) = watch(&maddr, "/sale/PLACE/events");
+    assert_eq!(code, 200);
+    let (_, e) = w.expect("stream").next(Duration::from_secs(5)).expect("event");
+    assert!(e.get("you").is_none(), "{e}");
 }
 
 /// `/sale/<sku>/ticket` reads the buyer's place without moving the room: the same answer

@@ -389,3 +389,62 @@ fn a_subscriber_that_never_reads_is_bounded_and_dropped() {
         "the never-reader was sent the counts first"
     );
 }
+
+/// The ticket `ROOM.JOIN sku user` answers.
+fn join(c: &mut redis::Connection, sku: &str, user: &str) -> String {
+    let redis::Value::Array(joined) = q(c, &["ROOM.JOIN", sku, user]) else {
+        panic!("ROOM.JOIN answers an array");
+    };
+    crate::common::as_str(&joined[0])
+}
+
+/// A buyer's channel, `place:<ticket>`: the counts with the buyer's own place in every
+/// message, pushed as the line moves ahead of it; a ticket that does not hold (forged,
+/// malformed, of no sale) is refused in the subscription's place.
+#[test]
+fn a_buyers_channel_carries_its_own_place() {
+    let s = Server::start(&[]);
+    let mut c = s.client().get_connection().expect("connect");
+    q(&mut c, &["SALE.CREATE", "P", "1"]);
+    q(&mut c, &["ROOM.OPEN", "P", "RATE", "1000", "WINDOW", "0"]);
+    let tickets: Vec<String> = ["a", "b", "c"].iter().map(|u| join(&mut c, "P", u)).collect();
+    let sub = subscribe(&s, &format!("place:{}", tickets[2]));
+    let (_, first) = sub.next(Duration::from_secs(5)).expect("first message");
+    assert_eq!(first["you"]["status"], "WAITING", "{first}");
+    assert_eq!(first["you"]["position"], 2, "{first}");
+    assert_eq!(first["waiting"], 2, "{first}");
+    q(&mut c, &["ROOM.LEAVE", "P", "a"]);
+    let seen = sub.until("waiting", 1, Duration::from_secs(5));
+    let last = seen.last().expect("a message");
+    assert_eq!(last["you"]["position"], 1, "{last}");
+    q(&mut c, &["ROOM.LEAVE", "P", "b"]);
+    let seen = sub.until("waiting", 0, Duration::from_secs(5));
+    let last = seen.last().expect("a message");
+    assert_eq!(last["you"]["status"], "ADMITTED", "{last}");
+
+    // Refusals come in the subscription's place, as for an unknown sale.
+    let forged = tickets[1].replace("|b|", "|c|");
+    for (channel, code) in [
+        (format!("place:{forged}"), "BADTICKET"),
+        ("place:garbage".to_string(), "BADTICKET"),
+        (format!("place:{}", tickets[0].replace("|P|", "|NONE|")), "NOROOM"),
+    ] {
+        let mut raw = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+        let cmd = format!(
+            "*2\r\n$9\r\nSUBSCRIBE\r\n${}\r\n{channel}\r\n",
+            channel.len()
+        );
+        raw.write_all(cmd.as_bytes()).expect("write");
+        raw.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let mut buf = [0u8; 512];
+        let n = raw.read(&mut buf).expect("reply");
+        let reply = String::from_utf8_lossy(&buf[..n]);
+        assert!(reply.starts_with(&format!("-{code}")), "{channel}: {reply}");
+    }
+    // PUBLISH on a buyer's channel is the server's alone.
+    let r: redis::RedisResult<i64> = redis::cmd("PUBLISH")
+        .arg(format!("place:{}", tickets[2]))
+        .arg("x")
+        .query(&mut c);
+    assert!(r.is_err(), "{r:?}");
+}

@@ -39,7 +39,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::room::{Room, RoomConfig, Status, StockView, Ticket, TicketKeys};
+use crate::room::{Room, RoomConfig, Status, StockView, Ticket, TicketKeys, UserKey};
 
 use super::*;
 
@@ -318,6 +318,26 @@ impl Engine {
         let handle = self.room(sku)?;
         let room = handle.lock();
         room.status_ticket(ticket, user, self.clock.now_ms(), &stock_view(&sale))
+            .map_err(EngineError::Room)
+    }
+
+    /// The key of the place `ticket` names for `user` (checked as [`Engine::room_peek`]
+    /// checks it), for [`Engine::room_peek_keyed`]: a buyer watching the sale's live
+    /// counts has its own place read on every change without its ticket checked again.
+    pub fn room_key(&self, sku: &str, user: &str, ticket: &str) -> Result<UserKey, EngineError> {
+        ident::check_sku(sku)?;
+        ident::check_user(user)?;
+        let handle = self.room(sku)?;
+        let room = handle.lock();
+        room.key_for_ticket(ticket, user).map_err(EngineError::Room)
+    }
+
+    /// [`Engine::room_peek`] of the place [`Engine::room_key`] gave `key` for.
+    pub fn room_peek_keyed(&self, sku: &str, key: UserKey) -> Result<Status, EngineError> {
+        let sale = self.sale(sku)?;
+        let handle = self.room(sku)?;
+        let room = handle.lock();
+        room.status_keyed(key, self.clock.now_ms(), &stock_view(&sale))
             .map_err(EngineError::Room)
     }
 

@@ -28,7 +28,13 @@ impl Room {
     /// [`Room::status_keyed`] (hashing the user is the costliest step of a join: done once).
     pub fn join_keyed(&mut self, user: &str, now_ms: u64) -> Result<(Ticket, UserKey), RoomError> {
         let (ticket, h) = self.join_member(user, now_ms)?;
-        Ok((ticket, UserKey(h)))
+        Ok((
+            ticket,
+            UserKey {
+                hash: h,
+                join: None,
+            },
+        ))
     }
 
     fn join_member(&mut self, user: &str, now_ms: u64) -> Result<(Ticket, u64), RoomError> {

@@ -82,10 +82,15 @@ pub enum Status {
     Left,
 }
 
-/// The key a room knows one user by in one room (from [`Room::join_keyed`]): a
-/// status asked with it skips hashing the user id again.
+/// The key a room knows one user by in one room (from [`Room::join_keyed`] or
+/// [`Room::key_for_ticket`]): a status asked with it skips hashing the user id and
+/// checking a ticket again. From a ticket it also names the ticket's place: once the
+/// user gave that place up and joined again, the key is stale, as the ticket is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UserKey(u64);
+pub struct UserKey {
+    hash: u64,
+    join: Option<u8>,
+}
 
 /// A buyer let through by [`Room::tick`], for the caller's log and metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

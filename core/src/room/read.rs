@@ -21,8 +21,27 @@ impl Room {
         now_ms: u64,
         stock: &StockView,
     ) -> Result<Status, RoomError> {
-        let m = self.queue.get(key.0).ok_or(RoomError::NotInQueue)?;
+        let m = self.queue.get(key.hash).ok_or(RoomError::NotInQueue)?;
+        if key.join.is_some_and(|j| j != m.join) {
+            return Err(RoomError::StaleTicket);
+        }
         Ok(self.status_of(m, now_ms, stock))
+    }
+
+    /// The key of the place `ticket` names, presented for `user`, for later
+    /// [`Room::status_keyed`] reads (a watcher checks its ticket once). The same refusals
+    /// as [`Room::status_ticket`].
+    pub fn key_for_ticket(&self, ticket: &str, user: &str) -> Result<UserKey, RoomError> {
+        let join = self.tickets.verify(ticket, &self.sku, user)?;
+        let h = self.user_hash(user);
+        let m = self.queue.get(h).ok_or(RoomError::NotInQueue)?;
+        if m.join != join {
+            return Err(RoomError::StaleTicket);
+        }
+        Ok(UserKey {
+            hash: h,
+            join: Some(join),
+        })
     }
 
     /// The status of the place `ticket` names, presented for `user`. Refuses a forged

@@ -175,10 +175,10 @@ async fn conn<S: AsyncRead + AsyncWrite + Unpin + Send>(
         return;
     };
     if let (Some(hub), Some((method, target))) = (live, req.as_ref()) {
-        let path = target.split('?').next().unwrap_or("");
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
         if let (true, Some(sku)) = (method == "GET", live::events_sku(path)) {
             drop(permit);
-            live::serve_events(&hub, s, &sku).await;
+            live::serve_events(&hub, s, &sku, query).await;
             return;
         }
     }

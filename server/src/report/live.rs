@@ -2,12 +2,18 @@
 //! Events on the metrics endpoint, and the counts the buyer page (`/sale/<sku>`) shows.
 //!
 //! Coalesced: one sampler task per watched sale (started by its first watcher, stopped
-//! with its last) reads the counts at most every [`SAMPLE_EVERY`] and publishes them on a
-//! `tokio::sync::watch` channel only when they changed. A watcher holds one receiver of
-//! that channel, which keeps only the latest value: a watcher that reads slowly (or not at
-//! all) skips the counts it missed and is sent the newest, so it costs one pending event,
-//! never a queue; one whose writes stay blocked for [`WRITE_TIMEOUT`] is disconnected.
-//! N watchers of a sale cost one sample per 100 ms and one write each per change.
+//! with its last) reads the counts every [`READ_EVERY`] and publishes them on a
+//! `tokio::sync::watch` channel when they changed, at most once per [`SAMPLE_EVERY`]. A
+//! watcher holds one receiver of that channel, which keeps only the latest value: a
+//! watcher that reads slowly (or not at all) skips the counts it missed and is sent the
+//! newest, so it costs one pending event, never a queue; one whose writes stay blocked
+//! for [`WRITE_TIMEOUT`] is disconnected. N watchers of a sale cost one sampler and one
+//! write each per change.
+//!
+//! A buyer's page also asks for its own place (`?user=U&ticket=T`): the ticket is checked
+//! once, when the stream opens, and each event then carries the place as the room has it
+//! (`"you"`), read by the key the check gave (a map lookup under the room's lock, no
+//! signature or hash per event).
 //!
 //! The same feed reaches RESP subscribers of `sale:<sku>:live` ([`resp`]): a sale watched
 //! over both costs one sampler, and each change's JSON is rendered once, by the sampler.
@@ -29,12 +35,17 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::engine::{Engine, EngineError};
-use stockgate_core::room::Status;
+use stockgate_core::room::{Status, UserKey};
 
 pub mod resp;
 
-/// How often a watched sale's counts are read (so at most 10 events a second per sale).
+/// Shortest time between two events of one sale (so at most 10 a second per sale).
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// How often a watched sale's counts are read: a change after a quiet spell goes out
+/// within this, not up to a whole [`SAMPLE_EVERY`] later. A read is two short locked
+/// reads (the sale's counters, the room's sizes), so 50 a second per watched sale cost
+/// nothing next to the writes an event makes.
+pub const READ_EVERY: Duration = Duration::from_millis(20);
 /// A comment line is sent when nothing changed for this long (proxies close idle
 /// connections; a dead watcher is found by the failed write).
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -289,22 +300,28 @@ impl Hub {
     }
 }
 
-/// The sampler of one sale: reads its counts every [`SAMPLE_EVERY`], publishes a change.
+/// The sampler of one sale: reads its counts every [`READ_EVERY`] and publishes a change,
+/// at most one per [`SAMPLE_EVERY`] (a change sooner waits for the rest of that time and
+/// goes out with whatever else changed meanwhile).
 async fn sample(engine: Arc<Engine>, sku: Arc<str>, tx: watch::Sender<Latest>) {
-    let mut iv = tokio::time::interval(SAMPLE_EVERY);
+    let mut iv = tokio::time::interval(READ_EVERY);
     iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     iv.tick().await;
+    let mut sent = tokio::time::Instant::now();
     loop {
         iv.tick().await;
         let now = counts(&engine, &sku).unwrap_or_else(Counts::gone);
-        tx.send_if_modified(|c| {
-            if c.counts == now {
-                false
-            } else {
-                *c = Latest::new(now, &sku);
-                true
-            }
-        });
+        if tx.borrow().counts == now {
+            continue;
+        }
+        let since = sent.elapsed();
+        if since < SAMPLE_EVERY {
+            // The next tick comes at once after this and reads the counts again.
+            tokio::time::sleep(SAMPLE_EVERY - since).await;
+            continue;
+        }
+        tx.send_replace(Latest::new(now, &sku));
+        sent = tokio::time::Instant::now();
     }
 }
 
@@ -383,11 +400,15 @@ pub fn page(engine: &Engine, sku: &str) -> (&'static str, String) {
 
 /// Serves one watcher on `s` (the request already read): 404 for an unknown sale, 503
 /// when full, else the event stream until the watcher goes or a write stays blocked.
-pub async fn serve_events<S>(hub: &Hub, s: S, sku: &str)
+pub async fn serve_events<S>(hub: &Hub, s: S, sku: &str, query: &str)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let (mut rd, mut wr) = tokio::io::split(s);
+    let you = match buyer_key(hub, sku, query) {
+        Ok(you) => you,
+        Err((status, body)) => return refuse_events(&mut wr, status, &body).await,
+    };
     let mut w = match hub.watch(sku) {
         Ok(w) => w,
         Err(why) => {
@@ -395,16 +416,7 @@ where
                 Refused::NoSale => ("404 Not Found", "no such sale\n"),
                 Refused::Full => ("503 Service Unavailable", "too many watchers\n"),
             };
-            let head = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
-                wr.write_all(head.as_bytes()).await?;
-                wr.shutdown().await
-            })
-            .await;
-            return;
+            return refuse_events(&mut wr, status, body).await;
         }
     };
     let mut out = Vec::from(
@@ -415,7 +427,10 @@ where
     loop {
         if let Some(json) = next.take() {
             out.extend_from_slice(b"data: ");
-            out.extend_from_slice(&json);
+            match you {
+                Some(key) => with_place(&mut out, &json, &hub.engine, sku, key),
+                None => out.extend_from_slice(&json),
+            }
             out.extend_from_slice(b"\n\n");
         }
         if !out.is_empty() {
@@ -443,19 +458,70 @@ where
     }
 }
 
+/// The buyer an event stream is for, from `?user=U&ticket=T`: `None` without them (the
+/// counts alone); a refusal (status, body) for a ticket that is not this user's place in
+/// this sale's room.
+fn buyer_key(hub: &Hub, sku: &str, query: &str) -> Result<Option<UserKey>, (&'static str, String)> {
+    let (Some(user), Some(ticket)) = (query_param(query, "user"), query_param(query, "ticket"))
+    else {
+        return Ok(None);
+    };
+    match hub.engine.room_key(sku, &user, &ticket) {
+        Ok(key) => Ok(Some(key)),
+        Err(e @ (EngineError::NoSale | EngineError::NoRoom)) => {
+            Err(("404 Not Found", format!("{e}\n")))
+        }
+        Err(e) => Err(("403 Forbidden", format!("{e}\n"))),
+    }
+}
+
+/// Answers an event-stream request that is not taken, and ends the connection.
+async fn refuse_events<W: AsyncWrite + Unpin>(wr: &mut W, status: &str, body: &str) {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
+        wr.write_all(head.as_bytes()).await?;
+        wr.shutdown().await
+    })
+    .await;
+}
+
+/// The counts' JSON with the buyer's place added as `"you"` (the place as the room has it
+/// now; `{"status":"GONE"}` once the room or the place is gone).
+fn with_place(out: &mut Vec<u8>, counts: &[u8], engine: &Engine, sku: &str, key: UserKey) {
+    let place = match engine.room_peek_keyed(sku, key) {
+        Ok(status) => status_json(&status),
+        Err(_) => r#"{"status":"GONE"}"#.to_string(),
+    };
+    match counts.strip_suffix(b"}") {
+        Some(head) => {
+            out.extend_from_slice(head);
+            out.extend_from_slice(b",\"you\":");
+            out.extend_from_slice(place.as_bytes());
+            out.push(b'}');
+        }
+        None => out.extend_from_slice(counts),
+    }
+}
+
+/// The percent-decoded value of `name` in a query string (`+` is a space).
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| percent_decode(&v.replace('+', " ")))
+}
+
 /// `/sale/<sku>/ticket?user=U&ticket=T`: the buyer's place as JSON (status, position and
 /// wait, or the admission's end), read without moving the room; 400 without both
 /// parameters, 404 for a sale or room that does not exist, 403 for a ticket that is not
 /// this user's of this sale.
 pub fn ticket_json(engine: &Engine, sku: &str, query: &str) -> (&'static str, String) {
-    let param = |name: &str| {
-        query
-            .split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| percent_decode(&v.replace('+', " ")))
-    };
-    let (Some(user), Some(ticket)) = (param("user"), param("ticket")) else {
+    let (Some(user), Some(ticket)) = (query_param(query, "user"), query_param(query, "ticket"))
+    else {
         return (
             "400 Bad Request",
             r#"{"error":"needs user and ticket"}"#.into(),

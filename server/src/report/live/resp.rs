@@ -2,6 +2,11 @@
 //! `message` pushes (RESP2 or RESP3), the JSON `/sale/<sku>/events` sends: once at once,
 //! then on each change, at most every [`SAMPLE_EVERY`](super::SAMPLE_EVERY).
 //!
+//! A buyer follows its own place with the counts by `SUBSCRIBE place:<ticket>` (the
+//! ticket `ROOM.JOIN` gave; it names the sale and the user): each message is the same JSON
+//! with `"you"` added, as the event stream's `?user=&ticket=` has it. The ticket is checked
+//! once, at the subscription.
+//!
 //! Each subscription is one watcher of the live [`Hub`] (the same sampler as the event
 //! stream's, the same [`MAX_WATCHERS`](super::MAX_WATCHERS) bound), read through the
 //! subscriber loop's [`Feed`]: one pending state per subscriber, never a queue.
@@ -14,8 +19,9 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 
 use super::{Hub, Refused, Watch};
-use crate::engine::Engine;
+use crate::engine::{Engine, EngineError};
 use crate::pubsub::{self, Feed, Feeds};
+use stockgate_core::room::UserKey;
 
 /// What a live channel's name begins with.
 pub const PREFIX: &str = "sale:";
@@ -27,6 +33,23 @@ pub fn channel_sku(channel: &[u8]) -> Option<&str> {
     let name = std::str::from_utf8(channel).ok()?;
     let sku = name.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?;
     (!sku.is_empty()).then_some(sku)
+}
+
+/// What a buyer's channel's name begins with (`place:<ticket>`).
+pub const PLACE_PREFIX: &str = "place:";
+
+/// The sale, user and ticket a buyer's channel names (`place:<ticket>`, the ticket's
+/// `t1|kid|sku|user|join|signature` read for its sale and user, checked when opened).
+pub fn place_channel(channel: &[u8]) -> Option<(&str, &str, &str)> {
+    let ticket = std::str::from_utf8(channel)
+        .ok()?
+        .strip_prefix(PLACE_PREFIX)?;
+    let mut f = ticket.split('|');
+    let (Some("t1"), Some(_kid), Some(sku), Some(user)) = (f.next(), f.next(), f.next(), f.next())
+    else {
+        return None;
+    };
+    (!sku.is_empty() && !user.is_empty()).then_some((sku, user, ticket))
 }
 
 /// A live hub over `engine` that also serves the live channels of `pubsub`; the metrics
@@ -51,19 +74,61 @@ impl LiveChannels {
 
 impl Feeds for LiveChannels {
     fn owns(&self, channel: &[u8]) -> bool {
-        channel_sku(channel).is_some()
+        channel_sku(channel).is_some() || channel.starts_with(PLACE_PREFIX.as_bytes())
     }
 
     fn open(&self, channel: &[u8]) -> Result<Box<dyn Feed>, String> {
-        let sku = channel_sku(channel).ok_or("ERR not a live channel")?;
+        let (sku, place) = match channel_sku(channel) {
+            Some(sku) => (sku, None),
+            None => {
+                let (sku, user, ticket) =
+                    place_channel(channel).ok_or("BADTICKET ticket refused: malformed ticket")?;
+                let key = self
+                    .hub
+                    .engine
+                    .room_key(sku, user, ticket)
+                    .map_err(place_refusal)?;
+                (sku, Some(key))
+            }
+        };
+        let place = place.map(|key| Place {
+            engine: self.hub.engine.clone(),
+            sku: sku.into(),
+            key,
+        });
         match self.hub.watch(sku) {
-            Ok(w) => Ok(Box::new(LiveFeed::new(w))),
+            Ok(w) => Ok(Box::new(LiveFeed::new(w, place))),
             Err(Refused::NoSale) => Err("NOSALE no such sale".into()),
             Err(Refused::Full) => Err(format!(
                 "ERR max number of live watchers reached ({})",
                 super::MAX_WATCHERS
             )),
         }
+    }
+}
+
+/// The error reply (without its `-`) for a buyer's channel that is not opened.
+fn place_refusal(e: EngineError) -> String {
+    match e {
+        EngineError::NoSale => "NOSALE no such sale".into(),
+        EngineError::NoRoom => "NOROOM no waiting room for this sale".into(),
+        e => format!("BADTICKET {e}"),
+    }
+}
+
+/// Whose place a buyer's feed adds to each message.
+struct Place {
+    engine: Arc<Engine>,
+    sku: Arc<str>,
+    key: UserKey,
+}
+
+impl Place {
+    /// The counts' JSON with this buyer's place as it is now.
+    fn render(&self, counts: &[u8]) -> Bytes {
+        let mut out = Vec::with_capacity(counts.len() + 64);
+        super::with_place(&mut out, counts, &self.engine, &self.sku, self.key);
+        Bytes::from(out)
     }
 }
 
@@ -82,13 +147,22 @@ fn next_change(mut w: Watch) -> NextChange {
 struct LiveFeed {
     first: Option<Bytes>,
     next: NextChange,
+    place: Option<Place>,
 }
 
 impl LiveFeed {
-    fn new(mut w: Watch) -> LiveFeed {
+    fn new(mut w: Watch, place: Option<Place>) -> LiveFeed {
         LiveFeed {
             first: Some(w.latest_json()),
             next: next_change(w),
+            place,
+        }
+    }
+
+    fn message(&self, counts: Bytes) -> Bytes {
+        match &self.place {
+            Some(p) => p.render(&counts),
+            None => counts,
         }
     }
 }
@@ -96,11 +170,11 @@ impl LiveFeed {
 impl Feed for LiveFeed {
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Bytes> {
         if let Some(first) = self.first.take() {
-            return Poll::Ready(first);
+            return Poll::Ready(self.message(first));
         }
         let (json, w) = ready!(self.next.as_mut().poll(cx));
         self.next = next_change(w);
-        Poll::Ready(json)
+        Poll::Ready(self.message(json))
     }
 }
 
