@@ -424,6 +424,11 @@ where
     );
     let mut next = Some(w.latest_json());
     let mut scratch = [0u8; 256];
+    // One keep-alive timer for the stream's life, moved only when it fires: a timer made
+    // per event would cost every watcher a timer-wheel insert and removal per change.
+    let keep_alive = tokio::time::sleep(KEEP_ALIVE);
+    tokio::pin!(keep_alive);
+    let mut wrote_at = tokio::time::Instant::now();
     loop {
         if let Some(json) = next.take() {
             out.extend_from_slice(b"data: ");
@@ -443,10 +448,19 @@ where
                 return;
             }
             out.clear();
+            wrote_at = tokio::time::Instant::now();
         }
         tokio::select! {
             _ = w.changed() => next = Some(w.latest_json()),
-            _ = tokio::time::sleep(KEEP_ALIVE) => out.extend_from_slice(b": keep-alive\n\n"),
+            _ = &mut keep_alive => {
+                let due = wrote_at + KEEP_ALIVE;
+                if tokio::time::Instant::now() >= due {
+                    out.extend_from_slice(b": keep-alive\n\n");
+                    keep_alive.as_mut().reset(tokio::time::Instant::now() + KEEP_ALIVE);
+                } else {
+                    keep_alive.as_mut().reset(due);
+                }
+            }
             // The watcher sends nothing after its request: end of stream or an error
             // means it went away. Anything else it sends is ignored.
             r = rd.read(&mut scratch) => {
