@@ -575,6 +575,30 @@ fn a_buyers_stream_carries_its_own_place() {
     q(&mut c, &["ROOM.LEAVE", "PLACE", "second"]);
     let e = place_until(&w, ("ADMITTED", None), Duration::from_secs(5));
     assert!(e["you"]["until_ms"].as_u64().unwrap_or(0) > 0, "{e}");
+    // Admitted, the buyer reserves; a stream with the hold counts the hold down.
+    let plain = tickets[2]
+        .replace("%7C", "|")
+        .replace("%26", "&")
+        .replace("%25", "%");
+    let redis::Value::Array(st) = q(&mut c, &["ROOM.STATUS", "PLACE", "third", &plain]) else {
+        panic!("ROOM.STATUS answers an array");
+    };
+    let admission = crate::common::as_str(&st[1]);
+    let redis::Value::Array(held) = q(&mut c, &["RESERVE", "PLACE", "third", &admission, "r1"])
+    else {
+        panic!("RESERVE answers an array");
+    };
+    let hold = crate::common::as_str(&held[1]);
+    let with_hold = format!("{path}&hold={hold}");
+    let (code, hw) = watch(&maddr, &with_hold);
+    assert_eq!(code, 200);
+    let (_, e) = hw.expect("stream").next(Duration::from_secs(5)).expect("event");
+    assert_eq!(e["you"]["status"], "RESERVED", "{e}");
+    assert_eq!(e["hold"]["state"], "RESERVED", "{e}");
+    assert!(e["hold"]["expires_at_ms"].as_u64().unwrap_or(0) > 0, "{e}");
+    // A hold that is not this buyer's is refused.
+    let wrong = format!("{path}&hold=not-a-token");
+    assert_eq!(watch(&maddr, &wrong).0, 403);
     // Another user's ticket, and a sale without a room.
     let other = format!("/sale/PLACE/events?user=first&ticket={}", tickets[2]);
     assert_eq!(watch(&maddr, &other).0, 403);

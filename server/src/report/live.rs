@@ -432,8 +432,8 @@ where
     loop {
         if let Some(json) = next.take() {
             out.extend_from_slice(b"data: ");
-            match you {
-                Some(key) => with_place(&mut out, &json, &hub.engine, sku, key),
+            match &you {
+                Some(buyer) => with_place(&mut out, &json, &hub.engine, sku, buyer),
                 None => out.extend_from_slice(&json),
             }
             out.extend_from_slice(b"\n\n");
@@ -472,21 +472,44 @@ where
     }
 }
 
-/// The buyer an event stream is for, from `?user=U&ticket=T`: `None` without them (the
-/// counts alone); a refusal (status, body) for a ticket that is not this user's place in
-/// this sale's room.
-fn buyer_key(hub: &Hub, sku: &str, query: &str) -> Result<Option<UserKey>, (&'static str, String)> {
+/// Whom an event stream is for: the buyer's place, and the hold it took once admitted.
+#[derive(Clone)]
+struct Buyer {
+    key: UserKey,
+    /// The hold's token (`&hold=`), for its countdown: the checkout service passes it on
+    /// with the page's link once the buyer reserved.
+    hold: Option<String>,
+}
+
+/// The buyer an event stream is for, from `?user=U&ticket=T[&hold=TOKEN]`: `None` without
+/// user and ticket (the counts alone); a refusal (status, body) for a ticket that is not
+/// this user's place in this sale's room, or a hold that is not this user's in this sale.
+fn buyer_key(hub: &Hub, sku: &str, query: &str) -> Result<Option<Buyer>, (&'static str, String)> {
     let (Some(user), Some(ticket)) = (query_param(query, "user"), query_param(query, "ticket"))
     else {
         return Ok(None);
     };
-    match hub.engine.room_key(sku, &user, &ticket) {
-        Ok(key) => Ok(Some(key)),
+    let key = match hub.engine.room_key(sku, &user, &ticket) {
+        Ok(key) => key,
         Err(e @ (EngineError::NoSale | EngineError::NoRoom)) => {
-            Err(("404 Not Found", format!("{e}\n")))
+            return Err(("404 Not Found", format!("{e}\n")))
         }
-        Err(e) => Err(("403 Forbidden", format!("{e}\n"))),
+        Err(e) => return Err(("403 Forbidden", format!("{e}\n"))),
+    };
+    let hold = query_param(query, "hold");
+    if let Some(token) = &hold {
+        let theirs = hub
+            .engine
+            .reservation(token)
+            .is_some_and(|(r, _)| r.sku == sku && r.user == user);
+        if !theirs {
+            return Err((
+                "403 Forbidden",
+                "no such hold of this user in this sale\n".into(),
+            ));
+        }
     }
+    Ok(Some(Buyer { key, hold }))
 }
 
 /// Answers an event-stream request that is not taken, and ends the connection.
@@ -503,21 +526,33 @@ async fn refuse_events<W: AsyncWrite + Unpin>(wr: &mut W, status: &str, body: &s
 }
 
 /// The counts' JSON with the buyer's place added as `"you"` (the place as the room has it
-/// now; `{"status":"GONE"}` once the room or the place is gone).
-fn with_place(out: &mut Vec<u8>, counts: &[u8], engine: &Engine, sku: &str, key: UserKey) {
-    let place = match engine.room_peek_keyed(sku, key) {
+/// now; `{"status":"GONE"}` once the room or the place is gone), and the hold as `"hold"`
+/// (`{"state":"RESERVED","expires_at_ms":T}`, COMMITTED, RELEASED, or GONE once purged)
+/// when the stream was opened with one.
+fn with_place(out: &mut Vec<u8>, counts: &[u8], engine: &Engine, sku: &str, buyer: &Buyer) {
+    let Some(head) = counts.strip_suffix(b"}") else {
+        return out.extend_from_slice(counts);
+    };
+    let place = match engine.room_peek_keyed(sku, buyer.key) {
         Ok(status) => status_json(&status),
         Err(_) => r#"{"status":"GONE"}"#.to_string(),
     };
-    match counts.strip_suffix(b"}") {
-        Some(head) => {
-            out.extend_from_slice(head);
-            out.extend_from_slice(b",\"you\":");
-            out.extend_from_slice(place.as_bytes());
-            out.push(b'}');
-        }
-        None => out.extend_from_slice(counts),
+    out.extend_from_slice(head);
+    out.extend_from_slice(b",\"you\":");
+    out.extend_from_slice(place.as_bytes());
+    if let Some(token) = &buyer.hold {
+        let hold = match engine.reservation(token) {
+            Some((r, _)) => format!(
+                r#"{{"state":"{}","expires_at_ms":{}}}"#,
+                r.state.as_str(),
+                r.expires_at_ms
+            ),
+            None => r#"{"state":"GONE"}"#.to_string(),
+        };
+        out.extend_from_slice(b",\"hold\":");
+        out.extend_from_slice(hold.as_bytes());
     }
+    out.push(b'}');
 }
 
 /// The percent-decoded value of `name` in a query string (`+` is a space).

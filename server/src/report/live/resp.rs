@@ -127,7 +127,11 @@ impl Place {
     /// The counts' JSON with this buyer's place as it is now.
     fn render(&self, counts: &[u8]) -> Bytes {
         let mut out = Vec::with_capacity(counts.len() + 64);
-        super::with_place(&mut out, counts, &self.engine, &self.sku, self.key);
+        let buyer = super::Buyer {
+            key: self.key,
+            hold: None,
+        };
+        super::with_place(&mut out, counts, &self.engine, &self.sku, &buyer);
         Bytes::from(out)
     }
 }
