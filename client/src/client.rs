@@ -19,6 +19,7 @@ use redis::Value;
 
 pub use crate::conn_config::ClientConfig;
 pub use crate::error::ClientError;
+use crate::live::LiveWatch;
 use crate::sentinel::{Retry, SentinelConfig, SentinelConn, ServerTarget};
 use crate::tls::TlsConfig;
 use crate::value::{as_int, as_string};
@@ -39,8 +40,16 @@ pub struct StockgateClient {
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 enum Transport {
-    Direct(ConnectionManager),
+    /// The connection, and what a live watch opens its own connection from.
+    Direct(ConnectionManager, Arc<WatchTarget>),
     Sentinel(Arc<SentinelConn>),
+}
+
+/// Where a live watch of a one-address client connects: the address (with its TLS and
+/// credentials) the client was made for, and how long connecting and subscribing may take.
+struct WatchTarget {
+    info: redis::ConnectionInfo,
+    timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for StockgateClient {
@@ -70,6 +79,10 @@ impl StockgateClient {
         cfg: ClientConfig,
     ) -> Result<Self, ClientError> {
         let client = crate::tls::redis_client(addr, tls).map_err(ClientError::Connection)?;
+        let watch = Arc::new(WatchTarget {
+            info: client.get_connection_info().clone(),
+            timeout: cfg.connect_timeout.max(cfg.response_timeout),
+        });
         let mcfg = ConnectionManagerConfig::new()
             .set_connection_timeout(cfg.connect_timeout)
             .set_response_timeout(cfg.response_timeout)
@@ -79,7 +92,7 @@ impl StockgateClient {
             .await
             .map_err(|e| ClientError::Connection(crate::tls::explain(e)))?;
         Ok(StockgateClient {
-            conn: Transport::Direct(conn),
+            conn: Transport::Direct(conn, watch),
         })
     }
 
@@ -117,7 +130,7 @@ impl StockgateClient {
     /// failure and the next discovery); None for a plain address.
     pub fn primary_addr(&self) -> Option<String> {
         match &self.conn {
-            Transport::Direct(_) => None,
+            Transport::Direct(..) => None,
             Transport::Sentinel(s) => s.primary_addr(),
         }
     }
@@ -131,7 +144,7 @@ impl StockgateClient {
         // RESP3 can also deliver errors as values inside aggregates; top-level errors
         // come back as Err.
         match &self.conn {
-            Transport::Direct(c) => {
+            Transport::Direct(c, _) => {
                 let mut conn = c.clone();
                 Ok(cmd.query_async(&mut conn).await?)
             }
@@ -461,6 +474,36 @@ impl StockgateClient {
     pub async fn room_info(&self, sku: &str) -> Result<RoomInfo, ClientError> {
         let v = self.call(redis::cmd("ROOM.INFO").arg(sku)).await?;
         parse_room_info(&v).ok_or_else(|| proto("ROOM.INFO", &v))
+    }
+}
+
+/// Live counts over RESP (docs/protocol.md section 4a, "Live counts over RESP"): each watch
+/// subscribes on a connection of its own, to the address of a one-address client or to the
+/// primary the Sentinels name now (see [`crate::live`]).
+impl StockgateClient {
+    /// `SUBSCRIBE sale:<sku>:live`: the counts now at once, then one per change (at most
+    /// ~10 a second). Refused with [`ClientError::NoSale`] for an unknown sale, or
+    /// [`ClientError::Server`] (code `ERR`) when the server has its most watchers.
+    pub async fn watch_sale(&self, sku: &str) -> Result<LiveWatch, ClientError> {
+        self.watch(crate::live::sale_channel(sku)).await
+    }
+
+    /// `SUBSCRIBE place:<ticket>` (the ticket [`Self::join`] gave): as [`Self::watch_sale`],
+    /// each message with [`LiveCounts::you`](crate::types::LiveCounts::you), the buyer's
+    /// place. The ticket is checked once, here: a forged or malformed one is
+    /// [`ClientError::BadTicket`], one of a sale without a room [`ClientError::NoRoom`].
+    pub async fn watch_place(&self, ticket: &str) -> Result<LiveWatch, ClientError> {
+        self.watch(crate::live::place_channel(ticket)).await
+    }
+
+    async fn watch(&self, channel: String) -> Result<LiveWatch, ClientError> {
+        match &self.conn {
+            Transport::Direct(_, t) => LiveWatch::open(t.info.clone(), channel, t.timeout).await,
+            Transport::Sentinel(s) => {
+                let (info, timeout) = s.primary_info().await?;
+                LiveWatch::open(info, channel, timeout).await
+            }
+        }
     }
 }
 

@@ -9,12 +9,14 @@
 //!   transports share.
 //! - [`gate`]: what the lifecycle needs from the server, over TCP or the embedded engine.
 //! - [`types`]: the replies, typed.
+//! - [`live`]: a sale's live counts and a buyer's place, pushed over RESP pub/sub.
 //! - [`token`]: admission tokens, minted as the server checks them.
 //! - [`tls`]: the tools' TLS flags and the TLS connection to a server (the `tls` feature).
 pub mod client;
 pub mod conn_config;
 pub mod error;
 pub mod gate;
+pub mod live;
 pub mod sentinel;
 pub mod tls;
 pub mod token;
@@ -23,6 +25,7 @@ mod value;
 
 pub use client::{ClientConfig, ClientError, StockgateClient};
 pub use gate::{EngineGate, ReservationGate};
+pub use live::LiveWatch;
 pub use sentinel::{SentinelConfig, ServerTarget};
 pub use tls::{TlsArgs, TlsConfig, TlsError};
 pub use token::mint_admission_token;

@@ -253,6 +253,28 @@ impl SentinelConn {
         }
     }
 
+    /// The primary in use (discovered first if none is) with the node credentials, and the
+    /// timeout a connection to it gets: where a live watch subscribes.
+    pub(crate) async fn primary_info(&self) -> Result<(ConnectionInfo, Duration), ClientError> {
+        let current = self.connection().await?;
+        let bad = || ClientError::Config(format!("primary address {:?}", current.addr));
+        let (host, port) = current.addr.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let info = ConnectionInfo {
+            addr: ConnectionAddr::Tcp(host.to_string(), port),
+            redis: RedisConnectionInfo {
+                username: self.cfg.node_username.clone(),
+                password: self.cfg.node_password.clone(),
+                ..Default::default()
+            },
+        };
+        let timeout = self
+            .client_cfg
+            .connect_timeout
+            .max(self.client_cfg.response_timeout);
+        Ok((info, timeout))
+    }
+
     /// The address of the primary in use, if connected.
     pub fn primary_addr(&self) -> Option<String> {
         self.lock_current().as_ref().map(|c| c.addr.clone())

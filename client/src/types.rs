@@ -260,6 +260,72 @@ pub struct RoomInfo {
     pub sold_out: bool,
 }
 
+/// A buyer's place as the buyer's live channel (`place:<ticket>`) tells it: what
+/// `ROOM.STATUS` would answer, without the admission token, or [`PlaceStatus::Gone`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlaceStatus {
+    /// In line.
+    Waiting {
+        /// 1-based place in line.
+        position: u64,
+        /// The estimated wait in ms.
+        eta_ms: u64,
+    },
+    /// The buyer's turn until `until_ms`; the admission token comes from
+    /// `StockgateClient::status` ([`RoomStatus::Admitted`]).
+    Admitted {
+        /// When the admission lapses, in ms since the Unix epoch.
+        until_ms: i64,
+    },
+    /// Pre-queued: the line is drawn in a random order when the sale opens.
+    BeforeOpen {
+        /// When the sale opens, in ms since the Unix epoch.
+        opens_at_ms: i64,
+    },
+    /// The admission was used by a `RESERVE`.
+    Reserved,
+    /// The sale has nothing available and nothing held.
+    SoldOut,
+    /// Admitted, not reserved within `ADMIT-TTL`: join again for a place at the back.
+    Expired,
+    /// The place was given up (`ROOM.LEAVE`).
+    Left,
+    /// The room (or the place) is gone: the sale was dropped or moved away.
+    Gone,
+}
+
+/// One message of a sale's live channel (`sale:<sku>:live`) or of a buyer's
+/// (`place:<ticket>`), docs/protocol.md section 4a, "Live counts over RESP".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveCounts {
+    /// The sale's key.
+    pub sku: String,
+    /// Units free to reserve (`SALE.INFO`'s `available`).
+    pub available: i64,
+    /// Units in live holds (`SALE.INFO`'s `reserved`).
+    pub held: i64,
+    /// Units sold (`SALE.INFO`'s `committed`).
+    pub sold: i64,
+    /// Buyers in line or pre-queued (`ROOM.INFO`'s; 0 without a room).
+    pub waiting: u64,
+    /// Buyers admitted and not reserved yet (`ROOM.INFO`'s; 0 without a room).
+    pub admitted: u64,
+    /// Whether the sale has a waiting room.
+    pub room: bool,
+    /// `SALE.INFO`'s state (`OPEN`, `PAUSED`, `FENCED`, `MOVING`), or `GONE` once the sale
+    /// is dropped or moved away.
+    pub state: String,
+    /// The buyer's place, on a buyer's channel only.
+    pub you: Option<PlaceStatus>,
+}
+
+impl LiveCounts {
+    /// Whether the sale was dropped or moved away: no more counts come for it here.
+    pub fn is_gone(&self) -> bool {
+        self.state == "GONE"
+    }
+}
+
 /// Milliseconds since the Unix epoch by the system clock.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

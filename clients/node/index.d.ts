@@ -217,6 +217,64 @@ export interface RoomOptions {
 }
 
 // ---------------------------------------------------------------------------------------
+// Live counts over RESP (docs/protocol.md section 4a, "Live counts over RESP")
+
+/** On a buyer's channel: the buyer's turn until `untilMs` (the admission token comes from `status`). */
+export interface PlaceAdmitted {
+  readonly kind: 'admitted';
+  readonly untilMs: number;
+}
+/** On a buyer's channel: the room (or the place) is gone, the sale dropped or moved away. */
+export interface PlaceGone {
+  readonly kind: 'gone';
+}
+/** A buyer's place as its channel tells it (a discriminated union on `kind`). */
+export type PlaceStatus =
+  | RoomWaiting
+  | PlaceAdmitted
+  | RoomBeforeOpen
+  | RoomReserved
+  | RoomSoldOut
+  | RoomExpired
+  | RoomLeft
+  | PlaceGone;
+
+/** One live channel message. */
+export interface LiveCounts {
+  readonly sku: string;
+  /** SALE.INFO's `available`. */
+  readonly available: number;
+  /** Units in live holds (SALE.INFO's `reserved`). */
+  readonly held: number;
+  /** Committed units (SALE.INFO's `committed`). */
+  readonly sold: number;
+  /** Buyers in line or pre-queued (0 without a room). */
+  readonly waiting: number;
+  /** Admitted, not reserved yet (0 without a room). */
+  readonly admitted: number;
+  /** Whether the sale has a waiting room. */
+  readonly room: boolean;
+  /** SALE.INFO's state, or `GONE` once the sale is dropped or moved away. */
+  readonly state: SaleState | 'GONE';
+  /** The buyer's place: on a buyer's channel (`watchPlace`) only. */
+  readonly you?: PlaceStatus;
+}
+
+export interface WatchOptions {
+  /** Connection errors (ioredis reconnects and subscribes again) and payloads of another shape. Default: the client's `onError`. */
+  onError?: (err: Error) => void;
+}
+
+/** A live channel's subscription, on a connection of its own. */
+export declare class LiveWatch {
+  /** `sale:<sku>:live` or `place:<ticket>`. */
+  readonly channel: string;
+  readonly closed: boolean;
+  /** Closes the watch's connection (the server frees its watcher). */
+  close(): Promise<void>;
+}
+
+// ---------------------------------------------------------------------------------------
 // Errors
 
 /** Every error of this package: `code` is the server's error code (first word of its reply),
@@ -335,6 +393,10 @@ export declare function parseRoomJoin(reply: unknown): RoomTicket;
 export declare function parseRoomStatus(reply: unknown): RoomStatus;
 export declare function parseRoomLeave(reply: unknown): boolean;
 export declare function parseRoomInfo(reply: unknown): RoomInfo;
+/** A live channel message's JSON payload. */
+export declare function parseLive(payload: string | Buffer): LiveCounts;
+/** A buyer channel's `you` object. */
+export declare function parsePlace(you: unknown): PlaceStatus;
 
 // ---------------------------------------------------------------------------------------
 // Admission tokens
@@ -472,6 +534,16 @@ export declare class Stockgate {
   leave(sku: string, user: string): Promise<boolean>;
   /** ROOM.INFO. Rejects with `NoRoom`. */
   roomInfo(sku: string): Promise<RoomInfo>;
+  /**
+   * SUBSCRIBE sale:<sku>:live on a connection of its own: the counts now, then one per
+   * change. Rejects with `NoSale`, or `CommandError` at the server's watcher limit.
+   */
+  watchSale(sku: string, onCounts: (counts: LiveCounts) => void, opts?: WatchOptions): Promise<LiveWatch>;
+  /**
+   * SUBSCRIBE place:<ticket>: the counts with `you`, the buyer's place. Rejects with
+   * `BadTicket` (forged or malformed ticket) or `NoRoom`.
+   */
+  watchPlace(ticket: string, onCounts: (counts: LiveCounts) => void, opts?: WatchOptions): Promise<LiveWatch>;
   /** A raw command (resent after a lost reply only when `idempotent`, the default). */
   /** `key`: in cluster mode, the sku or token whose slot's group gets the command. */
   call(args: (string | number)[], opts?: { idempotent?: boolean; deadlineMs?: number; key?: string }): Promise<unknown>;

@@ -381,3 +381,22 @@ await sg.close();
     );
     String::from_utf8_lossy(&run.stdout).trim().to_string()
 }
+
+/// Live counts over RESP through the package (`live.test.js`): `watchSale` and
+/// `watchPlace` against a server (open mode), their typed refusals, the payload parsing.
+#[test]
+fn node_package_watches_live_counts() {
+    let _one = crate::shared();
+    let server = Server::start(&[]);
+    let dir = TempDir::new("node-live");
+    let out = dir.path().join("node.log");
+    let envs = [
+        ("STOCKGATE_ADDR", server.addr.clone()),
+        (
+            "STOCKGATE_SECRET_FILE",
+            server.data_dir.join("secret").display().to_string(),
+        ),
+    ];
+    let p = node_test(&["test/live.test.js"], &envs, &out);
+    finish(p, &out, 4, || {});
+}

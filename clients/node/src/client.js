@@ -34,6 +34,7 @@ import {
   parseRoomStatus,
   parseSaleInfo,
 } from './replies.js';
+import { LiveWatch, placeChannel, saleChannel } from './live.js';
 
 /** Refusals before the command ran: resent whatever the command (TRYAGAIN: the sale is
  * frozen for a move, which ends within seconds). */
@@ -432,6 +433,37 @@ export class Stockgate {
   /** ROOM.INFO sku: the room's settings and counts. Rejects with `NoRoom`. */
   async roomInfo(sku) {
     return parseRoomInfo(await this.#run(['ROOM.INFO', sku], { key: sku }));
+  }
+
+  // --- Live counts over RESP (docs/protocol.md section 4a, "Live counts over RESP") -----
+
+  /**
+   * SUBSCRIBE sale:<sku>:live on a connection of its own (a `duplicate()` of this
+   * client's): `onCounts` gets the counts now at once, then one per change (at most ~10 a
+   * second). Resolves to a `LiveWatch` once subscribed (`onCounts` may run before);
+   * rejects with `NoSale` for an unknown sale, `CommandError` when the server has its most
+   * watchers. `opts.onError` gets connection errors (ioredis reconnects and subscribes
+   * again) and payloads of another shape (`ProtocolMismatch`). `close()` the watch to
+   * free the server's watcher.
+   */
+  watchSale(sku, onCounts, opts = {}) {
+    return this.#watch(saleChannel(sku), onCounts, opts);
+  }
+
+  /**
+   * SUBSCRIBE place:<ticket> (the ticket `join` gave): as `watchSale`, each message with
+   * `you`, the buyer's place (`kind` as `status`'s, plus `gone`; `admitted` carries no
+   * token: `status` gives it). The ticket is checked once, here: a forged or malformed one
+   * rejects with `BadTicket`, one of a sale without a room with `NoRoom`.
+   */
+  watchPlace(ticket, onCounts, opts = {}) {
+    return this.#watch(placeChannel(ticket), onCounts, opts);
+  }
+
+  #watch(channel, onCounts, { onError } = {}) {
+    if (typeof onCounts !== 'function') throw new TypeError('onCounts must be a function');
+    const sub = this.conns[0].duplicate();
+    return new LiveWatch(sub, channel, onCounts, onError ?? this.onError).start();
   }
 
   /** Closes every connection. */

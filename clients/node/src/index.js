@@ -3,6 +3,7 @@
 // Postgres ledger's functions (checkout.js).
 
 export { Stockgate, OutcomeUnknown } from './client.js';
+export { LiveWatch } from './live.js';
 export { Checkout, Hold } from './checkout.js';
 export { MAX_PROBES, homePart, probeOrder, reserveSplit, userHash } from './split.js';
 export {
@@ -21,6 +22,8 @@ export {
   Reserved,
   SoldOut,
   parseCommit,
+  parseLive,
+  parsePlace,
   parseRelease,
   parseReservation,
   parseReserve,

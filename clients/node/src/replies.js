@@ -313,3 +313,74 @@ export function parseRoomInfo(reply) {
     soldOut: flag(m.get('sold_out'), 'sold_out'),
   };
 }
+
+// --- Live counts over RESP (docs/protocol.md section 4a, "Live counts over RESP") ------
+
+function jsonInt(o, name, what) {
+  const v = o[name];
+  if (typeof v !== 'number' || !Number.isInteger(v)) {
+    throw new ProtocolMismatch(`${what}: ${name} is not an integer: ${JSON.stringify(v)}`);
+  }
+  return v;
+}
+
+function jsonStr(o, name, what) {
+  const v = o[name];
+  if (typeof v !== 'string') throw new ProtocolMismatch(`${what}: ${name} is not a string: ${JSON.stringify(v)}`);
+  return v;
+}
+
+function isObject(v) {
+  return v !== null && typeof v === 'object' && !Array.isArray(v);
+}
+
+/** A buyer channel's status words without values, and their `kind`. */
+const PLACE_WORDS_ALONE = { ...ROOM_WORDS_ALONE, GONE: 'gone' };
+
+/**
+ * A buyer channel's `"you"`, discriminated on `kind` as `parseRoomStatus`'s: `waiting`
+ * (`position`, `etaMs`), `admitted` (`untilMs`; no token: `status` gives it),
+ * `before_open` (`opensAtMs`), `reserved`, `soldout`, `expired`, `left`, `gone`.
+ */
+export function parsePlace(v) {
+  const what = 'live place';
+  if (!isObject(v)) throw new ProtocolMismatch(`${what}: expected an object, got ${JSON.stringify(v)}`);
+  const word = jsonStr(v, 'status', what);
+  if (word === 'WAITING') {
+    return { kind: 'waiting', position: jsonInt(v, 'position', what), etaMs: jsonInt(v, 'eta_ms', what) };
+  }
+  if (word === 'ADMITTED') return { kind: 'admitted', untilMs: jsonInt(v, 'until_ms', what) };
+  if (word === 'BEFORE-OPEN') return { kind: 'before_open', opensAtMs: jsonInt(v, 'opens_at_ms', what) };
+  if (Object.hasOwn(PLACE_WORDS_ALONE, word)) return { kind: PLACE_WORDS_ALONE[word] };
+  throw new ProtocolMismatch(`${what}: unknown status ${JSON.stringify(word)}`);
+}
+
+/**
+ * One live channel message (`sale:<sku>:live` or `place:<ticket>`; the JSON as a string or
+ * Buffer): `{ sku, available, held, sold, waiting, admitted, room, state }`, plus `you` on
+ * a buyer's channel.
+ */
+export function parseLive(payload) {
+  const what = 'live counts';
+  let o;
+  try {
+    o = JSON.parse(str(payload, what));
+  } catch (e) {
+    if (e instanceof ProtocolMismatch) throw e;
+    throw new ProtocolMismatch(`${what}: not JSON: ${JSON.stringify(String(payload))}`);
+  }
+  if (!isObject(o)) throw new ProtocolMismatch(`${what}: expected an object, got ${JSON.stringify(o)}`);
+  if (typeof o.room !== 'boolean') throw new ProtocolMismatch(`${what}: room is not a boolean: ${JSON.stringify(o.room)}`);
+  const counts = {
+    sku: jsonStr(o, 'sku', what),
+    available: jsonInt(o, 'available', what),
+    held: jsonInt(o, 'held', what),
+    sold: jsonInt(o, 'sold', what),
+    waiting: jsonInt(o, 'waiting', what),
+    admitted: jsonInt(o, 'admitted', what),
+    room: o.room,
+    state: jsonStr(o, 'state', what),
+  };
+  if (o.you !== undefined) counts.you = parsePlace(o.you);
+  return counts;
+}

@@ -17,7 +17,10 @@ import {
   StockgateError,
   TooManyJoins,
   Unavailable,
+  type LiveCounts,
+  type LiveWatch,
   type PayResult,
+  type PlaceStatus,
   type Reservation,
   type ReserveAndRecordResult,
   type ReserveResult,
@@ -172,4 +175,39 @@ export async function waitingRoom(sg: Stockgate): Promise<void> {
   // @ts-expect-error counts are numbers
   const w: string = info.waiting;
   console.log(gaveUp, open, w, info.soldOut, info.maxWaiting, describeRoom(s));
+}
+
+export function describePlace(p: PlaceStatus): string {
+  switch (p.kind) {
+    case 'waiting':
+      return `#${p.position}, about ${p.etaMs} ms`;
+    case 'admitted':
+      // @ts-expect-error the live channel carries no admission token: status() gives it
+      return p.admission;
+    case 'before_open':
+      return `opens at ${p.opensAtMs}`;
+    case 'reserved':
+    case 'soldout':
+    case 'expired':
+    case 'left':
+    case 'gone':
+      return p.kind;
+    default:
+      return never(p);
+  }
+}
+
+export async function liveCounts(sg: Stockgate, ticket: string): Promise<void> {
+  const sale: LiveWatch = await sg.watchSale('FLASH', (c: LiveCounts) => {
+    const left: number = c.available;
+    // @ts-expect-error `room` is a boolean
+    const r: number = c.room;
+    console.log(left, r, c.held, c.sold, c.waiting, c.admitted, c.state === 'GONE');
+  });
+  const place = await sg.watchPlace(ticket, (c) => {
+    if (c.you !== undefined) console.log(describePlace(c.you));
+  }, { onError: (e: Error) => console.log(e.message) });
+  // @ts-expect-error onCounts is required
+  await sg.watchSale('FLASH');
+  await Promise.all([sale.close(), place.close()]);
 }

@@ -3,6 +3,8 @@
 - :class:`Client` / :class:`AsyncClient`: the server's commands with typed replies,
   retried with the same arguments after a lost reply or a failover (one address, or a Raft
   group through the Sentinel interface).
+- :meth:`Client.watch_sale` / :meth:`Client.watch_place`: a sale's live counts and a
+  buyer's place, pushed over RESP pub/sub (:class:`LiveWatch`, :class:`AsyncLiveWatch`).
 - :class:`Keyring`: admission tokens, minted as the server verifies them.
 - :class:`Checkout` / :class:`AsyncCheckout`: reserve and record, pay, cancel, over the
   ledger's functions.
@@ -18,6 +20,7 @@ from ._pool import AsyncPool, SyncPool
 from .aio import AsyncClient
 from .checkout import AsyncCheckout, Checkout, StartOutcome
 from .client import Client
+from .live import AsyncLiveWatch, LiveWatch
 from .errors import *  # noqa: F401,F403
 from .errors import __all__ as _errors_all
 from .results import *  # noqa: F401,F403
@@ -29,6 +32,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Client",
     "AsyncClient",
+    "LiveWatch",
+    "AsyncLiveWatch",
     "RetryPolicy",
     "Checkout",
     "AsyncCheckout",

@@ -4,6 +4,7 @@ into the typed results of :mod:`stockgate.results`. Anything of another shape is
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List, Optional
 
 from .errors import StockgateError
@@ -11,6 +12,9 @@ from .results import (
     DENIED_REASONS,
     Denied,
     Limit,
+    LiveCounts,
+    PlaceAdmitted,
+    PlaceStatus,
     Replay,
     Reservation,
     ReservationState,
@@ -19,6 +23,7 @@ from .results import (
     RoomAdmitted,
     RoomBeforeOpen,
     RoomExpired,
+    RoomGone,
     RoomInfo,
     RoomLeft,
     RoomReserved,
@@ -42,6 +47,7 @@ __all__ = [
     "parse_room_join",
     "parse_room_status",
     "parse_room_info",
+    "parse_live",
 ]
 
 
@@ -215,4 +221,72 @@ def parse_room_info(v: Any) -> RoomInfo:
         admitted=parse_int(f("admitted")),
         open=_flag(f("open"), "ROOM.INFO open"),
         sold_out=_flag(f("sold_out"), "ROOM.INFO sold_out"),
+    )
+
+
+def _json_int(m: Dict[str, Any], name: str, what: str) -> int:
+    v = _field(m, name, what)
+    # JSON's true/false are Python bools, which are ints: refused as counts.
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ProtocolMismatch(f"{what}: `{name}` is not an integer: {v!r}")
+    return v
+
+
+def _json_str(m: Dict[str, Any], name: str, what: str) -> str:
+    v = _field(m, name, what)
+    if not isinstance(v, str):
+        raise ProtocolMismatch(f"{what}: `{name}` is not a string: {v!r}")
+    return v
+
+
+_PLACE_WORDS_ALONE = {
+    "RESERVED": RoomReserved,
+    "SOLDOUT": RoomSoldOut,
+    "EXPIRED": RoomExpired,
+    "LEFT": RoomLeft,
+    "GONE": RoomGone,
+}
+
+
+def parse_place(v: Any) -> PlaceStatus:
+    """A buyer channel's ``"you"``: ``{"status": WORD, ...}``."""
+    what = "live place"
+    if not isinstance(v, dict):
+        raise ProtocolMismatch(f"{what}: expected an object, got {v!r}")
+    word = _json_str(v, "status", what)
+    if word == "WAITING":
+        return RoomWaiting(_json_int(v, "position", what), _json_int(v, "eta_ms", what))
+    if word == "ADMITTED":
+        return PlaceAdmitted(_json_int(v, "until_ms", what))
+    if word == "BEFORE-OPEN":
+        return RoomBeforeOpen(_json_int(v, "opens_at_ms", what))
+    alone = _PLACE_WORDS_ALONE.get(word)
+    if alone is not None:
+        return alone()
+    raise ProtocolMismatch(f"{what}: unknown status {word!r}")
+
+
+def parse_live(payload: Any) -> LiveCounts:
+    """One live channel message's payload (the JSON, as bytes or text)."""
+    what = "live counts"
+    try:
+        m = json.loads(text(payload))
+    except ValueError:
+        raise ProtocolMismatch(f"{what}: not JSON: {payload!r}") from None
+    if not isinstance(m, dict):
+        raise ProtocolMismatch(f"{what}: expected an object, got {m!r}")
+    room = _field(m, "room", what)
+    if not isinstance(room, bool):
+        raise ProtocolMismatch(f"{what}: `room` is not a boolean: {room!r}")
+    you = m.get("you")
+    return LiveCounts(
+        sku=_json_str(m, "sku", what),
+        available=_json_int(m, "available", what),
+        held=_json_int(m, "held", what),
+        sold=_json_int(m, "sold", what),
+        waiting=_json_int(m, "waiting", what),
+        admitted=_json_int(m, "admitted", what),
+        room=room,
+        state=_json_str(m, "state", what),
+        you=None if you is None else parse_place(you),
     )

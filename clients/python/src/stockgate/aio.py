@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 from . import _core
 from ._core import Command, RetryPolicy, log, translate
 from .errors import Unavailable
+from .live import AsyncLiveWatch, place_channel, sale_channel
 from .results import Reservation, ReserveOutcome, RoomInfo, RoomStatus, RoomTicket, SaleInfo
 
 __all__ = ["AsyncClient"]
@@ -307,3 +308,14 @@ class AsyncClient:
     async def room_info(self, sku: str, *, deadline: Optional[float] = None) -> RoomInfo:
         """See :meth:`stockgate.Client.room_info`."""
         return await self._run(_core.room_info_cmd(sku), deadline)
+
+    # --- live counts over RESP (docs/protocol.md, section 4a, "Live counts over RESP") ------
+
+    def watch_sale(self, sku: str, *, timeout: float = 5.0) -> AsyncLiveWatch:
+        """See :meth:`stockgate.Client.watch_sale`: ``async with client.watch_sale(sku) as
+        w`` subscribes (a refusal raises there), ``async for counts in w`` reads."""
+        return AsyncLiveWatch(self._r, sale_channel(sku), timeout=timeout)
+
+    def watch_place(self, ticket: str, *, timeout: float = 5.0) -> AsyncLiveWatch:
+        """See :meth:`stockgate.Client.watch_place` and :meth:`watch_sale`."""
+        return AsyncLiveWatch(self._r, place_channel(ticket), timeout=timeout)

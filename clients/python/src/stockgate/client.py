@@ -17,6 +17,7 @@ from redis.retry import Retry
 from . import _core
 from ._core import Command, RetryPolicy, log, translate
 from .errors import Unavailable
+from .live import LiveWatch, place_channel, sale_channel
 from .results import Reservation, ReserveOutcome, RoomInfo, RoomStatus, RoomTicket, SaleInfo
 
 __all__ = ["Client"]
@@ -345,3 +346,23 @@ class Client:
     def room_info(self, sku: str, *, deadline: Optional[float] = None) -> RoomInfo:
         """``ROOM.INFO``: the room's settings and counts. Raises :class:`NoRoom`."""
         return self._run(_core.room_info_cmd(sku), deadline)
+
+    # --- live counts over RESP (docs/protocol.md, section 4a, "Live counts over RESP") ------
+
+    def watch_sale(self, sku: str, *, timeout: float = 5.0) -> LiveWatch:
+        """``SUBSCRIBE sale:<sku>:live`` on a connection of its own: a :class:`LiveWatch`
+        iterating :class:`LiveCounts`, the counts now at once, then one per change (at most
+        ~10 a second). Raises :class:`NoSale` for an unknown sale, :class:`CommandError`
+        when the server has its most watchers, :class:`Unavailable` when no confirmation
+        comes within ``timeout`` seconds. Close it (or use ``with``) to free the watcher.
+        """
+        return LiveWatch(self._r, sale_channel(sku), timeout=timeout)
+
+    def watch_place(self, ticket: str, *, timeout: float = 5.0) -> LiveWatch:
+        """``SUBSCRIBE place:<ticket>`` (the ticket :meth:`join` gave): as
+        :meth:`watch_sale`, each :class:`LiveCounts` with ``you``, the buyer's place
+        (:class:`RoomWaiting`, :class:`PlaceAdmitted`, ... :class:`RoomGone`). The ticket is
+        checked once, here: a forged or malformed one raises :class:`BadTicket`, one of a
+        sale without a room :class:`NoRoom`. An admitted buyer's admission token comes
+        from :meth:`status`."""
+        return LiveWatch(self._r, place_channel(ticket), timeout=timeout)

@@ -36,6 +36,10 @@ __all__ = [
     "RoomLeft",
     "RoomStatus",
     "RoomInfo",
+    "PlaceAdmitted",
+    "RoomGone",
+    "PlaceStatus",
+    "LiveCounts",
 ]
 
 
@@ -302,3 +306,53 @@ class RoomInfo:
     admitted: int
     open: bool
     sold_out: bool
+
+
+# --- live counts over RESP (docs/protocol.md, section 4a, "Live counts over RESP") ---------
+
+
+@dataclass(frozen=True)
+class PlaceAdmitted:
+    """``{"status":"ADMITTED","until_ms":...}`` on a buyer's channel: the buyer's turn
+    until ``until_ms``. The channel carries no admission token: :meth:`~stockgate.Client.status`
+    answers it (:class:`RoomAdmitted`)."""
+
+    until_ms: int
+
+
+@dataclass(frozen=True)
+class RoomGone:
+    """``{"status":"GONE"}`` on a buyer's channel: the room (or the place) is gone, the
+    sale dropped or moved away."""
+
+
+#: A buyer's place as the buyer's channel (``place:<ticket>``) tells it: what
+#: ``ROOM.STATUS`` would answer, without the admission token, or :class:`RoomGone`.
+PlaceStatus = Union[
+    RoomWaiting, PlaceAdmitted, RoomBeforeOpen, RoomReserved, RoomSoldOut, RoomExpired, RoomLeft, RoomGone
+]
+
+
+@dataclass(frozen=True)
+class LiveCounts:
+    """One message of a sale's live channel (``sale:<sku>:live``) or of a buyer's
+    (``place:<ticket>``): ``available``, ``held`` and ``sold`` are ``SALE.INFO``'s
+    ``available``, ``reserved`` and ``committed``; ``waiting`` and ``admitted`` are
+    ``ROOM.INFO``'s (0 with ``room`` False for a sale without a room); ``state`` is
+    ``SALE.INFO``'s (``OPEN``, ``PAUSED``, ``FENCED``, ``MOVING``) or ``GONE`` once the sale
+    is dropped or moved away. ``you`` is the buyer's place, on a buyer's channel only."""
+
+    sku: str
+    available: int
+    held: int
+    sold: int
+    waiting: int
+    admitted: int
+    room: bool
+    state: str
+    you: Optional[PlaceStatus] = None
+
+    @property
+    def gone(self) -> bool:
+        """The sale was dropped or moved away: no more counts will come for it here."""
+        return self.state == "GONE"
