@@ -555,7 +555,10 @@ fn a_buyers_stream_carries_its_own_place() {
     let (s, maddr) = start();
     let mut c = s.client().get_connection().expect("connect");
     q(&mut c, &["SALE.CREATE", "PLACE", "1"]);
-    q(&mut c, &["ROOM.OPEN", "PLACE", "RATE", "1000", "WINDOW", "0"]);
+    q(
+        &mut c,
+        &["ROOM.OPEN", "PLACE", "RATE", "1000", "WINDOW", "0"],
+    );
     let tickets: Vec<String> = ["first", "second", "third"]
         .iter()
         .map(|u| join(&mut c, "PLACE", u))
@@ -592,7 +595,10 @@ fn a_buyers_stream_carries_its_own_place() {
     let with_hold = format!("{path}&hold={hold}");
     let (code, hw) = watch(&maddr, &with_hold);
     assert_eq!(code, 200);
-    let (_, e) = hw.expect("stream").next(Duration::from_secs(5)).expect("event");
+    let (_, e) = hw
+        .expect("stream")
+        .next(Duration::from_secs(5))
+        .expect("event");
     assert_eq!(e["you"]["status"], "RESERVED", "{e}");
     assert_eq!(e["hold"]["state"], "RESERVED", "{e}");
     assert!(e["hold"]["expires_at_ms"].as_u64().unwrap_or(0) > 0, "{e}");
@@ -608,7 +614,10 @@ fn a_buyers_stream_carries_its_own_place() {
     // Without the parameters, the counts alone.
     let (code, w) = watch(&maddr, "/sale/PLACE/events");
     assert_eq!(code, 200);
-    let (_, e) = w.expect("stream").next(Duration::from_secs(5)).expect("event");
+    let (_, e) = w
+        .expect("stream")
+        .next(Duration::from_secs(5))
+        .expect("event");
     assert!(e.get("you").is_none(), "{e}");
 }
 

@@ -407,7 +407,10 @@ fn a_buyers_channel_carries_its_own_place() {
     let mut c = s.client().get_connection().expect("connect");
     q(&mut c, &["SALE.CREATE", "P", "1"]);
     q(&mut c, &["ROOM.OPEN", "P", "RATE", "1000", "WINDOW", "0"]);
-    let tickets: Vec<String> = ["a", "b", "c"].iter().map(|u| join(&mut c, "P", u)).collect();
+    let tickets: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|u| join(&mut c, "P", u))
+        .collect();
     let sub = subscribe(&s, &format!("place:{}", tickets[2]));
     let (_, first) = sub.next(Duration::from_secs(5)).expect("first message");
     assert_eq!(first["you"]["status"], "WAITING", "{first}");
@@ -427,7 +430,10 @@ fn a_buyers_channel_carries_its_own_place() {
     for (channel, code) in [
         (format!("place:{forged}"), "BADTICKET"),
         ("place:garbage".to_string(), "BADTICKET"),
-        (format!("place:{}", tickets[0].replace("|P|", "|NONE|")), "NOROOM"),
+        (
+            format!("place:{}", tickets[0].replace("|P|", "|NONE|")),
+            "NOROOM",
+        ),
     ] {
         let mut raw = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
         let cmd = format!(
@@ -435,7 +441,8 @@ fn a_buyers_channel_carries_its_own_place() {
             channel.len()
         );
         raw.write_all(cmd.as_bytes()).expect("write");
-        raw.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        raw.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
         let mut buf = [0u8; 512];
         let n = raw.read(&mut buf).expect("reply");
         let reply = String::from_utf8_lossy(&buf[..n]);
