@@ -211,8 +211,21 @@ pub fn recover_engine_with(
     reservation_key: ReservationKey,
     make_sink: impl FnOnce(&Arc<Wal>) -> Arc<dyn crate::engine::EventSink>,
 ) -> Result<(Arc<Engine>, Arc<WalDurability>, RecoveryReport), WalError> {
-    let t = Instant::now();
     let (wal, rec) = Wal::open(data_dir, opts)?;
+    recover_engine_from((wal, rec), cfg, clock, (keys, reservation_key), make_sink)
+}
+
+/// [`recover_engine_with`] on a WAL the caller opened: the deterministic simulation
+/// opens it without its writer thread (`Wal::open_inline`) and recovers through here,
+/// so its members start exactly as a server's do.
+pub fn recover_engine_from(
+    (wal, rec): (Arc<Wal>, Recovery),
+    cfg: EngineConfig,
+    clock: Arc<dyn Clock>,
+    (keys, reservation_key): (Keyring, ReservationKey),
+    make_sink: impl FnOnce(&Arc<Wal>) -> Arc<dyn crate::engine::EventSink>,
+) -> Result<(Arc<Engine>, Arc<WalDurability>, RecoveryReport), WalError> {
+    let t = Instant::now();
     let Recovery {
         snapshot,
         snapshot_lsn,

@@ -192,6 +192,8 @@ pub struct Wal {
     /// The writer's state, shared by the writer thread and (under `everysec` and `no`)
     /// by waiters that write the pending batch themselves.
     inline: Arc<Mutex<Writer>>,
+    /// False for [`Wal::open_inline`]: no writer thread, `record` writes itself.
+    threaded: bool,
     writer: Mutex<Option<JoinHandle<()>>>,
     lock_file: Mutex<Option<File>>,
 }
@@ -217,7 +219,27 @@ impl Wal {
         data_dir: impl AsRef<Path>,
         opts: WalOptions,
     ) -> Result<(Arc<Wal>, Recovery), WalError> {
-        let dir = create_wal_dir(data_dir.as_ref())?;
+        Wal::open_with(data_dir.as_ref(), opts, true)
+    }
+
+    /// [`Wal::open`] without the writer thread: every `record` writes (and, under
+    /// `always`, syncs) on the caller's thread before it returns. For the deterministic
+    /// simulation, where what is on disk at a crash must follow from the run's history
+    /// alone, never from when an OS thread got scheduled; a server never uses it (the
+    /// write would run under the engine's locks, on the event loop).
+    pub fn open_inline(
+        data_dir: impl AsRef<Path>,
+        opts: WalOptions,
+    ) -> Result<(Arc<Wal>, Recovery), WalError> {
+        Wal::open_with(data_dir.as_ref(), opts, false)
+    }
+
+    fn open_with(
+        data_dir: &Path,
+        opts: WalOptions,
+        threaded: bool,
+    ) -> Result<(Arc<Wal>, Recovery), WalError> {
+        let dir = create_wal_dir(data_dir)?;
         let lock_file = lock_dir(&dir)?;
         let resume = super::recovery::recover(&dir, &opts)?;
         let next = resume.recovery.last_lsn + 1;
@@ -227,11 +249,16 @@ impl Wal {
         };
         let shared = Arc::new(Shared::new(dir.clone(), opts, next, resume.catalog));
         let inline = Arc::new(Mutex::new(Writer::new(shared.clone(), active, next)));
-        let handle = spawn_writer(&dir, shared.clone(), inline.clone())?;
+        let handle = if threaded {
+            Some(spawn_writer(&dir, shared.clone(), inline.clone())?)
+        } else {
+            None
+        };
         let wal = Arc::new(Wal {
             inline,
             shared,
-            writer: Mutex::new(Some(handle)),
+            threaded,
+            writer: Mutex::new(handle),
             lock_file: Mutex::new(Some(lock_file)),
         });
         Ok((wal, resume.recovery))
@@ -277,8 +304,28 @@ impl Wal {
             if scratch.capacity() > 1 << 16 {
                 *scratch = Vec::new();
             }
+            drop(scratch);
+            if !self.threaded {
+                self.write_now(false);
+            }
             lsn
         })
+    }
+
+    /// Without a writer thread ([`Wal::open_inline`]): one round of the writer, here;
+    /// with `closing` the final one.
+    fn write_now(&self, closing: bool) {
+        let mut w = self.inline.lock();
+        if w.done {
+            return;
+        }
+        match w.round() {
+            Ok(finished) => w.done = finished || closing,
+            Err(e) => {
+                w.done = true;
+                self.shared.fail(e.to_string());
+            }
+        }
     }
 
     /// Snapshots keep every segment holding `lsn` or later (replicas still reading them:
@@ -442,6 +489,9 @@ impl Wal {
         drop(state);
         sh.roll_requested.fetch_max(point, Ordering::AcqRel);
         sh.has_work.notify_one();
+        if !self.threaded {
+            self.write_now(false);
+        }
         point - 1
     }
 
@@ -523,6 +573,9 @@ impl Wal {
             if h.join().is_err() {
                 self.shared.fail("WAL writer thread panicked".to_owned());
             }
+        }
+        if !self.threaded {
+            self.write_now(true);
         }
         self.lock_file.lock().take();
         match self.failure() {

@@ -24,7 +24,11 @@
 //! Time is passed in (`now`) rather than read here, so the rule is tested without a clock.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, not std's: the same monotonic clock in a server, and the one the
+// deterministic simulation (`sim/`) pauses and advances.
+use tokio::time::Instant;
 
 use parking_lot::Mutex;
 

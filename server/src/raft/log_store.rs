@@ -107,11 +107,28 @@ struct Job {
     done: Done,
 }
 
+/// Where a change goes to reach the disk.
+#[derive(Clone)]
+enum Sink {
+    /// The writer thread (group commit off the event loop): what a server uses.
+    Thread(mpsc::Sender<Job>),
+    /// Written and synced by the caller, before `submit` returns: the deterministic
+    /// simulation's, where what is on disk at a crash must follow from the run's history,
+    /// not from when an OS thread ran ([`LogStore::open_inline`]).
+    Inline(Arc<Mutex<InlineFile>>),
+}
+
+struct InlineFile {
+    file: File,
+    /// A write or sync failed: every later job fails, as the writer thread's do.
+    failed: bool,
+}
+
 /// The Raft log (openraft's `RaftLogStorage`).
 #[derive(Clone)]
 pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
-    tx: mpsc::Sender<Job>,
+    sink: Sink,
     path: Arc<PathBuf>,
 }
 
@@ -163,6 +180,17 @@ fn ser<T: serde::Serialize>(v: &T) -> Vec<u8> {
 impl LogStore {
     /// Opens (or creates) `<dir>/log` and starts its writer thread.
     pub fn open(dir: &Path) -> Result<LogStore, OpenError> {
+        LogStore::open_with(dir, true)
+    }
+
+    /// [`LogStore::open`] without the writer thread: each change is written and synced
+    /// on the caller's thread (the event loop) before it is acknowledged. For the
+    /// deterministic simulation only.
+    pub fn open_inline(dir: &Path) -> Result<LogStore, OpenError> {
+        LogStore::open_with(dir, false)
+    }
+
+    fn open_with(dir: &Path, threaded: bool) -> Result<LogStore, OpenError> {
         let path = dir.join("log");
         let io_err = |source| OpenError::Io {
             path: path.display().to_string(),
@@ -202,17 +230,25 @@ impl LogStore {
         if let Some(v) = inner.vote.as_mut() {
             v.committed = false;
         }
-        let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("stockgate-raftlog".into())
-            .spawn({
-                let path = path.clone();
-                move || writer(file, &path, rx)
-            })
-            .map_err(io_err)?;
+        let sink = if threaded {
+            let (tx, rx) = mpsc::channel();
+            std::thread::Builder::new()
+                .name("stockgate-raftlog".into())
+                .spawn({
+                    let path = path.clone();
+                    move || writer(file, &path, rx)
+                })
+                .map_err(io_err)?;
+            Sink::Thread(tx)
+        } else {
+            Sink::Inline(Arc::new(Mutex::new(InlineFile {
+                file,
+                failed: false,
+            })))
+        };
         Ok(LogStore {
             inner: Arc::new(Mutex::new(inner)),
-            tx,
+            sink,
             path: Arc::new(path),
         })
     }
@@ -314,15 +350,26 @@ impl LogStore {
     // move the allocation.
     #[allow(clippy::result_large_err)]
     fn submit(&self, bytes: Vec<u8>, rewrite: bool, done: Done) -> Result<(), StorageError> {
-        self.tx
-            .send(Job {
-                bytes,
-                rewrite,
-                done,
-            })
-            .map_err(|_| {
+        let job = Job {
+            bytes,
+            rewrite,
+            done,
+        };
+        match &self.sink {
+            Sink::Thread(tx) => tx.send(job).map_err(|_| {
                 StorageIOError::write_logs(&io::Error::other("raft log writer stopped")).into()
-            })
+            }),
+            Sink::Inline(f) => {
+                let mut f = f.lock();
+                if f.failed {
+                    fail_jobs(vec![job]);
+                } else {
+                    let InlineFile { file, failed } = &mut *f;
+                    *failed = !write_jobs(file, &self.path, vec![job]);
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Changes the in-memory log with `change` and queues the record `kind`/`body` (or,
@@ -353,9 +400,13 @@ impl LogStore {
         rx: mpsc::Receiver<io::Result<()>>,
         what: fn(&io::Error) -> StorageError,
     ) -> Result<(), StorageError> {
-        let r = tokio::task::spawn_blocking(move || rx.recv())
-            .await
-            .map_err(|e| what(&io::Error::other(e.to_string())))?;
+        // Already done (always so for `open_inline`): no blocking thread to wait on.
+        let r = match rx.try_recv() {
+            Ok(done) => Ok(done),
+            Err(_) => tokio::task::spawn_blocking(move || rx.recv())
+                .await
+                .map_err(|e| what(&io::Error::other(e.to_string())))?,
+        };
         match r {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(what(&e)),
@@ -461,55 +512,65 @@ fn writer(mut file: File, path: &Path, rx: mpsc::Receiver<Job>) {
         while let Ok(j) = rx.try_recv() {
             jobs.push(j);
         }
-        let mut r = Ok(());
-        for j in &jobs {
-            let done = if j.rewrite {
-                rewrite(path, &j.bytes).map(|f| file = f)
-            } else {
-                file.write_all(&j.bytes)
-            };
-            if let Err(e) = done {
-                r = Err(e);
-                break;
-            }
-        }
-        if r.is_ok() {
-            r = file.sync_data();
-        }
-        if let Err(e) = &r {
-            // Recorded before any waiter learns of it: the process exits on it
-            // (`storage_fault`), naming this file, rather than serve on a log that may
-            // have lost what it was handed.
-            tracing::debug!("raft log write failed: {e}");
-            super::storage_fault::note_log_fault(path, e);
-        }
-        for j in jobs {
-            let res = match &r {
-                Ok(()) => Ok(()),
-                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-            };
-            match j.done {
-                Done::Flushed(cb) => cb.log_io_completed(res),
-                Done::Sync(tx) => {
-                    let _ = tx.send(res);
-                }
-                Done::None => {}
-            }
-        }
-        if r.is_err() {
+        if !write_jobs(&mut file, path, jobs) {
             // A log that cannot be written cannot promise anything: stop taking writes.
-            for j in rx.iter() {
-                let e = io::Error::other("raft log failed earlier");
-                match j.done {
-                    Done::Flushed(cb) => cb.log_io_completed(Err(e)),
-                    Done::Sync(tx) => {
-                        let _ = tx.send(Err(e));
-                    }
-                    Done::None => {}
-                }
-            }
+            fail_jobs(rx.iter());
             return;
         }
+    }
+}
+
+/// Writes `jobs` in order, syncs once, then completes them; false if the write or the
+/// sync failed (every job then completes with the error).
+fn write_jobs(file: &mut File, path: &Path, jobs: Vec<Job>) -> bool {
+    let mut r = Ok(());
+    for j in &jobs {
+        let done = if j.rewrite {
+            rewrite(path, &j.bytes).map(|f| *file = f)
+        } else {
+            file.write_all(&j.bytes)
+        };
+        if let Err(e) = done {
+            r = Err(e);
+            break;
+        }
+    }
+    if r.is_ok() {
+        r = file.sync_data();
+    }
+    if let Err(e) = &r {
+        // Recorded before any waiter learns of it: the process exits on it
+        // (`storage_fault`), naming this file, rather than serve on a log that may
+        // have lost what it was handed.
+        tracing::debug!("raft log write failed: {e}");
+        super::storage_fault::note_log_fault(path, e);
+    }
+    for j in jobs {
+        let res = match &r {
+            Ok(()) => Ok(()),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        };
+        complete(j.done, res);
+    }
+    r.is_ok()
+}
+
+/// Fails every job of a log that failed earlier, without touching the file: after a
+/// failed `fsync` the kernel may have dropped the pages it could not write, so a later
+/// sync that succeeds proves nothing.
+fn fail_jobs(jobs: impl IntoIterator<Item = Job>) {
+    for j in jobs {
+        complete(j.done, Err(io::Error::other("raft log failed earlier")));
+    }
+}
+
+fn complete(done: Done, res: io::Result<()>) {
+    match done {
+        Done::Flushed(cb) => cb.log_io_completed(res),
+        Done::Sync(tx) => {
+            let _ = tx.send(res);
+        }
+        Done::None => {}
     }
 }
 

@@ -32,6 +32,7 @@ pub mod lease;
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod runtime;
 pub mod snapshot;
 pub mod speculation;
 pub mod state_machine;
@@ -134,7 +135,7 @@ openraft::declare_raft_types!(
         Node = NodeInfo,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = runtime::Runtime,
 );
 
 /// The Raft instance of a group member.

@@ -29,7 +29,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock (std's in a server; the simulation's paused one in `sim/`): the lease
+// dates appends by it.
+use tokio::time::Instant;
 
 use bincode::Options;
 use openraft::error::{

@@ -9,7 +9,11 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock (std's in a server; the simulation's paused one in `sim/`): the lease
+// and the leadership checks read it.
+use tokio::time::Instant;
 
 use openraft::{Config, ServerState, SnapshotPolicy};
 use parking_lot::Mutex;

@@ -1,0 +1,120 @@
+//! openraft's async runtime for the group: tokio, as `openraft::TokioRuntime`, except
+//! where openraft draws its random numbers (the election timeouts).
+//!
+//! Why it exists: the deterministic simulation (`sim/`) runs a whole group on one
+//! thread and must make the same elections for the same seed, so a thread may install a
+//! seeded generator ([`seed_thread_rng`]). A server never does: every draw then comes
+//! from `rand::thread_rng()`, exactly as with `TokioRuntime`. Time is tokio's
+//! (`tokio::time`), which the simulation pauses and advances itself.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::time::Duration;
+
+use openraft::async_runtime::TokioOneShotSender;
+use openraft::{AsyncRuntime, OptionalSend, TokioInstant};
+use rand::rngs::{StdRng, ThreadRng};
+use rand::{RngCore, SeedableRng};
+
+thread_local! {
+    static SEEDED: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+}
+
+/// From now on, openraft's random draws on this thread come from a generator seeded
+/// with `seed` (the simulation's); `None` goes back to `rand::thread_rng()`.
+pub fn seed_thread_rng(seed: Option<u64>) {
+    SEEDED.with(|s| *s.borrow_mut() = seed.map(StdRng::seed_from_u64));
+}
+
+/// This thread's generator for openraft: the seeded one if the thread installed one.
+pub struct RaftRng(ThreadRng);
+
+impl RaftRng {
+    fn seeded<T>(f: impl FnOnce(&mut StdRng) -> T) -> Option<T> {
+        SEEDED.with(|s| s.borrow_mut().as_mut().map(f))
+    }
+}
+
+impl RngCore for RaftRng {
+    fn next_u32(&mut self) -> u32 {
+        RaftRng::seeded(|r| r.next_u32()).unwrap_or_else(|| self.0.next_u32())
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        RaftRng::seeded(|r| r.next_u64()).unwrap_or_else(|| self.0.next_u64())
+    }
+
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        if RaftRng::seeded(|r| r.fill_bytes(dest)).is_none() {
+            self.0.fill_bytes(dest);
+        }
+    }
+
+    fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
+        self.fill_bytes(dest);
+        Ok(())
+    }
+}
+
+/// tokio, with [`RaftRng`] as openraft's generator (see the module's description).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Runtime;
+
+impl AsyncRuntime for Runtime {
+    type JoinError = tokio::task::JoinError;
+    type JoinHandle<T: OptionalSend + 'static> = tokio::task::JoinHandle<T>;
+    type Sleep = tokio::time::Sleep;
+    type Instant = TokioInstant;
+    type TimeoutError = tokio::time::error::Elapsed;
+    type Timeout<R, T: Future<Output = R> + OptionalSend> = tokio::time::Timeout<T>;
+    type ThreadLocalRng = RaftRng;
+    type OneshotSender<T: OptionalSend> = TokioOneShotSender<T>;
+    type OneshotReceiver<T: OptionalSend> = tokio::sync::oneshot::Receiver<T>;
+    type OneshotReceiverError = tokio::sync::oneshot::error::RecvError;
+
+    fn spawn<T>(future: T) -> Self::JoinHandle<T::Output>
+    where
+        T: Future + OptionalSend + 'static,
+        T::Output: OptionalSend + 'static,
+    {
+        tokio::task::spawn(future)
+    }
+
+    fn sleep(duration: Duration) -> Self::Sleep {
+        tokio::time::sleep(duration)
+    }
+
+    fn sleep_until(deadline: Self::Instant) -> Self::Sleep {
+        tokio::time::sleep_until(deadline)
+    }
+
+    fn timeout<R, F: Future<Output = R> + OptionalSend>(
+        duration: Duration,
+        future: F,
+    ) -> Self::Timeout<R, F> {
+        tokio::time::timeout(duration, future)
+    }
+
+    fn timeout_at<R, F: Future<Output = R> + OptionalSend>(
+        deadline: Self::Instant,
+        future: F,
+    ) -> Self::Timeout<R, F> {
+        tokio::time::timeout_at(deadline, future)
+    }
+
+    fn is_panic(join_error: &Self::JoinError) -> bool {
+        join_error.is_panic()
+    }
+
+    fn thread_rng() -> Self::ThreadLocalRng {
+        RaftRng(rand::thread_rng())
+    }
+
+    fn oneshot<T>() -> (Self::OneshotSender<T>, Self::OneshotReceiver<T>)
+    where
+        T: OptionalSend,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (TokioOneShotSender(tx), rx)
+    }
+}

@@ -1,0 +1,34 @@
+//! `stockgate-sim SEED [COUNT] [--verbose]`: runs the deterministic simulation of a
+//! replicated group for seeds SEED .. SEED+COUNT-1, one line per seed:
+//! `seed <n> digest <hex> PASS|FAIL <what>`. Exits 1 if any seed failed.
+
+use stockgate_sim::{run, Settings};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let verbose = args.iter().any(|a| a == "--verbose" || a == "-v");
+    let nums: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let Some(&first) = nums.first() else {
+        eprintln!("usage: stockgate-sim SEED [COUNT] [--verbose]");
+        std::process::exit(2);
+    };
+    let count = nums.get(1).copied().unwrap_or(1);
+    if let Ok(filter) = std::env::var("SIM_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .without_time()
+            .init();
+    }
+    let settings = Settings {
+        verbose,
+        ..Settings::default()
+    };
+    let mut failed = false;
+    for seed in first..first.saturating_add(count) {
+        let out = run(seed, &settings);
+        println!("{}", out.line());
+        failed |= !out.failures.is_empty();
+    }
+    std::process::exit(i32::from(failed));
+}

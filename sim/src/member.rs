@@ -1,0 +1,386 @@
+//! One group member, built as a server builds it (`app::recover`, `RaftNode::start`)
+//! from the real pieces: the WAL (written inline), the engine recovered from it, the
+//! speculation, the Raft log store (written inline), the state machine and openraft,
+//! on the simulated network. What `RaftNode` adds is mirrored by [`watch`]: writes open
+//! only for a leader caught up in its term whose lease a majority answered.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use openraft::{Config, ServerState};
+use stockgate_server::engine::{Clock, Engine, EngineConfig, Keyring, ReservationKey};
+use stockgate_server::persist::{recover_engine_from, WalDurability};
+use stockgate_server::raft::lease::Lease;
+use stockgate_server::raft::log_store::LogStore;
+use stockgate_server::raft::snapshot::{SnapshotHooks, Snapshots};
+use stockgate_server::raft::speculation::Speculation;
+use stockgate_server::raft::state_machine::StateMachine;
+use stockgate_server::raft::{authority, network, NodeId, NodeInfo, Raft};
+use stockgate_server::wal::{FsyncPolicy, Wal, WalOptions};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::history::History;
+use crate::net::{Factory, Net};
+
+/// A running member.
+pub struct Member {
+    /// Its id.
+    pub id: NodeId,
+    /// Its openraft handle.
+    pub raft: Raft,
+    /// Its engine.
+    pub engine: Arc<Engine>,
+    /// Its WAL.
+    pub dur: Arc<WalDurability>,
+    /// Where its engine's records go.
+    pub spec: Arc<Speculation>,
+    /// The member must restart: set by the speculation's depose hook (a server
+    /// re-executes itself) and when openraft's core stopped (a server exits and its
+    /// supervisor starts it again).
+    pub deposed: Arc<AtomicBool>,
+    lease: Arc<Lease>,
+    election_min_ms: u64,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// What every member of a run shares.
+#[derive(Clone)]
+pub struct Env {
+    /// The network.
+    pub net: Arc<Net>,
+    /// openraft's settings.
+    pub config: Arc<Config>,
+    /// The engines' clock (simulated).
+    pub clock: Arc<dyn Clock>,
+    /// The run's history.
+    pub history: History,
+    /// Where the members' data dirs live.
+    pub root: PathBuf,
+}
+
+impl Env {
+    /// Member `id`'s data dir.
+    pub fn dir(&self, id: NodeId) -> PathBuf {
+        self.root.join(format!("n{id}"))
+    }
+}
+
+fn keys() -> (Keyring, ReservationKey) {
+    let ring = Keyring::parse(&format!("k1 {}\n", "ab".repeat(32))).unwrap();
+    (ring, ReservationKey::from_bytes(&[9u8; 32]))
+}
+
+/// The engine, its WAL and its speculation, recovered from `dir` as a server's are.
+fn recover(
+    dir: &Path,
+    env: &Env,
+    origin: u64,
+) -> (Arc<Engine>, Arc<WalDurability>, Arc<Speculation>) {
+    let opts = WalOptions {
+        fsync: FsyncPolicy::No,
+        ..WalOptions::default()
+    };
+    let opened = Wal::open_inline(dir, opts).unwrap();
+    let cfg = EngineConfig {
+        // Nothing expires or is forgotten within a run: every acknowledged hold must
+        // still be there at the end.
+        retention_ms: 1 << 40,
+        ..EngineConfig::default()
+    };
+    let mut spec = None;
+    let (engine, dur, _report) =
+        recover_engine_from(opened, cfg, env.clock.clone(), keys(), |wal| {
+            let s = Arc::new(Speculation::new(origin, wal.last_lsn()));
+            spec = Some(s.clone());
+            s
+        })
+        .unwrap();
+    (engine, dur, spec.unwrap())
+}
+
+/// Starts member `id` from its data dir, whose storage is `incarnation`; `origin` names
+/// this process.
+pub async fn start(id: NodeId, env: &Env, origin: u64, incarnation: u64) -> Member {
+    let dir = env.dir(id);
+    let store = LogStore::open_inline(&dir.join("raft")).unwrap();
+    let (engine, dur, spec) = recover(&dir, env, origin);
+    let deposed = Arc::new(AtomicBool::new(false));
+    let flag = deposed.clone();
+    spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
+    let hooks = SnapshotHooks {
+        hold: Box::new(|| None),
+        compact_slots: Box::new(|r| r),
+    };
+    let snapshots = Arc::new(Snapshots::new(
+        dur.clone(),
+        engine.clone(),
+        store.clone(),
+        hooks,
+    ));
+    let applied = store.applied_for(dur.wal.last_lsn()).unwrap();
+    let sm = StateMachine::new(
+        engine.clone(),
+        dur.clone(),
+        spec.clone(),
+        applied,
+        snapshots,
+        (store.clone(), dir.clone()),
+    );
+    let lease = Arc::new(Lease::default());
+    let factory = Factory {
+        from: id,
+        net: env.net.clone(),
+        lease: lease.clone(),
+    };
+    let raft = Raft::new(id, env.config.clone(), factory, store, sm)
+        .await
+        .unwrap();
+    // Nobody stands before the membership names this storage as a voter (as
+    // `RaftNode::serve_peers` and `follow_admission`).
+    raft.runtime_config().elect(false);
+    env.net.attach(id, raft.clone(), incarnation);
+    let watcher = Watcher {
+        id,
+        net: env.net.clone(),
+        reach: Mutex::new(Reach::default()),
+        hold: Duration::from_millis(env.config.election_timeout_max) + network::BACKOFF_MAX,
+        restart: deposed.clone(),
+        incarnation,
+        admitted: AtomicBool::new(false),
+        raft: raft.clone(),
+        spec: spec.clone(),
+        dur: dur.clone(),
+        lease: lease.clone(),
+        history: env.history.clone(),
+        election_min: Duration::from_millis(env.config.election_timeout_min),
+        heartbeat: Duration::from_millis(env.config.heartbeat_interval),
+    };
+    let tasks = vec![
+        tokio::spawn(spec.clone().propose(raft.clone())),
+        tokio::spawn(watcher.run()),
+    ];
+    Member {
+        id,
+        raft,
+        engine,
+        dur,
+        spec,
+        deposed,
+        lease,
+        election_min_ms: env.config.election_timeout_min,
+        tasks,
+    }
+}
+
+impl Member {
+    /// A `kill -9`: the member's tasks stop and its handles go; the files stay as they
+    /// are (every write already reached the OS: the WAL and the log write inline).
+    pub async fn crash(self, net: &Net) {
+        net.detach(self.id);
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = self.raft.shutdown().await;
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        // The directory lock, released as the server's restart hook releases it: a
+        // deposed member's state machine waits for ever inside `apply` (the server
+        // re-executes meanwhile), so its WAL handle is never dropped here. Every record
+        // already reached the file (inline writes): closing adds nothing a `kill -9`
+        // would not have left.
+        let _ = self.dur.wal.flush_and_close();
+        drop(self.dur);
+        drop(self.spec);
+        drop(self.engine);
+        drop(self.raft);
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Whether this member takes writes now: the server's write gate (`RaftNode`'s
+    /// refusal): writes opened, and leading in Raft's view with the lease held.
+    pub fn writable(&self) -> bool {
+        if !self.spec.writable() || self.deposed.load(Ordering::Acquire) {
+            return false;
+        }
+        let m = self.raft.metrics().borrow().clone();
+        let voters = m.membership_config.membership().voter_ids().count();
+        let age = self.lease.age_ms(m.current_term, Instant::now());
+        let lease = authority::lease_held(age, self.election_min_ms, voters);
+        authority::acts_as_leader(self.id, &m, lease)
+    }
+}
+
+/// `RaftNode::watch_leadership`'s rule for opening and closing writes.
+struct Watcher {
+    id: NodeId,
+    net: Arc<Net>,
+    reach: Mutex<Reach>,
+    /// In reach this long before standing again (`RaftNode::reach_loop`'s hold).
+    hold: Duration,
+    /// Set when openraft's core stopped on an error: the server exits then
+    /// (`storage_fault`) and its supervisor starts it again; here it is restarted.
+    restart: Arc<AtomicBool>,
+    incarnation: u64,
+    admitted: AtomicBool,
+    raft: Raft,
+    spec: Arc<Speculation>,
+    dur: Arc<WalDurability>,
+    lease: Arc<Lease>,
+    history: History,
+    election_min: Duration,
+    heartbeat: Duration,
+}
+
+impl Watcher {
+    async fn run(self) {
+        let mut rx = self.raft.metrics();
+        loop {
+            let m = rx.borrow_and_update().clone();
+            self.step(&m);
+            tokio::select! {
+                biased;
+                r = rx.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep(self.heartbeat) => {}
+            }
+        }
+    }
+
+    fn step(&self, m: &openraft::RaftMetrics<NodeId, stockgate_server::raft::NodeInfo>) {
+        if let Err(e) = &m.running_state {
+            if !matches!(e, openraft::error::Fatal::Stopped)
+                && !self.restart.swap(true, Ordering::AcqRel)
+            {
+                self.history
+                    .note(format!("n{} raft core stopped: {e}", self.id));
+            }
+            return;
+        }
+        self.follow_admission(m);
+        let leading = m.state == ServerState::Leader && m.current_leader == Some(self.id);
+        self.lease.set_voters(
+            self.id,
+            m.membership_config.membership().voter_ids().collect(),
+        );
+        let caught_up = m.last_applied.is_some_and(|l| {
+            l.leader_id.term == m.current_term && Some(l.index) == m.last_log_index
+        });
+        if self.spec.writable() && (!leading || m.current_term != self.spec.term()) {
+            let term = self.spec.term();
+            self.spec.close(&format!("no longer leading term {term}"));
+            self.history.note(format!(
+                "n{} closes term {term} (deposed {})",
+                self.id,
+                self.spec.is_deposed()
+            ));
+        }
+        let answered = self
+            .lease
+            .age_ms(m.current_term, Instant::now())
+            .is_some_and(|ms| ms < self.election_min.as_millis() as u64);
+        if leading && caught_up && answered && !self.spec.writable() && !self.spec.is_deposed() {
+            let last = self.dur.wal.last_lsn();
+            self.spec.open(m.current_term, last);
+            self.history.note(format!(
+                "n{} leads term {} from LSN {last}",
+                self.id, m.current_term
+            ));
+        }
+    }
+}
+
+impl Watcher {
+    /// Stands for election only while the membership lists this member as a voter under
+    /// its storage's incarnation (`RaftNode::follow_admission`).
+    fn follow_admission(
+        &self,
+        m: &openraft::RaftMetrics<NodeId, stockgate_server::raft::NodeInfo>,
+    ) {
+        let ms = m.membership_config.membership();
+        let admitted = ms.voter_ids().any(|v| v == self.id)
+            && ms
+                .get_node(&self.id)
+                .is_some_and(|n| n.incarnation == self.incarnation);
+        let may = admitted && self.in_reach(m);
+        if self.admitted.swap(may, Ordering::AcqRel) != may {
+            self.raft.runtime_config().elect(may);
+            self.history.note(format!(
+                "n{} {} elections",
+                self.id,
+                if may { "joins" } else { "stays out of" }
+            ));
+        }
+    }
+
+    /// `RaftNode::reach_loop`: once per heartbeat a member that does not lead asks each
+    /// other voter `Hello`; it may stand only after a majority (itself included) has
+    /// answered for `hold`. Keeps a member that cannot win (its voters unreachable, or
+    /// on storage the group refuses) from raising its term again and again.
+    fn in_reach(&self, m: &openraft::RaftMetrics<NodeId, NodeInfo>) -> bool {
+        let now = Instant::now();
+        let mut r = self.reach.lock();
+        let may = |r: &Reach| match r.since {
+            Since::Always => true,
+            Since::At(t) => now.saturating_duration_since(t) >= self.hold,
+            Since::Not => false,
+        };
+        if r.last
+            .is_some_and(|l| now.saturating_duration_since(l) < self.heartbeat)
+        {
+            return may(&r);
+        }
+        r.last = Some(now);
+        if m.state == ServerState::Leader {
+            if r.since == Since::Not {
+                r.since = Since::Always;
+            }
+            return true;
+        }
+        let ms = m.membership_config.membership();
+        let voters: Vec<NodeId> = ms.voter_ids().collect();
+        let reached = voters
+            .iter()
+            .filter(|&&v| {
+                v == self.id
+                    || ms
+                        .get_node(&v)
+                        .is_some_and(|n| self.net.hello(self.id, v, n.incarnation))
+            })
+            .count();
+        if reached * 2 <= voters.len() {
+            r.since = Since::Not;
+        } else if r.since == Since::Not {
+            r.since = Since::At(now);
+        }
+        may(&r)
+    }
+}
+
+/// What the reach check last found.
+#[derive(Default)]
+struct Reach {
+    /// When it last asked.
+    last: Option<Instant>,
+    since: Since,
+}
+
+/// Since when a majority has answered. No instant stands for "long ago" (the server
+/// subtracts the hold from now): the simulated clock starts at the machine's
+/// monotonic time, and a subtraction that fails on a machine up for less than the hold
+/// would make the history depend on the machine.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+enum Since {
+    /// From the start (a member may stand at once, as the server's may) or while leading.
+    #[default]
+    Always,
+    At(Instant),
+    /// Not in reach now.
+    Not,
+}

@@ -1,0 +1,255 @@
+//! The simulated network between members: openraft's RPCs handed straight to the
+//! target's `Raft`, each leg (request, reply) dropped or delayed as the seeded fault
+//! state says, links cut by partitions, crashed members unreachable.
+//!
+//! What it leaves out of the server's network (`stockgate_server::raft::network`): the
+//! TCP framing and bincode, the identity envelope (group, incarnation checks), the
+//! connection back-off, and the lease's muting of a leader no majority answers. A lost
+//! leg is a network error (never `Unreachable`): openraft's back-off after
+//! `Unreachable` waits in a `select!` without `biased`, whose branch order tokio draws
+//! from an unseeded generator.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{NetworkError, RPCError, RaftError, RemoteError};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::Rng;
+use stockgate_server::raft::lease::Lease;
+use stockgate_server::raft::network;
+use stockgate_server::raft::{NodeId, NodeInfo, Raft, TypeConfig};
+use tokio::time::Instant;
+
+/// The fault state and the live members, shared by every member's network client.
+pub struct Net(Mutex<State>);
+
+struct State {
+    /// Each live member's Raft and the incarnation of the storage it runs on.
+    rafts: BTreeMap<NodeId, (Raft, u64)>,
+    /// Directed links that carry nothing.
+    cut: BTreeSet<(NodeId, NodeId)>,
+    drop_pct: u32,
+    max_delay_ms: u64,
+    rng: StdRng,
+    sent: u64,
+    lost: u64,
+}
+
+impl Net {
+    /// A network with no faults, drawing its delays and losses from `rng`.
+    pub fn new(rng: StdRng) -> Arc<Net> {
+        Arc::new(Net(Mutex::new(State {
+            rafts: BTreeMap::new(),
+            cut: BTreeSet::new(),
+            drop_pct: 0,
+            max_delay_ms: 0,
+            rng,
+            sent: 0,
+            lost: 0,
+        })))
+    }
+
+    /// `id` is up on storage `incarnation` and answers through `raft`.
+    pub fn attach(&self, id: NodeId, raft: Raft, incarnation: u64) {
+        self.0.lock().rafts.insert(id, (raft, incarnation));
+    }
+
+    /// `id` is down: calls to it fail at once (connection refused).
+    pub fn detach(&self, id: NodeId) {
+        self.0.lock().rafts.remove(&id);
+    }
+
+    /// Cuts every link between `side` and the other members (both directions); the
+    /// previous partition heals.
+    pub fn partition(&self, side: &BTreeSet<NodeId>, all: &BTreeSet<NodeId>) {
+        let mut s = self.0.lock();
+        s.cut.clear();
+        for a in side {
+            for b in all.difference(side) {
+                s.cut.insert((*a, *b));
+                s.cut.insert((*b, *a));
+            }
+        }
+    }
+
+    /// Every link carries again.
+    pub fn heal(&self) {
+        self.0.lock().cut.clear();
+    }
+
+    /// Each leg is lost with probability `drop_pct`% and delayed up to `max_delay_ms`.
+    pub fn set_quality(&self, drop_pct: u32, max_delay_ms: u64) {
+        let mut s = self.0.lock();
+        s.drop_pct = drop_pct;
+        s.max_delay_ms = max_delay_ms;
+    }
+
+    /// Legs sent and lost so far.
+    pub fn counts(&self) -> (u64, u64) {
+        let s = self.0.lock();
+        (s.sent, s.lost)
+    }
+
+    /// The fate of one leg `from` → `to`: its delay, or `None` when it is lost.
+    fn leg(&self, from: NodeId, to: NodeId) -> Option<Duration> {
+        let mut s = self.0.lock();
+        s.sent += 1;
+        let lost_roll = s.rng.gen_range(0..100u32);
+        let most = s.max_delay_ms;
+        let delay = s.rng.gen_range(0..=most);
+        if s.cut.contains(&(from, to)) || lost_roll < s.drop_pct {
+            s.lost += 1;
+            return None;
+        }
+        Some(Duration::from_millis(delay))
+    }
+
+    /// A `Hello` from `from` to `to` and its answer, as `RaftNode::reach` sends it: both
+    /// legs delivered, `to` up, and on the storage the membership names
+    /// (`incarnation`). Instant: the reach check only counts who answered.
+    pub fn hello(&self, from: NodeId, to: NodeId, incarnation: u64) -> bool {
+        let there = self.leg(from, to).is_some();
+        let back = self.leg(to, from).is_some();
+        let up = self.raft(to).is_some_and(|(_, i)| i == incarnation);
+        there && back && up
+    }
+
+    fn raft(&self, id: NodeId) -> Option<(Raft, u64)> {
+        self.0.lock().rafts.get(&id).cloned()
+    }
+}
+
+/// One member's `RaftNetworkFactory`: its clients to the others.
+pub struct Factory {
+    /// The member these clients call from.
+    pub from: NodeId,
+    /// The shared network.
+    pub net: Arc<Net>,
+    /// The member's lease, fed by its appends as the server's network feeds it.
+    pub lease: Arc<Lease>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Factory {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> Peer {
+        Peer {
+            from: self.from,
+            to: target,
+            expect: node.incarnation,
+            net: self.net.clone(),
+            lease: self.lease.clone(),
+        }
+    }
+}
+
+/// A client of one peer.
+pub struct Peer {
+    from: NodeId,
+    to: NodeId,
+    /// The storage the membership names for `to`: an answer from any other (a member
+    /// restarted on a wiped disk, not yet re-admitted) is never counted, as the
+    /// server's identity envelope refuses it.
+    expect: u64,
+    net: Arc<Net>,
+    lease: Arc<Lease>,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, NodeInfo, E>>;
+
+fn net_err<E: std::error::Error>(why: &str) -> RPCError<NodeId, NodeInfo, E> {
+    RPCError::Network(NetworkError::new(&io::Error::other(why.to_owned())))
+}
+
+impl Peer {
+    /// One call: the request leg, the target's answer, the reply leg. A lost leg costs
+    /// the call's time-to-live, as a silent peer does.
+    async fn call<T, E, F, Fut>(&self, ttl: Duration, f: F) -> RpcResult<T, RaftError<NodeId, E>>
+    where
+        E: std::error::Error,
+        RaftError<NodeId, E>: std::error::Error,
+        F: FnOnce(Raft) -> Fut,
+        Fut: Future<Output = Result<T, RaftError<NodeId, E>>>,
+    {
+        let start = Instant::now();
+        let Some(there) = self.net.leg(self.from, self.to) else {
+            tokio::time::sleep(ttl).await;
+            return Err(net_err("request lost"));
+        };
+        tokio::time::sleep(there).await;
+        let Some((raft, incarnation)) = self.net.raft(self.to) else {
+            // The server backs a refused peer off (from `BACKOFF_FIRST`, doubling); a
+            // refusal here costs the first pause, so openraft's retry of a network
+            // error never spins without simulated time passing.
+            tokio::time::sleep(network::BACKOFF_FIRST.max(Duration::from_millis(50))).await;
+            return Err(net_err("connection refused"));
+        };
+        if incarnation != self.expect {
+            tokio::time::sleep(ttl).await;
+            return Err(net_err("another storage answers under this id"));
+        }
+        let r = f(raft).await;
+        let Some(back) = self.net.leg(self.to, self.from) else {
+            tokio::time::sleep_until(start + ttl).await;
+            return Err(net_err("reply lost"));
+        };
+        tokio::time::sleep(back).await;
+        r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        let term = rpc.vote.leader_id.term;
+        let sent = Instant::now();
+        self.lease.sending(term, sent);
+        let r = self
+            .call(option.hard_ttl(), |raft| async move {
+                raft.append_entries(rpc).await
+            })
+            .await;
+        if matches!(&r, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
+            self.lease.accepted(self.to, term, sent);
+        }
+        r
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<
+        InstallSnapshotResponse<NodeId>,
+        RaftError<NodeId, openraft::error::InstallSnapshotError>,
+    > {
+        self.call(option.hard_ttl(), |raft| async move {
+            raft.install_snapshot(rpc).await
+        })
+        .await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, RaftError<NodeId>> {
+        self.call(
+            option.hard_ttl(),
+            |raft| async move { raft.vote(rpc).await },
+        )
+        .await
+    }
+}

@@ -1,0 +1,854 @@
+//! One run: a three-member group formed, a client reserving against whoever leads,
+//! seeded faults for a while, then healing, and the invariants checked.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::{Config, SnapshotPolicy};
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use stockgate_server::engine::{Clock, Engine, Millis, ReserveOutcome, ReserveRequest};
+use stockgate_server::raft::speculation::Speculation;
+use stockgate_server::raft::{NodeId, NodeInfo, Raft};
+use tokio::sync::Notify;
+use tokio::time::{sleep, Instant};
+
+use crate::history::History;
+use crate::member::{self, Env, Member};
+use crate::net::Net;
+use crate::Outcome;
+
+/// How a run goes.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Members in the group.
+    pub members: u64,
+    /// Fault steps before healing.
+    pub steps: u32,
+    /// Print the history as it is written.
+    pub verbose: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            members: 3,
+            steps: 30,
+            verbose: false,
+        }
+    }
+}
+
+/// The sales the client reserves from: sku, total units.
+const SALES: [(&str, u64); 2] = [("A", 40), ("B", 400)];
+/// After healing, a connected majority must elect a leader within this (simulated).
+const ELECT_WITHIN: Duration = Duration::from_secs(10);
+/// After healing, every member must apply the whole log within this.
+const QUIESCE_WITHIN: Duration = Duration::from_secs(30);
+/// A reply not released within this is given up (counted neither way).
+const REPLY_TTL: Duration = Duration::from_secs(5);
+
+/// The engines' clock: a fixed epoch plus the simulated time since the run began.
+struct SimClock {
+    base: Millis,
+    start: Instant,
+}
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> Millis {
+        self.base + self.start.elapsed().as_millis() as u64
+    }
+}
+
+/// What became of an acknowledged hold, as far as acknowledged replies say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    Held,
+    Released,
+    Committed,
+}
+
+/// An acknowledged RESERVE.
+#[derive(Clone, Debug)]
+struct Hold {
+    sku: String,
+    qty: u32,
+    fate: Fate,
+    /// A RELEASE or COMMIT of it ran and its reply never came: either outcome is right.
+    in_doubt: bool,
+}
+
+/// What a reply waits to acknowledge.
+enum Done {
+    Reserved(String, String, u32),
+    Finished(String, Fate),
+}
+
+/// The group and what the run learned so far.
+pub(crate) struct Cluster {
+    env: Env,
+    ids: BTreeSet<NodeId>,
+    live: Mutex<BTreeMap<NodeId, Member>>,
+    origins: Mutex<StdRng>,
+    /// The storage each member id runs on now (a wiped data dir is a new one).
+    incarnations: Mutex<BTreeMap<NodeId, u64>>,
+    /// A wiped member is being re-admitted: no second wipe meanwhile.
+    readmitting: AtomicBool,
+    /// Acknowledged holds by token.
+    acked: Mutex<BTreeMap<String, Hold>>,
+    failures: Mutex<Vec<String>>,
+    waiting: AtomicU64,
+    /// The reply queue of each member's current process.
+    replies: Mutex<BTreeMap<NodeId, Arc<Replies>>>,
+}
+
+impl Cluster {
+    fn fail(&self, what: String) {
+        self.env.history.note(format!("FAIL {what}"));
+        self.failures.lock().push(what);
+    }
+
+    async fn start(self: &Arc<Self>, id: NodeId) {
+        let origin = self.origins.lock().gen::<u64>();
+        let incarnation = self.incarnations.lock()[&id];
+        let m = member::start(id, &self.env, origin, incarnation).await;
+        self.env
+            .history
+            .note(format!("n{id} starts (origin {origin:016x})"));
+        let q = Arc::new(Replies {
+            queue: Mutex::new(VecDeque::new()),
+            wake: Notify::new(),
+        });
+        tokio::spawn(q.clone().run(self.clone(), m.spec.clone()));
+        self.replies.lock().insert(id, q);
+        self.live.lock().insert(id, m);
+    }
+
+    async fn crash(&self, id: NodeId, why: &str) {
+        let Some(m) = self.live.lock().remove(&id) else {
+            return;
+        };
+        self.env.history.note(format!("n{id} crashes ({why})"));
+        m.crash(&self.env.net).await;
+    }
+
+    /// A deposed member restarts from its durable state, as a server re-executes.
+    async fn restart_deposed(self: &Arc<Self>) {
+        let deposed: Vec<NodeId> = self
+            .live
+            .lock()
+            .values()
+            .filter(|m| m.deposed.load(Ordering::Acquire))
+            .map(|m| m.id)
+            .collect();
+        for id in deposed {
+            self.crash(id, "deposed").await;
+            self.start(id).await;
+        }
+    }
+
+    /// The member taking writes, if any (the lowest id if, briefly, two think so).
+    fn writer(&self) -> Option<(NodeId, Arc<Engine>, Arc<Speculation>)> {
+        let live = self.live.lock();
+        live.values()
+            .find(|m| m.writable())
+            .map(|m| (m.id, m.engine.clone(), m.spec.clone()))
+    }
+
+    /// The `pick`th (modulo) acknowledged hold still held and not in doubt.
+    fn pick_held(&self, pick: usize) -> Option<String> {
+        let acked = self.acked.lock();
+        let held: Vec<&String> = acked
+            .iter()
+            .filter(|(_, h)| h.fate == Fate::Held && !h.in_doubt)
+            .map(|(t, _)| t)
+            .collect();
+        (!held.is_empty()).then(|| held[pick % held.len()].clone())
+    }
+
+    /// The member taking writes and its Raft handle (membership changes go there).
+    fn leader_raft(&self) -> Option<(NodeId, Raft)> {
+        let live = self.live.lock();
+        live.values()
+            .find(|m| m.writable())
+            .map(|m| (m.id, m.raft.clone()))
+    }
+
+    /// Each live member's Raft view, for a failure's diagnosis.
+    fn raft_states(&self) -> String {
+        let live = self.live.lock();
+        let mut out = String::from("raft states:");
+        for m in live.values() {
+            let r = m.raft.metrics().borrow().clone();
+            out += &format!(
+                " [n{} {:?} term {} leader {:?} vote {} last {:?} applied {:?} voters {:?} writable {}]",
+                m.id,
+                r.state,
+                r.current_term,
+                r.current_leader,
+                r.vote,
+                r.last_log_index,
+                r.last_applied.map(|l| l.index),
+                r.membership_config.membership().voter_ids().collect::<Vec<_>>(),
+                m.writable()
+            );
+        }
+        out
+    }
+
+    fn down(&self) -> Vec<NodeId> {
+        let live = self.live.lock();
+        self.ids
+            .iter()
+            .copied()
+            .filter(|i| !live.contains_key(i))
+            .collect()
+    }
+}
+
+/// openraft's settings: the server's rules (`node::openraft_config`) with snapshots off
+/// (building one runs on a blocking thread).
+fn config() -> Arc<Config> {
+    let c = Config {
+        cluster_name: "sim".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 400,
+        election_timeout_max: 800,
+        snapshot_policy: SnapshotPolicy::Never,
+        max_payload_entries: 16,
+        ..Config::default()
+    };
+    Arc::new(c.validate().unwrap())
+}
+
+pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settings>) -> Outcome {
+    let history = History::new(s.verbose);
+    let env = Env {
+        net: Net::new(StdRng::seed_from_u64(rng.gen())),
+        config: config(),
+        clock: Arc::new(SimClock {
+            base: 1_700_000_000_000,
+            start: Instant::now(),
+        }),
+        history: history.clone(),
+        root,
+    };
+    let c = Arc::new(Cluster {
+        env,
+        ids: (1..=s.members).collect(),
+        live: Mutex::new(BTreeMap::new()),
+        origins: Mutex::new(StdRng::seed_from_u64(rng.gen())),
+        incarnations: Mutex::new((1..=s.members).map(|i| (i, rng.gen())).collect()),
+        readmitting: AtomicBool::new(false),
+        acked: Mutex::new(BTreeMap::new()),
+        failures: Mutex::new(Vec::new()),
+        waiting: AtomicU64::new(0),
+        replies: Mutex::new(BTreeMap::new()),
+    });
+    history.note(format!("seed {seed}, {} members", s.members));
+    form(&c).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    if create_sales(&c).await {
+        let client = tokio::spawn(client(
+            c.clone(),
+            StdRng::seed_from_u64(rng.gen()),
+            stop.clone(),
+        ));
+        chaos(&c, &mut rng, s.steps).await;
+        heal(&c).await;
+        stop.store(true, Ordering::Release);
+        let _ = client.await;
+        settle(&c).await;
+        check_final(&c);
+    }
+    for id in c.ids.clone() {
+        c.crash(id, "end of run").await;
+    }
+    let (sent, lost) = c.env.net.counts();
+    history.note(format!("legs sent {sent}, lost {lost}"));
+    let (digest, events) = history.digest();
+    let failures = c.failures.lock().clone();
+    Outcome {
+        seed,
+        digest,
+        events,
+        failures,
+    }
+}
+
+/// Starts every member on empty storage and has member 1 form the group.
+async fn form(c: &Arc<Cluster>) {
+    for id in c.ids.clone() {
+        c.start(id).await;
+    }
+    let members: BTreeMap<NodeId, NodeInfo> = c
+        .ids
+        .iter()
+        .map(|&i| {
+            let a = format!("n{i}");
+            (
+                i,
+                NodeInfo {
+                    raft_addr: a.clone(),
+                    client_addr: a,
+                    incarnation: c.incarnations.lock()[&i],
+                },
+            )
+        })
+        .collect();
+    let raft = c.live.lock().get(&1).map(|m| m.raft.clone()).unwrap();
+    if let Err(e) = raft.initialize(members).await {
+        c.fail(format!("initialize: {e}"));
+    }
+}
+
+/// Waits (bounded) for a member that takes writes.
+async fn await_writer(c: &Arc<Cluster>, within: Duration) -> Option<NodeId> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        c.restart_deposed().await;
+        if let Some((id, ..)) = c.writer() {
+            return Some(id);
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// The sales, created on the first leader and committed before the client starts.
+async fn create_sales(c: &Arc<Cluster>) -> bool {
+    if await_writer(c, ELECT_WITHIN).await.is_none() {
+        c.fail("no leader within 10 s of forming the group".into());
+        return false;
+    }
+    let Some((id, engine, spec)) = c.writer() else {
+        return false;
+    };
+    let mut last = 0;
+    for (sku, total) in SALES {
+        last = engine
+            .create_sale(sku, total, Some(2), Some(3_600_000), None)
+            .unwrap();
+    }
+    let ok = tokio::time::timeout(REPLY_TTL, spec.wait(last)).await;
+    c.env
+        .history
+        .note(format!("sales created on n{id}: {ok:?}"));
+    if !matches!(ok, Ok(Ok(()))) {
+        c.fail("the sales never committed".into());
+        return false;
+    }
+    true
+}
+
+/// Every few milliseconds one command on whichever member takes writes: mostly
+/// RESERVE, sometimes RELEASE or COMMIT of an acknowledged hold. Each reply waits for
+/// the group's commit in its own task, as a connection's does.
+async fn client(c: Arc<Cluster>, mut rng: StdRng, stop: Arc<AtomicBool>) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        sleep(Duration::from_millis(rng.gen_range(5..40))).await;
+        n += 1;
+        let Some((id, engine, _)) = c.writer() else {
+            continue;
+        };
+        let who = format!("r{n}@n{id}");
+        let roll = rng.gen_range(0..100);
+        let pick = rng.gen::<usize>();
+        let held = c.pick_held(pick);
+        let done = match (roll, held) {
+            (0..=14, Some(t)) => finish(&c, &engine, &t, Fate::Released, &who),
+            (15..=29, Some(t)) => finish(&c, &engine, &t, Fate::Committed, &who),
+            _ => reserve(&c, &engine, &mut rng, &who),
+        };
+        if let Some((lsn, what)) = done {
+            c.waiting.fetch_add(1, Ordering::AcqRel);
+            let q = c.replies.lock().get(&id).cloned();
+            if let Some(q) = q {
+                q.push(Pending {
+                    lsn,
+                    what,
+                    who,
+                    deadline: Instant::now() + REPLY_TTL,
+                });
+            }
+        }
+    }
+}
+
+/// One RESERVE; the LSN and hold to wait for when it took units.
+fn reserve(c: &Cluster, engine: &Engine, rng: &mut StdRng, who: &str) -> Option<(u64, Done)> {
+    let sku = SALES[rng.gen_range(0..SALES.len())].0;
+    let user = format!("u{}", rng.gen_range(0..30));
+    let qty = rng.gen_range(1..=3u32);
+    let admission = engine.keyring().mint(sku, &user, engine.now_ms() + 60_000);
+    let req = ReserveRequest {
+        sku,
+        user: &user,
+        admission: admission.as_bytes(),
+        request_id: who,
+        qty,
+    };
+    match engine.reserve(&req) {
+        Ok((ReserveOutcome::Reserved { token, .. }, lsn)) => {
+            Some((lsn, Done::Reserved(token.to_string(), sku.to_owned(), qty)))
+        }
+        Ok((o @ ReserveOutcome::Replay { .. }, _)) => {
+            c.fail(format!("{who}: a new request id answered {o:?}"));
+            None
+        }
+        Ok((o, _)) => {
+            let o = format!("{o:?}");
+            c.env
+                .history
+                .note(format!("{who} {sku}x{qty}: {}", &o[..o.len().min(40)]));
+            None
+        }
+        Err(e) => {
+            c.env.history.note(format!("{who} {sku}x{qty}: {e}"));
+            None
+        }
+    }
+}
+
+/// RELEASE or COMMIT of `token`; the hold is in doubt until the reply.
+fn finish(c: &Cluster, engine: &Engine, token: &str, fate: Fate, who: &str) -> Option<(u64, Done)> {
+    let r = match fate {
+        Fate::Released => Ok(engine.release(token)),
+        _ => engine.commit(token),
+    };
+    match r {
+        Ok((true, lsn)) => {
+            if let Some(h) = c.acked.lock().get_mut(token) {
+                h.in_doubt = true;
+            }
+            Some((lsn, Done::Finished(token.to_owned(), fate)))
+        }
+        other => {
+            c.env
+                .history
+                .note(format!("{who} {fate:?} {token}: {other:?}"));
+            None
+        }
+    }
+}
+
+/// A reply waiting for the group's commit.
+struct Pending {
+    lsn: u64,
+    what: Done,
+    who: String,
+    deadline: Instant,
+}
+
+/// One member process's replies, in LSN order, released by one task as the commit
+/// point passes them. One waiter per member, not one per reply as the server has:
+/// tokio spreads a watch channel's waiters over its notifiers by an unseeded random
+/// draw, so many waiters on one commit point would wake in an order no seed fixes.
+pub(crate) struct Replies {
+    queue: Mutex<VecDeque<Pending>>,
+    wake: Notify,
+}
+
+impl Replies {
+    fn push(&self, p: Pending) {
+        self.queue.lock().push_back(p);
+        self.wake.notify_one();
+    }
+
+    /// Releases the replies of `spec` (one member process) until it stops.
+    async fn run(self: Arc<Self>, c: Arc<Cluster>, spec: Arc<Speculation>) {
+        loop {
+            let front = self.queue.lock().front().map(|p| (p.lsn, p.deadline));
+            let Some((lsn, deadline)) = front else {
+                self.wake.notified().await;
+                continue;
+            };
+            let r = tokio::time::timeout_at(deadline, spec.wait(lsn)).await;
+            let done: Vec<Pending> = {
+                let mut q = self.queue.lock();
+                match &r {
+                    Ok(Ok(())) => {
+                        let upto = spec.committed_lsn();
+                        let n = q.iter().take_while(|p| p.lsn <= upto).count();
+                        q.drain(..n).collect()
+                    }
+                    Ok(Err(_)) => q.drain(..).collect(),
+                    Err(_) => q.pop_front().into_iter().collect(),
+                }
+            };
+            let outcome = r.map_err(|_| "timed out".to_owned()).and_then(|x| x);
+            for p in done {
+                reply(&c, p, outcome.clone());
+            }
+        }
+    }
+}
+
+/// One reply, sent once the group committed the command's records (or never).
+fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
+    let who = p.who;
+    match (r, p.what) {
+        (Ok(()), Done::Reserved(token, sku, qty)) => {
+            c.env
+                .history
+                .note(format!("{who} {sku}x{qty} acked {token}"));
+            let h = Hold {
+                sku,
+                qty,
+                fate: Fate::Held,
+                in_doubt: false,
+            };
+            if c.acked.lock().insert(token.clone(), h).is_some() {
+                c.fail(format!("token {token} handed out twice"));
+            }
+        }
+        (Ok(()), Done::Finished(token, fate)) => {
+            c.env.history.note(format!("{who} {fate:?} acked {token}"));
+            if let Some(h) = c.acked.lock().get_mut(&token) {
+                (h.fate, h.in_doubt) = (fate, false);
+            }
+        }
+        (Err(e), _) => c.env.history.note(format!("{who} unanswered: {e}")),
+    }
+    c.waiting.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Seeded faults, one every few hundred milliseconds; safety checked after each.
+async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, steps: u32) {
+    let all = c.ids.clone();
+    for _ in 0..steps {
+        let next = Instant::now() + Duration::from_millis(rng.gen_range(100..1500));
+        // A deposed member restarts soon after, as a server re-executes at once.
+        while Instant::now() < next {
+            sleep(Duration::from_millis(50).min(next - Instant::now())).await;
+            c.restart_deposed().await;
+        }
+        let h = &c.env.history;
+        match rng.gen_range(0..9) {
+            0 | 1 => {
+                let k = rng.gen_range(1..=(all.len() / 2).max(1));
+                let mut side = BTreeSet::new();
+                while side.len() < k {
+                    side.insert(rng.gen_range(1..=all.len() as u64));
+                }
+                c.env.net.partition(&side, &all);
+                h.note(format!("partition {side:?} from the rest"));
+            }
+            2 => {
+                c.env.net.heal();
+                h.note("heal");
+            }
+            3 => {
+                let (d, l) = (rng.gen_range(0..30), rng.gen_range(0..120));
+                c.env.net.set_quality(d, l);
+                h.note(format!("links: {d}% lost, up to {l} ms late"));
+            }
+            4 | 5 => {
+                let id = rng.gen_range(1..=all.len() as u64);
+                c.crash(id, "fault").await;
+            }
+            8 if !c.readmitting.load(Ordering::Acquire) => {
+                let id = rng.gen_range(1..=all.len() as u64);
+                wipe(c, id).await;
+            }
+            _ => {
+                for id in c.down() {
+                    c.start(id).await;
+                }
+            }
+        }
+        check_units(c);
+    }
+}
+
+/// Member `id` loses its disk: crashed, its data dir removed, started on new storage
+/// (a new incarnation), which the group refuses until re-admitted (`readmit`).
+async fn wipe(c: &Arc<Cluster>, id: NodeId) {
+    c.crash(id, "wiped").await;
+    std::fs::remove_dir_all(c.env.dir(id)).unwrap();
+    let fresh = c.origins.lock().gen::<u64>();
+    c.incarnations.lock().insert(id, fresh);
+    c.env
+        .history
+        .note(format!("n{id} data dir wiped, storage {fresh:016x}"));
+    c.start(id).await;
+    c.readmitting.store(true, Ordering::Release);
+    tokio::spawn(readmit(c.clone(), id));
+}
+
+/// `RAFT.READMIT id` on whoever leads, retried until it succeeds: out of the membership,
+/// back as a learner under the new storage, caught up, a voter again (`RaftNode::readmit`).
+async fn readmit(c: Arc<Cluster>, id: NodeId) {
+    loop {
+        sleep(Duration::from_millis(200)).await;
+        let Some((leader, raft)) = c.leader_raft() else {
+            continue;
+        };
+        // Done already (an earlier try's last step committed, its reply lost).
+        let fresh = c.incarnations.lock()[&id];
+        if admitted(&raft, id, fresh) {
+            c.env
+                .history
+                .note(format!("n{id} re-admitted (seen on n{leader})"));
+            c.readmitting.store(false, Ordering::Release);
+            return;
+        }
+        let named = names(&raft, id, fresh);
+        if leader == id && !named {
+            continue;
+        }
+        let r = tokio::time::timeout(Duration::from_secs(10), readmit_on(&c, &raft, id, named));
+        let r = r.await;
+        match r {
+            Ok(Ok(())) => {
+                c.env
+                    .history
+                    .note(format!("n{id} re-admitted by n{leader}"));
+                c.readmitting.store(false, Ordering::Release);
+                return;
+            }
+            Ok(Err(e)) => c
+                .env
+                .history
+                .note(format!("readmit n{id} on n{leader}: {e}")),
+            Err(_) => c
+                .env
+                .history
+                .note(format!("readmit n{id} on n{leader}: timed out")),
+        }
+    }
+}
+
+/// The steps of `RAFT.READMIT`; when the membership already `named` the new storage a
+/// voter (a try cut short in its joint configuration, which openraft 0.9 does not end by
+/// itself under a new leader), only the last: the voters again, uniform.
+async fn readmit_on(c: &Cluster, raft: &Raft, id: NodeId, named: bool) -> Result<(), String> {
+    if named {
+        return raft
+            .change_membership(voters(raft), false)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+    }
+    let info = NodeInfo {
+        raft_addr: format!("n{id}"),
+        client_addr: format!("n{id}"),
+        incarnation: c.incarnations.lock()[&id],
+    };
+    let mut voters = voters(raft);
+    if voters.remove(&id) {
+        raft.change_membership(voters.clone(), false)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    // Not `blocking`: openraft waits for the catch-up in a `select!` without `biased`.
+    raft.add_learner(id, info, false)
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let m = raft.metrics().borrow().clone();
+        let behind = m.replication.as_ref().and_then(|r| r.get(&id).copied());
+        if behind.flatten().map(|l| l.index) == m.last_log_index {
+            break;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    voters.insert(id);
+    raft.change_membership(voters, false)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Whether `raft`'s membership lists `id` as a voter under storage `incarnation`, and
+/// is applied (so committed) and not joint. Seen earlier, a second wipe could hit the
+/// old half of a joint configuration not yet committed, which needs the wiped member
+/// to decide anything: two lost disks at once, outside the fault model.
+fn admitted(raft: &Raft, id: NodeId, incarnation: u64) -> bool {
+    let m = raft.metrics().borrow().clone();
+    let uniform = m.membership_config.membership().get_joint_config().len() == 1;
+    let applied = m.membership_config.log_id().as_ref() <= m.last_applied.as_ref();
+    uniform && applied && names(raft, id, incarnation)
+}
+
+/// Whether `raft`'s membership (joint or not, committed or not) names `id` a voter on
+/// storage `incarnation`.
+fn names(raft: &Raft, id: NodeId, incarnation: u64) -> bool {
+    let m = raft.metrics().borrow().clone();
+    let ms = m.membership_config.membership();
+    ms.voter_ids().any(|v| v == id)
+        && ms
+            .get_node(&id)
+            .is_some_and(|n| n.incarnation == incarnation)
+}
+
+fn voters(raft: &Raft) -> BTreeSet<NodeId> {
+    raft.metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect()
+}
+
+/// Links healed and clean, every member up: a leader must come within `ELECT_WITHIN`.
+async fn heal(c: &Arc<Cluster>) {
+    c.env.net.heal();
+    c.env.net.set_quality(0, 5);
+    c.env.history.note("heal all, every member up");
+    for id in c.down() {
+        c.start(id).await;
+    }
+    match await_writer(c, ELECT_WITHIN).await {
+        Some(id) => c
+            .env
+            .history
+            .note(format!("n{id} takes writes after healing")),
+        None => {
+            c.env.history.note(c.raft_states());
+            c.fail("no leader within 10 s of healing".into());
+        }
+    }
+}
+
+/// Waits for every reply, then for every member to apply the whole log.
+async fn settle(c: &Arc<Cluster>) {
+    let until = Instant::now() + QUIESCE_WITHIN;
+    while c.waiting.load(Ordering::Acquire) > 0 && Instant::now() < until {
+        sleep(Duration::from_millis(50)).await;
+    }
+    while Instant::now() < until {
+        c.restart_deposed().await;
+        if quiet(c) {
+            c.env.history.note("quiescent");
+            return;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    c.fail("members never reached the same applied log within 30 s".into());
+}
+
+/// Every member up, one writer, every member applied up to the writer's last entry.
+fn quiet(c: &Cluster) -> bool {
+    if c.readmitting.load(Ordering::Acquire) {
+        return false;
+    }
+    let live = c.live.lock();
+    if live.len() != c.ids.len() {
+        return false;
+    }
+    let Some(w) = live.values().find(|m| m.writable()) else {
+        return false;
+    };
+    let last = w.raft.metrics().borrow().last_log_index;
+    live.values().all(|m| {
+        let mm = m.raft.metrics().borrow().clone();
+        mm.last_applied.map(|l| l.index) == last && m.spec.in_flight() == 0
+    })
+}
+
+/// Units handed out never exceed the total, on any member.
+fn check_units(c: &Cluster) {
+    let mut bad = Vec::new();
+    for m in c.live.lock().values() {
+        for (sku, _) in SALES {
+            let Ok(v) = m.engine.sale_info(sku) else {
+                continue;
+            };
+            if v.reserved + v.committed > v.total || v.available < 0 {
+                bad.push(format!(
+                    "n{}: {sku} hands out more than it has: {v:?}",
+                    m.id
+                ));
+            }
+        }
+    }
+    for b in bad {
+        c.fail(b);
+    }
+}
+
+/// A member's state as the comparison sees it.
+fn summary(m: &Member) -> String {
+    let mut s = format!(
+        "lsn {} holds {}",
+        m.dur.wal.last_lsn(),
+        m.engine.reservation_count()
+    );
+    for (sku, _) in SALES {
+        match m.engine.sale_info(sku) {
+            Ok(v) => {
+                s += &format!(
+                    " {sku}:total {} avail {} reserved {} committed {}",
+                    v.total, v.available, v.reserved, v.committed
+                )
+            }
+            Err(e) => s += &format!(" {sku}:{e}"),
+        }
+    }
+    s
+}
+
+/// At quiescence: members equal, every acknowledged hold on every member in the state
+/// its acknowledged replies say, units within the totals.
+fn check_final(c: &Cluster) {
+    check_units(c);
+    let acked = c.acked.lock().clone();
+    let mut seen = BTreeSet::new();
+    let mut bad = Vec::new();
+    for m in c.live.lock().values() {
+        let s = summary(m);
+        c.env.history.note(format!("n{} final: {s}", m.id));
+        seen.insert(s);
+        let wrong = acked.iter().filter(|(t, h)| !hold_agrees(m, t, h)).count();
+        if wrong > 0 {
+            bad.push(format!(
+                "n{}: {wrong} acknowledged hold(s) missing or in the wrong state",
+                m.id
+            ));
+        }
+    }
+    if seen.len() > 1 {
+        bad.push(format!("members differ at quiescence: {seen:?}"));
+    }
+    let mut held: BTreeMap<&str, u64> = BTreeMap::new();
+    for h in acked
+        .values()
+        .filter(|h| h.fate != Fate::Released && !h.in_doubt)
+    {
+        *held.entry(h.sku.as_str()).or_default() += u64::from(h.qty);
+    }
+    for (sku, total) in SALES {
+        let got = held.get(sku).copied().unwrap_or(0);
+        if got > total {
+            bad.push(format!("{sku}: {got} units acknowledged held of {total}"));
+        }
+    }
+    for b in bad {
+        c.fail(b);
+    }
+    c.env.history.note(format!(
+        "{} holds acknowledged, units held: {held:?}",
+        acked.len()
+    ));
+}
+
+/// Whether member `m` holds `token` as its acknowledged replies say.
+fn hold_agrees(m: &Member, token: &str, h: &Hold) -> bool {
+    use stockgate_server::engine::ReservationState as S;
+    let Some((v, _)) = m.engine.reservation(token) else {
+        return false;
+    };
+    h.in_doubt
+        || matches!(
+            (h.fate, v.state),
+            (Fate::Held, S::Reserved)
+                | (Fate::Released, S::Released)
+                | (Fate::Committed, S::Committed)
+        )
+}
