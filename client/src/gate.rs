@@ -287,7 +287,9 @@ impl EngineGate {
         if lsn == 0 {
             return Ok(());
         }
-        d.wait(lsn).await.map_err(ClientError::NotDurable)
+        d.wait(lsn)
+            .await
+            .map_err(|e| ClientError::NotDurable(e.to_string()))
     }
 
     /// An answer without an LSN of its own (a read, a list, an error): it may report a

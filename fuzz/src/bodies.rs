@@ -169,7 +169,11 @@ struct MemoryDurability {
 }
 
 impl Durability for MemoryDurability {
-    fn wait(&self, _lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    fn wait(
+        &self,
+        _lsn: Lsn,
+    ) -> Pin<Box<dyn Future<Output = Result<(), stockgate_server::session::NotDurable>> + Send + '_>>
+    {
         Box::pin(std::future::ready(Ok(())))
     }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::engine::{Clock, Engine, EngineConfig, Keyring, Lsn, NullSink, ReservationKey};
-use crate::session::Durability;
+use crate::session::{Durability, NotDurable};
 use crate::wal::{BackupError, BackupWritten, Event, Recovery, Wal, WalError, WalOptions};
 
 /// The WAL as the engine's durability: acknowledgements wait on it, snapshots are taken through it,
@@ -138,8 +138,13 @@ impl WalDurability {
 }
 
 impl Durability for WalDurability {
-    fn wait(&self, lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
-        Box::pin(async move { self.wal.wait_durable(lsn).await.map_err(|e| e.to_string()) })
+    fn wait(&self, lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), NotDurable>> + Send + '_>> {
+        Box::pin(async move {
+            self.wal
+                .wait_durable(lsn)
+                .await
+                .map_err(|e| NotDurable::Log(e.to_string()))
+        })
     }
 
     fn save(&self, engine: &Engine) -> Result<(), String> {

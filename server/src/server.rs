@@ -28,7 +28,8 @@ impl stockgate_core::durable::WaitDurable for crate::persist::WalDurability {
     fn wait(
         &self,
         lsn: crate::engine::Lsn,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), crate::session::NotDurable>> + Send + '_>>
+    {
         Durability::wait(self, lsn)
     }
 }
@@ -37,7 +38,8 @@ impl stockgate_core::durable::WaitDurable for NoDurability {
     fn wait(
         &self,
         lsn: crate::engine::Lsn,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), crate::session::NotDurable>> + Send + '_>>
+    {
         Durability::wait(self, lsn)
     }
 }

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use crate::engine::{Engine, Lsn};
 use crate::metrics::{Metrics, Recorder};
 use crate::protocol::Limits;
+pub use stockgate_core::durable::NotDurable;
 
 /// The server's settings as it started (the flags, resolved).
 #[derive(Clone, Debug)]
@@ -82,7 +83,7 @@ impl Default for ServerConfig {
 pub trait Durability: Send + Sync {
     /// Resolves when everything up to `lsn` is acknowledged by the log. An error means
     /// the record may not be on disk: the reply must not be sent.
-    fn wait(&self, lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
+    fn wait(&self, lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), NotDurable>> + Send + '_>>;
     /// `SAVE`: write a snapshot now.
     fn save(&self, engine: &Engine) -> Result<(), String>;
     /// `BACKUP <dir>`: write a consistent copy of the data dir as of one LSN into `target`.
@@ -108,7 +109,7 @@ pub trait Durability: Send + Sync {
 pub struct NoDurability;
 
 impl Durability for NoDurability {
-    fn wait(&self, _lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    fn wait(&self, _lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), NotDurable>> + Send + '_>> {
         Box::pin(async { Ok(()) })
     }
     fn save(&self, _engine: &Engine) -> Result<(), String> {

@@ -481,7 +481,9 @@ impl Replies {
                     Err(_) => q.pop_front().into_iter().collect(),
                 }
             };
-            let outcome = r.map_err(|_| "timed out".to_owned()).and_then(|x| x);
+            let outcome = r
+                .map_err(|_| "timed out".to_owned())
+                .and_then(|x| x.map_err(|e| e.to_string()));
             for p in done {
                 reply(&c, p, outcome.clone());
             }

@@ -112,14 +112,24 @@ fn raft_a_leader_whose_followers_are_stopped_acknowledges_nothing() {
     let mut acked = Vec::new();
     let t = Instant::now();
     let mut i = 0;
-    // The first attempt waits out its 3 s read timeout; the later ones are refused at
-    // once (no majority within the election timeout).
+    // The first attempt waits on a commit that cannot come: the leader gives way once no
+    // majority answered for the election timeout (600 ms) and fails it with -READONLY,
+    // well before the client's own 3 s read timeout; the later ones are refused at once.
+    let mut first = None;
     while t.elapsed() < Duration::from_secs(5) {
         i += 1;
-        if let Ok(tok) = reserve(g.port(l), &g, SKU, &format!("u{i}"), &format!("r{i}")) {
-            acked.push(tok);
+        let sent = Instant::now();
+        match reserve(g.port(l), &g, SKU, &format!("u{i}"), &format!("r{i}")) {
+            Ok(tok) => acked.push(tok),
+            Err(e) if first.is_none() => first = Some((e, sent.elapsed())),
+            Err(_) => {}
         }
     }
+    let (why, took) = first.expect("a first attempt");
+    assert!(
+        why.contains("read only") && took < Duration::from_millis(2500),
+        "the write waiting on the leader that lost its majority: {why:?} after {took:?}"
+    );
     for f in &followers {
         unsafe {
             libc::kill(pid(*f), libc::SIGCONT);
@@ -149,7 +159,7 @@ fn raft_a_leader_whose_followers_are_stopped_acknowledges_nothing() {
     let (total, avail, reserved, committed) = sale_info(g.port(back.0), SKU);
     assert_eq!(avail + reserved + committed, total);
     println!(
-        "followers stopped for 5 s: {i} RESERVE attempts on the leader, 0 acknowledged; {reserved} unit(s) held after the heal"
+        "followers stopped for 5 s: {i} RESERVE attempts on the leader, 0 acknowledged, the first failed with -READONLY after {took:?}; {reserved} unit(s) held after the heal"
     );
 }
 

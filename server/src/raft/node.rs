@@ -29,7 +29,7 @@ use super::{authority, network, NodeId, NodeInfo, Raft};
 use crate::engine::{Engine, Lsn};
 use crate::persist::WalDurability;
 use crate::session::{
-    Durability, FollowerProgress, LeaderProgress, MemberRole, PeerLink, RaftChange,
+    Durability, FollowerProgress, LeaderProgress, MemberRole, NotDurable, PeerLink, RaftChange,
     RaftChangeFuture, RaftError, RaftMember, Replication, ReplicationInfo, ReplicationLink,
     RoleView, SentinelAnswer, SentinelError, SentinelMaster, SentinelPeer, SentinelQuery,
     SentinelReplica,
@@ -476,6 +476,8 @@ pub struct RaftNode {
     handover_until_ms: Arc<AtomicU64>,
 }
 
+/// How long a deposed member waits, its log closed, before it re-executes itself.
+const REPLIES_GRACE: Duration = Duration::from_millis(200);
 const READONLY: &str = "READONLY You can't write against a read only replica. (this stockgate node is not the Raft leader; ask SENTINEL get-master-addr-by-name)";
 const NO_QUORUM: &str = "READONLY this stockgate node leads no majority right now (partitioned or the others are down); a new leader may exist";
 const FOLLOWER_READ: &str = "READONLY this stockgate node is a follower and its state may be behind the leader's: read from the leader (ask SENTINEL get-master-addr-by-name), or send READONLY on this connection to accept possibly stale reads";
@@ -984,6 +986,10 @@ impl RaftNode {
                 .name("stockgate-restart".into())
                 .spawn(move || {
                     let _ = dur.wal.flush_and_close();
+                    // The replies that were waiting are answered -READONLY by their
+                    // connections (woken by the depose): let them go out before the
+                    // re-execution closes every socket.
+                    std::thread::sleep(REPLIES_GRACE);
                     restart(&argv, port)
                 });
         })
@@ -1570,7 +1576,7 @@ pub struct RaftDurability {
 }
 
 impl Durability for RaftDurability {
-    fn wait(&self, lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    fn wait(&self, lsn: Lsn) -> Pin<Box<dyn Future<Output = Result<(), NotDurable>> + Send + '_>> {
         Box::pin(self.spec.wait(lsn))
     }
 

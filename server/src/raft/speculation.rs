@@ -22,6 +22,7 @@ use tokio::sync::{watch, Notify, Semaphore};
 
 use super::{Batch, Raft};
 use crate::engine::{EventRef, EventSink, Lsn};
+use crate::session::NotDurable;
 use crate::wal::record::encode_record;
 
 /// A batch is closed once its records reach this size (the proposer may take it sooner).
@@ -222,17 +223,17 @@ impl Speculation {
     }
 
     /// Resolves once `lsn` is committed; `Err` if this node was deposed first.
-    pub async fn wait(&self, lsn: Lsn) -> Result<(), String> {
+    pub async fn wait(&self, lsn: Lsn) -> Result<(), NotDurable> {
         let mut rx = self.committed.subscribe();
         loop {
             if self.is_deposed() {
-                return Err("this node lost the leadership before the write committed".into());
+                return Err(NotDurable::LostLeadership);
             }
             if *rx.borrow_and_update() >= lsn {
                 return Ok(());
             }
             if rx.changed().await.is_err() {
-                return Err("raft stopped".into());
+                return Err(NotDurable::Log("raft stopped".into()));
             }
         }
     }

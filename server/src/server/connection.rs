@@ -29,7 +29,7 @@ use crate::cmd::{Ctx, Deferred, Outcome};
 use crate::engine::{Engine, Lsn};
 use crate::protocol::{parse_frame, Frame, Refusal, Reply};
 use crate::pubsub::monotonic_ms;
-use crate::session::{ConnState, Role, Shared};
+use crate::session::{ConnState, NotDurable, Role, Shared};
 use crate::takeover::{Handback, Io, Takeover};
 
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
@@ -54,7 +54,14 @@ struct Batch {
     /// Commands run, counted once per batch: the counter is shared by every connection
     /// on every core, so one increment per command would bounce its cache line.
     commands: u64,
+    /// Replies in `out` not sent yet (those a blocking read sent early are not).
+    replies: u64,
 }
+
+/// What a client waiting on a Raft leader that stopped leading before its write committed
+/// is told instead of each reply: the write may or may not take effect, so it is neither
+/// acknowledged nor refused as undone; the client asks the group's leader again.
+const LOST_LEADERSHIP: &str = "READONLY You can't write against a read only replica. (this stockgate node lost the Raft leadership before the write committed: it may or may not take effect; ask SENTINEL get-master-addr-by-name and retry with the same request id)";
 
 /// The next command in the read buffer.
 enum Parsed {
@@ -213,7 +220,7 @@ impl<'a, S: Io> Connection<'a, S> {
                 return;
             };
             self.account(&mut batch, read_bytes);
-            if !self.wait_durable(batch.lsn).await {
+            if !self.wait_durable(batch.lsn, batch.replies).await {
                 return;
             }
             if !self.write().await {
@@ -271,6 +278,7 @@ impl<'a, S: Io> Connection<'a, S> {
             let mut o = match self.next_command() {
                 Parsed::Incomplete => break,
                 Parsed::Refused => {
+                    b.replies += 1;
                     b.close = true;
                     break;
                 }
@@ -287,7 +295,10 @@ impl<'a, S: Io> Connection<'a, S> {
             }
             if let Some(wait) = o.wait.take() {
                 o.reply = self.block_on(wait, &mut b.lsn).await?;
+                // The replies before it went out before it blocked.
+                b.replies = 0;
             }
+            b.replies += 1;
             if self.answer(&o) {
                 b.close = true;
                 break;
@@ -400,13 +411,27 @@ impl<'a, S: Io> Connection<'a, S> {
     }
 
     /// Waits until the log has the batch's records. False: it cannot say they are
-    /// durable, so no acknowledgement may leave (fail closed): drop the connection.
-    async fn wait_durable(&self, lsn: Lsn) -> bool {
+    /// durable, so no acknowledgement may leave (fail closed) and the connection ends: a
+    /// Raft leader that lost the leadership first answers each of the `replies` waiting
+    /// with `-READONLY` (the client learns at once where to go, not at its socket
+    /// timeout); a failed log just drops it.
+    async fn wait_durable(&mut self, lsn: Lsn, replies: u64) -> bool {
         if lsn == 0 {
             return true;
         }
         match self.shared.durability.wait(lsn).await {
             Ok(()) => true,
+            Err(NotDurable::LostLeadership) => {
+                tracing::info!(client = %self.addr, "replies withheld: {}", NotDurable::LostLeadership);
+                self.out.clear();
+                for _ in 0..replies {
+                    Reply::err(LOST_LEADERSHIP).encode(self.conn.proto, &mut self.out);
+                }
+                if self.write().await {
+                    self.close().await;
+                }
+                false
+            }
             Err(e) => {
                 tracing::warn!("reply not acknowledged, dropping connection: {e}");
                 false

@@ -296,7 +296,7 @@ impl GroupRead {
         let durability = ctx.shared.durability.clone();
         let settle = move |lsn: Lsn| {
             let d = durability.clone();
-            async move { d.wait(lsn).await.map_err(FeedError::Log) }
+            async move { d.wait(lsn).await.map_err(|e| FeedError::Log(e.to_string())) }
         };
         let wait = Box::pin(async move {
             let _slot = slot;
