@@ -19,12 +19,34 @@ use redis::Value;
 
 const S: &str = "stockgate:events";
 
-fn q(port: u16, args: &[&str]) -> redis::RedisResult<Value> {
+/// One command, once.
+fn q_once(port: u16, args: &[&str]) -> redis::RedisResult<Value> {
     let mut cmd = redis::cmd(args[0]);
     for a in &args[1..] {
         cmd.arg(*a);
     }
     cmd.query(&mut conn(port))
+}
+
+/// One command, asked again for a while if the connection ends under it: a member that
+/// was deposed closes its connections when it re-executes itself (a moment after it
+/// stopped leading), as a client following the group sees it.
+fn q(port: u16, args: &[&str]) -> redis::RedisResult<Value> {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match cmd.query(&mut conn(port)) {
+            Err(e)
+                if (e.is_io_error() || e.is_connection_dropped()) && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
 }
 
 fn text(v: &Value) -> String {
@@ -127,7 +149,7 @@ fn raft_the_feed_shows_only_committed_entries() {
     let t = Instant::now();
     while t.elapsed() < Duration::from_millis(800) {
         for id in [1, 2, 3] {
-            if let Ok(v) = q(g.port(id), &["XRANGE", S, "-", "+"]) {
+            if let Ok(v) = q_once(g.port(id), &["XRANGE", S, "-", "+"]) {
                 let toks: HashSet<String> = entries(&v)
                     .into_iter()
                     .filter(|(_, f)| get(f, "type") == "reserved")

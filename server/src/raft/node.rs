@@ -477,7 +477,7 @@ pub struct RaftNode {
 }
 
 /// How long a deposed member waits, its log closed, before it re-executes itself.
-const REPLIES_GRACE: Duration = Duration::from_millis(200);
+const REPLIES_GRACE: Duration = Duration::from_millis(100);
 const READONLY: &str = "READONLY You can't write against a read only replica. (this stockgate node is not the Raft leader; ask SENTINEL get-master-addr-by-name)";
 const NO_QUORUM: &str = "READONLY this stockgate node leads no majority right now (partitioned or the others are down); a new leader may exist";
 const FOLLOWER_READ: &str = "READONLY this stockgate node is a follower and its state may be behind the leader's: read from the leader (ask SENTINEL get-master-addr-by-name), or send READONLY on this connection to accept possibly stale reads";
