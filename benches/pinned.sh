@@ -76,6 +76,9 @@
 #        sg-raft-lg and redis-wait: cargo build --release --bin stockgate-bench)
 #        BASE_BIN=path  SERVER_CPU=1 LOAD_CPU=0  OUT=file (also write the table there)
 #        RAFT_FLAGS="..." extra flags for every Raft member (default: none, the defaults)
+#        PERF_DIR=dir  also profile every server process during each point (perf record,
+#                      software clock, call graphs) into dir/<target>-<C>-<P>-<role>.data;
+#                      role: lead (the leader / primary) or the process id of another
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -193,6 +196,8 @@ point() { # port clients pipeline cmd...
   local port=$1 c=$2 p=$3; shift 3
   local t0 t1 m0 m1 s0 s1 out rps p50 p99 p999 rc=0 taken=-
   s0=$(stock_left)
+  local perfs=()
+  [[ -n ${PERF_DIR:-} ]] && mapfile -t perfs < <(perf_start "$c" "$p")
   m0=$(cpu_ticks "$SPID"); t0=$(cpu_sum)
   if [[ $DRIVER == rb ]]; then
     out=$(timeout 300 taskset -c "$LOAD_CPU" redis-benchmark -h 127.0.0.1 -p "$port" "${LOAD_TLS[@]}" \
@@ -215,6 +220,7 @@ point() { # port clients pipeline cmd...
     echo "warning: the load generator exited with $rc (C=$c P=$p)" >&2
   fi
   t1=$(cpu_sum); m1=$(cpu_ticks "$SPID")
+  perf_stop "${perfs[@]}"
   s1=$(stock_left)
   if [[ $s0 =~ ^[0-9]+$ && $s1 =~ ^[0-9]+$ ]]; then
     taken=$(awk -v a="$s0" -v b="$s1" -v n="$N" 'BEGIN { printf "%.1f%%", (a - b) / n * 100 }')
@@ -222,6 +228,26 @@ point() { # port clients pipeline cmd...
   awk -v r="${rps:-0}" -v a="${p50:-nan}" -v b="${p99:-nan}" -v c="${p999:-nan}" \
       -v d=$((t1 - t0)) -v m=$((m1 - m0)) -v hz="$HZ" -v n="$N" -v k="$taken" \
       'BEGIN { printf "%s %s %s %s %.2f %.2f %s\n", r, a, b, c, d / hz * 1e6 / n, m / hz * 1e6 / n, k }'
+}
+
+# With PERF_DIR: one `perf record` per server process of the target; prints their pids.
+perf_start() { # clients pipeline
+  local pid role
+  mkdir -p "$PERF_DIR"
+  for pid in "${SPIDS[@]}"; do
+    role=$pid; [[ $pid == "$SPID" ]] && role=lead
+    perf record -q -e cpu-clock -F 1999 -g -p "$pid" \
+      -o "$PERF_DIR/$CUR_TARGET-$1-$2-$role.data" >/dev/null 2>&1 &
+    echo $!
+  done
+  sleep 0.5
+}
+perf_stop() { # perf pids
+  local pid
+  for pid in "$@"; do kill -INT "$pid" 2>/dev/null || true; done
+  for pid in "$@"; do
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  done
 }
 
 # `timeout` forks the server: CPU is read from its child, the server itself.
@@ -385,6 +411,7 @@ room_target() { # target
 declare -A RES FSYNC LOADGEN NOTE
 run_target() { # name
   local t=$1 dir=$TMP/$1 cmd=() pt c p
+  CUR_TARGET=$t
   TPIDS=() SPIDS=() STOCK_CMD=() DRIVER=rb WAIT_R='' REPL_PORTS=()
   # The TLS targets send the load to LOAD_PORT with LOAD_TLS; setup and STOCK go to the
   # plain PORT.
@@ -509,7 +536,8 @@ run_target() { # name
     want=$(stock_left)
     for rp in "${REPL_PORTS[@]}"; do
       for _ in $(seq 1 100); do
-        got=$(timeout 2 redis-cli -p "$rp" "${STOCK_CMD[@]}" 2>/dev/null | head -n 1)
+        # A stockgate follower answers reads after READONLY (Redis refuses it, harmlessly).
+        got=$(printf 'READONLY\n%s\n' "${STOCK_CMD[*]}" | timeout 2 redis-cli -p "$rp" 2>/dev/null | tail -n 1)
         [[ $got == "$want" ]] && break
         sleep 0.1
       done

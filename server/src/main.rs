@@ -119,7 +119,8 @@ struct ServeArgs {
     create_keys: bool,
     /// When an acknowledged change is on disk: always (fdatasync before every
     /// acknowledgement, batched), everysec (written before the reply, fsync once a
-    /// second), no (written before the reply, the OS decides).
+    /// second), no (written before the reply, the OS decides). A Raft group member
+    /// ignores it: its Raft log syncs every batch before counting it, its WAL once a second.
     #[arg(long, default_value = "everysec")]
     fsync: FsyncPolicy,
     /// Release expired reservations without a sweeper (deployments with no ledger).

@@ -8,6 +8,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::record::{self, decode_record, RecordError};
 use super::{io_err, Event, Lsn, WalError};
@@ -95,9 +96,28 @@ pub fn sync_dir(dir: &Path) -> Result<(), WalError> {
         .map_err(io_err("fsync directory", dir))
 }
 
+/// A model of the disk under an inline writer ([`super::Wal::open_inline_on`], the Raft
+/// log's `open_inline_on`): the deterministic simulation's, never a server's. It is told
+/// of every write before it happens and may fail it (`ENOSPC`, `EIO`), and it stands in
+/// for every `fdatasync` (and the directory syncs of a segment's creation): a sync it
+/// accepts is what makes those bytes survive the power loss it simulates, so the file
+/// itself is not synced (the hook's bookkeeping is the durability the simulation checks).
+pub trait DiskHook: Send + Sync {
+    /// `path` was created empty: nothing of it is durable yet.
+    fn created(&self, path: &Path);
+    /// `len` bytes are about to be appended to `path`; an error fails the write (nothing
+    /// written).
+    fn write(&self, path: &Path, len: u64) -> io::Result<()>;
+    /// `path`, now `len` bytes long, is to be synced: `Ok` makes those bytes durable; an
+    /// error is a failed `fdatasync` (what was written since the last sync may be lost).
+    fn sync(&self, path: &Path, len: u64) -> io::Result<()>;
+}
+
 /// The segment the writer appends to.
 pub(crate) struct ActiveSegment {
     file: File,
+    /// The simulation's disk model; `None` in a server.
+    hook: Option<Arc<dyn DiskHook>>,
     pub path: PathBuf,
     pub first: Lsn,
     /// LSN the next appended record will have.
@@ -108,7 +128,11 @@ pub(crate) struct ActiveSegment {
 
 impl ActiveSegment {
     /// Starts a new segment whose first record will be `first`.
-    pub fn create(dir: &Path, first: Lsn) -> Result<ActiveSegment, WalError> {
+    pub fn create(
+        dir: &Path,
+        first: Lsn,
+        hook: Option<Arc<dyn DiskHook>>,
+    ) -> Result<ActiveSegment, WalError> {
         let path = dir.join(segment_file_name(first));
         // create_new: an existing file of that name holds records we must not overwrite;
         // refusing makes the writer fail closed instead.
@@ -117,11 +141,19 @@ impl ActiveSegment {
             .create_new(true)
             .open(&path)
             .map_err(io_err("create segment", &path))?;
+        if let Some(h) = &hook {
+            h.created(&path);
+            h.write(&path, SEGMENT_HEADER_LEN)
+                .map_err(io_err("write segment header", &path))?;
+        }
         file.write_all(&header(first))
             .map_err(io_err("write segment header", &path))?;
-        sync_dir(dir)?;
+        if hook.is_none() {
+            sync_dir(dir)?;
+        }
         Ok(ActiveSegment {
             file,
+            hook,
             path,
             first,
             next: first,
@@ -130,13 +162,18 @@ impl ActiveSegment {
     }
 
     /// Continues a segment left by a previous run (after recovery validated it).
-    pub fn reopen(path: PathBuf, first: Lsn, next: Lsn, size: u64) -> Result<Self, WalError> {
+    pub fn reopen(
+        path: PathBuf,
+        (first, next, size): (Lsn, Lsn, u64),
+        hook: Option<Arc<dyn DiskHook>>,
+    ) -> Result<Self, WalError> {
         let file = OpenOptions::new()
             .append(true)
             .open(&path)
             .map_err(io_err("open segment", &path))?;
         Ok(ActiveSegment {
             file,
+            hook,
             path,
             first,
             next,
@@ -149,6 +186,10 @@ impl ActiveSegment {
     }
 
     pub fn append(&mut self, bytes: &[u8], records: u64) -> Result<(), WalError> {
+        if let Some(h) = &self.hook {
+            h.write(&self.path, bytes.len() as u64)
+                .map_err(io_err("write segment", &self.path))?;
+        }
         self.file
             .write_all(bytes)
             .map_err(io_err("write segment", &self.path))?;
@@ -158,9 +199,11 @@ impl ActiveSegment {
     }
 
     pub fn sync(&self) -> Result<(), WalError> {
-        self.file
-            .sync_data()
-            .map_err(io_err("fdatasync segment", &self.path))
+        match &self.hook {
+            Some(h) => h.sync(&self.path, self.size),
+            None => self.file.sync_data(),
+        }
+        .map_err(io_err("fdatasync segment", &self.path))
     }
 
     /// A second handle on the segment file, so the `everysec` sync can run without the
@@ -287,10 +330,20 @@ pub(crate) fn cut(dir: &Path, path: &Path, offset: u64) -> Result<(), WalError> 
     sync_dir(dir)
 }
 
-/// fdatasync of a closed segment; one deleted meanwhile (snapshot GC) needs nothing.
-pub(crate) fn sync_file_if_exists(path: &Path) -> Result<(), WalError> {
+/// fdatasync of a closed segment (through `hook` when the simulation's disk model is
+/// installed); one deleted meanwhile (snapshot GC) needs nothing.
+pub(crate) fn sync_file_if_exists(
+    path: &Path,
+    hook: Option<&dyn DiskHook>,
+) -> Result<(), WalError> {
     match File::open(path) {
-        Ok(f) => f.sync_data().map_err(io_err("fdatasync segment", path)),
+        Ok(f) => match hook {
+            Some(h) => f
+                .metadata()
+                .and_then(|m| h.sync(path, m.len()))
+                .map_err(io_err("fdatasync segment", path)),
+            None => f.sync_data().map_err(io_err("fdatasync segment", path)),
+        },
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_err("open segment", path)(e)),
     }

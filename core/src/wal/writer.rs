@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::record::{encode_record, HEADER_LEN};
-use super::segment::{self, ActiveSegment, Catalog};
+use super::segment::{self, ActiveSegment, Catalog, DiskHook};
 use super::snapshot::{self, SnapshotWritten};
 use super::{
     EventRef, EventSink, FsyncPolicy, Lsn, Recovery, Snapshot, WalError, WalOptions, WalStats,
@@ -61,6 +61,8 @@ struct Progress {
 struct Shared {
     dir: PathBuf,
     opts: WalOptions,
+    /// The simulation's disk model ([`Wal::open_inline_on`]); `None` in a server.
+    hook: Option<Arc<dyn DiskHook>>,
     state: Mutex<Pending>,
     has_work: Condvar,
     has_space: Condvar,
@@ -85,10 +87,17 @@ struct Shared {
 impl Shared {
     /// The state of a log whose next record gets LSN `next`: nothing pending, everything
     /// before `next` durable (recovery read it from disk) and its rolls done.
-    fn new(dir: PathBuf, opts: WalOptions, next: Lsn, catalog: Catalog) -> Self {
+    fn new(
+        dir: PathBuf,
+        opts: WalOptions,
+        next: Lsn,
+        catalog: Catalog,
+        hook: Option<Arc<dyn DiskHook>>,
+    ) -> Self {
         Shared {
             dir,
             opts,
+            hook,
             state: Mutex::new(Pending {
                 buf: Vec::new(),
                 buf_first: next,
@@ -219,7 +228,7 @@ impl Wal {
         data_dir: impl AsRef<Path>,
         opts: WalOptions,
     ) -> Result<(Arc<Wal>, Recovery), WalError> {
-        Wal::open_with(data_dir.as_ref(), opts, true)
+        Wal::open_with(data_dir.as_ref(), opts, true, None)
     }
 
     /// [`Wal::open`] without the writer thread: every `record` writes (and, under
@@ -231,23 +240,39 @@ impl Wal {
         data_dir: impl AsRef<Path>,
         opts: WalOptions,
     ) -> Result<(Arc<Wal>, Recovery), WalError> {
-        Wal::open_with(data_dir.as_ref(), opts, false)
+        Wal::open_with(data_dir.as_ref(), opts, false, None)
+    }
+
+    /// [`Wal::open_inline`] on the simulation's model of the disk: every segment write
+    /// and sync goes through `hook`, which may fail it and which stands in for the
+    /// `fdatasync` (see [`DiskHook`]).
+    pub fn open_inline_on(
+        data_dir: impl AsRef<Path>,
+        opts: WalOptions,
+        hook: Arc<dyn DiskHook>,
+    ) -> Result<(Arc<Wal>, Recovery), WalError> {
+        Wal::open_with(data_dir.as_ref(), opts, false, Some(hook))
     }
 
     fn open_with(
         data_dir: &Path,
         opts: WalOptions,
         threaded: bool,
+        hook: Option<Arc<dyn DiskHook>>,
     ) -> Result<(Arc<Wal>, Recovery), WalError> {
         let dir = create_wal_dir(data_dir)?;
         let lock_file = lock_dir(&dir)?;
         let resume = super::recovery::recover(&dir, &opts)?;
         let next = resume.recovery.last_lsn + 1;
         let active = match resume.active {
-            Some((path, first, size)) => Some(ActiveSegment::reopen(path, first, next, size)?),
+            Some((path, first, size)) => Some(ActiveSegment::reopen(
+                path,
+                (first, next, size),
+                hook.clone(),
+            )?),
             None => None,
         };
-        let shared = Arc::new(Shared::new(dir.clone(), opts, next, resume.catalog));
+        let shared = Arc::new(Shared::new(dir.clone(), opts, next, resume.catalog, hook));
         let inline = Arc::new(Mutex::new(Writer::new(shared.clone(), active, next)));
         let handle = if threaded {
             Some(spawn_writer(&dir, shared.clone(), inline.clone())?)
@@ -272,44 +297,76 @@ impl Wal {
         SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
             scratch.clear();
-            let encoded = encode_record(event, &mut scratch);
-            let sh = &*self.shared;
-            let mut state = sh.state.lock();
-            while !state.stopped && !state.closing && state.buf.len() >= sh.opts.max_buffer_bytes {
-                sh.has_space.wait(&mut state);
-            }
-            let lsn = state.next;
-            state.next += 1;
-            // Published under the state lock, so it never runs ahead of `next`; read
-            // without it by every reply (see `EventSink::last_lsn`).
-            sh.assigned.store(lsn, Ordering::Release);
-            if let Err(e) = encoded {
-                // Unloggable means unacknowledgeable; stopping is the only safe answer.
-                drop(state);
-                sh.fail(format!("cannot log event at LSN {lsn}: {e}"));
-                return lsn;
-            }
-            if state.stopped || state.closing {
-                return lsn;
-            }
-            // Under `everysec` and `no` the waiters write batches themselves and the
-            // thread polls: no futex wake per batch on the hot path.
-            let wake = state.buf.is_empty() && sh.opts.fsync == FsyncPolicy::Always;
-            state.buf.extend_from_slice(&scratch);
-            state.buf_records += 1;
-            drop(state);
-            if wake {
-                sh.has_work.notify_one();
-            }
+            let (lsn, queued) = match encode_record(event, &mut scratch) {
+                Ok(()) => self.push(Ok(&scratch)),
+                Err(e) => self.push(Err(e)),
+            };
             if scratch.capacity() > 1 << 16 {
                 *scratch = Vec::new();
             }
             drop(scratch);
-            if !self.threaded {
-                self.write_now(false);
-            }
+            self.write_if_inline(queued);
             lsn
         })
+    }
+
+    /// [`Wal::record`] for a record already framed as `encode_record` frames it, whose
+    /// frame the caller checked (`record::frame`): a Raft member logs the records of a
+    /// committed batch as the leader encoded them, without decoding and encoding each
+    /// again.
+    pub fn record_framed(&self, record: &[u8]) -> Lsn {
+        debug_assert_eq!(
+            super::record::frame(record).map(|(_, used)| used).ok(),
+            Some(record.len())
+        );
+        let (lsn, queued) = self.push(Ok(record));
+        self.write_if_inline(queued);
+        lsn
+    }
+
+    /// Without a writer thread a queued record is written (and synced under `always`)
+    /// here.
+    fn write_if_inline(&self, queued: bool) {
+        if queued && !self.threaded {
+            self.write_now(false);
+        }
+    }
+
+    /// Gives the next LSN to `record` (one framed record) and queues it for the writer;
+    /// an unloggable record stops the log. Returns the LSN and whether it was queued.
+    fn push(&self, record: Result<&[u8], super::RecordError>) -> (Lsn, bool) {
+        let sh = &*self.shared;
+        let mut state = sh.state.lock();
+        while !state.stopped && !state.closing && state.buf.len() >= sh.opts.max_buffer_bytes {
+            sh.has_space.wait(&mut state);
+        }
+        let lsn = state.next;
+        state.next += 1;
+        // Published under the state lock, so it never runs ahead of `next`; read
+        // without it by every reply (see `EventSink::last_lsn`).
+        sh.assigned.store(lsn, Ordering::Release);
+        let bytes = match record {
+            Ok(b) => b,
+            Err(e) => {
+                // Unloggable means unacknowledgeable; stopping is the only safe answer.
+                drop(state);
+                sh.fail(format!("cannot log event at LSN {lsn}: {e}"));
+                return (lsn, false);
+            }
+        };
+        if state.stopped || state.closing {
+            return (lsn, false);
+        }
+        // Under `everysec` and `no` the waiters write batches themselves and the
+        // thread polls: no futex wake per batch on the hot path.
+        let wake = state.buf.is_empty() && sh.opts.fsync == FsyncPolicy::Always;
+        state.buf.extend_from_slice(bytes);
+        state.buf_records += 1;
+        drop(state);
+        if wake {
+            sh.has_work.notify_one();
+        }
+        (lsn, true)
     }
 
     /// Without a writer thread ([`Wal::open_inline`]): one round of the writer, here;
@@ -474,6 +531,36 @@ impl Wal {
             self.shared.fail(e.to_string());
         }
         true
+    }
+
+    /// Writes what is recorded and fdatasyncs it (the active segment and any segment
+    /// closed unsynced), whatever the fsync policy; returns the last LSN now on disk.
+    /// A Raft member's WAL is a copy of its Raft log and syncs only on its timer, so a
+    /// snapshot that lets the Raft log drop entries syncs the WAL first. Blocking.
+    pub fn sync_blocking(&self) -> Result<Lsn, WalError> {
+        let mut w = self.inline.lock();
+        if w.done {
+            return Err(WalError::Closed);
+        }
+        let res = (|| {
+            if w.round()? {
+                w.done = true;
+                return Err(WalError::Closed);
+            }
+            w.unsynced = true;
+            w.sync()?;
+            for p in std::mem::take(&mut w.closed_unsynced) {
+                segment::sync_file_if_exists(&p, self.shared.hook.as_deref())?;
+            }
+            Ok(w.written)
+        })();
+        if let Err(e) = &res {
+            if !matches!(e, WalError::Closed) {
+                w.done = true;
+                self.shared.fail(e.to_string());
+            }
+        }
+        res
     }
 
     /// Makes the next record start a new segment and returns the last LSN before it.
@@ -809,12 +896,18 @@ impl Writer {
     /// The writer of a log whose next record gets LSN `next`, appending to `seg` (the
     /// segment recovery reopened, if any).
     fn new(shared: Arc<Shared>, seg: Option<ActiveSegment>, next: Lsn) -> Self {
+        // A reopened segment may hold bytes the previous process wrote and never synced
+        // (a crash leaves them in the page cache, where recovery read them): counted
+        // unsynced, so they are synced with the next batch or, at the latest, when the
+        // segment is closed. Else a restart that rolls over at once would leave them
+        // unsynced behind a newer segment, and a power loss would cut the log mid-way.
+        let unsynced = seg.is_some();
         Writer {
             shared,
             seg,
             batch: Vec::new(),
             last_sync: Instant::now(),
-            unsynced: false,
+            unsynced,
             written: next - 1,
             final_flush: false,
             closed_unsynced: Vec::new(),
@@ -846,7 +939,7 @@ impl Writer {
             self.unsynced = true;
             self.sync()?;
             for p in std::mem::take(&mut self.closed_unsynced) {
-                segment::sync_file_if_exists(&p)?;
+                segment::sync_file_if_exists(&p, self.shared.hook.as_deref())?;
             }
             self.shared
                 .publish(wrote.then_some(self.written), rolled, true);
@@ -945,7 +1038,7 @@ impl Writer {
         let seg = match &mut self.seg {
             Some(s) => s,
             None => {
-                let s = ActiveSegment::create(&self.shared.dir, first)?;
+                let s = ActiveSegment::create(&self.shared.dir, first, self.shared.hook.clone())?;
                 self.shared.catalog.lock().insert(first, None);
                 self.seg.insert(s)
             }

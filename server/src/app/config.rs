@@ -166,7 +166,7 @@ impl Config {
             bind: self.listen.bind.clone(),
             port: self.listen.port,
             data_dir: self.data_dir.display().to_string(),
-            fsync: self.wal.fsync.to_string(),
+            fsync: self.wal_fsync().to_string(),
             durable: true,
             auto_release: self.engine.auto_release,
             default_shards: self.engine.default_shards,
@@ -198,6 +198,19 @@ impl Config {
         Ok(e.clone())
     }
 
+    /// When the WAL syncs. A group member's durable log is its Raft log, synced before
+    /// every append is acknowledged whatever `--fsync` says; its WAL holds the same
+    /// committed records again, which the Raft log can give back after a power loss, so
+    /// it is synced once a second (and before a snapshot lets the Raft log drop them)
+    /// instead of once per batch: one `fdatasync` per batch on each member, not two.
+    pub(super) fn wal_fsync(&self) -> FsyncPolicy {
+        if self.raft.is_some() {
+            FsyncPolicy::EverySec
+        } else {
+            self.wal.fsync
+        }
+    }
+
     /// The log's options, with the crash tests' fault injection from the environment
     /// (unset in production).
     pub(super) fn wal_options(&self) -> WalOptions {
@@ -208,7 +221,7 @@ impl Config {
                 .unwrap_or(0)
         };
         WalOptions {
-            fsync: self.wal.fsync,
+            fsync: self.wal_fsync(),
             segment_bytes: self.wal.segment_mib.max(1) << 20,
             repair: self.wal.repair,
             fault_write_delay_ms: env_ms("STOCKGATE_FAULT_WAL_DELAY_MS"),

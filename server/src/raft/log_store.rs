@@ -22,8 +22,8 @@
 //! lands after it in the new file.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::fs::OpenOptions;
+use std::io::{self, Read};
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -33,7 +33,9 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{EntryPayload, RaftLogReader, StorageIOError, StoredMembership, Vote};
 use parking_lot::Mutex;
 
+use super::log_file::{self, LogFile};
 use super::{Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
+use crate::wal::segment::DiskHook;
 
 const K_ENTRY: u8 = 1;
 const K_TRUNCATE: u8 = 2;
@@ -119,7 +121,8 @@ enum Sink {
 }
 
 struct InlineFile {
-    file: File,
+    /// The file, with the simulation's model of the disk ([`LogStore::open_inline_on`]).
+    file: LogFile,
     /// A write or sync failed: every later job fails, as the writer thread's do.
     failed: bool,
 }
@@ -180,17 +183,28 @@ fn ser<T: serde::Serialize>(v: &T) -> Vec<u8> {
 impl LogStore {
     /// Opens (or creates) `<dir>/log` and starts its writer thread.
     pub fn open(dir: &Path) -> Result<LogStore, OpenError> {
-        LogStore::open_with(dir, true)
+        LogStore::open_with(dir, true, None)
     }
 
     /// [`LogStore::open`] without the writer thread: each change is written and synced
     /// on the caller's thread (the event loop) before it is acknowledged. For the
     /// deterministic simulation only.
     pub fn open_inline(dir: &Path) -> Result<LogStore, OpenError> {
-        LogStore::open_with(dir, false)
+        LogStore::open_with(dir, false, None)
     }
 
-    fn open_with(dir: &Path, threaded: bool) -> Result<LogStore, OpenError> {
+    /// [`LogStore::open_inline`] on the simulation's model of the disk: every write and
+    /// sync of the log goes through `hook`, which may fail it and which stands in for the
+    /// `fdatasync` (see [`DiskHook`]).
+    pub fn open_inline_on(dir: &Path, hook: Arc<dyn DiskHook>) -> Result<LogStore, OpenError> {
+        LogStore::open_with(dir, false, Some(hook))
+    }
+
+    fn open_with(
+        dir: &Path,
+        threaded: bool,
+        hook: Option<Arc<dyn DiskHook>>,
+    ) -> Result<LogStore, OpenError> {
         let path = dir.join("log");
         let io_err = |source| OpenError::Io {
             path: path.display().to_string(),
@@ -199,8 +213,9 @@ impl LogStore {
         std::fs::create_dir_all(dir).map_err(io_err)?;
         let mut file = OpenOptions::new()
             .read(true)
-            .append(true)
+            .write(true)
             .create(true)
+            .truncate(false)
             .open(&path)
             .map_err(io_err)?;
         let mut bytes = Vec::new();
@@ -210,16 +225,18 @@ impl LogStore {
             offset,
             why,
         })?;
-        if (good as usize) < bytes.len() {
+        let mut len = bytes.len() as u64;
+        if !log_file::blank_from(&bytes, good as usize) {
             tracing::warn!(
                 "raft log {}: dropped a torn record at the end ({} bytes)",
                 path.display(),
                 bytes.len() - good as usize
             );
             file.set_len(good).map_err(io_err)?;
-            file.seek(SeekFrom::End(0)).map_err(io_err)?;
             file.sync_data().map_err(io_err)?;
+            len = good;
         }
+        let file = LogFile::new(file, good, len, hook);
         // A restart never resumes a leadership (standard Raft; openraft would restore the
         // leader state of a committed vote naming this node): the previous process may
         // have replicated entries it had not yet synced itself, and leading the same term
@@ -462,6 +479,9 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
         let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
         let kind = rest[8];
         if len > MAX_BODY {
+            if log_file::blank_from(bytes, at + 4) {
+                break; // a length half written over the zeros ahead of the log
+            }
             return Err((at as u64, format!("record length {len} over the limit")));
         }
         if rest.len() < HEADER + len {
@@ -469,10 +489,12 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
         }
         let body = &rest[HEADER..HEADER + len];
         let end = at + HEADER + len;
-        let ok = crc32c::crc32c_append(crc32c::crc32c(&[kind]), body) == crc;
+        let ok = len > 0 && crc32c::crc32c_append(crc32c::crc32c(&[kind]), body) == crc;
         if !ok {
-            if end == bytes.len() {
-                break; // the last record, half written
+            // The end of the log: the zeros written ahead of it, or its last record half
+            // written (nothing but zeros after it).
+            if log_file::blank_from(bytes, end) {
+                break;
             }
             return Err((at as u64, "checksum mismatch".into()));
         }
@@ -506,7 +528,7 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
 /// it fails every later job without touching the file: after a failed `fsync` the
 /// kernel may have dropped the pages it could not write, so a later sync that succeeds
 /// proves nothing.
-fn writer(mut file: File, path: &Path, rx: mpsc::Receiver<Job>) {
+fn writer(mut file: LogFile, path: &Path, rx: mpsc::Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(j) = rx.try_recv() {
@@ -522,13 +544,13 @@ fn writer(mut file: File, path: &Path, rx: mpsc::Receiver<Job>) {
 
 /// Writes `jobs` in order, syncs once, then completes them; false if the write or the
 /// sync failed (every job then completes with the error).
-fn write_jobs(file: &mut File, path: &Path, jobs: Vec<Job>) -> bool {
+fn write_jobs(file: &mut LogFile, path: &Path, jobs: Vec<Job>) -> bool {
     let mut r = Ok(());
     for j in &jobs {
         let done = if j.rewrite {
-            rewrite(path, &j.bytes).map(|f| *file = f)
+            file.rewrite(path, &j.bytes)
         } else {
-            file.write_all(&j.bytes)
+            file.append(path, &j.bytes)
         };
         if let Err(e) = done {
             r = Err(e);
@@ -536,7 +558,7 @@ fn write_jobs(file: &mut File, path: &Path, jobs: Vec<Job>) -> bool {
         }
     }
     if r.is_ok() {
-        r = file.sync_data();
+        r = file.sync(path);
     }
     if let Err(e) = &r {
         // Recorded before any waiter learns of it: the process exits on it
@@ -572,22 +594,6 @@ fn complete(done: Done, res: io::Result<()>) {
         }
         Done::None => {}
     }
-}
-
-/// Replaces the file at `path` with `image` (synced, renamed, directory synced) and
-/// returns the new file opened for appending.
-fn rewrite(path: &Path, image: &[u8]) -> io::Result<File> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(image)?;
-        f.sync_data()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        File::open(dir)?.sync_all()?;
-    }
-    OpenOptions::new().append(true).open(path)
 }
 
 /// A range of log indexes openraft asked for that is no range: its start lies past its
@@ -767,6 +773,7 @@ mod tests {
     use super::*;
     use crate::raft::Batch;
     use openraft::{CommittedLeaderId, EntryPayload};
+    use std::io::Write;
 
     fn entry(term: u64, index: u64, first_lsn: u64) -> Entry {
         Entry {
@@ -880,6 +887,60 @@ mod tests {
             Err(e) => panic!("unexpected {e}"),
             Ok(_) => panic!("a corrupt log opened"),
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Waits until the writer thread of a dropped store let go of the file.
+    fn reopen(dir: &Path) -> Result<LogStore, OpenError> {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        LogStore::open(dir)
+    }
+
+    #[tokio::test]
+    async fn raft_log_writes_over_zeros_ahead_and_takes_them_for_its_end() {
+        let dir = std::env::temp_dir().join(format!("sg-raftlog-ahead-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut s = LogStore::open(&dir).expect("open");
+        for term in 1..=3 {
+            s.save_vote(&Vote::new(term, 1)).await.expect("vote");
+        }
+        drop(s);
+        let path = dir.join("log");
+        let bytes = std::fs::read(&path).expect("read");
+        let (inner, end) = replay(&bytes).expect("replays");
+        assert_eq!(inner.vote, Some(Vote::new(3, 1)));
+        assert!(bytes.len() as u64 >= log_file::GROW, "written ahead");
+        assert!(log_file::blank_from(&bytes, end as usize));
+        // Reopened: the zeros are the end, the file keeps them, appends go on after the
+        // last record.
+        let mut s = reopen(&dir).expect("reopen");
+        assert_eq!(s.inner.lock().vote.map(|v| v.leader_id().term), Some(3));
+        s.save_vote(&Vote::new(4, 2)).await.expect("vote");
+        drop(s);
+        let again = std::fs::read(&path).expect("read");
+        assert_eq!(again.len(), bytes.len(), "no second growth");
+        let (inner, end2) = replay(&again).expect("replays");
+        assert_eq!(inner.vote, Some(Vote::new(4, 2)));
+        assert!(end2 > end);
+        // A record half written over the zeros: dropped, the file cut back to the log.
+        let mut torn = Vec::new();
+        encode(K_VOTE, &ser(&Vote::<NodeId>::new(5, 1)), &mut torn);
+        let f = OpenOptions::new().write(true).open(&path).expect("open");
+        std::os::unix::fs::FileExt::write_all_at(&f, &torn[..HEADER + 8], end2).expect("torn");
+        drop(f);
+        let s = reopen(&dir).expect("torn tail dropped");
+        assert_eq!(s.inner.lock().vote, Some(Vote::new(4, 2)));
+        drop(s);
+        assert_eq!(std::fs::metadata(&path).expect("meta").len(), end2);
+        // A bad record with records after it is damage, zeros or not.
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[HEADER + 1] ^= 0xff;
+        bytes.extend_from_slice(&[0; 64]);
+        std::fs::write(&path, bytes).expect("write");
+        assert!(matches!(
+            reopen(&dir),
+            Err(OpenError::Corrupt { offset: 0, .. })
+        ));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

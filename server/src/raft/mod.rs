@@ -29,6 +29,7 @@
 pub mod authority;
 pub mod identity;
 pub mod lease;
+mod log_file;
 pub mod log_store;
 pub mod network;
 pub mod node;

@@ -95,7 +95,11 @@ impl Snapshots {
     pub fn build(&self) -> Result<SnapMeta, String> {
         let _one = self.building.lock();
         let current = self.store.snapshot();
-        let target = self.reachable();
+        // The WAL syncs only once a second (the Raft log is the durable copy): once the
+        // snapshot is recorded the Raft log may drop its entries, so what it covers must
+        // be on disk in the WAL first.
+        let synced = self.dur.wal.sync_blocking().map_err(|e| e.to_string())?;
+        let target = self.reachable().min(synced);
         let Some((log_id, upto, membership)) = self.store.log_id_for(target) else {
             return Ok(current.unwrap_or_else(nothing));
         };

@@ -27,7 +27,7 @@ use super::speculation::Speculation;
 use super::{Batch, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
 use crate::engine::Engine;
 use crate::persist::WalDurability;
-use crate::wal::record::decode_record;
+use crate::wal::record::{decode_payload, frame};
 
 /// openraft's state machine for a group member: applies committed entries to the engine and the
 /// WAL, tracks the last applied log id and membership, and builds and installs snapshots.
@@ -77,8 +77,10 @@ impl StateMachine {
         let _gate = self.dur.apply_gate();
         let (mut at, mut lsn) = (0usize, b.first_lsn);
         while at < b.records.len() {
-            let (ev, used) = decode_record(&b.records[at..])
-                .map_err(|e| format!("record at LSN {lsn} of a committed batch: {e}"))?;
+            let bad = |e: &dyn std::fmt::Display| {
+                format!("record at LSN {lsn} of a committed batch: {e}")
+            };
+            let (payload, used) = frame(&b.records[at..]).map_err(|e| bad(&e))?;
             let have = wal.last_lsn();
             if lsn > have {
                 if lsn != have + 1 {
@@ -87,11 +89,18 @@ impl StateMachine {
                         have + 1
                     ));
                 }
-                let got = wal.record(&ev);
+                // The leader's own records are in its engine already: they are only
+                // logged, as encoded, never decoded again.
+                let ev = if own {
+                    None
+                } else {
+                    Some(decode_payload(payload).map_err(|e| bad(&e))?)
+                };
+                let got = wal.record_framed(&b.records[at..at + used]);
                 if got != lsn {
                     return Err(format!("local WAL gave LSN {got} to the group's {lsn}"));
                 }
-                if !own {
+                if let Some(ev) = ev {
                     self.engine.apply(&ev);
                     self.dur.replayed(lsn, &ev);
                 }
