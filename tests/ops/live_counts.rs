@@ -4,6 +4,7 @@
 //! or the other watchers; the buyer page (`/sale/<sku>`) shows the counts in headless
 //! Chromium and escapes what it echoes.
 
+use super::live_common::{q, reserve_all, rss_kb, users};
 use crate::common::ha::free_port;
 use crate::common::{have, Server, TempDir};
 
@@ -40,33 +41,6 @@ fn start() -> (Server, String) {
         std::thread::sleep(Duration::from_millis(50));
     }
     (s, maddr)
-}
-
-fn q(c: &mut redis::Connection, args: &[&str]) -> redis::Value {
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(c).expect("command")
-}
-
-/// RESERVE one unit for each of `users` in one pipeline.
-fn reserve_all(s: &Server, c: &mut redis::Connection, sku: &str, users: &[String]) {
-    let keys = s.keyring();
-    let exp = crate::common::now_ms() + 600_000;
-    let mut p = redis::pipe();
-    for u in users {
-        p.cmd("RESERVE")
-            .arg(sku)
-            .arg(u)
-            .arg(keys.mint(sku, u, exp))
-            .arg("r");
-    }
-    let out: Vec<redis::Value> = p.query(c).expect("pipeline");
-    for v in &out {
-        let text = format!("{v:?}");
-        assert!(text.contains("RESERVED"), "{text}");
-    }
 }
 
 /// An event stream being read by a thread: each event's arrival time and JSON.
@@ -148,19 +122,6 @@ impl Watcher {
             }
         }
     }
-}
-
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
-fn users(from: usize, n: usize) -> Vec<String> {
-    (from..from + n).map(|i| format!("u{i}")).collect()
 }
 
 /// The first event comes at once with the counts; a RESERVE shows within a second; a
@@ -523,10 +484,7 @@ fn the_buyer_page_shows_the_live_counts_in_chromium() {
 
 /// The ticket the reply of `ROOM.JOIN sku user` carries, percent-encoded for a query.
 fn join(c: &mut redis::Connection, sku: &str, user: &str) -> String {
-    let redis::Value::Array(joined) = q(c, &["ROOM.JOIN", sku, user]) else {
-        panic!("ROOM.JOIN answers an array");
-    };
-    crate::common::as_str(&joined[0])
+    super::live_common::join(c, sku, user)
         .replace('%', "%25")
         .replace('|', "%7C")
         .replace('&', "%26")

@@ -4,6 +4,7 @@
 //! queue length moves with ROOM.JOIN; clients cannot PUBLISH on the channel; a
 //! subscriber that never reads is disconnected without hurting anyone else.
 
+use super::live_common::{join, q, reserve_all, rss_kb, users};
 use crate::common::Server;
 
 use std::io::{Read, Write};
@@ -12,37 +13,6 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-
-fn q(c: &mut redis::Connection, args: &[&str]) -> redis::Value {
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(c).expect("command")
-}
-
-/// RESERVE one unit for each of `users` in one pipeline.
-fn reserve_all(s: &Server, c: &mut redis::Connection, sku: &str, users: &[String]) {
-    let keys = s.keyring();
-    let exp = crate::common::now_ms() + 600_000;
-    let mut p = redis::pipe();
-    for u in users {
-        p.cmd("RESERVE")
-            .arg(sku)
-            .arg(u)
-            .arg(keys.mint(sku, u, exp))
-            .arg("r");
-    }
-    let out: Vec<redis::Value> = p.query(c).expect("pipeline");
-    for v in &out {
-        let text = format!("{v:?}");
-        assert!(text.contains("RESERVED"), "{text}");
-    }
-}
-
-fn users(from: usize, n: usize) -> Vec<String> {
-    (from..from + n).map(|i| format!("u{i}")).collect()
-}
 
 /// A redis-rs subscriber read by a thread: each message's arrival time and JSON.
 struct Sub {
@@ -271,15 +241,6 @@ fn redis_py_watchers_see_the_queue_and_the_stock() {
     );
 }
 
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// `CLIENT LIST` lines of subscriber-mode connections.
 fn subscribers(c: &mut redis::Connection) -> Vec<String> {
     let list: String = redis::cmd("CLIENT").arg("LIST").query(c).expect("list");
@@ -388,14 +349,6 @@ fn a_subscriber_that_never_reads_is_bounded_and_dropped() {
         String::from_utf8_lossy(&sink[..sink.len().min(4096)]).contains("\"sku\":\"BUSY\""),
         "the never-reader was sent the counts first"
     );
-}
-
-/// The ticket `ROOM.JOIN sku user` answers.
-fn join(c: &mut redis::Connection, sku: &str, user: &str) -> String {
-    let redis::Value::Array(joined) = q(c, &["ROOM.JOIN", sku, user]) else {
-        panic!("ROOM.JOIN answers an array");
-    };
-    crate::common::as_str(&joined[0])
 }
 
 /// A buyer's channel, `place:<ticket>`: the counts with the buyer's own place in every

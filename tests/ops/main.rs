@@ -14,6 +14,7 @@ mod deploy_systemd;
 mod hardening_auth;
 mod hardening_hostile;
 mod help_secrets;
+mod live_common;
 mod live_counts;
 mod live_resp;
 mod log_flags;
