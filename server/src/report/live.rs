@@ -624,7 +624,8 @@ mod tests {
     use super::*;
     use crate::engine::{EngineConfig, Keyring, ManualClock, NullSink, ReservationKey};
 
-    fn engine() -> Arc<Engine> {
+    /// An engine on a fixed clock and test keys (also for `resp`'s tests).
+    pub(super) fn engine() -> Arc<Engine> {
         let clock = Arc::new(ManualClock::new(1_700_000_000_000));
         let keys = Keyring::parse(&format!("k1 {}\n", "ab".repeat(32))).unwrap();
         Arc::new(Engine::new(

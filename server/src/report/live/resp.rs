@@ -184,23 +184,11 @@ impl Feed for LiveFeed {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::engine;
     use super::*;
-    use crate::engine::{EngineConfig, Keyring, ManualClock, NullSink, ReservationKey};
     use crate::pubsub::Clients;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
-
-    fn engine() -> Arc<Engine> {
-        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
-        let keys = Keyring::parse(&format!("k1 {}\n", "ab".repeat(32))).unwrap();
-        Arc::new(Engine::new(
-            EngineConfig::default(),
-            clock,
-            Arc::new(NullSink),
-            keys,
-            ReservationKey::from_bytes(&[7u8; 32]),
-        ))
-    }
 
     #[test]
     fn channel_names() {
