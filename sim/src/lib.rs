@@ -8,6 +8,7 @@
 //! for the group's commit, `Speculation::wait`); the command layer itself (`cmd`,
 //! sessions, RESP) is not in the loop.
 
+pub mod disk;
 pub mod history;
 pub mod member;
 pub mod net;

@@ -1,15 +1,18 @@
-//! `stockgate-sim SEED [COUNT] [--verbose]`: runs the deterministic simulation of a
-//! replicated group for seeds SEED .. SEED+COUNT-1, one line per seed:
-//! `seed <n> digest <hex> PASS|FAIL <what>`. Exits 1 if any seed failed.
+//! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no]`: runs the deterministic
+//! simulation of a replicated group for seeds SEED .. SEED+COUNT-1, one line per seed:
+//! `seed <n> digest <hex> PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no`
+//! runs the members' WALs under `--fsync no` (a single node's setting, which a server
+//! never gives a member) to hunt in the WAL's code.
 
 use stockgate_sim::{run, Settings};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let verbose = args.iter().any(|a| a == "--verbose" || a == "-v");
+    let fsync_no = args.iter().any(|a| a == "--fsync-no");
     let nums: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let Some(&first) = nums.first() else {
-        eprintln!("usage: stockgate-sim SEED [COUNT] [--verbose]");
+        eprintln!("usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no]");
         std::process::exit(2);
     };
     let count = nums.get(1).copied().unwrap_or(1);
@@ -22,6 +25,7 @@ fn main() {
     }
     let settings = Settings {
         verbose,
+        fsync_no,
         ..Settings::default()
     };
     let mut failed = false;

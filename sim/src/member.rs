@@ -20,10 +20,11 @@ use stockgate_server::raft::snapshot::{SnapshotHooks, Snapshots};
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::state_machine::StateMachine;
 use stockgate_server::raft::{authority, network, NodeId, NodeInfo, Raft};
-use stockgate_server::wal::{FsyncPolicy, Wal, WalOptions};
+use stockgate_server::wal::{Wal, WalOptions};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::disk::Hook;
 use crate::history::History;
 use crate::net::{Factory, Net};
 
@@ -43,6 +44,8 @@ pub struct Member {
     /// re-executes itself) and when openraft's core stopped (a server exits and its
     /// supervisor starts it again).
     pub deposed: Arc<AtomicBool>,
+    /// What its WAL and Raft log write through (the simulated disk).
+    pub hook: Arc<Hook>,
     lease: Arc<Lease>,
     election_min_ms: u64,
     tasks: Vec<JoinHandle<()>>,
@@ -75,17 +78,16 @@ fn keys() -> (Keyring, ReservationKey) {
     (ring, ReservationKey::from_bytes(&[9u8; 32]))
 }
 
+type Recovered = (Arc<Engine>, Arc<WalDurability>, Arc<Speculation>);
+
 /// The engine, its WAL and its speculation, recovered from `dir` as a server's are.
 fn recover(
     dir: &Path,
     env: &Env,
     origin: u64,
-) -> (Arc<Engine>, Arc<WalDurability>, Arc<Speculation>) {
-    let opts = WalOptions {
-        fsync: FsyncPolicy::No,
-        ..WalOptions::default()
-    };
-    let opened = Wal::open_inline(dir, opts).unwrap();
+    (opts, hook): (WalOptions, Arc<Hook>),
+) -> Result<Recovered, String> {
+    let opened = Wal::open_inline_on(dir, opts, hook).map_err(|e| format!("WAL: {e}"))?;
     let cfg = EngineConfig {
         // Nothing expires or is forgotten within a run: every acknowledged hold must
         // still be there at the end.
@@ -99,38 +101,42 @@ fn recover(
             spec = Some(s.clone());
             s
         })
-        .unwrap();
-    (engine, dur, spec.unwrap())
+        .map_err(|e| format!("recovery: {e}"))?;
+    let spec = spec.ok_or("recovery built no speculation")?;
+    Ok((engine, dur, spec))
 }
 
-/// Starts member `id` from its data dir, whose storage is `incarnation`; `origin` names
-/// this process.
-pub async fn start(id: NodeId, env: &Env, origin: u64, incarnation: u64) -> Member {
+/// How one member process starts: its origin (names the process), the incarnation of
+/// its storage, its WAL's options and the disk model it writes through.
+pub struct Boot {
+    /// Names this process.
+    pub origin: u64,
+    /// The storage it runs on.
+    pub incarnation: u64,
+    /// Its WAL's options (fsync policy, segment size).
+    pub wal: WalOptions,
+    /// Its disk.
+    pub disk: Arc<crate::disk::Disk>,
+}
+
+/// Starts member `id` from its data dir; `Err` when it refuses to start (as a server
+/// exits on a log it cannot recover).
+pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> {
+    let Boot {
+        origin,
+        incarnation,
+        wal,
+        disk,
+    } = boot;
     let dir = env.dir(id);
-    let store = LogStore::open_inline(&dir.join("raft")).unwrap();
-    let (engine, dur, spec) = recover(&dir, env, origin);
     let deposed = Arc::new(AtomicBool::new(false));
+    let hook = Hook::new(disk, deposed.clone(), env.history.clone());
+    let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
+        .map_err(|e| format!("raft log: {e}"))?;
+    let (engine, dur, spec) = recover(&dir, env, origin, (wal, hook.clone()))?;
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
-    let hooks = SnapshotHooks {
-        hold: Box::new(|| None),
-        compact_slots: Box::new(|r| r),
-    };
-    let snapshots = Arc::new(Snapshots::new(
-        dur.clone(),
-        engine.clone(),
-        store.clone(),
-        hooks,
-    ));
-    let applied = store.applied_for(dur.wal.last_lsn()).unwrap();
-    let sm = StateMachine::new(
-        engine.clone(),
-        dur.clone(),
-        spec.clone(),
-        applied,
-        snapshots,
-        (store.clone(), dir.clone()),
-    );
+    let sm = state_machine(&engine, &dur, &spec, (&store, &dir))?;
     let lease = Arc::new(Lease::default());
     let factory = Factory {
         from: id,
@@ -139,7 +145,7 @@ pub async fn start(id: NodeId, env: &Env, origin: u64, incarnation: u64) -> Memb
     };
     let raft = Raft::new(id, env.config.clone(), factory, store, sm)
         .await
-        .unwrap();
+        .map_err(|e| format!("openraft: {e}"))?;
     // Nobody stands before the membership names this storage as a voter (as
     // `RaftNode::serve_peers` and `follow_admission`).
     raft.runtime_config().elect(false);
@@ -164,22 +170,53 @@ pub async fn start(id: NodeId, env: &Env, origin: u64, incarnation: u64) -> Memb
         tokio::spawn(spec.clone().propose(raft.clone())),
         tokio::spawn(watcher.run()),
     ];
-    Member {
+    Ok(Member {
         id,
         raft,
         engine,
         dur,
         spec,
         deposed,
+        hook,
         lease,
         election_min_ms: env.config.election_timeout_min,
         tasks,
-    }
+    })
+}
+
+/// The member's state machine over its engine, WAL and Raft log, where recovery left
+/// them (as `RaftNode::start` builds it).
+fn state_machine(
+    engine: &Arc<Engine>,
+    dur: &Arc<WalDurability>,
+    spec: &Arc<Speculation>,
+    (store, dir): (&LogStore, &Path),
+) -> Result<StateMachine, String> {
+    let hooks = SnapshotHooks {
+        hold: Box::new(|| None),
+        compact_slots: Box::new(|r| r),
+    };
+    let snapshots = Arc::new(Snapshots::new(
+        dur.clone(),
+        engine.clone(),
+        store.clone(),
+        hooks,
+    ));
+    let applied = store.applied_for(dur.wal.last_lsn())?;
+    Ok(StateMachine::new(
+        engine.clone(),
+        dur.clone(),
+        spec.clone(),
+        applied,
+        snapshots,
+        (store.clone(), dir.to_path_buf()),
+    ))
 }
 
 impl Member {
-    /// A `kill -9`: the member's tasks stop and its handles go; the files stay as they
-    /// are (every write already reached the OS: the WAL and the log write inline).
+    /// The process ends: its tasks stop and its handles go. What its files keep is the
+    /// caller's (`Hook::die` first for a `kill -9` or a power loss, so the close below
+    /// syncs nothing the disk model counts; then `Disk::power_cut` for a power loss).
     pub async fn crash(self, net: &Net) {
         net.detach(self.id);
         for t in &self.tasks {
@@ -191,9 +228,8 @@ impl Member {
         }
         // The directory lock, released as the server's restart hook releases it: a
         // deposed member's state machine waits for ever inside `apply` (the server
-        // re-executes meanwhile), so its WAL handle is never dropped here. Every record
-        // already reached the file (inline writes): closing adds nothing a `kill -9`
-        // would not have left.
+        // re-executes meanwhile), so its WAL handle is never dropped here. After
+        // `Hook::die` the close's syncs do not count: a killed process syncs nothing.
         let _ = self.dur.wal.flush_and_close();
         drop(self.dur);
         drop(self.spec);

@@ -330,25 +330,6 @@ pub(crate) fn cut(dir: &Path, path: &Path, offset: u64) -> Result<(), WalError> 
     sync_dir(dir)
 }
 
-/// fdatasync of a closed segment (through `hook` when the simulation's disk model is
-/// installed); one deleted meanwhile (snapshot GC) needs nothing.
-pub(crate) fn sync_file_if_exists(
-    path: &Path,
-    hook: Option<&dyn DiskHook>,
-) -> Result<(), WalError> {
-    match File::open(path) {
-        Ok(f) => match hook {
-            Some(h) => f
-                .metadata()
-                .and_then(|m| h.sync(path, m.len()))
-                .map_err(io_err("fdatasync segment", path)),
-            None => f.sync_data().map_err(io_err("fdatasync segment", path)),
-        },
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_err("open segment", path)(e)),
-    }
-}
-
 /// Of the segments a snapshot makes redundant (`doomed`, oldest first), those the feed's
 /// retention does not keep: the newest are kept while they fit every limit, so what is
 /// kept is always one contiguous run ending at the live log (a reader never meets a gap).

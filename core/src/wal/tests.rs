@@ -947,3 +947,17 @@ mod props {
         }
     }
 }
+
+/// Under `no` a segment left behind is synced when the next one starts: a power loss
+/// then cuts the log's end, never a hole before a newer segment.
+#[test]
+fn wal_fsync_no_syncs_a_segment_when_it_is_left() {
+    let t = TempDir::new("no-roll-sync");
+    let (wal, _) = Wal::open_inline(t.path(), small_segments(2048)).unwrap();
+    let mut last = 0;
+    while segments(t.path()).len() < 3 {
+        last = wal.record(&reserved(last + 1));
+    }
+    assert!(wal.stats().syncs >= 2, "{:?}", wal.stats().syncs);
+    assert_eq!(wal.flush_and_close().unwrap(), last);
+}

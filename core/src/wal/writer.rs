@@ -549,9 +549,6 @@ impl Wal {
             }
             w.unsynced = true;
             w.sync()?;
-            for p in std::mem::take(&mut w.closed_unsynced) {
-                segment::sync_file_if_exists(&p, self.shared.hook.as_deref())?;
-            }
             Ok(w.written)
         })();
         if let Err(e) = &res {
@@ -774,8 +771,6 @@ struct Writer {
     written: Lsn,
     /// Working on the last batch before close: everything gets synced, whatever the policy.
     final_flush: bool,
-    /// Under `no`, segments closed without a sync; close syncs them after all.
-    closed_unsynced: Vec<PathBuf>,
     /// Closed or failed: no more rounds.
     done: bool,
 }
@@ -910,7 +905,6 @@ impl Writer {
             unsynced,
             written: next - 1,
             final_flush: false,
-            closed_unsynced: Vec::new(),
             done: false,
         }
     }
@@ -938,9 +932,6 @@ impl Writer {
             // outside this lock) and may still be in flight; close syncs regardless.
             self.unsynced = true;
             self.sync()?;
-            for p in std::mem::take(&mut self.closed_unsynced) {
-                segment::sync_file_if_exists(&p, self.shared.hook.as_deref())?;
-            }
             self.shared
                 .publish(wrote.then_some(self.written), rolled, true);
             return Ok(true);
@@ -1065,14 +1056,14 @@ impl Writer {
         let Some(seg) = self.seg.take() else {
             return Ok(());
         };
-        // The everysec timer only ever syncs the current segment; a segment left behind
-        // must be synced now or its tail could stay unsynced indefinitely.
-        if (self.shared.opts.fsync != FsyncPolicy::No || self.final_flush) && self.unsynced {
+        // A segment left behind is synced now, under every policy: the everysec timer
+        // only syncs the current one, and under `no` a power loss could otherwise leave
+        // an older segment short behind a newer one: a hole in the log, not a lost tail
+        // (one sync per segment, every --segment-mib).
+        if self.unsynced {
             fault_sync_delay(&self.shared.opts);
             seg.sync()?;
             self.shared.syncs.fetch_add(1, Ordering::Relaxed);
-        } else if self.unsynced {
-            self.closed_unsynced.push(seg.path.clone());
         }
         self.shared
             .catalog

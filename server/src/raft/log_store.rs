@@ -479,8 +479,8 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
         let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
         let kind = rest[8];
         if len > MAX_BODY {
-            if log_file::blank_from(bytes, at + 4) {
-                break; // a length half written over the zeros ahead of the log
+            if torn_at(bytes, at) {
+                break; // a length half written over the zeros ahead of the log, or garbled
             }
             return Err((at as u64, format!("record length {len} over the limit")));
         }
@@ -492,8 +492,8 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
         let ok = len > 0 && crc32c::crc32c_append(crc32c::crc32c(&[kind]), body) == crc;
         if !ok {
             // The end of the log: the zeros written ahead of it, or its last record half
-            // written (nothing but zeros after it).
-            if log_file::blank_from(bytes, end) {
+            // written (zeros, or what a power loss left, after it).
+            if torn_at(bytes, at) {
                 break;
             }
             return Err((at as u64, "checksum mismatch".into()));
@@ -521,6 +521,30 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
         at = end;
     }
     Ok((inner, at as u64))
+}
+
+/// Whether the bad record at `at` is the log's torn end: no valid record starts anywhere
+/// after it. A power loss can leave the last write cut short, garbled, or zero-filled
+/// (the file's new size reached the disk, its data did not), and records are only ever
+/// appended, so nothing acknowledged lies past it; a valid record further on means
+/// damage inside the log.
+fn torn_at(bytes: &[u8], at: usize) -> bool {
+    log_file::blank_from(bytes, at + 1)
+        || !(at + 1..bytes.len()).any(|p| valid_record_at(&bytes[p..]))
+}
+
+/// Whether a whole record with a non-empty body and a matching checksum starts `rest`.
+fn valid_record_at(rest: &[u8]) -> bool {
+    let Some(head) = rest.get(..HEADER) else {
+        return false;
+    };
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    if len == 0 || len > MAX_BODY {
+        return false;
+    }
+    rest.get(HEADER..HEADER + len)
+        .is_some_and(|body| crc32c::crc32c_append(crc32c::crc32c(&[head[8]]), body) == crc)
 }
 
 /// The writer thread: takes every queued job, writes them in order, syncs once, then
@@ -937,6 +961,47 @@ mod tests {
         bytes[HEADER + 1] ^= 0xff;
         bytes.extend_from_slice(&[0; 64]);
         std::fs::write(&path, bytes).expect("write");
+        assert!(matches!(
+            reopen(&dir),
+            Err(OpenError::Corrupt { offset: 0, .. })
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn raft_log_takes_a_garbled_end_for_a_torn_write_but_not_a_garbled_middle() {
+        let dir = std::env::temp_dir().join(format!("sg-raftlog-garble-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_raw(
+            &dir,
+            &[
+                (K_ENTRY, ser(&entry(1, 1, 1))),
+                (K_ENTRY, ser(&entry(1, 2, 3))),
+            ],
+        );
+        let path = dir.join("log");
+        let good = std::fs::read(&path).expect("read");
+        // What a power loss can leave of a last write: a length over the limit, then
+        // bytes that are neither zeros nor a record.
+        let mut bytes = good.clone();
+        bytes.extend_from_slice(&[0xf0, 0xff, 0xff, 0x7f, 1, 2, 3, 4, 1, 0xaa, 0x55, 0x13]);
+        std::fs::write(&path, &bytes).expect("write");
+        let s = LogStore::open(&dir).expect("a garbled end is a torn write");
+        assert_eq!(s.last_index(), 2);
+        drop(s);
+        // The last record's checksum garbled, junk after it.
+        let mut bytes = good.clone();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0x5a;
+        bytes.extend_from_slice(&[7; 5]);
+        std::fs::write(&path, &bytes).expect("write");
+        let s = reopen(&dir).expect("a garbled last record is a torn write");
+        assert_eq!(s.last_index(), 1);
+        drop(s);
+        // The first record garbled with a whole record after it: damage, refused.
+        let mut bytes = good;
+        bytes[HEADER + 1] ^= 0x5a;
+        std::fs::write(&path, &bytes).expect("write");
         assert!(matches!(
             reopen(&dir),
             Err(OpenError::Corrupt { offset: 0, .. })

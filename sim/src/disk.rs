@@ -1,0 +1,263 @@
+//! The members' disks as a power loss sees them. The WAL and the Raft log are written
+//! inline through a [`DiskHook`] (`Wal::open_inline_on`, `LogStore::open_inline_on`):
+//! every write and sync of a log file passes here first. A sync the hook accepts makes
+//! the file's bytes up to that length durable ([`Disk`] keeps that length per file,
+//! across the member's processes); a power loss ([`Disk::power_cut`]) cuts every log
+//! file back to it, or leaves a seeded part of the unsynced tail, whole, garbled or
+//! zero-filled, as a real disk may. The hook also fails a write or a sync when a
+//! storage error is armed for it (`ENOSPC`, `EIO`).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::Rng;
+use stockgate_server::raft::NodeId;
+use stockgate_server::wal::segment::DiskHook;
+
+use crate::history::History;
+
+/// One member's data dir: the durable length of each log file, whichever of the
+/// member's processes synced it.
+pub struct Disk {
+    id: NodeId,
+    dir: PathBuf,
+    synced: Mutex<BTreeMap<PathBuf, u64>>,
+}
+
+/// Which log a storage error hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Log {
+    /// A WAL segment.
+    Wal,
+    /// The Raft log.
+    Raft,
+}
+
+/// Which operation fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// The next `write` to that log.
+    Write,
+    /// The next `fdatasync` of that log.
+    Sync,
+}
+
+/// A storage error waiting for the next matching operation of one member process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Armed {
+    /// The log it hits.
+    pub log: Log,
+    /// The operation.
+    pub op: Op,
+    /// `ENOSPC` (28) or `EIO` (5).
+    pub errno: i32,
+}
+
+impl Disk {
+    /// The disk of member `id`, whose data dir is `dir` (nothing durable yet).
+    pub fn new(id: NodeId, dir: PathBuf) -> Arc<Disk> {
+        Arc::new(Disk {
+            id,
+            dir,
+            synced: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// After a start: recovery may have cut a torn tail or deleted a segment (and synced
+    /// that); a file shorter than its durable length is durable as it now is.
+    pub fn settle(&self) {
+        self.synced
+            .lock()
+            .retain(|p, len| match std::fs::metadata(p) {
+                Ok(m) => {
+                    *len = (*len).min(m.len());
+                    true
+                }
+                Err(_) => false,
+            });
+    }
+
+    /// The log files of the data dir, sorted: the WAL's segments and the Raft log.
+    fn log_files(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(self.dir.join("wal")) {
+            for e in rd.flatten() {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with("wal-") && name.ends_with(".log") {
+                    out.push(e.path());
+                }
+            }
+        }
+        let raft = self.dir.join("raft").join("log");
+        if raft.exists() {
+            out.push(raft);
+        }
+        out.sort();
+        out
+    }
+
+    /// The power goes out: each log file (only `only`, when given) keeps its durable
+    /// length, plus, by the seed, part of what was written after it: kept whole, its last
+    /// bytes garbled, or a zero-filled stretch (the size reached the disk, the data did
+    /// not). A file never synced may vanish. Every change goes into the history.
+    pub fn power_cut(&self, rng: &mut StdRng, only: Option<&Path>, history: &History) {
+        let synced = self.synced.lock().clone();
+        for path in self.log_files() {
+            if only.is_some_and(|o| o != path) {
+                continue;
+            }
+            let Ok(len) = std::fs::metadata(&path).map(|m| m.len()) else {
+                continue;
+            };
+            let durable = synced.get(&path).copied();
+            let keep = durable.unwrap_or(0);
+            let name = path
+                .strip_prefix(&self.dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            if len <= keep {
+                continue;
+            }
+            if durable.is_none() && rng.gen_bool(0.3) {
+                let _ = std::fs::remove_file(&path);
+                history.note(format!(
+                    "n{} power loss: {name} never synced, gone",
+                    self.id
+                ));
+                continue;
+            }
+            let what = tear(&path, keep, len, rng);
+            history.note(format!(
+                "n{} power loss: {name} {len} -> {what} (synced {keep})",
+                self.id
+            ));
+        }
+    }
+}
+
+/// Cuts `path` (`len` bytes, `keep` of them durable) as a power loss may, and says how.
+fn tear(path: &Path, keep: u64, len: u64, rng: &mut StdRng) -> String {
+    let roll = rng.gen_range(0..100);
+    let extra = rng.gen_range(1..=len - keep);
+    let (new_len, how) = match roll {
+        0..=49 => (keep, String::new()),
+        50..=74 => (keep + extra, " torn".to_owned()),
+        75..=89 => {
+            let n = rng.gen_range(1..=extra.min(16));
+            let junk: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+            let _ = overwrite(path, keep + extra - n, &junk);
+            (keep + extra, format!(" torn, last {n} bytes garbled"))
+        }
+        _ => {
+            let from = rng.gen_range(0..extra);
+            let zeros = vec![0u8; (extra - from) as usize];
+            let _ = overwrite(path, keep + from, &zeros);
+            (keep + extra, format!(" torn, zeros from {}", keep + from))
+        }
+    };
+    let _ = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_len(new_len));
+    format!("{new_len}{how}")
+}
+
+fn overwrite(path: &Path, at: u64, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all_at(bytes, at)
+}
+
+/// One member process's view of its disk: the hook its WAL and Raft log write through.
+pub struct Hook {
+    disk: Arc<Disk>,
+    /// Cleared when the process dies: what its close syncs afterwards was never synced.
+    live: AtomicBool,
+    armed: Mutex<Option<Armed>>,
+    /// The file an injected error hit: the member exits (its supervisor restarts it), and
+    /// that file may have lost what was not synced.
+    failed: Mutex<Option<PathBuf>>,
+    /// Set on an injected error: the member must restart (the server exits with 75).
+    restart: Arc<AtomicBool>,
+    history: History,
+}
+
+impl Hook {
+    /// A process's hook on `disk`; an injected error sets `restart`.
+    pub fn new(disk: Arc<Disk>, restart: Arc<AtomicBool>, history: History) -> Arc<Hook> {
+        Arc::new(Hook {
+            disk,
+            live: AtomicBool::new(true),
+            armed: Mutex::new(None),
+            failed: Mutex::new(None),
+            restart,
+            history,
+        })
+    }
+
+    /// The process is gone: nothing it syncs from now on counts.
+    pub fn die(&self) {
+        self.live.store(false, Ordering::Release);
+    }
+
+    /// The next matching operation fails with `a`.
+    pub fn arm(&self, a: Armed) {
+        *self.armed.lock() = Some(a);
+    }
+
+    /// The file an injected error hit, if one did.
+    pub fn failed(&self) -> Option<PathBuf> {
+        self.failed.lock().clone()
+    }
+
+    fn inject(&self, path: &Path, op: Op) -> io::Result<()> {
+        let log = if path.ends_with("raft/log") || path.ends_with("raft/tmp") {
+            Log::Raft
+        } else {
+            Log::Wal
+        };
+        let mut armed = self.armed.lock();
+        let Some(a) = *armed else { return Ok(()) };
+        if a.log != log || a.op != op || !self.live.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        *armed = None;
+        *self.failed.lock() = Some(path.to_path_buf());
+        self.restart.store(true, Ordering::Release);
+        let e = io::Error::from_raw_os_error(a.errno);
+        let name = path.strip_prefix(&self.disk.dir).unwrap_or(path);
+        self.history.note(format!(
+            "n{} disk: {op:?} of {} fails: {e}",
+            self.disk.id,
+            name.display()
+        ));
+        Err(e)
+    }
+}
+
+impl DiskHook for Hook {
+    fn created(&self, path: &Path) {
+        if self.live.load(Ordering::Acquire) {
+            self.disk.synced.lock().insert(path.to_path_buf(), 0);
+        }
+    }
+
+    fn write(&self, path: &Path, _len: u64) -> io::Result<()> {
+        self.inject(path, Op::Write)
+    }
+
+    fn sync(&self, path: &Path, len: u64) -> io::Result<()> {
+        self.inject(path, Op::Sync)?;
+        if self.live.load(Ordering::Acquire) {
+            self.disk.synced.lock().insert(path.to_path_buf(), len);
+        }
+        Ok(())
+    }
+}
