@@ -1033,6 +1033,23 @@ impl Shared {
     }
 }
 
+/// Whether the member on `port` commits writes (the probe's) within a second: its
+/// committed LSN moves.
+fn commits_on(port: u16) -> bool {
+    let lsn = || info_text(port, "raft_committed_lsn").and_then(|v| v.parse::<u64>().ok());
+    let Some(before) = lsn() else {
+        return false;
+    };
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        if lsn().is_some_and(|now| now > before) {
+            return true;
+        }
+    }
+    false
+}
+
 /// Injects the faults, each on the leader of the moment, and notes when each began.
 struct Nemesis<'a> {
     g: &'a mut Group,
@@ -1225,10 +1242,12 @@ impl Nemesis<'_> {
         self.mark(kind);
         std::thread::sleep(Duration::from_millis(hold));
         let during = reap(self.g, id);
-        // Writes flow all the while (the probe), so a member on a full disk cannot lead.
-        if during.is_none() && says_master(self.g.port(id)) {
+        // Writes flow all the while (the probe). A member on a full disk may go on
+        // leading only while its writes still commit: its Raft log writes into space
+        // the file was given ahead (4 MiB), and it exits once a write finds none.
+        if during.is_none() && says_master(self.g.port(id)) && !commits_on(self.g.port(id)) {
             self.problems.push(format!(
-                "{kind}: member {id} still says master after {hold} ms on a full disk"
+                "{kind}: member {id} still says master after {hold} ms on a full disk, and commits nothing"
             ));
         }
         std::fs::remove_file(&filler).expect("free the space");
