@@ -1,8 +1,10 @@
-//! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no]`: runs the deterministic
-//! simulation of a replicated group for seeds SEED .. SEED+COUNT-1, one line per seed:
-//! `seed <n> digest <hex> PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no`
-//! runs the members' WALs under `--fsync no` (a single node's setting, which a server
-//! never gives a member) to hunt in the WAL's code.
+//! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]`: runs the
+//! deterministic simulation of a replicated group for seeds SEED .. SEED+COUNT-1, one
+//! line per seed: `seed <n> digest <hex> PASS|FAIL <what>`. Exits 1 if any seed failed.
+//! `--fsync-no` runs the members' WALs under `--fsync no` (a single node's setting,
+//! which a server never gives a member) to hunt in the WAL's code. `--no-net-faults`
+//! leaves out one-way partitions, flapping links and duplicated requests
+//! (`Settings::net_faults`): the histories from before they existed.
 
 use stockgate_sim::{run, Settings};
 
@@ -10,9 +12,10 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let verbose = args.iter().any(|a| a == "--verbose" || a == "-v");
     let fsync_no = args.iter().any(|a| a == "--fsync-no");
+    let net_faults = !args.iter().any(|a| a == "--no-net-faults");
     let nums: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let Some(&first) = nums.first() else {
-        eprintln!("usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no]");
+        eprintln!("usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]");
         std::process::exit(2);
     };
     let count = nums.get(1).copied().unwrap_or(1);
@@ -26,6 +29,7 @@ fn main() {
     let settings = Settings {
         verbose,
         fsync_no,
+        net_faults,
         ..Settings::default()
     };
     let mut failed = false;

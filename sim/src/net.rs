@@ -1,6 +1,8 @@
 //! The simulated network between members: openraft's RPCs handed straight to the
 //! target's `Raft`, each leg (request, reply) dropped or delayed as the seeded fault
-//! state says, links cut by partitions, crashed members unreachable.
+//! state says, directed links cut by partitions (two-way or one-way) or flapping,
+//! requests delivered twice (the copy perhaps late: a stale replay), crashed members
+//! unreachable.
 //!
 //! What it leaves out of the server's network (`stockgate_server::raft::network`): the
 //! TCP framing and bincode, the identity envelope (group, incarnation checks), the
@@ -37,11 +39,46 @@ struct State {
     rafts: BTreeMap<NodeId, (Raft, u64)>,
     /// Directed links that carry nothing.
     cut: BTreeSet<(NodeId, NodeId)>,
+    /// Directed links cut and healed in turn for a while.
+    flaps: Vec<Flap>,
     drop_pct: u32,
     max_delay_ms: u64,
+    /// Each delivered request is delivered a second time with this probability (%),
+    /// up to `dup_late_ms` after the first copy.
+    dup_pct: u32,
+    dup_late_ms: u64,
     rng: StdRng,
     sent: u64,
     lost: u64,
+    dups: u64,
+}
+
+/// A directed link that is cut for `down`, then carries for `up`, again and again from
+/// `start` until `until`. A function of the simulated time alone: no task toggles it,
+/// so nothing about it depends on the order tasks run in.
+#[derive(Clone, Copy, Debug)]
+pub struct Flap {
+    /// The link, from → to.
+    pub link: (NodeId, NodeId),
+    /// When the first cut begins.
+    pub start: Instant,
+    /// How long each cut lasts.
+    pub down: Duration,
+    /// How long the link carries between cuts.
+    pub up: Duration,
+    /// When the flapping ends (the link carries from then on).
+    pub until: Instant,
+}
+
+impl Flap {
+    fn cuts(&self, from: NodeId, to: NodeId, now: Instant) -> bool {
+        if self.link != (from, to) || now < self.start || now >= self.until {
+            return false;
+        }
+        let period = (self.down + self.up).as_millis().max(1);
+        let into = (now - self.start).as_millis() % period;
+        into < self.down.as_millis()
+    }
 }
 
 impl Net {
@@ -50,11 +87,15 @@ impl Net {
         Arc::new(Net(Mutex::new(State {
             rafts: BTreeMap::new(),
             cut: BTreeSet::new(),
+            flaps: Vec::new(),
             drop_pct: 0,
             max_delay_ms: 0,
+            dup_pct: 0,
+            dup_late_ms: 0,
             rng,
             sent: 0,
             lost: 0,
+            dups: 0,
         })))
     }
 
@@ -71,19 +112,47 @@ impl Net {
     /// Cuts every link between `side` and the other members (both directions); the
     /// previous partition heals.
     pub fn partition(&self, side: &BTreeSet<NodeId>, all: &BTreeSet<NodeId>) {
+        self.cut_from(side, all, true);
+    }
+
+    /// Cuts the links from `side` to the other members only: what `side` sends is
+    /// lost, what the others send reaches it. The previous partition heals.
+    pub fn partition_one_way(&self, side: &BTreeSet<NodeId>, all: &BTreeSet<NodeId>) {
+        self.cut_from(side, all, false);
+    }
+
+    /// The links from `side` to the rest cut (and back with `both`), and no other.
+    fn cut_from(&self, side: &BTreeSet<NodeId>, all: &BTreeSet<NodeId>, both: bool) {
         let mut s = self.0.lock();
         s.cut.clear();
         for a in side {
             for b in all.difference(side) {
                 s.cut.insert((*a, *b));
-                s.cut.insert((*b, *a));
+                if both {
+                    s.cut.insert((*b, *a));
+                }
             }
         }
     }
 
-    /// Every link carries again.
+    /// Adds a flapping link (it runs alongside any partition).
+    pub fn flap(&self, f: Flap) {
+        self.0.lock().flaps.push(f);
+    }
+
+    /// Every link carries again: partitions and flapping links end.
     pub fn heal(&self) {
-        self.0.lock().cut.clear();
+        let mut s = self.0.lock();
+        s.cut.clear();
+        s.flaps.clear();
+    }
+
+    /// Each delivered request is delivered again with probability `pct`%, the copy up
+    /// to `late_ms` after the first (so perhaps after later requests of the same link).
+    pub fn set_duplicates(&self, pct: u32, late_ms: u64) {
+        let mut s = self.0.lock();
+        s.dup_pct = pct;
+        s.dup_late_ms = late_ms;
     }
 
     /// Each leg is lost with probability `drop_pct`% and delayed up to `max_delay_ms`.
@@ -93,10 +162,10 @@ impl Net {
         s.max_delay_ms = max_delay_ms;
     }
 
-    /// Legs sent and lost so far.
-    pub fn counts(&self) -> (u64, u64) {
+    /// Legs sent, lost, and requests delivered twice so far.
+    pub fn counts(&self) -> (u64, u64, u64) {
         let s = self.0.lock();
-        (s.sent, s.lost)
+        (s.sent, s.lost, s.dups)
     }
 
     /// The fate of one leg `from` → `to`: its delay, or `None` when it is lost.
@@ -106,11 +175,31 @@ impl Net {
         let lost_roll = s.rng.gen_range(0..100u32);
         let most = s.max_delay_ms;
         let delay = s.rng.gen_range(0..=most);
-        if s.cut.contains(&(from, to)) || lost_roll < s.drop_pct {
+        let now = Instant::now();
+        let flapping = s.flaps.iter().any(|f| f.cuts(from, to, now));
+        if s.cut.contains(&(from, to)) || flapping || lost_roll < s.drop_pct {
             s.lost += 1;
             return None;
         }
         Some(Duration::from_millis(delay))
+    }
+
+    /// Whether a delivered request is delivered a second time, and how long after the
+    /// first copy. Draws nothing while duplicates are off, so a run without them keeps
+    /// the generator's sequence.
+    fn duplicate(&self) -> Option<Duration> {
+        let mut s = self.0.lock();
+        if s.dup_pct == 0 {
+            return None;
+        }
+        let roll = s.rng.gen_range(0..100u32);
+        let most = s.dup_late_ms;
+        let late = s.rng.gen_range(0..=most);
+        if roll >= s.dup_pct {
+            return None;
+        }
+        s.dups += 1;
+        Some(Duration::from_millis(late))
     }
 
     /// A `Hello` from `from` to `to` and its answer, as `RaftNode::reach` sends it: both
@@ -171,20 +260,30 @@ fn net_err<E: std::error::Error>(why: &str) -> RPCError<NodeId, NodeInfo, E> {
 }
 
 impl Peer {
-    /// One call: the request leg, the target's answer, the reply leg. A lost leg costs
-    /// the call's time-to-live, as a silent peer does.
-    async fn call<T, E, F, Fut>(&self, ttl: Duration, f: F) -> RpcResult<T, RaftError<NodeId, E>>
+    /// One call: the request leg, the target's answer to `rpc`, the reply leg. A lost
+    /// leg costs the call's time-to-live, as a silent peer does. A delivered request may
+    /// be delivered again later (`Net::duplicate`); the copy's answer goes nowhere.
+    async fn call<R, T, E, F, Fut>(
+        &self,
+        ttl: Duration,
+        rpc: R,
+        f: F,
+    ) -> RpcResult<T, RaftError<NodeId, E>>
     where
+        R: Clone + Send + 'static,
         E: std::error::Error,
         RaftError<NodeId, E>: std::error::Error,
-        F: FnOnce(Raft) -> Fut,
-        Fut: Future<Output = Result<T, RaftError<NodeId, E>>>,
+        F: Fn(Raft, R) -> Fut + Copy + Send + 'static,
+        Fut: Future<Output = Result<T, RaftError<NodeId, E>>> + Send + 'static,
     {
         let start = Instant::now();
         let Some(there) = self.net.leg(self.from, self.to) else {
             tokio::time::sleep(ttl).await;
             return Err(net_err("request lost"));
         };
+        if let Some(late) = self.net.duplicate() {
+            self.replay(there + late, rpc.clone(), f);
+        }
         tokio::time::sleep(there).await;
         let Some((raft, incarnation)) = self.net.raft(self.to) else {
             // The server backs a refused peer off (from `BACKOFF_FIRST`, doubling); a
@@ -197,13 +296,33 @@ impl Peer {
             tokio::time::sleep(ttl).await;
             return Err(net_err("another storage answers under this id"));
         }
-        let r = f(raft).await;
+        let r = f(raft, rpc).await;
         let Some(back) = self.net.leg(self.to, self.from) else {
             tokio::time::sleep_until(start + ttl).await;
             return Err(net_err("reply lost"));
         };
         tokio::time::sleep(back).await;
         r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
+    }
+
+    /// A second copy of a delivered request, handed to `to` after `after` if the same
+    /// storage still answers there then. Its answer is dropped: the caller has taken
+    /// the first copy's (or given up), so only the target's state sees the copy.
+    fn replay<R, T, E, F, Fut>(&self, after: Duration, rpc: R, f: F)
+    where
+        R: Send + 'static,
+        F: FnOnce(Raft, R) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, RaftError<NodeId, E>>> + Send + 'static,
+    {
+        let (net, to, expect) = (self.net.clone(), self.to, self.expect);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Some((raft, incarnation)) = net.raft(to) {
+                if incarnation == expect {
+                    let _ = f(raft, rpc).await;
+                }
+            }
+        });
     }
 }
 
@@ -217,7 +336,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         let sent = Instant::now();
         self.lease.sending(term, sent);
         let r = self
-            .call(option.hard_ttl(), |raft| async move {
+            .call(option.hard_ttl(), rpc, |raft, rpc| async move {
                 raft.append_entries(rpc).await
             })
             .await;
@@ -235,7 +354,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RaftError<NodeId, openraft::error::InstallSnapshotError>,
     > {
-        self.call(option.hard_ttl(), |raft| async move {
+        self.call(option.hard_ttl(), rpc, |raft, rpc| async move {
             raft.install_snapshot(rpc).await
         })
         .await
@@ -246,10 +365,9 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, RaftError<NodeId>> {
-        self.call(
-            option.hard_ttl(),
-            |raft| async move { raft.vote(rpc).await },
-        )
+        self.call(option.hard_ttl(), rpc, |raft, rpc| async move {
+            raft.vote(rpc).await
+        })
         .await
     }
 }

@@ -21,7 +21,7 @@ use tokio::time::{sleep, Instant};
 use crate::disk::{Armed, Disk, Log, Op};
 use crate::history::History;
 use crate::member::{self, Boot, Env, Member};
-use crate::net::Net;
+use crate::net::{Flap, Net};
 use crate::Outcome;
 
 /// How a run goes.
@@ -37,6 +37,11 @@ pub struct Settings {
     /// member's WAL): a standalone server's policy, for the known bug it shows (a power
     /// loss after a segment rolled leaves a log that refuses to start; docs/simulation.md).
     pub fsync_no: bool,
+    /// The network faults beyond lost and late legs and two-way partitions: one-way
+    /// partitions, flapping links, duplicated and replayed requests. Off, a seed runs
+    /// as it did before they existed (the same draws, the same digest), which keeps
+    /// the seeds of older regressions meaning what they meant.
+    pub net_faults: bool,
 }
 
 impl Default for Settings {
@@ -46,6 +51,7 @@ impl Default for Settings {
             steps: 30,
             verbose: false,
             fsync_no: false,
+            net_faults: true,
         }
     }
 }
@@ -109,6 +115,10 @@ pub(crate) struct Cluster {
     acked: Mutex<BTreeMap<String, Hold>>,
     failures: Mutex<Vec<String>>,
     waiting: AtomicU64,
+    /// Reads of a hold's state checked (`read_holds`).
+    reads: AtomicU64,
+    /// The token of the newest acknowledged RESERVE, RELEASE or COMMIT.
+    newest: Mutex<Option<String>>,
     /// The reply queue of each member's current process.
     replies: Mutex<BTreeMap<NodeId, Arc<Replies>>>,
     /// Each member's disk (what a power loss keeps), replaced when the disk is wiped.
@@ -208,12 +218,12 @@ impl Cluster {
         }
     }
 
-    /// The member taking writes, if any (the lowest id if, briefly, two think so).
+    /// The member taking writes, if any. If two say they do (which the lease is there
+    /// to rule out), the one in the newer term, as discovery would name it to clients;
+    /// the older one then still answers reads (`read_holds`).
     fn writer(&self) -> Option<(NodeId, Arc<Engine>, Arc<Speculation>)> {
         let live = self.live.lock();
-        live.values()
-            .find(|m| m.writable())
-            .map(|m| (m.id, m.engine.clone(), m.spec.clone()))
+        newest_writer(&live).map(|m| (m.id, m.engine.clone(), m.spec.clone()))
     }
 
     /// The `pick`th (modulo) acknowledged hold still held and not in doubt.
@@ -230,9 +240,7 @@ impl Cluster {
     /// The member taking writes and its Raft handle (membership changes go there).
     fn leader_raft(&self) -> Option<(NodeId, Raft)> {
         let live = self.live.lock();
-        live.values()
-            .find(|m| m.writable())
-            .map(|m| (m.id, m.raft.clone()))
+        newest_writer(&live).map(|m| (m.id, m.raft.clone()))
     }
 
     /// Each live member's Raft view, for a failure's diagnosis.
@@ -265,6 +273,16 @@ impl Cluster {
             .filter(|i| !live.contains_key(i))
             .collect()
     }
+}
+
+/// The writable member in the newest term (the lowest id among equals).
+fn newest_writer(live: &BTreeMap<NodeId, Member>) -> Option<&Member> {
+    live.values().filter(|m| m.writable()).max_by_key(|m| {
+        (
+            m.raft.metrics().borrow().current_term,
+            std::cmp::Reverse(m.id),
+        )
+    })
 }
 
 /// openraft's settings: the server's rules (`node::openraft_config`) with snapshots off
@@ -341,6 +359,8 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
         acked: Mutex::new(BTreeMap::new()),
         failures: Mutex::new(Vec::new()),
         waiting: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
+        newest: Mutex::new(None),
         replies: Mutex::new(BTreeMap::new()),
         disks: Mutex::new(disks),
         wal,
@@ -354,7 +374,7 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
             StdRng::seed_from_u64(rng.gen()),
             stop.clone(),
         ));
-        chaos(&c, &mut rng, s.steps).await;
+        chaos(&c, &mut rng, &s).await;
         heal(&c).await;
         stop.store(true, Ordering::Release);
         let _ = client.await;
@@ -364,8 +384,15 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
     for id in c.ids.clone() {
         c.crash(id, "end of run", End::Exit).await;
     }
-    let (sent, lost) = c.env.net.counts();
-    history.note(format!("legs sent {sent}, lost {lost}"));
+    let (sent, lost, dups) = c.env.net.counts();
+    if s.net_faults {
+        let reads = c.reads.load(Ordering::Acquire);
+        history.note(format!(
+            "legs sent {sent}, lost {lost}; {dups} requests twice; {reads} reads checked"
+        ));
+    } else {
+        history.note(format!("legs sent {sent}, lost {lost}"));
+    }
     let (digest, events) = history.digest();
     let failures = c.failures.lock().clone();
     Outcome {
@@ -455,6 +482,7 @@ async fn client(c: Arc<Cluster>, mut rng: StdRng, stop: Arc<AtomicBool>) {
         let who = format!("r{n}@n{id}");
         let roll = rng.gen_range(0..100);
         let pick = rng.gen::<usize>();
+        read_holds(&c, pick, &who);
         let held = c.pick_held(pick);
         let done = match (roll, held) {
             (0..=14, Some(t)) => finish(&c, &engine, &t, Fate::Released, &who),
@@ -474,6 +502,56 @@ async fn client(c: Arc<Cluster>, mut rng: StdRng, stop: Arc<AtomicBool>) {
             }
         }
     }
+}
+
+/// Reads of acknowledged holds' states (the `pick`th, modulo, and the newest
+/// acknowledged) on every member that takes writes, answered from its engine without a
+/// commit, as the command layer answers a read once the gate (`acts_as_leader` with the
+/// lease) lets it; a client may still be talking to any member that says it leads.
+/// Each must see every acknowledged outcome of that hold: a member that leads in Raft's
+/// view but was deposed without knowing it (the lease is what rules that out) would
+/// answer from a state the group has moved past. A RELEASE or COMMIT not yet
+/// acknowledged may show or not. Reads change nothing and draw nothing, and only a
+/// stale one is written to the history, so they leave every run's history as it was.
+fn read_holds(c: &Cluster, pick: usize, who: &str) {
+    let tokens: Vec<(String, Fate)> = {
+        let acked = c.acked.lock();
+        let newest = c.newest.lock().clone();
+        let random = acked.iter().nth(pick % acked.len().max(1));
+        let newest = newest.and_then(|t| acked.get_key_value(&t));
+        random
+            .into_iter()
+            .chain(newest)
+            .map(|(t, h)| (t.clone(), h.fate))
+            .collect()
+    };
+    let mut stale = Vec::new();
+    for m in c.live.lock().values().filter(|m| m.writable()) {
+        for (token, fate) in &tokens {
+            c.reads.fetch_add(1, Ordering::AcqRel);
+            let seen = m.engine.reservation(token).map(|(v, _)| v.state);
+            if !sees(*fate, seen) {
+                stale.push(format!(
+                    "{who}: stale read on n{}: {token} acknowledged {fate:?}, read {seen:?}",
+                    m.id
+                ));
+            }
+        }
+    }
+    for s in stale {
+        c.fail(s);
+    }
+}
+
+/// Whether a hold read in `seen` shows the acknowledged outcome `fate` or a later one.
+fn sees(fate: Fate, seen: Option<stockgate_server::engine::ReservationState>) -> bool {
+    use stockgate_server::engine::ReservationState as S;
+    matches!(
+        (fate, seen),
+        (Fate::Held, Some(_))
+            | (Fate::Released, Some(S::Released))
+            | (Fate::Committed, Some(S::Committed))
+    )
 }
 
 /// One RESERVE; the LSN and hold to wait for when it took units.
@@ -601,6 +679,7 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
                 fate: Fate::Held,
                 in_doubt: false,
             };
+            *c.newest.lock() = Some(token.clone());
             if c.acked.lock().insert(token.clone(), h).is_some() {
                 c.fail(format!("token {token} handed out twice"));
             }
@@ -610,6 +689,7 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
             if let Some(h) = c.acked.lock().get_mut(&token) {
                 (h.fate, h.in_doubt) = (fate, false);
             }
+            *c.newest.lock() = Some(token);
         }
         (Err(e), _) => c.env.history.note(format!("{who} unanswered: {e}")),
     }
@@ -617,9 +697,12 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
 }
 
 /// Seeded faults, one every few hundred milliseconds; safety checked after each.
-async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, steps: u32) {
+async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, s: &Settings) {
     let all = c.ids.clone();
-    for _ in 0..steps {
+    // The kinds of `Settings::net_faults` come after the older ones, so that without
+    // them the draws are what they were.
+    let kinds = if s.net_faults { 13 } else { 10 };
+    for _ in 0..s.steps {
         let next = Instant::now() + Duration::from_millis(rng.gen_range(100..1500));
         // A deposed member restarts soon after, as a server re-executes at once.
         while Instant::now() < next {
@@ -627,16 +710,8 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, steps: u32) {
             c.restart_deposed().await;
         }
         let h = &c.env.history;
-        match rng.gen_range(0..10) {
-            0 | 1 => {
-                let k = rng.gen_range(1..=(all.len() / 2).max(1));
-                let mut side = BTreeSet::new();
-                while side.len() < k {
-                    side.insert(rng.gen_range(1..=all.len() as u64));
-                }
-                c.env.net.partition(&side, &all);
-                h.note(format!("partition {side:?} from the rest"));
-            }
+        match rng.gen_range(0..kinds) {
+            0 | 1 => partition(c, rng, s.net_faults),
             2 => {
                 c.env.net.heal();
                 h.note("heal");
@@ -659,6 +734,14 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, steps: u32) {
                 let id = rng.gen_range(1..=all.len() as u64);
                 wipe(c, id).await;
             }
+            10 | 11 => flap(c, rng),
+            12 => {
+                let (pct, late) = (rng.gen_range(0..40), rng.gen_range(0..2000));
+                c.env.net.set_duplicates(pct, late);
+                h.note(format!(
+                    "requests: {pct}% delivered twice, up to {late} ms apart"
+                ));
+            }
             _ => {
                 for id in c.down() {
                     c.start(id).await;
@@ -667,6 +750,67 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, steps: u32) {
         }
         check_units(c);
     }
+}
+
+/// A minority cut off from the rest: both ways, or (with `one_way`, by the seed) only
+/// what it sends, or only what it receives.
+fn partition(c: &Cluster, rng: &mut StdRng, one_way: bool) {
+    let all = &c.ids;
+    let k = rng.gen_range(1..=(all.len() / 2).max(1));
+    let mut side = BTreeSet::new();
+    while side.len() < k {
+        side.insert(rng.gen_range(1..=all.len() as u64));
+    }
+    let net = &c.env.net;
+    let h = &c.env.history;
+    match if one_way { rng.gen_range(0..3) } else { 0 } {
+        0 => {
+            net.partition(&side, all);
+            h.note(format!("partition {side:?} from the rest"));
+        }
+        1 => {
+            net.partition_one_way(&side, all);
+            h.note(format!("partition one way: {side:?} not heard by the rest"));
+        }
+        _ => {
+            let rest: BTreeSet<NodeId> = all.difference(&side).copied().collect();
+            net.partition_one_way(&rest, all);
+            h.note(format!("partition one way: {side:?} hears nobody"));
+        }
+    }
+}
+
+/// One link (one direction or both) cut and healed in turn, on a period drawn by the
+/// seed, for a few seconds.
+fn flap(c: &Cluster, rng: &mut StdRng) {
+    let n = c.ids.len() as u64;
+    let a = rng.gen_range(1..=n);
+    let b = (a - 1 + rng.gen_range(1..n.max(2))) % n + 1;
+    let both = rng.gen_bool(0.5);
+    let down = Duration::from_millis(rng.gen_range(20..400));
+    let up = Duration::from_millis(rng.gen_range(20..400));
+    let start = Instant::now();
+    let until = start + Duration::from_millis(rng.gen_range(1000..6000));
+    let mut links = vec![(a, b)];
+    if both {
+        links.push((b, a));
+    }
+    for link in links {
+        c.env.net.flap(Flap {
+            link,
+            start,
+            down,
+            up,
+            until,
+        });
+    }
+    c.env.history.note(format!(
+        "link n{a} {} n{b} flaps: {} ms down, {} ms up, for {} ms",
+        if both { "<->" } else { "->" },
+        down.as_millis(),
+        up.as_millis(),
+        (until - start).as_millis()
+    ));
 }
 
 /// The next write or sync of one log of a live member fails (`ENOSPC`, `EIO`): the
@@ -833,6 +977,7 @@ fn voters(raft: &Raft) -> BTreeSet<NodeId> {
 async fn heal(c: &Arc<Cluster>) {
     c.env.net.heal();
     c.env.net.set_quality(0, 5);
+    c.env.net.set_duplicates(0, 0);
     c.env.history.note("heal all, every member up");
     for id in c.down() {
         c.start(id).await;

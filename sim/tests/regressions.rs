@@ -1,7 +1,17 @@
 //! Seeds that once found a bug, kept so it stays fixed. Each runs one seed of the
-//! default settings (or the settings that found it) and requires it to pass.
+//! settings that found it and requires it to pass. Seeds found before the network
+//! faults of `Settings::net_faults` run without them: with them the seed draws a
+//! different history, which no longer reaches the bug.
 
 use stockgate_sim::{run, Settings};
+
+/// The settings the seeds below were found with.
+fn before_net_faults() -> Settings {
+    Settings {
+        net_faults: false,
+        ..Settings::default()
+    }
+}
 
 fn passes(seed: u64, settings: &Settings) {
     let out = run(seed, settings);
@@ -16,7 +26,7 @@ fn passes(seed: u64, settings: &Settings) {
 /// (`wal/writer.rs`, `Writer::new`).
 #[test]
 fn a_restart_that_rolls_at_once_syncs_the_segment_it_leaves() {
-    passes(841, &Settings::default());
+    passes(841, &before_net_faults());
 }
 
 /// A power loss garbled the last bytes of the Raft log (its last record's length among
@@ -26,7 +36,7 @@ fn a_restart_that_rolls_at_once_syncs_the_segment_it_leaves() {
 #[test]
 fn a_garbled_end_of_the_raft_log_is_a_torn_write() {
     for seed in [327, 383, 907] {
-        passes(seed, &Settings::default());
+        passes(seed, &before_net_faults());
     }
 }
 
@@ -40,7 +50,7 @@ fn a_garbled_end_of_the_raft_log_is_a_torn_write() {
 fn fsync_no_with_rolled_segments_survives_a_power_loss() {
     let settings = Settings {
         fsync_no: true,
-        ..Settings::default()
+        ..before_net_faults()
     };
     passes(6, &settings);
 }
