@@ -300,15 +300,8 @@ impl Watcher {
             return;
         }
         self.follow_admission(m);
-        let leading = m.state == ServerState::Leader && m.current_leader == Some(self.id);
-        self.lease.set_voters(
-            self.id,
-            m.membership_config.membership().voter_ids().collect(),
-        );
-        let caught_up = m.last_applied.is_some_and(|l| {
-            l.leader_id.term == m.current_term && Some(l.index) == m.last_log_index
-        });
-        if self.spec.writable() && (!leading || m.current_term != self.spec.term()) {
+        self.lease.set_voters(self.id, authority::voters(m));
+        if self.spec.writable() && authority::must_close_writes(self.id, m, self.spec.term()) {
             let term = self.spec.term();
             self.spec.close(&format!("no longer leading term {term}"));
             self.history.note(format!(
@@ -321,7 +314,10 @@ impl Watcher {
             .lease
             .age_ms(m.current_term, Instant::now())
             .is_some_and(|ms| ms < self.election_min.as_millis() as u64);
-        if leading && caught_up && answered && !self.spec.writable() && !self.spec.is_deposed() {
+        if authority::may_open_writes(self.id, m, answered)
+            && !self.spec.writable()
+            && !self.spec.is_deposed()
+        {
             let last = self.dur.wal.last_lsn();
             self.spec.open(m.current_term, last);
             self.history.note(format!(

@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stockgate_server::engine::{Clock, Engine, Millis, ReserveOutcome, ReserveRequest};
 use stockgate_server::raft::speculation::Speculation;
-use stockgate_server::raft::{NodeId, NodeInfo, Raft};
+use stockgate_server::raft::{authority, NodeId, NodeInfo, Raft};
 use stockgate_server::wal::{FsyncPolicy, WalOptions};
 use tokio::sync::Notify;
 use tokio::time::{sleep, Instant};
@@ -965,12 +965,7 @@ fn names(raft: &Raft, id: NodeId, incarnation: u64) -> bool {
 }
 
 fn voters(raft: &Raft) -> BTreeSet<NodeId> {
-    raft.metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .voter_ids()
-        .collect()
+    authority::voters(&raft.metrics().borrow())
 }
 
 /// Links healed and clean, every member up: a leader must come within `ELECT_WITHIN`.

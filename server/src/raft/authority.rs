@@ -11,6 +11,8 @@
 //! appends this leader sent within the shortest election timeout: that is the lease,
 //! dated by the sends ([`lease`](super::lease)), never by when a reply was read.
 
+use std::collections::BTreeSet;
+
 use openraft::{RaftMetrics, ServerState};
 
 use super::{NodeId, NodeInfo};
@@ -24,7 +26,34 @@ pub fn lease_held(age_ms: Option<u64>, window_ms: u64, voters: usize) -> bool {
 
 /// This member leads in Raft's view and holds the lease: it may say so to clients.
 pub fn acts_as_leader(me: NodeId, m: &RaftMetrics<NodeId, NodeInfo>, lease: bool) -> bool {
-    m.state == ServerState::Leader && m.current_leader == Some(me) && lease
+    leads(me, m) && lease
+}
+
+/// The group's voters as `m` shows them.
+pub fn voters(m: &RaftMetrics<NodeId, NodeInfo>) -> BTreeSet<NodeId> {
+    m.membership_config.membership().voter_ids().collect()
+}
+
+/// Writes opened for `open_term` must close: this member no longer leads in Raft's
+/// view, or leads another term.
+pub fn must_close_writes(me: NodeId, m: &RaftMetrics<NodeId, NodeInfo>, open_term: u64) -> bool {
+    !leads(me, m) || m.current_term != open_term
+}
+
+/// Writes may open: this member leads in Raft's view, everything in its log is applied
+/// and the last entry is of its term (a leader's records get the LSNs after its WAL's
+/// last, so no entry still unapplied may hold LSNs of its own: a leader restarted within
+/// the election timeout resumes its term with its previous process's entries not yet
+/// applied), and a majority answered it in this process (`answered`).
+pub fn may_open_writes(me: NodeId, m: &RaftMetrics<NodeId, NodeInfo>, answered: bool) -> bool {
+    let caught_up = m
+        .last_applied
+        .is_some_and(|l| l.leader_id.term == m.current_term && Some(l.index) == m.last_log_index);
+    leads(me, m) && caught_up && answered
+}
+
+fn leads(me: NodeId, m: &RaftMetrics<NodeId, NodeInfo>) -> bool {
+    m.state == ServerState::Leader && m.current_leader == Some(me)
 }
 
 /// The leader this member names to clients: the newest one Raft told it of (that of its

@@ -598,19 +598,8 @@ impl RaftNode {
         let mut rx = self.metrics.clone();
         loop {
             let m = rx.borrow_and_update().clone();
-            let leading = m.state == ServerState::Leader && m.current_leader == Some(self.id);
-            self.lease.set_voters(
-                self.id,
-                m.membership_config.membership().voter_ids().collect(),
-            );
-            // Everything in its log applied, the last entry of this term: a leader's
-            // records get the LSNs after its WAL's last, so no entry still unapplied may
-            // hold LSNs of its own (a leader restarted within the election timeout
-            // resumes its term with its previous process's entries not yet applied).
-            let caught_up = m.last_applied.is_some_and(|l| {
-                l.leader_id.term == m.current_term && Some(l.index) == m.last_log_index
-            });
-            if self.spec.writable() && (!leading || m.current_term != self.spec.term()) {
+            self.lease.set_voters(self.id, authority::voters(&m));
+            if self.spec.writable() && authority::must_close_writes(self.id, &m, self.spec.term()) {
                 self.spec
                     .close(&format!("no longer leading term {}", self.spec.term()));
             }
@@ -620,7 +609,9 @@ impl RaftNode {
                 .lease
                 .age_ms(m.current_term, Instant::now())
                 .is_some_and(|ms| ms < self.cfg.election_min_ms);
-            if leading && caught_up && answered && !self.spec.writable() && !self.spec.is_deposed()
+            if authority::may_open_writes(self.id, &m, answered)
+                && !self.spec.writable()
+                && !self.spec.is_deposed()
             {
                 let last = self.dur.wal.last_lsn();
                 self.spec.open(m.current_term, last);
@@ -1438,12 +1429,7 @@ async fn add_voter(raft: &Raft, id: NodeId, info: NodeInfo) -> Result<(), RaftEr
 
 /// The group's voters as the Raft metrics show them now.
 fn voter_ids(raft: &Raft) -> BTreeSet<NodeId> {
-    raft.metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .voter_ids()
-        .collect()
+    authority::voters(&raft.metrics().borrow())
 }
 
 /// A leader handing over (Raft's leadership transfer): it stops taking writes, waits
