@@ -19,9 +19,10 @@ use super::{NodeId, NodeInfo};
 
 /// The lease: a majority acknowledged this leader `age_ms` ago (`None`: never in this
 /// process), and it holds while that is shorter than `window_ms` (the shortest election
-/// timeout). A group of one voter is its own majority.
+/// timeout). A group of one voter is its own majority; with no voters known (a member
+/// not yet told its membership) nobody holds it.
 pub fn lease_held(age_ms: Option<u64>, window_ms: u64, voters: usize) -> bool {
-    voters <= 1 || age_ms.is_some_and(|a| a < window_ms)
+    voters == 1 || age_ms.is_some_and(|a| a < window_ms)
 }
 
 /// This member leads in Raft's view and holds the lease: it may say so to clients.
@@ -91,6 +92,7 @@ mod tests {
         assert!(!lease_held(None, 300, 3));
         // One voter is its own majority.
         assert!(lease_held(None, 300, 1));
+        assert!(!lease_held(None, 300, 0));
     }
 
     #[test]

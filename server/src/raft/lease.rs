@@ -52,6 +52,44 @@ struct State {
     acked: HashMap<NodeId, Instant>,
     /// Per follower: when a muted leader last let an append through to it.
     probed: HashMap<NodeId, Instant>,
+    /// What `acked` and `voters` say of the majority, kept as they change: the write
+    /// and read gates ask on every request, acknowledgements come once per append.
+    quorum: Quorum,
+}
+
+/// Whose acknowledgements make a majority of the voters.
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
+enum Quorum {
+    /// Too few acknowledgements (or no voters).
+    #[default]
+    Short,
+    /// This member alone is a majority: it counts as "now".
+    Me,
+    /// Then: the oldest of the newest acknowledgements a majority needs from others.
+    At(Instant),
+}
+
+impl State {
+    fn recount(&mut self) {
+        self.quorum = quorum_of(self.me, &self.voters, &self.acked);
+    }
+
+    fn quorum_since(&self, term: u64, now: Instant) -> Option<Instant> {
+        if self.term != term {
+            return None;
+        }
+        match self.quorum {
+            Quorum::Short => None,
+            Quorum::Me => Some(now),
+            // A send is never later than `now` on one monotonic clock; `min` keeps the
+            // answer that of `quorum_instant` even so.
+            Quorum::At(t) => Some(t.min(now)),
+        }
+    }
+}
+
+fn age_ms(since: Option<Instant>, now: Instant) -> Option<u64> {
+    since.map(|at| now.saturating_duration_since(at).as_millis() as u64)
 }
 
 /// A muted leader lets one append through to each peer once per this many `after`s.
@@ -61,8 +99,11 @@ impl Lease {
     /// The membership changed (or is first known): who counts toward a majority.
     pub fn set_voters(&self, me: NodeId, voters: BTreeSet<NodeId>) {
         let mut s = self.state.lock();
-        s.me = me;
-        s.voters = voters;
+        if s.me != me || s.voters != voters {
+            s.me = me;
+            s.voters = voters;
+            s.recount();
+        }
     }
 
     /// An append of `term` is about to be sent at `now`: a newer term starts afresh.
@@ -73,6 +114,7 @@ impl Lease {
             s.began = Some(now);
             s.acked.clear();
             s.probed.clear();
+            s.recount();
         }
     }
 
@@ -81,25 +123,30 @@ impl Lease {
     pub fn accepted(&self, from: NodeId, term: u64, sent: Instant) {
         let mut s = self.state.lock();
         if term == s.term {
-            let at = s.acked.entry(from).or_insert(sent);
-            *at = (*at).max(sent);
+            if s.acked.get(&from).is_some_and(|at| *at >= sent) {
+                return;
+            }
+            s.acked.insert(from, sent);
+            s.recount();
         }
     }
 
     /// When a majority of the voters last acknowledged this member as leader of `term`
     /// (this member counting as `now`); `None` when never in this process.
     pub fn quorum_since(&self, term: u64, now: Instant) -> Option<Instant> {
+        self.state.lock().quorum_since(term, now)
+    }
+
+    /// [`Self::age_ms`] and how many voters the membership names, read together (one
+    /// lock; the gates ask on every request). No voters known yet: `(None, 0)`.
+    pub fn standing(&self, term: u64, now: Instant) -> (Option<u64>, usize) {
         let s = self.state.lock();
-        if s.term != term {
-            return None;
-        }
-        quorum_instant(s.me, &s.voters, &s.acked, now)
+        (age_ms(s.quorum_since(term, now), now), s.voters.len())
     }
 
     /// How long ago a majority acknowledged this member as leader of `term`, in ms.
     pub fn age_ms(&self, term: u64, now: Instant) -> Option<u64> {
-        let at = self.quorum_since(term, now)?;
-        Some(now.saturating_duration_since(at).as_millis() as u64)
+        age_ms(self.quorum_since(term, now), now)
     }
 
     /// Whether an append of `term` to `to` may go now: always, unless the leader is
@@ -126,8 +173,7 @@ impl Lease {
         if s.term != term {
             return false;
         }
-        let quorum = quorum_instant(s.me, &s.voters, &s.acked, now);
-        let since = match (s.began, quorum) {
+        let since = match (s.began, s.quorum_since(term, now)) {
             (Some(b), Some(q)) => b.max(q),
             (b, q) => match b.or(q) {
                 Some(t) => t,
@@ -136,6 +182,28 @@ impl Lease {
         };
         now.saturating_duration_since(since) > after
     }
+}
+
+/// [`quorum_instant`] without `now`: which acknowledgements make the majority.
+fn quorum_of(me: NodeId, voters: &BTreeSet<NodeId>, acked: &HashMap<NodeId, Instant>) -> Quorum {
+    if voters.is_empty() {
+        return Quorum::Short;
+    }
+    let majority = voters.len() / 2 + 1;
+    // This member counts as the newest acknowledgement: the others supply the rest.
+    let from_others = majority - usize::from(voters.contains(&me));
+    if from_others == 0 {
+        return Quorum::Me;
+    }
+    let mut times: Vec<Instant> = voters
+        .iter()
+        .filter(|v| **v != me)
+        .filter_map(|v| acked.get(v).copied())
+        .collect();
+    times.sort_unstable_by(|a, b| b.cmp(a));
+    times
+        .get(from_others - 1)
+        .map_or(Quorum::Short, |t| Quorum::At(*t))
 }
 
 /// The instant by which a majority of `voters` had acknowledged: `me` counts as `now`,
@@ -214,6 +282,58 @@ mod tests {
         // A single voter is its own majority.
         let one = lease(&[1]);
         assert_eq!(one.quorum_since(0, t0), Some(t0));
+    }
+
+    /// The kept answer is the one computed from scratch, after any sequence of
+    /// acknowledgements (late, out of order, of other terms, from non-voters) and
+    /// membership changes (this member in or out of the voters).
+    #[test]
+    fn the_kept_majority_equals_the_one_counted_afresh() {
+        let t0 = Instant::now();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let l = Lease::default();
+        let mut term = 1;
+        l.sending(term, t0);
+        for step in 0..20_000u64 {
+            let at = t0 + Duration::from_millis(step);
+            match next(10) {
+                0 => {
+                    let voters = (1..=5).filter(|_| next(3) > 0).collect();
+                    l.set_voters(1 + next(2), voters);
+                }
+                1 => {
+                    term += next(2);
+                    l.sending(term, at);
+                }
+                _ => l.accepted(
+                    1 + next(6),
+                    term - next(2).min(term),
+                    at - Duration::from_millis(next(50)),
+                ),
+            }
+            let now = at + Duration::from_millis(next(100));
+            let s = l.state.lock();
+            let fresh = (s.term == term)
+                .then(|| quorum_instant(s.me, &s.voters, &s.acked, now))
+                .flatten();
+            drop(s);
+            assert_eq!(l.quorum_since(term, now), fresh, "step {step}");
+        }
+    }
+
+    #[test]
+    fn a_member_told_no_voters_yet_holds_no_lease() {
+        let l = Lease::default();
+        let t0 = Instant::now();
+        assert_eq!(l.standing(0, t0), (None, 0));
+        l.set_voters(1, [1].into_iter().collect());
+        assert_eq!(l.standing(0, t0), (Some(0), 1));
     }
 
     #[test]

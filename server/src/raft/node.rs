@@ -898,8 +898,10 @@ impl RaftNode {
     /// after that long without this one's heartbeats); `authority` has the rule.
     fn lease_held(&self) -> bool {
         let term = self.metrics.borrow().current_term;
-        let age = self.lease.age_ms(term, Instant::now());
-        authority::lease_held(age, self.cfg.election_min_ms, self.voters().len())
+        // The voters the lease counts with, not a set built from the metrics: this runs
+        // on every request.
+        let (age, voters) = self.lease.standing(term, Instant::now());
+        authority::lease_held(age, self.cfg.election_min_ms, voters)
     }
 
     /// Leads in Raft's view and holds the lease: the one predicate behind the write and
@@ -949,7 +951,9 @@ impl RaftNode {
         if self.spec.is_deposed() {
             return Some(READONLY);
         }
-        if self.now_ms() < self.handover_until_ms.load(Ordering::Acquire) {
+        // No clock read unless a handover was ever started (this runs on every write).
+        let handover = self.handover_until_ms.load(Ordering::Acquire);
+        if handover != 0 && self.now_ms() < handover {
             return Some(HANDING_OVER);
         }
         if !self.spec.writable() {
