@@ -1,10 +1,14 @@
-//! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]`: runs the
+//! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
+//! [--no-pause-and-membership] [--members=N]`: runs the
 //! deterministic simulation of a replicated group for seeds SEED .. SEED+COUNT-1, one
 //! line per seed: `seed <n> digest <hex> PASS|FAIL <what>`. Exits 1 if any seed failed.
 //! `--fsync-no` runs the members' WALs under `--fsync no` (a single node's setting,
 //! which a server never gives a member) to hunt in the WAL's code. `--no-net-faults`
 //! leaves out one-way partitions, flapping links and duplicated requests
 //! (`Settings::net_faults`): the histories from before they existed.
+//! `--no-pause-and-membership` leaves out stopped members and membership changes
+//! (`Settings::pause_and_membership`), likewise. `--members=N` runs a group of N
+//! members (3 unless told).
 
 use stockgate_sim::{run, Settings};
 
@@ -13,9 +17,18 @@ fn main() {
     let verbose = args.iter().any(|a| a == "--verbose" || a == "-v");
     let fsync_no = args.iter().any(|a| a == "--fsync-no");
     let net_faults = !args.iter().any(|a| a == "--no-net-faults");
+    let pause_and_membership = !args.iter().any(|a| a == "--no-pause-and-membership");
+    let members = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--members="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(Settings::default().members);
     let nums: Vec<u64> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let Some(&first) = nums.first() else {
-        eprintln!("usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]");
+        eprintln!(
+            "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
+             [--no-pause-and-membership] [--members=N]"
+        );
         std::process::exit(2);
     };
     let count = nums.get(1).copied().unwrap_or(1);
@@ -30,6 +43,8 @@ fn main() {
         verbose,
         fsync_no,
         net_faults,
+        pause_and_membership,
+        members,
         ..Settings::default()
     };
     let mut failed = false;

@@ -290,6 +290,12 @@ impl Watcher {
     }
 
     fn step(&self, m: &openraft::RaftMetrics<NodeId, stockgate_server::raft::NodeInfo>) {
+        // A stopped process runs none of its own code: the watcher looks again once it
+        // continues. (openraft's ticks are off meanwhile, but its core still handles what
+        // the member's own tasks hand it: docs/simulation.md.)
+        if self.net.is_paused(self.id) {
+            return;
+        }
         if let Err(e) = &m.running_state {
             if !matches!(e, openraft::error::Fatal::Stopped)
                 && !self.restart.swap(true, Ordering::AcqRel)

@@ -2,7 +2,8 @@
 //! target's `Raft`, each leg (request, reply) dropped or delayed as the seeded fault
 //! state says, directed links cut by partitions (two-way or one-way) or flapping,
 //! requests delivered twice (the copy perhaps late: a stale replay), crashed members
-//! unreachable.
+//! unreachable, stopped (paused) members holding what they send and what is sent to
+//! them until they continue.
 //!
 //! What it leaves out of the server's network (`stockgate_server::raft::network`): the
 //! TCP framing and bincode, the identity envelope (group, incarnation checks), the
@@ -29,6 +30,7 @@ use rand::Rng;
 use stockgate_server::raft::lease::Lease;
 use stockgate_server::raft::network;
 use stockgate_server::raft::{NodeId, NodeInfo, Raft, TypeConfig};
+use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 /// The fault state and the live members, shared by every member's network client.
@@ -51,6 +53,10 @@ struct State {
     sent: u64,
     lost: u64,
     dups: u64,
+    /// Members stopped now (SIGSTOP): the pause's number, and what wakes the legs held
+    /// until it continues.
+    paused: BTreeMap<NodeId, (u64, Arc<Notify>)>,
+    pauses: u64,
 }
 
 /// A directed link that is cut for `down`, then carries for `up`, again and again from
@@ -96,6 +102,8 @@ impl Net {
             sent: 0,
             lost: 0,
             dups: 0,
+            paused: BTreeMap::new(),
+            pauses: 0,
         })))
     }
 
@@ -104,9 +112,66 @@ impl Net {
         self.0.lock().rafts.insert(id, (raft, incarnation));
     }
 
-    /// `id` is down: calls to it fail at once (connection refused).
+    /// `id` is down: calls to it fail at once (connection refused). A stopped process
+    /// that dies continues no more: what was held for it is refused now.
     pub fn detach(&self, id: NodeId) {
-        self.0.lock().rafts.remove(&id);
+        let mut s = self.0.lock();
+        s.rafts.remove(&id);
+        if let Some((_, wake)) = s.paused.remove(&id) {
+            wake.notify_waiters();
+        }
+    }
+
+    /// `id` stops (SIGSTOP): from now on it sends nothing and is answered nothing; every
+    /// leg from or to it waits for [`Net::resume`] (its socket buffers keep them). `None`
+    /// when it is down or stopped already; else the pause's number, for its resume.
+    pub fn pause(&self, id: NodeId) -> Option<u64> {
+        let mut s = self.0.lock();
+        if !s.rafts.contains_key(&id) || s.paused.contains_key(&id) {
+            return None;
+        }
+        s.pauses += 1;
+        let n = s.pauses;
+        s.paused.insert(id, (n, Arc::new(Notify::new())));
+        Some(n)
+    }
+
+    /// Pause `n` of `id` ends (SIGCONT): what was held goes on, in the order it came.
+    /// `false` when that pause ended already (the process died).
+    pub fn resume(&self, id: NodeId, n: u64) -> bool {
+        let mut s = self.0.lock();
+        if s.paused.get(&id).map(|p| p.0) != Some(n) {
+            return false;
+        }
+        if let Some((_, wake)) = s.paused.remove(&id) {
+            wake.notify_waiters();
+        }
+        true
+    }
+
+    /// The number of the pause `id` is in now, if stopped.
+    pub fn pause_of(&self, id: NodeId) -> Option<u64> {
+        self.0.lock().paused.get(&id).map(|p| p.0)
+    }
+
+    /// Whether `id` is stopped now.
+    pub fn is_paused(&self, id: NodeId) -> bool {
+        self.0.lock().paused.contains_key(&id)
+    }
+
+    /// Returns once `id` is not stopped; at once (without yielding) when it is not, so
+    /// a run without pauses schedules its tasks as it did before they existed. Waiters
+    /// wake in the order they began to wait.
+    pub async fn resumed(&self, id: NodeId) {
+        loop {
+            let wake = self.0.lock().paused.get(&id).map(|p| p.1.clone());
+            let Some(wake) = wake else {
+                return;
+            };
+            // Created before anything else runs (one thread): a resume from now on
+            // wakes it.
+            wake.notified().await;
+        }
     }
 
     /// Cuts every link between `side` and the other members (both directions); the
@@ -209,7 +274,8 @@ impl Net {
         let there = self.leg(from, to).is_some();
         let back = self.leg(to, from).is_some();
         let up = self.raft(to).is_some_and(|(_, i)| i == incarnation);
-        there && back && up
+        let stopped = self.is_paused(from) || self.is_paused(to);
+        there && back && up && !stopped
     }
 
     fn raft(&self, id: NodeId) -> Option<(Raft, u64)> {
@@ -255,6 +321,10 @@ pub struct Peer {
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, NodeInfo, E>>;
 
+/// What became of a request that reached its target: the target's answer, or why
+/// there was none (a network error).
+type Delivered<T, E> = Result<Result<T, RaftError<NodeId, E>>, &'static str>;
+
 fn net_err<E: std::error::Error>(why: &str) -> RPCError<NodeId, NodeInfo, E> {
     RPCError::Network(NetworkError::new(&io::Error::other(why.to_owned())))
 }
@@ -262,7 +332,9 @@ fn net_err<E: std::error::Error>(why: &str) -> RPCError<NodeId, NodeInfo, E> {
 impl Peer {
     /// One call: the request leg, the target's answer to `rpc`, the reply leg. A lost
     /// leg costs the call's time-to-live, as a silent peer does. A delivered request may
-    /// be delivered again later (`Net::duplicate`); the copy's answer goes nowhere.
+    /// be delivered again later (`Net::duplicate`); the copy's answer goes nowhere. A
+    /// stopped caller sends only once it continues and reads the reply only then; a
+    /// request reaching a stopped target waits in its buffer (`Peer::held`).
     async fn call<R, T, E, F, Fut>(
         &self,
         ttl: Duration,
@@ -271,11 +343,13 @@ impl Peer {
     ) -> RpcResult<T, RaftError<NodeId, E>>
     where
         R: Clone + Send + 'static,
-        E: std::error::Error,
+        T: Send + 'static,
+        E: std::error::Error + Send + 'static,
         RaftError<NodeId, E>: std::error::Error,
         F: Fn(Raft, R) -> Fut + Copy + Send + 'static,
         Fut: Future<Output = Result<T, RaftError<NodeId, E>>> + Send + 'static,
     {
+        self.net.resumed(self.from).await;
         let start = Instant::now();
         let Some(there) = self.net.leg(self.from, self.to) else {
             tokio::time::sleep(ttl).await;
@@ -285,29 +359,50 @@ impl Peer {
             self.replay(there + late, rpc.clone(), f);
         }
         tokio::time::sleep(there).await;
-        let Some((raft, incarnation)) = self.net.raft(self.to) else {
-            // The server backs a refused peer off (from `BACKOFF_FIRST`, doubling); a
-            // refusal here costs the first pause, so openraft's retry of a network
-            // error never spins without simulated time passing.
-            tokio::time::sleep(network::BACKOFF_FIRST.max(Duration::from_millis(50))).await;
-            return Err(net_err("connection refused"));
+        let r = if self.net.is_paused(self.to) {
+            self.held(ttl, rpc, f).await
+        } else {
+            answer(&self.net, (self.to, self.expect), ttl, rpc, f).await
         };
-        if incarnation != self.expect {
-            tokio::time::sleep(ttl).await;
-            return Err(net_err("another storage answers under this id"));
-        }
-        let r = f(raft, rpc).await;
+        let r = r.map_err(net_err)?;
+        // A stopped target sends its reply once it continues.
+        self.net.resumed(self.to).await;
         let Some(back) = self.net.leg(self.to, self.from) else {
             tokio::time::sleep_until(start + ttl).await;
             return Err(net_err("reply lost"));
         };
         tokio::time::sleep(back).await;
+        self.net.resumed(self.from).await;
         r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
     }
 
-    /// A second copy of a delivered request, handed to `to` after `after` if the same
-    /// storage still answers there then. Its answer is dropped: the caller has taken
-    /// the first copy's (or given up), so only the target's state sees the copy.
+    /// A request that reached a stopped target: its socket keeps it, and it is handled
+    /// when the target continues, in the order it came, even if the caller has given up
+    /// meanwhile (openraft drops a call after its time-to-live); then the answer goes
+    /// nowhere.
+    async fn held<R, T, E, F, Fut>(&self, ttl: Duration, rpc: R, f: F) -> Delivered<T, E>
+    where
+        R: Send + 'static,
+        T: Send + 'static,
+        E: std::error::Error + Send + 'static,
+        RaftError<NodeId, E>: std::error::Error,
+        F: Fn(Raft, R) -> Fut + Copy + Send + 'static,
+        Fut: Future<Output = Result<T, RaftError<NodeId, E>>> + Send + 'static,
+    {
+        let (net, to) = (self.net.clone(), (self.to, self.expect));
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            net.resumed(to.0).await;
+            let _ = tx.send(answer(&net, to, ttl, rpc, f).await);
+        });
+        rx.await
+            .unwrap_or(Err("the held request was never handled"))
+    }
+
+    /// A second copy of a delivered request, handed to `to` after `after` (or when it
+    /// continues, if stopped then) if the same storage still answers there then. Its
+    /// answer is dropped: the caller has taken the first copy's (or given up), so only
+    /// the target's state sees the copy.
     fn replay<R, T, E, F, Fut>(&self, after: Duration, rpc: R, f: F)
     where
         R: Send + 'static,
@@ -317,6 +412,7 @@ impl Peer {
         let (net, to, expect) = (self.net.clone(), self.to, self.expect);
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
+            net.resumed(to).await;
             if let Some((raft, incarnation)) = net.raft(to) {
                 if incarnation == expect {
                     let _ = f(raft, rpc).await;
@@ -324,6 +420,35 @@ impl Peer {
             }
         });
     }
+}
+
+/// The target's side of a delivered request: refused when it is down, unanswered when
+/// another storage runs under its id (the outer `Err`), else its Raft's answer.
+async fn answer<R, T, E, F, Fut>(
+    net: &Net,
+    (to, expect): (NodeId, u64),
+    ttl: Duration,
+    rpc: R,
+    f: F,
+) -> Delivered<T, E>
+where
+    E: std::error::Error,
+    RaftError<NodeId, E>: std::error::Error,
+    F: Fn(Raft, R) -> Fut,
+    Fut: Future<Output = Result<T, RaftError<NodeId, E>>>,
+{
+    let Some((raft, incarnation)) = net.raft(to) else {
+        // The server backs a refused peer off (from `BACKOFF_FIRST`, doubling); a
+        // refusal here costs the first pause, so openraft's retry of a network error
+        // never spins without simulated time passing.
+        tokio::time::sleep(network::BACKOFF_FIRST.max(Duration::from_millis(50))).await;
+        return Err("connection refused");
+    };
+    if incarnation != expect {
+        tokio::time::sleep(ttl).await;
+        return Err("another storage answers under this id");
+    }
+    Ok(f(raft, rpc).await)
 }
 
 impl RaftNetwork<TypeConfig> for Peer {

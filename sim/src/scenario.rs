@@ -24,6 +24,8 @@ use crate::member::{self, Boot, Env, Member};
 use crate::net::{Flap, Net};
 use crate::Outcome;
 
+mod pause_and_membership;
+
 /// How a run goes.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -42,6 +44,11 @@ pub struct Settings {
     /// as it did before they existed (the same draws, the same digest), which keeps
     /// the seeds of older regressions meaning what they meant.
     pub net_faults: bool,
+    /// Two more fault kinds: a member stopped and continued (SIGSTOP, SIGCONT), often
+    /// the leader, and membership changes (a voter removed through the leader, later
+    /// added back) in the middle of the other faults. Off, a seed draws what it drew
+    /// before they existed, as with `net_faults`.
+    pub pause_and_membership: bool,
 }
 
 impl Default for Settings {
@@ -52,6 +59,7 @@ impl Default for Settings {
             verbose: false,
             fsync_no: false,
             net_faults: true,
+            pause_and_membership: true,
         }
     }
 }
@@ -111,6 +119,13 @@ pub(crate) struct Cluster {
     incarnations: Mutex<BTreeMap<NodeId, u64>>,
     /// A wiped member is being re-admitted: no second wipe meanwhile.
     readmitting: AtomicBool,
+    /// A drawn membership change is in flight: one at a time
+    /// (`pause_and_membership::reconfigure`).
+    changing: AtomicBool,
+    /// The member a drawn change took (or tried to take) out of the voters, until a
+    /// later one brings it back; at the latest after healing
+    /// (`pause_and_membership::rejoin`).
+    removed: Mutex<Option<NodeId>>,
     /// Acknowledged holds by token.
     acked: Mutex<BTreeMap<String, Hold>>,
     failures: Mutex<Vec<String>>,
@@ -173,8 +188,10 @@ impl Cluster {
             .history
             .note(format!("n{id} starts (origin {origin:016x})"));
         let q = Arc::new(Replies {
+            id,
             queue: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
+            gone: AtomicBool::new(false),
         });
         tokio::spawn(q.clone().run(self.clone(), m.spec.clone()));
         self.replies.lock().insert(id, q);
@@ -186,6 +203,15 @@ impl Cluster {
             return;
         };
         self.env.history.note(format!("n{id} crashes ({why})"));
+        if self.env.net.is_paused(id) {
+            // A stopped process killed never continues: its held replies never go.
+            if let Some(q) = self.replies.lock().get(&id) {
+                q.gone.store(true, Ordering::Release);
+            }
+            self.env
+                .history
+                .note(format!("n{id} was stopped: it dies so"));
+        }
         if !matches!(end, End::Exit) {
             m.hook.die();
         }
@@ -206,7 +232,7 @@ impl Cluster {
             .live
             .lock()
             .values()
-            .filter(|m| m.deposed.load(Ordering::Acquire))
+            .filter(|m| m.deposed.load(Ordering::Acquire) && !self.env.net.is_paused(m.id))
             .map(|m| (m.id, m.hook.failed()))
             .collect();
         for (id, failed) in deposed {
@@ -223,7 +249,7 @@ impl Cluster {
     /// the older one then still answers reads (`read_holds`).
     fn writer(&self) -> Option<(NodeId, Arc<Engine>, Arc<Speculation>)> {
         let live = self.live.lock();
-        newest_writer(&live).map(|m| (m.id, m.engine.clone(), m.spec.clone()))
+        newest_writer(&live, &self.env.net).map(|m| (m.id, m.engine.clone(), m.spec.clone()))
     }
 
     /// The `pick`th (modulo) acknowledged hold still held and not in doubt.
@@ -240,7 +266,7 @@ impl Cluster {
     /// The member taking writes and its Raft handle (membership changes go there).
     fn leader_raft(&self) -> Option<(NodeId, Raft)> {
         let live = self.live.lock();
-        newest_writer(&live).map(|m| (m.id, m.raft.clone()))
+        newest_writer(&live, &self.env.net).map(|m| (m.id, m.raft.clone()))
     }
 
     /// Each live member's Raft view, for a failure's diagnosis.
@@ -275,14 +301,17 @@ impl Cluster {
     }
 }
 
-/// The writable member in the newest term (the lowest id among equals).
-fn newest_writer(live: &BTreeMap<NodeId, Member>) -> Option<&Member> {
-    live.values().filter(|m| m.writable()).max_by_key(|m| {
-        (
-            m.raft.metrics().borrow().current_term,
-            std::cmp::Reverse(m.id),
-        )
-    })
+/// The writable member in the newest term (the lowest id among equals). A stopped one
+/// answers nobody: clients and admin commands skip it.
+fn newest_writer<'a>(live: &'a BTreeMap<NodeId, Member>, net: &Net) -> Option<&'a Member> {
+    live.values()
+        .filter(|m| m.writable() && !net.is_paused(m.id))
+        .max_by_key(|m| {
+            (
+                m.raft.metrics().borrow().current_term,
+                std::cmp::Reverse(m.id),
+            )
+        })
 }
 
 /// openraft's settings: the server's rules (`node::openraft_config`) with snapshots off
@@ -356,6 +385,8 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
         origins: Mutex::new(StdRng::seed_from_u64(rng.gen())),
         incarnations: Mutex::new((1..=s.members).map(|i| (i, rng.gen())).collect()),
         readmitting: AtomicBool::new(false),
+        changing: AtomicBool::new(false),
+        removed: Mutex::new(None),
         acked: Mutex::new(BTreeMap::new()),
         failures: Mutex::new(Vec::new()),
         waiting: AtomicU64::new(0),
@@ -505,9 +536,10 @@ async fn client(c: Arc<Cluster>, mut rng: StdRng, stop: Arc<AtomicBool>) {
 }
 
 /// Reads of acknowledged holds' states (the `pick`th, modulo, and the newest
-/// acknowledged) on every member that takes writes, answered from its engine without a
-/// commit, as the command layer answers a read once the gate (`acts_as_leader` with the
-/// lease) lets it; a client may still be talking to any member that says it leads.
+/// acknowledged) on every member that takes writes (and is not stopped), answered from
+/// its engine without a commit, as the command layer answers a read once the gate
+/// (`acts_as_leader` with the lease) lets it; a client may still be talking to any
+/// member that says it leads.
 /// Each must see every acknowledged outcome of that hold: a member that leads in Raft's
 /// view but was deposed without knowing it (the lease is what rules that out) would
 /// answer from a state the group has moved past. A RELEASE or COMMIT not yet
@@ -526,18 +558,61 @@ fn read_holds(c: &Cluster, pick: usize, who: &str) {
             .collect()
     };
     let mut stale = Vec::new();
-    for m in c.live.lock().values().filter(|m| m.writable()) {
-        for (token, fate) in &tokens {
-            c.reads.fetch_add(1, Ordering::AcqRel);
-            let seen = m.engine.reservation(token).map(|(v, _)| v.state);
-            if !sees(*fate, seen) {
-                stale.push(format!(
-                    "{who}: stale read on n{}: {token} acknowledged {fate:?}, read {seen:?}",
-                    m.id
-                ));
-            }
+    for m in c.live.lock().values() {
+        if m.writable() && !c.env.net.is_paused(m.id) {
+            stale.extend(read_on(c, m, &tokens, who));
         }
     }
+    for s in stale {
+        c.fail(s);
+    }
+}
+
+/// The reads of `tokens` on member `m` that miss an acknowledged outcome.
+fn read_on(c: &Cluster, m: &Member, tokens: &[(String, Fate)], who: &str) -> Vec<String> {
+    let mut stale = Vec::new();
+    for (token, fate) in tokens {
+        c.reads.fetch_add(1, Ordering::AcqRel);
+        let seen = m.engine.reservation(token).map(|(v, _)| v.state);
+        if !sees(*fate, seen) {
+            stale.push(format!(
+                "{who}: stale read on n{}: {token} acknowledged {fate:?}, read {seen:?}",
+                m.id
+            ));
+        }
+    }
+    stale
+}
+
+/// Right as member `id` continues, before it has handled anything held for it, clients
+/// whose reads waited for it read every acknowledged hold there, if it takes writes: a
+/// leader stopped for longer than its lease still leads in its own view, and only the
+/// lease keeps it from answering from a state the group has passed meanwhile.
+pub(crate) fn read_after_resume(c: &Cluster, id: NodeId) {
+    let tokens: Vec<(String, Fate)> = c
+        .acked
+        .lock()
+        .iter()
+        .map(|(t, h)| (t.clone(), h.fate))
+        .collect();
+    let who = format!("resume@n{id}");
+    let (leads, writable, stale) = match c.live.lock().get(&id) {
+        Some(m) => {
+            let r = m.raft.metrics().borrow().clone();
+            let leads = r.state == openraft::ServerState::Leader && r.current_leader == Some(id);
+            let stale = if m.writable() {
+                Some(read_on(c, m, &tokens, &who))
+            } else {
+                None
+            };
+            (leads, stale.is_some(), stale.unwrap_or_default())
+        }
+        None => (false, false, Vec::new()),
+    };
+    c.env.history.note(format!(
+        "n{id} continues; leads in its view: {leads}, takes writes: {writable}, {} reads",
+        if writable { tokens.len() } else { 0 }
+    ));
     for s in stale {
         c.fail(s);
     }
@@ -624,8 +699,12 @@ struct Pending {
 /// tokio spreads a watch channel's waiters over its notifiers by an unseeded random
 /// draw, so many waiters on one commit point would wake in an order no seed fixes.
 pub(crate) struct Replies {
+    /// The member whose process this is.
+    id: NodeId,
     queue: Mutex<VecDeque<Pending>>,
     wake: Notify,
+    /// The process died while stopped: what it held back is never sent.
+    gone: AtomicBool,
 }
 
 impl Replies {
@@ -655,9 +734,16 @@ impl Replies {
                     Err(_) => q.pop_front().into_iter().collect(),
                 }
             };
-            let outcome = r
+            let mut outcome = r
                 .map_err(|_| "timed out".to_owned())
                 .and_then(|x| x.map_err(|e| e.to_string()));
+            // A stopped process answers once it continues.
+            if c.env.net.is_paused(self.id) {
+                c.env.net.resumed(self.id).await;
+                if self.gone.load(Ordering::Acquire) {
+                    outcome = Err("the process died stopped".into());
+                }
+            }
             for p in done {
                 reply(&c, p, outcome.clone());
             }
@@ -699,9 +785,14 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
 /// Seeded faults, one every few hundred milliseconds; safety checked after each.
 async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, s: &Settings) {
     let all = c.ids.clone();
-    // The kinds of `Settings::net_faults` come after the older ones, so that without
-    // them the draws are what they were.
-    let kinds = if s.net_faults { 13 } else { 10 };
+    // The kinds of `Settings::net_faults` come after the older ones, and those of
+    // `Settings::pause_and_membership` after them, so that without them the draws are
+    // what they were.
+    let kinds = match (s.net_faults, s.pause_and_membership) {
+        (false, _) => 10,
+        (true, false) => 13,
+        (true, true) => 17,
+    };
     for _ in 0..s.steps {
         let next = Instant::now() + Duration::from_millis(rng.gen_range(100..1500));
         // A deposed member restarts soon after, as a server re-executes at once.
@@ -730,7 +821,12 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, s: &Settings) {
                 }
             }
             9 => arm_storage_error(c, rng),
-            8 if !c.readmitting.load(Ordering::Acquire) => {
+            // Not while a change is in flight or a voter is out: with three members a
+            // lost disk among two voters would be a lost majority.
+            8 if !c.readmitting.load(Ordering::Acquire)
+                && !c.changing.load(Ordering::Acquire)
+                && c.removed.lock().is_none() =>
+            {
                 let id = rng.gen_range(1..=all.len() as u64);
                 wipe(c, id).await;
             }
@@ -742,6 +838,8 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, s: &Settings) {
                     "requests: {pct}% delivered twice, up to {late} ms apart"
                 ));
             }
+            13 | 14 => pause_and_membership::pause(c, rng),
+            15 | 16 => pause_and_membership::reconfigure(c, rng),
             _ => {
                 for id in c.down() {
                     c.start(id).await;
@@ -974,6 +1072,7 @@ async fn heal(c: &Arc<Cluster>) {
     c.env.net.set_quality(0, 5);
     c.env.net.set_duplicates(0, 0);
     c.env.history.note("heal all, every member up");
+    pause_and_membership::resume_all(c);
     for id in c.down() {
         c.start(id).await;
     }
@@ -987,6 +1086,7 @@ async fn heal(c: &Arc<Cluster>) {
             c.fail("no leader within 10 s of healing".into());
         }
     }
+    pause_and_membership::rejoin(c).await;
 }
 
 /// Waits for every reply, then for every member to apply the whole log.

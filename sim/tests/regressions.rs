@@ -1,7 +1,8 @@
 //! Seeds that once found a bug, kept so it stays fixed. Each runs one seed of the
 //! settings that found it and requires it to pass. Seeds found before the network
-//! faults of `Settings::net_faults` run without them: with them the seed draws a
-//! different history, which no longer reaches the bug.
+//! faults of `Settings::net_faults` run without them (and without the stopped members
+//! and membership changes of `Settings::pause_and_membership`): with them the seed
+//! draws a different history, which no longer reaches the bug.
 
 use stockgate_sim::{run, Settings};
 
@@ -9,6 +10,7 @@ use stockgate_sim::{run, Settings};
 fn before_net_faults() -> Settings {
     Settings {
         net_faults: false,
+        pause_and_membership: false,
         ..Settings::default()
     }
 }
