@@ -3,9 +3,11 @@
 # what the end-to-end tests talk to: redis-tools/redis-server (redis-cli is a real client
 # under test, redis-server runs the Redis+Lua baseline), PostgreSQL (the ledger tests
 # start a throwaway cluster from its binaries), redis-py, the npm packages of tests/node,
-# and what the operations tests drive (tests/ops/metrics_e2e.rs): prometheus-redis-exporter
-# (the real exporter scrapes stockgate), chromium (the status page, headless) and tmux
-# (`stockgate top` in a detached pane), and systemd-analyze (the units in deploy/systemd).
+# tests/node-oldest and clients/node, and what the operations tests drive
+# (tests/ops/metrics_e2e.rs): prometheus-redis-exporter (the real exporter scrapes
+# stockgate), chromium (the status page, headless) and tmux (`stockgate top` in a detached
+# pane), and systemd-analyze (the units in deploy/systemd). Node.js itself (20 or newer) and
+# npm must be there already.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,11 +57,31 @@ py_env newest tests/py/requirements.txt
 py_env oldest tests/py/requirements-oldest.txt
 export PATH="$PWD/target/py/newest/bin:$PATH"
 export STOCKGATE_PYTHON_OLDEST="$PWD/target/py/oldest/bin/python"
-# ioredis and node-redis (tests/clients/node_clients.rs), pinned by tests/node/package-lock.json.
-[ -d tests/node/node_modules ] || npm ci --prefix tests/node --no-audit --no-fund
-# The Node package under test (tests/clients/node_package.rs; tests/ledger/checkout_scenario.rs runs
-# tests/scenario/run_node.mjs with it), pinned by its package-lock.json.
-[ -d clients/node/node_modules ] || npm ci --prefix clients/node --no-audit --no-fund
+# ioredis 6 and node-redis 6 need Node.js 20 or newer (npm would only warn).
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+if [ "$node_major" -lt 20 ]; then
+  echo "Node.js $(node --version) is too old: the newest ioredis and node-redis need 20 or newer" >&2
+  exit 1
+fi
+# Node: three npm installs, each exactly from its committed lock file (`npm ci`), again
+# whenever the lock file differs from the one it was installed from:
+#   tests/node: the newest ioredis and node-redis, driven by the scripts of tests/node
+#               (tests/clients/node_clients.rs, raft_clients.rs, cluster_clients.rs, ...);
+#   tests/node-oldest: the oldest ioredis and node-redis the project supports, on which the
+#               same scripts run again, and the Node package's other dependencies: its
+#               tests run again on this install (the oldest ioredis the package allows);
+#   clients/node: the Node package under test (tests/clients/node_package.rs;
+#               tests/ledger/checkout_scenario.rs runs tests/scenario/run_node.mjs with it).
+node_env() {
+  local dir="$1"
+  if [ ! -d "$dir/node_modules" ] || ! cmp -s "$dir/package-lock.json" "$dir/node_modules/.installed-from.json"; then
+    npm ci --prefix "$dir" --no-audit --no-fund
+    cp "$dir/package-lock.json" "$dir/node_modules/.installed-from.json"
+  fi
+}
+node_env tests/node
+node_env tests/node-oldest
+node_env clients/node
 
 # Formatting and lints are part of the tests: a warning fails the run.
 cargo fmt --all --check

@@ -6,13 +6,15 @@
 //! and every sale's counters are on its own group.
 //!
 //! - redis-py `RedisCluster` (RESP2 and RESP3): `tests/py/cluster.py`;
-//! - ioredis `Cluster` and node-redis `createCluster`: `tests/node/cluster.js`;
+//! - ioredis `Cluster` and node-redis `createCluster`: `tests/node/cluster.js`, on the newest
+//!   majors (`tests/node`) and on the oldest ones supported (`tests/node-oldest`);
 //! - redis-rs's cluster client: `tests/cluster/cluster_routing.rs`.
 
 use std::collections::HashMap;
 use std::process::{Command, Output};
 
 use crate::common::cluster::{Cluster, THREE};
+use crate::common::node::Clients;
 use redis::Value;
 
 const USERS: usize = 40;
@@ -27,25 +29,6 @@ fn all_fields(out: &str, name: &str) -> Vec<u64> {
     out.lines()
         .filter_map(|l| l.strip_prefix(name)?.trim().parse().ok())
         .collect()
-}
-
-fn ensure_node_packages() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node");
-    let have = |p: &str| {
-        std::path::Path::new(dir)
-            .join("node_modules")
-            .join(p)
-            .exists()
-    };
-    if have("ioredis") && have("redis") {
-        return;
-    }
-    let ok = Command::new("npm")
-        .args(["ci", "--no-audit", "--no-fund", "--prefix", dir])
-        .status()
-        .expect("npm")
-        .success();
-    assert!(ok, "npm ci --prefix tests/node failed");
 }
 
 fn show(o: &Output) -> String {
@@ -118,16 +101,12 @@ fn redis_py_redis_cluster_routes_every_stockgate_command_in_one_hop() {
     }
 }
 
-fn run_node(which: &str) -> (Cluster, Vec<String>, String) {
-    ensure_node_packages();
+fn run_node(which: &str, clients: Clients) -> (Cluster, Vec<String>, String) {
+    let mut cmd = clients.script("cluster.js");
     let cl = Cluster::start(&THREE);
     let skus = skus(&cl, &which.to_uppercase());
     let ports: Vec<String> = cl.ports().iter().map(u16::to_string).collect();
-    let o = Command::new("node")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/node/cluster.js"
-        ))
+    let o = cmd
         .arg(which)
         .arg(ports.join(","))
         .arg(cl.keys.secret_path())
@@ -138,7 +117,9 @@ fn run_node(which: &str) -> (Cluster, Vec<String>, String) {
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
         o.status.success() && out.contains("cluster clients ok"),
-        "{}",
+        "{} ({}):\n{}",
+        which,
+        clients.versions(),
         show(&o)
     );
     assert_eq!(field(&out, "MOVED_AFTER_WARMUP"), Some(0), "{out}");
@@ -153,13 +134,28 @@ fn run_node(which: &str) -> (Cluster, Vec<String>, String) {
 #[test]
 fn node_redis_create_cluster_routes_on_the_first_key_it_is_given() {
     let _one = crate::alone();
-    run_node("node-redis");
+    run_node("node-redis", Clients::Newest);
+}
+
+#[test]
+fn node_redis_oldest_create_cluster_routes_on_the_first_key_it_is_given() {
+    let _one = crate::alone();
+    run_node("node-redis", Clients::Oldest);
 }
 
 #[test]
 fn ioredis_cluster_routes_a_command_given_its_slot_and_call_follows_moved() {
+    ioredis_cluster_routes(Clients::Newest);
+}
+
+#[test]
+fn ioredis_oldest_cluster_routes_a_command_given_its_slot_and_call_follows_moved() {
+    ioredis_cluster_routes(Clients::Oldest);
+}
+
+fn ioredis_cluster_routes(clients: Clients) {
     let _one = crate::alone();
-    let (_cl, skus, out) = run_node("ioredis");
+    let (_cl, skus, out) = run_node("ioredis", clients);
     // Plain `call()` of a command ioredis does not know goes to a random node and
     // follows `-MOVED`: correct answers (checked by the script), redirected whenever
     // the random node is not the owner. Bounded by one redirection per request.

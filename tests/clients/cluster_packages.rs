@@ -132,10 +132,7 @@ fn python(args: &[&str]) -> Command {
 }
 
 fn node(args: &[&str]) -> Command {
-    assert!(
-        repo().join("clients/node/node_modules/ioredis").exists(),
-        "clients/node has no node_modules: run `npm ci --prefix clients/node`"
-    );
+    crate::common::node::package_dir();
     let mut cmd = Command::new("node");
     cmd.arg("tests/node/package_cluster.mjs")
         .args(args)

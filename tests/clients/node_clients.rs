@@ -1,16 +1,16 @@
-//! ioredis and node-redis (`tests/node/`) drive `multi()` against the real server,
-//! unmodified and in their default modes (node-redis also in RESP3). The npm packages are
-//! pinned by `tests/node/package-lock.json`; `npm ci` installs them when
-//! `tests/node/node_modules` is missing (scripts/test-all.sh does it first).
+//! ioredis and node-redis (`tests/node/multi.js`) drive `multi()` against the real server,
+//! unmodified and in their default modes (node-redis also in RESP3), on the newest majors
+//! (`tests/node`) and on the oldest ones the project supports (`tests/node-oldest`); each
+//! install is pinned by its `package-lock.json` (tests/common/node.rs).
 
 use std::io::Read;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::node::Clients;
 use crate::common::*;
 
-/// Runs a command with a deadline, so a hung install or script fails the test. Output is
+/// Runs a command with a deadline, so a hung script fails the test. Output is
 /// drained on threads so a chatty child never blocks on a full pipe.
 fn run_bounded(cmd: &mut Command, limit: Duration) -> (bool, String, String) {
     let mut child = cmd
@@ -50,38 +50,27 @@ fn run_bounded(cmd: &mut Command, limit: Duration) -> (bool, String, String) {
     }
 }
 
-fn node_dir() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node"))
-}
-
-fn ensure_packages() {
-    let dir = node_dir();
-    if dir.join("node_modules/ioredis").exists() && dir.join("node_modules/redis").exists() {
-        return;
-    }
-    let (ok, _, err) = run_bounded(
-        Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--prefix"])
-            .arg(dir),
-        Duration::from_secs(300),
-    );
-    assert!(ok, "npm ci --prefix tests/node failed:\n{err}");
+#[test]
+fn ioredis_and_node_redis_multi() {
+    multi_on(Clients::Newest);
 }
 
 #[test]
-fn ioredis_and_node_redis_multi() {
+fn ioredis_and_node_redis_multi_on_the_oldest_majors() {
+    multi_on(Clients::Oldest);
+}
+
+fn multi_on(clients: Clients) {
     let _shared = crate::shared();
-    ensure_packages();
+    let mut cmd = clients.script("multi.js");
     let srv = Server::start(&[]);
     let (ok, out, err) = run_bounded(
-        Command::new("node")
-            .arg(node_dir().join("multi.js"))
-            .arg(srv.port.to_string())
-            .arg(&srv.data_dir),
+        cmd.arg(srv.port.to_string()).arg(&srv.data_dir),
         Duration::from_secs(60),
     );
     assert!(
         ok && out.contains("node clients ok"),
-        "node clients failed:\n{out}\n{err}"
+        "node clients ({}) failed:\n{out}\n{err}",
+        clients.versions()
     );
 }

@@ -18,13 +18,17 @@
 //!   the killed member and writes `<signal>.done`.
 //!
 //! Its dependencies come from `clients/node/package-lock.json`
-//! (`npm ci --prefix clients/node`, which `scripts/test-all.sh` runs).
+//! (`npm ci --prefix clients/node`, which `scripts/test-all.sh` runs), with the newest
+//! ioredis the package allows. The same tests run again on the oldest ioredis it allows: a
+//! copy of the package's sources and tests on the install of `tests/node-oldest`
+//! (tests/common/node.rs).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use stockgate_testkit::{sibling_binary as bin, KillOnDrop};
 
+use crate::common::node;
 use crate::common::raft::Group;
 use crate::common::{Server, TempDir};
 use stockgate_testkit::pgtemp::TempPostgres;
@@ -39,13 +43,73 @@ boss admin s3cret-admin
 shop checkout s3cret-shop
 ";
 
-fn package_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/node");
-    assert!(
-        dir.join("node_modules/ioredis").exists() && dir.join("node_modules/pg").exists(),
-        "clients/node has no node_modules: run `npm ci --prefix clients/node`"
-    );
-    dir
+/// Which end of the package's ioredis range its tests run on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ioredis {
+    /// `clients/node` itself: the newest ioredis it allows (its package-lock.json).
+    Newest,
+    /// A copy of its sources and tests whose `node_modules` is `tests/node-oldest`'s: the
+    /// oldest ioredis it allows.
+    Oldest,
+}
+
+/// The folder `node --test` runs in; a copy lives as long as this.
+struct Package {
+    dir: PathBuf,
+    _copy: Option<TempDir>,
+}
+
+fn package(on: Ioredis) -> Package {
+    let src = node::package_dir();
+    let (oldest, newest) = node::package_ioredis_range();
+    match on {
+        Ioredis::Newest => {
+            let v = node::installed(&src, "ioredis").unwrap_or_default();
+            assert_eq!(
+                node::major(&v),
+                Some(newest),
+                "clients/node has ioredis {v}; the package allows up to {newest}.x: lock that"
+            );
+            Package {
+                dir: src,
+                _copy: None,
+            }
+        }
+        Ioredis::Oldest => {
+            let modules = node::oldest_package_modules();
+            let copy = TempDir::new("node-package-oldest");
+            // Copies, not links: node resolves a module's imports from its real path, and
+            // from clients/node that would find the newest ioredis. The checkout's layout
+            // is kept (`clients/node` beside a link to `tests`): the tests read the shared
+            // vectors in tests/split.
+            let dir = copy.path().join("clients/node");
+            for part in ["src", "test", "index.d.ts", "package.json"] {
+                copy_tree(&src.join(part), &dir.join(part));
+            }
+            let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+            std::os::unix::fs::symlink(repo.join("tests"), copy.path().join("tests"))
+                .expect("link tests");
+            std::os::unix::fs::symlink(&modules, dir.join("node_modules"))
+                .expect("link node_modules");
+            println!("the package's tests on ioredis {oldest}");
+            Package {
+                dir,
+                _copy: Some(copy),
+            }
+        }
+    }
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    if from.is_dir() {
+        std::fs::create_dir_all(to).expect("create dir");
+        for e in std::fs::read_dir(from).expect("read dir") {
+            let e = e.expect("dir entry");
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        }
+    } else {
+        std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+    }
 }
 
 /// `# <name> N` from node's test runner summary.
@@ -55,14 +119,14 @@ fn summary(text: &str, name: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// `node --test <files>` in the package with `envs`, output to `out`.
-fn node_test(files: &[&str], envs: &[(&str, String)], out: &Path) -> KillOnDrop {
+/// `node --test <files>` in the package folder `dir` with `envs`, output to `out`.
+fn node_test(dir: &Path, files: &[&str], envs: &[(&str, String)], out: &Path) -> KillOnDrop {
     let log = std::fs::File::create(out).expect("node log");
     let err = log.try_clone().expect("node log");
     let child = Command::new("node")
         .args(["--test", "--test-reporter=tap"])
         .args(files)
-        .current_dir(package_dir())
+        .current_dir(dir)
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
@@ -126,6 +190,16 @@ fn migrated_ledger(pg: &TempPostgres) -> String {
 
 #[test]
 fn node_package_against_a_server() {
+    against_a_server(Ioredis::Newest);
+}
+
+#[test]
+fn node_package_against_a_server_on_the_oldest_ioredis() {
+    against_a_server(Ioredis::Oldest);
+}
+
+fn against_a_server(on: Ioredis) {
+    let pkg = package(on);
     let _one = crate::alone();
     // No sweeper watches this server: server.test.js lets holds expire on purpose and
     // then commits them.
@@ -140,6 +214,7 @@ fn node_package_against_a_server() {
         ),
     ];
     let p = node_test(
+        &pkg.dir,
         &[
             "test/unit.test.js",
             "test/server.test.js",
@@ -154,6 +229,16 @@ fn node_package_against_a_server() {
 
 #[test]
 fn node_package_checkout_against_a_ledger_and_the_sweeper() {
+    checkout_against_a_ledger(Ioredis::Newest);
+}
+
+#[test]
+fn node_package_checkout_against_a_ledger_on_the_oldest_ioredis() {
+    checkout_against_a_ledger(Ioredis::Oldest);
+}
+
+fn checkout_against_a_ledger(on: Ioredis) {
+    let pkg = package(on);
     let _one = crate::alone();
     let rt = crate::common::runtime();
     let pg = rt.block_on(TempPostgres::start()).expect("postgres");
@@ -192,6 +277,7 @@ fn node_package_checkout_against_a_ledger_and_the_sweeper() {
         ("STOCKGATE_AUTH_CHECKOUT", "shop:s3cret-shop".to_string()),
     ];
     let p = node_test(
+        &pkg.dir,
         &["test/checkout.test.js", "test/scenario.test.js"],
         &envs,
         &out,
@@ -210,6 +296,16 @@ fn node_package_checkout_against_a_ledger_and_the_sweeper() {
 
 #[test]
 fn node_package_follows_a_leader_kill() {
+    follows_a_leader_kill(Ioredis::Newest);
+}
+
+#[test]
+fn node_package_follows_a_leader_kill_on_the_oldest_ioredis() {
+    follows_a_leader_kill(Ioredis::Oldest);
+}
+
+fn follows_a_leader_kill(on: Ioredis) {
+    let pkg = package(on);
     let _one = crate::alone();
     let mut g = Group::start(false);
     let first = g.leader(None, Duration::from_secs(10));
@@ -229,7 +325,7 @@ fn node_package_follows_a_leader_kill() {
             g.keys.secret_path().display().to_string(),
         ),
     ];
-    let p = node_test(&["test/failover.test.js"], &envs, &out);
+    let p = node_test(&pkg.dir, &["test/failover.test.js"], &envs, &out);
     let mut killed: Option<(u64, u64)> = None;
     let done = PathBuf::from(format!("{}.done", signal.display()));
     finish(p, &out, 1, || {
@@ -251,7 +347,7 @@ fn node_package_follows_a_leader_kill() {
 /// the type declarations the package.json points at.
 #[test]
 fn node_package_packs_its_sources_and_types() {
-    let dir = package_dir();
+    let dir = node::package_dir();
     let out = Command::new("npm")
         .args(["pack", "--dry-run", "--json"])
         .current_dir(&dir)
@@ -386,6 +482,16 @@ await sg.close();
 /// `watchPlace` against a server (open mode), their typed refusals, the payload parsing.
 #[test]
 fn node_package_watches_live_counts() {
+    watches_live_counts(Ioredis::Newest);
+}
+
+#[test]
+fn node_package_watches_live_counts_on_the_oldest_ioredis() {
+    watches_live_counts(Ioredis::Oldest);
+}
+
+fn watches_live_counts(on: Ioredis) {
+    let pkg = package(on);
     let _one = crate::shared();
     let server = Server::start(&[]);
     let dir = TempDir::new("node-live");
@@ -397,6 +503,6 @@ fn node_package_watches_live_counts() {
             server.data_dir.join("secret").display().to_string(),
         ),
     ];
-    let p = node_test(&["test/live.test.js"], &envs, &out);
+    let p = node_test(&pkg.dir, &["test/live.test.js"], &envs, &out);
     finish(p, &out, 4, || {});
 }

@@ -6,7 +6,8 @@
 //!
 //! - the client crate's Sentinel connection (`StockgateClient::connect_sentinel`), also
 //!   through a `SENTINEL FAILOVER` of the live leader after the kill;
-//! - ioredis (`sentinels:`) and node-redis (`createSentinel`), `tests/node/raft_clients.js`;
+//! - ioredis (`sentinels:`) and node-redis (`createSentinel`), `tests/node/raft_clients.js`,
+//!   on the newest majors (`tests/node`) and on the oldest ones supported (`tests/node-oldest`);
 //! - redis-py `Sentinel`, `tests/py/raft_clients.py`.
 //!
 //! redis-rs 0.27 has a Sentinel client behind its `sentinel` feature, which this
@@ -22,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stockgate_testkit::KillOnDrop;
 
+use crate::common::node::Clients;
 use crate::common::now_ms;
 use crate::common::raft::*;
 use stockgate_client::types::ReserveOutcome;
@@ -244,27 +246,6 @@ fn raft_client_crate_sentinel_connection_follows_a_kill_and_a_switchover() {
 
 // --- client processes: ioredis, node-redis, redis-py ------------------------------------
 
-fn node_dir() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node"))
-}
-
-/// `npm ci` when `tests/node/node_modules` lacks the clients (as tests/clients/node_clients.rs).
-fn ensure_node_clients() {
-    if node_dir().join("node_modules/ioredis").exists()
-        && node_dir().join("node_modules/redis").exists()
-    {
-        return;
-    }
-    let st = Command::new("npm")
-        .args(["ci", "--no-audit", "--no-fund", "--prefix"])
-        .arg(node_dir())
-        .stdin(Stdio::null())
-        .status()
-        .expect("npm (node and npm must be installed)");
-    assert!(st.success(), "npm ci --prefix tests/node failed");
-}
-
-/// A child process killed when the test ends, however it ends.
 /// What a client script reported so far.
 #[derive(Default)]
 struct Seen {
@@ -455,14 +436,18 @@ fn client_follows(what: &str, mut cmd: Command, sku: &str, fault: Fault) {
     );
 }
 
+/// `tests/node/raft_clients.js` with `client` (ioredis or node-redis) from `clients`.
+fn node_client(clients: Clients, client: &str) -> Command {
+    let mut cmd = clients.script("raft_clients.js");
+    cmd.arg(client);
+    cmd
+}
+
 #[test]
 fn raft_ioredis_sentinel_follows_an_isolated_leader() {
-    ensure_node_clients();
-    let mut cmd = Command::new("node");
-    cmd.arg(node_dir().join("raft_clients.js")).arg("ioredis");
     client_follows(
         "ioredis, leader isolated",
-        cmd,
+        node_client(Clients::Newest, "ioredis"),
         "RC-IOREDIS-ISO",
         Fault::Isolate,
     );
@@ -470,13 +455,9 @@ fn raft_ioredis_sentinel_follows_an_isolated_leader() {
 
 #[test]
 fn raft_node_redis_sentinel_follows_an_isolated_leader() {
-    ensure_node_clients();
-    let mut cmd = Command::new("node");
-    cmd.arg(node_dir().join("raft_clients.js"))
-        .arg("node-redis");
     client_follows(
         "node-redis, leader isolated",
-        cmd,
+        node_client(Clients::Newest, "node-redis"),
         "RC-NODEREDIS-ISO",
         Fault::Isolate,
     );
@@ -484,22 +465,63 @@ fn raft_node_redis_sentinel_follows_an_isolated_leader() {
 
 #[test]
 fn raft_ioredis_sentinel_follows_a_leader_kill() {
-    ensure_node_clients();
-    let mut cmd = Command::new("node");
-    cmd.arg(node_dir().join("raft_clients.js")).arg("ioredis");
-    client_follows_a_leader_kill("ioredis", cmd, "RC-IOREDIS");
+    client_follows_a_leader_kill(
+        "ioredis",
+        node_client(Clients::Newest, "ioredis"),
+        "RC-IOREDIS",
+    );
 }
 
-/// node-redis 5.12's `createSentinel` `PSUBSCRIBE`s on its sentinel connection
+/// node-redis's `createSentinel` `PSUBSCRIBE`s on its sentinel connection
 /// (`switch-master`, `[-+]sdown`, ...): the members answer it (`pubsub`), and it follows
 /// the kill to the new leader.
 #[test]
 fn raft_node_redis_sentinel_follows_a_leader_kill() {
-    ensure_node_clients();
-    let mut cmd = Command::new("node");
-    cmd.arg(node_dir().join("raft_clients.js"))
-        .arg("node-redis");
-    client_follows_a_leader_kill("node-redis", cmd, "RC-NODEREDIS");
+    client_follows_a_leader_kill(
+        "node-redis",
+        node_client(Clients::Newest, "node-redis"),
+        "RC-NODEREDIS",
+    );
+}
+
+// The same four on the oldest majors the project supports (`tests/node-oldest`).
+
+#[test]
+fn raft_ioredis_oldest_sentinel_follows_an_isolated_leader() {
+    client_follows(
+        "oldest ioredis, leader isolated",
+        node_client(Clients::Oldest, "ioredis"),
+        "RC-IOREDIS-OLD-ISO",
+        Fault::Isolate,
+    );
+}
+
+#[test]
+fn raft_node_redis_oldest_sentinel_follows_an_isolated_leader() {
+    client_follows(
+        "oldest node-redis, leader isolated",
+        node_client(Clients::Oldest, "node-redis"),
+        "RC-NODEREDIS-OLD-ISO",
+        Fault::Isolate,
+    );
+}
+
+#[test]
+fn raft_ioredis_oldest_sentinel_follows_a_leader_kill() {
+    client_follows_a_leader_kill(
+        "oldest ioredis",
+        node_client(Clients::Oldest, "ioredis"),
+        "RC-IOREDIS-OLD",
+    );
+}
+
+#[test]
+fn raft_node_redis_oldest_sentinel_follows_a_leader_kill() {
+    client_follows_a_leader_kill(
+        "oldest node-redis",
+        node_client(Clients::Oldest, "node-redis"),
+        "RC-NODEREDIS-OLD",
+    );
 }
 
 #[test]

@@ -8,7 +8,9 @@
 //! group survives its snapshots and a restart of every member. redis-py's `RedisCluster`,
 //! ioredis's `Cluster` and node-redis's `createCluster` (`tests/py/cluster_move.py`,
 //! `tests/node/cluster_move.js`) buy through a move with the same checks, and what each
-//! Node client does with one `-ASK` and one `-TRYAGAIN` is shown by a probe.
+//! Node client does with one `-ASK` and one `-TRYAGAIN` is shown by a probe; the Node
+//! clients on their newest majors (`tests/node`) and on the oldest ones supported
+//! (`tests/node-oldest`).
 
 use std::collections::{HashMap, HashSet};
 use std::process::Command;
@@ -18,6 +20,7 @@ use std::time::Duration;
 
 use crate::common::cluster::{node_id, slots_master, Cluster, RaftBesideSingle};
 use crate::common::ha::{wait_for, Node};
+use crate::common::node::Clients;
 use crate::common::now_ms;
 use crate::common::raft::{
     conn as raft_conn, create_sale, info_field, reserve_on_leader, sale_info, state_of,
@@ -721,27 +724,8 @@ fn cluster_move_slot_changes_survive_a_single_nodes_snapshot() {
 /// Two Node processes (servers and a client) on two cores: one Node test at a time.
 static ONE_NODE_TEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn ensure_node_packages() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node");
-    let have = |p: &str| {
-        std::path::Path::new(dir)
-            .join("node_modules")
-            .join(p)
-            .exists()
-    };
-    if have("ioredis") && have("redis") {
-        return;
-    }
-    let ok = Command::new("npm")
-        .args(["ci", "--no-audit", "--no-fund", "--prefix", dir])
-        .status()
-        .expect("npm")
-        .success();
-    assert!(ok, "npm ci --prefix tests/node failed");
-}
-
-/// `tests/node/cluster_move.js` started with `args`, its stdout read line by line on a
-/// thread.
+/// `tests/node/cluster_move.js` started with `args` on the clients of `clients`, its stdout
+/// read line by line on a thread.
 struct NodeScript {
     child: stockgate_testkit::KillOnDrop,
     lines: std::sync::mpsc::Receiver<String>,
@@ -749,13 +733,15 @@ struct NodeScript {
 }
 
 impl NodeScript {
-    fn start(which: &str, port: u16, secret: &std::path::Path, args: &[&str]) -> NodeScript {
-        ensure_node_packages();
-        let mut child = Command::new("node")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/node/cluster_move.js"
-            ))
+    fn start(
+        which: &str,
+        clients: Clients,
+        port: u16,
+        secret: &std::path::Path,
+        args: &[&str],
+    ) -> NodeScript {
+        let mut child = clients
+            .script("cluster_move.js")
             .arg(which)
             .arg(port.to_string())
             .arg(secret)
@@ -848,7 +834,7 @@ fn create_on(n: &Node, sku: &str, total: i64) {
 /// twice, every acknowledged token on B in the state the client last saw, each sale's
 /// reserved + committed exactly the acknowledged holds, and holds acknowledged after the
 /// move finished (so served by B). Returns what the caller had to send again.
-fn node_buys_through_a_move(which: &str) -> serde_json::Value {
+fn node_buys_through_a_move(which: &str, clients: Clients) -> serde_json::Value {
     let _one = ONE_NODE_TEST.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::start(&[(0, 8191), (8192, 16383)]);
     let skus: Vec<String> = c.skus(&format!("N{}", &which[..2]), 3).remove(0);
@@ -861,6 +847,7 @@ fn node_buys_through_a_move(which: &str) -> serde_json::Value {
     }
     let script = NodeScript::start(
         which,
+        clients,
         c.nodes[0].port,
         &c.keys.secret_path(),
         &["load", &skus.join(","), "5"],
@@ -879,6 +866,7 @@ fn node_buys_through_a_move(which: &str) -> serde_json::Value {
             ))
         })
         .collect();
+    let which = format!("{which} ({})", clients.versions());
     assert!(acked.len() > 20, "{which} sold only {}", acked.len());
     let after = acked.iter().filter(|(_, _, at)| *at > moved_at).count();
     assert!(after > 5, "{which}: only {after} holds after the move");
@@ -919,7 +907,16 @@ fn node_buys_through_a_move(which: &str) -> serde_json::Value {
 
 #[test]
 fn cluster_move_slots_under_ioredis_cluster() {
-    let retried = node_buys_through_a_move("ioredis");
+    ioredis_buys_through_a_move(Clients::Newest);
+}
+
+#[test]
+fn cluster_move_slots_under_the_oldest_ioredis_cluster() {
+    ioredis_buys_through_a_move(Clients::Oldest);
+}
+
+fn ioredis_buys_through_a_move(clients: Clients) {
+    let retried = node_buys_through_a_move("ioredis", clients);
     // ioredis follows -ASK and retries -TRYAGAIN itself: the caller sends nothing again.
     assert_eq!(
         retried,
@@ -930,7 +927,16 @@ fn cluster_move_slots_under_ioredis_cluster() {
 
 #[test]
 fn cluster_move_slots_under_node_redis_create_cluster() {
-    let retried = node_buys_through_a_move("node-redis");
+    node_redis_buys_through_a_move(Clients::Newest);
+}
+
+#[test]
+fn cluster_move_slots_under_the_oldest_node_redis_create_cluster() {
+    node_redis_buys_through_a_move(Clients::Oldest);
+}
+
+fn node_redis_buys_through_a_move(clients: Clients) {
+    let retried = node_buys_through_a_move("node-redis", clients);
     // node-redis follows -ASK itself and hands -TRYAGAIN to the caller, who sends the
     // same request again; nothing else reaches the caller.
     let words: Vec<&String> = retried.as_object().expect("map").keys().collect();
@@ -944,7 +950,10 @@ fn cluster_move_slots_under_node_redis_create_cluster() {
 /// still migrating) and `-TRYAGAIN` (a sale frozen by a handover whose link broke): once
 /// while it stays frozen, and once while `move-slots` finishes the move 150 ms after the
 /// request was sent. Returns the two answers to the frozen sale.
-fn node_probe_ask_and_tryagain(which: &str) -> (serde_json::Value, serde_json::Value) {
+fn node_probe_ask_and_tryagain(
+    which: &str,
+    clients: Clients,
+) -> (serde_json::Value, serde_json::Value) {
     let _one = ONE_NODE_TEST.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::start(&[(0, 8191), (8192, 16383)]);
     let (a, b) = (&c.nodes[0], &c.nodes[1]);
@@ -973,7 +982,7 @@ fn node_probe_ask_and_tryagain(which: &str) -> (serde_json::Value, serde_json::V
         .expect("migrate");
     let asks = counter(a, "cluster_redirections_ask");
     let got = answer(
-        &NodeScript::start(which, a.port, &secret, &["probe", &skus[1]])
+        &NodeScript::start(which, clients, a.port, &secret, &["probe", &skus[1]])
             .finish(Duration::from_secs(30)),
     );
     let token = got["reply"][1]
@@ -1005,7 +1014,7 @@ fn node_probe_ask_and_tryagain(which: &str) -> (serde_json::Value, serde_json::V
     assert!(r.is_err(), "the link broke");
     let tryagain = counter(a, "cluster_tryagain");
     let held = answer(
-        &NodeScript::start(which, a.port, &secret, &["probe", &skus[0]])
+        &NodeScript::start(which, clients, a.port, &secret, &["probe", &skus[0]])
             .finish(Duration::from_secs(30)),
     );
     // The slot is not migrating: the engine refused, and INFO counts that too.
@@ -1013,7 +1022,7 @@ fn node_probe_ask_and_tryagain(which: &str) -> (serde_json::Value, serde_json::V
         counter(a, "cluster_tryagain") > tryagain,
         "the frozen sale's -TRYAGAIN is counted"
     );
-    let mut probe = NodeScript::start(which, a.port, &secret, &["probe", &skus[0]]);
+    let mut probe = NodeScript::start(which, clients, a.port, &secret, &["probe", &skus[0]]);
     probe.wait_line("sending", Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(150));
     let slot = key_slot(skus[0].as_bytes()).to_string();
@@ -1022,13 +1031,25 @@ fn node_probe_ask_and_tryagain(which: &str) -> (serde_json::Value, serde_json::V
     if let Some(token) = finished["reply"][1].as_str() {
         assert_eq!(state_of(b.port, token).as_deref(), Some("RESERVED"));
     }
-    eprintln!("{which}: frozen sale held -> {held}; finished meanwhile -> {finished}");
+    eprintln!(
+        "{which} ({}): frozen sale held -> {held}; finished meanwhile -> {finished}",
+        clients.versions()
+    );
     (held, finished)
 }
 
 #[test]
 fn ioredis_cluster_follows_ask_and_retries_tryagain_for_about_a_second() {
-    let (held, finished) = node_probe_ask_and_tryagain("ioredis");
+    ioredis_follows_ask_and_retries_tryagain(Clients::Newest);
+}
+
+#[test]
+fn ioredis_oldest_cluster_follows_ask_and_retries_tryagain_for_about_a_second() {
+    ioredis_follows_ask_and_retries_tryagain(Clients::Oldest);
+}
+
+fn ioredis_follows_ask_and_retries_tryagain(clients: Clients) {
+    let (held, finished) = node_probe_ask_and_tryagain("ioredis", clients);
     // Each -TRYAGAIN is retried 100 ms later on a random node (a -MOVED back from the
     // other one), within 16 redirections: a sale frozen longer fails the request.
     let e = held["error"].as_str().unwrap_or_else(|| panic!("{held}"));
@@ -1040,7 +1061,16 @@ fn ioredis_cluster_follows_ask_and_retries_tryagain_for_about_a_second() {
 
 #[test]
 fn node_redis_follows_ask_and_hands_tryagain_to_the_caller() {
-    let (held, finished) = node_probe_ask_and_tryagain("node-redis");
+    node_redis_hands_tryagain_to_the_caller(Clients::Newest);
+}
+
+#[test]
+fn node_redis_oldest_follows_ask_and_hands_tryagain_to_the_caller() {
+    node_redis_hands_tryagain_to_the_caller(Clients::Oldest);
+}
+
+fn node_redis_hands_tryagain_to_the_caller(clients: Clients) {
+    let (held, finished) = node_probe_ask_and_tryagain("node-redis", clients);
     for got in [held, finished] {
         let e = got["error"].as_str().unwrap_or_else(|| panic!("{got}"));
         assert!(e.starts_with("TRYAGAIN"), "{got}");

@@ -12,6 +12,7 @@ use stockgate_server::engine::Keyring;
 pub mod cluster;
 pub mod ha;
 pub mod nemesis;
+pub mod node;
 pub mod raft;
 pub mod tls;
 

@@ -19,8 +19,8 @@
 //! implies.
 //!
 //! Needs `python3` with the package installed (`pip install ./clients/python`) and
-//! `clients/node/node_modules` (`npm ci --prefix clients/node`); `scripts/test-all.sh`
-//! does both.
+//! `clients/node/node_modules` (`npm ci --prefix clients/node`, run here when it does not
+//! hold what the lock file pins); `scripts/test-all.sh` does both.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -344,10 +344,7 @@ fn the_same_scenario_through_rust_python_and_node_gives_the_same_ledger() {
     let text = std::fs::read_to_string(scenario_file()).expect("scenario file");
     let spec: Scenario = serde_json::from_str(&text).expect("scenario json");
     let want = expected(&spec);
-    assert!(
-        repo().join("clients/node/node_modules/pg").exists(),
-        "clients/node has no node_modules: run `npm ci --prefix clients/node`"
-    );
+    crate::common::node::package_dir();
     let rt = crate::common::runtime();
     let pg = rt.block_on(TempPostgres::start()).expect("postgres");
     let url = pg.url().to_string();

@@ -17,6 +17,7 @@
 
 const crypto = require('node:crypto');
 const fs = require('node:fs');
+const requireClient = require('./clients.js');
 
 const [which, portList, secretFile, skuList, usersArg] = process.argv.slice(2);
 const ports = portList.split(',').map(Number);
@@ -38,8 +39,8 @@ function check(cond, what) {
 async function open() {
   const nodes = ports.map((port) => ({ host: '127.0.0.1', port }));
   if (which === 'ioredis') {
-    const Redis = require('ioredis');
-    const calculateSlot = require('cluster-key-slot');
+    const Redis = requireClient('ioredis');
+    const calculateSlot = requireClient('cluster-key-slot');
     const cluster = new Redis.Cluster(nodes);
     // The key is the sku (argv[1]), or the sku in a token's `{sku}` hash tag: both hash
     // to the sku's slot, so `calculateSlot(args[0])` is right for every command.
@@ -54,7 +55,7 @@ async function open() {
       close: () => cluster.disconnect(),
     };
   }
-  const { createCluster } = require('redis');
+  const { createCluster } = requireClient('redis');
   const cluster = createCluster({ rootNodes: nodes.map((n) => ({ url: `redis://${n.host}:${n.port}` })) });
   cluster.on('error', (e) => console.error('cluster error', e));
   await cluster.connect();

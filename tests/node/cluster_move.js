@@ -20,6 +20,7 @@
 
 const crypto = require('node:crypto');
 const fs = require('node:fs');
+const requireClient = require('./clients.js');
 
 const [which, portArg, secretFile, mode, ...rest] = process.argv.slice(2);
 const port = Number(portArg);
@@ -39,8 +40,8 @@ function say(obj) {
 async function open() {
   const root = { host: '127.0.0.1', port };
   if (which === 'ioredis') {
-    const Redis = require('ioredis');
-    const calculateSlot = require('cluster-key-slot');
+    const Redis = requireClient('ioredis');
+    const calculateSlot = requireClient('cluster-key-slot');
     const cluster = new Redis.Cluster([root]);
     await new Promise((resolve, reject) => {
       cluster.once('ready', resolve);
@@ -55,7 +56,7 @@ async function open() {
       close: () => cluster.disconnect(),
     };
   }
-  const { createCluster } = require('redis');
+  const { createCluster } = requireClient('redis');
   const cluster = createCluster({ rootNodes: [{ url: `redis://${root.host}:${root.port}` }] });
   cluster.on('error', (e) => console.error('cluster error', e));
   await cluster.connect();

@@ -9,8 +9,9 @@
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const fs = require('node:fs');
-const Redis = require('ioredis');
-const { createClient } = require('redis');
+const requireClient = require('./clients.js');
+const Redis = requireClient('ioredis');
+const { createClient } = requireClient('redis');
 
 const [port, dataDir] = [Number(process.argv[2]), process.argv[3]];
 const [kid, hexSecret] = fs.readFileSync(`${dataDir}/secret`, 'utf8').split(/\s+/);

@@ -15,6 +15,7 @@
 const crypto = require('node:crypto');
 const fs = require('node:fs');
 const readline = require('node:readline');
+const requireClient = require('./clients.js');
 
 const [which, ports, name, secretFile, sku] = process.argv.slice(2);
 const [kid, hexSecret] = fs.readFileSync(secretFile, 'utf8').split(/\s+/);
@@ -31,7 +32,7 @@ function mint(user, ttlMs = 600000) {
 // The same two calls in both clients' words.
 async function open() {
   if (which === 'ioredis') {
-    const Redis = require('ioredis');
+    const Redis = requireClient('ioredis');
     const r = new Redis({ sentinels, name });
     return {
       call: (...args) => r.call(...args),
@@ -39,7 +40,7 @@ async function open() {
       close: () => r.disconnect(),
     };
   }
-  const { createSentinel } = require('redis');
+  const { createSentinel } = requireClient('redis');
   const r = createSentinel({ name, sentinelRootNodes: sentinels });
   // Connection errors during the failover are reported here; the calls retry below.
   r.on('error', () => {});

@@ -6,7 +6,8 @@
 'use strict';
 
 const fs = require('node:fs');
-const Redis = require('ioredis');
+const requireClient = require('./clients.js');
+const Redis = requireClient('ioredis');
 
 const [port, ca, cert, key, ...cmd] = process.argv.slice(2);
 const tls = { ca: fs.readFileSync(ca) };

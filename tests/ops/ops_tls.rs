@@ -14,6 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use stockgate_testkit::KillOnDrop;
 
+use crate::common::node::Clients;
 use crate::common::tls::make_pki;
 use crate::common::*;
 
@@ -161,15 +162,8 @@ fn redis_py_tls(port: u16, c: Client<'_>, argv: &[String]) -> String {
 }
 
 fn ioredis_tls(port: u16, c: Client<'_>, argv: &[String]) -> String {
-    let node = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node"));
-    if !node.join("node_modules/ioredis").exists() {
-        let out = run(Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--prefix"])
-            .arg(node));
-        assert!(out.status.success(), "npm ci --prefix tests/node failed");
-    }
-    let out = run(Command::new("node")
-        .arg(node.join("tls.js"))
+    let out = run(Clients::Newest
+        .script("tls.js")
         .arg(port.to_string())
         .arg(c.ca)
         .args(cert_args(c))
@@ -1043,13 +1037,7 @@ else:
     assert!(out.contains("refused"), "{out}");
     assert_eq!(python("aio", "pya", "r3").trim(), "Reserved");
 
-    let node_dir = root.join("clients/node");
-    if !node_dir.join("node_modules/ioredis").exists() {
-        let out = run(Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--prefix"])
-            .arg(&node_dir));
-        assert!(out.status.success(), "npm ci --prefix clients/node failed");
-    }
+    let node_dir = crate::common::node::package_dir();
     let js = r#"
 import { readFileSync } from 'node:fs';
 const [port, ca, cert, key, mode, token, req] = process.argv.slice(1);
