@@ -82,7 +82,7 @@ impl State {
             Quorum::Short => None,
             Quorum::Me => Some(now),
             // A send is never later than `now` on one monotonic clock; `min` keeps the
-            // answer that of `quorum_instant` even so.
+            // answer that of a count made afresh at `now` even so.
             Quorum::At(t) => Some(t.min(now)),
         }
     }
@@ -184,7 +184,8 @@ impl Lease {
     }
 }
 
-/// [`quorum_instant`] without `now`: which acknowledgements make the majority.
+/// Which acknowledgements make a majority of `voters`: `me` counts as the newest (it is
+/// "now"), the others by their newest acknowledgement; the majority's oldest of its newest.
 fn quorum_of(me: NodeId, voters: &BTreeSet<NodeId>, acked: &HashMap<NodeId, Instant>) -> Quorum {
     if voters.is_empty() {
         return Quorum::Short;
@@ -206,36 +207,36 @@ fn quorum_of(me: NodeId, voters: &BTreeSet<NodeId>, acked: &HashMap<NodeId, Inst
         .map_or(Quorum::Short, |t| Quorum::At(*t))
 }
 
-/// The instant by which a majority of `voters` had acknowledged: `me` counts as `now`,
-/// the others by their newest acknowledgement; the majority's oldest of its newest.
-/// `None` with no voters or too few acknowledgements.
-pub fn quorum_instant(
-    me: NodeId,
-    voters: &BTreeSet<NodeId>,
-    acked: &HashMap<NodeId, Instant>,
-    now: Instant,
-) -> Option<Instant> {
-    if voters.is_empty() {
-        return None;
-    }
-    let majority = voters.len() / 2 + 1;
-    let mut times: Vec<Instant> = voters
-        .iter()
-        .filter_map(|v| {
-            if *v == me {
-                Some(now)
-            } else {
-                acked.get(v).copied()
-            }
-        })
-        .collect();
-    times.sort_unstable_by(|a, b| b.cmp(a));
-    times.get(majority - 1).copied()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The majority's instant counted afresh, the oracle for the kept one: `me` counts as `now`,
+    /// the others by their newest acknowledgement; the majority's oldest of its newest.
+    /// `None` with no voters or too few acknowledgements.
+    fn quorum_instant(
+        me: NodeId,
+        voters: &BTreeSet<NodeId>,
+        acked: &HashMap<NodeId, Instant>,
+        now: Instant,
+    ) -> Option<Instant> {
+        if voters.is_empty() {
+            return None;
+        }
+        let majority = voters.len() / 2 + 1;
+        let mut times: Vec<Instant> = voters
+            .iter()
+            .filter_map(|v| {
+                if *v == me {
+                    Some(now)
+                } else {
+                    acked.get(v).copied()
+                }
+            })
+            .collect();
+        times.sort_unstable_by(|a, b| b.cmp(a));
+        times.get(majority - 1).copied()
+    }
 
     fn lease(voters: &[NodeId]) -> Lease {
         let l = Lease::default();
