@@ -142,6 +142,68 @@ impl Disk {
     }
 }
 
+impl Disk {
+    /// Flips one bit of the Raft log (`raft_log`) or of a WAL segment, on disk: in the
+    /// last whole record (`in_last`; of the newest segment) or anywhere in the records
+    /// (of a segment drawn by `pick`), at a place drawn by `pick`. Segment headers are
+    /// left alone. Says what it flipped; `None` when the file holds no whole record.
+    pub fn flip_bit(&self, raft_log: bool, in_last: bool, pick: u64) -> Option<String> {
+        let (path, start, header) = if raft_log {
+            (self.dir.join("raft").join("log"), 0, RAFT_HEADER)
+        } else {
+            let segs: Vec<PathBuf> = self
+                .log_files()
+                .into_iter()
+                .filter(|p| !p.ends_with("raft/log"))
+                .collect();
+            let i = if in_last {
+                segs.len().checked_sub(1)?
+            } else {
+                (pick % segs.len().max(1) as u64) as usize
+            };
+            (segs.get(i)?.clone(), WAL_SEGMENT_HEADER, WAL_HEADER)
+        };
+        let bytes = std::fs::read(&path).ok()?;
+        let (last, end) = whole_records(&bytes, start, header)?;
+        let (from, span) = if in_last {
+            (last, end - last)
+        } else {
+            (start, end - start)
+        };
+        let at = from + (pick % span as u64) as usize;
+        let bit = ((pick >> 40) % 8) as u8;
+        overwrite(&path, at as u64, &[bytes[at] ^ (1 << bit)]).ok()?;
+        let name = path.strip_prefix(&self.dir).unwrap_or(&path).display();
+        let place = if in_last { "last record" } else { "records" };
+        Some(format!(
+            "bit {bit} of byte {at} of {name} flipped ({place} {from}..{end})"
+        ))
+    }
+}
+
+/// The Raft log's record header: length, checksum, kind.
+const RAFT_HEADER: usize = 9;
+/// A WAL record's header: length, checksum.
+const WAL_HEADER: usize = 8;
+/// A WAL segment's header: magic, first LSN.
+const WAL_SEGMENT_HEADER: usize = 16;
+
+/// Where the last whole record of `bytes` starts and where the whole records end,
+/// walking the length fields from `start`; `None` when there is none.
+fn whole_records(bytes: &[u8], start: usize, header: usize) -> Option<(usize, usize)> {
+    let (mut at, mut last) = (start, None);
+    while let Some(h) = bytes.get(at..at + header) {
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        let end = at + header + len;
+        if len == 0 || end > bytes.len() {
+            break;
+        }
+        last = Some(at);
+        at = end;
+    }
+    last.map(|l| (l, at))
+}
+
 /// Cuts `path` (`len` bytes, `keep` of them durable) as a power loss may, and says how.
 fn tear(path: &Path, keep: u64, len: u64, rng: &mut StdRng) -> String {
     let roll = rng.gen_range(0..100);

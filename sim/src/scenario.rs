@@ -24,6 +24,7 @@ use crate::member::{self, Boot, Env, Member};
 use crate::net::{Flap, Net};
 use crate::Outcome;
 
+mod bit_flip;
 mod pause_and_membership;
 
 /// How a run goes.
@@ -49,6 +50,10 @@ pub struct Settings {
     /// added back) in the middle of the other faults. Off, a seed draws what it drew
     /// before they existed, as with `net_faults`.
     pub pause_and_membership: bool,
+    /// One more fault kind: a member restarts reading one flipped bit of its Raft log
+    /// or of a WAL segment (`scenario/bit_flip.rs`). Off, a seed draws what it drew
+    /// before it existed, as with `net_faults`.
+    pub bit_flips: bool,
 }
 
 impl Default for Settings {
@@ -60,6 +65,7 @@ impl Default for Settings {
             fsync_no: false,
             net_faults: true,
             pause_and_membership: true,
+            bit_flips: true,
         }
     }
 }
@@ -792,7 +798,7 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, s: &Settings) {
         (false, _) => 10,
         (true, false) => 13,
         (true, true) => 17,
-    };
+    } + u32::from(s.bit_flips);
     for _ in 0..s.steps {
         let next = Instant::now() + Duration::from_millis(rng.gen_range(100..1500));
         // A deposed member restarts soon after, as a server re-executes at once.
@@ -801,7 +807,14 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, s: &Settings) {
             c.restart_deposed().await;
         }
         let h = &c.env.history;
-        match rng.gen_range(0..kinds) {
+        let kind = rng.gen_range(0..kinds);
+        // `Settings::bit_flips`'s kind is the last, whichever others are on.
+        if s.bit_flips && kind + 1 == kinds {
+            bit_flip::bit_flip(c, rng).await;
+            check_units(c);
+            continue;
+        }
+        match kind {
             0 | 1 => partition(c, rng, s.net_faults),
             2 => {
                 c.env.net.heal();

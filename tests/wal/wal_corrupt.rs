@@ -3,9 +3,9 @@
 //! `--repair` then starts with exactly what came before that record, and the repaired log
 //! starts cleanly afterwards without `--repair`.
 //!
-//! Cases: a byte flipped in a middle record's payload, CRC or length; the last record of an
-//! older segment damaged or cut short (not the end of the log, so not a torn tail); a
-//! damaged snapshot.
+//! Cases: a byte damaged (two bits) in a middle record's payload, CRC or length; the last
+//! record of an older segment damaged or cut short (not the end of the log, so not a torn
+//! tail); a damaged snapshot. One flipped bit in any record is put right instead.
 
 use std::path::{Path, PathBuf};
 
@@ -215,12 +215,13 @@ async fn wal_corrupt_middle_record_refuses_and_repair_keeps_what_came_before() {
     assert_eq!(segs.len(), 1);
     let (s, e) = span_of(&segs[0], &tokens[9]);
     let payload_mid = s + 8 + (e - s - 8) / 2;
+    // Two bits each: one flipped bit is put right (below), two are damage.
     let cases: [(&str, usize, u8); 5] = [
-        ("payload byte flipped", payload_mid, 0x40),
-        ("payload's last byte flipped", e - 1, 0x01),
-        ("CRC byte flipped", s + 5, 0x80),
-        ("length off by one", s, 0x01),
-        ("length huge", s + 3, 0x40),
+        ("payload byte damaged", payload_mid, 0x41),
+        ("payload's last byte damaged", e - 1, 0x03),
+        ("CRC byte damaged", s + 5, 0x81),
+        ("length off by three", s, 0x03),
+        ("length huge", s + 3, 0x41),
     ];
     for (what, at, mask) in cases {
         let work = TempDir::new("corrupt-mid");
@@ -228,6 +229,43 @@ async fn wal_corrupt_middle_record_refuses_and_repair_keeps_what_came_before() {
         let seg = wal_segments(work.path()).remove(0);
         flip(&seg, at, mask);
         refuse_then_repair(work.path(), &seg, s, &tokens, |i| i < 9, what).await;
+    }
+}
+
+/// One flipped bit, in a middle record or in the last one (which would otherwise pass
+/// for a torn write and be cut, an acknowledged reservation with it): the server starts
+/// with every reservation, and the file is put right on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_one_flipped_bit_anywhere_in_a_record_is_put_right() {
+    let orig = TempDir::new("flip-orig");
+    let tokens = produce(orig.path(), 20, &["--fsync", "always"]).await;
+    let seg = wal_segments(orig.path()).remove(0);
+    let written = std::fs::read(&seg).unwrap();
+    let (s, e) = span_of(&seg, &tokens[9]);
+    let (ls, le) = span_of(&seg, &tokens[19]);
+    assert_eq!(le, written.len(), "the last reservation is the last record");
+    let cases: [(&str, usize, u8); 6] = [
+        ("a middle record's payload", s + 8 + (e - s - 8) / 2, 0x40),
+        ("a middle record's CRC", s + 5, 0x80),
+        ("a middle record's length", s, 0x01),
+        ("the last record's payload", le - 1, 0x01),
+        ("the last record's CRC", ls + 6, 0x02),
+        ("the last record's length", ls + 1, 0x08),
+    ];
+    for (what, at, mask) in cases {
+        let work = TempDir::new("flip");
+        copy_dir(orig.path(), work.path());
+        let seg = wal_segments(work.path()).remove(0);
+        flip(&seg, at, mask);
+        let srv = try_start_in(work.path(), &[])
+            .unwrap_or_else(|f| panic!("{what}: refused (exit {:?}):\n{}", f.code, f.stderr));
+        check_exact(&mut srv.conn().await, &tokens, |_| true, what).await;
+        drop(srv);
+        assert_eq!(
+            std::fs::read(&seg).unwrap()[..written.len()],
+            written[..],
+            "{what}"
+        );
     }
 }
 
@@ -256,11 +294,11 @@ async fn wal_corrupt_end_of_an_older_segment_is_not_a_torn_tail() {
         .collect();
     assert!(kept.iter().any(|&k| k) && !kept.iter().all(|&k| k));
 
-    // A flipped byte in its last record.
+    // A damaged byte (two bits) in its last record.
     let work = TempDir::new("corrupt-seg-flip");
     copy_dir(orig.path(), work.path());
     let seg = wal_segments(work.path()).remove(0);
-    flip(&seg, e - 3, 0x10);
+    flip(&seg, e - 3, 0x30);
     refuse_then_repair(
         work.path(),
         &seg,

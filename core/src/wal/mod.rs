@@ -21,6 +21,7 @@
 //! This module knows nothing of the engine's rules: events and snapshots are data.
 
 pub mod backup;
+pub mod bit_repair;
 pub mod codec;
 mod fields;
 pub mod handover;

@@ -7,9 +7,11 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::bit_repair;
 use super::record::{self, decode_record, RecordError};
 use super::{io_err, Event, Lsn, WalError};
 
@@ -253,7 +255,8 @@ pub(crate) fn scan_segment(
     skip_upto: Lsn,
     is_last: bool,
 ) -> Result<Scan, WalError> {
-    let buf = fs::read(path).map_err(io_err("read segment", path))?;
+    let mut buf = fs::read(path).map_err(io_err("read segment", path))?;
+    let mut repairs = 0;
     let mut scan = Scan {
         file_len: buf.len() as u64,
         ..Scan::default()
@@ -300,6 +303,10 @@ pub(crate) fn scan_segment(
                 // A record whose CRC holds but whose payload does not decode was written
                 // whole: it is never a torn write, wherever it is.
                 let framing = !matches!(e, RecordError::Payload(_));
+                if framing && repairs < MAX_REPAIRS && repair_flip(path, &mut buf, off, lsn)? {
+                    repairs += 1;
+                    continue;
+                }
                 scan.bad = Some(BadRecord {
                     offset: off as u64,
                     reason: e.to_string(),
@@ -311,6 +318,40 @@ pub(crate) fn scan_segment(
     }
     scan.valid_end = off as u64;
     Ok(scan)
+}
+
+/// Flipped bits put right in one segment at most, per start: more is not a flipped
+/// bit here and there but a failing disk, which recovery refuses.
+const MAX_REPAIRS: usize = 16;
+
+/// Puts right the record at `off` of `buf` (segment `path`) if one flipped bit is all
+/// that is wrong with it and it then decodes, on disk too (written and synced) so that
+/// the next start reads it whole: a bad last record must not pass for a torn write and
+/// be cut (see `bit_repair`).
+fn repair_flip(path: &Path, buf: &mut [u8], off: usize, lsn: Lsn) -> Result<bool, WalError> {
+    let rec = &mut buf[off..];
+    let Some(r) = bit_repair::single_bit(rec, 0, record::MAX_PAYLOAD) else {
+        return Ok(false);
+    };
+    r.apply(rec);
+    if decode_record(rec).is_err() {
+        r.apply(rec);
+        return Ok(false);
+    }
+    let at = (off + r.byte) as u64;
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_err("open segment", path))?;
+    f.write_all_at(&rec[r.byte..=r.byte], at)
+        .and_then(|()| f.sync_data())
+        .map_err(io_err("repair segment", path))?;
+    tracing::warn!(
+        "WAL {}: record at offset {off} (LSN {lsn}) had bit {} of byte {at} flipped; put right",
+        path.display(),
+        r.bit
+    );
+    Ok(true)
 }
 
 /// Cuts `path` at `offset` (deletes it when `offset` is 0, since a headerless segment is

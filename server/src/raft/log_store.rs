@@ -22,9 +22,10 @@
 //! lands after it in the new file.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::ops::RangeBounds;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use parking_lot::Mutex;
 
 use super::log_file::{self, LogFile};
 use super::{Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
+use crate::wal::bit_repair;
 use crate::wal::segment::DiskHook;
 
 const K_ENTRY: u8 = 1;
@@ -223,11 +225,7 @@ impl LogStore {
             .map_err(io_err)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io_err)?;
-        let (inner, good) = replay(&bytes).map_err(|(offset, why)| OpenError::Corrupt {
-            path: path.display().to_string(),
-            offset,
-            why,
-        })?;
+        let (inner, good) = replay_repairing(&mut bytes, &file, &path)?;
         let mut len = bytes.len() as u64;
         if !log_file::blank_from(&bytes, good as usize) {
             tracing::warn!(
@@ -534,6 +532,53 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
         at = end;
     }
     Ok((inner, at as u64))
+}
+
+/// Flipped bits put right per start at most: more is a failing disk, refused.
+const MAX_REPAIRS: usize = 16;
+
+/// [`replay`], first putting right each bad record that one flipped bit is all that is
+/// wrong with (in `bytes`, and in `file`, synced, so the next start reads it whole). A
+/// bad last record is otherwise taken for a torn write and cut, and it may be an
+/// acknowledged entry or a cast vote (see `wal::bit_repair`). A repair is kept only if
+/// the record then replays.
+fn replay_repairing(bytes: &mut [u8], file: &File, path: &Path) -> Result<(Inner, u64), OpenError> {
+    let mut result = replay(bytes);
+    for _ in 0..MAX_REPAIRS {
+        let at = match &result {
+            Ok((_, good)) if log_file::blank_from(bytes, *good as usize) => break,
+            Ok((_, good)) => *good,
+            Err((offset, _)) => *offset,
+        } as usize;
+        let Some(r) = bit_repair::single_bit(&bytes[at..], 1, MAX_BODY) else {
+            break;
+        };
+        r.apply(&mut bytes[at..]);
+        let next = replay(bytes);
+        let past = |(Ok((_, o)) | Err((o, _))): &Result<(Inner, u64), (u64, String)>| *o;
+        if past(&next) as usize <= at {
+            r.apply(&mut bytes[at..]);
+            break;
+        }
+        let byte = at + r.byte;
+        file.write_all_at(&bytes[byte..=byte], byte as u64)
+            .and_then(|()| file.sync_data())
+            .map_err(|source| OpenError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+        tracing::warn!(
+            "raft log {}: record at byte {at} had bit {} of byte {byte} flipped; put right",
+            path.display(),
+            r.bit
+        );
+        result = next;
+    }
+    result.map_err(|(offset, why)| OpenError::Corrupt {
+        path: path.display().to_string(),
+        offset,
+        why,
+    })
 }
 
 /// Whether the bad record at `at` is the log's torn end: no valid record starts anywhere
@@ -1022,8 +1067,10 @@ mod tests {
         assert_eq!(inner.vote, Some(Vote::new(4, 2)));
         assert!(end2 > end);
         // A record half written over the zeros: dropped, the file cut back to the log.
+        // (Node 3: the two set bits of the part never written are more than one flipped
+        // bit, which would be put right: such a record is whole but for that bit.)
         let mut torn = Vec::new();
-        encode(K_VOTE, &ser(&Vote::<NodeId>::new(5, 1)), &mut torn);
+        encode(K_VOTE, &ser(&Vote::<NodeId>::new(5, 3)), &mut torn);
         let f = OpenOptions::new().write(true).open(&path).expect("open");
         std::os::unix::fs::FileExt::write_all_at(&f, &torn[..HEADER + 8], end2).expect("torn");
         drop(f);
@@ -1081,6 +1128,39 @@ mod tests {
             reopen(&dir),
             Err(OpenError::Corrupt { offset: 0, .. })
         ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// One flipped bit in any record, the last one (the vote here) included, which would
+    /// otherwise pass for a torn write and be cut: put right, in the file too.
+    #[test]
+    fn raft_log_puts_right_one_flipped_bit_in_any_record_the_last_one_too() {
+        let dir = std::env::temp_dir().join(format!("sg-raftlog-flip-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let vote = Vote::new(5, 2);
+        write_raw(
+            &dir,
+            &[
+                (K_ENTRY, ser(&entry(1, 1, 1))),
+                (K_ENTRY, ser(&entry(2, 2, 3))),
+                (K_VOTE, ser(&vote)),
+            ],
+        );
+        let path = dir.join("log");
+        let good = std::fs::read(&path).expect("read");
+        for bit in 0..good.len() * 8 {
+            let mut bytes = good.clone();
+            bytes[bit / 8] ^= 1 << (bit % 8);
+            std::fs::write(&path, &bytes).expect("write");
+            let s = LogStore::open_inline(&dir).expect("one flipped bit is put right");
+            assert_eq!(s.last_index(), 2, "bit {bit}");
+            assert_eq!(
+                s.inner.lock().vote.map(|v| v.leader_id),
+                Some(vote.leader_id)
+            );
+            drop(s);
+            assert_eq!(std::fs::read(&path).expect("read"), good, "bit {bit}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
