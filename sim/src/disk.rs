@@ -12,6 +12,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
@@ -237,6 +238,11 @@ fn overwrite(path: &Path, at: u64, bytes: &[u8]) -> io::Result<()> {
     f.write_all_at(bytes, at)
 }
 
+/// Whether `path` is the Raft log (or the image a rewrite puts in its place).
+fn is_raft_log(path: &Path) -> bool {
+    path.ends_with("raft/log") || path.ends_with("raft/tmp")
+}
+
 /// One member process's view of its disk: the hook its WAL and Raft log write through.
 pub struct Hook {
     disk: Arc<Disk>,
@@ -249,11 +255,21 @@ pub struct Hook {
     /// Set on an injected error: the member must restart (the server exits with 75).
     restart: Arc<AtomicBool>,
     history: History,
+    /// With `Settings::lagging_syncs`, what the Raft log's lags are drawn from.
+    lag: Option<Mutex<StdRng>>,
+    /// The process ended (any way): its Raft log, when it lags, writes nothing more.
+    ended: AtomicBool,
 }
 
 impl Hook {
     /// A process's hook on `disk`; an injected error sets `restart`.
-    pub fn new(disk: Arc<Disk>, restart: Arc<AtomicBool>, history: History) -> Arc<Hook> {
+    /// With `lag`, the Raft log writes and syncs each change a drawn while after it.
+    pub fn new(
+        disk: Arc<Disk>,
+        restart: Arc<AtomicBool>,
+        history: History,
+        lag: Option<StdRng>,
+    ) -> Arc<Hook> {
         Arc::new(Hook {
             disk,
             live: AtomicBool::new(true),
@@ -261,7 +277,15 @@ impl Hook {
             failed: Mutex::new(None),
             restart,
             history,
+            lag: lag.map(Mutex::new),
+            ended: AtomicBool::new(false),
         })
+    }
+
+    /// The process ended: what its Raft log still had queued is never written (a
+    /// killed process, or one that re-executes, leaves its writer thread's queue).
+    pub fn end(&self) {
+        self.ended.store(true, Ordering::Release);
     }
 
     /// The process is gone: nothing it syncs from now on counts.
@@ -280,7 +304,7 @@ impl Hook {
     }
 
     fn inject(&self, path: &Path, op: Op) -> io::Result<()> {
-        let log = if path.ends_with("raft/log") || path.ends_with("raft/tmp") {
+        let log = if is_raft_log(path) {
             Log::Raft
         } else {
             Log::Wal
@@ -312,7 +336,28 @@ impl DiskHook for Hook {
     }
 
     fn write(&self, path: &Path, _len: u64) -> io::Result<()> {
+        if self.lag.is_some() && self.ended.load(Ordering::Acquire) && is_raft_log(path) {
+            return Err(io::Error::other("the process is gone"));
+        }
         self.inject(path, Op::Write)
+    }
+
+    fn lags(&self) -> bool {
+        self.lag.is_some()
+    }
+
+    /// Mostly what a fast disk's `fdatasync` takes, one time in ten a slow one's.
+    fn sync_lag(&self) -> Duration {
+        let Some(rng) = &self.lag else {
+            return Duration::ZERO;
+        };
+        let mut rng = rng.lock();
+        let us = if rng.gen_range(0..10) == 0 {
+            rng.gen_range(2_000..30_000)
+        } else {
+            rng.gen_range(200..2_000)
+        };
+        Duration::from_micros(us)
     }
 
     fn sync(&self, path: &Path, len: u64) -> io::Result<()> {

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use openraft::{Config, ServerState};
 use stockgate_server::engine::{Clock, Engine, EngineConfig, Keyring, ReservationKey};
@@ -25,6 +27,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::disk::Hook;
+
+/// Mixed into a process's origin to seed the lags of its Raft log's syncs.
+const LAG_SEED: u64 = 0x6c61_6767_696e_6721;
 use crate::history::History;
 use crate::net::{Factory, Net};
 
@@ -117,6 +122,8 @@ pub struct Boot {
     pub wal: WalOptions,
     /// Its disk.
     pub disk: Arc<crate::disk::Disk>,
+    /// Its Raft log writes a while after each change (`Settings::lagging_syncs`).
+    pub lagging_syncs: bool,
 }
 
 /// Starts member `id` from its data dir; `Err` when it refuses to start (as a server
@@ -127,10 +134,13 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
         incarnation,
         wal,
         disk,
+        lagging_syncs,
     } = boot;
     let dir = env.dir(id);
     let deposed = Arc::new(AtomicBool::new(false));
-    let hook = Hook::new(disk, deposed.clone(), env.history.clone());
+    // The lags are drawn from the process's origin: no draw from the run's generators.
+    let lag = lagging_syncs.then(|| StdRng::seed_from_u64(origin ^ LAG_SEED));
+    let hook = Hook::new(disk, deposed.clone(), env.history.clone(), lag);
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
     let (engine, dur, spec) = recover(&dir, env, origin, (wal, hook.clone()))?;
@@ -218,6 +228,8 @@ impl Member {
     /// caller's (`Hook::die` first for a `kill -9` or a power loss, so the close below
     /// syncs nothing the disk model counts; then `Disk::power_cut` for a power loss).
     pub async fn crash(self, net: &Net) {
+        // The process is gone: its Raft log writes nothing it had not written yet.
+        self.hook.end();
         net.detach(self.id);
         for t in &self.tasks {
             t.abort();

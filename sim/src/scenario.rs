@@ -54,6 +54,11 @@ pub struct Settings {
     /// or of a WAL segment (`scenario/bit_flip.rs`). Off, a seed draws what it drew
     /// before it existed, as with `net_faults`.
     pub bit_flips: bool,
+    /// The Raft log writes and syncs a change a drawn while after it is made, as its
+    /// writer thread does in a server, so entries reach peers before they are durable
+    /// here (`DiskHook::lags`). Off, every change is synced before it returns, and a
+    /// seed runs as it did before.
+    pub lagging_syncs: bool,
 }
 
 impl Default for Settings {
@@ -66,6 +71,7 @@ impl Default for Settings {
             net_faults: true,
             pause_and_membership: true,
             bit_flips: true,
+            lagging_syncs: true,
         }
     }
 }
@@ -148,6 +154,8 @@ pub(crate) struct Cluster {
     wal: BTreeMap<NodeId, WalOptions>,
     /// What a power loss keeps of each unsynced tail, and which storage errors strike.
     disk_rng: Mutex<StdRng>,
+    /// `Settings::lagging_syncs`.
+    lagging_syncs: bool,
 }
 
 /// How a member process ends.
@@ -181,6 +189,7 @@ impl Cluster {
             incarnation: self.incarnations.lock()[&id],
             wal: self.wal[&id].clone(),
             disk: disk.clone(),
+            lagging_syncs: self.lagging_syncs,
         };
         let m = match member::start(id, &self.env, boot).await {
             Ok(m) => m,
@@ -402,6 +411,7 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
         disks: Mutex::new(disks),
         wal,
         disk_rng: Mutex::new(StdRng::seed_from_u64(rng.gen())),
+        lagging_syncs: s.lagging_syncs,
     });
     form(&c).await;
     let stop = Arc::new(AtomicBool::new(false));

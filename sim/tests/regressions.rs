@@ -13,6 +13,7 @@ fn before_net_faults() -> Settings {
         net_faults: false,
         pause_and_membership: false,
         bit_flips: false,
+        lagging_syncs: false,
         ..Settings::default()
     }
 }
@@ -66,5 +67,9 @@ fn fsync_no_with_rolled_segments_survives_a_power_loss() {
 /// in both logs (`wal/bit_repair.rs`).
 #[test]
 fn a_flipped_bit_in_the_raft_logs_last_record_is_put_right() {
-    passes(8, &Settings::default());
+    let settings = Settings {
+        lagging_syncs: false,
+        ..Settings::default()
+    };
+    passes(8, &settings);
 }

@@ -113,6 +113,19 @@ pub trait DiskHook: Send + Sync {
     /// `path`, now `len` bytes long, is to be synced: `Ok` makes those bytes durable; an
     /// error is a failed `fdatasync` (what was written since the last sync may be lost).
     fn sync(&self, path: &Path, len: u64) -> io::Result<()>;
+    /// Whether the Raft log writes and syncs a change a while after it is made (and
+    /// readable), as its writer thread does in a server, rather than before the change
+    /// returns. The simulation's seam for the window between an entry being sent to
+    /// peers and being durable here.
+    fn lags(&self) -> bool {
+        false
+    }
+    /// How long after a change the Raft log writes and syncs it, when it [`lags`].
+    ///
+    /// [`lags`]: DiskHook::lags
+    fn sync_lag(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 /// The segment the writer appends to.

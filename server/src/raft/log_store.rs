@@ -33,6 +33,7 @@ use std::sync::Arc;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{EntryPayload, RaftLogReader, StorageIOError, StoredMembership, Vote};
 use parking_lot::Mutex;
+use tokio::sync::oneshot;
 
 use super::log_file::{self, LogFile};
 use super::{Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
@@ -100,7 +101,10 @@ impl Inner {
 
 enum Done {
     Flushed(LogFlushed<TypeConfig>),
+    /// A caller blocking its thread until the change is on disk.
     Sync(mpsc::Sender<io::Result<()>>),
+    /// A task awaiting it.
+    Notify(oneshot::Sender<io::Result<()>>),
     None,
 }
 
@@ -120,6 +124,44 @@ enum Sink {
     /// simulation's, where what is on disk at a crash must follow from the run's history,
     /// not from when an OS thread ran ([`LogStore::open_inline`]).
     Inline(Arc<Mutex<InlineFile>>),
+    /// Written and synced by a task of the event loop a while after the change, as the
+    /// writer thread does in a server: the simulation's, when its disk model
+    /// [`lags`](DiskHook::lags), so that entries are readable, and sent to peers, before
+    /// they are durable here.
+    Lagging(Arc<Mutex<Lagging>>),
+}
+
+/// The queue of a [`Sink::Lagging`] log.
+struct Lagging {
+    inline: InlineFile,
+    queue: Vec<Job>,
+    /// A task is waiting out the lag and then writes the queue.
+    scheduled: bool,
+    hook: Arc<dyn DiskHook>,
+    path: Arc<PathBuf>,
+}
+
+impl Lagging {
+    /// Writes and syncs what is queued, in order.
+    fn flush(&mut self) {
+        let jobs = std::mem::take(&mut self.queue);
+        let InlineFile { file, failed } = &mut self.inline;
+        if *failed {
+            fail_jobs(jobs);
+        } else {
+            *failed = !write_jobs(file, &self.path, jobs);
+        }
+    }
+}
+
+/// The task that writes a [`Sink::Lagging`] log's queue once the disk model's lag
+/// passed; changes made meanwhile go in the same write and sync.
+async fn lag_then_flush(f: Arc<Mutex<Lagging>>) {
+    let lag = f.lock().hook.sync_lag();
+    tokio::time::sleep(lag).await;
+    let mut g = f.lock();
+    g.scheduled = false;
+    g.flush();
 }
 
 struct InlineFile {
@@ -237,6 +279,7 @@ impl LogStore {
             file.sync_data().map_err(io_err)?;
             len = good;
         }
+        let lagging = hook.clone().filter(|h| h.lags());
         let file = LogFile::new(file, good, len, hook);
         // A restart never resumes a leadership (standard Raft; openraft would restore the
         // leader state of a committed vote naming this node): the previous process may
@@ -259,10 +302,20 @@ impl LogStore {
                 .map_err(io_err)?;
             Sink::Thread(tx)
         } else {
-            Sink::Inline(Arc::new(Mutex::new(InlineFile {
+            let inline = InlineFile {
                 file,
                 failed: false,
-            })))
+            };
+            match lagging {
+                Some(hook) => Sink::Lagging(Arc::new(Mutex::new(Lagging {
+                    inline,
+                    queue: Vec::new(),
+                    scheduled: false,
+                    hook,
+                    path: Arc::new(path.clone()),
+                }))),
+                None => Sink::Inline(Arc::new(Mutex::new(inline))),
+            }
         };
         Ok(LogStore {
             inner: Arc::new(Mutex::new(inner)),
@@ -397,45 +450,68 @@ impl LogStore {
                 }
                 Ok(())
             }
+            Sink::Lagging(f) => {
+                // A caller blocking its thread cannot wait for a task of its event loop:
+                // what is queued goes now, with its change after it.
+                let blocking = matches!(job.done, Done::Sync(_));
+                let mut g = f.lock();
+                g.queue.push(job);
+                if blocking {
+                    g.flush();
+                } else if !g.scheduled {
+                    g.scheduled = true;
+                    tokio::spawn(lag_then_flush(f.clone()));
+                }
+                Ok(())
+            }
         }
     }
 
     /// Changes the in-memory log with `change` and queues the record `kind`/`body` (or,
     /// with `kind` None, a rewrite to the image after the change), both under the lock;
-    /// returns what completes once it is on disk.
+    /// `done` completes once it is on disk.
     #[allow(clippy::result_large_err)]
     fn change(
         &self,
         record: Option<(u8, &[u8])>,
         change: impl FnOnce(&mut Inner),
-    ) -> Result<mpsc::Receiver<io::Result<()>>, StorageError> {
-        let (tx, rx) = mpsc::channel();
+        done: Done,
+    ) -> Result<(), StorageError> {
         let mut g = self.inner.lock();
         change(&mut g);
         match record {
             Some((kind, body)) => {
                 let mut bytes = Vec::with_capacity(HEADER + body.len());
                 encode(kind, body, &mut bytes);
-                self.submit(bytes, false, Done::Sync(tx))?;
+                self.submit(bytes, false, done)
             }
-            None => self.submit(g.image(), true, Done::Sync(tx))?,
+            None => self.submit(g.image(), true, done),
         }
-        Ok(rx)
     }
 
-    /// Waits (off the event loop) for what [`Self::change`] returned.
-    async fn synced(
-        rx: mpsc::Receiver<io::Result<()>>,
+    /// [`Self::change`], then blocks the calling thread until it is on disk.
+    fn change_blocking(
+        &self,
+        record: Option<(u8, &[u8])>,
+        change: impl FnOnce(&mut Inner),
+    ) -> io::Result<()> {
+        let (tx, rx) = mpsc::channel();
+        self.change(record, change, Done::Sync(tx))
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        rx.recv()
+            .map_err(|_| io::Error::other("raft log writer stopped"))?
+    }
+
+    /// [`Self::change`], then waits (without holding the event loop) until it is on disk.
+    async fn change_synced(
+        &self,
+        record: Option<(u8, &[u8])>,
+        change: impl FnOnce(&mut Inner),
         what: fn(&io::Error) -> StorageError,
     ) -> Result<(), StorageError> {
-        // Already done (always so for `open_inline`): no blocking thread to wait on.
-        let r = match rx.try_recv() {
-            Ok(done) => Ok(done),
-            Err(_) => tokio::task::spawn_blocking(move || rx.recv())
-                .await
-                .map_err(|e| what(&io::Error::other(e.to_string())))?,
-        };
-        match r {
+        let (tx, rx) = oneshot::channel();
+        self.change(record, change, Done::Notify(tx))?;
+        match rx.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(what(&e)),
             Err(_) => Err(what(&io::Error::other("raft log writer stopped"))),
@@ -451,30 +527,22 @@ impl LogStore {
     /// is done with them). Blocking: waits for the sync.
     pub fn record_snapshot(&self, snap: SnapMeta) -> io::Result<()> {
         let body = ser(&snap);
-        let rx = self
-            .change(Some((K_SNAPSHOT, &body)), |g| g.snapshot = Some(snap))
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        rx.recv()
-            .map_err(|_| io::Error::other("raft log writer stopped"))?
+        self.change_blocking(Some((K_SNAPSHOT, &body)), |g| g.snapshot = Some(snap))
     }
 
     /// Records a snapshot received from the leader and drops every entry it includes
     /// (rewriting the file), before the member restarts on it. Blocking.
     pub fn adopt_snapshot(&self, snap: SnapMeta) -> io::Result<()> {
         let upto = snap.meta.last_log_id;
-        let rx = self
-            .change(None, |g| {
-                if let Some(l) = upto {
-                    g.purge_to(l);
-                    if g.committed < Some(l) {
-                        g.committed = Some(l);
-                    }
+        self.change_blocking(None, |g| {
+            if let Some(l) = upto {
+                g.purge_to(l);
+                if g.committed < Some(l) {
+                    g.committed = Some(l);
                 }
-                g.snapshot = Some(snap);
-            })
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        rx.recv()
-            .map_err(|_| io::Error::other("raft log writer stopped"))?
+            }
+            g.snapshot = Some(snap);
+        })
     }
 }
 
@@ -680,6 +748,9 @@ fn complete(done: Done, res: io::Result<()>) {
         Done::Sync(tx) => {
             let _ = tx.send(res);
         }
+        Done::Notify(tx) => {
+            let _ = tx.send(res);
+        }
         Done::None => {}
     }
 }
@@ -780,8 +851,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let e = io::Error::other(format!("vote {v} would go back from {old:?}"));
             return Err(StorageIOError::write_vote(&e).into());
         }
-        let rx = self.change(Some((K_VOTE, &ser(vote))), |g| g.vote = Some(v))?;
-        Self::synced(rx, |e| StorageIOError::write_vote(e).into()).await
+        self.change_synced(
+            Some((K_VOTE, &ser(vote))),
+            |g| g.vote = Some(v),
+            |e| StorageIOError::write_vote(e).into(),
+        )
+        .await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
@@ -846,10 +921,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             ));
             return Err(StorageIOError::write_logs(&e).into());
         }
-        let rx = self.change(Some((K_TRUNCATE, &ser(&from))), |g| {
-            g.entries.split_off(&from);
-        })?;
-        Self::synced(rx, |e| StorageIOError::write_logs(e).into()).await
+        self.change_synced(
+            Some((K_TRUNCATE, &ser(&from))),
+            |g| {
+                g.entries.split_off(&from);
+            },
+            |e| StorageIOError::write_logs(e).into(),
+        )
+        .await
     }
 
     /// Drops the entries up to `log_id` and rewrites the file to what is left. Not waited
