@@ -255,7 +255,7 @@ pub struct Hook {
     /// Set on an injected error: the member must restart (the server exits with 75).
     restart: Arc<AtomicBool>,
     history: History,
-    /// With `Settings::lagging_syncs`, what the Raft log's lags are drawn from.
+    /// With `Settings::lagging_io`, what the Raft log's lags are drawn from.
     lag: Option<Mutex<StdRng>>,
     /// The process ended (any way): its Raft log, when it lags, writes nothing more.
     ended: AtomicBool,

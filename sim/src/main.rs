@@ -1,5 +1,5 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
-//! [--no-pause-and-membership] [--no-bit-flips] [--no-lagging-syncs] [--members=N]`:
+//! [--no-pause-and-membership] [--no-bit-flips] [--no-lagging-io] [--members=N]`:
 //! runs the deterministic simulation of a replicated group for seeds SEED ..
 //! SEED+COUNT-1, one line per seed: `seed <n> digest <hex> PASS|FAIL <what>`. Exits 1
 //! if any seed failed. `--fsync-no` runs the members' WALs under `--fsync no` (a single
@@ -8,8 +8,9 @@
 //! requests (`Settings::net_faults`): the histories from before they existed.
 //! `--no-pause-and-membership` leaves out stopped members and membership changes
 //! (`Settings::pause_and_membership`), likewise; `--no-bit-flips` leaves out the flipped
-//! bit read at a start (`Settings::bit_flips`); `--no-lagging-syncs` has the Raft log
-//! sync every change before it returns (`Settings::lagging_syncs`). `--members=N` runs
+//! bit read at a start (`Settings::bit_flips`); `--no-lagging-io` has the Raft log
+//! sync every change before it returns and a request die with its sender
+//! (`Settings::lagging_io`). `--members=N` runs
 //! a group of N members (3 unless told).
 
 use stockgate_sim::{run, Settings};
@@ -21,7 +22,7 @@ fn main() {
     let net_faults = !args.iter().any(|a| a == "--no-net-faults");
     let pause_and_membership = !args.iter().any(|a| a == "--no-pause-and-membership");
     let bit_flips = !args.iter().any(|a| a == "--no-bit-flips");
-    let lagging_syncs = !args.iter().any(|a| a == "--no-lagging-syncs");
+    let lagging_io = !args.iter().any(|a| a == "--no-lagging-io");
     let members = args
         .iter()
         .find_map(|a| a.strip_prefix("--members="))
@@ -31,7 +32,7 @@ fn main() {
     let Some(&first) = nums.first() else {
         eprintln!(
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
-             [--no-pause-and-membership] [--no-bit-flips] [--no-lagging-syncs] [--members=N]"
+             [--no-pause-and-membership] [--no-bit-flips] [--no-lagging-io] [--members=N]"
         );
         std::process::exit(2);
     };
@@ -49,7 +50,7 @@ fn main() {
         net_faults,
         pause_and_membership,
         bit_flips,
-        lagging_syncs,
+        lagging_io,
         members,
         ..Settings::default()
     };

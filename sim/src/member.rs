@@ -122,8 +122,8 @@ pub struct Boot {
     pub wal: WalOptions,
     /// Its disk.
     pub disk: Arc<crate::disk::Disk>,
-    /// Its Raft log writes a while after each change (`Settings::lagging_syncs`).
-    pub lagging_syncs: bool,
+    /// Its Raft log writes a while after each change (`Settings::lagging_io`).
+    pub lagging_io: bool,
 }
 
 /// Starts member `id` from its data dir; `Err` when it refuses to start (as a server
@@ -134,12 +134,12 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
         incarnation,
         wal,
         disk,
-        lagging_syncs,
+        lagging_io,
     } = boot;
     let dir = env.dir(id);
     let deposed = Arc::new(AtomicBool::new(false));
     // The lags are drawn from the process's origin: no draw from the run's generators.
-    let lag = lagging_syncs.then(|| StdRng::seed_from_u64(origin ^ LAG_SEED));
+    let lag = lagging_io.then(|| StdRng::seed_from_u64(origin ^ LAG_SEED));
     let hook = Hook::new(disk, deposed.clone(), env.history.clone(), lag);
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;

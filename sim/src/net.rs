@@ -57,6 +57,9 @@ struct State {
     /// until it continues.
     paused: BTreeMap<NodeId, (u64, Arc<Notify>)>,
     pauses: u64,
+    /// A request on the wire arrives even if its sender dies or gives up
+    /// (`Settings::lagging_io`).
+    sent_outlives_sender: bool,
 }
 
 /// A directed link that is cut for `down`, then carries for `up`, again and again from
@@ -104,7 +107,13 @@ impl Net {
             dups: 0,
             paused: BTreeMap::new(),
             pauses: 0,
+            sent_outlives_sender: false,
         })))
+    }
+
+    /// From now on a request on the wire arrives even if its sender dies or gives up.
+    pub fn keep_sent_requests(&self) {
+        self.0.lock().sent_outlives_sender = true;
     }
 
     /// `id` is up on storage `incarnation` and answers through `raft`.
@@ -358,11 +367,11 @@ impl Peer {
         if let Some(late) = self.net.duplicate() {
             self.replay(there + late, rpc.clone(), f);
         }
-        tokio::time::sleep(there).await;
-        let r = if self.net.is_paused(self.to) {
-            self.held(ttl, rpc, f).await
+        let r = if self.net.0.lock().sent_outlives_sender {
+            self.detached(there, ttl, rpc, f).await
         } else {
-            answer(&self.net, (self.to, self.expect), ttl, rpc, f).await
+            tokio::time::sleep(there).await;
+            self.deliver(ttl, rpc, f).await
         };
         let r = r.map_err(net_err)?;
         // A stopped target sends its reply once it continues.
@@ -374,6 +383,56 @@ impl Peer {
         tokio::time::sleep(back).await;
         self.net.resumed(self.from).await;
         r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
+    }
+
+    /// The request handed to its target: held if the target is stopped, else answered.
+    async fn deliver<R, T, E, F, Fut>(&self, ttl: Duration, rpc: R, f: F) -> Delivered<T, E>
+    where
+        R: Send + 'static,
+        T: Send + 'static,
+        E: std::error::Error + Send + 'static,
+        RaftError<NodeId, E>: std::error::Error,
+        F: Fn(Raft, R) -> Fut + Copy + Send + 'static,
+        Fut: Future<Output = Result<T, RaftError<NodeId, E>>> + Send + 'static,
+    {
+        if self.net.is_paused(self.to) {
+            self.held(ttl, rpc, f).await
+        } else {
+            answer(&self.net, (self.to, self.expect), ttl, rpc, f).await
+        }
+    }
+
+    /// The request's leg and its delivery in a task of their own: a request on the wire
+    /// arrives even if its sender dies meanwhile (the kernel sends what the socket
+    /// holds) or gives up waiting; the answer then goes nowhere.
+    async fn detached<R, T, E, F, Fut>(
+        &self,
+        there: Duration,
+        ttl: Duration,
+        rpc: R,
+        f: F,
+    ) -> Delivered<T, E>
+    where
+        R: Send + 'static,
+        T: Send + 'static,
+        E: std::error::Error + Send + 'static,
+        RaftError<NodeId, E>: std::error::Error,
+        F: Fn(Raft, R) -> Fut + Copy + Send + 'static,
+        Fut: Future<Output = Result<T, RaftError<NodeId, E>>> + Send + 'static,
+    {
+        let peer = Peer {
+            from: self.from,
+            to: self.to,
+            expect: self.expect,
+            net: self.net.clone(),
+            lease: self.lease.clone(),
+        };
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            tokio::time::sleep(there).await;
+            let _ = tx.send(peer.deliver(ttl, rpc, f).await);
+        });
+        rx.await.unwrap_or(Err("the request was never handled"))
     }
 
     /// A request that reached a stopped target: its socket keeps it, and it is handled

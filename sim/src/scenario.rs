@@ -54,11 +54,14 @@ pub struct Settings {
     /// or of a WAL segment (`scenario/bit_flip.rs`). Off, a seed draws what it drew
     /// before it existed, as with `net_faults`.
     pub bit_flips: bool,
-    /// The Raft log writes and syncs a change a drawn while after it is made, as its
-    /// writer thread does in a server, so entries reach peers before they are durable
-    /// here (`DiskHook::lags`). Off, every change is synced before it returns, and a
-    /// seed runs as it did before.
-    pub lagging_syncs: bool,
+    /// What a process hands on lives its own life: the Raft log writes and syncs a
+    /// change a drawn while after it is made, as its writer thread does in a server (so
+    /// entries reach peers before they are durable here, and a process that dies
+    /// first loses them: `DiskHook::lags`), and a request on the wire arrives even if its
+    /// sender dies or gives up meanwhile (`Net::keep_sent_requests`). Off, every change
+    /// is synced before it returns, a sender's death cancels what it had in flight, and
+    /// a seed runs as it did before.
+    pub lagging_io: bool,
 }
 
 impl Default for Settings {
@@ -71,7 +74,7 @@ impl Default for Settings {
             net_faults: true,
             pause_and_membership: true,
             bit_flips: true,
-            lagging_syncs: true,
+            lagging_io: true,
         }
     }
 }
@@ -154,8 +157,8 @@ pub(crate) struct Cluster {
     wal: BTreeMap<NodeId, WalOptions>,
     /// What a power loss keeps of each unsynced tail, and which storage errors strike.
     disk_rng: Mutex<StdRng>,
-    /// `Settings::lagging_syncs`.
-    lagging_syncs: bool,
+    /// `Settings::lagging_io`.
+    lagging_io: bool,
 }
 
 /// How a member process ends.
@@ -189,7 +192,7 @@ impl Cluster {
             incarnation: self.incarnations.lock()[&id],
             wal: self.wal[&id].clone(),
             disk: disk.clone(),
-            lagging_syncs: self.lagging_syncs,
+            lagging_io: self.lagging_io,
         };
         let m = match member::start(id, &self.env, boot).await {
             Ok(m) => m,
@@ -390,6 +393,9 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
         root,
     };
     history.note(format!("seed {seed}, {} members", s.members));
+    if s.lagging_io {
+        env.net.keep_sent_requests();
+    }
     let ids: BTreeSet<NodeId> = (1..=s.members).collect();
     let wal = wal_options(&mut rng, &s, &ids, &history);
     let disks = ids.iter().map(|&i| (i, Disk::new(i, env.dir(i)))).collect();
@@ -411,7 +417,7 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
         disks: Mutex::new(disks),
         wal,
         disk_rng: Mutex::new(StdRng::seed_from_u64(rng.gen())),
-        lagging_syncs: s.lagging_syncs,
+        lagging_io: s.lagging_io,
     });
     form(&c).await;
     let stop = Arc::new(AtomicBool::new(false));

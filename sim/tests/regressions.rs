@@ -13,7 +13,7 @@ fn before_net_faults() -> Settings {
         net_faults: false,
         pause_and_membership: false,
         bit_flips: false,
-        lagging_syncs: false,
+        lagging_io: false,
         ..Settings::default()
     }
 }
@@ -68,7 +68,7 @@ fn fsync_no_with_rolled_segments_survives_a_power_loss() {
 #[test]
 fn a_flipped_bit_in_the_raft_logs_last_record_is_put_right() {
     let settings = Settings {
-        lagging_syncs: false,
+        lagging_io: false,
         ..Settings::default()
     };
     passes(8, &settings);
