@@ -632,13 +632,25 @@ fn read_on(c: &Cluster, m: &Member, tokens: &[(String, Hold)], who: &str) -> Vec
     for (token, h) in tokens {
         c.reads.fetch_add(1, Ordering::AcqRel);
         let seen = m.engine.reservation(token).map(|(v, _)| v);
-        if !seen.as_ref().is_some_and(|v| agrees(h, v, c.expiry)) {
-            let fate = h.fate;
-            let seen = seen.map(|v| v.state);
-            stale.push(format!(
-                "{who}: stale read on n{}: {token} acknowledged {fate:?}, read {seen:?}",
-                m.id
-            ));
+        match seen {
+            Some(v) if agrees(h, &v, c.expiry) => {}
+            // Released before the acknowledged deadline: an early expiry, or a missed
+            // acknowledged EXTEND.
+            Some(v) if h.fate == Fate::Held && v.state == ReservationState::Released => {
+                stale.push(format!(
+                    "{who}: read on n{}: {token} acknowledged held until {:?}, read \
+                     released at {} (deadline {})",
+                    m.id, h.deadline, v.finished_at_ms, v.expires_at_ms
+                ))
+            }
+            _ => {
+                let fate = h.fate;
+                let seen = seen.map(|v| v.state);
+                stale.push(format!(
+                    "{who}: stale read on n{}: {token} acknowledged {fate:?}, read {seen:?}",
+                    m.id
+                ));
+            }
         }
     }
     stale
