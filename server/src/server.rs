@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::engine::Engine;
+use crate::raft::authority;
 // The connection and server state moved to `session` (commands need it, and must not
 // depend on the network layer); these paths stay for the binary and embedders.
 pub use crate::session::{
@@ -116,9 +117,8 @@ fn spawn_ticker(
         loop {
             tokio::select! {
                 _ = iv.tick() => {
-                    // A follower expires and purges nothing itself: the leader decides
-                    // and its log says so (EXPIRED still lists what is due).
-                    if shared.repl.get().is_none_or(|r| !r.is_replica()) {
+                    // A follower expires and purges nothing itself (`may_tick`).
+                    if authority::may_tick(shared.repl.get().map(|r| r.is_replica())) {
                         engine.tick();
                     }
                 }

@@ -1,17 +1,17 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
-//! [--no-pause-and-membership] [--no-bit-flips] [--no-lagging-io] [--members=N]`:
-//! runs the deterministic simulation of a replicated group for seeds SEED ..
-//! SEED+COUNT-1, one line per seed: `seed <n> digest <hex> PASS|FAIL <what>`. Exits 1
-//! if any seed failed. `--fsync-no` runs the members' WALs under `--fsync no` (a single
-//! node's setting, which a server never gives a member) to hunt in the WAL's code.
-//! `--no-net-faults` leaves out one-way partitions, flapping links and duplicated
+//! [--no-pause-and-membership] [--no-expiry] [--no-bit-flips] [--no-lagging-io]
+//! [--members=N]`: runs the deterministic simulation of a replicated group for seeds
+//! SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex> PASS|FAIL <what>`.
+//! Exits 1 if any seed failed. `--fsync-no` runs the members' WALs under `--fsync no`
+//! (a single node's setting, which a server never gives a member) to hunt in the WAL's
+//! code. `--no-net-faults` leaves out one-way partitions, flapping links and duplicated
 //! requests (`Settings::net_faults`): the histories from before they existed.
 //! `--no-pause-and-membership` leaves out stopped members and membership changes
-//! (`Settings::pause_and_membership`), likewise; `--no-bit-flips` leaves out the flipped
-//! bit read at a start (`Settings::bit_flips`); `--no-lagging-io` has the Raft log
-//! sync every change before it returns and a request die with its sender
-//! (`Settings::lagging_io`). `--members=N` runs
-//! a group of N members (3 unless told).
+//! (`Settings::pause_and_membership`), likewise; `--no-expiry` hold expiry, EXTENDs and
+//! clock jumps (`Settings::expiry`); `--no-bit-flips` the flipped bit read at a start
+//! (`Settings::bit_flips`); `--no-lagging-io` has the Raft log sync every change before
+//! it returns and a request die with its sender (`Settings::lagging_io`). `--members=N`
+//! runs a group of N members (3 unless told).
 
 use stockgate_sim::{run, Settings};
 
@@ -21,6 +21,7 @@ fn main() {
     let fsync_no = args.iter().any(|a| a == "--fsync-no");
     let net_faults = !args.iter().any(|a| a == "--no-net-faults");
     let pause_and_membership = !args.iter().any(|a| a == "--no-pause-and-membership");
+    let expiry = !args.iter().any(|a| a == "--no-expiry");
     let bit_flips = !args.iter().any(|a| a == "--no-bit-flips");
     let lagging_io = !args.iter().any(|a| a == "--no-lagging-io");
     let members = args
@@ -32,7 +33,8 @@ fn main() {
     let Some(&first) = nums.first() else {
         eprintln!(
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
-             [--no-pause-and-membership] [--no-bit-flips] [--no-lagging-io] [--members=N]"
+             [--no-pause-and-membership] [--no-expiry] [--no-bit-flips] [--no-lagging-io] \
+             [--members=N]"
         );
         std::process::exit(2);
     };
@@ -49,6 +51,7 @@ fn main() {
         fsync_no,
         net_faults,
         pause_and_membership,
+        expiry,
         bit_flips,
         lagging_io,
         members,

@@ -22,6 +22,7 @@ use stockgate_server::raft::snapshot::{SnapshotHooks, Snapshots};
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::state_machine::StateMachine;
 use stockgate_server::raft::{authority, network, NodeId, NodeInfo, Raft};
+use stockgate_server::session::ServerConfig;
 use stockgate_server::wal::{Wal, WalOptions};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -63,8 +64,9 @@ pub struct Env {
     pub net: Arc<Net>,
     /// openraft's settings.
     pub config: Arc<Config>,
-    /// The engines' clock (simulated).
-    pub clock: Arc<dyn Clock>,
+    /// Holds expire (the engines release them at their deadline, `auto_release`) and
+    /// each member runs the server's ticker (`Settings::expiry`).
+    pub expiry: bool,
     /// The run's history.
     pub history: History,
     /// Where the members' data dirs live.
@@ -89,30 +91,31 @@ type Recovered = (Arc<Engine>, Arc<WalDurability>, Arc<Speculation>);
 fn recover(
     dir: &Path,
     env: &Env,
-    origin: u64,
+    (origin, clock): (u64, Arc<dyn Clock>),
     (opts, hook): (WalOptions, Arc<Hook>),
 ) -> Result<Recovered, String> {
     let opened = Wal::open_inline_on(dir, opts, hook).map_err(|e| format!("WAL: {e}"))?;
     let cfg = EngineConfig {
-        // Nothing expires or is forgotten within a run: every acknowledged hold must
-        // still be there at the end.
+        // Nothing is forgotten within a run: every acknowledged hold must still be
+        // there at the end, held, sold or released.
         retention_ms: 1 << 40,
+        // A server with no ledger (no sweeper) releases expired holds itself.
+        auto_release: env.expiry,
         ..EngineConfig::default()
     };
     let mut spec = None;
-    let (engine, dur, _report) =
-        recover_engine_from(opened, cfg, env.clock.clone(), keys(), |wal| {
-            let s = Arc::new(Speculation::new(origin, wal.last_lsn()));
-            spec = Some(s.clone());
-            s
-        })
-        .map_err(|e| format!("recovery: {e}"))?;
+    let (engine, dur, _report) = recover_engine_from(opened, cfg, clock, keys(), |wal| {
+        let s = Arc::new(Speculation::new(origin, wal.last_lsn()));
+        spec = Some(s.clone());
+        s
+    })
+    .map_err(|e| format!("recovery: {e}"))?;
     let spec = spec.ok_or("recovery built no speculation")?;
     Ok((engine, dur, spec))
 }
 
 /// How one member process starts: its origin (names the process), the incarnation of
-/// its storage, its WAL's options and the disk model it writes through.
+/// its storage, its WAL's options, the disk model it writes through and its clock.
 pub struct Boot {
     /// Names this process.
     pub origin: u64,
@@ -124,6 +127,9 @@ pub struct Boot {
     pub disk: Arc<crate::disk::Disk>,
     /// Its Raft log writes a while after each change (`Settings::lagging_io`).
     pub lagging_io: bool,
+    /// Its engine's clock, new for each process (a restart starts a new monotonic
+    /// clock, as a restarted server's `SystemClock` is new).
+    pub clock: Arc<dyn Clock>,
 }
 
 /// Starts member `id` from its data dir; `Err` when it refuses to start (as a server
@@ -135,6 +141,7 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
         wal,
         disk,
         lagging_io,
+        clock,
     } = boot;
     let dir = env.dir(id);
     let deposed = Arc::new(AtomicBool::new(false));
@@ -143,7 +150,7 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
     let hook = Hook::new(disk, deposed.clone(), env.history.clone(), lag);
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
-    let (engine, dur, spec) = recover(&dir, env, origin, (wal, hook.clone()))?;
+    let (engine, dur, spec) = recover(&dir, env, (origin, clock), (wal, hook.clone()))?;
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
     let sm = state_machine(&engine, &dur, &spec, (&store, &dir))?;
@@ -176,10 +183,19 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
         election_min: Duration::from_millis(env.config.election_timeout_min),
         heartbeat: Duration::from_millis(env.config.heartbeat_interval),
     };
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(spec.clone().propose(raft.clone())),
         tokio::spawn(watcher.run()),
     ];
+    if env.expiry {
+        let t = Ticker {
+            id,
+            net: env.net.clone(),
+            engine: engine.clone(),
+            spec: spec.clone(),
+        };
+        tasks.push(tokio::spawn(t.run()));
+    }
     Ok(Member {
         id,
         raft,
@@ -263,6 +279,35 @@ impl Member {
         let age = self.lease.age_ms(m.current_term, Instant::now());
         let lease = authority::lease_held(age, self.election_min_ms, voters);
         authority::acts_as_leader(self.id, &m, lease)
+    }
+}
+
+/// The server's ticker (`server::spawn_ticker`): the engine's timers (expiry, purges)
+/// every `tick_ms` of the server's default settings, while the member takes writes
+/// (`authority::may_tick`, the server's rule; `RaftNode::is_replica` is
+/// `!spec.writable()`).
+struct Ticker {
+    id: NodeId,
+    net: Arc<Net>,
+    engine: Arc<Engine>,
+    spec: Arc<Speculation>,
+}
+
+impl Ticker {
+    async fn run(self) {
+        let period = Duration::from_millis(ServerConfig::default().tick_ms.max(1));
+        let mut iv = tokio::time::interval(period);
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            iv.tick().await;
+            // A stopped process runs none of its own code.
+            if self.net.is_paused(self.id) {
+                continue;
+            }
+            if authority::may_tick(Some(!self.spec.writable())) {
+                self.engine.tick();
+            }
+        }
     }
 }
 

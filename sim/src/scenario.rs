@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +11,10 @@ use openraft::{Config, SnapshotPolicy};
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use stockgate_server::engine::{Clock, Engine, Millis, ReserveOutcome, ReserveRequest};
+use stockgate_server::engine::{
+    Engine, EngineError, Millis, Monotonic, ReservationState, ReservationView, ReserveOutcome,
+    ReserveRequest, WallSource,
+};
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::{authority, NodeId, NodeInfo, Raft};
 use stockgate_server::wal::{FsyncPolicy, WalOptions};
@@ -50,6 +53,12 @@ pub struct Settings {
     /// added back) in the middle of the other faults. Off, a seed draws what it drew
     /// before they existed, as with `net_faults`.
     pub pause_and_membership: bool,
+    /// Holds expire: the sales' holds last a drawn while (short in one sale, long in the
+    /// other), the clients EXTEND some, every member runs the server's ticker (expiry
+    /// with `auto_release`) while it takes writes, and a fault step may make a member's
+    /// wall clock jump forward or back. Off, a seed draws what it drew before, as with
+    /// `net_faults`.
+    pub expiry: bool,
     /// One more fault kind: a member restarts reading one flipped bit of its Raft log
     /// or of a WAL segment (`scenario/bit_flip.rs`). Off, a seed draws what it drew
     /// before it existed, as with `net_faults`.
@@ -73,6 +82,7 @@ impl Default for Settings {
             fsync_no: false,
             net_faults: true,
             pause_and_membership: true,
+            expiry: true,
             bit_flips: true,
             lagging_io: true,
         }
@@ -88,15 +98,21 @@ const QUIESCE_WITHIN: Duration = Duration::from_secs(30);
 /// A reply not released within this is given up (counted neither way).
 const REPLY_TTL: Duration = Duration::from_secs(5);
 
-/// The engines' clock: a fixed epoch plus the simulated time since the run began.
-struct SimClock {
-    base: Millis,
+/// Where the simulated wall clocks stand when a run begins.
+const EPOCH_MS: Millis = 1_700_000_000_000;
+
+/// A member's wall clock: a fixed epoch plus the simulated time since the run began,
+/// plus the member's offset, which clock jumps move (`jump_clock`). Its engine reads it
+/// through `Monotonic`, as a server reads the system clock (`SystemClock`).
+struct SimWall {
     start: Instant,
+    offset: Arc<AtomicI64>,
 }
 
-impl Clock for SimClock {
-    fn now_ms(&self) -> Millis {
-        self.base + self.start.elapsed().as_millis() as u64
+impl WallSource for SimWall {
+    fn wall_ms(&self) -> Millis {
+        let t = EPOCH_MS + self.start.elapsed().as_millis() as u64;
+        t.saturating_add_signed(self.offset.load(Ordering::Acquire))
     }
 }
 
@@ -116,12 +132,22 @@ struct Hold {
     fate: Fate,
     /// A RELEASE or COMMIT of it ran and its reply never came: either outcome is right.
     in_doubt: bool,
+    /// Its deadline as the last acknowledged RESERVE or EXTEND set it; `None` while an
+    /// EXTEND is in flight or after one went unanswered (either deadline may hold).
+    deadline: Option<Millis>,
+    /// An EXTEND of it is in flight (one at a time, so an acknowledged one is the last).
+    extending: bool,
+    /// A COMMIT, RELEASE or EXTEND of it was refused (it expired): the client leaves it.
+    refused: bool,
 }
 
 /// What a reply waits to acknowledge.
 enum Done {
-    Reserved(String, String, u32),
+    /// Token, sku, units, deadline.
+    Reserved(String, String, u32, Millis),
     Finished(String, Fate),
+    /// Token, new deadline.
+    Extended(String, Millis),
 }
 
 /// The group and what the run learned so far.
@@ -157,6 +183,15 @@ pub(crate) struct Cluster {
     wal: BTreeMap<NodeId, WalOptions>,
     /// What a power loss keeps of each unsynced tail, and which storage errors strike.
     disk_rng: Mutex<StdRng>,
+    /// `Settings::expiry`.
+    expiry: bool,
+    /// When the run began: the wall clocks' epoch.
+    start: Instant,
+    /// Each member's wall clock's offset from simulated time (ms), moved by clock jumps;
+    /// it outlives the member's processes, as the machine's clock does.
+    offsets: BTreeMap<NodeId, Arc<AtomicI64>>,
+    /// Every token the client sent a RELEASE for: a hold released otherwise expired.
+    release_sent: Mutex<BTreeSet<String>>,
     /// `Settings::lagging_io`.
     lagging_io: bool,
 }
@@ -192,6 +227,10 @@ impl Cluster {
             incarnation: self.incarnations.lock()[&id],
             wal: self.wal[&id].clone(),
             disk: disk.clone(),
+            clock: Arc::new(Monotonic::over(SimWall {
+                start: self.start,
+                offset: self.offsets[&id].clone(),
+            })),
             lagging_io: self.lagging_io,
         };
         let m = match member::start(id, &self.env, boot).await {
@@ -275,7 +314,7 @@ impl Cluster {
         let acked = self.acked.lock();
         let held: Vec<&String> = acked
             .iter()
-            .filter(|(_, h)| h.fate == Fate::Held && !h.in_doubt)
+            .filter(|(_, h)| h.fate == Fate::Held && !h.in_doubt && !h.refused)
             .map(|(t, _)| t)
             .collect();
         (!held.is_empty()).then(|| held[pick % held.len()].clone())
@@ -382,13 +421,11 @@ fn wal_options(
 
 pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settings>) -> Outcome {
     let history = History::new(s.verbose);
+    let start = Instant::now();
     let env = Env {
         net: Net::new(StdRng::seed_from_u64(rng.gen())),
         config: config(),
-        clock: Arc::new(SimClock {
-            base: 1_700_000_000_000,
-            start: Instant::now(),
-        }),
+        expiry: s.expiry,
         history: history.clone(),
         root,
     };
@@ -417,11 +454,18 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
         disks: Mutex::new(disks),
         wal,
         disk_rng: Mutex::new(StdRng::seed_from_u64(rng.gen())),
+        expiry: s.expiry,
+        start,
+        offsets: (1..=s.members)
+            .map(|i| (i, Arc::new(AtomicI64::new(0))))
+            .collect(),
+        release_sent: Mutex::new(BTreeSet::new()),
         lagging_io: s.lagging_io,
     });
+    let ttls = sale_ttls(&mut rng, &s, &history);
     form(&c).await;
     let stop = Arc::new(AtomicBool::new(false));
-    if create_sales(&c).await {
+    if create_sales(&c, ttls).await {
         let client = tokio::spawn(client(
             c.clone(),
             StdRng::seed_from_u64(rng.gen()),
@@ -495,8 +539,21 @@ async fn await_writer(c: &Arc<Cluster>, within: Duration) -> Option<NodeId> {
     None
 }
 
+/// How long each sale's holds last: an hour (nothing expires within a run) unless
+/// `Settings::expiry`; then drawn, 200 ms to 5 s for the first sale (its holds expire
+/// within the run, many while faults go on) and 10 s to 10 min for the second (mostly
+/// through clock jumps forward, or EXTENDs to a short while).
+fn sale_ttls(rng: &mut StdRng, s: &Settings, h: &History) -> [u64; 2] {
+    if !s.expiry {
+        return [3_600_000; 2];
+    }
+    let ttls = [rng.gen_range(200..5_000), rng.gen_range(10_000..600_000)];
+    h.note(format!("hold TTLs: {ttls:?} ms"));
+    ttls
+}
+
 /// The sales, created on the first leader and committed before the client starts.
-async fn create_sales(c: &Arc<Cluster>) -> bool {
+async fn create_sales(c: &Arc<Cluster>, ttls: [u64; 2]) -> bool {
     if await_writer(c, ELECT_WITHIN).await.is_none() {
         c.fail("no leader within 10 s of forming the group".into());
         return false;
@@ -505,9 +562,9 @@ async fn create_sales(c: &Arc<Cluster>) -> bool {
         return false;
     };
     let mut last = 0;
-    for (sku, total) in SALES {
+    for ((sku, total), ttl) in SALES.into_iter().zip(ttls) {
         last = engine
-            .create_sale(sku, total, Some(2), Some(3_600_000), None)
+            .create_sale(sku, total, Some(2), Some(ttl), None)
             .unwrap();
     }
     let ok = tokio::time::timeout(REPLY_TTL, spec.wait(last)).await;
@@ -540,6 +597,7 @@ async fn client(c: Arc<Cluster>, mut rng: StdRng, stop: Arc<AtomicBool>) {
         let done = match (roll, held) {
             (0..=14, Some(t)) => finish(&c, &engine, &t, Fate::Released, &who),
             (15..=29, Some(t)) => finish(&c, &engine, &t, Fate::Committed, &who),
+            (30..=39, Some(t)) if c.expiry => extend(&c, &engine, &mut rng, &t, &who),
             _ => reserve(&c, &engine, &mut rng, &who),
         };
         if let Some((lsn, what)) = done {
@@ -568,7 +626,7 @@ async fn client(c: Arc<Cluster>, mut rng: StdRng, stop: Arc<AtomicBool>) {
 /// acknowledged may show or not. Reads change nothing and draw nothing, and only a
 /// stale one is written to the history, so they leave every run's history as it was.
 fn read_holds(c: &Cluster, pick: usize, who: &str) {
-    let tokens: Vec<(String, Fate)> = {
+    let tokens: Vec<(String, Hold)> = {
         let acked = c.acked.lock();
         let newest = c.newest.lock().clone();
         let random = acked.iter().nth(pick % acked.len().max(1));
@@ -576,7 +634,7 @@ fn read_holds(c: &Cluster, pick: usize, who: &str) {
         random
             .into_iter()
             .chain(newest)
-            .map(|(t, h)| (t.clone(), h.fate))
+            .map(|(t, h)| (t.clone(), h.clone()))
             .collect()
     };
     let mut stale = Vec::new();
@@ -591,16 +649,30 @@ fn read_holds(c: &Cluster, pick: usize, who: &str) {
 }
 
 /// The reads of `tokens` on member `m` that miss an acknowledged outcome.
-fn read_on(c: &Cluster, m: &Member, tokens: &[(String, Fate)], who: &str) -> Vec<String> {
+fn read_on(c: &Cluster, m: &Member, tokens: &[(String, Hold)], who: &str) -> Vec<String> {
     let mut stale = Vec::new();
-    for (token, fate) in tokens {
+    for (token, h) in tokens {
         c.reads.fetch_add(1, Ordering::AcqRel);
-        let seen = m.engine.reservation(token).map(|(v, _)| v.state);
-        if !sees(*fate, seen) {
-            stale.push(format!(
-                "{who}: stale read on n{}: {token} acknowledged {fate:?}, read {seen:?}",
-                m.id
-            ));
+        let seen = m.engine.reservation(token).map(|(v, _)| v);
+        match seen {
+            Some(v) if agrees(h, &v, c.expiry) => {}
+            // Released before the acknowledged deadline: an early expiry, or a missed
+            // acknowledged EXTEND.
+            Some(v) if h.fate == Fate::Held && v.state == ReservationState::Released => {
+                stale.push(format!(
+                    "{who}: read on n{}: {token} acknowledged held until {:?}, read \
+                     released at {} (deadline {})",
+                    m.id, h.deadline, v.finished_at_ms, v.expires_at_ms
+                ))
+            }
+            _ => {
+                let fate = h.fate;
+                let seen = seen.map(|v| v.state);
+                stale.push(format!(
+                    "{who}: stale read on n{}: {token} acknowledged {fate:?}, read {seen:?}",
+                    m.id
+                ));
+            }
         }
     }
     stale
@@ -611,11 +683,11 @@ fn read_on(c: &Cluster, m: &Member, tokens: &[(String, Fate)], who: &str) -> Vec
 /// leader stopped for longer than its lease still leads in its own view, and only the
 /// lease keeps it from answering from a state the group has passed meanwhile.
 pub(crate) fn read_after_resume(c: &Cluster, id: NodeId) {
-    let tokens: Vec<(String, Fate)> = c
+    let tokens: Vec<(String, Hold)> = c
         .acked
         .lock()
         .iter()
-        .map(|(t, h)| (t.clone(), h.fate))
+        .map(|(t, h)| (t.clone(), h.clone()))
         .collect();
     let who = format!("resume@n{id}");
     let (leads, writable, stale) = match c.live.lock().get(&id) {
@@ -640,15 +712,22 @@ pub(crate) fn read_after_resume(c: &Cluster, id: NodeId) {
     }
 }
 
-/// Whether a hold read in `seen` shows the acknowledged outcome `fate` or a later one.
-fn sees(fate: Fate, seen: Option<stockgate_server::engine::ReservationState>) -> bool {
-    use stockgate_server::engine::ReservationState as S;
-    matches!(
-        (fate, seen),
-        (Fate::Held, Some(_))
-            | (Fate::Released, Some(S::Released))
-            | (Fate::Committed, Some(S::Committed))
-    )
+/// Whether hold `v` (as a member has it) shows what acknowledged replies said of it
+/// (`h`), or what may have followed: an acknowledged COMMIT or RELEASE stays so; a hold
+/// acknowledged held with nothing in doubt is still held with its acknowledged deadline
+/// (RESERVE's or the last EXTEND's), or (with `expiry`) expired, released no earlier
+/// than that deadline by the clock of the engine that expired it (`finished_at_ms`,
+/// which the log carries to every member). With a RELEASE or COMMIT in doubt any state
+/// is right. Nothing but expiry releases a hold the client did not RELEASE.
+fn agrees(h: &Hold, v: &ReservationView, expiry: bool) -> bool {
+    use ReservationState as S;
+    match (h.fate, v.state) {
+        (Fate::Released, S::Released) | (Fate::Committed, S::Committed) => true,
+        (Fate::Held, _) if h.in_doubt => true,
+        (Fate::Held, S::Reserved) => h.deadline.is_none_or(|d| v.expires_at_ms == d),
+        (Fate::Held, S::Released) => expiry && h.deadline.is_none_or(|d| v.finished_at_ms >= d),
+        _ => false,
+    }
 }
 
 /// One RESERVE; the LSN and hold to wait for when it took units.
@@ -665,9 +744,17 @@ fn reserve(c: &Cluster, engine: &Engine, rng: &mut StdRng, who: &str) -> Option<
         qty,
     };
     match engine.reserve(&req) {
-        Ok((ReserveOutcome::Reserved { token, .. }, lsn)) => {
-            Some((lsn, Done::Reserved(token.to_string(), sku.to_owned(), qty)))
-        }
+        Ok((
+            ReserveOutcome::Reserved {
+                token,
+                expires_at_ms,
+                ..
+            },
+            lsn,
+        )) => Some((
+            lsn,
+            Done::Reserved(token.to_string(), sku.to_owned(), qty, expires_at_ms),
+        )),
         Ok((o @ ReserveOutcome::Replay { .. }, _)) => {
             c.fail(format!("{who}: a new request id answered {o:?}"));
             None
@@ -689,7 +776,10 @@ fn reserve(c: &Cluster, engine: &Engine, rng: &mut StdRng, who: &str) -> Option<
 /// RELEASE or COMMIT of `token`; the hold is in doubt until the reply.
 fn finish(c: &Cluster, engine: &Engine, token: &str, fate: Fate, who: &str) -> Option<(u64, Done)> {
     let r = match fate {
-        Fate::Released => Ok(engine.release(token)),
+        Fate::Released => {
+            c.release_sent.lock().insert(token.to_owned());
+            Ok(engine.release(token))
+        }
         _ => engine.commit(token),
     };
     match r {
@@ -703,6 +793,51 @@ fn finish(c: &Cluster, engine: &Engine, token: &str, fate: Fate, who: &str) -> O
             c.env
                 .history
                 .note(format!("{who} {fate:?} {token}: {other:?}"));
+            // Refused: it expired (a late COMMIT, a RELEASE of what expiry released).
+            if c.expiry {
+                if let Some(h) = c.acked.lock().get_mut(token) {
+                    h.refused = true;
+                }
+            }
+            None
+        }
+    }
+}
+
+/// EXTEND of `token` by a drawn while (short or long), one at a time per hold; its
+/// deadline is unknown until the reply. Refused once the hold expired (a normal outcome,
+/// in the history).
+fn extend(
+    c: &Cluster,
+    engine: &Engine,
+    rng: &mut StdRng,
+    token: &str,
+    who: &str,
+) -> Option<(u64, Done)> {
+    let ms = if rng.gen_bool(0.5) {
+        rng.gen_range(200..5_000)
+    } else {
+        rng.gen_range(10_000..600_000)
+    };
+    if c.acked.lock().get(token).is_none_or(|h| h.extending) {
+        return None;
+    }
+    match engine.extend(token, ms) {
+        Ok((at, lsn)) => {
+            if let Some(h) = c.acked.lock().get_mut(token) {
+                (h.extending, h.deadline) = (true, None);
+            }
+            Some((lsn, Done::Extended(token.to_owned(), at)))
+        }
+        Err(e) => {
+            c.env
+                .history
+                .note(format!("{who} Extend {token} by {ms} ms: {e}"));
+            if matches!(e, EngineError::Expired | EngineError::NoReservation) {
+                if let Some(h) = c.acked.lock().get_mut(token) {
+                    h.refused = true;
+                }
+            }
             None
         }
     }
@@ -777,7 +912,7 @@ impl Replies {
 fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
     let who = p.who;
     match (r, p.what) {
-        (Ok(()), Done::Reserved(token, sku, qty)) => {
+        (Ok(()), Done::Reserved(token, sku, qty, deadline)) => {
             c.env
                 .history
                 .note(format!("{who} {sku}x{qty} acked {token}"));
@@ -786,6 +921,9 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
                 qty,
                 fate: Fate::Held,
                 in_doubt: false,
+                deadline: Some(deadline),
+                extending: false,
+                refused: false,
             };
             *c.newest.lock() = Some(token.clone());
             if c.acked.lock().insert(token.clone(), h).is_some() {
@@ -799,7 +937,24 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
             }
             *c.newest.lock() = Some(token);
         }
-        (Err(e), _) => c.env.history.note(format!("{who} unanswered: {e}")),
+        (Ok(()), Done::Extended(token, at)) => {
+            c.env
+                .history
+                .note(format!("{who} Extend acked {token}, until {at}"));
+            if let Some(h) = c.acked.lock().get_mut(&token) {
+                (h.extending, h.deadline) = (false, Some(at));
+            }
+            *c.newest.lock() = Some(token);
+        }
+        (Err(e), what) => {
+            c.env.history.note(format!("{who} unanswered: {e}"));
+            // An EXTEND that may or may not have happened: its deadline stays unknown.
+            if let Done::Extended(token, _) = what {
+                if let Some(h) = c.acked.lock().get_mut(&token) {
+                    h.extending = false;
+                }
+            }
+        }
     }
     c.waiting.fetch_sub(1, Ordering::AcqRel);
 }
@@ -875,8 +1030,31 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, s: &Settings) {
                 }
             }
         }
+        // A draw of its own, after the step's, so that without `Settings::expiry` the
+        // draws are what they were.
+        if s.expiry && rng.gen_range(0..5) == 0 {
+            jump_clock(c, rng);
+        }
         check_units(c);
     }
+}
+
+/// A member's wall clock steps forward or back (an NTP step, an operator's `date`), by
+/// up to 5 s or up to 5 min. Its engine sees it through its `Monotonic` clock: forward
+/// at once, backwards not until the wall passes what it read before, unless the process
+/// restarts meanwhile (a new process reads the wall afresh).
+fn jump_clock(c: &Cluster, rng: &mut StdRng) {
+    let id = rng.gen_range(1..=c.ids.len() as u64);
+    let ms: i64 = if rng.gen_bool(0.5) {
+        rng.gen_range(50..5_000)
+    } else {
+        rng.gen_range(5_000..300_000)
+    };
+    let step = if rng.gen_bool(0.5) { -ms } else { ms };
+    let now = c.offsets[&id].fetch_add(step, Ordering::AcqRel) + step;
+    c.env.history.note(format!(
+        "n{id} clock steps {step:+} ms (now {now:+} ms off)"
+    ));
 }
 
 /// A minority cut off from the rest: both ways, or (with `one_way`, by the seed) only
@@ -1154,10 +1332,13 @@ fn quiet(c: &Cluster) -> bool {
     })
 }
 
-/// Units handed out never exceed the total, on any member.
+/// Units handed out never exceed the total, on any member; each member's counters are
+/// its holds' states, and none of its holds expired early (`check_holds`).
 fn check_units(c: &Cluster) {
     let mut bad = Vec::new();
+    let sent = c.release_sent.lock().clone();
     for m in c.live.lock().values() {
+        bad.extend(check_holds(m, &sent));
         for (sku, _) in SALES {
             let Ok(v) = m.engine.sale_info(sku) else {
                 continue;
@@ -1173,6 +1354,46 @@ fn check_units(c: &Cluster) {
     for b in bad {
         c.fail(b);
     }
+}
+
+/// Member `m`'s counters against its holds, per sale: held is the units of its RESERVED
+/// holds, sold those of its COMMITTED ones, and available + held + sold = total. And no
+/// hold the client never sent a RELEASE for (so released by expiry, `auto_release`) was
+/// released before its deadline by the clock of the engine that expired it:
+/// `finished_at_ms` is that engine's reading, which the log carries to every member, and
+/// the wheel fires a hold only once that reading reached its deadline, so an earlier one
+/// means the engine's time went back or expiry ignored the deadline.
+fn check_holds(m: &Member, sent: &BTreeSet<String>) -> Vec<String> {
+    let (snap, ()) = m.engine.snapshot_with(|| ());
+    let mut units: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    let mut bad = Vec::new();
+    for r in &snap.reservations {
+        let u = units.entry(r.sku.as_str()).or_default();
+        match r.state {
+            ReservationState::Reserved => u.0 += u64::from(r.qty),
+            ReservationState::Committed => u.1 += u64::from(r.qty),
+            ReservationState::Released => {
+                if !sent.contains(&r.token) && r.finished_at_ms < r.expires_at_ms {
+                    bad.push(format!(
+                        "n{}: {} expired early: deadline {}, released at {}",
+                        m.id, r.token, r.expires_at_ms, r.finished_at_ms
+                    ));
+                }
+            }
+        }
+    }
+    for v in &snap.sales {
+        let (held, sold) = units.get(v.sku.as_str()).copied().unwrap_or_default();
+        let sum = v.available + (held + sold) as i64;
+        if v.reserved != held || v.committed != sold || sum != v.total as i64 {
+            bad.push(format!(
+                "n{}: {} counters (available {}, reserved {}, committed {}, total {}) \
+                 disagree with its holds (held {held}, sold {sold})",
+                m.id, v.sku, v.available, v.reserved, v.committed, v.total
+            ));
+        }
+    }
+    bad
 }
 
 /// A member's state as the comparison sees it.
@@ -1207,7 +1428,10 @@ fn check_final(c: &Cluster) {
         let s = summary(m);
         c.env.history.note(format!("n{} final: {s}", m.id));
         seen.insert(s);
-        let wrong = acked.iter().filter(|(t, h)| !hold_agrees(m, t, h)).count();
+        let wrong = acked
+            .iter()
+            .filter(|(t, h)| !hold_agrees(m, t, h, c.expiry))
+            .count();
         if wrong > 0 {
             bad.push(format!(
                 "n{}: {wrong} acknowledged hold(s) missing or in the wrong state",
@@ -1218,11 +1442,16 @@ fn check_final(c: &Cluster) {
     if seen.len() > 1 {
         bad.push(format!("members differ at quiescence: {seen:?}"));
     }
+    // A hold acknowledged held may have expired since and its units gone to another
+    // buyer: with expiry only sold units add up here (the counters against the holds,
+    // `check_holds`, cover the rest).
     let mut held: BTreeMap<&str, u64> = BTreeMap::new();
-    for h in acked
-        .values()
-        .filter(|h| h.fate != Fate::Released && !h.in_doubt)
-    {
+    let counts = |h: &&Hold| match h.fate {
+        Fate::Held => !c.expiry,
+        Fate::Committed => true,
+        Fate::Released => false,
+    };
+    for h in acked.values().filter(|h| !h.in_doubt).filter(counts) {
         *held.entry(h.sku.as_str()).or_default() += u64::from(h.qty);
     }
     for (sku, total) in SALES {
@@ -1238,19 +1467,30 @@ fn check_final(c: &Cluster) {
         "{} holds acknowledged, units held: {held:?}",
         acked.len()
     ));
+    if c.expiry {
+        note_expired(c);
+    }
 }
 
-/// Whether member `m` holds `token` as its acknowledged replies say.
-fn hold_agrees(m: &Member, token: &str, h: &Hold) -> bool {
-    use stockgate_server::engine::ReservationState as S;
-    let Some((v, _)) = m.engine.reservation(token) else {
-        return false;
+/// How many holds expired (released with no RELEASE sent), as the first member has them.
+fn note_expired(c: &Cluster) {
+    let sent = c.release_sent.lock().clone();
+    let live = c.live.lock();
+    let Some(m) = live.values().next() else {
+        return;
     };
-    h.in_doubt
-        || matches!(
-            (h.fate, v.state),
-            (Fate::Held, S::Reserved)
-                | (Fate::Released, S::Released)
-                | (Fate::Committed, S::Committed)
-        )
+    let (snap, ()) = m.engine.snapshot_with(|| ());
+    let expired = snap
+        .reservations
+        .iter()
+        .filter(|r| r.state == ReservationState::Released && !sent.contains(&r.token))
+        .count();
+    c.env.history.note(format!("{expired} holds expired"));
+}
+
+/// Whether member `m` holds `token` as its acknowledged replies say (`agrees`).
+fn hold_agrees(m: &Member, token: &str, h: &Hold, expiry: bool) -> bool {
+    m.engine
+        .reservation(token)
+        .is_some_and(|(v, _)| agrees(h, &v, expiry))
 }

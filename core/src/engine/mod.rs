@@ -43,7 +43,7 @@ use std::sync::Arc;
 use crossbeam::utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, Monotonic, SystemClock, SystemWall, WallSource};
 pub use error::EngineError;
 pub use event::{Event, EventRef, EventSink, Lsn, NullSink};
 pub use history::new_history_id;

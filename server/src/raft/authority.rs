@@ -53,6 +53,15 @@ pub fn may_open_writes(me: NodeId, m: &RaftMetrics<NodeId, NodeInfo>, answered: 
     leads(me, m) && caught_up && answered
 }
 
+/// Whether this process's engine may run its timers (expiry, purges), given its
+/// replication: `replica` is `None` for a server without one, else whether writes are
+/// refused here because another member leads (`Replication::is_replica`). A follower
+/// expires and purges nothing itself: the leader decides and its log says so (EXPIRED
+/// still lists what is due), and a record written while not leading deposes the member.
+pub fn may_tick(replica: Option<bool>) -> bool {
+    replica != Some(true)
+}
+
 fn leads(me: NodeId, m: &RaftMetrics<NodeId, NodeInfo>) -> bool {
     m.state == ServerState::Leader && m.current_leader == Some(me)
 }
@@ -82,6 +91,13 @@ mod tests {
         m.state = state;
         m.current_leader = leader;
         m
+    }
+
+    #[test]
+    fn only_a_member_taking_writes_or_a_lone_server_ticks() {
+        assert!(may_tick(None));
+        assert!(may_tick(Some(false)));
+        assert!(!may_tick(Some(true)));
     }
 
     #[test]
