@@ -1,5 +1,5 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
-//! [--no-pause-and-membership] [--members=N]`: runs the
+//! [--no-pause-and-membership] [--no-snapshots] [--members=N]`: runs the
 //! deterministic simulation of a replicated group for seeds SEED .. SEED+COUNT-1, one
 //! line per seed: `seed <n> digest <hex> PASS|FAIL <what>`. Exits 1 if any seed failed.
 //! `--fsync-no` runs the members' WALs under `--fsync no` (a single node's setting,
@@ -7,7 +7,8 @@
 //! leaves out one-way partitions, flapping links and duplicated requests
 //! (`Settings::net_faults`): the histories from before they existed.
 //! `--no-pause-and-membership` leaves out stopped members and membership changes
-//! (`Settings::pause_and_membership`), likewise. `--members=N` runs a group of N
+//! (`Settings::pause_and_membership`), likewise; `--no-snapshots` leaves out Raft
+//! snapshots (`Settings::snapshots`), likewise. `--members=N` runs a group of N
 //! members (3 unless told).
 
 use stockgate_sim::{run, Settings};
@@ -18,6 +19,7 @@ fn main() {
     let fsync_no = args.iter().any(|a| a == "--fsync-no");
     let net_faults = !args.iter().any(|a| a == "--no-net-faults");
     let pause_and_membership = !args.iter().any(|a| a == "--no-pause-and-membership");
+    let snapshots = !args.iter().any(|a| a == "--no-snapshots");
     let members = args
         .iter()
         .find_map(|a| a.strip_prefix("--members="))
@@ -27,7 +29,7 @@ fn main() {
     let Some(&first) = nums.first() else {
         eprintln!(
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
-             [--no-pause-and-membership] [--members=N]"
+             [--no-pause-and-membership] [--no-snapshots] [--members=N]"
         );
         std::process::exit(2);
     };
@@ -44,6 +46,7 @@ fn main() {
         fsync_no,
         net_faults,
         pause_and_membership,
+        snapshots,
         members,
         ..Settings::default()
     };

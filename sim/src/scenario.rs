@@ -25,6 +25,7 @@ use crate::net::{Flap, Net};
 use crate::Outcome;
 
 mod pause_and_membership;
+mod snapshots;
 
 /// How a run goes.
 #[derive(Clone, Debug)]
@@ -49,6 +50,11 @@ pub struct Settings {
     /// added back) in the middle of the other faults. Off, a seed draws what it drew
     /// before they existed, as with `net_faults`.
     pub pause_and_membership: bool,
+    /// Raft snapshots: every member snapshots every few records (drawn by the seed), the
+    /// log is purged behind them and a member that fell behind is sent one
+    /// (`scenario/snapshots.rs`). Off, no snapshot is built and a seed draws what it drew
+    /// before, as with `net_faults`.
+    pub snapshots: bool,
 }
 
 impl Default for Settings {
@@ -60,6 +66,7 @@ impl Default for Settings {
             fsync_no: false,
             net_faults: true,
             pause_and_membership: true,
+            snapshots: true,
         }
     }
 }
@@ -314,15 +321,20 @@ fn newest_writer<'a>(live: &'a BTreeMap<NodeId, Member>, net: &Net) -> Option<&'
         })
 }
 
-/// openraft's settings: the server's rules (`node::openraft_config`) with snapshots off
-/// (building one runs on a blocking thread).
-fn config() -> Arc<Config> {
+/// openraft's settings: the server's rules (`node::openraft_config`; its own trigger,
+/// `snapshot::trigger_loop`, asks for snapshots) with the entries kept behind a
+/// snapshot of `snapshot_records` (openraft's default when snapshots are off).
+fn config(snapshot_records: Option<u64>) -> Arc<Config> {
+    let keep = snapshot_records.map_or(Config::default().max_in_snapshot_log_to_keep, |r| {
+        stockgate_server::raft::snapshot::log_to_keep(r)
+    });
     let c = Config {
         cluster_name: "sim".into(),
         heartbeat_interval: 100,
         election_timeout_min: 400,
         election_timeout_max: 800,
         snapshot_policy: SnapshotPolicy::Never,
+        max_in_snapshot_log_to_keep: keep,
         max_payload_entries: 16,
         ..Config::default()
     };
@@ -364,17 +376,23 @@ fn wal_options(
 
 pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settings>) -> Outcome {
     let history = History::new(s.verbose);
+    let net = Net::new(StdRng::seed_from_u64(rng.gen()));
+    history.note(format!("seed {seed}, {} members", s.members));
+    // Drawn only with snapshots on: off, every later draw is what it was.
+    let every = s
+        .snapshots
+        .then(|| snapshots::draw_every(&mut rng, &history));
     let env = Env {
-        net: Net::new(StdRng::seed_from_u64(rng.gen())),
-        config: config(),
+        net,
+        config: config(every),
         clock: Arc::new(SimClock {
             base: 1_700_000_000_000,
             start: Instant::now(),
         }),
         history: history.clone(),
         root,
+        snapshot_records: every,
     };
-    history.note(format!("seed {seed}, {} members", s.members));
     let ids: BTreeSet<NodeId> = (1..=s.members).collect();
     let wal = wal_options(&mut rng, &s, &ids, &history);
     let disks = ids.iter().map(|&i| (i, Disk::new(i, env.dir(i)))).collect();
@@ -1189,6 +1207,7 @@ fn check_final(c: &Cluster) {
     if seen.len() > 1 {
         bad.push(format!("members differ at quiescence: {seen:?}"));
     }
+    bad.extend(snapshots::differing_states(&c.live.lock()));
     let mut held: BTreeMap<&str, u64> = BTreeMap::new();
     for h in acked
         .values()
