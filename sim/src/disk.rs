@@ -218,7 +218,8 @@ impl Hook {
     }
 
     fn inject(&self, path: &Path, op: Op) -> io::Result<()> {
-        let log = if path.ends_with("raft/log") || path.ends_with("raft/tmp") {
+        // The Raft log, or the image a rewrite of it syncs before renaming it into place.
+        let log = if path.parent().is_some_and(|d| d.ends_with("raft")) {
             Log::Raft
         } else {
             Log::Wal
@@ -259,5 +260,11 @@ impl DiskHook for Hook {
             self.disk.synced.lock().insert(path.to_path_buf(), len);
         }
         Ok(())
+    }
+
+    fn renamed(&self, from: &Path, to: &Path) {
+        let mut synced = self.disk.synced.lock();
+        let len = synced.remove(from).unwrap_or(0);
+        synced.insert(to.to_path_buf(), len);
     }
 }

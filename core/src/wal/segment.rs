@@ -111,6 +111,10 @@ pub trait DiskHook: Send + Sync {
     /// `path`, now `len` bytes long, is to be synced: `Ok` makes those bytes durable; an
     /// error is a failed `fdatasync` (what was written since the last sync may be lost).
     fn sync(&self, path: &Path, len: u64) -> io::Result<()>;
+    /// `from` was renamed over `to` (and the directory synced): `to` is now as durable
+    /// as `from` was, a rename never losing a synced file's data. A writer that never
+    /// renames needs nothing here.
+    fn renamed(&self, _from: &Path, _to: &Path) {}
 }
 
 /// The segment the writer appends to.
