@@ -172,18 +172,7 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
         store,
         seen: Mutex::new(None),
     };
-    let mut tasks = vec![
-        tokio::spawn(spec.clone().propose(raft.clone())),
-        tokio::spawn(watcher.run()),
-    ];
-    if let Some(every) = env.snapshot_records {
-        // The server's own trigger (`RaftNode::start` spawns the same loop).
-        tasks.push(tokio::spawn(snapshot::trigger_loop(
-            raft.clone(),
-            snapshots,
-            every,
-        )));
-    }
+    let tasks = spawn_tasks(env, &raft, &spec, watcher, snapshots);
     Ok(Member {
         id,
         raft,
@@ -196,6 +185,26 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
         election_min_ms: env.config.election_timeout_min,
         tasks,
     })
+}
+
+/// The member process's own tasks: the proposer, the watcher and, with snapshots, the
+/// server's own trigger (`RaftNode::start` spawns the same loop).
+fn spawn_tasks(
+    env: &Env,
+    raft: &Raft,
+    spec: &Arc<Speculation>,
+    watcher: Watcher,
+    snapshots: Arc<Snapshots>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![
+        tokio::spawn(spec.clone().propose(raft.clone())),
+        tokio::spawn(watcher.run()),
+    ];
+    if let Some(every) = env.snapshot_records {
+        let trigger = snapshot::trigger_loop(raft.clone(), snapshots, every);
+        tasks.push(tokio::spawn(trigger));
+    }
+    tasks
 }
 
 /// A snapshot received from the leader, staged before the member restarted, becomes its

@@ -374,25 +374,29 @@ fn wal_options(
     out
 }
 
-pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settings>) -> Outcome {
-    let history = History::new(s.verbose);
+/// What every member of the run shares: the network, openraft's settings (with the
+/// snapshot threshold, drawn only with snapshots on: off, every later draw is what it
+/// was), the clock, the history, the data dirs.
+fn environment(seed: u64, rng: &mut StdRng, root: PathBuf, s: &Settings, h: &History) -> Env {
     let net = Net::new(StdRng::seed_from_u64(rng.gen()));
-    history.note(format!("seed {seed}, {} members", s.members));
-    // Drawn only with snapshots on: off, every later draw is what it was.
-    let every = s
-        .snapshots
-        .then(|| snapshots::draw_every(&mut rng, &history));
-    let env = Env {
+    h.note(format!("seed {seed}, {} members", s.members));
+    let every = s.snapshots.then(|| snapshots::draw_every(rng, h));
+    Env {
         net,
         config: config(every),
         clock: Arc::new(SimClock {
             base: 1_700_000_000_000,
             start: Instant::now(),
         }),
-        history: history.clone(),
+        history: h.clone(),
         root,
         snapshot_records: every,
-    };
+    }
+}
+
+pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settings>) -> Outcome {
+    let history = History::new(s.verbose);
+    let env = environment(seed, &mut rng, root, &s, &history);
     let ids: BTreeSet<NodeId> = (1..=s.members).collect();
     let wal = wal_options(&mut rng, &s, &ids, &history);
     let disks = ids.iter().map(|&i| (i, Disk::new(i, env.dir(i)))).collect();
