@@ -238,9 +238,10 @@ fn overwrite(path: &Path, at: u64, bytes: &[u8]) -> io::Result<()> {
     f.write_all_at(bytes, at)
 }
 
-/// Whether `path` is the Raft log (or the image a rewrite puts in its place).
+/// Whether `path` is the Raft log, or the image a rewrite of it syncs before renaming it
+/// into place.
 fn is_raft_log(path: &Path) -> bool {
-    path.ends_with("raft/log") || path.ends_with("raft/tmp")
+    path.parent().is_some_and(|d| d.ends_with("raft"))
 }
 
 /// One member process's view of its disk: the hook its WAL and Raft log write through.
@@ -366,5 +367,11 @@ impl DiskHook for Hook {
             self.disk.synced.lock().insert(path.to_path_buf(), len);
         }
         Ok(())
+    }
+
+    fn renamed(&self, from: &Path, to: &Path) {
+        let mut synced = self.disk.synced.lock();
+        let len = synced.remove(from).unwrap_or(0);
+        synced.insert(to.to_path_buf(), len);
     }
 }

@@ -1,5 +1,6 @@
 //! A deterministic simulation of a replicated stockgate group: the real engine, WAL,
-//! Raft log store, state machine, speculation and lease under openraft, every member
+//! Raft log store, state machine and its snapshots, speculation and lease under
+//! openraft, every member
 //! in one process on one single-threaded tokio runtime with a paused clock, the
 //! network and the faults drawn from one seed (docs/simulation.md).
 //!

@@ -1,14 +1,15 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
-//! [--no-pause-and-membership] [--no-expiry] [--no-bit-flips] [--no-lagging-io]
-//! [--members=N]`: runs the deterministic simulation of a replicated group for seeds
-//! SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex> PASS|FAIL <what>`.
-//! Exits 1 if any seed failed. `--fsync-no` runs the members' WALs under `--fsync no`
-//! (a single node's setting, which a server never gives a member) to hunt in the WAL's
-//! code. `--no-net-faults` leaves out one-way partitions, flapping links and duplicated
-//! requests (`Settings::net_faults`): the histories from before they existed.
-//! `--no-pause-and-membership` leaves out stopped members and membership changes
-//! (`Settings::pause_and_membership`), likewise; `--no-expiry` hold expiry, EXTENDs and
-//! clock jumps (`Settings::expiry`); `--no-bit-flips` the flipped bit read at a start
+//! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
+//! [--no-lagging-io] [--members=N]`: runs the deterministic simulation of a replicated
+//! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
+//! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
+//! under `--fsync no` (a single node's setting, which a server never gives a member) to
+//! hunt in the WAL's code. `--no-net-faults` leaves out one-way partitions, flapping
+//! links and duplicated requests (`Settings::net_faults`): the histories from before
+//! they existed. `--no-pause-and-membership` leaves out stopped members and membership
+//! changes (`Settings::pause_and_membership`), likewise; `--no-expiry` hold expiry,
+//! EXTENDs and clock jumps (`Settings::expiry`); `--no-snapshots` Raft snapshots
+//! (`Settings::snapshots`); `--no-bit-flips` the flipped bit read at a start
 //! (`Settings::bit_flips`); `--no-lagging-io` has the Raft log sync every change before
 //! it returns and a request die with its sender (`Settings::lagging_io`). `--members=N`
 //! runs a group of N members (3 unless told).
@@ -24,6 +25,7 @@ fn main() {
     let expiry = !args.iter().any(|a| a == "--no-expiry");
     let bit_flips = !args.iter().any(|a| a == "--no-bit-flips");
     let lagging_io = !args.iter().any(|a| a == "--no-lagging-io");
+    let snapshots = !args.iter().any(|a| a == "--no-snapshots");
     let members = args
         .iter()
         .find_map(|a| a.strip_prefix("--members="))
@@ -33,8 +35,8 @@ fn main() {
     let Some(&first) = nums.first() else {
         eprintln!(
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
-             [--no-pause-and-membership] [--no-expiry] [--no-bit-flips] [--no-lagging-io] \
-             [--members=N]"
+             [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
+             [--no-lagging-io] [--members=N]"
         );
         std::process::exit(2);
     };
@@ -54,6 +56,7 @@ fn main() {
         expiry,
         bit_flips,
         lagging_io,
+        snapshots,
         members,
         ..Settings::default()
     };

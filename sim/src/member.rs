@@ -18,7 +18,7 @@ use stockgate_server::engine::{Clock, Engine, EngineConfig, Keyring, Reservation
 use stockgate_server::persist::{recover_engine_from, WalDurability};
 use stockgate_server::raft::lease::Lease;
 use stockgate_server::raft::log_store::LogStore;
-use stockgate_server::raft::snapshot::{SnapshotHooks, Snapshots};
+use stockgate_server::raft::snapshot::{self, SnapshotHooks, Snapshots};
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::state_machine::StateMachine;
 use stockgate_server::raft::{authority, network, NodeId, NodeInfo, Raft};
@@ -71,6 +71,9 @@ pub struct Env {
     pub history: History,
     /// Where the members' data dirs live.
     pub root: PathBuf,
+    /// `--snapshot-records` of every member (`Settings::snapshots`); `None`: no member
+    /// snapshots, as before snapshots were simulated.
+    pub snapshot_records: Option<u64>,
 }
 
 impl Env {
@@ -150,17 +153,18 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
     let hook = Hook::new(disk, deposed.clone(), env.history.clone(), lag);
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
+    adopt_staged(id, &dir, &store, &env.history)?;
     let (engine, dur, spec) = recover(&dir, env, (origin, clock), (wal, hook.clone()))?;
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
-    let sm = state_machine(&engine, &dur, &spec, (&store, &dir))?;
+    let (sm, snapshots) = state_machine(&engine, &dur, &spec, (&store, &dir))?;
     let lease = Arc::new(Lease::default());
     let factory = Factory {
         from: id,
         net: env.net.clone(),
         lease: lease.clone(),
     };
-    let raft = Raft::new(id, env.config.clone(), factory, store, sm)
+    let raft = Raft::new(id, env.config.clone(), factory, store.clone(), sm)
         .await
         .map_err(|e| format!("openraft: {e}"))?;
     // Nobody stands before the membership names this storage as a voter (as
@@ -182,11 +186,10 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
         history: env.history.clone(),
         election_min: Duration::from_millis(env.config.election_timeout_min),
         heartbeat: Duration::from_millis(env.config.heartbeat_interval),
+        store,
+        seen: Mutex::new(None),
     };
-    let mut tasks = vec![
-        tokio::spawn(spec.clone().propose(raft.clone())),
-        tokio::spawn(watcher.run()),
-    ];
+    let mut tasks = spawn_tasks(env, &raft, &spec, watcher, snapshots);
     if env.expiry {
         let t = Ticker {
             id,
@@ -210,33 +213,72 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
     })
 }
 
+/// The member process's own tasks: the proposer, the watcher and, with snapshots, the
+/// server's own trigger (`RaftNode::start` spawns the same loop).
+fn spawn_tasks(
+    env: &Env,
+    raft: &Raft,
+    spec: &Arc<Speculation>,
+    watcher: Watcher,
+    snapshots: Arc<Snapshots>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![
+        tokio::spawn(spec.clone().propose(raft.clone())),
+        tokio::spawn(watcher.run()),
+    ];
+    if let Some(every) = env.snapshot_records {
+        let trigger = snapshot::trigger_loop(raft.clone(), snapshots, every);
+        tasks.push(tokio::spawn(trigger));
+    }
+    tasks
+}
+
+/// A snapshot received from the leader, staged before the member restarted, becomes its
+/// WAL dir if the Raft log names it, as a server's start does (`node::prepare`, before
+/// the WAL is opened); any other staged dir is an interrupted transfer and is dropped.
+fn adopt_staged(id: NodeId, dir: &Path, store: &LogStore, h: &History) -> Result<(), String> {
+    let recorded = store.snapshot();
+    let adopted = snapshot::adopt_staged(dir, recorded.as_ref())
+        .map_err(|e| format!("staged snapshot: {e}"))?;
+    if let (true, Some(s)) = (adopted, recorded) {
+        let at = s.meta.last_log_id.map(|l| l.index);
+        h.note(format!(
+            "n{id} adopts the group's snapshot: entry {at:?}, LSN {}",
+            s.lsn
+        ));
+    }
+    Ok(())
+}
+
 /// The member's state machine over its engine, WAL and Raft log, where recovery left
-/// them (as `RaftNode::start` builds it).
+/// them (as `RaftNode::start` builds it), and its snapshots, built and installed on the
+/// caller's task (`Snapshots::new_inline`).
 fn state_machine(
     engine: &Arc<Engine>,
     dur: &Arc<WalDurability>,
     spec: &Arc<Speculation>,
     (store, dir): (&LogStore, &Path),
-) -> Result<StateMachine, String> {
+) -> Result<(StateMachine, Arc<Snapshots>), String> {
     let hooks = SnapshotHooks {
         hold: Box::new(|| None),
         compact_slots: Box::new(|r| r),
     };
-    let snapshots = Arc::new(Snapshots::new(
+    let snapshots = Arc::new(Snapshots::new_inline(
         dur.clone(),
         engine.clone(),
         store.clone(),
         hooks,
     ));
     let applied = store.applied_for(dur.wal.last_lsn())?;
-    Ok(StateMachine::new(
+    let sm = StateMachine::new(
         engine.clone(),
         dur.clone(),
         spec.clone(),
         applied,
-        snapshots,
+        snapshots.clone(),
         (store.clone(), dir.to_path_buf()),
-    ))
+    );
+    Ok((sm, snapshots))
 }
 
 impl Member {
@@ -330,6 +372,11 @@ struct Watcher {
     history: History,
     election_min: Duration,
     heartbeat: Duration,
+    /// The Raft log, for what a snapshot covers.
+    store: LogStore,
+    /// The snapshot and the purge point last written to the history (the first look
+    /// only records them).
+    seen: Mutex<Option<(Option<u64>, Option<u64>)>>,
 }
 
 impl Watcher {
@@ -362,6 +409,7 @@ impl Watcher {
             }
             return;
         }
+        self.note_snapshot(m);
         self.follow_admission(m);
         self.lease.set_voters(self.id, authority::voters(m));
         if self.spec.writable() && authority::must_close_writes(self.id, m, self.spec.term()) {
@@ -392,6 +440,26 @@ impl Watcher {
 }
 
 impl Watcher {
+    /// Each snapshot this process built, and each purge of its Raft log, goes into the
+    /// history once (never a change: the history is what the digest covers).
+    fn note_snapshot(&self, m: &openraft::RaftMetrics<NodeId, NodeInfo>) {
+        let now = (m.snapshot.map(|l| l.index), m.purged.map(|l| l.index));
+        let Some(before) = self.seen.lock().replace(now) else {
+            return;
+        };
+        if now.0 > before.0 {
+            let lsn = self.store.snapshot().map_or(0, |s| s.lsn);
+            self.history.note(format!(
+                "n{} snapshot built: entry {:?}, LSN {lsn}",
+                self.id, now.0
+            ));
+        }
+        if now.1 > before.1 {
+            self.history
+                .note(format!("n{} raft log purged to entry {:?}", self.id, now.1));
+        }
+    }
+
     /// Stands for election only while the membership lists this member as a voter under
     /// its storage's incarnation (`RaftNode::follow_admission`).
     fn follow_admission(

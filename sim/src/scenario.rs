@@ -29,6 +29,7 @@ use crate::Outcome;
 
 mod bit_flip;
 mod pause_and_membership;
+mod snapshots;
 
 /// How a run goes.
 #[derive(Clone, Debug)]
@@ -71,6 +72,11 @@ pub struct Settings {
     /// is synced before it returns, a sender's death cancels what it had in flight, and
     /// a seed runs as it did before.
     pub lagging_io: bool,
+    /// Raft snapshots: every member snapshots every few records (drawn by the seed), the
+    /// log is purged behind them and a member that fell behind is sent one
+    /// (`scenario/snapshots.rs`). Off, no snapshot is built and a seed draws what it drew
+    /// before, as with `net_faults`.
+    pub snapshots: bool,
 }
 
 impl Default for Settings {
@@ -85,6 +91,7 @@ impl Default for Settings {
             expiry: true,
             bit_flips: true,
             lagging_io: true,
+            snapshots: true,
         }
     }
 }
@@ -371,15 +378,20 @@ fn newest_writer<'a>(live: &'a BTreeMap<NodeId, Member>, net: &Net) -> Option<&'
         })
 }
 
-/// openraft's settings: the server's rules (`node::openraft_config`) with snapshots off
-/// (building one runs on a blocking thread).
-fn config() -> Arc<Config> {
+/// openraft's settings: the server's rules (`node::openraft_config`; its own trigger,
+/// `snapshot::trigger_loop`, asks for snapshots) with the entries kept behind a
+/// snapshot of `snapshot_records` (openraft's default when snapshots are off).
+fn config(snapshot_records: Option<u64>) -> Arc<Config> {
+    let keep = snapshot_records.map_or(Config::default().max_in_snapshot_log_to_keep, |r| {
+        stockgate_server::raft::snapshot::log_to_keep(r)
+    });
     let c = Config {
         cluster_name: "sim".into(),
         heartbeat_interval: 100,
         election_timeout_min: 400,
         election_timeout_max: 800,
         snapshot_policy: SnapshotPolicy::Never,
+        max_in_snapshot_log_to_keep: keep,
         max_payload_entries: 16,
         ..Config::default()
     };
@@ -419,20 +431,30 @@ fn wal_options(
     out
 }
 
+/// What every member of the run shares: the network, openraft's settings (with the
+/// snapshot threshold, drawn only with snapshots on: off, every later draw is what it
+/// was), the history, the data dirs.
+fn environment(seed: u64, rng: &mut StdRng, root: PathBuf, s: &Settings, h: &History) -> Env {
+    let net = Net::new(StdRng::seed_from_u64(rng.gen()));
+    h.note(format!("seed {seed}, {} members", s.members));
+    if s.lagging_io {
+        net.keep_sent_requests();
+    }
+    let every = s.snapshots.then(|| snapshots::draw_every(rng, h));
+    Env {
+        net,
+        config: config(every),
+        expiry: s.expiry,
+        history: h.clone(),
+        root,
+        snapshot_records: every,
+    }
+}
+
 pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settings>) -> Outcome {
     let history = History::new(s.verbose);
     let start = Instant::now();
-    let env = Env {
-        net: Net::new(StdRng::seed_from_u64(rng.gen())),
-        config: config(),
-        expiry: s.expiry,
-        history: history.clone(),
-        root,
-    };
-    history.note(format!("seed {seed}, {} members", s.members));
-    if s.lagging_io {
-        env.net.keep_sent_requests();
-    }
+    let env = environment(seed, &mut rng, root, &s, &history);
     let ids: BTreeSet<NodeId> = (1..=s.members).collect();
     let wal = wal_options(&mut rng, &s, &ids, &history);
     let disks = ids.iter().map(|&i| (i, Disk::new(i, env.dir(i)))).collect();
@@ -1442,6 +1464,7 @@ fn check_final(c: &Cluster) {
     if seen.len() > 1 {
         bad.push(format!("members differ at quiescence: {seen:?}"));
     }
+    bad.extend(snapshots::differing_states(&c.live.lock()));
     // A hold acknowledged held may have expired since and its units gone to another
     // buyer: with expiry only sold units add up here (the counters against the holds,
     // `check_holds`, cover the rest).

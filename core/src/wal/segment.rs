@@ -126,6 +126,10 @@ pub trait DiskHook: Send + Sync {
     fn sync_lag(&self) -> std::time::Duration {
         std::time::Duration::ZERO
     }
+    /// `from` was renamed over `to` (and the directory synced): `to` is now as durable
+    /// as `from` was, a rename never losing a synced file's data. A writer that never
+    /// renames needs nothing here.
+    fn renamed(&self, _from: &Path, _to: &Path) {}
 }
 
 /// The segment the writer appends to.

@@ -80,8 +80,10 @@ impl LogFile {
     }
 
     /// Replaces the file at `path` with `image` (synced, renamed, directory synced) and
-    /// appends after it from then on. Under the simulation's disk model the image, once
-    /// in place, counts as synced whole.
+    /// appends after it from then on. Under the simulation's disk model the image's sync
+    /// is the hook's (a failed one leaves the old file in place, as a failed
+    /// `fdatasync` of the temporary file does), and once renamed it is as durable as
+    /// that sync made it.
     pub(super) fn rewrite(&mut self, path: &Path, image: &[u8]) -> io::Result<()> {
         let tmp = path.with_extension("tmp");
         let hook = self.hook.as_deref();
@@ -91,16 +93,14 @@ impl LogFile {
         {
             let mut f = File::create(&tmp)?;
             f.write_all(image)?;
-            if hook.is_none() {
-                f.sync_data()?;
+            match hook {
+                Some(h) => h.sync(&tmp, image.len() as u64)?,
+                None => f.sync_data()?,
             }
         }
         std::fs::rename(&tmp, path)?;
         match hook {
-            Some(h) => {
-                h.created(path);
-                h.sync(path, image.len() as u64)?;
-            }
+            Some(h) => h.renamed(&tmp, path),
             None => {
                 if let Some(dir) = path.parent() {
                     File::open(dir)?.sync_all()?;

@@ -1083,6 +1083,50 @@ mod tests {
         }
     }
 
+    /// Fails the sync of a rewrite's new image (`log.tmp`), as a failed `fdatasync`.
+    struct FailImageSync;
+
+    impl DiskHook for FailImageSync {
+        fn created(&self, _: &Path) {}
+        fn write(&self, _: &Path, _: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn sync(&self, path: &Path, _: u64) -> io::Result<()> {
+            if path.extension().is_some_and(|e| e == "tmp") {
+                return Err(io::Error::from_raw_os_error(28));
+            }
+            Ok(())
+        }
+    }
+
+    /// Under the simulation's disk model a rewrite syncs its image before renaming it
+    /// over the log, as a server does: a failed sync leaves the old log in place (were
+    /// the image renamed first, the model would count a log it never synced).
+    #[test]
+    fn raft_log_rewrite_whose_image_sync_fails_keeps_the_old_log() {
+        let dir = std::env::temp_dir().join(format!("sg-raftlog-imgsync-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let raw: Vec<(u8, Vec<u8>)> = (1..=20)
+            .map(|i| (K_ENTRY, ser(&entry(1, i, 2 * i - 1))))
+            .collect();
+        write_raw(&dir, &raw);
+        let s = LogStore::open_inline_on(&dir, Arc::new(FailImageSync)).expect("open");
+        let snap = SnapMeta {
+            meta: openraft::SnapshotMeta {
+                last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), 15)),
+                last_membership: StoredMembership::default(),
+                snapshot_id: "t".into(),
+            },
+            lsn: 30,
+        };
+        assert!(s.adopt_snapshot(snap).is_err(), "the image's sync failed");
+        drop(s);
+        let s = LogStore::open_inline(&dir).expect("reopen");
+        assert_eq!(s.snapshot(), None);
+        assert_eq!(s.entry_count(), 20);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[tokio::test]
     async fn raft_log_writes_a_commit_index_ahead_of_the_next_change_not_on_its_own() {
         use std::sync::atomic::Ordering::Relaxed;

@@ -388,11 +388,9 @@ fn openraft_config(cfg: &RaftNodeConfig) -> Result<Config, String> {
         heartbeat_interval: cfg.heartbeat_ms,
         election_timeout_min: cfg.election_min_ms,
         election_timeout_max: cfg.election_max_ms,
-        // Our own trigger (`snapshot_loop`): by records, held back by consumer groups.
+        // Our own trigger (`snapshot::trigger_loop`): by records, held back by consumer groups.
         snapshot_policy: SnapshotPolicy::Never,
-        // Entries kept after a snapshot, so a follower a little behind still gets the
-        // log rather than a whole snapshot.
-        max_in_snapshot_log_to_keep: cfg.snapshot_records.min(1000),
+        max_in_snapshot_log_to_keep: super::snapshot::log_to_keep(cfg.snapshot_records),
         // openraft cuts an append that takes longer than the heartbeat interval and
         // sends it again: the payload must stay small enough to make it under load,
         // or a follower behind by large batches never catches up.
@@ -563,24 +561,13 @@ impl RaftNode {
         tokio::spawn(spec.clone().propose(raft));
         tokio::spawn(node.clone().watch_leadership());
         tokio::spawn(node.clone().reach_loop());
-        tokio::spawn(node.clone().snapshot_loop(snapshots));
+        let every = node.cfg.snapshot_records;
+        tokio::spawn(super::snapshot::trigger_loop(
+            node.raft.clone(),
+            snapshots,
+            every,
+        ));
         Ok(node)
-    }
-
-    /// Asks openraft for a snapshot whenever `--snapshot-records` records could be
-    /// covered beyond the current one (openraft then calls the state machine's builder
-    /// and purges the log it includes).
-    async fn snapshot_loop(self: Arc<Self>, snapshots: Arc<Snapshots>) {
-        let every = self.cfg.snapshot_records;
-        loop {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            if snapshots.records_since() >= every {
-                if let Err(e) = self.raft.trigger().snapshot().await {
-                    tracing::warn!("raft: snapshot not started: {e}");
-                    return;
-                }
-            }
-        }
     }
 
     /// Where Sentinel-style `+switch-master` messages go (the pub/sub hub).

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::log_store::{LogStore, SnapMeta};
+use super::Raft;
 use crate::engine::{Engine, Event, Lsn, NullSink};
 use crate::feed::groups::{GroupLimits, Groups};
 use crate::persist::WalDurability;
@@ -54,6 +55,9 @@ pub struct Snapshots {
     hooks: SnapshotHooks,
     /// One build at a time.
     building: parking_lot::Mutex<()>,
+    /// No blocking threads: [`Self::off_task`] runs on the caller's task (the
+    /// deterministic simulation, whose WAL and Raft log are inline too).
+    inline: bool,
 }
 
 impl Snapshots {
@@ -70,7 +74,39 @@ impl Snapshots {
             store,
             hooks,
             building: parking_lot::Mutex::new(()),
+            inline: false,
         }
+    }
+
+    /// As [`Self::new`], for a member whose WAL and Raft log are written inline
+    /// (`Wal::open_inline`, `LogStore::open_inline`): builds, reads and installs run on
+    /// the caller's task instead of a blocking thread, so the simulation's one thread
+    /// runs them in an order its seed fixes. Never a server's.
+    pub fn new_inline(
+        dur: Arc<WalDurability>,
+        engine: Arc<Engine>,
+        store: LogStore,
+        hooks: SnapshotHooks,
+    ) -> Snapshots {
+        Snapshots {
+            inline: true,
+            ..Snapshots::new(dur, engine, store, hooks)
+        }
+    }
+
+    /// Runs the blocking `f` on a blocking thread (a server: never under the async
+    /// runtime's workers), or at once on the caller's task when inline.
+    pub async fn off_task<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
+        if self.inline {
+            return f();
+        }
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
     }
 
     /// The LSN a snapshot may cover now: the WAL's durable end, held back to just before
@@ -215,6 +251,28 @@ impl Snapshots {
             std::fs::read(dir.join(crate::feed::state_file_name(meta.lsn))).unwrap_or_default();
         Ok(encode_data(meta.lsn, &snap, &state))
     }
+}
+
+/// Asks openraft for a snapshot whenever `every` (`--snapshot-records`) records could be
+/// covered beyond the current one (openraft then calls the state machine's builder and
+/// purges the log it includes). Ends when the member's Raft has shut down.
+pub async fn trigger_loop(raft: Raft, snapshots: Arc<Snapshots>, every: u64) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        if snapshots.records_since() >= every {
+            if let Err(e) = raft.trigger().snapshot().await {
+                tracing::warn!("raft: snapshot not started: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// openraft's `max_in_snapshot_log_to_keep` for a member snapshotting every
+/// `snapshot_records` records: entries kept behind a snapshot, so a follower a little
+/// behind still gets the log rather than a whole snapshot.
+pub fn log_to_keep(snapshot_records: u64) -> u64 {
+    snapshot_records.min(1000)
 }
 
 /// Opaque records as a state file stores them: kind and body.

@@ -190,18 +190,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
         let (store, dir, meta) = (self.store.clone(), self.data_dir.clone(), meta.clone());
-        let staged = tokio::task::spawn_blocking(move || -> Result<SnapMeta, String> {
-            let lsn = super::snapshot::announced_lsn(&data)?;
-            let sm = SnapMeta { meta, lsn };
-            super::snapshot::stage(&dir, &sm, &data)?;
-            store
-                .adopt_snapshot(sm.clone())
-                .map_err(|e| format!("raft log: {e}"))?;
-            Ok(sm)
-        })
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r);
+        let staged = self
+            .snapshots
+            .off_task(move || -> Result<SnapMeta, String> {
+                let lsn = super::snapshot::announced_lsn(&data)?;
+                let sm = SnapMeta { meta, lsn };
+                super::snapshot::stage(&dir, &sm, &data)?;
+                store
+                    .adopt_snapshot(sm.clone())
+                    .map_err(|e| format!("raft log: {e}"))?;
+                Ok(sm)
+            })
+            .await;
         match staged {
             Ok(sm) => {
                 tracing::warn!(
@@ -226,10 +226,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         let snaps = self.snapshots.clone();
         let m = meta.clone();
-        let data = tokio::task::spawn_blocking(move || snaps.read(&m))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r);
+        let data = self.snapshots.off_task(move || snaps.read(&m)).await;
         match data {
             Ok(d) => Ok(Some(Snapshot {
                 meta: meta.meta,
@@ -243,17 +240,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 }
 
-/// Builds a snapshot on a blocking thread ([`Snapshots::build`]). openraft keeps only
+/// Builds a snapshot on a blocking thread ([`Snapshots::build`]; inline in the
+/// simulation, [`Snapshots::off_task`]). openraft keeps only
 /// the description of what it built; a peer gets the bytes from `get_current_snapshot`.
 pub struct Builder(Arc<Snapshots>, LogStore);
 
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let snaps = self.0.clone();
-        let built = tokio::task::spawn_blocking(move || snaps.build())
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r);
+        let built = self.0.off_task(move || snaps.build()).await;
         let m = built.unwrap_or_else(|why| {
             tracing::error!("raft: cannot build a snapshot (retried later): {why}");
             super::snapshot::unchanged(&self.1)
