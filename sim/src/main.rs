@@ -1,6 +1,6 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
 //! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
-//! [--no-lagging-io] [--members=N]`: runs the deterministic simulation of a replicated
+//! [--no-lagging-io] [--no-retries] [--members=N]`: runs the deterministic simulation of a replicated
 //! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
 //! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
 //! under `--fsync no` (a single node's setting, which a server never gives a member) to
@@ -11,8 +11,9 @@
 //! EXTENDs and clock jumps (`Settings::expiry`); `--no-snapshots` Raft snapshots
 //! (`Settings::snapshots`); `--no-bit-flips` the flipped bit read at a start
 //! (`Settings::bit_flips`); `--no-lagging-io` has the Raft log sync every change before
-//! it returns and a request die with its sender (`Settings::lagging_io`). `--members=N`
-//! runs a group of N members (3 unless told).
+//! it returns and a request die with its sender (`Settings::lagging_io`); `--no-retries`
+//! leaves out the RESERVEs sent again with the same request id (`Settings::retries`).
+//! `--members=N` runs a group of N members (3 unless told).
 
 use stockgate_sim::{run, Settings};
 
@@ -25,6 +26,7 @@ fn main() {
     let expiry = !args.iter().any(|a| a == "--no-expiry");
     let bit_flips = !args.iter().any(|a| a == "--no-bit-flips");
     let lagging_io = !args.iter().any(|a| a == "--no-lagging-io");
+    let retries = !args.iter().any(|a| a == "--no-retries");
     let snapshots = !args.iter().any(|a| a == "--no-snapshots");
     let members = args
         .iter()
@@ -36,7 +38,7 @@ fn main() {
         eprintln!(
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
-             [--no-lagging-io] [--members=N]"
+             [--no-lagging-io] [--no-retries] [--members=N]"
         );
         std::process::exit(2);
     };
@@ -57,6 +59,7 @@ fn main() {
         bit_flips,
         lagging_io,
         snapshots,
+        retries,
         members,
         ..Settings::default()
     };

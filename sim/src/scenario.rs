@@ -29,6 +29,7 @@ use crate::Outcome;
 
 mod bit_flip;
 mod pause_and_membership;
+mod retries;
 mod snapshots;
 
 /// How a run goes.
@@ -77,6 +78,10 @@ pub struct Settings {
     /// (`scenario/snapshots.rs`). Off, no snapshot is built and a seed draws what it drew
     /// before, as with `net_faults`.
     pub snapshots: bool,
+    /// A client whose RESERVE went unanswered sends it again with the same request id
+    /// (`scenario/retries.rs`); the group must never make two holds for it. Off, a
+    /// seed draws what it drew before, as with `net_faults`.
+    pub retries: bool,
 }
 
 impl Default for Settings {
@@ -92,6 +97,7 @@ impl Default for Settings {
             bit_flips: true,
             lagging_io: true,
             snapshots: true,
+            retries: true,
         }
     }
 }
@@ -155,6 +161,8 @@ enum Done {
     Finished(String, Fate),
     /// Token, new deadline.
     Extended(String, Millis),
+    /// A RESERVE sent again (`retries`): request id, token, sku, units, deadline.
+    Retried(String, String, String, u32, Millis),
 }
 
 /// The group and what the run learned so far.
@@ -201,6 +209,12 @@ pub(crate) struct Cluster {
     release_sent: Mutex<BTreeSet<String>>,
     /// `Settings::lagging_io`.
     lagging_io: bool,
+    /// `Settings::retries`.
+    retries: bool,
+    /// Every RESERVE that took units, by request id (with `retries`).
+    requests: Mutex<BTreeMap<String, retries::Request>>,
+    /// Request ids whose RESERVE went unanswered, to send again.
+    to_retry: Mutex<VecDeque<String>>,
 }
 
 /// How a member process ends.
@@ -483,6 +497,9 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
             .collect(),
         release_sent: Mutex::new(BTreeSet::new()),
         lagging_io: s.lagging_io,
+        retries: s.retries,
+        requests: Mutex::new(BTreeMap::new()),
+        to_retry: Mutex::new(VecDeque::new()),
     });
     let ttls = sale_ttls(&mut rng, &s, &history);
     form(&c).await;
@@ -611,6 +628,15 @@ async fn client(c: Arc<Cluster>, mut rng: StdRng, stop: Arc<AtomicBool>) {
         let Some((id, engine, _)) = c.writer() else {
             continue;
         };
+        // An unanswered RESERVE goes again first, in place of a new step.
+        let again = c
+            .retries
+            .then(|| retries::retry_one(&c, &engine, id))
+            .flatten();
+        if let Some((lsn, what, who)) = again {
+            queue_reply(&c, id, lsn, what, who);
+            continue;
+        }
         let who = format!("r{n}@n{id}");
         let roll = rng.gen_range(0..100);
         let pick = rng.gen::<usize>();
@@ -623,17 +649,22 @@ async fn client(c: Arc<Cluster>, mut rng: StdRng, stop: Arc<AtomicBool>) {
             _ => reserve(&c, &engine, &mut rng, &who),
         };
         if let Some((lsn, what)) = done {
-            c.waiting.fetch_add(1, Ordering::AcqRel);
-            let q = c.replies.lock().get(&id).cloned();
-            if let Some(q) = q {
-                q.push(Pending {
-                    lsn,
-                    what,
-                    who,
-                    deadline: Instant::now() + REPLY_TTL,
-                });
-            }
+            queue_reply(&c, id, lsn, what, who);
         }
+    }
+}
+
+/// The reply to a write on member `id`, sent once the group commits `lsn` (or never).
+fn queue_reply(c: &Cluster, id: NodeId, lsn: u64, what: Done, who: String) {
+    c.waiting.fetch_add(1, Ordering::AcqRel);
+    let q = c.replies.lock().get(&id).cloned();
+    if let Some(q) = q {
+        q.push(Pending {
+            lsn,
+            what,
+            who,
+            deadline: Instant::now() + REPLY_TTL,
+        });
     }
 }
 
@@ -773,10 +804,16 @@ fn reserve(c: &Cluster, engine: &Engine, rng: &mut StdRng, who: &str) -> Option<
                 ..
             },
             lsn,
-        )) => Some((
-            lsn,
-            Done::Reserved(token.to_string(), sku.to_owned(), qty, expires_at_ms),
-        )),
+        )) => {
+            if c.retries {
+                let r = retries::Request::new(sku, &user, qty, token.as_str());
+                c.requests.lock().insert(who.to_owned(), r);
+            }
+            Some((
+                lsn,
+                Done::Reserved(token.to_string(), sku.to_owned(), qty, expires_at_ms),
+            ))
+        }
         Ok((o @ ReserveOutcome::Replay { .. }, _)) => {
             c.fail(format!("{who}: a new request id answered {o:?}"));
             None
@@ -968,8 +1005,30 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
             }
             *c.newest.lock() = Some(token);
         }
+        (Ok(()), Done::Retried(_, token, sku, qty, deadline)) => {
+            c.env
+                .history
+                .note(format!("{who} {sku}x{qty} acked {token}"));
+            let h = Hold {
+                sku,
+                qty,
+                fate: Fate::Held,
+                in_doubt: false,
+                deadline: Some(deadline),
+                extending: false,
+                refused: false,
+            };
+            *c.newest.lock() = Some(token.clone());
+            // A replay's token may have been acknowledged to an earlier retry.
+            c.acked.lock().entry(token).or_insert(h);
+        }
         (Err(e), what) => {
             c.env.history.note(format!("{who} unanswered: {e}"));
+            match &what {
+                Done::Reserved(..) if c.retries => retries::unanswered(c, &who),
+                Done::Retried(request_id, ..) => retries::unanswered(c, request_id),
+                _ => {}
+            }
             // An EXTEND that may or may not have happened: its deadline stays unknown.
             if let Done::Extended(token, _) = what {
                 if let Some(h) = c.acked.lock().get_mut(&token) {

@@ -4,7 +4,8 @@
 //! and membership changes of `Settings::pause_and_membership`, without the expiry and
 //! clock jumps of `Settings::expiry`, without the snapshots of `Settings::snapshots`,
 //! without the flipped bits of `Settings::bit_flips`
-//! and without the lagging I/O of `Settings::lagging_io`): with them the seed draws a
+//! and without the lagging I/O of `Settings::lagging_io` and the retries of
+//! `Settings::retries`): with them the seed draws a
 //! different history, which no longer reaches the bug.
 
 use stockgate_sim::{run, Settings};
@@ -18,6 +19,7 @@ fn before_net_faults() -> Settings {
         snapshots: false,
         bit_flips: false,
         lagging_io: false,
+        retries: false,
         ..Settings::default()
     }
 }
@@ -75,6 +77,7 @@ fn a_flipped_bit_in_the_raft_logs_last_record_is_put_right() {
         expiry: false,
         snapshots: false,
         lagging_io: false,
+        retries: false,
         ..Settings::default()
     };
     passes(8, &settings);
@@ -94,6 +97,7 @@ fn a_failed_sync_of_a_rewritten_raft_log_keeps_the_old_one() {
         expiry: false,
         bit_flips: false,
         lagging_io: false,
+        retries: false,
         ..Settings::default()
     };
     for seed in [646, 1148, 1162] {
