@@ -819,10 +819,7 @@ fn reserve(c: &Cluster, engine: &Engine, rng: &mut StdRng, who: &str) -> Option<
             None
         }
         Ok((o, _)) => {
-            let o = format!("{o:?}");
-            c.env
-                .history
-                .note(format!("{who} {sku}x{qty}: {}", &o[..o.len().min(40)]));
+            note_unreserved(c, &format!("{who} {sku}x{qty}"), &o);
             None
         }
         Err(e) => {
@@ -972,20 +969,7 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
     let who = p.who;
     match (r, p.what) {
         (Ok(()), Done::Reserved(token, sku, qty, deadline)) => {
-            c.env
-                .history
-                .note(format!("{who} {sku}x{qty} acked {token}"));
-            let h = Hold {
-                sku,
-                qty,
-                fate: Fate::Held,
-                in_doubt: false,
-                deadline: Some(deadline),
-                extending: false,
-                refused: false,
-            };
-            *c.newest.lock() = Some(token.clone());
-            if c.acked.lock().insert(token.clone(), h).is_some() {
+            if !ack_reserve(c, &who, &token, sku, qty, deadline) {
                 c.fail(format!("token {token} handed out twice"));
             }
         }
@@ -1006,21 +990,8 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
             *c.newest.lock() = Some(token);
         }
         (Ok(()), Done::Retried(_, token, sku, qty, deadline)) => {
-            c.env
-                .history
-                .note(format!("{who} {sku}x{qty} acked {token}"));
-            let h = Hold {
-                sku,
-                qty,
-                fate: Fate::Held,
-                in_doubt: false,
-                deadline: Some(deadline),
-                extending: false,
-                refused: false,
-            };
-            *c.newest.lock() = Some(token.clone());
             // A replay's token may have been acknowledged to an earlier retry.
-            c.acked.lock().entry(token).or_insert(h);
+            ack_reserve(c, &who, &token, sku, qty, deadline);
         }
         (Err(e), what) => {
             c.env.history.note(format!("{who} unanswered: {e}"));
@@ -1038,6 +1009,45 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
         }
     }
     c.waiting.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// An acknowledged RESERVE of `token`, held until `deadline`: in the history, the newest
+/// acknowledged, and among the acknowledged holds unless it was already (false then).
+fn ack_reserve(
+    c: &Cluster,
+    who: &str,
+    token: &str,
+    sku: String,
+    qty: u32,
+    deadline: Millis,
+) -> bool {
+    c.env
+        .history
+        .note(format!("{who} {sku}x{qty} acked {token}"));
+    *c.newest.lock() = Some(token.to_owned());
+    let mut acked = c.acked.lock();
+    if acked.contains_key(token) {
+        return false;
+    }
+    let h = Hold {
+        sku,
+        qty,
+        fate: Fate::Held,
+        in_doubt: false,
+        deadline: Some(deadline),
+        extending: false,
+        refused: false,
+    };
+    acked.insert(token.to_owned(), h);
+    true
+}
+
+/// A RESERVE that took nothing (sold out, over a limit), in the history as `what: outcome`.
+fn note_unreserved(c: &Cluster, what: &str, outcome: &ReserveOutcome) {
+    let o = format!("{outcome:?}");
+    c.env
+        .history
+        .note(format!("{what}: {}", &o[..o.len().min(40)]));
 }
 
 /// Seeded faults, one every few hundred milliseconds; safety checked after each.

@@ -109,10 +109,7 @@ pub(super) fn retry_one(c: &Cluster, engine: &Engine, id: u64) -> Option<(u64, D
             Some((lsn, done, who))
         }
         Ok((o, _)) => {
-            let o = format!("{o:?}");
-            c.env
-                .history
-                .note(format!("{who}: {}", &o[..o.len().min(40)]));
+            super::note_unreserved(c, &who, &o);
             None
         }
         Err(e) => {
