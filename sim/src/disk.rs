@@ -182,6 +182,45 @@ impl Disk {
     }
 }
 
+impl Disk {
+    /// Damages one record before the last of the Raft log (or of a WAL segment, drawn
+    /// by `pick`) beyond what one flipped bit is: two bits in different bytes. A
+    /// start must refuse such a log; the last record is left alone, since damage there
+    /// is a torn write to a start. `None` when the file has no record before its last.
+    pub fn damage(&self, raft_log: bool, pick: u64) -> Option<String> {
+        let (path, start, header) = if raft_log {
+            (self.dir.join("raft").join("log"), 0, RAFT_HEADER)
+        } else {
+            let segs: Vec<PathBuf> = self
+                .log_files()
+                .into_iter()
+                .filter(|p| !p.ends_with("raft/log"))
+                .collect();
+            let i = (pick % segs.len().max(1) as u64) as usize;
+            (segs.get(i)?.clone(), WAL_SEGMENT_HEADER, WAL_HEADER)
+        };
+        let bytes = std::fs::read(&path).ok()?;
+        let recs = record_spans(&bytes, start, header);
+        // Any record but the last.
+        let (from, end) =
+            *recs.get((pick % recs.len().saturating_sub(1).max(1) as u64) as usize)?;
+        if recs.len() < 2 {
+            return None;
+        }
+        let len = end - from;
+        let a = from + (pick % len as u64) as usize;
+        // Another byte of the same record.
+        let b = from + (a - from + 1 + (pick >> 20) as usize % (len - 1)) % len;
+        let (bit_a, bit_b) = (((pick >> 40) % 8) as u8, ((pick >> 48) % 8) as u8);
+        overwrite(&path, a as u64, &[bytes[a] ^ (1 << bit_a)]).ok()?;
+        overwrite(&path, b as u64, &[bytes[b] ^ (1 << bit_b)]).ok()?;
+        let name = path.strip_prefix(&self.dir).unwrap_or(&path).display();
+        Some(format!(
+            "bits {bit_a} of byte {a} and {bit_b} of byte {b} of {name} flipped (record {from}..{end})"
+        ))
+    }
+}
+
 /// The Raft log's record header: length, checksum, kind.
 const RAFT_HEADER: usize = 9;
 /// A WAL record's header: length, checksum.
@@ -203,6 +242,22 @@ fn whole_records(bytes: &[u8], start: usize, header: usize) -> Option<(usize, us
         at = end;
     }
     last.map(|l| (l, at))
+}
+
+/// Where each whole record of `bytes` starts and ends, walking the length fields from
+/// `start`.
+fn record_spans(bytes: &[u8], start: usize, header: usize) -> Vec<(usize, usize)> {
+    let (mut at, mut spans) = (start, Vec::new());
+    while let Some(h) = bytes.get(at..at + header) {
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        let end = at + header + len;
+        if len == 0 || end > bytes.len() {
+            break;
+        }
+        spans.push((at, end));
+        at = end;
+    }
+    spans
 }
 
 /// Cuts `path` (`len` bytes, `keep` of them durable) as a power loss may, and says how.

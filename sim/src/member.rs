@@ -52,6 +52,8 @@ pub struct Member {
     pub deposed: Arc<AtomicBool>,
     /// What its WAL and Raft log write through (the simulated disk).
     pub hook: Arc<Hook>,
+    /// Its Raft log, as openraft sees it (what was appended, synced or not).
+    pub store: LogStore,
     lease: Arc<Lease>,
     election_min_ms: u64,
     tasks: Vec<JoinHandle<()>>,
@@ -186,7 +188,7 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
         history: env.history.clone(),
         election_min: Duration::from_millis(env.config.election_timeout_min),
         heartbeat: Duration::from_millis(env.config.heartbeat_interval),
-        store,
+        store: store.clone(),
         seen: Mutex::new(None),
     };
     let mut tasks = spawn_tasks(env, &raft, &spec, watcher, snapshots);
@@ -207,6 +209,7 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
         spec,
         deposed,
         hook,
+        store,
         lease,
         election_min_ms: env.config.election_timeout_min,
         tasks,

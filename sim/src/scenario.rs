@@ -28,6 +28,8 @@ use crate::net::{Flap, Net};
 use crate::Outcome;
 
 mod bit_flip;
+mod damage;
+mod log_matching;
 mod pause_and_membership;
 mod retries;
 mod snapshots;
@@ -82,6 +84,11 @@ pub struct Settings {
     /// (`scenario/retries.rs`); the group must never make two holds for it. Off, a
     /// seed draws what it drew before, as with `net_faults`.
     pub retries: bool,
+    /// One more fault kind: a record in the middle of a member's Raft log or of a WAL
+    /// segment is damaged beyond one bit, so the member refuses to start, and the
+    /// operator wipes it and re-admits it (`scenario/damage.rs`). Off, a seed draws what
+    /// it drew before it existed, as with `net_faults`.
+    pub damage: bool,
 }
 
 impl Default for Settings {
@@ -98,6 +105,7 @@ impl Default for Settings {
             lagging_io: true,
             snapshots: true,
             retries: true,
+            damage: true,
         }
     }
 }
@@ -241,6 +249,14 @@ impl Cluster {
     }
 
     async fn start(self: &Arc<Self>, id: NodeId) {
+        if let Err(e) = self.try_start(id).await {
+            self.fail(format!("n{id} refuses to start: {e}"));
+        }
+    }
+
+    /// Starts member `id`; `Err` when it refuses to, as a server exits on a log it
+    /// cannot recover.
+    async fn try_start(self: &Arc<Self>, id: NodeId) -> Result<(), String> {
         let origin = self.origins.lock().gen::<u64>();
         let disk = self.disks.lock()[&id].clone();
         let boot = Boot {
@@ -254,13 +270,7 @@ impl Cluster {
             })),
             lagging_io: self.lagging_io,
         };
-        let m = match member::start(id, &self.env, boot).await {
-            Ok(m) => m,
-            Err(e) => {
-                self.fail(format!("n{id} refuses to start: {e}"));
-                return;
-            }
-        };
+        let m = member::start(id, &self.env, boot).await?;
         disk.settle();
         self.env
             .history
@@ -274,6 +284,7 @@ impl Cluster {
         tokio::spawn(q.clone().run(self.clone(), m.spec.clone()));
         self.replies.lock().insert(id, q);
         self.live.lock().insert(id, m);
+        Ok(())
     }
 
     async fn crash(&self, id: NodeId, why: &str, end: End) {
@@ -301,6 +312,15 @@ impl Cluster {
         };
         let disk = self.disks.lock()[&id].clone();
         disk.power_cut(&mut self.disk_rng.lock(), only, &self.env.history);
+    }
+
+    /// Whether one member may lose its storage now: not while a change is in flight or
+    /// a voter is out (with three members a lost disk among two voters would be a lost
+    /// majority).
+    fn may_lose_a_disk(&self) -> bool {
+        !self.readmitting.load(Ordering::Acquire)
+            && !self.changing.load(Ordering::Acquire)
+            && self.removed.lock().is_none()
     }
 
     /// A deposed member restarts from its durable state, as a server re-executes; one
@@ -1060,7 +1080,8 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, s: &Settings) {
         (false, _) => 10,
         (true, false) => 13,
         (true, true) => 17,
-    } + u32::from(s.bit_flips);
+    };
+    let kinds = kinds + u32::from(s.bit_flips) + u32::from(s.damage);
     for _ in 0..s.steps {
         let next = Instant::now() + Duration::from_millis(rng.gen_range(100..1500));
         // A deposed member restarts soon after, as a server re-executes at once.
@@ -1070,8 +1091,14 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, s: &Settings) {
         }
         let h = &c.env.history;
         let kind = rng.gen_range(0..kinds);
-        // `Settings::bit_flips`'s kind is the last, whichever others are on.
-        if s.bit_flips && kind + 1 == kinds {
+        // `Settings::damage`'s kind is the last, `Settings::bit_flips`'s the one before
+        // it, whichever others are on.
+        if s.damage && kind + 1 == kinds {
+            damage::damage(c, rng).await;
+            check_units(c);
+            continue;
+        }
+        if s.bit_flips && kind + 1 + u32::from(s.damage) == kinds {
             bit_flip::bit_flip(c, rng).await;
             check_units(c);
             continue;
@@ -1096,12 +1123,7 @@ async fn chaos(c: &Arc<Cluster>, rng: &mut StdRng, s: &Settings) {
                 }
             }
             9 => arm_storage_error(c, rng),
-            // Not while a change is in flight or a voter is out: with three members a
-            // lost disk among two voters would be a lost majority.
-            8 if !c.readmitting.load(Ordering::Acquire)
-                && !c.changing.load(Ordering::Acquire)
-                && c.removed.lock().is_none() =>
-            {
+            8 if c.may_lose_a_disk() => {
                 let id = rng.gen_range(1..=all.len() as u64);
                 wipe(c, id).await;
             }
@@ -1234,7 +1256,7 @@ fn arm_storage_error(c: &Cluster, rng: &mut StdRng) {
 
 /// Member `id` loses its disk: crashed, its data dir removed, started on new storage
 /// (a new incarnation), which the group refuses until re-admitted (`readmit`).
-async fn wipe(c: &Arc<Cluster>, id: NodeId) {
+pub(super) async fn wipe(c: &Arc<Cluster>, id: NodeId) {
     c.crash(id, "wiped", End::Kill).await;
     remove_dir(&c.env.dir(id));
     c.disks.lock().insert(id, Disk::new(id, c.env.dir(id)));
@@ -1428,7 +1450,9 @@ fn quiet(c: &Cluster) -> bool {
 fn check_units(c: &Cluster) {
     let mut bad = Vec::new();
     let sent = c.release_sent.lock().clone();
-    for m in c.live.lock().values() {
+    let live = c.live.lock();
+    bad.extend(log_matching::differing_entries(&live));
+    for m in live.values() {
         bad.extend(check_holds(m, &sent));
         for (sku, _) in SALES {
             let Ok(v) = m.engine.sale_info(sku) else {
@@ -1442,6 +1466,7 @@ fn check_units(c: &Cluster) {
             }
         }
     }
+    drop(live);
     for b in bad {
         c.fail(b);
     }

@@ -20,6 +20,7 @@ fn before_net_faults() -> Settings {
         bit_flips: false,
         lagging_io: false,
         retries: false,
+        damage: false,
         ..Settings::default()
     }
 }
@@ -78,6 +79,7 @@ fn a_flipped_bit_in_the_raft_logs_last_record_is_put_right() {
         snapshots: false,
         lagging_io: false,
         retries: false,
+        damage: false,
         ..Settings::default()
     };
     passes(8, &settings);
@@ -98,9 +100,17 @@ fn a_failed_sync_of_a_rewritten_raft_log_keeps_the_old_one() {
         bit_flips: false,
         lagging_io: false,
         retries: false,
+        damage: false,
         ..Settings::default()
     };
     for seed in [646, 1148, 1162] {
         passes(seed, &settings);
+    }
+}
+
+#[test]
+fn a_damaged_length_reaching_past_the_end_of_the_raft_log_refuses_the_start() {
+    for seed in [665, 1009] {
+        passes(seed, &Settings::default());
     }
 }

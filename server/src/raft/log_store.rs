@@ -347,6 +347,13 @@ impl LogStore {
             .unwrap_or(0)
     }
 
+    /// The entries held from `from` on, written or not (what openraft reads and sends),
+    /// for a consistency check across members.
+    pub fn entries_from(&self, from: u64) -> Vec<Entry> {
+        let g = self.inner.lock();
+        g.entries.range(from..).map(|(_, e)| e.clone()).collect()
+    }
+
     /// How many entries the log holds (not yet purged behind a snapshot).
     pub fn entry_count(&self) -> usize {
         self.inner.lock().entries.len()
@@ -564,7 +571,16 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
             return Err((at as u64, format!("record length {len} over the limit")));
         }
         if rest.len() < HEADER + len {
-            break; // torn body at the end
+            // A body cut short by the end of the file is a torn last write; a damaged
+            // length reaching past the end with whole records after it is not, and
+            // cutting there would drop them (acknowledged entries, the vote).
+            if torn_at(bytes, at) {
+                break;
+            }
+            return Err((
+                at as u64,
+                format!("record length {len} runs past the end of the file"),
+            ));
         }
         let body = &rest[HEADER..HEADER + len];
         let end = at + HEADER + len;
@@ -1251,6 +1267,50 @@ mod tests {
             reopen(&dir),
             Err(OpenError::Corrupt { offset: 0, .. })
         ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Two flipped bits in a record's length, so that it reaches past the end of the
+    /// file: a start must not take that for a torn last write while whole records follow.
+    #[test]
+    fn raft_log_refuses_a_damaged_length_that_reaches_past_the_end() {
+        let dir = std::env::temp_dir().join(format!("sg-raftlog-len-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_raw(
+            &dir,
+            &[
+                (K_ENTRY, ser(&entry(1, 1, 1))),
+                (K_ENTRY, ser(&entry(1, 2, 3))),
+                (K_VOTE, ser(&Vote::new(3, 1))),
+            ],
+        );
+        let path = dir.join("log");
+        let good = std::fs::read(&path).expect("read");
+        // Bits 12 and 20 of a record's length: 1 MiB and 4 KiB more, under the limit.
+        let lengthen = |bytes: &mut [u8], at: usize| {
+            bytes[at + 1] ^= 1 << 4;
+            bytes[at + 2] ^= 1 << 4;
+        };
+        let mut bytes = good.clone();
+        lengthen(&mut bytes, 0);
+        std::fs::write(&path, &bytes).expect("write");
+        match LogStore::open(&dir) {
+            Err(OpenError::Corrupt { offset, why, .. }) => {
+                assert_eq!(offset, 0);
+                assert!(why.contains("past the end"), "{why}");
+            }
+            Err(e) => panic!("unexpected {e}"),
+            Ok(s) => panic!("opened with {} entries", s.entry_count()),
+        }
+        // The same damage to the last record (the vote), nothing after it: what a torn
+        // last write leaves, cut.
+        let vote_len = HEADER + ser(&Vote::new(3, 1)).len();
+        let mut bytes = good;
+        let last = bytes.len() - vote_len;
+        lengthen(&mut bytes, last);
+        std::fs::write(&path, &bytes).expect("write");
+        let s = reopen(&dir).expect("a last record cut short is a torn write");
+        assert_eq!(s.last_index(), 2);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
