@@ -1,6 +1,6 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
 //! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
-//! [--no-lagging-io] [--no-retries] [--no-damage] [--members=N]`: runs the deterministic simulation of a replicated
+//! [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--members=N]`: runs the deterministic simulation of a replicated
 //! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
 //! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
 //! under `--fsync no` (a single node's setting, which a server never gives a member) to
@@ -14,7 +14,9 @@
 //! it returns and a request die with its sender (`Settings::lagging_io`); `--no-retries`
 //! leaves out the RESERVEs sent again with the same request id (`Settings::retries`);
 //! `--no-damage` the record damaged beyond one bit and the operator's wipe and
-//! re-admission that follow (`Settings::damage`).
+//! re-admission that follow (`Settings::damage`); `--no-commands` has the clients call
+//! the engine instead of sending command lines through the command layer
+//! (`Settings::commands`).
 //! `--members=N` runs a group of N members (3 unless told).
 
 use stockgate_sim::{run, Settings};
@@ -30,6 +32,7 @@ fn main() {
     let lagging_io = !args.iter().any(|a| a == "--no-lagging-io");
     let retries = !args.iter().any(|a| a == "--no-retries");
     let damage = !args.iter().any(|a| a == "--no-damage");
+    let commands = !args.iter().any(|a| a == "--no-commands");
     let snapshots = !args.iter().any(|a| a == "--no-snapshots");
     let members = args
         .iter()
@@ -41,7 +44,7 @@ fn main() {
         eprintln!(
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
-             [--no-lagging-io] [--no-retries] [--no-damage] [--members=N]"
+             [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--members=N]"
         );
         std::process::exit(2);
     };
@@ -64,6 +67,7 @@ fn main() {
         snapshots,
         retries,
         damage,
+        commands,
         members,
         ..Settings::default()
     };

@@ -12,11 +12,11 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stockgate_server::engine::{
-    Engine, EngineError, Millis, Monotonic, ReservationState, ReservationView, ReserveOutcome,
-    ReserveRequest, WallSource,
+    Engine, Millis, Monotonic, ReservationState, ReservationView, WallSource,
 };
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::{authority, NodeId, NodeInfo, Raft};
+use stockgate_server::session::{NoDurability, ServerConfig, Shared};
 use stockgate_server::wal::{FsyncPolicy, WalOptions};
 use tokio::sync::Notify;
 use tokio::time::{sleep, Instant};
@@ -26,8 +26,10 @@ use crate::history::History;
 use crate::member::{self, Boot, Env, Member};
 use crate::net::{Flap, Net};
 use crate::Outcome;
+use commands::Reserved;
 
 mod bit_flip;
+mod commands;
 mod damage;
 mod log_matching;
 mod pause_and_membership;
@@ -89,6 +91,11 @@ pub struct Settings {
     /// operator wipes it and re-admits it (`scenario/damage.rs`). Off, a seed draws what
     /// it drew before it existed, as with `net_faults`.
     pub damage: bool,
+    /// The clients' writes go through the command layer (`cmd::dispatch`) as command
+    /// lines, and their replies are read as a client reads them
+    /// (`scenario/commands.rs`). Off, the clients call the engine, and a seed runs as it
+    /// did before.
+    pub commands: bool,
 }
 
 impl Default for Settings {
@@ -106,6 +113,7 @@ impl Default for Settings {
             snapshots: true,
             retries: true,
             damage: true,
+            commands: true,
         }
     }
 }
@@ -219,6 +227,9 @@ pub(crate) struct Cluster {
     lagging_io: bool,
     /// `Settings::retries`.
     retries: bool,
+    /// What the clients' commands run in (`Settings::commands`): the settings, users and
+    /// counters a server's connections share; `None`, the clients call the engine.
+    commands: Option<Shared>,
     /// Every RESERVE that took units, by request id (with `retries`).
     requests: Mutex<BTreeMap<String, retries::Request>>,
     /// Request ids whose RESERVE went unanswered, to send again.
@@ -351,6 +362,14 @@ impl Cluster {
     }
 
     /// The `pick`th (modulo) acknowledged hold still held and not in doubt.
+    /// A client of `engine`, through the command layer with `Settings::commands`.
+    fn client<'a>(&'a self, engine: &'a Engine) -> commands::Client<'a> {
+        commands::Client {
+            engine,
+            shared: self.commands.as_ref(),
+        }
+    }
+
     fn pick_held(&self, pick: usize) -> Option<String> {
         let acked = self.acked.lock();
         let held: Vec<&String> = acked
@@ -518,6 +537,9 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
         release_sent: Mutex::new(BTreeSet::new()),
         lagging_io: s.lagging_io,
         retries: s.retries,
+        commands: s
+            .commands
+            .then(|| Shared::new(ServerConfig::default(), None, Arc::new(NoDurability))),
         requests: Mutex::new(BTreeMap::new()),
         to_retry: Mutex::new(VecDeque::new()),
     });
@@ -622,9 +644,13 @@ async fn create_sales(c: &Arc<Cluster>, ttls: [u64; 2]) -> bool {
     };
     let mut last = 0;
     for ((sku, total), ttl) in SALES.into_iter().zip(ttls) {
-        last = engine
-            .create_sale(sku, total, Some(2), Some(ttl), None)
-            .unwrap();
+        match c.client(&engine).create_sale(sku, total, ttl) {
+            Ok(lsn) => last = lsn,
+            Err(e) => {
+                c.fail(format!("SALE.CREATE {sku} on n{id}: {e}"));
+                return false;
+            }
+        }
     }
     let ok = tokio::time::timeout(REPLY_TTL, spec.wait(last)).await;
     c.env
@@ -808,41 +834,32 @@ fn reserve(c: &Cluster, engine: &Engine, rng: &mut StdRng, who: &str) -> Option<
     let sku = SALES[rng.gen_range(0..SALES.len())].0;
     let user = format!("u{}", rng.gen_range(0..30));
     let qty = rng.gen_range(1..=3u32);
-    let admission = engine.keyring().mint(sku, &user, engine.now_ms() + 60_000);
-    let req = ReserveRequest {
-        sku,
-        user: &user,
-        admission: admission.as_bytes(),
-        request_id: who,
-        qty,
-    };
-    match engine.reserve(&req) {
-        Ok((
-            ReserveOutcome::Reserved {
+    match c.client(engine).reserve(sku, &user, who, qty) {
+        (
+            Reserved::Hold {
                 token,
                 expires_at_ms,
-                ..
             },
             lsn,
-        )) => {
+        ) => {
             if c.retries {
-                let r = retries::Request::new(sku, &user, qty, token.as_str());
+                let r = retries::Request::new(sku, &user, qty, &token);
                 c.requests.lock().insert(who.to_owned(), r);
             }
             Some((
                 lsn,
-                Done::Reserved(token.to_string(), sku.to_owned(), qty, expires_at_ms),
+                Done::Reserved(token, sku.to_owned(), qty, expires_at_ms),
             ))
         }
-        Ok((o @ ReserveOutcome::Replay { .. }, _)) => {
-            c.fail(format!("{who}: a new request id answered {o:?}"));
+        (Reserved::Replay { token, .. }, _) => {
+            c.fail(format!("{who}: a new request id answered REPLAY {token}"));
             None
         }
-        Ok((o, _)) => {
+        (Reserved::Unreserved(o), _) => {
             note_unreserved(c, &format!("{who} {sku}x{qty}"), &o);
             None
         }
-        Err(e) => {
+        (Reserved::Refused(e), _) => {
             c.env.history.note(format!("{who} {sku}x{qty}: {e}"));
             None
         }
@@ -851,24 +868,20 @@ fn reserve(c: &Cluster, engine: &Engine, rng: &mut StdRng, who: &str) -> Option<
 
 /// RELEASE or COMMIT of `token`; the hold is in doubt until the reply.
 fn finish(c: &Cluster, engine: &Engine, token: &str, fate: Fate, who: &str) -> Option<(u64, Done)> {
-    let r = match fate {
-        Fate::Released => {
-            c.release_sent.lock().insert(token.to_owned());
-            Ok(engine.release(token))
-        }
-        _ => engine.commit(token),
-    };
-    match r {
-        Ok((true, lsn)) => {
+    if fate == Fate::Released {
+        c.release_sent.lock().insert(token.to_owned());
+    }
+    match c.client(engine).finish(token, fate) {
+        Ok(lsn) => {
             if let Some(h) = c.acked.lock().get_mut(token) {
                 h.in_doubt = true;
             }
             Some((lsn, Done::Finished(token.to_owned(), fate)))
         }
-        other => {
+        Err(other) => {
             c.env
                 .history
-                .note(format!("{who} {fate:?} {token}: {other:?}"));
+                .note(format!("{who} {fate:?} {token}: {other}"));
             // Refused: it expired (a late COMMIT, a RELEASE of what expiry released).
             if c.expiry {
                 if let Some(h) = c.acked.lock().get_mut(token) {
@@ -898,7 +911,7 @@ fn extend(
     if c.acked.lock().get(token).is_none_or(|h| h.extending) {
         return None;
     }
-    match engine.extend(token, ms) {
+    match c.client(engine).extend(token, ms) {
         Ok((at, lsn)) => {
             if let Some(h) = c.acked.lock().get_mut(token) {
                 (h.extending, h.deadline) = (true, None);
@@ -908,8 +921,8 @@ fn extend(
         Err(e) => {
             c.env
                 .history
-                .note(format!("{who} Extend {token} by {ms} ms: {e}"));
-            if matches!(e, EngineError::Expired | EngineError::NoReservation) {
+                .note(format!("{who} Extend {token} by {ms} ms: {}", e.text));
+            if e.gone {
                 if let Some(h) = c.acked.lock().get_mut(token) {
                     h.refused = true;
                 }
@@ -1063,11 +1076,9 @@ fn ack_reserve(
 }
 
 /// A RESERVE that took nothing (sold out, over a limit), in the history as `what: outcome`.
-fn note_unreserved(c: &Cluster, what: &str, outcome: &ReserveOutcome) {
-    let o = format!("{outcome:?}");
-    c.env
-        .history
-        .note(format!("{what}: {}", &o[..o.len().min(40)]));
+fn note_unreserved(c: &Cluster, what: &str, outcome: &str) {
+    let o: String = outcome.chars().take(40).collect();
+    c.env.history.note(format!("{what}: {o}"));
 }
 
 /// Seeded faults, one every few hundred milliseconds; safety checked after each.

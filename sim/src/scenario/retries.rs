@@ -8,8 +8,9 @@
 //! run's other checks) that a hold acknowledged only to a retry, after a failover, is on
 //! every member in its state, with the counters equal to the holds.
 
-use stockgate_server::engine::{Engine, ReserveOutcome, ReserveRequest};
+use stockgate_server::engine::Engine;
 
+use super::commands::Reserved;
 use super::{Cluster, Done};
 
 /// How often one request is sent again at most.
@@ -61,26 +62,14 @@ pub(super) fn retry_one(c: &Cluster, engine: &Engine, id: u64) -> Option<(u64, D
         r.clone()
     };
     let who = format!("{request_id} again@n{id}");
-    let admission = engine
-        .keyring()
-        .mint(&r.sku, &r.user, engine.now_ms() + 60_000);
-    let req = ReserveRequest {
-        sku: &r.sku,
-        user: &r.user,
-        admission: admission.as_bytes(),
-        request_id: &request_id,
-        qty: r.qty,
-    };
-    match engine.reserve(&req) {
-        Ok((
-            ReserveOutcome::Reserved {
-                token,
-                expires_at_ms,
-                ..
-            },
-            lsn,
-        )) => {
-            let token = token.to_string();
+    let (reply, lsn) = c
+        .client(engine)
+        .reserve(&r.sku, &r.user, &request_id, r.qty);
+    match reply {
+        Reserved::Hold {
+            token,
+            expires_at_ms,
+        } => {
             if let Some(r) = c.requests.lock().get_mut(&request_id) {
                 if !r.tokens.contains(&token) {
                     r.tokens.push(token.clone());
@@ -89,15 +78,10 @@ pub(super) fn retry_one(c: &Cluster, engine: &Engine, id: u64) -> Option<(u64, D
             let done = Done::Retried(request_id, token, r.sku, r.qty, expires_at_ms);
             Some((lsn, done, who))
         }
-        Ok((
-            ReserveOutcome::Replay {
-                token,
-                expires_at_ms,
-                ..
-            },
-            lsn,
-        )) => {
-            let token = token.to_string();
+        Reserved::Replay {
+            token,
+            expires_at_ms,
+        } => {
             if !r.tokens.contains(&token) {
                 c.fail(format!(
                     "{who}: request {request_id} replayed as {token}, its attempts were answered {:?}",
@@ -108,11 +92,11 @@ pub(super) fn retry_one(c: &Cluster, engine: &Engine, id: u64) -> Option<(u64, D
             let done = Done::Retried(request_id, token, r.sku, r.qty, expires_at_ms);
             Some((lsn, done, who))
         }
-        Ok((o, _)) => {
+        Reserved::Unreserved(o) => {
             super::note_unreserved(c, &who, &o);
             None
         }
-        Err(e) => {
+        Reserved::Refused(e) => {
             c.env.history.note(format!("{who}: {e}"));
             None
         }
