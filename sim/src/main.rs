@@ -1,6 +1,6 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
 //! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
-//! [--no-lagging-io] [--no-retries] [--members=N]`: runs the deterministic simulation of a replicated
+//! [--no-lagging-io] [--no-retries] [--no-feed] [--members=N]`: runs the deterministic simulation of a replicated
 //! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
 //! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
 //! under `--fsync no` (a single node's setting, which a server never gives a member) to
@@ -12,7 +12,8 @@
 //! (`Settings::snapshots`); `--no-bit-flips` the flipped bit read at a start
 //! (`Settings::bit_flips`); `--no-lagging-io` has the Raft log sync every change before
 //! it returns and a request die with its sender (`Settings::lagging_io`); `--no-retries`
-//! leaves out the RESERVEs sent again with the same request id (`Settings::retries`).
+//! leaves out the RESERVEs sent again with the same request id (`Settings::retries`);
+//! `--no-feed` the order feed's consumers and their checks (`Settings::feed`).
 //! `--members=N` runs a group of N members (3 unless told).
 
 use stockgate_sim::{run, Settings};
@@ -28,6 +29,7 @@ fn main() {
     let lagging_io = !args.iter().any(|a| a == "--no-lagging-io");
     let retries = !args.iter().any(|a| a == "--no-retries");
     let snapshots = !args.iter().any(|a| a == "--no-snapshots");
+    let feed = !args.iter().any(|a| a == "--no-feed");
     let members = args
         .iter()
         .find_map(|a| a.strip_prefix("--members="))
@@ -38,7 +40,7 @@ fn main() {
         eprintln!(
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
-             [--no-lagging-io] [--no-retries] [--members=N]"
+             [--no-lagging-io] [--no-retries] [--no-feed] [--members=N]"
         );
         std::process::exit(2);
     };
@@ -60,6 +62,7 @@ fn main() {
         lagging_io,
         snapshots,
         retries,
+        feed,
         members,
         ..Settings::default()
     };
