@@ -59,6 +59,8 @@ pub(super) struct Consumers {
     pending: BTreeMap<Lsn, Instant>,
     /// How long the worker keeps an entry before its XACK (drawn per run).
     ack_after: Duration,
+    /// The newest WAL end seen on any member: every entry up to it is committed.
+    pub(super) newest: Lsn,
 }
 
 /// A group command's reply (`Done::Feed`).

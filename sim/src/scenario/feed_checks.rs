@@ -99,11 +99,17 @@ pub(super) fn check_groups(c: &Cluster) {
     let live = c.live.lock();
     // A member behind holds its groups as of where it is: after installing a snapshot
     // they are as of the snapshot (the state file), whose builder let the log go by its
-    // newer state, which the entries after the snapshot bring. So only the members with
-    // the whole log applied (the WAL holds committed records only) are held to it.
-    let newest = live.values().map(|m| m.dur.wal.last_lsn()).max();
+    // newer state, which the entries after the snapshot bring. So only the members that
+    // applied every entry known committed so far (the WAL holds committed records only,
+    // so the newest WAL end seen in the run) are held to it.
+    let newest = {
+        let mut st = c.consumers.lock();
+        let now = live.values().map(|m| m.dur.wal.last_lsn()).max();
+        st.newest = st.newest.max(now.unwrap_or(0));
+        st.newest
+    };
     for m in live.values() {
-        if Some(m.dur.wal.last_lsn()) != newest {
+        if m.dur.wal.last_lsn() != newest {
             continue;
         }
         let (first, readable) = (m.feed.first_lsn(), m.feed.readable_lsn());
