@@ -75,32 +75,45 @@ pub(super) enum FeedDone {
     Acked(Vec<Lsn>),
 }
 
-/// The consumers' loop, until `stop`: one action every 20 to 200 ms.
+/// The consumers' loop, until `stop`: one action every 20 to 200 ms, each followed by
+/// the check of the members' groups.
 pub(super) async fn run(
     c: std::sync::Arc<Cluster>,
     mut rng: StdRng,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
-    {
-        let mut st = c.consumers.lock();
-        st.ack_after = Duration::from_millis(rng.gen_range(200..20_000));
-        c.env.history.note(format!(
-            "feed: the worker acknowledges after {:?}",
-            st.ack_after
-        ));
-    }
+    // Which groups this run has (a run without any snapshots as freely as before the
+    // feed was simulated: groups hold every member's snapshots back).
+    let (hold, orders) = draw_consumers(&c, &mut rng);
     let mut n = 0u64;
     while !stop.load(std::sync::atomic::Ordering::Acquire) {
         sleep(Duration::from_millis(rng.gen_range(20..200))).await;
         n += 1;
         let who = format!("f{n}");
         match rng.gen_range(0..10) {
-            0..=3 => read(&c, &mut rng, &who),
-            4..=6 => materialize(&c, &mut rng, &who),
-            _ => consume(&c, &mut rng, &who),
+            4..=6 if hold => materialize(&c, &mut rng, &who),
+            7..=9 if orders => consume(&c, &mut rng, &who),
+            _ => read(&c, &mut rng, &who),
         }
         feed_checks::check_groups(&c);
     }
+}
+
+/// Whether the run has the materializer and the group consumer (each in half the runs),
+/// and how long the worker keeps an entry before its `XACK`: mostly a few hundred ms,
+/// one run in five 3 to 15 s.
+fn draw_consumers(c: &Cluster, rng: &mut StdRng) -> (bool, bool) {
+    let (hold, orders) = (rng.gen_bool(0.5), rng.gen_bool(0.5));
+    let ms = if rng.gen_range(0..5) == 0 {
+        rng.gen_range(3_000..15_000)
+    } else {
+        rng.gen_range(0..300)
+    };
+    c.consumers.lock().ack_after = Duration::from_millis(ms);
+    c.env.history.note(format!(
+        "feed: materializer {hold}, group consumer {orders} (acknowledges after {ms} ms)"
+    ));
+    (hold, orders)
 }
 
 /// A member that is up and not stopped, drawn; its feed.
@@ -197,7 +210,8 @@ fn create(c: &Cluster, group: &'static str, (id, feed): (NodeId, &Feed), who: &s
 }
 
 /// The materializer: a batch read on from its position on the writer, "committed", then
-/// `XGROUP SETID hold.m` to its last entry; one time in ten it then lags 2 to 30 s.
+/// `XGROUP SETID hold.m` to its last entry; one time in sixty it then lags 3 to 30 s
+/// (about once a run), holding every member's snapshots back meanwhile.
 fn materialize(c: &Cluster, rng: &mut StdRng, who: &str) {
     let lag = c.consumers.lock().lag_until;
     if lag.is_some_and(|t| Instant::now() < t) {
@@ -256,8 +270,8 @@ fn materialize(c: &Cluster, rng: &mut StdRng, who: &str) {
         .note(format!("{who}@n{id} XGROUP SETID {HOLD} {last}"));
     let lsn = lsn.max(feed.last_lsn());
     queue_reply(c, id, lsn, Done::Feed(FeedDone::SetId(last)), who.into());
-    if rng.gen_range(0..10) == 0 {
-        let ms = rng.gen_range(2_000..30_000);
+    if rng.gen_range(0..60) == 0 {
+        let ms = rng.gen_range(3_000..30_000);
         c.consumers.lock().lag_until = Some(Instant::now() + Duration::from_millis(ms));
         c.env
             .history
@@ -294,7 +308,7 @@ fn consume(c: &Cluster, rng: &mut StdRng, who: &str) {
     } else if rng.gen_range(0..5) == 0 {
         reread_pending(c, (id, &feed), &g, now_ms, who)
     } else {
-        deliver(c, (id, &feed), &g, (now_ms, rng.gen_range(1..=20)), who)
+        deliver(c, (id, &feed), &g, (now_ms, rng.gen_range(1..=200)), who)
     };
     if !step {
         end_turn(c, ORDERS);
