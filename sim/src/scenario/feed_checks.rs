@@ -35,8 +35,13 @@ fn fingerprint(e: &Entry) -> String {
     format!("{:?}", e.fields)
 }
 
-fn short(s: &str) -> &str {
-    &s[..s.len().min(160)]
+/// Where two fingerprints differ: a stretch of each from shortly before the first
+/// difference (the fields lead with the entry's type and token, alike in both).
+fn apart(a: &str, b: &str) -> (String, String) {
+    let at = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+    let from = at.saturating_sub(40);
+    let cut = |s: &str| s.chars().skip(from).take(120).collect::<String>();
+    (format!("…{}", cut(a)), format!("…{}", cut(b)))
 }
 
 /// `entries`, read on member `on` by `what`: each must show what it showed before.
@@ -50,12 +55,13 @@ pub(super) fn saw(c: &Cluster, on: NodeId, entries: &[Entry], what: &str) {
                 None => {
                     st.seen.by_id.insert(e.lsn, (fp, on));
                 }
-                Some((was, first)) if *was != fp => bad.push(format!(
-                    "feed entry {} differs: {what} shows {}, n{first} showed {}",
-                    e.id(),
-                    short(&fp),
-                    short(was)
-                )),
+                Some((was, first)) if *was != fp => {
+                    let (now, then) = apart(&fp, was);
+                    bad.push(format!(
+                        "feed entry {} differs: {what} shows {now}, n{first} showed {then}",
+                        e.id()
+                    ))
+                }
                 Some(_) => {}
             }
         }
@@ -174,13 +180,14 @@ pub(super) fn check_final(c: &Cluster) {
                     m.id,
                     lost.len()
                 ),
-                Some(g) => format!(
-                    "feed entry {l}-0 differs: n{on} showed {}, n{} has {} ({} such)",
-                    short(fp),
-                    m.id,
-                    short(g),
-                    lost.len()
-                ),
+                Some(g) => {
+                    let (then, now) = apart(fp, g);
+                    format!(
+                        "feed entry {l}-0 differs: n{on} showed {then}, n{} has {now} ({} such)",
+                        m.id,
+                        lost.len()
+                    )
+                }
             });
         }
         match &base {
