@@ -183,10 +183,11 @@ fn end_turn(c: &Cluster, group: &'static str) {
     c.consumers.lock().busy.insert(group, false);
 }
 
-/// `XGROUP CREATE stockgate:events <group> $` on the writer: the reply waits for the
-/// commit. `BUSYGROUP` (an earlier attempt's creation got through) is no error.
-fn create(c: &Cluster, group: &'static str, (id, feed): (NodeId, &Feed), who: &str) -> bool {
-    let last = feed.readable_lsn();
+/// `XGROUP CREATE stockgate:events <group> $` on the writer (`$` as `cmd::group` takes
+/// it, `Feed::group_end`); the reply waits for the commit. The position it was
+/// created at, unless refused (`BUSYGROUP`: an earlier attempt's creation got through).
+fn create(c: &Cluster, group: &'static str, (id, feed): (NodeId, &Feed), who: &str) -> Option<Lsn> {
+    let last = feed.group_end();
     match feed.groups.create(&Stream::All, group.to_owned(), last) {
         Ok(lsn) => {
             c.env
@@ -200,11 +201,11 @@ fn create(c: &Cluster, group: &'static str, (id, feed): (NodeId, &Feed), who: &s
                 Done::Feed(FeedDone::Created(group, last)),
                 who.into(),
             );
-            true
+            Some(last)
         }
         Err(e) => {
             note_error(c, &format!("{who}@n{id} XGROUP CREATE {group}"), &e);
-            false
+            None
         }
     }
 }
@@ -227,8 +228,8 @@ fn materialize(c: &Cluster, rng: &mut StdRng, who: &str) {
         // Its first start (or the creation never got through): created at the log's end;
         // the position moves there too (a materializer then resynchronises from the
         // ledger).
-        if create(c, HOLD, (id, &feed), who) {
-            c.consumers.lock().position = feed.readable_lsn();
+        if let Some(last) = create(c, HOLD, (id, &feed), who) {
+            c.consumers.lock().position = last;
         } else {
             end_turn(c, HOLD);
         }
@@ -289,7 +290,7 @@ fn consume(c: &Cluster, rng: &mut StdRng, who: &str) {
         return;
     }
     let Some(g) = feed.groups.get(&Stream::All, ORDERS) else {
-        if !create(c, ORDERS, (id, &feed), who) {
+        if create(c, ORDERS, (id, &feed), who).is_none() {
             end_turn(c, ORDERS);
         }
         return;

@@ -92,6 +92,13 @@ impl Groups {
         lsn
     }
 
+    /// The last LSN handed out where group records go: the WAL's, or on a Raft leader
+    /// the speculation's, ahead of its WAL by the records in flight
+    /// (`Feed::group_end`).
+    pub fn last_lsn(&self) -> Lsn {
+        self.sink.last_lsn()
+    }
+
     /// Logs a record of another module that keeps its state in the same log (the slot
     /// map's changes, `cluster::slots`), through the same sink, so a Raft group
     /// replicates it like the groups' own.
