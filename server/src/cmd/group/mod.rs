@@ -150,7 +150,7 @@ mod tests {
         spec.open(1, 0);
         for _ in 0..3 {
             spec.record(&EventRef::Opaque {
-                kind: 250,
+                kind: crate::wal::record::K_SLOT_SET,
                 body: b"x",
             });
         }
