@@ -115,7 +115,7 @@ fn a_failed_sync_of_a_rewritten_raft_log_keeps_the_old_one() {
 /// read: when the change then never committed (the leader lost its leadership or its
 /// disk first), the leader restarted on the WAL's groups and found them trimmed, and a
 /// member that installed its snapshot did too (`n3: consumer group hold.m finds its
-/// next position 44-0 trimmed (the log starts at 82)`; 41 of seeds 1 to 2,000). Fixed:
+/// next position 44-0 trimmed (the log starts at 82)`; 40 of seeds 1 to 2,000). Fixed:
 /// the hold keeps what changes not yet in the WAL let go of
 /// (`Groups::oldest_needed_in_log`, through `app::feed::snapshot_hold`).
 #[test]
@@ -123,4 +123,15 @@ fn a_snapshot_keeps_what_an_uncommitted_group_change_let_go_of() {
     for seed in [79, 88, 255] {
         passes(seed, &Settings::default());
     }
+}
+
+/// `XGROUP CREATE … $` on the leader put the group's last-delivered id at the readable
+/// end of its WAL, before the leader's records in flight. A follower that had not yet
+/// applied the creation let a snapshot cover some of those records, and once it applied
+/// the creation its group was trimmed from its birth (`n3: consumer group orders finds
+/// its next position 60-0 trimmed (the log starts at 66)`; 1 of seeds 1 to 2,000).
+/// Fixed: `$` is after every record made so far (`Feed::group_end`).
+#[test]
+fn a_group_created_at_the_end_starts_after_the_records_in_flight() {
+    passes(998, &Settings::default());
 }

@@ -370,7 +370,8 @@ impl Feed {
     /// yet durable on a single node), so the group gets what is made after the command,
     /// as Redis's `$` does. Not the readable end: a Raft follower that has not applied
     /// the creation yet may meanwhile let a snapshot cover the leader's records in flight,
-    /// and a group starting before them would be born trimmed there.
+    /// and a group starting before them would be born trimmed there. (A record another
+    /// connection logs between this call and the group's own record still may be.)
     pub fn group_end(&self) -> Lsn {
         self.groups.last_lsn()
     }
