@@ -392,12 +392,11 @@ fn reread_pending(
     let what = format!("{who}@n{id} XREADGROUP {ORDERS} 0");
     let read = |g: &mut Group| -> Result<(Vec<Lsn>, Lsn), FeedError> {
         let mut lsn = ensure_consumer(feed, g, now_ms);
-        let ids: Vec<Lsn> = g.consumers[WORKER]
-            .pending
-            .iter()
-            .take(20)
-            .copied()
-            .collect();
+        let ids: Vec<Lsn> = g
+            .consumers
+            .get(WORKER)
+            .map(|w| w.pending.iter().take(20).copied().collect())
+            .unwrap_or_default();
         let mut again = Vec::with_capacity(ids.len());
         for l in ids {
             match feed.entry_at(&g.stream, l)? {
