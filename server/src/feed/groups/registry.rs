@@ -205,10 +205,16 @@ impl Groups {
     }
 
     /// The change logged at `lsn` let go of its group's positions from `from` on.
+    /// Bounded as `own_lsns` is: a single node's never leave by themselves (nothing asks
+    /// `oldest_needed_in_log` there), and a leader never has that many in flight, so the
+    /// oldest are the ones safe to forget.
     fn note_released(&self, lsn: Lsn, from: Lsn) {
         let mut r = self.released.lock();
         let at = r.entry(lsn).or_insert(from);
         *at = (*at).min(from);
+        while r.len() > OWN_LSNS {
+            r.pop_first();
+        }
     }
 
     /// Logs a checkpoint of every group; returns the last LSN logged (0: none). Run after
