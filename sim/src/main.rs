@@ -1,6 +1,6 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
 //! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
-//! [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--members=N]`: runs the deterministic simulation of a replicated
+//! [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] [--members=N]`: runs the deterministic simulation of a replicated
 //! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
 //! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
 //! under `--fsync no` (a single node's setting, which a server never gives a member) to
@@ -16,7 +16,8 @@
 //! `--no-damage` the record damaged beyond one bit and the operator's wipe and
 //! re-admission that follow (`Settings::damage`); `--no-commands` has the clients call
 //! the engine instead of sending command lines through the command layer
-//! (`Settings::commands`).
+//! (`Settings::commands`); `--no-feed` the order feed's consumers and their checks
+//! (`Settings::feed`).
 //! `--members=N` runs a group of N members (3 unless told).
 
 use stockgate_sim::{run, Settings};
@@ -34,6 +35,7 @@ fn main() {
     let damage = !args.iter().any(|a| a == "--no-damage");
     let commands = !args.iter().any(|a| a == "--no-commands");
     let snapshots = !args.iter().any(|a| a == "--no-snapshots");
+    let feed = !args.iter().any(|a| a == "--no-feed");
     let members = args
         .iter()
         .find_map(|a| a.strip_prefix("--members="))
@@ -44,7 +46,8 @@ fn main() {
         eprintln!(
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
-             [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--members=N]"
+             [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] \
+             [--members=N]"
         );
         std::process::exit(2);
     };
@@ -68,6 +71,7 @@ fn main() {
         retries,
         damage,
         commands,
+        feed,
         members,
         ..Settings::default()
     };

@@ -14,8 +14,10 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use openraft::{Config, ServerState};
+use stockgate_server::app::feed as app_feed;
 use stockgate_server::engine::{Clock, Engine, EngineConfig, Keyring, ReservationKey};
-use stockgate_server::persist::{recover_engine_from, WalDurability};
+use stockgate_server::feed::Feed;
+use stockgate_server::persist::{recover_engine_from, RecoveryReport, WalDurability};
 use stockgate_server::raft::lease::Lease;
 use stockgate_server::raft::log_store::LogStore;
 use stockgate_server::raft::snapshot::{self, SnapshotHooks, Snapshots};
@@ -46,6 +48,9 @@ pub struct Member {
     pub dur: Arc<WalDurability>,
     /// Where its engine's records go.
     pub spec: Arc<Speculation>,
+    /// Its order feed over its WAL, with its consumer groups (as `app::feed` opens a
+    /// server's).
+    pub feed: Arc<Feed>,
     /// The member must restart: set by the speculation's depose hook (a server
     /// re-executes itself) and when openraft's core stopped (a server exits and its
     /// supervisor starts it again).
@@ -90,7 +95,12 @@ fn keys() -> (Keyring, ReservationKey) {
     (ring, ReservationKey::from_bytes(&[9u8; 32]))
 }
 
-type Recovered = (Arc<Engine>, Arc<WalDurability>, Arc<Speculation>);
+type Recovered = (
+    Arc<Engine>,
+    Arc<WalDurability>,
+    Arc<Speculation>,
+    RecoveryReport,
+);
 
 /// The engine, its WAL and its speculation, recovered from `dir` as a server's are.
 fn recover(
@@ -109,14 +119,14 @@ fn recover(
         ..EngineConfig::default()
     };
     let mut spec = None;
-    let (engine, dur, _report) = recover_engine_from(opened, cfg, clock, keys(), |wal| {
+    let (engine, dur, report) = recover_engine_from(opened, cfg, clock, keys(), |wal| {
         let s = Arc::new(Speculation::new(origin, wal.last_lsn()));
         spec = Some(s.clone());
         s
     })
     .map_err(|e| format!("recovery: {e}"))?;
     let spec = spec.ok_or("recovery built no speculation")?;
-    Ok((engine, dur, spec))
+    Ok((engine, dur, spec, report))
 }
 
 /// How one member process starts: its origin (names the process), the incarnation of
@@ -156,10 +166,13 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
     adopt_staged(id, &dir, &store, &env.history)?;
-    let (engine, dur, spec) = recover(&dir, env, (origin, clock), (wal, hook.clone()))?;
+    let (engine, dur, spec, report) = recover(&dir, env, (origin, clock), (wal, hook.clone()))?;
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
-    let (sm, snapshots) = state_machine(&engine, &dur, &spec, (&store, &dir))?;
+    // Opened before the state machine applies anything, as a server opens it
+    // (`app::shared::build`) before the member starts.
+    let feed = app_feed::open_on(&dur, Some(&spec), &report);
+    let (sm, snapshots) = state_machine(&engine, &dur, &spec, (&store, &dir), &feed)?;
     let lease = Arc::new(Lease::default());
     let factory = Factory {
         from: id,
@@ -207,6 +220,7 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
         engine,
         dur,
         spec,
+        feed,
         deposed,
         hook,
         store,
@@ -255,15 +269,17 @@ fn adopt_staged(id: NodeId, dir: &Path, store: &LogStore, h: &History) -> Result
 
 /// The member's state machine over its engine, WAL and Raft log, where recovery left
 /// them (as `RaftNode::start` builds it), and its snapshots, built and installed on the
-/// caller's task (`Snapshots::new_inline`).
+/// caller's task (`Snapshots::new_inline`), held back by the consumer groups of `feed`
+/// as a server's are (`app::feed::snapshot_hold`).
 fn state_machine(
     engine: &Arc<Engine>,
     dur: &Arc<WalDurability>,
     spec: &Arc<Speculation>,
     (store, dir): (&LogStore, &Path),
+    feed: &Arc<Feed>,
 ) -> Result<(StateMachine, Arc<Snapshots>), String> {
     let hooks = SnapshotHooks {
-        hold: Box::new(|| None),
+        hold: app_feed::snapshot_hold(Some(feed.clone())),
         compact_slots: Box::new(|r| r),
     };
     let snapshots = Arc::new(Snapshots::new_inline(
@@ -306,6 +322,7 @@ impl Member {
         let _ = self.dur.wal.flush_and_close();
         drop(self.dur);
         drop(self.spec);
+        drop(self.feed);
         drop(self.engine);
         drop(self.raft);
         for _ in 0..8 {

@@ -31,6 +31,8 @@ use commands::Reserved;
 mod bit_flip;
 mod commands;
 mod damage;
+mod feed;
+mod feed_checks;
 mod log_matching;
 mod pause_and_membership;
 mod retries;
@@ -96,6 +98,13 @@ pub struct Settings {
     /// (`scenario/commands.rs`). Off, the clients call the engine, and a seed runs as it
     /// did before.
     pub commands: bool,
+    /// Consumers of the order feed (`scenario/feed.rs`): a reader on any member, a
+    /// materializer holding its group `hold.m` at its position, a consumer group read
+    /// and acknowledged; the feed's rules checked (`scenario/feed_checks.rs`). Off, no
+    /// consumer runs and a seed draws what it drew before, as with `net_faults` (every
+    /// member opens its feed and its groups hold its snapshots back either way, as a
+    /// server's do; without groups the hold is none).
+    pub feed: bool,
 }
 
 impl Default for Settings {
@@ -114,6 +123,7 @@ impl Default for Settings {
             retries: true,
             damage: true,
             commands: true,
+            feed: true,
         }
     }
 }
@@ -179,6 +189,8 @@ enum Done {
     Extended(String, Millis),
     /// A RESERVE sent again (`retries`): request id, token, sku, units, deadline.
     Retried(String, String, String, u32, Millis),
+    /// A consumer group's command (`Settings::feed`).
+    Feed(feed::FeedDone),
 }
 
 /// The group and what the run learned so far.
@@ -234,6 +246,10 @@ pub(crate) struct Cluster {
     requests: Mutex<BTreeMap<String, retries::Request>>,
     /// Request ids whose RESERVE went unanswered, to send again.
     to_retry: Mutex<VecDeque<String>>,
+    /// `Settings::feed`.
+    feed: bool,
+    /// What the feed's consumers know (with `feed`).
+    consumers: Mutex<feed::Consumers>,
 }
 
 /// How a member process ends.
@@ -295,6 +311,11 @@ impl Cluster {
         tokio::spawn(q.clone().run(self.clone(), m.spec.clone()));
         self.replies.lock().insert(id, q);
         self.live.lock().insert(id, m);
+        // A start recovers the groups from the snapshot and the log after it: what a
+        // snapshot let go of must not be what they still need.
+        if self.feed {
+            feed_checks::check_groups(self);
+        }
         Ok(())
     }
 
@@ -542,6 +563,8 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
             .then(|| Shared::new(ServerConfig::default(), None, Arc::new(NoDurability))),
         requests: Mutex::new(BTreeMap::new()),
         to_retry: Mutex::new(VecDeque::new()),
+        feed: s.feed,
+        consumers: Mutex::new(feed::Consumers::default()),
     });
     let ttls = sale_ttls(&mut rng, &s, &history);
     form(&c).await;
@@ -552,10 +575,19 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, s: Arc<Settin
             StdRng::seed_from_u64(rng.gen()),
             stop.clone(),
         ));
+        // Drawn only with the feed's consumers, so that without them every later draw is
+        // what it was.
+        let consumers = s.feed.then(|| {
+            let rng = StdRng::seed_from_u64(rng.gen());
+            tokio::spawn(feed::run(c.clone(), rng, stop.clone()))
+        });
         chaos(&c, &mut rng, &s).await;
         heal(&c).await;
         stop.store(true, Ordering::Release);
         let _ = client.await;
+        if let Some(t) = consumers {
+            let _ = t.await;
+        }
         settle(&c).await;
         check_final(&c);
     }
@@ -1026,6 +1058,7 @@ fn reply(c: &Cluster, p: Pending, r: Result<(), String>) {
             // A replay's token may have been acknowledged to an earlier retry.
             ack_reserve(c, &who, &token, sku, qty, deadline);
         }
+        (r, Done::Feed(done)) => feed::reply(c, &who, done, r),
         (Err(e), what) => {
             c.env.history.note(format!("{who} unanswered: {e}"));
             match &what {
@@ -1570,6 +1603,9 @@ fn check_final(c: &Cluster) {
         bad.push(format!("members differ at quiescence: {seen:?}"));
     }
     bad.extend(snapshots::differing_states(&c.live.lock()));
+    if c.feed {
+        feed_checks::check_final(c);
+    }
     // A hold acknowledged held may have expired since and its units gone to another
     // buyer: with expiry only sold units add up here (the counters against the holds,
     // `check_holds`, cover the rest).

@@ -7,13 +7,14 @@
 //! - `recover`: the keys, and the engine rebuilt from the data dir.
 //! - `single`, `raft`, `cluster`: what a single node, a Raft group member and cluster
 //!   mode each add to the start.
-//! - `feed`, `tls`, `shared`: the order feed, the TLS port, the state every connection
-//!   shares (built with its parts in place).
+//! - [`feed`], `tls`, `shared`: the order feed, the TLS port, the state every connection
+//!   shares (built with its parts in place). `feed` is public for the simulation
+//!   (`sim/`), which builds a member's feed and its snapshots' hold with it.
 //! - `listen`, `run`: the listeners; the start, the background tasks, the shutdown.
 
 mod cluster;
 pub mod config;
-mod feed;
+pub mod feed;
 mod listen;
 pub mod mint;
 mod raft;

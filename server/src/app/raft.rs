@@ -158,8 +158,7 @@ pub(super) async fn start(
 /// What the member's snapshots ask of the rest of the server: consumer groups hold them
 /// back (nothing they may still read is covered), and the slot map compacts its records.
 fn snapshot_hooks(shared: &Shared) -> SnapshotHooks {
-    let feed = shared.feed.get().cloned();
-    let hold = Box::new(move || feed.as_ref().and_then(|f| f.groups.oldest_needed()));
+    let hold = super::feed::snapshot_hold(shared.feed.get().cloned());
     let cluster = shared.cluster.get().cloned();
     let compact_slots = Box::new(move |recs| match &cluster {
         Some(c) => c.compact_slot_records(recs),

@@ -365,6 +365,17 @@ impl Feed {
         self.wal.last_lsn()
     }
 
+    /// Where `XGROUP CREATE|SETID … $` puts a group's last-delivered id: after every
+    /// record made so far, even those not readable yet (in flight on a Raft leader, not
+    /// yet durable on a single node), so the group gets what is made after the command,
+    /// as Redis's `$` does. Not the readable end: a Raft follower that has not applied
+    /// the creation yet may meanwhile let a snapshot cover the leader's records in flight,
+    /// and a group starting before them would be born trimmed there. (A record another
+    /// connection logs between this call and the group's own record still may be.)
+    pub fn group_end(&self) -> Lsn {
+        self.groups.last_lsn()
+    }
+
     /// The oldest LSN still on disk to read (older records were trimmed).
     pub fn first_lsn(&self) -> Lsn {
         self.wal.first_readable_lsn()

@@ -10,9 +10,10 @@
 //! on a blocking thread, never under the live engine's locks.
 //!
 //! **Where it stands.** `upto` is an LSN at which an entry's batch ends. It is held back
-//! by the consumer groups (`Groups::oldest_needed`): nothing a group may still read is
-//! covered, so neither this member's WAL nor a member installing the snapshot loses an
-//! entry a consumer needs.
+//! by the consumer groups (`Groups::oldest_needed_in_log`): nothing a group may still
+//! read is covered, whichever of a leader's group changes in flight commit, so neither
+//! this member's WAL nor a member installing the snapshot loses an entry a consumer
+//! needs.
 //!
 //! **On disk** it is an ordinary WAL snapshot (`wal/snapshot-<lsn>.snap`, the engine) and
 //! a state file (`wal/groups-<lsn>.state`, the consumer groups), so a restart recovers
@@ -281,8 +282,8 @@ pub type SlotRecords = Vec<(u8, Vec<u8>)>;
 /// What the layers above the group decide for its snapshots, handed down as functions so
 /// this layer imports neither the feed nor the cluster.
 pub struct SnapshotHooks {
-    /// The oldest LSN a consumer group may still read (`Groups::oldest_needed`): a
-    /// snapshot never covers (and lets the WAL drop) records a group needs.
+    /// The oldest LSN a consumer group may still read (`app::feed::snapshot_hold`,
+    /// `Groups::oldest_needed_in_log`): a snapshot never covers (and lets the WAL drop) records a group needs.
     pub hold: Box<dyn Fn() -> Option<Lsn> + Send + Sync>,
     /// Folds the slot map's records the state file carries on into the fewest that
     /// give the same table (the cluster's `compact_slot_records`), so the file stays

@@ -81,14 +81,12 @@ fn gone() -> Reply {
     feed_error(FeedError::GroupGone)
 }
 
-/// The group id of XGROUP CREATE/SETID as "last delivered": `$` is the log's end now.
+/// The group id of XGROUP CREATE/SETID as "last delivered": `$` is the log's end now,
+/// every record made before the command included (`Feed::group_end`).
 fn group_last(feed: &Feed, b: &[u8]) -> Result<Lsn, Reply> {
-    if b == b"$" {
-        return Ok(feed.readable_lsn());
-    }
     match id::read_after(b).map_err(feed_error)? {
         Some(first) => Ok(first - 1),
-        None => Ok(feed.readable_lsn()),
+        None => Ok(feed.group_end()),
     }
 }
 
@@ -128,4 +126,39 @@ fn ensure_consumer(feed: &Feed, g: &mut Group, consumer: &str, now: u64) -> Resu
     let lsn = feed.groups.change(g, rec);
     debug_assert!(g.consumers.contains_key(consumer));
     Ok(lsn)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::{EventRef, EventSink};
+    use crate::feed::FeedLimits;
+    use crate::raft::speculation::Speculation;
+    use crate::wal::{Wal, WalOptions};
+
+    /// On a Raft leader `$` is after the records in flight, which its WAL (and so its
+    /// feed) does not hold yet: a follower may let a snapshot cover them before it
+    /// applies the group's creation.
+    #[test]
+    fn group_dollar_is_after_every_record_handed_out() {
+        let dir = std::env::temp_dir().join(format!("sg-group-last-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (wal, _) = Wal::open_inline(&dir, WalOptions::default()).unwrap();
+        let spec = Arc::new(Speculation::new(7, 0));
+        spec.open(1, 0);
+        for _ in 0..3 {
+            spec.record(&EventRef::Opaque {
+                kind: crate::wal::record::K_SLOT_SET,
+                body: b"x",
+            });
+        }
+        let feed = Feed::with_group_sink(wal.clone(), spec.clone(), FeedLimits::default());
+        assert_eq!(feed.readable_lsn(), 0);
+        assert_eq!(group_last(&feed, b"$").ok(), Some(3));
+        assert_eq!(group_last(&feed, b"2-0").ok(), Some(2));
+        let _ = wal.flush_and_close();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -45,6 +45,12 @@ pub struct Groups {
     /// LSNs of recent group records, so the lag of the all-events stream does not count
     /// them (they are not entries). Bounded: past it, lag counts a few records high.
     own_lsns: Mutex<BTreeSet<Lsn>>,
+    /// What changes logged here and not yet in the log let go of: by the change's LSN,
+    /// the oldest position its group needed before it (an `XACK` of the oldest pending
+    /// entry, a `SETID` forward, a `DESTROY`). A Raft leader's changes are in force at
+    /// once but reach its log only once the group commits them, and may never: until
+    /// then the snapshots must still keep what they let go of (`oldest_needed_in_log`).
+    released: Mutex<BTreeMap<Lsn, Lsn>>,
     /// Bounds on names, groups and pending entries, checked before any change is logged.
     pub limits: GroupLimits,
 }
@@ -68,6 +74,7 @@ impl Groups {
             sink,
             map: Mutex::new(BTreeMap::new()),
             own_lsns: Mutex::new(BTreeSet::new()),
+            released: Mutex::new(BTreeMap::new()),
             limits,
         }
     }
@@ -83,6 +90,13 @@ impl Groups {
             own.pop_first();
         }
         lsn
+    }
+
+    /// The last LSN handed out where group records go: the WAL's, or on a Raft leader
+    /// the speculation's, ahead of its WAL by the records in flight
+    /// (`Feed::group_end`).
+    pub fn last_lsn(&self) -> Lsn {
+        self.sink.last_lsn()
     }
 
     /// Logs a record of another module that keeps its state in the same log (the slot
@@ -162,10 +176,12 @@ impl Groups {
         let g = map.remove(&(stream.name(), group.to_owned()))?;
         let mut g = g.lock();
         g.mark_destroyed();
-        Some(self.log(&GroupRecord::Destroyed {
+        let lsn = self.log(&GroupRecord::Destroyed {
             stream: stream.name(),
             group: group.to_owned(),
-        }))
+        });
+        self.note_released(lsn, g.oldest_needed());
+        Some(lsn)
     }
 
     /// Runs `f` on a live group under its lock: a group destroyed meanwhile is `None`.
@@ -179,8 +195,26 @@ impl Groups {
 
     /// Applies and logs a change of a live group (lock held throughout).
     pub fn change(&self, g: &mut Group, rec: GroupRecord) -> Lsn {
+        let before = g.oldest_needed();
         g.apply(&rec);
-        self.log(&rec)
+        let lsn = self.log(&rec);
+        if g.oldest_needed() > before {
+            self.note_released(lsn, before);
+        }
+        lsn
+    }
+
+    /// The change logged at `lsn` let go of its group's positions from `from` on.
+    /// Bounded as `own_lsns` is: a single node's never leave by themselves (nothing asks
+    /// `oldest_needed_in_log` there), and a leader never has that many in flight, so the
+    /// oldest are the ones safe to forget.
+    fn note_released(&self, lsn: Lsn, from: Lsn) {
+        let mut r = self.released.lock();
+        let at = r.entry(lsn).or_insert(from);
+        *at = (*at).min(from);
+        while r.len() > OWN_LSNS {
+            r.pop_first();
+        }
     }
 
     /// Logs a checkpoint of every group; returns the last LSN logged (0: none). Run after
@@ -200,10 +234,27 @@ impl Groups {
         last
     }
 
+    /// [`Self::oldest_needed`] as the log up to `in_log` has the groups: a change logged
+    /// here but not yet in the log (a Raft leader's, until the group commits it and this
+    /// member applies it) may never be, so what it let go of is still needed. A Raft
+    /// member's snapshots keep what is at or after it (`app::feed::snapshot_hold`), so no
+    /// group finds its entries trimmed, whichever of the changes in flight commit.
+    pub fn oldest_needed_in_log(&self, in_log: Lsn) -> Option<Lsn> {
+        let released = {
+            let mut r = self.released.lock();
+            *r = r.split_off(&in_log.saturating_add(1));
+            r.values().min().copied()
+        };
+        match (self.oldest_needed(), released) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// The oldest log position a live group may still read: its oldest pending entry,
-    /// or the one after its last-delivered id (both replicated, so every member computes
-    /// the same). None without groups. A Raft member's snapshots keep what is at or after
-    /// it (`crate::raft::snapshot`), so no group finds its entries trimmed.
+    /// or the one after its last-delivered id. None without groups. The groups' state as
+    /// this process changed it: on a Raft leader, ahead of the log by the changes not yet
+    /// committed (see [`Self::oldest_needed_in_log`]).
     pub fn oldest_needed(&self) -> Option<Lsn> {
         let all: Vec<GroupRef> = self.map.lock().values().cloned().collect();
         all.iter()
