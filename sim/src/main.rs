@@ -1,6 +1,6 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
 //! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
-//! [--no-lagging-io] [--no-retries] [--members=N]`: runs the deterministic simulation of a replicated
+//! [--no-lagging-io] [--no-retries] [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
 //! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
 //! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
 //! under `--fsync no` (a single node's setting, which a server never gives a member) to
@@ -13,13 +13,16 @@
 //! (`Settings::bit_flips`); `--no-lagging-io` has the Raft log sync every change before
 //! it returns and a request die with its sender (`Settings::lagging_io`); `--no-retries`
 //! leaves out the RESERVEs sent again with the same request id (`Settings::retries`).
-//! `--members=N` runs a group of N members (3 unless told).
+//! `--members=N` runs a group of N members (3 unless told). `--raftnode` runs the other
+//! scenario instead: three of the server's own `RaftNode`s over the in-memory transport
+//! (`stockgate_sim::run_nodes`; the other flags do not apply to it).
 
-use stockgate_sim::{run, Settings};
+use stockgate_sim::{run, run_nodes, Settings};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let verbose = args.iter().any(|a| a == "--verbose" || a == "-v");
+    let raftnode = args.iter().any(|a| a == "--raftnode");
     let fsync_no = args.iter().any(|a| a == "--fsync-no");
     let net_faults = !args.iter().any(|a| a == "--no-net-faults");
     let pause_and_membership = !args.iter().any(|a| a == "--no-pause-and-membership");
@@ -38,7 +41,7 @@ fn main() {
         eprintln!(
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
-             [--no-lagging-io] [--no-retries] [--members=N]"
+             [--no-lagging-io] [--no-retries] [--members=N] [--raftnode]"
         );
         std::process::exit(2);
     };
@@ -65,7 +68,11 @@ fn main() {
     };
     let mut failed = false;
     for seed in first..first.saturating_add(count) {
-        let out = run(seed, &settings);
+        let out = if raftnode {
+            run_nodes(seed, verbose)
+        } else {
+            run(seed, &settings)
+        };
         println!("{}", out.line());
         failed |= !out.failures.is_empty();
     }

@@ -88,12 +88,14 @@ fn keys() -> (Keyring, ReservationKey) {
     (ring, ReservationKey::from_bytes(&[9u8; 32]))
 }
 
-type Recovered = (Arc<Engine>, Arc<WalDurability>, Arc<Speculation>);
+/// A member process's engine, WAL and speculation.
+pub(crate) type Recovered = (Arc<Engine>, Arc<WalDurability>, Arc<Speculation>);
 
-/// The engine, its WAL and its speculation, recovered from `dir` as a server's are.
-fn recover(
+/// The engine, its WAL and its speculation, recovered from `dir` as a server's are;
+/// `auto_release`: the engine releases expired holds itself (a server with no ledger).
+pub(crate) fn recover(
     dir: &Path,
-    env: &Env,
+    auto_release: bool,
     (origin, clock): (u64, Arc<dyn Clock>),
     (opts, hook): (WalOptions, Arc<Hook>),
 ) -> Result<Recovered, String> {
@@ -103,7 +105,7 @@ fn recover(
         // there at the end, held, sold or released.
         retention_ms: 1 << 40,
         // A server with no ledger (no sweeper) releases expired holds itself.
-        auto_release: env.expiry,
+        auto_release,
         ..EngineConfig::default()
     };
     let mut spec = None;
@@ -154,7 +156,7 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
     adopt_staged(id, &dir, &store, &env.history)?;
-    let (engine, dur, spec) = recover(&dir, env, (origin, clock), (wal, hook.clone()))?;
+    let (engine, dur, spec) = recover(&dir, env.expiry, (origin, clock), (wal, hook.clone()))?;
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
     let (sm, snapshots) = state_machine(&engine, &dur, &spec, (&store, &dir))?;

@@ -1,0 +1,237 @@
+//! The second scenario: three of the server's own `RaftNode`s (not hand-built members)
+//! over the in-memory transport (`wire`), in simulated time, with the delays drawn from
+//! the seed. What it checks is what clients see through the `Replication` trait, the
+//! command layer's view of a member: `SENTINEL get-master-addr-by-name` (the
+//! discovery answer), `write_refusal` (the write gate) and `role`.
+//!
+//! The run: the group forms as the server's bootstrap forms it; every member's discovery
+//! answer names the one member that takes writes; a client reserves on whichever member
+//! takes writes, each reply waiting for the group's commit. The leader is cut off both
+//! ways: within the lease (the shortest election timeout) and a heartbeat it no longer
+//! names itself nor takes writes, and the other two elect and name a new leader. The
+//! links heal and all three agree again. The leader is killed (every task of its member
+//! aborted): the other two elect and name a new one. Every acknowledged hold is on the
+//! last leader and on the member following it. Throughout, at most one member takes
+//! writes at any instant.
+
+mod boot;
+mod checks;
+mod client;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use stockgate_server::raft::NodeId;
+use tokio::time::{sleep, Instant};
+
+use crate::history::History;
+use crate::wire::Wire;
+use crate::Outcome;
+use boot::{Env, Node};
+
+/// openraft's timings, as the hand-built scenario's (ms): heartbeat, shortest and
+/// longest election timeout.
+const TIMING: (u64, u64, u64) = (100, 400, 800);
+/// The group forms and every member names its leader within this.
+const FORM_WITHIN: Duration = Duration::from_secs(10);
+/// After the leader is cut off or killed, the others elect a new one and name it within
+/// this: openraft's leader lease (the longest election timeout), an election, and the
+/// followers' first append from the new leader, with room for unlucky draws.
+const FAILOVER_WITHIN: Duration = Duration::from_secs(4);
+/// After the links heal, the cut-off member follows the leader within this: it stands
+/// for nothing until a majority has answered its `Hello`s for the longest election
+/// timeout plus the back-off's bound (`RaftNode::reach_loop`), then hears the leader.
+const HEAL_WITHIN: Duration = Duration::from_secs(6);
+/// An isolated leader stops claiming master within its lease (the shortest election
+/// timeout, counted from its last acknowledged append) plus this.
+const GIVE_UP_SLACK: Duration = Duration::from_millis(100);
+/// How often the checks look.
+const STEP: Duration = Duration::from_millis(5);
+/// How long a deposed member is down before its new process serves (the restart hook's
+/// grace for the replies).
+const RESTART_AFTER: Duration = Duration::from_millis(100);
+/// A reply waits this long for the group's commit.
+const REPLY_TTL: Duration = Duration::from_secs(5);
+
+/// The run's members and what its checks found.
+pub(crate) struct Run {
+    env: Env,
+    live: Mutex<BTreeMap<NodeId, Node>>,
+    failures: Mutex<Vec<String>>,
+    /// The holds whose RESERVE was acknowledged (committed by the group).
+    acked: Mutex<BTreeSet<String>>,
+    /// The member cut off from the others, and since when.
+    isolated: Mutex<Option<(NodeId, Instant)>>,
+    /// The RESERVE replies still waiting for the group's commit.
+    replies: client::Replies,
+}
+
+impl Run {
+    fn fail(&self, what: String) {
+        self.env.history.note(format!("FAIL {what}"));
+        self.failures.lock().push(what);
+    }
+
+    fn note(&self, what: String) {
+        self.env.history.note(what);
+    }
+
+    fn ids(&self) -> BTreeSet<NodeId> {
+        self.live.lock().keys().copied().collect()
+    }
+}
+
+/// Runs the scenario of `seed` in `root` (the caller's runtime: current-thread, paused).
+pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, verbose: bool) -> Outcome {
+    let history = History::new(verbose);
+    let max_delay = rng.gen_range(1..=30);
+    history.note(format!(
+        "seed {seed}, 3 RaftNodes, legs delayed up to {max_delay} ms"
+    ));
+    let env = Env {
+        wire: Wire::new(StdRng::seed_from_u64(rng.gen()), max_delay),
+        history: history.clone(),
+        root,
+        ids: vec![1, 2, 3],
+        group: rng.gen::<u64>().max(1),
+        timing: TIMING,
+        start: Instant::now(),
+        processes: AtomicU64::new(0),
+    };
+    let r = Arc::new(Run {
+        env,
+        live: Mutex::new(BTreeMap::new()),
+        failures: Mutex::new(Vec::new()),
+        acked: Mutex::new(BTreeSet::new()),
+        isolated: Mutex::new(None),
+        replies: client::Replies::default(),
+    });
+    let done = Arc::new(AtomicBool::new(false));
+    let monitor = tokio::spawn(checks::monitor(r.clone(), done.clone()));
+    let supervisor = tokio::spawn(supervise(r.clone(), done.clone()));
+    phases(&r, &mut rng).await;
+    done.store(true, Ordering::Release);
+    let _ = monitor.await;
+    let _ = supervisor.await;
+    let nodes: Vec<Node> = std::mem::take(&mut *r.live.lock()).into_values().collect();
+    for n in nodes {
+        n.kill().await;
+    }
+    let (sent, lost) = r.env.wire.counts();
+    history.note(format!("legs sent {sent}, lost {lost}"));
+    let (digest, events) = history.digest();
+    let failures = r.failures.lock().clone();
+    Outcome {
+        seed,
+        digest,
+        events,
+        failures,
+    }
+}
+
+/// A deposed member re-executes itself (`RaftNode::restart_hook`): its process ends
+/// (its WAL closed, as the hook closes it), and after the hook's grace for the replies
+/// it starts again from its data dir, throwing away the engine state its group never
+/// committed.
+async fn supervise(r: Arc<Run>, done: Arc<AtomicBool>) {
+    while !done.load(Ordering::Acquire) {
+        let deposed: Vec<NodeId> = {
+            let live = r.live.lock();
+            let d = live.values().filter(|n| n.deposed.load(Ordering::Acquire));
+            d.map(|n| n.id).collect()
+        };
+        for id in deposed {
+            let Some(n) = r.live.lock().remove(&id) else {
+                continue;
+            };
+            r.note(format!("n{id} deposed: re-executes"));
+            n.exit().await;
+            sleep(RESTART_AFTER).await;
+            match boot::start(&r.env, id, None).await {
+                Ok(n) => {
+                    r.note(format!("n{id} starts again"));
+                    r.live.lock().insert(id, n);
+                }
+                Err(e) => r.fail(format!("n{id} refuses to start again: {e}")),
+            }
+        }
+        sleep(STEP).await;
+    }
+}
+
+/// Starts every member, then the steps in order; a step that fails ends the run.
+async fn phases(r: &Arc<Run>, rng: &mut StdRng) {
+    for id in r.env.ids.clone() {
+        let incarnation = rng.gen::<u64>().max(1);
+        match boot::start(&r.env, id, Some(incarnation)).await {
+            Ok(n) => {
+                r.note(format!("n{id} starts"));
+                r.live.lock().insert(id, n);
+            }
+            Err(e) => return r.fail(format!("n{id} refuses to start: {e}")),
+        }
+    }
+    let Some(leader) = checks::agreement(r, "the group formed", FORM_WITHIN, None).await else {
+        return;
+    };
+    if !client::create_sale(r, leader).await {
+        return;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = tokio::spawn(client::run(
+        r.clone(),
+        StdRng::seed_from_u64(rng.gen()),
+        stop.clone(),
+    ));
+    if faults(r, rng, leader).await {
+        sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
+    }
+    stop.store(true, Ordering::Release);
+    // Every reply is answered or timed out when the client returns.
+    let _ = writes.await;
+    // The followers learn the last commits by the leader's next heartbeats.
+    sleep(Duration::from_secs(1)).await;
+    checks::acked_holds(r).await;
+}
+
+/// The faults in order: the leader cut off both ways, the links healed, the leader
+/// killed. `false` when a step failed.
+async fn faults(r: &Arc<Run>, rng: &mut StdRng, leader: NodeId) -> bool {
+    sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
+    let at = Instant::now();
+    r.env.wire.isolate(leader, &r.ids());
+    *r.isolated.lock() = Some((leader, at));
+    r.note(format!("n{leader} cut off both ways"));
+    checks::gives_up(r, leader, at).await;
+    let what = format!("n{leader} cut off");
+    if checks::agreement(r, &what, FAILOVER_WITHIN, Some(leader))
+        .await
+        .is_none()
+    {
+        return false;
+    }
+    sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
+    r.env.wire.heal();
+    *r.isolated.lock() = None;
+    r.note("links healed".into());
+    let Some(leader) = checks::agreement(r, "healed", HEAL_WITHIN, None).await else {
+        return false;
+    };
+    sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
+    let Some(n) = r.live.lock().remove(&leader) else {
+        r.note(format!("n{leader} is restarting: not killed"));
+        return false;
+    };
+    r.note(format!("n{leader} killed"));
+    n.kill().await;
+    let what = format!("n{leader} killed");
+    checks::agreement(r, &what, FAILOVER_WITHIN, None)
+        .await
+        .is_some()
+}
