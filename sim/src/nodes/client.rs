@@ -63,6 +63,7 @@ pub(super) struct Pending {
     token: String,
     lsn: u64,
     spec: Arc<Speculation>,
+    made: Instant,
     until: Instant,
 }
 
@@ -99,8 +100,35 @@ async fn answer(r: Arc<Run>, stop: Arc<AtomicBool>) {
                 r.note(format!("{} on n{}: held {}", p.who, p.id, p.token));
                 r.acked.lock().insert(p.token);
             }
-            other => r.note(format!("{} on n{}: no reply ({other:?})", p.who, p.id)),
+            other => {
+                r.note(format!("{} on n{}: no reply ({other:?})", p.who, p.id));
+                answered_in_time(&r, &p);
+            }
         }
+    }
+}
+
+/// A leader that no majority answers gives way within the longest election timeout
+/// and a reach round (`RaftNode::give_way_if_unanswered`): the replies waiting on it are
+/// answered then (its clients retry where the group now leads) rather than at their
+/// socket timeouts. Checked for a member that lives and was cut off.
+fn answered_in_time(r: &Run, p: &Pending) {
+    if r.killed.lock().contains(&p.id) {
+        return;
+    }
+    let Some(cut) = r.cut_at.lock().get(&p.id).copied() else {
+        return;
+    };
+    let (beat, _, longest) = super::TIMING;
+    let by = cut.max(p.made) + Duration::from_millis(longest + 2 * beat);
+    let now = Instant::now();
+    if now > by {
+        r.fail(format!(
+            "{} on n{}: answered {} ms after its member was cut off",
+            p.who,
+            p.id,
+            now.saturating_duration_since(cut).as_millis()
+        ));
     }
 }
 
@@ -130,13 +158,14 @@ fn reserve(r: &Arc<Run>, n: u64) {
         Ok((o, _)) => return r.note(format!("{who} on n{id}: {o:?}")),
         Err(e) => return r.note(format!("{who} on n{id}: {e}")),
     };
-    let until = Instant::now() + REPLY_TTL;
+    let made = Instant::now();
     r.replies.0.lock().push_back(Pending {
         who,
         id,
         token,
         lsn,
         spec,
-        until,
+        made,
+        until: made + REPLY_TTL,
     });
 }

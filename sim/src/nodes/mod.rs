@@ -12,7 +12,8 @@
 //! links heal and all three agree again. The leader is killed (every task of its member
 //! aborted): the other two elect and name a new one. Every acknowledged hold is on the
 //! last leader and on the member following it. Throughout, at most one member takes
-//! writes at any instant.
+//! writes at any instant, and the RESERVEs waiting on the leader cut off are answered
+//! (refused) once it gives way, within the longest election timeout and two heartbeats.
 
 mod boot;
 mod checks;
@@ -70,6 +71,10 @@ pub(crate) struct Run {
     isolated: Mutex<Option<(NodeId, Instant)>>,
     /// The RESERVE replies still waiting for the group's commit.
     replies: client::Replies,
+    /// The members killed (never started again in this scenario).
+    killed: Mutex<BTreeSet<NodeId>>,
+    /// When each member that was cut off was cut off.
+    cut_at: Mutex<BTreeMap<NodeId, Instant>>,
 }
 
 impl Run {
@@ -111,6 +116,8 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, verbose: bool
         acked: Mutex::new(BTreeSet::new()),
         isolated: Mutex::new(None),
         replies: client::Replies::default(),
+        killed: Mutex::new(BTreeSet::new()),
+        cut_at: Mutex::new(BTreeMap::new()),
     });
     let done = Arc::new(AtomicBool::new(false));
     let monitor = tokio::spawn(checks::monitor(r.clone(), done.clone()));
@@ -207,6 +214,7 @@ async fn faults(r: &Arc<Run>, rng: &mut StdRng, leader: NodeId) -> bool {
     let at = Instant::now();
     r.env.wire.isolate(leader, &r.ids());
     *r.isolated.lock() = Some((leader, at));
+    r.cut_at.lock().insert(leader, at);
     r.note(format!("n{leader} cut off both ways"));
     checks::gives_up(r, leader, at).await;
     let what = format!("n{leader} cut off");
@@ -229,6 +237,7 @@ async fn faults(r: &Arc<Run>, rng: &mut StdRng, leader: NodeId) -> bool {
         return false;
     };
     r.note(format!("n{leader} killed"));
+    r.killed.lock().insert(leader);
     n.kill().await;
     let what = format!("n{leader} killed");
     checks::agreement(r, &what, FAILOVER_WITHIN, None)
