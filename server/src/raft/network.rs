@@ -53,6 +53,11 @@ use super::peers::PeerTable;
 use super::transport::{CallError, Link, Transport};
 use super::{NodeId, NodeInfo, TypeConfig};
 
+/// The log target of everything about the links to peers, whichever module writes it
+/// (`tcp`, `peers`, `respond`): operators turn it up by this name
+/// (`--log-level info,stockgate_server::raft::network=debug`, docs/replication.md).
+pub const LOG: &str = "stockgate_server::raft::network";
+
 /// Largest frame a peer may send (an append of `max_payload_entries` batches).
 pub const MAX_FRAME: usize = 256 << 20;
 

@@ -16,7 +16,7 @@ use openraft::AsyncRuntime as _;
 use parking_lot::Mutex;
 use rand::Rng as _;
 
-use super::network::backoff_delay;
+use super::network::{backoff_delay, LOG};
 use super::runtime::Runtime;
 use super::NodeId;
 
@@ -117,13 +117,17 @@ impl PeerTable {
         });
         match (before, ever, outcome) {
             (Some(was), _, _) if was == now => {}
-            (_, false, Ok(())) => tracing::info!("raft: peer {target} at {addr} reachable"),
-            (_, true, Ok(())) => tracing::info!("raft: peer {target} at {addr} reachable again"),
+            (_, false, Ok(())) => {
+                tracing::info!(target: LOG, "raft: peer {target} at {addr} reachable")
+            }
+            (_, true, Ok(())) => {
+                tracing::info!(target: LOG, "raft: peer {target} at {addr} reachable again")
+            }
             (None, _, Err(e)) => {
-                tracing::info!("raft: peer {target} at {addr} not reachable yet: {e}")
+                tracing::info!(target: LOG, "raft: peer {target} at {addr} not reachable yet: {e}")
             }
             (Some(_), _, Err(e)) => {
-                tracing::warn!("raft: peer {target} at {addr} unreachable: {e}")
+                tracing::warn!(target: LOG, "raft: peer {target} at {addr} unreachable: {e}")
             }
         }
     }

@@ -18,7 +18,7 @@ use openraft::raft::AppendEntriesResponse;
 use parking_lot::Mutex;
 
 use super::identity::Identity;
-use super::network::{Envelope, HelloReply, ReplyEnvelope, Rpc, RpcReply};
+use super::network::{Envelope, HelloReply, ReplyEnvelope, Rpc, RpcReply, LOG};
 use super::{NodeId, NodeInfo, Raft};
 
 /// The leader whose append this member last took, and when: a follower names a leader
@@ -88,6 +88,7 @@ impl Responder {
         let ident = &self.ident;
         if env.from == ident.node && !matches!(env.rpc, Rpc::Hello) {
             tracing::error!(
+                target: LOG,
                 "raft: a request from this member itself reached its Raft port: a peer address or --raft-route points back here; dropped"
             );
             return Err(OwnRequest);
@@ -137,7 +138,7 @@ impl Responder {
     fn note_refused(&self, env: &Envelope<Rpc>, why: &str) {
         let key = (env.from, env.from_incarnation, env.to_incarnation);
         if self.refused.lock().insert(key) {
-            tracing::warn!("raft: refused a request from node {}: {why}", env.from);
+            tracing::warn!(target: LOG, "raft: refused a request from node {}: {why}", env.from);
         }
     }
 }

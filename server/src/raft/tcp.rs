@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::network::{decode_reply, decode_request, encode, read_frame, write_frame};
-use super::network::{Envelope, ReplyEnvelope, Rpc};
+use super::network::{Envelope, ReplyEnvelope, Rpc, LOG};
 use super::peers::PeerTable;
 use super::respond::Responder;
 use super::transport::{CallError, CallFuture, Link, ServeFuture, Transport};
@@ -136,7 +136,7 @@ impl TcpLink {
                 )));
             }
         }
-        tracing::debug!("raft: connecting to peer {} at {}", self.target, self.addr);
+        tracing::debug!(target: LOG, "raft: connecting to peer {} at {}", self.target, self.addr);
         let r = tokio::time::timeout(ttl, connect(&self.addr, self.tls.as_deref()))
             .await
             .unwrap_or_else(|_| {
@@ -184,7 +184,7 @@ async fn serve(listener: TcpListener, responder: Arc<Responder>, tls: Option<Arc
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!("raft: accept failed: {e}");
+                tracing::warn!(target: LOG, "raft: accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -200,14 +200,16 @@ async fn serve(listener: TcpListener, responder: Arc<Responder>, tls: Option<Arc
                     match hs.await {
                         Ok(Ok(s)) => Box::new(s),
                         Ok(Err(e)) => {
-                            return tracing::warn!("raft: peer TLS handshake failed: {e}")
+                            return tracing::warn!(target: LOG, "raft: peer TLS handshake failed: {e}")
                         }
-                        Err(_) => return tracing::warn!("raft: peer TLS handshake timed out"),
+                        Err(_) => {
+                            return tracing::warn!(target: LOG, "raft: peer TLS handshake timed out")
+                        }
                     }
                 }
             };
             if let Err(e) = serve_peer(s, &responder).await {
-                tracing::debug!("raft: peer connection ended: {e}");
+                tracing::debug!(target: LOG, "raft: peer connection ended: {e}");
             }
         });
     }

@@ -42,9 +42,9 @@ fn claims_master(n: &Node) -> bool {
     takes_writes(n) || named(n) == Some(addr_of(n.id))
 }
 
-/// The one member that takes writes, if every member but `excluded` names it and it
-/// says it leads.
-fn agreed(r: &Run, excluded: Option<NodeId>) -> Option<NodeId> {
+/// The one member that takes writes, if every member but `excluded` names it, it says
+/// it leads, and it is not `other_than`.
+fn agreed(r: &Run, excluded: Option<NodeId>, other_than: Option<NodeId>) -> Option<NodeId> {
     let live = r.live.lock();
     let members: Vec<&Node> = live.values().filter(|n| Some(n.id) != excluded).collect();
     let writers: Vec<&Node> = members
@@ -55,6 +55,9 @@ fn agreed(r: &Run, excluded: Option<NodeId>) -> Option<NodeId> {
     let [w] = writers[..] else {
         return None;
     };
+    if Some(w.id) == other_than {
+        return None;
+    }
     let want = Some(addr_of(w.id));
     let all_name = members.iter().all(|n| named(n) == want);
     let leads = matches!(Replication::role(&*w.node), RoleView::Leader { .. });
@@ -73,17 +76,18 @@ fn views(r: &Run) -> String {
     each.collect::<Vec<_>>().join("; ")
 }
 
-/// Waits (at most `within`) until one member takes writes and every live member but
-/// `excluded` names it; `None` (a failure) if that never happens.
+/// Waits (at most `within`) until one member takes writes (not `other_than`) and every
+/// live member but `excluded` names it; `None` (a failure) if that never happens.
 pub(super) async fn agreement(
     r: &Run,
     what: &str,
     within: Duration,
     excluded: Option<NodeId>,
+    other_than: Option<NodeId>,
 ) -> Option<NodeId> {
     let start = Instant::now();
     loop {
-        if let Some(l) = agreed(r, excluded) {
+        if let Some(l) = agreed(r, excluded, other_than) {
             let ms = start.elapsed().as_millis();
             r.note(format!(
                 "{what}: n{l} takes writes and every member names it, after {ms} ms"

@@ -9,7 +9,9 @@
 //! takes writes, each reply waiting for the group's commit. The leader is cut off both
 //! ways: within the lease (the shortest election timeout) and a heartbeat it no longer
 //! names itself nor takes writes, and the other two elect and name a new leader. The
-//! links heal and all three agree again. The leader is killed (every task of its member
+//! links heal and all three agree again. The same with the leader cut off from sending
+//! only (it still hears the others). `SENTINEL FAILOVER` on the leader moves the
+//! leadership to another member. The leader is killed (every task of its member
 //! aborted): the other two elect and name a new one. Every acknowledged hold is on the
 //! last leader and on the member following it. Throughout, at most one member takes
 //! writes at any instant, and the RESERVEs waiting on the leader cut off are answered
@@ -29,6 +31,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stockgate_server::raft::NodeId;
+use stockgate_server::session::{Replication, SentinelAnswer, SentinelQuery};
 use tokio::time::{sleep, Instant};
 
 use crate::history::History;
@@ -184,7 +187,8 @@ async fn phases(r: &Arc<Run>, rng: &mut StdRng) {
             Err(e) => return r.fail(format!("n{id} refuses to start: {e}")),
         }
     }
-    let Some(leader) = checks::agreement(r, "the group formed", FORM_WITHIN, None).await else {
+    let formed = checks::agreement(r, "the group formed", FORM_WITHIN, None, None).await;
+    let Some(leader) = formed else {
         return;
     };
     if !client::create_sale(r, leader).await {
@@ -207,30 +211,76 @@ async fn phases(r: &Arc<Run>, rng: &mut StdRng) {
     checks::acked_holds(r).await;
 }
 
-/// The faults in order: the leader cut off both ways, the links healed, the leader
-/// killed. `false` when a step failed.
+/// The faults in order: the leader cut off both ways, then (after healing) cut off
+/// from sending only, then handed over (`SENTINEL FAILOVER`), then killed. `false` when
+/// a step failed.
 async fn faults(r: &Arc<Run>, rng: &mut StdRng, leader: NodeId) -> bool {
+    let Some(leader) = cut_off(r, rng, leader, true).await else {
+        return false;
+    };
+    let Some(leader) = cut_off(r, rng, leader, false).await else {
+        return false;
+    };
+    let Some(leader) = hand_over(r, rng, leader).await else {
+        return false;
+    };
+    kill(r, rng, leader).await
+}
+
+/// Cuts `leader` off, both ways or only what it sends (what the others send still
+/// reaches it); checks that it stops claiming master and that the others elect and
+/// name another; heals. The leader the three agree on after healing.
+async fn cut_off(r: &Arc<Run>, rng: &mut StdRng, leader: NodeId, both: bool) -> Option<NodeId> {
     sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
     let at = Instant::now();
-    r.env.wire.isolate(leader, &r.ids());
+    let ids = r.ids();
+    if both {
+        r.env.wire.isolate(leader, &ids);
+    } else {
+        for &o in ids.iter().filter(|o| **o != leader) {
+            r.env.wire.cut(leader, o);
+        }
+    }
     *r.isolated.lock() = Some((leader, at));
     r.cut_at.lock().insert(leader, at);
-    r.note(format!("n{leader} cut off both ways"));
+    let how = if both { "both ways" } else { "from sending" };
+    r.note(format!("n{leader} cut off {how}"));
     checks::gives_up(r, leader, at).await;
-    let what = format!("n{leader} cut off");
-    if checks::agreement(r, &what, FAILOVER_WITHIN, Some(leader))
-        .await
-        .is_none()
-    {
-        return false;
-    }
+    let what = format!("n{leader} cut off {how}");
+    checks::agreement(r, &what, FAILOVER_WITHIN, Some(leader), None).await?;
     sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
     r.env.wire.heal();
     *r.isolated.lock() = None;
     r.note("links healed".into());
-    let Some(leader) = checks::agreement(r, "healed", HEAL_WITHIN, None).await else {
-        return false;
-    };
+    checks::agreement(r, "healed", HEAL_WITHIN, None, None).await
+}
+
+/// `SENTINEL FAILOVER` on `leader` (through the `Replication` trait, as a client sends
+/// it): another member leads and every member names it, with no fault at all.
+async fn hand_over(r: &Arc<Run>, rng: &mut StdRng, leader: NodeId) -> Option<NodeId> {
+    // Not within openraft's leader lease (the longest election timeout) of the leader's
+    // election: the leader would refuse its target's vote under that lease itself, step
+    // down on the higher term and win again (docs/simulation.md, the `RaftNode`
+    // scenario's findings).
+    let lease = TIMING.2;
+    sleep(Duration::from_millis(lease + rng.gen_range(0..1_500))).await;
+    let answer = r.live.lock().get(&leader).map(|n| {
+        let q = SentinelQuery::Failover(boot::GROUP.as_bytes());
+        Replication::sentinel(&*n.node, q)
+    });
+    r.note(format!("SENTINEL FAILOVER on n{leader}: {answer:?}"));
+    if !matches!(answer, Some(Ok(SentinelAnswer::FailoverStarted))) {
+        r.fail(format!(
+            "SENTINEL FAILOVER on n{leader} refused: {answer:?}"
+        ));
+        return None;
+    }
+    let what = format!("n{leader} handed over");
+    checks::agreement(r, &what, FAILOVER_WITHIN, None, Some(leader)).await
+}
+
+/// Kills `leader`: the other two elect and name a new leader.
+async fn kill(r: &Arc<Run>, rng: &mut StdRng, leader: NodeId) -> bool {
     sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
     let Some(n) = r.live.lock().remove(&leader) else {
         r.note(format!("n{leader} is restarting: not killed"));
@@ -240,7 +290,7 @@ async fn faults(r: &Arc<Run>, rng: &mut StdRng, leader: NodeId) -> bool {
     r.killed.lock().insert(leader);
     n.kill().await;
     let what = format!("n{leader} killed");
-    checks::agreement(r, &what, FAILOVER_WITHIN, None)
+    checks::agreement(r, &what, FAILOVER_WITHIN, None, None)
         .await
         .is_some()
 }
