@@ -5,10 +5,12 @@
 //! identity checks, then openraft), each leg (request, reply) delayed by a draw from the
 //! seed, directed links cut one way or both, a member that is down refusing.
 //!
-//! What it leaves out of the TCP transport: connections and their back-off (a refused
-//! call is a network error after a short pause, never openraft's `Unreachable`, whose
-//! wait `select!`s without `biased` on a generator tokio seeds at random; the same
-//! choice as the hand-built members' network, `net.rs`), TLS.
+//! Connections follow the TCP link's rules (`MemLink`), with the member's own
+//! `PeerTable`: so openraft gets `Unreachable` and waits out its back-off, in a
+//! `select!` without `biased` (tokio draws its branch order from a generator it seeds at
+//! random; its two branches are rarely ready at once, and the digests stay equal from
+//! one process to another: docs/simulation.md). What it leaves out: TLS, the bytes on a
+//! socket.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -24,10 +26,10 @@ use stockgate_server::raft::respond::Responder;
 use stockgate_server::raft::transport::{CallError, CallFuture, Link, ServeFuture, Transport};
 use stockgate_server::raft::{NodeId, NodeInfo};
 
-/// How long a call to a member that is down takes to fail (a refused connection
-/// answers at once; the pause keeps openraft's retries from spinning without simulated
-/// time passing).
-const REFUSED_AFTER: Duration = Duration::from_millis(50);
+/// How long a call whose member went down after the request left takes to fail (a
+/// reset connection fails at once; the pause keeps openraft's immediate retry of a
+/// network error from spinning without simulated time passing).
+const RESET_AFTER: Duration = Duration::from_millis(50);
 
 /// The members listening now, the cut links and the generator of the delays.
 pub struct Wire(Mutex<State>);
@@ -112,11 +114,13 @@ impl Drop for Listening {
 }
 
 impl Transport for MemTransport {
-    fn link(&self, target: NodeId, node: &NodeInfo, _peers: Arc<PeerTable>) -> Box<dyn Link> {
+    fn link(&self, target: NodeId, node: &NodeInfo, peers: Arc<PeerTable>) -> Box<dyn Link> {
         Box::new(MemLink {
             wire: self.0.clone(),
             target,
             addr: node.raft_addr.clone(),
+            peers,
+            connected: false,
         })
     }
 
@@ -152,10 +156,18 @@ pub fn raft_addr(id: NodeId) -> String {
     format!("n{id}:7000")
 }
 
+/// A link to one peer: "connected" once a call found the peer listening, until a call
+/// on it fails, as the TCP link keeps its connection. Connecting is what is backed off
+/// (the member's `PeerTable`, the server's rule): a peer down refuses at once, one
+/// behind a cut link is silent until the call's time-to-live; either is openraft's
+/// `Unreachable`, and a gated call to a peer in its back-off pause is refused without
+/// trying.
 struct MemLink {
     wire: Arc<Wire>,
     target: NodeId,
     addr: String,
+    peers: Arc<PeerTable>,
+    connected: bool,
 }
 
 impl Link for MemLink {
@@ -163,44 +175,94 @@ impl Link for MemLink {
         &self.addr
     }
 
-    /// The request leg, the target's answer, the reply leg, all within `ttl`; a cut leg
-    /// is silence (the call times out, as over a dead link).
-    fn call(&mut self, req: Envelope<Rpc>, ttl: Duration, _gated: bool) -> CallFuture<'_> {
+    /// Connects if not connected, then the request leg, the target's answer and the
+    /// reply leg, all within `ttl`; a cut leg is silence (the call times out, as over a
+    /// dead link). A failed call drops the connection.
+    fn call(&mut self, req: Envelope<Rpc>, ttl: Duration, gated: bool) -> CallFuture<'_> {
         Box::pin(async move {
-            let (from, to) = (req.from, self.target);
-            let body = network::encode(&req)?;
-            let wire = self.wire.clone();
-            let exchange = async move {
-                let there = match wire.leg(from, to) {
-                    Some(d) => d,
-                    None => std::future::pending().await,
-                };
-                tokio::time::sleep(there).await;
-                let Some(responder) = wire.listener(to) else {
-                    tokio::time::sleep(REFUSED_AFTER).await;
-                    return Err(CallError::Failed(io::Error::new(
-                        io::ErrorKind::ConnectionRefused,
-                        format!("node {to} is down"),
-                    )));
-                };
-                let env = network::decode_request(&body)?;
-                let reply = responder.answer(env).await.map_err(io::Error::other)?;
-                let back = network::encode(&reply)?;
-                let delay = match wire.leg(to, from) {
-                    Some(d) => d,
-                    None => std::future::pending().await,
-                };
-                tokio::time::sleep(delay).await;
-                Ok::<ReplyEnvelope, CallError>(network::decode_reply(&back)?)
-            };
-            tokio::time::timeout(ttl, exchange)
+            if !self.connected {
+                self.connect(req.from, ttl, gated).await?;
+            }
+            let r = tokio::time::timeout(ttl, exchange(self.wire.clone(), req, self.target))
                 .await
                 .unwrap_or_else(|_| {
                     Err(CallError::Failed(io::Error::new(
                         io::ErrorKind::TimedOut,
                         "raft rpc timed out",
                     )))
-                })
+                });
+            if let Err(e) = &r {
+                self.connected = false;
+                let e = io::Error::other(e.to_string());
+                self.peers.note_reachable(self.target, &self.addr, Err(&e));
+            }
+            r
         })
     }
+}
+
+impl MemLink {
+    /// A new connection from `from`, unless the peer is backed off (`gated`); a failure
+    /// starts or lengthens its back-off, as the TCP link's does.
+    async fn connect(&mut self, from: NodeId, ttl: Duration, gated: bool) -> Result<(), CallError> {
+        let to = self.target;
+        if gated {
+            if let Some(left) = self.peers.backoff_left(to) {
+                return Err(CallError::Unreachable(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    format!(
+                        "node {to} not called for another {left:?}: its last connection failed"
+                    ),
+                )));
+            }
+        }
+        let e = if self.wire.0.lock().cut.contains(&(from, to)) {
+            tokio::time::sleep(ttl).await;
+            io::Error::new(io::ErrorKind::TimedOut, "raft connection timed out")
+        } else if self.wire.listener(to).is_none() {
+            io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("node {to} is down"),
+            )
+        } else {
+            self.peers.note_connect(to, true);
+            self.connected = true;
+            return Ok(());
+        };
+        self.peers.note_connect(to, false);
+        self.peers.note_reachable(to, &self.addr, Err(&e));
+        Err(CallError::Unreachable(e))
+    }
+}
+
+/// One request and its reply over a connection to `to`: a member gone meanwhile resets
+/// it (after a short pause, so that retries take simulated time).
+async fn exchange(
+    wire: Arc<Wire>,
+    req: Envelope<Rpc>,
+    to: NodeId,
+) -> Result<ReplyEnvelope, CallError> {
+    let from = req.from;
+    let body = network::encode(&req)?;
+    let there = match wire.leg(from, to) {
+        Some(d) => d,
+        None => std::future::pending().await,
+    };
+    tokio::time::sleep(there).await;
+    let Some(responder) = wire.listener(to) else {
+        tokio::time::sleep(RESET_AFTER).await;
+        return Err(CallError::Failed(io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            format!("node {to} is down"),
+        )));
+    };
+    let env = network::decode_request(&body)?;
+    let reply = responder.answer(env).await.map_err(io::Error::other)?;
+    let back = network::encode(&reply)?;
+    let delay = match wire.leg(to, from) {
+        Some(d) => d,
+        None => std::future::pending().await,
+    };
+    tokio::time::sleep(delay).await;
+    Ok(network::decode_reply(&back)?)
 }
