@@ -67,8 +67,14 @@ pub fn run(seed: u64, settings: &Settings) -> Outcome {
 /// Runs the scenario of the server's own `RaftNode`s for `seed` (the `nodes` module), as
 /// [`run`] runs the hand-built members'.
 pub fn run_nodes(seed: u64, verbose: bool) -> Outcome {
+    run_nodes_of(seed, 3, verbose)
+}
+
+/// [`run_nodes`] with a group of `members` members (3 or 5: the faults cut off or kill
+/// one member at a time).
+pub fn run_nodes_of(seed: u64, members: usize, verbose: bool) -> Outcome {
     in_sim(seed, move |master, root| {
-        nodes::run(seed, master, root, verbose)
+        nodes::run(seed, master, root, (members, verbose))
     })
 }
 

@@ -15,9 +15,9 @@
 //! leaves out the RESERVEs sent again with the same request id (`Settings::retries`).
 //! `--members=N` runs a group of N members (3 unless told). `--raftnode` runs the other
 //! scenario instead: three of the server's own `RaftNode`s over the in-memory transport
-//! (`stockgate_sim::run_nodes`; the other flags do not apply to it).
+//! (`stockgate_sim::run_nodes`; of the other flags only `--members` applies to it).
 
-use stockgate_sim::{run, run_nodes, Settings};
+use stockgate_sim::{run, run_nodes_of, Settings};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -69,7 +69,7 @@ fn main() {
     let mut failed = false;
     for seed in first..first.saturating_add(count) {
         let out = if raftnode {
-            run_nodes(seed, verbose)
+            run_nodes_of(seed, members as usize, verbose)
         } else {
             run(seed, &settings)
         };

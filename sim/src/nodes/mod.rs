@@ -1,4 +1,4 @@
-//! The second scenario: three of the server's own `RaftNode`s (not hand-built members)
+//! The second scenario: three (or five) of the server's own `RaftNode`s (not hand-built members)
 //! over the in-memory transport (`wire`), in simulated time, with the delays drawn from
 //! the seed. What it checks is what clients see through the `Replication` trait, the
 //! command layer's view of a member: `SENTINEL get-master-addr-by-name` (the
@@ -95,18 +95,24 @@ impl Run {
     }
 }
 
-/// Runs the scenario of `seed` in `root` (the caller's runtime: current-thread, paused).
-pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, verbose: bool) -> Outcome {
+/// Runs the scenario of `seed` with `members` members (ids 1 to `members`) in `root`
+/// (the caller's runtime: current-thread, paused).
+pub(crate) async fn run(
+    seed: u64,
+    mut rng: StdRng,
+    root: PathBuf,
+    (members, verbose): (usize, bool),
+) -> Outcome {
     let history = History::new(verbose);
     let max_delay = rng.gen_range(1..=30);
     history.note(format!(
-        "seed {seed}, 3 RaftNodes, legs delayed up to {max_delay} ms"
+        "seed {seed}, {members} RaftNodes, legs delayed up to {max_delay} ms"
     ));
     let env = Env {
         wire: Wire::new(StdRng::seed_from_u64(rng.gen()), max_delay),
         history: history.clone(),
         root,
-        ids: vec![1, 2, 3],
+        ids: (1..=members as NodeId).collect(),
         group: rng.gen::<u64>().max(1),
         timing: TIMING,
         start: Instant::now(),
@@ -218,12 +224,18 @@ async fn faults(r: &Arc<Run>, rng: &mut StdRng, leader: NodeId) -> bool {
     let Some(leader) = cut_off(r, rng, leader, true).await else {
         return false;
     };
-    let Some(leader) = cut_off(r, rng, leader, false).await else {
+    let Some(mut leader) = cut_off(r, rng, leader, false).await else {
         return false;
     };
-    let Some(leader) = hand_over(r, rng, leader).await else {
-        return false;
-    };
+    // In a larger group the handover never moves the leadership: the followers other
+    // than its target refuse the target's vote under openraft's leader lease, and the
+    // target needs one of them (docs/simulation.md, the scenario's findings).
+    if r.env.ids.len() == 3 {
+        let Some(next) = hand_over(r, rng, leader).await else {
+            return false;
+        };
+        leader = next;
+    }
     kill(r, rng, leader).await
 }
 
