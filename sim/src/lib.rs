@@ -4,6 +4,10 @@
 //! in one process on one single-threaded tokio runtime with a paused clock, the
 //! network and the faults drawn from one seed (docs/simulation.md).
 //!
+//! A second scenario ([`run_nodes`]) runs the server's own `RaftNode`s (discovery
+//! answers, write gate, reach loop, prompted elections, the bootstrap) over an
+//! in-memory transport ([`wire`]).
+//!
 //! The workload calls the engine as the server's RESERVE does once the command layer
 //! has checked that the member takes writes (`Engine::reserve`, then the reply waits
 //! for the group's commit, `Speculation::wait`); the command layer itself (`cmd`,
@@ -13,7 +17,9 @@ pub mod disk;
 pub mod history;
 pub mod member;
 pub mod net;
+mod nodes;
 mod scenario;
+pub mod wire;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,6 +58,34 @@ static RUNS: AtomicU64 = AtomicU64::new(0);
 /// Runs the simulation of `seed` to its end on a fresh single-threaded runtime with a
 /// paused clock, in a fresh directory (removed afterwards unless the run failed).
 pub fn run(seed: u64, settings: &Settings) -> Outcome {
+    let settings = Arc::new(settings.clone());
+    in_sim(seed, move |master, root| {
+        scenario::run(seed, master, root, settings)
+    })
+}
+
+/// Runs the scenario of the server's own `RaftNode`s for `seed` (the `nodes` module), as
+/// [`run`] runs the hand-built members'.
+pub fn run_nodes(seed: u64, verbose: bool) -> Outcome {
+    run_nodes_of(seed, 3, verbose)
+}
+
+/// [`run_nodes`] with a group of `members` members (3 or 5: the faults cut off or kill
+/// one member at a time).
+pub fn run_nodes_of(seed: u64, members: usize, verbose: bool) -> Outcome {
+    in_sim(seed, move |master, root| {
+        nodes::run(seed, master, root, (members, verbose))
+    })
+}
+
+/// Runs `scenario` (given the run's generator and its directory) to its end on a fresh
+/// single-threaded runtime with a paused clock, in a fresh directory (removed afterwards
+/// unless the run failed).
+fn in_sim<F, Fut>(seed: u64, scenario: F) -> Outcome
+where
+    F: FnOnce(StdRng, std::path::PathBuf) -> Fut,
+    Fut: std::future::Future<Output = Outcome>,
+{
     let root = std::env::temp_dir().join(format!(
         "stockgate-sim-{}-{}-{seed}",
         std::process::id(),
@@ -67,12 +101,7 @@ pub fn run(seed: u64, settings: &Settings) -> Outcome {
         .start_paused(true)
         .build()
         .unwrap();
-    let out = rt.block_on(scenario::run(
-        seed,
-        master,
-        root.clone(),
-        Arc::new(settings.clone()),
-    ));
+    let out = rt.block_on(scenario(master, root.clone()));
     drop(rt);
     stockgate_server::raft::runtime::seed_thread_rng(None);
     if out.failures.is_empty() {

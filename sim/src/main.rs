@@ -1,6 +1,6 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
 //! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
-//! [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] [--members=N]`: runs the deterministic simulation of a replicated
+//! [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
 //! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
 //! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
 //! under `--fsync no` (a single node's setting, which a server never gives a member) to
@@ -18,13 +18,16 @@
 //! the engine instead of sending command lines through the command layer
 //! (`Settings::commands`); `--no-feed` the order feed's consumers and their checks
 //! (`Settings::feed`).
-//! `--members=N` runs a group of N members (3 unless told).
+//! `--members=N` runs a group of N members (3 unless told). `--raftnode` runs the other
+//! scenario instead: three of the server's own `RaftNode`s over the in-memory transport
+//! (`stockgate_sim::run_nodes`; of the other flags only `--members` applies to it).
 
-use stockgate_sim::{run, Settings};
+use stockgate_sim::{run, run_nodes_of, Settings};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let verbose = args.iter().any(|a| a == "--verbose" || a == "-v");
+    let raftnode = args.iter().any(|a| a == "--raftnode");
     let fsync_no = args.iter().any(|a| a == "--fsync-no");
     let net_faults = !args.iter().any(|a| a == "--no-net-faults");
     let pause_and_membership = !args.iter().any(|a| a == "--no-pause-and-membership");
@@ -47,7 +50,7 @@ fn main() {
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
              [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] \
-             [--members=N]"
+             [--members=N] [--raftnode]"
         );
         std::process::exit(2);
     };
@@ -77,7 +80,11 @@ fn main() {
     };
     let mut failed = false;
     for seed in first..first.saturating_add(count) {
-        let out = run(seed, &settings);
+        let out = if raftnode {
+            run_nodes_of(seed, members as usize, verbose)
+        } else {
+            run(seed, &settings)
+        };
         println!("{}", out.line());
         failed |= !out.failures.is_empty();
     }

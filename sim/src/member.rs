@@ -95,17 +95,20 @@ fn keys() -> (Keyring, ReservationKey) {
     (ring, ReservationKey::from_bytes(&[9u8; 32]))
 }
 
-type Recovered = (
+/// A member process's engine, WAL and speculation, and what recovery found (the feed's
+/// groups among it).
+pub(crate) type Recovered = (
     Arc<Engine>,
     Arc<WalDurability>,
     Arc<Speculation>,
     RecoveryReport,
 );
 
-/// The engine, its WAL and its speculation, recovered from `dir` as a server's are.
-fn recover(
+/// The engine, its WAL and its speculation, recovered from `dir` as a server's are;
+/// `auto_release`: the engine releases expired holds itself (a server with no ledger).
+pub(crate) fn recover(
     dir: &Path,
-    env: &Env,
+    auto_release: bool,
     (origin, clock): (u64, Arc<dyn Clock>),
     (opts, hook): (WalOptions, Arc<Hook>),
 ) -> Result<Recovered, String> {
@@ -115,7 +118,7 @@ fn recover(
         // there at the end, held, sold or released.
         retention_ms: 1 << 40,
         // A server with no ledger (no sweeper) releases expired holds itself.
-        auto_release: env.expiry,
+        auto_release,
         ..EngineConfig::default()
     };
     let mut spec = None;
@@ -166,7 +169,8 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
     adopt_staged(id, &dir, &store, &env.history)?;
-    let (engine, dur, spec, report) = recover(&dir, env, (origin, clock), (wal, hook.clone()))?;
+    let (engine, dur, spec, report) =
+        recover(&dir, env.expiry, (origin, clock), (wal, hook.clone()))?;
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
     // Opened before the state machine applies anything, as a server opens it

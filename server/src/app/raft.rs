@@ -130,6 +130,7 @@ pub(super) async fn start(
     let argv = cfg.restart_argv.clone();
     let data_dir = cfg.data_dir.clone();
     spec.set_depose_hook(RaftNode::restart_hook(argv, port, r.durability.clone()));
+    let transport = raft::tcp::transport(&cfg.listen, &cfg.routes, cfg.tls.clone());
     let node = RaftNode::start(
         cfg,
         prepared,
@@ -137,6 +138,7 @@ pub(super) async fn start(
         r.durability.clone(),
         spec,
         snapshot_hooks(shared),
+        transport,
     )
     .await?;
     // A failed disk (the Raft log's, the WAL's) or a stopped Raft core ends the process

@@ -325,6 +325,13 @@ impl LogStore {
         })
     }
 
+    /// Written on the caller's task rather than by a writer thread
+    /// ([`LogStore::open_inline`]): the simulation's, whose member then builds and
+    /// installs snapshots on its tasks too.
+    pub fn is_inline(&self) -> bool {
+        !matches!(self.sink, Sink::Thread(_))
+    }
+
     /// The log file's path, for messages.
     pub fn path(&self) -> &Path {
         &self.path

@@ -2,7 +2,8 @@
 //!
 //! What is the library's and what is ours:
 //! - elections, terms, log matching, commit by majority, membership changes: openraft;
-//! - the Raft log on disk ([`log_store`]), the network between peers ([`network`]), the
+//! - the Raft log on disk ([`log_store`]), the network between peers ([`network`], over
+//!   a [`transport`]: [`tcp`] in a server), the
 //!   state machine ([`state_machine`]: the engine and its WAL), and how the leader's
 //!   engine feeds the log ([`speculation`]): ours.
 //!
@@ -33,11 +34,15 @@ mod log_file;
 pub mod log_store;
 pub mod network;
 pub mod node;
+pub mod peers;
+pub mod respond;
 pub mod runtime;
 pub mod snapshot;
 pub mod speculation;
 pub mod state_machine;
 pub mod storage_fault;
+pub mod tcp;
+pub mod transport;
 
 use std::fmt;
 use std::io::Cursor;

@@ -1,13 +1,13 @@
-//! The network between the members of a group: openraft's three RPCs over TCP, one
-//! request and one reply per frame, `[u32 length][bincode body]`.
+//! The network between the members of a group: openraft's three RPCs (and the
+//! member's own requests) as typed requests and replies, the frames they travel in over
+//! TCP (`[u32 length][bincode body]`), and openraft's network over a [`Transport`]
+//! (TCP in a server, [`tcp`](super::tcp); memory in the simulation).
 //!
-//! Each node listens on its Raft address (`--raft-listen`) and keeps one connection per
-//! peer it calls, opened on first use and dropped on any error (the next heartbeat opens
-//! it again). A frame larger than [`MAX_FRAME`] ends the connection: a peer's bytes are
-//! bounded like a client's. With `--tls-replication` every peer connection is TLS, both
-//! ends presenting the member's certificate, each checked against the CA.
+//! A frame larger than [`MAX_FRAME`] ends the connection: a peer's bytes are bounded
+//! like a client's.
 //!
-//! A peer that cannot be connected to (down, or its port closed) is backed off, per peer:
+//! A peer that cannot be connected to (down, or its port closed) is backed off, per peer
+//! and per member ([`PeerTable`]):
 //! after each failed connection no new one is tried for a pause doubling from
 //! [`BACKOFF_FIRST`] to [`BACKOFF_MAX`], jittered, and openraft's calls in that pause are
 //! answered at once with `Unreachable`, which makes openraft's replication to that peer
@@ -25,9 +25,8 @@
 //! ([`identity`](super::identity)): a member started on an empty or foreign disk gets
 //! no say, even if its own checks were bypassed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,18 +46,17 @@ use openraft::raft::{
 use openraft::EntryPayload;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-use crate::takeover::Io;
-use crate::tls::Tls;
-
-/// A peer connection, TCP or TLS (openraft shares a peer's client between threads).
-trait PeerIo: Io + Sync {}
-impl<T: Io + Sync> PeerIo for T {}
 
 use super::identity::Identity;
 use super::lease::Lease;
-use super::{NodeId, NodeInfo, Raft, TypeConfig};
+use super::peers::PeerTable;
+use super::transport::{CallError, Link, Transport};
+use super::{NodeId, NodeInfo, TypeConfig};
+
+/// The log target of everything about the links to peers, whichever module writes it
+/// (`tcp`, `peers`, `respond`): operators turn it up by this name
+/// (`--log-level info,stockgate_server::raft::network=debug`, docs/replication.md).
+pub const LOG: &str = "stockgate_server::raft::network";
 
 /// Largest frame a peer may send (an append of `max_payload_entries` batches).
 pub const MAX_FRAME: usize = 256 << 20;
@@ -155,15 +153,13 @@ pub enum RpcReply {
     Progress(Option<u64>),
 }
 
-/// Creates a [`Peer`] per member openraft talks to. `routes` overrides where a peer is
-/// reached (`--raft-route ID=ADDR`: a proxy, a NAT), by node id.
+/// Creates a [`Peer`] per member openraft talks to, over the member's [`Transport`].
 #[derive(Clone)]
 pub struct Network {
-    /// Peer address overrides by node id: where to connect instead of the member's advertised
-    /// `raft_addr`.
-    pub routes: Arc<HashMap<NodeId, String>>,
-    /// `--tls-replication`: peers are called over TLS.
-    pub tls: Option<Arc<Tls>>,
+    /// What carries the requests (TCP in a server).
+    pub transport: Arc<dyn Transport>,
+    /// This member's view of its peers' links (back-off, counts), shared by all its clients.
+    pub peers: Arc<PeerTable>,
     /// This member's identity, put on every request.
     pub ident: Arc<Identity>,
     /// The followers' acknowledgements of this member's appends ([`Lease`]).
@@ -176,16 +172,10 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> Peer {
-        let addr = self
-            .routes
-            .get(&target)
-            .cloned()
-            .unwrap_or_else(|| node.raft_addr.clone());
         Peer {
             target,
-            addr,
-            tls: self.tls.clone(),
-            conn: None,
+            link: self.transport.link(target, node, self.peers.clone()),
+            peers: self.peers.clone(),
             ident: self.ident.clone(),
             expect: node.incarnation,
             lease: self.lease.clone(),
@@ -194,12 +184,11 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     }
 }
 
-/// One connection to a peer member, opened on first use and reopened after an error.
+/// One link to a peer member (one connection over TCP).
 pub struct Peer {
     target: NodeId,
-    addr: String,
-    tls: Option<Arc<Tls>>,
-    conn: Option<Box<dyn PeerIo>>,
+    link: Box<dyn Link>,
+    peers: Arc<PeerTable>,
     ident: Arc<Identity>,
     /// The incarnation the membership names for `target` (0: not known yet).
     expect: u64,
@@ -207,21 +196,10 @@ pub struct Peer {
     mute_after: Duration,
 }
 
-/// Opens a connection to a peer: TCP, and TLS on it with `--tls-replication` (the
-/// peer's name is the host of its address, an IP or a DNS name its certificate lists).
-async fn connect(addr: &str, tls: Option<&Tls>) -> io::Result<Box<dyn PeerIo>> {
-    let s = TcpStream::connect(addr).await?;
-    s.set_nodelay(true)?;
-    let Some((_, connector)) = tls.and_then(|t| t.peers()) else {
-        return Ok(Box::new(s));
-    };
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    let name = crate::tls::peer::server_name(host)
-        .map_err(|e| io::Error::other(format!("peer address {addr}: {e}")))?;
-    Ok(Box::new(connector.connect(name, s).await?))
-}
-
-async fn write_frame<S: AsyncWrite + Unpin + ?Sized>(s: &mut S, body: &[u8]) -> io::Result<()> {
+pub(super) async fn write_frame<S: AsyncWrite + Unpin + ?Sized>(
+    s: &mut S,
+    body: &[u8],
+) -> io::Result<()> {
     let len = u32::try_from(body.len())
         .ok()
         .filter(|l| (*l as usize) <= MAX_FRAME)
@@ -317,104 +295,28 @@ pub fn backoff_delay(failures: u32, jitter: f64) -> Duration {
     doubled.min(BACKOFF_MAX).mul_f64(jitter)
 }
 
-/// Why a call to a peer failed.
-#[derive(Debug)]
-enum CallError {
-    /// No connection could be opened, or the peer is in its back-off pause: openraft's
-    /// `Unreachable`, which makes it wait before calling again.
-    Unreachable(io::Error),
-    /// The exchange on a connection failed, or the reply is not one to count.
-    Failed(io::Error),
-}
-
-impl From<CallError> for io::Error {
-    fn from(e: CallError) -> io::Error {
-        match e {
-            CallError::Unreachable(e) | CallError::Failed(e) => e,
-        }
-    }
-}
-
-impl From<io::Error> for CallError {
-    fn from(e: io::Error) -> CallError {
-        CallError::Failed(e)
-    }
-}
-
 impl Peer {
-    /// One request and its reply. The connection is taken out of `self` for the call and
-    /// put back only after a whole reply was read: a call that fails, times out or is
-    /// dropped half way (openraft drops replication futures it no longer needs) takes the
-    /// connection with it, so no later call can read the reply meant for this one.
+    /// One request and its reply, in the envelope naming both sides' storages.
     /// `gated`: a call of openraft's, answered at once while the peer is backed off
     /// (the bootstrap's and the operator's calls always try).
-    async fn call(&mut self, rpc: &Rpc, ttl: Duration, gated: bool) -> Result<RpcReply, CallError> {
-        let body = encode(&Envelope {
+    async fn call(&mut self, rpc: Rpc, ttl: Duration, gated: bool) -> Result<RpcReply, CallError> {
+        let req = Envelope {
             group: self.ident.group().unwrap_or(0),
             from: self.ident.node,
             from_incarnation: self.ident.incarnation,
             to_incarnation: self.expect,
             rpc,
-        })?;
-        let start = Instant::now();
-        let s = match self.conn.take() {
-            Some(s) => s,
-            None => self.open(ttl, gated).await?,
         };
-        let left = ttl.saturating_sub(start.elapsed());
-        let r = tokio::time::timeout(left, exchange(s, body))
-            .await
-            .unwrap_or_else(|_| {
-                Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "raft rpc timed out",
-                ))
-            });
-        let (s, reply) = match r {
-            Ok(ok) => ok,
-            Err(e) => {
-                note_reachable(self.target, &self.addr, Err(&e));
-                return Err(CallError::Failed(e));
-            }
-        };
-        self.conn = Some(s);
+        let reply = self.link.call(req, ttl, gated).await?;
         let checked = self.checked(reply);
-        note_answer(self.target, checked.is_ok());
-        note_reachable(self.target, &self.addr, checked.as_ref().map(|_| ()));
+        self.peers.note_answer(self.target, checked.is_ok());
+        let addr = self.link.addr();
+        self.peers
+            .note_reachable(self.target, addr, checked.as_ref().map(|_| ()));
         // A reply that does not count (another storage, a refusal) will not count on the
         // next call either: openraft waits out the back-off rather than asking again at
         // once, which would spin a core for as long as the member waits for re-admission.
         checked.map_err(CallError::Unreachable)
-    }
-
-    /// A new connection to the peer, unless it is backed off (`gated`); a failure starts
-    /// or lengthens its back-off.
-    async fn open(&self, ttl: Duration, gated: bool) -> Result<Box<dyn PeerIo>, CallError> {
-        if gated {
-            if let Some(left) = backoff_left(self.target) {
-                return Err(CallError::Unreachable(io::Error::new(
-                    io::ErrorKind::ConnectionRefused,
-                    format!(
-                        "node {} not called for another {left:?}: its last connection failed",
-                        self.target
-                    ),
-                )));
-            }
-        }
-        tracing::debug!("raft: connecting to peer {} at {}", self.target, self.addr);
-        let r = tokio::time::timeout(ttl, connect(&self.addr, self.tls.as_deref()))
-            .await
-            .unwrap_or_else(|_| {
-                Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "raft connection timed out",
-                ))
-            });
-        note_connect(self.target, r.is_ok());
-        r.map_err(|e| {
-            note_reachable(self.target, &self.addr, Err(&e));
-            CallError::Unreachable(e)
-        })
     }
 
     /// A reply counts only from the storage the membership names: a member that lost
@@ -431,117 +333,6 @@ impl Peer {
             RpcReply::Refused(why) => Err(io::Error::other(format!("refused: {why}"))),
             reply => Ok(reply),
         }
-    }
-}
-
-/// Sends one request on `s` and reads its reply; hands the connection back with it.
-async fn exchange(
-    mut s: Box<dyn PeerIo>,
-    body: Vec<u8>,
-) -> io::Result<(Box<dyn PeerIo>, ReplyEnvelope)> {
-    write_frame(&mut s, &body).await?;
-    let reply = read_frame(&mut s).await?;
-    let reply = decode_reply(&reply)?;
-    Ok((s, reply))
-}
-
-/// What this process knows of a peer. One process runs one member, so one map serves
-/// every client openraft makes to a peer (one per replication stream, one for votes):
-/// they share the peer's back-off.
-#[derive(Clone, Copy, Default)]
-struct PeerState {
-    /// Whether the last call answered; `None`: not called yet.
-    up: Option<bool>,
-    /// Whether it ever answered.
-    ever: bool,
-    /// Connections that failed in a row.
-    failures: u32,
-    /// No new connection before this instant.
-    retry_at: Option<Instant>,
-    /// Connections tried since the process started.
-    attempts: u64,
-    /// Replies not counted since the process started (another storage, a refusal).
-    refused: u64,
-}
-
-static PEERS: parking_lot::Mutex<Option<HashMap<NodeId, PeerState>>> =
-    parking_lot::Mutex::new(None);
-
-fn with_peer<T>(target: NodeId, f: impl FnOnce(&mut PeerState) -> T) -> T {
-    let mut map = PEERS.lock();
-    f(map
-        .get_or_insert_with(HashMap::new)
-        .entry(target)
-        .or_default())
-}
-
-/// How long `target` is still backed off, if it is.
-fn backoff_left(target: NodeId) -> Option<Duration> {
-    let at = with_peer(target, |p| p.retry_at)?;
-    at.checked_duration_since(Instant::now())
-        .filter(|d| !d.is_zero())
-}
-
-/// Counts a connection attempt; a failed one backs the peer off for longer, a good one
-/// ends its back-off.
-fn note_connect(target: NodeId, ok: bool) {
-    with_peer(target, |p| {
-        p.attempts += 1;
-        if ok {
-            p.failures = 0;
-            p.retry_at = None;
-        } else {
-            p.failures = p.failures.saturating_add(1);
-            let pause = backoff_delay(p.failures, rand::random::<f64>() * 0.5 + 0.5);
-            p.retry_at = Some(Instant::now() + pause);
-        }
-    })
-}
-
-/// Counts a reply: one that counts ends the peer's back-off, one that does not (a member
-/// that lost its state, a refusal) backs it off as a failed connection would.
-fn note_answer(target: NodeId, counted: bool) {
-    with_peer(target, |p| {
-        if counted {
-            p.failures = 0;
-            p.retry_at = None;
-        } else {
-            p.refused += 1;
-            p.failures = p.failures.saturating_add(1);
-            let pause = backoff_delay(p.failures, rand::random::<f64>() * 0.5 + 0.5);
-            p.retry_at = Some(Instant::now() + pause);
-        }
-    })
-}
-
-/// How many connections this process tried to open to `target`.
-pub fn connect_attempts(target: NodeId) -> u64 {
-    with_peer(target, |p| p.attempts)
-}
-
-/// What `INFO replication` shows of a peer: whether its last call answered (`None`: not
-/// called yet), connections tried, replies not counted.
-pub fn peer_stats(target: NodeId) -> (Option<bool>, u64, u64) {
-    with_peer(target, |p| (p.up, p.attempts, p.refused))
-}
-
-/// Logs a peer's reachability when it changes, never per call: openraft retries a peer
-/// many times a second, and a peer not up yet (members start one after another) or down
-/// for a while is a state for the operator to see once, not an error per heartbeat.
-fn note_reachable(target: NodeId, addr: &str, outcome: Result<(), &io::Error>) {
-    let now = outcome.is_ok();
-    let (before, ever) = with_peer(target, |p| {
-        let before = (p.up, p.ever);
-        p.up = Some(now);
-        p.ever |= now;
-        before
-    });
-    match (before, ever, outcome) {
-        (Some(was), _, _) if was == now => {}
-        (_, false, Ok(())) => tracing::info!("raft: peer {target} at {addr} reachable"),
-        (_, true, Ok(())) => tracing::info!("raft: peer {target} at {addr} reachable again"),
-        (None, _, Err(e)) => tracing::info!("raft: peer {target} at {addr} not reachable yet: {e}"),
-        (Some(_), _, Err(e)) => tracing::warn!("raft: peer {target} at {addr} unreachable: {e}"),
     }
 }
 
@@ -583,7 +374,7 @@ impl RaftNetwork<TypeConfig> for Peer {
             ))));
         }
         self.lease.sending(term, sent);
-        let r = self.call(&Rpc::Append(rpc), option.hard_ttl(), true).await;
+        let r = self.call(Rpc::Append(rpc), option.hard_ttl(), true).await;
         let r = self.answer(r, |r| match r {
             RpcReply::Append(a) => Some(a),
             _ => None,
@@ -602,9 +393,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        let r = self
-            .call(&Rpc::Snapshot(rpc), option.hard_ttl(), true)
-            .await;
+        let r = self.call(Rpc::Snapshot(rpc), option.hard_ttl(), true).await;
         self.answer(r, |r| match r {
             RpcReply::Snapshot(a) => Some(a),
             _ => None,
@@ -616,7 +405,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        let r = self.call(&Rpc::Vote(rpc), option.hard_ttl(), true).await;
+        let r = self.call(Rpc::Vote(rpc), option.hard_ttl(), true).await;
         self.answer(r, |r| match r {
             RpcReply::Vote(a) => Some(a),
             _ => None,
@@ -626,9 +415,11 @@ impl RaftNetwork<TypeConfig> for Peer {
     /// openraft's pause after an `Unreachable`: until this peer's back-off ends, so that
     /// its replication to the peer waits as long as a new connection would.
     fn backoff(&self) -> Backoff {
-        let target = self.target;
+        let (target, peers) = (self.target, self.peers.clone());
         Backoff::new(std::iter::repeat_with(move || {
-            backoff_left(target).map_or(BACKOFF_FIRST, |d| d.max(BACKOFF_FIRST))
+            peers
+                .backoff_left(target)
+                .map_or(BACKOFF_FIRST, |d| d.max(BACKOFF_FIRST))
         }))
     }
 }
@@ -636,10 +427,7 @@ impl RaftNetwork<TypeConfig> for Peer {
 /// Asks `target` to stand for election at once (a switchover).
 pub async fn ask_to_elect(mut net: Network, target: NodeId, node: &NodeInfo) -> io::Result<()> {
     let mut peer = net.new_client(target, node).await;
-    match peer
-        .call(&Rpc::Elect, Duration::from_secs(2), false)
-        .await?
-    {
+    match peer.call(Rpc::Elect, Duration::from_secs(2), false).await? {
         RpcReply::Elect(true) => Ok(()),
         RpcReply::Elect(false) => Err(io::Error::other("it cannot stand for election now")),
         _ => Err(io::Error::other("mismatched reply")),
@@ -663,8 +451,8 @@ pub async fn hello_client(mut net: Network, target: NodeId, node: &NodeInfo) -> 
 
 /// `Hello` on `peer`'s connection (kept for the next call when it answers).
 pub async fn say_hello(peer: &mut Peer, target: NodeId, ttl: Duration) -> io::Result<HelloReply> {
-    let node = peer.addr.clone();
-    match peer.call(&Rpc::Hello, ttl, false).await? {
+    let node = peer.link.addr().to_owned();
+    match peer.call(Rpc::Hello, ttl, false).await? {
         RpcReply::Hello(h) if h.node == target => Ok(h),
         RpcReply::Hello(h) => Err(io::Error::other(format!(
             "{node} is node {}, not node {target}",
@@ -676,7 +464,7 @@ pub async fn say_hello(peer: &mut Peer, target: NodeId, ttl: Duration) -> io::Re
 
 /// The index of the last entry in `target`'s log (see [`Rpc::Progress`]).
 pub async fn ask_progress(peer: &mut Peer, ttl: Duration) -> io::Result<Option<u64>> {
-    match peer.call(&Rpc::Progress, ttl, false).await? {
+    match peer.call(Rpc::Progress, ttl, false).await? {
         RpcReply::Progress(last) => Ok(last),
         _ => Err(io::Error::other("mismatched reply")),
     }
@@ -697,274 +485,9 @@ pub async fn init(
         group,
         members: members.clone(),
     };
-    match peer.call(&rpc, Duration::from_secs(5), false).await? {
+    match peer.call(rpc, Duration::from_secs(5), false).await? {
         RpcReply::Init(r) => r.map_err(|why| io::Error::other(format!("refused: {why}"))),
         _ => Err(io::Error::other("mismatched reply")),
-    }
-}
-
-/// Serves the peers' RPCs. `no_votes`: while set, vote and election requests are
-/// refused (a member the group has not admitted as a voter under this storage's
-/// incarnation must not vote: it may have voted in these terms before it lost its state).
-pub async fn serve(
-    listener: TcpListener,
-    raft: Raft,
-    no_votes: Arc<AtomicBool>,
-    ident: Arc<Identity>,
-    tls: Option<Arc<Tls>>,
-) {
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("raft: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let (raft, no_votes, ident) = (raft.clone(), no_votes.clone(), ident.clone());
-        let acceptor = tls.as_ref().and_then(|t| t.peers()).map(|p| p.0);
-        tokio::spawn(async move {
-            let _ = stream.set_nodelay(true);
-            let s: Box<dyn PeerIo> = match acceptor {
-                None => Box::new(stream),
-                Some(a) => {
-                    let hs = tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, a.accept(stream));
-                    match hs.await {
-                        Ok(Ok(s)) => Box::new(s),
-                        Ok(Err(e)) => {
-                            return tracing::warn!("raft: peer TLS handshake failed: {e}")
-                        }
-                        Err(_) => return tracing::warn!("raft: peer TLS handshake timed out"),
-                    }
-                }
-            };
-            if let Err(e) = serve_peer(s, raft, no_votes, ident).await {
-                tracing::debug!("raft: peer connection ended: {e}");
-            }
-        });
-    }
-}
-
-async fn serve_peer(
-    mut s: Box<dyn PeerIo>,
-    raft: Raft,
-    no_votes: Arc<AtomicBool>,
-    ident: Arc<Identity>,
-) -> io::Result<()> {
-    loop {
-        let body = read_frame(&mut s).await?;
-        let env = decode_request(&body)?;
-        // A route that leads back here (a misconfigured --raft-route or --raft-peers):
-        // openraft must never see its own requests as a peer's (a leader receiving its
-        // own append-entries stops its core).
-        if env.from == ident.node && !matches!(env.rpc, Rpc::Hello) {
-            tracing::error!(
-                "raft: a request from this member itself reached its Raft port: a peer address or --raft-route points back here; dropped"
-            );
-            return Err(io::Error::other("request from this member itself"));
-        }
-        let reply = match admit(&env, &raft, &ident, &no_votes) {
-            Err(why) => {
-                note_refused(&env, &why);
-                RpcReply::Refused(why)
-            }
-            Ok(()) => handle(env.rpc, &raft, &ident, &no_votes).await,
-        };
-        let out = encode(&ReplyEnvelope {
-            incarnation: ident.incarnation,
-            reply,
-        })?;
-        write_frame(&mut s, &out).await?;
-    }
-}
-
-async fn handle(rpc: Rpc, raft: &Raft, ident: &Identity, no_votes: &AtomicBool) -> RpcReply {
-    match rpc {
-        Rpc::Append(r) => {
-            let from = r.vote.leader_id.node_id;
-            let reply = raft.append_entries(r).await;
-            if matches!(&reply, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
-                *LAST_APPEND.lock() = Some((from, Instant::now()));
-            }
-            RpcReply::Append(reply)
-        }
-        Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
-        Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
-        // A member not admitted as a voter may not stand.
-        Rpc::Progress => RpcReply::Progress(raft.metrics().borrow().last_log_index),
-        Rpc::Elect => RpcReply::Elect(
-            !no_votes.load(Ordering::Acquire) && raft.trigger().elect().await.is_ok(),
-        ),
-        Rpc::Hello => RpcReply::Hello(HelloReply {
-            node: ident.node,
-            incarnation: ident.incarnation,
-            group: ident.group().unwrap_or(0),
-            pristine: pristine(raft),
-        }),
-        Rpc::Init { group, members } => RpcReply::Init(take_init(raft, ident, group, members)),
-    }
-}
-
-/// The leader whose append this member last took, and when (one process runs one
-/// member): a follower names a leader to clients only while it hears from it.
-static LAST_APPEND: parking_lot::Mutex<Option<(NodeId, Instant)>> = parking_lot::Mutex::new(None);
-
-/// How long ago this member last took an append from `leader` (`None`: never).
-pub fn heard_from(leader: NodeId) -> Option<Duration> {
-    let (from, at) = (*LAST_APPEND.lock())?;
-    (from == leader).then(|| at.elapsed())
-}
-
-/// No membership and no log entry: nothing a bootstrap could overwrite.
-fn pristine(raft: &Raft) -> bool {
-    let m = raft.metrics().borrow().clone();
-    m.last_log_index.is_none() && m.membership_config.membership().nodes().next().is_none()
-}
-
-/// The bootstrap's [`Rpc::Init`] on a member: only a member with no Raft state and no
-/// other group takes it, and only when it lists this storage's incarnation.
-fn take_init(
-    raft: &Raft,
-    ident: &Identity,
-    group: u64,
-    members: BTreeMap<NodeId, NodeInfo>,
-) -> Result<(), String> {
-    match members.get(&ident.node) {
-        Some(n) if n.incarnation == ident.incarnation => {}
-        _ => {
-            return Err(format!(
-                "the bootstrap does not list node {} with this storage's incarnation {:016x}",
-                ident.node, ident.incarnation
-            ))
-        }
-    }
-    if ident.group().is_some_and(|g| g != group) {
-        return Err(format!("node {} belongs to another group", ident.node));
-    }
-    if !pristine(raft) {
-        // The same bootstrap sent again after the group's log reached this member.
-        let same = ident.group() == Some(group);
-        return if same {
-            Ok(())
-        } else {
-            Err(format!("node {} already holds Raft state", ident.node))
-        };
-    }
-    ident.adopt_group(group).map_err(|e| e.to_string())?;
-    // Not `initialize` here: openraft stands for election at once on it, and a member
-    // initialized after a leader was elected could then unseat it with a shorter log.
-    // Only the bootstrapping member initializes and stands; this one grants it its vote
-    // by this membership and learns the real one from its log.
-    ident.set_first_members(members);
-    Ok(())
-}
-
-/// Whether a request may reach Raft: the receiver must be the storage the sender means,
-/// of the same group, and a vote or an append must come from the storage the
-/// membership names for the sender's node id. `Err` says why not, in words.
-fn admit(
-    env: &Envelope<Rpc>,
-    raft: &Raft,
-    ident: &Identity,
-    no_votes: &AtomicBool,
-) -> Result<(), String> {
-    let voting = matches!(env.rpc, Rpc::Vote(_) | Rpc::Elect);
-    match &env.rpc {
-        Rpc::Hello | Rpc::Init { .. } | Rpc::Progress => return Ok(()),
-        Rpc::Append(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
-        Rpc::Vote(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
-        Rpc::Snapshot(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
-        Rpc::Elect => {}
-    }
-    if env.to_incarnation != ident.incarnation {
-        return Err(format!(
-            "node {} runs on storage incarnation {:016x}, node {} knows it as {:016x}: this member lost its state and takes no part until re-admitted (RAFT.READMIT {} on the leader)",
-            ident.node, ident.incarnation, env.from, env.to_incarnation, ident.node
-        ));
-    }
-    if env.group == 0 {
-        return Err(format!("node {} belongs to no group", env.from));
-    }
-    match ident.group() {
-        Some(g) if g != env.group => {
-            return Err(format!(
-                "node {} is of group {:016x}, this member of group {g:016x}",
-                env.from, env.group
-            ))
-        }
-        Some(_) => {}
-        // A member that never voted yet learns its group from the first leader that
-        // names its incarnation (RAFT.ADD asked it for it): it cannot vote before.
-        None if voting => return Err(format!("node {} is not in a group yet", ident.node)),
-        None => ident.adopt_group(env.group).map_err(|e| e.to_string())?,
-    }
-    let (known, may_vote) = sender_and_vote(raft, ident, env.from, no_votes);
-    match known {
-        // A member not admitted under its own storage (wiped, then re-admitted and still
-        // catching up) holds an older membership than the leader's, which may name the
-        // leader under a storage it has since replaced: it learns the incarnations from
-        // the log the leader sends, and votes for nobody meanwhile.
-        Some(k) if k != env.from_incarnation && (voting || may_vote) => {
-            return Err(format!(
-                "node {} runs on storage incarnation {:016x}, the group admitted {k:016x}: it lost its state and gets no vote and no say until re-admitted (RAFT.READMIT {})",
-                env.from, env.from_incarnation, env.from
-            ))
-        }
-        // A leader this member's log does not list yet may still append (the log that
-        // names it is what it sends); a vote goes to known members only.
-        None if voting => return Err(format!("node {} is not a member this node knows", env.from)),
-        _ => {}
-    }
-    if voting && !may_vote {
-        return Err(format!(
-            "node {} is not admitted as a voter under its storage's incarnation and does not vote",
-            ident.node
-        ));
-    }
-    Ok(())
-}
-
-/// The incarnation this member knows for node `from`, and whether it may vote: by its
-/// log's membership, or, before its log holds one, by the first membership the bootstrap
-/// handed it (`take_init` checked that it lists this storage).
-fn sender_and_vote(
-    raft: &Raft,
-    ident: &Identity,
-    from: NodeId,
-    no_votes: &AtomicBool,
-) -> (Option<u64>, bool) {
-    let (known, empty) = {
-        let m = raft.metrics();
-        let m = m.borrow();
-        let ms = m.membership_config.membership();
-        let known = ms.get_node(&from).map(|n| n.incarnation);
-        let empty = ms.nodes().next().is_none();
-        (known, empty)
-    };
-    if !empty {
-        return (known, !no_votes.load(Ordering::Acquire));
-    }
-    match ident.first_members() {
-        Some(first) => (first.get(&from).map(|n| n.incarnation), true),
-        None => (None, false),
-    }
-}
-
-fn same_sender(from: NodeId, named: Option<NodeId>) -> Result<(), String> {
-    match named {
-        Some(n) if n != from => Err(format!("a request from node {from} speaks for node {n}")),
-        _ => Ok(()),
-    }
-}
-
-/// Logs a refused peer once per sender and reason kind, not per heartbeat.
-fn note_refused(env: &Envelope<Rpc>, why: &str) {
-    static SEEN: parking_lot::Mutex<Option<std::collections::HashSet<(NodeId, u64, u64)>>> =
-        parking_lot::Mutex::new(None);
-    let key = (env.from, env.from_incarnation, env.to_incarnation);
-    if SEEN.lock().get_or_insert_with(Default::default).insert(key) {
-        tracing::warn!("raft: refused a request from node {}: {why}", env.from);
     }
 }
 
@@ -985,20 +508,5 @@ mod tests {
         assert_eq!(backoff_delay(1, 0.0), BACKOFF_FIRST / 2);
         assert_eq!(backoff_delay(1, 7.0), BACKOFF_FIRST);
         assert_eq!(backoff_delay(1, f64::NAN), BACKOFF_FIRST);
-    }
-
-    #[test]
-    fn a_failed_connection_backs_a_peer_off_and_a_good_one_ends_it() {
-        let peer = 9_999_001;
-        assert_eq!(backoff_left(peer), None);
-        note_connect(peer, false);
-        note_connect(peer, false);
-        let (failures, until) = with_peer(peer, |p| (p.failures, p.retry_at));
-        assert_eq!(failures, 2);
-        assert!(until.is_some_and(|u| u <= Instant::now() + BACKOFF_FIRST * 2));
-        note_connect(peer, true);
-        assert_eq!(backoff_left(peer), None);
-        assert_eq!(with_peer(peer, |p| p.failures), 0);
-        assert_eq!(connect_attempts(peer), 3);
     }
 }

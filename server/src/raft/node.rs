@@ -22,9 +22,12 @@ use tokio::sync::watch;
 use super::identity::{self, Identity};
 use super::lease::Lease;
 use super::log_store::LogStore;
+use super::peers::PeerTable;
+use super::respond::{LastAppend, Responder};
 use super::snapshot::{SnapshotHooks, Snapshots};
 use super::speculation::Speculation;
 use super::state_machine::StateMachine;
+use super::transport::Transport;
 use super::{authority, network, NodeId, NodeInfo, Raft};
 use crate::engine::{Engine, Lsn};
 use crate::persist::WalDurability;
@@ -34,6 +37,7 @@ use crate::session::{
     RoleView, SentinelAnswer, SentinelError, SentinelMaster, SentinelPeer, SentinelQuery,
     SentinelReplica,
 };
+use tokio::task::JoinHandle;
 
 /// Flags of a group member (`--raft-*`).
 #[derive(Clone, Debug)]
@@ -82,6 +86,19 @@ pub struct Prepared {
     pub ident: Arc<Identity>,
     /// `--raft-bootstrap` on storage with no Raft state: this member forms the group.
     forming: bool,
+}
+
+impl Prepared {
+    /// What a caller that opened the storage itself found (the simulation, whose Raft
+    /// log is written inline): the log, the identity, and whether this member forms the
+    /// group (`--raft-bootstrap` on storage with no Raft state).
+    pub fn new(store: LogStore, ident: Arc<Identity>, forming: bool) -> Prepared {
+        Prepared {
+            store,
+            ident,
+            forming,
+        }
+    }
 }
 
 const ID_FILE: &str = "id";
@@ -381,6 +398,23 @@ fn state_machine(
     ))
 }
 
+/// The member's snapshots: built and installed on blocking threads, or on the caller's
+/// task for a Raft log written inline (the simulation's, whose one thread must run them
+/// in an order its seed fixes).
+fn snapshots(
+    store: &LogStore,
+    engine: &Arc<Engine>,
+    dur: &Arc<WalDurability>,
+    hooks: SnapshotHooks,
+) -> Snapshots {
+    let (dur, engine, store) = (dur.clone(), engine.clone(), store.clone());
+    if store.is_inline() {
+        Snapshots::new_inline(dur, engine, store, hooks)
+    } else {
+        Snapshots::new(dur, engine, store, hooks)
+    }
+}
+
 /// openraft's settings from the member's flags.
 fn openraft_config(cfg: &RaftNodeConfig) -> Result<Config, String> {
     Config {
@@ -401,43 +435,47 @@ fn openraft_config(cfg: &RaftNodeConfig) -> Result<Config, String> {
     .map_err(|e| format!("raft settings: {e}"))
 }
 
-/// A client of the peers' network, as openraft's own (routes, TLS, identity).
-fn peer_network(
-    cfg: &RaftNodeConfig,
-    ident: &Arc<Identity>,
-    lease: &Arc<Lease>,
-) -> network::Network {
+/// What a member calls its peers with: its transport, its view of the peers' links,
+/// its identity and its lease, all shared by openraft's clients and its own calls.
+#[derive(Clone)]
+struct Wire {
+    transport: Arc<dyn Transport>,
+    peers: Arc<PeerTable>,
+    ident: Arc<Identity>,
+    lease: Arc<Lease>,
+}
+
+/// A client of the peers' network, as openraft's own (transport, identity, lease).
+fn peer_network(cfg: &RaftNodeConfig, wire: &Wire) -> network::Network {
     network::Network {
-        routes: Arc::new(cfg.routes.clone()),
-        tls: cfg.tls.clone(),
-        ident: ident.clone(),
-        lease: lease.clone(),
+        transport: wire.transport.clone(),
+        peers: wire.peers.clone(),
+        ident: wire.ident.clone(),
+        lease: wire.lease.clone(),
         mute_after: Duration::from_millis(cfg.election_max_ms),
     }
 }
 
-/// Listens for the peers on `--raft-listen`, with votes and elections off until the
-/// membership names this storage as a voter: the switch `watch_leadership` opens.
+/// Starts answering the peers (`--raft-listen` over TCP), with votes and elections off
+/// until the membership names this storage as a voter: the switch `watch_leadership`
+/// opens. Returns that switch and the listener's task.
 async fn serve_peers(
-    cfg: &RaftNodeConfig,
     raft: &Raft,
-    ident: &Arc<Identity>,
-) -> Result<Arc<AtomicBool>, String> {
-    let listener = tokio::net::TcpListener::bind(&cfg.listen)
-        .await
-        .map_err(|e| format!("bind --raft-listen {}: {e}", cfg.listen))?;
+    wire: &Wire,
+    heard: &Arc<LastAppend>,
+) -> Result<(Arc<AtomicBool>, JoinHandle<()>), String> {
     // Nobody votes or stands until the membership names this storage as a voter
     // (`watch_leadership` opens both): a member that lost its state must not.
     let no_votes = Arc::new(AtomicBool::new(true));
-    raft.runtime_config().elect(false);
-    tokio::spawn(network::serve(
-        listener,
+    let responder = Responder::new(
         raft.clone(),
         no_votes.clone(),
-        ident.clone(),
-        cfg.tls.clone(),
-    ));
-    Ok(no_votes)
+        wire.ident.clone(),
+        heard.clone(),
+    );
+    raft.runtime_config().elect(false);
+    let serving = wire.transport.serve(Arc::new(responder)).await?;
+    Ok((no_votes, serving))
 }
 
 /// Publishes `(channel, message)` on this node's pub/sub hub.
@@ -472,6 +510,14 @@ pub struct RaftNode {
     /// Until this many milliseconds since `epoch`, writes are refused: the leader is
     /// handing over (`SENTINEL FAILOVER`) and its log must stop growing.
     handover_until_ms: Arc<AtomicU64>,
+    /// What carries this member's requests to its peers and theirs to it.
+    transport: Arc<dyn Transport>,
+    /// This member's view of its peers' links (back-off, counts).
+    peers: Arc<PeerTable>,
+    /// The leader whose append this member last took, and when.
+    heard: Arc<LastAppend>,
+    /// Every task this member spawned and still runs: [`RaftNode::stop`] ends them.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// How long a deposed member waits, its log closed, before it re-executes itself.
@@ -506,8 +552,9 @@ const PROMPT_TRIES: u32 = 3;
 
 impl RaftNode {
     /// Starts Raft on this node: the state machine over `engine` and `dur`, the peers'
-    /// listener, the proposer and the leadership watcher. With `--raft-bootstrap` on
-    /// storage holding no Raft state it forms the group ([`form_group`]).
+    /// listener (`transport`'s: TCP in a server), the proposer and the leadership
+    /// watcher. With `--raft-bootstrap` on storage holding no Raft state it forms the
+    /// group ([`form_group`]).
     pub async fn start(
         cfg: RaftNodeConfig,
         prepared: Prepared,
@@ -515,30 +562,29 @@ impl RaftNode {
         dur: Arc<WalDurability>,
         spec: Arc<Speculation>,
         hooks: SnapshotHooks,
+        transport: Arc<dyn Transport>,
     ) -> Result<Arc<RaftNode>, String> {
         let store = prepared.store;
-        let snapshots = Arc::new(Snapshots::new(
-            dur.clone(),
-            engine.clone(),
-            store.clone(),
-            hooks,
-        ));
+        let snapshots = Arc::new(snapshots(&store, &engine, &dur, hooks));
         let sm = state_machine(&cfg, &store, &engine, &dur, &spec, &snapshots)?;
         let config = openraft_config(&cfg)?;
-        let ident = prepared.ident;
-        let lease = Arc::new(Lease::default());
-        let net = peer_network(&cfg, &ident, &lease);
+        let wire = Wire {
+            transport,
+            peers: Arc::new(PeerTable::default()),
+            ident: prepared.ident,
+            lease: Arc::new(Lease::default()),
+        };
+        let net = peer_network(&cfg, &wire);
         let raft = Raft::new(cfg.id, Arc::new(config), net.clone(), store.clone(), sm)
             .await
             .map_err(|e| format!("raft: {e}"))?;
-        let no_votes = serve_peers(&cfg, &raft, &ident).await?;
+        let heard = Arc::new(LastAppend::default());
+        let (no_votes, serving) = serve_peers(&raft, &wire, &heard).await?;
+        let mut tasks = vec![serving];
         if prepared.forming {
-            tokio::spawn(form_group(
-                raft.clone(),
-                net,
-                ident.clone(),
-                cfg.bootstrap.clone(),
-            ));
+            let peers = cfg.bootstrap.clone();
+            let ident = wire.ident.clone();
+            tasks.push(tokio::spawn(form_group(raft.clone(), net, ident, peers)));
         }
         let node = Arc::new(RaftNode {
             id: cfg.id,
@@ -549,25 +595,53 @@ impl RaftNode {
             dur,
             engine,
             cfg,
-            ident,
-            lease,
+            ident: wire.ident,
+            lease: wire.lease,
             epoch: Instant::now(),
             no_votes,
             in_reach: AtomicBool::new(true),
             publish: OnceLock::new(),
             last_leader: Mutex::new(None),
             handover_until_ms: Arc::new(AtomicU64::new(0)),
+            transport: wire.transport,
+            peers: wire.peers,
+            heard,
+            tasks: Mutex::new(Vec::new()),
         });
-        tokio::spawn(spec.clone().propose(raft));
-        tokio::spawn(node.clone().watch_leadership());
-        tokio::spawn(node.clone().reach_loop());
+        tasks.push(tokio::spawn(spec.propose(raft)));
+        tasks.push(tokio::spawn(node.clone().watch_leadership()));
+        tasks.push(tokio::spawn(node.clone().reach_loop()));
         let every = node.cfg.snapshot_records;
-        tokio::spawn(super::snapshot::trigger_loop(
-            node.raft.clone(),
-            snapshots,
-            every,
-        ));
+        let trigger = super::snapshot::trigger_loop(node.raft.clone(), snapshots, every);
+        tasks.push(tokio::spawn(trigger));
+        node.tasks.lock().extend(tasks);
         Ok(node)
+    }
+
+    /// Keeps a task this member spawned, for [`RaftNode::stop`] (dropping those that
+    /// ended, so the list stays short).
+    fn keep(&self, task: JoinHandle<()>) {
+        let mut tasks = self.tasks.lock();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task);
+    }
+
+    /// Ends the member as a killed process ends: every task it spawned is aborted (the
+    /// listener, the proposer, the watchers, the bootstrap, a handover) and openraft is
+    /// shut down. Its files are left as they are. A server never calls it (it exits); the
+    /// simulation's crash does.
+    pub async fn stop(&self) {
+        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *self.tasks.lock());
+        for t in &tasks {
+            t.abort();
+        }
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::debug!("raft: shutting down: {e}");
+        }
+        for t in tasks {
+            // An aborted task's end (cancelled) is what is expected here.
+            let _ = t.await;
+        }
     }
 
     /// Where Sentinel-style `+switch-master` messages go (the pub/sub hub).
@@ -756,11 +830,11 @@ impl RaftNode {
             ago.as_millis()
         );
         let raft = self.raft.clone();
-        tokio::spawn(async move {
+        self.keep(tokio::spawn(async move {
             if let Err(e) = raft.trigger().elect().await {
                 tracing::warn!("raft: standing for election: {e}");
             }
-        });
+        }));
     }
 
     /// The leader this follower last followed, if it neither answered `Hello` nor sent an
@@ -784,7 +858,7 @@ impl RaftNode {
             prompt.reset();
             return None;
         }
-        network::heard_from(leader).map(|ago| (leader, ago))
+        self.heard.heard_from(leader).map(|ago| (leader, ago))
     }
 
     /// The followers in reach, the one with the longest log first, then by id (a member
@@ -927,7 +1001,7 @@ impl RaftNode {
         // longer names it: the leader may be gone, and a member with no majority in reach
         // does not stand, so Raft would go on naming it.
         let window = Duration::from_millis(self.cfg.election_max_ms);
-        if id != self.id && network::heard_from(id).is_none_or(|ago| ago > window) {
+        if id != self.id && self.heard.heard_from(id).is_none_or(|ago| ago > window) {
             return None;
         }
         let n = m.membership_config.membership().get_node(&id)?.clone();
@@ -1022,7 +1096,7 @@ impl RaftNode {
             .into_iter()
             .filter(|(i, _)| *i != self.id)
             .map(|(id, _)| {
-                let (up, connects, refused) = network::peer_stats(id);
+                let (up, connects, refused) = self.peers.peer_stats(id);
                 PeerLink {
                     id,
                     up,
@@ -1178,11 +1252,11 @@ impl RaftNode {
                 return Err(SentinelError::NoGoodReplica);
             }
             let raft = self.raft.clone();
-            rt.spawn(async move {
+            self.keep(rt.spawn(async move {
                 if let Err(e) = raft.trigger().elect().await {
                     tracing::warn!("raft: SENTINEL FAILOVER: election not started: {e}");
                 }
-            });
+            }));
             return Ok(());
         }
         // No majority has answered lately: nobody could win an election now.
@@ -1215,7 +1289,7 @@ impl RaftNode {
             // writes back after it.
             window_ms: self.cfg.election_max_ms * 2,
         };
-        rt.spawn(handover.run(targets));
+        self.keep(rt.spawn(handover.run(targets)));
         Ok(())
     }
 
@@ -1227,7 +1301,7 @@ impl RaftNode {
         // A follower looks before it names the leader, as a Sentinel pings its master: a
         // leader whose client port refuses (killed, not yet replaced) is `s_down`, so a
         // client does not wait on a connection to it (node-redis does, forever).
-        let down = id != self.id && !port_answers(&n.client_addr);
+        let down = id != self.id && !self.transport.client_port_answers(&n.client_addr);
         Some(SentinelMaster {
             name: self.cfg.group_name.clone(),
             host,
@@ -1300,9 +1374,15 @@ impl RaftNode {
 }
 
 impl RaftNode {
-    /// A client of the peers' network, as openraft's own (routes, TLS, identity).
+    /// A client of the peers' network, as openraft's own (transport, identity, lease).
     fn net(&self) -> network::Network {
-        peer_network(&self.cfg, &self.ident, &self.lease)
+        let wire = Wire {
+            transport: self.transport.clone(),
+            peers: self.peers.clone(),
+            ident: self.ident.clone(),
+            lease: self.lease.clone(),
+        };
+        peer_network(&self.cfg, &wire)
     }
 
     /// `RAFT.ADD id client-addr raft-addr` (`spec` is `ID=CLIENT/RAFT`): asks the member
@@ -1503,16 +1583,6 @@ fn split_addr(a: &str) -> (String, u16) {
         ),
         None => (a.to_owned(), 0),
     }
-}
-
-/// Whether `addr` accepts a TCP connection within 100 ms (a refused port answers at
-/// once; only an unreachable host takes the whole timeout).
-fn port_answers(addr: &str) -> bool {
-    use std::net::ToSocketAddrs as _;
-    let Some(sa) = addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
-        return false;
-    };
-    std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(100)).is_ok()
 }
 
 /// Re-executes this binary with its own arguments (same PID) on the same port.

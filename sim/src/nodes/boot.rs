@@ -1,0 +1,202 @@
+//! One member as a server runs it: its storage opened as `node::prepare` opens it
+//! (inline, on the simulated disk), its engine recovered from its WAL, and the server's
+//! own `RaftNode::start` over the in-memory transport (`wire`). Everything `RaftNode`
+//! spawns is its own: the listener, the proposer, the leadership watcher, the reach
+//! loop, the bootstrap. A crash is `RaftNode::stop`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use stockgate_server::engine::{Engine, Millis, Monotonic, WallSource};
+use stockgate_server::persist::WalDurability;
+use stockgate_server::raft::identity::Identity;
+use stockgate_server::raft::log_store::LogStore;
+use stockgate_server::raft::node::Prepared;
+use stockgate_server::raft::snapshot::SnapshotHooks;
+use stockgate_server::raft::speculation::Speculation;
+use stockgate_server::raft::{NodeId, NodeInfo, RaftNode, RaftNodeConfig};
+use stockgate_server::wal::WalOptions;
+use tokio::time::Instant;
+
+use crate::disk::{Disk, Hook};
+use crate::history::History;
+use crate::member;
+use crate::wire::{client_addr, raft_addr, MemTransport, Wire};
+
+/// The group's name, as Sentinel-aware clients ask for it.
+pub const GROUP: &str = "sim";
+
+/// A wall clock starting at a fixed epoch and moving with the simulated clock.
+struct SimWall(Instant);
+
+impl WallSource for SimWall {
+    fn wall_ms(&self) -> Millis {
+        1_700_000_000_000 + self.0.elapsed().as_millis() as u64
+    }
+}
+
+/// What every member of the run shares.
+pub struct Env {
+    /// The transport's wire.
+    pub wire: Arc<Wire>,
+    /// The run's history.
+    pub history: History,
+    /// Where the members' data dirs live.
+    pub root: PathBuf,
+    /// The members the bootstrap forms the group of.
+    pub ids: Vec<NodeId>,
+    /// The new group's id (the bootstrapping member's draw, made here from the seed).
+    pub group: u64,
+    /// The openraft timings: heartbeat, shortest and longest election timeout (ms).
+    pub timing: (u64, u64, u64),
+    /// When the run began (the engines' wall clocks start there).
+    pub start: Instant,
+    /// Member processes started so far.
+    pub processes: AtomicU64,
+}
+
+/// A running member.
+pub struct Node {
+    /// Its id.
+    pub id: NodeId,
+    /// The server's member.
+    pub node: Arc<RaftNode>,
+    /// Its engine.
+    pub engine: Arc<Engine>,
+    /// Where its engine's records go.
+    pub spec: Arc<Speculation>,
+    /// Set by the speculation's depose hook (a server re-executes itself then).
+    pub deposed: Arc<AtomicBool>,
+    hook: Arc<Hook>,
+    wal: Arc<WalDurability>,
+}
+
+/// The configuration a server gives member `id` from its flags.
+fn config(env: &Env, id: NodeId, dir: &Path) -> RaftNodeConfig {
+    let members: BTreeMap<NodeId, NodeInfo> = env
+        .ids
+        .iter()
+        .map(|&i| {
+            let info = NodeInfo {
+                raft_addr: raft_addr(i),
+                client_addr: client_addr(i),
+                incarnation: 0,
+            };
+            (i, info)
+        })
+        .collect();
+    let (heartbeat_ms, election_min_ms, election_max_ms) = env.timing;
+    RaftNodeConfig {
+        id,
+        listen: raft_addr(id),
+        bootstrap: members,
+        form_group: id == env.ids[0],
+        routes: Default::default(),
+        group_name: GROUP.into(),
+        heartbeat_ms,
+        election_min_ms,
+        election_max_ms,
+        rejoin_empty: false,
+        restart_argv: Vec::new(),
+        data_dir: dir.to_path_buf(),
+        // No snapshot within a run: the log stays whole.
+        snapshot_records: 1 << 40,
+        tls: None,
+    }
+}
+
+/// The storage's identity: the one recorded, or on new storage one written as
+/// `Identity::create` writes it, with an incarnation from the seed rather than the
+/// system's generator, so that a run's requests carry the same bytes every time.
+fn identity(dir: &Path, id: NodeId, incarnation: Option<u64>) -> Result<Arc<Identity>, String> {
+    let raft = dir.join("raft");
+    std::fs::create_dir_all(&raft).map_err(|e| e.to_string())?;
+    let path = raft.join("id");
+    if let Some(incarnation) = incarnation {
+        let text = format!("node-id {id}\nincarnation {incarnation:016x}\n");
+        std::fs::write(&path, text).map_err(|e| e.to_string())?;
+    }
+    match Identity::load(&path) {
+        Ok(Some(i)) => Ok(Arc::new(i)),
+        Ok(None) => Err(format!("{} vanished", path.display())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Starts member `id` from its data dir (new storage of `incarnation` if given), as a
+/// server started with `--raft-id` (the first of `env.ids` with `--raft-bootstrap`,
+/// which forms the group only on storage with no Raft state).
+pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<Node, String> {
+    let dir = env.root.join(format!("n{id}"));
+    let ident = identity(&dir, id, incarnation)?;
+    let deposed = Arc::new(AtomicBool::new(false));
+    let disk = Disk::new(id, dir.clone());
+    let hook = Hook::new(disk, deposed.clone(), env.history.clone(), None);
+    let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
+        .map_err(|e| format!("raft log: {e}"))?;
+    let cfg = config(env, id, &dir);
+    let forming = cfg.form_group && store.is_pristine();
+    if forming {
+        ident.adopt_group(env.group).map_err(|e| e.to_string())?;
+    }
+    let clock = Arc::new(Monotonic::over(SimWall(env.start)));
+    // Names this process (a server draws it at each start): the batches it writes are
+    // the ones its own engine holds already.
+    let origin = (id << 32) | (env.processes.fetch_add(1, Ordering::AcqRel) + 1);
+    let boot = (origin, clock as _);
+    let (engine, dur, spec, _report) =
+        member::recover(&dir, false, boot, (WalOptions::default(), hook.clone()))?;
+    let wal = dur.clone();
+    let flag = deposed.clone();
+    spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
+    let prepared = Prepared::new(store, ident, forming);
+    let hooks = SnapshotHooks {
+        hold: Box::new(|| None),
+        compact_slots: Box::new(|r| r),
+    };
+    let transport = Arc::new(MemTransport(env.wire.clone()));
+    let node = RaftNode::start(
+        cfg,
+        prepared,
+        engine.clone(),
+        dur.clone(),
+        spec.clone(),
+        hooks,
+        transport,
+    )
+    .await?;
+    Ok(Node {
+        id,
+        node,
+        engine,
+        spec,
+        deposed,
+        hook,
+        wal,
+    })
+}
+
+impl Node {
+    /// The process is killed: every task of its member aborted, openraft shut down, its
+    /// listener gone from the wire (its task ends with the others). Nothing it syncs
+    /// from then on counts.
+    pub async fn kill(self) {
+        self.hook.die();
+        self.exit().await;
+    }
+
+    /// The process ends: its Raft log writes nothing it still had queued, its tasks
+    /// stop, and its WAL is closed (the directory lock released, as the server's restart
+    /// hook releases it before it re-executes: a deposed member's state machine never
+    /// returns from `apply`, so its handles are never dropped).
+    pub async fn exit(self) {
+        self.hook.end();
+        self.node.stop().await;
+        let _ = self.wal.wal.flush_and_close();
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+}
