@@ -32,6 +32,7 @@ pub mod identity;
 pub mod lease;
 mod log_file;
 pub mod log_store;
+pub mod message;
 pub mod network;
 pub mod node;
 pub mod peers;

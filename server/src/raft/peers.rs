@@ -16,7 +16,7 @@ use openraft::AsyncRuntime as _;
 use parking_lot::Mutex;
 use rand::Rng as _;
 
-use super::network::{backoff_delay, LOG};
+use super::message::LOG;
 use super::runtime::Runtime;
 use super::NodeId;
 
@@ -133,10 +133,27 @@ impl PeerTable {
     }
 }
 
+/// The first pause after a failed connection to a peer.
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(10);
+/// The longest pause: how late, at most, a peer back up is called again.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The pause after `failures` failed connections in a row: [`BACKOFF_FIRST`] doubling,
+/// at most [`BACKOFF_MAX`], scaled by `jitter` (taken in 0.5..=1) so that the members
+/// calling a peer that comes back do not all call at the same instant.
+pub fn backoff_delay(failures: u32, jitter: f64) -> Duration {
+    let doubled = BACKOFF_FIRST.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    let jitter = if jitter.is_nan() {
+        1.0
+    } else {
+        jitter.clamp(0.5, 1.0)
+    };
+    doubled.min(BACKOFF_MAX).mul_f64(jitter)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raft::network::BACKOFF_FIRST;
 
     #[test]
     fn a_failed_connection_backs_a_peer_off_and_a_good_one_ends_it() {

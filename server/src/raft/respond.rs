@@ -18,7 +18,7 @@ use openraft::raft::AppendEntriesResponse;
 use parking_lot::Mutex;
 
 use super::identity::Identity;
-use super::network::{Envelope, HelloReply, ReplyEnvelope, Rpc, RpcReply, LOG};
+use super::message::{Envelope, HelloReply, ReplyEnvelope, Rpc, RpcReply, LOG};
 use super::{NodeId, NodeInfo, Raft};
 
 /// The leader whose append this member last took, and when: a follower names a leader

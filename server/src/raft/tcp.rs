@@ -18,8 +18,8 @@ use tokio::time::Instant;
 
 use tokio::net::{TcpListener, TcpStream};
 
-use super::network::{decode_reply, decode_request, encode, read_frame, write_frame};
-use super::network::{Envelope, ReplyEnvelope, Rpc, LOG};
+use super::message::{decode_reply, decode_request, encode, read_frame, write_frame};
+use super::message::{Envelope, ReplyEnvelope, Rpc, LOG};
 use super::peers::PeerTable;
 use super::respond::Responder;
 use super::transport::{CallError, CallFuture, Link, ServeFuture, Transport};

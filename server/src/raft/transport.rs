@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::network::{Envelope, ReplyEnvelope, Rpc};
+use super::message::{Envelope, ReplyEnvelope, Rpc};
 use super::peers::PeerTable;
 use super::respond::Responder;
 use super::{NodeId, NodeInfo};

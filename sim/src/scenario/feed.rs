@@ -29,13 +29,9 @@ use stockgate_server::feed::{Feed, FeedError, Stream};
 use stockgate_server::raft::NodeId;
 use tokio::time::{sleep, Instant};
 
-use super::feed_checks::{self, Seen};
+use super::feed_checks::{self, Seen, HOLD, ORDERS};
 use super::{queue_reply, Cluster, Done};
 
-/// The materializer's hold group (a materializer's `hold.<consumer>`).
-pub(super) const HOLD: &str = "hold.m";
-/// The group the group consumer reads through.
-pub(super) const ORDERS: &str = "orders";
 /// The group consumer's name.
 const WORKER: &str = "w1";
 

@@ -19,8 +19,12 @@ use stockgate_server::engine::Lsn;
 use stockgate_server::feed::{Entry, Feed, FeedError, Stream};
 use stockgate_server::raft::NodeId;
 
-use super::feed::{HOLD, ORDERS};
 use super::Cluster;
+
+/// The materializer's hold group (a materializer's `hold.<consumer>`).
+pub(super) const HOLD: &str = "hold.m";
+/// The group the group consumer reads through.
+pub(super) const ORDERS: &str = "orders";
 
 /// Every entry read: its fields as shown, and the member it was first read on.
 #[derive(Default)]
