@@ -149,21 +149,7 @@ impl Disk {
     /// (of a segment drawn by `pick`), at a place drawn by `pick`. Segment headers are
     /// left alone. Says what it flipped; `None` when the file holds no whole record.
     pub fn flip_bit(&self, raft_log: bool, in_last: bool, pick: u64) -> Option<String> {
-        let (path, start, header) = if raft_log {
-            (self.dir.join("raft").join("log"), 0, RAFT_HEADER)
-        } else {
-            let segs: Vec<PathBuf> = self
-                .log_files()
-                .into_iter()
-                .filter(|p| !p.ends_with("raft/log"))
-                .collect();
-            let i = if in_last {
-                segs.len().checked_sub(1)?
-            } else {
-                (pick % segs.len().max(1) as u64) as usize
-            };
-            (segs.get(i)?.clone(), WAL_SEGMENT_HEADER, WAL_HEADER)
-        };
+        let (path, start, header) = self.log_file(raft_log, in_last, pick)?;
         let bytes = std::fs::read(&path).ok()?;
         let (last, end) = whole_records(&bytes, start, header)?;
         let (from, span) = if in_last {
@@ -183,22 +169,31 @@ impl Disk {
 }
 
 impl Disk {
+    /// The file a disk fault lands in, where its records start and their header's size:
+    /// the Raft log, or a WAL segment (the newest with `newest`, else one drawn by `pick`).
+    fn log_file(&self, raft_log: bool, newest: bool, pick: u64) -> Option<(PathBuf, usize, usize)> {
+        if raft_log {
+            return Some((self.dir.join("raft").join("log"), 0, RAFT_HEADER));
+        }
+        let segs: Vec<PathBuf> = self
+            .log_files()
+            .into_iter()
+            .filter(|p| !p.ends_with("raft/log"))
+            .collect();
+        let i = if newest {
+            segs.len().checked_sub(1)?
+        } else {
+            (pick % segs.len().max(1) as u64) as usize
+        };
+        Some((segs.get(i)?.clone(), WAL_SEGMENT_HEADER, WAL_HEADER))
+    }
+
     /// Damages one record before the last of the Raft log (or of a WAL segment, drawn
     /// by `pick`) beyond what one flipped bit is: two bits in different bytes. A
     /// start must refuse such a log; the last record is left alone, since damage there
     /// is a torn write to a start. `None` when the file has no record before its last.
     pub fn damage(&self, raft_log: bool, pick: u64) -> Option<String> {
-        let (path, start, header) = if raft_log {
-            (self.dir.join("raft").join("log"), 0, RAFT_HEADER)
-        } else {
-            let segs: Vec<PathBuf> = self
-                .log_files()
-                .into_iter()
-                .filter(|p| !p.ends_with("raft/log"))
-                .collect();
-            let i = (pick % segs.len().max(1) as u64) as usize;
-            (segs.get(i)?.clone(), WAL_SEGMENT_HEADER, WAL_HEADER)
-        };
+        let (path, start, header) = self.log_file(raft_log, false, pick)?;
         let bytes = std::fs::read(&path).ok()?;
         let recs = record_spans(&bytes, start, header);
         // Any record but the last.

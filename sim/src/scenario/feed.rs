@@ -359,19 +359,8 @@ fn deliver(
         Ok((ids, lsn))
     };
     let what = format!("{who}@n{id} XREADGROUP {ORDERS} >");
-    match feed.groups.with(g, read) {
-        Some(Ok((ids, lsn))) if lsn > 0 => {
-            c.env.history.note(format!("{what}: {} entries", ids.len()));
-            let lsn = lsn.max(feed.last_lsn());
-            queue_reply(c, id, lsn, Done::Feed(FeedDone::Delivered(ids)), who.into());
-            true
-        }
-        Some(Ok(_)) | None => false,
-        Some(Err(e)) => {
-            feed_checks::read_failed(c, ORDERS, &what, &e);
-            false
-        }
-    }
+    let read = feed.groups.with(g, read);
+    delivered(c, (id, feed), read, &what, who)
 }
 
 /// `XREADGROUP GROUP orders w1 COUNT 20 STREAMS stockgate:events 0` as
@@ -417,7 +406,20 @@ fn reread_pending(
         }
         Ok((again, lsn))
     };
-    match feed.groups.with(g, read) {
+    let read = feed.groups.with(g, read);
+    delivered(c, (id, feed), read, &what, who)
+}
+
+/// What an `XREADGROUP` of the group consumer delivered: its reply queued behind the
+/// group change's LSN (true), nothing to reply yet (false), or the read refused.
+fn delivered(
+    c: &Cluster,
+    (id, feed): (NodeId, &Feed),
+    read: Option<Result<(Vec<Lsn>, Lsn), FeedError>>,
+    what: &str,
+    who: &str,
+) -> bool {
+    match read {
         Some(Ok((ids, lsn))) if lsn > 0 => {
             c.env.history.note(format!("{what}: {} entries", ids.len()));
             let lsn = lsn.max(feed.last_lsn());
@@ -426,7 +428,7 @@ fn reread_pending(
         }
         Some(Ok(_)) | None => false,
         Some(Err(e)) => {
-            feed_checks::read_failed(c, ORDERS, &what, &e);
+            feed_checks::read_failed(c, ORDERS, what, &e);
             false
         }
     }
