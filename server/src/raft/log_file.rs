@@ -44,6 +44,11 @@ impl LogFile {
         }
     }
 
+    /// Where the records end: the next append goes there.
+    pub(super) fn end(&self) -> u64 {
+        self.end
+    }
+
     /// Writes `bytes` at the log's end, growing the file first when they do not fit.
     pub(super) fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         let n = bytes.len() as u64;

@@ -8,8 +8,9 @@
 //! record cut short at the end of the file (a crash mid-write) is dropped; a bad record
 //! anywhere else stops the start.
 //!
-//! Entries are kept in memory too (the log is never longer than what the state machine
-//! has not yet snapshotted). Writes go to one thread that writes and `fdatasync`s what
+//! Entries are kept in memory too, but an entry the state machine applied a while ago
+//! and the file holds durably keeps only its description there: its records are read
+//! back from the file if asked for again (`log_held`). Writes go to one thread that writes and `fdatasync`s what
 //! has queued up and then completes every waiter at once: a group commit, off the event
 //! loop. An append is acknowledged to openraft (`LogFlushed`) only after its sync, so the
 //! leader counts its own copy toward the majority only when it is on disk.
@@ -36,6 +37,7 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use super::log_file::{self, LogFile};
+use super::log_held::{Durable, Held};
 use super::{Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
 use crate::wal::bit_repair;
 use crate::wal::segment::DiskHook;
@@ -51,9 +53,15 @@ const HEADER: usize = 9;
 /// records bounded by the proposer).
 const MAX_BODY: usize = 256 << 20;
 
+/// An entry's index, and where its record starts in bytes written and how long it is.
+type Placed = (u64, u64, usize);
+
 #[derive(Default)]
 struct Inner {
+    /// Every entry not purged; those applied long enough ago without their records
+    /// (`held`).
     entries: BTreeMap<u64, Entry>,
+    held: Held,
     vote: Option<Vote<NodeId>>,
     committed: Option<LogId>,
     last_purged: Option<LogId>,
@@ -71,9 +79,11 @@ pub struct SnapMeta {
 }
 
 impl Inner {
-    /// The whole log as a file: what a rewrite writes.
-    fn image(&self) -> Vec<u8> {
+    /// The whole log as a file: what a rewrite writes, and where each entry lies in it.
+    /// Every entry must be whole ([`Held::restore_all`]).
+    fn image(&self) -> (Vec<u8>, Vec<Placed>) {
         let mut out = Vec::new();
+        let mut places = Vec::with_capacity(self.entries.len());
         if let Some(s) = &self.snapshot {
             encode(K_SNAPSHOT, &ser(s), &mut out);
         }
@@ -85,9 +95,18 @@ impl Inner {
         }
         encode(K_COMMITTED, &ser(&self.committed), &mut out);
         for e in self.entries.values() {
+            let at = out.len();
             encode(K_ENTRY, &ser(e), &mut out);
+            places.push((e.log_id.index, at as u64, out.len() - at));
         }
-        out
+        (out, places)
+    }
+
+    /// Every entry whole again, then the image of the log: what a rewrite writes.
+    fn rewrite_image(&mut self, path: &Path) -> io::Result<(Vec<u8>, Vec<Placed>)> {
+        let Inner { entries, held, .. } = self;
+        held.restore_all(entries, path)?;
+        Ok(self.image())
     }
 
     fn purge_to(&mut self, upto: LogId) {
@@ -95,6 +114,7 @@ impl Inner {
             return;
         }
         self.entries = self.entries.split_off(&upto.index.saturating_add(1));
+        self.held.purge_to(upto.index);
         self.last_purged = Some(upto);
     }
 }
@@ -112,6 +132,8 @@ struct Job {
     /// Records to append, or with `rewrite` the file's whole new content.
     bytes: Vec<u8>,
     rewrite: bool,
+    /// The file generation it goes to ([`Held`]).
+    gen: u64,
     done: Done,
 }
 
@@ -134,6 +156,7 @@ enum Sink {
 /// The queue of a [`Sink::Lagging`] log.
 struct Lagging {
     inline: InlineFile,
+    durable: Arc<Mutex<Durable>>,
     queue: Vec<Job>,
     /// A task is waiting out the lag and then writes the queue.
     scheduled: bool,
@@ -149,7 +172,7 @@ impl Lagging {
         if *failed {
             fail_jobs(jobs);
         } else {
-            *failed = !write_jobs(file, &self.path, jobs);
+            *failed = !write_jobs(file, &self.path, jobs, &self.durable);
         }
     }
 }
@@ -177,6 +200,8 @@ pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
     sink: Sink,
     path: Arc<PathBuf>,
+    /// What the writer made durable (it sets it, `release_applied` reads it).
+    durable: Arc<Mutex<Durable>>,
     /// The newest commit index not yet written: it goes to disk ahead of the next
     /// change (or not at all; see `save_committed`).
     unwritten_commit: Arc<Mutex<Option<Vec<u8>>>>,
@@ -186,6 +211,7 @@ pub struct LogStore {
 #[derive(Clone)]
 pub struct LogReader {
     inner: Arc<Mutex<Inner>>,
+    path: Arc<PathBuf>,
 }
 
 /// Why the Raft log file could not be opened at start-up.
@@ -267,7 +293,7 @@ impl LogStore {
             .map_err(io_err)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io_err)?;
-        let (inner, good) = replay_repairing(&mut bytes, &file, &path)?;
+        let (mut inner, good) = replay_repairing(&mut bytes, &file, &path)?;
         let mut len = bytes.len() as u64;
         if !log_file::blank_from(&bytes, good as usize) {
             tracing::warn!(
@@ -281,13 +307,14 @@ impl LogStore {
         }
         let lagging = hook.clone().filter(|h| h.lags());
         let file = LogFile::new(file, good, len, hook);
+        inner.held.opened(good);
+        let durable = Arc::new(Mutex::new(Durable { gen: 0, end: good }));
         // A restart never resumes a leadership (standard Raft; openraft would restore the
         // leader state of a committed vote naming this node): the previous process may
         // have replicated entries it had not yet synced itself, and leading the same term
         // again would put different entries of that term at those indexes. The vote
         // stays cast (no second vote in its term); only an election in a new term makes
         // this node lead again.
-        let mut inner = inner;
         if let Some(v) = inner.vote.as_mut() {
             v.committed = false;
         }
@@ -297,7 +324,8 @@ impl LogStore {
                 .name("stockgate-raftlog".into())
                 .spawn({
                     let path = path.clone();
-                    move || writer(file, &path, rx)
+                    let durable = durable.clone();
+                    move || writer(file, &path, rx, &durable)
                 })
                 .map_err(io_err)?;
             Sink::Thread(tx)
@@ -309,6 +337,7 @@ impl LogStore {
             match lagging {
                 Some(hook) => Sink::Lagging(Arc::new(Mutex::new(Lagging {
                     inline,
+                    durable: durable.clone(),
                     queue: Vec::new(),
                     scheduled: false,
                     hook,
@@ -321,6 +350,7 @@ impl LogStore {
             inner: Arc::new(Mutex::new(inner)),
             sink,
             path: Arc::new(path),
+            durable,
             unwritten_commit: Arc::default(),
         })
     }
@@ -356,9 +386,23 @@ impl LogStore {
 
     /// The entries held from `from` on, written or not (what openraft reads and sends),
     /// for a consistency check across members.
-    pub fn entries_from(&self, from: u64) -> Vec<Entry> {
+    pub fn entries_from(&self, from: u64) -> io::Result<Vec<Entry>> {
         let g = self.inner.lock();
-        g.entries.range(from..).map(|(_, e)| e.clone()).collect()
+        let mut file = None;
+        g.entries
+            .range(from..)
+            .map(|(_, e)| g.held.whole(e, &self.path, &mut file))
+            .collect()
+    }
+
+    /// How many entries hold their records in memory (the rest are read back from the
+    /// file when asked for).
+    pub fn entries_in_memory(&self) -> usize {
+        let g = self.inner.lock();
+        g.entries
+            .keys()
+            .filter(|i| !g.held.is_released(**i))
+            .count()
     }
 
     /// How many entries the log holds (not yet purged behind a snapshot).
@@ -435,21 +479,39 @@ impl LogStore {
     // openraft's trait methods return its own (large) error type: boxing here would only
     // move the allocation.
     #[allow(clippy::result_large_err)]
-    fn submit(&self, bytes: Vec<u8>, rewrite: bool, done: Done) -> Result<(), StorageError> {
+    /// Queues `bytes` for the writer, under the lock of the in-memory log `g` (so in
+    /// the order of the changes), and returns where in the file they land.
+    fn submit(
+        &self,
+        g: &mut Inner,
+        bytes: Vec<u8>,
+        rewrite: bool,
+        done: Done,
+    ) -> Result<u64, StorageError> {
         // A rewrite's image holds the commit index already.
         let commit = self.unwritten_commit.lock().take().filter(|_| !rewrite);
-        let bytes = match commit {
+        let (bytes, ahead) = match commit {
             Some(mut c) => {
+                let ahead = c.len() as u64;
                 c.extend_from_slice(&bytes);
-                c
+                (c, ahead)
             }
-            None => bytes,
+            None => (bytes, 0),
         };
+        let at = g.held.queue(bytes.len(), rewrite) + ahead;
         let job = Job {
             bytes,
             rewrite,
+            gen: g.held.gen(),
             done,
         };
+        self.send(job)?;
+        Ok(at)
+    }
+
+    /// Hands `job` to the sink.
+    #[allow(clippy::result_large_err)]
+    fn send(&self, job: Job) -> Result<(), StorageError> {
         match &self.sink {
             Sink::Thread(tx) => tx.send(job).map_err(|_| {
                 StorageIOError::write_logs(&io::Error::other("raft log writer stopped")).into()
@@ -460,7 +522,7 @@ impl LogStore {
                     fail_jobs(vec![job]);
                 } else {
                     let InlineFile { file, failed } = &mut *f;
-                    *failed = !write_jobs(file, &self.path, vec![job]);
+                    *failed = !write_jobs(file, &self.path, vec![job], &self.durable);
                 }
                 Ok(())
             }
@@ -497,10 +559,38 @@ impl LogStore {
             Some((kind, body)) => {
                 let mut bytes = Vec::with_capacity(HEADER + body.len());
                 encode(kind, body, &mut bytes);
-                self.submit(bytes, false, done)
+                self.submit(&mut g, bytes, false, done).map(|_| ())
             }
-            None => self.submit(g.image(), true, done),
+            None => self.submit_rewrite(&mut g, done),
         }
+    }
+
+    /// Queues a rewrite of the file to the image of `g`, every entry read back whole
+    /// first.
+    #[allow(clippy::result_large_err)]
+    fn submit_rewrite(&self, g: &mut Inner, done: Done) -> Result<(), StorageError> {
+        let (bytes, places) = match g.rewrite_image(&self.path) {
+            Ok(image) => image,
+            Err(e) => {
+                complete(done, Err(io::Error::new(e.kind(), e.to_string())));
+                return Err(StorageIOError::read_logs(&e).into());
+            }
+        };
+        self.submit(g, bytes, true, done)?;
+        for (index, at, len) in places {
+            g.held.placed(index, at, len);
+        }
+        Ok(())
+    }
+
+    /// Lets go of the records of entries the state machine applied up to `applied`
+    /// (all but the last few; see `log_held`): they are read back from the file if
+    /// asked for again.
+    pub fn release_applied(&self, applied: u64) {
+        let d = *self.durable.lock();
+        let mut g = self.inner.lock();
+        let Inner { entries, held, .. } = &mut *g;
+        held.release(entries, applied, d);
     }
 
     /// [`Self::change`], then blocks the calling thread until it is on disk.
@@ -604,15 +694,18 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
         match kind {
             K_ENTRY => {
                 let e: Entry = bincode::deserialize(body).map_err(bad)?;
+                inner.held.placed(e.log_id.index, at as u64, HEADER + len);
                 inner.entries.insert(e.log_id.index, e);
             }
             K_TRUNCATE => {
                 let from: u64 = bincode::deserialize(body).map_err(bad)?;
                 inner.entries.split_off(&from);
+                inner.held.cut_from(from);
             }
             K_PURGE => {
                 let upto: LogId = bincode::deserialize(body).map_err(bad)?;
                 inner.entries = inner.entries.split_off(&upto.index.saturating_add(1));
+                inner.held.purge_to(upto.index);
                 inner.last_purged = Some(upto);
             }
             K_VOTE => inner.vote = Some(bincode::deserialize(body).map_err(bad)?),
@@ -623,6 +716,29 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
         at = end;
     }
     Ok((inner, at as u64))
+}
+
+/// One entry's record as [`encode`] wrote it, read back: its length, checksum and kind
+/// checked.
+pub(super) fn decode_entry(rec: &[u8]) -> Result<Entry, String> {
+    let Some(head) = rec.get(..HEADER) else {
+        return Err("shorter than a record header".into());
+    };
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    let Some(body) = rec.get(HEADER..).filter(|b| b.len() == len) else {
+        return Err(format!(
+            "record length {len} is not the {} expected",
+            rec.len() - HEADER
+        ));
+    };
+    if head[8] != K_ENTRY {
+        return Err(format!("record kind {} is not an entry", head[8]));
+    }
+    if crc32c::crc32c_append(crc32c::crc32c(&[K_ENTRY]), body) != crc {
+        return Err("checksum mismatch".into());
+    }
+    bincode::deserialize(body).map_err(|e| e.to_string())
 }
 
 /// Flipped bits put right per start at most: more is a failing disk, refused.
@@ -701,13 +817,13 @@ fn valid_record_at(rest: &[u8]) -> bool {
 /// it fails every later job without touching the file: after a failed `fsync` the
 /// kernel may have dropped the pages it could not write, so a later sync that succeeds
 /// proves nothing.
-fn writer(mut file: LogFile, path: &Path, rx: mpsc::Receiver<Job>) {
+fn writer(mut file: LogFile, path: &Path, rx: mpsc::Receiver<Job>, durable: &Mutex<Durable>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(j) = rx.try_recv() {
             jobs.push(j);
         }
-        if !write_jobs(&mut file, path, jobs) {
+        if !write_jobs(&mut file, path, jobs, durable) {
             // A log that cannot be written cannot promise anything: stop taking writes.
             fail_jobs(rx.iter());
             return;
@@ -715,9 +831,9 @@ fn writer(mut file: LogFile, path: &Path, rx: mpsc::Receiver<Job>) {
     }
 }
 
-/// Writes `jobs` in order, syncs once, then completes them; false if the write or the
-/// sync failed (every job then completes with the error).
-fn write_jobs(file: &mut LogFile, path: &Path, jobs: Vec<Job>) -> bool {
+/// Writes `jobs` in order, syncs once, then records what is durable and completes them;
+/// false if the write or the sync failed (every job then completes with the error).
+fn write_jobs(file: &mut LogFile, path: &Path, jobs: Vec<Job>, durable: &Mutex<Durable>) -> bool {
     let mut r = Ok(());
     for j in &jobs {
         let done = if j.rewrite {
@@ -738,6 +854,12 @@ fn write_jobs(file: &mut LogFile, path: &Path, jobs: Vec<Job>) -> bool {
         .any(|j| j.rewrite || !matches!(j.done, Done::None));
     if r.is_ok() && waited {
         r = file.sync(path);
+        if let (Ok(()), Some(last)) = (&r, jobs.last()) {
+            *durable.lock() = Durable {
+                gen: last.gen,
+                end: file.end(),
+            };
+        }
     }
     if let Err(e) = &r {
         // Recorded before any waiter learns of it: the process exits on it
@@ -789,6 +911,7 @@ pub struct RangeError(String);
 #[allow(clippy::result_large_err)] // openraft's own error type, as its trait returns it
 fn range_entries<RB: RangeBounds<u64> + std::fmt::Debug>(
     inner: &Mutex<Inner>,
+    path: &Path,
     range: RB,
 ) -> Result<Vec<Entry>, StorageError> {
     use std::ops::Bound::{Excluded, Included, Unbounded};
@@ -821,7 +944,14 @@ fn range_entries<RB: RangeBounds<u64> + std::fmt::Debug>(
         Ok(hi) => g.entries.range(lo..hi),
         Err(_) => g.entries.range(lo..),
     };
-    Ok(entries.map(|(_, e)| e.clone()).collect())
+    let mut file = None;
+    entries
+        .map(|(_, e)| g.held.whole(e, path, &mut file))
+        .collect::<io::Result<Vec<Entry>>>()
+        .map_err(|e| {
+            tracing::error!("raft log: {e}");
+            StorageIOError::read_logs(&e).into()
+        })
 }
 
 impl RaftLogReader<TypeConfig> for LogReader {
@@ -829,7 +959,7 @@ impl RaftLogReader<TypeConfig> for LogReader {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        range_entries(&self.inner, range)
+        range_entries(&self.inner, &self.path, range)
     }
 }
 
@@ -838,7 +968,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        range_entries(&self.inner, range)
+        range_entries(&self.inner, &self.path, range)
     }
 }
 
@@ -862,6 +992,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_reader(&mut self) -> Self::LogReader {
         LogReader {
             inner: self.inner.clone(),
+            path: self.path.clone(),
         }
     }
 
@@ -913,6 +1044,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let mut bytes = Vec::new();
+        let mut places = Vec::new();
         let mut g = self.inner.lock();
         for e in entries {
             // The log has no holes: each entry follows the last one kept (or the purge).
@@ -926,11 +1058,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 "entry {} appended where {next:?} was expected",
                 e.log_id
             );
+            let at = bytes.len();
             encode(K_ENTRY, &ser(&e), &mut bytes);
+            places.push((e.log_id.index, at as u64, bytes.len() - at));
             g.entries.insert(e.log_id.index, e);
         }
         // Readable at once (openraft reads what it appended), acknowledged when synced.
-        self.submit(bytes, false, Done::Flushed(callback))
+        let base = self.submit(&mut g, bytes, false, Done::Flushed(callback))?;
+        for (index, at, len) in places {
+            g.held.placed(index, base + at, len);
+        }
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -948,6 +1086,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             Some((K_TRUNCATE, &ser(&from))),
             |g| {
                 g.entries.split_off(&from);
+                g.held.cut_from(from);
             },
             |e| StorageIOError::write_logs(e).into(),
         )
@@ -959,7 +1098,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         let mut g = self.inner.lock();
         g.purge_to(log_id);
-        self.submit(g.image(), true, Done::None)
+        self.submit_rewrite(&mut g, Done::None)
     }
 }
 
@@ -1233,6 +1372,77 @@ mod tests {
             reopen(&dir),
             Err(OpenError::Corrupt { offset: 0, .. })
         ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn raft_log_lets_applied_records_go_and_reads_them_back_whole() {
+        use super::super::log_held::KEEP;
+        use openraft::storage::RaftLogStorageExt;
+        let dir = std::env::temp_dir().join(format!("sg-raftlog-held-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut s = LogStore::open(&dir).expect("open");
+        let all: Vec<Entry> = (1..=400).map(|i| entry(1, i, 2 * i - 1)).collect();
+        for chunk in all.chunks(7) {
+            // Each append goes with a commit index written ahead of it, which moves
+            // where its entries land in the file.
+            let prev = all[..]
+                .iter()
+                .find(|e| e.log_id.index + 1 == chunk[0].log_id.index);
+            s.save_committed(prev.map(|e| e.log_id))
+                .await
+                .expect("commit");
+            s.blocking_append(chunk.to_vec()).await.expect("append");
+        }
+        assert_eq!(s.entries_in_memory(), 400);
+        // Applied up to 300: all but the last KEEP of those let their records go.
+        s.release_applied(300);
+        let released = 300 - KEEP as usize;
+        assert_eq!(s.entries_in_memory(), 400 - released);
+        assert_eq!(s.try_get_log_entries(1..=400).await.expect("read"), all);
+        assert_eq!(s.entries_from(0).expect("read"), all);
+        // The log's own questions need no records.
+        let (applied, _) = s.applied_for(2 * 150).expect("applied");
+        assert_eq!(applied.map(|a| a.index), Some(150));
+        // A purge rewrites the file: every entry left is whole in it and in memory until
+        // the new file is durable, then let go again from there.
+        let upto = all[99].log_id;
+        s.purge(upto).await.expect("purge");
+        s.save_vote(&Vote::new(1, 1))
+            .await
+            .expect("vote after the rewrite");
+        assert_eq!(s.entries_in_memory(), 300);
+        s.release_applied(300);
+        assert_eq!(s.entries_in_memory(), 300 - (released - 100));
+        let rest = s.try_get_log_entries(101..=400).await.expect("read");
+        assert_eq!(rest, all[100..]);
+        // A start reads them all; then they go again, and come back the same.
+        drop(s);
+        let mut s = reopen(&dir).expect("reopen");
+        s.release_applied(400);
+        assert_eq!(s.entries_in_memory(), KEEP as usize);
+        assert_eq!(
+            s.try_get_log_entries(101..=400).await.expect("read"),
+            all[100..]
+        );
+        // A record damaged on disk after it was let go reads back as an error, never
+        // as another entry.
+        let path = dir.join("log");
+        let mut bytes = std::fs::read(&path).expect("read");
+        let mut rec = Vec::new();
+        encode(K_ENTRY, &ser(&all[149]), &mut rec);
+        let at = bytes
+            .windows(rec.len())
+            .position(|w| w == rec.as_slice())
+            .expect("entry 150 in the file");
+        bytes[at + rec.len() - 1] ^= 0x10;
+        std::fs::write(&path, &bytes).expect("write");
+        assert!(s.try_get_log_entries(150..151).await.is_err());
+        assert_eq!(
+            s.try_get_log_entries(151..=152).await.expect("read"),
+            all[150..152]
+        );
+        drop(s);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

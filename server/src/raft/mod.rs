@@ -31,6 +31,7 @@ pub mod authority;
 pub mod identity;
 pub mod lease;
 mod log_file;
+mod log_held;
 pub mod log_store;
 pub mod message;
 pub mod network;

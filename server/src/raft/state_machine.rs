@@ -54,6 +54,10 @@ impl StateMachine {
         snapshots: Arc<Snapshots>,
         (store, data_dir): (LogStore, std::path::PathBuf),
     ) -> StateMachine {
+        // What recovery applied from the log at the start needs no records in memory.
+        if let Some(a) = applied {
+            store.release_applied(a.index);
+        }
         StateMachine {
             engine,
             dur,
@@ -169,6 +173,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             self.applied = Some(e.log_id);
             out.push(());
+        }
+        if let Some(a) = self.applied {
+            self.store.release_applied(a.index);
         }
         Ok(out)
     }

@@ -15,17 +15,17 @@ use crate::member::Member;
 /// The entries of every pair of live members that share an index and a leader but not
 /// a payload, as FAIL lines (at most one per pair: the first such index).
 pub(super) fn differing_entries(live: &BTreeMap<NodeId, Member>) -> Vec<String> {
-    let logs: Vec<(NodeId, BTreeMap<u64, _>)> = live
-        .values()
-        .map(|m| {
-            let entries = m.store.entries_from(0);
-            (
+    let mut bad = Vec::new();
+    let mut logs: Vec<(NodeId, BTreeMap<u64, _>)> = Vec::new();
+    for m in live.values() {
+        match m.store.entries_from(0) {
+            Ok(entries) => logs.push((
                 m.id,
                 entries.into_iter().map(|e| (e.log_id.index, e)).collect(),
-            )
-        })
-        .collect();
-    let mut bad = Vec::new();
+            )),
+            Err(e) => bad.push(format!("n{}: its raft log reads back wrong: {e}", m.id)),
+        }
+    }
     for (i, (a, la)) in logs.iter().enumerate() {
         for (b, lb) in &logs[i + 1..] {
             let differs = la.iter().find(|(index, ea)| {
