@@ -538,6 +538,8 @@ const HANDING_OVER: &str = "READONLY this stockgate node is handing its leadersh
 #[derive(Default)]
 struct Prompt {
     leader: Option<NodeId>,
+    /// The term this member followed `leader` in.
+    term: u64,
     /// Who stands first, second, ... (asked once per silent leader).
     order: Vec<NodeId>,
     tries: u32,
@@ -554,6 +556,18 @@ impl Prompt {
 
 /// Prompt elections per silent leader; after these openraft's own timer goes on alone.
 const PROMPT_TRIES: u32 = 3;
+
+/// Whether a follower prompted to stand for its silent `leader` (followed in `term`)
+/// gives way: another leader is known, or its term moved on. A term moves on a member
+/// only when it grants a vote (a vote refused for its log or under the leader lease
+/// changes nothing) or stands itself: a candidate it voted for may be winning, or has
+/// won and its first append is still on the way. Standing then, in a higher term, would
+/// unseat that leader (openraft 0.9 has no pre-vote); if that candidate loses, every
+/// member that voted for it holds an uncommitted vote, and openraft's own timer stands
+/// again after an election timeout, without the leader lease in front.
+fn gave_way(m: &openraft::RaftMetrics<NodeId, NodeInfo>, leader: NodeId, term: u64) -> bool {
+    m.current_term != term || m.current_leader.is_some_and(|l| l != leader)
+}
 
 impl RaftNode {
     /// Starts Raft on this node: the state machine over `engine` and `dur`, the peers'
@@ -830,6 +844,12 @@ impl RaftNode {
         if prompt.tries >= PROMPT_TRIES {
             return;
         }
+        // Asking the others' logs took a while: another member may have been elected,
+        // or asked for this member's vote, meanwhile.
+        let term = prompt.term;
+        if gave_way(&self.metrics.borrow(), leader, term) {
+            return;
+        }
         prompt.tries += 1;
         prompt.last_slot = Some(slot);
         tracing::info!(
@@ -838,6 +858,10 @@ impl RaftNode {
         );
         let raft = self.raft.clone();
         self.keep(tokio::spawn(async move {
+            // No await between this look and the request to stand.
+            if gave_way(&raft.metrics().borrow(), leader, term) {
+                return;
+            }
             if let Err(e) = raft.trigger().elect().await {
                 tracing::warn!("raft: standing for election: {e}");
             }
@@ -846,7 +870,7 @@ impl RaftNode {
 
     /// The leader this follower last followed, if it neither answered `Hello` nor sent an
     /// append since, and for how long it has sent none; resets `prompt` when a leader is
-    /// back or another leads.
+    /// back, another leads, or this member's term moved on ([`gave_way`]).
     fn silent_leader(
         &self,
         answered: &BTreeSet<NodeId>,
@@ -858,10 +882,13 @@ impl RaftNode {
                 prompt.reset();
                 prompt.leader = Some(l);
             }
+            prompt.term = m.current_term;
         }
         let leader = prompt.leader?;
-        let other = m.current_leader.is_some_and(|l| l != leader);
-        if answered.contains(&leader) || m.state == ServerState::Leader || other {
+        if answered.contains(&leader)
+            || m.state == ServerState::Leader
+            || gave_way(&m, leader, prompt.term)
+        {
             prompt.reset();
             return None;
         }
