@@ -168,8 +168,9 @@ fn raft_switchover_under_load_45_times_loses_no_acknowledged_reservation() {
     let mut first_try = [0, 0];
     let mut checked = 0;
     for trial in 0..TRIALS {
-        // Load on this leader, and past its lease: a leader elected less than the
-        // longest election timeout ago refuses to vote for anyone.
+        // Load on this leader, and past its lease: a handover within it first waits
+        // the lease out (the leader refuses votes until then), which would count in the
+        // timings below.
         let at = n_acked();
         let t = Instant::now();
         while (n_acked() < at + 10 || t.elapsed() < Duration::from_millis(700))
