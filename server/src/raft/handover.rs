@@ -283,3 +283,37 @@ impl Handover {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_spares_the_target_and_waits_for_the_calls_on_their_way() {
+        let hold = Arc::new(AppendHold::default());
+        let t0 = Instant::now();
+        // Sent before the hold: still on its way when the hold begins.
+        let early = hold.admit(3, 7);
+        assert!(early.is_some());
+        hold.hold(7, 2, t0);
+        assert!(hold.admit(3, 7).is_none(), "held back");
+        assert!(hold.admit(4, 7).is_none(), "held back");
+        assert!(hold.admit(2, 7).is_some(), "the target is still fed");
+        assert!(hold.admit(3, 8).is_some(), "another term is not held");
+        assert_eq!(hold.quiet_since(7), None, "an append still on its way");
+        drop(early);
+        let quiet = hold.quiet_since(7).expect("nothing on its way");
+        assert!(quiet >= t0);
+        // The target's calls never keep the others' leases from running out.
+        let _to_target = hold.admit(2, 7);
+        assert_eq!(hold.quiet_since(7), Some(quiet));
+        assert_eq!(hold.quiet_since(6), None, "not held");
+        hold.release(6);
+        assert!(
+            hold.admit(3, 7).is_none(),
+            "another term's release leaves it"
+        );
+        hold.release(7);
+        assert!(hold.admit(3, 7).is_some());
+    }
+}
