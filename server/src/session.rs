@@ -533,6 +533,8 @@ pub enum SentinelError {
     NoGoodReplica,
     /// `FAILOVER`: no runtime to start the election on.
     NoRuntime,
+    /// `FAILOVER`: this leader is handing over already.
+    InProgress,
 }
 
 pub use crate::users::{

@@ -80,8 +80,8 @@ fn the_raftnode_ci_seed_set_passes() {
     assert!(failed.is_empty(), "failing seeds:\n{}", failed.join("\n"));
 }
 
-/// The `RaftNode` scenario with five members (no handover: see docs/simulation.md):
-/// a few seeds pass every check.
+/// The `RaftNode` scenario with five members (the handover included): a few seeds pass
+/// every check.
 #[test]
 fn a_five_member_raftnode_group_passes() {
     let failed: Vec<String> = (1..=10)

@@ -250,20 +250,25 @@ pub fn strict_conn(port: u16) -> redis::Connection {
 impl Group {
     /// Three members, every link through its own proxy when `proxied`.
     pub fn start(proxied: bool) -> Group {
-        Group::start_with(proxied, None)
+        Group::start_with(proxied, None, 3)
+    }
+
+    /// `members` members (ids 1 to `members`), no proxies.
+    pub fn start_of(members: u64) -> Group {
+        Group::start_with(false, None, members)
     }
 
     /// As [`Group::start`], each member logging at `level` to `dir/member-<id>.log` (every
     /// start of it), whatever `RAFT_TEST_LOG_DIR` says: for a test that reads those logs. (Not
     /// the variable itself: the other tests of the binary would log there too.)
     pub fn start_logged(proxied: bool, dir: &Path, level: &str) -> Group {
-        Group::start_with(proxied, Some((dir, level)))
+        Group::start_with(proxied, Some((dir, level)), 3)
     }
 
-    fn start_with(proxied: bool, log: Option<(&Path, &str)>) -> Group {
+    fn start_with(proxied: bool, log: Option<(&Path, &str)>, count: u64) -> Group {
         let dir = TempDir::new("raft");
         let keys = Keys::new();
-        let ids = [1u64, 2, 3];
+        let ids: Vec<u64> = (1..=count).collect();
         // The members' ports stay bound until the proxies have theirs: a proxy bound to
         // port 0 could otherwise be given a member's port, and a route would lead back.
         let held: Vec<(TcpListener, TcpListener)> = ids

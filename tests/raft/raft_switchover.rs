@@ -4,6 +4,9 @@
 //!   fault that one switchover in ten lets through goes unseen with probability
 //!   0.9^45 < 1 %): after each, every acknowledged reservation is on the new leader, no
 //!   token was handed out twice, and the sale's counters add up.
+//! - `SENTINEL FAILOVER` sent to a leader the moment it is named (within openraft's leader
+//!   lease of its election), in a group of three and in one of five: the leadership moves
+//!   at the first ask.
 //! - A leader cut from both followers with a `RESERVE` waiting on it: the others elect,
 //!   the link heals, and the waiting `RESERVE` is never answered `RESERVED` unless the
 //!   reservation is on the new leader.
@@ -165,8 +168,9 @@ fn raft_switchover_under_load_45_times_loses_no_acknowledged_reservation() {
     let mut first_try = [0, 0];
     let mut checked = 0;
     for trial in 0..TRIALS {
-        // Load on this leader, and past its lease: a leader elected less than the
-        // longest election timeout ago refuses to vote for anyone.
+        // Load on this leader, and past its lease: a handover within it first waits
+        // the lease out (the leader refuses votes until then), which would count in the
+        // timings below.
         let at = n_acked();
         let t = Instant::now();
         while (n_acked() < at + 10 || t.elapsed() < Duration::from_millis(700))
@@ -332,6 +336,45 @@ fn raft_switchover_refused_when_no_member_can_take_over() {
     );
     let e = failover(g.port(l)).expect_err("nobody to take over");
     assert!(e.contains("NOGOODSLAVE"), "{e}");
+}
+
+/// `SENTINEL FAILOVER` sent to a leader the moment it is named, well within openraft's
+/// leader lease (the longest election timeout) of its election, when the follower not
+/// targeted still refuses votes and so would the leader itself: the leadership moves at
+/// the first ask, five times in a row.
+#[test]
+fn raft_failover_right_after_an_election_moves_the_leadership() {
+    let g = Group::start(false);
+    moves_at_each_ask(&g, 5);
+}
+
+/// In a group of five the target needs two followers' votes besides the leader's: the
+/// leader holds back its appends to them until their leases have run out. The
+/// leadership moves at the first ask, right after each election too.
+#[test]
+fn raft_failover_moves_the_leadership_of_five_members() {
+    let g = Group::start_of(5);
+    moves_at_each_ask(&g, 4);
+}
+
+/// `trials` times: FAILOVER to the leader named a moment ago, answered `+OK`, and
+/// another member leads within 5 s (a leader elected then is asked at once in turn).
+fn moves_at_each_ask(g: &Group, trials: usize) {
+    let mut old = g.leader(None, Duration::from_secs(10));
+    for trial in 0..trials {
+        let t = Instant::now();
+        assert_eq!(
+            failover_named(g.port(old), "stockgate").as_deref(),
+            Ok("OK"),
+            "trial {trial}: FAILOVER to {old}"
+        );
+        let new = g.leader(Some(old), Duration::from_secs(5));
+        println!(
+            "trial {trial}: {old} -> {new} in {} ms",
+            t.elapsed().as_millis()
+        );
+        old = new;
+    }
 }
 
 fn failover_named(port: u16, name: &str) -> Result<String, String> {

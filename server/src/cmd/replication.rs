@@ -241,6 +241,9 @@ fn sentinel_error(e: SentinelError) -> Reply {
         SentinelError::NoRuntime => {
             Reply::err("ERR SENTINEL FAILOVER: no runtime to start the election on")
         }
+        SentinelError::InProgress => Reply::err(
+            "INPROG Failover already in progress (this leader is handing its leadership over)",
+        ),
     }
 }
 

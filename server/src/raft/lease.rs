@@ -131,6 +131,13 @@ impl Lease {
         }
     }
 
+    /// When this member first sent an append of `term` (after its election to it), if
+    /// `term` is the newest it sent in.
+    pub fn began(&self, term: u64) -> Option<Instant> {
+        let s = self.state.lock();
+        s.began.filter(|_| s.term == term)
+    }
+
     /// When a majority of the voters last acknowledged this member as leader of `term`
     /// (this member counting as `now`); `None` when never in this process.
     pub fn quorum_since(&self, term: u64, now: Instant) -> Option<Instant> {

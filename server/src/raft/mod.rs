@@ -28,6 +28,7 @@
 //!   stock reads too and names no leader in discovery (docs/replication.md).
 
 pub mod authority;
+pub mod handover;
 pub mod identity;
 pub mod lease;
 mod log_file;

@@ -46,6 +46,7 @@ pub use super::message::{
 };
 pub use super::peers::{backoff_delay, BACKOFF_FIRST, BACKOFF_MAX};
 
+use super::handover::AppendHold;
 use super::identity::Identity;
 use super::lease::Lease;
 use super::peers::PeerTable;
@@ -65,6 +66,8 @@ pub struct Network {
     pub lease: Arc<Lease>,
     /// A leader no majority acknowledged for this long stops sending appends.
     pub mute_after: Duration,
+    /// A handover's hold on this member's appends ([`AppendHold`]).
+    pub hold: Arc<AppendHold>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -79,6 +82,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             expect: node.incarnation,
             lease: self.lease.clone(),
             mute_after: self.mute_after,
+            hold: self.hold.clone(),
         }
     }
 }
@@ -93,6 +97,7 @@ pub struct Peer {
     expect: u64,
     lease: Arc<Lease>,
     mute_after: Duration,
+    hold: Arc<AppendHold>,
 }
 
 fn net_err<E: std::error::Error + 'static>(e: &E) -> NetworkError {
@@ -169,6 +174,9 @@ impl RaftNetwork<TypeConfig> for Peer {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
         let term = rpc.vote.leader_id.term;
         let sent = Instant::now();
+        let Some(_on_its_way) = self.hold.admit(self.target, term) else {
+            return Err(held_back());
+        };
         if !self
             .lease
             .may_send(self.target, term, sent, self.mute_after)
@@ -197,6 +205,9 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
     > {
+        let Some(_on_its_way) = self.hold.admit(self.target, rpc.vote.leader_id.term) else {
+            return Err(held_back());
+        };
         let r = self.call(Rpc::Snapshot(rpc), option.hard_ttl(), true).await;
         self.answer(r, |r| match r {
             RpcReply::Snapshot(a) => Some(a),
@@ -226,6 +237,14 @@ impl RaftNetwork<TypeConfig> for Peer {
                 .map_or(BACKOFF_FIRST, |d| d.max(BACKOFF_FIRST))
         }))
     }
+}
+
+/// An append (or snapshot) a handover holds back: unreachable to openraft, which
+/// tries again after its back-off.
+fn held_back<E: std::error::Error>() -> RPCError<NodeId, NodeInfo, E> {
+    RPCError::Unreachable(Unreachable::new(&io::Error::other(
+        "held back: this leader is handing over (SENTINEL FAILOVER) and lets the leases of the members other than its target run out",
+    )))
 }
 
 /// Asks `target` to stand for election at once (a switchover).

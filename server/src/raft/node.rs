@@ -19,6 +19,7 @@ use openraft::{Config, ServerState, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use super::handover::{AppendHold, Handover};
 use super::identity::{self, Identity};
 use super::lease::Lease;
 use super::log_store::LogStore;
@@ -443,6 +444,7 @@ struct Wire {
     peers: Arc<PeerTable>,
     ident: Arc<Identity>,
     lease: Arc<Lease>,
+    hold: Arc<AppendHold>,
 }
 
 /// A client of the peers' network, as openraft's own (transport, identity, lease).
@@ -453,6 +455,7 @@ fn peer_network(cfg: &RaftNodeConfig, wire: &Wire) -> network::Network {
         ident: wire.ident.clone(),
         lease: wire.lease.clone(),
         mute_after: Duration::from_millis(cfg.election_max_ms),
+        hold: wire.hold.clone(),
     }
 }
 
@@ -510,6 +513,8 @@ pub struct RaftNode {
     /// Until this many milliseconds since `epoch`, writes are refused: the leader is
     /// handing over (`SENTINEL FAILOVER`) and its log must stop growing.
     handover_until_ms: Arc<AtomicU64>,
+    /// A handover's hold on this member's appends, shared with its network.
+    hold: Arc<AppendHold>,
     /// What carries this member's requests to its peers and theirs to it.
     transport: Arc<dyn Transport>,
     /// This member's view of its peers' links (back-off, counts).
@@ -533,6 +538,8 @@ const HANDING_OVER: &str = "READONLY this stockgate node is handing its leadersh
 #[derive(Default)]
 struct Prompt {
     leader: Option<NodeId>,
+    /// The term this member followed `leader` in.
+    term: u64,
     /// Who stands first, second, ... (asked once per silent leader).
     order: Vec<NodeId>,
     tries: u32,
@@ -549,6 +556,18 @@ impl Prompt {
 
 /// Prompt elections per silent leader; after these openraft's own timer goes on alone.
 const PROMPT_TRIES: u32 = 3;
+
+/// Whether a follower prompted to stand for its silent `leader` (followed in `term`)
+/// gives way: another leader is known, or its term moved on. A term moves on a member
+/// only when it grants a vote (a vote refused for its log or under the leader lease
+/// changes nothing) or stands itself: a candidate it voted for may be winning, or has
+/// won and its first append is still on the way. Standing then, in a higher term, would
+/// unseat that leader (openraft 0.9 has no pre-vote); if that candidate loses, every
+/// member that voted for it holds an uncommitted vote, and openraft's own timer stands
+/// again after an election timeout, without the leader lease in front.
+fn gave_way(m: &openraft::RaftMetrics<NodeId, NodeInfo>, leader: NodeId, term: u64) -> bool {
+    m.current_term != term || m.current_leader.is_some_and(|l| l != leader)
+}
 
 impl RaftNode {
     /// Starts Raft on this node: the state machine over `engine` and `dur`, the peers'
@@ -573,6 +592,7 @@ impl RaftNode {
             peers: Arc::new(PeerTable::default()),
             ident: prepared.ident,
             lease: Arc::new(Lease::default()),
+            hold: Arc::new(AppendHold::default()),
         };
         let net = peer_network(&cfg, &wire);
         let raft = Raft::new(cfg.id, Arc::new(config), net.clone(), store.clone(), sm)
@@ -603,6 +623,7 @@ impl RaftNode {
             publish: OnceLock::new(),
             last_leader: Mutex::new(None),
             handover_until_ms: Arc::new(AtomicU64::new(0)),
+            hold: wire.hold,
             transport: wire.transport,
             peers: wire.peers,
             heard,
@@ -823,6 +844,12 @@ impl RaftNode {
         if prompt.tries >= PROMPT_TRIES {
             return;
         }
+        // Asking the others' logs took a while: another member may have been elected,
+        // or asked for this member's vote, meanwhile.
+        let term = prompt.term;
+        if gave_way(&self.metrics.borrow(), leader, term) {
+            return;
+        }
         prompt.tries += 1;
         prompt.last_slot = Some(slot);
         tracing::info!(
@@ -831,6 +858,10 @@ impl RaftNode {
         );
         let raft = self.raft.clone();
         self.keep(tokio::spawn(async move {
+            // No await between this look and the request to stand.
+            if gave_way(&raft.metrics().borrow(), leader, term) {
+                return;
+            }
             if let Err(e) = raft.trigger().elect().await {
                 tracing::warn!("raft: standing for election: {e}");
             }
@@ -839,7 +870,7 @@ impl RaftNode {
 
     /// The leader this follower last followed, if it neither answered `Hello` nor sent an
     /// append since, and for how long it has sent none; resets `prompt` when a leader is
-    /// back or another leads.
+    /// back, another leads, or this member's term moved on ([`gave_way`]).
     fn silent_leader(
         &self,
         answered: &BTreeSet<NodeId>,
@@ -851,10 +882,13 @@ impl RaftNode {
                 prompt.reset();
                 prompt.leader = Some(l);
             }
+            prompt.term = m.current_term;
         }
         let leader = prompt.leader?;
-        let other = m.current_leader.is_some_and(|l| l != leader);
-        if answered.contains(&leader) || m.state == ServerState::Leader || other {
+        if answered.contains(&leader)
+            || m.state == ServerState::Leader
+            || gave_way(&m, leader, prompt.term)
+        {
             prompt.reset();
             return None;
         }
@@ -1259,35 +1293,35 @@ impl RaftNode {
             }));
             return Ok(());
         }
+        // One at a time: a second would hold and release the first one's appends.
+        let until = self.handover_until_ms.load(Ordering::Acquire);
+        if until != 0 && self.now_ms() < until {
+            return Err(SentinelError::InProgress);
+        }
         // No majority has answered lately: nobody could win an election now.
         if !self.lease_held() {
             return Err(SentinelError::NoGoodReplica);
         }
-        // Candidates: the other voters, the one holding most of the log first.
-        let mut targets: Vec<(u64, NodeId, NodeInfo)> = m
-            .replication
-            .iter()
-            .flatten()
-            .filter(|(id, _)| **id != self.id && voters.contains(*id))
-            .filter_map(|(id, matched)| {
-                let info = m.membership_config.membership().get_node(id)?.clone();
-                Some((matched.map_or(0, |l| l.index), *id, info))
-            })
-            .collect();
+        let targets = handover_targets(&m, self.id, &voters);
         if targets.is_empty() {
             return Err(SentinelError::NoGoodReplica);
         }
-        targets.sort_by_key(|t| std::cmp::Reverse(t.0));
+        let (max, beat) = (self.cfg.election_max_ms, self.cfg.heartbeat_ms);
         let handover = Handover {
             raft: self.raft.clone(),
             spec: self.spec.clone(),
             net: self.net(),
             id: self.id,
+            term: m.current_term,
             epoch: self.epoch,
             until: self.handover_until_ms.clone(),
-            // Long enough to drain and elect; a target that never catches up gives the
-            // writes back after it.
-            window_ms: self.cfg.election_max_ms * 2,
+            lease: self.lease.clone(),
+            hold: self.hold.clone(),
+            vote_lease: Duration::from_millis(max),
+            beat: Duration::from_millis(beat),
+            // To catch up (a target that never does gives the writes back after it), to
+            // wait out the leader lease the votes need, and to elect.
+            window_ms: max * 3 + beat,
         };
         self.keep(rt.spawn(handover.run(targets)));
         Ok(())
@@ -1381,6 +1415,7 @@ impl RaftNode {
             peers: self.peers.clone(),
             ident: self.ident.clone(),
             lease: self.lease.clone(),
+            hold: self.hold.clone(),
         };
         peer_network(&self.cfg, &wire)
     }
@@ -1503,76 +1538,25 @@ fn voter_ids(raft: &Raft) -> BTreeSet<NodeId> {
     authority::voters(&raft.metrics().borrow())
 }
 
-/// A leader handing over (Raft's leadership transfer): it stops taking writes, waits
-/// until nothing of its own is in flight and a target's log matches its own, then asks
-/// that target to stand. The target's vote request then carries a log as long as the
-/// leader's, which the leader grants (and steps down with nothing in flight, so it is
-/// not deposed); the other follower still hears the leader's heartbeats and refuses.
-struct Handover {
-    raft: Raft,
-    spec: Arc<Speculation>,
-    net: network::Network,
-    id: NodeId,
-    epoch: Instant,
-    until: Arc<AtomicU64>,
-    window_ms: u64,
-}
-
-impl Handover {
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    fn leading(&self) -> bool {
-        let m = self.raft.metrics().borrow().clone();
-        m.state == ServerState::Leader && m.current_leader == Some(self.id)
-    }
-
-    async fn run(self, mut targets: Vec<(u64, NodeId, NodeInfo)>) {
-        let deadline = self.now_ms() + self.window_ms;
-        self.until.store(deadline, Ordering::Release);
-        // Caught up: the target matched every entry and nothing more is coming.
-        while self.now_ms() < deadline && self.leading() {
-            let m = self.raft.metrics().borrow().clone();
-            let last = m.last_log_index.unwrap_or(0);
-            let caught_up = |id: NodeId| {
-                m.replication
-                    .as_ref()
-                    .and_then(|r| r.get(&id).copied().flatten())
-                    .is_some_and(|l| l.index >= last)
-            };
-            if self.spec.in_flight() == 0 {
-                if let Some(i) = targets.iter().position(|(_, id, _)| caught_up(*id)) {
-                    // That one first; the others only if it cannot stand.
-                    let t = targets.remove(i);
-                    targets.insert(0, t);
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        for (_, target, info) in &targets {
-            if self.now_ms() >= deadline || !self.leading() {
-                break;
-            }
-            match network::ask_to_elect(self.net.clone(), *target, info).await {
-                Ok(()) => {
-                    tracing::info!("raft: SENTINEL FAILOVER: node {target} stands for election");
-                    break;
-                }
-                Err(e) => tracing::warn!(
-                    "raft: SENTINEL FAILOVER: node {target} did not start an election: {e}"
-                ),
-            }
-        }
-        while self.now_ms() < deadline && self.leading() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        // Unless a later FAILOVER opened a window of its own.
-        let _ = self
-            .until
-            .compare_exchange(deadline, 0, Ordering::AcqRel, Ordering::Acquire);
-    }
+/// The voters a leader may hand over to: every other voter, the one holding most of
+/// the log first.
+fn handover_targets(
+    m: &openraft::RaftMetrics<NodeId, NodeInfo>,
+    me: NodeId,
+    voters: &BTreeSet<NodeId>,
+) -> Vec<super::handover::Target> {
+    let mut targets: Vec<super::handover::Target> = m
+        .replication
+        .iter()
+        .flatten()
+        .filter(|(id, _)| **id != me && voters.contains(*id))
+        .filter_map(|(id, matched)| {
+            let info = m.membership_config.membership().get_node(id)?.clone();
+            Some((matched.map_or(0, |l| l.index), *id, info))
+        })
+        .collect();
+    targets.sort_by_key(|t| std::cmp::Reverse(t.0));
+    targets
 }
 
 fn split_addr(a: &str) -> (String, u16) {
