@@ -20,6 +20,8 @@
 mod boot;
 mod checks;
 mod client;
+mod commands;
+mod faults;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -62,6 +64,9 @@ const STEP: Duration = Duration::from_millis(5);
 const RESTART_AFTER: Duration = Duration::from_millis(100);
 /// A reply waits this long for the group's commit.
 const REPLY_TTL: Duration = Duration::from_secs(5);
+/// With every member up and every link healed, every member holds every acknowledged
+/// outcome within this.
+const QUIESCE_WITHIN: Duration = Duration::from_secs(10);
 
 /// The run's members and what its checks found.
 pub(crate) struct Run {
@@ -117,6 +122,7 @@ pub(crate) async fn run(
         timing: TIMING,
         start: Instant::now(),
         processes: AtomicU64::new(0),
+        disks: Mutex::new(BTreeMap::new()),
     };
     let r = Arc::new(Run {
         env,
@@ -206,14 +212,22 @@ async fn phases(r: &Arc<Run>, rng: &mut StdRng) {
         StdRng::seed_from_u64(rng.gen()),
         stop.clone(),
     ));
-    if faults(r, rng, leader).await {
+    let (cmds, stop_cmds, ledger) = commands::spawn(r, rng);
+    let fixed = faults(r, rng, leader).await;
+    if fixed {
         sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
     }
     stop.store(true, Ordering::Release);
     // Every reply is answered or timed out when the client returns.
     let _ = writes.await;
+    let drawn = fixed && faults::random_phase(r, rng).await && faults::all_healed(r).await;
+    stop_cmds.store(true, Ordering::Release);
+    let _ = cmds.await;
     // The followers learn the last commits by the leader's next heartbeats.
     sleep(Duration::from_secs(1)).await;
+    if drawn {
+        commands::quiescent(r, &ledger, QUIESCE_WITHIN).await;
+    }
     checks::acked_holds(r).await;
 }
 
