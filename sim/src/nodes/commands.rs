@@ -35,7 +35,7 @@ use crate::wire::client_addr;
 const SKU: &str = "B";
 /// Attempts of one command (redirects and lost connections included) before the client
 /// gives it up.
-const ATTEMPTS: u32 = 12;
+const ATTEMPTS: u32 = 20;
 
 /// What became of an acknowledged hold, as far as the client knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,7 +202,7 @@ impl Client {
                 Answer::Nowhere => "no master known".to_owned(),
             };
             self.r.note(format!("{what}: {why}: asks discovery"));
-            sleep(Duration::from_millis(self.rng.gen_range(10..100))).await;
+            sleep(Duration::from_millis(self.rng.gen_range(20..200))).await;
             self.target = discover(&self.r, &mut self.rng);
         }
         (None, lost)

@@ -16,6 +16,12 @@
 //! last leader and on the member following it. Throughout, at most one member takes
 //! writes at any instant, and the RESERVEs waiting on the leader cut off are answered
 //! (refused) once it gives way, within the longest election timeout and two heartbeats.
+//!
+//! Then the drawn phase (`faults`): the killed member comes back, and 4 to 10 fault steps
+//! drawn from the seed (crashes with power loss, link cuts, flapping, lossy links, a
+//! member cut off), each checked as the fixed ones. A second client (`commands`) runs
+//! throughout, through the command layer, finding the leader through discovery; at the
+//! end, all healed and up, every member holds what it was acknowledged.
 
 mod boot;
 mod checks;
@@ -79,7 +85,7 @@ pub(crate) struct Run {
     isolated: Mutex<Option<(NodeId, Instant)>>,
     /// The RESERVE replies still waiting for the group's commit.
     replies: client::Replies,
-    /// The members killed (never started again in this scenario).
+    /// The members the fixed steps killed (the drawn phase starts them again first).
     killed: Mutex<BTreeSet<NodeId>>,
     /// When each member that was cut off was cut off.
     cut_at: Mutex<BTreeMap<NodeId, Instant>>,
