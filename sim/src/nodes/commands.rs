@@ -339,7 +339,7 @@ impl Client {
     }
 }
 
-/// Runs the client until `stop`: the sale first, then a command every 5 to 40 ms,
+/// Runs the client until `stop`: the sale first, then a command every 40 to 160 ms,
 /// RESERVE six times in ten, COMMIT or RELEASE of a hold the others.
 pub(super) async fn run(
     r: Arc<Run>,
@@ -358,7 +358,7 @@ pub(super) async fn run(
     }
     let mut n = 0;
     while !stop.load(Ordering::Acquire) {
-        sleep(Duration::from_millis(c.rng.gen_range(5..40))).await;
+        sleep(Duration::from_millis(c.rng.gen_range(40..160))).await;
         match c.rng.gen_range(0..10) {
             0..=5 => {
                 n += 1;

@@ -1,4 +1,4 @@
-//! The scenario's second phase: after the fixed steps, 4 to 10 fault steps drawn from
+//! The scenario's second phase: after the fixed steps, 4 to 7 fault steps drawn from
 //! the seed, each checked as the fixed ones are (one member takes writes and every member
 //! that can hear it names it, within bounds; at most one writer at any instant, by the
 //! monitor; an isolated leader stops claiming master). Each step puts right what it did
@@ -8,12 +8,12 @@
 //! - a member's process dies (`RaftNode::stop`), by a `kill -9` (its files as they are)
 //!   or with the machine's power (each log file cut back to what was synced, or by the
 //!   seed part of the rest, torn: `Disk::power_cut`), and starts again from its data dir
-//!   after 0.1 to 3 s;
-//! - one link cut one way or both, between any two members;
-//! - one link flapping: cut and healed 3 to 10 times, 20 to 400 ms each;
+//!   after 0.1 to 1.5 s;
+//! - one link cut one way or both, between any two members, for 0.3 to 1.5 s;
+//! - one link flapping: cut and healed 3 to 8 times, 20 to 400 ms each;
 //! - a member (the leader, half the time) cut off from all others, both ways or from
 //!   sending only, as the fixed steps cut the leader off;
-//! - lossy links for 1 to 5 s: every leg lost with a drawn chance (1 to 20 %), every
+//! - lossy links for 1 to 2.5 s: every leg lost with a drawn chance (1 to 20 %), every
 //!   delivered request delivered again with another (up to 40 %), the copy up to ten
 //!   maximum delays later.
 //!
@@ -41,7 +41,7 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     // The member the fixed steps killed comes back first.
     let killed: Vec<NodeId> = r.killed.lock().iter().copied().collect();
     for id in killed {
-        sleep(Duration::from_millis(rng.gen_range(200..3_000))).await;
+        sleep(Duration::from_millis(rng.gen_range(200..1_500))).await;
         if !restart(r, id).await {
             return false;
         }
@@ -53,10 +53,10 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
             return false;
         }
     }
-    let steps = rng.gen_range(4..=10);
+    let steps = rng.gen_range(4..=7);
     r.note(format!("{steps} drawn fault steps"));
     for _ in 0..steps {
-        sleep(Duration::from_millis(rng.gen_range(300..1_500))).await;
+        sleep(Duration::from_millis(rng.gen_range(100..600))).await;
         if !all_up(r).await {
             return false;
         }
@@ -143,7 +143,7 @@ async fn crash(r: &Arc<Run>, rng: &mut StdRng, power: bool) -> bool {
     {
         return false;
     }
-    sleep(Duration::from_millis(rng.gen_range(100..3_000))).await;
+    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
     if !restart(r, id).await {
         return false;
     }
@@ -181,7 +181,7 @@ async fn crash_too(r: &Run, rng: &mut StdRng) -> bool {
     let Some((id, _)) = down(r, rng, power).await else {
         return true;
     };
-    sleep(Duration::from_millis(rng.gen_range(100..2_000))).await;
+    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
     restart(r, id).await
 }
 
@@ -202,7 +202,7 @@ async fn link(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     if heard(r, &what, FAILOVER_WITHIN).await.is_none() {
         return false;
     }
-    sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
+    sleep(Duration::from_millis(rng.gen_range(300..1_500))).await;
     // Again once the cut has had its effect (an election it prompted, say).
     let what = format!("link n{a} {arrow} n{b} still cut");
     if heard(r, &what, FAILOVER_WITHIN).await.is_none() || !crash_too(r, rng).await {
@@ -215,7 +215,7 @@ async fn link(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 async fn flap(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     let (a, b) = pick_two(r, rng);
     let both = rng.gen_bool(0.5);
-    let times = rng.gen_range(3..=10);
+    let times = rng.gen_range(3..=8);
     let arrow = if both { "<->" } else { "->" };
     r.note(format!("link n{a} {arrow} n{b} flaps {times} times"));
     for _ in 0..times {
@@ -244,7 +244,7 @@ async fn isolate(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 async fn lossy(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     let loss = rng.gen_range(10..=200);
     let dup = rng.gen_range(0..=400);
-    let ms = rng.gen_range(1_000..5_000);
+    let ms = rng.gen_range(1_000..2_500);
     r.note(format!(
         "lossy links for {ms} ms: {loss} legs in 1000 lost, {dup} requests in 1000 twice"
     ));
@@ -255,6 +255,8 @@ async fn lossy(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     }
     sleep(Duration::from_millis(ms / 2)).await;
     r.env.wire.set_lossy(None);
+    let twice = r.env.wire.duplicated();
+    r.note(format!("{twice} requests delivered twice so far"));
     heal(r, "links clean").await
 }
 

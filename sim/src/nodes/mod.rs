@@ -17,7 +17,7 @@
 //! writes at any instant, and the RESERVEs waiting on the leader cut off are answered
 //! (refused) once it gives way, within the longest election timeout and two heartbeats.
 //!
-//! Then the drawn phase (`faults`): the killed member comes back, and 4 to 10 fault steps
+//! Then the drawn phase (`faults`): the killed member comes back, and 4 to 7 fault steps
 //! drawn from the seed (crashes with power loss, link cuts, flapping, lossy links, a
 //! member cut off), each checked as the fixed ones. A second client (`commands`) runs
 //! throughout, through the command layer, finding the leader through discovery; at the
