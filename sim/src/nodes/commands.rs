@@ -210,7 +210,7 @@ impl Client {
 
     /// Creates the sale (retried until answered): `false` if it never is.
     async fn create_sale(&mut self) -> bool {
-        let total: u64 = self.rng.gen_range(50..600);
+        let total: u64 = self.rng.gen_range(30..300);
         self.ledger.lock().total = total;
         let t = total.to_string();
         let argv = move |_: &Engine| -> Vec<Vec<u8>> {
