@@ -239,7 +239,7 @@ impl Client {
 
 impl Client {
     /// `RESERVE B user admission request-id QTY n`, sent again with the same request id
-    /// until answered. A token named for the request must be the one named before.
+    /// until answered. The token acknowledged must be one no other request was handed.
     async fn reserve(&mut self, n: u64) {
         let (user, rid) = (format!("w{n}"), format!("q{n}"));
         let qty: u32 = self.rng.gen_range(1..=3);
