@@ -42,6 +42,10 @@ struct State {
     max_delay_ms: u64,
     sent: u64,
     lost: u64,
+    /// While set: the per-mille chance that a leg is lost and that a request is
+    /// delivered a second time (`set_lossy`).
+    lossy: Option<(u32, u32)>,
+    duplicated: u64,
 }
 
 impl Wire {
@@ -54,6 +58,8 @@ impl Wire {
             max_delay_ms,
             sent: 0,
             lost: 0,
+            lossy: None,
+            duplicated: 0,
         })))
     }
 
@@ -76,6 +82,42 @@ impl Wire {
         self.0.lock().cut.clear();
     }
 
+    /// Heals the link `from` → `to` only.
+    pub fn uncut(&self, from: NodeId, to: NodeId) {
+        self.0.lock().cut.remove(&(from, to));
+    }
+
+    /// Whether the link `from` → `to` is cut.
+    pub fn is_cut(&self, from: NodeId, to: NodeId) -> bool {
+        self.0.lock().cut.contains(&(from, to))
+    }
+
+    /// From now on each leg is lost with `loss` per mille and each delivered request
+    /// delivered again with `dup` per mille (`None`: neither). Draws are made only while
+    /// set, so a run that never sets it draws what it drew before.
+    pub fn set_lossy(&self, lossy: Option<(u32, u32)>) {
+        self.0.lock().lossy = lossy;
+    }
+
+    /// Requests delivered twice so far.
+    pub fn duplicated(&self) -> u64 {
+        self.0.lock().duplicated
+    }
+
+    /// Whether this request, just delivered, is delivered again, and after how long: up
+    /// to ten maximum delays, so often after later requests on the same link (a stale
+    /// replay).
+    fn duplicate(&self) -> Option<Duration> {
+        let mut s = self.0.lock();
+        let (_, dup) = s.lossy?;
+        if s.rng.gen_range(0..1_000) >= dup {
+            return None;
+        }
+        s.duplicated += 1;
+        let most = s.max_delay_ms * 10;
+        Some(Duration::from_millis(s.rng.gen_range(0..=most)))
+    }
+
     /// Legs sent and lost so far.
     pub fn counts(&self) -> (u64, u64) {
         let s = self.0.lock();
@@ -89,7 +131,11 @@ impl Wire {
         s.sent += 1;
         let most = s.max_delay_ms;
         let delay = s.rng.gen_range(0..=most);
-        if s.cut.contains(&(from, to)) {
+        let dropped = match s.lossy {
+            Some((loss, _)) => s.rng.gen_range(0..1_000) < loss,
+            None => false,
+        };
+        if dropped || s.cut.contains(&(from, to)) {
             s.lost += 1;
             return None;
         }
@@ -257,6 +303,9 @@ async fn exchange(
         )));
     };
     let env = network::decode_request(&body)?;
+    if let Some(later) = wire.duplicate() {
+        replay(responder.clone(), body.clone(), later);
+    }
     let reply = responder.answer(env).await.map_err(io::Error::other)?;
     let back = network::encode(&reply)?;
     let delay = match wire.leg(to, from) {
@@ -265,4 +314,15 @@ async fn exchange(
     };
     tokio::time::sleep(delay).await;
     Ok(network::decode_reply(&back)?)
+}
+
+/// The copy of a delivered request arrives `later` at the same member (its storage
+/// then, whatever process answers): its answer goes nowhere.
+fn replay(responder: Arc<Responder>, body: Vec<u8>, later: Duration) {
+    tokio::spawn(async move {
+        tokio::time::sleep(later).await;
+        if let Ok(env) = network::decode_request(&body) {
+            let _ = responder.answer(env).await;
+        }
+    });
 }

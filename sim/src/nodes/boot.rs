@@ -17,6 +17,7 @@ use stockgate_server::raft::node::Prepared;
 use stockgate_server::raft::snapshot::SnapshotHooks;
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::{NodeId, NodeInfo, RaftNode, RaftNodeConfig};
+use stockgate_server::session::{NoDurability, Replication, ServerConfig, Shared};
 use stockgate_server::wal::WalOptions;
 use tokio::time::Instant;
 
@@ -55,6 +56,8 @@ pub struct Env {
     pub start: Instant,
     /// Member processes started so far.
     pub processes: AtomicU64,
+    /// Each member's disk (what a power loss keeps), across its processes.
+    pub disks: parking_lot::Mutex<BTreeMap<NodeId, Arc<Disk>>>,
 }
 
 /// A running member.
@@ -69,6 +72,9 @@ pub struct Node {
     pub spec: Arc<Speculation>,
     /// Set by the speculation's depose hook (a server re-executes itself then).
     pub deposed: Arc<AtomicBool>,
+    /// What its connections share: the command layer reaches the member through it
+    /// (`Shared::repl`, the write gate and discovery), as a server's does.
+    pub shared: Arc<Shared>,
     hook: Arc<Hook>,
     wal: Arc<WalDurability>,
 }
@@ -132,8 +138,13 @@ pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<No
     let dir = env.root.join(format!("n{id}"));
     let ident = identity(&dir, id, incarnation)?;
     let deposed = Arc::new(AtomicBool::new(false));
-    let disk = Disk::new(id, dir.clone());
-    let hook = Hook::new(disk, deposed.clone(), env.history.clone(), None);
+    let disk = env
+        .disks
+        .lock()
+        .entry(id)
+        .or_insert_with(|| Disk::new(id, dir.clone()))
+        .clone();
+    let hook = Hook::new(disk.clone(), deposed.clone(), env.history.clone(), None);
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
     let cfg = config(env, id, &dir);
@@ -167,12 +178,21 @@ pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<No
         transport,
     )
     .await?;
+    let shared = Arc::new(Shared::new(
+        ServerConfig::default(),
+        None,
+        Arc::new(NoDurability),
+    ));
+    let _ = shared.repl.set(node.clone() as Arc<dyn Replication>);
+    // Recovery may have cut a torn tail: what is left is what a power loss keeps.
+    disk.settle();
     Ok(Node {
         id,
         node,
         engine,
         spec,
         deposed,
+        shared,
         hook,
         wal,
     })

@@ -17,7 +17,7 @@ use super::{Run, GIVE_UP_SLACK, STEP, TIMING};
 use crate::wire::client_addr;
 
 /// The member's answer to `SENTINEL get-master-addr-by-name <group>`.
-fn named(n: &Node) -> Option<HostPort> {
+pub(super) fn named(n: &Node) -> Option<HostPort> {
     match Replication::sentinel(&*n.node, SentinelQuery::MasterAddr(GROUP.as_bytes())) {
         Ok(SentinelAnswer::MasterAddr(a)) => a,
         _ => None,
@@ -25,14 +25,14 @@ fn named(n: &Node) -> Option<HostPort> {
 }
 
 /// Member `id`'s client address as discovery hands it out.
-fn addr_of(id: NodeId) -> HostPort {
+pub(super) fn addr_of(id: NodeId) -> HostPort {
     let a = client_addr(id);
     let (h, p) = a.rsplit_once(':').unwrap_or((a.as_str(), "0"));
     (h.to_owned(), p.parse().unwrap_or(0))
 }
 
 /// Whether the member's write gate lets a write through now.
-fn takes_writes(n: &Node) -> bool {
+pub(super) fn takes_writes(n: &Node) -> bool {
     Replication::write_refusal(&*n.node).is_none() && !n.deposed.load(Ordering::Acquire)
 }
 
@@ -65,7 +65,7 @@ fn agreed(r: &Run, excluded: Option<NodeId>, other_than: Option<NodeId>) -> Opti
 }
 
 /// What each member says now, for a failure's message.
-fn views(r: &Run) -> String {
+pub(super) fn views(r: &Run) -> String {
     let live = r.live.lock();
     let each = live.values().map(|n| {
         let refusal = Replication::write_refusal(&*n.node).map_or("takes writes", |s| {

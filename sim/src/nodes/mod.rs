@@ -16,10 +16,18 @@
 //! last leader and on the member following it. Throughout, at most one member takes
 //! writes at any instant, and the RESERVEs waiting on the leader cut off are answered
 //! (refused) once it gives way, within the longest election timeout and two heartbeats.
+//!
+//! Then the drawn phase (`faults`): the killed member comes back, and 4 to 7 fault steps
+//! drawn from the seed (crashes with power loss, link cuts, flapping, lossy links, a
+//! member cut off), each checked as the fixed ones. A second client (`commands`) runs
+//! throughout, through the command layer, finding the leader through discovery; at the
+//! end, all healed and up, every member holds what it was acknowledged.
 
 mod boot;
 mod checks;
 mod client;
+mod commands;
+mod faults;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -62,6 +70,9 @@ const STEP: Duration = Duration::from_millis(5);
 const RESTART_AFTER: Duration = Duration::from_millis(100);
 /// A reply waits this long for the group's commit.
 const REPLY_TTL: Duration = Duration::from_secs(5);
+/// With every member up and every link healed, every member holds every acknowledged
+/// outcome within this.
+const QUIESCE_WITHIN: Duration = Duration::from_secs(10);
 
 /// The run's members and what its checks found.
 pub(crate) struct Run {
@@ -74,7 +85,7 @@ pub(crate) struct Run {
     isolated: Mutex<Option<(NodeId, Instant)>>,
     /// The RESERVE replies still waiting for the group's commit.
     replies: client::Replies,
-    /// The members killed (never started again in this scenario).
+    /// The members the fixed steps killed (the drawn phase starts them again first).
     killed: Mutex<BTreeSet<NodeId>>,
     /// When each member that was cut off was cut off.
     cut_at: Mutex<BTreeMap<NodeId, Instant>>,
@@ -117,6 +128,7 @@ pub(crate) async fn run(
         timing: TIMING,
         start: Instant::now(),
         processes: AtomicU64::new(0),
+        disks: Mutex::new(BTreeMap::new()),
     };
     let r = Arc::new(Run {
         env,
@@ -206,14 +218,22 @@ async fn phases(r: &Arc<Run>, rng: &mut StdRng) {
         StdRng::seed_from_u64(rng.gen()),
         stop.clone(),
     ));
-    if faults(r, rng, leader).await {
+    let (cmds, stop_cmds, ledger) = commands::spawn(r, rng);
+    let fixed = faults(r, rng, leader).await;
+    if fixed {
         sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
     }
     stop.store(true, Ordering::Release);
     // Every reply is answered or timed out when the client returns.
     let _ = writes.await;
+    let drawn = fixed && faults::random_phase(r, rng).await && faults::all_healed(r).await;
+    stop_cmds.store(true, Ordering::Release);
+    let _ = cmds.await;
     // The followers learn the last commits by the leader's next heartbeats.
     sleep(Duration::from_secs(1)).await;
+    if drawn {
+        commands::quiescent(r, &ledger, QUIESCE_WITHIN).await;
+    }
     checks::acked_holds(r).await;
 }
 
