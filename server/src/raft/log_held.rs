@@ -155,7 +155,7 @@ impl Held {
         };
         let mut buf = vec![0u8; place.len as usize];
         f.read_exact_at(&mut buf, place.at)?;
-        let back = super::log_store::decode_entry(&buf).map_err(|why| {
+        let back = super::log_record::decode_entry(&buf).map_err(|why| {
             io::Error::other(format!(
                 "raft log {}: entry {} at byte {} reads back wrong: {why}",
                 path.display(),

@@ -38,20 +38,12 @@ use tokio::sync::oneshot;
 
 use super::log_file::{self, LogFile};
 use super::log_held::{Durable, Held};
+use super::log_record::{
+    encode, ser, HEADER, K_COMMITTED, K_ENTRY, K_PURGE, K_SNAPSHOT, K_TRUNCATE, K_VOTE, MAX_BODY,
+};
 use super::{Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
 use crate::wal::bit_repair;
 use crate::wal::segment::DiskHook;
-
-const K_ENTRY: u8 = 1;
-const K_TRUNCATE: u8 = 2;
-const K_PURGE: u8 = 3;
-const K_VOTE: u8 = 4;
-const K_COMMITTED: u8 = 5;
-const K_SNAPSHOT: u8 = 6;
-const HEADER: usize = 9;
-/// A record body larger than this is corruption, not data (an entry is a batch of WAL
-/// records bounded by the proposer).
-const MAX_BODY: usize = 256 << 20;
 
 /// An entry's index, and where its record starts in bytes written and how long it is.
 type Placed = (u64, u64, usize);
@@ -236,21 +228,6 @@ pub enum OpenError {
         /// What is wrong with it.
         why: String,
     },
-}
-
-fn encode(kind: u8, body: &[u8], out: &mut Vec<u8>) {
-    let mut crc = crc32c::crc32c(&[kind]);
-    crc = crc32c::crc32c_append(crc, body);
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc.to_le_bytes());
-    out.push(kind);
-    out.extend_from_slice(body);
-}
-
-fn ser<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    // Serialising these in-memory types into a Vec cannot fail (no maps with non-string
-    // keys, no I/O); an empty body would fail the decoder loudly at the next start.
-    bincode::serialize(v).unwrap_or_default()
 }
 
 impl LogStore {
@@ -716,29 +693,6 @@ fn replay(bytes: &[u8]) -> Result<(Inner, u64), (u64, String)> {
         at = end;
     }
     Ok((inner, at as u64))
-}
-
-/// One entry's record as [`encode`] wrote it, read back: its length, checksum and kind
-/// checked.
-pub(super) fn decode_entry(rec: &[u8]) -> Result<Entry, String> {
-    let Some(head) = rec.get(..HEADER) else {
-        return Err("shorter than a record header".into());
-    };
-    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-    let Some(body) = rec.get(HEADER..).filter(|b| b.len() == len) else {
-        return Err(format!(
-            "record length {len} is not the {} expected",
-            rec.len() - HEADER
-        ));
-    };
-    if head[8] != K_ENTRY {
-        return Err(format!("record kind {} is not an entry", head[8]));
-    }
-    if crc32c::crc32c_append(crc32c::crc32c(&[K_ENTRY]), body) != crc {
-        return Err("checksum mismatch".into());
-    }
-    bincode::deserialize(body).map_err(|e| e.to_string())
 }
 
 /// Flipped bits put right per start at most: more is a failing disk, refused.

@@ -27,12 +27,14 @@
 //!   committed state, possibly behind the leader. A leader without its lease refuses
 //!   stock reads too and names no leader in discovery (docs/replication.md).
 
+pub mod append_hold;
 pub mod authority;
 pub mod handover;
 pub mod identity;
 pub mod lease;
 mod log_file;
 mod log_held;
+mod log_record;
 pub mod log_store;
 pub mod message;
 pub mod network;

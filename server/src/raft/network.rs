@@ -46,7 +46,7 @@ pub use super::message::{
 };
 pub use super::peers::{backoff_delay, BACKOFF_FIRST, BACKOFF_MAX};
 
-use super::handover::AppendHold;
+use super::append_hold::AppendHold;
 use super::identity::Identity;
 use super::lease::Lease;
 use super::peers::PeerTable;

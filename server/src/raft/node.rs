@@ -19,7 +19,8 @@ use openraft::{Config, ServerState, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::handover::{AppendHold, Handover};
+use super::append_hold::AppendHold;
+use super::handover::Handover;
 use super::identity::{self, Identity};
 use super::lease::Lease;
 use super::log_store::LogStore;
