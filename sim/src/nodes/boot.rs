@@ -9,34 +9,26 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use stockgate_server::engine::{Engine, Millis, Monotonic, WallSource};
+use stockgate_server::engine::Engine;
 use stockgate_server::persist::WalDurability;
 use stockgate_server::raft::identity::Identity;
 use stockgate_server::raft::log_store::LogStore;
 use stockgate_server::raft::node::Prepared;
-use stockgate_server::raft::snapshot::SnapshotHooks;
+use stockgate_server::raft::snapshot::{self, SnapshotHooks};
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::{NodeId, NodeInfo, RaftNode, RaftNodeConfig};
 use stockgate_server::session::{NoDurability, Replication, ServerConfig, Shared};
 use stockgate_server::wal::WalOptions;
-use tokio::time::Instant;
 
 use crate::disk::{Disk, Hook};
 use crate::history::History;
+use super::expiry;
 use crate::member;
 use crate::wire::{client_addr, raft_addr, MemTransport, Wire};
 
 /// The group's name, as Sentinel-aware clients ask for it.
 pub const GROUP: &str = "sim";
 
-/// A wall clock starting at a fixed epoch and moving with the simulated clock.
-struct SimWall(Instant);
-
-impl WallSource for SimWall {
-    fn wall_ms(&self) -> Millis {
-        1_700_000_000_000 + self.0.elapsed().as_millis() as u64
-    }
-}
 
 /// What every member of the run shares.
 pub struct Env {
@@ -52,12 +44,14 @@ pub struct Env {
     pub group: u64,
     /// The openraft timings: heartbeat, shortest and longest election timeout (ms).
     pub timing: (u64, u64, u64),
-    /// When the run began (the engines' wall clocks start there).
-    pub start: Instant,
     /// Member processes started so far.
     pub processes: AtomicU64,
     /// Each member's disk (what a power loss keeps), across its processes.
     pub disks: parking_lot::Mutex<BTreeMap<NodeId, Arc<Disk>>>,
+    /// The members' wall clocks and whether their engines expire holds (`expiry`).
+    pub clocks: expiry::Clocks,
+    /// `--snapshot-records` of every member (drawn per run: small in some).
+    pub snapshot_records: u64,
 }
 
 /// A running member.
@@ -75,8 +69,14 @@ pub struct Node {
     /// What its connections share: the command layer reaches the member through it
     /// (`Shared::repl`, the write gate and discovery), as a server's does.
     pub shared: Arc<Shared>,
+    /// Names this process (its origin): a restart is another process.
+    pub process: u64,
+    /// Its Raft log, for the snapshot it records.
+    pub store: LogStore,
     hook: Arc<Hook>,
     wal: Arc<WalDurability>,
+    /// The server's ticker (`expiry::ticker`), ended with the process.
+    ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The configuration a server gives member `id` from its flags.
@@ -107,8 +107,9 @@ fn config(env: &Env, id: NodeId, dir: &Path) -> RaftNodeConfig {
         rejoin_empty: false,
         restart_argv: Vec::new(),
         data_dir: dir.to_path_buf(),
-        // No snapshot within a run: the log stays whole.
-        snapshot_records: 1 << 40,
+        // Beyond any run, or (drawn per run) small enough that members snapshot and
+        // purge their Raft log, and a member left behind gets the leader's snapshot.
+        snapshot_records: env.snapshot_records,
         tls: None,
     }
 }
@@ -147,22 +148,25 @@ pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<No
     let hook = Hook::new(disk.clone(), deposed.clone(), env.history.clone(), None);
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
+    adopt_staged(env, id, &dir, &store)?;
     let cfg = config(env, id, &dir);
     let forming = cfg.form_group && store.is_pristine();
     if forming {
         ident.adopt_group(env.group).map_err(|e| e.to_string())?;
     }
-    let clock = Arc::new(Monotonic::over(SimWall(env.start)));
+    // A new monotonic clock over the member's wall, as a new server process reads it.
+    let clock = env.clocks.clock(id);
     // Names this process (a server draws it at each start): the batches it writes are
     // the ones its own engine holds already.
     let origin = (id << 32) | (env.processes.fetch_add(1, Ordering::AcqRel) + 1);
-    let boot = (origin, clock as _);
+    let boot = (origin, clock);
+    let expires = env.clocks.expiry;
     let (engine, dur, spec, _report) =
-        member::recover(&dir, false, boot, (WalOptions::default(), hook.clone()))?;
+        member::recover(&dir, expires, boot, (WalOptions::default(), hook.clone()))?;
     let wal = dur.clone();
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
-    let prepared = Prepared::new(store, ident, forming);
+    let prepared = Prepared::new(store.clone(), ident, forming);
     let hooks = SnapshotHooks {
         hold: Box::new(|| None),
         compact_slots: Box::new(|r| r),
@@ -184,6 +188,7 @@ pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<No
         Arc::new(NoDurability),
     ));
     let _ = shared.repl.set(node.clone() as Arc<dyn Replication>);
+    let ticker = expires.then(|| expiry::ticker(engine.clone(), shared.clone()));
     // Recovery may have cut a torn tail: what is left is what a power loss keeps.
     disk.settle();
     Ok(Node {
@@ -193,9 +198,29 @@ pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<No
         spec,
         deposed,
         shared,
+        process: origin,
+        store,
         hook,
         wal,
+        ticker,
     })
+}
+
+/// What `node::prepare` does before the WAL is opened: a snapshot the Raft log names
+/// and a previous process staged (`install_snapshot`, which then deposed it) becomes the
+/// member's `wal/`; any other staged directory is an interrupted transfer, deleted.
+fn adopt_staged(env: &Env, id: NodeId, dir: &Path, store: &LogStore) -> Result<(), String> {
+    let recorded = store.snapshot();
+    let adopted = snapshot::adopt_staged(dir, recorded.as_ref())
+        .map_err(|e| format!("staged snapshot: {e}"))?;
+    if let (true, Some(s)) = (adopted, recorded) {
+        let at = s.meta.last_log_id.map(|l| l.index);
+        env.history.note(format!(
+            "n{id} adopts the group's snapshot: entry {at:?}, LSN {}",
+            s.lsn
+        ));
+    }
+    Ok(())
 }
 
 impl Node {
@@ -213,6 +238,9 @@ impl Node {
     /// returns from `apply`, so its handles are never dropped).
     pub async fn exit(self) {
         self.hook.end();
+        if let Some(t) = &self.ticker {
+            t.abort();
+        }
         self.node.stop().await;
         let _ = self.wal.wal.flush_and_close();
         for _ in 0..8 {

@@ -40,7 +40,10 @@ pub(super) async fn create_sale(r: &Run, leader: NodeId) -> bool {
     else {
         return false;
     };
-    let lsn = match engine.create_sale(SKU, 1 << 30, Some(2), Some(3_600_000), None) {
+    // Holds of the longest TTL: clock jumps forward add up over a run, and every hold
+    // of this client must still be held at the end.
+    let ttl = stockgate_server::engine::MAX_TTL_MS;
+    let lsn = match engine.create_sale(SKU, 1 << 30, Some(2), Some(ttl), None) {
         Ok(lsn) => lsn,
         Err(e) => {
             r.fail(format!("the sale: {e}"));

@@ -7,10 +7,13 @@
 //! `SENTINEL get-master-addr-by-name sim`, through the command layer too, and sends the
 //! command again, with the same request id, to the member named.
 //!
+//! Between them it EXTENDs holds it holds and reads (`reads`): a hold's state and the
+//! sale's counters, from the member it takes for the master and, on a connection that
+//! accepts stale reads, from any member.
+//!
 //! One command at a time, in one task: the outcome of each is in the history, and what
-//! was acknowledged is kept for the final checks ([`quiescent`]).
+//! was acknowledged is kept for the reads' checks and the final ones ([`quiescent`]).
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +22,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stockgate_server::cmd::{dispatch, Ctx};
-use stockgate_server::engine::{Engine, Lsn, ReservationState};
+use stockgate_server::engine::{Engine, Lsn, Millis, ReservationState};
 use stockgate_server::protocol::Reply;
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::{NodeId, RaftNode};
@@ -28,44 +31,20 @@ use stockgate_server::users::Role;
 use tokio::time::{sleep, Instant};
 
 use super::boot::GROUP;
+use super::ledger::{count, disagreement, Fate, Hold, Ledger, SKU};
+use super::reads::Reads;
 use super::{Run, REPLY_TTL, STEP};
 use crate::wire::client_addr;
 
-/// The sale this client reserves from (the other client's is `A`).
-const SKU: &str = "B";
 /// Attempts of one command (redirects and lost connections included) before the client
 /// gives it up.
 const ATTEMPTS: u32 = 20;
 
-/// What became of an acknowledged hold, as far as the client knows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fate {
-    Held,
-    Committed,
-    Released,
-    /// A COMMIT or RELEASE sent and never answered: the hold is held or finished so.
-    Maybe(ReservationState),
-}
-
-#[derive(Clone, Debug)]
-struct Hold {
-    token: String,
-    qty: u32,
-    fate: Fate,
-}
-
-/// The acknowledged outcomes, by request id, and the sale's size.
-#[derive(Default)]
-pub(super) struct Ledger {
-    holds: BTreeMap<String, Hold>,
-    total: u64,
-    /// Counts for the history's last line: acknowledged, refused, given up.
-    counts: [u64; 3],
-}
-
 /// The client's connection: the member it sends to, and the process that accepted it.
-struct Conn {
-    id: NodeId,
+pub(super) struct Conn {
+    pub id: NodeId,
+    /// The process (its origin).
+    pub process: u64,
     node: Arc<RaftNode>,
     engine: Arc<Engine>,
     spec: Arc<Speculation>,
@@ -74,7 +53,7 @@ struct Conn {
 }
 
 /// One attempt's result.
-enum Answer {
+pub(super) enum Answer {
     /// The reply, released by the commit of what it waited for.
     Reply(Reply),
     /// `-READONLY` or `-LOADING`: the member does not take writes.
@@ -86,11 +65,12 @@ enum Answer {
     Nowhere,
 }
 
-fn connect(r: &Run, id: NodeId) -> Option<Conn> {
+pub(super) fn connect(r: &Run, id: NodeId) -> Option<Conn> {
     let live = r.live.lock();
     let n = live.get(&id)?;
     Some(Conn {
         id,
+        process: n.process,
         node: n.node.clone(),
         engine: n.engine.clone(),
         spec: n.spec.clone(),
@@ -110,7 +90,14 @@ fn alive(r: &Run, c: &Conn) -> bool {
 /// One command on a fresh admin connection, as `Session` runs it: the reply and the LSN
 /// it waits for.
 fn dispatch_on(c: &Conn, argv: &[&[u8]]) -> (Reply, Lsn) {
+    dispatch_with(c, argv, false)
+}
+
+/// [`dispatch_on`] on a connection that sent `READONLY` (accepts stale reads) if
+/// `stale`.
+fn dispatch_with(c: &Conn, argv: &[&[u8]], stale: bool) -> (Reply, Lsn) {
     let mut conn = ConnState::new(1, Some(Role::Admin), "sim".into(), "sim".into());
+    conn.stale_reads = stale;
     let mut ctx = Ctx {
         engine: &c.engine,
         conn: &mut conn,
@@ -128,7 +115,14 @@ async fn attempt(r: &Run, id: NodeId, argv: &(dyn Fn(&Engine) -> Vec<Vec<u8>> + 
     };
     let words = argv(&c.engine);
     let refs: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
-    let (reply, lsn) = dispatch_on(&c, &refs);
+    answer(r, &c, &refs, false).await
+}
+
+/// `argv` on `c` (on a connection that accepts stale reads if `stale`), its reply once
+/// what it waits for is committed there.
+pub(super) async fn answer(r: &Run, c: &Conn, argv: &[&[u8]], stale: bool) -> Answer {
+    let id = c.id;
+    let (reply, lsn) = dispatch_with(c, argv, stale);
     if let Reply::Error(e) = &reply {
         if e.starts_with("READONLY") || e.starts_with("LOADING") {
             return Answer::Redirect(e.split_whitespace().next().unwrap_or("").to_owned());
@@ -138,7 +132,7 @@ async fn attempt(r: &Run, id: NodeId, argv: &(dyn Fn(&Engine) -> Vec<Vec<u8>> + 
     // Polled rather than awaited on the commit's `watch`: tasks woken by one `watch`
     // wake in an order tokio draws at random, and the history would follow it.
     while c.spec.committed_lsn() < lsn {
-        if !alive(r, &c) {
+        if !alive(r, c) {
             return Answer::Lost(format!("n{id} went away"));
         }
         if Instant::now() >= until {
@@ -151,7 +145,7 @@ async fn attempt(r: &Run, id: NodeId, argv: &(dyn Fn(&Engine) -> Vec<Vec<u8>> + 
 
 /// `SENTINEL get-master-addr-by-name sim` on a member drawn from the live ones, through
 /// the command layer: the member it names, if any.
-fn discover(r: &Run, rng: &mut StdRng) -> Option<NodeId> {
+pub(super) fn discover(r: &Run, rng: &mut StdRng) -> Option<NodeId> {
     let ids: Vec<NodeId> = r.ids().into_iter().collect();
     let asked = *ids.get(rng.gen_range(0..ids.len().max(1)))?;
     let c = connect(r, asked)?;
@@ -171,10 +165,17 @@ fn discover(r: &Run, rng: &mut StdRng) -> Option<NodeId> {
 
 /// The client's state: where it sends, its generator, what was acknowledged.
 pub(super) struct Client {
-    r: Arc<Run>,
-    rng: StdRng,
-    target: Option<NodeId>,
-    ledger: Arc<Mutex<Ledger>>,
+    pub r: Arc<Run>,
+    pub rng: StdRng,
+    /// The member it takes for the master.
+    pub target: Option<NodeId>,
+    pub ledger: Arc<Mutex<Ledger>>,
+    /// The sale's hold TTL (ms).
+    ttl_ms: u64,
+    /// What reads saw, per member process.
+    pub reads: Reads,
+    /// Draws for EXTEND and the reads (a generator of their own).
+    pub extra: StdRng,
 }
 
 impl Client {
@@ -212,7 +213,7 @@ impl Client {
     async fn create_sale(&mut self) -> bool {
         let total: u64 = self.rng.gen_range(30..300);
         self.ledger.lock().total = total;
-        let t = total.to_string();
+        let (t, ttl) = (total.to_string(), self.ttl_ms.to_string());
         let argv = move |_: &Engine| -> Vec<Vec<u8>> {
             let w: [&[u8]; 7] = [
                 b"SALE.CREATE",
@@ -221,7 +222,7 @@ impl Client {
                 b"SHARDS",
                 b"2",
                 b"TTL",
-                b"3600000",
+                ttl.as_bytes(),
             ];
             w.iter().map(|x| x.to_vec()).collect()
         };
@@ -266,47 +267,71 @@ impl Client {
         let head = items.first().and_then(|w| w.as_bulk()).unwrap_or_default();
         let token = items.get(1).and_then(|w| w.as_bulk());
         let token = token.map(|t| String::from_utf8_lossy(t).into_owned());
-        let (b"RESERVED" | b"REPLAY", Some(token)) = (head, token) else {
+        let deadline = match items.get(2) {
+            Some(Reply::Int(at)) => Some((*at).max(0) as Millis),
+            _ => None,
+        };
+        let (b"RESERVED" | b"REPLAY", Some(token), Some(deadline)) = (head, token, deadline)
+        else {
             return self.unheld(&what, Some(Reply::Array(items)));
         };
         let head = String::from_utf8_lossy(head).into_owned();
         let at = self.target.unwrap_or(0);
         self.r.note(format!(
-            "{what} on n{at}: {head} {token} (after a lost attempt: {lost})"
+            "{what} on n{at}: {head} {token} until {deadline} (after a lost attempt: {lost})"
         ));
-        self.held(rid, token, qty);
+        self.held(rid, token, qty, deadline);
     }
 
     /// A hold acknowledged: its token is new (no other request was handed it).
-    fn held(&mut self, rid: String, token: String, qty: u32) {
+    fn held(&mut self, rid: String, token: String, qty: u32, deadline: Millis) {
         let mut l = self.ledger.lock();
-        l.counts[0] += 1;
+        l.counts[count::HELD] += 1;
         if let Some((other, _)) = l.holds.iter().find(|(o, h)| h.token == token && **o != rid) {
             self.r
                 .fail(format!("token {token} handed to both {other} and {rid}"));
         }
-        let fate = Fate::Held;
-        l.holds.insert(rid, Hold { token, qty, fate });
+        let hold = Hold {
+            token,
+            qty,
+            fate: Fate::Held,
+            deadline,
+            extend_in_doubt: false,
+        };
+        l.holds.insert(rid, hold);
     }
 
     /// A RESERVE answered without a hold (sold out), or never answered.
     fn unheld(&mut self, what: &str, reply: Option<Reply>) {
-        let i = if reply.is_some() { 1 } else { 2 };
+        let i = if reply.is_some() {
+            count::UNHELD
+        } else {
+            count::GIVEN_UP
+        };
         self.ledger.lock().counts[i] += 1;
         self.r.note(format!("{what}: {reply:?}"));
     }
 
-    /// `COMMIT` or `RELEASE` of an acknowledged hold still held, drawn.
-    async fn finish(&mut self, commit: bool) {
+    /// An acknowledged hold still held (as far as the client knows), drawn from `rng`:
+    /// its request id and token.
+    fn pick_held(&mut self, extra: bool) -> Option<(String, String)> {
         let held: Vec<(String, String)> = {
             let l = self.ledger.lock();
             let h = l.holds.iter().filter(|(_, h)| h.fate == Fate::Held);
             h.map(|(rid, h)| (rid.clone(), h.token.clone())).collect()
         };
         if held.is_empty() {
-            return;
+            return None;
         }
-        let (rid, token) = held[self.rng.gen_range(0..held.len())].clone();
+        let rng = if extra { &mut self.extra } else { &mut self.rng };
+        Some(held[rng.gen_range(0..held.len())].clone())
+    }
+
+    /// `COMMIT` or `RELEASE` of an acknowledged hold still held, drawn.
+    async fn finish(&mut self, commit: bool) {
+        let Some((rid, token)) = self.pick_held(false) else {
+            return;
+        };
         let name: &[u8] = if commit { b"COMMIT" } else { b"RELEASE" };
         let argv = |_: &Engine| vec![name.to_vec(), token.as_bytes().to_vec()];
         let what = format!("{} {rid}", String::from_utf8_lossy(name));
@@ -316,11 +341,14 @@ impl Client {
         } else {
             ReservationState::Released
         };
+        let late = |e: &str| e.starts_with("EXPIRED") || e.starts_with("RELEASED");
         let fate = match &reply {
             // 0: an earlier attempt, whose reply was lost, did it.
-            Some(Reply::Int(1)) => Some(done),
-            Some(Reply::Int(0)) if lost => Some(done),
-            None => None,
+            Some(Reply::Int(1)) => Fate::from(done),
+            Some(Reply::Int(0)) if lost || !commit => Fate::from(done),
+            // Past its deadline where it was answered: expired, or soon.
+            Some(Reply::Error(e)) if commit && late(e) => Fate::Late,
+            None => Fate::Maybe(done),
             Some(other) => {
                 self.r
                     .fail(format!("{what}: an acknowledged hold answered {other:?}"));
@@ -328,31 +356,72 @@ impl Client {
             }
         };
         self.r.note(format!("{what}: {reply:?}"));
+        if let Some(h) = self.ledger.lock().holds.get_mut(&rid) {
+            h.fate = fate;
+        }
+    }
+
+    /// `EXTEND token ms` of an acknowledged hold still held, drawn, by 0.1 to 5 s (three
+    /// times in four) or 30 s to 10 min: the new deadline acknowledged is what every
+    /// member must have, unless a later EXTEND is in doubt.
+    async fn extend(&mut self) {
+        let Some((rid, token)) = self.pick_held(true) else {
+            return;
+        };
+        let ms: u64 = if self.extra.gen_range(0..4) < 3 {
+            self.extra.gen_range(100..5_000)
+        } else {
+            self.extra.gen_range(30_000..600_000)
+        };
+        let m = ms.to_string();
+        let argv = |_: &Engine| vec![b"EXTEND".to_vec(), token.as_bytes().to_vec(), m.as_bytes().to_vec()];
+        let what = format!("EXTEND {rid} {ms}");
+        let (reply, lost) = self.send(&what, &argv).await;
+        self.r
+            .note(format!("{what}: {reply:?} (after a lost attempt: {lost})"));
+        let gone = |e: &str| e.starts_with("EXPIRED") || e.starts_with("NORES");
         let mut l = self.ledger.lock();
-        if let Some(h) = l.holds.get_mut(&rid) {
-            h.fate = match fate {
-                Some(ReservationState::Committed) => Fate::Committed,
-                Some(_) => Fate::Released,
-                None => Fate::Maybe(done),
-            };
+        let (i, outcome) = match &reply {
+            Some(Reply::Int(at)) => (count::EXTENDED, Ok(Some((*at).max(0) as Millis))),
+            Some(Reply::Error(e)) if gone(e) => (count::EXTEND_LATE, Ok(None)),
+            None => (count::EXTEND_GIVEN_UP, Err(true)),
+            Some(_) => (count::EXTEND_LATE, Err(false)),
+        };
+        l.counts[i] += 1;
+        let Some(h) = l.holds.get_mut(&rid) else {
+            return;
+        };
+        match outcome {
+            Ok(Some(at)) => {
+                h.deadline = at;
+                h.extend_in_doubt = false;
+            }
+            Ok(None) => h.fate = Fate::Late,
+            Err(true) => h.extend_in_doubt = true,
+            Err(false) => {
+                drop(l);
+                self.r
+                    .fail(format!("{what}: an acknowledged hold answered {reply:?}"));
+            }
+        }
+    }
+}
+
+impl From<ReservationState> for Fate {
+    fn from(s: ReservationState) -> Fate {
+        match s {
+            ReservationState::Committed => Fate::Committed,
+            ReservationState::Released => Fate::Released,
+            ReservationState::Reserved => Fate::Held,
         }
     }
 }
 
 /// Runs the client until `stop`: the sale first, then a command every 40 to 160 ms,
-/// RESERVE six times in ten, COMMIT or RELEASE of a hold the others.
-pub(super) async fn run(
-    r: Arc<Run>,
-    rng: StdRng,
-    stop: Arc<AtomicBool>,
-    ledger: Arc<Mutex<Ledger>>,
-) {
-    let mut c = Client {
-        target: None,
-        r,
-        rng,
-        ledger,
-    };
+/// RESERVE six times in ten, COMMIT or RELEASE of a hold the others; after each, one
+/// time in four an EXTEND and one time in two a read (drawn from a generator of their
+/// own, so the commands drawn are the ones drawn before these existed).
+pub(super) async fn run(mut c: Client, stop: Arc<AtomicBool>) {
     if !c.create_sale().await {
         return;
     }
@@ -367,52 +436,21 @@ pub(super) async fn run(
             6 | 7 => c.finish(true).await,
             _ => c.finish(false).await,
         }
+        if c.extra.gen_range(0..4) == 0 {
+            c.extend().await;
+        }
+        if c.extra.gen_bool(0.5) {
+            c.read().await;
+        }
     }
     let counts = c.ledger.lock().counts;
     c.r.note(format!(
-        "command client: {} holds acknowledged, {} RESERVEs answered without one, {} given up",
-        counts[0], counts[1], counts[2]
+        "command client: {} holds acknowledged, {} RESERVEs answered without one, {} given up; \
+         EXTENDs: {} acknowledged, {} refused past the deadline, {} given up; \
+         reads: {} of a hold and {} of the sale from the master, {} stale, {} refused or lost",
+        counts[0], counts[1], counts[2], counts[3], counts[4], counts[5], counts[6],
+        counts[7], counts[8], counts[9]
     ));
-}
-
-/// The first disagreement of member `n`'s state with what was acknowledged, if any:
-/// every acknowledged hold in its acknowledged state, and no more units handed out
-/// than the sale has.
-fn disagreement(l: &Ledger, id: NodeId, e: &Engine) -> Option<String> {
-    for (rid, h) in &l.holds {
-        let state = e.reservation(&h.token).map(|(v, _)| (v.state, v.qty));
-        let ok = match (h.fate, state) {
-            (_, None) => false,
-            (_, Some((_, q))) if q != h.qty => false,
-            (Fate::Held, Some((s, _))) => s == ReservationState::Reserved,
-            (Fate::Committed, Some((s, _))) => s == ReservationState::Committed,
-            (Fate::Released, Some((s, _))) => s == ReservationState::Released,
-            (Fate::Maybe(d), Some((s, _))) => s == d || s == ReservationState::Reserved,
-        };
-        if !ok {
-            return Some(format!(
-                "n{id}: {rid} ({}) acknowledged {:?}, found {state:?}",
-                h.token, h.fate
-            ));
-        }
-    }
-    let Ok(sale) = e.sale_info(SKU) else {
-        return Some(format!("n{id}: no sale {SKU}"));
-    };
-    let out = sale.reserved + sale.committed;
-    let acked: u64 = l
-        .holds
-        .values()
-        .filter(|h| matches!(h.fate, Fate::Held | Fate::Committed))
-        .map(|h| u64::from(h.qty))
-        .sum();
-    if out > l.total || sale.total != l.total || sale.available < 0 || acked > out {
-        return Some(format!(
-            "n{id}: sale {SKU} of {} has {} reserved, {} committed, {} available; {acked} units acknowledged held",
-            l.total, sale.reserved, sale.committed, sale.available
-        ));
-    }
-    None
 }
 
 /// With every member up and every link healed: waits (at most `within`) until every
@@ -448,6 +486,7 @@ pub(super) async fn quiescent(r: &Run, ledger: &Mutex<Ledger>, within: Duration)
 pub(super) fn spawn(
     r: &Arc<Run>,
     rng: &mut StdRng,
+    (ttl_ms, extra): (u64, StdRng),
 ) -> (
     tokio::task::JoinHandle<()>,
     Arc<AtomicBool>,
@@ -455,7 +494,15 @@ pub(super) fn spawn(
 ) {
     let stop = Arc::new(AtomicBool::new(false));
     let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let own = StdRng::seed_from_u64(rng.gen());
-    let task = tokio::spawn(run(r.clone(), own, stop.clone(), ledger.clone()));
+    let c = Client {
+        r: r.clone(),
+        rng: StdRng::seed_from_u64(rng.gen()),
+        target: None,
+        ledger: ledger.clone(),
+        ttl_ms,
+        reads: Reads::default(),
+        extra,
+    };
+    let task = tokio::spawn(run(c, stop.clone()));
     (task, stop, ledger)
 }

@@ -27,7 +27,11 @@ mod boot;
 mod checks;
 mod client;
 mod commands;
+mod expiry;
 mod faults;
+mod ledger;
+mod reads;
+mod snapshots;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -119,16 +123,19 @@ pub(crate) async fn run(
     history.note(format!(
         "seed {seed}, {members} RaftNodes, legs delayed up to {max_delay} ms"
     ));
+    let knobs = Knobs::draw(seed, &history);
+    let ids: Vec<NodeId> = (1..=members as NodeId).collect();
     let env = Env {
         wire: Wire::new(StdRng::seed_from_u64(rng.gen()), max_delay),
         history: history.clone(),
         root,
-        ids: (1..=members as NodeId).collect(),
+        clocks: expiry::Clocks::new(&ids, true),
+        ids,
         group: rng.gen::<u64>().max(1),
         timing: TIMING,
-        start: Instant::now(),
         processes: AtomicU64::new(0),
         disks: Mutex::new(BTreeMap::new()),
+        snapshot_records: knobs.snapshot_records,
     };
     let r = Arc::new(Run {
         env,
@@ -143,7 +150,7 @@ pub(crate) async fn run(
     let done = Arc::new(AtomicBool::new(false));
     let monitor = tokio::spawn(checks::monitor(r.clone(), done.clone()));
     let supervisor = tokio::spawn(supervise(r.clone(), done.clone()));
-    phases(&r, &mut rng).await;
+    phases(&r, &mut rng, &knobs).await;
     done.store(true, Ordering::Release);
     let _ = monitor.await;
     let _ = supervisor.await;
@@ -193,8 +200,53 @@ async fn supervise(r: Arc<Run>, done: Arc<AtomicBool>) {
     }
 }
 
+/// What a run draws for its holds' expiry, its clock jumps and its snapshots: from a
+/// generator of its own (seeded from the seed), so that the run's other draws are the
+/// ones they were before these existed.
+pub(crate) struct Knobs {
+    /// The command client's sale's hold TTL (ms).
+    ttl_ms: u64,
+    /// Every member's `--snapshot-records`.
+    snapshot_records: u64,
+    /// Seeds the clock jumps' generator and the command client's extra draws.
+    rng: Mutex<StdRng>,
+}
+
+impl Knobs {
+    /// Seven runs in ten hold for 0.3 to 5 s (most holds expire within the run, many
+    /// while faults go on), the others 30 s to 10 min (expiring through clock jumps
+    /// forward or EXTENDs to a short while); four runs in ten snapshot every 20 to 200
+    /// records.
+    fn draw(seed: u64, h: &History) -> Knobs {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x6b6e_6f62_7321_0001);
+        let ttl_ms = if rng.gen_range(0..10) < 7 {
+            rng.gen_range(300..5_000)
+        } else {
+            rng.gen_range(30_000..600_000)
+        };
+        let snapshot_records = if rng.gen_range(0..10) < 4 {
+            rng.gen_range(20..200)
+        } else {
+            1 << 40
+        };
+        h.note(format!(
+            "hold TTL {ttl_ms} ms, snapshot every {snapshot_records} records"
+        ));
+        Knobs {
+            ttl_ms,
+            snapshot_records,
+            rng: Mutex::new(rng),
+        }
+    }
+
+    /// A generator of its own for one user of these knobs.
+    fn fork(&self) -> StdRng {
+        StdRng::seed_from_u64(self.rng.lock().gen())
+    }
+}
+
 /// Starts every member, then the steps in order; a step that fails ends the run.
-async fn phases(r: &Arc<Run>, rng: &mut StdRng) {
+async fn phases(r: &Arc<Run>, rng: &mut StdRng, knobs: &Knobs) {
     for id in r.env.ids.clone() {
         let incarnation = rng.gen::<u64>().max(1);
         match boot::start(&r.env, id, Some(incarnation)).await {
@@ -218,7 +270,9 @@ async fn phases(r: &Arc<Run>, rng: &mut StdRng) {
         StdRng::seed_from_u64(rng.gen()),
         stop.clone(),
     ));
-    let (cmds, stop_cmds, ledger) = commands::spawn(r, rng);
+    let (cmds, stop_cmds, ledger) = commands::spawn(r, rng, (knobs.ttl_ms, knobs.fork()));
+    let jumps = tokio::spawn(expiry::jumps(r.clone(), knobs.fork(), stop_cmds.clone()));
+    let snaps = tokio::spawn(snapshots::watch(r.clone(), stop_cmds.clone()));
     let fixed = faults(r, rng, leader).await;
     if fixed {
         sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
@@ -229,10 +283,16 @@ async fn phases(r: &Arc<Run>, rng: &mut StdRng) {
     let drawn = fixed && faults::random_phase(r, rng).await && faults::all_healed(r).await;
     stop_cmds.store(true, Ordering::Release);
     let _ = cmds.await;
+    let jumped = jumps.await.unwrap_or(0);
+    let snapped = snaps.await.unwrap_or_default();
+    r.note(format!("{jumped} clock jumps; {snapped}"));
     // The followers learn the last commits by the leader's next heartbeats.
     sleep(Duration::from_secs(1)).await;
     if drawn {
         commands::quiescent(r, &ledger, QUIESCE_WITHIN).await;
+        let released = ledger::released(&ledger.lock());
+        expiry::check_counters(r, &released);
+        snapshots::check_equal(r).await;
     }
     checks::acked_holds(r).await;
 }
