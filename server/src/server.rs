@@ -117,8 +117,9 @@ fn spawn_ticker(
         loop {
             tokio::select! {
                 _ = iv.tick() => {
-                    // A follower expires and purges nothing itself (`may_tick`).
-                    if authority::may_tick(shared.repl.get().map(|r| r.is_replica())) {
+                    // Only a member taking writes expires and purges (`may_tick`).
+                    let refused = shared.repl.get().map(|r| r.write_refusal().is_some());
+                    if authority::may_tick(refused) {
                         engine.tick();
                     }
                 }

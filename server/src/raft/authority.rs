@@ -54,12 +54,16 @@ pub fn may_open_writes(me: NodeId, m: &RaftMetrics<NodeId, NodeInfo>, answered: 
 }
 
 /// Whether this process's engine may run its timers (expiry, purges), given its
-/// replication: `replica` is `None` for a server without one, else whether writes are
-/// refused here because another member leads (`Replication::is_replica`). A follower
-/// expires and purges nothing itself: the leader decides and its log says so (EXPIRED
-/// still lists what is due), and a record written while not leading deposes the member.
-pub fn may_tick(replica: Option<bool>) -> bool {
-    replica != Some(true)
+/// replication: `refused` is `None` for a server without one, else whether writes are
+/// refused here (`Replication::write_refusal`: another member leads, or this leader
+/// hands over, catches up or has no majority). A follower expires and purges nothing
+/// itself: the leader decides and its log says so (EXPIRED still lists what is due),
+/// and a record written while not leading deposes the member. Nor does a leader whose
+/// writes are closed: a release it logged while handing over would be in flight when
+/// its target stands, leaving the target's log behind a follower that got it (which
+/// then refuses the target its vote), and would depose this leader when it steps down.
+pub fn may_tick(refused: Option<bool>) -> bool {
+    refused != Some(true)
 }
 
 fn leads(me: NodeId, m: &RaftMetrics<NodeId, NodeInfo>) -> bool {

@@ -82,8 +82,8 @@ impl Clocks {
 }
 
 /// The server's ticker (`server::spawn_ticker`): the engine's timers every `tick_ms` of
-/// the server's defaults, when `authority::may_tick` says so given the member's
-/// replication (only the member taking writes).
+/// the server's defaults, when `authority::may_tick` says so given the member's write
+/// gate (only the member taking writes).
 pub fn ticker(engine: Arc<Engine>, shared: Arc<Shared>) -> JoinHandle<()> {
     let period = Duration::from_millis(ServerConfig::default().tick_ms.max(1));
     tokio::spawn(async move {
@@ -91,7 +91,8 @@ pub fn ticker(engine: Arc<Engine>, shared: Arc<Shared>) -> JoinHandle<()> {
         iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             iv.tick().await;
-            if authority::may_tick(shared.repl.get().map(|r| r.is_replica())) {
+            let refused = shared.repl.get().map(|r| r.write_refusal().is_some());
+            if authority::may_tick(refused) {
                 engine.tick();
             }
         }
