@@ -250,22 +250,27 @@ pub fn strict_conn(port: u16) -> redis::Connection {
 impl Group {
     /// Three members, every link through its own proxy when `proxied`.
     pub fn start(proxied: bool) -> Group {
-        Group::start_with(proxied, None, 3)
+        Group::start_with(proxied, None, 3, &[])
+    }
+
+    /// Three members, no proxies, each started with `flags` too.
+    pub fn start_with_flags(flags: &[&str]) -> Group {
+        Group::start_with(false, None, 3, flags)
     }
 
     /// `members` members (ids 1 to `members`), no proxies.
     pub fn start_of(members: u64) -> Group {
-        Group::start_with(false, None, members)
+        Group::start_with(false, None, members, &[])
     }
 
     /// As [`Group::start`], each member logging at `level` to `dir/member-<id>.log` (every
     /// start of it), whatever `RAFT_TEST_LOG_DIR` says: for a test that reads those logs. (Not
     /// the variable itself: the other tests of the binary would log there too.)
     pub fn start_logged(proxied: bool, dir: &Path, level: &str) -> Group {
-        Group::start_with(proxied, Some((dir, level)), 3)
+        Group::start_with(proxied, Some((dir, level)), 3, &[])
     }
 
-    fn start_with(proxied: bool, log: Option<(&Path, &str)>, count: u64) -> Group {
+    fn start_with(proxied: bool, log: Option<(&Path, &str)>, count: u64, flags: &[&str]) -> Group {
         let dir = TempDir::new("raft");
         let keys = Keys::new();
         let ids: Vec<u64> = (1..=count).collect();
@@ -319,6 +324,7 @@ impl Group {
                 args.push("--raft-bootstrap".into());
             }
             args.extend(keys.flags());
+            args.extend(flags.iter().map(|f| f.to_string()));
             for ((f, t), p) in &links {
                 if *f == id {
                     args.push("--raft-route".into());
