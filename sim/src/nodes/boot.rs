@@ -20,15 +20,14 @@ use stockgate_server::raft::{NodeId, NodeInfo, RaftNode, RaftNodeConfig};
 use stockgate_server::session::{NoDurability, Replication, ServerConfig, Shared};
 use stockgate_server::wal::WalOptions;
 
+use super::expiry;
 use crate::disk::{Disk, Hook};
 use crate::history::History;
-use super::expiry;
 use crate::member;
 use crate::wire::{client_addr, raft_addr, MemTransport, Wire};
 
 /// The group's name, as Sentinel-aware clients ask for it.
 pub const GROUP: &str = "sim";
-
 
 /// What every member of the run shares.
 pub struct Env {

@@ -271,8 +271,7 @@ impl Client {
             Some(Reply::Int(at)) => Some((*at).max(0) as Millis),
             _ => None,
         };
-        let (b"RESERVED" | b"REPLAY", Some(token), Some(deadline)) = (head, token, deadline)
-        else {
+        let (b"RESERVED" | b"REPLAY", Some(token), Some(deadline)) = (head, token, deadline) else {
             return self.unheld(&what, Some(Reply::Array(items)));
         };
         let head = String::from_utf8_lossy(head).into_owned();
@@ -323,7 +322,11 @@ impl Client {
         if held.is_empty() {
             return None;
         }
-        let rng = if extra { &mut self.extra } else { &mut self.rng };
+        let rng = if extra {
+            &mut self.extra
+        } else {
+            &mut self.rng
+        };
         Some(held[rng.gen_range(0..held.len())].clone())
     }
 
@@ -374,7 +377,13 @@ impl Client {
             self.extra.gen_range(30_000..600_000)
         };
         let m = ms.to_string();
-        let argv = |_: &Engine| vec![b"EXTEND".to_vec(), token.as_bytes().to_vec(), m.as_bytes().to_vec()];
+        let argv = |_: &Engine| {
+            vec![
+                b"EXTEND".to_vec(),
+                token.as_bytes().to_vec(),
+                m.as_bytes().to_vec(),
+            ]
+        };
         let what = format!("EXTEND {rid} {ms}");
         let (reply, lost) = self.send(&what, &argv).await;
         self.r
@@ -448,8 +457,16 @@ pub(super) async fn run(mut c: Client, stop: Arc<AtomicBool>) {
         "command client: {} holds acknowledged, {} RESERVEs answered without one, {} given up; \
          EXTENDs: {} acknowledged, {} refused past the deadline, {} given up; \
          reads: {} of a hold and {} of the sale from the master, {} stale, {} refused or lost",
-        counts[0], counts[1], counts[2], counts[3], counts[4], counts[5], counts[6],
-        counts[7], counts[8], counts[9]
+        counts[0],
+        counts[1],
+        counts[2],
+        counts[3],
+        counts[4],
+        counts[5],
+        counts[6],
+        counts[7],
+        counts[8],
+        counts[9]
     ));
 }
 

@@ -119,7 +119,9 @@ pub(super) async fn jumps(r: Arc<Run>, mut rng: StdRng, stop: Arc<AtomicBool>) -
         let step = if rng.gen_bool(0.5) { -ms } else { ms };
         let now = r.env.clocks.jump(id, step);
         n += 1;
-        r.note(format!("n{id} clock steps {step:+} ms (now {now:+} ms off)"));
+        r.note(format!(
+            "n{id} clock steps {step:+} ms (now {now:+} ms off)"
+        ));
     }
     n
 }
@@ -172,9 +174,10 @@ pub(super) fn check_counters(r: &Run, released: &BTreeSet<String>) {
         bad.extend(counters(n.id, &n.engine, released));
         if expired.is_none() {
             let (snap, ()) = n.engine.snapshot_with(|| ());
-            let x = snap.reservations.iter().filter(|h| {
-                h.state == ReservationState::Released && !released.contains(&h.token)
-            });
+            let x = snap
+                .reservations
+                .iter()
+                .filter(|h| h.state == ReservationState::Released && !released.contains(&h.token));
             expired = Some(x.count());
         }
     }

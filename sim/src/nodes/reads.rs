@@ -22,7 +22,7 @@ use stockgate_server::engine::{Millis, ReservationState};
 use stockgate_server::protocol::Reply;
 
 use super::commands::{answer, connect, discover, Answer, Client};
-use super::ledger::{agrees, could_have_been, count, committed_units, Found, Hold, SKU};
+use super::ledger::{agrees, committed_units, could_have_been, count, Found, Hold, SKU};
 
 /// What reads saw, per member process (its origin).
 #[derive(Default)]
@@ -110,7 +110,11 @@ impl Client {
             Some((rid, _)) => format!("read {rid} on n{}", c.id),
             None => format!("read sale {SKU} on n{}", c.id),
         };
-        let what = if stale { format!("{what} (stale)") } else { what };
+        let what = if stale {
+            format!("{what} (stale)")
+        } else {
+            what
+        };
         match answer(&self.r, &c, &argv, stale).await {
             Answer::Reply(reply) => self.check_read(&what, c.process, stale, &before, &reply),
             Answer::Redirect(e) | Answer::Lost(e) => {
@@ -176,14 +180,26 @@ impl Client {
     }
 
     /// What is wrong with a `SALE.INFO` reply, if anything.
-    fn wrong_sale(&mut self, process: u64, stale: bool, b: &Before, reply: &Reply) -> Option<String> {
+    fn wrong_sale(
+        &mut self,
+        process: u64,
+        stale: bool,
+        b: &Before,
+        reply: &Reply,
+    ) -> Option<String> {
         let get = |k| int(reply, k);
-        let (Some(total), Some(available), Some(reserved), Some(committed)) =
-            (get("total"), get("available"), get("reserved"), get("committed"))
-        else {
+        let (Some(total), Some(available), Some(reserved), Some(committed)) = (
+            get("total"),
+            get("available"),
+            get("reserved"),
+            get("committed"),
+        ) else {
             return Some(format!("unreadable reply {reply:?}"));
         };
-        let was = self.reads.committed.insert(process, committed.max(0) as u64);
+        let was = self
+            .reads
+            .committed
+            .insert(process, committed.max(0) as u64);
         let sums = available + reserved + committed == total && available >= 0;
         let older = !stale && (committed.max(0) as u64) < b.sold;
         let back = was.is_some_and(|w| (committed.max(0) as u64) < w);

@@ -48,9 +48,7 @@ pub(super) async fn watch(r: Arc<Run>, stop: Arc<AtomicBool>) -> String {
             // A process's first look is what it started with.
             if before.is_some_and(|b| b != at) {
                 changes += 1;
-                r.note(format!(
-                    "n{id} records a snapshot: entry {at:?}, LSN {lsn}"
-                ));
+                r.note(format!("n{id} records a snapshot: entry {at:?}, LSN {lsn}"));
             }
         }
     }
