@@ -743,7 +743,8 @@ impl RaftNode {
     /// again it waits [`REACH_HOLD`] more (the leader's back-off to it ends within it)
     /// before it may stand, so that it hears and follows the leader instead of deposing
     /// it with a higher term (openraft 0.9 has no pre-vote). A member that loses its
-    /// leader while the others answer stands at once, as before.
+    /// leader while the others answer stands at once; one whose leader still answers
+    /// does not ([`RaftNode::leader_answers`]).
     async fn reach_loop(self: Arc<Self>) {
         let every = Duration::from_millis(self.cfg.heartbeat_ms);
         let ttl = Duration::from_millis(self.cfg.election_min_ms);
@@ -771,7 +772,8 @@ impl RaftNode {
             } else if reached_since.is_none() {
                 reached_since = Some(Instant::now());
             }
-            let may = reached_since.is_some_and(|t| t.elapsed() >= hold);
+            let may = reached_since.is_some_and(|t| t.elapsed() >= hold)
+                && !self.leader_answers(&answered, &mut peers, ttl).await;
             if may && !self.no_votes.load(Ordering::Acquire) {
                 self.stand_if_leader_gone(&answered, &mut peers, &mut prompt)
                     .await;
@@ -790,6 +792,34 @@ impl RaftNode {
                 }
             }
         }
+    }
+
+    /// The leader this member last followed answered its `Hello` just now and says it
+    /// still leads, in this member's term or a later one: it is alive and reachable both
+    /// ways, so this member does not stand even if no append comes (it was taken out of
+    /// the membership and never heard of the change, or its appends are held back): its
+    /// vote requests would fail against the leader's lease anyway, and the higher term
+    /// they leave behind would depose that leader as soon as it sends to this member
+    /// again (`RAFT.ADD` after `RAFT.REMOVE`). openraft 0.9 has no pre-vote; this is the
+    /// part of it a member can decide alone. A leader that stops answering (dead, paused,
+    /// cut off) or no longer leads (a new process, a wiped disk) lifts the rule.
+    async fn leader_answers(
+        &self,
+        answered: &BTreeSet<NodeId>,
+        peers: &mut HashMap<NodeId, network::Peer>,
+        ttl: Duration,
+    ) -> bool {
+        let Some(l) = *self.last_leader.lock() else {
+            return false;
+        };
+        let Some(peer) = peers
+            .get_mut(&l)
+            .filter(|_| l != self.id && answered.contains(&l))
+        else {
+            return false;
+        };
+        let term = self.metrics.borrow().current_term;
+        matches!(network::ask_leads(peer, ttl).await, Ok(Some(t)) if t >= term)
     }
 
     /// A leader that no majority answered for the longest election timeout (its appends
