@@ -17,6 +17,8 @@
 //!   delivered request delivered again with another (up to 40 %), the copy up to ten
 //!   maximum delays later.
 //!
+//! - a voter taken out of the group and added back (`membership`).
+//!
 //! While a link is cut or the links are lossy, one time in three a member drawn also
 //! dies (with the power half the time) and starts again before the step heals.
 
@@ -60,13 +62,14 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         if !all_up(r).await {
             return false;
         }
-        let ok = match rng.gen_range(0..10) {
+        let ok = match rng.gen_range(0..11) {
             0 | 1 => crash(r, rng, true).await,
             2 => crash(r, rng, false).await,
             3 | 4 => link(r, rng).await,
             5 | 6 => flap(r, rng).await,
             7 | 8 => isolate(r, rng).await,
-            _ => lossy(r, rng).await,
+            9 => lossy(r, rng).await,
+            _ => super::membership::out_and_back(r, rng).await,
         };
         if !ok {
             return false;
@@ -92,7 +95,7 @@ async fn all_up(r: &Run) -> bool {
 }
 
 /// The member taking writes now, if one does.
-fn writer(r: &Run) -> Option<NodeId> {
+pub(super) fn writer(r: &Run) -> Option<NodeId> {
     let live = r.live.lock();
     live.values().find(|n| takes_writes(n)).map(|n| n.id)
 }

@@ -19,9 +19,10 @@
 //!
 //! Then the drawn phase (`faults`): the killed member comes back, and 4 to 7 fault steps
 //! drawn from the seed (crashes with power loss, link cuts, flapping, lossy links, a
-//! member cut off), each checked as the fixed ones. A second client (`commands`) runs
-//! throughout, through the command layer, finding the leader through discovery; at the
-//! end, all healed and up, every member holds what it was acknowledged.
+//! member cut off, a voter taken out and added back), each checked as the fixed ones.
+//! A second client (`commands`) runs throughout, through the command layer, finding the
+//! leader through discovery; at the end, all healed and up, every member holds what it
+//! was acknowledged.
 
 mod boot;
 mod checks;
@@ -30,6 +31,7 @@ mod commands;
 mod expiry;
 mod faults;
 mod ledger;
+mod membership;
 mod reads;
 mod snapshots;
 
