@@ -311,8 +311,9 @@ impl Client {
         self.r.note(format!("{what}: {reply:?}"));
     }
 
-    /// An acknowledged hold still held (as far as the client knows), drawn from `rng`:
-    /// its request id and token.
+    /// An acknowledged hold still held (as far as the client knows), drawn from the
+    /// client's generator (or, with `extra`, from the one of EXTEND and the reads): its
+    /// request id and token.
     fn pick_held(&mut self, extra: bool) -> Option<(String, String)> {
         let held: Vec<(String, String)> = {
             let l = self.ledger.lock();
