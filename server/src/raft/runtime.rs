@@ -9,6 +9,9 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use openraft::async_runtime::TokioOneShotSender;
@@ -18,6 +21,77 @@ use rand::{RngCore, SeedableRng};
 
 thread_local! {
     static SEEDED: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+    /// The gate of the task being polled on this thread, if it runs under one.
+    static GATE: RefCell<Option<Arc<dyn TaskGate>>> = const { RefCell::new(None) };
+}
+
+/// Whether the tasks of one member may run now. A server installs none: its tasks are
+/// always polled. The simulation runs several members in one process and stops one as
+/// `SIGSTOP` stops a process, by not polling its tasks: openraft's, `RaftNode`'s and
+/// what they spawn in turn, each spawned through [`gated`].
+pub trait TaskGate: Send + Sync + 'static {
+    /// `Ready` when the tasks may run; `Pending` while they may not, having kept the
+    /// waker to wake when they may again.
+    fn poll_open(&self, cx: &mut Context<'_>) -> Poll<()>;
+}
+
+pin_project_lite::pin_project! {
+    /// A task's future under the gate of the task that spawned it (see [`TaskGate`]);
+    /// with none, it is polled as it is.
+    pub struct Gated<F> {
+        gate: Option<Arc<dyn TaskGate>>,
+        #[pin]
+        inner: F,
+    }
+}
+
+/// `f` under the gate of the task spawning it, if that task runs under one. Every task
+/// a member spawns goes through this, so that the tasks it spawns later carry the
+/// member's gate too.
+pub fn gated<F: Future>(inner: F) -> Gated<F> {
+    let gate = GATE.with(|g| g.borrow().clone());
+    Gated { gate, inner }
+}
+
+/// `f` under `gate`: the tasks it spawns through [`gated`] run under it too.
+pub fn under_gate<F: Future>(gate: Arc<dyn TaskGate>, inner: F) -> Gated<F> {
+    Gated {
+        gate: Some(gate),
+        inner,
+    }
+}
+
+impl<F: Future> Future for Gated<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let Some(gate) = this.gate else {
+            return this.inner.poll(cx);
+        };
+        if gate.poll_open(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let _current = Current::enter(gate.clone());
+        this.inner.poll(cx)
+    }
+}
+
+/// The gate current on this thread while a gated future is polled; the one before it
+/// again afterwards (a gated future may poll another, as a call polls its peer's answer).
+struct Current(Option<Arc<dyn TaskGate>>);
+
+impl Current {
+    fn enter(gate: Arc<dyn TaskGate>) -> Current {
+        Current(GATE.with(|g| g.replace(Some(gate))))
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        let before = self.0.take();
+        GATE.with(|g| *g.borrow_mut() = before);
+    }
 }
 
 /// From now on, openraft's random draws on this thread come from a generator seeded
@@ -77,7 +151,7 @@ impl AsyncRuntime for Runtime {
         T: Future + OptionalSend + 'static,
         T::Output: OptionalSend + 'static,
     {
-        tokio::task::spawn(future)
+        tokio::task::spawn(gated(future))
     }
 
     fn sleep(duration: Duration) -> Self::Sleep {
