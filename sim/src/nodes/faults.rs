@@ -19,6 +19,10 @@
 //!
 //! While a link is cut or the links are lossy, one time in three a member drawn also
 //! dies (with the power half the time) and starts again before the step heals.
+//!
+//! And three kinds of their own files: a member stopped and continued (`pause`), a
+//! storage error on a member's Raft log or WAL (`storage_faults`), a member that lost
+//! its disk and is re-admitted (`amnesia`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,13 +64,16 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         if !all_up(r).await {
             return false;
         }
-        let ok = match rng.gen_range(0..10) {
+        let ok = match rng.gen_range(0..15) {
             0 | 1 => crash(r, rng, true).await,
             2 => crash(r, rng, false).await,
             3 | 4 => link(r, rng).await,
             5 | 6 => flap(r, rng).await,
             7 | 8 => isolate(r, rng).await,
-            _ => lossy(r, rng).await,
+            9 => lossy(r, rng).await,
+            10 | 11 => super::pause::stop(r, rng).await,
+            12 | 13 => super::storage_faults::fail_disk(r, rng).await,
+            _ => super::amnesia::lose_disk(r, rng).await,
         };
         if !ok {
             return false;
@@ -92,13 +99,13 @@ async fn all_up(r: &Run) -> bool {
 }
 
 /// The member taking writes now, if one does.
-fn writer(r: &Run) -> Option<NodeId> {
+pub(super) fn writer(r: &Run) -> Option<NodeId> {
     let live = r.live.lock();
     live.values().find(|n| takes_writes(n)).map(|n| n.id)
 }
 
 /// A member drawn: the one taking writes half the time (when one does), else any.
-fn pick(r: &Run, rng: &mut StdRng) -> NodeId {
+pub(super) fn pick(r: &Run, rng: &mut StdRng) -> NodeId {
     let ids = &r.env.ids;
     let any = ids[rng.gen_range(0..ids.len())];
     match writer(r) {
@@ -116,7 +123,7 @@ fn pick_two(r: &Run, rng: &mut StdRng) -> (NodeId, NodeId) {
 }
 
 /// Starts member `id` again from its data dir, as its supervisor does.
-async fn restart(r: &Run, id: NodeId) -> bool {
+pub(super) async fn restart(r: &Run, id: NodeId) -> bool {
     match boot::start(&r.env, id, None).await {
         Ok(n) => {
             r.note(format!("n{id} starts again"));
@@ -290,7 +297,7 @@ fn agreed_by_hearers(r: &Run) -> Option<NodeId> {
         .is_some_and(|n| matches!(Replication::role(&*n.node), RoleView::Leader { .. }));
     let want = Some(addr_of(w));
     let wire = &r.env.wire;
-    let all_name = live.values().all(|n| {
+    let all_name = live.values().filter(|n| !n.gate.is_stopped()).all(|n| {
         let (hears, answers) = (!wire.is_cut(w, n.id), !wire.is_cut(n.id, w));
         let names = named(n);
         !hears || names == want || (!answers && names.is_none())

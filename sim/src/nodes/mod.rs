@@ -23,11 +23,14 @@
 //! throughout, through the command layer, finding the leader through discovery; at the
 //! end, all healed and up, every member holds what it was acknowledged.
 
+mod amnesia;
 mod boot;
 mod checks;
 mod client;
 mod commands;
 mod faults;
+mod pause;
+mod storage_faults;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -42,6 +45,7 @@ use stockgate_server::raft::NodeId;
 use stockgate_server::session::{Replication, SentinelAnswer, SentinelQuery};
 use tokio::time::{sleep, Instant};
 
+use crate::gate::Gate;
 use crate::history::History;
 use crate::wire::Wire;
 use crate::Outcome;
@@ -119,8 +123,14 @@ pub(crate) async fn run(
     history.note(format!(
         "seed {seed}, {members} RaftNodes, legs delayed up to {max_delay} ms"
     ));
+    let wire = Wire::new(StdRng::seed_from_u64(rng.gen()), max_delay);
+    let gates: BTreeMap<NodeId, Arc<Gate>> =
+        (1..=members as NodeId).map(|i| (i, Gate::new())).collect();
+    for (&i, g) in &gates {
+        wire.set_gate(i, g.clone());
+    }
     let env = Env {
-        wire: Wire::new(StdRng::seed_from_u64(rng.gen()), max_delay),
+        wire,
         history: history.clone(),
         root,
         ids: (1..=members as NodeId).collect(),
@@ -129,6 +139,7 @@ pub(crate) async fn run(
         start: Instant::now(),
         processes: AtomicU64::new(0),
         disks: Mutex::new(BTreeMap::new()),
+        gates,
     };
     let r = Arc::new(Run {
         env,
@@ -169,9 +180,15 @@ pub(crate) async fn run(
 /// committed.
 async fn supervise(r: Arc<Run>, done: Arc<AtomicBool>) {
     while !done.load(Ordering::Acquire) {
+        // A stopped member re-executes once it continues; one whose disk failed it
+        // exits, and the step that failed its disk starts it again (`storage_faults`).
         let deposed: Vec<NodeId> = {
             let live = r.live.lock();
-            let d = live.values().filter(|n| n.deposed.load(Ordering::Acquire));
+            let d = live.values().filter(|n| {
+                n.deposed.load(Ordering::Acquire)
+                    && !n.gate.is_stopped()
+                    && n.hook.failed().is_none()
+            });
             d.map(|n| n.id).collect()
         };
         for id in deposed {
