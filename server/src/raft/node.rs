@@ -606,7 +606,12 @@ impl RaftNode {
         if prepared.forming {
             let peers = cfg.bootstrap.clone();
             let ident = wire.ident.clone();
-            tasks.push(tokio::spawn(gated(form_group(raft.clone(), net, ident, peers))));
+            tasks.push(tokio::spawn(gated(form_group(
+                raft.clone(),
+                net,
+                ident,
+                peers,
+            ))));
         }
         let node = Arc::new(RaftNode {
             id: cfg.id,

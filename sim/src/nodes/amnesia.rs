@@ -112,7 +112,12 @@ async fn readmit(r: &Arc<Run>, id: NodeId, incarnation: u64) -> bool {
         tries += 1;
         let outcome = match change {
             Err(e) => Err(format!("refused: {e}")),
-            Ok(f) => match timeout(CHANGE_WITHIN, watched(r, id, incarnation, under_gate(gate, f))).await {
+            Ok(f) => match timeout(
+                CHANGE_WITHIN,
+                watched(r, id, incarnation, under_gate(gate, f)),
+            )
+            .await
+            {
                 Ok(Ok(())) => Ok("done".to_owned()),
                 Ok(Err(RaftError::SameIncarnation { .. })) => Ok("done already".to_owned()),
                 Ok(Err(e)) => Err(format!("failed: {e}")),
@@ -177,7 +182,10 @@ fn admitted(r: &Run, id: NodeId, incarnation: u64) -> bool {
     let m = n.node.raft.metrics().borrow().clone();
     let ms = m.membership_config.membership();
     let voter = ms.voter_ids().any(|v| v == id);
-    voter && ms.get_node(&id).is_some_and(|i| i.incarnation == incarnation)
+    voter
+        && ms
+            .get_node(&id)
+            .is_some_and(|i| i.incarnation == incarnation)
 }
 
 /// What member `id`, not yet re-admitted under its new storage, did that only a voter

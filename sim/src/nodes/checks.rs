@@ -78,7 +78,11 @@ pub(super) fn views(r: &Run) -> String {
         let refusal = Replication::write_refusal(&*n.node).map_or("takes writes", |s| {
             s.split_whitespace().next().unwrap_or("refuses")
         });
-        let stopped = if n.gate.is_stopped() { " (stopped)" } else { "" };
+        let stopped = if n.gate.is_stopped() {
+            " (stopped)"
+        } else {
+            ""
+        };
         format!("n{}{stopped}: {refusal}, names {:?}", n.id, named(n))
     });
     each.collect::<Vec<_>>().join("; ")

@@ -68,7 +68,11 @@ pub(super) async fn stop(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 fn continued_at_once(r: &Run, id: NodeId, ms: u64) {
     let claims = r.live.lock().get(&id).is_some_and(claims_master);
     let lease = Duration::from_millis(TIMING.1) + GIVE_UP_SLACK;
-    let how = if claims { "claims master" } else { "does not claim master" };
+    let how = if claims {
+        "claims master"
+    } else {
+        "does not claim master"
+    };
     r.note(format!("n{id} continues (SIGCONT): {how}"));
     if claims && Duration::from_millis(ms) > lease {
         r.fail(format!(

@@ -42,8 +42,11 @@ pub(super) async fn fail_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     let id = pick(r, rng);
     // The inline WAL syncs only as it closes or rolls a segment (a server's
     // once-a-second sync runs on its writer thread): a failed WAL fsync is not drawn.
-    let (log, op) = [(Log::Raft, Op::Write), (Log::Raft, Op::Sync), (Log::Wal, Op::Write)]
-        [rng.gen_range(0..3)];
+    let (log, op) = [
+        (Log::Raft, Op::Write),
+        (Log::Raft, Op::Sync),
+        (Log::Wal, Op::Write),
+    ][rng.gen_range(0..3)];
     let errno = if rng.gen_bool(0.5) { 28 } else { 5 };
     let a = Armed { log, op, errno };
     let Some(failed) = hit(r, id, a).await else {
