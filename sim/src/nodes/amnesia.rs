@@ -6,6 +6,10 @@
 //! whoever leads until it succeeds): out of the membership, back as a learner under the
 //! new storage, caught up, a voter again.
 //!
+//! One time in three, before the re-admission, the member taking writes is cut off for
+//! a while, so that the others stand for election and ask the member that lost its
+//! disk for its vote ([`leader_lost`]).
+//!
 //! Checked: the others elect and name a leader while it is down; until the group
 //! re-admits it, the member that lost its votes casts none (its Raft vote is never a
 //! vote granted to a candidate, sampled every few milliseconds) and stands for nothing
@@ -73,6 +77,9 @@ pub(super) async fn lose_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
             return false;
         }
     }
+    if rng.gen_range(0..3) == 0 && !leader_lost(r, rng, id, incarnation).await {
+        return false;
+    }
     if !readmit(r, id, incarnation).await {
         return false;
     }
@@ -81,6 +88,41 @@ pub(super) async fn lose_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         return false;
     };
     caught_up(r, id, leader).await
+}
+
+/// Before the re-admission, the member taking writes is cut off both ways for 1 to 2.5
+/// s: the others stand for election, and ask member `id` for its vote too. Its votes
+/// were lost with its disk, so it must cast none: with three members the one left
+/// cannot win then (no leader until the links heal), with five the other three elect
+/// one. After healing, all but `id` agree on a leader.
+async fn leader_lost(r: &Arc<Run>, rng: &mut StdRng, id: NodeId, incarnation: u64) -> bool {
+    let Some(leader) = writer(r).filter(|l| *l != id) else {
+        return true;
+    };
+    r.env.wire.isolate(leader, &r.ids());
+    // The monitor's rule for a member cut off: it stops claiming master.
+    *r.isolated.lock() = Some((leader, Instant::now()));
+    r.note(format!(
+        "n{leader} cut off both ways, n{id} not yet re-admitted"
+    ));
+    let until = Instant::now() + Duration::from_millis(rng.gen_range(1_000..2_500));
+    while Instant::now() < until {
+        if let Some(why) = votes_unadmitted(r, id, incarnation) {
+            r.fail(why);
+            return false;
+        }
+        sleep(STEP).await;
+    }
+    let who = writer(r).map_or("none".to_owned(), |w| format!("n{w}"));
+    r.note(format!(
+        "links healed (taking writes at the healing: {who})"
+    ));
+    r.env.wire.heal();
+    *r.isolated.lock() = None;
+    let what = format!("healed, n{id} not yet re-admitted");
+    checks::agreement(r, &what, HEAL_WITHIN, Some(id), None)
+        .await
+        .is_some()
 }
 
 /// `RAFT.READMIT id` on whoever takes writes, again until one succeeds (or finds it
