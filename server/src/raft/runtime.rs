@@ -192,3 +192,97 @@ impl AsyncRuntime for Runtime {
         (TokioOneShotSender(tx), rx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::task::Waker;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+
+    /// A gate closed until opened, keeping the wakers of what found it closed.
+    #[derive(Default)]
+    struct Switch {
+        closed: AtomicBool,
+        waiting: Mutex<Vec<Waker>>,
+    }
+
+    impl Switch {
+        fn open(&self) {
+            self.closed.store(false, Ordering::Release);
+            for w in std::mem::take(&mut *self.waiting.lock()) {
+                w.wake();
+            }
+        }
+    }
+
+    impl TaskGate for Switch {
+        fn poll_open(&self, cx: &mut Context<'_>) -> Poll<()> {
+            if !self.closed.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            self.waiting.lock().push(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    async fn settle() {
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_closed_gate_stops_its_tasks_and_those_they_spawn() {
+        let gate = Arc::new(Switch::default());
+        let (outer, inner) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let (o, i) = (outer.clone(), inner.clone());
+        let spawned = tokio::spawn(under_gate(gate.clone(), async move {
+            o.fetch_add(1, Ordering::AcqRel);
+            // Spawned from under the gate: runs under it too.
+            tokio::spawn(gated(async move {
+                loop {
+                    i.fetch_add(1, Ordering::AcqRel);
+                    tokio::task::yield_now().await;
+                }
+            }));
+            loop {
+                o.fetch_add(1, Ordering::AcqRel);
+                tokio::task::yield_now().await;
+            }
+        }));
+        settle().await;
+        assert!(outer.load(Ordering::Acquire) > 0);
+        assert!(inner.load(Ordering::Acquire) > 0);
+        gate.closed.store(true, Ordering::Release);
+        settle().await;
+        let (o1, i1) = (outer.load(Ordering::Acquire), inner.load(Ordering::Acquire));
+        settle().await;
+        assert_eq!(
+            outer.load(Ordering::Acquire),
+            o1,
+            "a task ran with its gate closed"
+        );
+        assert_eq!(inner.load(Ordering::Acquire), i1, "a task it spawned ran");
+        gate.open();
+        settle().await;
+        assert!(outer.load(Ordering::Acquire) > o1);
+        assert!(inner.load(Ordering::Acquire) > i1);
+        spawned.abort();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn without_a_gate_a_task_spawns_ungated_tasks() {
+        let ran = Arc::new(AtomicU32::new(0));
+        let r = ran.clone();
+        tokio::spawn(gated(async move {
+            r.fetch_add(1, Ordering::AcqRel);
+        }))
+        .await
+        .expect("the task ends");
+        assert_eq!(ran.load(Ordering::Acquire), 1);
+        assert!(GATE.with(|g| g.borrow().is_none()));
+    }
+}
