@@ -386,3 +386,53 @@ fn raft_a_member_back_from_a_partition_does_not_depose_the_leader() {
     acked.push(reserve(g.port(l), &g, SKU, "after", "r1").expect("reserve after"));
     check_all_present(&g, l, &acked, SKU, 50);
 }
+
+/// A follower taken out of the group (`RAFT.REMOVE`) and left running hears nothing from
+/// the leader, which still answers its `Hello`s; it must not stand meanwhile, or the
+/// term it raises deposes the leader the moment `RAFT.ADD` has the log sent to it again.
+#[test]
+fn raft_a_member_taken_out_and_added_back_leaves_the_leader_in_place() {
+    let mut g = Group::start(false);
+    let l = g.leader(None, Duration::from_secs(10));
+    create_sale(g.port(l), SKU, 50);
+    let mut acked = vec![reserve(g.port(l), &g, SKU, "before", "r0").expect("reserve")];
+    converge_wal(&g, Duration::from_secs(10));
+    let f = [1, 2, 3].into_iter().find(|i| *i != l).expect("a follower");
+    let term = info_field(g.port(l), "raft_term");
+    let r: String = redis::cmd("RAFT.REMOVE")
+        .arg(f)
+        .query(&mut conn(g.port(l)))
+        .expect("remove");
+    assert_eq!(r, "OK");
+    // Several election timeouts: a member that stood would be terms ahead.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        info_field(g.port(f), "raft_term"),
+        term,
+        "the member taken out stood for election"
+    );
+    let (port, raft_port) = {
+        let m = g.member(f);
+        (m.port, m.raft_port)
+    };
+    let r: String = redis::cmd("RAFT.ADD")
+        .arg(f)
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(format!("127.0.0.1:{raft_port}"))
+        .query(&mut conn(g.port(l)))
+        .expect("add");
+    assert_eq!(r, "OK");
+    converge_wal(&g, Duration::from_secs(10));
+    assert_eq!(
+        g.leader(None, Duration::from_secs(5)),
+        l,
+        "the leader changed"
+    );
+    assert_eq!(
+        info_field(g.port(l), "raft_term"),
+        term,
+        "an election was held"
+    );
+    acked.push(reserve(g.port(l), &g, SKU, "after", "r1").expect("reserve after"));
+    check_all_present(&g, l, &acked, SKU, 50);
+}

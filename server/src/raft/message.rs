@@ -61,6 +61,10 @@ pub enum Rpc {
     /// shorter log (asked only then; a member that does not know this request is asked
     /// nothing more and taken by its id).
     Progress,
+    /// Whether this member leads now, and in which term: a follower that hears no
+    /// append from the leader it last followed, but is told it still leads, does not
+    /// stand (a member that does not know this request is taken as not leading).
+    Leads,
 }
 
 /// A request with who sends it to whom (see the module's description).
@@ -120,6 +124,8 @@ pub enum RpcReply {
     Refused(String),
     /// The index of the last entry in this member's log (`None`: an empty log).
     Progress(Option<u64>),
+    /// The term this member leads in (`None`: it does not lead).
+    Leads(Option<u64>),
 }
 
 pub(super) async fn write_frame<S: AsyncWrite + Unpin + ?Sized>(

@@ -293,6 +293,14 @@ pub async fn ask_progress(peer: &mut Peer, ttl: Duration) -> io::Result<Option<u
     }
 }
 
+/// The term `target` leads in, if it leads (see [`Rpc::Leads`]).
+pub async fn ask_leads(peer: &mut Peer, ttl: Duration) -> io::Result<Option<u64>> {
+    match peer.call(Rpc::Leads, ttl, false).await? {
+        RpcReply::Leads(term) => Ok(term),
+        _ => Err(io::Error::other("mismatched reply")),
+    }
+}
+
 /// Hands `target` the new group's id and first membership (the bootstrap).
 pub async fn init(
     mut net: Network,

@@ -15,6 +15,7 @@ use std::time::Duration;
 // and the leadership checks read it.
 use tokio::time::Instant;
 
+use openraft::error::ClientWriteError;
 use openraft::{Config, ServerState, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -749,7 +750,8 @@ impl RaftNode {
     /// again it waits [`REACH_HOLD`] more (the leader's back-off to it ends within it)
     /// before it may stand, so that it hears and follows the leader instead of deposing
     /// it with a higher term (openraft 0.9 has no pre-vote). A member that loses its
-    /// leader while the others answer stands at once, as before.
+    /// leader while the others answer stands at once; one whose leader still answers
+    /// does not ([`RaftNode::leader_answers`]).
     async fn reach_loop(self: Arc<Self>) {
         let every = Duration::from_millis(self.cfg.heartbeat_ms);
         let ttl = Duration::from_millis(self.cfg.election_min_ms);
@@ -777,7 +779,8 @@ impl RaftNode {
             } else if reached_since.is_none() {
                 reached_since = Some(Instant::now());
             }
-            let may = reached_since.is_some_and(|t| t.elapsed() >= hold);
+            let may = reached_since.is_some_and(|t| t.elapsed() >= hold)
+                && !self.leader_answers(&answered, &mut peers, ttl).await;
             if may && !self.no_votes.load(Ordering::Acquire) {
                 self.stand_if_leader_gone(&answered, &mut peers, &mut prompt)
                     .await;
@@ -796,6 +799,34 @@ impl RaftNode {
                 }
             }
         }
+    }
+
+    /// The leader this member last followed answered its `Hello` just now and says it
+    /// still leads, in this member's term or a later one: it is alive and reachable both
+    /// ways, so this member does not stand even if no append comes (it was taken out of
+    /// the membership and never heard of the change, or its appends are held back): its
+    /// vote requests would fail against the leader's lease anyway, and the higher term
+    /// they leave behind would depose that leader as soon as it sends to this member
+    /// again (`RAFT.ADD` after `RAFT.REMOVE`). openraft 0.9 has no pre-vote; this is the
+    /// part of it a member can decide alone. A leader that stops answering (dead, paused,
+    /// cut off) or no longer leads (a new process, a wiped disk) lifts the rule.
+    async fn leader_answers(
+        &self,
+        answered: &BTreeSet<NodeId>,
+        peers: &mut HashMap<NodeId, network::Peer>,
+        ttl: Duration,
+    ) -> bool {
+        let Some(l) = *self.last_leader.lock() else {
+            return false;
+        };
+        let Some(peer) = peers
+            .get_mut(&l)
+            .filter(|_| l != self.id && answered.contains(&l))
+        else {
+            return false;
+        };
+        let term = self.metrics.borrow().current_term;
+        matches!(network::ask_leads(peer, ttl).await, Ok(Some(t)) if t >= term)
     }
 
     /// A leader that no majority answered for the longest election timeout (its appends
@@ -1408,7 +1439,7 @@ impl RaftNode {
                 .map(|_| ())
                 .map_err(|e| RaftError::Remove {
                     id,
-                    why: e.to_string(),
+                    why: change_failed(&e),
                 })
         }))
     }
@@ -1516,7 +1547,7 @@ async fn remove_node(raft: &Raft, id: NodeId) -> Result<(), RaftError> {
     };
     r.map(|_| ()).map_err(|e| RaftError::Remove {
         id,
-        why: e.to_string(),
+        why: change_failed(&e),
     })
 }
 
@@ -1526,7 +1557,7 @@ async fn add_voter(raft: &Raft, id: NodeId, info: NodeInfo) -> Result<(), RaftEr
     if let Err(e) = raft.add_learner(id, info, true).await {
         return Err(RaftError::AddLearner {
             id,
-            why: e.to_string(),
+            why: change_failed(&e),
         });
     }
     let mut voters = voter_ids(raft);
@@ -1536,8 +1567,32 @@ async fn add_voter(raft: &Raft, id: NodeId, info: NodeInfo) -> Result<(), RaftEr
         .map(|_| ())
         .map_err(|e| RaftError::Promote {
             id,
-            why: e.to_string(),
+            why: change_failed(&e),
         })
+}
+
+/// What a membership change of openraft's fails with.
+type ChangeError = openraft::error::RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>;
+
+/// Why a membership change failed, in an operator's words: the leadership moving away
+/// in the middle of it is the usual case, and openraft's own text for it is a debug
+/// dump of the new leader's record.
+fn change_failed(e: &ChangeError) -> String {
+    match e {
+        openraft::error::RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            match (&f.leader_id, &f.leader_node) {
+                (Some(id), Some(n)) => format!(
+                    "this member no longer leads the group: send the command to the leader, node {id} at {}",
+                    n.client_addr
+                ),
+                _ => "this member no longer leads the group and no leader is known yet: send the command to the leader once one is named (SENTINEL get-master-addr-by-name)".into(),
+            }
+        }
+        openraft::error::RaftError::Fatal(_) => {
+            "this member's Raft core stopped (the process is restarting): send the command to the leader".into()
+        }
+        other => other.to_string(),
+    }
 }
 
 /// The group's voters as the Raft metrics show them now.
@@ -1779,5 +1834,30 @@ mod quorum_tests {
         assert_eq!(quorum_index([10, 3, 9, 5].into_iter()), 5);
         assert_eq!(quorum_index([7].into_iter()), 7);
         assert_eq!(quorum_index(std::iter::empty()), 0);
+    }
+
+    #[test]
+    fn a_change_cut_short_by_a_new_leader_names_it_in_plain_words() {
+        use super::{change_failed, ChangeError, ClientWriteError, NodeId, NodeInfo};
+        use openraft::error::{ForwardToLeader, RaftError};
+        let forward = |leader: Option<(NodeId, &str)>| -> ChangeError {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(ForwardToLeader {
+                leader_id: leader.map(|l| l.0),
+                leader_node: leader.map(|l| NodeInfo {
+                    raft_addr: "10.0.0.1:7000".into(),
+                    client_addr: l.1.into(),
+                    incarnation: 7,
+                }),
+            }))
+        };
+        assert_eq!(
+            change_failed(&forward(Some((1, "10.0.0.1:6379")))),
+            "this member no longer leads the group: send the command to the leader, node 1 at 10.0.0.1:6379"
+        );
+        let none = change_failed(&forward(None));
+        assert!(
+            none.starts_with("this member no longer leads the group and no leader is known yet")
+        );
+        assert!(!none.contains("NodeInfo"));
     }
 }

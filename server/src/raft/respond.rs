@@ -120,6 +120,11 @@ impl Responder {
             Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
             Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
             Rpc::Progress => RpcReply::Progress(raft.metrics().borrow().last_log_index),
+            Rpc::Leads => {
+                let m = raft.metrics().borrow().clone();
+                let leads = m.state == openraft::ServerState::Leader;
+                RpcReply::Leads(leads.then_some(m.current_term))
+            }
             // A member not admitted as a voter may not stand.
             Rpc::Elect => RpcReply::Elect(
                 !self.no_votes.load(Ordering::Acquire) && raft.trigger().elect().await.is_ok(),
@@ -198,7 +203,7 @@ fn admit(
 ) -> Result<(), String> {
     let voting = matches!(env.rpc, Rpc::Vote(_) | Rpc::Elect);
     match &env.rpc {
-        Rpc::Hello | Rpc::Init { .. } | Rpc::Progress => return Ok(()),
+        Rpc::Hello | Rpc::Init { .. } | Rpc::Progress | Rpc::Leads => return Ok(()),
         Rpc::Append(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
         Rpc::Vote(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
         Rpc::Snapshot(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,

@@ -17,6 +17,8 @@
 //!   delivered request delivered again with another (up to 40 %), the copy up to ten
 //!   maximum delays later.
 //!
+//! - a voter taken out of the group and added back (`membership`).
+//!
 //! While a link is cut or the links are lossy, one time in three a member drawn also
 //! dies (with the power half the time) and starts again before the step heals.
 //!
@@ -64,15 +66,16 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         if !all_up(r).await {
             return false;
         }
-        let ok = match rng.gen_range(0..15) {
+        let ok = match rng.gen_range(0..16) {
             0 | 1 => crash(r, rng, true).await,
             2 => crash(r, rng, false).await,
             3 | 4 => link(r, rng).await,
             5 | 6 => flap(r, rng).await,
             7 | 8 => isolate(r, rng).await,
             9 => lossy(r, rng).await,
-            10 | 11 => super::pause::stop(r, rng).await,
-            12 | 13 => super::storage_faults::fail_disk(r, rng).await,
+            10 => super::membership::out_and_back(r, rng).await,
+            11 | 12 => super::pause::stop(r, rng).await,
+            13 | 14 => super::storage_faults::fail_disk(r, rng).await,
             _ => super::amnesia::lose_disk(r, rng).await,
         };
         if !ok {

@@ -19,10 +19,11 @@
 //!
 //! Then the drawn phase (`faults`): the killed member comes back, and 4 to 7 fault steps
 //! drawn from the seed (crashes with power loss, link cuts, flapping, lossy links, a
-//! member cut off, a member stopped and continued, a storage error, a lost disk
-//! re-admitted), each checked as the fixed ones. A second client (`commands`) runs
-//! throughout, through the command layer, finding the leader through discovery; at the
-//! end, all healed and up, every member holds what it was acknowledged.
+//! member cut off, a voter taken out and added back, a member stopped and continued, a
+//! storage error, a lost disk re-admitted), each checked as the fixed ones. A second
+//! client (`commands`) runs throughout, through the command layer, finding the leader
+//! through discovery; at the end, all healed and up, every member holds what it was
+//! acknowledged.
 
 mod amnesia;
 mod boot;
@@ -30,6 +31,7 @@ mod checks;
 mod client;
 mod commands;
 mod faults;
+mod membership;
 mod pause;
 mod storage_faults;
 
