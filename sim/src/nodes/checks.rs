@@ -83,7 +83,16 @@ pub(super) fn views(r: &Run) -> String {
         } else {
             ""
         };
-        format!("n{}{stopped}: {refusal}, names {:?}", n.id, named(n))
+        let m = n.node.raft.metrics().borrow().clone();
+        let ms = m.membership_config.membership();
+        format!(
+            "n{}{stopped}: {refusal}, names {:?}, voters {:?}, learners {:?}, last log {:?}",
+            n.id,
+            named(n),
+            ms.voter_ids().collect::<Vec<_>>(),
+            ms.learner_ids().collect::<Vec<_>>(),
+            m.last_log_index
+        )
     });
     each.collect::<Vec<_>>().join("; ")
 }
