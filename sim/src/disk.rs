@@ -349,6 +349,11 @@ impl Hook {
         *self.armed.lock() = Some(a);
     }
 
+    /// What was armed and has not hit yet hits nothing.
+    pub fn disarm(&self) {
+        *self.armed.lock() = None;
+    }
+
     /// The file an injected error hit, if one did.
     pub fn failed(&self) -> Option<PathBuf> {
         self.failed.lock().clone()

@@ -14,6 +14,7 @@
 //! sessions, RESP) is not in the loop.
 
 pub mod disk;
+pub mod gate;
 pub mod history;
 pub mod member;
 pub mod net;

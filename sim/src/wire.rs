@@ -23,8 +23,11 @@ use rand::Rng;
 use stockgate_server::raft::network::{self, Envelope, ReplyEnvelope, Rpc};
 use stockgate_server::raft::peers::PeerTable;
 use stockgate_server::raft::respond::Responder;
+use stockgate_server::raft::runtime::under_gate;
 use stockgate_server::raft::transport::{CallError, CallFuture, Link, ServeFuture, Transport};
 use stockgate_server::raft::{NodeId, NodeInfo};
+
+use crate::gate::Gate;
 
 /// How long a call whose member went down after the request left takes to fail (a
 /// reset connection fails at once; the pause keeps openraft's immediate retry of a
@@ -36,6 +39,8 @@ pub struct Wire(Mutex<State>);
 
 struct State {
     listening: BTreeMap<NodeId, Arc<Responder>>,
+    /// Each member's task gate: its answers to requests run under it.
+    gates: BTreeMap<NodeId, Arc<Gate>>,
     /// Directed links that carry nothing: (from, to).
     cut: BTreeSet<(NodeId, NodeId)>,
     rng: StdRng,
@@ -53,6 +58,7 @@ impl Wire {
     pub fn new(rng: StdRng, max_delay_ms: u64) -> Arc<Wire> {
         Arc::new(Wire(Mutex::new(State {
             listening: BTreeMap::new(),
+            gates: BTreeMap::new(),
             cut: BTreeSet::new(),
             rng,
             max_delay_ms,
@@ -144,6 +150,15 @@ impl Wire {
 
     fn listener(&self, id: NodeId) -> Option<Arc<Responder>> {
         self.0.lock().listening.get(&id).cloned()
+    }
+
+    /// Member `id`'s answers run under `gate` from now on.
+    pub fn set_gate(&self, id: NodeId, gate: Arc<Gate>) {
+        self.0.lock().gates.insert(id, gate);
+    }
+
+    fn gate(&self, id: NodeId) -> Option<Arc<Gate>> {
+        self.0.lock().gates.get(&id).cloned()
     }
 }
 
@@ -303,10 +318,11 @@ async fn exchange(
         )));
     };
     let env = network::decode_request(&body)?;
+    let gate = wire.gate(to);
     if let Some(later) = wire.duplicate() {
-        replay(responder.clone(), body.clone(), later);
+        replay(responder.clone(), gate.clone(), body.clone(), later);
     }
-    let reply = responder.answer(env).await.map_err(io::Error::other)?;
+    let reply = answer(responder, gate, env).await?;
     let back = network::encode(&reply)?;
     let delay = match wire.leg(to, from) {
         Some(d) => d,
@@ -316,13 +332,41 @@ async fn exchange(
     Ok(network::decode_reply(&back)?)
 }
 
+/// The target's answer, under its gate. A stopped target answers when it continues:
+/// the request waits in its socket meanwhile and is handled then, even if the caller
+/// has given up on it (its own task, not the caller's).
+async fn answer(
+    responder: Arc<Responder>,
+    gate: Option<Arc<Gate>>,
+    env: Envelope<Rpc>,
+) -> Result<ReplyEnvelope, CallError> {
+    let Some(gate) = gate else {
+        return Ok(responder.answer(env).await.map_err(io::Error::other)?);
+    };
+    if !gate.is_stopped() {
+        let r = under_gate(gate, responder.answer(env)).await;
+        return Ok(r.map_err(io::Error::other)?);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(under_gate(gate, async move {
+        let _ = tx.send(responder.answer(env).await);
+    }));
+    match rx.await {
+        Ok(r) => Ok(r.map_err(io::Error::other)?),
+        Err(_) => Err(CallError::Failed(io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "the member ended before it answered",
+        ))),
+    }
+}
+
 /// The copy of a delivered request arrives `later` at the same member (its storage
 /// then, whatever process answers): its answer goes nowhere.
-fn replay(responder: Arc<Responder>, body: Vec<u8>, later: Duration) {
+fn replay(responder: Arc<Responder>, gate: Option<Arc<Gate>>, body: Vec<u8>, later: Duration) {
     tokio::spawn(async move {
         tokio::time::sleep(later).await;
         if let Ok(env) = network::decode_request(&body) {
-            let _ = responder.answer(env).await;
+            let _ = answer(responder, gate, env).await;
         }
     });
 }

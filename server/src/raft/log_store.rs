@@ -513,7 +513,7 @@ impl LogStore {
                     g.flush();
                 } else if !g.scheduled {
                     g.scheduled = true;
-                    tokio::spawn(lag_then_flush(f.clone()));
+                    tokio::spawn(super::runtime::gated(lag_then_flush(f.clone())));
                 }
                 Ok(())
             }

@@ -27,6 +27,7 @@ use super::lease::Lease;
 use super::log_store::LogStore;
 use super::peers::PeerTable;
 use super::respond::{LastAppend, Responder};
+use super::runtime::gated;
 use super::snapshot::{SnapshotHooks, Snapshots};
 use super::speculation::Speculation;
 use super::state_machine::StateMachine;
@@ -606,7 +607,12 @@ impl RaftNode {
         if prepared.forming {
             let peers = cfg.bootstrap.clone();
             let ident = wire.ident.clone();
-            tasks.push(tokio::spawn(form_group(raft.clone(), net, ident, peers)));
+            tasks.push(tokio::spawn(gated(form_group(
+                raft.clone(),
+                net,
+                ident,
+                peers,
+            ))));
         }
         let node = Arc::new(RaftNode {
             id: cfg.id,
@@ -631,12 +637,12 @@ impl RaftNode {
             heard,
             tasks: Mutex::new(Vec::new()),
         });
-        tasks.push(tokio::spawn(spec.propose(raft)));
-        tasks.push(tokio::spawn(node.clone().watch_leadership()));
-        tasks.push(tokio::spawn(node.clone().reach_loop()));
+        tasks.push(tokio::spawn(gated(spec.propose(raft))));
+        tasks.push(tokio::spawn(gated(node.clone().watch_leadership())));
+        tasks.push(tokio::spawn(gated(node.clone().reach_loop())));
         let every = node.cfg.snapshot_records;
         let trigger = super::snapshot::trigger_loop(node.raft.clone(), snapshots, every);
-        tasks.push(tokio::spawn(trigger));
+        tasks.push(tokio::spawn(gated(trigger)));
         node.tasks.lock().extend(tasks);
         Ok(node)
     }
@@ -889,7 +895,7 @@ impl RaftNode {
             ago.as_millis()
         );
         let raft = self.raft.clone();
-        self.keep(tokio::spawn(async move {
+        self.keep(tokio::spawn(gated(async move {
             // No await between this look and the request to stand.
             if gave_way(&raft.metrics().borrow(), leader, term) {
                 return;
@@ -897,7 +903,7 @@ impl RaftNode {
             if let Err(e) = raft.trigger().elect().await {
                 tracing::warn!("raft: standing for election: {e}");
             }
-        }));
+        })));
     }
 
     /// The leader this follower last followed, if it neither answered `Hello` nor sent an
@@ -973,10 +979,10 @@ impl RaftNode {
                 Some(p) => p,
                 None => network::hello_client(self.net(), id, &n).await,
             };
-            calls.spawn(async move {
+            calls.spawn(gated(async move {
                 let ok = network::say_hello(&mut peer, id, ttl).await.is_ok();
                 (id, peer, ok)
-            });
+            }));
         }
         while let Some(done) = calls.join_next().await {
             if let Ok((id, peer, ok)) = done {
@@ -1318,11 +1324,11 @@ impl RaftNode {
                 return Err(SentinelError::NoGoodReplica);
             }
             let raft = self.raft.clone();
-            self.keep(rt.spawn(async move {
+            self.keep(rt.spawn(gated(async move {
                 if let Err(e) = raft.trigger().elect().await {
                     tracing::warn!("raft: SENTINEL FAILOVER: election not started: {e}");
                 }
-            }));
+            })));
             return Ok(());
         }
         // One at a time: a second would hold and release the first one's appends.
@@ -1355,7 +1361,7 @@ impl RaftNode {
             // wait out the leader lease the votes need, and to elect.
             window_ms: max * 3 + beat,
         };
-        self.keep(rt.spawn(handover.run(targets)));
+        self.keep(rt.spawn(gated(handover.run(targets))));
         Ok(())
     }
 

@@ -9,6 +9,9 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use openraft::async_runtime::TokioOneShotSender;
@@ -18,6 +21,77 @@ use rand::{RngCore, SeedableRng};
 
 thread_local! {
     static SEEDED: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+    /// The gate of the task being polled on this thread, if it runs under one.
+    static GATE: RefCell<Option<Arc<dyn TaskGate>>> = const { RefCell::new(None) };
+}
+
+/// Whether the tasks of one member may run now. A server installs none: its tasks are
+/// always polled. The simulation runs several members in one process and stops one as
+/// `SIGSTOP` stops a process, by not polling its tasks: openraft's, `RaftNode`'s and
+/// what they spawn in turn, each spawned through [`gated`].
+pub trait TaskGate: Send + Sync + 'static {
+    /// `Ready` when the tasks may run; `Pending` while they may not, having kept the
+    /// waker to wake when they may again.
+    fn poll_open(&self, cx: &mut Context<'_>) -> Poll<()>;
+}
+
+pin_project_lite::pin_project! {
+    /// A task's future under the gate of the task that spawned it (see [`TaskGate`]);
+    /// with none, it is polled as it is.
+    pub struct Gated<F> {
+        gate: Option<Arc<dyn TaskGate>>,
+        #[pin]
+        inner: F,
+    }
+}
+
+/// `f` under the gate of the task spawning it, if that task runs under one. Every task
+/// a member spawns goes through this, so that the tasks it spawns later carry the
+/// member's gate too.
+pub fn gated<F: Future>(inner: F) -> Gated<F> {
+    let gate = GATE.with(|g| g.borrow().clone());
+    Gated { gate, inner }
+}
+
+/// `f` under `gate`: the tasks it spawns through [`gated`] run under it too.
+pub fn under_gate<F: Future>(gate: Arc<dyn TaskGate>, inner: F) -> Gated<F> {
+    Gated {
+        gate: Some(gate),
+        inner,
+    }
+}
+
+impl<F: Future> Future for Gated<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let Some(gate) = this.gate else {
+            return this.inner.poll(cx);
+        };
+        if gate.poll_open(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let _current = Current::enter(gate.clone());
+        this.inner.poll(cx)
+    }
+}
+
+/// The gate current on this thread while a gated future is polled; the one before it
+/// again afterwards (a gated future may poll another, as a call polls its peer's answer).
+struct Current(Option<Arc<dyn TaskGate>>);
+
+impl Current {
+    fn enter(gate: Arc<dyn TaskGate>) -> Current {
+        Current(GATE.with(|g| g.replace(Some(gate))))
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        let before = self.0.take();
+        GATE.with(|g| *g.borrow_mut() = before);
+    }
 }
 
 /// From now on, openraft's random draws on this thread come from a generator seeded
@@ -77,7 +151,7 @@ impl AsyncRuntime for Runtime {
         T: Future + OptionalSend + 'static,
         T::Output: OptionalSend + 'static,
     {
-        tokio::task::spawn(future)
+        tokio::task::spawn(gated(future))
     }
 
     fn sleep(duration: Duration) -> Self::Sleep {
@@ -116,5 +190,99 @@ impl AsyncRuntime for Runtime {
     {
         let (tx, rx) = tokio::sync::oneshot::channel();
         (TokioOneShotSender(tx), rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::task::Waker;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+
+    /// A gate closed until opened, keeping the wakers of what found it closed.
+    #[derive(Default)]
+    struct Switch {
+        closed: AtomicBool,
+        waiting: Mutex<Vec<Waker>>,
+    }
+
+    impl Switch {
+        fn open(&self) {
+            self.closed.store(false, Ordering::Release);
+            for w in std::mem::take(&mut *self.waiting.lock()) {
+                w.wake();
+            }
+        }
+    }
+
+    impl TaskGate for Switch {
+        fn poll_open(&self, cx: &mut Context<'_>) -> Poll<()> {
+            if !self.closed.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            self.waiting.lock().push(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    async fn settle() {
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_closed_gate_stops_its_tasks_and_those_they_spawn() {
+        let gate = Arc::new(Switch::default());
+        let (outer, inner) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let (o, i) = (outer.clone(), inner.clone());
+        let spawned = tokio::spawn(under_gate(gate.clone(), async move {
+            o.fetch_add(1, Ordering::AcqRel);
+            // Spawned from under the gate: runs under it too.
+            tokio::spawn(gated(async move {
+                loop {
+                    i.fetch_add(1, Ordering::AcqRel);
+                    tokio::task::yield_now().await;
+                }
+            }));
+            loop {
+                o.fetch_add(1, Ordering::AcqRel);
+                tokio::task::yield_now().await;
+            }
+        }));
+        settle().await;
+        assert!(outer.load(Ordering::Acquire) > 0);
+        assert!(inner.load(Ordering::Acquire) > 0);
+        gate.closed.store(true, Ordering::Release);
+        settle().await;
+        let (o1, i1) = (outer.load(Ordering::Acquire), inner.load(Ordering::Acquire));
+        settle().await;
+        assert_eq!(
+            outer.load(Ordering::Acquire),
+            o1,
+            "a task ran with its gate closed"
+        );
+        assert_eq!(inner.load(Ordering::Acquire), i1, "a task it spawned ran");
+        gate.open();
+        settle().await;
+        assert!(outer.load(Ordering::Acquire) > o1);
+        assert!(inner.load(Ordering::Acquire) > i1);
+        spawned.abort();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn without_a_gate_a_task_spawns_ungated_tasks() {
+        let ran = Arc::new(AtomicU32::new(0));
+        let r = ran.clone();
+        tokio::spawn(gated(async move {
+            r.fetch_add(1, Ordering::AcqRel);
+        }))
+        .await
+        .expect("the task ends");
+        assert_eq!(ran.load(Ordering::Acquire), 1);
+        assert!(GATE.with(|g| g.borrow().is_none()));
     }
 }

@@ -250,7 +250,7 @@ impl Speculation {
                 match raft.client_write_ff(batch).await {
                     Ok(rx) => {
                         let me = self.clone();
-                        tokio::spawn(async move {
+                        tokio::spawn(super::runtime::gated(async move {
                             let r = rx.await;
                             drop(permit);
                             match r {
@@ -258,7 +258,7 @@ impl Speculation {
                                 Ok(Err(e)) => me.depose(&format!("raft refused a batch: {e}")),
                                 Err(_) => me.depose("raft dropped a batch"),
                             }
-                        });
+                        }));
                     }
                     Err(e) => self.depose(&format!("raft stopped: {e}")),
                 }

@@ -14,6 +14,7 @@ use stockgate_server::persist::WalDurability;
 use stockgate_server::raft::identity::Identity;
 use stockgate_server::raft::log_store::LogStore;
 use stockgate_server::raft::node::Prepared;
+use stockgate_server::raft::runtime::under_gate;
 use stockgate_server::raft::snapshot::{self, SnapshotHooks};
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::{NodeId, NodeInfo, RaftNode, RaftNodeConfig};
@@ -22,6 +23,7 @@ use stockgate_server::wal::WalOptions;
 
 use super::expiry;
 use crate::disk::{Disk, Hook};
+use crate::gate::Gate;
 use crate::history::History;
 use crate::member;
 use crate::wire::{client_addr, raft_addr, MemTransport, Wire};
@@ -51,6 +53,20 @@ pub struct Env {
     pub clocks: expiry::Clocks,
     /// `--snapshot-records` of every member (drawn per run: small in some).
     pub snapshot_records: u64,
+    /// Each member's task gate, across its processes (closed while it is stopped).
+    pub gates: BTreeMap<NodeId, Arc<Gate>>,
+}
+
+impl Env {
+    /// Member `id`'s gate.
+    pub fn gate(&self, id: NodeId) -> Arc<Gate> {
+        self.gates.get(&id).cloned().unwrap_or_default()
+    }
+
+    /// Member `id`'s data dir.
+    pub fn dir(&self, id: NodeId) -> PathBuf {
+        self.root.join(format!("n{id}"))
+    }
 }
 
 /// A running member.
@@ -72,14 +88,17 @@ pub struct Node {
     pub process: u64,
     /// Its Raft log, for the snapshot it records.
     pub store: LogStore,
-    hook: Arc<Hook>,
+    /// Its task gate (closed while the member is stopped).
+    pub gate: Arc<Gate>,
+    /// Its view of its disk: storage errors are armed there.
+    pub hook: Arc<Hook>,
     wal: Arc<WalDurability>,
     /// The server's ticker (`expiry::ticker`), ended with the process.
     ticker: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The configuration a server gives member `id` from its flags.
-fn config(env: &Env, id: NodeId, dir: &Path) -> RaftNodeConfig {
+fn config(env: &Env, id: NodeId, dir: &Path, rejoin: bool) -> RaftNodeConfig {
     let members: BTreeMap<NodeId, NodeInfo> = env
         .ids
         .iter()
@@ -103,7 +122,7 @@ fn config(env: &Env, id: NodeId, dir: &Path) -> RaftNodeConfig {
         heartbeat_ms,
         election_min_ms,
         election_max_ms,
-        rejoin_empty: false,
+        rejoin_empty: rejoin,
         restart_argv: Vec::new(),
         data_dir: dir.to_path_buf(),
         // Beyond any run, or (drawn per run) small enough that members snapshot and
@@ -135,7 +154,23 @@ fn identity(dir: &Path, id: NodeId, incarnation: Option<u64>) -> Result<Arc<Iden
 /// server started with `--raft-id` (the first of `env.ids` with `--raft-bootstrap`,
 /// which forms the group only on storage with no Raft state).
 pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<Node, String> {
-    let dir = env.root.join(format!("n{id}"));
+    start_as(env, id, incarnation, false).await
+}
+
+/// Starts member `id` on the empty data dir it was given after losing its disk, with
+/// new storage of `incarnation` and `--rejoin-empty` (it never forms a group, and waits
+/// as a non-voter until the group re-admits it).
+pub async fn start_empty(env: &Env, id: NodeId, incarnation: u64) -> Result<Node, String> {
+    start_as(env, id, Some(incarnation), true).await
+}
+
+async fn start_as(
+    env: &Env,
+    id: NodeId,
+    incarnation: Option<u64>,
+    rejoin: bool,
+) -> Result<Node, String> {
+    let dir = env.dir(id);
     let ident = identity(&dir, id, incarnation)?;
     let deposed = Arc::new(AtomicBool::new(false));
     let disk = env
@@ -148,8 +183,9 @@ pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<No
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
     adopt_staged(env, id, &dir, &store)?;
-    let cfg = config(env, id, &dir);
-    let forming = cfg.form_group && store.is_pristine();
+    let cfg = config(env, id, &dir, rejoin);
+    // As `node::prepare` decides it.
+    let forming = cfg.form_group && store.is_pristine() && !cfg.rejoin_empty;
     if forming {
         ident.adopt_group(env.group).map_err(|e| e.to_string())?;
     }
@@ -171,14 +207,19 @@ pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<No
         compact_slots: Box::new(|r| r),
     };
     let transport = Arc::new(MemTransport(env.wire.clone()));
-    let node = RaftNode::start(
-        cfg,
-        prepared,
-        engine.clone(),
-        dur.clone(),
-        spec.clone(),
-        hooks,
-        transport,
+    // Every task the member spawns, and every task those spawn, runs under its gate.
+    let gate = env.gate(id);
+    let node = under_gate(
+        gate.clone(),
+        RaftNode::start(
+            cfg,
+            prepared,
+            engine.clone(),
+            dur.clone(),
+            spec.clone(),
+            hooks,
+            transport,
+        ),
     )
     .await?;
     let shared = Arc::new(Shared::new(
@@ -187,7 +228,7 @@ pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<No
         Arc::new(NoDurability),
     ));
     let _ = shared.repl.set(node.clone() as Arc<dyn Replication>);
-    let ticker = expires.then(|| expiry::ticker(engine.clone(), shared.clone()));
+    let ticker = expires.then(|| expiry::ticker(engine.clone(), shared.clone(), gate.clone()));
     // Recovery may have cut a torn tail: what is left is what a power loss keeps.
     disk.settle();
     Ok(Node {
@@ -199,6 +240,7 @@ pub async fn start(env: &Env, id: NodeId, incarnation: Option<u64>) -> Result<No
         shared,
         process: origin,
         store,
+        gate,
         hook,
         wal,
         ticker,

@@ -31,14 +31,17 @@ pub(super) fn addr_of(id: NodeId) -> HostPort {
     (h.to_owned(), p.parse().unwrap_or(0))
 }
 
-/// Whether the member's write gate lets a write through now.
+/// Whether the member's write gate lets a write through now. A stopped member takes
+/// nothing: no command it is sent is read until it continues.
 pub(super) fn takes_writes(n: &Node) -> bool {
-    Replication::write_refusal(&*n.node).is_none() && !n.deposed.load(Ordering::Acquire)
+    !n.gate.is_stopped()
+        && Replication::write_refusal(&*n.node).is_none()
+        && !n.deposed.load(Ordering::Acquire)
 }
 
 /// Whether the member presents itself as the master: it takes writes, or its
 /// discovery answer names itself.
-fn claims_master(n: &Node) -> bool {
+pub(super) fn claims_master(n: &Node) -> bool {
     takes_writes(n) || named(n) == Some(addr_of(n.id))
 }
 
@@ -46,7 +49,11 @@ fn claims_master(n: &Node) -> bool {
 /// it leads, and it is not `other_than`.
 fn agreed(r: &Run, excluded: Option<NodeId>, other_than: Option<NodeId>) -> Option<NodeId> {
     let live = r.live.lock();
-    let members: Vec<&Node> = live.values().filter(|n| Some(n.id) != excluded).collect();
+    // A stopped member answers nobody: it is not asked.
+    let members: Vec<&Node> = live
+        .values()
+        .filter(|n| Some(n.id) != excluded && !n.gate.is_stopped())
+        .collect();
     let writers: Vec<&Node> = members
         .iter()
         .copied()
@@ -71,7 +78,21 @@ pub(super) fn views(r: &Run) -> String {
         let refusal = Replication::write_refusal(&*n.node).map_or("takes writes", |s| {
             s.split_whitespace().next().unwrap_or("refuses")
         });
-        format!("n{}: {refusal}, names {:?}", n.id, named(n))
+        let stopped = if n.gate.is_stopped() {
+            " (stopped)"
+        } else {
+            ""
+        };
+        let m = n.node.raft.metrics().borrow().clone();
+        let ms = m.membership_config.membership();
+        format!(
+            "n{}{stopped}: {refusal}, names {:?}, voters {:?}, learners {:?}, last log {:?}",
+            n.id,
+            named(n),
+            ms.voter_ids().collect::<Vec<_>>(),
+            ms.learner_ids().collect::<Vec<_>>(),
+            m.last_log_index
+        )
     });
     each.collect::<Vec<_>>().join("; ")
 }

@@ -67,7 +67,8 @@ pub(super) enum Answer {
 
 pub(super) fn connect(r: &Run, id: NodeId) -> Option<Conn> {
     let live = r.live.lock();
-    let n = live.get(&id)?;
+    // A stopped member reads nothing (`attempt` waits for it; discovery asks again).
+    let n = live.get(&id).filter(|n| !n.gate.is_stopped())?;
     Some(Conn {
         id,
         process: n.process,
@@ -110,6 +111,9 @@ fn dispatch_with(c: &Conn, argv: &[&[u8]], stale: bool) -> (Reply, Lsn) {
 /// Sends `argv` (built on the member's engine: a RESERVE's admission is minted by the
 /// gate in front of it) to member `id` and waits for the reply's commit.
 async fn attempt(r: &Run, id: NodeId, argv: &(dyn Fn(&Engine) -> Vec<Vec<u8>> + Sync)) -> Answer {
+    if !super::pause::continued(r, id, REPLY_TTL).await {
+        return Answer::Lost(format!("n{id} stopped: no reply within {REPLY_TTL:?}"));
+    }
     let Some(c) = connect(r, id) else {
         return Answer::Lost(format!("n{id} is down"));
     };

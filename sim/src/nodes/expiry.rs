@@ -20,9 +20,12 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::Rng;
 use stockgate_server::engine::{Clock, Engine, Millis, Monotonic, ReservationState, WallSource};
+use stockgate_server::raft::runtime::under_gate;
 use stockgate_server::raft::{authority, NodeId};
 use stockgate_server::session::{ServerConfig, Shared};
 use tokio::task::JoinHandle;
+
+use crate::gate::Gate;
 use tokio::time::{sleep, Instant};
 
 use super::Run;
@@ -84,9 +87,10 @@ impl Clocks {
 /// The server's ticker (`server::spawn_ticker`): the engine's timers every `tick_ms` of
 /// the server's defaults, when `authority::may_tick` says so given the member's write
 /// gate (only the member taking writes).
-pub fn ticker(engine: Arc<Engine>, shared: Arc<Shared>) -> JoinHandle<()> {
+pub fn ticker(engine: Arc<Engine>, shared: Arc<Shared>, gate: Arc<Gate>) -> JoinHandle<()> {
     let period = Duration::from_millis(ServerConfig::default().tick_ms.max(1));
-    tokio::spawn(async move {
+    // A stopped member's ticker stops with it.
+    tokio::spawn(under_gate(gate, async move {
         let mut iv = tokio::time::interval(period);
         iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -96,7 +100,7 @@ pub fn ticker(engine: Arc<Engine>, shared: Arc<Shared>) -> JoinHandle<()> {
                 engine.tick();
             }
         }
-    })
+    }))
 }
 
 /// Until `stop`: every 0.5 to 3 s, one time in three, a member's wall clock steps

@@ -21,6 +21,10 @@
 //!
 //! While a link is cut or the links are lossy, one time in three a member drawn also
 //! dies (with the power half the time) and starts again before the step heals.
+//!
+//! And three kinds of their own files: a member stopped and continued (`pause`), a
+//! storage error on a member's Raft log or WAL (`storage_faults`), a member that lost
+//! its disk and is re-admitted (`amnesia`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,14 +66,17 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         if !all_up(r).await {
             return false;
         }
-        let ok = match rng.gen_range(0..11) {
+        let ok = match rng.gen_range(0..16) {
             0 | 1 => crash(r, rng, true).await,
             2 => crash(r, rng, false).await,
             3 | 4 => link(r, rng).await,
             5 | 6 => flap(r, rng).await,
             7 | 8 => isolate(r, rng).await,
             9 => lossy(r, rng).await,
-            _ => super::membership::out_and_back(r, rng).await,
+            10 => super::membership::out_and_back(r, rng).await,
+            11 | 12 => super::pause::stop(r, rng).await,
+            13 | 14 => super::storage_faults::fail_disk(r, rng).await,
+            _ => super::amnesia::lose_disk(r, rng).await,
         };
         if !ok {
             return false;
@@ -101,7 +108,7 @@ pub(super) fn writer(r: &Run) -> Option<NodeId> {
 }
 
 /// A member drawn: the one taking writes half the time (when one does), else any.
-fn pick(r: &Run, rng: &mut StdRng) -> NodeId {
+pub(super) fn pick(r: &Run, rng: &mut StdRng) -> NodeId {
     let ids = &r.env.ids;
     let any = ids[rng.gen_range(0..ids.len())];
     match writer(r) {
@@ -119,7 +126,7 @@ fn pick_two(r: &Run, rng: &mut StdRng) -> (NodeId, NodeId) {
 }
 
 /// Starts member `id` again from its data dir, as its supervisor does.
-async fn restart(r: &Run, id: NodeId) -> bool {
+pub(super) async fn restart(r: &Run, id: NodeId) -> bool {
     match boot::start(&r.env, id, None).await {
         Ok(n) => {
             r.note(format!("n{id} starts again"));
@@ -293,7 +300,7 @@ fn agreed_by_hearers(r: &Run) -> Option<NodeId> {
         .is_some_and(|n| matches!(Replication::role(&*n.node), RoleView::Leader { .. }));
     let want = Some(addr_of(w));
     let wire = &r.env.wire;
-    let all_name = live.values().all(|n| {
+    let all_name = live.values().filter(|n| !n.gate.is_stopped()).all(|n| {
         let (hears, answers) = (!wire.is_cut(w, n.id), !wire.is_cut(n.id, w));
         let names = named(n);
         !hears || names == want || (!answers && names.is_none())

@@ -19,11 +19,13 @@
 //!
 //! Then the drawn phase (`faults`): the killed member comes back, and 4 to 7 fault steps
 //! drawn from the seed (crashes with power loss, link cuts, flapping, lossy links, a
-//! member cut off, a voter taken out and added back), each checked as the fixed ones.
-//! A second client (`commands`) runs throughout, through the command layer, finding the
-//! leader through discovery; at the end, all healed and up, every member holds what it
-//! was acknowledged.
+//! member cut off, a voter taken out and added back, a member stopped and continued, a
+//! storage error, a lost disk re-admitted), each checked as the fixed ones. A second
+//! client (`commands`) runs throughout, through the command layer, finding the leader
+//! through discovery; at the end, all healed and up, every member holds what it was
+//! acknowledged.
 
+mod amnesia;
 mod boot;
 mod checks;
 mod client;
@@ -32,8 +34,10 @@ mod expiry;
 mod faults;
 mod ledger;
 mod membership;
+mod pause;
 mod reads;
 mod snapshots;
+mod storage_faults;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -48,6 +52,7 @@ use stockgate_server::raft::NodeId;
 use stockgate_server::session::{Replication, SentinelAnswer, SentinelQuery};
 use tokio::time::{sleep, Instant};
 
+use crate::gate::Gate;
 use crate::history::History;
 use crate::wire::Wire;
 use crate::Outcome;
@@ -127,8 +132,14 @@ pub(crate) async fn run(
     ));
     let knobs = Knobs::draw(seed, &history);
     let ids: Vec<NodeId> = (1..=members as NodeId).collect();
+    let wire = Wire::new(StdRng::seed_from_u64(rng.gen()), max_delay);
+    let gates: BTreeMap<NodeId, Arc<Gate>> =
+        (1..=members as NodeId).map(|i| (i, Gate::new())).collect();
+    for (&i, g) in &gates {
+        wire.set_gate(i, g.clone());
+    }
     let env = Env {
-        wire: Wire::new(StdRng::seed_from_u64(rng.gen()), max_delay),
+        wire,
         history: history.clone(),
         root,
         clocks: expiry::Clocks::new(&ids, true),
@@ -138,6 +149,7 @@ pub(crate) async fn run(
         processes: AtomicU64::new(0),
         disks: Mutex::new(BTreeMap::new()),
         snapshot_records: knobs.snapshot_records,
+        gates,
     };
     let r = Arc::new(Run {
         env,
@@ -178,9 +190,15 @@ pub(crate) async fn run(
 /// committed.
 async fn supervise(r: Arc<Run>, done: Arc<AtomicBool>) {
     while !done.load(Ordering::Acquire) {
+        // A stopped member re-executes once it continues; one whose disk failed it
+        // exits, and the step that failed its disk starts it again (`storage_faults`).
         let deposed: Vec<NodeId> = {
             let live = r.live.lock();
-            let d = live.values().filter(|n| n.deposed.load(Ordering::Acquire));
+            let d = live.values().filter(|n| {
+                n.deposed.load(Ordering::Acquire)
+                    && !n.gate.is_stopped()
+                    && n.hook.failed().is_none()
+            });
             d.map(|n| n.id).collect()
         };
         for id in deposed {

@@ -187,6 +187,13 @@ impl Client {
         b: &Before,
         reply: &Reply,
     ) -> Option<String> {
+        // A member far behind (a lost disk not caught up yet) may not have the sale at
+        // all: a stale read answers from its own state. Once a process has shown the
+        // sale, it never loses it.
+        let behind = matches!(reply, Reply::Error(e) if e.starts_with("NOSALE"));
+        if stale && behind && !self.reads.committed.contains_key(&process) {
+            return None;
+        }
         let get = |k| int(reply, k);
         let (Some(total), Some(available), Some(reserved), Some(committed)) = (
             get("total"),

@@ -1,0 +1,137 @@
+//! A member's disk fails it: the next write or `fdatasync` of its Raft log, or the next
+//! write of its WAL, fails with `ENOSPC` or `EIO` (`disk::Hook::arm`, the first
+//! scenario's injection; the log and the WAL are written inline through the hook here
+//! too).
+//!
+//! What the server does then (docs/replication.md, "A disk that fails";
+//! `raft::storage_fault`): the member exits with status 75 rather than go on with what it
+//! may not have made durable, and its supervisor starts it again. Here the hook sets the
+//! member's restart flag as it returns the error (the write gate closes with it), and
+//! the step ends the process as a kill ends it: `storage_fault::watch`, which exits a
+//! server, keeps one fault record per process, and several members share this one. The
+//! file that failed keeps only what was synced, or by the seed part of the rest (after
+//! a failed `fsync` the kernel may have dropped the pages it could not write: the first
+//! scenario's model). The disk is healed before the member starts again.
+//!
+//! Checked: the others elect and name a leader while it is down (within a crash's
+//! bound); it starts again from what its disk kept, all agree again, and it catches up:
+//! it applies at least what the group had committed when it started, within
+//! [`HEAL_WITHIN`]. Nothing acknowledged may be lost: the end's checks.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use stockgate_server::raft::NodeId;
+use tokio::time::{sleep, Instant};
+
+use super::checks::{self, takes_writes};
+use super::faults::{pick, restart};
+use super::{Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
+use crate::disk::{Armed, Log, Op};
+
+/// An armed error that hits nothing within this is taken back (a member that writes
+/// nothing: a follower with no client writing).
+const ARMED_FOR: Duration = Duration::from_secs(2);
+
+/// The next write or sync of one log of a member drawn fails; the member exits on it,
+/// the others go on, and it starts again on a healed disk and catches up.
+pub(super) async fn fail_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
+    let id = pick(r, rng);
+    // The inline WAL syncs only as it closes or rolls a segment (a server's
+    // once-a-second sync runs on its writer thread): a failed WAL fsync is not drawn.
+    let (log, op) = [
+        (Log::Raft, Op::Write),
+        (Log::Raft, Op::Sync),
+        (Log::Wal, Op::Write),
+    ][rng.gen_range(0..3)];
+    let errno = if rng.gen_bool(0.5) { 28 } else { 5 };
+    let a = Armed { log, op, errno };
+    let Some(failed) = hit(r, id, a).await else {
+        return true;
+    };
+    let Some(n) = r.live.lock().remove(&id) else {
+        return true;
+    };
+    r.note(format!("n{id} exits on the storage error (status 75)"));
+    n.kill().await;
+    let disk = r.env.disks.lock().get(&id).cloned();
+    if let Some(disk) = disk {
+        disk.power_cut(rng, Some(&failed), &r.env.history);
+    }
+    let what = format!("n{id} down (storage error)");
+    if checks::agreement(r, &what, FAILOVER_WITHIN, None, None)
+        .await
+        .is_none()
+    {
+        return false;
+    }
+    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
+    r.note(format!("n{id} disk healed"));
+    if !restart(r, id).await {
+        return false;
+    }
+    let what = format!("n{id} back after a storage error");
+    let Some(leader) = checks::agreement(r, &what, HEAL_WITHIN, None, None).await else {
+        return false;
+    };
+    caught_up(r, id, leader).await
+}
+
+/// Arms `a` on member `id`'s disk and waits for it to hit: the file it failed, or
+/// `None` when it hit nothing within [`ARMED_FOR`] (then taken back).
+async fn hit(r: &Run, id: NodeId, a: Armed) -> Option<PathBuf> {
+    let (hook, writer) = {
+        let live = r.live.lock();
+        let n = live.get(&id)?;
+        (n.hook.clone(), takes_writes(n))
+    };
+    hook.arm(a);
+    let role = if writer { ", taking writes" } else { "" };
+    r.note(format!(
+        "n{id} disk: the next {:?} of its {:?} log fails with errno {}{role}",
+        a.op, a.log, a.errno
+    ));
+    let start = Instant::now();
+    loop {
+        if let Some(p) = hook.failed() {
+            return Some(p);
+        }
+        if start.elapsed() >= ARMED_FOR {
+            hook.disarm();
+            r.note(format!("n{id} disk: nothing hit the armed error"));
+            return None;
+        }
+        sleep(STEP).await;
+    }
+}
+
+/// Member `id` applies, within [`HEAL_WITHIN`], at least what `leader` had committed
+/// when the group agreed again.
+pub(super) async fn caught_up(r: &Run, id: NodeId, leader: NodeId) -> bool {
+    let Some(want) = r.live.lock().get(&leader).map(|n| n.spec.committed_lsn()) else {
+        return true;
+    };
+    let start = Instant::now();
+    loop {
+        let has = r.live.lock().get(&id).map(|n| n.engine.last_lsn());
+        match has {
+            // Down again (deposed, re-executing): the end's checks see it catch up.
+            None => return true,
+            Some(lsn) if lsn >= want => {
+                let ms = start.elapsed().as_millis();
+                r.note(format!("n{id} caught up to LSN {want} after {ms} ms"));
+                return true;
+            }
+            Some(lsn) if start.elapsed() >= HEAL_WITHIN => {
+                r.fail(format!(
+                    "n{id} applied LSN {lsn}, not {want} (committed by n{leader}), within {HEAL_WITHIN:?} of its restart"
+                ));
+                return false;
+            }
+            Some(_) => sleep(STEP).await,
+        }
+    }
+}
