@@ -468,7 +468,7 @@ fn peer_network(cfg: &RaftNodeConfig, wire: &Wire) -> network::Network {
 async fn serve_peers(
     raft: &Raft,
     wire: &Wire,
-    heard: &Arc<LastAppend>,
+    (heard, spec): (&Arc<LastAppend>, &Arc<Speculation>),
 ) -> Result<(Arc<AtomicBool>, JoinHandle<()>), String> {
     // Nobody votes or stands until the membership names this storage as a voter
     // (`watch_leadership` opens both): a member that lost its state must not.
@@ -478,6 +478,7 @@ async fn serve_peers(
         no_votes.clone(),
         wire.ident.clone(),
         heard.clone(),
+        spec.clone(),
     );
     raft.runtime_config().elect(false);
     let serving = wire.transport.serve(Arc::new(responder)).await?;
@@ -602,7 +603,7 @@ impl RaftNode {
             .await
             .map_err(|e| format!("raft: {e}"))?;
         let heard = Arc::new(LastAppend::default());
-        let (no_votes, serving) = serve_peers(&raft, &wire, &heard).await?;
+        let (no_votes, serving) = serve_peers(&raft, &wire, (&heard, &spec)).await?;
         let mut tasks = vec![serving];
         if prepared.forming {
             let peers = cfg.bootstrap.clone();
@@ -802,14 +803,15 @@ impl RaftNode {
     }
 
     /// The leader this member last followed answered its `Hello` just now and says it
-    /// still leads, in this member's term or a later one: it is alive and reachable both
+    /// still leads with its writes open, in this member's term or a later one: it is alive and reachable both
     /// ways, so this member does not stand even if no append comes (it was taken out of
     /// the membership and never heard of the change, or its appends are held back): its
     /// vote requests would fail against the leader's lease anyway, and the higher term
     /// they leave behind would depose that leader as soon as it sends to this member
     /// again (`RAFT.ADD` after `RAFT.REMOVE`). openraft 0.9 has no pre-vote; this is the
     /// part of it a member can decide alone. A leader that stops answering (dead, paused,
-    /// cut off) or no longer leads (a new process, a wiped disk) lifts the rule.
+    /// cut off), no longer leads (a new process, a wiped disk) or serves nobody (its
+    /// writes closed) lifts the rule.
     async fn leader_answers(
         &self,
         answered: &BTreeSet<NodeId>,

@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 
 use super::identity::Identity;
 use super::message::{Envelope, HelloReply, ReplyEnvelope, Rpc, RpcReply, LOG};
+use super::speculation::Speculation;
 use super::{NodeId, NodeInfo, Raft};
 
 /// The leader whose append this member last took, and when: a follower names a leader
@@ -54,6 +55,9 @@ pub struct Responder {
     no_votes: Arc<AtomicBool>,
     ident: Arc<Identity>,
     heard: Arc<LastAppend>,
+    /// Where this member's writes open and close: it says it leads (`Rpc::Leads`) only
+    /// while they are open.
+    spec: Arc<Speculation>,
     /// The refusals logged already, by sender, its storage and the storage it meant.
     refused: Mutex<HashSet<(NodeId, u64, u64)>>,
 }
@@ -65,12 +69,14 @@ impl Responder {
         no_votes: Arc<AtomicBool>,
         ident: Arc<Identity>,
         heard: Arc<LastAppend>,
+        spec: Arc<Speculation>,
     ) -> Responder {
         Responder {
             raft,
             no_votes,
             ident,
             heard,
+            spec,
             refused: Mutex::new(HashSet::new()),
         }
     }
@@ -121,8 +127,10 @@ impl Responder {
             Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
             Rpc::Progress => RpcReply::Progress(raft.metrics().borrow().last_log_index),
             Rpc::Leads => {
+                // A leader whose writes are closed (no majority answered it, handing
+                // over, catching up) serves nobody: its followers may stand.
                 let m = raft.metrics().borrow().clone();
-                let leads = m.state == openraft::ServerState::Leader;
+                let leads = m.state == openraft::ServerState::Leader && self.spec.writable();
                 RpcReply::Leads(leads.then_some(m.current_term))
             }
             // A member not admitted as a voter may not stand.

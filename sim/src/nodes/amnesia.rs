@@ -29,7 +29,7 @@ use stockgate_server::session::{RaftChange, RaftChangeFuture, RaftError, Replica
 use tokio::time::{sleep, timeout, Instant};
 
 use super::checks;
-use super::faults::{pick, writer};
+use super::members::{pick, writer};
 use super::storage_faults::caught_up;
 use super::{boot, Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
 use crate::disk::Disk;

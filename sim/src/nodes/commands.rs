@@ -31,8 +31,7 @@ use stockgate_server::users::Role;
 use tokio::time::{sleep, Instant};
 
 use super::boot::GROUP;
-use super::ledger::{count, disagreement, Fate, Hold, Ledger, SKU};
-use super::reads::Reads;
+use super::ledger::{count, disagreement, Fate, Hold, Ledger, Reads, SKU};
 use super::{Run, REPLY_TTL, STEP};
 use crate::wire::client_addr;
 

@@ -36,7 +36,8 @@ use stockgate_server::session::{Replication, RoleView};
 use tokio::time::{sleep, Instant};
 
 use super::checks::{self, addr_of, named, takes_writes, views};
-use super::{boot, Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
+use super::members::{pick, restart};
+use super::{Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
 
 /// How long a step waits for every member to be up before it starts (a deposed member
 /// re-executing meanwhile).
@@ -101,43 +102,12 @@ async fn all_up(r: &Run) -> bool {
     true
 }
 
-/// The member taking writes now, if one does.
-pub(super) fn writer(r: &Run) -> Option<NodeId> {
-    let live = r.live.lock();
-    live.values().find(|n| takes_writes(n)).map(|n| n.id)
-}
-
-/// A member drawn: the one taking writes half the time (when one does), else any.
-pub(super) fn pick(r: &Run, rng: &mut StdRng) -> NodeId {
-    let ids = &r.env.ids;
-    let any = ids[rng.gen_range(0..ids.len())];
-    match writer(r) {
-        Some(w) if rng.gen_bool(0.5) => w,
-        _ => any,
-    }
-}
-
 /// Two different members drawn.
 fn pick_two(r: &Run, rng: &mut StdRng) -> (NodeId, NodeId) {
     let ids = &r.env.ids;
     let a = rng.gen_range(0..ids.len());
     let b = (a + rng.gen_range(1..ids.len())) % ids.len();
     (ids[a], ids[b])
-}
-
-/// Starts member `id` again from its data dir, as its supervisor does.
-pub(super) async fn restart(r: &Run, id: NodeId) -> bool {
-    match boot::start(&r.env, id, None).await {
-        Ok(n) => {
-            r.note(format!("n{id} starts again"));
-            r.live.lock().insert(id, n);
-            true
-        }
-        Err(e) => {
-            r.fail(format!("n{id} refuses to start again: {e}"));
-            false
-        }
-    }
 }
 
 /// A member's process dies, with the power (`power`) or by a `kill -9`; the others

@@ -157,3 +157,11 @@ pub(super) fn released(l: &Ledger) -> BTreeSet<String> {
     });
     r.map(|h| h.token.clone()).collect()
 }
+
+/// What reads saw, per member process (its origin): a hold's state, the sale's
+/// committed units (`reads`).
+#[derive(Default)]
+pub(super) struct Reads {
+    pub(super) holds: BTreeMap<(u64, String), ReservationState>,
+    pub(super) committed: BTreeMap<u64, u64>,
+}

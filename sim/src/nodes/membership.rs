@@ -26,7 +26,7 @@ use stockgate_server::users::Role;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::checks::{self, takes_writes, views};
-use super::faults::writer;
+use super::members::writer;
 use super::{Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
 use crate::wire::{client_addr, raft_addr};
 

@@ -33,6 +33,7 @@ mod commands;
 mod expiry;
 mod faults;
 mod ledger;
+mod members;
 mod membership;
 mod pause;
 mod reads;

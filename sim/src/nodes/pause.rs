@@ -24,7 +24,7 @@ use stockgate_server::raft::NodeId;
 use tokio::time::{sleep, sleep_until, Instant};
 
 use super::checks::{self, claims_master, takes_writes};
-use super::faults::pick;
+use super::members::pick;
 use super::{Run, FAILOVER_WITHIN, GIVE_UP_SLACK, HEAL_WITHIN, STEP, TIMING};
 
 /// One member stopped for 0.3 to 3 s, one time in three 4 to 6 s (long enough for the

@@ -15,21 +15,12 @@
 //! - every read: the sale's counters add up to its total, and what one member process
 //!   showed never goes back (a finished hold stays so; committed units never shrink).
 
-use std::collections::BTreeMap;
-
 use rand::Rng;
 use stockgate_server::engine::{Millis, ReservationState};
 use stockgate_server::protocol::Reply;
 
 use super::commands::{answer, connect, discover, Answer, Client};
 use super::ledger::{agrees, committed_units, could_have_been, count, Found, Hold, SKU};
-
-/// What reads saw, per member process (its origin).
-#[derive(Default)]
-pub(super) struct Reads {
-    holds: BTreeMap<(u64, String), ReservationState>,
-    committed: BTreeMap<u64, u64>,
-}
 
 /// A field of a map reply.
 fn field<'a>(reply: &'a Reply, name: &str) -> Option<&'a Reply> {

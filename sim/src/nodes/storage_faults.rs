@@ -28,7 +28,7 @@ use stockgate_server::raft::NodeId;
 use tokio::time::{sleep, Instant};
 
 use super::checks::{self, takes_writes};
-use super::faults::{pick, restart};
+use super::members::{pick, restart};
 use super::{Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
 use crate::disk::{Armed, Log, Op};
 
