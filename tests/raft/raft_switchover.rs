@@ -410,17 +410,7 @@ fn raft_failover_moves_the_leadership_while_holds_expire() {
         }
         let run_id = server_field(g.port(old), "run_id");
         assert!(run_id.is_some(), "trial {trial}: no INFO from {old}");
-        let t = Instant::now();
-        assert_eq!(
-            failover_named(g.port(old), "stockgate").as_deref(),
-            Ok("OK"),
-            "trial {trial}: FAILOVER to {old}"
-        );
-        let new = g.leader(Some(old), Duration::from_secs(5));
-        println!(
-            "trial {trial}: {old} -> {new} in {} ms",
-            t.elapsed().as_millis()
-        );
+        let new = fail_over(&g, old, trial);
         // Handed over, not deposed (a deposed leader re-executes: a new run id).
         assert_eq!(
             server_field(g.port(old), "run_id"),
@@ -447,17 +437,7 @@ fn server_field(port: u16, name: &str) -> Option<String> {
 fn moves_at_each_ask(g: &Group, trials: usize) {
     let mut old = g.leader(None, Duration::from_secs(10));
     for trial in 0..trials {
-        let t = Instant::now();
-        assert_eq!(
-            failover_named(g.port(old), "stockgate").as_deref(),
-            Ok("OK"),
-            "trial {trial}: FAILOVER to {old}"
-        );
-        let new = g.leader(Some(old), Duration::from_secs(5));
-        println!(
-            "trial {trial}: {old} -> {new} in {} ms",
-            t.elapsed().as_millis()
-        );
+        let new = fail_over(g, old, trial);
         old = new;
     }
 }
@@ -656,4 +636,21 @@ fn raft_a_leader_demoted_with_a_write_in_flight_never_answers_it_as_success() {
         caught_in_flight >= 3,
         "fewer than 3 of 5 trials caught the RESERVE in flight on the cut leader: {outcomes:?}"
     );
+}
+
+/// `FAILOVER` sent to the leader `old`, answered `+OK`; the member that leads instead
+/// within 5 s.
+fn fail_over(g: &Group, old: u64, trial: usize) -> u64 {
+    let t = Instant::now();
+    assert_eq!(
+        failover_named(g.port(old), "stockgate").as_deref(),
+        Ok("OK"),
+        "trial {trial}: FAILOVER to {old}"
+    );
+    let new = g.leader(Some(old), Duration::from_secs(5));
+    println!(
+        "trial {trial}: {old} -> {new} in {} ms",
+        t.elapsed().as_millis()
+    );
+    new
 }
