@@ -18,7 +18,7 @@
 use crate::room::{RoomConfig, RoomOp};
 
 use super::types::{
-    Millis, ReleaseReason, ReservationState, ReservationView, SaleExport, SaleParams, SaleState,
+    HoldRecord, Millis, ReleaseReason, ReservationState, SaleExport, SaleParams, SaleState,
 };
 
 /// The declaration of every kind of event, handed to the macro `$then`, which generates
@@ -428,7 +428,7 @@ impl Own<RoomOp> for &RoomOp {
 
 impl Event {
     /// The reservation a `Reserved` event creates, as a fresh RESERVED record.
-    pub fn reserved_view(&self) -> Option<ReservationView> {
+    pub fn reserved_record(&self) -> Option<HoldRecord<'_>> {
         let Event::Reserved {
             token,
             sku,
@@ -442,11 +442,11 @@ impl Event {
         else {
             return None;
         };
-        Some(ReservationView {
-            token: token.clone(),
-            sku: sku.clone(),
-            user: user.clone(),
-            request_id: request_id.clone(),
+        Some(HoldRecord {
+            token,
+            sku,
+            user,
+            request_id,
             qty: *qty,
             shard: *shard,
             state: ReservationState::Reserved,

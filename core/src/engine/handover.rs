@@ -379,7 +379,12 @@ fn insert_locked(
     let (_, key) = token::decode_token(&r.token).filter(|(s, _)| *s == r.sku)?;
     let user = sale.users.intern(&r.user)?;
     let stripe = &mut world._stripes[stripe_of(&r.token)];
-    let idx = stripe.insert(Reservation::from_view(key, sale.clone(), user, r));
+    let idx = stripe.insert(Reservation::from_record(
+        key,
+        sale.clone(),
+        user,
+        &r.record(),
+    ));
     let Some(idx) = idx else {
         debug_assert!(false, "stripe full");
         return None;

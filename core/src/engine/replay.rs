@@ -91,22 +91,27 @@ impl Engine {
     /// Inserts a reservation as recorded (snapshot or replay). With `take`, the units are
     /// taken from the shard as a live RESERVE did.
     pub(super) fn insert_restored(&self, r: &ReservationView, take: bool) {
-        let Ok(sale) = self.sale(&r.sku) else {
-            debug_assert!(false, "reservation for unknown sale {}", r.sku);
-            return;
-        };
         // Tokens come from this engine's own log or snapshot, written by `token_buf`; a
         // token that does not decode, or does not belong to its sale, is not ours.
         let Some((_, key)) = token::decode_token(&r.token).filter(|(s, _)| *s == r.sku) else {
             debug_assert!(false, "undecodable token {}", r.token);
             return;
         };
-        let Some(user) = sale.users.intern(&r.user) else {
+        self.insert_record(key, &r.record(), take);
+    }
+
+    /// [`Engine::insert_restored`] of a record whose token's key is decoded.
+    fn insert_record(&self, key: token::TokenKey, r: &HoldRecord<'_>, take: bool) {
+        let Ok(sale) = self.sale(r.sku) else {
+            debug_assert!(false, "reservation for unknown sale {}", r.sku);
+            return;
+        };
+        let Some(user) = sale.users.intern(r.user) else {
             debug_assert!(false, "user table full");
             return;
         };
-        let mut stripe = self.stripes[stripe_of(&r.token)].lock();
-        let Some(idx) = stripe.insert(Reservation::from_view(key, sale.clone(), user, r)) else {
+        let mut stripe = self.stripes[stripe_of(r.token)].lock();
+        let Some(idx) = stripe.insert(Reservation::from_record(key, sale.clone(), user, r)) else {
             debug_assert!(false, "stripe full");
             return;
         };
@@ -122,16 +127,36 @@ impl Engine {
         }
         drop(stripe);
         if sale.params.limit > 0 && r.state != ReservationState::Released {
-            let mut us = self.user_stripe(&r.sku, &r.user).lock();
+            let mut us = self.user_stripe(r.sku, r.user).lock();
             let e = us
                 .entry(sale.sku.clone())
                 .or_default()
-                .entry(r.user.as_str().into())
+                .entry(r.user.into())
                 .or_default();
             e.held += r.qty as u64;
             if r.state == ReservationState::Reserved {
                 e.live.push(key);
             }
+        }
+    }
+
+    /// Replays a `Reserved` record, its token decoded once and its strings borrowed: a
+    /// follower does this for every hold the leader makes.
+    fn apply_reserved(&self, ev: &Event) {
+        let Some(r) = ev.reserved_record() else {
+            return;
+        };
+        let Some((_, key)) = token::decode_token(r.token).filter(|(s, _)| *s == r.sku) else {
+            debug_assert!(false, "undecodable token {}", r.token);
+            return;
+        };
+        let exists = self.stripes[stripe_of(r.token)]
+            .lock()
+            .find(r.sku, &key)
+            .is_some();
+        debug_assert!(!exists, "reserved twice in the log");
+        if !exists {
+            self.insert_record(key, &r, true);
         }
     }
 
@@ -215,16 +240,7 @@ impl Engine {
                     sale.set_state(*state);
                 }
             }
-            Event::Reserved { token, .. } => {
-                let exists = self.stripes[stripe_of(token)]
-                    .lock()
-                    .lookup(token)
-                    .is_some();
-                debug_assert!(!exists, "reserved twice in the log");
-                if let (false, Some(view)) = (exists, ev.reserved_view()) {
-                    self.insert_restored(&view, true);
-                }
-            }
+            Event::Reserved { .. } => self.apply_reserved(ev),
             Event::Released { token, at_ms, .. } => {
                 let mut stripe = self.stripes[stripe_of(token)].lock();
                 let (_, _, upd) = self.release_locked(&mut stripe, token, *at_ms, None);

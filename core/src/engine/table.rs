@@ -24,7 +24,7 @@ use super::event::Lsn;
 use super::names::UserId;
 use super::sale::Sale;
 use super::token::{decode_token, token_buf, TokenBuf, TokenKey};
-use super::types::{Millis, ReservationState, ReservationView, TombView};
+use super::types::{HoldRecord, Millis, ReservationState, ReservationView, TombView};
 use super::wheel::{Links, Timers, Wheel};
 
 /// One reservation. `Clone` is cheap (a reference count and a copy; an allocation only
@@ -70,13 +70,13 @@ impl Reservation {
         self.token().as_str().into()
     }
 
-    /// The reservation a view describes, with its token's key and its buyer already
+    /// The reservation a record describes, with its token's key and its buyer already
     /// interned in `sale` (a snapshot loaded, a sale imported); not yet in any wheel.
-    pub fn from_view(key: TokenKey, sale: Arc<Sale>, user: UserId, r: &ReservationView) -> Self {
+    pub fn from_record(key: TokenKey, sale: Arc<Sale>, user: UserId, r: &HoldRecord<'_>) -> Self {
         Reservation {
             key,
             sale,
-            request_id: r.request_id.as_str().into(),
+            request_id: r.request_id.into(),
             user,
             qty: r.qty,
             shard: r.shard,

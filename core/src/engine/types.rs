@@ -217,6 +217,69 @@ pub struct ReservationView {
     pub finished_at_ms: Millis,
 }
 
+/// A hold's fields as a log record or a snapshot carries them, borrowed: what restoring
+/// a hold reads. A follower restores every hold the leader makes, so nothing here is
+/// copied that the engine does not keep.
+#[derive(Clone, Copy, Debug)]
+pub struct HoldRecord<'a> {
+    /// Names the hold in COMMIT, RELEASE and EXTEND.
+    pub token: &'a str,
+    /// The sale's sku.
+    pub sku: &'a str,
+    /// The buyer.
+    pub user: &'a str,
+    /// The buyer's request id.
+    pub request_id: &'a str,
+    /// Units held.
+    pub qty: u32,
+    /// The shard they came from.
+    pub shard: u16,
+    /// Where it is in its life.
+    pub state: ReservationState,
+    /// The hold's deadline.
+    pub expires_at_ms: Millis,
+    /// When the hold was taken.
+    pub created_at_ms: Millis,
+    /// When it left `RESERVED` (0 while reserved).
+    pub finished_at_ms: Millis,
+}
+
+impl HoldRecord<'_> {
+    /// The record as an owned view.
+    pub fn to_view(&self) -> ReservationView {
+        ReservationView {
+            token: self.token.to_string(),
+            sku: self.sku.to_string(),
+            user: self.user.to_string(),
+            request_id: self.request_id.to_string(),
+            qty: self.qty,
+            shard: self.shard,
+            state: self.state,
+            expires_at_ms: self.expires_at_ms,
+            created_at_ms: self.created_at_ms,
+            finished_at_ms: self.finished_at_ms,
+        }
+    }
+}
+
+impl ReservationView {
+    /// The view's fields, borrowed.
+    pub fn record(&self) -> HoldRecord<'_> {
+        HoldRecord {
+            token: &self.token,
+            sku: &self.sku,
+            user: &self.user,
+            request_id: &self.request_id,
+            qty: self.qty,
+            shard: self.shard,
+            state: self.state,
+            expires_at_ms: self.expires_at_ms,
+            created_at_ms: self.created_at_ms,
+            finished_at_ms: self.finished_at_ms,
+        }
+    }
+}
+
 /// A sale's counters as seen from outside (SALE.INFO, snapshots).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SaleView {

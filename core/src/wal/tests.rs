@@ -62,7 +62,9 @@ fn encoded_len(e: &Event) -> u64 {
 /// A toy replay (enough to compare "snapshot + tail" with "everything from the start").
 fn fold(mut s: Snapshot, e: &Event) -> Snapshot {
     match e {
-        Event::Reserved { .. } => s.reservations.extend(e.reserved_view()),
+        Event::Reserved { .. } => s
+            .reservations
+            .extend(e.reserved_record().map(|r| r.to_view())),
         Event::Released { token, at_ms, .. } | Event::Committed { token, at_ms, .. } => {
             let state = if matches!(e, Event::Released { .. }) {
                 ReservationState::Released
