@@ -411,28 +411,28 @@ fn forward_requests(mut from: std::net::TcpStream, mut to: std::net::TcpStream, 
     }
 }
 
-/// A member taken out (`RAFT.REMOVE`) and added back (`RAFT.ADD`, the same storage) that
-/// never received the entries adding it back: its own log still ends with the membership
-/// that took it out, while the other follower's makes it a voter. Then the leader loses
-/// its disk. The follower needs this member's vote, and the member, whose storage kept
-/// its state, grants it by the candidate's membership: a leader is elected, re-admits
-/// the wiped member, and holds every acknowledged hold.
+/// The leader takes itself out (`RAFT.REMOVE`; its own log ends with the membership
+/// without it) and the next one adds it back (`RAFT.ADD`, the same storage), but it never
+/// receives the entries adding it back, while the other follower's log makes it a voter
+/// again. Then that leader loses its disk. The follower needs this member's vote, and the
+/// member, whose storage kept its state, grants it by the candidate's membership: a
+/// leader is elected, re-admits the wiped member, and holds every acknowledged hold.
 #[test]
 fn raft_a_member_added_back_and_behind_votes() {
     let mut g = Group::start(false);
-    let l = g.leader(None, Duration::from_secs(15));
-    create_sale(g.port(l), SKU, TOTAL as u64);
+    let x = g.leader(None, Duration::from_secs(15));
+    create_sale(g.port(x), SKU, TOTAL as u64);
     let mut acked: Vec<String> = (0..10)
-        .map(|i| reserve(g.port(l), &g, SKU, &format!("u{i}"), "r1").expect("reserve"))
+        .map(|i| reserve(g.port(x), &g, SKU, &format!("u{i}"), "r1").expect("reserve"))
         .collect();
     g.converge(Duration::from_secs(15));
-    let x = [1u64, 2, 3].into_iter().find(|i| *i != l).expect("a follower");
     let r: String = redis::cmd("RAFT.REMOVE")
         .arg(x)
-        .query(&mut conn(g.port(l)))
+        .query(&mut conn(g.port(x)))
         .expect("RAFT.REMOVE");
     assert_eq!(r, "OK");
     wait_voting(&g, x, "0", Duration::from_secs(10)).expect("the member taken out stops voting");
+    let l = g.leader(Some(x), Duration::from_secs(15));
 
     // Added back through a gate that lets its Hello through and none of the log.
     let gate = AppendGate::start(g.member(x).raft_port);
