@@ -405,7 +405,11 @@ fn forward_requests(mut from: std::net::TcpStream, mut to: std::net::TcpStream, 
         if log && shut.load(Ordering::SeqCst) {
             return end(&from, &to);
         }
-        if to.write_all(&len).and_then(|_| to.write_all(&body)).is_err() {
+        if to
+            .write_all(&len)
+            .and_then(|_| to.write_all(&body))
+            .is_err()
+        {
             return end(&from, &to);
         }
     }
@@ -444,7 +448,11 @@ fn raft_a_member_added_back_and_behind_votes() {
         .expect("RAFT.ADD");
     assert_eq!(r, "OK");
     let row = members(g.port(l)).into_iter().find(|r| r.0 == x);
-    assert_eq!(row.map(|r| r.1).as_deref(), Some("voter"), "RAFT.ADD made no voter");
+    assert_eq!(
+        row.map(|r| r.1).as_deref(),
+        Some("voter"),
+        "RAFT.ADD made no voter"
+    );
     for i in 10..15 {
         acked.push(reserve(g.port(l), &g, SKU, &format!("u{i}"), "r1").expect("reserve"));
     }

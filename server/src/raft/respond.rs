@@ -212,9 +212,7 @@ fn admit(
 ) -> Result<(), String> {
     let voting = matches!(env.rpc, Rpc::Vote(_) | Rpc::Elect);
     match &env.rpc {
-        Rpc::Hello | Rpc::Init { .. } | Rpc::Progress | Rpc::Leads | Rpc::LastLog => {
-            return Ok(())
-        }
+        Rpc::Hello | Rpc::Init { .. } | Rpc::Progress | Rpc::Leads | Rpc::LastLog => return Ok(()),
         Rpc::Append(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
         Rpc::Vote(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
         Rpc::Snapshot(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
