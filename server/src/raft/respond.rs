@@ -262,7 +262,8 @@ fn admit(
     // request so says the group admitted this storage as a voter, in an entry its log
     // holds and this member's may not hold yet. A storage that kept its state may grant
     // it (docs/replication.md, "Who votes"); a wiped one is named under its old
-    // incarnation and was refused above. Standing stays with this member's own log.
+    // incarnation until `RAFT.READMIT` makes it a voter under its new one, and was
+    // refused above. Standing stays with this member's own log.
     let admitted_by_candidate = matches!(env.rpc, Rpc::Vote(_));
     if voting && !may_vote && !admitted_by_candidate {
         return Err(format!(
