@@ -5,6 +5,8 @@
 
 use std::io::Read as _;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::nemesis::{info_text, wait_voting, wipe_and_restart};
@@ -340,4 +342,133 @@ fn raft_forged_votes_and_appends_from_an_unadmitted_storage_are_refused() {
     assert!(term < 1000, "a forged request moved the term to {term}");
     let l2 = g.leader(None, Duration::from_secs(10));
     assert_eq!(state_of(g.port(l2), &held).as_deref(), Some("RESERVED"));
+}
+
+/// A forwarder to a member's Raft port that lets every request through but appends and
+/// snapshots while `shut`: the connection that carries one is dropped (the member then
+/// learns nothing of the log), while `Hello`, votes and the rest still pass. A network
+/// that fails one connection and not another does the same.
+struct AppendGate {
+    port: u16,
+    shut: Arc<AtomicBool>,
+}
+
+impl AppendGate {
+    fn start(target: u16) -> AppendGate {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind gate");
+        let port = l.local_addr().expect("addr").port();
+        let shut = Arc::new(AtomicBool::new(true));
+        let s = shut.clone();
+        std::thread::spawn(move || {
+            for inbound in l.incoming().flatten() {
+                let Ok(outbound) = std::net::TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let (back_from, back_to) = (
+                    outbound.try_clone().expect("clone"),
+                    inbound.try_clone().expect("clone"),
+                );
+                std::thread::spawn(move || {
+                    let (mut from, mut to) = (back_from, back_to);
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+                let s = s.clone();
+                std::thread::spawn(move || forward_requests(inbound, outbound, &s));
+            }
+        });
+        AppendGate { port, shut }
+    }
+}
+
+/// Forwards request frames from `from` to `to`, ending the connection at the first
+/// append or snapshot while `shut`.
+fn forward_requests(mut from: std::net::TcpStream, mut to: std::net::TcpStream, shut: &AtomicBool) {
+    use std::io::Write as _;
+    let end = |a: &std::net::TcpStream, b: &std::net::TcpStream| {
+        let _ = a.shutdown(std::net::Shutdown::Both);
+        let _ = b.shutdown(std::net::Shutdown::Both);
+    };
+    loop {
+        let mut len = [0u8; 4];
+        if from.read_exact(&mut len).is_err() {
+            return end(&from, &to);
+        }
+        let mut body = vec![0; u32::from_le_bytes(len) as usize];
+        if from.read_exact(&mut body).is_err() {
+            return end(&from, &to);
+        }
+        let log = matches!(
+            network::decode_request(&body).map(|e| e.rpc),
+            Ok(Rpc::Append(_) | Rpc::Snapshot(_))
+        );
+        if log && shut.load(Ordering::SeqCst) {
+            return end(&from, &to);
+        }
+        if to
+            .write_all(&len)
+            .and_then(|_| to.write_all(&body))
+            .is_err()
+        {
+            return end(&from, &to);
+        }
+    }
+}
+
+/// The leader takes itself out (`RAFT.REMOVE`; its own log ends with the membership
+/// without it) and the next one adds it back (`RAFT.ADD`, the same storage), but it never
+/// receives the entries adding it back, while the other follower's log makes it a voter
+/// again. Then that leader loses its disk. The follower needs this member's vote, and the
+/// member, whose storage kept its state, grants it by the candidate's membership: a
+/// leader is elected, re-admits the wiped member, and holds every acknowledged hold.
+#[test]
+fn raft_a_member_added_back_and_behind_votes() {
+    let mut g = Group::start(false);
+    let x = g.leader(None, Duration::from_secs(15));
+    create_sale(g.port(x), SKU, TOTAL as u64);
+    let mut acked: Vec<String> = (0..10)
+        .map(|i| reserve(g.port(x), &g, SKU, &format!("u{i}"), "r1").expect("reserve"))
+        .collect();
+    g.converge(Duration::from_secs(15));
+    let r: String = redis::cmd("RAFT.REMOVE")
+        .arg(x)
+        .query(&mut conn(g.port(x)))
+        .expect("RAFT.REMOVE");
+    assert_eq!(r, "OK");
+    wait_voting(&g, x, "0", Duration::from_secs(10)).expect("the member taken out stops voting");
+    let l = g.leader(Some(x), Duration::from_secs(15));
+
+    // Added back through a gate that lets its Hello through and none of the log.
+    let gate = AppendGate::start(g.member(x).raft_port);
+    let r: String = redis::cmd("RAFT.ADD")
+        .arg(x)
+        .arg(format!("127.0.0.1:{}", g.port(x)))
+        .arg(format!("127.0.0.1:{}", gate.port))
+        .query(&mut conn(g.port(l)))
+        .expect("RAFT.ADD");
+    assert_eq!(r, "OK");
+    let row = members(g.port(l)).into_iter().find(|r| r.0 == x);
+    assert_eq!(
+        row.map(|r| r.1).as_deref(),
+        Some("voter"),
+        "RAFT.ADD made no voter"
+    );
+    for i in 10..15 {
+        acked.push(reserve(g.port(l), &g, SKU, &format!("u{i}"), "r1").expect("reserve"));
+    }
+    assert_eq!(
+        info_text(g.port(x), "raft_voting").as_deref(),
+        Some("0"),
+        "the member added back received the log through the gate"
+    );
+
+    // The leader loses its disk; the member added back may now take the log.
+    wipe_and_restart(&mut g, l);
+    gate.shut.store(false, Ordering::SeqCst);
+    let n = g.leader(Some(l), Duration::from_secs(15));
+    check_all_present(&g, n, &acked, SKU, TOTAL);
+    readmit(g.port(n), l);
+    wait_voting(&g, l, "1", Duration::from_secs(20)).expect("the wiped member votes again");
+    g.converge(Duration::from_secs(20));
+    assert!(g.exited().is_empty(), "{:?}", g.exited());
 }

@@ -16,7 +16,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::EntryPayload;
+use openraft::{EntryPayload, LogId};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -65,6 +65,11 @@ pub enum Rpc {
     /// append from the leader it last followed, but is told it still leads, does not
     /// stand (a member that does not know this request is taken as not leading).
     Leads,
+    /// The id of the last entry in this member's log, as a vote compares logs: a member
+    /// about to stand asks the voters in reach, and holds back while those that would
+    /// grant it their vote are no majority (a member that does not know this request is
+    /// taken as one that would).
+    LastLog,
 }
 
 /// A request with who sends it to whom (see the module's description).
@@ -126,6 +131,8 @@ pub enum RpcReply {
     Progress(Option<u64>),
     /// The term this member leads in (`None`: it does not lead).
     Leads(Option<u64>),
+    /// The id of the last entry in this member's log (`None`: an empty log).
+    LastLog(Option<LogId<NodeId>>),
 }
 
 pub(super) async fn write_frame<S: AsyncWrite + Unpin + ?Sized>(

@@ -293,6 +293,17 @@ pub async fn ask_progress(peer: &mut Peer, ttl: Duration) -> io::Result<Option<u
     }
 }
 
+/// The id of the last entry in `target`'s log (see [`Rpc::LastLog`]).
+pub async fn ask_last_log(
+    peer: &mut Peer,
+    ttl: Duration,
+) -> io::Result<Option<openraft::LogId<NodeId>>> {
+    match peer.call(Rpc::LastLog, ttl, false).await? {
+        RpcReply::LastLog(last) => Ok(last),
+        _ => Err(io::Error::other("mismatched reply")),
+    }
+}
+
 /// The term `target` leads in, if it leads (see [`Rpc::Leads`]).
 pub async fn ask_leads(peer: &mut Peer, ttl: Duration) -> io::Result<Option<u64>> {
     match peer.call(Rpc::Leads, ttl, false).await? {

@@ -752,7 +752,8 @@ impl RaftNode {
     /// before it may stand, so that it hears and follows the leader instead of deposing
     /// it with a higher term (openraft 0.9 has no pre-vote). A member that loses its
     /// leader while the others answer stands at once; one whose leader still answers
-    /// does not ([`RaftNode::leader_answers`]).
+    /// does not ([`RaftNode::leader_answers`]), nor one that could not win for its
+    /// shorter log ([`RaftNode::could_win`]).
     async fn reach_loop(self: Arc<Self>) {
         let every = Duration::from_millis(self.cfg.heartbeat_ms);
         let ttl = Duration::from_millis(self.cfg.election_min_ms);
@@ -780,8 +781,10 @@ impl RaftNode {
             } else if reached_since.is_none() {
                 reached_since = Some(Instant::now());
             }
-            let may = reached_since.is_some_and(|t| t.elapsed() >= hold)
+            let due = reached_since.is_some_and(|t| t.elapsed() >= hold)
                 && !self.leader_answers(&answered, &mut peers, ttl).await;
+            let behind = due && !self.could_win(&answered, &mut peers).await;
+            let may = due && !behind;
             if may && !self.no_votes.load(Ordering::Acquire) {
                 self.stand_if_leader_gone(&answered, &mut peers, &mut prompt)
                     .await;
@@ -796,6 +799,10 @@ impl RaftNode {
                 } else if !in_reach {
                     tracing::warn!(
                         "raft: {reached} of {voters} voters in reach: not standing for election"
+                    );
+                } else if behind {
+                    tracing::info!(
+                        "raft: the voters in reach with no longer a log than this member's are no majority: not standing for election"
                     );
                 }
             }
@@ -829,6 +836,37 @@ impl RaftNode {
         };
         let term = self.metrics.borrow().current_term;
         matches!(network::ask_leads(peer, ttl).await, Ok(Some(t)) if t >= term)
+    }
+
+    /// Whether the voters in reach that would grant this member their vote make a
+    /// majority: those whose log is no longer than its own, as openraft's vote compares
+    /// them (the last entry's id; asked with [`network::ask_last_log`]; one that does not
+    /// say counts as one that would). A member that cannot win only raises the term
+    /// when it stands, and the member that could win is then refused by its vote for
+    /// itself in that term and waits out another election timeout: a member restarted
+    /// on an older snapshot, standing again and again, delays the election past the
+    /// group's bound (openraft 0.9 has no pre-vote; this is its log check, made by the
+    /// member itself). The member with the longest log among the voters in reach is
+    /// never held by this, so a majority in reach still elects one.
+    async fn could_win(
+        &self,
+        answered: &BTreeSet<NodeId>,
+        peers: &mut HashMap<NodeId, network::Peer>,
+    ) -> bool {
+        let ttl = Duration::from_millis(self.cfg.heartbeat_ms);
+        let mine = self.raft.data_metrics().borrow().last_log;
+        let mut grant = 0usize;
+        for &id in answered {
+            let theirs = match peers.get_mut(&id).filter(|_| id != self.id) {
+                Some(p) => network::ask_last_log(p, ttl).await.ok(),
+                None => None,
+            };
+            // This member itself, and a voter that did not say, count as granting.
+            if theirs.is_none_or(|l| l <= mine) {
+                grant += 1;
+            }
+        }
+        grant * 2 > self.voters().len()
     }
 
     /// A leader that no majority answered for the longest election timeout (its appends

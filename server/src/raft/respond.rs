@@ -126,6 +126,7 @@ impl Responder {
             Rpc::Vote(r) => RpcReply::Vote(raft.vote(r).await),
             Rpc::Snapshot(r) => RpcReply::Snapshot(raft.install_snapshot(r).await),
             Rpc::Progress => RpcReply::Progress(raft.metrics().borrow().last_log_index),
+            Rpc::LastLog => RpcReply::LastLog(raft.data_metrics().borrow().last_log),
             Rpc::Leads => {
                 // A leader whose writes are closed (no majority answered it, handing
                 // over, catching up) serves nobody: its followers may stand.
@@ -211,7 +212,7 @@ fn admit(
 ) -> Result<(), String> {
     let voting = matches!(env.rpc, Rpc::Vote(_) | Rpc::Elect);
     match &env.rpc {
-        Rpc::Hello | Rpc::Init { .. } | Rpc::Progress | Rpc::Leads => return Ok(()),
+        Rpc::Hello | Rpc::Init { .. } | Rpc::Progress | Rpc::Leads | Rpc::LastLog => return Ok(()),
         Rpc::Append(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
         Rpc::Vote(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
         Rpc::Snapshot(r) => same_sender(env.from, r.vote.leader_id().voted_for())?,
@@ -256,7 +257,15 @@ fn admit(
         None if voting => return Err(format!("node {} is not a member this node knows", env.from)),
         _ => {}
     }
-    if voting && !may_vote {
+    // A candidate asks only the voters of its own membership, each under the incarnation
+    // that membership names (`Peer::expect`, checked above against this storage): its
+    // request so says the group admitted this storage as a voter, in an entry its log
+    // holds and this member's may not hold yet. A storage that kept its state may grant
+    // it (docs/replication.md, "Who votes"); a wiped one is named under its old
+    // incarnation until `RAFT.READMIT` makes it a voter under its new one, and was
+    // refused above. Standing stays with this member's own log.
+    let admitted_by_candidate = matches!(env.rpc, Rpc::Vote(_));
+    if voting && !may_vote && !admitted_by_candidate {
         return Err(format!(
             "node {} is not admitted as a voter under its storage's incarnation and does not vote",
             ident.node
