@@ -143,14 +143,113 @@ impl Disk {
     }
 }
 
+/// The draw of one flipped bit (`Settings::bit_flips`), shared by both scenarios: which
+/// log, whether in its last record, and where (a start must put it right).
+#[derive(Clone, Copy, Debug)]
+pub struct Flip {
+    /// The Raft log, else a WAL segment.
+    pub raft_log: bool,
+    /// In the file's last whole record (the one a start may take for a torn write).
+    pub in_last: bool,
+    /// Where: the segment, the byte and the bit.
+    pub pick: u64,
+}
+
+impl Flip {
+    /// Six flips in ten land in the Raft log, half of them in the file's last record.
+    pub fn draw(rng: &mut StdRng) -> Flip {
+        let raft_log = rng.gen_bool(0.6);
+        let in_last = rng.gen_bool(0.5);
+        let pick = rng.gen::<u64>();
+        Flip {
+            raft_log,
+            in_last,
+            pick,
+        }
+    }
+}
+
+/// The draw of a record damaged beyond one bit (`Settings::damage`), shared by both
+/// scenarios: which log, and where (a start must refuse it).
+#[derive(Clone, Copy, Debug)]
+pub struct Damage {
+    /// The Raft log, else a WAL segment.
+    pub raft_log: bool,
+    /// Where: the segment, the record, the bytes and the bits.
+    pub pick: u64,
+}
+
+impl Damage {
+    /// Half in the Raft log, half in a WAL segment.
+    pub fn draw(rng: &mut StdRng) -> Damage {
+        let raft_log = rng.gen_bool(0.5);
+        let pick = rng.gen::<u64>();
+        Damage { raft_log, pick }
+    }
+}
+
+/// Where a flip landed, to see whether a start put it right: the file, its inode, the
+/// byte's offset and what it held before.
+#[derive(Clone, Debug)]
+pub struct Flipped {
+    /// What was flipped, in words.
+    pub what: String,
+    /// The file.
+    pub path: PathBuf,
+    /// The file's inode (a rewrite renames another file into place).
+    pub inode: u64,
+    /// The flipped byte's offset.
+    pub at: u64,
+    /// The byte before the flip.
+    pub was: u8,
+}
+
+impl Flipped {
+    /// After a start: `None` when the byte holds what it held before the flip (or the
+    /// file was replaced or removed since, which says nothing), else what is wrong.
+    pub fn left_wrong(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(&self.path).ok()?;
+        if meta.ino() != self.inode {
+            return None;
+        }
+        let bytes = std::fs::read(&self.path).ok()?;
+        match bytes.get(self.at as usize) {
+            None => Some(format!("the file was cut to {} bytes", bytes.len())),
+            Some(b) if *b != self.was => Some(format!(
+                "byte {} still reads {b:#04x}, not {:#04x}",
+                self.at, self.was
+            )),
+            Some(_) => None,
+        }
+    }
+}
+
 impl Disk {
     /// Flips one bit of the Raft log (`raft_log`) or of a WAL segment, on disk: in the
     /// last whole record (`in_last`; of the newest segment) or anywhere in the records
     /// (of a segment drawn by `pick`), at a place drawn by `pick`. Segment headers are
     /// left alone. Says what it flipped; `None` when the file holds no whole record.
     pub fn flip_bit(&self, raft_log: bool, in_last: bool, pick: u64) -> Option<String> {
+        self.flip(Flip {
+            raft_log,
+            in_last,
+            pick,
+        })
+        .map(|f| f.what)
+    }
+
+    /// [`Disk::flip_bit`] of a drawn flip, saying where it landed.
+    pub fn flip(&self, f: Flip) -> Option<Flipped> {
+        use std::os::unix::fs::MetadataExt;
+        let Flip {
+            raft_log,
+            in_last,
+            pick,
+        } = f;
         let (path, start, header) = self.log_file(raft_log, in_last, pick)?;
         let bytes = std::fs::read(&path).ok()?;
+        let inode = std::fs::metadata(&path).ok()?.ino();
         let (last, end) = whole_records(&bytes, start, header)?;
         let (from, span) = if in_last {
             (last, end - last)
@@ -162,9 +261,14 @@ impl Disk {
         overwrite(&path, at as u64, &[bytes[at] ^ (1 << bit)]).ok()?;
         let name = path.strip_prefix(&self.dir).unwrap_or(&path).display();
         let place = if in_last { "last record" } else { "records" };
-        Some(format!(
-            "bit {bit} of byte {at} of {name} flipped ({place} {from}..{end})"
-        ))
+        let what = format!("bit {bit} of byte {at} of {name} flipped ({place} {from}..{end})");
+        Some(Flipped {
+            what,
+            path: path.clone(),
+            inode,
+            at: at as u64,
+            was: bytes[at],
+        })
     }
 }
 

@@ -22,7 +22,7 @@
 //! scenario instead: three of the server's own `RaftNode`s over the in-memory transport
 //! (`stockgate_sim::run_nodes`; of the other flags only `--members` applies to it).
 
-use stockgate_sim::{run, run_nodes_of, Settings};
+use stockgate_sim::{run, run_nodes_with, Settings};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,6 +39,7 @@ fn main() {
     let commands = !args.iter().any(|a| a == "--no-commands");
     let snapshots = !args.iter().any(|a| a == "--no-snapshots");
     let feed = !args.iter().any(|a| a == "--no-feed");
+    let overlaps = !args.iter().any(|a| a == "--no-overlaps");
     let members = args
         .iter()
         .find_map(|a| a.strip_prefix("--members="))
@@ -50,7 +51,7 @@ fn main() {
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
              [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] \
-             [--members=N] [--raftnode]"
+             [--no-overlaps] [--members=N] [--raftnode]"
         );
         std::process::exit(2);
     };
@@ -75,13 +76,14 @@ fn main() {
         damage,
         commands,
         feed,
+        overlaps,
         members,
         ..Settings::default()
     };
     let mut failed = false;
     for seed in first..first.saturating_add(count) {
         let out = if raftnode {
-            run_nodes_of(seed, members as usize, verbose)
+            run_nodes_with(seed, &settings)
         } else {
             run(seed, &settings)
         };

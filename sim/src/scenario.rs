@@ -105,6 +105,11 @@ pub struct Settings {
     /// member opens its feed and its groups hold its snapshots back either way, as a
     /// server's do; without groups the hold is none).
     pub feed: bool,
+    /// The `RaftNode` scenario (`--raftnode`) only: faults that overlap (a storage error
+    /// or a crash while a link fault or a stop lasts, a voter out and back while another
+    /// fault lasts, a stopped member crashed: `nodes/overlap.rs`). Off, a seed draws what
+    /// it drew before, as with `net_faults`.
+    pub overlaps: bool,
 }
 
 impl Default for Settings {
@@ -124,6 +129,7 @@ impl Default for Settings {
             damage: true,
             commands: true,
             feed: true,
+            overlaps: true,
         }
     }
 }

@@ -67,7 +67,7 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         if !all_up(r).await {
             return false;
         }
-        let ok = match rng.gen_range(0..16) {
+        let ok = match rng.gen_range(0..16 + r.kinds.extra()) {
             0 | 1 => crash(r, rng, true).await,
             2 => crash(r, rng, false).await,
             3 | 4 => link(r, rng).await,
@@ -77,13 +77,43 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
             10 => super::membership::out_and_back(r, rng).await,
             11 | 12 => super::pause::stop(r, rng).await,
             13 | 14 => super::storage_faults::fail_disk(r, rng).await,
-            _ => super::amnesia::lose_disk(r, rng).await,
+            15 => super::amnesia::lose_disk(r, rng).await,
+            k => newer(r, rng, k - 16).await,
         };
         if !ok {
             return false;
         }
     }
     true
+}
+
+/// The `k`th of the kinds drawn only when on (`Kinds`), in order: a flipped bit, a
+/// damaged record, and the three overlapping faults.
+async fn newer(r: &Arc<Run>, rng: &mut StdRng, k: u32) -> bool {
+    let kinds = r.kinds;
+    let on = [
+        kinds.bit_flips,
+        kinds.damage,
+        kinds.overlaps,
+        kinds.overlaps,
+        kinds.overlaps,
+    ];
+    let Some(kind) = on
+        .iter()
+        .enumerate()
+        .filter(|(_, on)| **on)
+        .map(|(i, _)| i)
+        .nth(k as usize)
+    else {
+        return true;
+    };
+    match kind {
+        0 => super::disk_faults::flip(r, rng).await,
+        1 => super::disk_faults::damage(r, rng).await,
+        2 => super::overlap::down_during(r, rng).await,
+        3 => super::overlap::membership_during(r, rng).await,
+        _ => super::overlap::stopped_crash(r, rng).await,
+    }
 }
 
 /// Waits until every member runs; a failure if one is still down after [`UP_WITHIN`].
@@ -113,7 +143,7 @@ fn pick_two(r: &Run, rng: &mut StdRng) -> (NodeId, NodeId) {
 /// A member's process dies, with the power (`power`) or by a `kill -9`; the others
 /// agree on a leader meanwhile; it starts again after a drawn while, and all agree.
 async fn crash(r: &Arc<Run>, rng: &mut StdRng, power: bool) -> bool {
-    let Some((id, how)) = down(r, rng, power).await else {
+    let Some((id, how)) = down(r, rng, power, None).await else {
         return true;
     };
     let what = format!("n{id} down ({how})");
@@ -133,10 +163,18 @@ async fn crash(r: &Arc<Run>, rng: &mut StdRng, power: bool) -> bool {
         .is_some()
 }
 
-/// A member drawn dies, with the power or by a `kill -9`: which, and how. `None` when
-/// the member drawn is restarting already.
-async fn down(r: &Run, rng: &mut StdRng, power: bool) -> Option<(NodeId, &'static str)> {
-    let id = pick(r, rng);
+/// A member (`id`, or one drawn) dies, with the power or by a `kill -9`: which, and how.
+/// `None` when that member is restarting already.
+pub(super) async fn down(
+    r: &Run,
+    rng: &mut StdRng,
+    power: bool,
+    id: Option<NodeId>,
+) -> Option<(NodeId, &'static str)> {
+    let id = match id {
+        Some(id) => id,
+        None => pick(r, rng),
+    };
     let n = r.live.lock().remove(&id)?;
     let how = if power { "power loss" } else { "kill -9" };
     r.note(format!("n{id} crashes ({how})"));
@@ -158,7 +196,7 @@ async fn crash_too(r: &Run, rng: &mut StdRng) -> bool {
         return true;
     }
     let power = rng.gen_bool(0.5);
-    let Some((id, _)) = down(r, rng, power).await else {
+    let Some((id, _)) = down(r, rng, power, None).await else {
         return true;
     };
     sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
