@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::Rng;
 use stockgate_server::raft::NodeId;
-use stockgate_server::wal::segment::DiskHook;
+use stockgate_server::wal::segment::{parse_segment_name, parse_snapshot_name, DiskHook};
 
 use crate::history::History;
 
@@ -202,6 +202,9 @@ pub struct Flipped {
     pub at: u64,
     /// The byte before the flip.
     pub was: u8,
+    /// A start reads the file: the Raft log, or a WAL segment a snapshot does not
+    /// wholly cover (a covered one is not read, so nothing puts the flip right).
+    pub read: bool,
 }
 
 impl Flipped {
@@ -209,6 +212,9 @@ impl Flipped {
     /// file was replaced or removed since, which says nothing), else what is wrong.
     pub fn left_wrong(&self) -> Option<String> {
         use std::os::unix::fs::MetadataExt;
+        if !self.read {
+            return None;
+        }
         let meta = std::fs::metadata(&self.path).ok()?;
         if meta.ino() != self.inode {
             return None;
@@ -262,13 +268,41 @@ impl Disk {
         let name = path.strip_prefix(&self.dir).unwrap_or(&path).display();
         let place = if in_last { "last record" } else { "records" };
         let what = format!("bit {bit} of byte {at} of {name} flipped ({place} {from}..{end})");
+        let read = raft_log || !self.covered(&path);
         Some(Flipped {
             what,
             path: path.clone(),
             inode,
             at: at as u64,
             was: bytes[at],
+            read,
         })
+    }
+
+    /// Whether the WAL's newest snapshot wholly covers segment `path`, as the WAL's
+    /// recovery sees it: a later segment starts at most one LSN past the snapshot.
+    fn covered(&self, path: &Path) -> bool {
+        let Ok(rd) = std::fs::read_dir(self.dir.join("wal")) else {
+            return false;
+        };
+        let names: Vec<String> = rd
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let snap = names.iter().filter_map(|n| parse_snapshot_name(n)).max();
+        let first = |p: &Path| {
+            p.file_name()
+                .and_then(|n| parse_segment_name(&n.to_string_lossy()))
+        };
+        let (Some(snap), Some(mine)) = (snap, first(path)) else {
+            return false;
+        };
+        let next = names
+            .iter()
+            .filter_map(|n| parse_segment_name(n))
+            .filter(|f| *f > mine)
+            .min();
+        next.is_some_and(|n| n <= snap + 1)
     }
 }
 

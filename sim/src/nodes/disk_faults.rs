@@ -36,6 +36,10 @@ pub(super) async fn flip(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     };
     let flipped = disk.flip(f);
     match &flipped {
+        Some(f) if !f.read => r.note(format!(
+            "n{id} disk: {} (a segment the snapshot covers: not read)",
+            f.what
+        )),
         Some(f) => r.note(format!("n{id} disk: {}", f.what)),
         None => r.note(format!("n{id} disk: no record to flip")),
     }
