@@ -331,6 +331,13 @@ impl Disk {
     /// start must refuse such a log; the last record is left alone, since damage there
     /// is a torn write to a start. `None` when the file has no record before its last.
     pub fn damage(&self, raft_log: bool, pick: u64) -> Option<String> {
+        self.damage_record(Damage { raft_log, pick })
+            .map(|d| d.what)
+    }
+
+    /// [`Disk::damage`] of a drawn damage, saying where it landed.
+    pub fn damage_record(&self, d: Damage) -> Option<Damaged> {
+        let Damage { raft_log, pick } = d;
         let (path, start, header) = self.log_file(raft_log, false, pick)?;
         let bytes = std::fs::read(&path).ok()?;
         let recs = record_spans(&bytes, start, header);
@@ -348,10 +355,26 @@ impl Disk {
         overwrite(&path, a as u64, &[bytes[a] ^ (1 << bit_a)]).ok()?;
         overwrite(&path, b as u64, &[bytes[b] ^ (1 << bit_b)]).ok()?;
         let name = path.strip_prefix(&self.dir).unwrap_or(&path).display();
-        Some(format!(
+        let what = format!(
             "bits {bit_a} of byte {a} and {bit_b} of byte {b} of {name} flipped (record {from}..{end})"
-        ))
+        );
+        Some(Damaged {
+            what,
+            file: name.to_string(),
+            from: from as u64,
+        })
     }
+}
+
+/// Where a damage landed: what a start that refuses it must name.
+#[derive(Clone, Debug)]
+pub struct Damaged {
+    /// What was damaged, in words.
+    pub what: String,
+    /// The file, within the data dir (`raft/log`, `wal/wal-….log`).
+    pub file: String,
+    /// Where the damaged record starts in it.
+    pub from: u64,
 }
 
 /// The Raft log's record header: length, checksum, kind.

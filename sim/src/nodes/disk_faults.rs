@@ -14,8 +14,10 @@
 //! the flip (unless the file was replaced or removed since: a snapshot's rewrite); all
 //! agree again and the member catches up. On a damaged record, a Raft log the start
 //! accepts is a failure (the damage was read past, and with it an entry or a vote may
-//! be lost); a WAL segment the start does not read (covered by a snapshot) is not. The
-//! end's checks find every acknowledged outcome on the member.
+//! be lost), and so is a refusal that does not name the damaged record (its file and
+//! where it starts: "naming file and offset"); a WAL segment the start does not read
+//! (covered by a snapshot) is not. The end's checks find every acknowledged outcome on
+//! the member.
 
 use std::sync::Arc;
 
@@ -25,7 +27,7 @@ use stockgate_server::raft::NodeId;
 use super::members::{pick, restart};
 use super::storage_faults::caught_up;
 use super::{amnesia, boot, checks, Run, HEAL_WITHIN};
-use crate::disk::{Damage, Disk, Flip};
+use crate::disk::{Damage, Damaged, Disk, Flip};
 
 /// A member drawn restarts on one flipped bit of one of its logs.
 pub(super) async fn flip(r: &Arc<Run>, rng: &mut StdRng) -> bool {
@@ -66,10 +68,11 @@ pub(super) async fn damage(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     let Some(disk) = killed(r, id, "to restart on a damaged record").await else {
         return true;
     };
-    let Some(what) = disk.damage(d.raft_log, d.pick) else {
+    let Some(damaged) = disk.damage_record(d) else {
         r.note(format!("n{id} disk: no record to damage"));
         return restart(r, id).await && back(r, id, "a kill").await;
     };
+    let what = &damaged.what;
     r.note(format!("n{id} disk: {what}"));
     match boot::start(&r.env, id, None).await {
         Ok(n) => {
@@ -84,9 +87,28 @@ pub(super) async fn damage(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         Err(e) => {
             let e = e.replace(&format!("{}/", r.env.root.display()), "");
             r.note(format!("n{id} refuses to start: {e}"));
+            if !names_the_damage(&e, &damaged) {
+                r.fail(format!(
+                    "n{id} refused a damaged log for another reason than the damage ({what}): {e}"
+                ));
+                return false;
+            }
             amnesia::rejoin(r, rng, id).await
         }
     }
+}
+
+/// Whether a refused start's error names the damaged record as docs/design.md
+/// ("Recovery") says it must: the file, and the offset where the record starts. A
+/// start that read past the damage and refused on a later check (the WAL holding
+/// records past a Raft log it cut) lost the record without saying so.
+fn names_the_damage(e: &str, d: &Damaged) -> bool {
+    let at = if d.file.starts_with("raft") {
+        format!("is corrupt at byte {}", d.from)
+    } else {
+        format!("at offset {}", d.from)
+    };
+    e.contains(&d.file) && e.contains(&at)
 }
 
 /// Kills member `id` (`kill -9`) for a disk fault: its disk, or `None` when it is down

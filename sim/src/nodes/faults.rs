@@ -36,6 +36,7 @@ use stockgate_server::session::{Replication, RoleView};
 use tokio::time::{sleep, Instant};
 
 use super::checks::{self, addr_of, named, takes_writes, views};
+use super::crash::down;
 use super::members::{pick, restart};
 use super::{Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
 
@@ -161,31 +162,6 @@ async fn crash(r: &Arc<Run>, rng: &mut StdRng, power: bool) -> bool {
     checks::agreement(r, &what, HEAL_WITHIN, None, None)
         .await
         .is_some()
-}
-
-/// A member (`id`, or one drawn) dies, with the power or by a `kill -9`: which, and how.
-/// `None` when that member is restarting already.
-pub(super) async fn down(
-    r: &Run,
-    rng: &mut StdRng,
-    power: bool,
-    id: Option<NodeId>,
-) -> Option<(NodeId, &'static str)> {
-    let id = match id {
-        Some(id) => id,
-        None => pick(r, rng),
-    };
-    let n = r.live.lock().remove(&id)?;
-    let how = if power { "power loss" } else { "kill -9" };
-    r.note(format!("n{id} crashes ({how})"));
-    n.kill().await;
-    if power {
-        let disk = r.env.disks.lock().get(&id).cloned();
-        if let Some(disk) = disk {
-            disk.power_cut(rng, None, &r.env.history);
-        }
-    }
-    Some((id, how))
 }
 
 /// One time in three, while another fault lasts: a member drawn dies (with the power

@@ -30,6 +30,7 @@ mod boot;
 mod checks;
 mod client;
 mod commands;
+mod crash;
 mod disk_faults;
 mod expiry;
 mod faults;

@@ -30,7 +30,7 @@ use stockgate_server::raft::NodeId;
 use tokio::time::{sleep, sleep_until, Instant};
 
 use super::checks;
-use super::faults::down;
+use super::crash::down;
 use super::members::{pick, restart, writer};
 use super::membership::{change, stays_out};
 use super::storage_faults::{caught_up, hit};
