@@ -2,9 +2,12 @@
 //! started again on an empty one, as docs/replication.md ("A member lost its disk") tells
 //! an operator to: its usual command line with `--rejoin-empty` (it never forms a group),
 //! new storage with a new incarnation (drawn from the seed), then `RAFT.READMIT <id>` on
-//! the leader (`Replication::raft_change`, as the command layer calls it, retried on
-//! whoever leads until it succeeds): out of the membership, back as a learner under the
-//! new storage, caught up, a voter again.
+//! the leader, as a command line on an admin connection (`cmd::dispatch`, its deferred
+//! reply awaited under the leader's gate; with `Kinds::readmit_command` off, through
+//! `Replication::raft_change`, as the command layer calls it), retried on whoever leads
+//! until it succeeds: out of the membership, back as a learner under the new storage,
+//! caught up, a voter again. A member whose start refused a damaged log comes back the
+//! same way ([`rejoin`], from `disk_faults`).
 //!
 //! One time in three, before the re-admission, the member taking writes is cut off for
 //! a while, so that the others stand for election and ask the member that lost its
