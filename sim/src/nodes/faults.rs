@@ -24,7 +24,9 @@
 //!
 //! And three kinds of their own files: a member stopped and continued (`pause`), a
 //! storage error on a member's Raft log or WAL (`storage_faults`), a member that lost
-//! its disk and is re-admitted (`amnesia`).
+//! its disk and is re-admitted (`amnesia`). Drawn only when on (`Kinds`), after those:
+//! a restart on a flipped bit or a damaged record (`disk_faults`) and three overlapping
+//! faults (`overlap`).
 
 use std::sync::Arc;
 use std::time::Duration;
