@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::Rng;
 use stockgate_server::raft::NodeId;
-use stockgate_server::wal::segment::DiskHook;
+use stockgate_server::wal::segment::{parse_segment_name, parse_snapshot_name, DiskHook};
 
 use crate::history::History;
 
@@ -143,14 +143,119 @@ impl Disk {
     }
 }
 
+/// The draw of one flipped bit (`Settings::bit_flips`), shared by both scenarios: which
+/// log, whether in its last record, and where (a start must put it right).
+#[derive(Clone, Copy, Debug)]
+pub struct Flip {
+    /// The Raft log, else a WAL segment.
+    pub raft_log: bool,
+    /// In the file's last whole record (the one a start may take for a torn write).
+    pub in_last: bool,
+    /// Where: the segment, the byte and the bit.
+    pub pick: u64,
+}
+
+impl Flip {
+    /// Six flips in ten land in the Raft log, half of them in the file's last record.
+    pub fn draw(rng: &mut StdRng) -> Flip {
+        let raft_log = rng.gen_bool(0.6);
+        let in_last = rng.gen_bool(0.5);
+        let pick = rng.gen::<u64>();
+        Flip {
+            raft_log,
+            in_last,
+            pick,
+        }
+    }
+}
+
+/// The draw of a record damaged beyond one bit (`Settings::damage`), shared by both
+/// scenarios: which log, and where (a start must refuse it).
+#[derive(Clone, Copy, Debug)]
+pub struct Damage {
+    /// The Raft log, else a WAL segment.
+    pub raft_log: bool,
+    /// Where: the segment, the record, the bytes and the bits.
+    pub pick: u64,
+}
+
+impl Damage {
+    /// Half in the Raft log, half in a WAL segment.
+    pub fn draw(rng: &mut StdRng) -> Damage {
+        let raft_log = rng.gen_bool(0.5);
+        let pick = rng.gen::<u64>();
+        Damage { raft_log, pick }
+    }
+}
+
+/// Where a flip landed, to see whether a start put it right: the file, its inode, the
+/// byte's offset and what it held before.
+#[derive(Clone, Debug)]
+pub struct Flipped {
+    /// What was flipped, in words.
+    pub what: String,
+    /// The file.
+    pub path: PathBuf,
+    /// The file's inode (a rewrite renames another file into place).
+    pub inode: u64,
+    /// The flipped byte's offset.
+    pub at: u64,
+    /// The byte before the flip.
+    pub was: u8,
+    /// A start reads the file: the Raft log, or a WAL segment a snapshot does not
+    /// wholly cover (a covered one is not read, so nothing puts the flip right).
+    pub read: bool,
+}
+
+impl Flipped {
+    /// After a start: `None` when the byte holds what it held before the flip (or the
+    /// file was replaced or removed since, which says nothing), else what is wrong.
+    pub fn left_wrong(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        if !self.read {
+            return None;
+        }
+        let meta = std::fs::metadata(&self.path).ok()?;
+        if meta.ino() != self.inode {
+            return None;
+        }
+        let bytes = std::fs::read(&self.path).ok()?;
+        match bytes.get(self.at as usize) {
+            None => Some(format!("the file was cut to {} bytes", bytes.len())),
+            Some(b) if *b != self.was => Some(format!(
+                "byte {} still reads {b:#04x}, not {:#04x}",
+                self.at, self.was
+            )),
+            Some(_) => None,
+        }
+    }
+}
+
 impl Disk {
     /// Flips one bit of the Raft log (`raft_log`) or of a WAL segment, on disk: in the
     /// last whole record (`in_last`; of the newest segment) or anywhere in the records
     /// (of a segment drawn by `pick`), at a place drawn by `pick`. Segment headers are
     /// left alone. Says what it flipped; `None` when the file holds no whole record.
     pub fn flip_bit(&self, raft_log: bool, in_last: bool, pick: u64) -> Option<String> {
+        self.flip(Flip {
+            raft_log,
+            in_last,
+            pick,
+        })
+        .map(|f| f.what)
+    }
+
+    /// [`Disk::flip_bit`] of a drawn flip, saying where it landed.
+    pub fn flip(&self, f: Flip) -> Option<Flipped> {
+        use std::os::unix::fs::MetadataExt;
+        let Flip {
+            raft_log,
+            in_last,
+            pick,
+        } = f;
         let (path, start, header) = self.log_file(raft_log, in_last, pick)?;
         let bytes = std::fs::read(&path).ok()?;
+        let inode = std::fs::metadata(&path).ok()?.ino();
         let (last, end) = whole_records(&bytes, start, header)?;
         let (from, span) = if in_last {
             (last, end - last)
@@ -162,9 +267,42 @@ impl Disk {
         overwrite(&path, at as u64, &[bytes[at] ^ (1 << bit)]).ok()?;
         let name = path.strip_prefix(&self.dir).unwrap_or(&path).display();
         let place = if in_last { "last record" } else { "records" };
-        Some(format!(
-            "bit {bit} of byte {at} of {name} flipped ({place} {from}..{end})"
-        ))
+        let what = format!("bit {bit} of byte {at} of {name} flipped ({place} {from}..{end})");
+        let read = raft_log || !self.covered(&path);
+        Some(Flipped {
+            what,
+            path: path.clone(),
+            inode,
+            at: at as u64,
+            was: bytes[at],
+            read,
+        })
+    }
+
+    /// Whether the WAL's newest snapshot wholly covers segment `path`, as the WAL's
+    /// recovery sees it: a later segment starts at most one LSN past the snapshot.
+    fn covered(&self, path: &Path) -> bool {
+        let Ok(rd) = std::fs::read_dir(self.dir.join("wal")) else {
+            return false;
+        };
+        let names: Vec<String> = rd
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let snap = names.iter().filter_map(|n| parse_snapshot_name(n)).max();
+        let first = |p: &Path| {
+            p.file_name()
+                .and_then(|n| parse_segment_name(&n.to_string_lossy()))
+        };
+        let (Some(snap), Some(mine)) = (snap, first(path)) else {
+            return false;
+        };
+        let next = names
+            .iter()
+            .filter_map(|n| parse_segment_name(n))
+            .filter(|f| *f > mine)
+            .min();
+        next.is_some_and(|n| n <= snap + 1)
     }
 }
 
@@ -193,6 +331,13 @@ impl Disk {
     /// start must refuse such a log; the last record is left alone, since damage there
     /// is a torn write to a start. `None` when the file has no record before its last.
     pub fn damage(&self, raft_log: bool, pick: u64) -> Option<String> {
+        self.damage_record(Damage { raft_log, pick })
+            .map(|d| d.what)
+    }
+
+    /// [`Disk::damage`] of a drawn damage, saying where it landed.
+    pub fn damage_record(&self, d: Damage) -> Option<Damaged> {
+        let Damage { raft_log, pick } = d;
         let (path, start, header) = self.log_file(raft_log, false, pick)?;
         let bytes = std::fs::read(&path).ok()?;
         let recs = record_spans(&bytes, start, header);
@@ -210,10 +355,26 @@ impl Disk {
         overwrite(&path, a as u64, &[bytes[a] ^ (1 << bit_a)]).ok()?;
         overwrite(&path, b as u64, &[bytes[b] ^ (1 << bit_b)]).ok()?;
         let name = path.strip_prefix(&self.dir).unwrap_or(&path).display();
-        Some(format!(
+        let what = format!(
             "bits {bit_a} of byte {a} and {bit_b} of byte {b} of {name} flipped (record {from}..{end})"
-        ))
+        );
+        Some(Damaged {
+            what,
+            file: name.to_string(),
+            from: from as u64,
+        })
     }
+}
+
+/// Where a damage landed: what a start that refuses it must name.
+#[derive(Clone, Debug)]
+pub struct Damaged {
+    /// What was damaged, in words.
+    pub what: String,
+    /// The file, within the data dir (`raft/log`, `wal/wal-….log`).
+    pub file: String,
+    /// Where the damaged record starts in it.
+    pub from: u64,
 }
 
 /// The Raft log's record header: length, checksum, kind.

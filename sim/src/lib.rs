@@ -66,7 +66,8 @@ pub fn run(seed: u64, settings: &Settings) -> Outcome {
 }
 
 /// Runs the scenario of the server's own `RaftNode`s for `seed` (the `nodes` module), as
-/// [`run`] runs the hand-built members'.
+/// [`run`] runs the hand-built members', with every fault kind of
+/// [`Settings::default`].
 pub fn run_nodes(seed: u64, verbose: bool) -> Outcome {
     run_nodes_of(seed, 3, verbose)
 }
@@ -74,8 +75,28 @@ pub fn run_nodes(seed: u64, verbose: bool) -> Outcome {
 /// [`run_nodes`] with a group of `members` members (3 or 5: the faults cut off or kill
 /// one member at a time).
 pub fn run_nodes_of(seed: u64, members: usize, verbose: bool) -> Outcome {
+    let settings = Settings {
+        members: members as u64,
+        verbose,
+        ..Settings::default()
+    };
+    run_nodes_with(seed, &settings)
+}
+
+/// [`run_nodes`] with the members, the verbosity and the fault kinds of `settings`
+/// (those the `RaftNode` scenario has: `bit_flips`, `damage`, `lagging_io`, `commands`,
+/// `overlaps`; off, a seed runs as it did before the kind existed there).
+pub fn run_nodes_with(seed: u64, settings: &Settings) -> Outcome {
+    let (members, verbose) = (settings.members as usize, settings.verbose);
+    let kinds = nodes::Kinds {
+        bit_flips: settings.bit_flips,
+        damage: settings.damage,
+        lagging_io: settings.lagging_io,
+        readmit_command: settings.commands,
+        overlaps: settings.overlaps,
+    };
     in_sim(seed, move |master, root| {
-        nodes::run(seed, master, root, (members, verbose))
+        nodes::run(seed, master, root, (members, verbose), kinds)
     })
 }
 

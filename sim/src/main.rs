@@ -1,6 +1,7 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
 //! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
-//! [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
+//! [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] [--no-overlaps]
+//! [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
 //! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
 //! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
 //! under `--fsync no` (a single node's setting, which a server never gives a member) to
@@ -18,11 +19,16 @@
 //! the engine instead of sending command lines through the command layer
 //! (`Settings::commands`); `--no-feed` the order feed's consumers and their checks
 //! (`Settings::feed`).
+//! `--no-overlaps` the `RaftNode` scenario's overlapping faults (`Settings::overlaps`).
 //! `--members=N` runs a group of N members (3 unless told). `--raftnode` runs the other
 //! scenario instead: three of the server's own `RaftNode`s over the in-memory transport
-//! (`stockgate_sim::run_nodes`; of the other flags only `--members` applies to it).
+//! (`stockgate_sim::run_nodes_with`; of the other flags `--members`, `--verbose`,
+//! `--no-bit-flips`, `--no-damage`, `--no-lagging-io`, `--no-commands` (`RAFT.READMIT`
+//! through `Replication::raft_change` rather than as a command line) and
+//! `--no-overlaps` apply to it; all five `--no-` flags give its histories from before
+//! those kinds).
 
-use stockgate_sim::{run, run_nodes_of, Settings};
+use stockgate_sim::{run, run_nodes_with, Settings};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,6 +45,7 @@ fn main() {
     let commands = !args.iter().any(|a| a == "--no-commands");
     let snapshots = !args.iter().any(|a| a == "--no-snapshots");
     let feed = !args.iter().any(|a| a == "--no-feed");
+    let overlaps = !args.iter().any(|a| a == "--no-overlaps");
     let members = args
         .iter()
         .find_map(|a| a.strip_prefix("--members="))
@@ -50,7 +57,7 @@ fn main() {
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
              [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] \
-             [--members=N] [--raftnode]"
+             [--no-overlaps] [--members=N] [--raftnode]"
         );
         std::process::exit(2);
     };
@@ -75,13 +82,14 @@ fn main() {
         damage,
         commands,
         feed,
+        overlaps,
         members,
         ..Settings::default()
     };
     let mut failed = false;
     for seed in first..first.saturating_add(count) {
         let out = if raftnode {
-            run_nodes_of(seed, members as usize, verbose)
+            run_nodes_with(seed, &settings)
         } else {
             run(seed, &settings)
         };

@@ -68,8 +68,9 @@ pub struct Settings {
     /// `net_faults`.
     pub expiry: bool,
     /// One more fault kind: a member restarts reading one flipped bit of its Raft log
-    /// or of a WAL segment (`scenario/bit_flip.rs`). Off, a seed draws what it drew
-    /// before it existed, as with `net_faults`.
+    /// or of a WAL segment (`scenario/bit_flip.rs`; in the `RaftNode` scenario
+    /// `nodes/disk_faults.rs`). Off, a seed draws what it drew before it existed, as
+    /// with `net_faults`.
     pub bit_flips: bool,
     /// What a process hands on lives its own life: the Raft log writes and syncs a
     /// change a drawn while after it is made, as its writer thread does in a server (so
@@ -77,7 +78,8 @@ pub struct Settings {
     /// first loses them: `DiskHook::lags`), and a request on the wire arrives even if its
     /// sender dies or gives up meanwhile (`Net::keep_sent_requests`). Off, every change
     /// is synced before it returns, a sender's death cancels what it had in flight, and
-    /// a seed runs as it did before.
+    /// a seed runs as it did before. In the `RaftNode` scenario: the Raft log's lag, and
+    /// the WAL's once-a-second sync (so a failed WAL `fsync` is drawn).
     pub lagging_io: bool,
     /// Raft snapshots: every member snapshots every few records (drawn by the seed), the
     /// log is purged behind them and a member that fell behind is sent one
@@ -90,13 +92,16 @@ pub struct Settings {
     pub retries: bool,
     /// One more fault kind: a record in the middle of a member's Raft log or of a WAL
     /// segment is damaged beyond one bit, so the member refuses to start, and the
-    /// operator wipes it and re-admits it (`scenario/damage.rs`). Off, a seed draws what
-    /// it drew before it existed, as with `net_faults`.
+    /// operator wipes it and re-admits it (`scenario/damage.rs`; in the `RaftNode`
+    /// scenario `nodes/disk_faults.rs`). Off, a seed draws what it drew before it
+    /// existed, as with `net_faults`.
     pub damage: bool,
     /// The clients' writes go through the command layer (`cmd::dispatch`) as command
     /// lines, and their replies are read as a client reads them
     /// (`scenario/commands.rs`). Off, the clients call the engine, and a seed runs as it
-    /// did before.
+    /// did before. In the `RaftNode` scenario (whose clients always send command lines)
+    /// it sends `RAFT.READMIT` as a command line too; off, through
+    /// `Replication::raft_change`.
     pub commands: bool,
     /// Consumers of the order feed (`scenario/feed.rs`): a reader on any member, a
     /// materializer holding its group `hold.m` at its position, a consumer group read
@@ -105,6 +110,11 @@ pub struct Settings {
     /// member opens its feed and its groups hold its snapshots back either way, as a
     /// server's do; without groups the hold is none).
     pub feed: bool,
+    /// The `RaftNode` scenario (`--raftnode`) only: faults that overlap (a storage error
+    /// or a crash while a link fault or a stop lasts, a voter out and back while another
+    /// fault lasts, a stopped member crashed: `nodes/overlap.rs`). Off, a seed draws what
+    /// it drew before, as with `net_faults`.
+    pub overlaps: bool,
 }
 
 impl Default for Settings {
@@ -124,6 +134,7 @@ impl Default for Settings {
             damage: true,
             commands: true,
             feed: true,
+            overlaps: true,
         }
     }
 }

@@ -2,9 +2,12 @@
 //! started again on an empty one, as docs/replication.md ("A member lost its disk") tells
 //! an operator to: its usual command line with `--rejoin-empty` (it never forms a group),
 //! new storage with a new incarnation (drawn from the seed), then `RAFT.READMIT <id>` on
-//! the leader (`Replication::raft_change`, as the command layer calls it, retried on
-//! whoever leads until it succeeds): out of the membership, back as a learner under the
-//! new storage, caught up, a voter again.
+//! the leader, as a command line on an admin connection (`cmd::dispatch`, its deferred
+//! reply awaited under the leader's gate; with `Kinds::readmit_command` off, through
+//! `Replication::raft_change`, as the command layer calls it), retried on whoever leads
+//! until it succeeds: out of the membership, back as a learner under the new storage,
+//! caught up, a voter again. A member whose start refused a damaged log comes back the
+//! same way ([`rejoin`], from `disk_faults`).
 //!
 //! One time in three, before the re-admission, the member taking writes is cut off for
 //! a while, so that the others stand for election and ask the member that lost its
@@ -23,6 +26,8 @@ use openraft::ServerState;
 use openraft::Vote;
 use rand::rngs::StdRng;
 use rand::Rng;
+use stockgate_server::cmd::Deferred;
+use stockgate_server::protocol::Reply;
 use stockgate_server::raft::runtime::under_gate;
 use stockgate_server::raft::{NodeId, RaftNode};
 use stockgate_server::session::{RaftChange, RaftChangeFuture, RaftError, Replication};
@@ -30,6 +35,7 @@ use tokio::time::{sleep, timeout, Instant};
 
 use super::checks;
 use super::members::{pick, writer};
+use super::membership::{dispatch_admin, words};
 use super::storage_faults::caught_up;
 use super::{boot, Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
 use crate::disk::Disk;
@@ -50,13 +56,25 @@ pub(super) async fn lose_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         return true;
     };
     n.kill().await;
+    wiped(r, rng, id, "loses its disk: killed, data dir wiped").await
+}
+
+/// Member `id`, down, has its data dir wiped by the operator (its start refused a
+/// damaged log) and comes back empty; the group re-admits it.
+pub(super) async fn rejoin(r: &Arc<Run>, rng: &mut StdRng, id: NodeId) -> bool {
+    wiped(r, rng, id, "data dir wiped by the operator").await
+}
+
+/// Member `id` (down) on an empty data dir, then started with `--rejoin-empty` and
+/// re-admitted; `how` says why in the history.
+async fn wiped(r: &Arc<Run>, rng: &mut StdRng, id: NodeId, how: &str) -> bool {
     let dir = r.env.dir(id);
     if let Err(e) = std::fs::remove_dir_all(&dir) {
         r.fail(format!("the harness cannot remove {}: {e}", dir.display()));
         return false;
     }
     r.env.disks.lock().insert(id, Disk::new(id, dir));
-    r.note(format!("n{id} loses its disk: killed, data dir wiped"));
+    r.note(format!("n{id} {how}"));
     let what = format!("n{id} down (disk lost)");
     if checks::agreement(r, &what, FAILOVER_WITHIN, None, None)
         .await
@@ -156,18 +174,8 @@ async fn readmit(r: &Arc<Run>, id: NodeId, incarnation: u64) -> bool {
         };
         tries += 1;
         let outcome = match change {
-            Err(e) => Err(format!("refused: {e}")),
-            Ok(f) => match timeout(
-                CHANGE_WITHIN,
-                watched(r, id, incarnation, under_gate(gate, f)),
-            )
-            .await
-            {
-                Ok(Ok(())) => Ok("done".to_owned()),
-                Ok(Err(RaftError::SameIncarnation { .. })) => Ok("done already".to_owned()),
-                Ok(Err(e)) => Err(format!("failed: {e}")),
-                Err(_) => Err(format!("not done within {CHANGE_WITHIN:?}")),
-            },
+            Sent::Change(change) => changed(r, (id, incarnation), gate, change).await,
+            Sent::Line(line) => answered(r, (id, incarnation), gate, line).await,
         };
         done = outcome.is_ok();
         let (Ok(how) | Err(how)) = outcome;
@@ -183,14 +191,83 @@ async fn readmit(r: &Arc<Run>, id: NodeId, incarnation: u64) -> bool {
     true
 }
 
+/// How `RAFT.READMIT` was sent: through `Replication::raft_change`, as the command
+/// layer calls it, or as a command line (`Kinds::readmit_command`).
+enum Sent {
+    Change(Change),
+    Line(Result<Reply, Deferred>),
+}
+
 /// `RAFT.READMIT id` on the member taking writes (not `id`): its id, its gate and the
 /// change, if one takes writes.
-fn readmit_on_writer(r: &Run, id: NodeId) -> Option<(NodeId, Arc<Gate>, Change)> {
+fn readmit_on_writer(r: &Run, id: NodeId) -> Option<(NodeId, Arc<Gate>, Sent)> {
     let l = writer(r).filter(|l| *l != id)?;
+    if r.kinds.readmit_command {
+        let gate = r.live.lock().get(&l)?.gate.clone();
+        let argv = [b"RAFT.READMIT".to_vec(), id.to_string().into_bytes()];
+        let line = dispatch_admin(r, l, &argv)?;
+        return Some((l, gate, Sent::Line(line)));
+    }
     let live = r.live.lock();
     let n = live.get(&l)?;
     let change = Replication::raft_change(&*n.node, RaftChange::Readmit(id));
-    Some((l, n.gate.clone(), change))
+    Some((l, n.gate.clone(), Sent::Change(change)))
+}
+
+/// What one `RAFT.READMIT` through `Replication::raft_change` came to, awaited under the
+/// leader's gate while member `id` is watched: `Ok` when done.
+async fn changed(
+    r: &Run,
+    (id, incarnation): (NodeId, u64),
+    gate: Arc<Gate>,
+    change: Change,
+) -> Result<String, String> {
+    let f = match change {
+        Err(e) => return Err(format!("refused: {e}")),
+        Ok(f) => f,
+    };
+    match timeout(
+        CHANGE_WITHIN,
+        watched(r, id, incarnation, under_gate(gate, f)),
+    )
+    .await
+    {
+        Ok(Ok(())) => Ok("done".to_owned()),
+        Ok(Err(RaftError::SameIncarnation { .. })) => Ok("done already".to_owned()),
+        Ok(Err(e)) => Err(format!("failed: {e}")),
+        Err(_) => Err(format!("not done within {CHANGE_WITHIN:?}")),
+    }
+}
+
+/// What one `RAFT.READMIT` command line came to: its reply (awaited, when deferred, as
+/// the leader's connection awaits it, while member `id` is watched); `Ok` on `+OK`, or
+/// on the refusal that says the member already runs on the storage the group admitted.
+async fn answered(
+    r: &Run,
+    (id, incarnation): (NodeId, u64),
+    gate: Arc<Gate>,
+    line: Result<Reply, Deferred>,
+) -> Result<String, String> {
+    let reply = match line {
+        Ok(reply) => reply,
+        Err(w) => match timeout(
+            CHANGE_WITHIN,
+            watched(r, id, incarnation, under_gate(gate, w)),
+        )
+        .await
+        {
+            Ok(reply) => reply,
+            Err(_) => return Err(format!("no reply within {CHANGE_WITHIN:?}")),
+        },
+    };
+    let text = words(&reply);
+    match reply {
+        Reply::Simple("OK") => Ok(text),
+        Reply::Error(e) if e.contains("still runs on the storage the group admitted") => {
+            Ok(format!("done already ({text})"))
+        }
+        _ => Err(text),
+    }
 }
 
 /// `f`, while checking every few milliseconds that member `id` casts no vote before it

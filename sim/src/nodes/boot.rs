@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
 use stockgate_server::engine::Engine;
 use stockgate_server::persist::WalDurability;
 use stockgate_server::raft::identity::Identity;
@@ -55,6 +58,9 @@ pub struct Env {
     pub snapshot_records: u64,
     /// Each member's task gate, across its processes (closed while it is stopped).
     pub gates: BTreeMap<NodeId, Arc<Gate>>,
+    /// The logs' writes live their own life, as a server's writer threads (`Kinds`): the
+    /// Raft log writes a while after each change, the WAL syncs once a second.
+    pub lagging_io: bool,
 }
 
 impl Env {
@@ -95,6 +101,8 @@ pub struct Node {
     wal: Arc<WalDurability>,
     /// The server's ticker (`expiry::ticker`), ended with the process.
     ticker: Option<tokio::task::JoinHandle<()>>,
+    /// The WAL's once-a-second sync (`Env::lagging_io`), ended with the process.
+    wal_sync: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The configuration a server gives member `id` from its flags.
@@ -179,7 +187,14 @@ async fn start_as(
         .entry(id)
         .or_insert_with(|| Disk::new(id, dir.clone()))
         .clone();
-    let hook = Hook::new(disk.clone(), deposed.clone(), env.history.clone(), None);
+    // Names this process (a server draws it at each start): the batches it writes are
+    // the ones its own engine holds already.
+    let origin = (id << 32) | (env.processes.fetch_add(1, Ordering::AcqRel) + 1);
+    // The lags are drawn from the process's origin: no draw from the run's generators.
+    let lag = env
+        .lagging_io
+        .then(|| StdRng::seed_from_u64(origin ^ LAG_SEED));
+    let hook = Hook::new(disk.clone(), deposed.clone(), env.history.clone(), lag);
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
     adopt_staged(env, id, &dir, &store)?;
@@ -191,9 +206,6 @@ async fn start_as(
     }
     // A new monotonic clock over the member's wall, as a new server process reads it.
     let clock = env.clocks.clock(id);
-    // Names this process (a server draws it at each start): the batches it writes are
-    // the ones its own engine holds already.
-    let origin = (id << 32) | (env.processes.fetch_add(1, Ordering::AcqRel) + 1);
     let boot = (origin, clock);
     let expires = env.clocks.expiry;
     let (engine, dur, spec, _report) =
@@ -229,6 +241,7 @@ async fn start_as(
     ));
     let _ = shared.repl.set(node.clone() as Arc<dyn Replication>);
     let ticker = expires.then(|| expiry::ticker(engine.clone(), shared.clone(), gate.clone()));
+    let wal_sync = env.lagging_io.then(|| wal_sync(wal.clone(), gate.clone()));
     // Recovery may have cut a torn tail: what is left is what a power loss keeps.
     disk.settle();
     Ok(Node {
@@ -244,7 +257,26 @@ async fn start_as(
         hook,
         wal,
         ticker,
+        wal_sync,
     })
+}
+
+/// Distinguishes the lags' generator from the process's other draws.
+const LAG_SEED: u64 = 0x6c61_6767_696e_6722;
+
+/// The WAL's sync once a second, as a member's WAL (`everysec`) has its writer thread
+/// do it: written inline, it would otherwise sync only as it rolls or closes a segment.
+/// A failed sync (an injected one closes the member's write gate: the hook) ends it.
+fn wal_sync(wal: Arc<WalDurability>, gate: Arc<Gate>) -> tokio::task::JoinHandle<()> {
+    // A stopped member's writer thread stops with it.
+    tokio::spawn(under_gate(gate, async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            if wal.wal.sync_blocking().is_err() {
+                return;
+            }
+        }
+    }))
 }
 
 /// What `node::prepare` does before the WAL is opened: a snapshot the Raft log names
@@ -279,7 +311,7 @@ impl Node {
     /// returns from `apply`, so its handles are never dropped).
     pub async fn exit(self) {
         self.hook.end();
-        if let Some(t) = &self.ticker {
+        for t in [&self.ticker, &self.wal_sync].into_iter().flatten() {
             t.abort();
         }
         self.node.stop().await;

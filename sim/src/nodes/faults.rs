@@ -24,7 +24,9 @@
 //!
 //! And three kinds of their own files: a member stopped and continued (`pause`), a
 //! storage error on a member's Raft log or WAL (`storage_faults`), a member that lost
-//! its disk and is re-admitted (`amnesia`).
+//! its disk and is re-admitted (`amnesia`). Drawn only when on (`Kinds`), after those:
+//! a restart on a flipped bit or a damaged record (`disk_faults`) and three overlapping
+//! faults (`overlap`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +38,7 @@ use stockgate_server::session::{Replication, RoleView};
 use tokio::time::{sleep, Instant};
 
 use super::checks::{self, addr_of, named, takes_writes, views};
+use super::crash::down;
 use super::members::{pick, restart};
 use super::{Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
 
@@ -67,7 +70,7 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         if !all_up(r).await {
             return false;
         }
-        let ok = match rng.gen_range(0..16) {
+        let ok = match rng.gen_range(0..16 + r.kinds.extra()) {
             0 | 1 => crash(r, rng, true).await,
             2 => crash(r, rng, false).await,
             3 | 4 => link(r, rng).await,
@@ -77,13 +80,43 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
             10 => super::membership::out_and_back(r, rng).await,
             11 | 12 => super::pause::stop(r, rng).await,
             13 | 14 => super::storage_faults::fail_disk(r, rng).await,
-            _ => super::amnesia::lose_disk(r, rng).await,
+            15 => super::amnesia::lose_disk(r, rng).await,
+            k => newer(r, rng, k - 16).await,
         };
         if !ok {
             return false;
         }
     }
     true
+}
+
+/// The `k`th of the kinds drawn only when on (`Kinds`), in order: a flipped bit, a
+/// damaged record, and the three overlapping faults.
+async fn newer(r: &Arc<Run>, rng: &mut StdRng, k: u32) -> bool {
+    let kinds = r.kinds;
+    let on = [
+        kinds.bit_flips,
+        kinds.damage,
+        kinds.overlaps,
+        kinds.overlaps,
+        kinds.overlaps,
+    ];
+    let Some(kind) = on
+        .iter()
+        .enumerate()
+        .filter(|(_, on)| **on)
+        .map(|(i, _)| i)
+        .nth(k as usize)
+    else {
+        return true;
+    };
+    match kind {
+        0 => super::disk_faults::flip(r, rng).await,
+        1 => super::disk_faults::damage(r, rng).await,
+        2 => super::overlap::down_during(r, rng).await,
+        3 => super::overlap::membership_during(r, rng).await,
+        _ => super::overlap::stopped_crash(r, rng).await,
+    }
 }
 
 /// Waits until every member runs; a failure if one is still down after [`UP_WITHIN`].
@@ -113,7 +146,7 @@ fn pick_two(r: &Run, rng: &mut StdRng) -> (NodeId, NodeId) {
 /// A member's process dies, with the power (`power`) or by a `kill -9`; the others
 /// agree on a leader meanwhile; it starts again after a drawn while, and all agree.
 async fn crash(r: &Arc<Run>, rng: &mut StdRng, power: bool) -> bool {
-    let Some((id, how)) = down(r, rng, power).await else {
+    let Some((id, how)) = down(r, rng, power, None).await else {
         return true;
     };
     let what = format!("n{id} down ({how})");
@@ -133,23 +166,6 @@ async fn crash(r: &Arc<Run>, rng: &mut StdRng, power: bool) -> bool {
         .is_some()
 }
 
-/// A member drawn dies, with the power or by a `kill -9`: which, and how. `None` when
-/// the member drawn is restarting already.
-async fn down(r: &Run, rng: &mut StdRng, power: bool) -> Option<(NodeId, &'static str)> {
-    let id = pick(r, rng);
-    let n = r.live.lock().remove(&id)?;
-    let how = if power { "power loss" } else { "kill -9" };
-    r.note(format!("n{id} crashes ({how})"));
-    n.kill().await;
-    if power {
-        let disk = r.env.disks.lock().get(&id).cloned();
-        if let Some(disk) = disk {
-            disk.power_cut(rng, None, &r.env.history);
-        }
-    }
-    Some((id, how))
-}
-
 /// One time in three, while another fault lasts: a member drawn dies (with the power
 /// half the time) and starts again after a drawn while. Nothing is checked meanwhile
 /// but the monitor's rules: with a link cut as well, no majority may be left.
@@ -158,7 +174,7 @@ async fn crash_too(r: &Run, rng: &mut StdRng) -> bool {
         return true;
     }
     let power = rng.gen_bool(0.5);
-    let Some((id, _)) = down(r, rng, power).await else {
+    let Some((id, _)) = down(r, rng, power, None).await else {
         return true;
     };
     sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;

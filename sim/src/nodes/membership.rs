@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use stockgate_server::cmd::{dispatch, Ctx};
+use stockgate_server::cmd::{dispatch, Ctx, Deferred};
 use stockgate_server::protocol::Reply;
 use stockgate_server::raft::{NodeId, RaftNode};
 use stockgate_server::session::{ConnState, MemberRole, Replication};
@@ -104,7 +104,7 @@ fn leader_process(r: &Run) -> Option<(NodeId, Arc<RaftNode>)> {
 
 /// Until `out` has passed since the removal was decided: the member taken out takes
 /// no writes (after [`STEP_DOWN_WITHIN`]).
-async fn stays_out(r: &Run, id: NodeId, decided: Instant, out: Duration) -> bool {
+pub(super) async fn stays_out(r: &Run, id: NodeId, decided: Instant, out: Duration) -> bool {
     while decided.elapsed() < out {
         let writes = r.live.lock().get(&id).is_some_and(takes_writes);
         if writes && decided.elapsed() >= STEP_DOWN_WITHIN {
@@ -122,7 +122,7 @@ async fn stays_out(r: &Run, id: NodeId, decided: Instant, out: Duration) -> bool
 
 /// Sends `argv` to the member taking writes until the voters it reports satisfy
 /// `done`: the attempts it took, or a failure after [`ATTEMPTS`].
-async fn change(
+pub(super) async fn change(
     r: &Run,
     what: &str,
     argv: &[Vec<u8>],
@@ -161,9 +161,30 @@ async fn wait_writer(r: &Run) -> Option<NodeId> {
 /// One command on an admin connection to `id`, its deferred reply awaited (at most
 /// [`CHANGE_WITHIN`]): the reply in words.
 async fn send(r: &Run, id: NodeId, argv: &[Vec<u8>]) -> String {
-    let (engine, shared) = match r.live.lock().get(&id) {
-        Some(n) => (n.engine.clone(), n.shared.clone()),
-        None => return format!("n{id} is down"),
+    let Some(out) = dispatch_admin(r, id, argv) else {
+        return format!("n{id} is down");
+    };
+    let reply = match out {
+        Err(w) => match timeout(CHANGE_WITHIN, w).await {
+            Ok(reply) => reply,
+            Err(_) => return format!("no reply within {CHANGE_WITHIN:?}"),
+        },
+        Ok(reply) => reply,
+    };
+    words(&reply)
+}
+
+/// One command line on an admin connection to `id` (`cmd::dispatch`): its reply, or
+/// (`Err`) the deferred reply a connection awaits; `None` when `id` is down.
+pub(super) fn dispatch_admin(
+    r: &Run,
+    id: NodeId,
+    argv: &[Vec<u8>],
+) -> Option<Result<Reply, Deferred>> {
+    let (engine, shared) = {
+        let live = r.live.lock();
+        let n = live.get(&id)?;
+        (n.engine.clone(), n.shared.clone())
     };
     let refs: Vec<&[u8]> = argv.iter().map(|w| w.as_slice()).collect();
     let mut conn = ConnState::new(1, Some(Role::Admin), "sim".into(), "sim".into());
@@ -173,17 +194,14 @@ async fn send(r: &Run, id: NodeId, argv: &[Vec<u8>]) -> String {
         shared: &shared,
     };
     let out = dispatch(&mut ctx, &refs);
-    let reply = match out.wait {
-        Some(w) => match timeout(CHANGE_WITHIN, w).await {
-            Ok(reply) => reply,
-            Err(_) => return format!("no reply within {CHANGE_WITHIN:?}"),
-        },
-        None => out.reply,
-    };
-    words(&reply)
+    Some(match out.wait {
+        Some(w) => Err(w),
+        None => Ok(out.reply),
+    })
 }
 
-fn words(reply: &Reply) -> String {
+/// A reply in words, as the history notes it.
+pub(super) fn words(reply: &Reply) -> String {
     match reply {
         Reply::Simple(s) => (*s).to_owned(),
         Reply::Error(e) => format!("-{e}"),

@@ -30,11 +30,15 @@ mod boot;
 mod checks;
 mod client;
 mod commands;
+mod crash;
+mod disk_faults;
 mod expiry;
 mod faults;
+mod kinds;
 mod ledger;
 mod members;
 mod membership;
+mod overlap;
 mod pause;
 mod reads;
 mod snapshots;
@@ -58,6 +62,7 @@ use crate::history::History;
 use crate::wire::Wire;
 use crate::Outcome;
 use boot::{Env, Node};
+pub(crate) use kinds::Kinds;
 
 /// openraft's timings, as the hand-built scenario's (ms): heartbeat, shortest and
 /// longest election timeout.
@@ -101,6 +106,8 @@ pub(crate) struct Run {
     killed: Mutex<BTreeSet<NodeId>>,
     /// When each member that was cut off was cut off.
     cut_at: Mutex<BTreeMap<NodeId, Instant>>,
+    /// The newer fault kinds this run draws.
+    kinds: Kinds,
 }
 
 impl Run {
@@ -125,6 +132,7 @@ pub(crate) async fn run(
     mut rng: StdRng,
     root: PathBuf,
     (members, verbose): (usize, bool),
+    kinds: Kinds,
 ) -> Outcome {
     let history = History::new(verbose);
     let max_delay = rng.gen_range(1..=30);
@@ -151,6 +159,7 @@ pub(crate) async fn run(
         disks: Mutex::new(BTreeMap::new()),
         snapshot_records: knobs.snapshot_records,
         gates,
+        lagging_io: kinds.lagging_io,
     };
     let r = Arc::new(Run {
         env,
@@ -161,6 +170,7 @@ pub(crate) async fn run(
         replies: client::Replies::default(),
         killed: Mutex::new(BTreeSet::new()),
         cut_at: Mutex::new(BTreeMap::new()),
+        kinds,
     });
     let done = Arc::new(AtomicBool::new(false));
     let monitor = tokio::spawn(checks::monitor(r.clone(), done.clone()));

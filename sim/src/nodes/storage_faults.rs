@@ -40,13 +40,16 @@ const ARMED_FOR: Duration = Duration::from_secs(2);
 /// the others go on, and it starts again on a healed disk and catches up.
 pub(super) async fn fail_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     let id = pick(r, rng);
-    // The inline WAL syncs only as it closes or rolls a segment (a server's
-    // once-a-second sync runs on its writer thread): a failed WAL fsync is not drawn.
+    // The WAL syncs once a second only with `Kinds::lagging_io` (a server's writer
+    // thread's timer; inline it syncs only as it closes or rolls a segment): a failed WAL
+    // fsync is drawn only then.
+    let kinds = if r.kinds.lagging_io { 4 } else { 3 };
     let (log, op) = [
         (Log::Raft, Op::Write),
         (Log::Raft, Op::Sync),
         (Log::Wal, Op::Write),
-    ][rng.gen_range(0..3)];
+        (Log::Wal, Op::Sync),
+    ][rng.gen_range(0..kinds)];
     let errno = if rng.gen_bool(0.5) { 28 } else { 5 };
     let a = Armed { log, op, errno };
     let Some(failed) = hit(r, id, a).await else {
@@ -82,7 +85,7 @@ pub(super) async fn fail_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 
 /// Arms `a` on member `id`'s disk and waits for it to hit: the file it failed, or
 /// `None` when it hit nothing within [`ARMED_FOR`] (then taken back).
-async fn hit(r: &Run, id: NodeId, a: Armed) -> Option<PathBuf> {
+pub(super) async fn hit(r: &Run, id: NodeId, a: Armed) -> Option<PathBuf> {
     let (hook, writer) = {
         let live = r.live.lock();
         let n = live.get(&id)?;

@@ -13,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::{Cluster, End};
+use crate::disk::Flip;
 
 /// Member `id` (drawn) restarts reading one flipped bit of one of its log files.
 pub(super) async fn bit_flip(c: &Arc<Cluster>, rng: &mut StdRng) {
@@ -20,14 +21,12 @@ pub(super) async fn bit_flip(c: &Arc<Cluster>, rng: &mut StdRng) {
     if c.env.net.is_paused(id) {
         return;
     }
-    let raft_log = rng.gen_bool(0.6);
-    let in_last = rng.gen_bool(0.5);
-    let pick = rng.gen::<u64>();
+    let flip = Flip::draw(rng);
     c.crash(id, "kill -9, to restart on a flipped bit", End::Kill)
         .await;
     let disk = c.disks.lock()[&id].clone();
-    match disk.flip_bit(raft_log, in_last, pick) {
-        Some(what) => c.env.history.note(format!("n{id} disk: {what}")),
+    match disk.flip(flip) {
+        Some(f) => c.env.history.note(format!("n{id} disk: {}", f.what)),
         None => c.env.history.note(format!("n{id} disk: no record to flip")),
     }
     c.start(id).await;

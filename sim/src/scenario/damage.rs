@@ -15,13 +15,13 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use super::{wipe, Cluster, End};
+use crate::disk::Damage;
 
 /// Member `id` (drawn) restarts on a damaged record; if it refuses, it is wiped and
 /// re-admitted. A Raft log it starts on anyway is a failure: the damage was read past.
 pub(super) async fn damage(c: &Arc<Cluster>, rng: &mut StdRng) {
     let id = rng.gen_range(1..=c.ids.len() as u64);
-    let raft_log = rng.gen_bool(0.5);
-    let pick = rng.gen::<u64>();
+    let Damage { raft_log, pick } = Damage::draw(rng);
     if c.env.net.is_paused(id) || !c.may_lose_a_disk() || !c.live.lock().contains_key(&id) {
         return;
     }

@@ -1,0 +1,32 @@
+//! Which of the fault kinds added to the scenario after its first seeds were kept a run
+//! draws (from `Settings`: `bit_flips`, `damage`, `lagging_io`, `commands`, `overlaps`).
+//! Each one off, a seed draws and does what it did before the kind existed here.
+
+/// The newer kinds a run has.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Kinds {
+    /// A member restarts on one flipped bit of its Raft log or a WAL segment
+    /// (`disk_faults::flip`).
+    pub bit_flips: bool,
+    /// A member restarts on a record damaged beyond one bit; refused, it is wiped and
+    /// re-admitted (`disk_faults::damage`).
+    pub damage: bool,
+    /// The Raft log writes and syncs each change a drawn while after it (a server's
+    /// writer thread), and the WAL syncs once a second (its writer's timer), so a power
+    /// loss cuts either's unsynced tail and a WAL `fsync` may fail.
+    pub lagging_io: bool,
+    /// `RAFT.READMIT` is sent as a command line (`cmd::dispatch`), as an operator sends
+    /// it, rather than through `Replication::raft_change`.
+    pub readmit_command: bool,
+    /// Faults that overlap (`overlap`).
+    pub overlaps: bool,
+}
+
+impl Kinds {
+    /// How many of the drawn phase's kinds (of sixteen before these) a step draws from:
+    /// the kinds after the sixteen, in order, are a flipped bit, a damaged record and
+    /// the overlapping faults' three.
+    pub fn extra(&self) -> u32 {
+        u32::from(self.bit_flips) + u32::from(self.damage) + 3 * u32::from(self.overlaps)
+    }
+}
