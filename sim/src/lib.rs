@@ -14,6 +14,7 @@
 //! sessions, RESP) is not in the loop.
 
 pub mod disk;
+mod feed_rules;
 pub mod gate;
 pub mod history;
 pub mod member;
@@ -74,8 +75,20 @@ pub fn run_nodes(seed: u64, verbose: bool) -> Outcome {
 /// [`run_nodes`] with a group of `members` members (3 or 5: the faults cut off or kill
 /// one member at a time).
 pub fn run_nodes_of(seed: u64, members: usize, verbose: bool) -> Outcome {
+    let settings = Settings {
+        members: members as u64,
+        verbose,
+        ..Settings::default()
+    };
+    run_nodes_with(seed, &settings)
+}
+
+/// [`run_nodes`] with `settings`: of them, `members`, `verbose` and `feed` (the order
+/// feed's consumers) apply to this scenario.
+pub fn run_nodes_with(seed: u64, settings: &Settings) -> Outcome {
+    let settings = settings.clone();
     in_sim(seed, move |master, root| {
-        nodes::run(seed, master, root, (members, verbose))
+        nodes::run(seed, master, root, settings)
     })
 }
 

@@ -20,9 +20,10 @@
 //! (`Settings::feed`).
 //! `--members=N` runs a group of N members (3 unless told). `--raftnode` runs the other
 //! scenario instead: three of the server's own `RaftNode`s over the in-memory transport
-//! (`stockgate_sim::run_nodes`; of the other flags only `--members` applies to it).
+//! (`stockgate_sim::run_nodes`; of the other flags only `--members` and `--no-feed` apply
+//! to it).
 
-use stockgate_sim::{run, run_nodes_of, Settings};
+use stockgate_sim::{run, run_nodes_with, Settings};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -81,7 +82,7 @@ fn main() {
     let mut failed = false;
     for seed in first..first.saturating_add(count) {
         let out = if raftnode {
-            run_nodes_of(seed, members as usize, verbose)
+            run_nodes_with(seed, &settings)
         } else {
             run(seed, &settings)
         };

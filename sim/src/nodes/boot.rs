@@ -9,16 +9,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use stockgate_server::app::feed as app_feed;
 use stockgate_server::engine::Engine;
-use stockgate_server::persist::WalDurability;
+use stockgate_server::feed::Feed;
+use stockgate_server::persist::{RecoveryReport, WalDurability};
 use stockgate_server::raft::identity::Identity;
 use stockgate_server::raft::log_store::LogStore;
 use stockgate_server::raft::node::Prepared;
 use stockgate_server::raft::runtime::under_gate;
-use stockgate_server::raft::snapshot::{self, SnapshotHooks};
+use stockgate_server::raft::snapshot;
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::{NodeId, NodeInfo, RaftNode, RaftNodeConfig};
-use stockgate_server::session::{NoDurability, Replication, ServerConfig, Shared};
+use stockgate_server::session::{NoDurability, Replication, ServerConfig, Shared, SharedParts};
 use stockgate_server::wal::WalOptions;
 
 use super::expiry;
@@ -92,6 +94,8 @@ pub struct Node {
     pub gate: Arc<Gate>,
     /// Its view of its disk: storage errors are armed there.
     pub hook: Arc<Hook>,
+    /// Its order feed over its WAL, with its consumer groups (`app::feed::open_on`).
+    pub feed: Arc<Feed>,
     wal: Arc<WalDurability>,
     /// The server's ticker (`expiry::ticker`), ended with the process.
     ticker: Option<tokio::task::JoinHandle<()>>,
@@ -196,16 +200,14 @@ async fn start_as(
     let origin = (id << 32) | (env.processes.fetch_add(1, Ordering::AcqRel) + 1);
     let boot = (origin, clock);
     let expires = env.clocks.expiry;
-    let (engine, dur, spec, _report) =
+    let (engine, dur, spec, report) =
         member::recover(&dir, expires, boot, (WalOptions::default(), hook.clone()))?;
     let wal = dur.clone();
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
     let prepared = Prepared::new(store.clone(), ident, forming);
-    let hooks = SnapshotHooks {
-        hold: Box::new(|| None),
-        compact_slots: Box::new(|r| r),
-    };
+    let (feed, shared) = assemble(&engine, &dur, &spec, &report);
+    let hooks = app_feed::snapshot_hooks(&shared);
     let transport = Arc::new(MemTransport(env.wire.clone()));
     // Every task the member spawns, and every task those spawn, runs under its gate.
     let gate = env.gate(id);
@@ -222,11 +224,6 @@ async fn start_as(
         ),
     )
     .await?;
-    let shared = Arc::new(Shared::new(
-        ServerConfig::default(),
-        None,
-        Arc::new(NoDurability),
-    ));
     let _ = shared.repl.set(node.clone() as Arc<dyn Replication>);
     let ticker = expires.then(|| expiry::ticker(engine.clone(), shared.clone(), gate.clone()));
     // Recovery may have cut a torn tail: what is left is what a power loss keeps.
@@ -242,9 +239,34 @@ async fn start_as(
         store,
         gate,
         hook,
+        feed,
         wal,
         ticker,
     })
+}
+
+/// What the server assembles around a member before starting it: the feed opened on the
+/// recovered WAL before anything is applied (`app::feed::open_on`), and the `Shared` its
+/// connections use, built with the engine and the feed in place.
+fn assemble(
+    engine: &Arc<Engine>,
+    dur: &Arc<WalDurability>,
+    spec: &Arc<Speculation>,
+    report: &RecoveryReport,
+) -> (Arc<Feed>, Arc<Shared>) {
+    let feed = app_feed::open_on(dur, Some(spec), report);
+    let parts = SharedParts {
+        engine: Some(engine.clone()),
+        feed: Some(feed.clone()),
+        ..SharedParts::default()
+    };
+    let shared = Shared::with_parts(
+        ServerConfig::default(),
+        None,
+        Arc::new(NoDurability),
+        parts,
+    );
+    (feed, Arc::new(shared))
 }
 
 /// What `node::prepare` does before the WAL is opened: a snapshot the Raft log names
