@@ -65,6 +65,13 @@ impl Env {
         self.gates.get(&id).cloned().unwrap_or_default()
     }
 
+    /// Member `id`'s disk, the same across its processes.
+    pub fn disk(&self, id: NodeId) -> Arc<Disk> {
+        let mut disks = self.disks.lock();
+        let d = disks.entry(id);
+        d.or_insert_with(|| Disk::new(id, self.dir(id))).clone()
+    }
+
     /// Member `id`'s data dir.
     pub fn dir(&self, id: NodeId) -> PathBuf {
         self.root.join(format!("n{id}"))
@@ -177,12 +184,7 @@ async fn start_as(
     let dir = env.dir(id);
     let ident = identity(&dir, id, incarnation)?;
     let deposed = Arc::new(AtomicBool::new(false));
-    let disk = env
-        .disks
-        .lock()
-        .entry(id)
-        .or_insert_with(|| Disk::new(id, dir.clone()))
-        .clone();
+    let disk = env.disk(id);
     let hook = Hook::new(disk.clone(), deposed.clone(), env.history.clone(), None);
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
@@ -198,17 +200,17 @@ async fn start_as(
     // Names this process (a server draws it at each start): the batches it writes are
     // the ones its own engine holds already.
     let origin = (id << 32) | (env.processes.fetch_add(1, Ordering::AcqRel) + 1);
-    let boot = (origin, clock);
     let expires = env.clocks.expiry;
-    let (engine, dur, spec, report) =
-        member::recover(&dir, expires, boot, (WalOptions::default(), hook.clone()))?;
-    let wal = dur.clone();
+    let (engine, dur, spec, report) = member::recover(
+        &dir,
+        expires,
+        (origin, clock),
+        (WalOptions::default(), hook.clone()),
+    )?;
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
     let prepared = Prepared::new(store.clone(), ident, forming);
     let (feed, shared) = assemble(&engine, &dur, &spec, &report);
-    let hooks = app_feed::snapshot_hooks(&shared);
-    let transport = Arc::new(MemTransport(env.wire.clone()));
     // Every task the member spawns, and every task those spawn, runs under its gate.
     let gate = env.gate(id);
     let node = under_gate(
@@ -219,8 +221,8 @@ async fn start_as(
             engine.clone(),
             dur.clone(),
             spec.clone(),
-            hooks,
-            transport,
+            app_feed::snapshot_hooks(&shared),
+            Arc::new(MemTransport(env.wire.clone())),
         ),
     )
     .await?;
@@ -240,7 +242,7 @@ async fn start_as(
         gate,
         hook,
         feed,
-        wal,
+        wal: dur,
         ticker,
     })
 }
