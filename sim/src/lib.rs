@@ -78,7 +78,6 @@ pub fn run_nodes_of(seed: u64, members: usize, verbose: bool) -> Outcome {
     let settings = Settings {
         members: members as u64,
         verbose,
-        feed: false,
         ..Settings::default()
     };
     run_nodes_with(seed, &settings)
