@@ -262,12 +262,7 @@ fn assemble(
         feed: Some(feed.clone()),
         ..SharedParts::default()
     };
-    let shared = Shared::with_parts(
-        ServerConfig::default(),
-        None,
-        Arc::new(NoDurability),
-        parts,
-    );
+    let shared = Shared::with_parts(ServerConfig::default(), None, Arc::new(NoDurability), parts);
     (feed, Arc::new(shared))
 }
 

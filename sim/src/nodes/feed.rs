@@ -178,7 +178,9 @@ fn entries(items: &[Reply]) -> Vec<(Lsn, Option<String>)> {
         };
         let fp = match pair.get(1) {
             Some(Reply::Array(kv)) => {
-                let text = |r: &Reply| String::from_utf8_lossy(r.as_bulk().unwrap_or_default()).into_owned();
+                let text = |r: &Reply| {
+                    String::from_utf8_lossy(r.as_bulk().unwrap_or_default()).into_owned()
+                };
                 let fields: Vec<(String, String)> = kv
                     .chunks(2)
                     .map(|p| (text(&p[0]), p.get(1).map(text).unwrap_or_default()))
@@ -237,7 +239,9 @@ impl Consumers {
             return;
         }
         let ids: Vec<NodeId> = self.r.ids().into_iter().collect();
-        let id = ids[self.rng.gen_range(0..ids.len().max(1)).min(ids.len().saturating_sub(1))];
+        let Some(&id) = ids.get(self.rng.gen_range(0..ids.len().max(1))) else {
+            return;
+        };
         let Some(conn) = commands::connect(&self.r, id) else {
             return;
         };
@@ -247,9 +251,23 @@ impl Consumers {
         let (a, b) = (format!("{from}-0"), format!("{to}-0"));
         let after = format!("{}-0", self.cursor);
         let argv: Vec<&[u8]> = if range {
-            vec![b"XRANGE", STREAM, a.as_bytes(), b.as_bytes(), b"COUNT", count.as_bytes()]
+            vec![
+                b"XRANGE",
+                STREAM,
+                a.as_bytes(),
+                b.as_bytes(),
+                b"COUNT",
+                count.as_bytes(),
+            ]
         } else {
-            vec![b"XREAD", b"COUNT", count.as_bytes(), b"STREAMS", STREAM, after.as_bytes()]
+            vec![
+                b"XREAD",
+                b"COUNT",
+                count.as_bytes(),
+                b"STREAMS",
+                STREAM,
+                after.as_bytes(),
+            ]
         };
         let what = format!("{who}@n{id} {}", if range { "XRANGE" } else { "XREAD" });
         let Answer::Reply(reply) = commands::answer(&self.r, &conn, &argv, true).await else {
@@ -261,7 +279,8 @@ impl Consumers {
             Reply::Array(_) => {
                 let es = stream_entries(&reply);
                 if es.first().is_some_and(|e| e.0 <= self.cursor) {
-                    self.r.fail(format!("{what} after {after}: read {:?} again", es[0].0));
+                    self.r
+                        .fail(format!("{what} after {after}: read {:?} again", es[0].0));
                 }
                 self.saw(id, &es, &what);
                 if let Some(last) = es.last() {
@@ -271,7 +290,8 @@ impl Consumers {
             // Nothing holds the log for a plain reader: it reads on from where it starts.
             r if is_trimmed(r) => {
                 let first = conn_first(&self.r, id).unwrap_or(self.cursor);
-                self.r.note(format!("{what} after {after}: trimmed, on from {first}"));
+                self.r
+                    .note(format!("{what} after {after}: trimmed, on from {first}"));
                 self.log.lock().counts[count::TRIMMED] += 1;
                 self.cursor = self.cursor.max(first.saturating_sub(1));
             }
@@ -373,9 +393,19 @@ impl Consumers {
             self.position = self.group_position(who).await.unwrap_or(0);
             return;
         }
-        let (count, after) = (self.rng.gen_range(1..=200u32).to_string(), format!("{}-0", self.position));
+        let (count, after) = (
+            self.rng.gen_range(1..=200u32).to_string(),
+            format!("{}-0", self.position),
+        );
         let what = format!("{who} materializer XREAD after {after}");
-        let argv: [&[u8]; 6] = [b"XREAD", b"COUNT", count.as_bytes(), b"STREAMS", STREAM, after.as_bytes()];
+        let argv: [&[u8]; 6] = [
+            b"XREAD",
+            b"COUNT",
+            count.as_bytes(),
+            b"STREAMS",
+            STREAM,
+            after.as_bytes(),
+        ];
         let Some((reply, id)) = self.send(&what, &argv).await else {
             return;
         };
@@ -388,7 +418,8 @@ impl Consumers {
             return;
         };
         if es[0].0 <= self.position {
-            self.r.fail(format!("{what} on n{id}: read {} again", es[0].0));
+            self.r
+                .fail(format!("{what} on n{id}: read {} again", es[0].0));
         }
         self.position = last;
         let to = format!("{last}-0");
@@ -416,7 +447,9 @@ impl Consumers {
             return None;
         };
         let field = |g: &[(Reply, Reply)], name: &str| -> Option<Vec<u8>> {
-            let (_, v) = g.iter().find(|(k, _)| k.as_bulk() == Some(name.as_bytes()))?;
+            let (_, v) = g
+                .iter()
+                .find(|(k, _)| k.as_bulk() == Some(name.as_bytes()))?;
             v.as_bulk().map(|b| b.to_vec())
         };
         let at = groups.iter().find_map(|g| {
@@ -477,10 +510,20 @@ impl Consumers {
         let count = self.rng.gen_range(1..=200u32).to_string();
         let from: &[u8] = if again { b"0" } else { b">" };
         let argv: [&[u8]; 9] = [
-            b"XREADGROUP", b"GROUP", ORDERS.as_bytes(), WORKER, b"COUNT", count.as_bytes(),
-            b"STREAMS", STREAM, from,
+            b"XREADGROUP",
+            b"GROUP",
+            ORDERS.as_bytes(),
+            WORKER,
+            b"COUNT",
+            count.as_bytes(),
+            b"STREAMS",
+            STREAM,
+            from,
         ];
-        let what = format!("{who} XREADGROUP {ORDERS} {}", String::from_utf8_lossy(from));
+        let what = format!(
+            "{who} XREADGROUP {ORDERS} {}",
+            String::from_utf8_lossy(from)
+        );
         let Some((reply, id)) = self.send(&what, &argv).await else {
             return;
         };
@@ -497,10 +540,14 @@ impl Consumers {
         if again {
             for (lsn, fp) in &es {
                 if l.acked.contains(lsn) {
-                    bad.push(format!("{what}: entry {lsn}-0 pending again after its XACK was acknowledged"));
+                    bad.push(format!(
+                        "{what}: entry {lsn}-0 pending again after its XACK was acknowledged"
+                    ));
                 }
                 if fp.is_none() {
-                    bad.push(format!("{what}: consumer group {ORDERS} finds its pending entry {lsn}-0 trimmed"));
+                    bad.push(format!(
+                        "{what}: consumer group {ORDERS} finds its pending entry {lsn}-0 trimmed"
+                    ));
                 }
                 self.pending.entry(*lsn).or_insert(now);
             }

@@ -129,5 +129,8 @@ pub(super) async fn check_final(r: &Run, log: &Mutex<FeedLog>) {
     for b in bad {
         r.fail(b);
     }
-    r.note(format!("feed at quiescence: {n} entries read, as read on {} members", members.len()));
+    r.note(format!(
+        "feed at quiescence: {n} entries read, as read on {} members",
+        members.len()
+    ));
 }

@@ -122,12 +122,7 @@ impl Run {
 
 /// Runs the scenario of `seed` with `members` members (ids 1 to `members`) in `root`
 /// (the caller's runtime: current-thread, paused).
-pub(crate) async fn run(
-    seed: u64,
-    mut rng: StdRng,
-    root: PathBuf,
-    settings: Settings,
-) -> Outcome {
+pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, settings: Settings) -> Outcome {
     let (members, verbose) = (settings.members as usize, settings.verbose);
     let history = History::new(verbose);
     let max_delay = rng.gen_range(1..=30);

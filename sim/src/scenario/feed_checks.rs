@@ -102,10 +102,18 @@ pub(super) fn check_groups(c: &Cluster) {
 /// with the content read; the members' feeds agree where they overlap.
 pub(super) fn check_final(c: &Cluster) {
     check_groups(c);
-    let members: Vec<_> = c.live.lock().values().map(|m| (m.id, m.feed.clone())).collect();
+    let members: Vec<_> = c
+        .live
+        .lock()
+        .values()
+        .map(|m| (m.id, m.feed.clone()))
+        .collect();
     let (bad, n) = {
         let st = c.consumers.lock();
-        (feed_rules::final_failures(&st.seen, &members), st.seen.len())
+        (
+            feed_rules::final_failures(&st.seen, &members),
+            st.seen.len(),
+        )
     };
     for b in bad {
         c.fail(b);
