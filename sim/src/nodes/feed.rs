@@ -22,7 +22,7 @@
 //! command client does (`commands::discover`) and sends the command again to the member
 //! named, so it follows the leadership across failovers. The checks: `feed_checks.rs`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,51 +36,16 @@ use stockgate_server::raft::NodeId;
 use tokio::time::{sleep, Instant};
 
 use super::commands::{self, Answer};
-use super::feed_checks;
+use super::feed_checks::{self, count, FeedLog, HOLD, ORDERS};
 use super::{Run, REPLY_TTL};
-use crate::feed_rules::{fields_fingerprint, Seen};
+use crate::feed_rules::fields_fingerprint;
 
 /// The stream every consumer reads.
 const STREAM: &[u8] = b"stockgate:events";
-/// The materializer's group (a materializer's `hold.<consumer>`).
-pub(super) const HOLD: &str = "hold.m";
-/// The group consumer's group.
-pub(super) const ORDERS: &str = "orders";
 /// Its consumer.
 const WORKER: &[u8] = b"w1";
 /// Attempts of one group command before the consumer gives it up.
 const ATTEMPTS: u32 = 20;
-
-/// What the consumers were acknowledged, for the checks.
-#[derive(Default)]
-pub(super) struct FeedLog {
-    /// Every entry read.
-    pub seen: Seen,
-    /// Per group: its creation or a change of it was acknowledged (so it is in the
-    /// group's committed state, and holds every member's snapshots back from then on).
-    pub registered: BTreeSet<&'static str>,
-    /// The newest WAL end seen on any member: every entry up to it is committed.
-    pub newest: Lsn,
-    /// Entries whose `XACK` was acknowledged: never pending again.
-    pub acked: BTreeSet<Lsn>,
-    /// The last entry an acknowledged `XREADGROUP >` delivered: the next one delivers
-    /// only entries after it.
-    pub delivered: Lsn,
-    /// The materializer's last `XGROUP SETID` acknowledged.
-    pub hold_at: Lsn,
-    /// Counts for the history: reads, deliveries, XACKs, trimmed reads, lags.
-    pub counts: [u64; 6],
-}
-
-/// Indices of [`FeedLog::counts`].
-pub(super) mod count {
-    pub const READ: usize = 0;
-    pub const DELIVERED: usize = 1;
-    pub const ACKED: usize = 2;
-    pub const TRIMMED: usize = 3;
-    pub const LAGS: usize = 4;
-    pub const GIVEN_UP: usize = 5;
-}
 
 /// The consumers' own state.
 struct Consumers {

@@ -12,15 +12,52 @@
 //!   snapshot (the hold): after every consumer step and at quiescence, on every member
 //!   that applied the whole log; a group command answered "trimmed" is a failure.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use stockgate_server::engine::Lsn;
 use stockgate_server::feed::Stream;
 use tokio::time::{sleep, Instant};
 
-use super::feed::{FeedLog, HOLD, ORDERS};
 use super::Run;
-use crate::feed_rules;
+use crate::feed_rules::{self, Seen};
+
+/// The materializer's group (a materializer's `hold.<consumer>`).
+pub(super) const HOLD: &str = "hold.m";
+/// The group consumer's group.
+pub(super) const ORDERS: &str = "orders";
+
+/// What the consumers were acknowledged, for the checks.
+#[derive(Default)]
+pub(super) struct FeedLog {
+    /// Every entry read.
+    pub seen: Seen,
+    /// Per group: its creation or a change of it was acknowledged (so it is in the
+    /// group's committed state, and holds every member's snapshots back from then on).
+    pub registered: BTreeSet<&'static str>,
+    /// The newest WAL end seen on any member: every entry up to it is committed.
+    pub newest: Lsn,
+    /// Entries whose `XACK` was acknowledged: never pending again.
+    pub acked: BTreeSet<Lsn>,
+    /// The last entry an acknowledged `XREADGROUP >` delivered: the next one delivers
+    /// only entries after it.
+    pub delivered: Lsn,
+    /// The materializer's last `XGROUP SETID` acknowledged.
+    pub hold_at: Lsn,
+    /// Counts for the history: reads, deliveries, XACKs, trimmed reads, lags.
+    pub counts: [u64; 6],
+}
+
+/// Indices of [`FeedLog::counts`].
+pub(super) mod count {
+    pub const READ: usize = 0;
+    pub const DELIVERED: usize = 1;
+    pub const ACKED: usize = 2;
+    pub const TRIMMED: usize = 3;
+    pub const LAGS: usize = 4;
+    pub const GIVEN_UP: usize = 5;
+}
 
 /// At quiescence, the members' WALs reach the same end within this.
 const SAME_END_WITHIN: Duration = Duration::from_secs(10);
