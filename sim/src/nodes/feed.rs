@@ -95,12 +95,12 @@ pub(super) fn spawn(
     (tokio::spawn(run(c, stop)), log)
 }
 
-/// One action every 30 to 200 ms until `stop`, each followed by the check of the
+/// One action every 80 to 400 ms until `stop`, each followed by the check of the
 /// members' groups against their logs.
 async fn run(mut c: Consumers, stop: Arc<AtomicBool>) {
     let mut n = 0u64;
     while !stop.load(Ordering::Acquire) {
-        sleep(Duration::from_millis(c.rng.gen_range(30..200))).await;
+        sleep(Duration::from_millis(c.rng.gen_range(80..400))).await;
         n += 1;
         let who = format!("f{n}");
         match c.rng.gen_range(0..10) {
@@ -210,7 +210,7 @@ impl Consumers {
         let Some(conn) = commands::connect(&self.r, id) else {
             return;
         };
-        let count = self.rng.gen_range(1..=100u32).to_string();
+        let count = self.rng.gen_range(1..=50u32).to_string();
         let range = self.rng.gen_range(0..4) == 0;
         let (from, to) = (self.rng.gen_range(0..=self.cursor), self.cursor);
         let (a, b) = (format!("{from}-0"), format!("{to}-0"));
@@ -359,7 +359,7 @@ impl Consumers {
             return;
         }
         let (count, after) = (
-            self.rng.gen_range(1..=200u32).to_string(),
+            self.rng.gen_range(1..=50u32).to_string(),
             format!("{}-0", self.position),
         );
         let what = format!("{who} materializer XREAD after {after}");
@@ -472,7 +472,7 @@ impl Consumers {
     /// each after every entry an acknowledged one delivered), or with `0` when `again`
     /// (the worker's pending entries: none it acknowledged, none trimmed).
     async fn read_group(&mut self, again: bool, who: &str) {
-        let count = self.rng.gen_range(1..=200u32).to_string();
+        let count = self.rng.gen_range(1..=50u32).to_string();
         let from: &[u8] = if again { b"0" } else { b">" };
         let argv: [&[u8]; 9] = [
             b"XREADGROUP",
