@@ -14,6 +14,7 @@
 //! sessions, RESP) is not in the loop.
 
 pub mod disk;
+mod feed_rules;
 pub mod gate;
 pub mod history;
 pub mod member;
@@ -83,20 +84,14 @@ pub fn run_nodes_of(seed: u64, members: usize, verbose: bool) -> Outcome {
     run_nodes_with(seed, &settings)
 }
 
-/// [`run_nodes`] with the members, the verbosity and the fault kinds of `settings`
-/// (those the `RaftNode` scenario has: `bit_flips`, `damage`, `lagging_io`, `commands`,
-/// `overlaps`; off, a seed runs as it did before the kind existed there).
+/// [`run_nodes`] with `settings`: of them, `members`, `verbose`, `feed` (the order
+/// feed's consumers) and the fault kinds the `RaftNode` scenario has (`bit_flips`,
+/// `damage`, `lagging_io`, `commands`, `overlaps`; off, a seed runs as it did before the
+/// kind existed there) apply to this scenario.
 pub fn run_nodes_with(seed: u64, settings: &Settings) -> Outcome {
-    let (members, verbose) = (settings.members as usize, settings.verbose);
-    let kinds = nodes::Kinds {
-        bit_flips: settings.bit_flips,
-        damage: settings.damage,
-        lagging_io: settings.lagging_io,
-        readmit_command: settings.commands,
-        overlaps: settings.overlaps,
-    };
+    let settings = settings.clone();
     in_sim(seed, move |master, root| {
-        nodes::run(seed, master, root, (members, verbose), kinds)
+        nodes::run(seed, master, root, settings)
     })
 }
 

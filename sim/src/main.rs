@@ -23,10 +23,10 @@
 //! `--members=N` runs a group of N members (3 unless told). `--raftnode` runs the other
 //! scenario instead: three of the server's own `RaftNode`s over the in-memory transport
 //! (`stockgate_sim::run_nodes_with`; of the other flags `--members`, `--verbose`,
-//! `--no-bit-flips`, `--no-damage`, `--no-lagging-io`, `--no-commands` (`RAFT.READMIT`
-//! through `Replication::raft_change` rather than as a command line) and
-//! `--no-overlaps` apply to it; all five `--no-` flags give its histories from before
-//! those kinds).
+//! `--no-feed`, `--no-bit-flips`, `--no-damage`, `--no-lagging-io`, `--no-commands`
+//! (`RAFT.READMIT` through `Replication::raft_change` rather than as a command line) and
+//! `--no-overlaps` apply to it; the last five `--no-` flags give its histories from
+//! before those kinds).
 
 use stockgate_sim::{run, run_nodes_with, Settings};
 

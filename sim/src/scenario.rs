@@ -108,7 +108,8 @@ pub struct Settings {
     /// and acknowledged; the feed's rules checked (`scenario/feed_checks.rs`). Off, no
     /// consumer runs and a seed draws what it drew before, as with `net_faults` (every
     /// member opens its feed and its groups hold its snapshots back either way, as a
-    /// server's do; without groups the hold is none).
+    /// server's do; without groups the hold is none). The `RaftNode` scenario runs its
+    /// own consumers through the command layer under the same setting (`nodes/feed.rs`).
     pub feed: bool,
     /// The `RaftNode` scenario (`--raftnode`) only: faults that overlap (a storage error
     /// or a crash while a link fault or a stop lasts, a voter out and back while another

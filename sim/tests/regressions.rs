@@ -165,11 +165,13 @@ fn a_group_created_at_the_end_starts_after_the_records_in_flight() {
 }
 
 /// The `RaftNode` scenario without the kinds added to it after these seeds were kept
-/// (flipped bits, damaged records, lagging writes and the WAL's sync, overlapping faults,
-/// `RAFT.READMIT` on the command line), so that each runs the history it was kept for.
+/// (the order feed's consumers, flipped bits, damaged records, lagging writes and the
+/// WAL's sync, overlapping faults, `RAFT.READMIT` on the command line), so that each runs
+/// the history it was kept for.
 fn before_node_faults(members: usize) -> Settings {
     Settings {
         members: members as u64,
+        feed: false,
         bit_flips: false,
         damage: false,
         lagging_io: false,

@@ -1,6 +1,6 @@
 //! The order feed over the WAL, its consumer groups rebuilt from the log, and the hold
 //! they put on a Raft member's snapshots. Public so that the deterministic simulation
-//! (`sim/`) builds a member's feed and its snapshots' hold as a server does.
+//! (`sim/`) builds a member's feed and its snapshots' hooks as a server does.
 
 use std::sync::Arc;
 
@@ -8,7 +8,9 @@ use super::recover::Recovered;
 use crate::engine::Lsn;
 use crate::feed::{Feed, FeedLimits};
 use crate::persist::{RecoveryReport, WalDurability};
+use crate::raft::snapshot::SnapshotHooks;
 use crate::raft::speculation::Speculation;
+use crate::session::Shared;
 
 /// The order feed over the WAL `r` recovered (see [`open_on`]).
 pub(super) fn open(r: &Recovered) -> Arc<Feed> {
@@ -71,6 +73,22 @@ pub fn snapshot_hold(feed: Option<Arc<Feed>>) -> Box<dyn Fn() -> Option<Lsn> + S
         // The WAL of a member holds committed records only: all of it is in the log.
         f.groups.oldest_needed_in_log(f.last_lsn())
     })
+}
+
+/// What a Raft member's snapshots ask of the rest of the server: the consumer groups of
+/// `shared`'s feed hold them back (nothing they may still read is covered,
+/// [`snapshot_hold`]), and the slot map compacts its records.
+pub fn snapshot_hooks(shared: &Shared) -> SnapshotHooks {
+    let hold = snapshot_hold(shared.feed.get().cloned());
+    let cluster = shared.cluster.get().cloned();
+    let compact_slots = Box::new(move |recs| match &cluster {
+        Some(c) => c.compact_slot_records(recs),
+        None => recs,
+    });
+    SnapshotHooks {
+        hold,
+        compact_slots,
+    }
 }
 
 #[cfg(test)]

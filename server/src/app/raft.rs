@@ -9,7 +9,6 @@ use super::config::Config;
 use super::recover::Recovered;
 use super::tls::TlsPort;
 use crate::raft::node::{Prepared, RaftDurability};
-use crate::raft::snapshot::SnapshotHooks;
 use crate::raft::speculation::Speculation;
 use crate::raft::{self, RaftNode, RaftNodeConfig};
 use crate::session::{Durability, Shared};
@@ -83,6 +82,7 @@ fn member_config(c: &Config) -> Result<Option<RaftNodeConfig>, String> {
         data_dir: c.data_dir.clone(),
         snapshot_records: c.wal.snapshot_records.max(1),
         tls: None,
+        history_id: None,
     }))
 }
 
@@ -137,7 +137,7 @@ pub(super) async fn start(
         r.engine.clone(),
         r.durability.clone(),
         spec,
-        snapshot_hooks(shared),
+        super::feed::snapshot_hooks(shared),
         transport,
     )
     .await?;
@@ -155,19 +155,4 @@ pub(super) async fn start(
     }));
     let _ = shared.repl.set(node);
     Ok(())
-}
-
-/// What the member's snapshots ask of the rest of the server: consumer groups hold them
-/// back (nothing they may still read is covered), and the slot map compacts its records.
-fn snapshot_hooks(shared: &Shared) -> SnapshotHooks {
-    let hold = super::feed::snapshot_hold(shared.feed.get().cloned());
-    let cluster = shared.cluster.get().cloned();
-    let compact_slots = Box::new(move |recs| match &cluster {
-        Some(c) => c.compact_slot_records(recs),
-        None => recs,
-    });
-    SnapshotHooks {
-        hold,
-        compact_slots,
-    }
 }

@@ -80,6 +80,10 @@ pub struct RaftNodeConfig {
     pub snapshot_records: u64,
     /// `--tls-replication`: the Raft port and the calls to peers over TLS.
     pub tls: Option<Arc<crate::tls::Tls>>,
+    /// The id of the history this member begins if it leads before any member began one;
+    /// `None` draws a random one (a server). The simulation gives one from its seed, so
+    /// that a run's logs are the same bytes each time.
+    pub history_id: Option<String>,
 }
 
 /// What `prepare` found on disk.
@@ -710,7 +714,9 @@ impl RaftNode {
                 // Everything committed is applied: a history begun by an earlier leader
                 // is known here, so the group gets one id.
                 if self.engine.history().is_none() {
-                    self.engine.begin_history(&crate::engine::new_history_id());
+                    let id = self.cfg.history_id.clone();
+                    self.engine
+                        .begin_history(&id.unwrap_or_else(crate::engine::new_history_id));
                 }
             }
             self.follow_admission(&m);

@@ -11,17 +11,18 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-
+use stockgate_server::app::feed as app_feed;
 use stockgate_server::engine::Engine;
-use stockgate_server::persist::WalDurability;
+use stockgate_server::feed::Feed;
+use stockgate_server::persist::{RecoveryReport, WalDurability};
 use stockgate_server::raft::identity::Identity;
 use stockgate_server::raft::log_store::LogStore;
 use stockgate_server::raft::node::Prepared;
 use stockgate_server::raft::runtime::under_gate;
-use stockgate_server::raft::snapshot::{self, SnapshotHooks};
+use stockgate_server::raft::snapshot;
 use stockgate_server::raft::speculation::Speculation;
 use stockgate_server::raft::{NodeId, NodeInfo, RaftNode, RaftNodeConfig};
-use stockgate_server::session::{NoDurability, Replication, ServerConfig, Shared};
+use stockgate_server::session::{NoDurability, Replication, ServerConfig, Shared, SharedParts};
 use stockgate_server::wal::WalOptions;
 
 use super::expiry;
@@ -69,6 +70,13 @@ impl Env {
         self.gates.get(&id).cloned().unwrap_or_default()
     }
 
+    /// Member `id`'s disk, the same across its processes.
+    pub fn disk(&self, id: NodeId) -> Arc<Disk> {
+        let mut disks = self.disks.lock();
+        let d = disks.entry(id);
+        d.or_insert_with(|| Disk::new(id, self.dir(id))).clone()
+    }
+
     /// Member `id`'s data dir.
     pub fn dir(&self, id: NodeId) -> PathBuf {
         self.root.join(format!("n{id}"))
@@ -98,6 +106,8 @@ pub struct Node {
     pub gate: Arc<Gate>,
     /// Its view of its disk: storage errors are armed there.
     pub hook: Arc<Hook>,
+    /// Its order feed over its WAL, with its consumer groups (`app::feed::open_on`).
+    pub feed: Arc<Feed>,
     wal: Arc<WalDurability>,
     /// The server's ticker (`expiry::ticker`), ended with the process.
     ticker: Option<tokio::task::JoinHandle<()>>,
@@ -137,6 +147,9 @@ fn config(env: &Env, id: NodeId, dir: &Path, rejoin: bool) -> RaftNodeConfig {
         // purge their Raft log, and a member left behind gets the leader's snapshot.
         snapshot_records: env.snapshot_records,
         tls: None,
+        // From the seed, as everything a run writes: a random id would make a damaged
+        // record's checksum, which a refusal names, differ from run to run.
+        history_id: Some(format!("{:016x}{id:016x}", env.group)),
     }
 }
 
@@ -181,12 +194,7 @@ async fn start_as(
     let dir = env.dir(id);
     let ident = identity(&dir, id, incarnation)?;
     let deposed = Arc::new(AtomicBool::new(false));
-    let disk = env
-        .disks
-        .lock()
-        .entry(id)
-        .or_insert_with(|| Disk::new(id, dir.clone()))
-        .clone();
+    let disk = env.disk(id);
     // Names this process (a server draws it at each start): the batches it writes are
     // the ones its own engine holds already.
     let origin = (id << 32) | (env.processes.fetch_add(1, Ordering::AcqRel) + 1);
@@ -206,19 +214,17 @@ async fn start_as(
     }
     // A new monotonic clock over the member's wall, as a new server process reads it.
     let clock = env.clocks.clock(id);
-    let boot = (origin, clock);
     let expires = env.clocks.expiry;
-    let (engine, dur, spec, _report) =
-        member::recover(&dir, expires, boot, (WalOptions::default(), hook.clone()))?;
-    let wal = dur.clone();
+    let (engine, dur, spec, report) = member::recover(
+        &dir,
+        expires,
+        (origin, clock),
+        (WalOptions::default(), hook.clone()),
+    )?;
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
     let prepared = Prepared::new(store.clone(), ident, forming);
-    let hooks = SnapshotHooks {
-        hold: Box::new(|| None),
-        compact_slots: Box::new(|r| r),
-    };
-    let transport = Arc::new(MemTransport(env.wire.clone()));
+    let (feed, shared) = assemble(&engine, &dur, &spec, &report);
     // Every task the member spawns, and every task those spawn, runs under its gate.
     let gate = env.gate(id);
     let node = under_gate(
@@ -229,19 +235,14 @@ async fn start_as(
             engine.clone(),
             dur.clone(),
             spec.clone(),
-            hooks,
-            transport,
+            app_feed::snapshot_hooks(&shared),
+            Arc::new(MemTransport(env.wire.clone())),
         ),
     )
     .await?;
-    let shared = Arc::new(Shared::new(
-        ServerConfig::default(),
-        None,
-        Arc::new(NoDurability),
-    ));
     let _ = shared.repl.set(node.clone() as Arc<dyn Replication>);
     let ticker = expires.then(|| expiry::ticker(engine.clone(), shared.clone(), gate.clone()));
-    let wal_sync = env.lagging_io.then(|| wal_sync(wal.clone(), gate.clone()));
+    let wal_sync = env.lagging_io.then(|| wal_sync(dur.clone(), gate.clone()));
     // Recovery may have cut a torn tail: what is left is what a power loss keeps.
     disk.settle();
     Ok(Node {
@@ -255,7 +256,8 @@ async fn start_as(
         store,
         gate,
         hook,
-        wal,
+        feed,
+        wal: dur,
         ticker,
         wal_sync,
     })
@@ -277,6 +279,25 @@ fn wal_sync(wal: Arc<WalDurability>, gate: Arc<Gate>) -> tokio::task::JoinHandle
             }
         }
     }))
+}
+
+/// What the server assembles around a member before starting it: the feed opened on the
+/// recovered WAL before anything is applied (`app::feed::open_on`), and the `Shared` its
+/// connections use, built with the engine and the feed in place.
+fn assemble(
+    engine: &Arc<Engine>,
+    dur: &Arc<WalDurability>,
+    spec: &Arc<Speculation>,
+    report: &RecoveryReport,
+) -> (Arc<Feed>, Arc<Shared>) {
+    let feed = app_feed::open_on(dur, Some(spec), report);
+    let parts = SharedParts {
+        engine: Some(engine.clone()),
+        feed: Some(feed.clone()),
+        ..SharedParts::default()
+    };
+    let shared = Shared::with_parts(ServerConfig::default(), None, Arc::new(NoDurability), parts);
+    (feed, Arc::new(shared))
 }
 
 /// What `node::prepare` does before the WAL is opened: a snapshot the Raft log names

@@ -23,6 +23,17 @@ pub struct Kinds {
 }
 
 impl Kinds {
+    /// The kinds `settings` asks for.
+    pub fn of(settings: &crate::Settings) -> Kinds {
+        Kinds {
+            bit_flips: settings.bit_flips,
+            damage: settings.damage,
+            lagging_io: settings.lagging_io,
+            readmit_command: settings.commands,
+            overlaps: settings.overlaps,
+        }
+    }
+
     /// How many of the drawn phase's kinds (of sixteen before these) a step draws from:
     /// the kinds after the sixteen, in order, are a flipped bit, a damaged record and
     /// the overlapping faults' three.

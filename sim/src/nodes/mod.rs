@@ -34,6 +34,8 @@ mod crash;
 mod disk_faults;
 mod expiry;
 mod faults;
+mod feed;
+mod feed_checks;
 mod kinds;
 mod ledger;
 mod members;
@@ -60,7 +62,7 @@ use tokio::time::{sleep, Instant};
 use crate::gate::Gate;
 use crate::history::History;
 use crate::wire::Wire;
-use crate::Outcome;
+use crate::{Outcome, Settings};
 use boot::{Env, Node};
 pub(crate) use kinds::Kinds;
 
@@ -127,13 +129,9 @@ impl Run {
 
 /// Runs the scenario of `seed` with `members` members (ids 1 to `members`) in `root`
 /// (the caller's runtime: current-thread, paused).
-pub(crate) async fn run(
-    seed: u64,
-    mut rng: StdRng,
-    root: PathBuf,
-    (members, verbose): (usize, bool),
-    kinds: Kinds,
-) -> Outcome {
+pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, settings: Settings) -> Outcome {
+    let (members, verbose) = (settings.members as usize, settings.verbose);
+    let kinds = Kinds::of(&settings);
     let history = History::new(verbose);
     let max_delay = rng.gen_range(1..=30);
     history.note(format!(
@@ -175,7 +173,7 @@ pub(crate) async fn run(
     let done = Arc::new(AtomicBool::new(false));
     let monitor = tokio::spawn(checks::monitor(r.clone(), done.clone()));
     let supervisor = tokio::spawn(supervise(r.clone(), done.clone()));
-    phases(&r, &mut rng, &knobs).await;
+    phases(&r, &mut rng, (&knobs, &settings)).await;
     done.store(true, Ordering::Release);
     let _ = monitor.await;
     let _ = supervisor.await;
@@ -277,7 +275,7 @@ impl Knobs {
 }
 
 /// Starts every member, then the steps in order; a step that fails ends the run.
-async fn phases(r: &Arc<Run>, rng: &mut StdRng, knobs: &Knobs) {
+async fn phases(r: &Arc<Run>, rng: &mut StdRng, (knobs, settings): (&Knobs, &Settings)) {
     for id in r.env.ids.clone() {
         let incarnation = rng.gen::<u64>().max(1);
         match boot::start(&r.env, id, Some(incarnation)).await {
@@ -304,6 +302,10 @@ async fn phases(r: &Arc<Run>, rng: &mut StdRng, knobs: &Knobs) {
     let (cmds, stop_cmds, ledger) = commands::spawn(r, rng, (knobs.ttl_ms, knobs.fork()));
     let jumps = tokio::spawn(expiry::jumps(r.clone(), knobs.fork(), stop_cmds.clone()));
     let snaps = tokio::spawn(snapshots::watch(r.clone(), stop_cmds.clone()));
+    // Drawn last from the knobs, so the others' generators are the ones they were.
+    let feed = settings
+        .feed
+        .then(|| feed::spawn(r, knobs.fork(), stop_cmds.clone()));
     let fixed = faults(r, rng, leader).await;
     if fixed {
         sleep(Duration::from_millis(rng.gen_range(500..2_000))).await;
@@ -316,6 +318,13 @@ async fn phases(r: &Arc<Run>, rng: &mut StdRng, knobs: &Knobs) {
     let _ = cmds.await;
     let jumped = jumps.await.unwrap_or(0);
     let snapped = snaps.await.unwrap_or_default();
+    let feed_log = match feed {
+        Some((task, log)) => {
+            let _ = task.await;
+            Some(log)
+        }
+        None => None,
+    };
     r.note(format!("{jumped} clock jumps; {snapped}"));
     // The followers learn the last commits by the leader's next heartbeats.
     sleep(Duration::from_secs(1)).await;
@@ -324,6 +333,9 @@ async fn phases(r: &Arc<Run>, rng: &mut StdRng, knobs: &Knobs) {
         let released = ledger::released(&ledger.lock());
         expiry::check_counters(r, &released);
         snapshots::check_equal(r).await;
+        if let Some(log) = &feed_log {
+            feed_checks::check_final(r, log).await;
+        }
     }
     checks::acked_holds(r).await;
 }

@@ -13,63 +13,23 @@
 //!   group command that finds its position trimmed (`FeedError::Trimmed`) while the
 //!   group is registered is a FAIL.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use stockgate_server::engine::Lsn;
-use stockgate_server::feed::{Entry, Feed, FeedError, Stream};
+use stockgate_server::feed::{Entry, Feed, FeedError};
 use stockgate_server::raft::NodeId;
 
 use super::Cluster;
+pub(crate) use crate::feed_rules::Seen;
+use crate::feed_rules::{self, fingerprint};
 
 /// The materializer's hold group (a materializer's `hold.<consumer>`).
 pub(super) const HOLD: &str = "hold.m";
 /// The group the group consumer reads through.
 pub(super) const ORDERS: &str = "orders";
 
-/// Every entry read: its fields as shown, and the member it was first read on.
-#[derive(Default)]
-pub(crate) struct Seen {
-    by_id: BTreeMap<Lsn, (String, NodeId)>,
-    /// A group found trimmed on a member is reported once.
-    reported: BTreeSet<(NodeId, &'static str, Lsn)>,
-}
-
-/// An entry's content as the checks compare it.
-fn fingerprint(e: &Entry) -> String {
-    format!("{:?}", e.fields)
-}
-
-/// Where two fingerprints differ: a stretch of each from shortly before the first
-/// difference (the fields lead with the entry's type and token, alike in both).
-fn apart(a: &str, b: &str) -> (String, String) {
-    let at = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
-    let from = at.saturating_sub(40);
-    let cut = |s: &str| s.chars().skip(from).take(120).collect::<String>();
-    (format!("…{}", cut(a)), format!("…{}", cut(b)))
-}
-
 /// `entries`, read on member `on` by `what`: each must show what it showed before.
 pub(super) fn saw(c: &Cluster, on: NodeId, entries: &[Entry], what: &str) {
-    let mut bad = Vec::new();
-    {
-        let mut st = c.consumers.lock();
-        for e in entries {
-            let fp = fingerprint(e);
-            match st.seen.by_id.get(&e.lsn) {
-                None => {
-                    st.seen.by_id.insert(e.lsn, (fp, on));
-                }
-                Some((was, first)) if *was != fp => {
-                    let (now, then) = apart(&fp, was);
-                    bad.push(format!(
-                        "feed entry {} differs: {what} shows {now}, n{first} showed {then}",
-                        e.id()
-                    ))
-                }
-                Some(_) => {}
-            }
-        }
-    }
+    let read = entries.iter().map(|e| (e.lsn, fingerprint(e)));
+    let bad = c.consumers.lock().seen.saw(on, read, what);
     for b in bad {
         c.fail(b);
     }
@@ -122,26 +82,15 @@ pub(super) fn check_groups(c: &Cluster) {
         if m.dur.wal.last_lsn() != newest {
             continue;
         }
-        let (first, readable) = (m.feed.first_lsn(), m.feed.readable_lsn());
         for &name in &registered {
-            let Some(g) = m.feed.groups.get(&Stream::All, name) else {
-                continue;
-            };
-            let g = g.lock();
-            let next = g.next_unread();
-            let what = match g.pending.keys().next().copied().filter(|&p| p < first) {
-                Some(p) => (p, format!("pending entry {p}-0")),
-                None if next < first && g.last < readable => {
-                    (next, format!("next position {next}-0"))
-                }
-                None => continue,
-            };
-            found.push((m.id, name, what, first));
+            if let Some(what) = feed_rules::trimmed_position(&m.feed, name) {
+                found.push((m.id, name, what, m.feed.first_lsn()));
+            }
         }
     }
     drop(live);
     for (id, name, (at, what), first) in found {
-        if c.consumers.lock().seen.reported.insert((id, name, at)) {
+        if c.consumers.lock().seen.first_report(id, name, at) {
             c.fail(format!(
                 "n{id}: consumer group {name} finds its {what} trimmed (the log starts at {first})"
             ));
@@ -153,65 +102,21 @@ pub(super) fn check_groups(c: &Cluster) {
 /// with the content read; the members' feeds agree where they overlap.
 pub(super) fn check_final(c: &Cluster) {
     check_groups(c);
-    let seen: BTreeMap<Lsn, (String, NodeId)> = c.consumers.lock().seen.by_id.clone();
-    let mut bad = Vec::new();
-    let mut base: Option<(NodeId, BTreeMap<Lsn, String>)> = None;
-    for m in c.live.lock().values() {
-        let (first, readable) = (m.feed.first_lsn(), m.feed.readable_lsn());
-        let all = match m
-            .feed
-            .scan(&Stream::All, first, readable, usize::MAX, false)
-        {
-            Ok(s) => s.entries,
-            Err(e) => {
-                bad.push(format!(
-                    "n{}: the feed cannot be read at quiescence: {e}",
-                    m.id
-                ));
-                continue;
-            }
-        };
-        let mine: BTreeMap<Lsn, String> = all.iter().map(|e| (e.lsn, fingerprint(e))).collect();
-        let lost = seen
-            .range(first..)
-            .filter(|(l, (fp, _))| mine.get(l) != Some(fp))
-            .map(|(l, (fp, on))| (l, fp, on, mine.get(l)))
-            .collect::<Vec<_>>();
-        if let Some((l, fp, on, got)) = lost.first() {
-            bad.push(match got {
-                None => format!(
-                    "feed entry {l}-0 read on n{on} is lost on n{} ({} such; its log holds {first} to {readable})",
-                    m.id,
-                    lost.len()
-                ),
-                Some(g) => {
-                    let (then, now) = apart(fp, g);
-                    format!(
-                        "feed entry {l}-0 differs: n{on} showed {then}, n{} has {now} ({} such)",
-                        m.id,
-                        lost.len()
-                    )
-                }
-            });
-        }
-        match &base {
-            None => base = Some((m.id, mine)),
-            Some((b, theirs)) => {
-                let odd = mine
-                    .iter()
-                    .find(|(l, fp)| theirs.get(l).is_some_and(|t| t != *fp));
-                if let Some((l, _)) = odd {
-                    bad.push(format!(
-                        "feed entry {l}-0 differs between n{b} and n{}",
-                        m.id
-                    ));
-                }
-            }
-        }
-    }
+    let members: Vec<_> = c
+        .live
+        .lock()
+        .values()
+        .map(|m| (m.id, m.feed.clone()))
+        .collect();
+    let (bad, n) = {
+        let st = c.consumers.lock();
+        (
+            feed_rules::final_failures(&st.seen, &members),
+            st.seen.len(),
+        )
+    };
     for b in bad {
         c.fail(b);
     }
-    let n = seen.len();
     c.env.history.note(format!("feed: {n} entries read"));
 }
