@@ -945,7 +945,11 @@ impl FeedHarness {
             Ok(r) => r,
             Err(e) => panic!("the fuzz data dir does not recover: {e}"),
         };
-        let feed = Arc::new(Feed::new(dur.wal.clone(), FeedLimits::default()));
+        let feed = Arc::new(Feed::new(
+            dur.wal.clone(),
+            FeedLimits::default(),
+            engine.clock(),
+        ));
         feed.load_state_file(report.snapshot_lsn);
         feed.groups.recover(
             report

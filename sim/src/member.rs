@@ -175,7 +175,7 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
     // Opened before the state machine applies anything, as a server opens it
     // (`app::shared::build`) before the member starts.
-    let feed = app_feed::open_on(&dur, Some(&spec), &report);
+    let feed = app_feed::open_on(&dur, Some(&spec), &report, engine.clock());
     let (sm, snapshots) = state_machine(&engine, &dur, &spec, (&store, &dir), &feed)?;
     let lease = Arc::new(Lease::default());
     let factory = Factory {

@@ -299,6 +299,12 @@ impl Engine {
         self.clock.now_ms()
     }
 
+    /// The engine's clock, for the parts beside it that keep time the same way (the
+    /// feed's consumer groups: delivery and idle times).
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
     /// The reservation key's fingerprint, which the ledger binding compares.
     pub fn key_fingerprint(&self) -> &str {
         self.reservation_key.fingerprint()

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::recover::Recovered;
-use crate::engine::Lsn;
+use crate::engine::{Clock, Lsn};
 use crate::feed::{Feed, FeedLimits};
 use crate::persist::{RecoveryReport, WalDurability};
 use crate::raft::snapshot::SnapshotHooks;
@@ -14,7 +14,12 @@ use crate::session::Shared;
 
 /// The order feed over the WAL `r` recovered (see [`open_on`]).
 pub(super) fn open(r: &Recovered) -> Arc<Feed> {
-    open_on(&r.durability, r.speculation.as_ref(), &r.report)
+    open_on(
+        &r.durability,
+        r.speculation.as_ref(),
+        &r.report,
+        r.engine.clock(),
+    )
 }
 
 /// The order feed over `durability`'s WAL, its consumer groups rebuilt from the records
@@ -27,11 +32,13 @@ pub fn open_on(
     durability: &Arc<WalDurability>,
     speculation: Option<&Arc<Speculation>>,
     report: &RecoveryReport,
+    clock: Arc<dyn Clock>,
 ) -> Arc<Feed> {
     let wal = durability.wal.clone();
+    let limits = FeedLimits::default();
     let feed = Arc::new(match speculation {
-        Some(spec) => Feed::with_group_sink(wal, spec.clone(), FeedLimits::default()),
-        None => Feed::new(wal, FeedLimits::default()),
+        Some(spec) => Feed::with_group_sink(wal, spec.clone(), limits, clock),
+        None => Feed::new(wal, limits, clock),
     });
     let (state, state_bad) = feed.load_state_file(report.snapshot_lsn);
     let (applied, bad) = feed.groups.recover(
@@ -132,7 +139,8 @@ mod tests {
         let dur = Arc::new(WalDurability::new(wal.clone(), 0));
         let spec = Arc::new(Speculation::new(7, 0));
         spec.open(1, 0);
-        let feed = open_on(&dur, Some(&spec), &nothing_recovered());
+        let clock = Arc::new(crate::engine::ManualClock::new(1_000));
+        let feed = open_on(&dur, Some(&spec), &nothing_recovered(), clock);
         let hold = snapshot_hold(Some(feed.clone()));
         let g = |name: &str| (STREAM.to_owned(), name.to_owned());
         feed.groups.create(&Stream::All, "g".into(), 0).unwrap();

@@ -327,9 +327,10 @@ impl Drop for BlockSlot {
 }
 
 impl Feed {
-    /// A feed over `wal` whose consumer groups log straight to it.
-    pub fn new(wal: Arc<Wal>, limits: FeedLimits) -> Feed {
-        Feed::with_group_sink(wal.clone(), wal, limits)
+    /// A feed over `wal` whose consumer groups log straight to it and keep time by
+    /// `clock` (the engine's).
+    pub fn new(wal: Arc<Wal>, limits: FeedLimits, clock: Arc<dyn crate::engine::Clock>) -> Feed {
+        Feed::with_group_sink(wal.clone(), wal, limits, clock)
     }
 
     /// A feed whose consumer groups log their changes to `sink` rather than straight to
@@ -339,9 +340,10 @@ impl Feed {
         wal: Arc<Wal>,
         sink: Arc<dyn crate::engine::EventSink>,
         limits: FeedLimits,
+        clock: Arc<dyn crate::engine::Clock>,
     ) -> Feed {
         Feed {
-            groups: groups::Groups::new(sink, groups::GroupLimits::default()),
+            groups: groups::Groups::new(sink, groups::GroupLimits::default(), clock),
             wal,
             hints: Mutex::new(VecDeque::with_capacity(HINTS)),
             blocked: AtomicUsize::new(0),

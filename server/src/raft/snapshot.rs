@@ -193,7 +193,7 @@ impl Snapshots {
         let mut slots = SlotRecords::new();
         let wal = &self.dur.wal;
         let engine = self.engine.empty_twin();
-        let groups = Groups::new(Arc::new(NullSink), GroupLimits::default());
+        let groups = Groups::new(Arc::new(NullSink), GroupLimits::default(), engine.clock());
         let listing = list_dir(wal.dir()).map_err(|e| e.to_string())?;
         let base = listing
             .snapshots

@@ -381,8 +381,7 @@ fn feed(o: &mut String, sh: &Shared) {
             g.last,
             g.lag,
             u8::from(g.trimmed),
-            g.oldest_delivery_ms
-                .map_or(0, |t| crate::feed::groups::now_ms().saturating_sub(t)),
+            g.oldest_pending_ms,
         );
     }
 }

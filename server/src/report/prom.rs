@@ -568,11 +568,7 @@ static FAMILIES: &[Family] = &[
         kind: Gauge,
         help: "Time since the last delivery of a consumer group's oldest unacknowledged entry (0 if none): how far its consumer (a materializer) is behind in acknowledging.",
         read: |s| {
-            s.per_group(|g| {
-                g.oldest_delivery_ms.map_or(0.0, |t| {
-                    crate::feed::groups::now_ms().saturating_sub(t) as f64 / 1000.0
-                })
-            })
+            s.per_group(|g| g.oldest_pending_ms as f64 / 1000.0)
         },
     },
     // The process.

@@ -323,13 +323,12 @@ pub struct FeedGroupRow {
 /// The feed's consumer groups; `None` without an order feed.
 pub fn feed_groups(shared: &Shared) -> Option<Vec<FeedGroupRow>> {
     let f = shared.feed.get()?;
-    let now = crate::feed::groups::now_ms();
     Some(
         f.groups
             .summaries(f.readable_lsn(), f.first_lsn())
             .into_iter()
             .map(|g| FeedGroupRow {
-                oldest_pending_ms: g.oldest_delivery_ms.map_or(0, |t| now.saturating_sub(t)),
+                oldest_pending_ms: g.oldest_pending_ms,
                 stream: g.stream,
                 group: g.group,
                 consumers: g.consumers,

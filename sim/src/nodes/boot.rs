@@ -290,7 +290,7 @@ fn assemble(
     spec: &Arc<Speculation>,
     report: &RecoveryReport,
 ) -> (Arc<Feed>, Arc<Shared>) {
-    let feed = app_feed::open_on(dur, Some(spec), report);
+    let feed = app_feed::open_on(dur, Some(spec), report, engine.clock());
     let parts = SharedParts {
         engine: Some(engine.clone()),
         feed: Some(feed.clone()),

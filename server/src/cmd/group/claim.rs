@@ -6,7 +6,7 @@ use crate::cmd::args::Args;
 use crate::cmd::feed_reply::{entry_reply, feed, feed_error};
 use crate::cmd::{Ctx, Outcome};
 use crate::engine::Lsn;
-use crate::feed::groups::{now_ms, Group, GroupRecord};
+use crate::feed::groups::{Group, GroupRecord};
 use crate::feed::{id, Feed, FeedError, Stream};
 use crate::protocol::Reply;
 
@@ -143,7 +143,7 @@ impl XClaim {
                     };
                     lsn = feed.groups.change(g, rec);
                 }
-                let now = now_ms();
+                let now = feed.groups.now_ms();
                 let claim = Claim {
                     feed: &feed,
                     stream: &self.stream,
@@ -288,7 +288,7 @@ impl Claim<'_> {
     /// Moves those of `ids` that are pending, idle long enough and still in the log to
     /// the consumer, and logs it.
     fn run(&self, g: &mut Group, ids: &[Lsn]) -> Result<Claimed, FeedError> {
-        let now = now_ms();
+        let now = self.feed.groups.now_ms();
         let mut lsn = ensure_consumer(self.feed, g, self.consumer, now)?;
         let (mut claimed, mut replies, mut dropped) = (Vec::new(), Vec::new(), Vec::new());
         let mut examined_last = None;

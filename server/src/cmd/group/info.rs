@@ -1,7 +1,6 @@
 //! `XINFO GROUPS key` and `XINFO CONSUMERS key group` (`cmd::stream` parses XINFO).
 
 use super::{help, id_reply, lookup, no_group_for_key, subcommand_error};
-use crate::feed::groups::now_ms;
 use crate::feed::{Feed, Stream};
 use crate::protocol::Reply;
 
@@ -45,7 +44,7 @@ pub fn xinfo_groups(feed: &Feed, stream: &Stream) -> Reply {
 /// `XINFO CONSUMERS key group`
 pub fn xinfo_consumers(feed: &Feed, stream: &Stream, group: &[u8]) -> Result<Reply, Reply> {
     let g = lookup(feed, stream, group, no_group_for_key)?;
-    let now = now_ms();
+    let now = feed.groups.now_ms();
     let g = g.lock();
     Ok(Reply::Array(
         g.consumers

@@ -154,10 +154,106 @@ mod tests {
                 body: b"x",
             });
         }
-        let feed = Feed::with_group_sink(wal.clone(), spec.clone(), FeedLimits::default());
+        let clock = Arc::new(crate::engine::ManualClock::new(1_000));
+        let feed = Feed::with_group_sink(wal.clone(), spec.clone(), FeedLimits::default(), clock);
         assert_eq!(feed.readable_lsn(), 0);
         assert_eq!(group_last(&feed, b"$").ok(), Some(3));
         assert_eq!(group_last(&feed, b"2-0").ok(), Some(2));
+        let _ = wal.flush_and_close();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Delivery and idle times are the engine's clock's, not the wall's: a consumer's
+    /// entries become claimable when that clock has moved past the idle time (and in the
+    /// simulation, whose clock runs apart from the wall, only then).
+    #[test]
+    fn idle_times_follow_the_engine_clock() {
+        use crate::engine::{Engine, EngineConfig, Keyring, ManualClock, ReservationKey};
+        use crate::session::{ConnState, NoDurability, Role, ServerConfig, Shared, SharedParts};
+        let dir = std::env::temp_dir().join(format!("sg-group-clock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (wal, _) = Wal::open_inline(&dir, WalOptions::default()).unwrap();
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let keys = Keyring::parse(&format!("k1 {}\n", "ab".repeat(32))).unwrap();
+        let rkey = ReservationKey::from_bytes(&[7u8; 32]);
+        let sink = wal.clone();
+        let engine = Arc::new(Engine::new(
+            EngineConfig::default(),
+            clock.clone(),
+            sink,
+            keys,
+            rkey,
+        ));
+        let feed = Arc::new(Feed::new(
+            wal.clone(),
+            FeedLimits::default(),
+            engine.clock(),
+        ));
+        let parts = SharedParts {
+            engine: Some(engine.clone()),
+            feed: Some(feed),
+            ..SharedParts::default()
+        };
+        let shared =
+            Shared::with_parts(ServerConfig::default(), None, Arc::new(NoDurability), parts);
+        let mut conn = ConnState::new(
+            1,
+            Some(Role::Admin),
+            "127.0.0.1:1".into(),
+            "127.0.0.1:2".into(),
+        );
+        let mut run = |args: &[&str]| {
+            let argv: Vec<bytes::Bytes> = args
+                .iter()
+                .map(|a| bytes::Bytes::from(a.to_string()))
+                .collect();
+            let mut ctx = crate::cmd::Ctx {
+                engine: &engine,
+                conn: &mut conn,
+                shared: &shared,
+            };
+            let views = crate::cmd::multi::views(&argv);
+            crate::cmd::dispatch_timed(&mut ctx, &views).reply
+        };
+        run(&["XGROUP", "CREATE", "stockgate:events", "g", "$"]);
+        run(&["SALE.CREATE", "S1", "3"]);
+        wal.sync_blocking().unwrap();
+        let read = run(&[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "a",
+            "STREAMS",
+            "stockgate:events",
+            ">",
+        ]);
+        assert!(matches!(read, Reply::Array(_)), "{read:?}");
+        let claim = [
+            "XAUTOCLAIM",
+            "stockgate:events",
+            "g",
+            "b",
+            "60000",
+            "0",
+            "JUSTID",
+        ];
+        let claimed = |r: &Reply| match r {
+            Reply::Array(parts) => {
+                matches!(parts.get(1), Some(Reply::Array(ids)) if !ids.is_empty())
+            }
+            _ => false,
+        };
+        let early = run(&claim);
+        assert!(
+            !claimed(&early),
+            "claimed before the clock moved: {early:?}"
+        );
+        clock.advance(61_000);
+        let late = run(&claim);
+        assert!(
+            claimed(&late),
+            "not claimed 61 s later by the engine's clock: {late:?}"
+        );
         let _ = wal.flush_and_close();
         let _ = std::fs::remove_dir_all(&dir);
     }

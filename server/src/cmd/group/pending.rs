@@ -6,7 +6,7 @@ use crate::cmd::args::Args;
 use crate::cmd::feed_reply::{feed, feed_error};
 use crate::cmd::{Ctx, Outcome};
 use crate::engine::Lsn;
-use crate::feed::groups::{now_ms, Group};
+use crate::feed::groups::Group;
 use crate::feed::{id, Stream};
 use crate::protocol::Reply;
 
@@ -88,7 +88,7 @@ impl XPending {
     fn run(self, ctx: &mut Ctx<'_>) -> Result<Outcome, Reply> {
         let feed = feed(ctx)?;
         let g = lookup(&feed, &self.stream, &self.group, no_group)?;
-        let now = now_ms();
+        let now = feed.groups.now_ms();
         let reply = feed
             .groups
             .with(&g, |g| match &self.range {

@@ -6,7 +6,7 @@ use crate::cmd::args::Args;
 use crate::cmd::feed_reply::{entry_reply, feed, feed_error, parse_count};
 use crate::cmd::{Ctx, Outcome};
 use crate::engine::Lsn;
-use crate::feed::groups::{now_ms, Group, GroupRecord, GroupRef};
+use crate::feed::groups::{Group, GroupRecord, GroupRef};
 use crate::feed::{id, Feed, FeedError, Stream};
 use crate::protocol::Reply;
 
@@ -162,7 +162,7 @@ impl GroupRead {
         let feed = &self.feed;
         let mut found = Vec::new();
         let mut lsn = 0;
-        let now = now_ms();
+        let now = feed.groups.now_ms();
         for t in &self.targets {
             let r = feed
                 .groups

@@ -9,7 +9,7 @@ use crate::cmd::args::Args;
 use crate::cmd::feed_reply::{feed, feed_error};
 use crate::cmd::{Ctx, Outcome};
 use crate::engine::Lsn;
-use crate::feed::groups::{now_ms, GroupRecord};
+use crate::feed::groups::GroupRecord;
 use crate::feed::{Feed, FeedError, Stream};
 use crate::protocol::Reply;
 
@@ -226,7 +226,7 @@ fn change_consumer(
                 stream: stream.name(),
                 group: g.name.clone(),
                 consumer: consumer.clone(),
-                at_ms: now_ms(),
+                at_ms: feed.groups.now_ms(),
                 delete: !create,
             };
             let lsn = feed.groups.change(g, rec);

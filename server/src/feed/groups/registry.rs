@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 
 use super::{Group, GroupLimits, GroupRecord};
 use crate::engine::event::{EventRef, Lsn};
+use crate::engine::Clock;
 use crate::feed::{FeedError, Stream};
 
 /// What INFO shows of a group.
@@ -29,10 +30,9 @@ pub struct GroupSummary {
     pub lag: u64,
     /// Whether the group's next `>` read would hit a trimmed position.
     pub trimmed: bool,
-    /// The earliest last-delivery time (ms since the Unix epoch) among the pending
-    /// entries, `None` when none is pending: how long the slowest unacknowledged entry has
-    /// waited for its consumer (`XPENDING`'s largest idle time).
-    pub oldest_delivery_ms: Option<u64>,
+    /// How long (ms) the slowest unacknowledged entry has waited for its consumer since
+    /// its last delivery (`XPENDING`'s largest idle time), 0 when none is pending.
+    pub oldest_pending_ms: u64,
 }
 
 type Key = (String, String);
@@ -53,6 +53,10 @@ pub struct Groups {
     released: Mutex<BTreeMap<Lsn, Lsn>>,
     /// Bounds on names, groups and pending entries, checked before any change is logged.
     pub limits: GroupLimits,
+    /// The engine's clock: delivery times, idle times and a consumer's last activity
+    /// are read from it, so that they move with the time the rest of the member keeps
+    /// (and with the simulation's clock, never the wall's).
+    clock: Arc<dyn Clock>,
 }
 
 const OWN_LSNS: usize = 100_000;
@@ -60,7 +64,8 @@ const OWN_LSNS: usize = 100_000;
 /// A group's handle and its lock, for one command.
 pub type GroupRef = Arc<Mutex<Group>>;
 
-/// Wall-clock time in ms since the Unix epoch: the clock idle times and delivery times use.
+/// Wall-clock time in ms since the Unix epoch, for what names itself by the time it was
+/// made (a data dir set aside); consumer groups read [`Groups::now_ms`] instead.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -68,15 +73,25 @@ pub fn now_ms() -> u64 {
 }
 
 impl Groups {
-    /// An empty registry whose records go to `sink`.
-    pub fn new(sink: Arc<dyn crate::engine::EventSink>, limits: GroupLimits) -> Groups {
+    /// An empty registry whose records go to `sink`, keeping time by `clock`.
+    pub fn new(
+        sink: Arc<dyn crate::engine::EventSink>,
+        limits: GroupLimits,
+        clock: Arc<dyn Clock>,
+    ) -> Groups {
         Groups {
             sink,
             map: Mutex::new(BTreeMap::new()),
             own_lsns: Mutex::new(BTreeSet::new()),
             released: Mutex::new(BTreeMap::new()),
             limits,
+            clock,
         }
+    }
+
+    /// Milliseconds since the Unix epoch by the registry's clock.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// Logs `rec` (call with the group's lock held, after applying it) and returns its
@@ -322,6 +337,7 @@ impl Groups {
     /// Every group, for INFO and the metrics endpoint.
     pub fn summaries(&self, durable: Lsn, first: Lsn) -> Vec<GroupSummary> {
         let all: Vec<GroupRef> = self.map.lock().values().cloned().collect();
+        let now = self.now_ms();
         let mut out = Vec::with_capacity(all.len());
         for g in all {
             let g = g.lock();
@@ -335,7 +351,12 @@ impl Groups {
                 last: g.last,
                 lag: records.saturating_sub(self.own_between(from, durable)),
                 trimmed: g.next_unread() < first && g.last < durable,
-                oldest_delivery_ms: g.pending.values().map(|n| n.delivery_ms).min(),
+                oldest_pending_ms: g
+                    .pending
+                    .values()
+                    .map(|n| n.delivery_ms)
+                    .min()
+                    .map_or(0, |t| now.saturating_sub(t)),
             });
         }
         out
