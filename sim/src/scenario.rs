@@ -116,6 +116,12 @@ pub struct Settings {
     /// fault lasts, a stopped member crashed: `nodes/overlap.rs`). Off, a seed draws what
     /// it drew before, as with `net_faults`.
     pub overlaps: bool,
+    /// The `RaftNode` scenario's feed only: a second worker of the consumer group takes
+    /// over the first's idle entries (`XAUTOCLAIM`, `XCLAIM`), the pending list is read
+    /// (`XPENDING`), and the reader's `XREAD` sometimes blocks (`BLOCK`):
+    /// `nodes/feed/claims.rs`. Off, a seed draws what it drew before, as with
+    /// `net_faults`.
+    pub claims: bool,
 }
 
 impl Default for Settings {
@@ -136,6 +142,7 @@ impl Default for Settings {
             commands: true,
             feed: true,
             overlaps: true,
+            claims: true,
         }
     }
 }

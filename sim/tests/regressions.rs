@@ -177,6 +177,7 @@ fn before_node_faults(members: usize) -> Settings {
         lagging_io: false,
         commands: false,
         overlaps: false,
+        claims: false,
         ..Settings::default()
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use stockgate_server::cmd::{dispatch, Ctx};
+use stockgate_server::cmd::{dispatch, Ctx, Outcome};
 use stockgate_server::engine::{Engine, Lsn, Millis, ReservationState};
 use stockgate_server::protocol::Reply;
 use stockgate_server::raft::speculation::Speculation;
@@ -96,6 +96,12 @@ fn dispatch_on(c: &Conn, argv: &[&[u8]]) -> (Reply, Lsn) {
 /// [`dispatch_on`] on a connection that sent `READONLY` (accepts stale reads) if
 /// `stale`.
 fn dispatch_with(c: &Conn, argv: &[&[u8]], stale: bool) -> (Reply, Lsn) {
+    let out = outcome_of(c, argv, stale);
+    (out.reply, out.lsn)
+}
+
+/// What the command layer gives for `argv` on `c`, a blocking read's wait included.
+fn outcome_of(c: &Conn, argv: &[&[u8]], stale: bool) -> Outcome {
     let mut conn = ConnState::new(1, Some(Role::Admin), "sim".into(), "sim".into());
     conn.stale_reads = stale;
     let mut ctx = Ctx {
@@ -103,8 +109,22 @@ fn dispatch_with(c: &Conn, argv: &[&[u8]], stale: bool) -> (Reply, Lsn) {
         conn: &mut conn,
         shared: &c.shared,
     };
-    let out = dispatch(&mut ctx, argv);
-    (out.reply, out.lsn)
+    dispatch(&mut ctx, argv)
+}
+
+/// A read that may block (`XREAD … BLOCK ms`) on `c`, on a connection that accepts
+/// stale reads: its reply, or the one its wait gives (as a connection awaits it), taken
+/// only once the member runs (a stopped process answers nothing until continued).
+pub(super) async fn answer_blocking(r: &Run, c: &Conn, argv: &[&[u8]]) -> Answer {
+    let out = outcome_of(c, argv, true);
+    let Some(wait) = out.wait else {
+        return Answer::Reply(out.reply);
+    };
+    let reply = wait.await;
+    if !alive(r, c) || !super::pause::continued(r, c.id, REPLY_TTL).await {
+        return Answer::Lost(format!("n{} went away while a read blocked", c.id));
+    }
+    Answer::Reply(reply)
 }
 
 /// Sends `argv` (built on the member's engine: a RESERVE's admission is minted by the

@@ -21,6 +21,8 @@
 //! `-READONLY`, `-LOADING` or a lost connection the consumer asks discovery as the
 //! command client does (`commands::discover`) and sends the command again to the member
 //! named, so it follows the leadership across failovers. The checks: `feed_checks.rs`.
+//! With `Settings::claims`, a second worker takes over the first's idle entries and the
+//! reader sometimes blocks (`claims.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,10 +42,12 @@ use super::feed_checks::{self, count, FeedLog, HOLD, ORDERS};
 use super::{Run, REPLY_TTL};
 use crate::feed_rules::fields_fingerprint;
 
+mod claims;
+
 /// The stream every consumer reads.
 const STREAM: &[u8] = b"stockgate:events";
 /// Its consumer.
-const WORKER: &[u8] = b"w1";
+const WORKER: &[u8] = claims::FIRST.as_bytes();
 /// Attempts of one group command before the consumer gives it up.
 const ATTEMPTS: u32 = 20;
 
@@ -64,6 +68,13 @@ struct Consumers {
     pending: BTreeMap<Lsn, Instant>,
     /// How long the worker keeps an entry before its `XACK` (drawn per run).
     ack_after: Duration,
+    /// The second worker, claims and blocking reads run (`Settings::claims`).
+    claims: bool,
+    /// How long an entry must have waited before the second worker claims it (drawn
+    /// per run, with `claims`).
+    min_idle_ms: u64,
+    /// Entries the second worker claimed and has not acknowledged yet, since when.
+    claimed: BTreeMap<Lsn, Instant>,
 }
 
 /// Starts the consumers on `rng` (a generator of their own): their task and what they
@@ -80,6 +91,14 @@ pub(super) fn spawn(
         rng.gen_range(0..300)
     };
     r.note(format!("feed: the worker acknowledges after {ms} ms"));
+    let claims = r.kinds.claims;
+    let min_idle_ms = if claims {
+        let idle = rng.gen_range(500..5_000);
+        r.note(format!("feed: the second worker claims entries idle {idle} ms"));
+        idle
+    } else {
+        0
+    };
     let c = Consumers {
         r: r.clone(),
         rng,
@@ -91,6 +110,9 @@ pub(super) fn spawn(
         materializer_lags: None,
         pending: BTreeMap::new(),
         ack_after: Duration::from_millis(ms),
+        claims,
+        min_idle_ms,
+        claimed: BTreeMap::new(),
     };
     (tokio::spawn(run(c, stop)), log)
 }
@@ -103,10 +125,14 @@ async fn run(mut c: Consumers, stop: Arc<AtomicBool>) {
         sleep(Duration::from_millis(c.rng.gen_range(80..400))).await;
         n += 1;
         let who = format!("f{n}");
-        match c.rng.gen_range(0..10) {
-            0..=3 => c.read(&who).await,
-            4..=6 => c.materialize(&who).await,
-            _ => c.consume(&who).await,
+        if c.claims && c.rng.gen_range(0..6) == 0 {
+            c.take_over(&who).await;
+        } else {
+            match c.rng.gen_range(0..10) {
+                0..=3 => c.read(&who).await,
+                4..=6 => c.materialize(&who).await,
+                _ => c.consume(&who).await,
+            }
         }
         feed_checks::check_groups(&c.r, &c.log);
     }
@@ -123,6 +149,24 @@ async fn run(mut c: Consumers, stop: Arc<AtomicBool>) {
         k[count::LAGS],
         k[count::GIVEN_UP]
     ));
+    if c.claims {
+        c.r.note(format!(
+            "feed: {} entries claimed, {} pending listings, {} blocking reads",
+            k[count::CLAIMED],
+            k[count::LISTED],
+            k[count::BLOCKED]
+        ));
+    }
+}
+
+/// `XREAD COUNT <count> [BLOCK <ms>] STREAMS stockgate:events <after>`.
+fn xread<'a>(count: &'a str, block: Option<&'a str>, after: &'a str) -> Vec<&'a [u8]> {
+    let mut argv: Vec<&[u8]> = vec![b"XREAD", b"COUNT", count.as_bytes()];
+    if let Some(ms) = block {
+        argv.extend([b"BLOCK".as_slice(), ms.as_bytes()]);
+    }
+    argv.extend([b"STREAMS".as_slice(), STREAM, after.as_bytes()]);
+    argv
 }
 
 /// An entry id `N-0` as its LSN.
@@ -215,6 +259,8 @@ impl Consumers {
         let (from, to) = (self.rng.gen_range(0..=self.cursor), self.cursor);
         let (a, b) = (format!("{from}-0"), format!("{to}-0"));
         let after = format!("{}-0", self.cursor);
+        let block = (self.claims && !range && self.rng.gen_range(0..3) == 0)
+            .then(|| self.rng.gen_range(100..3_000u64).to_string());
         let argv: Vec<&[u8]> = if range {
             vec![
                 b"XRANGE",
@@ -225,17 +271,16 @@ impl Consumers {
                 count.as_bytes(),
             ]
         } else {
-            vec![
-                b"XREAD",
-                b"COUNT",
-                count.as_bytes(),
-                b"STREAMS",
-                STREAM,
-                after.as_bytes(),
-            ]
+            xread(&count, block.as_deref(), &after)
         };
         let what = format!("{who}@n{id} {}", if range { "XRANGE" } else { "XREAD" });
-        let Answer::Reply(reply) = commands::answer(&self.r, &conn, &argv, true).await else {
+        let answer = if block.is_some() {
+            self.log.lock().counts[count::BLOCKED] += 1;
+            commands::answer_blocking(&self.r, &conn, &argv).await
+        } else {
+            commands::answer(&self.r, &conn, &argv, true).await
+        };
+        let Answer::Reply(reply) = answer else {
             return;
         };
         self.log.lock().counts[count::READ] += 1;
@@ -363,14 +408,7 @@ impl Consumers {
             format!("{}-0", self.position),
         );
         let what = format!("{who} materializer XREAD after {after}");
-        let argv: [&[u8]; 6] = [
-            b"XREAD",
-            b"COUNT",
-            count.as_bytes(),
-            b"STREAMS",
-            STREAM,
-            after.as_bytes(),
-        ];
+        let argv = xread(&count, None, &after);
         let Some((reply, id)) = self.send(&what, &argv).await else {
             return;
         };
@@ -464,6 +502,7 @@ impl Consumers {
         l.counts[count::ACKED] += ids.len() as u64;
         for i in ids {
             self.pending.remove(&i);
+            self.claimed.remove(&i);
             l.acked.insert(i);
         }
     }
@@ -512,6 +551,13 @@ impl Consumers {
                 if fp.is_none() {
                     bad.push(format!(
                         "{what}: consumer group {ORDERS} finds its pending entry {lsn}-0 trimmed"
+                    ));
+                }
+                if l.claimed.contains(lsn) {
+                    bad.push(format!(
+                        "{what}: entry {lsn}-0 pending for {} again after {} claimed it",
+                        claims::FIRST,
+                        claims::SECOND
                     ));
                 }
                 self.pending.entry(*lsn).or_insert(now);

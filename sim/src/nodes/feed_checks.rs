@@ -45,8 +45,12 @@ pub(super) struct FeedLog {
     pub delivered: Lsn,
     /// The materializer's last `XGROUP SETID` acknowledged.
     pub hold_at: Lsn,
-    /// Counts for the history: reads, deliveries, XACKs, trimmed reads, lags.
-    pub counts: [u64; 6],
+    /// Entries the second worker's acknowledged claims took from the first: never
+    /// pending for the first again.
+    pub claimed: BTreeSet<Lsn>,
+    /// Counts for the history: reads, deliveries, XACKs, trimmed reads, lags, commands
+    /// given up, claims, pending listings, blocking reads.
+    pub counts: [u64; 9],
 }
 
 /// Indices of [`FeedLog::counts`].
@@ -57,6 +61,9 @@ pub(super) mod count {
     pub const TRIMMED: usize = 3;
     pub const LAGS: usize = 4;
     pub const GIVEN_UP: usize = 5;
+    pub const CLAIMED: usize = 6;
+    pub const LISTED: usize = 7;
+    pub const BLOCKED: usize = 8;
 }
 
 /// At quiescence, the members' WALs reach the same end within this.
@@ -142,6 +149,15 @@ pub(super) async fn check_final(r: &Run, log: &Mutex<FeedLog>) {
             if let Some(p) = g.pending.keys().find(|p| l.acked.contains(p)) {
                 bad.push(format!(
                     "n{id}: entry {p}-0 of consumer group {ORDERS} pending again after its XACK was acknowledged"
+                ));
+            }
+            if let Some((p, _)) = g
+                .pending
+                .iter()
+                .find(|(p, n)| l.claimed.contains(p) && n.consumer != "w2")
+            {
+                bad.push(format!(
+                    "n{id}: entry {p}-0 of consumer group {ORDERS} pending for another consumer than w2 after w2's claim of it was acknowledged"
                 ));
             }
             if g.last < l.delivered {

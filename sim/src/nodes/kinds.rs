@@ -20,6 +20,9 @@ pub struct Kinds {
     pub readmit_command: bool,
     /// Faults that overlap (`overlap`).
     pub overlaps: bool,
+    /// The feed's second worker, claims, `XPENDING` and blocking reads
+    /// (`feed::claims`).
+    pub claims: bool,
 }
 
 impl Kinds {
@@ -31,6 +34,7 @@ impl Kinds {
             lagging_io: settings.lagging_io,
             readmit_command: settings.commands,
             overlaps: settings.overlaps,
+            claims: settings.claims,
         }
     }
 
