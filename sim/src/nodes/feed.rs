@@ -94,7 +94,9 @@ pub(super) fn spawn(
     let claims = r.kinds.claims;
     let min_idle_ms = if claims {
         let idle = rng.gen_range(500..5_000);
-        r.note(format!("feed: the second worker claims entries idle {idle} ms"));
+        r.note(format!(
+            "feed: the second worker claims entries idle {idle} ms"
+        ));
         idle
     } else {
         0
