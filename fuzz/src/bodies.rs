@@ -1653,7 +1653,7 @@ fn raft_messages() -> (
                 origin: 0x5eed,
                 first_lsn: 11,
                 count: 4,
-                records,
+                records: records.into(),
             }),
         },
     ];

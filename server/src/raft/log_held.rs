@@ -134,7 +134,7 @@ impl Held {
                 ..
             }) = entries.get_mut(index)
             {
-                b.records = Vec::new();
+                b.records = bytes::Bytes::new();
                 place.released = true;
             }
             self.released_upto = *index;

@@ -1070,7 +1070,7 @@ mod tests {
                 origin: 7,
                 first_lsn,
                 count: 2,
-                records: vec![1, 2, 3],
+                records: vec![1, 2, 3].into(),
             }),
         }
     }

@@ -97,9 +97,10 @@ pub struct Batch {
     pub count: u32,
     /// The records, encoded back to back as the WAL writes them. Serialized as bytes
     /// (one copy) rather than as a sequence of `u8`s (a call per byte); bincode writes
-    /// both the same way, so logs and peers of either kind read each other.
-    #[serde(with = "serde_bytes")]
-    pub records: Vec<u8>,
+    /// both the same way, so logs and peers of either kind read each other. Shared, not
+    /// owned: openraft clones an entry for every follower it sends it to and the log
+    /// keeps one, and a clone of `Bytes` is a count, not a copy of the records.
+    pub records: bytes::Bytes,
 }
 
 impl Batch {
@@ -227,13 +228,13 @@ mod tests {
             origin: 7,
             first_lsn: 42,
             count: 3,
-            records: (0..=255u8).cycle().take(1000).collect(),
+            records: (0..=255u8).cycle().take(1000).collect::<Vec<u8>>().into(),
         };
         let old = ByElement {
             origin: 7,
             first_lsn: 42,
             count: 3,
-            records: b.records.clone(),
+            records: b.records.to_vec(),
         };
         let new_bytes = bincode::serialize(&b).expect("ser");
         assert_eq!(new_bytes, bincode::serialize(&old).expect("ser"));

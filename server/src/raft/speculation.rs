@@ -280,7 +280,7 @@ impl Speculation {
             origin: self.origin,
             first_lsn: state.cur_first,
             count: state.cur_count,
-            records,
+            records: records.into(),
         };
         state.cur_count = 0;
         state.ready.push_back(b);
