@@ -171,6 +171,14 @@ fn xread<'a>(count: &'a str, block: Option<&'a str>, after: &'a str) -> Vec<&'a 
     argv
 }
 
+/// The entries of `held` kept `after` or longer: a worker's `XACK`s due.
+fn due(held: &BTreeMap<Lsn, Instant>, after: Duration) -> Vec<Lsn> {
+    held.iter()
+        .filter(|(_, t)| t.elapsed() >= after)
+        .map(|(l, _)| *l)
+        .collect()
+}
+
 /// An entry id `N-0` as its LSN.
 fn lsn_of(id: &[u8]) -> Option<Lsn> {
     let s = std::str::from_utf8(id).ok()?;
@@ -473,12 +481,7 @@ impl Consumers {
             self.create(ORDERS, who).await;
             return;
         }
-        let due: Vec<Lsn> = self
-            .pending
-            .iter()
-            .filter(|(_, t)| t.elapsed() >= self.ack_after)
-            .map(|(l, _)| *l)
-            .collect();
+        let due = due(&self.pending, self.ack_after);
         if !due.is_empty() {
             self.ack(due, who).await;
         } else {

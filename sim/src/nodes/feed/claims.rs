@@ -31,12 +31,7 @@ impl Consumers {
         if !self.log.lock().registered.contains(ORDERS) {
             return;
         }
-        let due: Vec<Lsn> = self
-            .claimed
-            .iter()
-            .filter(|(_, t)| t.elapsed() >= self.ack_after)
-            .map(|(l, _)| *l)
-            .collect();
+        let due = super::due(&self.claimed, self.ack_after);
         if !due.is_empty() {
             return self.ack(due, who).await;
         }
