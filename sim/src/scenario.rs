@@ -116,6 +116,10 @@ pub struct Settings {
     /// fault lasts, a stopped member crashed: `nodes/overlap.rs`). Off, a seed draws what
     /// it drew before, as with `net_faults`.
     pub overlaps: bool,
+    /// The `RaftNode` scenario only: a member's data dir loses its Raft log but keeps its
+    /// identity file; its start must refuse, and `--rejoin-empty` brings it back
+    /// (`nodes/amnesia.rs`, `lose_log`). Off, a seed draws what it drew before.
+    pub lost_log: bool,
 }
 
 impl Default for Settings {
@@ -136,6 +140,7 @@ impl Default for Settings {
             commands: true,
             feed: true,
             overlaps: true,
+            lost_log: true,
         }
     }
 }

@@ -39,6 +39,7 @@ mod feed;
 mod feed_checks;
 mod kinds;
 mod ledger;
+mod lost_log;
 mod members;
 mod membership;
 mod overlap;
