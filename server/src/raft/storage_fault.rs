@@ -198,6 +198,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_log_keeps_its_first_fault() {
+        let log = LogFault::default();
+        assert!(log.get().is_none());
+        let path = Path::new("/data/raft/log");
+        log.note(path, &std::io::Error::other("No space left on device"));
+        log.note(path, &std::io::Error::other("Input/output error"));
+        let f = log.get().expect("a fault");
+        assert_eq!(f.code, EXIT_STORAGE);
+        assert_eq!(f.path, path);
+        assert!(f.error.contains("No space left"), "{f}");
+    }
+
+    #[test]
     fn only_a_core_stopped_by_an_error_is_a_fault() {
         let dir = Path::new("/data");
         assert_eq!(core_fault(&Ok(()), dir), None);
