@@ -17,7 +17,7 @@ use stockgate_server::engine::Engine;
 use stockgate_server::feed::Feed;
 use stockgate_server::persist::{RecoveryReport, WalDurability};
 use stockgate_server::raft::log_store::{LogStore, OpenError};
-use stockgate_server::raft::node;
+use stockgate_server::raft::node::{self, Prepared};
 use stockgate_server::raft::prepare_env::PrepareEnv;
 use stockgate_server::raft::runtime::under_gate;
 use stockgate_server::raft::speculation::Speculation;
@@ -185,13 +185,7 @@ async fn start_as(
     // Names this process (a server draws it at each start): the batches it writes are
     // the ones its own engine holds already.
     let origin = (id << 32) | (env.processes.fetch_add(1, Ordering::AcqRel) + 1);
-    // The lags are drawn from the process's origin: no draw from the run's generators.
-    let lag = env
-        .lagging_io
-        .then(|| StdRng::seed_from_u64(origin ^ LAG_SEED));
-    // The server's rule (`storage_fault::watch`) ends a member whose disk failed it, not
-    // the hook.
-    let hook = Hook::new(disk.clone(), None, env.history.clone(), lag);
+    let hook = hook(env, &disk, origin);
     // A new monotonic clock over the member's wall, as a new server process reads it.
     let clock = env.clocks.clock(id);
     let cfg = config(env, id, &dir, rejoin);
@@ -201,11 +195,8 @@ async fn start_as(
         group: env.group,
         clock: clock.clone(),
     };
-    let prepared = node::prepare_on(&dir, &cfg, &outside)?;
+    let prepared = prepare(env, &cfg, &outside)?;
     let store = prepared.store.clone();
-    if prepared.adopted_snapshot() {
-        adopted(env, id, &store);
-    }
     let expires = env.clocks.expiry;
     let (engine, dur, spec, report) = member::recover(
         &dir,
@@ -219,19 +210,7 @@ async fn start_as(
     // Every task the member spawns, and every task those spawn, runs under its gate.
     let gate = env.gate(id);
     let log = store.fault_record();
-    let node = under_gate(
-        gate.clone(),
-        RaftNode::start(
-            cfg,
-            prepared,
-            engine.clone(),
-            dur.clone(),
-            spec.clone(),
-            app_feed::snapshot_hooks(&shared),
-            Arc::new(MemTransport(env.wire.clone())),
-        ),
-    )
-    .await?;
+    let node = start_raft(env, (cfg, prepared), (&engine, &dur, &spec, &shared), &gate).await?;
     let _ = shared.repl.set(node.clone() as Arc<dyn Replication>);
     let watched = Watched {
         raft: node.raft.clone(),
@@ -239,14 +218,7 @@ async fn start_as(
         dur: dur.clone(),
         data_dir: dir.clone(),
     };
-    let process = Process {
-        id,
-        hook: hook.clone(),
-        gate: gate.clone(),
-        history: env.history.clone(),
-        root: env.root.clone(),
-    };
-    let (watcher, exited) = exit::watch(watched, process);
+    let (watcher, exited) = watch(env, id, watched, (&hook, &gate));
     let ticker = expires.then(|| expiry::ticker(engine.clone(), shared.clone(), gate.clone()));
     let wal_sync = env.lagging_io.then(|| wal_sync(dur.clone(), gate.clone()));
     // Recovery may have cut a torn tail: what is left is what a power loss keeps.
@@ -306,6 +278,71 @@ fn assemble(
     };
     let shared = Shared::with_parts(ServerConfig::default(), None, Arc::new(NoDurability), parts);
     (feed, Arc::new(shared))
+}
+
+/// The process's view of member `id`'s disk. The server's rule
+/// (`storage_fault::watch`) ends a member whose disk failed it, not the hook: it sets no
+/// restart flag.
+fn hook(env: &Env, disk: &Arc<Disk>, origin: u64) -> Arc<Hook> {
+    // The lags are drawn from the process's origin: no draw from the run's generators.
+    let lag = env
+        .lagging_io
+        .then(|| StdRng::seed_from_u64(origin ^ LAG_SEED));
+    Hook::new(disk.clone(), None, env.history.clone(), lag)
+}
+
+/// The server's `RaftNode::start`, under the member's gate, over the in-memory wire.
+async fn start_raft(
+    env: &Env,
+    (cfg, prepared): (RaftNodeConfig, Prepared),
+    (engine, dur, spec, shared): (
+        &Arc<Engine>,
+        &Arc<WalDurability>,
+        &Arc<Speculation>,
+        &Arc<Shared>,
+    ),
+    gate: &Arc<Gate>,
+) -> Result<Arc<RaftNode>, String> {
+    under_gate(
+        gate.clone(),
+        RaftNode::start(
+            cfg,
+            prepared,
+            engine.clone(),
+            dur.clone(),
+            spec.clone(),
+            app_feed::snapshot_hooks(shared),
+            Arc::new(MemTransport(env.wire.clone())),
+        ),
+    )
+    .await
+}
+
+/// The member's storage checked and opened by the server's `node::prepare`, in the
+/// simulation's outside world; a snapshot it adopted is noted.
+fn prepare(env: &Env, cfg: &RaftNodeConfig, outside: &Outside) -> Result<Prepared, String> {
+    let prepared = node::prepare_on(&cfg.data_dir, cfg, outside)?;
+    if prepared.adopted_snapshot() {
+        adopted(env, cfg.id, &prepared.store);
+    }
+    Ok(prepared)
+}
+
+/// Starts the server's `storage_fault::watch` on member `id`'s process.
+fn watch(
+    env: &Env,
+    id: NodeId,
+    watched: Watched,
+    (hook, gate): (&Arc<Hook>, &Arc<Gate>),
+) -> (tokio::task::JoinHandle<()>, Arc<Exited>) {
+    let process = Process {
+        id,
+        hook: hook.clone(),
+        gate: gate.clone(),
+        history: env.history.clone(),
+        root: env.root.clone(),
+    };
+    exit::watch(watched, process)
 }
 
 /// Notes the snapshot `node::prepare` adopted: one a previous process staged
