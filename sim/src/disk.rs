@@ -464,8 +464,10 @@ pub struct Hook {
     /// The file an injected error hit: the member exits (its supervisor restarts it), and
     /// that file may have lost what was not synced.
     failed: Mutex<Option<PathBuf>>,
-    /// Set on an injected error: the member must restart (the server exits with 75).
-    restart: Arc<AtomicBool>,
+    /// Set on an injected error: the member must restart (the first scenario's model of
+    /// the server's exit with 75; the `RaftNode` scenario runs the server's own rule and
+    /// gives none).
+    restart: Option<Arc<AtomicBool>>,
     history: History,
     /// With `Settings::lagging_io`, what the Raft log's lags are drawn from.
     lag: Option<Mutex<StdRng>>,
@@ -474,11 +476,11 @@ pub struct Hook {
 }
 
 impl Hook {
-    /// A process's hook on `disk`; an injected error sets `restart`.
+    /// A process's hook on `disk`; an injected error sets `restart`, if given.
     /// With `lag`, the Raft log writes and syncs each change a drawn while after it.
     pub fn new(
         disk: Arc<Disk>,
-        restart: Arc<AtomicBool>,
+        restart: Option<Arc<AtomicBool>>,
         history: History,
         lag: Option<StdRng>,
     ) -> Arc<Hook> {
@@ -533,7 +535,9 @@ impl Hook {
         }
         *armed = None;
         *self.failed.lock() = Some(path.to_path_buf());
-        self.restart.store(true, Ordering::Release);
+        if let Some(restart) = &self.restart {
+            restart.store(true, Ordering::Release);
+        }
         let e = io::Error::from_raw_os_error(a.errno);
         let name = path.strip_prefix(&self.disk.dir).unwrap_or(path);
         self.history.note(format!(

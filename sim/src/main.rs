@@ -2,6 +2,7 @@
 //! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
 //! [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] [--no-overlaps]
 //! [--no-claims] [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
+//! [--no-lost-log] [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
 //! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
 //! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
 //! under `--fsync no` (a single node's setting, which a server never gives a member) to
@@ -22,12 +23,14 @@
 //! `--no-overlaps` the `RaftNode` scenario's overlapping faults (`Settings::overlaps`);
 //! `--no-claims` its feed's second worker, claims, `XPENDING` and blocking reads
 //! (`Settings::claims`).
+//! `--no-lost-log` its lost Raft log with the identity file kept (`Settings::lost_log`).
 //! `--members=N` runs a group of N members (3 unless told). `--raftnode` runs the other
 //! scenario instead: three of the server's own `RaftNode`s over the in-memory transport
 //! (`stockgate_sim::run_nodes_with`; of the other flags `--members`, `--verbose`,
 //! `--no-feed`, `--no-bit-flips`, `--no-damage`, `--no-lagging-io`, `--no-commands`
 //! (`RAFT.READMIT` through `Replication::raft_change` rather than as a command line) and
 //! `--no-overlaps`, `--no-claims` apply to it; the last six `--no-` flags give its
+//! `--no-overlaps` and `--no-lost-log` apply to it; the last six `--no-` flags give its
 //! histories from before those kinds).
 
 use stockgate_sim::{run, run_nodes_with, Settings};
@@ -49,6 +52,7 @@ fn main() {
     let feed = !args.iter().any(|a| a == "--no-feed");
     let overlaps = !args.iter().any(|a| a == "--no-overlaps");
     let claims = !args.iter().any(|a| a == "--no-claims");
+    let lost_log = !args.iter().any(|a| a == "--no-lost-log");
     let members = args
         .iter()
         .find_map(|a| a.strip_prefix("--members="))
@@ -61,6 +65,7 @@ fn main() {
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
              [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] \
              [--no-overlaps] [--no-claims] [--members=N] [--raftnode]"
+             [--no-overlaps] [--no-lost-log] [--members=N] [--raftnode]"
         );
         std::process::exit(2);
     };
@@ -87,6 +92,7 @@ fn main() {
         feed,
         overlaps,
         claims,
+        lost_log,
         members,
         ..Settings::default()
     };

@@ -165,7 +165,7 @@ pub async fn start(id: NodeId, env: &Env, boot: Boot) -> Result<Member, String> 
     let deposed = Arc::new(AtomicBool::new(false));
     // The lags are drawn from the process's origin: no draw from the run's generators.
     let lag = lagging_io.then(|| StdRng::seed_from_u64(origin ^ LAG_SEED));
-    let hook = Hook::new(disk, deposed.clone(), env.history.clone(), lag);
+    let hook = Hook::new(disk, Some(deposed.clone()), env.history.clone(), lag);
     let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
         .map_err(|e| format!("raft log: {e}"))?;
     adopt_staged(id, &dir, &store, &env.history)?;

@@ -122,6 +122,10 @@ pub struct Settings {
     /// `nodes/feed/claims.rs`. Off, a seed draws what it drew before, as with
     /// `net_faults`.
     pub claims: bool,
+    /// The `RaftNode` scenario only: a member's data dir loses its Raft log but keeps its
+    /// identity file; its start must refuse, and `--rejoin-empty` brings it back
+    /// (`nodes/amnesia.rs`, `lose_log`). Off, a seed draws what it drew before.
+    pub lost_log: bool,
 }
 
 impl Default for Settings {
@@ -143,6 +147,7 @@ impl Default for Settings {
             feed: true,
             overlaps: true,
             claims: true,
+            lost_log: true,
         }
     }
 }

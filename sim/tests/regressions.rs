@@ -166,8 +166,8 @@ fn a_group_created_at_the_end_starts_after_the_records_in_flight() {
 
 /// The `RaftNode` scenario without the kinds added to it after these seeds were kept
 /// (the order feed's consumers, flipped bits, damaged records, lagging writes and the
-/// WAL's sync, overlapping faults, `RAFT.READMIT` on the command line), so that each runs
-/// the history it was kept for.
+/// WAL's sync, overlapping faults, `RAFT.READMIT` on the command line, a lost Raft log
+/// with the identity file kept), so that each runs the history it was kept for.
 fn before_node_faults(members: usize) -> Settings {
     Settings {
         members: members as u64,
@@ -178,6 +178,7 @@ fn before_node_faults(members: usize) -> Settings {
         commands: false,
         overlaps: false,
         claims: false,
+        lost_log: false,
         ..Settings::default()
     }
 }

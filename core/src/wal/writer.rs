@@ -442,6 +442,12 @@ impl Wal {
         &self.shared.opts
     }
 
+    /// Whether a writer thread writes it (false for [`Wal::open_inline`]: the caller's
+    /// thread does, and [`Wal::flush_and_close`] waits for nothing).
+    pub fn has_writer_thread(&self) -> bool {
+        self.threaded
+    }
+
     /// Why the log stopped accepting writes, if it did.
     pub fn failure(&self) -> Option<WalError> {
         let p = self.shared.progress.lock();

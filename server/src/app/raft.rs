@@ -131,6 +131,7 @@ pub(super) async fn start(
     let data_dir = cfg.data_dir.clone();
     spec.set_depose_hook(RaftNode::restart_hook(argv, port, r.durability.clone()));
     let transport = raft::tcp::transport(&cfg.listen, &cfg.routes, cfg.tls.clone());
+    let log = prepared.store.fault_record();
     let node = RaftNode::start(
         cfg,
         prepared,
@@ -144,10 +145,15 @@ pub(super) async fn start(
     // A failed disk (the Raft log's, the WAL's) or a stopped Raft core ends the process
     // with its own status, for the supervisor to restart it from its durable state:
     // serving on would leave a member that answers but can no longer promise anything.
-    tokio::spawn(raft::storage_fault::watch(
-        node.raft.clone(),
-        r.durability.clone(),
+    let watched = raft::storage_fault::Watched {
+        raft: node.raft.clone(),
+        log,
+        dur: r.durability.clone(),
         data_dir,
+    };
+    tokio::spawn(raft::storage_fault::watch(
+        watched,
+        raft::storage_fault::process_exit(),
     ));
     let hub = shared.clone();
     node.set_publisher(Box::new(move |ch, msg| {

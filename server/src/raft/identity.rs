@@ -123,9 +123,18 @@ impl Identity {
 
     /// A new storage's identity (a fresh incarnation, no group yet), written to `path`.
     pub fn create(path: &Path, node: NodeId) -> Result<Identity, IdentityError> {
+        Identity::create_as(path, node, random_id())
+    }
+
+    /// [`Identity::create`] with the incarnation given (drawn by the caller).
+    pub fn create_as(
+        path: &Path,
+        node: NodeId,
+        incarnation: u64,
+    ) -> Result<Identity, IdentityError> {
         let id = Identity {
             node,
-            incarnation: random_id(),
+            incarnation,
             group: AtomicU64::new(0),
             write: Mutex::new(()),
             path: path.to_owned(),

@@ -41,6 +41,7 @@ use super::log_held::{Durable, Held};
 use super::log_record::{
     encode, ser, HEADER, K_COMMITTED, K_ENTRY, K_PURGE, K_SNAPSHOT, K_TRUNCATE, K_VOTE, MAX_BODY,
 };
+use super::storage_fault::LogFault;
 use super::{Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
 use crate::wal::bit_repair;
 use crate::wal::segment::DiskHook;
@@ -154,6 +155,7 @@ struct Lagging {
     scheduled: bool,
     hook: Arc<dyn DiskHook>,
     path: Arc<PathBuf>,
+    fault: Arc<LogFault>,
 }
 
 impl Lagging {
@@ -164,7 +166,7 @@ impl Lagging {
         if *failed {
             fail_jobs(jobs);
         } else {
-            *failed = !write_jobs(file, &self.path, jobs, &self.durable);
+            *failed = !write_jobs(file, (&self.path, &self.fault), jobs, &self.durable);
         }
     }
 }
@@ -197,6 +199,8 @@ pub struct LogStore {
     /// The newest commit index not yet written: it goes to disk ahead of the next
     /// change (or not at all; see `save_committed`).
     unwritten_commit: Arc<Mutex<Option<Vec<u8>>>>,
+    /// Its first write failure, for `storage_fault::watch`.
+    fault: Arc<LogFault>,
 }
 
 /// Reads entries for replication while the store appends (openraft's `LogReader`).
@@ -295,6 +299,7 @@ impl LogStore {
         if let Some(v) = inner.vote.as_mut() {
             v.committed = false;
         }
+        let fault = Arc::new(LogFault::default());
         let sink = if threaded {
             let (tx, rx) = mpsc::channel();
             std::thread::Builder::new()
@@ -302,7 +307,8 @@ impl LogStore {
                 .spawn({
                     let path = path.clone();
                     let durable = durable.clone();
-                    move || writer(file, &path, rx, &durable)
+                    let fault = fault.clone();
+                    move || writer(file, (&path, &fault), rx, &durable)
                 })
                 .map_err(io_err)?;
             Sink::Thread(tx)
@@ -319,6 +325,7 @@ impl LogStore {
                     scheduled: false,
                     hook,
                     path: Arc::new(path.clone()),
+                    fault: fault.clone(),
                 }))),
                 None => Sink::Inline(Arc::new(Mutex::new(inline))),
             }
@@ -329,7 +336,13 @@ impl LogStore {
             path: Arc::new(path),
             durable,
             unwritten_commit: Arc::default(),
+            fault,
         })
+    }
+
+    /// Its write failures' record, which `storage_fault::watch` looks at.
+    pub fn fault_record(&self) -> Arc<LogFault> {
+        self.fault.clone()
     }
 
     /// Written on the caller's task rather than by a writer thread
@@ -499,7 +512,8 @@ impl LogStore {
                     fail_jobs(vec![job]);
                 } else {
                     let InlineFile { file, failed } = &mut *f;
-                    *failed = !write_jobs(file, &self.path, vec![job], &self.durable);
+                    *failed =
+                        !write_jobs(file, (&self.path, &self.fault), vec![job], &self.durable);
                 }
                 Ok(())
             }
@@ -771,13 +785,13 @@ fn valid_record_at(rest: &[u8]) -> bool {
 /// it fails every later job without touching the file: after a failed `fsync` the
 /// kernel may have dropped the pages it could not write, so a later sync that succeeds
 /// proves nothing.
-fn writer(mut file: LogFile, path: &Path, rx: mpsc::Receiver<Job>, durable: &Mutex<Durable>) {
+fn writer(mut file: LogFile, at: At<'_>, rx: mpsc::Receiver<Job>, durable: &Mutex<Durable>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(j) = rx.try_recv() {
             jobs.push(j);
         }
-        if !write_jobs(&mut file, path, jobs, durable) {
+        if !write_jobs(&mut file, at, jobs, durable) {
             // A log that cannot be written cannot promise anything: stop taking writes.
             fail_jobs(rx.iter());
             return;
@@ -785,9 +799,13 @@ fn writer(mut file: LogFile, path: &Path, rx: mpsc::Receiver<Job>, durable: &Mut
     }
 }
 
+/// The log file's path and its fault record, where a write failure is noted.
+type At<'a> = (&'a Path, &'a LogFault);
+
 /// Writes `jobs` in order, syncs once, then records what is durable and completes them;
 /// false if the write or the sync failed (every job then completes with the error).
-fn write_jobs(file: &mut LogFile, path: &Path, jobs: Vec<Job>, durable: &Mutex<Durable>) -> bool {
+fn write_jobs(file: &mut LogFile, at: At<'_>, jobs: Vec<Job>, durable: &Mutex<Durable>) -> bool {
+    let (path, fault) = at;
     let mut r = Ok(());
     for j in &jobs {
         let done = if j.rewrite {
@@ -820,7 +838,7 @@ fn write_jobs(file: &mut LogFile, path: &Path, jobs: Vec<Job>, durable: &Mutex<D
         // (`storage_fault`), naming this file, rather than serve on a log that may
         // have lost what it was handed.
         tracing::debug!("raft log write failed: {e}");
-        super::storage_fault::note_log_fault(path, e);
+        fault.note(path, e);
     }
     for j in jobs {
         let res = match &r {

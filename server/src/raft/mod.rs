@@ -40,6 +40,7 @@ pub mod message;
 pub mod network;
 pub mod node;
 pub mod peers;
+pub mod prepare_env;
 pub mod respond;
 pub mod runtime;
 pub mod snapshot;

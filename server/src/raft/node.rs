@@ -22,10 +22,11 @@ use tokio::sync::watch;
 
 use super::append_hold::AppendHold;
 use super::handover::Handover;
-use super::identity::{self, Identity};
+use super::identity::Identity;
 use super::lease::Lease;
 use super::log_store::LogStore;
 use super::peers::PeerTable;
+use super::prepare_env::{PrepareEnv, System};
 use super::respond::{LastAppend, Responder};
 use super::runtime::gated;
 use super::snapshot::{SnapshotHooks, Snapshots};
@@ -94,18 +95,15 @@ pub struct Prepared {
     pub ident: Arc<Identity>,
     /// `--raft-bootstrap` on storage with no Raft state: this member forms the group.
     forming: bool,
+    /// The start adopted a snapshot received from the group's leader as its WAL.
+    adopted: bool,
 }
 
 impl Prepared {
-    /// What a caller that opened the storage itself found (the simulation, whose Raft
-    /// log is written inline): the log, the identity, and whether this member forms the
-    /// group (`--raft-bootstrap` on storage with no Raft state).
-    pub fn new(store: LogStore, ident: Arc<Identity>, forming: bool) -> Prepared {
-        Prepared {
-            store,
-            ident,
-            forming,
-        }
+    /// Whether the start adopted a snapshot received from the group's leader (it then
+    /// starts from the snapshot the log records).
+    pub fn adopted_snapshot(&self) -> bool {
+        self.adopted
     }
 }
 
@@ -117,6 +115,15 @@ const READMIT_HOWTO: &str = "start it on an empty data dir with its usual comman
 /// Checks the data dir's Raft identity and opens the log, before the engine is
 /// recovered (a rejoin discards the WAL, which the group then sends again).
 pub fn prepare(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Prepared, String> {
+    prepare_on(data_dir, cfg, &System)
+}
+
+/// [`prepare`] with the log opened, the ids drawn and the time read by `env`.
+pub fn prepare_on(
+    data_dir: &Path,
+    cfg: &RaftNodeConfig,
+    env: &dyn PrepareEnv,
+) -> Result<Prepared, String> {
     let dir = data_dir.join("raft");
     let id_path = dir.join(ID_FILE);
     let log_path = dir.join("log");
@@ -132,12 +139,13 @@ pub fn prepare(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Prepared, String
         }
     }
     let ident = match recorded {
-        Some(r) if !log_path.exists() => rejoin_identity(data_dir, cfg, &r)?,
+        Some(r) if !log_path.exists() => rejoin_identity(data_dir, cfg, &r, env)?,
         Some(r) => r,
-        None => new_identity(data_dir, cfg)?,
+        None => new_identity(data_dir, cfg, env)?,
     };
-    let store = LogStore::open(&dir).map_err(|e| e.to_string())?;
-    if super::snapshot::adopt_staged(data_dir, store.snapshot().as_ref())? {
+    let store = env.open_log(&dir).map_err(|e| e.to_string())?;
+    let adopted = super::snapshot::adopt_staged(data_dir, store.snapshot().as_ref())?;
+    if adopted {
         eprintln!("stockgate: starting from the snapshot received from the group's leader");
     }
     // `--rejoin-empty` says this member lost its state: it rejoins, it never forms.
@@ -153,7 +161,7 @@ pub fn prepare(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Prepared, String
         // way resumes with the same group id.
         if ident.group().is_none() {
             ident
-                .adopt_group(identity::random_id())
+                .adopt_group(env.group_id())
                 .map_err(|e| e.to_string())?;
         }
     } else if cfg.form_group {
@@ -163,12 +171,17 @@ pub fn prepare(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Prepared, String
         store,
         ident: Arc::new(ident),
         forming,
+        adopted,
     })
 }
 
 /// A data dir with no identity file: new storage, unless something of a member is
 /// already there (then that member lost part of its state).
-fn new_identity(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Identity, String> {
+fn new_identity(
+    data_dir: &Path,
+    cfg: &RaftNodeConfig,
+    env: &dyn PrepareEnv,
+) -> Result<Identity, String> {
     let dir = data_dir.join("raft");
     let id_path = dir.join(ID_FILE);
     let wal = data_dir.join("wal");
@@ -192,7 +205,8 @@ fn new_identity(data_dir: &Path, cfg: &RaftNodeConfig) -> Result<Identity, Strin
         .open(&log)
         .and_then(|f| f.sync_all())
         .map_err(|e| format!("{}: {e}", log.display()))?;
-    let ident = Identity::create(&id_path, cfg.id).map_err(|e| e.to_string())?;
+    let ident =
+        Identity::create_as(&id_path, cfg.id, env.incarnation()).map_err(|e| e.to_string())?;
     if !cfg.form_group {
         tracing::info!(
             "raft: new storage (incarnation {:016x}); this member takes no part in any vote until a group admits it (RAFT.ADD, or RAFT.READMIT if it was a member before)",
@@ -208,6 +222,7 @@ fn rejoin_identity(
     data_dir: &Path,
     cfg: &RaftNodeConfig,
     old: &Identity,
+    env: &dyn PrepareEnv,
 ) -> Result<Identity, String> {
     let dir = data_dir.join("raft");
     let (id_path, log_path) = (dir.join(ID_FILE), dir.join("log"));
@@ -222,10 +237,7 @@ fn rejoin_identity(
     }
     let wal = data_dir.join("wal");
     if wal.exists() {
-        let aside = data_dir.join(format!(
-            "wal.before-rejoin-{}",
-            crate::feed::groups::now_ms()
-        ));
+        let aside = data_dir.join(format!("wal.before-rejoin-{}", env.now_ms()));
         std::fs::rename(&wal, &aside)
             .map_err(|e| format!("--rejoin-empty: moving {} aside: {e}", wal.display()))?;
         eprintln!(
@@ -233,7 +245,8 @@ fn rejoin_identity(
             aside.display()
         );
     }
-    let ident = Identity::create(&id_path, cfg.id).map_err(|e| e.to_string())?;
+    let ident =
+        Identity::create_as(&id_path, cfg.id, env.incarnation()).map_err(|e| e.to_string())?;
     if let Some(g) = old.group() {
         ident.adopt_group(g).map_err(|e| e.to_string())?;
     }

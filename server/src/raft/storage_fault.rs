@@ -61,25 +61,51 @@ impl fmt::Display for Fault {
     }
 }
 
-/// The Raft log's first write failure, kept by its writer thread (one member per
-/// process, one log).
-static LOG_FAULT: OnceLock<Fault> = OnceLock::new();
-static LOG_FAULT_SEEN: tokio::sync::Notify = tokio::sync::Notify::const_new();
+/// A Raft log's first write failure, kept by whoever writes it (its writer thread in a
+/// server) for [`watch`] to find: one record per log, so one per member process.
+#[derive(Default)]
+pub struct LogFault {
+    fault: OnceLock<Fault>,
+    seen: tokio::sync::Notify,
+}
 
-/// Records that writing or syncing the Raft log at `path` failed, and wakes [`watch`].
-pub fn note_log_fault(path: &Path, e: &std::io::Error) {
-    let _ = LOG_FAULT.set(Fault {
-        code: EXIT_STORAGE,
-        path: path.to_path_buf(),
-        error: e.to_string(),
-    });
-    LOG_FAULT_SEEN.notify_one();
+impl LogFault {
+    /// Records that writing or syncing the Raft log at `path` failed (the first failure
+    /// only), and wakes [`watch`].
+    pub fn note(&self, path: &Path, e: &std::io::Error) {
+        let _ = self.fault.set(Fault {
+            code: EXIT_STORAGE,
+            path: path.to_path_buf(),
+            error: e.to_string(),
+        });
+        self.seen.notify_one();
+    }
+
+    /// The failure recorded, if any.
+    pub fn get(&self) -> Option<&Fault> {
+        self.fault.get()
+    }
+}
+
+/// How the process ends on a fault, once [`watch`] has logged it and written what the
+/// WAL buffers: a server's exits ([`process_exit`]); the simulation's ends its member as
+/// a crash does, several members sharing one process there.
+pub type Exit = Box<dyn FnOnce(&Fault) + Send>;
+
+/// A server's [`Exit`]: the process ends with [`Fault::code`].
+pub fn process_exit() -> Exit {
+    Box::new(|f: &Fault| std::process::exit(f.code))
 }
 
 /// The failure to exit on, if any: the Raft log's, the WAL's, or openraft's core
 /// stopped (`running_state`; a normal shutdown, `Fatal::Stopped`, is none).
-pub fn fault(m: &RaftMetrics<NodeId, NodeInfo>, wal: &Wal, data_dir: &Path) -> Option<Fault> {
-    if let Some(f) = LOG_FAULT.get() {
+pub fn fault(
+    m: &RaftMetrics<NodeId, NodeInfo>,
+    log: &LogFault,
+    wal: &Wal,
+    data_dir: &Path,
+) -> Option<Fault> {
+    if let Some(f) = log.get() {
         return Some(f.clone());
     }
     if let Some(e) = wal.failure() {
@@ -106,46 +132,83 @@ fn core_fault(state: &Result<(), Fatal<NodeId>>, data_dir: &Path) -> Option<Faul
     })
 }
 
-/// Watches for a storage failure (see [`fault`]) and exits the process on the first:
-/// one log line naming the error and the path, then [`Fault::code`].
-pub async fn watch(raft: Raft, dur: Arc<WalDurability>, data_dir: PathBuf) {
-    let mut rx = raft.metrics();
+/// What [`watch`] looks at: the member's Raft core, its Raft log's fault record, its
+/// WAL, and its data dir (named when the core stopped).
+pub struct Watched {
+    /// The member's Raft handle, for its metrics.
+    pub raft: Raft,
+    /// Its Raft log's fault record (`LogStore::fault_record`).
+    pub log: Arc<LogFault>,
+    /// Its WAL.
+    pub dur: Arc<WalDurability>,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+}
+
+/// Watches for a storage failure (see [`fault`]) and ends the process on the first: one
+/// log line naming the error and the path, what the WAL buffers written, then `exit`
+/// with it. On tokio's clock (the simulation's paused one there).
+pub async fn watch(w: Watched, exit: Exit) {
+    let mut rx = w.raft.metrics();
     let mut core_gone = false;
     loop {
-        if let Some(f) = fault(&rx.borrow_and_update(), &dur.wal, &data_dir) {
-            exit(&f, &dur);
+        let found = fault(&rx.borrow_and_update(), &w.log, &w.dur.wal, &w.data_dir);
+        if let Some(f) = found {
+            flush(&f, &w.dur).await;
+            return exit(&f);
         }
         tokio::select! {
             r = rx.changed(), if !core_gone => core_gone = r.is_err(),
-            _ = LOG_FAULT_SEEN.notified() => {}
+            _ = w.log.seen.notified() => {}
             _ = tokio::time::sleep(POLL) => {}
         }
     }
 }
 
-/// Logs the fault, writes what the WAL still buffers (all of it committed by the group:
-/// nothing is acknowledged by it) for at most [`FLUSH_WAIT`], then exits with `f.code`.
-fn exit(f: &Fault, dur: &WalDurability) -> ! {
+/// Logs the fault and writes what the WAL still buffers (all of it committed by the
+/// group: nothing is acknowledged by it) for at most [`FLUSH_WAIT`].
+async fn flush(f: &Fault, dur: &WalDurability) {
     tracing::error!(
         "raft: {f}; exiting with status {} for the supervisor to restart this member from its durable state",
         f.code
     );
-    if dur.wal.failure().is_none() {
-        let wal = dur.wal.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let _ = std::thread::Builder::new()
-            .name("stockgate-exit-flush".into())
-            .spawn(move || {
-                let _ = tx.send(wal.flush_and_close());
-            });
-        let _ = rx.recv_timeout(FLUSH_WAIT);
+    if dur.wal.failure().is_some() {
+        return;
     }
-    std::process::exit(f.code)
+    let wal = dur.wal.clone();
+    if !wal.has_writer_thread() {
+        // Written on the caller's thread (the simulation's WAL): nothing to wait for,
+        // and no thread to start.
+        let _ = wal.flush_and_close();
+        return;
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("stockgate-exit-flush".into())
+        .spawn(move || {
+            let _ = tx.send(wal.flush_and_close());
+        });
+    if spawned.is_ok() {
+        let _ = tokio::time::timeout(FLUSH_WAIT, rx).await;
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_keeps_its_first_fault() {
+        let log = LogFault::default();
+        assert!(log.get().is_none());
+        let path = Path::new("/data/raft/log");
+        log.note(path, &std::io::Error::other("No space left on device"));
+        log.note(path, &std::io::Error::other("Input/output error"));
+        let f = log.get().expect("a fault");
+        assert_eq!(f.code, EXIT_STORAGE);
+        assert_eq!(f.path, path);
+        assert!(f.error.contains("No space left"), "{f}");
+    }
 
     #[test]
     fn only_a_core_stopped_by_an_error_is_a_fault() {

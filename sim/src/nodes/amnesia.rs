@@ -7,7 +7,8 @@
 //! `Replication::raft_change`, as the command layer calls it), retried on whoever leads
 //! until it succeeds: out of the membership, back as a learner under the new storage,
 //! caught up, a voter again. A member whose start refused a damaged log comes back the
-//! same way ([`rejoin`], from `disk_faults`).
+//! same way ([`rejoin`], from `disk_faults`), and so does one that lost its Raft log
+//! alone ([`readmitted`], from `lost_log`).
 //!
 //! One time in three, before the re-admission, the member taking writes is cut off for
 //! a while, so that the others stand for election and ask the member that lost its
@@ -96,6 +97,18 @@ async fn wiped(r: &Arc<Run>, rng: &mut StdRng, id: NodeId, how: &str) -> bool {
             return false;
         }
     }
+    readmitted(r, rng, id, incarnation).await
+}
+
+/// Member `id`, started with `--rejoin-empty` on new storage of `incarnation`: one time
+/// in three the leader is lost first ([`leader_lost`]); then the group re-admits it, all
+/// agree, and it catches up.
+pub(super) async fn readmitted(
+    r: &Arc<Run>,
+    rng: &mut StdRng,
+    id: NodeId,
+    incarnation: u64,
+) -> bool {
     if rng.gen_range(0..3) == 0 && !leader_lost(r, rng, id, incarnation).await {
         return false;
     }

@@ -1,5 +1,5 @@
-//! One member as a server runs it: its storage opened as `node::prepare` opens it
-//! (inline, on the simulated disk), its engine recovered from its WAL, and the server's
+//! One member as a server runs it: its storage checked and opened by the server's
+//! `node::prepare` (the log inline, on the simulated disk), its engine recovered from its WAL, and the server's
 //! own `RaftNode::start` over the in-memory transport (`wire`). Everything `RaftNode`
 //! spawns is its own: the listener, the proposer, the leadership watcher, the reach
 //! loop, the bootstrap. A crash is `RaftNode::stop`.
@@ -12,19 +12,21 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use stockgate_server::app::feed as app_feed;
+use stockgate_server::engine::Clock;
 use stockgate_server::engine::Engine;
 use stockgate_server::feed::Feed;
 use stockgate_server::persist::{RecoveryReport, WalDurability};
-use stockgate_server::raft::identity::Identity;
-use stockgate_server::raft::log_store::LogStore;
-use stockgate_server::raft::node::Prepared;
+use stockgate_server::raft::log_store::{LogStore, OpenError};
+use stockgate_server::raft::node::{self, Prepared};
+use stockgate_server::raft::prepare_env::PrepareEnv;
 use stockgate_server::raft::runtime::under_gate;
-use stockgate_server::raft::snapshot;
 use stockgate_server::raft::speculation::Speculation;
+use stockgate_server::raft::storage_fault::Watched;
 use stockgate_server::raft::{NodeId, NodeInfo, RaftNode, RaftNodeConfig};
 use stockgate_server::session::{NoDurability, Replication, ServerConfig, Shared, SharedParts};
 use stockgate_server::wal::WalOptions;
 
+use super::exit::{self, Exited, Process};
 use super::expiry;
 use crate::disk::{Disk, Hook};
 use crate::gate::Gate;
@@ -113,6 +115,10 @@ pub struct Node {
     ticker: Option<tokio::task::JoinHandle<()>>,
     /// The WAL's once-a-second sync (`Env::lagging_io`), ended with the process.
     wal_sync: Option<tokio::task::JoinHandle<()>>,
+    /// The server's `storage_fault::watch`, ended with the process.
+    watcher: tokio::task::JoinHandle<()>,
+    /// Set when the watcher called for the process's exit.
+    pub exited: Arc<Exited>,
 }
 
 /// The configuration a server gives member `id` from its flags.
@@ -153,24 +159,6 @@ fn config(env: &Env, id: NodeId, dir: &Path, rejoin: bool) -> RaftNodeConfig {
     }
 }
 
-/// The storage's identity: the one recorded, or on new storage one written as
-/// `Identity::create` writes it, with an incarnation from the seed rather than the
-/// system's generator, so that a run's requests carry the same bytes every time.
-fn identity(dir: &Path, id: NodeId, incarnation: Option<u64>) -> Result<Arc<Identity>, String> {
-    let raft = dir.join("raft");
-    std::fs::create_dir_all(&raft).map_err(|e| e.to_string())?;
-    let path = raft.join("id");
-    if let Some(incarnation) = incarnation {
-        let text = format!("node-id {id}\nincarnation {incarnation:016x}\n");
-        std::fs::write(&path, text).map_err(|e| e.to_string())?;
-    }
-    match Identity::load(&path) {
-        Ok(Some(i)) => Ok(Arc::new(i)),
-        Ok(None) => Err(format!("{} vanished", path.display())),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 /// Starts member `id` from its data dir (new storage of `incarnation` if given), as a
 /// server started with `--raft-id` (the first of `env.ids` with `--raft-bootstrap`,
 /// which forms the group only on storage with no Raft state).
@@ -192,28 +180,23 @@ async fn start_as(
     rejoin: bool,
 ) -> Result<Node, String> {
     let dir = env.dir(id);
-    let ident = identity(&dir, id, incarnation)?;
     let deposed = Arc::new(AtomicBool::new(false));
     let disk = env.disk(id);
     // Names this process (a server draws it at each start): the batches it writes are
     // the ones its own engine holds already.
     let origin = (id << 32) | (env.processes.fetch_add(1, Ordering::AcqRel) + 1);
-    // The lags are drawn from the process's origin: no draw from the run's generators.
-    let lag = env
-        .lagging_io
-        .then(|| StdRng::seed_from_u64(origin ^ LAG_SEED));
-    let hook = Hook::new(disk.clone(), deposed.clone(), env.history.clone(), lag);
-    let store = LogStore::open_inline_on(&dir.join("raft"), hook.clone())
-        .map_err(|e| format!("raft log: {e}"))?;
-    adopt_staged(env, id, &dir, &store)?;
-    let cfg = config(env, id, &dir, rejoin);
-    // As `node::prepare` decides it.
-    let forming = cfg.form_group && store.is_pristine() && !cfg.rejoin_empty;
-    if forming {
-        ident.adopt_group(env.group).map_err(|e| e.to_string())?;
-    }
+    let hook = hook(env, &disk, origin);
     // A new monotonic clock over the member's wall, as a new server process reads it.
     let clock = env.clocks.clock(id);
+    let cfg = config(env, id, &dir, rejoin);
+    let outside = Outside {
+        hook: hook.clone(),
+        incarnation: incarnation.unwrap_or(origin ^ INCARNATION_SEED).max(1),
+        group: env.group,
+        clock: clock.clone(),
+    };
+    let prepared = prepare(env, &cfg, &outside)?;
+    let store = prepared.store.clone();
     let expires = env.clocks.expiry;
     let (engine, dur, spec, report) = member::recover(
         &dir,
@@ -223,24 +206,19 @@ async fn start_as(
     )?;
     let flag = deposed.clone();
     spec.set_depose_hook(Box::new(move |_why| flag.store(true, Ordering::Release)));
-    let prepared = Prepared::new(store.clone(), ident, forming);
     let (feed, shared) = assemble(&engine, &dur, &spec, &report);
     // Every task the member spawns, and every task those spawn, runs under its gate.
     let gate = env.gate(id);
-    let node = under_gate(
-        gate.clone(),
-        RaftNode::start(
-            cfg,
-            prepared,
-            engine.clone(),
-            dur.clone(),
-            spec.clone(),
-            app_feed::snapshot_hooks(&shared),
-            Arc::new(MemTransport(env.wire.clone())),
-        ),
-    )
-    .await?;
+    let log = store.fault_record();
+    let node = start_raft(env, (cfg, prepared), (&engine, &dur, &spec, &shared), &gate).await?;
     let _ = shared.repl.set(node.clone() as Arc<dyn Replication>);
+    let watched = Watched {
+        raft: node.raft.clone(),
+        log,
+        dur: dur.clone(),
+        data_dir: dir.clone(),
+    };
+    let (watcher, exited) = watch(env, id, watched, (&hook, &gate));
     let ticker = expires.then(|| expiry::ticker(engine.clone(), shared.clone(), gate.clone()));
     let wal_sync = env.lagging_io.then(|| wal_sync(dur.clone(), gate.clone()));
     // Recovery may have cut a torn tail: what is left is what a power loss keeps.
@@ -260,6 +238,8 @@ async fn start_as(
         wal: dur,
         ticker,
         wal_sync,
+        watcher,
+        exited,
     })
 }
 
@@ -300,21 +280,114 @@ fn assemble(
     (feed, Arc::new(shared))
 }
 
-/// What `node::prepare` does before the WAL is opened: a snapshot the Raft log names
-/// and a previous process staged (`install_snapshot`, which then deposed it) becomes the
-/// member's `wal/`; any other staged directory is an interrupted transfer, deleted.
-fn adopt_staged(env: &Env, id: NodeId, dir: &Path, store: &LogStore) -> Result<(), String> {
-    let recorded = store.snapshot();
-    let adopted = snapshot::adopt_staged(dir, recorded.as_ref())
-        .map_err(|e| format!("staged snapshot: {e}"))?;
-    if let (true, Some(s)) = (adopted, recorded) {
+/// The process's view of member `id`'s disk. The server's rule
+/// (`storage_fault::watch`) ends a member whose disk failed it, not the hook: it sets no
+/// restart flag.
+fn hook(env: &Env, disk: &Arc<Disk>, origin: u64) -> Arc<Hook> {
+    // The lags are drawn from the process's origin: no draw from the run's generators.
+    let lag = env
+        .lagging_io
+        .then(|| StdRng::seed_from_u64(origin ^ LAG_SEED));
+    Hook::new(disk.clone(), None, env.history.clone(), lag)
+}
+
+/// The server's `RaftNode::start`, under the member's gate, over the in-memory wire.
+async fn start_raft(
+    env: &Env,
+    (cfg, prepared): (RaftNodeConfig, Prepared),
+    (engine, dur, spec, shared): (
+        &Arc<Engine>,
+        &Arc<WalDurability>,
+        &Arc<Speculation>,
+        &Arc<Shared>,
+    ),
+    gate: &Arc<Gate>,
+) -> Result<Arc<RaftNode>, String> {
+    under_gate(
+        gate.clone(),
+        RaftNode::start(
+            cfg,
+            prepared,
+            engine.clone(),
+            dur.clone(),
+            spec.clone(),
+            app_feed::snapshot_hooks(shared),
+            Arc::new(MemTransport(env.wire.clone())),
+        ),
+    )
+    .await
+}
+
+/// The member's storage checked and opened by the server's `node::prepare`, in the
+/// simulation's outside world; a snapshot it adopted is noted.
+fn prepare(env: &Env, cfg: &RaftNodeConfig, outside: &Outside) -> Result<Prepared, String> {
+    let prepared = node::prepare_on(&cfg.data_dir, cfg, outside)?;
+    if prepared.adopted_snapshot() {
+        adopted(env, cfg.id, &prepared.store);
+    }
+    Ok(prepared)
+}
+
+/// Starts the server's `storage_fault::watch` on member `id`'s process.
+fn watch(
+    env: &Env,
+    id: NodeId,
+    watched: Watched,
+    (hook, gate): (&Arc<Hook>, &Arc<Gate>),
+) -> (tokio::task::JoinHandle<()>, Arc<Exited>) {
+    let process = Process {
+        id,
+        hook: hook.clone(),
+        gate: gate.clone(),
+        history: env.history.clone(),
+        root: env.root.clone(),
+    };
+    exit::watch(watched, process)
+}
+
+/// Notes the snapshot `node::prepare` adopted: one a previous process staged
+/// (`install_snapshot`, which then deposed it) and the Raft log names.
+fn adopted(env: &Env, id: NodeId, store: &LogStore) {
+    if let Some(s) = store.snapshot() {
         let at = s.meta.last_log_id.map(|l| l.index);
         env.history.note(format!(
             "n{id} adopts the group's snapshot: entry {at:?}, LSN {}",
             s.lsn
         ));
     }
-    Ok(())
+}
+
+/// Distinguishes a start's incarnation, when it makes new storage it was given none
+/// for, from the process's other draws.
+const INCARNATION_SEED: u64 = 0x696e_6361_726e_6174;
+
+/// What `node::prepare` takes from outside the data dir, in the simulation: the Raft
+/// log written inline on the member's disk model, the incarnation and the group's id
+/// from the seed (the system's generator would make a run's requests differ from run to
+/// run), the member's simulated wall clock.
+struct Outside {
+    hook: Arc<Hook>,
+    incarnation: u64,
+    group: u64,
+    clock: Arc<dyn Clock>,
+}
+
+impl PrepareEnv for Outside {
+    fn open_log(&self, dir: &Path) -> Result<LogStore, OpenError> {
+        LogStore::open_inline_on(dir, self.hook.clone())
+    }
+
+    fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    fn group_id(&self) -> u64 {
+        self.group
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
 }
 
 impl Node {
@@ -332,6 +405,7 @@ impl Node {
     /// returns from `apply`, so its handles are never dropped).
     pub async fn exit(self) {
         self.hook.end();
+        self.watcher.abort();
         for t in [&self.ticker, &self.wal_sync].into_iter().flatten() {
             t.abort();
         }

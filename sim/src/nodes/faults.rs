@@ -91,7 +91,7 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 }
 
 /// The `k`th of the kinds drawn only when on (`Kinds`), in order: a flipped bit, a
-/// damaged record, and the three overlapping faults.
+/// damaged record, the three overlapping faults, and a lost Raft log.
 async fn newer(r: &Arc<Run>, rng: &mut StdRng, k: u32) -> bool {
     let kinds = r.kinds;
     let on = [
@@ -100,6 +100,7 @@ async fn newer(r: &Arc<Run>, rng: &mut StdRng, k: u32) -> bool {
         kinds.overlaps,
         kinds.overlaps,
         kinds.overlaps,
+        kinds.lost_log,
     ];
     let Some(kind) = on
         .iter()
@@ -115,7 +116,8 @@ async fn newer(r: &Arc<Run>, rng: &mut StdRng, k: u32) -> bool {
         1 => super::disk_faults::damage(r, rng).await,
         2 => super::overlap::down_during(r, rng).await,
         3 => super::overlap::membership_during(r, rng).await,
-        _ => super::overlap::stopped_crash(r, rng).await,
+        4 => super::overlap::stopped_crash(r, rng).await,
+        _ => super::lost_log::lose_log(r, rng).await,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Which of the fault kinds added to the scenario after its first seeds were kept a run
-//! draws (from `Settings`: `bit_flips`, `damage`, `lagging_io`, `commands`, `overlaps`).
+//! draws (from `Settings`: `bit_flips`, `damage`, `lagging_io`, `commands`, `overlaps`,
+//! `lost_log`).
 //! Each one off, a seed draws and does what it did before the kind existed here.
 
 /// The newer kinds a run has.
@@ -23,6 +24,8 @@ pub struct Kinds {
     /// The feed's second worker, claims, `XPENDING` and blocking reads
     /// (`feed::claims`).
     pub claims: bool,
+    /// A data dir that lost its Raft log and kept its identity file (`amnesia::lose_log`).
+    pub lost_log: bool,
 }
 
 impl Kinds {
@@ -35,13 +38,17 @@ impl Kinds {
             readmit_command: settings.commands,
             overlaps: settings.overlaps,
             claims: settings.claims,
+            lost_log: settings.lost_log,
         }
     }
 
     /// How many of the drawn phase's kinds (of sixteen before these) a step draws from:
-    /// the kinds after the sixteen, in order, are a flipped bit, a damaged record and
-    /// the overlapping faults' three.
+    /// the kinds after the sixteen, in order, are a flipped bit, a damaged record, the
+    /// overlapping faults' three and a lost Raft log.
     pub fn extra(&self) -> u32 {
-        u32::from(self.bit_flips) + u32::from(self.damage) + 3 * u32::from(self.overlaps)
+        u32::from(self.bit_flips)
+            + u32::from(self.damage)
+            + 3 * u32::from(self.overlaps)
+            + u32::from(self.lost_log)
     }
 }

@@ -32,12 +32,14 @@ mod client;
 mod commands;
 mod crash;
 mod disk_faults;
+mod exit;
 mod expiry;
 mod faults;
 mod feed;
 mod feed_checks;
 mod kinds;
 mod ledger;
+mod lost_log;
 mod members;
 mod membership;
 mod overlap;
@@ -196,11 +198,14 @@ pub(crate) async fn run(seed: u64, mut rng: StdRng, root: PathBuf, settings: Set
 /// A deposed member re-executes itself (`RaftNode::restart_hook`): its process ends
 /// (its WAL closed, as the hook closes it), and after the hook's grace for the replies
 /// it starts again from its data dir, throwing away the engine state its group never
-/// committed.
+/// committed. A member that exits with no storage error armed on it (its Raft core
+/// stopped) fails the run, and starts again as its supervisor would start it.
 async fn supervise(r: Arc<Run>, done: Arc<AtomicBool>) {
     while !done.load(Ordering::Acquire) {
+        unexpected_exits(&r).await;
         // A stopped member re-executes once it continues; one whose disk failed it
-        // exits, and the step that failed its disk starts it again (`storage_faults`).
+        // exits (its watcher polls every 20 ms, within the restart hook's grace), and
+        // the step that failed its disk starts it again (`storage_faults`).
         let deposed: Vec<NodeId> = {
             let live = r.live.lock();
             let d = live.values().filter(|n| {
@@ -226,6 +231,39 @@ async fn supervise(r: Arc<Run>, done: Arc<AtomicBool>) {
             }
         }
         sleep(STEP).await;
+    }
+}
+
+/// Members that exited with no storage error injected: the server's watcher found
+/// their Raft core stopped (or a storage error the run did not arm).
+async fn unexpected_exits(r: &Run) {
+    let exited: Vec<NodeId> = {
+        let live = r.live.lock();
+        let e = live
+            .values()
+            .filter(|n| n.exited.fault().is_some() && n.hook.failed().is_none());
+        e.map(|n| n.id).collect()
+    };
+    for id in exited {
+        let Some(n) = r.live.lock().remove(&id) else {
+            continue;
+        };
+        let what = n
+            .exited
+            .fault()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let what = what.replace(&format!("{}/", r.env.root.display()), "");
+        r.fail(format!("n{id} exited with no storage error armed: {what}"));
+        n.kill().await;
+        sleep(RESTART_AFTER).await;
+        match boot::start(&r.env, id, None).await {
+            Ok(n) => {
+                r.note(format!("n{id} starts again"));
+                r.live.lock().insert(id, n);
+            }
+            Err(e) => r.fail(format!("n{id} refuses to start again: {e}")),
+        }
     }
 }
 

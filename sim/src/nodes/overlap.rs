@@ -33,7 +33,7 @@ use super::checks;
 use super::crash::down;
 use super::members::{pick, restart, writer};
 use super::membership::{change, stays_out};
-use super::storage_faults::{caught_up, hit};
+use super::storage_faults::{caught_up, ended, hit, Ended};
 use super::{Run, FAILOVER_WITHIN, HEAL_WITHIN};
 use crate::disk::{Armed, Log, Op};
 use crate::gate::Gate;
@@ -151,8 +151,8 @@ pub(super) async fn down_during(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 }
 
 /// Arms a storage error on member `id` (as `storage_faults` does) and, when it hits,
-/// ends the member as the server's exit ends it: the member, or `None` when it hit
-/// nothing.
+/// waits for the member to exit as the server's watcher exits it: the member, or `None`
+/// when it hit nothing or did not exit (a failure then, `storage_faults::ended`).
 async fn storage_error(r: &Run, rng: &mut StdRng, id: NodeId) -> Option<NodeId> {
     let (log, op) = [
         (Log::Raft, Op::Write),
@@ -162,9 +162,9 @@ async fn storage_error(r: &Run, rng: &mut StdRng, id: NodeId) -> Option<NodeId> 
     ][rng.gen_range(0..4)];
     let errno = if rng.gen_bool(0.5) { 28 } else { 5 };
     let failed = hit(r, id, Armed { log, op, errno }).await?;
-    let n = r.live.lock().remove(&id)?;
-    r.note(format!("n{id} exits on the storage error (status 75)"));
-    n.kill().await;
+    if !matches!(ended(r, id).await, Ended::Exited) {
+        return None;
+    }
     let disk = r.env.disks.lock().get(&id).cloned();
     if let Some(disk) = disk {
         disk.power_cut(rng, Some(&failed), &r.env.history);

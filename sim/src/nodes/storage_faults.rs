@@ -5,16 +5,16 @@
 //!
 //! What the server does then (docs/replication.md, "A disk that fails";
 //! `raft::storage_fault`): the member exits with status 75 rather than go on with what it
-//! may not have made durable, and its supervisor starts it again. Here the hook sets the
-//! member's restart flag as it returns the error (the write gate closes with it), and
-//! the step ends the process as a kill ends it: `storage_fault::watch`, which exits a
-//! server, keeps one fault record per process, and several members share this one. The
-//! file that failed keeps only what was synced, or by the seed part of the rest (after
-//! a failed `fsync` the kernel may have dropped the pages it could not write: the first
-//! scenario's model). The disk is healed before the member starts again.
+//! may not have made durable, and its supervisor starts it again. Here the server's own
+//! `storage_fault::watch` runs on every member and calls for the exit (`exit`); the step
+//! then ends the process's tasks as a kill ends them. The file that failed keeps only
+//! what was synced, or by the seed part of the rest (after a failed `fsync` the kernel
+//! may have dropped the pages it could not write: the first scenario's model). The disk
+//! is healed before the member starts again.
 //!
-//! Checked: the others elect and name a leader while it is down (within a crash's
-//! bound); it starts again from what its disk kept, all agree again, and it catches up:
+//! Checked: the member exits within [`EXIT_WITHIN`] of the error; the others elect and
+//! name a leader while it is down (within a crash's bound); it starts again from what
+//! its disk kept, all agree again, and it catches up:
 //! it applies at least what the group had committed when it started, within
 //! [`HEAL_WITHIN`]. Nothing acknowledged may be lost: the end's checks.
 
@@ -36,6 +36,20 @@ use crate::disk::{Armed, Log, Op};
 /// nothing: a follower with no client writing).
 const ARMED_FOR: Duration = Duration::from_secs(2);
 
+/// A member whose disk failed it exits within this: the watcher's poll (20 ms) and its
+/// wait for the WAL's flush (at most 500 ms), with room.
+const EXIT_WITHIN: Duration = Duration::from_secs(1);
+
+/// How a member whose disk failed it ended.
+pub(super) enum Ended {
+    /// It exited, as the server's watcher exits it, and its process is gone.
+    Exited,
+    /// Another step or the supervisor ended it first.
+    Gone,
+    /// It still runs [`EXIT_WITHIN`] after the error: a failure.
+    Stays,
+}
+
 /// The next write or sync of one log of a member drawn fails; the member exits on it,
 /// the others go on, and it starts again on a healed disk and catches up.
 pub(super) async fn fail_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
@@ -55,11 +69,11 @@ pub(super) async fn fail_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     let Some(failed) = hit(r, id, a).await else {
         return true;
     };
-    let Some(n) = r.live.lock().remove(&id) else {
-        return true;
-    };
-    r.note(format!("n{id} exits on the storage error (status 75)"));
-    n.kill().await;
+    match ended(r, id).await {
+        Ended::Exited => {}
+        Ended::Gone => return true,
+        Ended::Stays => return false,
+    }
     let disk = r.env.disks.lock().get(&id).cloned();
     if let Some(disk) = disk {
         disk.power_cut(rng, Some(&failed), &r.env.history);
@@ -109,6 +123,32 @@ pub(super) async fn hit(r: &Run, id: NodeId, a: Armed) -> Option<PathBuf> {
         }
         sleep(STEP).await;
     }
+}
+
+/// Waits for member `id`, whose disk failed it, to exit (its watcher's call), then ends
+/// its process's tasks.
+pub(super) async fn ended(r: &Run, id: NodeId) -> Ended {
+    let Some(exited) = r.live.lock().get(&id).map(|n| n.exited.clone()) else {
+        return Ended::Gone;
+    };
+    if exited.wait(EXIT_WITHIN).await.is_none() {
+        r.fail(format!(
+            "n{id} still runs {EXIT_WITHIN:?} after its disk failed it: a member whose disk failed exits (status 75) for its supervisor to restart it"
+        ));
+        return Ended::Stays;
+    }
+    let n = {
+        let mut live = r.live.lock();
+        match live.get(&id) {
+            Some(n) if Arc::ptr_eq(&n.exited, &exited) => live.remove(&id),
+            _ => None,
+        }
+    };
+    let Some(n) = n else {
+        return Ended::Gone;
+    };
+    n.kill().await;
+    Ended::Exited
 }
 
 /// Member `id` applies, within [`HEAL_WITHIN`], at least what `leader` had committed
