@@ -471,6 +471,8 @@ pub struct Hook {
     lag: Option<Mutex<StdRng>>,
     /// The process ended (any way): its Raft log, when it lags, writes nothing more.
     ended: AtomicBool,
+    /// A slow disk: each lag drawn from this range (µs) instead (`slow_syncs`).
+    slow: Mutex<Option<(u64, u64)>>,
 }
 
 impl Hook {
@@ -491,6 +493,7 @@ impl Hook {
             history,
             lag: lag.map(Mutex::new),
             ended: AtomicBool::new(false),
+            slow: Mutex::new(None),
         })
     }
 
@@ -503,6 +506,13 @@ impl Hook {
     /// The process is gone: nothing it syncs from now on counts.
     pub fn die(&self) {
         self.live.store(false, Ordering::Release);
+    }
+
+    /// From now on the Raft log writes and syncs each change `lo..hi` µs after it (a
+    /// disk far slower than the network), if it lags at all. `false` when it does not.
+    pub fn slow_syncs(&self, lo: u64, hi: u64) -> bool {
+        *self.slow.lock() = Some((lo, hi));
+        self.lag.is_some()
     }
 
     /// The next matching operation fails with `a`.
@@ -569,6 +579,9 @@ impl DiskHook for Hook {
             return Duration::ZERO;
         };
         let mut rng = rng.lock();
+        if let Some((lo, hi)) = *self.slow.lock() {
+            return Duration::from_micros(rng.gen_range(lo..hi));
+        }
         let us = if rng.gen_range(0..10) == 0 {
             rng.gen_range(2_000..30_000)
         } else {

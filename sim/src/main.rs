@@ -1,7 +1,7 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
 //! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
 //! [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] [--no-overlaps]
-//! [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
+//! [--no-doubled] [--no-change-faults] [--no-slow-leader] [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
 //! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
 //! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
 //! under `--fsync no` (a single node's setting, which a server never gives a member) to
@@ -19,14 +19,18 @@
 //! the engine instead of sending command lines through the command layer
 //! (`Settings::commands`); `--no-feed` the order feed's consumers and their checks
 //! (`Settings::feed`).
-//! `--no-overlaps` the `RaftNode` scenario's overlapping faults (`Settings::overlaps`).
+//! `--no-overlaps` the `RaftNode` scenario's overlapping faults (`Settings::overlaps`),
+//! `--no-doubled` its two faults of one kind at once (`Settings::doubled`),
+//! `--no-change-faults` its faults in the middle of a membership change
+//! (`Settings::change_faults`), `--no-slow-leader` its slow-disk leader's power loss
+//! (`Settings::slow_leader`).
 //! `--members=N` runs a group of N members (3 unless told). `--raftnode` runs the other
 //! scenario instead: three of the server's own `RaftNode`s over the in-memory transport
 //! (`stockgate_sim::run_nodes_with`; of the other flags `--members`, `--verbose`,
 //! `--no-feed`, `--no-bit-flips`, `--no-damage`, `--no-lagging-io`, `--no-commands`
 //! (`RAFT.READMIT` through `Replication::raft_change` rather than as a command line) and
-//! `--no-overlaps` apply to it; the last five `--no-` flags give its histories from
-//! before those kinds).
+//! `--no-overlaps`, `--no-doubled`, `--no-change-faults` and `--no-slow-leader` apply to
+//! it; the last eight `--no-` flags give its histories from before those kinds).
 
 use stockgate_sim::{run, run_nodes_with, Settings};
 
@@ -46,6 +50,9 @@ fn main() {
     let snapshots = !args.iter().any(|a| a == "--no-snapshots");
     let feed = !args.iter().any(|a| a == "--no-feed");
     let overlaps = !args.iter().any(|a| a == "--no-overlaps");
+    let doubled = !args.iter().any(|a| a == "--no-doubled");
+    let change_faults = !args.iter().any(|a| a == "--no-change-faults");
+    let slow_leader = !args.iter().any(|a| a == "--no-slow-leader");
     let members = args
         .iter()
         .find_map(|a| a.strip_prefix("--members="))
@@ -57,7 +64,8 @@ fn main() {
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
              [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] \
-             [--no-overlaps] [--members=N] [--raftnode]"
+             [--no-overlaps] [--no-doubled] [--no-change-faults] [--no-slow-leader] \
+             [--members=N] [--raftnode]"
         );
         std::process::exit(2);
     };
@@ -83,6 +91,9 @@ fn main() {
         commands,
         feed,
         overlaps,
+        doubled,
+        change_faults,
+        slow_leader,
         members,
         ..Settings::default()
     };

@@ -153,7 +153,7 @@ pub(super) async fn down_during(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 /// Arms a storage error on member `id` (as `storage_faults` does) and, when it hits,
 /// ends the member as the server's exit ends it: the member, or `None` when it hit
 /// nothing.
-async fn storage_error(r: &Run, rng: &mut StdRng, id: NodeId) -> Option<NodeId> {
+pub(super) async fn storage_error(r: &Run, rng: &mut StdRng, id: NodeId) -> Option<NodeId> {
     let (log, op) = [
         (Log::Raft, Op::Write),
         (Log::Raft, Op::Sync),
