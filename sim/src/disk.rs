@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -473,6 +473,8 @@ pub struct Hook {
     ended: AtomicBool,
     /// A slow disk: each lag drawn from this range (µs) instead (`slow_syncs`).
     slow: Mutex<Option<(u64, u64)>>,
+    /// How many syncs of the Raft log this process made.
+    raft_syncs: AtomicU64,
 }
 
 impl Hook {
@@ -494,6 +496,7 @@ impl Hook {
             lag: lag.map(Mutex::new),
             ended: AtomicBool::new(false),
             slow: Mutex::new(None),
+            raft_syncs: AtomicU64::new(0),
         })
     }
 
@@ -513,6 +516,11 @@ impl Hook {
     pub fn slow_syncs(&self, lo: u64, hi: u64) -> bool {
         *self.slow.lock() = Some((lo, hi));
         self.lag.is_some()
+    }
+
+    /// How many syncs of the Raft log this process made so far.
+    pub fn raft_syncs(&self) -> u64 {
+        self.raft_syncs.load(Ordering::Acquire)
     }
 
     /// The next matching operation fails with `a`.
@@ -594,6 +602,9 @@ impl DiskHook for Hook {
         self.inject(path, Op::Sync)?;
         if self.live.load(Ordering::Acquire) {
             self.disk.synced.lock().insert(path.to_path_buf(), len);
+            if is_raft_log(path) {
+                self.raft_syncs.fetch_add(1, Ordering::AcqRel);
+            }
         }
         Ok(())
     }

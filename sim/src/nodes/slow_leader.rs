@@ -24,17 +24,19 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::Rng;
 use stockgate_server::raft::NodeId;
-use tokio::time::sleep;
+use tokio::time::{sleep, Instant};
 
 use super::checks;
 use super::crash::down;
 use super::members::{restart, writer};
 use super::storage_faults::caught_up;
 use super::{Run, HEAL_WITHIN};
+use crate::disk::Hook;
 
 /// The member taking writes gets a disk on which each Raft log write and sync takes 50
-/// to 400 ms (the network's legs take at most 30 ms), keeps taking writes for 0.3 to 2
-/// s, loses the power, and starts again 0 to 50 ms later.
+/// to 400 ms (the network's legs take at most 30 ms), keeps taking writes until a
+/// follower holds an entry it has not synced, or for 0.3 to 2 s at most, loses the
+/// power, and starts again 0 to 50 ms later.
 pub(super) async fn power_loss(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     let lo = rng.gen_range(50..200);
     let hi = lo + rng.gen_range(50..200);
@@ -56,7 +58,12 @@ pub(super) async fn power_loss(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     r.note(format!(
         "n{id} disk slow: its Raft log syncs {lo} to {hi} ms after each change, taking writes, for {lasts} ms"
     ));
-    sleep(Duration::from_millis(lasts)).await;
+    let ahead = follower_ahead(r, id, &hook, Duration::from_millis(lasts)).await;
+    if let Some((f, at, synced)) = ahead {
+        r.note(format!(
+            "n{f} holds entry {at}, n{id} has synced only up to about {synced}"
+        ));
+    }
     let last = r.live.lock().get(&id).map(|n| n.store.last_index());
     let others: Vec<(NodeId, u64)> = {
         let live = r.live.lock();
@@ -79,4 +86,35 @@ pub(super) async fn power_loss(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         return false;
     };
     caught_up(r, id, leader).await && checks::logs_match(r, &what)
+}
+
+/// Waits, at most `within`, until a follower of leader `id` holds an entry past what the
+/// leader's Raft log has synced (taken as the leader's last entry when its latest sync
+/// was seen, looked at every millisecond: a little ahead of the truth, never behind):
+/// that follower, its last entry, and the leader's synced end.
+async fn follower_ahead(
+    r: &Run,
+    id: NodeId,
+    hook: &Hook,
+    within: Duration,
+) -> Option<(NodeId, u64, u64)> {
+    let start = Instant::now();
+    let (mut syncs, mut synced) = (u64::MAX, 0);
+    while start.elapsed() < within {
+        let ahead = {
+            let live = r.live.lock();
+            let leader = live.get(&id)?;
+            if hook.raft_syncs() != syncs {
+                syncs = hook.raft_syncs();
+                synced = leader.store.last_index();
+            }
+            let o = live.values().filter(|n| n.id != id);
+            o.map(|n| (n.id, n.store.last_index())).max_by_key(|f| f.1)
+        };
+        if let Some((f, at)) = ahead.filter(|f| f.1 > synced) {
+            return Some((f, at, synced));
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+    None
 }
