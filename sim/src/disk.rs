@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -473,6 +473,10 @@ pub struct Hook {
     lag: Option<Mutex<StdRng>>,
     /// The process ended (any way): its Raft log, when it lags, writes nothing more.
     ended: AtomicBool,
+    /// A slow disk: each lag drawn from this range (µs) instead (`slow_syncs`).
+    slow: Mutex<Option<(u64, u64)>>,
+    /// How many syncs of the Raft log this process made.
+    raft_syncs: AtomicU64,
 }
 
 impl Hook {
@@ -493,6 +497,8 @@ impl Hook {
             history,
             lag: lag.map(Mutex::new),
             ended: AtomicBool::new(false),
+            slow: Mutex::new(None),
+            raft_syncs: AtomicU64::new(0),
         })
     }
 
@@ -505,6 +511,18 @@ impl Hook {
     /// The process is gone: nothing it syncs from now on counts.
     pub fn die(&self) {
         self.live.store(false, Ordering::Release);
+    }
+
+    /// From now on the Raft log writes and syncs each change `lo..hi` µs after it (a
+    /// disk far slower than the network), if it lags at all. `false` when it does not.
+    pub fn slow_syncs(&self, lo: u64, hi: u64) -> bool {
+        *self.slow.lock() = Some((lo, hi));
+        self.lag.is_some()
+    }
+
+    /// How many syncs of the Raft log this process made so far.
+    pub fn raft_syncs(&self) -> u64 {
+        self.raft_syncs.load(Ordering::Acquire)
     }
 
     /// The next matching operation fails with `a`.
@@ -573,6 +591,9 @@ impl DiskHook for Hook {
             return Duration::ZERO;
         };
         let mut rng = rng.lock();
+        if let Some((lo, hi)) = *self.slow.lock() {
+            return Duration::from_micros(rng.gen_range(lo..hi));
+        }
         let us = if rng.gen_range(0..10) == 0 {
             rng.gen_range(2_000..30_000)
         } else {
@@ -585,6 +606,9 @@ impl DiskHook for Hook {
         self.inject(path, Op::Sync)?;
         if self.live.load(Ordering::Acquire) {
             self.disk.synced.lock().insert(path.to_path_buf(), len);
+            if is_raft_log(path) {
+                self.raft_syncs.fetch_add(1, Ordering::AcqRel);
+            }
         }
         Ok(())
     }

@@ -86,8 +86,9 @@ pub fn run_nodes_of(seed: u64, members: usize, verbose: bool) -> Outcome {
 
 /// [`run_nodes`] with `settings`: of them, `members`, `verbose`, `feed` (the order
 /// feed's consumers) and the fault kinds the `RaftNode` scenario has (`bit_flips`,
-/// `damage`, `lagging_io`, `commands`, `overlaps`, `lost_log`; off, a seed runs as it did before the
-/// kind existed there) apply to this scenario.
+/// `damage`, `lagging_io`, `commands`, `overlaps`, `claims`, `lost_log`, `doubled`,
+/// `change_faults`, `slow_leader`; off, a seed runs as it did before the kind existed
+/// there) apply to this scenario.
 pub fn run_nodes_with(seed: u64, settings: &Settings) -> Outcome {
     let settings = settings.clone();
     in_sim(seed, move |master, root| {

@@ -1,8 +1,8 @@
 //! `stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults]
 //! [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips]
 //! [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] [--no-overlaps]
-//! [--no-claims] [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
-//! [--no-lost-log] [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
+//! [--no-claims] [--no-lost-log] [--no-doubled] [--no-change-faults] [--no-slow-leader]
+//! [--members=N] [--raftnode]`: runs the deterministic simulation of a replicated
 //! group for seeds SEED .. SEED+COUNT-1, one line per seed: `seed <n> digest <hex>
 //! PASS|FAIL <what>`. Exits 1 if any seed failed. `--fsync-no` runs the members' WALs
 //! under `--fsync no` (a single node's setting, which a server never gives a member) to
@@ -20,18 +20,21 @@
 //! the engine instead of sending command lines through the command layer
 //! (`Settings::commands`); `--no-feed` the order feed's consumers and their checks
 //! (`Settings::feed`).
-//! `--no-overlaps` the `RaftNode` scenario's overlapping faults (`Settings::overlaps`);
+//! `--no-overlaps` the `RaftNode` scenario's overlapping faults (`Settings::overlaps`),
 //! `--no-claims` its feed's second worker, claims, `XPENDING` and blocking reads
-//! (`Settings::claims`).
-//! `--no-lost-log` its lost Raft log with the identity file kept (`Settings::lost_log`).
+//! (`Settings::claims`), `--no-lost-log` its lost Raft log with the identity file kept
+//! (`Settings::lost_log`), `--no-doubled` its two faults of one kind at once
+//! (`Settings::doubled`), `--no-change-faults` its faults in the middle of a membership
+//! change (`Settings::change_faults`), `--no-slow-leader` its slow-disk leader's power
+//! loss (`Settings::slow_leader`).
 //! `--members=N` runs a group of N members (3 unless told). `--raftnode` runs the other
 //! scenario instead: three of the server's own `RaftNode`s over the in-memory transport
 //! (`stockgate_sim::run_nodes_with`; of the other flags `--members`, `--verbose`,
 //! `--no-feed`, `--no-bit-flips`, `--no-damage`, `--no-lagging-io`, `--no-commands`
 //! (`RAFT.READMIT` through `Replication::raft_change` rather than as a command line) and
-//! `--no-overlaps`, `--no-claims` apply to it; the last six `--no-` flags give its
-//! `--no-overlaps` and `--no-lost-log` apply to it; the last six `--no-` flags give its
-//! histories from before those kinds).
+//! `--no-overlaps`, `--no-claims`, `--no-lost-log`, `--no-doubled`, `--no-change-faults`
+//! and `--no-slow-leader` apply to it; the last eleven `--no-` flags give its histories
+//! from before those kinds).
 
 use stockgate_sim::{run, run_nodes_with, Settings};
 
@@ -53,6 +56,9 @@ fn main() {
     let overlaps = !args.iter().any(|a| a == "--no-overlaps");
     let claims = !args.iter().any(|a| a == "--no-claims");
     let lost_log = !args.iter().any(|a| a == "--no-lost-log");
+    let doubled = !args.iter().any(|a| a == "--no-doubled");
+    let change_faults = !args.iter().any(|a| a == "--no-change-faults");
+    let slow_leader = !args.iter().any(|a| a == "--no-slow-leader");
     let members = args
         .iter()
         .find_map(|a| a.strip_prefix("--members="))
@@ -64,8 +70,8 @@ fn main() {
             "usage: stockgate-sim SEED [COUNT] [--verbose] [--fsync-no] [--no-net-faults] \
              [--no-pause-and-membership] [--no-expiry] [--no-snapshots] [--no-bit-flips] \
              [--no-lagging-io] [--no-retries] [--no-damage] [--no-commands] [--no-feed] \
-             [--no-overlaps] [--no-claims] [--members=N] [--raftnode]"
-             [--no-overlaps] [--no-lost-log] [--members=N] [--raftnode]"
+             [--no-overlaps] [--no-claims] [--no-lost-log] [--no-doubled] \
+             [--no-change-faults] [--no-slow-leader] [--members=N] [--raftnode]"
         );
         std::process::exit(2);
     };
@@ -93,6 +99,9 @@ fn main() {
         overlaps,
         claims,
         lost_log,
+        doubled,
+        change_faults,
+        slow_leader,
         members,
         ..Settings::default()
     };

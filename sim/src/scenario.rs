@@ -33,7 +33,7 @@ mod commands;
 mod damage;
 mod feed;
 mod feed_checks;
-mod log_matching;
+pub(crate) mod log_matching;
 mod pause_and_membership;
 mod retries;
 mod snapshots;
@@ -126,6 +126,18 @@ pub struct Settings {
     /// identity file; its start must refuse, and `--rejoin-empty` brings it back
     /// (`nodes/amnesia.rs`, `lose_log`). Off, a seed draws what it drew before.
     pub lost_log: bool,
+    /// The `RaftNode` scenario only: two faults of one kind at once (two members'
+    /// storage errors, two members stopped, two links cut by different steps, a second
+    /// storage error on a member before it restarts from the first:
+    /// `nodes/doubled.rs`). Off, a seed draws what it drew before.
+    pub doubled: bool,
+    /// The `RaftNode` scenario only: a storage error or a crash between a membership
+    /// change's request and its commit (`nodes/change_faults.rs`). Off, likewise.
+    pub change_faults: bool,
+    /// The `RaftNode` scenario only: the leader's Raft log syncs far behind the network
+    /// (a slow disk on the leader alone), then the power goes and it restarts at once
+    /// (`nodes/slow_leader.rs`). Off, likewise.
+    pub slow_leader: bool,
 }
 
 impl Default for Settings {
@@ -148,6 +160,9 @@ impl Default for Settings {
             overlaps: true,
             claims: true,
             lost_log: true,
+            doubled: true,
+            change_faults: true,
+            slow_leader: true,
         }
     }
 }
@@ -1519,7 +1534,9 @@ fn check_units(c: &Cluster) {
     let mut bad = Vec::new();
     let sent = c.release_sent.lock().clone();
     let live = c.live.lock();
-    bad.extend(log_matching::differing_entries(&live));
+    bad.extend(log_matching::differing_entries(
+        live.values().map(|m| (m.id, &m.store)),
+    ));
     for m in live.values() {
         bad.extend(check_holds(m, &sent));
         for (sku, _) in SALES {

@@ -866,7 +866,8 @@ impl RaftNode {
     /// on an older snapshot, standing again and again, delays the election past the
     /// group's bound (openraft 0.9 has no pre-vote; this is its log check, made by the
     /// member itself). The member with the longest log among the voters in reach is
-    /// never held by this, so a majority in reach still elects one.
+    /// never held by this, so a majority in reach still elects one. In a joint membership
+    /// the majority is one of each of its configurations.
     async fn could_win(
         &self,
         answered: &BTreeSet<NodeId>,
@@ -874,7 +875,7 @@ impl RaftNode {
     ) -> bool {
         let ttl = Duration::from_millis(self.cfg.heartbeat_ms);
         let mine = self.raft.data_metrics().borrow().last_log;
-        let mut grant = 0usize;
+        let mut granting = BTreeSet::new();
         for &id in answered {
             let theirs = match peers.get_mut(&id).filter(|_| id != self.id) {
                 Some(p) => network::ask_last_log(p, ttl).await.ok(),
@@ -882,10 +883,18 @@ impl RaftNode {
             };
             // This member itself, and a voter that did not say, count as granting.
             if theirs.is_none_or(|l| l <= mine) {
-                grant += 1;
+                granting.insert(id);
             }
         }
-        grant * 2 > self.voters().len()
+        // In a joint membership (a change in flight) a vote needs a majority of each
+        // configuration, as openraft counts it: a member the new configuration leaves
+        // out cannot win without the longer log of one it keeps, and its elections would
+        // only raise the term over that member's, again and again.
+        let membership = self.metrics.borrow().membership_config.clone();
+        let configs = membership.membership().get_joint_config();
+        configs
+            .iter()
+            .all(|c| c.intersection(&granting).count() * 2 > c.len())
     }
 
     /// A leader that no majority answered for the longest election timeout (its appends

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stockgate_server::engine::ReservationState;
+use stockgate_server::raft::log_store::LogStore;
 use stockgate_server::raft::NodeId;
 use stockgate_server::session::{HostPort, Replication, RoleView, SentinelAnswer, SentinelQuery};
 use tokio::time::{sleep, Instant};
 
 use super::boot::{Node, GROUP};
 use super::{Run, GIVE_UP_SLACK, STEP, TIMING};
+use crate::scenario::log_matching::differing_entries;
 use crate::wire::client_addr;
 
 /// The member's answer to `SENTINEL get-master-addr-by-name <group>`.
@@ -212,4 +214,21 @@ pub(super) async fn acked_holds(r: &Run) {
         acked.len(),
         live.keys().collect::<Vec<_>>()
     ));
+}
+
+/// Raft's Log Matching across the live members' Raft logs, as openraft reads them
+/// (`scenario::log_matching`): two entries under one log id must hold the same batch.
+/// A follower compares log ids only, so a leader that wrote an index of its term twice
+/// would leave members applying different batches there. `false` (each pair a
+/// failure) when two differ.
+pub(super) fn logs_match(r: &Run, when: &str) -> bool {
+    let stores: Vec<(NodeId, LogStore)> = {
+        let live = r.live.lock();
+        live.values().map(|n| (n.id, n.store.clone())).collect()
+    };
+    let bad = differing_entries(stores.iter().map(|(id, s)| (*id, s)));
+    for b in &bad {
+        r.fail(format!("{when}: {b}"));
+    }
+    bad.is_empty()
 }

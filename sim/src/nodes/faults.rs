@@ -25,8 +25,13 @@
 //! And three kinds of their own files: a member stopped and continued (`pause`), a
 //! storage error on a member's Raft log or WAL (`storage_faults`), a member that lost
 //! its disk and is re-admitted (`amnesia`). Drawn only when on (`Kinds`), after those:
-//! a restart on a flipped bit or a damaged record (`disk_faults`) and three overlapping
-//! faults (`overlap`).
+//! a restart on a flipped bit or a damaged record (`disk_faults`), three overlapping
+//! faults (`overlap`), two faults of one kind at once (`doubled`), a storage error or a
+//! crash in the middle of a membership change (`change_faults`) and a slow-disk leader's
+//! power loss with a fast restart (`slow_leader`).
+//!
+//! After every step, no two members hold different entries under one log id
+//! (`checks::logs_match`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,7 +88,7 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
             15 => super::amnesia::lose_disk(r, rng).await,
             k => newer(r, rng, k - 16).await,
         };
-        if !ok {
+        if !ok || !checks::logs_match(r, "after a drawn step") {
             return false;
         }
     }
@@ -91,7 +96,8 @@ pub(super) async fn random_phase(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 }
 
 /// The `k`th of the kinds drawn only when on (`Kinds`), in order: a flipped bit, a
-/// damaged record, the three overlapping faults, and a lost Raft log.
+/// damaged record, the three overlapping faults, a lost Raft log, two faults of one kind
+/// at once (two draws), a fault during a membership change and a slow leader's power loss.
 async fn newer(r: &Arc<Run>, rng: &mut StdRng, k: u32) -> bool {
     let kinds = r.kinds;
     let on = [
@@ -101,6 +107,10 @@ async fn newer(r: &Arc<Run>, rng: &mut StdRng, k: u32) -> bool {
         kinds.overlaps,
         kinds.overlaps,
         kinds.lost_log,
+        kinds.doubled,
+        kinds.doubled,
+        kinds.change_faults,
+        kinds.slow_leader,
     ];
     let Some(kind) = on
         .iter()
@@ -117,7 +127,10 @@ async fn newer(r: &Arc<Run>, rng: &mut StdRng, k: u32) -> bool {
         2 => super::overlap::down_during(r, rng).await,
         3 => super::overlap::membership_during(r, rng).await,
         4 => super::overlap::stopped_crash(r, rng).await,
-        _ => super::lost_log::lose_log(r, rng).await,
+        5 => super::lost_log::lose_log(r, rng).await,
+        6 | 7 => super::doubled::step(r, rng).await,
+        8 => super::change_faults::step(r, rng).await,
+        _ => super::slow_leader::power_loss(r, rng).await,
     }
 }
 

@@ -129,8 +129,14 @@ pub(super) async fn change(
     done: impl Fn(&[NodeId]) -> bool,
 ) -> Option<u32> {
     for attempt in 1..=ATTEMPTS {
+        // No member takes writes while no majority is up and connected (a fault still
+        // lasting beside the change): liveness is owed only once one is, so the wait
+        // counts as an attempt and the next one waits again.
         let Some(leader) = wait_writer(r).await else {
-            break;
+            r.note(format!(
+                "{what}: no member takes writes (attempt {attempt})"
+            ));
+            continue;
         };
         let reply = send(r, leader, argv).await;
         r.note(format!("{what} on n{leader}: {reply}"));

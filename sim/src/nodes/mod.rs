@@ -27,11 +27,13 @@
 
 mod amnesia;
 mod boot;
+mod change_faults;
 mod checks;
 mod client;
 mod commands;
 mod crash;
 mod disk_faults;
+mod doubled;
 mod exit;
 mod expiry;
 mod faults;
@@ -45,6 +47,7 @@ mod membership;
 mod overlap;
 mod pause;
 mod reads;
+mod slow_leader;
 mod snapshots;
 mod storage_faults;
 
@@ -368,6 +371,7 @@ async fn phases(r: &Arc<Run>, rng: &mut StdRng, (knobs, settings): (&Knobs, &Set
     sleep(Duration::from_secs(1)).await;
     if drawn {
         commands::quiescent(r, &ledger, QUIESCE_WITHIN).await;
+        checks::logs_match(r, "at quiescence");
         let released = ledger::released(&ledger.lock());
         expiry::check_counters(r, &released);
         snapshots::check_equal(r).await;

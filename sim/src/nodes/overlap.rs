@@ -153,7 +153,7 @@ pub(super) async fn down_during(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 /// Arms a storage error on member `id` (as `storage_faults` does) and, when it hits,
 /// waits for the member to exit as the server's watcher exits it: the member, or `None`
 /// when it hit nothing or did not exit (a failure then, `storage_faults::ended`).
-async fn storage_error(r: &Run, rng: &mut StdRng, id: NodeId) -> Option<NodeId> {
+pub(super) async fn storage_error(r: &Run, rng: &mut StdRng, id: NodeId) -> Option<NodeId> {
     let (log, op) = [
         (Log::Raft, Op::Write),
         (Log::Raft, Op::Sync),

@@ -65,7 +65,7 @@ pub(super) async fn stop(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 /// Right as member `id` continues, before any of its tasks runs: a member stopped for
 /// longer than its lease (the shortest election timeout, plus the checks' slack) must
 /// not present itself as the master, since a newer leader may have been elected.
-fn continued_at_once(r: &Run, id: NodeId, ms: u64) {
+pub(super) fn continued_at_once(r: &Run, id: NodeId, ms: u64) {
     let claims = r.live.lock().get(&id).is_some_and(claims_master);
     let lease = Duration::from_millis(TIMING.1) + GIVE_UP_SLACK;
     let how = if claims {

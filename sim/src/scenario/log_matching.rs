@@ -5,25 +5,27 @@
 //! continuing its own term) would be kept by a follower that had the first one, and
 //! applied there instead of the one the others apply. The states would differ only
 //! where that entry's records did; this check sees the difference in the log itself.
+//! Shared by both scenarios (the `RaftNode` one gives its members' `LogStore`s too).
 
 use std::collections::BTreeMap;
 
+use stockgate_server::raft::log_store::LogStore;
 use stockgate_server::raft::NodeId;
 
-use crate::member::Member;
-
-/// The entries of every pair of live members that share an index and a leader but not
-/// a payload, as FAIL lines (at most one per pair: the first such index).
-pub(super) fn differing_entries(live: &BTreeMap<NodeId, Member>) -> Vec<String> {
+/// The entries of every pair of the members' logs given that share an index and a
+/// leader but not a payload, as FAIL lines (at most one per pair: the first such index).
+pub(crate) fn differing_entries<'a>(
+    stores: impl IntoIterator<Item = (NodeId, &'a LogStore)>,
+) -> Vec<String> {
     let mut bad = Vec::new();
     let mut logs: Vec<(NodeId, BTreeMap<u64, _>)> = Vec::new();
-    for m in live.values() {
-        match m.store.entries_from(0) {
+    for (id, store) in stores {
+        match store.entries_from(0) {
             Ok(entries) => logs.push((
-                m.id,
+                id,
                 entries.into_iter().map(|e| (e.log_id.index, e)).collect(),
             )),
-            Err(e) => bad.push(format!("n{}: its raft log reads back wrong: {e}", m.id)),
+            Err(e) => bad.push(format!("n{id}: its raft log reads back wrong: {e}")),
         }
     }
     for (i, (a, la)) in logs.iter().enumerate() {
