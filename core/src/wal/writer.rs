@@ -489,7 +489,11 @@ impl Wal {
             if self.flush_inline(lsn) {
                 continue;
             }
-            notified.await;
+            // Bounded, as the blocking variant's wait is: the writer lock may have been
+            // the writer thread's for a moment on its way into the periodic sync, which
+            // publishes nothing until it ends, so an unbounded wait here would last the
+            // whole fdatasync for a record that only needed a `write`.
+            let _ = tokio::time::timeout(POLL, notified).await;
         }
     }
 
