@@ -10,6 +10,7 @@
 #![allow(unsafe_code)]
 
 pub mod pgtemp;
+pub mod ports;
 
 use std::fs;
 use std::io::{BufRead, BufReader};

@@ -17,7 +17,6 @@
 
 use std::fs::{self, File};
 use std::io::Read;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -481,9 +480,7 @@ fn stop_child(c: &mut Child) {
 }
 
 fn free_port() -> Result<u16, PgTempError> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(io("binding a probe port"))?;
-    let port = l.local_addr().map_err(io("reading probe port"))?.port();
-    Ok(port)
+    crate::ports::reserve().map_err(io("finding a free port"))
 }
 
 /// Swap the database name in a `postgres://` URL, keeping query parameters.

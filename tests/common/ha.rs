@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,11 +11,9 @@ use std::time::{Duration, Instant};
 use super::{server_bin, TempDir};
 use stockgate_server::engine::Keyring;
 
+/// A port for a server the test names and restarts on it (see `stockgate_testkit::ports`).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    stockgate_testkit::ports::reserve().expect("free port")
 }
 
 /// A directory with the group's shared key files.

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::ha::Keys;
+use super::ha::{free_port, Keys};
 use super::{now_ms, server_bin, TempDir};
 
 /// A TCP forwarder for one directed link; `cut` drops its connections and refuses new
@@ -149,6 +149,14 @@ impl Member {
             .expect("spawn stockgate");
         self.child = Some(child);
         wait_ping(self.port);
+        // A PING answered by another process on this port (the member failed to bind it)
+        // would have the test talk to a stranger from here on.
+        if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+            panic!(
+                "member {} exited as it started ({st}); its stderr says why",
+                self.id
+            );
+        }
     }
 
     pub fn kill9(&mut self) {
@@ -274,17 +282,10 @@ impl Group {
         let dir = TempDir::new("raft");
         let keys = Keys::new();
         let ids: Vec<u64> = (1..=count).collect();
-        // The members' ports stay bound until the proxies have theirs: a proxy bound to
-        // port 0 could otherwise be given a member's port, and a route would lead back.
-        let held: Vec<(TcpListener, TcpListener)> = ids
-            .iter()
-            .map(|_| {
-                let l = || TcpListener::bind("127.0.0.1:0").expect("bind a port");
-                (l(), l())
-            })
-            .collect();
-        let port_of = |l: &TcpListener| l.local_addr().expect("addr").port();
-        let ports: Vec<(u16, u16)> = held.iter().map(|(a, b)| (port_of(a), port_of(b))).collect();
+        // Below the kernel's ephemeral range: a proxy's port (bound to port 0), another
+        // test's or an outgoing connection can never be given a member's port, even while
+        // the member is down.
+        let ports: Vec<(u16, u16)> = ids.iter().map(|_| (free_port(), free_port())).collect();
         let peers = ids
             .iter()
             .zip(&ports)
@@ -301,7 +302,6 @@ impl Group {
                 }
             }
         }
-        drop(held);
         let mut members = Vec::new();
         for (&id, &(port, raft_port)) in ids.iter().zip(&ports) {
             let d = dir.path().join(format!("n{id}"));

@@ -30,10 +30,7 @@ async fn sweeper_exports_its_passes_and_lag() {
     h.reserve_many(sku, "t", 2, false).await.unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
+    let port = free_port();
     let bin = workspace_root().join("target/debug/stockgate-sweeper");
     assert!(
         bin.exists(),
@@ -133,10 +130,7 @@ async fn sweeper_exports_the_materializers_lag() {
     let h = Harness::start().await.expect("harness");
     let sku = "LAGGED";
     h.create_sale(sku, 1000, 600_000, None).await.unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
+    let port = free_port();
     let mut sweeper = Command::new(workspace_root().join("target/debug/stockgate-sweeper"))
         .args(["--database-url", h.pg.url(), "--server", h.server.addr()])
         .args(["run", "--interval-secs", "0.2", "--metrics-addr"])
@@ -211,10 +205,7 @@ fn curl_with(args: &[&str]) -> String {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
+    stockgate_testkit::ports::reserve().expect("free port")
 }
 
 /// The sweeper's metrics over HTTPS: served with the endpoint's certificate, refused

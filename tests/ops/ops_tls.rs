@@ -456,11 +456,7 @@ fn a_replaced_certificate_serves_new_connections_and_open_ones_keep_going() {
 #[test]
 fn the_metrics_endpoint_over_https() {
     let (_d, p) = pki();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = stockgate_testkit::ports::reserve().expect("free port");
     let mut flags = server_flags(&p, "a");
     flags.extend(
         [
