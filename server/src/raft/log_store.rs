@@ -39,7 +39,8 @@ use tokio::sync::oneshot;
 use super::log_file::{self, LogFile};
 use super::log_held::{Durable, Held};
 use super::log_record::{
-    encode, ser, HEADER, K_COMMITTED, K_ENTRY, K_PURGE, K_SNAPSHOT, K_TRUNCATE, K_VOTE, MAX_BODY,
+    encode, encode_ser, ser, HEADER, K_COMMITTED, K_ENTRY, K_PURGE, K_SNAPSHOT, K_TRUNCATE, K_VOTE,
+    MAX_BODY,
 };
 use super::storage_fault::LogFault;
 use super::{Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
@@ -488,7 +489,19 @@ impl LogStore {
             }
             None => (bytes, 0),
         };
-        let at = g.held.queue(bytes.len(), rewrite) + ahead;
+        Ok(self.queue_job(g, bytes, rewrite, done)? + ahead)
+    }
+
+    /// Queues `bytes` as they are (an append's may start with the commit index written
+    /// ahead): where they start in the file.
+    fn queue_job(
+        &self,
+        g: &mut Inner,
+        bytes: Vec<u8>,
+        rewrite: bool,
+        done: Done,
+    ) -> Result<u64, StorageError> {
+        let at = g.held.queue(bytes.len(), rewrite);
         let job = Job {
             bytes,
             rewrite,
@@ -1015,9 +1028,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        let mut bytes = Vec::new();
         let mut places = Vec::new();
         let mut g = self.inner.lock();
+        // The commit index written ahead goes first, into the buffer the entries are
+        // serialised into: the batch is not copied again to put it in front.
+        let mut bytes = self.unwritten_commit.lock().take().unwrap_or_default();
         for e in entries {
             // The log has no holes: each entry follows the last one kept (or the purge).
             let next = g
@@ -1031,12 +1046,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 e.log_id
             );
             let at = bytes.len();
-            encode(K_ENTRY, &ser(&e), &mut bytes);
+            encode_ser(K_ENTRY, &e, &mut bytes);
             places.push((e.log_id.index, at as u64, bytes.len() - at));
             g.entries.insert(e.log_id.index, e);
         }
         // Readable at once (openraft reads what it appended), acknowledged when synced.
-        let base = self.submit(&mut g, bytes, false, Done::Flushed(callback))?;
+        let base = self.queue_job(&mut g, bytes, false, Done::Flushed(callback))?;
         for (index, at, len) in places {
             g.held.placed(index, base + at, len);
         }

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use tokio::net::{TcpListener, TcpStream};
 
-use super::message::{decode_reply, decode_request, encode, read_frame, write_frame};
+use super::message::{decode_reply, decode_request, encode_frame, read_frame, write_frame};
 use super::message::{Envelope, ReplyEnvelope, Rpc, LOG};
 use super::peers::PeerTable;
 use super::respond::Responder;
@@ -92,14 +92,14 @@ impl Link for TcpLink {
     /// it, so no later call can read the reply meant for this one.
     fn call(&mut self, req: Envelope<Rpc>, ttl: Duration, gated: bool) -> CallFuture<'_> {
         Box::pin(async move {
-            let body = encode(&req)?;
+            let frame = encode_frame(&req)?;
             let start = Instant::now();
             let s = match self.conn.take() {
                 Some(s) => s,
                 None => self.open(ttl, gated).await?,
             };
             let left = ttl.saturating_sub(start.elapsed());
-            let r = tokio::time::timeout(left, exchange(s, body))
+            let r = tokio::time::timeout(left, exchange(s, frame))
                 .await
                 .unwrap_or_else(|_| {
                     Err(io::Error::new(
@@ -170,9 +170,9 @@ async fn connect(addr: &str, tls: Option<&Tls>) -> io::Result<Box<dyn PeerIo>> {
 /// Sends one request on `s` and reads its reply; hands the connection back with it.
 async fn exchange(
     mut s: Box<dyn PeerIo>,
-    body: Vec<u8>,
+    frame: Vec<u8>,
 ) -> io::Result<(Box<dyn PeerIo>, ReplyEnvelope)> {
-    write_frame(&mut s, &body).await?;
+    write_frame(&mut s, &frame).await?;
     let reply = read_frame(&mut s).await?;
     let reply = decode_reply(&reply)?;
     Ok((s, reply))
@@ -220,7 +220,7 @@ async fn serve_peer(mut s: Box<dyn PeerIo>, responder: &Responder) -> io::Result
         let body = read_frame(&mut s).await?;
         let env = decode_request(&body)?;
         let reply = responder.answer(env).await.map_err(io::Error::other)?;
-        write_frame(&mut s, &encode(&reply)?).await?;
+        write_frame(&mut s, &encode_frame(&reply)?).await?;
     }
 }
 
