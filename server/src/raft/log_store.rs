@@ -494,6 +494,7 @@ impl LogStore {
 
     /// Queues `bytes` as they are (an append's may start with the commit index written
     /// ahead): where they start in the file.
+    #[allow(clippy::result_large_err)]
     fn queue_job(
         &self,
         g: &mut Inner,
