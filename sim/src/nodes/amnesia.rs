@@ -38,7 +38,7 @@ use super::checks;
 use super::members::{pick, writer};
 use super::membership::{dispatch_admin, words};
 use super::storage_faults::caught_up;
-use super::{boot, Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
+use super::{boot, Run, HEAL_WITHIN, STEP};
 use crate::disk::Disk;
 use crate::gate::Gate;
 
@@ -77,13 +77,9 @@ async fn wiped(r: &Arc<Run>, rng: &mut StdRng, id: NodeId, how: &str) -> bool {
     r.env.disks.lock().insert(id, Disk::new(id, dir));
     r.note(format!("n{id} {how}"));
     let what = format!("n{id} down (disk lost)");
-    if checks::agreement(r, &what, FAILOVER_WITHIN, None, None)
-        .await
-        .is_none()
-    {
+    if !super::faults::agree_then_pause(r, rng, &what).await {
         return false;
     }
-    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
     let incarnation = rng.gen::<u64>().max(1);
     match boot::start_empty(&r.env, id, incarnation).await {
         Ok(n) => {

@@ -33,7 +33,6 @@ use super::membership::{change, dispatch_admin, stays_out, words};
 use super::overlap::storage_error;
 use super::storage_faults::caught_up;
 use super::{Run, HEAL_WITHIN};
-use crate::wire::{client_addr, raft_addr};
 
 /// How long the faulted change's reply is awaited before the step goes on.
 const REPLY_WITHIN: Duration = Duration::from_secs(3);
@@ -47,13 +46,8 @@ pub(super) async fn step(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     };
     let on_add = rng.gen_bool(0.5);
     let out = Duration::from_millis(rng.gen_range(500..2_500));
-    let remove = vec![b"RAFT.REMOVE".to_vec(), id.to_string().into_bytes()];
-    let add = vec![
-        b"RAFT.ADD".to_vec(),
-        id.to_string().into_bytes(),
-        client_addr(id).into_bytes(),
-        raft_addr(id).into_bytes(),
-    ];
+    let remove = super::membership::remove_argv(id);
+    let add = super::membership::add_argv(id);
     let (rm, ad) = (format!("RAFT.REMOVE {id}"), format!("RAFT.ADD {id}"));
     let mut went_down = None;
     if !on_add {

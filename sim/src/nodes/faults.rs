@@ -158,6 +158,19 @@ fn pick_two(r: &Run, rng: &mut StdRng) -> (NodeId, NodeId) {
     (ids[a], ids[b])
 }
 
+/// The others agree on a leader while `what` lasts (a member down), then a drawn while
+/// (0.1 to 1.5 s) passes before the member is brought back; false if they did not agree.
+pub(super) async fn agree_then_pause(r: &Run, rng: &mut StdRng, what: &str) -> bool {
+    if checks::agreement(r, what, FAILOVER_WITHIN, None, None)
+        .await
+        .is_none()
+    {
+        return false;
+    }
+    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
+    true
+}
+
 /// A member's process dies, with the power (`power`) or by a `kill -9`; the others
 /// agree on a leader meanwhile; it starts again after a drawn while, and all agree.
 async fn crash(r: &Arc<Run>, rng: &mut StdRng, power: bool) -> bool {
@@ -165,13 +178,9 @@ async fn crash(r: &Arc<Run>, rng: &mut StdRng, power: bool) -> bool {
         return true;
     };
     let what = format!("n{id} down ({how})");
-    if checks::agreement(r, &what, FAILOVER_WITHIN, None, None)
-        .await
-        .is_none()
-    {
+    if !agree_then_pause(r, rng, &what).await {
         return false;
     }
-    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
     if !restart(r, id).await {
         return false;
     }

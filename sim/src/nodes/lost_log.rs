@@ -14,15 +14,13 @@
 //! checks find every acknowledged outcome on it.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::Rng;
 use stockgate_server::raft::NodeId;
-use tokio::time::sleep;
 
 use super::members::pick;
-use super::{amnesia, boot, checks, Run, FAILOVER_WITHIN};
+use super::{amnesia, boot, Run};
 
 /// A member drawn loses its Raft log, keeps its identity; refused, then rejoined.
 pub(super) async fn lose_log(r: &Arc<Run>, rng: &mut StdRng) -> bool {
@@ -40,13 +38,9 @@ pub(super) async fn lose_log(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         "n{id} loses its Raft log (killed, raft/log removed, raft/id kept)"
     ));
     let what = format!("n{id} down (Raft log lost)");
-    if checks::agreement(r, &what, FAILOVER_WITHIN, None, None)
-        .await
-        .is_none()
-    {
+    if !super::faults::agree_then_pause(r, rng, &what).await {
         return false;
     }
-    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
     if !refused(r, id).await {
         return false;
     }

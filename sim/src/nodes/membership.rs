@@ -47,7 +47,7 @@ pub(super) async fn out_and_back(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         Some(w) if rng.gen_range(0..3) == 0 => w,
         _ => ids[rng.gen_range(0..ids.len())],
     };
-    let remove = vec![b"RAFT.REMOVE".to_vec(), id.to_string().into_bytes()];
+    let remove = remove_argv(id);
     if change(r, &format!("RAFT.REMOVE {id}"), &remove, |v| {
         !v.contains(&id)
     })
@@ -66,12 +66,7 @@ pub(super) async fn out_and_back(r: &Arc<Run>, rng: &mut StdRng) -> bool {
     {
         return false;
     }
-    let add = vec![
-        b"RAFT.ADD".to_vec(),
-        id.to_string().into_bytes(),
-        client_addr(id).into_bytes(),
-        raft_addr(id).into_bytes(),
-    ];
+    let add = add_argv(id);
     let before = leader_process(r);
     let Some(tries) = change(r, &format!("RAFT.ADD {id}"), &add, |v| v.contains(&id)).await else {
         return false;
@@ -94,6 +89,21 @@ pub(super) async fn out_and_back(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         return false;
     }
     true
+}
+
+/// `RAFT.REMOVE id`, as an operator sends it.
+pub(super) fn remove_argv(id: NodeId) -> Vec<Vec<u8>> {
+    vec![b"RAFT.REMOVE".to_vec(), id.to_string().into_bytes()]
+}
+
+/// `RAFT.ADD id client-addr raft-addr`, as an operator sends it.
+pub(super) fn add_argv(id: NodeId) -> Vec<Vec<u8>> {
+    vec![
+        b"RAFT.ADD".to_vec(),
+        id.to_string().into_bytes(),
+        client_addr(id).into_bytes(),
+        raft_addr(id).into_bytes(),
+    ]
 }
 
 /// The process of the member taking writes now.

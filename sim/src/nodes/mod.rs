@@ -225,13 +225,7 @@ async fn supervise(r: Arc<Run>, done: Arc<AtomicBool>) {
             r.note(format!("n{id} deposed: re-executes"));
             n.exit().await;
             sleep(RESTART_AFTER).await;
-            match boot::start(&r.env, id, None).await {
-                Ok(n) => {
-                    r.note(format!("n{id} starts again"));
-                    r.live.lock().insert(id, n);
-                }
-                Err(e) => r.fail(format!("n{id} refuses to start again: {e}")),
-            }
+            members::restart(&r, id).await;
         }
         sleep(STEP).await;
     }
@@ -260,13 +254,7 @@ async fn unexpected_exits(r: &Run) {
         r.fail(format!("n{id} exited with no storage error armed: {what}"));
         n.kill().await;
         sleep(RESTART_AFTER).await;
-        match boot::start(&r.env, id, None).await {
-            Ok(n) => {
-                r.note(format!("n{id} starts again"));
-                r.live.lock().insert(id, n);
-            }
-            Err(e) => r.fail(format!("n{id} refuses to start again: {e}")),
-        }
+        members::restart(r, id).await;
     }
 }
 

@@ -34,10 +34,9 @@ use super::crash::down;
 use super::members::{pick, restart, writer};
 use super::membership::{change, stays_out};
 use super::storage_faults::{caught_up, ended, hit, Ended};
-use super::{Run, FAILOVER_WITHIN, HEAL_WITHIN};
+use super::{Run, HEAL_WITHIN};
 use crate::disk::{Armed, Log, Op};
 use crate::gate::Gate;
-use crate::wire::{client_addr, raft_addr};
 
 /// The first fault, which lasts while the second happens, at least until a time drawn
 /// (0.3 to 3 s after it began).
@@ -195,7 +194,7 @@ pub(super) async fn membership_during(r: &Arc<Run>, rng: &mut StdRng) -> bool {
 /// `RAFT.REMOVE id`, then after `out` `RAFT.ADD id`, each sent again to whoever takes
 /// writes until decided; the member taken out takes no writes meanwhile.
 async fn out_and_back(r: &Run, id: NodeId, out: Duration) -> bool {
-    let remove = vec![b"RAFT.REMOVE".to_vec(), id.to_string().into_bytes()];
+    let remove = super::membership::remove_argv(id);
     let removed = change(r, &format!("RAFT.REMOVE {id}"), &remove, |v| {
         !v.contains(&id)
     })
@@ -203,12 +202,7 @@ async fn out_and_back(r: &Run, id: NodeId, out: Duration) -> bool {
     if removed.is_none() || !stays_out(r, id, Instant::now(), out).await {
         return false;
     }
-    let add = vec![
-        b"RAFT.ADD".to_vec(),
-        id.to_string().into_bytes(),
-        client_addr(id).into_bytes(),
-        raft_addr(id).into_bytes(),
-    ];
+    let add = super::membership::add_argv(id);
     change(r, &format!("RAFT.ADD {id}"), &add, |v| v.contains(&id))
         .await
         .is_some()
@@ -245,13 +239,9 @@ pub(super) async fn stopped_crash(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         }
     }
     let what = format!("n{id} down (killed while stopped)");
-    if checks::agreement(r, &what, FAILOVER_WITHIN, None, None)
-        .await
-        .is_none()
-    {
+    if !super::faults::agree_then_pause(r, rng, &what).await {
         return false;
     }
-    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
     restart(r, id).await && healed(r, Some(id), &format!("n{id} back after its kill")).await
 }
 

@@ -29,7 +29,7 @@ use tokio::time::{sleep, Instant};
 
 use super::checks::{self, takes_writes};
 use super::members::{pick, restart};
-use super::{Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
+use super::{Run, HEAL_WITHIN, STEP};
 use crate::disk::{Armed, Log, Op};
 
 /// An armed error that hits nothing within this is taken back (a member that writes
@@ -79,13 +79,9 @@ pub(super) async fn fail_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         disk.power_cut(rng, Some(&failed), &r.env.history);
     }
     let what = format!("n{id} down (storage error)");
-    if checks::agreement(r, &what, FAILOVER_WITHIN, None, None)
-        .await
-        .is_none()
-    {
+    if !super::faults::agree_then_pause(r, rng, &what).await {
         return false;
     }
-    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
     r.note(format!("n{id} disk healed"));
     if !restart(r, id).await {
         return false;
