@@ -146,7 +146,7 @@ pub fn prepare_on(
     let store = env.open_log(&dir).map_err(|e| e.to_string())?;
     let adopted = super::snapshot::adopt_staged(data_dir, store.snapshot().as_ref())?;
     if adopted {
-        eprintln!("stockgate: starting from the snapshot received from the group's leader");
+        env.notice("starting from the snapshot received from the group's leader");
     }
     // `--rejoin-empty` says this member lost its state: it rejoins, it never forms.
     let forming = cfg.form_group && store.is_pristine() && !cfg.rejoin_empty;
@@ -240,10 +240,10 @@ fn rejoin_identity(
         let aside = data_dir.join(format!("wal.before-rejoin-{}", env.now_ms()));
         std::fs::rename(&wal, &aside)
             .map_err(|e| format!("--rejoin-empty: moving {} aside: {e}", wal.display()))?;
-        eprintln!(
-            "stockgate: --rejoin-empty: the old WAL is kept in {}",
+        env.notice(&format!(
+            "--rejoin-empty: the old WAL is kept in {}",
             aside.display()
-        );
+        ));
     }
     let ident =
         Identity::create_as(&id_path, cfg.id, env.incarnation()).map_err(|e| e.to_string())?;

@@ -18,6 +18,9 @@ pub trait PrepareEnv {
     fn group_id(&self) -> u64;
     /// The wall clock in ms: it names the WAL `--rejoin-empty` sets aside.
     fn now_ms(&self) -> u64;
+    /// Tells the operator what the start did on its own (a snapshot taken up, a WAL set
+    /// aside), in a line of its own.
+    fn notice(&self, line: &str);
 }
 
 /// A server's: the log with its writer thread, random ids, the system's clock.
@@ -38,5 +41,9 @@ impl PrepareEnv for System {
 
     fn now_ms(&self) -> u64 {
         crate::feed::groups::now_ms()
+    }
+
+    fn notice(&self, line: &str) {
+        eprintln!("stockgate: {line}");
     }
 }

@@ -388,6 +388,11 @@ impl PrepareEnv for Outside {
     fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }
+
+    // A server's stderr line; the run's own notes say what happened to whom.
+    fn notice(&self, line: &str) {
+        tracing::debug!("{line}");
+    }
 }
 
 impl Node {
