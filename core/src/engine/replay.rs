@@ -143,9 +143,15 @@ impl Engine {
     /// Replays a `Reserved` record, its token decoded once and its strings borrowed: a
     /// follower does this for every hold the leader makes.
     fn apply_reserved(&self, ev: &Event) {
-        let Some(r) = ev.reserved_record() else {
-            return;
-        };
+        if let Some(r) = ev.reserved_record() {
+            self.apply_hold(&r);
+        }
+    }
+
+    /// Applies a `reserved` record read as a hold (`wal::record::decode_reserved`), as
+    /// [`Engine::apply`] applies the event: a follower's RESERVE without the event's
+    /// owned strings.
+    pub fn apply_hold(&self, r: &HoldRecord<'_>) {
         let Some((_, key)) = token::decode_token(r.token).filter(|(s, _)| *s == r.sku) else {
             debug_assert!(false, "undecodable token {}", r.token);
             return;
@@ -156,7 +162,7 @@ impl Engine {
             .is_some();
         debug_assert!(!exists, "reserved twice in the log");
         if !exists {
-            self.insert_record(key, &r, true);
+            self.insert_record(key, r, true);
         }
     }
 

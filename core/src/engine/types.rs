@@ -220,7 +220,7 @@ pub struct ReservationView {
 /// A hold's fields as a log record or a snapshot carries them, borrowed: what restoring
 /// a hold reads. A follower restores every hold the leader makes, so nothing here is
 /// copied that the engine does not keep.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HoldRecord<'a> {
     /// Names the hold in COMMIT, RELEASE and EXTEND.
     pub token: &'a str,

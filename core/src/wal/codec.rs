@@ -190,13 +190,15 @@ impl<'a> Reader<'a> {
 
     /// A string as [`put_str`] writes it; must be UTF-8.
     pub fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
+        self.str(what).map(str::to_owned)
+    }
+
+    /// A string as [`put_str`] writes it, borrowed from the buffer.
+    pub fn str(&mut self, what: &'static str) -> Result<&'a str, DecodeError> {
         let n = self.count(what)?;
         let at = self.pos;
         let b = self.bytes(n, what)?;
-        match std::str::from_utf8(b) {
-            Ok(s) => Ok(s.to_owned()),
-            Err(_) => Err(DecodeError::Utf8 { at, what }),
-        }
+        std::str::from_utf8(b).map_err(|_| DecodeError::Utf8 { at, what })
     }
 
     /// A list as [`put_i64s`] writes it.

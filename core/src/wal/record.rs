@@ -16,7 +16,9 @@ use super::fields::{
     put_room_config, put_room_op,
 };
 use crate::engine::event::{event_kinds, Event, EventKind, EventRef};
-use crate::engine::types::{ReleaseReason, SaleExport, SaleParams, SaleState};
+use crate::engine::types::{
+    HoldRecord, ReleaseReason, ReservationState, SaleExport, SaleParams, SaleState,
+};
 use crate::room::{RoomConfig, RoomOp};
 
 /// Bytes before the payload: length and CRC.
@@ -195,6 +197,36 @@ pub fn decode_payload(payload: &[u8]) -> Result<Event, DecodeError> {
     }
     // Returned as it is, so that the event is decoded where the caller receives it.
     get_fields(kind, &mut r)
+}
+
+/// A `reserved` record's hold, its strings borrowed from `payload`: what a follower
+/// applies for a RESERVE without a `String` per field. `Ok(None)` for every other kind,
+/// and for a payload too short to name one: [`decode_payload`] reads (or refuses) those.
+pub fn decode_reserved(payload: &[u8]) -> Result<Option<HoldRecord<'_>>, DecodeError> {
+    let (Some(&RECORD_VERSION), Some(&code)) = (payload.first(), payload.get(1)) else {
+        return Ok(None);
+    };
+    if kind_of(code) != Some(EventKind::Reserved) {
+        return Ok(None);
+    }
+    let mut r = Reader::new(payload);
+    r.u8("version")?;
+    r.u8("kind")?;
+    // The fields in the order `Event::Reserved` declares them (`get_fields`).
+    let hold = HoldRecord {
+        token: r.str("token")?,
+        sku: r.str("sku")?,
+        user: r.str("user")?,
+        request_id: r.str("request_id")?,
+        qty: r.u32("qty")?,
+        shard: r.u16("shard")?,
+        state: ReservationState::Reserved,
+        expires_at_ms: r.u64("expires_at_ms")?,
+        created_at_ms: r.u64("created_at_ms")?,
+        finished_at_ms: 0,
+    };
+    r.finish()?;
+    Ok(Some(hold))
 }
 
 /// A record of a kind this build reads but no longer writes: a release, commit or
@@ -1158,10 +1190,28 @@ pub(crate) mod tests {
             prop_assert_eq!(at, buf.len());
         }
 
+        /// A follower reads a RESERVE as a borrowed hold: the same hold the event gives,
+        /// every other kind left to `decode_payload`.
+        #[test]
+        fn wal_record_prop_a_reserved_record_reads_as_its_hold(ev in event()) {
+            let mut payload = Vec::new();
+            encode_payload(&ev.as_ref(), &mut payload);
+            let hold = decode_reserved(&payload).unwrap();
+            prop_assert_eq!(hold, ev.reserved_record());
+            // Cut anywhere after its kind, a RESERVE is refused as `decode_payload` refuses it.
+            if hold.is_some() {
+                for cut in 2..payload.len() {
+                    prop_assert!(decode_reserved(&payload[..cut]).is_err(), "cut at {}", cut);
+                    prop_assert!(decode_payload(&payload[..cut]).is_err());
+                }
+            }
+        }
+
         #[test]
         fn wal_record_prop_random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = decode_record(&bytes);
             let _ = decode_payload(&bytes);
+            let _ = decode_reserved(&bytes);
             let _ = plausible_record_at(&bytes);
         }
 

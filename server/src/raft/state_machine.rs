@@ -26,8 +26,10 @@ use super::snapshot::Snapshots;
 use super::speculation::Speculation;
 use super::{Batch, Entry, LogId, NodeId, NodeInfo, StorageError, TypeConfig};
 use crate::engine::Engine;
+use crate::engine::HoldRecord;
 use crate::persist::WalDurability;
-use crate::wal::record::{decode_payload, frame};
+use crate::wal::record::{decode_payload, decode_reserved, frame};
+use crate::wal::Event;
 
 /// openraft's state machine for a group member: applies committed entries to the engine and the
 /// WAL, tracks the last applied log id and membership, and builds and installs snapshots.
@@ -95,18 +97,22 @@ impl StateMachine {
                 }
                 // The leader's own records are in its engine already: they are only
                 // logged, as encoded, never decoded again.
-                let ev = if own {
+                let decoded = if own {
                     None
                 } else {
-                    Some(decode_payload(payload).map_err(|e| bad(&e))?)
+                    Some(Decoded::of(payload).map_err(|e| bad(&e))?)
                 };
                 let got = wal.record_framed(&b.records[at..at + used]);
                 if got != lsn {
                     return Err(format!("local WAL gave LSN {got} to the group's {lsn}"));
                 }
-                if let Some(ev) = ev {
-                    self.engine.apply(&ev);
-                    self.dur.replayed(lsn, &ev);
+                match decoded {
+                    Some(Decoded::Hold(h)) => self.engine.apply_hold(&h),
+                    Some(Decoded::Event(ev)) => {
+                        self.engine.apply(&ev);
+                        self.dur.replayed(lsn, &ev);
+                    }
+                    None => {}
                 }
             } else if own {
                 return Err(format!("this leader's own LSN {lsn} is already in its WAL"));
@@ -264,5 +270,21 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
             meta: m.meta,
             snapshot: Box::new(Cursor::new(Vec::new())),
         })
+    }
+}
+
+/// Another member's record, decoded for the engine: a RESERVE (most of a sale's records)
+/// as a hold whose strings stay in the batch, any other kind as its event.
+enum Decoded<'a> {
+    Hold(HoldRecord<'a>),
+    Event(Event),
+}
+
+impl<'a> Decoded<'a> {
+    fn of(payload: &'a [u8]) -> Result<Decoded<'a>, crate::wal::codec::DecodeError> {
+        match decode_reserved(payload)? {
+            Some(h) => Ok(Decoded::Hold(h)),
+            None => decode_payload(payload).map(Decoded::Event),
+        }
     }
 }
