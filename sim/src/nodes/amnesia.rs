@@ -77,7 +77,7 @@ async fn wiped(r: &Arc<Run>, rng: &mut StdRng, id: NodeId, how: &str) -> bool {
     r.env.disks.lock().insert(id, Disk::new(id, dir));
     r.note(format!("n{id} {how}"));
     let what = format!("n{id} down (disk lost)");
-    if !super::faults::agree_then_pause(r, rng, &what).await {
+    if !super::members::agree_then_pause(r, rng, &what).await {
         return false;
     }
     let incarnation = rng.gen::<u64>().max(1);

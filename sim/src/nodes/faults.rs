@@ -44,7 +44,7 @@ use tokio::time::{sleep, Instant};
 
 use super::checks::{self, addr_of, named, takes_writes, views};
 use super::crash::down;
-use super::members::{pick, restart};
+use super::members::{agree_then_pause, pick, restart};
 use super::{Run, FAILOVER_WITHIN, HEAL_WITHIN, STEP};
 
 /// How long a step waits for every member to be up before it starts (a deposed member
@@ -156,19 +156,6 @@ fn pick_two(r: &Run, rng: &mut StdRng) -> (NodeId, NodeId) {
     let a = rng.gen_range(0..ids.len());
     let b = (a + rng.gen_range(1..ids.len())) % ids.len();
     (ids[a], ids[b])
-}
-
-/// The others agree on a leader while `what` lasts (a member down), then a drawn while
-/// (0.1 to 1.5 s) passes before the member is brought back; false if they did not agree.
-pub(super) async fn agree_then_pause(r: &Run, rng: &mut StdRng, what: &str) -> bool {
-    if checks::agreement(r, what, FAILOVER_WITHIN, None, None)
-        .await
-        .is_none()
-    {
-        return false;
-    }
-    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
-    true
 }
 
 /// A member's process dies, with the power (`power`) or by a `kill -9`; the others

@@ -38,7 +38,7 @@ pub(super) async fn lose_log(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         "n{id} loses its Raft log (killed, raft/log removed, raft/id kept)"
     ));
     let what = format!("n{id} down (Raft log lost)");
-    if !super::faults::agree_then_pause(r, rng, &what).await {
+    if !super::members::agree_then_pause(r, rng, &what).await {
         return false;
     }
     if !refused(r, id).await {

@@ -1,13 +1,16 @@
-//! Who a step acts on: the member taking writes, a member drawn, and a member started
-//! again as its supervisor starts it. Shared by the drawn steps (`faults` and the
-//! kinds in files of their own).
+//! Who a step acts on: the member taking writes, a member drawn, a member started
+//! again as its supervisor starts it, and the while it stays down. Shared by the drawn
+//! steps (`faults` and the kinds in files of their own).
+
+use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::Rng;
 use stockgate_server::raft::NodeId;
+use tokio::time::sleep;
 
-use super::checks::takes_writes;
-use super::{boot, Run};
+use super::checks::{self, takes_writes};
+use super::{boot, Run, FAILOVER_WITHIN};
 
 /// The member taking writes now, if one does.
 pub(super) fn writer(r: &Run) -> Option<NodeId> {
@@ -38,4 +41,17 @@ pub(super) async fn restart(r: &Run, id: NodeId) -> bool {
             false
         }
     }
+}
+
+/// The others agree on a leader while `what` lasts (a member down), then a drawn while
+/// (0.1 to 1.5 s) passes before the member is brought back; false if they did not agree.
+pub(super) async fn agree_then_pause(r: &Run, rng: &mut StdRng, what: &str) -> bool {
+    if checks::agreement(r, what, FAILOVER_WITHIN, None, None)
+        .await
+        .is_none()
+    {
+        return false;
+    }
+    sleep(Duration::from_millis(rng.gen_range(100..1_500))).await;
+    true
 }

@@ -239,7 +239,7 @@ pub(super) async fn stopped_crash(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         }
     }
     let what = format!("n{id} down (killed while stopped)");
-    if !super::faults::agree_then_pause(r, rng, &what).await {
+    if !super::members::agree_then_pause(r, rng, &what).await {
         return false;
     }
     restart(r, id).await && healed(r, Some(id), &format!("n{id} back after its kill")).await

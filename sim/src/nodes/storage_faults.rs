@@ -79,7 +79,7 @@ pub(super) async fn fail_disk(r: &Arc<Run>, rng: &mut StdRng) -> bool {
         disk.power_cut(rng, Some(&failed), &r.env.history);
     }
     let what = format!("n{id} down (storage error)");
-    if !super::faults::agree_then_pause(r, rng, &what).await {
+    if !super::members::agree_then_pause(r, rng, &what).await {
         return false;
     }
     r.note(format!("n{id} disk healed"));
