@@ -324,8 +324,11 @@ impl Drop for RealRedis {
 fn cluster_keyslot_agrees_with_redis_for_many_keys() {
     let dir = crate::common::TempDir::new("real-redis");
     let port = crate::common::ha::free_port();
+    // The cluster bus too: by default Redis takes port + 10,000, a port nobody handed out.
+    let bus = crate::common::ha::free_port();
     let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--cluster-port", &bus.to_string()])
         .args([
             "--cluster-enabled",
             "yes",
